@@ -1,0 +1,136 @@
+/* pi2 common: error codes, error messages, checked size arithmetic,
+ * half-precision conversions, a bounded read cursor, read-only file
+ * mappings and atomic file writers.
+ *
+ * Every library function in pi2 returns 0 or a negative PI2_E* code and, when
+ * given a non-NULL pi2_err, fills it with a one-line message that names the
+ * file (or object) and the problem. Library code never exits or aborts on bad
+ * input; only a tool's main turns an error into a message and exit status.
+ */
+#ifndef PI2_COMMON_H
+#define PI2_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    PI2_OK = 0,
+    PI2_EINVAL = -1,       /* bad argument or flag */
+    PI2_EIO = -2,          /* read/write/open failed (errno-level) */
+    PI2_EFORMAT = -3,      /* malformed or hostile file contents */
+    PI2_ENOMEM = -4,       /* allocation failed */
+    PI2_ERANGE = -5,       /* size/count/index out of range or overflow */
+    PI2_EUNSUPPORTED = -6, /* well-formed but not supported (dtype, arch) */
+    PI2_ENOTFOUND = -7,    /* missing file, tensor, token, key */
+    PI2_ESHAPE = -8,       /* tensor shape does not match the model */
+    PI2_ESIG = -9,         /* signature or digest does not verify */
+    PI2_ENOSPC = -10,      /* disk full */
+};
+
+/* Message buffer filled by failing functions. `code` repeats the return value. */
+typedef struct pi2_err {
+    int code;
+    char msg[512];
+} pi2_err;
+
+/* Name of an error code ("format error", ...). Never NULL. */
+const char *pi2_strerror(int code);
+
+/* Fill *e (if non-NULL) with code and a printf-style message; returns code.
+ * The first error set wins: later calls do not overwrite a set message, so a
+ * low-level cause is not replaced by a vaguer caller message. */
+int pi2_err_set(pi2_err *e, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Like pi2_err_set but appends ": strerror(errnum)"; maps ENOSPC/EDQUOT to
+ * PI2_ENOSPC and ENOMEM to PI2_ENOMEM, other errnos to `code`. */
+int pi2_err_errno(pi2_err *e, int code, int errnum, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Reset to "no error". */
+void pi2_err_clear(pi2_err *e);
+
+/* Overflow-checked size arithmetic: return false on overflow. */
+static inline bool pi2_mul_size(size_t a, size_t b, size_t *out) { return !__builtin_mul_overflow(a, b, out); }
+static inline bool pi2_add_size(size_t a, size_t b, size_t *out) { return !__builtin_add_overflow(a, b, out); }
+
+/* Allocation helpers: NULL on overflow or failure (never abort). */
+void *pi2_malloc_array(size_t n, size_t size);
+void *pi2_calloc_array(size_t n, size_t size);
+char *pi2_strdup(const char *s);
+
+/* ---- half precision ---- */
+float pi2_f16_to_f32(uint16_t h);
+uint16_t pi2_f32_to_f16(float f);  /* round to nearest even, saturates to inf */
+static inline float pi2_bf16_to_f32(uint16_t b) {
+    union { uint32_t u; float f; } v = { .u = (uint32_t)b << 16 };
+    return v.f;
+}
+uint16_t pi2_f32_to_bf16(float f); /* round to nearest even, NaN stays NaN */
+
+/* ---- bounded cursor: every read spends from the remaining budget ---- */
+typedef struct pi2_cursor {
+    const uint8_t *p;
+    size_t left;
+} pi2_cursor;
+
+/* Take n bytes: sets *out and advances; false (cursor unchanged) if short. */
+bool pi2_cursor_take(pi2_cursor *c, size_t n, const uint8_t **out);
+bool pi2_cursor_u32le(pi2_cursor *c, uint32_t *v);
+bool pi2_cursor_u64le(pi2_cursor *c, uint64_t *v);
+
+/* ---- read-only whole-file mapping ---- */
+typedef struct pi2_map {
+    const uint8_t *data; /* NULL when size == 0 */
+    size_t size;
+} pi2_map;
+
+/* Map `path` read-only. Empty files give data == NULL, size == 0.
+ * Release with pi2_map_close (no-op on a zeroed map). */
+int pi2_map_open(pi2_map *m, const char *path, pi2_err *err);
+void pi2_map_close(pi2_map *m);
+
+/* Read a whole (small) file into a NUL-terminated heap buffer of at most
+ * `max_bytes`; caller frees *out. */
+int pi2_read_file(const char *path, size_t max_bytes, char **out, size_t *len, pi2_err *err);
+
+/* ---- atomic writer: temp file in the target directory, fsync, rename ---- */
+typedef struct pi2_afile pi2_afile;
+
+/* Create "<path>.tmp.XXXXXX" next to path. Caller owns the writer and must end
+ * it with pi2_afile_commit (rename into place) or pi2_afile_abort (unlink). */
+int pi2_afile_open(pi2_afile **out, const char *path, pi2_err *err);
+/* Write all n bytes (retries short writes and EINTR). ENOSPC -> PI2_ENOSPC. */
+int pi2_afile_write(pi2_afile *f, const void *buf, size_t n, pi2_err *err);
+/* Bytes written so far. */
+uint64_t pi2_afile_size(const pi2_afile *f);
+/* The file descriptor, for pwrite/ftruncate by callers that need them. */
+int pi2_afile_fd(const pi2_afile *f);
+/* fsync, close, rename onto the final path, fsync the directory; frees f.
+ * On failure the temp file is removed. */
+int pi2_afile_commit(pi2_afile *f, pi2_err *err);
+/* Close and unlink the temp file; frees f. NULL is a no-op. */
+void pi2_afile_abort(pi2_afile *f);
+
+/* Test hook: after this many more bytes are written through any pi2_afile,
+ * writes fail with ENOSPC (simulated full disk). Negative disables. */
+void pi2_afile_fail_after(int64_t bytes);
+
+/* Join dir and name into buf ("dir/name"); false if it does not fit. */
+bool pi2_path_join(char *buf, size_t cap, const char *dir, const char *name);
+bool pi2_is_dir(const char *path);
+
+/* Deterministic PRNG (splitmix64 seeding + xoshiro256**). No global state. */
+typedef struct pi2_rng {
+    uint64_t s[4];
+} pi2_rng;
+void pi2_rng_seed(pi2_rng *r, uint64_t seed);
+uint64_t pi2_rng_u64(pi2_rng *r);
+double pi2_rng_uniform(pi2_rng *r); /* [0, 1) */
+double pi2_rng_normal(pi2_rng *r);  /* standard normal (Box-Muller) */
+
+/* Monotonic seconds. */
+double pi2_now(void);
+/* Peak resident set size of this process in bytes (from /proc), 0 if unknown. */
+uint64_t pi2_peak_rss(void);
+
+#endif

@@ -1,0 +1,96 @@
+/* Hugging Face config.json -> one model description, and the HF tensor names
+ * of each model part.
+ *
+ * Accepted model_type values and what they mean for the FFN:
+ *   llama, mistral     hidden_act silu -> SwiGLU (PI2_ACT_SILU)
+ *                      hidden_act relu -> ReGLU  (PI2_ACT_RELU)
+ *   mixtral            as mistral, with num_local_experts / num_experts_per_tok
+ *   bamboo             dReLU (PI2_ACT_DRELU): relu(x Wg) * relu(x Wu)
+ *   turbosparsemixtral dReLU per expert, MoE
+ * hidden_act is required to be silu or relu (bamboo/turbosparse: relu only).
+ * Missing optional keys take the HF defaults (num_key_value_heads = heads,
+ * head_dim = hidden/heads, rope_theta 10000, rms_norm_eps 1e-6,
+ * tie_word_embeddings false, bos 1, eos 2).
+ */
+#ifndef PI2_HFCONFIG_H
+#define PI2_HFCONFIG_H
+
+#include "formats/common.h"
+
+typedef enum pi2_arch {
+    PI2_ARCH_LLAMA,
+    PI2_ARCH_MISTRAL,
+    PI2_ARCH_MIXTRAL,
+    PI2_ARCH_BAMBOO,
+    PI2_ARCH_TURBOSPARSE_MIXTRAL,
+} pi2_arch;
+
+typedef enum pi2_act {
+    PI2_ACT_SILU,  /* silu(x Wg) * (x Wu) */
+    PI2_ACT_RELU,  /* relu(x Wg) * (x Wu)  (ReGLU) */
+    PI2_ACT_DRELU, /* relu(x Wg) * relu(x Wu) */
+} pi2_act;
+
+#define PI2_MAX_EOS 4
+
+typedef struct pi2_model_desc {
+    pi2_arch arch;
+    pi2_act act;
+    int hidden;       /* d */
+    int n_ff;         /* FFN width (per expert for MoE) */
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int vocab;
+    int max_pos;
+    double rope_theta;
+    float rms_eps;
+    bool tie_embeddings;
+    int n_experts;      /* 0 for dense models */
+    int n_experts_used; /* top-k; 0 for dense */
+    int bos_id;         /* -1 if none */
+    int n_eos;
+    int eos_ids[PI2_MAX_EOS];
+} pi2_model_desc;
+
+/* Limits a config must respect (hostile files): each dimension <= 1<<20,
+ * layers <= 1024, experts <= 256, vocab <= 1<<22. */
+
+/* Read config.json at `path` (a file, or a directory holding config.json). */
+int pi2_config_read(const char *path, pi2_model_desc *out, pi2_err *err);
+/* Parse JSON text; `name` is used in messages. */
+int pi2_config_parse(const char *json, size_t len, const char *name, pi2_model_desc *out, pi2_err *err);
+/* Check internal consistency (heads divide, kv heads divide heads, ...). */
+int pi2_config_validate(const pi2_model_desc *d, const char *name, pi2_err *err);
+/* Write a config.json for `d` (atomically), as HF would for its arch. */
+int pi2_config_write(const char *path, const pi2_model_desc *d, pi2_err *err);
+
+const char *pi2_arch_name(pi2_arch a); /* the HF model_type */
+const char *pi2_act_name(pi2_act a);   /* "silu", "relu", "drelu" */
+bool pi2_desc_is_moe(const pi2_model_desc *d);
+
+/* HF tensor names. `layer` and `expert` are ignored where they do not apply. */
+typedef enum pi2_tname {
+    PI2_T_EMBED,      /* model.embed_tokens.weight        [vocab, d] */
+    PI2_T_OUT_NORM,   /* model.norm.weight                [d] */
+    PI2_T_LM_HEAD,    /* lm_head.weight                   [vocab, d] */
+    PI2_T_ATTN_NORM,  /* model.layers.L.input_layernorm.weight            [d] */
+    PI2_T_FFN_NORM,   /* model.layers.L.post_attention_layernorm.weight   [d] */
+    PI2_T_Q,          /* model.layers.L.self_attn.q_proj.weight   [heads*hd, d] */
+    PI2_T_K,          /* model.layers.L.self_attn.k_proj.weight   [kv*hd, d] */
+    PI2_T_V,          /* model.layers.L.self_attn.v_proj.weight   [kv*hd, d] */
+    PI2_T_O,          /* model.layers.L.self_attn.o_proj.weight   [d, heads*hd] */
+    PI2_T_GATE,       /* dense: model.layers.L.mlp.gate_proj.weight [ff, d];
+                         MoE:   model.layers.L.block_sparse_moe.experts.E.w1.weight */
+    PI2_T_UP,         /* mlp.up_proj / experts.E.w3            [ff, d] */
+    PI2_T_DOWN,       /* mlp.down_proj / experts.E.w2          [d, ff] */
+    PI2_T_ROUTER,     /* model.layers.L.block_sparse_moe.gate.weight [experts, d] */
+    PI2_T_PRED_FC1,   /* mlp.predictor.fc1.weight / experts.E.predictor.fc1.weight [r, d] */
+    PI2_T_PRED_FC2,   /* mlp.predictor.fc2.weight / experts.E.predictor.fc2.weight [ff, r] */
+} pi2_tname;
+
+/* Format the name into buf; false if it does not fit. MoE-ness from d. */
+bool pi2_tensor_name(char *buf, size_t cap, const pi2_model_desc *d, pi2_tname t, int layer, int expert);
+
+#endif

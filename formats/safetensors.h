@@ -1,0 +1,116 @@
+/* safetensors reader (mmap, single file or sharded) and streaming writer.
+ *
+ * File layout (https://huggingface.co/docs/safetensors):
+ *   u64 LE  N            header length in bytes (capped at PI2_ST_MAX_HEADER)
+ *   N bytes              UTF-8 JSON object:
+ *                          "<name>": {"dtype": "F32"|"F16"|"BF16"|"I8"|"U8"|"I32"|"I64",
+ *                                     "shape": [d0, d1, ...],
+ *                                     "data_offsets": [begin, end]}
+ *                          "__metadata__": {"k": "string", ...}   (optional)
+ *   data                 the byte buffer; offsets are relative to its start.
+ * Validation is strict: known dtype, non-negative shape whose element count
+ * times the dtype size equals end-begin (overflow-checked), begin <= end,
+ * offsets inside the file, tensors sorted by offset covering the buffer
+ * exactly with no gap or overlap (as the reference implementation requires),
+ * no duplicate names, at most PI2_ST_MAX_DIMS dims and PI2_ST_MAX_TENSORS
+ * tensors.
+ *
+ * Sharded models: "model.safetensors.index.json" = {"metadata": {...},
+ * "weight_map": {"<tensor>": "<shard file>", ...}}. Every tensor named in the
+ * map must be found in its shard; shard names must be plain file names in the
+ * same directory; a tensor may not appear in two shards.
+ */
+#ifndef PI2_SAFETENSORS_H
+#define PI2_SAFETENSORS_H
+
+#include "formats/common.h"
+
+#define PI2_ST_MAX_HEADER (100u * 1024 * 1024) /* as the reference implementation */
+#define PI2_ST_MAX_DIMS 8
+#define PI2_ST_MAX_TENSORS (1u << 20)
+
+typedef enum pi2_dtype {
+    PI2_DT_F32,
+    PI2_DT_F16,
+    PI2_DT_BF16,
+    PI2_DT_I8,
+    PI2_DT_U8,
+    PI2_DT_I32,
+    PI2_DT_I64,
+} pi2_dtype;
+
+/* "F32", ... ; NULL for an invalid value. */
+const char *pi2_dtype_name(pi2_dtype dt);
+/* Size in bytes of one element. */
+size_t pi2_dtype_size(pi2_dtype dt);
+/* Parse a dtype name; PI2_EUNSUPPORTED if unknown. */
+int pi2_dtype_parse(const char *name, pi2_dtype *out);
+
+/* A tensor view into the mapped file. Valid until the owning pi2_st closes. */
+typedef struct pi2_st_tensor {
+    const char *name;
+    pi2_dtype dtype;
+    int ndim;
+    int64_t shape[PI2_ST_MAX_DIMS];
+    size_t nelem;
+    const void *data; /* inside the mapping; may be unaligned for its dtype */
+    size_t nbytes;
+    const char *file; /* path of the shard that holds it */
+} pi2_st_tensor;
+
+typedef struct pi2_st pi2_st;
+
+/* Open `path`: a .safetensors file, a model.safetensors.index.json, or a
+ * directory holding either (the index wins when both exist). The files are
+ * mapped read-only; on success the caller owns *out (pi2_st_close). */
+int pi2_st_open(pi2_st **out, const char *path, pi2_err *err);
+
+/* Parse an in-memory safetensors image (not copied: `buf` must outlive the
+ * result). `name` is used in messages. For tests and fuzzing. */
+int pi2_st_open_buffer(pi2_st **out, const void *buf, size_t len, const char *name, pi2_err *err);
+
+/* NULL is a no-op. */
+void pi2_st_close(pi2_st *st);
+
+size_t pi2_st_count(const pi2_st *st);
+/* i < count; order: by shard, then by offset. */
+const pi2_st_tensor *pi2_st_at(const pi2_st *st, size_t i);
+/* NULL if absent. */
+const pi2_st_tensor *pi2_st_find(const pi2_st *st, const char *name);
+/* Value of a __metadata__ key from the first file holding it, or NULL. */
+const char *pi2_st_metadata(const pi2_st *st, const char *key);
+
+/* Read element i of a float tensor (F32/F16/BF16) as f32. No bounds check
+ * beyond an assert: callers validate shapes first. */
+float pi2_st_get_f32(const pi2_st_tensor *t, size_t i);
+
+/* Check a tensor's shape: PI2_ESHAPE with a message naming the tensor and
+ * both shapes when it differs. ndim entries of `shape`. */
+int pi2_st_expect_shape(const pi2_st_tensor *t, int ndim, const int64_t *shape, pi2_err *err);
+
+/* ---- streaming writer ----
+ * Usage: create; add every tensor (name, dtype, shape) in the order their
+ * data will follow; then write the data bytes in that order with any chunking;
+ * finish (fsync + rename). Nothing but the header is held in memory.
+ * The file appears at `path` only after a successful finish. */
+typedef struct pi2_st_writer pi2_st_writer;
+
+int pi2_st_writer_create(pi2_st_writer **out, const char *path, pi2_err *err);
+int pi2_st_writer_add(pi2_st_writer *w, const char *name, pi2_dtype dt, int ndim, const int64_t *shape,
+                      pi2_err *err);
+/* Optional __metadata__ entry; before the first write. */
+int pi2_st_writer_meta(pi2_st_writer *w, const char *key, const char *value, pi2_err *err);
+/* Data bytes; the first call writes the header. Writing past the declared
+ * total is PI2_EINVAL. */
+int pi2_st_writer_write(pi2_st_writer *w, const void *data, size_t n, pi2_err *err);
+/* All declared bytes must have been written. Frees w on success and failure. */
+int pi2_st_writer_finish(pi2_st_writer *w, pi2_err *err);
+/* Abandon: removes the temporary file. NULL is a no-op. */
+void pi2_st_writer_free(pi2_st_writer *w);
+
+/* Write "model.safetensors.index.json" at `path` (atomically): weight_map
+ * maps names[i] -> shard_files[i] (plain file names); metadata.total_size. */
+int pi2_st_write_index(const char *path, size_t n, const char *const *names, const char *const *shard_files,
+                       uint64_t total_size, pi2_err *err);
+
+#endif

@@ -1,0 +1,74 @@
+/* Tokenizer from a Hugging Face tokenizer.json (BPE model).
+ *
+ * Supported, with the semantics of the HF `tokenizers` library:
+ *   normalizer:    null, Sequence, Prepend, Replace (String pattern);
+ *                  any other normalizer is PI2_EUNSUPPORTED at load.
+ *   pre_tokenizer: null, Metaspace (replacement, prepend_scheme
+ *                  always|first|never, split), Sequence of those.
+ *   model:         BPE; merges as "a b" strings or ["a","b"] pairs, applied
+ *                  by rank; byte_fallback (<0xXX> tokens); unk_token with
+ *                  fuse_unk; ignore_merges.
+ *   added_tokens:  matched in the raw text before normalization (longest
+ *                  match first), never split by BPE.
+ *   decoder:       Sequence, Replace (String), ByteFallback, Fuse, Strip,
+ *                  Metaspace.
+ * Encoding does not add BOS/EOS: callers prepend pi2_tok_bos() as the model
+ * wants (HF's post_processor is not applied).
+ */
+#ifndef PI2_TOKENIZER_H
+#define PI2_TOKENIZER_H
+
+#include "formats/common.h"
+
+typedef struct pi2_tok pi2_tok;
+
+/* Load from a tokenizer.json file (or a directory holding one). Caller owns
+ * *out (pi2_tok_free). */
+int pi2_tok_load(pi2_tok **out, const char *path, pi2_err *err);
+/* Load from JSON text; `name` used in messages. */
+int pi2_tok_load_mem(pi2_tok **out, const char *json, size_t len, const char *name, pi2_err *err);
+/* NULL is a no-op. */
+void pi2_tok_free(pi2_tok *t);
+
+int pi2_tok_vocab_size(const pi2_tok *t);
+/* Special ids from added tokens / config conventions; -1 when unknown.
+ * bos: "<s>" or a token named in the post_processor template; eos: "</s>" or
+ * the added special token following bos; callers with a config.json should
+ * prefer its ids. */
+int pi2_tok_bos(const pi2_tok *t);
+int pi2_tok_eos(const pi2_tok *t);
+/* Token string as stored in the vocab (e.g. "▁the", "<0x0A>"), NULL if out
+ * of range. */
+const char *pi2_tok_piece(const pi2_tok *t, int id);
+/* Id of an exact piece, or -1. */
+int pi2_tok_find(const pi2_tok *t, const char *piece);
+
+/* Encode `len` bytes of UTF-8 text. Sets *ids (caller frees) and *n.
+ * Invalid UTF-8 bytes are encoded through byte fallback (or unk). */
+int pi2_tok_encode(const pi2_tok *t, const char *text, size_t len, int32_t **ids, size_t *n, pi2_err *err);
+
+/* Decode a whole id sequence to a NUL-terminated UTF-8 string (caller
+ * frees), exactly as HF `decode(ids, skip_special_tokens=False)` would.
+ * Special added tokens are skipped when skip_special is true. */
+int pi2_tok_decode(const pi2_tok *t, const int32_t *ids, size_t n, bool skip_special, char **out, pi2_err *err);
+
+/* Streaming decoder: push ids one at a time, get back the bytes that are now
+ * final (complete UTF-8 sequences; a multi-byte character split over
+ * byte-fallback tokens is held until complete). The concatenation of all
+ * pushes plus the flush equals pi2_tok_decode of the whole sequence. */
+typedef struct pi2_tok_stream pi2_tok_stream;
+int pi2_tok_stream_create(pi2_tok_stream **out, const pi2_tok *t, bool skip_special, pi2_err *err);
+void pi2_tok_stream_free(pi2_tok_stream *s);
+/* Returns a pointer to `*len` bytes valid until the next call (not
+ * NUL-terminated). */
+int pi2_tok_stream_push(pi2_tok_stream *s, int32_t id, const char **bytes, size_t *len, pi2_err *err);
+int pi2_tok_stream_flush(pi2_tok_stream *s, const char **bytes, size_t *len, pi2_err *err);
+
+/* Write a synthetic but valid Llama-style BPE tokenizer.json with exactly
+ * `vocab_size` tokens (>= 300): <unk>=0, <s>=1, </s>=2, the 256 byte-fallback
+ * tokens <0x00>..<0xFF>, the printable ASCII characters and "▁", then merged
+ * word pieces built from a fixed English word list (deterministic from
+ * `seed`), with Prepend/Replace normalizer and the usual decoder. Atomic. */
+int pi2_tok_write_synthetic(const char *path, int vocab_size, uint64_t seed, pi2_err *err);
+
+#endif

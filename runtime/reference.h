@@ -1,0 +1,48 @@
+/* Dense fp32 reference forward pass over a Hugging Face model directory.
+ *
+ * This is the oracle every optimised path is tested against: plain loops,
+ * weights read in place from the mapped safetensors (F32/F16/BF16 converted
+ * element by element), double accumulation in dot products. Supports
+ * Llama/Mistral (SwiGLU or ReGLU), Bamboo (dReLU), Mixtral and
+ * TurboSparse-Mixtral (top-k MoE, softmax over the selected experts' router
+ * logits), GQA attention with a KV cache, RoPE in the HF rotate_half layout,
+ * tied or untied output head (tied embeddings may be stored once under either
+ * model.embed_tokens.weight or lm_head.weight).
+ */
+#ifndef PI2_REFERENCE_H
+#define PI2_REFERENCE_H
+
+#include "formats/hfconfig.h"
+#include "formats/safetensors.h"
+
+typedef struct pi2_ref_model pi2_ref_model;
+typedef struct pi2_ref_state pi2_ref_state;
+
+/* Open an HF model dir: config.json + safetensors (single or sharded). Every
+ * tensor the forward needs must exist with the right shape and a float dtype
+ * (PI2_ENOTFOUND / PI2_ESHAPE / PI2_EUNSUPPORTED naming the tensor). Caller
+ * owns *out. */
+int pi2_ref_open(pi2_ref_model **out, const char *hf_dir, pi2_err *err);
+/* NULL is a no-op. */
+void pi2_ref_close(pi2_ref_model *m);
+const pi2_model_desc *pi2_ref_desc(const pi2_ref_model *m);
+/* The underlying tensors (e.g. to import predictors). */
+const pi2_st *pi2_ref_tensors(const pi2_ref_model *m);
+
+/* Called for every FFN evaluation (once per layer per token; once per
+ * selected expert for MoE) with the FFN input after RMSNorm (`x`, hidden
+ * floats) and the activation vector fed to the down projection (`act`, n_ff
+ * floats; zero entries are inactive neurons). For traces and profiles. */
+typedef void (*pi2_ref_ffn_hook)(void *ctx, int layer, int expert, const float *x, const float *act);
+
+/* KV cache and scratch for up to `max_seq` positions. Caller owns *out. */
+int pi2_ref_state_create(pi2_ref_state **out, const pi2_ref_model *m, int max_seq, pi2_err *err);
+void pi2_ref_state_free(pi2_ref_state *s);
+void pi2_ref_state_set_hook(pi2_ref_state *s, pi2_ref_ffn_hook hook, void *ctx);
+
+/* Run token `token` at position `pos` (0-based, positions must be fed in
+ * order from 0 and < max_seq) and write vocab logits. PI2_ERANGE for a bad
+ * token id or position. */
+int pi2_ref_forward(const pi2_ref_model *m, pi2_ref_state *s, int token, int pos, float *logits, pi2_err *err);
+
+#endif

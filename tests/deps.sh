@@ -1,0 +1,22 @@
+#!/bin/sh
+# Check the Debian packages the build needs; install the missing ones with
+# apt-get when running as root, else print the exact command and fail.
+set -u
+need=""
+have_header() { printf '#include <%s>\n' "$1" | ${CC:-cc} -E -x c - >/dev/null 2>&1; }
+have_header jansson.h || need="$need libjansson-dev"
+printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <stdint.h>\n#include <cmocka.h>\n' \
+    | ${CC:-cc} -E -x c - >/dev/null 2>&1 || need="$need libcmocka-dev"
+command -v ${CC:-cc} >/dev/null 2>&1 || need="$need gcc"
+command -v make >/dev/null 2>&1 || need="$need make"
+[ -z "$need" ] && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing:$need"
+    export DEBIAN_FRONTEND=noninteractive
+    (apt-get install -y -q $need || { apt-get update -q && apt-get install -y -q $need; }) >/dev/null || {
+        echo "error: apt-get install$need failed" >&2; exit 1; }
+    exit 0
+fi
+echo "error: missing packages:$need" >&2
+echo "run: sudo apt-get install -y$need" >&2
+exit 1

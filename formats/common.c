@@ -458,6 +458,54 @@ double pi2_rng_normal(pi2_rng *r)
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
+int pi2_parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out, pi2_err *err)
+{
+    char *end;
+    errno = 0;
+    long long v = s ? strtoll(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno == ERANGE || v < lo || v > hi)
+        return pi2_err_set(err, PI2_EINVAL, "%s '%s': expected an integer in [%lld, %lld]", flag, s ? s : "",
+                           lo, hi);
+    *out = v;
+    return 0;
+}
+
+int pi2_parse_double(const char *flag, const char *s, double lo, double hi, double *out, pi2_err *err)
+{
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || !*s || *end || errno == ERANGE || !(v >= lo && v <= hi))
+        return pi2_err_set(err, PI2_EINVAL, "%s '%s': expected a number in [%g, %g]", flag, s ? s : "", lo, hi);
+    *out = v;
+    return 0;
+}
+
+int pi2_parse_size(const char *flag, const char *s, uint64_t *out, pi2_err *err)
+{
+    char *end;
+    errno = 0;
+    if (!s || !*s || *s == '-')
+        return pi2_err_set(err, PI2_EINVAL, "%s '%s': expected a size such as 512M or 4G", flag, s ? s : "");
+    double v = strtod(s, &end);
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'i' && mul > 1)
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (end == s || *end || errno == ERANGE || !(v >= 0) || v * mul >= 1.8e19)
+        return pi2_err_set(err, PI2_EINVAL, "%s '%s': expected a size such as 512M or 4G", flag, s);
+    *out = (uint64_t)(v * mul);
+    return 0;
+}
+
 double pi2_now(void)
 {
     struct timespec ts;

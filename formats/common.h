@@ -128,6 +128,13 @@ uint64_t pi2_rng_u64(pi2_rng *r);
 double pi2_rng_uniform(pi2_rng *r); /* [0, 1) */
 double pi2_rng_normal(pi2_rng *r);  /* standard normal (Box-Muller) */
 
+/* Strict number parsing for flags: the whole string must be a number in
+ * [lo, hi]; PI2_EINVAL with a message naming `flag` otherwise. Sizes accept
+ * a K/M/G/T suffix (powers of 1024) and an optional trailing "B"/"iB". */
+int pi2_parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out, pi2_err *err);
+int pi2_parse_double(const char *flag, const char *s, double lo, double hi, double *out, pi2_err *err);
+int pi2_parse_size(const char *flag, const char *s, uint64_t *out, pi2_err *err);
+
 /* Monotonic seconds. */
 double pi2_now(void);
 /* Peak resident set size of this process in bytes (from /proc), 0 if unknown. */

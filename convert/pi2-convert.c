@@ -1,0 +1,232 @@
+/* pi2-convert: Hugging Face model dir -> converted model; and `synth`, the
+ * model generator for tests, demos and benchmarks. */
+#include "convert/synth.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage_synth(FILE *f)
+{
+    fprintf(f,
+            "usage: pi2-convert synth --preset NAME -o DIR [options]\n"
+            "\n"
+            "Write a Hugging Face model directory (config.json, tokenizer.json, safetensors,\n"
+            "sharded with an index past --shard-size) whose FFNs have planted, predictable\n"
+            "activation sparsity. Streams to disk: memory use stays small at any size.\n"
+            "\n"
+            "  --preset NAME      tiny | small | 1b | 7b | moe (shapes below can override)\n"
+            "  -o, --output DIR   output directory (must not exist; appears only when complete)\n"
+            "  --hidden N         hidden size\n"
+            "  --ff N             FFN width (per expert for MoE)\n"
+            "  --layers N         number of layers\n"
+            "  --heads N          attention heads\n"
+            "  --kv-heads N       key/value heads (must divide --heads)\n"
+            "  --vocab N          vocabulary size (>= 300)\n"
+            "  --experts N        experts per layer (0 = dense)\n"
+            "  --experts-used K   experts chosen per token (top-k)\n"
+            "  --act A            drelu (bamboo / turbosparsemixtral) | relu (ReGLU) | silu (SwiGLU)\n"
+            "  --dtype T          f32 | f16 | bf16\n"
+            "  --active F         mean share of FFN neurons active per token (default 0.10)\n"
+            "  --hot F            share of hot neurons that fire for most tokens (default 0.03)\n"
+            "  --rank R           rank of the planted activation structure (default min(32, hidden/4))\n"
+            "  --predictors       also write predictors under the TurboSparse tensor names\n"
+            "  --tied             tie the output head to the embeddings (stored once)\n"
+            "  --seed S           seed (default 1); the same seed gives the same bytes\n"
+            "  --shard-size SIZE  shard limit, e.g. 4G (default 4G)\n"
+            "  --threads N        generator threads (default: all cores)\n"
+            "  -h, --help         this help\n"
+            "\n"
+            "example:\n"
+            "  pi2-convert synth --preset tiny -o /tmp/tiny\n"
+            "  pi2-convert synth --preset 7b --layers 4 -o /tmp/7b-4layers\n");
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: pi2-convert COMMAND [options]\n"
+            "\n"
+            "Commands:\n"
+            "  synth   write a generated model directory with planted activation sparsity\n"
+            "          (pi2-convert synth --help)\n"
+            "\n"
+            "Options:\n"
+            "  -h, --help  this help\n"
+            "\n"
+            "example:\n"
+            "  pi2-convert synth --preset tiny -o /tmp/tiny\n");
+}
+
+typedef struct progress_state {
+    bool tty;
+    double t0, last;
+} progress_state;
+
+static void on_progress(void *ctx, uint64_t done, uint64_t total)
+{
+    progress_state *p = ctx;
+    if (!p->tty)
+        return;
+    double now = pi2_now();
+    if (now - p->last < 0.2 && done < total)
+        return;
+    p->last = now;
+    double el = now - p->t0;
+    fprintf(stderr, "\r  writing %5.1f%%  %.2f / %.2f GB  %.0f MB/s   ", total ? 100.0 * done / total : 100.0,
+            done / 1e9, total / 1e9, el > 0 ? done / el / 1e6 : 0.0);
+    if (done >= total)
+        fputc('\n', stderr);
+}
+
+/* Print the error; returns `code` for main's exit status. */
+static int die(const char *what, const pi2_err *e, int code)
+{
+    fprintf(stderr, "pi2-convert: %s%s%s\n", what ? what : "", what ? ": " : "", e->msg);
+    return code;
+}
+
+static int cmd_synth(int argc, char **argv)
+{
+    enum { O_PRESET = 256, O_HIDDEN, O_FF, O_LAYERS, O_HEADS, O_KV, O_VOCAB, O_EXPERTS, O_EUSED, O_ACT, O_DTYPE,
+           O_ACTIVE, O_HOT, O_RANK, O_PRED, O_TIED, O_SEED, O_SHARD, O_THREADS };
+    static const struct option opts[] = {
+        {"preset", required_argument, 0, O_PRESET}, {"output", required_argument, 0, 'o'},
+        {"hidden", required_argument, 0, O_HIDDEN}, {"ff", required_argument, 0, O_FF},
+        {"layers", required_argument, 0, O_LAYERS}, {"heads", required_argument, 0, O_HEADS},
+        {"kv-heads", required_argument, 0, O_KV},   {"vocab", required_argument, 0, O_VOCAB},
+        {"experts", required_argument, 0, O_EXPERTS}, {"experts-used", required_argument, 0, O_EUSED},
+        {"act", required_argument, 0, O_ACT},       {"dtype", required_argument, 0, O_DTYPE},
+        {"active", required_argument, 0, O_ACTIVE}, {"hot", required_argument, 0, O_HOT},
+        {"rank", required_argument, 0, O_RANK},     {"predictors", no_argument, 0, O_PRED},
+        {"tied", no_argument, 0, O_TIED},           {"seed", required_argument, 0, O_SEED},
+        {"shard-size", required_argument, 0, O_SHARD}, {"threads", required_argument, 0, O_THREADS},
+        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+    /* The preset comes first so the other flags override it, whatever the order. */
+    const char *preset = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--preset") == 0 && i + 1 < argc)
+            preset = argv[i + 1];
+        else if (strncmp(argv[i], "--preset=", 9) == 0)
+            preset = argv[i] + 9;
+        else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            usage_synth(stdout);
+            return 0;
+        }
+    }
+    pi2_err err = {0};
+    pi2_synth_opts o;
+    if (!preset) {
+        fprintf(stderr, "pi2-convert synth: --preset is required (tiny, small, 1b, 7b, moe); see --help\n");
+        return 2;
+    }
+    if (pi2_synth_preset(preset, &o, &err))
+        return die("synth", &err, 2);
+    const char *act = NULL;
+    optind = 1;
+    int c;
+    long long v;
+    double dv;
+    int rc = 0;
+    pi2_model_desc *d = &o.desc;
+    while (rc == 0 && (c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_PRESET: break;
+        case 'o': out = optarg; break;
+        case O_HIDDEN: rc = pi2_parse_int("--hidden", optarg, 8, 1 << 16, &v, &err); d->hidden = (int)v; break;
+        case O_FF: rc = pi2_parse_int("--ff", optarg, 1, 1 << 18, &v, &err); d->n_ff = (int)v; break;
+        case O_LAYERS: rc = pi2_parse_int("--layers", optarg, 1, 1024, &v, &err); d->n_layers = (int)v; break;
+        case O_HEADS: rc = pi2_parse_int("--heads", optarg, 1, 1024, &v, &err); d->n_heads = (int)v; break;
+        case O_KV: rc = pi2_parse_int("--kv-heads", optarg, 1, 1024, &v, &err); d->n_kv_heads = (int)v; break;
+        case O_VOCAB: rc = pi2_parse_int("--vocab", optarg, 300, 1 << 20, &v, &err); d->vocab = (int)v; break;
+        case O_EXPERTS: rc = pi2_parse_int("--experts", optarg, 0, 256, &v, &err); d->n_experts = (int)v; break;
+        case O_EUSED: rc = pi2_parse_int("--experts-used", optarg, 1, 256, &v, &err); d->n_experts_used = (int)v; break;
+        case O_ACT: act = optarg; break;
+        case O_DTYPE:
+            if (strcmp(optarg, "f32") == 0) o.dtype = PI2_DT_F32;
+            else if (strcmp(optarg, "f16") == 0) o.dtype = PI2_DT_F16;
+            else if (strcmp(optarg, "bf16") == 0) o.dtype = PI2_DT_BF16;
+            else rc = pi2_err_set(&err, PI2_EINVAL, "--dtype '%s': expected f32, f16 or bf16", optarg);
+            break;
+        case O_ACTIVE: rc = pi2_parse_double("--active", optarg, 0.001, 0.9, &dv, &err); o.active_frac = dv; break;
+        case O_HOT: rc = pi2_parse_double("--hot", optarg, 0, 0.5, &dv, &err); o.hot_frac = dv; break;
+        case O_RANK: rc = pi2_parse_int("--rank", optarg, 1, 4096, &v, &err); o.plant_rank = (int)v; break;
+        case O_PRED: o.predictors = true; break;
+        case O_TIED: d->tie_embeddings = true; break;
+        case O_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, &err); o.seed = (uint64_t)v; break;
+        case O_SHARD: {
+            uint64_t sz;
+            rc = pi2_parse_size("--shard-size", optarg, &sz, &err);
+            if (rc == 0 && sz < (1u << 20))
+                rc = pi2_err_set(&err, PI2_EINVAL, "--shard-size '%s': must be at least 1M", optarg);
+            o.shard_bytes = sz;
+            break;
+        }
+        case O_THREADS: rc = pi2_parse_int("--threads", optarg, 1, 64, &v, &err); o.threads = (int)v; break;
+        case 'h': usage_synth(stdout); return 0;
+        default: fprintf(stderr, "pi2-convert synth: see --help\n"); return 2;
+        }
+    }
+    if (rc)
+        return die("synth", &err, 2);
+    if (optind < argc) {
+        fprintf(stderr, "pi2-convert synth: unexpected argument '%s'; see --help\n", argv[optind]);
+        return 2;
+    }
+    if (!out) {
+        fprintf(stderr, "pi2-convert synth: -o DIR is required; see --help\n");
+        return 2;
+    }
+    bool moe = d->n_experts > 0;
+    if (moe && d->n_experts_used == 0)
+        d->n_experts_used = d->n_experts < 2 ? d->n_experts : 2;
+    if (!moe)
+        d->n_experts_used = 0;
+    if (!act)
+        act = d->act == PI2_ACT_SILU ? "silu" : d->act == PI2_ACT_RELU ? "relu" : "drelu";
+    if (strcmp(act, "drelu") == 0) {
+        d->act = PI2_ACT_DRELU;
+        d->arch = moe ? PI2_ARCH_TURBOSPARSE_MIXTRAL : PI2_ARCH_BAMBOO;
+    } else if (strcmp(act, "relu") == 0 || strcmp(act, "silu") == 0) {
+        d->act = act[0] == 'r' ? PI2_ACT_RELU : PI2_ACT_SILU;
+        d->arch = moe ? PI2_ARCH_MIXTRAL : PI2_ARCH_LLAMA;
+    } else {
+        fprintf(stderr, "pi2-convert synth: --act '%s': expected drelu, relu or silu\n", act);
+        return 2;
+    }
+    d->head_dim = d->n_heads > 0 ? d->hidden / d->n_heads : 0;
+    if (d->n_heads <= 0 || d->hidden % d->n_heads != 0) {
+        fprintf(stderr, "pi2-convert synth: --heads %d must divide --hidden %d\n", d->n_heads, d->hidden);
+        return 2;
+    }
+
+    uint64_t total = pi2_synth_weight_bytes(&o);
+    progress_state ps = {isatty(2), pi2_now(), 0};
+    fprintf(stderr, "pi2-convert synth: %s, %s (%s), hidden %d, ffn %d, %d layers, %d experts, vocab %d, %s, %.2f GB\n",
+            preset, pi2_arch_name(d->arch), pi2_act_name(d->act), d->hidden, d->n_ff, d->n_layers, d->n_experts,
+            d->vocab, pi2_dtype_name(o.dtype), total / 1e9);
+    if (pi2_synth_write(out, &o, on_progress, &ps, &err))
+        return die(NULL, &err, 1);
+    double el = pi2_now() - ps.t0;
+    printf("wrote %s: %.2f GB in %.1f s (%.0f MB/s), peak RSS %.0f MB\n", out, total / 1e9, el,
+           el > 0 ? total / el / 1e6 : 0.0, pi2_peak_rss() / 1048576.0);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "synth") == 0)
+        return cmd_synth(argc - 1, argv + 1);
+    fprintf(stderr, "pi2-convert: unknown command '%s'; see pi2-convert --help\n", argv[1]);
+    return 2;
+}

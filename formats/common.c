@@ -240,7 +240,7 @@ int pi2_read_file(const char *path, size_t max_bytes, char **out, size_t *len, p
     FILE *f = fopen(path, "rb");
     if (!f)
         return pi2_err_errno(err, errno == ENOENT ? PI2_ENOTFOUND : PI2_EIO, errno, "%s: cannot open", path);
-    size_t cap = 4096, n = 0;
+    size_t cap = max_bytes < 4096 ? max_bytes : 4096, n = 0;
     char *buf = malloc(cap + 1);
     if (!buf) {
         fclose(f);
@@ -249,6 +249,8 @@ int pi2_read_file(const char *path, size_t max_bytes, char **out, size_t *len, p
     for (;;) {
         if (n == cap) {
             if (cap >= max_bytes) {
+                if (fgetc(f) == EOF && !ferror(f))
+                    break; /* exactly max_bytes */
                 free(buf);
                 fclose(f);
                 return pi2_err_set(err, PI2_ERANGE, "%s: larger than %zu bytes", path, max_bytes);

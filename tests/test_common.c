@@ -1,0 +1,172 @@
+/* common: half conversions, cursor, number parsing, atomic writer. */
+#include "tests/testutil.h"
+
+#include "formats/common.h"
+
+#include <math.h>
+
+static void test_f16_roundtrip(void **state)
+{
+    (void)state;
+    /* every finite half converts to f32 and back unchanged */
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7c00) == 0x7c00)
+            continue;
+        float f = pi2_f16_to_f32((uint16_t)h);
+        assert_int_equal(pi2_f32_to_f16(f), h);
+    }
+    assert_true(pi2_f16_to_f32(0x3c00) == 1.0f);
+    assert_true(pi2_f16_to_f32(0xc000) == -2.0f);
+    assert_true(pi2_f16_to_f32(0x0001) == 5.9604644775390625e-8f);
+    assert_true(isinf(pi2_f16_to_f32(0x7c00)));
+    assert_true(isnan(pi2_f16_to_f32(0x7e00)));
+    assert_int_equal(pi2_f32_to_f16(1e6f), 0x7c00);     /* overflow -> inf */
+    assert_int_equal(pi2_f32_to_f16(65519.0f), 0x7bff); /* largest below the rounding edge */
+    assert_int_equal(pi2_f32_to_f16(65520.0f), 0x7c00);
+    assert_int_equal(pi2_f32_to_f16(1.0f + 1.0f / 2048), 0x3c00); /* tie to even */
+    assert_int_equal(pi2_f32_to_f16(1.0f + 3.0f / 2048), 0x3c02);
+}
+
+static void test_bf16(void **state)
+{
+    (void)state;
+    assert_int_equal(pi2_f32_to_bf16(1.0f), 0x3f80);
+    assert_true(pi2_bf16_to_f32(0x3f80) == 1.0f);
+    /* 1 + 2^-8 is a tie: rounds to even (1.0); 1 + 3*2^-8 rounds up */
+    assert_int_equal(pi2_f32_to_bf16(1.0f + 1.0f / 256), 0x3f80);
+    assert_int_equal(pi2_f32_to_bf16(1.0f + 3.0f / 256), 0x3f82);
+    assert_true(isnan(pi2_bf16_to_f32(pi2_f32_to_bf16(NAN))));
+    for (uint32_t b = 0; b < 65536; b++) {
+        if ((b & 0x7f80) == 0x7f80)
+            continue;
+        assert_int_equal(pi2_f32_to_bf16(pi2_bf16_to_f32((uint16_t)b)), b);
+    }
+}
+
+static void test_cursor(void **state)
+{
+    (void)state;
+    uint8_t buf[12] = {1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0};
+    pi2_cursor c = {buf, sizeof buf};
+    uint32_t a;
+    uint64_t b;
+    assert_true(pi2_cursor_u32le(&c, &a));
+    assert_int_equal(a, 1);
+    assert_true(pi2_cursor_u64le(&c, &b));
+    assert_int_equal(b, 2);
+    assert_false(pi2_cursor_u32le(&c, &a)); /* empty */
+    pi2_cursor d = {buf, 6};
+    assert_true(pi2_cursor_u32le(&d, &a));
+    assert_false(pi2_cursor_u64le(&d, &b)); /* short: unchanged */
+    assert_int_equal(d.left, 2);
+    const uint8_t *p;
+    assert_false(pi2_cursor_take(&d, SIZE_MAX, &p));
+}
+
+static void test_parse(void **state)
+{
+    (void)state;
+    pi2_err err = {0};
+    long long v;
+    double dv;
+    uint64_t sz;
+    assert_int_equal(pi2_parse_int("-n", "42", 0, 100, &v, &err), 0);
+    assert_int_equal(v, 42);
+    assert_int_equal(pi2_parse_int("-n", "42x", 0, 100, &v, &err), PI2_EINVAL);
+    assert_non_null(strstr(err.msg, "-n '42x'"));
+    pi2_err_clear(&err);
+    assert_int_equal(pi2_parse_int("-n", "101", 0, 100, &v, &err), PI2_EINVAL);
+    assert_int_equal(pi2_parse_int("-n", "", 0, 100, &v, NULL), PI2_EINVAL);
+    assert_int_equal(pi2_parse_int("-n", "99999999999999999999999", 0, 100, &v, NULL), PI2_EINVAL);
+    assert_int_equal(pi2_parse_double("--t", "0.5", 0, 1, &dv, NULL), 0);
+    assert_true(dv == 0.5);
+    assert_int_equal(pi2_parse_double("--t", "nan", 0, 1, &dv, NULL), PI2_EINVAL);
+    assert_int_equal(pi2_parse_size("--m", "4G", &sz, NULL), 0);
+    assert_int_equal(sz, 4ull << 30);
+    assert_int_equal(pi2_parse_size("--m", "512MiB", &sz, NULL), 0);
+    assert_int_equal(sz, 512ull << 20);
+    assert_int_equal(pi2_parse_size("--m", "1.5k", &sz, NULL), 0);
+    assert_int_equal(sz, 1536);
+    assert_int_equal(pi2_parse_size("--m", "-1G", &sz, NULL), PI2_EINVAL);
+    assert_int_equal(pi2_parse_size("--m", "12Q", &sz, NULL), PI2_EINVAL);
+    assert_int_equal(pi2_parse_size("--m", "99999999T", &sz, NULL), PI2_EINVAL);
+}
+
+static void test_afile(void **state)
+{
+    (void)state;
+    char dir[64], path[128];
+    pi2t_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/out.bin", dir);
+    pi2_err err = {0};
+    pi2_afile *f;
+    assert_int_equal(pi2_afile_open(&f, path, &err), 0);
+    assert_int_equal(pi2_afile_write(f, "hello", 5, &err), 0);
+    assert_false(pi2t_exists(path)); /* not visible before commit */
+    assert_int_equal(pi2_afile_commit(f, &err), 0);
+    char *text;
+    size_t len;
+    assert_int_equal(pi2_read_file(path, 100, &text, &len, &err), 0);
+    assert_int_equal(len, 5);
+    assert_string_equal(text, "hello");
+    free(text);
+    assert_int_equal(pi2_read_file(path, 3, &text, &len, &err), PI2_ERANGE);
+    /* simulated full disk */
+    snprintf(path, sizeof path, "%s/full.bin", dir);
+    assert_int_equal(pi2_afile_open(&f, path, &err), 0);
+    pi2_afile_fail_after(3);
+    pi2_err_clear(&err);
+    assert_int_equal(pi2_afile_write(f, "hello", 5, &err), PI2_ENOSPC);
+    pi2_afile_fail_after(-1);
+    assert_non_null(strstr(err.msg, "full.bin"));
+    pi2_afile_abort(f);
+    pi2_afile_abort(NULL);
+    assert_false(pi2t_exists(path));
+    /* missing directory */
+    pi2_err_clear(&err);
+    assert_int_equal(pi2_afile_open(&f, "/nonexistent/dir/x", &err), PI2_EIO);
+    pi2_map m;
+    pi2_err_clear(&err);
+    assert_int_equal(pi2_map_open(&m, "/nonexistent/file", &err), PI2_ENOTFOUND);
+    assert_int_equal(pi2_map_open(&m, dir, NULL), PI2_EIO); /* a directory */
+    pi2t_rmtree(dir);
+}
+
+static void test_err_first_wins(void **state)
+{
+    (void)state;
+    pi2_err err = {0};
+    assert_int_equal(pi2_err_set(&err, PI2_EFORMAT, "first %d", 1), PI2_EFORMAT);
+    assert_int_equal(pi2_err_set(&err, PI2_EIO, "second"), PI2_EIO);
+    assert_string_equal(err.msg, "first 1");
+    assert_int_equal(err.code, PI2_EFORMAT);
+    assert_string_equal(pi2_strerror(PI2_ENOSPC), "no space left on device");
+}
+
+static void test_rng(void **state)
+{
+    (void)state;
+    pi2_rng a, b;
+    pi2_rng_seed(&a, 9);
+    pi2_rng_seed(&b, 9);
+    double s = 0, s2 = 0;
+    for (int i = 0; i < 20000; i++) {
+        assert_true(pi2_rng_u64(&a) == pi2_rng_u64(&b));
+        double x = pi2_rng_normal(&a);
+        pi2_rng_normal(&b);
+        s += x;
+        s2 += x * x;
+    }
+    assert_true(fabs(s / 20000) < 0.05);
+    assert_true(fabs(s2 / 20000 - 1) < 0.05);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_f16_roundtrip), cmocka_unit_test(test_bf16), cmocka_unit_test(test_cursor),
+        cmocka_unit_test(test_parse),         cmocka_unit_test(test_afile), cmocka_unit_test(test_err_first_wins),
+        cmocka_unit_test(test_rng),
+    };
+    return cmocka_run_group_tests_name("common", tests, NULL, NULL);
+}

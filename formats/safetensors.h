@@ -13,12 +13,36 @@
  * offsets inside the file, tensors sorted by offset covering the buffer
  * exactly with no gap or overlap (as the reference implementation requires),
  * no duplicate names, at most PI2_ST_MAX_DIMS dims and PI2_ST_MAX_TENSORS
- * tensors.
+ * tensors. The header may be padded with trailing spaces (the writer pads it
+ * to a multiple of 8 so the data starts 8-aligned); extra keys inside a
+ * tensor entry are ignored, as the reference implementation does.
+ *
+ * Reader error codes (messages are "<file>: <problem>", naming the tensor
+ * when one is at fault):
+ *   PI2_EFORMAT      malformed or lying contents: file shorter than 8 bytes,
+ *                    header length past the end of the file, invalid JSON,
+ *                    duplicate names, non-object header/entry/__metadata__,
+ *                    missing or mistyped dtype/shape/data_offsets, negative or
+ *                    non-integer dims, offsets out of order/out of the file,
+ *                    span != nelem*size, gaps, overlaps, trailing bytes; for an
+ *                    index: bad JSON, missing weight_map, shard names that are
+ *                    not plain file names, mapped tensors absent from their
+ *                    shard or stored in another, a tensor in two shards
+ *   PI2_ERANGE       a limit is exceeded: header length > PI2_ST_MAX_HEADER,
+ *                    > PI2_ST_MAX_DIMS dims, > PI2_ST_MAX_TENSORS tensors,
+ *                    element count or byte size overflowing size_t
+ *   PI2_EUNSUPPORTED a dtype other than the seven below (F64, BOOL, F8_*, ...)
+ *   PI2_ENOTFOUND    missing file or shard, directory with neither file
+ *   PI2_EIO/ENOMEM   open/map/allocation failures
  *
  * Sharded models: "model.safetensors.index.json" = {"metadata": {...},
  * "weight_map": {"<tensor>": "<shard file>", ...}}. Every tensor named in the
  * map must be found in its shard; shard names must be plain file names in the
- * same directory; a tensor may not appear in two shards.
+ * same directory; a tensor may not appear in two shards. Shards are opened
+ * in file-name order; a tensor stored in a shard but absent from the map is
+ * still loaded (it is part of that file); one mapped to shard A but stored in
+ * B is an error. The index's own "metadata" is not exposed (pi2_st_metadata
+ * reads the shards' __metadata__).
  */
 #ifndef PI2_SAFETENSORS_H
 #define PI2_SAFETENSORS_H
@@ -84,6 +108,10 @@ const char *pi2_st_metadata(const pi2_st *st, const char *key);
  * beyond an assert: callers validate shapes first. */
 float pi2_st_get_f32(const pi2_st_tensor *t, size_t i);
 
+/* Convert a whole tensor of any dtype to f32 into out[0..n); n must equal
+ * t->nelem (PI2_EINVAL otherwise). F32 on a little-endian host is a memcpy. */
+int pi2_st_to_f32(const pi2_st_tensor *t, float *out, size_t n, pi2_err *err);
+
 /* Check a tensor's shape: PI2_ESHAPE with a message naming the tensor and
  * both shapes when it differs. ndim entries of `shape`. */
 int pi2_st_expect_shape(const pi2_st_tensor *t, int ndim, const int64_t *shape, pi2_err *err);
@@ -101,9 +129,13 @@ int pi2_st_writer_add(pi2_st_writer *w, const char *name, pi2_dtype dt, int ndim
 /* Optional __metadata__ entry; before the first write. */
 int pi2_st_writer_meta(pi2_st_writer *w, const char *key, const char *value, pi2_err *err);
 /* Data bytes; the first call writes the header. Writing past the declared
- * total is PI2_EINVAL. */
+ * total is PI2_EINVAL. A failed write (past the total, I/O, PI2_ENOSPC)
+ * poisons the writer: later writes and finish return the same code. Argument
+ * errors in add/meta (duplicate name, bad dtype/dims: PI2_EINVAL; size
+ * overflow: PI2_ERANGE) leave the writer unchanged. */
 int pi2_st_writer_write(pi2_st_writer *w, const void *data, size_t n, pi2_err *err);
-/* All declared bytes must have been written. Frees w on success and failure. */
+/* All declared bytes must have been written (PI2_EINVAL otherwise, and no
+ * file appears at the path). Frees w on success and failure. */
 int pi2_st_writer_finish(pi2_st_writer *w, pi2_err *err);
 /* Abandon: removes the temporary file. NULL is a no-op. */
 void pi2_st_writer_free(pi2_st_writer *w);

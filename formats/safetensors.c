@@ -1,0 +1,986 @@
+/* safetensors reader and streaming writer. The contract and the on-disk
+ * layout are in safetensors.h; this file explains the why.
+ *
+ * Reader: the whole file is mapped; the 8-byte length is read through the
+ * bounded cursor, the header is parsed by jansson (duplicate keys rejected),
+ * every entry is validated on its own, then the entries are sorted by offset
+ * and must tile the data buffer exactly, as the reference Rust implementation
+ * requires. Names and metadata strings are copied into one arena per file so
+ * the JSON tree can be dropped right after parsing. Lookup is an
+ * open-addressing hash table over all shards (also how a tensor present in
+ * two shards is caught).
+ *
+ * Writer: tensors are declared first so the header (with every data offset)
+ * can be written before the first data byte; data is then streamed through
+ * a pi2_afile, so nothing but the header lives in memory and the target path
+ * only ever holds a complete file.
+ */
+#include "formats/safetensors.h"
+
+#include <assert.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---- dtypes ---- */
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtypes[] = {
+    [PI2_DT_F32] = { "F32", 4 }, [PI2_DT_F16] = { "F16", 2 }, [PI2_DT_BF16] = { "BF16", 2 },
+    [PI2_DT_I8] = { "I8", 1 },   [PI2_DT_U8] = { "U8", 1 },   [PI2_DT_I32] = { "I32", 4 },
+    [PI2_DT_I64] = { "I64", 8 },
+};
+#define NDTYPES (sizeof dtypes / sizeof dtypes[0])
+
+const char *pi2_dtype_name(pi2_dtype dt) { return (unsigned)dt < NDTYPES ? dtypes[dt].name : NULL; }
+
+size_t pi2_dtype_size(pi2_dtype dt) { return (unsigned)dt < NDTYPES ? dtypes[dt].size : 0; }
+
+int pi2_dtype_parse(const char *name, pi2_dtype *out)
+{
+    if (name) {
+        for (unsigned i = 0; i < NDTYPES; i++) {
+            if (strcmp(name, dtypes[i].name) == 0) {
+                *out = (pi2_dtype)i;
+                return 0;
+            }
+        }
+    }
+    return PI2_EUNSUPPORTED;
+}
+
+/* ---- message helpers ---- */
+
+/* A hostile name may be long or hold control characters; messages stay one
+ * short line. */
+typedef struct shown {
+    char s[104];
+} shown;
+
+static shown show(const char *s)
+{
+    shown r;
+    size_t i = 0;
+    for (; s && s[i] && i < 96; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        r.s[i] = ch < 0x20 || ch == 0x7f ? '?' : (char)ch;
+    }
+    if (s && s[i]) {
+        memcpy(r.s + i, "...", 3);
+        i += 3;
+    }
+    r.s[i] = 0;
+    return r;
+}
+
+static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t n = 0;
+    n += (size_t)snprintf(buf + n, cap - n, "[");
+    for (int i = 0; i < ndim && n < cap; i++) {
+        if (i == PI2_ST_MAX_DIMS) {
+            n += (size_t)snprintf(buf + n, cap - n, ", ...");
+            break;
+        }
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    }
+    if (n < cap)
+        snprintf(buf + n, cap - n, "]");
+}
+
+/* Shard names in an index, and in pi2_st_write_index: plain file names only. */
+static bool plain_name(const char *s)
+{
+    return s && *s && !strchr(s, '/') && !strstr(s, "..") && strcmp(s, ".") != 0;
+}
+
+static char *join_alloc(const char *dir, const char *name)
+{
+    size_t a = strlen(dir), b = strlen(name), n;
+    if (!pi2_add_size(a, b, &n) || !pi2_add_size(n, 2, &n))
+        return NULL;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+/* ---- reader ---- */
+
+typedef struct st_shard {
+    char *path;       /* owned; tensors' `file` points here */
+    const char *base; /* plain file name inside path */
+    pi2_map map;      /* zeroed for in-memory images */
+    char *arena;      /* names and metadata strings */
+} st_shard;
+
+struct pi2_st {
+    st_shard *shards;
+    size_t nshards;
+    pi2_st_tensor *t;
+    size_t n;
+    const char **meta; /* key, value pairs in file order */
+    size_t nmeta;
+    uint32_t *slots; /* tensor index + 1, 0 = empty */
+    size_t mask;
+};
+
+typedef struct entry {
+    const char *name; /* borrowed from the JSON tree */
+    pi2_dtype dt;
+    int ndim;
+    int64_t shape[PI2_ST_MAX_DIMS];
+    size_t nelem, nbytes;
+    uint64_t begin, end;
+} entry;
+
+static int entry_cmp(const void *pa, const void *pb)
+{
+    const entry *a = pa, *b = pb;
+    if (a->begin != b->begin)
+        return a->begin < b->begin ? -1 : 1;
+    if (a->end != b->end)
+        return a->end < b->end ? -1 : 1;
+    return strcmp(a->name, b->name);
+}
+
+static int get_u64(json_t *v, uint64_t *out)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return -1;
+    *out = (uint64_t)json_integer_value(v);
+    return 0;
+}
+
+/* Validate one header entry on its own (everything but the tiling). */
+static int parse_entry(const char *path, const char *name, json_t *v, size_t dlen, entry *e, pi2_err *err)
+{
+    if (!json_is_object(v))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s': entry is not a JSON object", path, show(name).s);
+    e->name = name;
+    json_t *jdt = json_object_get(v, "dtype"), *jsh = json_object_get(v, "shape"),
+           *joff = json_object_get(v, "data_offsets");
+    if (!json_is_string(jdt))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s': %s", path, show(name).s,
+                           jdt ? "dtype is not a string" : "missing dtype");
+    if (pi2_dtype_parse(json_string_value(jdt), &e->dt) != 0)
+        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: tensor '%s': unsupported dtype '%s'", path, show(name).s,
+                           show(json_string_value(jdt)).s);
+    if (!json_is_array(jsh))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s': %s", path, show(name).s,
+                           jsh ? "shape is not an array" : "missing shape");
+    size_t nd = json_array_size(jsh);
+    if (nd > PI2_ST_MAX_DIMS)
+        return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': too many dims (%zu > %d)", path, show(name).s, nd,
+                           PI2_ST_MAX_DIMS);
+    e->ndim = (int)nd;
+    size_t nelem = 1;
+    for (size_t i = 0; i < nd; i++) {
+        uint64_t d;
+        if (get_u64(json_array_get(jsh, i), &d) != 0)
+            return pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s': dim %zu is not a non-negative integer", path,
+                               show(name).s, i);
+        e->shape[i] = (int64_t)d;
+        if (d > SIZE_MAX || !pi2_mul_size(nelem, (size_t)d, &nelem))
+            return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': element count overflows", path, show(name).s);
+    }
+    e->nelem = nelem;
+    if (!pi2_mul_size(nelem, dtypes[e->dt].size, &e->nbytes))
+        return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': byte size overflows", path, show(name).s);
+    if (!json_is_array(joff) || json_array_size(joff) != 2 || get_u64(json_array_get(joff, 0), &e->begin) != 0 ||
+        get_u64(json_array_get(joff, 1), &e->end) != 0)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s': %s", path, show(name).s,
+                           joff ? "data_offsets is not [begin, end] of non-negative integers" : "missing data_offsets");
+    if (e->begin > e->end)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s': data_offsets begin %llu > end %llu", path, show(name).s,
+                           (unsigned long long)e->begin, (unsigned long long)e->end);
+    if (e->end > dlen)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s': data_offsets end %llu is past the data size %zu", path,
+                           show(name).s, (unsigned long long)e->end, dlen);
+    if (e->end - e->begin != e->nbytes) {
+        char sh[256];
+        fmt_shape(sh, sizeof sh, e->ndim, e->shape);
+        return pi2_err_set(err, PI2_EFORMAT,
+                           "%s: tensor '%s': data_offsets span %llu bytes but %s %s needs %zu bytes", path,
+                           show(name).s, (unsigned long long)(e->end - e->begin), dtypes[e->dt].name, sh, e->nbytes);
+    }
+    return 0;
+}
+
+/* Parse one safetensors image into shard `sh` (already appended to st),
+ * appending its tensors and metadata to st. On failure st may hold a partial
+ * shard; the caller closes it. */
+static int parse_image(pi2_st *st, st_shard *sh, const uint8_t *buf, size_t len, pi2_err *err)
+{
+    const char *path = sh->path;
+    pi2_cursor c = { buf, len };
+    uint64_t hlen;
+    if (!pi2_cursor_u64le(&c, &hlen))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: file is %zu bytes, shorter than the 8-byte header length", path, len);
+    if (hlen > PI2_ST_MAX_HEADER)
+        return pi2_err_set(err, PI2_ERANGE, "%s: header length %llu exceeds the limit of %u bytes", path,
+                           (unsigned long long)hlen, (unsigned)PI2_ST_MAX_HEADER);
+    const uint8_t *hdr;
+    if (!pi2_cursor_take(&c, (size_t)hlen, &hdr))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: header length %llu runs past the end of the file (%zu bytes left)",
+                           path, (unsigned long long)hlen, c.left);
+    const uint8_t *data = c.p;
+    size_t dlen = c.left;
+
+    json_error_t je;
+    json_t *root = json_loadb((const char *)hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: header is not valid JSON: %s (header byte %d)", path,
+                           show(je.text).s, je.position);
+    int rc = 0;
+    entry *ents = NULL;
+    if (!json_is_object(root)) {
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: header is not a JSON object", path);
+        goto out;
+    }
+    size_t nobj = json_object_size(root);
+    json_t *jmeta = json_object_get(root, "__metadata__");
+    size_t ntens = nobj - (jmeta ? 1 : 0);
+    if (ntens > PI2_ST_MAX_TENSORS || st->n + ntens > PI2_ST_MAX_TENSORS) {
+        rc = pi2_err_set(err, PI2_ERANGE, "%s: too many tensors (%zu, limit %u)", path, st->n + ntens,
+                         (unsigned)PI2_ST_MAX_TENSORS);
+        goto out;
+    }
+    size_t nmeta = 0, arena_len = 0;
+    if (jmeta) {
+        if (!json_is_object(jmeta)) {
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: __metadata__ is not a JSON object", path);
+            goto out;
+        }
+        const char *k;
+        json_t *v;
+        json_object_foreach(jmeta, k, v)
+        {
+            if (!json_is_string(v)) {
+                rc = pi2_err_set(err, PI2_EFORMAT, "%s: __metadata__ value of '%s' is not a string", path, show(k).s);
+                goto out;
+            }
+            /* sizes are bounded by the header length, itself capped: no overflow */
+            arena_len += strlen(k) + 1 + json_string_length(v) + 1;
+            nmeta++;
+        }
+    }
+    ents = pi2_calloc_array(ntens, sizeof *ents);
+    if (!ents) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for %zu tensors", path, ntens);
+        goto out;
+    }
+    size_t k = 0;
+    const char *name;
+    json_t *v;
+    json_object_foreach(root, name, v)
+    {
+        if (v == jmeta)
+            continue;
+        if ((rc = parse_entry(path, name, v, dlen, &ents[k], err)) != 0)
+            goto out;
+        arena_len += strlen(name) + 1;
+        k++;
+    }
+    assert(k == ntens);
+    qsort(ents, ntens, sizeof *ents, entry_cmp);
+    uint64_t pos = 0;
+    for (k = 0; k < ntens; k++) {
+        const entry *e = &ents[k];
+        if (e->begin < pos) {
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s' (bytes %llu..%llu) overlaps tensor '%s' (ends at %llu)",
+                             path, show(e->name).s, (unsigned long long)e->begin, (unsigned long long)e->end,
+                             show(ents[k - 1].name).s, (unsigned long long)pos);
+            goto out;
+        }
+        if (e->begin > pos) {
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: gap of unused data bytes %llu..%llu before tensor '%s'", path,
+                             (unsigned long long)pos, (unsigned long long)e->begin, show(e->name).s);
+            goto out;
+        }
+        pos = e->end;
+    }
+    if (pos != dlen) {
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: %llu trailing bytes after the last tensor (data is %zu bytes)", path,
+                         (unsigned long long)(dlen - pos), dlen);
+        goto out;
+    }
+
+    /* Valid: copy out of the JSON tree. */
+    sh->arena = malloc(arena_len ? arena_len : 1);
+    pi2_st_tensor *nt = realloc(st->t, (st->n + ntens ? st->n + ntens : 1) * sizeof *nt);
+    const char **nm = nmeta ? realloc(st->meta, (st->nmeta + nmeta) * 2 * sizeof *nm) : st->meta;
+    if (nt)
+        st->t = nt;
+    if (nm)
+        st->meta = nm;
+    if (!sh->arena || !nt || (nmeta && !nm)) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    char *a = sh->arena;
+    if (jmeta) {
+        const char *mk;
+        json_object_foreach(jmeta, mk, v)
+        {
+            size_t kl = strlen(mk) + 1, vl = json_string_length(v);
+            memcpy(a, mk, kl);
+            st->meta[2 * st->nmeta] = a;
+            a += kl;
+            memcpy(a, json_string_value(v), vl);
+            a[vl] = 0;
+            st->meta[2 * st->nmeta + 1] = a;
+            a += vl + 1;
+            st->nmeta++;
+        }
+    }
+    for (k = 0; k < ntens; k++) {
+        const entry *e = &ents[k];
+        pi2_st_tensor *t = &st->t[st->n++];
+        size_t nl = strlen(e->name) + 1;
+        memcpy(a, e->name, nl);
+        t->name = a;
+        a += nl;
+        t->dtype = e->dt;
+        t->ndim = e->ndim;
+        memset(t->shape, 0, sizeof t->shape);
+        memcpy(t->shape, e->shape, (size_t)e->ndim * sizeof e->shape[0]);
+        t->nelem = e->nelem;
+        t->nbytes = e->nbytes;
+        t->data = data + e->begin;
+        t->file = sh->path;
+    }
+out:
+    free(ents);
+    json_decref(root);
+    return rc;
+}
+
+static uint64_t hash_name(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* Build the name table; a name seen twice (only possible across shards, as
+ * one header rejects duplicate keys) is an error. */
+static int build_hash(pi2_st *st, pi2_err *err)
+{
+    size_t cap = 16;
+    while (cap < 2 * st->n)
+        cap *= 2;
+    st->slots = calloc(cap, sizeof *st->slots);
+    if (!st->slots)
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the tensor table",
+                           st->nshards ? st->shards[0].path : "safetensors");
+    st->mask = cap - 1;
+    for (size_t i = 0; i < st->n; i++) {
+        size_t s = (size_t)hash_name(st->t[i].name) & st->mask;
+        while (st->slots[s]) {
+            const pi2_st_tensor *o = &st->t[st->slots[s] - 1];
+            if (strcmp(o->name, st->t[i].name) == 0)
+                return pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s' is also stored in %s", st->t[i].file,
+                                   show(st->t[i].name).s, o->file);
+            s = (s + 1) & st->mask;
+        }
+        st->slots[s] = (uint32_t)(i + 1);
+    }
+    return 0;
+}
+
+static st_shard *add_shard(pi2_st *st, const char *path, pi2_err *err)
+{
+    st_shard *ns = realloc(st->shards, (st->nshards + 1) * sizeof *ns);
+    if (!ns) {
+        pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    st->shards = ns;
+    st_shard *sh = &ns[st->nshards];
+    memset(sh, 0, sizeof *sh);
+    sh->path = pi2_strdup(path);
+    if (!sh->path) {
+        pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    const char *slash = strrchr(sh->path, '/');
+    sh->base = slash ? slash + 1 : sh->path;
+    st->nshards++;
+    return sh;
+}
+
+static pi2_st *st_new(void) { return calloc(1, sizeof(pi2_st)); }
+
+void pi2_st_close(pi2_st *st)
+{
+    if (!st)
+        return;
+    for (size_t i = 0; i < st->nshards; i++) {
+        pi2_map_close(&st->shards[i].map);
+        free(st->shards[i].arena);
+        free(st->shards[i].path);
+    }
+    free(st->shards);
+    free(st->t);
+    free(st->meta);
+    free(st->slots);
+    free(st);
+}
+
+static int open_file(pi2_st *st, const char *path, pi2_err *err)
+{
+    st_shard *sh = add_shard(st, path, err);
+    if (!sh)
+        return PI2_ENOMEM;
+    int rc = pi2_map_open(&sh->map, path, err);
+    if (rc != 0)
+        return rc;
+    return parse_image(st, sh, sh->map.data, sh->map.size, err);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+static int open_index(pi2_st *st, const char *path, pi2_err *err)
+{
+    char *text = NULL, *dir = NULL, *spath = NULL;
+    const char **shards = NULL;
+    size_t len;
+    int rc = pi2_read_file(path, PI2_ST_MAX_HEADER, &text, &len, err);
+    if (rc != 0)
+        return rc;
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    free(text);
+    if (!root)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)", path, show(je.text).s,
+                           je.line, je.column);
+    json_t *wm = json_object_get(root, "weight_map"), *meta = json_object_get(root, "metadata");
+    if (!json_is_object(root) || !json_is_object(wm)) {
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: %s", path,
+                         !json_is_object(root) ? "not a JSON object"
+                         : wm                  ? "weight_map is not a JSON object"
+                                               : "missing weight_map");
+        goto out;
+    }
+    if (meta && !json_is_object(meta)) {
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: metadata is not a JSON object", path);
+        goto out;
+    }
+    size_t nwm = json_object_size(wm);
+    if (nwm == 0 || nwm > PI2_ST_MAX_TENSORS) {
+        rc = pi2_err_set(err, nwm ? PI2_ERANGE : PI2_EFORMAT, "%s: weight_map has %zu entries (need 1..%u)", path, nwm,
+                         (unsigned)PI2_ST_MAX_TENSORS);
+        goto out;
+    }
+    shards = pi2_malloc_array(nwm, sizeof *shards);
+    if (!shards) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    size_t ns = 0;
+    const char *name;
+    json_t *v;
+    json_object_foreach(wm, name, v)
+    {
+        const char *s = json_string_value(v);
+        if (!s) {
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: weight_map entry '%s' is not a string", path, show(name).s);
+            goto out;
+        }
+        if (!plain_name(s)) {
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: weight_map entry '%s': shard '%s' is not a plain file name", path,
+                             show(name).s, show(s).s);
+            goto out;
+        }
+        shards[ns++] = s;
+    }
+    qsort(shards, ns, sizeof *shards, cmp_str);
+    const char *slash = strrchr(path, '/');
+    dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : pi2_strdup(".");
+    if (!dir) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    for (size_t i = 0; i < ns; i++) {
+        if (i > 0 && strcmp(shards[i], shards[i - 1]) == 0)
+            continue;
+        spath = join_alloc(dir, shards[i]);
+        if (!spath) {
+            rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+            goto out;
+        }
+        if ((rc = open_file(st, spath, err)) != 0)
+            goto out;
+        free(spath);
+        spath = NULL;
+    }
+    if ((rc = build_hash(st, err)) != 0)
+        goto out;
+    json_object_foreach(wm, name, v)
+    {
+        const char *s = json_string_value(v);
+        const pi2_st_tensor *t = pi2_st_find(st, name);
+        if (!t) {
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s' is listed in weight_map but absent from shard '%s'",
+                             path, show(name).s, show(s).s);
+            goto out;
+        }
+        const char *tb = strrchr(t->file, '/');
+        tb = tb ? tb + 1 : t->file;
+        if (strcmp(tb, s) != 0) {
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s' is mapped to shard '%s' but stored in '%s'", path,
+                             show(name).s, show(s).s, show(tb).s);
+            goto out;
+        }
+    }
+out:
+    free(spath);
+    free(dir);
+    free(shards);
+    json_decref(root);
+    return rc;
+}
+
+static bool is_file(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static bool ends_with(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+int pi2_st_open(pi2_st **out, const char *path, pi2_err *err)
+{
+    if (!out)
+        return pi2_err_set(err, PI2_EINVAL, "pi2_st_open: NULL output");
+    *out = NULL;
+    if (!path)
+        return pi2_err_set(err, PI2_EINVAL, "pi2_st_open: NULL path");
+    pi2_st *st = st_new();
+    if (!st)
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+    int rc;
+    if (pi2_is_dir(path)) {
+        char *idx = join_alloc(path, "model.safetensors.index.json");
+        char *one = join_alloc(path, "model.safetensors");
+        if (!idx || !one)
+            rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+        else if (is_file(idx))
+            rc = open_index(st, idx, err);
+        else if (is_file(one))
+            rc = open_file(st, one, err);
+        else
+            rc = pi2_err_set(err, PI2_ENOTFOUND,
+                             "%s: directory holds neither model.safetensors.index.json nor model.safetensors", path);
+        free(idx);
+        free(one);
+        /* open_index builds the table itself (it needs it to check the map) */
+        if (rc == 0 && !st->slots)
+            rc = build_hash(st, err);
+    } else if (ends_with(path, ".json")) {
+        rc = open_index(st, path, err);
+    } else {
+        rc = open_file(st, path, err);
+        if (rc == 0)
+            rc = build_hash(st, err);
+    }
+    if (rc != 0) {
+        pi2_st_close(st);
+        return rc;
+    }
+    *out = st;
+    return 0;
+}
+
+int pi2_st_open_buffer(pi2_st **out, const void *buf, size_t len, const char *name, pi2_err *err)
+{
+    if (!name)
+        name = "<buffer>";
+    if (!out)
+        return pi2_err_set(err, PI2_EINVAL, "%s: NULL output", name);
+    *out = NULL;
+    if (!buf && len)
+        return pi2_err_set(err, PI2_EINVAL, "%s: NULL buffer", name);
+    pi2_st *st = st_new();
+    if (!st)
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", name);
+    st_shard *sh = add_shard(st, name, err);
+    int rc = sh ? parse_image(st, sh, buf, len, err) : PI2_ENOMEM;
+    if (rc == 0)
+        rc = build_hash(st, err);
+    if (rc != 0) {
+        pi2_st_close(st);
+        return rc;
+    }
+    *out = st;
+    return 0;
+}
+
+size_t pi2_st_count(const pi2_st *st) { return st ? st->n : 0; }
+
+const pi2_st_tensor *pi2_st_at(const pi2_st *st, size_t i) { return st && i < st->n ? &st->t[i] : NULL; }
+
+const pi2_st_tensor *pi2_st_find(const pi2_st *st, const char *name)
+{
+    if (!st || !name || !st->slots)
+        return NULL;
+    size_t s = (size_t)hash_name(name) & st->mask;
+    while (st->slots[s]) {
+        const pi2_st_tensor *t = &st->t[st->slots[s] - 1];
+        if (strcmp(t->name, name) == 0)
+            return t;
+        s = (s + 1) & st->mask;
+    }
+    return NULL;
+}
+
+const char *pi2_st_metadata(const pi2_st *st, const char *key)
+{
+    if (!st || !key)
+        return NULL;
+    for (size_t i = 0; i < st->nmeta; i++)
+        if (strcmp(st->meta[2 * i], key) == 0)
+            return st->meta[2 * i + 1];
+    return NULL;
+}
+
+/* Little-endian loads through bytes: the data may be unaligned, and this
+ * stays correct on any host. */
+static inline uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint32_t ld32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+float pi2_st_get_f32(const pi2_st_tensor *t, size_t i)
+{
+    assert(t && i < t->nelem);
+    const uint8_t *p = (const uint8_t *)t->data + i * dtypes[t->dtype].size;
+    switch (t->dtype) {
+    case PI2_DT_F32: {
+        union { uint32_t u; float f; } v = { .u = ld32(p) };
+        return v.f;
+    }
+    case PI2_DT_F16: return pi2_f16_to_f32(ld16(p));
+    case PI2_DT_BF16: return pi2_bf16_to_f32(ld16(p));
+    case PI2_DT_I8: return (float)(int8_t)p[0];
+    case PI2_DT_U8: return (float)p[0];
+    case PI2_DT_I32: return (float)(int32_t)ld32(p);
+    case PI2_DT_I64: return (float)(int64_t)((uint64_t)ld32(p) | (uint64_t)ld32(p + 4) << 32);
+    }
+    return 0.0f;
+}
+
+int pi2_st_to_f32(const pi2_st_tensor *t, float *out, size_t n, pi2_err *err)
+{
+    if (!t || (!out && n))
+        return pi2_err_set(err, PI2_EINVAL, "pi2_st_to_f32: NULL argument");
+    if (n != t->nelem)
+        return pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s' has %zu elements, destination holds %zu", t->file,
+                           show(t->name).s, t->nelem, n);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (t->dtype == PI2_DT_F32) {
+        if (n)
+            memcpy(out, t->data, n * sizeof *out);
+        return 0;
+    }
+#endif
+    for (size_t i = 0; i < n; i++)
+        out[i] = pi2_st_get_f32(t, i);
+    return 0;
+}
+
+int pi2_st_expect_shape(const pi2_st_tensor *t, int ndim, const int64_t *shape, pi2_err *err)
+{
+    if (!t)
+        return pi2_err_set(err, PI2_EINVAL, "pi2_st_expect_shape: NULL tensor");
+    bool same = ndim == t->ndim && (ndim == 0 || shape);
+    for (int i = 0; same && i < ndim; i++)
+        same = shape[i] == t->shape[i];
+    if (same)
+        return 0;
+    char have[256], want[256];
+    fmt_shape(have, sizeof have, t->ndim, t->shape);
+    if (shape && ndim >= 0)
+        fmt_shape(want, sizeof want, ndim, shape);
+    else
+        snprintf(want, sizeof want, "(%d dims)", ndim);
+    return pi2_err_set(err, PI2_ESHAPE, "%s: tensor '%s' has shape %s, expected %s", t->file, show(t->name).s, have,
+                       want);
+}
+
+/* ---- writer ---- */
+
+struct pi2_st_writer {
+    char *path;
+    pi2_afile *af;
+    json_t *tensors; /* name -> entry, in declaration (= data) order */
+    json_t *meta;
+    uint64_t total, written;
+    bool started;
+    int failed; /* sticky: a data-stream error poisons the writer */
+};
+
+void pi2_st_writer_free(pi2_st_writer *w)
+{
+    if (!w)
+        return;
+    pi2_afile_abort(w->af);
+    json_decref(w->tensors);
+    json_decref(w->meta);
+    free(w->path);
+    free(w);
+}
+
+int pi2_st_writer_create(pi2_st_writer **out, const char *path, pi2_err *err)
+{
+    if (!out || !path)
+        return pi2_err_set(err, PI2_EINVAL, "pi2_st_writer_create: NULL argument");
+    *out = NULL;
+    pi2_st_writer *w = calloc(1, sizeof *w);
+    if (w) {
+        w->path = pi2_strdup(path);
+        w->tensors = json_object();
+        w->meta = json_object();
+    }
+    if (!w || !w->path || !w->tensors || !w->meta) {
+        pi2_st_writer_free(w);
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+    }
+    int rc = pi2_afile_open(&w->af, path, err);
+    if (rc != 0) {
+        pi2_st_writer_free(w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
+static int writer_usable(pi2_st_writer *w, const char *what, pi2_err *err)
+{
+    if (w->failed)
+        return pi2_err_set(err, w->failed, "%s: writer already failed (%s)", w->path, pi2_strerror(w->failed));
+    if (w->started)
+        return pi2_err_set(err, PI2_EINVAL, "%s: %s after data was written", w->path, what);
+    return 0;
+}
+
+int pi2_st_writer_add(pi2_st_writer *w, const char *name, pi2_dtype dt, int ndim, const int64_t *shape,
+                      pi2_err *err)
+{
+    if (!w || !name || (ndim > 0 && !shape))
+        return pi2_err_set(err, PI2_EINVAL, "pi2_st_writer_add: NULL argument");
+    int rc = writer_usable(w, "adding a tensor", err);
+    if (rc != 0)
+        return rc;
+    if (!*name || strcmp(name, "__metadata__") == 0)
+        return pi2_err_set(err, PI2_EINVAL, "%s: invalid tensor name '%s'", w->path, show(name).s);
+    if (!pi2_dtype_name(dt))
+        return pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': invalid dtype %d", w->path, show(name).s, (int)dt);
+    if (ndim < 0 || ndim > PI2_ST_MAX_DIMS)
+        return pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': %d dims (limit %d)", w->path, show(name).s, ndim,
+                           PI2_ST_MAX_DIMS);
+    if (json_object_size(w->tensors) >= PI2_ST_MAX_TENSORS)
+        return pi2_err_set(err, PI2_ERANGE, "%s: too many tensors (limit %u)", w->path, (unsigned)PI2_ST_MAX_TENSORS);
+    if (json_object_get(w->tensors, name))
+        return pi2_err_set(err, PI2_EINVAL, "%s: duplicate tensor '%s'", w->path, show(name).s);
+    size_t nelem = 1, nbytes;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': negative dim %lld", w->path, show(name).s,
+                               (long long)shape[i]);
+        if ((uint64_t)shape[i] > SIZE_MAX || !pi2_mul_size(nelem, (size_t)shape[i], &nelem))
+            return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': element count overflows", w->path, show(name).s);
+    }
+    uint64_t end;
+    if (!pi2_mul_size(nelem, dtypes[dt].size, &nbytes) || __builtin_add_overflow(w->total, (uint64_t)nbytes, &end) ||
+        end > (uint64_t)INT64_MAX)
+        return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': size overflows", w->path, show(name).s);
+    json_t *jsh = json_array(), *e = json_object();
+    bool ok = jsh && e;
+    for (int i = 0; ok && i < ndim; i++)
+        ok = json_array_append_new(jsh, json_integer((json_int_t)shape[i])) == 0;
+    json_t *off = json_pack("[II]", (json_int_t)w->total, (json_int_t)end);
+    ok = ok && off && json_object_set_new(e, "dtype", json_string(dtypes[dt].name)) == 0 &&
+         json_object_set(e, "shape", jsh) == 0 && json_object_set(e, "data_offsets", off) == 0;
+    json_decref(jsh);
+    json_decref(off);
+    if (!ok) {
+        json_decref(e);
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", w->path);
+    }
+    if (json_object_set_new(w->tensors, name, e) != 0) /* consumes e */
+        return pi2_err_set(err, PI2_EINVAL, "%s: tensor name '%s' is not valid UTF-8", w->path, show(name).s);
+    w->total = end;
+    return 0;
+}
+
+int pi2_st_writer_meta(pi2_st_writer *w, const char *key, const char *value, pi2_err *err)
+{
+    if (!w || !key || !value)
+        return pi2_err_set(err, PI2_EINVAL, "pi2_st_writer_meta: NULL argument");
+    int rc = writer_usable(w, "adding metadata", err);
+    if (rc != 0)
+        return rc;
+    json_t *v = json_string(value);
+    if (!v || json_object_set_new(w->meta, key, v) != 0)
+        return pi2_err_set(err, PI2_EINVAL, "%s: metadata '%s' is not valid UTF-8", w->path, show(key).s);
+    return 0;
+}
+
+static int writer_header(pi2_st_writer *w, pi2_err *err)
+{
+    w->started = true;
+    json_t *root = json_object();
+    int rc = 0;
+    bool ok = root != NULL;
+    if (ok && json_object_size(w->meta))
+        ok = json_object_set(root, "__metadata__", w->meta) == 0;
+    const char *k;
+    json_t *v;
+    if (ok) {
+        json_object_foreach(w->tensors, k, v)
+        {
+            if (json_object_set(root, k, v) != 0) {
+                ok = false;
+                break;
+            }
+        }
+    }
+    char *s = ok ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    if (!s)
+        return w->failed = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the header", w->path);
+    /* Pad with spaces to a multiple of 8 so the data (and every F32/I64
+     * tensor whose offset is aligned) starts 8-aligned in a mapping. */
+    size_t len = strlen(s), padded = (len + 7) & ~(size_t)7;
+    if (padded > PI2_ST_MAX_HEADER) {
+        free(s);
+        return w->failed = pi2_err_set(err, PI2_ERANGE, "%s: header of %zu bytes exceeds the limit of %u", w->path,
+                                       padded, (unsigned)PI2_ST_MAX_HEADER);
+    }
+    uint8_t *buf = malloc(8 + padded);
+    if (!buf) {
+        free(s);
+        return w->failed = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the header", w->path);
+    }
+    for (int i = 0; i < 8; i++)
+        buf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    memcpy(buf + 8, s, len);
+    memset(buf + 8 + len, ' ', padded - len);
+    free(s);
+    rc = pi2_afile_write(w->af, buf, 8 + padded, err);
+    free(buf);
+    if (rc != 0)
+        w->failed = rc;
+    return rc;
+}
+
+int pi2_st_writer_write(pi2_st_writer *w, const void *data, size_t n, pi2_err *err)
+{
+    if (!w || (!data && n))
+        return pi2_err_set(err, PI2_EINVAL, "pi2_st_writer_write: NULL argument");
+    if (w->failed)
+        return pi2_err_set(err, w->failed, "%s: writer already failed (%s)", w->path, pi2_strerror(w->failed));
+    int rc;
+    if (!w->started && (rc = writer_header(w, err)) != 0)
+        return rc;
+    if (n > w->total - w->written)
+        return w->failed = pi2_err_set(err, PI2_EINVAL,
+                                       "%s: writing %zu bytes at data byte %llu passes the declared total %llu",
+                                       w->path, n, (unsigned long long)w->written, (unsigned long long)w->total);
+    rc = pi2_afile_write(w->af, data, n, err);
+    if (rc != 0)
+        return w->failed = rc;
+    w->written += n;
+    return 0;
+}
+
+int pi2_st_writer_finish(pi2_st_writer *w, pi2_err *err)
+{
+    if (!w)
+        return pi2_err_set(err, PI2_EINVAL, "pi2_st_writer_finish: NULL writer");
+    int rc = 0;
+    if (w->failed)
+        rc = pi2_err_set(err, w->failed, "%s: writer already failed (%s)", w->path, pi2_strerror(w->failed));
+    if (rc == 0 && !w->started)
+        rc = writer_header(w, err);
+    if (rc == 0 && w->written != w->total)
+        rc = pi2_err_set(err, PI2_EINVAL, "%s: finished after %llu of %llu declared data bytes", w->path,
+                         (unsigned long long)w->written, (unsigned long long)w->total);
+    if (rc == 0) {
+        rc = pi2_afile_commit(w->af, err); /* frees the afile, also on failure */
+        w->af = NULL;
+    }
+    pi2_st_writer_free(w);
+    return rc;
+}
+
+int pi2_st_write_index(const char *path, size_t n, const char *const *names, const char *const *shard_files,
+                       uint64_t total_size, pi2_err *err)
+{
+    if (!path || (n && (!names || !shard_files)))
+        return pi2_err_set(err, PI2_EINVAL, "pi2_st_write_index: NULL argument");
+    if (n == 0)
+        return pi2_err_set(err, PI2_EINVAL, "%s: an index needs at least one tensor", path);
+    if (total_size > (uint64_t)INT64_MAX)
+        return pi2_err_set(err, PI2_ERANGE, "%s: total_size %llu too large", path, (unsigned long long)total_size);
+    json_t *root = json_object(), *meta = json_object(), *wm = json_object();
+    int rc = 0;
+    if (!root || !meta || !wm || json_object_set_new(meta, "total_size", json_integer((json_int_t)total_size)) != 0) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!names[i] || !plain_name(shard_files[i])) {
+            rc = pi2_err_set(err, PI2_EINVAL, "%s: entry %zu: shard '%s' is not a plain file name", path, i,
+                             show(shard_files[i]).s);
+            goto out;
+        }
+        if (json_object_get(wm, names[i])) {
+            rc = pi2_err_set(err, PI2_EINVAL, "%s: duplicate tensor '%s'", path, show(names[i]).s);
+            goto out;
+        }
+        json_t *s = json_string(shard_files[i]);
+        if (!s || json_object_set_new(wm, names[i], s) != 0) {
+            rc = pi2_err_set(err, PI2_EINVAL, "%s: entry %zu ('%s') is not valid UTF-8", path, i, show(names[i]).s);
+            goto out;
+        }
+    }
+    if (json_object_set(root, "metadata", meta) != 0 || json_object_set(root, "weight_map", wm) != 0) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    char *s = json_dumps(root, JSON_INDENT(2));
+    if (!s) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    pi2_afile *af;
+    rc = pi2_afile_open(&af, path, err);
+    if (rc == 0) {
+        rc = pi2_afile_write(af, s, strlen(s), err);
+        if (rc == 0)
+            rc = pi2_afile_write(af, "\n", 1, err);
+        if (rc == 0)
+            rc = pi2_afile_commit(af, err);
+        else
+            pi2_afile_abort(af);
+    }
+    free(s);
+out:
+    json_decref(root);
+    json_decref(meta);
+    json_decref(wm);
+    return rc;
+}

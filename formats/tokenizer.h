@@ -14,6 +14,34 @@
  *                  Metaspace.
  * Encoding does not add BOS/EOS: callers prepend pi2_tok_bos() as the model
  * wants (HF's post_processor is not applied).
+ *
+ * Details that follow HF and matter to callers:
+ *   - Added tokens with "normalized": true (as in the tinystories files) are,
+ *     as in HF, matched in the normalized text against their normalized form
+ *     (e.g. "▁<|end_story|>" under a Prepend "▁" normalizer); those with
+ *     "normalized": false are matched in the raw text. lstrip/rstrip are
+ *     honoured; single_word is PI2_EUNSUPPORTED at load.
+ *   - The normalizer runs separately on each piece between added tokens, so
+ *     a Prepend "▁" applies after every such token (HF does the same).
+ *   - An added token already in the model vocab must carry its vocab id; one
+ *     outside it must carry the next free id (vocab size, then +1 ...), as HF
+ *     assigns them; otherwise PI2_EFORMAT. Vocab ids must be exactly
+ *     0..n-1 (dense, no duplicates). Merges naming a token missing from the
+ *     vocab are PI2_EFORMAT (HF refuses them at load too).
+ *   - BPE dropout, continuing_subword_prefix, end_of_word_suffix, Regex
+ *     patterns and models other than BPE are PI2_EUNSUPPORTED.
+ *   - Decoding skips ids outside the vocabulary, as HF does.
+ *   - bos: the first SpecialToken before the sequence in the post_processor's
+ *     TemplateProcessing "single" template (also inside a Sequence of
+ *     processors), else "<s>". eos: "</s>", else the special added token
+ *     with id bos+1 if its content looks like an end token (starts with
+ *     "</" or contains "end"/"eos", any case): tinystories gives bos 1
+ *     "<|start_story|>", eos 2 "<|end_story|>".
+ *   - The streaming decoder holds a run of byte-fallback tokens until the
+ *     run ends (HF decodes a run as a whole: any invalid byte turns every
+ *     byte of the run into U+FFFD), and after a Fuse it holds what a later
+ *     step may still change (a partial Replace pattern, trailing Strip
+ *     characters).
  */
 #ifndef PI2_TOKENIZER_H
 #define PI2_TOKENIZER_H
@@ -43,6 +71,11 @@ const char *pi2_tok_piece(const pi2_tok *t, int id);
 /* Id of an exact piece, or -1. */
 int pi2_tok_find(const pi2_tok *t, const char *piece);
 
+/* True when id is a special added token. */
+bool pi2_tok_is_special(const pi2_tok *t, int id);
+/* Id of the model's unk_token, or -1. */
+int pi2_tok_unk(const pi2_tok *t);
+
 /* Encode `len` bytes of UTF-8 text. Sets *ids (caller frees) and *n.
  * Invalid UTF-8 bytes are encoded through byte fallback (or unk). */
 int pi2_tok_encode(const pi2_tok *t, const char *text, size_t len, int32_t **ids, size_t *n, pi2_err *err);
@@ -63,6 +96,8 @@ void pi2_tok_stream_free(pi2_tok_stream *s);
  * NUL-terminated). */
 int pi2_tok_stream_push(pi2_tok_stream *s, int32_t id, const char **bytes, size_t *len, pi2_err *err);
 int pi2_tok_stream_flush(pi2_tok_stream *s, const char **bytes, size_t *len, pi2_err *err);
+
+/* After a flush the stream starts over (ready for a new sequence). */
 
 /* Write a synthetic but valid Llama-style BPE tokenizer.json with exactly
  * `vocab_size` tokens (>= 300): <unk>=0, <s>=1, </s>=2, the 256 byte-fallback

@@ -1744,7 +1744,15 @@ static bool keep_id(const pi2_tok *t, int32_t id, bool skip_special)
 
 int pi2_tok_decode(const pi2_tok *t, const int32_t *ids, size_t n, bool skip_special, char **out, pi2_err *err)
 {
+    size_t len;
+    return pi2_tok_decode_len(t, ids, n, skip_special, out, &len, err);
+}
+
+int pi2_tok_decode_len(const pi2_tok *t, const int32_t *ids, size_t n, bool skip_special, char **out, size_t *len,
+                       pi2_err *err)
+{
     *out = NULL;
+    *len = 0;
     if (!t || (!ids && n))
         return pi2_err_set(err, PI2_EINVAL, "tokenizer: decode called with no tokenizer or ids");
     tvec cur = {0}, nxt = {0};
@@ -1774,6 +1782,7 @@ int pi2_tok_decode(const pi2_tok *t, const int32_t *ids, size_t n, bool skip_spe
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory while decoding", t->name);
     }
     *out = res.p;
+    *len = res.n;
     return 0;
 }
 

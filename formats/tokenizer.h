@@ -85,6 +85,11 @@ int pi2_tok_encode(const pi2_tok *t, const char *text, size_t len, int32_t **ids
  * Special added tokens are skipped when skip_special is true. */
 int pi2_tok_decode(const pi2_tok *t, const int32_t *ids, size_t n, bool skip_special, char **out, pi2_err *err);
 
+/* The same, also giving the length: the text can hold NUL bytes (from a
+ * "<0x00>" byte-fallback token), which a C string would cut short. */
+int pi2_tok_decode_len(const pi2_tok *t, const int32_t *ids, size_t n, bool skip_special, char **out, size_t *len,
+                       pi2_err *err);
+
 /* Streaming decoder: push ids one at a time, get back the bytes that are now
  * final (complete UTF-8 sequences; a multi-byte character split over
  * byte-fallback tokens is held until complete). The concatenation of all

@@ -56,6 +56,29 @@ typedef struct pi2_model_desc {
 
 /* Limits a config must respect (hostile files): each dimension <= 1<<20,
  * layers <= 1024, experts <= 256, vocab <= 1<<22. */
+#define PI2_CFG_MAX_DIM (1 << 20)    /* hidden, n_ff, heads, head_dim, heads*head_dim, max_pos */
+#define PI2_CFG_MAX_LAYERS 1024
+#define PI2_CFG_MAX_EXPERTS 256
+#define PI2_CFG_MAX_VOCAB (1 << 22)
+#define PI2_CFG_MAX_BYTES (1u << 20) /* config.json size cap */
+
+/* Errors (exact codes, tests rely on them):
+ *   PI2_EFORMAT       not JSON, not an object, duplicate key, a key of the
+ *                     wrong JSON type, heads/kv heads/hidden not dividing
+ *   PI2_ENOTFOUND     required key missing (or null): model_type, hidden_act,
+ *                     hidden_size, intermediate_size, num_hidden_layers,
+ *                     num_attention_heads, vocab_size, max_position_embeddings;
+ *                     for MoE types also num_local_experts, num_experts_per_tok
+ *   PI2_EUNSUPPORTED  unknown model_type or hidden_act, bamboo/turbosparse
+ *                     with an act other than relu, rope_scaling not null,
+ *                     attention_bias/mlp_bias true, num_local_experts > 1 on a
+ *                     dense model_type
+ *   PI2_ERANGE        a size <= 0 or above the caps, experts_used > experts,
+ *                     rms_norm_eps not in (0, 1), rope_theta <= 0, bos/eos id
+ *                     outside [0, vocab), more than PI2_MAX_EOS eos ids
+ *   PI2_EIO/ENOTFOUND reading the file; PI2_ENOMEM
+ * Keys not listed above are ignored (e.g. sliding_window: the reference does
+ * not implement it, so Mistral results are exact only below the window). */
 
 /* Read config.json at `path` (a file, or a directory holding config.json). */
 int pi2_config_read(const char *path, pi2_model_desc *out, pi2_err *err);
@@ -65,9 +88,17 @@ int pi2_config_parse(const char *json, size_t len, const char *name, pi2_model_d
 int pi2_config_validate(const pi2_model_desc *d, const char *name, pi2_err *err);
 /* Write a config.json for `d` (atomically), as HF would for its arch. */
 int pi2_config_write(const char *path, const pi2_model_desc *d, pi2_err *err);
+/* The same with a "torch_dtype" entry ("float32", "float16" or "bfloat16";
+ * NULL omits it, PI2_EINVAL for anything else). pi2_config_write omits it. */
+int pi2_config_write_dtype(const char *path, const pi2_model_desc *d, const char *torch_dtype, pi2_err *err);
+/* The config.json text pi2_config_write_dtype would write (validated first),
+ * NUL-terminated; caller frees *out. For embedding in manifests. */
+int pi2_config_format(const pi2_model_desc *d, const char *torch_dtype, char **out, size_t *len, pi2_err *err);
 
-const char *pi2_arch_name(pi2_arch a); /* the HF model_type */
-const char *pi2_act_name(pi2_act a);   /* "silu", "relu", "drelu" */
+const char *pi2_arch_name(pi2_arch a); /* the HF model_type; "unknown" if invalid */
+const char *pi2_act_name(pi2_act a);   /* "silu", "relu", "drelu"; "unknown" if invalid */
+/* The HF "architectures" class name ("LlamaForCausalLM", ...); "unknown" if invalid. */
+const char *pi2_arch_class(pi2_arch a);
 bool pi2_desc_is_moe(const pi2_model_desc *d);
 
 /* HF tensor names. `layer` and `expert` are ignored where they do not apply. */
@@ -90,7 +121,9 @@ typedef enum pi2_tname {
     PI2_T_PRED_FC2,   /* mlp.predictor.fc2.weight / experts.E.predictor.fc2.weight [ff, r] */
 } pi2_tname;
 
-/* Format the name into buf; false if it does not fit. MoE-ness from d. */
+/* Format the name into buf; false if it does not fit, or the part does not
+ * exist for this model (PI2_T_ROUTER on a dense model), or layer/expert is
+ * negative where it applies. MoE-ness from d. */
 bool pi2_tensor_name(char *buf, size_t cap, const pi2_model_desc *d, pi2_tname t, int layer, int expert);
 
 #endif

@@ -1419,18 +1419,21 @@ static bool find_added(const pi2_tok *t, const match_set *ms, const char *s, siz
     return false;
 }
 
-/* Start of the whitespace run ending at s+end. */
-static size_t ws_run_start(const char *s, size_t end)
+/* Start of the whitespace run ending at s+end, not before `floor`. Scans
+ * backwards so many lstrip tokens in a long text stay linear. */
+static size_t ws_run_start(const char *s, size_t floor, size_t end)
 {
-    size_t i = 0, last_non_ws_end = 0;
-    while (i < end) {
+    size_t i = end;
+    while (i > floor) {
+        size_t st = i - 1;
+        while (st > floor && i - st < 4 && ((uint8_t)s[st] & 0xC0) == 0x80)
+            st--;
         uint32_t cp;
-        size_t cl = u8_next((const uint8_t *)s + i, end - i, &cp);
-        i += cl;
-        if (cp == UINT32_MAX || !is_ws(cp))
-            last_non_ws_end = i;
+        if (u8_next((const uint8_t *)s + st, i - st, &cp) != i - st || cp == UINT32_MAX || !is_ws(cp))
+            break;
+        i = st;
     }
-    return last_non_ws_end;
+    return i;
 }
 
 static size_t ws_run_len(const char *s, size_t n)
@@ -1457,10 +1460,8 @@ static int split_added(enc_ctx *c, const match_set *ms, const char *s, size_t n,
     const added_tok *tok;
     int rc;
     while (find_added(c->t, ms, s, n, pos, &a, &e, &tok)) {
-        if (tok->lstrip) {
-            size_t ns = ws_run_start(s, a);
-            a = ns > done ? ns : done;
-        }
+        if (tok->lstrip)
+            a = ws_run_start(s, done, a);
         if (tok->rstrip)
             e += ws_run_len(s + e, n - e);
         if (a > done && (rc = gap(c, s + done, a - done, orig ? orig + done : NULL, orig0 + done)))

@@ -30,7 +30,14 @@
  *     vocab are PI2_EFORMAT (HF refuses them at load too).
  *   - BPE dropout, continuing_subword_prefix, end_of_word_suffix, Regex
  *     patterns and models other than BPE are PI2_EUNSUPPORTED.
- *   - Decoding skips ids outside the vocabulary, as HF does.
+ *   - Decoding skips ids outside the vocabulary, as HF does. Added tokens
+ *     decode to their content, passed through the decoder chain, as in HF
+ *     tokenizers up to 0.22 (0.23 decodes "normalized": true added tokens
+ *     through their normalized form, e.g. " <|end_story|>" with a leading
+ *     space, and then fails to skip them as special: not copied).
+ *   - A loaded pi2_tok is read-only: encode/decode/find may run from
+ *     several threads at once. A stream borrows its pi2_tok (free the
+ *     stream first) and is for one thread.
  *   - bos: the first SpecialToken before the sequence in the post_processor's
  *     TemplateProcessing "single" template (also inside a Sequence of
  *     processors), else "<s>". eos: "</s>", else the special added token

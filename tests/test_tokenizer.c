@@ -836,10 +836,18 @@ static void test_stream_property(void **state)
         random_stream_checks(t, &r, 300);
         pi2_tok_free(t);
     }
+}
+
+static void test_stream_property_tinystories(void **state)
+{
+    (void)state;
     char dir[4096];
     PI2T_SHARED_MODEL(dir, "tinystories-656k");
+    pi2_tok *t = NULL;
     pi2_err e = {0};
     assert_int_equal(pi2_tok_load(&t, dir, &e), 0);
+    pi2_rng r;
+    pi2_rng_seed(&r, 4321);
     random_stream_checks(t, &r, 300);
     pi2_tok_free(t);
 }
@@ -932,10 +940,15 @@ static void test_truncated(void **state)
     for (size_t cut = 0; cut < len; cut += 1 + cut / 64)
         expect_load_error(s, cut, PI2_EFORMAT);
     free(s);
+}
 
-    /* the real file, cut and corrupted at many places: an error or a
-     * working tokenizer, never a crash (ASan/UBSan watch) */
+/* The real file, cut and corrupted at many places: an error or a working
+ * tokenizer, never a crash (ASan/UBSan watch). */
+static void test_corrupt_real_file(void **state)
+{
+    (void)state;
     char dir[4096], path[4200];
+    size_t len;
     PI2T_SHARED_MODEL(dir, "tinystories-656k");
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     char *text;
@@ -1141,9 +1154,11 @@ int main(void)
         cmocka_unit_test(test_decoders),
         cmocka_unit_test(test_stream_incremental),
         cmocka_unit_test(test_stream_property),
+        cmocka_unit_test(test_stream_property_tinystories),
         cmocka_unit_test(test_long_input),
         cmocka_unit_test(test_null_and_files),
         cmocka_unit_test(test_truncated),
+        cmocka_unit_test(test_corrupt_real_file),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_bos_eos),
     };

@@ -227,12 +227,16 @@ typedef struct {
     bool special, normalized, lstrip, rstrip;
 } added_tok;
 
-/* Added tokens grouped by first byte, longest first: the first hit at the
- * leftmost position is the leftmost-longest match (as HF's Aho-Corasick). */
+/* Added tokens in a byte trie (edges in a hash table): walking it from
+ * each position finds the leftmost-longest match, as HF's Aho-Corasick
+ * (MatchKind::LeftmostLongest) does, in time bounded by the match length. */
 typedef struct {
-    uint32_t *idx;
-    size_t n;
-    uint32_t start[257];
+    uint64_t *ekey; /* (node << 8 | byte) + 1; 0 = empty */
+    uint32_t *eval; /* child node */
+    size_t emask;
+    int32_t *term; /* per node: index into added[], or -1 */
+    size_t nnodes;
+    uint8_t first[32]; /* bitmap of first bytes */
 } match_set;
 
 struct pi2_tok {
@@ -376,8 +380,12 @@ void pi2_tok_free(pi2_tok *t)
         free(t->added[i].pat);
     }
     free(t->added);
-    free(t->raw_set.idx);
-    free(t->norm_set.idx);
+    match_set *sets[] = {&t->raw_set, &t->norm_set};
+    for (int i = 0; i < 2; i++) {
+        free(sets[i]->ekey);
+        free(sets[i]->eval);
+        free(sets[i]->term);
+    }
     free(t->special);
     free(t);
 }
@@ -409,6 +417,29 @@ static const char *jtype(const json_t *j)
     default: return "null";
     }
 }
+
+/* A file-provided string made fit for a one-line message: control bytes
+ * and quotes escaped, cut (on a character boundary) after ~48 bytes. */
+static const char *show(const char *s, size_t n, char *buf, size_t cap)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if ((i >= 48 || o + 8 >= cap) && (ch & 0xC0) != 0x80) {
+            memcpy(buf + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (ch < 0x20 || ch == 0x7F || ch == '"' || ch == '\\')
+            o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", ch);
+        else
+            buf[o++] = (char)ch;
+    }
+    buf[o] = 0;
+    return buf;
+}
+#define SHOW(s, n) show((s), (n), (char[160]){0}, 160)
+#define SHOWZ(s) SHOW((s), strlen(s))
 
 /* Optional boolean member: absent or null -> def. */
 static int get_bool(const pi2_tok *t, json_t *obj, const char *key, bool def, bool *out, const char *where,
@@ -476,7 +507,7 @@ static int get_scheme(const pi2_tok *t, json_t *obj, int *scheme, const char *wh
         else if (!strcmp(s, "never"))
             *scheme = SCHEME_NEVER;
         else
-            return pi2_err_set(err, PI2_EFORMAT, "%s: %s has unknown prepend_scheme \"%.64s\"", t->name, where, s);
+            return pi2_err_set(err, PI2_EFORMAT, "%s: %s has unknown prepend_scheme \"%s\"", t->name, where, SHOWZ(s));
         if (json_is_false(aps) && *scheme != SCHEME_NEVER)
             return pi2_err_set(err, PI2_EFORMAT, "%s: %s add_prefix_space does not match declared prepend_scheme",
                                t->name, where);
@@ -554,8 +585,8 @@ static int parse_ops(const pi2_tok *t, json_t *j, int what, tok_op **ops, int *n
     tok_op *op = &grown[*n];
     memset(op, 0, sizeof *op);
     (*n)++; /* counted now so a half-parsed op is freed with the rest */
-    char wbuf[64];
-    snprintf(wbuf, sizeof wbuf, "%s %.32s", where, type);
+    char wbuf[128];
+    snprintf(wbuf, sizeof wbuf, "%s %s", where, SHOW(type, strlen(type) > 24 ? 24 : strlen(type)));
     if (what == WHAT_NORM && !strcmp(type, "Prepend")) {
         op->kind = OP_PREPEND;
         return get_str(t, j, "prepend", &op->a, &op->alen, wbuf, err);
@@ -590,7 +621,7 @@ static int parse_ops(const pi2_tok *t, json_t *j, int what, tok_op **ops, int *n
             rc = get_count(t, j, "stop", &op->stop, wbuf, err);
         return rc;
     }
-    return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: %s type \"%.64s\" is not supported", t->name, where, type);
+    return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: %s type \"%s\" is not supported", t->name, where, SHOWZ(type));
 }
 
 /* Reserve piece storage for `cap` ids. */
@@ -626,20 +657,20 @@ static int load_vocab(pi2_tok *t, json_t *vocab, size_t cap, sbuf *arena, pi2_er
         size_t klen = json_object_iter_key_len(it);
         json_t *v = json_object_iter_value(it);
         if (!json_is_integer(v)) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: vocab entry \"%.64s\" has %s id, not an integer", t->name, key,
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: vocab entry \"%s\" has %s id, not an integer", t->name, SHOW(key, klen),
                              jtype(v));
             break;
         }
         json_int_t id = json_integer_value(v);
         if (id < 0 || (uint64_t)id >= n) {
             rc = pi2_err_set(err, PI2_ERANGE,
-                             "%s: vocab id %lld of \"%.64s\" is out of range (ids must be 0..%zu, dense)", t->name,
-                             (long long)id, key, n - 1);
+                             "%s: vocab id %lld of \"%s\" is out of range (ids must be 0..%zu, dense)", t->name,
+                             (long long)id, SHOW(key, klen), n - 1);
             break;
         }
         if (seen[id]) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: vocab id %lld is used twice (\"%.64s\" and \"%.64s\")", t->name,
-                             (long long)id, piece_at(t, (size_t)id), key);
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: vocab id %lld is used twice (\"%s\" and \"%s\")", t->name,
+                             (long long)id, SHOW(piece_at(t, (size_t)id), t->plen[id]), SHOW(key, klen));
             break;
         }
         if (klen > TOK_MAX_PIECE) {
@@ -696,8 +727,8 @@ static int load_merges(pi2_tok *t, json_t *merges, pi2_err *err)
                 continue;
             const char *sp = memchr(s, ' ', sl);
             if (!sp || memchr(sp + 1, ' ', sl - (size_t)(sp - s) - 1)) {
-                rc = pi2_err_set(err, PI2_EFORMAT, "%s: merge #%zu \"%.64s\" is not two tokens separated by one space",
-                                 t->name, i, s);
+                rc = pi2_err_set(err, PI2_EFORMAT, "%s: merge #%zu \"%s\" is not two tokens separated by one space",
+                                 t->name, i, SHOW(s, sl));
                 break;
             }
             a = s;
@@ -726,8 +757,8 @@ static int load_merges(pi2_tok *t, json_t *merges, pi2_err *err)
         if (ia < 0 || ib < 0 || in < 0) {
             const char *bad = ia < 0 ? a : ib < 0 ? b : cat.p;
             size_t bad_len = ia < 0 ? al : ib < 0 ? bl : cat.n;
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: merge #%zu uses token \"%.*s\" which is not in the vocab",
-                             t->name, i, (int)(bad_len > 64 ? 64 : bad_len), bad);
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: merge #%zu uses token \"%s\" which is not in the vocab",
+                             t->name, i, SHOW(bad, bad_len));
             break;
         }
         merge_put(t, ia, ib, rank++, in);
@@ -779,53 +810,69 @@ static int normalize_plain(const pi2_tok *t, const char *s, size_t n, sbuf *out)
     return 0;
 }
 
-static const added_tok *set_tok(const pi2_tok *t, uint32_t i) { return &t->added[i]; }
+static uint32_t trie_child(const match_set *ms, uint32_t node, uint8_t b)
+{
+    uint64_t key = ((uint64_t)node << 8 | b) + 1;
+    size_t h = (size_t)mix64(key) & ms->emask;
+    for (;;) {
+        if (ms->ekey[h] == 0)
+            return 0; /* the root is never a child */
+        if (ms->ekey[h] == key)
+            return ms->eval[h];
+        h = (h + 1) & ms->emask;
+    }
+}
 
 static int build_set(pi2_tok *t, match_set *ms, bool normalized, pi2_err *err)
 {
-    size_t n = 0;
+    size_t total = 0;
     for (size_t i = 0; i < t->n_added; i++)
-        if (t->added[i].normalized == normalized && t->added[i].plen > 0)
-            n++;
-    ms->idx = pi2_malloc_array(n, sizeof *ms->idx);
-    if (!ms->idx)
+        if (t->added[i].normalized == normalized && t->added[i].plen > 0 &&
+            !pi2_add_size(total, t->added[i].plen, &total))
+            return pi2_err_set(err, PI2_ERANGE, "%s: added tokens too long", t->name);
+    size_t cap = 16;
+    while (cap < total * 2)
+        cap *= 2;
+    ms->ekey = pi2_calloc_array(cap, sizeof *ms->ekey);
+    ms->eval = pi2_malloc_array(cap, sizeof *ms->eval);
+    ms->term = pi2_malloc_array(total + 1, sizeof *ms->term);
+    if (!ms->ekey || !ms->eval || !ms->term)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
-    ms->n = 0;
-    for (size_t i = 0; i < t->n_added; i++)
-        if (t->added[i].normalized == normalized && t->added[i].plen > 0)
-            ms->idx[ms->n++] = (uint32_t)i;
-    /* insertion sort by (first byte, longer first); added-token lists are
-     * small next to the vocab */
-    for (size_t i = 1; i < ms->n; i++) {
-        uint32_t x = ms->idx[i];
-        const added_tok *ax = set_tok(t, x);
-        size_t j = i;
-        while (j > 0) {
-            const added_tok *ay = set_tok(t, ms->idx[j - 1]);
-            uint8_t bx = (uint8_t)ax->pat[0], by = (uint8_t)ay->pat[0];
-            if (by < bx || (by == bx && ay->plen >= ax->plen))
-                break;
-            ms->idx[j] = ms->idx[j - 1];
-            j--;
+    ms->emask = cap - 1;
+    ms->nnodes = 1;
+    ms->term[0] = -1;
+    for (size_t i = 0; i < t->n_added; i++) {
+        const added_tok *a = &t->added[i];
+        if (a->normalized != normalized || a->plen == 0)
+            continue;
+        uint8_t b0 = (uint8_t)a->pat[0];
+        ms->first[b0 >> 3] |= (uint8_t)(1u << (b0 & 7));
+        uint32_t node = 0;
+        for (size_t k = 0; k < a->plen; k++) {
+            uint8_t b = (uint8_t)a->pat[k];
+            uint32_t child = trie_child(ms, node, b);
+            if (!child) {
+                uint64_t key = ((uint64_t)node << 8 | b) + 1;
+                size_t h = (size_t)mix64(key) & ms->emask;
+                while (ms->ekey[h])
+                    h = (h + 1) & ms->emask;
+                child = (uint32_t)ms->nnodes++;
+                ms->ekey[h] = key;
+                ms->eval[h] = child;
+                ms->term[child] = -1;
+            }
+            node = child;
         }
-        ms->idx[j] = x;
+        if (ms->term[node] < 0)
+            ms->term[node] = (int32_t)i;
     }
-    size_t k = 0;
-    for (unsigned b = 0; b < 256; b++) {
-        ms->start[b] = (uint32_t)k;
-        while (k < ms->n && (uint8_t)set_tok(t, ms->idx[k])->pat[0] == b)
-            k++;
-    }
-    ms->start[256] = (uint32_t)k;
     return 0;
 }
 
-static int load_added(pi2_tok *t, json_t *arr, sbuf *arena, pi2_err *err)
+/* seen[id]: an added token already took this id (duplicates). */
+static int load_added_items(pi2_tok *t, json_t *arr, sbuf *arena, uint8_t *seen, pi2_err *err)
 {
     size_t n = json_array_size(arr);
-    t->added = pi2_calloc_array(n, sizeof *t->added);
-    if (!t->added)
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
     for (size_t i = 0; i < n; i++) {
         json_t *o = json_array_get(arr, i);
         char where[48];
@@ -857,23 +904,25 @@ static int load_added(pi2_tok *t, json_t *arr, sbuf *arena, pi2_err *err)
         }
         t->n_added++; /* owned from here on */
         if (single_word)
-            return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: %s \"%.64s\" uses single_word, which is not supported",
-                               t->name, where, a->content);
+            return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: %s \"%s\" uses single_word, which is not supported",
+                               t->name, where, SHOW(a->content, a->clen));
         if (a->clen == 0) { /* HF ignores empty added tokens */
             a->plen = 0;
             continue;
         }
-        for (size_t j = 0; j + 1 < t->n_added; j++)
-            if (t->added[j].clen == a->clen && !memcmp(t->added[j].content, a->content, a->clen))
-                return pi2_err_set(err, PI2_EFORMAT, "%s: %s \"%.64s\" is listed twice", t->name, where, a->content);
         /* HF: a token already in the model vocab keeps its vocab id; a new one
          * gets the next id after the vocab and earlier added tokens. */
         int32_t have = vocab_find(t, a->content, a->clen);
+        if (have >= 0 && seen[have])
+            return pi2_err_set(err, PI2_EFORMAT, "%s: %s \"%s\" is listed twice", t->name, where,
+                               SHOW(a->content, a->clen));
         int32_t expect = have >= 0 ? have : (int32_t)t->n_total;
         if (id != expect)
-            return pi2_err_set(err, PI2_EFORMAT, "%s: %s \"%.64s\" has id %lld but %s %d", t->name, where, a->content,
+            return pi2_err_set(err, PI2_EFORMAT, "%s: %s \"%s\" has id %lld but %s %d", t->name, where,
+                               SHOW(a->content, a->clen),
                                (long long)id, have >= 0 ? "the vocab gives it" : "the next free id is", expect);
         a->id = expect;
+        seen[expect] = 1;
         if (have < 0) {
             size_t nid = t->n_total++;
             t->poff[nid] = arena->n;
@@ -887,6 +936,17 @@ static int load_added(pi2_tok *t, json_t *arr, sbuf *arena, pi2_err *err)
             t->special[a->id] = 1;
     }
     return 0;
+}
+
+static int load_added(pi2_tok *t, json_t *arr, sbuf *arena, pi2_err *err)
+{
+    size_t n = json_array_size(arr);
+    t->added = pi2_calloc_array(n, sizeof *t->added);
+    uint8_t *seen = pi2_calloc_array(t->n_total + n, 1);
+    int rc = t->added && seen ? load_added_items(t, arr, arena, seen, err)
+                              : pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
+    free(seen);
+    return rc;
 }
 
 /* bos: the first SpecialToken before the Sequence in a TemplateProcessing
@@ -956,8 +1016,8 @@ static int load_json(pi2_tok *t, json_t *root, pi2_err *err)
     if (type && !json_is_string(type))
         return pi2_err_set(err, PI2_EFORMAT, "%s: model \"type\" must be a string", t->name);
     if (type && strcmp(json_string_value(type), "BPE"))
-        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: model type \"%.64s\" is not supported (only BPE)", t->name,
-                           json_string_value(type));
+        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: model type \"%s\" is not supported (only BPE)", t->name,
+                           SHOW(json_string_value(type), json_string_length(type)));
     json_t *dropout = json_object_get(model, "dropout");
     if (dropout && !json_is_null(dropout) && !(json_is_number(dropout) && json_number_value(dropout) == 0.0))
         return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: BPE dropout is not supported", t->name);
@@ -1077,6 +1137,9 @@ int pi2_tok_load_mem(pi2_tok **out, const char *json, size_t len, const char *na
     json_error_t jerr;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
+        for (char *q = jerr.text; *q; q++) /* keep the message on one line */
+            if ((unsigned char)*q < 0x20)
+                *q = ' ';
         int rc = pi2_err_set(err, PI2_EFORMAT, "%s: invalid JSON at line %d column %d: %s", name, jerr.line,
                              jerr.column, jerr.text);
         pi2_tok_free(t);
@@ -1299,8 +1362,8 @@ static int bpe_word(enc_ctx *c, const char *w, size_t n)
             }
             if (!done && t->unk_token) {
                 if (t->unk_id < 0)
-                    return pi2_err_set(c->err, PI2_ENOTFOUND, "%s: unk_token \"%.64s\" is not in the vocab", t->name,
-                                       t->unk_token);
+                    return pi2_err_set(c->err, PI2_ENOTFOUND, "%s: unk_token \"%s\" is not in the vocab", t->name,
+                                       SHOWZ(t->unk_token));
                 if (has_unk && !t->fuse_unk && (rc = sym_push(c, t->unk_id)))
                     return rc;
                 has_unk = true;
@@ -1402,18 +1465,29 @@ static int run_pretok(enc_ctx *c, int level, const char *s, size_t n, const size
 static bool find_added(const pi2_tok *t, const match_set *ms, const char *s, size_t n, size_t from, size_t *ms_,
                        size_t *me, const added_tok **which)
 {
-    if (ms->n == 0)
+    if (ms->nnodes <= 1)
         return false;
     for (size_t i = from; i < n; i++) {
-        uint8_t b = (uint8_t)s[i];
-        for (uint32_t k = ms->start[b]; k < ms->start[b + 1]; k++) {
-            const added_tok *a = &t->added[ms->idx[k]];
-            if (a->plen <= n - i && !memcmp(s + i, a->pat, a->plen)) {
-                *ms_ = i;
-                *me = i + a->plen;
-                *which = a;
-                return true;
+        uint8_t b0 = (uint8_t)s[i];
+        if (!(ms->first[b0 >> 3] & (1u << (b0 & 7))))
+            continue;
+        uint32_t node = 0;
+        int32_t best = -1;
+        size_t best_end = 0;
+        for (size_t j = i; j < n; j++) {
+            node = trie_child(ms, node, (uint8_t)s[j]);
+            if (!node)
+                break;
+            if (ms->term[node] >= 0) {
+                best = ms->term[node];
+                best_end = j + 1;
             }
+        }
+        if (best >= 0) {
+            *ms_ = i;
+            *me = best_end;
+            *which = &t->added[best];
+            return true;
         }
     }
     return false;

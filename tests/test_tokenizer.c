@@ -571,6 +571,8 @@ static void test_added_tokens(void **state)
     ASSERT_IDS(t, "hi  <|im_start|>hi", B_SPHI, 272, B_H, B_I);
     ASSERT_IDS(t, "hi<|im_end|>  hi", B_SPHI, 273, B_H, B_I);
     ASSERT_IDS(t, "<|imhi", 274, B_H, B_I);
+    ASSERT_IDS(t, "<|im_x", 274, BYTE('_'), BYTE('x')); /* a longer token that fails part way */
+    ASSERT_IDS(t, "<|im_start|><|im_end|>", 272, 273);
     ASSERT_IDS(t, "say hello world!", B_SP, BYTE('s'), BYTE('a'), BYTE('y'), B_SP, 275, BYTE('!'));
     const int32_t ids[] = {272, B_SPHI, 273, 275, 274};
     char *s = decode(t, ids, 5, false);
@@ -894,6 +896,39 @@ static void test_long_input(void **state)
     pi2t_rmtree(dir);
 }
 
+/* Many added tokens sharing a prefix, and a text full of that prefix: the
+ * trie keeps matching linear-ish (a generous bound only). */
+static void test_many_added_tokens(void **state)
+{
+    (void)state;
+    json_t *j = bf_json(true);
+    json_t *added = json_object_get(j, "added_tokens");
+    for (int i = 0; i < 20000; i++) {
+        char c[32];
+        snprintf(c, sizeof c, "<unused%d>", i);
+        json_array_append_new(added, added_tok(272 + i, c, true, false));
+    }
+    pi2_tok *t = load_json_obj(j);
+    assert_int_equal(pi2_tok_vocab_size(t), 272 + 20000);
+    ASSERT_IDS(t, "hi<unused19999>hi<unused7><unused", 266, 272 + 19999, B_SPHI, 272 + 7, B_SP, BYTE('<'), BYTE('u'),
+               BYTE('n'), BYTE('u'), BYTE('s'), 262, BYTE('d')); /* "e" is in the vocab */
+    size_t n = 100000;
+    char *text = malloc(n + 1);
+    assert_non_null(text);
+    for (size_t i = 0; i < n; i++)
+        text[i] = "<unused"[i % 7];
+    text[n] = 0;
+    double t0 = pi2_now();
+    int32_t *ids = NULL;
+    size_t m = 0;
+    pi2_err e = {0};
+    assert_int_equal(pi2_tok_encode(t, text, n, &ids, &m, &e), 0);
+    assert_true(pi2_now() - t0 < 20.0);
+    free(ids);
+    free(text);
+    pi2_tok_free(t);
+}
+
 static void test_null_and_files(void **state)
 {
     (void)state;
@@ -1086,6 +1121,8 @@ static void test_bad_files(void **state)
         {"{\"model\": {\"vocab\": {\"a\\u0000\": 0}}}", PI2_EFORMAT}, /* NUL in a piece */
         {"{\"model\": {\"vocab\": {\"\xff\": 0}}}", PI2_EFORMAT},      /* not UTF-8 */
         {"{" MODEL_OK "} trailing", PI2_EFORMAT},
+        {"{\"model\": {\"vocab\": {\"\\n\": 0, \"b\\r\": 0}}}", PI2_EFORMAT}, /* message stays one line */
+        {"{\"model\": {\"type\": \"W\\nP\", \"vocab\": {\"a\": 0}}}", PI2_EUNSUPPORTED},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         expect_load_error(cases[i].json, strlen(cases[i].json), cases[i].code);
@@ -1156,6 +1193,7 @@ int main(void)
         cmocka_unit_test(test_stream_property),
         cmocka_unit_test(test_stream_property_tinystories),
         cmocka_unit_test(test_long_input),
+        cmocka_unit_test(test_many_added_tokens),
         cmocka_unit_test(test_null_and_files),
         cmocka_unit_test(test_truncated),
         cmocka_unit_test(test_corrupt_real_file),

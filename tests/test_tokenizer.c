@@ -301,6 +301,37 @@ static void test_synthetic(void **state)
     pi2t_rmtree(dir);
 }
 
+static void test_synthetic_errors(void **state)
+{
+    (void)state;
+    char dir[64], path[128];
+    pi2t_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    pi2_err e = {0};
+    /* disk full part way: an error, and no file (not even a temp file) */
+    pi2_afile_fail_after(100);
+    int rc = pi2_tok_write_synthetic(path, 1000, 1, &e);
+    pi2_afile_fail_after(-1);
+    assert_int_equal(rc, PI2_ENOSPC);
+    assert_false(pi2t_exists(path));
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s')\"", dir);
+    assert_int_equal(system(cmd), 0);
+    /* a directory that does not exist */
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/no/such/dir/tokenizer.json", dir);
+    pi2_err_clear(&e);
+    rc = pi2_tok_write_synthetic(bad, 1000, 1, &e);
+    assert_true(rc < 0);
+    assert_non_null(strstr(e.msg, "no/such/dir"));
+    pi2_err_clear(&e);
+    assert_int_equal(pi2_tok_write_synthetic(NULL, 1000, 1, &e), PI2_EINVAL);
+    pi2_err_clear(&e);
+    assert_int_equal(pi2_tok_write_synthetic(path, 1 << 30, 1, &e), PI2_EINVAL);
+    assert_false(pi2t_exists(path));
+    pi2t_rmtree(dir);
+}
+
 /* ---- handcrafted files ---- */
 
 #define SP "\xE2\x96\x81" /* "▁" */
@@ -1179,6 +1210,7 @@ int main(void)
         cmocka_unit_test(test_golden_tinystories),
         cmocka_unit_test(test_golden_tinystories_drelu),
         cmocka_unit_test(test_synthetic),
+        cmocka_unit_test(test_synthetic_errors),
         cmocka_unit_test(test_merges_by_rank),
         cmocka_unit_test(test_merges_pair_syntax),
         cmocka_unit_test(test_byte_fallback),

@@ -1070,10 +1070,10 @@ static int load_json(pi2_tok *t, json_t *root, pi2_err *err)
         t->byte_id[b] = model_find(t, code, 6);
     }
     t->unk_id = t->unk_token ? model_find(t, t->unk_token, strlen(t->unk_token)) : -1;
-    if (added && (rc = load_added(t, added, &arena, err)))
+    rc = added ? load_added(t, added, &arena, err) : 0;
+    t->pdata = arena.p; /* the arena may have moved while growing, even on failure */
+    if (rc)
         return rc;
-    t->pdata = arena.p;
-    /* arena.p may have moved while growing; pdata now points at the final buffer */
 
     static const char *const keys[] = {"normalizer", "pre_tokenizer", "decoder"};
     tok_op **dst[] = {&t->norm, &t->pre, &t->dec};

@@ -143,14 +143,6 @@ uint16_t pi2_f32_to_f16(float f)
     return (uint16_t)(sign | h);
 }
 
-uint16_t pi2_f32_to_bf16(float f)
-{
-    union { float f; uint32_t u; } v = { .f = f };
-    if ((v.u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((v.u >> 16) | 0x40); /* quiet NaN */
-    uint32_t rounding = 0x7fff + ((v.u >> 16) & 1);
-    return (uint16_t)((v.u + rounding) >> 16);
-}
 
 /* ---- cursor ---- */
 

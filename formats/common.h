@@ -65,7 +65,15 @@ static inline float pi2_bf16_to_f32(uint16_t b) {
     union { uint32_t u; float f; } v = { .u = (uint32_t)b << 16 };
     return v.f;
 }
-uint16_t pi2_f32_to_bf16(float f); /* round to nearest even, NaN stays NaN */
+/* Round to nearest even; NaN stays NaN. Inline: used per element in hot loops. */
+static inline uint16_t pi2_f32_to_bf16(float f)
+{
+    union { float f; uint32_t u; } v = { .f = f };
+    if ((v.u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((v.u >> 16) | 0x40); /* quiet NaN */
+    uint32_t rounding = 0x7fff + ((v.u >> 16) & 1);
+    return (uint16_t)((v.u + rounding) >> 16);
+}
 
 /* ---- bounded cursor: every read spends from the remaining budget ---- */
 typedef struct pi2_cursor {

@@ -44,6 +44,10 @@
  *     with id bos+1 if its content looks like an end token (starts with
  *     "</" or contains "end"/"eos", any case): tinystories gives bos 1
  *     "<|start_story|>", eos 2 "<|end_story|>".
+ *   - Limits (beyond them PI2_ERANGE): file 512 MiB, vocab 4M entries,
+ *     merges 8M, added tokens 1M, one piece or pattern 16 KiB, 64 steps per
+ *     normalizer/pre_tokenizer/decoder, Sequences nested 8 deep, Strip
+ *     start/stop 4096. Duplicate JSON keys anywhere are PI2_EFORMAT.
  *   - The streaming decoder holds a run of byte-fallback tokens until the
  *     run ends (HF decodes a run as a whole: any invalid byte turns every
  *     byte of the run into U+FFFD), and after a Fuse it holds what a later
@@ -115,7 +119,16 @@ int pi2_tok_stream_flush(pi2_tok_stream *s, const char **bytes, size_t *len, pi2
  * `vocab_size` tokens (>= 300): <unk>=0, <s>=1, </s>=2, the 256 byte-fallback
  * tokens <0x00>..<0xFF>, the printable ASCII characters and "▁", then merged
  * word pieces built from a fixed English word list (deterministic from
- * `seed`), with Prepend/Replace normalizer and the usual decoder. Atomic. */
+ * `seed`), with Prepend/Replace normalizer and the usual decoder. Atomic.
+ * Details: the three specials are special added tokens ("normalized":
+ * false); single characters come letters first, so a small vocab still
+ * spells words; the first merges spell each of ~330 built-in words as "▁w",
+ * "▁wo", ... so with vocab_size >= 1168 every one of them encodes to a single
+ * token; filler merges (pieces of at most 16 bytes, "▁" only at the start)
+ * follow, random from `seed`; merges are written as "a b" strings, the
+ * post_processor is a TemplateProcessing with <s>. Errors: PI2_EINVAL for a
+ * size outside 300..4194304, I/O errors from the atomic writer (nothing is
+ * left at `path` on failure). */
 int pi2_tok_write_synthetic(const char *path, int vocab_size, uint64_t seed, pi2_err *err);
 
 #endif

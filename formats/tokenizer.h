@@ -88,7 +88,9 @@ bool pi2_tok_is_special(const pi2_tok *t, int id);
 int pi2_tok_unk(const pi2_tok *t);
 
 /* Encode `len` bytes of UTF-8 text. Sets *ids (caller frees) and *n.
- * Invalid UTF-8 bytes are encoded through byte fallback (or unk). */
+ * Invalid UTF-8 bytes are encoded through byte fallback (or unk).
+ * On success *ids is never NULL, even when *n is 0; on failure it is NULL.
+ * PI2_ENOTFOUND when a character needs the unk_token and the vocab lacks it. */
 int pi2_tok_encode(const pi2_tok *t, const char *text, size_t len, int32_t **ids, size_t *n, pi2_err *err);
 
 /* Decode a whole id sequence to a NUL-terminated UTF-8 string (caller

@@ -32,17 +32,25 @@ const pi2_st *pi2_ref_tensors(const pi2_ref_model *m);
 /* Called for every FFN evaluation (once per layer per token; once per
  * selected expert for MoE) with the FFN input after RMSNorm (`x`, hidden
  * floats) and the activation vector fed to the down projection (`act`, n_ff
- * floats; zero entries are inactive neurons). For traces and profiles. */
+ * floats; zero entries are inactive neurons). For traces and profiles.
+ * `expert` is 0 for dense models; MoE experts come in routing order (largest
+ * router logit first). The pointers are valid only during the call. */
 typedef void (*pi2_ref_ffn_hook)(void *ctx, int layer, int expert, const float *x, const float *act);
 
-/* KV cache and scratch for up to `max_seq` positions. Caller owns *out. */
+/* KV cache and scratch for up to `max_seq` positions (1..max_pos, else
+ * PI2_ERANGE; PI2_ENOMEM if the cache cannot be allocated). The state keeps
+ * a pointer to `m`, which must outlive it. Caller owns *out. */
 int pi2_ref_state_create(pi2_ref_state **out, const pi2_ref_model *m, int max_seq, pi2_err *err);
 void pi2_ref_state_free(pi2_ref_state *s);
 void pi2_ref_state_set_hook(pi2_ref_state *s, pi2_ref_ffn_hook hook, void *ctx);
 
 /* Run token `token` at position `pos` (0-based, positions must be fed in
  * order from 0 and < max_seq) and write vocab logits. PI2_ERANGE for a bad
- * token id or position. */
+ * token id or position. Feeding a position already in the cache (pos <
+ * positions fed) rewinds: the cache is truncated to pos and the run goes on
+ * from there. PI2_EINVAL if `s` was created for another model.
+ * Numerics: double accumulation in every dot product and in attention;
+ * RoPE frequencies, angles and cos/sin in float32 as HF computes them. */
 int pi2_ref_forward(const pi2_ref_model *m, pi2_ref_state *s, int token, int pos, float *logits, pi2_err *err);
 
 #endif

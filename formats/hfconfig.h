@@ -64,7 +64,8 @@ typedef struct pi2_model_desc {
 
 /* Errors (exact codes, tests rely on them):
  *   PI2_EFORMAT       not JSON, not an object, duplicate key, a key of the
- *                     wrong JSON type, heads/kv heads/hidden not dividing
+ *                     wrong JSON type, heads/kv heads/hidden not dividing,
+ *                     odd head_dim (RoPE pairs i and i + head_dim/2)
  *   PI2_ENOTFOUND     required key missing (or null): model_type, hidden_act,
  *                     hidden_size, intermediate_size, num_hidden_layers,
  *                     num_attention_heads, vocab_size, max_position_embeddings;

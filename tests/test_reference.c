@@ -17,11 +17,9 @@
 #define GOLD_TOL 2e-3
 
 typedef struct act_count {
-    int n_layers;
+    int n_layers, n_ff;
     long long nz[16], total[16];
 } act_count;
-
-static int n_ff_of_hook; /* set before decoding; the hook has no size argument */
 
 static void count_hook(void *ctx, int layer, int expert, const float *x, const float *act)
 {
@@ -29,9 +27,9 @@ static void count_hook(void *ctx, int layer, int expert, const float *x, const f
     (void)expert;
     act_count *c = ctx;
     assert_true(layer >= 0 && layer < c->n_layers);
-    for (int i = 0; i < n_ff_of_hook; i++)
+    for (int i = 0; i < c->n_ff; i++)
         c->nz[layer] += act[i] != 0.0f;
-    c->total[layer] += n_ff_of_hook;
+    c->total[layer] += c->n_ff;
 }
 
 /* Best and second-best logits; ties go to the lower id. */
@@ -80,7 +78,6 @@ static void golden(const char *model, bool drelu)
     assert_true(json_is_array(cases) && json_array_size(cases) > 0);
     float *logits = malloc(sizeof(float) * (size_t)d->vocab);
     assert_non_null(logits);
-    n_ff_of_hook = d->n_ff;
 
     for (size_t ci = 0; ci < json_array_size(cases); ci++) {
         json_t *c = json_array_get(cases, ci);
@@ -91,7 +88,7 @@ static void golden(const char *model, bool drelu)
         int max_seq = (int)(1 + np + ng);
         pi2_ref_state *s = NULL;
         assert_int_equal(pi2_ref_state_create(&s, m, max_seq, &e), 0);
-        act_count cnt = { .n_layers = d->n_layers };
+        act_count cnt = { .n_layers = d->n_layers, .n_ff = d->n_ff };
         assert_true(d->n_layers <= 16);
         pi2_ref_state_set_hook(s, count_hook, &cnt);
 

@@ -204,9 +204,10 @@ static int cmd_synth(int argc, char **argv)
 
     uint64_t total = pi2_synth_weight_bytes(&o);
     progress_state ps = {isatty(2), pi2_now(), 0};
-    fprintf(stderr, "pi2-convert synth: %s, %s (%s), hidden %d, ffn %d, %d layers, %d experts, vocab %d, %s, %.2f GB\n",
+    printf("pi2-convert synth: %s, %s (%s), hidden %d, ffn %d, %d layers, %d experts, vocab %d, %s, %.2f GB\n",
             preset, pi2_arch_name(d->arch), pi2_act_name(d->act), d->hidden, d->n_ff, d->n_layers, d->n_experts,
             d->vocab, pi2_dtype_name(o.dtype), total / 1e9);
+    fflush(stdout);
     if (pi2_synth_write(out, &o, on_progress, &ps, &err))
         return die(NULL, &err, 1);
     double el = pi2_now() - ps.t0;

@@ -171,12 +171,12 @@ static void plant_free(plant *p)
     memset(p, 0, sizeof *p);
 }
 
-/* E[act^2] for gate g ~ N(mu, 1), up = g + 0.5. */
-static double act_moment(pi2_act act, double mu)
+/* E[act^2] for gate g ~ N(mu, sd^2), up = g + 0.5. */
+static double act_moment(pi2_act act, double mu, double sd)
 {
     double sum = 0, step = 0.1;
     for (int k = -60; k <= 60; k++) {
-        double x = mu + k * step, w = exp(-0.5 * (k * step) * (k * step));
+        double x = mu + k * step * sd, w = exp(-0.5 * (k * step) * (k * step));
         double a;
         if (act == PI2_ACT_SILU)
             a = x / (1 + exp(-x)) * (x + 0.5);
@@ -203,19 +203,25 @@ static int plant_make(gen *g, int layer, int expert, pi2_err *err)
         plant_free(p);
         return pi2_err_set(err, PI2_ENOMEM, "generator: out of memory for layer %d", layer);
     }
-    /* Stream statistics at this FFN's input, in normalised units. */
+    /* Stream statistics at this FFN's input. In stream units x = c u + V h + n
+     * with n the per-coordinate noise (embedding noise plus what earlier
+     * sublayers added); then divided by the stream RMS (the RMSNorm).
+     *   v_k.x = h_k + v_k.n + cross-talk of the nearly orthogonal v's
+     *   u.x   = c + u.n + u.Vh                                              */
     double var = stream_var(g, layer, true);
+    double sh2 = g->sigma_h * g->sigma_h, sn2 = g->sigma_n * g->sigma_n + (var - 1.0);
     double cl = g->c / sqrt(var);
-    double sl = sqrt(g->sigma_h * g->sigma_h + (var - 1.0)) / sqrt(var);
-    double eps = 0.15 * sl / sqrt((double)d); /* eta.x has std 0.15 * sl */
-    double S = sl * sqrt(1.0 + 0.0225);
+    double sig2 = (sh2 + sn2 + (double)r / d * sh2) / var; /* a.(V^T x^) */
+    double vu = (sn2 + (double)r / d * sh2) / var;         /* noise of u.x^ */
+    double eps = sqrt(0.0225 * sig2 / d);                   /* eta.x^ has 15% of the signal std */
+    double S = sqrt(sig2 * 1.0225);
     p->S = (float)S;
     p->noise = (float)(eps / S);
     p->shift = (float)(0.5 / cl); /* up = gate + 0.5 in gate units */
     /* Frequencies: hot share in [0.6, 0.95], the rest f_max * U^gamma. */
     double hot_mean = 0.775;
     double m = (o->active_frac - hot_mean * o->hot_frac) / (1.0 - o->hot_frac);
-    double f_max = fmin(0.95, fmax(0.5, 2 * m));
+    double f_max = fmin(0.95, fmax(0.3, 2 * m));
     double gamma = f_max / m - 1.0;
     uint64_t sd = o->seed;
     double moment = 0;
@@ -227,8 +233,14 @@ static int plant_make(gen *g, int layer, int expert, pi2_err *err)
             f = f_max * pow(huni(key(sd, K_PLANT_F, (uint64_t)layer << 16 | (uint64_t)expert, (uint64_t)i)), gamma);
         f = fmin(0.99, fmax(1e-4, f));
         double z = probit(1.0 - f);
-        p->b[i] = (float)(-z / cl); /* gate = b*(u.x) + ... has mean -z */
-        moment += act_moment(o->desc.act, -z);
+        /* gate = b (u.x^) + rest with rest ~ N(0, 1) in gate units and u.x^ ~
+         * N(cl, vu): P(gate > 0) = f when b cl / sqrt(1 + b^2 vu) = -z. */
+        double den = cl * cl - z * z * vu;
+        if (den < 0.25 * cl * cl)
+            den = 0.25 * cl * cl;
+        double b = -z / sqrt(den);
+        p->b[i] = (float)b;
+        moment += act_moment(o->desc.act, b * cl, sqrt(1.0 + b * b * vu));
         float *ai = p->a + (size_t)i * r;
         double n2 = 0;
         for (int k = 0; k < r; k++) {

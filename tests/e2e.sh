@@ -40,7 +40,7 @@ expect_error "synth no output" "-o DIR is required" "$B/pi2-convert" synth --pre
 expect_error "synth bad int" "--layers 'x'" "$B/pi2-convert" synth --preset tiny --layers x -o "$T/x"
 expect_error "synth bad active" "--active" "$B/pi2-convert" synth --preset tiny --active 2 -o "$T/x"
 expect_error "synth bad act" "--act 'gelu'" "$B/pi2-convert" synth --preset tiny --act gelu -o "$T/x"
-expect_error "synth bad heads" "kv" "$B/pi2-convert" synth --preset tiny --kv-heads 3 -o "$T/x"
+expect_error "synth bad heads" "num_key_value_heads" "$B/pi2-convert" synth --preset tiny --kv-heads 3 -o "$T/x"
 [ -e "$T/x" ] && bad "failed synth left $T/x" || ok
 
 # --- generate, then run on the reference path ---
@@ -49,7 +49,7 @@ for f in config.json tokenizer.json model.safetensors; do
     [ -f "$T/tiny/$f" ] && ok || bad "synth tiny: $f missing"
 done
 expect_error "synth existing dir" "already exists" "$B/pi2-convert" synth --preset tiny -o "$T/tiny"
-expect_ok "synth sharded" "$B/pi2-convert" synth --preset tiny --dtype bf16 --shard-size 1M --layers 6 -o "$T/sh"
+expect_ok "synth sharded" "$B/pi2-convert" synth --preset small --dtype bf16 --shard-size 1M --layers 2 -o "$T/sh"
 [ -f "$T/sh/model.safetensors.index.json" ] && ok || bad "sharded model has no index"
 "$B/pi2-run" --reference "$T/tiny" -p "hello world" -n 12 --stats >"$T/out" 2>"$T/err"
 if [ $? -eq 0 ] && grep -q "^hello world" "$T/out" && grep -q "FFN neurons active per token" "$T/err"; then ok

@@ -17,6 +17,9 @@
  */
 #include "formats/safetensors.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <assert.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -983,4 +986,15 @@ out:
     json_decref(meta);
     json_decref(wm);
     return rc;
+}
+
+void pi2_st_release(const pi2_st_tensor *t)
+{
+    if (!t || t->nbytes < (1u << 20))
+        return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)t->data + page - 1) & ~(page - 1);
+    uintptr_t b = ((uintptr_t)t->data + t->nbytes) & ~(page - 1);
+    if (b > a)
+        madvise((void *)a, b - a, MADV_DONTNEED); /* advisory: failure is harmless */
 }

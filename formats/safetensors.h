@@ -112,6 +112,13 @@ float pi2_st_get_f32(const pi2_st_tensor *t, size_t i);
  * t->nelem (PI2_EINVAL otherwise). F32 on a little-endian host is a memcpy. */
 int pi2_st_to_f32(const pi2_st_tensor *t, float *out, size_t n, pi2_err *err);
 
+/* Tell the kernel this process is done with the tensor's pages for now
+ * (madvise MADV_DONTNEED on the whole pages inside its byte span): they stay
+ * in the page cache but leave this process's resident set, so streaming a
+ * model larger than memory through the mapping keeps RSS flat. The data stays
+ * readable (pages fault back in). Tensors under 1 MiB are left alone. */
+void pi2_st_release(const pi2_st_tensor *t);
+
 /* Check a tensor's shape: PI2_ESHAPE with a message naming the tensor and
  * both shapes when it differs. ndim entries of `shape`. */
 int pi2_st_expect_shape(const pi2_st_tensor *t, int ndim, const int64_t *shape, pi2_err *err);

@@ -129,11 +129,14 @@ static void row_get(const pi2_st_tensor *w, size_t off, int n, float *out)
     }
 }
 
-/* out = W x; W (rows, cols) row-major, x (cols), out (rows). */
+/* out = W x; W (rows, cols) row-major, x (cols), out (rows). The matrix's
+ * pages are released afterwards so a model larger than memory streams
+ * through the mapping with a flat resident set. */
 static void matvec(float *out, const pi2_st_tensor *w, const float *x, int rows, int cols)
 {
     for (int i = 0; i < rows; i++)
         out[i] = (float)row_dot(w, (size_t)i * (size_t)cols, x, cols);
+    pi2_st_release(w);
 }
 
 /* out = x / sqrt(mean(x^2) + eps) * w; x, out, w (n). */

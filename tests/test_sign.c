@@ -444,17 +444,20 @@ static void test_bad_key_files(void **state)
     expect_load(p, false, PI2_EFORMAT, "CERTIFICATE", NULL);
 
     /* corrupt base64 body */
-    char *line = strchr(good, '\n');
-    assert_non_null(line);
-    char *bad = pi2_strdup(good);
-    bad[line - good + 5] = '!';
-    bad[line - good + 6] = '*';
+    size_t line = strcspn(good, "\n"); /* end of the BEGIN line */
+    assert_true(line < n);
+    char *bad = calloc(1, 4096);
+    assert_non_null(bad);
+    assert_true(n < 4096);
+    memcpy(bad, good, n);
+    bad[line + 5] = '!';
+    bad[line + 6] = '*';
     path_in(p, sizeof p, dir, "corrupt.pem");
     pi2t_write(p, bad, n);
     expect_load(p, true, PI2_EFORMAT, "corrupt PEM", NULL);
     /* corrupt DER inside valid base64 (first byte of the body: 'M' -> 'A') */
     memcpy(bad, good, n);
-    bad[line - good + 1] = 'A';
+    bad[line + 1] = 'A';
     pi2t_write(p, bad, n);
     expect_load(p, true, PI2_EFORMAT, "corrupt PEM", NULL);
     /* truncated: no END line */
@@ -462,11 +465,12 @@ static void test_bad_key_files(void **state)
     expect_load(p, true, PI2_EFORMAT, "corrupt PEM", NULL);
     /* same damage to the public key */
     char *pgood = slurp(pub, &n);
-    line = strchr(pgood, '\n');
+    assert_true(n < 4096);
+    line = strcspn(pgood, "\n");
     pi2t_write(p, pgood, n - 30);
     expect_load(p, false, PI2_EFORMAT, "corrupt PEM", NULL);
     memcpy(bad, pgood, n);
-    bad[line - pgood + 3] = '%';
+    bad[line + 3] = '%';
     pi2t_write(p, bad, n);
     expect_load(p, false, PI2_EFORMAT, "corrupt PEM", NULL);
     free(pgood);

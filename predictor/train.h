@@ -1,0 +1,203 @@
+/* Activation predictors: traces, training, calibration, evaluation.
+ *
+ * A predictor for one FFN layer (or one MoE expert) is a bias-free MLP
+ *     score = fc2 · relu(fc1 · x)        x: d floats (FFN input after RMSNorm)
+ *     fc1 [rank, d], fc2 [n_ff, rank]    row-major fp32, as in PyTorch
+ * and neuron i is predicted active when score_i >= threshold (one threshold
+ * per layer). These are the shapes of the `predictor.fc{1,2}.weight` tensors
+ * TurboSparse checkpoints ship, so an imported predictor is used as is.
+ *
+ * Trace: the training data of one layer, collected from the reference
+ * forward's FFN hook: N samples, each the FFN input x (d floats) and the truth
+ * "neuron j was active" (its activation was non-zero) as a packed bitset.
+ * Layout in memory: x rows contiguous [N, d]; bits [N, W] uint64 words with
+ * W = ceil(n_ff / 64), bit j of sample i = (bits[i*W + j/64] >> (j%64)) & 1;
+ * unused high bits of the last word are zero. ~1.8 KiB of bits per sample at
+ * n_ff = 14336 next to 16 KiB of x at d = 4096.
+ *
+ * Training (pi2_pred_train): weighted binary cross-entropy on sigmoid(score)
+ * with a positive-class weight (recall matters more than precision), Adam,
+ * shuffled minibatches, a deterministic train / held-out split, early stop on
+ * a held-out loss plateau, then the threshold is calibrated on the held-out
+ * samples to reach a target recall and the predictor is evaluated there.
+ * The matmuls of a minibatch go to OpenBLAS (single-threaded calls on fixed
+ * blocks, spread over our own threads): the same trace, options and seed give
+ * bit-identical weights whatever the thread count. Note: the trainer sets
+ * OpenBLAS's process-wide thread count to 1 while it runs and restores it
+ * after, so do not run other OpenBLAS work concurrently from other threads.
+ *
+ * Errors: PI2_EINVAL (bad option, non-finite input, empty trace, a trace
+ * without any active neuron to calibrate on), PI2_ESHAPE (predictor and trace
+ * dimensions disagree), PI2_ERANGE (dimensions too large, training diverged),
+ * PI2_ENOMEM. Messages are one line starting with "predictor:" or "trace:".
+ */
+#ifndef PI2_PREDICTOR_TRAIN_H
+#define PI2_PREDICTOR_TRAIN_H
+
+#include "formats/common.h"
+
+#define PI2_PRED_MAX_DIM (1 << 20) /* cap on d, n_ff and rank */
+
+/* ---- traces ---- */
+
+typedef struct pi2_trace pi2_trace;
+
+/* Empty trace for inputs of `d` floats and `n_ff` neurons (both in
+ * [1, PI2_PRED_MAX_DIM]). Caller owns *out (pi2_trace_free). */
+int pi2_trace_create(pi2_trace **out, int d, int n_ff, pi2_err *err);
+/* NULL is a no-op. */
+void pi2_trace_free(pi2_trace *t);
+/* Make room for `n` samples in total (optional; adds grow geometrically). */
+int pi2_trace_reserve(pi2_trace *t, size_t n, pi2_err *err);
+/* Append one sample: x (d floats) and the activations act (n_ff floats);
+ * neuron j is active when |act[j]| > min_abs (0 for ReLU-family models; a
+ * small magnitude cut-off turns a dense SwiGLU layer into a sparse target).
+ * Copies both. PI2_EINVAL (trace unchanged) if x or act holds a NaN/Inf. */
+int pi2_trace_add(pi2_trace *t, const float *x, const float *act, float min_abs, pi2_err *err);
+/* Append one sample with its truth already packed (W words, layout above).
+ * PI2_EINVAL if x is not finite or a bit past n_ff is set. */
+int pi2_trace_add_bits(pi2_trace *t, const float *x, const uint64_t *bits, pi2_err *err);
+
+size_t pi2_trace_count(const pi2_trace *t);
+int pi2_trace_dim(const pi2_trace *t);
+int pi2_trace_nff(const pi2_trace *t);
+/* Borrowed pointers into the trace, valid until the next add/reserve/free. */
+const float *pi2_trace_x(const pi2_trace *t, size_t i);
+const uint64_t *pi2_trace_bits(const pi2_trace *t, size_t i);
+bool pi2_trace_active(const pi2_trace *t, size_t i, int j);
+/* Active (sample, neuron) entries over all entries; 0 for an empty trace. */
+double pi2_trace_active_frac(const pi2_trace *t);
+
+/* ---- predictors ---- */
+
+typedef struct pi2_predictor pi2_predictor;
+
+/* A predictor from given weights (e.g. imported from a checkpoint): copies
+ * fc1 [rank, d] and fc2 [n_ff, rank]. PI2_EINVAL for a non-finite weight or
+ * threshold, PI2_ERANGE for a dimension outside [1, PI2_PRED_MAX_DIM].
+ * Caller owns *out (pi2_pred_free). */
+int pi2_pred_create(pi2_predictor **out, int d, int n_ff, int rank, const float *fc1, const float *fc2,
+                    float threshold, pi2_err *err);
+/* NULL is a no-op. */
+void pi2_pred_free(pi2_predictor *p);
+int pi2_pred_dim(const pi2_predictor *p);
+int pi2_pred_nff(const pi2_predictor *p);
+int pi2_pred_rank(const pi2_predictor *p);
+float pi2_pred_threshold(const pi2_predictor *p);
+/* PI2_EINVAL (unchanged) for a NaN threshold; +-Inf are allowed. */
+int pi2_pred_set_threshold(pi2_predictor *p, float threshold);
+/* Borrowed weights, row-major: fc1 [rank, d], fc2 [n_ff, rank]. */
+const float *pi2_pred_fc1(const pi2_predictor *p);
+const float *pi2_pred_fc2(const pi2_predictor *p);
+/* Bytes to store the weights as fp32, and as 8-bit (ggml Q8_0: each row cut
+ * into groups of 32 weights, one int8 per weight plus an fp16 scale per
+ * group; a short last group still costs a full 34 bytes). */
+uint64_t pi2_pred_bytes_f32(int d, int n_ff, int rank);
+uint64_t pi2_pred_bytes_q8(int d, int n_ff, int rank);
+
+/* Scalar reference forward (plain loops, double accumulation): scores
+ * (n_ff floats, caller's buffer) for one input x (d floats). The twin of the
+ * batched OpenBLAS path used by train/eval/calibrate. 0 or PI2_ENOMEM (for
+ * its rank-sized scratch). */
+int pi2_pred_score(const pi2_predictor *p, const float *x, float *scores);
+/* Predicted-active bitset (W words as in a trace, caller's buffer) for one
+ * input; returns the number of neurons predicted active, or PI2_ENOMEM. */
+int pi2_pred_predict(const pi2_predictor *p, const float *x, uint64_t *bits);
+
+/* ---- rank ---- */
+
+/* Rank for a layer with input size d, n_ff neurons and a measured active
+ * fraction f in [0, 1]:
+ *     r = d * sqrt(f) / 2, rounded to the nearest multiple of 32 (at least
+ *         32), then clamped to [min_rank, max_rank].
+ * Less sparse layers get more rank: the set of neurons to predict per token
+ * grows with f and the boundary gets harder; sqrt keeps very dense layers
+ * from taking the whole budget. d = 4096: f = 0.02 -> 288, 0.05 -> 448,
+ * 0.10 -> 640, 0.25 -> 1024. Returns the rank, or PI2_EINVAL for d or n_ff
+ * < 1, f outside [0, 1] or NaN, min_rank < 1 or min_rank > max_rank. */
+int pi2_pred_choose_rank(int d, int n_ff, double active_frac, int min_rank, int max_rank);
+
+/* ---- training ---- */
+
+/* What early stopping and restore_best watch on the held-out split. */
+typedef enum pi2_pred_stop {
+    PI2_PRED_STOP_COST = 0, /* predicted-active fraction at the target recall
+                               (calibrate + evaluate each epoch): what the
+                               runtime pays; the default */
+    PI2_PRED_STOP_LOSS = 1, /* weighted BCE (cheaper: one forward pass) */
+} pi2_pred_stop;
+
+typedef struct pi2_pred_train_opts {
+    int rank;             /* 0 = pi2_pred_choose_rank(d, n_ff, f, rank_min, rank_max) */
+    int rank_min, rank_max;
+    int epochs;           /* cap on passes over the training split */
+    int batch;            /* samples per minibatch */
+    double lr, beta1, beta2, eps; /* Adam */
+    double weight_decay;  /* decoupled (AdamW); 0 = plain Adam */
+    double pos_weight;    /* weight of the active class in the loss; 0 = auto:
+                             (1 - f) / f of the training split, clamped to
+                             [1, pos_weight_max] (balances the classes) */
+    double pos_weight_max;
+    double holdout;       /* fraction of samples held out, in (0, 1) */
+    double target_recall; /* threshold calibration target on held-out, (0, 1] */
+    pi2_pred_stop stop_metric;
+    int patience;         /* early stop after this many epochs without a relative
+                             improvement of the held-out stop metric of at least
+                             min_delta; 0 = never stop early (epochs is the cap) */
+    double min_delta;
+    bool restore_best;    /* keep the weights of the epoch with the best metric */
+    int threads;          /* compute threads; 0 = 2 */
+    uint64_t seed;        /* split, shuffles and init */
+    bool verbose;         /* one progress line per epoch on stderr */
+} pi2_pred_train_opts;
+
+/* Defaults: rank 0 (auto, 32..1024), 10 epochs, batch 128, Adam lr 3e-3,
+ * betas 0.9/0.999, eps 1e-8, no weight decay, pos_weight auto (max 100), 20%
+ * held out, target recall 0.99, stop on cost, patience 2, min_delta 1e-3,
+ * restore_best, 2 threads, seed 1. */
+void pi2_pred_train_defaults(pi2_pred_train_opts *o);
+
+/* Per-layer report, as the converter stores it. pi2_pred_eval fills the
+ * quality and size fields (recall .. bytes_q8, n_eval, threshold, rank); the
+ * training fields stay zero there. */
+typedef struct pi2_pred_report {
+    int rank;
+    float threshold;
+    double recall;           /* true active entries predicted active / true active */
+    double precision;        /* true active among predicted active (1 if none predicted) */
+    double pred_active_frac; /* predicted active entries / all entries */
+    double true_active_frac; /* true active entries / all entries */
+    uint64_t bytes_f32, bytes_q8;
+    size_t n_eval;           /* samples the quality figures are measured on */
+    /* training only */
+    size_t n_train;
+    int epochs;              /* epochs run */
+    bool early_stopped;
+    int best_epoch;          /* 1-based epoch whose weights were kept */
+    double pos_weight;
+    double train_loss;       /* mean weighted BCE per entry, last epoch, training split */
+    double heldout_loss;     /* same on the held-out split for the kept weights */
+    double seconds;          /* wall time of pi2_pred_train */
+} pi2_pred_report;
+
+/* Train a predictor on one layer's trace. The trace needs at least 2 samples
+ * (one for training, one held out) and at least one active entry among the
+ * held-out samples. Quality figures in *rep (optional) are on the held-out
+ * split, at the calibrated threshold. Caller owns *out. PI2_ERANGE if the
+ * loss becomes non-finite (lower lr). */
+int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predictor **out, pi2_pred_report *rep,
+                   pi2_err *err);
+
+/* Recall, precision and active fractions of p (at its threshold) over all
+ * samples of tr. PI2_ESHAPE if dimensions differ, PI2_EINVAL if tr is
+ * empty. */
+int pi2_pred_eval(const pi2_predictor *p, const pi2_trace *tr, pi2_pred_report *rep, pi2_err *err);
+
+/* Set p's threshold to the largest value at which at least `recall` of the
+ * active entries of tr are predicted active (the fewest false positives
+ * reaching the target): sort the scores of the truly active entries and take
+ * the one at rank ceil(recall * P) from the top. recall in (0, 1].
+ * PI2_EINVAL if tr has no active entry; p is unchanged on error. */
+int pi2_pred_calibrate(pi2_predictor *p, const pi2_trace *tr, double recall, pi2_err *err);
+
+#endif

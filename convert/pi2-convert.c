@@ -1,5 +1,6 @@
 /* pi2-convert: Hugging Face model dir -> converted model; and `synth`, the
  * model generator for tests, demos and benchmarks. */
+#include "convert/convert.h"
 #include "convert/synth.h"
 
 #include <getopt.h>
@@ -7,6 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* Print the error; returns `code` for main's exit status. */
+static int die(const char *what, const pi2_err *e, int code)
+{
+    fprintf(stderr, "pi2-convert: %s%s%s\n", what ? what : "", what ? ": " : "", e->msg);
+    return code;
+}
 
 static void usage_synth(FILE *f)
 {
@@ -47,17 +55,91 @@ static void usage_synth(FILE *f)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: pi2-convert COMMAND [options]\n"
+            "usage: pi2-convert MODEL_DIR -o OUT [options]\n"
+            "       pi2-convert synth --preset NAME -o DIR [options]   (see pi2-convert synth --help)\n"
             "\n"
-            "Commands:\n"
-            "  synth   write a generated model directory with planted activation sparsity\n"
-            "          (pi2-convert synth --help)\n"
+            "Convert a Hugging Face model directory (config.json, tokenizer.json, safetensors)\n"
+            "into a pi2 converted model: quantized weights (FFN scales stored apart from the\n"
+            "4-bit payloads), activation predictors (imported from the checkpoint or trained),\n"
+            "an activation profile and a quality report. The output appears only when complete.\n"
             "\n"
-            "Options:\n"
-            "  -h, --help  this help\n"
+            "  -o, --output OUT        converted model file to write\n"
+            "  --quant q4|q8           FFN weights (default q4)\n"
+            "  --other-quant q8|q4     attention, embeddings, output head (default q8)\n"
+            "  --train-predictors      train predictors when the checkpoint has none\n"
+            "  --predictors DIR        import predictors from a safetensors dir (TurboSparse names)\n"
+            "  --calib FILE            calibration text (default: text the model generates itself)\n"
+            "  --calib-tokens N        calibration tokens (default 4096)\n"
+            "  --recall R              target recall of predictor thresholds (default 0.99)\n"
+            "  --sparsity S            SiLU models: share of neurons the threshold mode drops (default 0.5)\n"
+            "  --threads N             threads (default: all cores)\n"
+            "  --seed S                seed for calibration text and training (default 1)\n"
+            "  -q, --quiet             no progress lines\n"
+            "  -h, --help              this help\n"
             "\n"
             "example:\n"
-            "  pi2-convert synth --preset tiny -o /tmp/tiny\n");
+            "  pi2-convert ../shared/models/tinystories-656k-drelu -o /tmp/ts.pi2c --train-predictors\n");
+}
+
+static int cmd_convert(int argc, char **argv)
+{
+    enum { O_QUANT = 256, O_OQUANT, O_TRAIN, O_PRED, O_CALIB, O_CTOK, O_RECALL, O_SPARSITY, O_THREADS, O_SEED };
+    static const struct option opts[] = {
+        {"output", required_argument, 0, 'o'},       {"quant", required_argument, 0, O_QUANT},
+        {"other-quant", required_argument, 0, O_OQUANT}, {"train-predictors", no_argument, 0, O_TRAIN},
+        {"predictors", required_argument, 0, O_PRED}, {"calib", required_argument, 0, O_CALIB},
+        {"calib-tokens", required_argument, 0, O_CTOK}, {"recall", required_argument, 0, O_RECALL},
+        {"sparsity", required_argument, 0, O_SPARSITY}, {"threads", required_argument, 0, O_THREADS},
+        {"seed", required_argument, 0, O_SEED},       {"quiet", no_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
+    pi2_convert_opts o;
+    pi2_convert_defaults(&o);
+    pi2_err err = {0};
+    int c, rc = 0;
+    long long v;
+    double dv;
+    while (rc == 0 && (c = getopt_long(argc, argv, "o:qh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'o': o.out_path = optarg; break;
+        case O_QUANT:
+            rc = pi2_q_type_parse(optarg, &o.q_ffn, &err);
+            if (rc == 0 && o.q_ffn == PI2_QT_F32)
+                rc = pi2_err_set(&err, PI2_EINVAL, "--quant '%s': expected q4 or q8", optarg);
+            break;
+        case O_OQUANT:
+            rc = pi2_q_type_parse(optarg, &o.q_other, &err);
+            if (rc == 0 && o.q_other == PI2_QT_F32)
+                rc = pi2_err_set(&err, PI2_EINVAL, "--other-quant '%s': expected q8 or q4", optarg);
+            break;
+        case O_TRAIN: o.train_predictors = true; break;
+        case O_PRED: o.predictors_dir = optarg; break;
+        case O_CALIB: o.calib_path = optarg; break;
+        case O_CTOK: rc = pi2_parse_int("--calib-tokens", optarg, 64, 1 << 22, &v, &err); o.calib_tokens = (int)v; break;
+        case O_RECALL: rc = pi2_parse_double("--recall", optarg, 0.5, 1.0, &dv, &err); o.recall = dv; break;
+        case O_SPARSITY: rc = pi2_parse_double("--sparsity", optarg, 0.0, 0.99, &dv, &err); o.silu_sparsity = dv; break;
+        case O_THREADS: rc = pi2_parse_int("--threads", optarg, 1, 256, &v, &err); o.threads = (int)v; break;
+        case O_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, &err); o.seed = (uint64_t)v; break;
+        case 'q': o.quiet = true; break;
+        case 'h': usage(stdout); return 0;
+        default: fprintf(stderr, "pi2-convert: see --help\n"); return 2;
+        }
+    }
+    if (rc)
+        return die(NULL, &err, 2);
+    if (optind + 1 != argc) {
+        fprintf(stderr, "pi2-convert: expected exactly one MODEL_DIR; see --help\n");
+        return 2;
+    }
+    o.model_dir = argv[optind];
+    if (!o.out_path) {
+        fprintf(stderr, "pi2-convert: -o OUT is required; see --help\n");
+        return 2;
+    }
+    double t0 = pi2_now();
+    if (pi2_convert(&o, stdout, &err))
+        return die(NULL, &err, 1);
+    printf("wrote %s in %.1f s, peak RSS %.0f MB\n", o.out_path, pi2_now() - t0, pi2_peak_rss() / 1048576.0);
+    return 0;
 }
 
 typedef struct progress_state {
@@ -81,12 +163,6 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total)
         fputc('\n', stderr);
 }
 
-/* Print the error; returns `code` for main's exit status. */
-static int die(const char *what, const pi2_err *e, int code)
-{
-    fprintf(stderr, "pi2-convert: %s%s%s\n", what ? what : "", what ? ": " : "", e->msg);
-    return code;
-}
 
 static int cmd_synth(int argc, char **argv)
 {
@@ -228,6 +304,5 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "synth") == 0)
         return cmd_synth(argc - 1, argv + 1);
-    fprintf(stderr, "pi2-convert: unknown command '%s'; see pi2-convert --help\n", argv[1]);
-    return 2;
+    return cmd_convert(argc, argv);
 }

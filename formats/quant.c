@@ -158,10 +158,15 @@ static void quantize_q4_group(const float *x, uint16_t *scale, uint8_t *qs)
     if (h != 0 && d < 0)
         h |= 0x8000;
     double dd = pi2_f16_to_f32(h);
-    uint8_t q[PI2_Q_GROUP];
+    int32_t q[PI2_Q_GROUP];
+    /* Branch-free so the loop vectorises: trunc, then half away from zero. */
     for (int j = 0; j < PI2_Q_GROUP; j++) {
-        double r = h == 0 ? 8.0 : round((double)x[j] / dd) + 8.0;
-        q[j] = (uint8_t)(r < 0.0 ? 0.0 : r > 15.0 ? 15.0 : r);
+        double v = h == 0 ? 0.0 : (double)x[j] / dd;
+        int32_t t = (int32_t)v; /* |v| <= 16: exact truncation */
+        double f = v - (double)t;
+        t += (f >= 0.5) - (f <= -0.5);
+        t += 8;
+        q[j] = t < 0 ? 0 : t > 15 ? 15 : t;
     }
     for (int j = 0; j < PI2_Q4_GROUP_BYTES; j++)
         qs[j] = (uint8_t)(q[j] | q[j + 16] << 4);
@@ -174,9 +179,12 @@ static void quantize_q8_group(const float *x, uint16_t *scale, uint8_t *qs)
     uint16_t h = f16_toward_zero(d);
     double dd = pi2_f16_to_f32(h);
     for (int j = 0; j < PI2_Q_GROUP; j++) {
-        double r = h == 0 ? 0.0 : round((double)x[j] / dd);
-        r = r < -127.0 ? -127.0 : r > 127.0 ? 127.0 : r;
-        qs[j] = (uint8_t)(int8_t)r;
+        double v = h == 0 ? 0.0 : (double)x[j] / dd;
+        int32_t t = (int32_t)v; /* |v| <= 128: exact truncation */
+        double f = v - (double)t;
+        t += (f >= 0.5) - (f <= -0.5);
+        t = t < -127 ? -127 : t > 127 ? 127 : t;
+        qs[j] = (uint8_t)(int8_t)t;
     }
     *scale = h;
 }

@@ -1,0 +1,113 @@
+/* pi2-convert: the stages in order (see convert.h). */
+#include "convert/convert_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void pi2_convert_defaults(pi2_convert_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->q_ffn = PI2_QT_Q4;
+    o->q_other = PI2_QT_Q8;
+    o->recall = 0.99;
+    o->silu_sparsity = 0.5;
+    o->seed = 1;
+}
+
+int conv_record_tensor(pi2_conv *c, const char *name, pi2_tname role, int layer, int expert, pi2_qtype qt,
+                       int64_t rows, int64_t cols, bool transposed, const char *payload, const char *scales,
+                       pi2_err *err)
+{
+    if (c->n_tensors == c->cap_tensors) {
+        size_t cap = c->cap_tensors ? 2 * c->cap_tensors : 64;
+        conv_tensor *t = realloc(c->tensors, cap * sizeof *t);
+        if (!t)
+            return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+        c->tensors = t;
+        c->cap_tensors = cap;
+    }
+    conv_tensor *t = &c->tensors[c->n_tensors++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->role = role;
+    t->layer = layer;
+    t->expert = expert;
+    t->qt = qt;
+    t->rows = rows;
+    t->cols = cols;
+    t->transposed = transposed;
+    snprintf(t->payload, sizeof t->payload, "%s", payload);
+    snprintf(t->scales, sizeof t->scales, "%s", scales);
+    return 0;
+}
+
+void conv_progress(pi2_conv *c, const char *what)
+{
+    if (!c->tty)
+        return;
+    double now = pi2_now();
+    if (now - c->last_progress < 0.25)
+        return;
+    c->last_progress = now;
+    double el = now - c->t0;
+    fprintf(stderr, "\r  %s %5.1f%%  %.2f / %.2f GB read  %.0f MB/s   ", what,
+            c->bytes_total ? 100.0 * c->bytes_read / c->bytes_total : 0.0, c->bytes_read / 1e9,
+            c->bytes_total / 1e9, el > 0 ? c->bytes_read / el / 1e6 : 0.0);
+}
+
+static void progress_done(pi2_conv *c)
+{
+    if (c->tty)
+        fprintf(stderr, "\r%*s\r", 72, "");
+}
+
+int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err)
+{
+    pi2_conv c = {0};
+    c.o = o;
+    c.t0 = pi2_now();
+    c.tty = !o->quiet && isatty(2);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    c.threads = o->threads > 0 ? o->threads : (int)(ncpu > 0 ? ncpu : 1);
+    char tokpath[4096];
+    char *tokjson = NULL;
+    size_t toklen = 0;
+    int rc = pi2_ref_open(&c.m, o->model_dir, err);
+    if (rc)
+        goto out;
+    c.desc = pi2_ref_desc(c.m);
+    c.st = pi2_ref_tensors(c.m);
+    for (size_t i = 0; i < pi2_st_count(c.st); i++)
+        c.bytes_total += pi2_st_at(c.st, i)->nbytes;
+    if (!pi2_path_join(tokpath, sizeof tokpath, o->model_dir, "tokenizer.json")) {
+        rc = pi2_err_set(err, PI2_ERANGE, "%s: path too long", o->model_dir);
+        goto out;
+    }
+    if ((rc = pi2_read_file(tokpath, 64u << 20, &tokjson, &toklen, err)) != 0)
+        goto out;
+    pi2_tok *tok = NULL;
+    if ((rc = pi2_tok_load_mem(&tok, tokjson, toklen, tokpath, err)) != 0)
+        goto out;
+    pi2_tok_free(tok);
+    if ((rc = pi2_ctr_writer_create(&c.w, o->out_path, err)) != 0)
+        goto out;
+    if ((rc = pi2_ctr_writer_add(c.w, "tokenizer.json", tokjson, toklen, err)) != 0)
+        goto out;
+    if ((rc = conv_write_weights(&c, err)) != 0)
+        goto out;
+    progress_done(&c);
+    double t_q = pi2_now() - c.t0;
+    if (report)
+        fprintf(report, "quantized %zu tensors (ffn %s, other %s): %.2f GB read in %.1f s (%.0f MB/s)\n",
+                c.n_tensors, pi2_q_type_name(o->q_ffn), pi2_q_type_name(o->q_other), c.bytes_read / 1e9, t_q,
+                t_q > 0 ? c.bytes_read / t_q / 1e6 : 0.0);
+    rc = pi2_ctr_writer_finish(c.w, err);
+out:
+    progress_done(&c);
+    pi2_ctr_writer_free(c.w);
+    free(c.tensors);
+    free(tokjson);
+    pi2_ref_close(c.m);
+    return rc;
+}

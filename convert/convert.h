@@ -1,0 +1,51 @@
+/* pi2-convert: Hugging Face model dir -> converted model.
+ *
+ * The converted model is a pi2 container (formats/container.h), unsigned,
+ * whose manifest.json (formats/manifest.h) has kind "converted". Members:
+ *   tokenizer.json            copy of the source tokenizer
+ *   w/<hf name>.q, .s         quantized payload and its fp16 scales, kept
+ *                             apart (formats/quant.h); FFN down is stored
+ *                             transposed ([n_ff, hidden]) so each neuron's
+ *                             down column is a contiguous row
+ *   w/<hf name>.f32           f32 tensors (norms, MoE router)
+ *   p/<layer>.<expert>.fc1    predictor fc1, f32 [rank, hidden]
+ *   p/<layer>.<expert>.fc2    predictor fc2, f32 [n_ff, rank]
+ *   profile/<l>.<e>.freq      f32 [n_ff] per-neuron activation frequency
+ *   profile/<l>.<e>.bits      activation bits of sampled calibration tokens
+ *   manifest.json             written last
+ * Everything is streamed tensor by tensor (never the whole model in memory)
+ * into a temporary file that is renamed into place only when complete.
+ */
+#ifndef PI2_CONVERT_H
+#define PI2_CONVERT_H
+
+#include "formats/common.h"
+#include "formats/quant.h"
+
+#include <stdio.h>
+
+typedef struct pi2_convert_opts {
+    const char *model_dir;
+    const char *out_path;
+    pi2_qtype q_ffn;          /* PI2_QT_Q4 (default) or PI2_QT_Q8 */
+    pi2_qtype q_other;        /* attention, embeddings, head: PI2_QT_Q8 (default) or PI2_QT_Q4 */
+    bool train_predictors;    /* train when the checkpoint has none */
+    const char *predictors_dir; /* import predictors from this safetensors dir */
+    const char *calib_path;   /* calibration text; NULL = text the model generates itself */
+    int calib_tokens;         /* calibration tokens (0 = default) */
+    double recall;            /* target recall of the predictor thresholds (0.99) */
+    double silu_sparsity;     /* SiLU models: share of neurons the threshold mode drops (0.5) */
+    int threads;              /* 0 = all cores */
+    uint64_t seed;
+    bool quiet;               /* no progress lines */
+} pi2_convert_opts;
+
+/* Defaults for every field but the paths. */
+void pi2_convert_defaults(pi2_convert_opts *o);
+
+/* Convert. Progress goes to stderr when it is a terminal and !quiet; the
+ * summary (predictor report, quality report) is printed to `report` when it
+ * is non-NULL. Nothing is left at out_path on failure. */
+int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err);
+
+#endif

@@ -1,0 +1,195 @@
+/* pi2-convert, stage 1: stream every weight tensor of the source model into
+ * the container, quantized row by row (see convert.h for member names). */
+#include "convert/convert_internal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One source row as f32. */
+static void row_f32(const pi2_st_tensor *t, size_t elem0, int64_t n, float *out)
+{
+    const uint8_t *p = (const uint8_t *)t->data;
+    switch (t->dtype) {
+    case PI2_DT_F32:
+        memcpy(out, p + elem0 * 4, (size_t)n * 4);
+        break;
+    case PI2_DT_BF16:
+        for (int64_t j = 0; j < n; j++) {
+            uint16_t h;
+            memcpy(&h, p + (elem0 + (size_t)j) * 2, 2); /* little-endian host */
+            out[j] = pi2_bf16_to_f32(h);
+        }
+        break;
+    default: /* F16; the reference checked dtypes at open */
+        for (int64_t j = 0; j < n; j++) {
+            const uint8_t *q = p + (elem0 + (size_t)j) * 2;
+            out[j] = pi2_f16_to_f32((uint16_t)(q[0] | q[1] << 8));
+        }
+        break;
+    }
+}
+
+/* A block of output rows [r0, r1) of a tensor as stored: plain rows, or
+ * (transposed) columns of the source. */
+typedef struct qjob {
+    const pi2_st_tensor *t;
+    pi2_qtype qt;
+    bool transposed;
+    int64_t cols;       /* stored row length */
+    int64_t src_cols;   /* source row length */
+    int64_t r0, r1;
+    uint16_t *scales;   /* for row r0 */
+    uint8_t *payload;   /* for row r0 */
+    float *scratch;     /* cols floats */
+    int rc;
+} qjob;
+
+static void *qjob_run(void *arg)
+{
+    qjob *j = arg;
+    size_t pb = pi2_q_payload_row_bytes(j->qt, j->cols), sc = pi2_q_scale_row_count(j->qt, j->cols);
+    for (int64_t r = j->r0; r < j->r1 && j->rc == 0; r++) {
+        if (!j->transposed) {
+            row_f32(j->t, (size_t)r * (size_t)j->src_cols, j->cols, j->scratch);
+        } else {
+            /* column r of the source [cols, src_cols] */
+            for (int64_t k = 0; k < j->cols; k++)
+                row_f32(j->t, (size_t)k * (size_t)j->src_cols + (size_t)r, 1, j->scratch + k);
+        }
+        j->rc = pi2_q_quantize_row(j->qt, j->scratch, j->cols, j->scales ? j->scales + (size_t)(r - j->r0) * sc : NULL,
+                                   j->payload + (size_t)(r - j->r0) * pb);
+    }
+    return NULL;
+}
+
+#define QMAX_THREADS 16
+
+/* Quantize tensor t into members "<base>.q" + "<base>.s" (or "<base>.f32"),
+ * recording it in the manifest. */
+static int write_tensor(pi2_conv *c, const pi2_st_tensor *t, const char *hfname, pi2_tname role, int layer,
+                        int expert, pi2_qtype qt, bool transposed, pi2_err *err)
+{
+    int64_t rows = transposed ? t->shape[1] : t->shape[0];
+    int64_t cols = t->ndim == 1 ? t->shape[0] : transposed ? t->shape[0] : t->shape[1];
+    if (t->ndim == 1)
+        rows = 1;
+    int64_t src_cols = t->ndim == 1 ? t->shape[0] : t->shape[1];
+    int rc = pi2_q_check_cols(qt, cols, hfname, err);
+    if (rc)
+        return rc;
+    char pname[PI2_CTR_NAME_MAX], sname[PI2_CTR_NAME_MAX];
+    const char *ext = qt == PI2_QT_F32 ? "f32" : "q";
+    if (snprintf(pname, sizeof pname, "w/%s.%s", hfname, ext) >= (int)sizeof pname ||
+        snprintf(sname, sizeof sname, "w/%s.s", hfname) >= (int)sizeof sname)
+        return pi2_err_set(err, PI2_ERANGE, "%s: tensor name too long for the container", hfname);
+    size_t pb = pi2_q_payload_row_bytes(qt, cols), sc = pi2_q_scale_row_count(qt, cols);
+    size_t nscales, pbytes;
+    if (!pi2_mul_size((size_t)rows, sc, &nscales) || !pi2_mul_size((size_t)rows, pb, &pbytes))
+        return pi2_err_set(err, PI2_ERANGE, "%s: tensor too large", hfname);
+    uint16_t *scales = sc ? pi2_malloc_array(nscales, sizeof *scales) : NULL;
+    int64_t chunk = (int64_t)((4u << 20) / (pb ? pb : 1));
+    if (chunk < 1)
+        chunk = 1;
+    if (transposed && chunk > 256)
+        chunk = 256; /* columns: keep the strided source window small */
+    uint8_t *buf = pi2_malloc_array((size_t)chunk, pb);
+    int T = c->threads < QMAX_THREADS ? c->threads : QMAX_THREADS;
+    float *scratch[QMAX_THREADS] = {0};
+    bool ok = (scales || !sc) && buf;
+    for (int k = 0; k < T && ok; k++)
+        ok = (scratch[k] = pi2_malloc_array((size_t)cols, sizeof(float))) != NULL;
+    if (!ok) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory quantizing", hfname);
+        goto out;
+    }
+    rc = pi2_ctr_writer_begin(c->w, pname, pbytes, err);
+    for (int64_t r0 = 0; rc == 0 && r0 < rows; r0 += chunk) {
+        int64_t r1 = r0 + chunk < rows ? r0 + chunk : rows;
+        int n = T < r1 - r0 ? T : (int)(r1 - r0);
+        qjob jobs[QMAX_THREADS];
+        pthread_t tid[QMAX_THREADS];
+        bool started[QMAX_THREADS] = {false};
+        for (int k = 0; k < n; k++) {
+            int64_t a = r0 + (r1 - r0) * k / n, b = r0 + (r1 - r0) * (k + 1) / n;
+            jobs[k] = (qjob){t, qt, transposed, cols, src_cols, a, b, sc ? scales + (size_t)a * sc : NULL,
+                             buf + (size_t)(a - r0) * pb, scratch[k], 0};
+        }
+        for (int k = 1; k < n; k++) {
+            started[k] = pthread_create(&tid[k], NULL, qjob_run, &jobs[k]) == 0;
+            if (!started[k])
+                qjob_run(&jobs[k]);
+        }
+        qjob_run(&jobs[0]);
+        for (int k = 1; k < n; k++)
+            if (started[k])
+                pthread_join(tid[k], NULL);
+        for (int k = 0; k < n && rc == 0; k++)
+            if (jobs[k].rc)
+                rc = pi2_err_set(err, jobs[k].rc, "%s: cannot quantize (non-finite value or scale out of range)",
+                                 hfname);
+        if (rc == 0)
+            rc = pi2_ctr_writer_data(c->w, buf, (size_t)(r1 - r0) * pb, err);
+        c->bytes_read += (uint64_t)(r1 - r0) * (uint64_t)cols * pi2_dtype_size(t->dtype);
+        conv_progress(c, "quantizing");
+    }
+    if (rc == 0)
+        rc = pi2_ctr_writer_end(c->w, err);
+    if (rc == 0 && sc)
+        rc = pi2_ctr_writer_add(c->w, sname, scales, nscales * sizeof *scales, err);
+    if (rc == 0)
+        rc = conv_record_tensor(c, hfname, role, layer, expert, qt, rows, cols, transposed, pname, sc ? sname : "",
+                                err);
+    pi2_st_release(t);
+out:
+    for (int k = 0; k < T; k++)
+        free(scratch[k]);
+    free(buf);
+    free(scales);
+    return rc;
+}
+
+static int one(pi2_conv *c, pi2_tname role, int layer, int expert, pi2_qtype qt, bool transposed, pi2_err *err)
+{
+    char name[128];
+    const pi2_model_desc *d = c->desc;
+    if (!pi2_tensor_name(name, sizeof name, d, role, layer, expert))
+        return pi2_err_set(err, PI2_ERANGE, "tensor name too long");
+    const pi2_st_tensor *t = pi2_st_find(c->st, name);
+    if (!t && role == PI2_T_EMBED && d->tie_embeddings) { /* tied, stored once as lm_head */
+        pi2_tensor_name(name, sizeof name, d, PI2_T_LM_HEAD, 0, 0);
+        t = pi2_st_find(c->st, name);
+        pi2_tensor_name(name, sizeof name, d, PI2_T_EMBED, 0, 0); /* record under the embedding's name */
+    }
+    if (!t)
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: tensor %s not found", c->o->model_dir, name);
+    return write_tensor(c, t, name, role, layer, expert, qt, transposed, err);
+}
+
+int conv_write_weights(pi2_conv *c, pi2_err *err)
+{
+    const pi2_model_desc *d = c->desc;
+    const pi2_convert_opts *o = c->o;
+    int E = d->n_experts > 0 ? d->n_experts : 1;
+    int rc = one(c, PI2_T_EMBED, 0, 0, o->q_other, false, err);
+    for (int l = 0; rc == 0 && l < d->n_layers; l++) {
+        rc = one(c, PI2_T_ATTN_NORM, l, 0, PI2_QT_F32, false, err);
+        if (!rc) rc = one(c, PI2_T_Q, l, 0, o->q_other, false, err);
+        if (!rc) rc = one(c, PI2_T_K, l, 0, o->q_other, false, err);
+        if (!rc) rc = one(c, PI2_T_V, l, 0, o->q_other, false, err);
+        if (!rc) rc = one(c, PI2_T_O, l, 0, o->q_other, false, err);
+        if (!rc) rc = one(c, PI2_T_FFN_NORM, l, 0, PI2_QT_F32, false, err);
+        if (!rc && d->n_experts > 0)
+            rc = one(c, PI2_T_ROUTER, l, 0, PI2_QT_F32, false, err);
+        for (int e = 0; rc == 0 && e < E; e++) {
+            rc = one(c, PI2_T_GATE, l, e, o->q_ffn, false, err);
+            if (!rc) rc = one(c, PI2_T_UP, l, e, o->q_ffn, false, err);
+            if (!rc) rc = one(c, PI2_T_DOWN, l, e, o->q_ffn, true, err); /* neuron view: columns as rows */
+        }
+    }
+    if (rc == 0)
+        rc = one(c, PI2_T_OUT_NORM, 0, 0, PI2_QT_F32, false, err);
+    if (rc == 0 && !d->tie_embeddings)
+        rc = one(c, PI2_T_LM_HEAD, 0, 0, o->q_other, false, err);
+    return rc;
+}

@@ -708,13 +708,52 @@ static int check_shapes(const pi2_predictor *pr, const pi2_trace *tr, pi2_err *e
     return 0;
 }
 
-/* Total order with NaN first (a consistent comparator keeps qsort safe). */
-static int cmp_float(const void *a, const void *b)
+/* Order-preserving map of a float to an unsigned key (negative floats
+ * reversed; NaNs land at either end, never in between), and back. */
+static uint32_t float_key(float f)
 {
-    float x = *(const float *)a, y = *(const float *)b;
-    if (isnan(x) || isnan(y))
-        return isnan(y) - isnan(x);
-    return (x > y) - (x < y);
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+
+static float key_float(uint32_t k)
+{
+    uint32_t u = (k & 0x80000000u) ? k & 0x7fffffffu : ~k;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The k-th smallest (0-based) of v[0..n), reordering v: Wirth's quickselect
+ * with a median-of-three pivot, O(n) expected (a sort would be a noticeable
+ * share of each epoch at millions of active entries). */
+static uint32_t select_kth(uint32_t *v, size_t n, size_t k)
+{
+    ptrdiff_t lo = 0, hi = (ptrdiff_t)n - 1, kk = (ptrdiff_t)k;
+    while (lo < hi) {
+        uint32_t a = v[lo], b = v[lo + (hi - lo) / 2], c = v[hi];
+        uint32_t x = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
+        ptrdiff_t i = lo, j = hi;
+        do {
+            while (v[i] < x)
+                i++;
+            while (x < v[j])
+                j--;
+            if (i <= j) {
+                uint32_t t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                j--;
+            }
+        } while (i <= j);
+        if (j < kk)
+            lo = i;
+        if (kk < i)
+            hi = j;
+    }
+    return v[k];
 }
 
 /* Threshold reaching `recall` over samples idx[0..n) with weights j->fc1/fc2;
@@ -727,7 +766,7 @@ static int calibrate_idx(job *j, pool *p, const pi2_trace *tr, const size_t *idx
         npos += popcount_row(pi2_trace_bits(tr, idx[i]), tr->w);
     if (npos == 0)
         return pi2_err_set(err, PI2_EINVAL, "predictor: no active neuron in the %zu calibration samples", n);
-    float *pos = pi2_malloc_array((size_t)npos, sizeof(float));
+    uint32_t *pos = pi2_malloc_array((size_t)npos, sizeof(uint32_t));
     if (!pos)
         return pi2_err_set(err, PI2_ENOMEM, "predictor: out of memory for %llu calibration scores",
                            (unsigned long long)npos);
@@ -742,19 +781,19 @@ static int calibrate_idx(job *j, pool *p, const pi2_trace *tr, const size_t *idx
             const uint64_t *y = j->yb + (size_t)b * j->w;
             for (size_t wi = 0; wi < j->w; wi++)
                 for (uint64_t bits = y[wi]; bits; bits &= bits - 1)
-                    pos[k++] = s[wi * 64 + (size_t)__builtin_ctzll(bits)];
+                    pos[k++] = float_key(s[wi * 64 + (size_t)__builtin_ctzll(bits)]);
         }
     }
-    qsort(pos, k, sizeof(float), cmp_float);
-    /* need m = ceil(recall * P) positives at or above the threshold; the
-     * tolerance keeps 0.95 * 100 from rounding up to 96 */
+    /* need m = ceil(recall * P) positives at or above the threshold: the
+     * (P - m)-th smallest score; the tolerance keeps 0.95 * 100 from
+     * rounding up to 96 */
     double want = recall * (double)k;
     size_t m = (size_t)ceil(want - 1e-9 * want);
     if (m < 1)
         m = 1;
     if (m > k)
         m = k;
-    *thr = pos[k - m];
+    *thr = key_float(select_kth(pos, k, k - m));
     free(pos);
     if (isnan(*thr))
         return pi2_err_set(err, PI2_ERANGE, "predictor: scores are not finite (weights overflow float)");
@@ -877,8 +916,8 @@ void pi2_pred_train_defaults(pi2_pred_train_opts *o)
     o->rank_min = 32;
     o->rank_max = 1024;
     o->epochs = 10;
-    o->batch = 128;
-    o->lr = 3e-3;
+    o->batch = 256;
+    o->lr = 5e-3;
     o->beta1 = 0.9;
     o->beta2 = 0.999;
     o->eps = 1e-8;
@@ -946,6 +985,20 @@ static void shuffle(size_t *v, size_t n, pi2_rng *rng)
     }
 }
 
+/* v[0..n) = scale * N(0, 1) draws (Box-Muller using both outputs). */
+static void fill_normal(float *v, size_t n, double scale, pi2_rng *rng)
+{
+    for (size_t i = 0; i < n; i += 2) {
+        double u1 = pi2_rng_uniform(rng), u2 = pi2_rng_uniform(rng);
+        if (u1 < 1e-300)
+            u1 = 1e-300;
+        double rad = scale * sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
+        v[i] = (float)(rad * cos(th));
+        if (i + 1 < n)
+            v[i + 1] = (float)(rad * sin(th));
+    }
+}
+
 /* Mean loss per entry over samples idx[0..n) (j's weights, MODE_LOSS). */
 static double heldout_loss(job *j, pool *p, const pi2_trace *tr, const size_t *idx, size_t n)
 {
@@ -957,6 +1010,14 @@ static double heldout_loss(job *j, pool *p, const pi2_trace *tr, const size_t *i
     }
     return sum / ((double)n * (double)j->n_ff);
 }
+
+/* Held-out figures of one epoch's weights (thr/cnt with the cost metric). */
+typedef struct epoch_result {
+    int epoch;
+    double loss;
+    float thr;
+    counts cnt;
+} epoch_result;
 
 /* State of one pi2_pred_train call, freed in one place. */
 typedef struct train_ctx {
@@ -1052,11 +1113,8 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
         return rc;
     }
     pi2_predictor *pr = c.pred;
-    double s1 = sqrt(2.0 / d) / rms, s2 = sqrt(1.0 / r);
-    for (size_t i = 0; i < (size_t)r * d; i++)
-        pr->fc1[i] = (float)(s1 * pi2_rng_normal(&rng));
-    for (size_t i = 0; i < (size_t)n_ff * r; i++)
-        pr->fc2[i] = (float)(s2 * pi2_rng_normal(&rng));
+    fill_normal(pr->fc1, (size_t)r * d, sqrt(2.0 / d) / rms, &rng);
+    fill_normal(pr->fc2, (size_t)n_ff * r, sqrt(1.0 / r), &rng);
 
     int cap = o->batch < EVAL_BATCH ? EVAL_BATCH : o->batch;
     if (job_alloc(&c.j, d, n_ff, r, cap, true) != 0) {
@@ -1085,17 +1143,16 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
     c.pool_ok = true;
     blas_guard g = blas_enter();
 
-    double best = INFINITY, best_hl = 0, train_loss = 0, hl = 0;
-    int best_epoch = 0, bad = 0, epoch = 0;
+    double best = INFINITY, train_loss = 0, hl = 0;
+    epoch_result kept = {0}, last = {0};
+    int bad = 0, epoch = 0;
     bool stopped = false;
-    uint64_t step = 0;
-    double c1 = 1, c2 = 1;
+    double c1 = 1, c2 = 1; /* beta1^t, beta2^t */
     for (epoch = 1; epoch <= o->epochs; epoch++) {
         shuffle(train, n_train, &rng);
         double sum = 0;
         for (size_t i0 = 0; i0 < n_train; i0 += (size_t)o->batch) {
             int nb = n_train - i0 < (size_t)o->batch ? (int)(n_train - i0) : o->batch;
-            step++;
             c1 *= o->beta1;
             c2 *= o->beta2;
             j->lr_c1 = (float)(o->lr / (1 - c1));
@@ -1129,8 +1186,8 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
             train_ctx_free(&c);
             return rc;
         }
+        counts cn = {0};
         if (o->stop_metric == PI2_PRED_STOP_COST) {
-            counts cn;
             eval_idx(j, &c.pl, tr, hold, n_hold, thr, &cn);
             cost = (double)(cn.tp + cn.fp) / (double)cn.total;
         }
@@ -1138,62 +1195,51 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
         if (o->verbose)
             fprintf(stderr, "predictor: epoch %d/%d  train loss %.5f  held-out loss %.5f  predicted active %.4f  (%.1f s)\n",
                     epoch, o->epochs, train_loss, hl, cost, pi2_now() - t_start);
-        if (metric < best * (1 - o->min_delta) || best_epoch == 0) {
+        last = (epoch_result){epoch, hl, thr, cn};
+        bool progress = metric < best * (1 - o->min_delta) || kept.epoch == 0;
+        if (metric < best || kept.epoch == 0) { /* a small gain is the new best, but not progress */
             best = metric;
-            best_epoch = epoch;
-            best_hl = hl;
-            bad = 0;
+            kept = last;
             if (o->restore_best) {
                 memcpy(c.best1, pr->fc1, (size_t)r * d * sizeof(float));
                 memcpy(c.best2, pr->fc2, (size_t)n_ff * r * sizeof(float));
             }
-        } else {
-            if (metric < best) { /* a small gain: not progress, but the new best */
-                best = metric;
-                best_epoch = epoch;
-                best_hl = hl;
-                if (o->restore_best) {
-                    memcpy(c.best1, pr->fc1, (size_t)r * d * sizeof(float));
-                    memcpy(c.best2, pr->fc2, (size_t)n_ff * r * sizeof(float));
-                }
-            }
-            if (o->patience > 0 && ++bad >= o->patience) {
-                stopped = true;
-                break;
-            }
+        }
+        bad = progress ? 0 : bad + 1;
+        if (o->patience > 0 && bad >= o->patience) {
+            stopped = true;
+            break;
         }
     }
     int epochs_run = stopped ? epoch : o->epochs;
-    if (o->restore_best && best_epoch != epochs_run) {
+    if (!o->restore_best)
+        kept = last;
+    else if (kept.epoch != last.epoch) {
         memcpy(pr->fc1, c.best1, (size_t)r * d * sizeof(float));
         memcpy(pr->fc2, c.best2, (size_t)n_ff * r * sizeof(float));
-        hl = best_hl;
-    } else if (!o->restore_best) {
-        best_epoch = epochs_run;
     }
-
-    float thr;
-    rc = calibrate_idx(j, &c.pl, tr, hold, n_hold, o->target_recall, &thr, NULL, err);
-    counts cnt = {0};
-    if (rc == 0) {
-        pr->threshold = thr;
-        eval_idx(j, &c.pl, tr, hold, n_hold, thr, &cnt);
+    if (o->stop_metric != PI2_PRED_STOP_COST) {
+        /* the loss metric did not calibrate along the way */
+        rc = calibrate_idx(j, &c.pl, tr, hold, n_hold, o->target_recall, &kept.thr, NULL, err);
+        if (rc == 0)
+            eval_idx(j, &c.pl, tr, hold, n_hold, kept.thr, &kept.cnt);
     }
     blas_leave(g);
     if (rc) {
         train_ctx_free(&c);
         return rc;
     }
+    pr->threshold = kept.thr;
     if (rep) {
         memset(rep, 0, sizeof *rep);
-        report_fill(rep, pr, &cnt, n_hold);
+        report_fill(rep, pr, &kept.cnt, n_hold);
         rep->n_train = n_train;
         rep->epochs = epochs_run;
         rep->early_stopped = stopped;
-        rep->best_epoch = best_epoch;
+        rep->best_epoch = kept.epoch;
         rep->pos_weight = pw;
         rep->train_loss = train_loss;
-        rep->heldout_loss = hl;
+        rep->heldout_loss = kept.loss;
         rep->seconds = pi2_now() - t_start;
     }
     c.pred = NULL; /* handed to the caller */

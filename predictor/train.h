@@ -16,15 +16,23 @@
  * n_ff = 14336 next to 16 KiB of x at d = 4096.
  *
  * Training (pi2_pred_train): weighted binary cross-entropy on sigmoid(score)
- * with a positive-class weight (recall matters more than precision), Adam,
- * shuffled minibatches, a deterministic train / held-out split, early stop on
- * a held-out loss plateau, then the threshold is calibrated on the held-out
- * samples to reach a target recall and the predictor is evaluated there.
+ * (active entries weighted by pos_weight: recall matters more than
+ * precision), summed over neurons and averaged over the minibatch; Adam;
+ * shuffled minibatches; a deterministic seeded train / held-out split. After
+ * every epoch the held-out split is scored; early stopping and restore_best
+ * watch either the predicted-active fraction at the target recall (default:
+ * it keeps improving well after the held-out loss turns up from
+ * overconfidence) or the loss. At the end the threshold is calibrated on the
+ * held-out samples to the target recall and the predictor is evaluated there.
+ * Init: fc1 Kaiming-normal divided by the RMS of the training inputs (so the
+ * norm's gain does not matter), fc2 N(0, 1/rank).
  * The matmuls of a minibatch go to OpenBLAS (single-threaded calls on fixed
  * blocks, spread over our own threads): the same trace, options and seed give
  * bit-identical weights whatever the thread count. Note: the trainer sets
  * OpenBLAS's process-wide thread count to 1 while it runs and restores it
  * after, so do not run other OpenBLAS work concurrently from other threads.
+ * Memory: about 6 copies of the weights (weights, gradients, 2 Adam moments,
+ * best copy) plus batch x (n_ff + 2 rank + d) floats, next to the trace.
  *
  * Errors: PI2_EINVAL (bad option, non-finite input, empty trace, a trace
  * without any active neuron to calibrate on), PI2_ESHAPE (predictor and trace
@@ -47,7 +55,8 @@ typedef struct pi2_trace pi2_trace;
 int pi2_trace_create(pi2_trace **out, int d, int n_ff, pi2_err *err);
 /* NULL is a no-op. */
 void pi2_trace_free(pi2_trace *t);
-/* Make room for `n` samples in total (optional; adds grow geometrically). */
+/* Make room for `n` samples in total (optional; adds grow geometrically).
+ * PI2_ERANGE if the size overflows, PI2_ENOMEM. */
 int pi2_trace_reserve(pi2_trace *t, size_t n, pi2_err *err);
 /* Append one sample: x (d floats) and the activations act (n_ff floats);
  * neuron j is active when |act[j]| > min_abs (0 for ReLU-family models; a
@@ -113,8 +122,10 @@ int pi2_pred_predict(const pi2_predictor *p, const float *x, uint64_t *bits);
  * Less sparse layers get more rank: the set of neurons to predict per token
  * grows with f and the boundary gets harder; sqrt keeps very dense layers
  * from taking the whole budget. d = 4096: f = 0.02 -> 288, 0.05 -> 448,
- * 0.10 -> 640, 0.25 -> 1024. Returns the rank, or PI2_EINVAL for d or n_ff
- * < 1, f outside [0, 1] or NaN, min_rank < 1 or min_rank > max_rank. */
+ * 0.10 -> 640, 0.25 -> 1024. n_ff is only checked: the rank sizes the
+ * input side, the shared subspace the scores are read from. Returns the
+ * rank, or PI2_EINVAL for d or n_ff < 1, f outside [0, 1] or NaN,
+ * min_rank < 1 or min_rank > max_rank. */
 int pi2_pred_choose_rank(int d, int n_ff, double active_frac, int min_rank, int max_rank);
 
 /* ---- training ---- */
@@ -151,7 +162,7 @@ typedef struct pi2_pred_train_opts {
     bool verbose;         /* one progress line per epoch on stderr */
 } pi2_pred_train_opts;
 
-/* Defaults: rank 0 (auto, 32..1024), 10 epochs, batch 128, Adam lr 3e-3,
+/* Defaults: rank 0 (auto, 32..1024), 10 epochs, batch 256, Adam lr 5e-3,
  * betas 0.9/0.999, eps 1e-8, no weight decay, pos_weight auto (max 100), 20%
  * held out, target recall 0.99, stop on cost, patience 2, min_delta 1e-3,
  * restore_best, 2 threads, seed 1. */
@@ -175,7 +186,8 @@ typedef struct pi2_pred_report {
     bool early_stopped;
     int best_epoch;          /* 1-based epoch whose weights were kept */
     double pos_weight;
-    double train_loss;       /* mean weighted BCE per entry, last epoch, training split */
+    double train_loss;       /* mean weighted BCE per entry over the last epoch's
+                                minibatches (each before its step) */
     double heldout_loss;     /* same on the held-out split for the kept weights */
     double seconds;          /* wall time of pi2_pred_train */
 } pi2_pred_report;
@@ -189,15 +201,16 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
                    pi2_err *err);
 
 /* Recall, precision and active fractions of p (at its threshold) over all
- * samples of tr. PI2_ESHAPE if dimensions differ, PI2_EINVAL if tr is
- * empty. */
+ * samples of tr, into the caller's *rep (required). PI2_ESHAPE if the
+ * dimensions differ, PI2_EINVAL if tr is empty. */
 int pi2_pred_eval(const pi2_predictor *p, const pi2_trace *tr, pi2_pred_report *rep, pi2_err *err);
 
 /* Set p's threshold to the largest value at which at least `recall` of the
  * active entries of tr are predicted active (the fewest false positives
- * reaching the target): sort the scores of the truly active entries and take
- * the one at rank ceil(recall * P) from the top. recall in (0, 1].
- * PI2_EINVAL if tr has no active entry; p is unchanged on error. */
+ * reaching the target): among the scores of the P truly active entries, the
+ * one at rank ceil(recall * P) from the top (found by selection, not a full
+ * sort). recall in (0, 1]. PI2_EINVAL if tr has no active entry, PI2_ERANGE
+ * if the scores are NaN; p is unchanged on error. */
 int pi2_pred_calibrate(pi2_predictor *p, const pi2_trace *tr, double recall, pi2_err *err);
 
 #endif

@@ -392,6 +392,18 @@ static void test_calibrate_targets(void **state)
         assert_true(rep.pred_active_frac >= prev_frac); /* more recall costs more */
         prev_frac = rep.pred_active_frac;
     }
+    /* all scores equal (zero weights): the threshold is that score */
+    float *z1 = calloc((size_t)r * 64, sizeof(float)), *z2 = calloc((size_t)n_ff * r, sizeof(float));
+    pi2_predictor *zero;
+    assert_int_equal(pi2_pred_create(&zero, 64, n_ff, r, z1, z2, 5.0f, NULL), 0);
+    assert_int_equal(pi2_pred_calibrate(zero, t, 0.9, NULL), 0);
+    assert_true(pi2_pred_threshold(zero) == 0.0f);
+    pi2_pred_report zr;
+    assert_int_equal(pi2_pred_eval(zero, t, &zr, NULL), 0);
+    assert_true(zr.recall == 1.0 && zr.pred_active_frac == 1.0);
+    pi2_pred_free(zero);
+    free(z1);
+    free(z2);
     /* bad targets leave the threshold alone */
     float thr = pi2_pred_threshold(q);
     pi2_err err = {0};

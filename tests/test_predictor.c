@@ -464,16 +464,16 @@ static void train_small(const pi2_trace *t, int threads, uint64_t seed, pi2_pred
 {
     pi2_pred_train_opts o;
     pi2_pred_train_defaults(&o);
-    o.rank = 0; /* auto */
-    o.rank_min = 40;
-    o.rank_max = 40; /* not a multiple of the 64-row blocks */
-    o.batch = 50;    /* last batch short */
-    o.epochs = 3;
+    o.rank = 0; /* auto, pinned by the bounds */
+    o.rank_min = 80;
+    o.rank_max = 80; /* two rank blocks of the fc1 update, the last partial */
+    o.batch = 150;   /* three row blocks, the last partial; the last batch short */
+    o.epochs = 2;
     o.threads = threads;
     o.seed = seed;
     pi2_err err = {0};
     assert_int_equal(pi2_pred_train(t, &o, p, NULL, &err), 0);
-    assert_int_equal(pi2_pred_rank(*p), 40);
+    assert_int_equal(pi2_pred_rank(*p), 80);
 }
 
 static bool same_weights(const pi2_predictor *a, const pi2_predictor *b)
@@ -487,11 +487,15 @@ static bool same_weights(const pi2_predictor *a, const pi2_predictor *b)
 static void test_deterministic(void **state)
 {
     (void)state;
-    pi2_trace *t = prefix_trace(1203);
+    /* 1100 neurons: three column blocks of the score / fc2 phases, the last
+     * partial, so every phase really is spread over the threads */
+    planted P;
+    planted_init(&P, 32, 1100, 4, 21);
+    pi2_trace *t = planted_trace(&P, 500, 3);
     pi2_predictor *a, *b, *c, *e;
     train_small(t, 2, 7, &a);
     train_small(t, 2, 7, &b);
-    train_small(t, 1, 7, &c); /* thread count does not change a bit */
+    train_small(t, 1, 7, &c); /* the thread count does not change a bit */
     train_small(t, 3, 8, &e);
     assert_true(same_weights(a, b));
     assert_true(same_weights(a, c));
@@ -501,6 +505,7 @@ static void test_deterministic(void **state)
     pi2_pred_free(c);
     pi2_pred_free(e);
     pi2_trace_free(t);
+    planted_free(&P);
 }
 
 static void test_early_stop(void **state)

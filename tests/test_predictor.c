@@ -7,6 +7,11 @@
 
 #include <math.h>
 
+/* Under ASan, let impossible allocations return NULL (as malloc does) so the
+ * out-of-memory paths can be tested; unused in plain builds. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
 /* ---- planted activations ----
  * x: d-1 standard normal coordinates plus a constant 1 in the last one (real
  * RMSNorm outputs carry such near-constant "massive activation" directions,
@@ -213,6 +218,10 @@ static void test_trace(void **state)
     assert_int_equal(pi2_trace_count(t), 503);
     /* reserve: an overflowing count is refused without allocating */
     assert_int_equal(pi2_trace_reserve(t, SIZE_MAX / 8, NULL), PI2_ERANGE);
+    /* 2^44 samples of 12 + 16 bytes: more than the 47-bit address space */
+    pi2_err_clear(&err);
+    assert_int_equal(pi2_trace_reserve(t, (size_t)1 << 44, &err), PI2_ENOMEM);
+    assert_non_null(strstr(err.msg, "trace: out of memory"));
     assert_int_equal(pi2_trace_reserve(t, 1000, NULL), 0);
     assert_int_equal(pi2_trace_count(t), 503);
     pi2_trace_free(t);

@@ -1,0 +1,1509 @@
+/* pi2 manifest: builder, deterministic writer and strict reader of
+ * manifest.json. See formats/manifest.h for the layout and the checks.
+ *
+ * Writing builds a jansson tree in a fixed key order and prints it with our
+ * own emitter rather than json_dumps: we want the shortest round-trip form of
+ * every real (0.95, not 0.94999999999999996) and small records on one line,
+ * and the bytes must never depend on anything but the struct, because a
+ * bundled manifest is signed over its exact bytes. The writer then parses its
+ * own output, so the one set of checks lives in the reader. */
+#include "formats/manifest.h"
+
+#include <float.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MF_MAX_ENTRIES ((size_t)1 << 22) /* cap of the growth helpers */
+
+static const char *const role_names[] = { "embed", "out_norm", "lm_head", "attn_norm", "ffn_norm", "q", "k",
+                                          "v",     "o",        "gate",    "up",        "down",     "router" };
+#define N_ROLES (sizeof role_names / sizeof role_names[0])
+static_assert(PI2_T_ROUTER + 1 == N_ROLES, "role table follows pi2_tname");
+
+const char *pi2_manifest_role_name(pi2_tname role)
+{
+    return (unsigned)role < N_ROLES ? role_names[role] : "?";
+}
+
+const char *pi2_manifest_kind_name(pi2_mf_kind kind)
+{
+    return kind == PI2_MF_CONVERTED ? "converted" : kind == PI2_MF_BUNDLED ? "bundled" : "?";
+}
+
+const char *pi2_manifest_mode_name(pi2_mf_mode mode)
+{
+    switch (mode) {
+    case PI2_MF_SPARSE_NONE: return "none";
+    case PI2_MF_SPARSE_PREDICTOR: return "predictor";
+    case PI2_MF_SPARSE_THRESHOLD: return "threshold";
+    }
+    return "?";
+}
+
+/* ---- lifetime and growth ---- */
+
+pi2_manifest *pi2_manifest_new(void)
+{
+    pi2_manifest *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->kind = PI2_MF_CONVERTED;
+    m->quant_ffn = PI2_QT_Q4;
+    m->quant_other = PI2_QT_Q8;
+    m->sparsity_mode = PI2_MF_SPARSE_NONE;
+    m->recall_target = NAN;
+    m->threshold_sparsity = NAN;
+    m->ppl_ref = m->ppl_q_dense = m->ppl_q_sparse = NAN;
+    return m;
+}
+
+void pi2_manifest_free(pi2_manifest *m)
+{
+    if (!m)
+        return;
+    free(m->tensors);
+    free(m->layers);
+    free(m->profile);
+    free(m->sections);
+    free(m->bundle_json);
+    free(m);
+}
+
+/* Make room for one more element; returns the (maybe moved) array or NULL
+ * with *rc set. The array is unchanged on failure. */
+static void *grow(void *arr, size_t n, size_t *cap, size_t elem, size_t max, const char *what, int *rc,
+                  pi2_err *err)
+{
+    if (n >= max) {
+        *rc = pi2_err_set(err, PI2_ERANGE, "manifest: more than %zu %s", max, what);
+        return NULL;
+    }
+    if (n < *cap)
+        return arr;
+    size_t nc = *cap ? *cap * 2 : 16;
+    if (nc > max)
+        nc = max;
+    size_t bytes;
+    void *p = pi2_mul_size(nc, elem, &bytes) ? realloc(arr, bytes) : NULL;
+    if (!p) {
+        *rc = pi2_err_set(err, PI2_ENOMEM, "manifest: out of memory for %s", what);
+        return NULL;
+    }
+    *cap = nc;
+    return p;
+}
+
+#define APPEND(m, arr, n, cap, max, x, what)                                                       \
+    do {                                                                                           \
+        if (!(m) || !(x))                                                                          \
+            return pi2_err_set(err, PI2_EINVAL, "manifest: NULL argument adding %s", what);        \
+        int rc_ = 0;                                                                               \
+        void *p_ = grow((m)->arr, (m)->n, &(m)->cap, sizeof *(m)->arr, (max), (what), &rc_, err); \
+        if (!p_)                                                                                   \
+            return rc_;                                                                            \
+        (m)->arr = p_;                                                                             \
+        (m)->arr[(m)->n++] = *(x);                                                                 \
+        return 0;                                                                                  \
+    } while (0)
+
+int pi2_manifest_add_tensor(pi2_manifest *m, const pi2_mf_tensor *t, pi2_err *err)
+{
+    APPEND(m, tensors, n_tensors, cap_tensors, MF_MAX_ENTRIES, t, "tensors");
+}
+
+int pi2_manifest_add_layer(pi2_manifest *m, const pi2_mf_layer *l, pi2_err *err)
+{
+    APPEND(m, layers, n_layers, cap_layers, MF_MAX_ENTRIES, l, "sparsity entries");
+}
+
+int pi2_manifest_add_profile(pi2_manifest *m, const pi2_mf_profile *p, pi2_err *err)
+{
+    APPEND(m, profile, n_profile, cap_profile, MF_MAX_ENTRIES, p, "profile entries");
+}
+
+int pi2_manifest_add_section(pi2_manifest *m, const pi2_ctr_section *s, pi2_err *err)
+{
+    APPEND(m, sections, n_sections, cap_sections, PI2_CTR_MAX_MEMBERS, s, "sections");
+}
+
+int pi2_manifest_add_sections(pi2_manifest *m, const pi2_ctr_section *s, size_t n, pi2_err *err)
+{
+    if (!m || (n && !s))
+        return pi2_err_set(err, PI2_EINVAL, "manifest: NULL argument adding sections");
+    size_t n0 = m->n_sections;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(s[i].name, PI2_MF_NAME) == 0 || strcmp(s[i].name, PI2_MF_SIG_NAME) == 0)
+            continue;
+        int rc = pi2_manifest_add_section(m, &s[i], err);
+        if (rc) {
+            m->n_sections = n0;
+            return rc;
+        }
+    }
+    return 0;
+}
+
+int pi2_manifest_set_bundle(pi2_manifest *m, const char *text, pi2_err *err)
+{
+    if (!m)
+        return pi2_err_set(err, PI2_EINVAL, "manifest: NULL manifest");
+    char *copy = NULL;
+    if (text && !(copy = pi2_strdup(text)))
+        return pi2_err_set(err, PI2_ENOMEM, "manifest: out of memory for bundle");
+    free(m->bundle_json);
+    m->bundle_json = copy;
+    return 0;
+}
+
+/* ---- lookups ---- */
+
+const pi2_mf_tensor *pi2_manifest_find_tensor(const pi2_manifest *m, pi2_tname role, int layer, int expert)
+{
+    if (!m)
+        return NULL;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const pi2_mf_tensor *t = &m->tensors[i];
+        if (t->role == role && t->layer == layer && t->expert == expert)
+            return t;
+    }
+    return NULL;
+}
+
+const pi2_ctr_section *pi2_manifest_find_section(const pi2_manifest *m, const char *name)
+{
+    if (!m || !name)
+        return NULL;
+    for (size_t i = 0; i < m->n_sections; i++)
+        if (strcmp(m->sections[i].name, name) == 0)
+            return &m->sections[i];
+    return NULL;
+}
+
+const pi2_mf_layer *pi2_manifest_find_layer(const pi2_manifest *m, int layer, int expert)
+{
+    if (!m)
+        return NULL;
+    for (size_t i = 0; i < m->n_layers; i++)
+        if (m->layers[i].layer == layer && m->layers[i].expert == expert)
+            return &m->layers[i];
+    return NULL;
+}
+
+const pi2_mf_profile *pi2_manifest_find_profile(const pi2_manifest *m, int layer, int expert)
+{
+    if (!m)
+        return NULL;
+    for (size_t i = 0; i < m->n_profile; i++)
+        if (m->profile[i].layer == layer && m->profile[i].expert == expert)
+            return &m->profile[i];
+    return NULL;
+}
+
+/* ---- shapes ---- */
+
+static bool role_is_global(pi2_tname r) { return r == PI2_T_EMBED || r == PI2_T_OUT_NORM || r == PI2_T_LM_HEAD; }
+static bool role_is_ffn(pi2_tname r) { return r == PI2_T_GATE || r == PI2_T_UP || r == PI2_T_DOWN; }
+static bool role_is_norm(pi2_tname r)
+{
+    return r == PI2_T_OUT_NORM || r == PI2_T_ATTN_NORM || r == PI2_T_FFN_NORM;
+}
+
+/* HF shape [R, C] of a role (norms: [1, d]). */
+static void logical_shape(const pi2_model_desc *d, pi2_tname r, int64_t *R, int64_t *C)
+{
+    int64_t hid = d->hidden, qd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv_heads * d->head_dim;
+    *C = hid;
+    switch (r) {
+    case PI2_T_EMBED:
+    case PI2_T_LM_HEAD: *R = d->vocab; break;
+    case PI2_T_Q: *R = qd; break;
+    case PI2_T_K:
+    case PI2_T_V: *R = kvd; break;
+    case PI2_T_O: *R = hid; *C = qd; break;
+    case PI2_T_GATE:
+    case PI2_T_UP: *R = d->n_ff; break;
+    case PI2_T_DOWN: *R = hid; *C = d->n_ff; break;
+    case PI2_T_ROUTER: *R = d->n_experts; break;
+    default: *R = 1; break; /* norms */
+    }
+}
+
+/* Container member name rules (formats/container.h). */
+static bool member_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n >= PI2_CTR_NAME_MAX || s[0] == '/' || s[n - 1] == '/')
+        return false;
+    if (strncmp(s, PI2_CTR_PAD_PREFIX, strlen(PI2_CTR_PAD_PREFIX)) == 0)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x21 || (unsigned char)s[i] > 0x7e)
+            return false;
+    const char *p = s;
+    for (;;) {
+        const char *e = strchr(p, '/');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == 0 || (len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.'))
+            return false;
+        if (!e)
+            return true;
+        p = e + 1;
+    }
+}
+
+/* A copy of untrusted text fit for a one-line message. */
+static const char *clean(const char *s, char *buf, size_t cap)
+{
+    size_t i = 0;
+    for (; s[i] && i + 1 < cap; i++)
+        buf[i] = (unsigned char)s[i] >= 0x20 && (unsigned char)s[i] < 0x7f ? s[i] : '?';
+    buf[i] = 0;
+    if (s[i] && cap > 4)
+        memcpy(buf + cap - 4, "...", 4);
+    return buf;
+}
+
+/* ---- reader ---- */
+
+typedef struct pctx {
+    const char *name;
+    pi2_err *err;
+    pi2_manifest *m;
+    const pi2_ctr_section **by_name; /* sections sorted by name */
+    size_t n_by_name;
+} pctx;
+
+/* "<name>: <where>.<key>: <problem>"; where or key may be empty/NULL. */
+__attribute__((format(printf, 5, 6))) static int fail(pctx *c, int code, const char *where, const char *key,
+                                                      const char *fmt, ...)
+{
+    char msg[320];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    bool dot = where && *where && key && *key;
+    return pi2_err_set(c->err, code, "%.160s: %s%s%s: %s", c->name, where ? where : "", dot ? "." : "",
+                       key ? key : "", msg);
+}
+
+static const char *jtype(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+static int need(pctx *c, json_t *o, const char *w, const char *k, json_t **v)
+{
+    *v = json_object_get(o, k);
+    if (!*v)
+        return fail(c, PI2_ENOTFOUND, w, k, "required key is missing");
+    return 0;
+}
+
+static int check_keys(pctx *c, json_t *o, const char *w, const char *const *keys, size_t n)
+{
+    const char *key;
+    json_t *val;
+    json_object_foreach(o, key, val) {
+        size_t i = 0;
+        while (i < n && strcmp(key, keys[i]) != 0)
+            i++;
+        if (i == n) {
+            char buf[64];
+            return fail(c, PI2_EFORMAT, w, clean(key, buf, sizeof buf), "unknown key");
+        }
+    }
+    return 0;
+}
+#define CHECK_KEYS(c, o, w, keys) check_keys((c), (o), (w), (keys), sizeof(keys) / sizeof((keys)[0]))
+
+static int get_obj(pctx *c, json_t *o, const char *w, const char *k, bool nullable, json_t **out)
+{
+    int rc = need(c, o, w, k, out);
+    if (rc)
+        return rc;
+    if (nullable && json_is_null(*out)) {
+        *out = NULL;
+        return 0;
+    }
+    if (!json_is_object(*out))
+        return fail(c, PI2_EFORMAT, w, k, "expected an object, got %s", jtype(*out));
+    return 0;
+}
+
+static int get_arr(pctx *c, json_t *o, const char *w, const char *k, size_t max, json_t **out, size_t *n)
+{
+    int rc = need(c, o, w, k, out);
+    if (rc)
+        return rc;
+    if (!json_is_array(*out))
+        return fail(c, PI2_EFORMAT, w, k, "expected an array, got %s", jtype(*out));
+    *n = json_array_size(*out);
+    if (*n > max)
+        return fail(c, PI2_ERANGE, w, k, "%zu entries, at most %zu allowed here", *n, max);
+    return 0;
+}
+
+static int get_int(pctx *c, json_t *o, const char *w, const char *k, long long lo, long long hi, long long *out)
+{
+    json_t *v;
+    int rc = need(c, o, w, k, &v);
+    if (rc)
+        return rc;
+    if (!json_is_integer(v))
+        return fail(c, PI2_EFORMAT, w, k, "expected an integer, got %s", jtype(v));
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return fail(c, PI2_ERANGE, w, k, "%lld is out of range [%lld, %lld]", x, lo, hi);
+    *out = x;
+    return 0;
+}
+
+static int get_i32(pctx *c, json_t *o, const char *w, const char *k, long long lo, long long hi, int *out)
+{
+    long long x;
+    int rc = get_int(c, o, w, k, lo, hi, &x);
+    if (rc == 0)
+        *out = (int)x;
+    return rc;
+}
+
+static int get_u64(pctx *c, json_t *o, const char *w, const char *k, long long hi, uint64_t *out)
+{
+    long long x;
+    int rc = get_int(c, o, w, k, 0, hi, &x);
+    if (rc == 0)
+        *out = (uint64_t)x;
+    return rc;
+}
+
+/* Number in [lo, hi] (lo excluded when lo_open). A missing key is NaN when
+ * optional; null is NaN when nullable. */
+static int get_num(pctx *c, json_t *o, const char *w, const char *k, double lo, double hi, bool lo_open,
+                   bool nullable, bool optional, double *out)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v) {
+        if (!optional)
+            return fail(c, PI2_ENOTFOUND, w, k, "required key is missing");
+        *out = NAN;
+        return 0;
+    }
+    if (json_is_null(v) && nullable) {
+        *out = NAN;
+        return 0;
+    }
+    if (!json_is_number(v))
+        return fail(c, PI2_EFORMAT, w, k, "expected a number, got %s", jtype(v));
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
+        return fail(c, PI2_ERANGE, w, k, "%g is out of range %c%g, %g]", x, lo_open ? '(' : '[', lo, hi);
+    *out = x;
+    return 0;
+}
+
+static int get_float(pctx *c, json_t *o, const char *w, const char *k, double lo, double hi, float *out)
+{
+    double x;
+    int rc = get_num(c, o, w, k, lo, hi, false, false, false, &x);
+    if (rc == 0)
+        *out = (float)x;
+    return rc;
+}
+
+static int get_bool(pctx *c, json_t *o, const char *w, const char *k, bool *out)
+{
+    json_t *v;
+    int rc = need(c, o, w, k, &v);
+    if (rc)
+        return rc;
+    if (!json_is_boolean(v))
+        return fail(c, PI2_EFORMAT, w, k, "expected true or false, got %s", jtype(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* String shorter than cap bytes without NUL bytes. */
+static int get_str(pctx *c, json_t *o, const char *w, const char *k, size_t cap, const char **out)
+{
+    json_t *v;
+    int rc = need(c, o, w, k, &v);
+    if (rc)
+        return rc;
+    if (!json_is_string(v))
+        return fail(c, PI2_EFORMAT, w, k, "expected a string, got %s", jtype(v));
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v);
+    if (strlen(s) != n)
+        return fail(c, PI2_EFORMAT, w, k, "string holds a NUL byte");
+    if (n >= cap)
+        return fail(c, PI2_ERANGE, w, k, "string of %zu bytes, at most %zu allowed", n, cap - 1);
+    *out = s;
+    return 0;
+}
+
+/* Free text: 1..cap-1 bytes, no control characters. */
+static int get_text(pctx *c, json_t *o, const char *w, const char *k, char *dst, size_t cap)
+{
+    const char *s;
+    int rc = get_str(c, o, w, k, cap, &s);
+    if (rc)
+        return rc;
+    if (!*s)
+        return fail(c, PI2_EFORMAT, w, k, "empty string");
+    for (const char *p = s; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return fail(c, PI2_EFORMAT, w, k, "string holds a control character");
+    memcpy(dst, s, strlen(s) + 1);
+    return 0;
+}
+
+static int cmp_sec_name(const void *a, const void *b)
+{
+    return strcmp((*(const pi2_ctr_section *const *)a)->name, (*(const pi2_ctr_section *const *)b)->name);
+}
+
+static const pi2_ctr_section *lookup(const pctx *c, const char *name)
+{
+    pi2_ctr_section key;
+    const pi2_ctr_section *kp = &key;
+    snprintf(key.name, sizeof key.name, "%s", name);
+    const pi2_ctr_section **hit = c->n_by_name ? bsearch(&kp, c->by_name, c->n_by_name, sizeof *c->by_name,
+                                                         cmp_sec_name)
+                                               : NULL;
+    return hit ? *hit : NULL;
+}
+
+/* Member name ("" allowed when allow_empty); if listed, *sec gets its section
+ * (may be NULL); a non-empty name must be listed when must_exist. */
+static int get_member(pctx *c, json_t *o, const char *w, const char *k, bool allow_empty, bool must_exist,
+                      char dst[PI2_CTR_NAME_MAX], const pi2_ctr_section **sec)
+{
+    const char *s;
+    json_t *v;
+    int rc = need(c, o, w, k, &v);
+    if (rc)
+        return rc;
+    if (!json_is_string(v))
+        return fail(c, PI2_EFORMAT, w, k, "expected a member name string, got %s", jtype(v));
+    s = json_string_value(v);
+    if (sec)
+        *sec = NULL;
+    char buf[72];
+    if (!*s && json_string_length(v) == 0) {
+        if (!allow_empty)
+            return fail(c, PI2_EFORMAT, w, k, "empty member name");
+        dst[0] = 0;
+        return 0;
+    }
+    if (strlen(s) != json_string_length(v) || !member_name_ok(s))
+        return fail(c, PI2_EFORMAT, w, k, "\"%s\" is not a valid member name (1..99 printable bytes, no space)",
+                    clean(s, buf, sizeof buf));
+    memcpy(dst, s, strlen(s) + 1);
+    if (must_exist) {
+        const pi2_ctr_section *hit = lookup(c, s);
+        if (!hit)
+            return fail(c, PI2_ENOTFOUND, w, k, "member \"%s\" is not in sections", s);
+        if (sec)
+            *sec = hit;
+    }
+    return 0;
+}
+
+/* Index of s in names[n], or PI2_EUNSUPPORTED naming the choices. */
+static int get_enum(pctx *c, json_t *o, const char *w, const char *k, const char *const *names, size_t n,
+                    const char *choices, int *out)
+{
+    const char *s;
+    int rc = get_str(c, o, w, k, 64, &s);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < n; i++)
+        if (names[i] && strcmp(s, names[i]) == 0) {
+            *out = (int)i;
+            return 0;
+        }
+    char buf[40];
+    return fail(c, PI2_EUNSUPPORTED, w, k, "unknown value \"%s\" (expected %s)", clean(s, buf, sizeof buf), choices);
+}
+
+static int elem_obj(pctx *c, json_t *arr, size_t i, const char *w, json_t **out)
+{
+    *out = json_array_get(arr, i);
+    if (!json_is_object(*out))
+        return fail(c, PI2_EFORMAT, w, NULL, "expected an object, got %s", jtype(*out));
+    return 0;
+}
+
+/* ---- sections ---- */
+
+static bool lower_hex64(const char *s)
+{
+    size_t i = 0;
+    for (; s[i]; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return false;
+    return i == 64;
+}
+
+static int parse_sections(pctx *c, json_t *root)
+{
+    static const char *const keys[] = { "name", "offset", "size", "sha256" };
+    pi2_manifest *m = c->m;
+    json_t *arr;
+    size_t n;
+    int rc = get_arr(c, root, "", "sections", PI2_CTR_MAX_MEMBERS, &arr, &n);
+    if (rc)
+        return rc;
+    m->sections = calloc(n ? n : 1, sizeof *m->sections);
+    c->by_name = calloc(n ? n : 1, sizeof *c->by_name);
+    if (!m->sections || !c->by_name)
+        return fail(c, PI2_ENOMEM, "", "sections", "out of memory");
+    m->cap_sections = n;
+    for (size_t i = 0; i < n; i++) {
+        char w[40];
+        snprintf(w, sizeof w, "sections[%zu]", i);
+        json_t *e;
+        pi2_ctr_section *s = &m->sections[i];
+        const char *hex;
+        if ((rc = elem_obj(c, arr, i, w, &e)) || (rc = CHECK_KEYS(c, e, w, keys)) ||
+            (rc = get_member(c, e, w, "name", false, false, s->name, NULL)) ||
+            (rc = get_u64(c, e, w, "offset", INT64_MAX, &s->offset)) ||
+            (rc = get_u64(c, e, w, "size", (long long)PI2_CTR_MAX_SIZE, &s->size)) ||
+            (rc = get_str(c, e, w, "sha256", 80, &hex)))
+            return rc;
+        if (strcmp(s->name, PI2_MF_NAME) == 0 || strcmp(s->name, PI2_MF_SIG_NAME) == 0)
+            return fail(c, PI2_EFORMAT, w, "name", "\"%s\" must not be listed in sections", s->name);
+        if (!lower_hex64(hex) || pi2_sha256_parse_hex(hex, s->sha256, NULL) != 0)
+            return fail(c, PI2_EFORMAT, w, "sha256", "expected 64 lowercase hex digits");
+        if (s->offset % PI2_CTR_ALIGN != 0)
+            return fail(c, PI2_EFORMAT, w, "offset", "%llu is not a multiple of %u", (unsigned long long)s->offset,
+                        PI2_CTR_ALIGN);
+        if (i > 0) {
+            const pi2_ctr_section *p = &m->sections[i - 1];
+            if (s->offset <= p->offset)
+                return fail(c, PI2_EFORMAT, w, "offset", "%llu is not after sections[%zu] at %llu (not sorted)",
+                            (unsigned long long)s->offset, i - 1, (unsigned long long)p->offset);
+            if (s->offset - p->offset < p->size)
+                return fail(c, PI2_EFORMAT, w, "offset", "%llu overlaps sections[%zu] (\"%s\", ends at %llu)",
+                            (unsigned long long)s->offset, i - 1, p->name,
+                            (unsigned long long)(p->offset + p->size));
+        }
+        m->n_sections = i + 1;
+        c->by_name[i] = s;
+    }
+    c->n_by_name = n;
+    qsort(c->by_name, n, sizeof *c->by_name, cmp_sec_name);
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(c->by_name[i]->name, c->by_name[i - 1]->name) == 0) {
+            char w[40];
+            snprintf(w, sizeof w, "sections[%zu]", (size_t)(c->by_name[i] - m->sections));
+            return fail(c, PI2_EFORMAT, w, "name", "duplicate section \"%s\"", c->by_name[i]->name);
+        }
+    return 0;
+}
+
+/* ---- tensors ---- */
+
+static int parse_tensor(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
+{
+    static const char *const keys[] = { "name",  "layer", "expert",     "role",    "qtype",
+                                         "rows",  "cols",  "transposed", "payload", "scales" };
+    static const char *const qnames[] = { "f32", "q8", "q4" };
+    const pi2_manifest *m = c->m;
+    const pi2_model_desc *d = &m->config;
+    bool moe = pi2_desc_is_moe(d);
+    const char *name;
+    int role, qt, rc;
+    if ((rc = CHECK_KEYS(c, e, w, keys)) || (rc = get_str(c, e, w, "name", PI2_MF_TNAME_MAX, &name)))
+        return rc;
+    if (!*name)
+        return fail(c, PI2_EFORMAT, w, "name", "empty tensor name");
+    for (const char *p = name; *p; p++)
+        if ((unsigned char)*p < 0x21 || (unsigned char)*p > 0x7e)
+            return fail(c, PI2_EFORMAT, w, "name", "tensor name is not printable ASCII without spaces");
+    memcpy(t->name, name, strlen(name) + 1);
+    if ((rc = get_enum(c, e, w, "role", role_names, N_ROLES,
+                       "embed, out_norm, lm_head, attn_norm, ffn_norm, q, k, v, o, gate, up, down or router",
+                       &role)))
+        return rc;
+    t->role = (pi2_tname)role;
+    if ((rc = get_i32(c, e, w, "layer", -1, d->n_layers - 1, &t->layer)) ||
+        (rc = get_i32(c, e, w, "expert", -1, (long long)d->n_experts - 1, &t->expert)))
+        return rc;
+    if (role_is_global(t->role) && t->layer != -1)
+        return fail(c, PI2_ERANGE, w, "layer", "must be -1 for role %s", role_names[role]);
+    if (!role_is_global(t->role) && t->layer < 0)
+        return fail(c, PI2_ERANGE, w, "layer", "must be in [0, %d) for role %s", d->n_layers, role_names[role]);
+    if (moe && role_is_ffn(t->role) && t->expert < 0)
+        return fail(c, PI2_ERANGE, w, "expert", "must be in [0, %d) for role %s of a MoE model", d->n_experts,
+                    role_names[role]);
+    if (!(moe && role_is_ffn(t->role)) && t->expert != -1)
+        return fail(c, PI2_ERANGE, w, "expert", "must be -1 for role %s", role_names[role]);
+    if (t->role == PI2_T_ROUTER && !moe)
+        return fail(c, PI2_EFORMAT, w, "role", "router on a dense model");
+
+    if ((rc = get_enum(c, e, w, "qtype", qnames, 3, "f32, q8 or q4", &qt)))
+        return rc;
+    t->qtype = (pi2_qtype)qt;
+    if (role_is_ffn(t->role) && t->qtype != m->quant_ffn)
+        return fail(c, PI2_EFORMAT, w, "qtype", "%s, but quant.ffn is %s", qnames[qt], pi2_q_type_name(m->quant_ffn));
+    if (!role_is_ffn(t->role) && t->qtype != PI2_QT_F32 && t->qtype != m->quant_other)
+        return fail(c, PI2_EFORMAT, w, "qtype", "%s, but quant.other is %s (or f32)", qnames[qt],
+                    pi2_q_type_name(m->quant_other));
+
+    long long rows, cols;
+    if ((rc = get_int(c, e, w, "rows", 1, INT32_MAX, &rows)) || (rc = get_int(c, e, w, "cols", 1, INT32_MAX, &cols)) ||
+        (rc = get_bool(c, e, w, "transposed", &t->transposed)))
+        return rc;
+    t->rows = rows;
+    t->cols = cols;
+    if (t->transposed && role_is_norm(t->role))
+        return fail(c, PI2_EFORMAT, w, "transposed", "a norm vector cannot be transposed");
+    int64_t R, C;
+    logical_shape(d, t->role, &R, &C);
+    if (t->transposed) {
+        int64_t tmp = R;
+        R = C;
+        C = tmp;
+    }
+    if (t->rows != R || t->cols != C)
+        return fail(c, PI2_ESHAPE, w, t->rows != R ? "rows" : "cols",
+                    "stored shape [%lld, %lld] does not match the config: role %s%s is [%lld, %lld]", rows, cols,
+                    role_names[role], t->transposed ? " (transposed)" : "", (long long)R, (long long)C);
+    if (pi2_q_check_cols(t->qtype, t->cols, "tensor", NULL) != 0)
+        return fail(c, PI2_ESHAPE, w, "cols", "%lld columns cannot be stored as %s (groups of %d)", cols,
+                    qnames[qt], PI2_Q_GROUP);
+
+    const pi2_ctr_section *ps, *ss;
+    if ((rc = get_member(c, e, w, "payload", false, true, t->payload, &ps)) ||
+        (rc = get_member(c, e, w, "scales", true, true, t->scales, &ss)))
+        return rc;
+    if (t->qtype == PI2_QT_F32 && t->scales[0])
+        return fail(c, PI2_EFORMAT, w, "scales", "must be \"\" for an f32 tensor");
+    if (t->qtype != PI2_QT_F32 && !t->scales[0])
+        return fail(c, PI2_EFORMAT, w, "scales", "a %s tensor needs a scales member", qnames[qt]);
+    if (m->kind == PI2_MF_CONVERTED) {
+        size_t pb, sb;
+        /* rows, cols < 2^31 and a row is at most 4 bytes per value: no overflow in 64 bits. */
+        pb = (size_t)t->rows * pi2_q_payload_row_bytes(t->qtype, t->cols);
+        sb = (size_t)t->rows * pi2_q_scale_row_count(t->qtype, t->cols) * 2;
+        if (ps->size != pb)
+            return fail(c, PI2_ESHAPE, w, "payload", "member \"%s\" holds %llu bytes, expected %zu for %s [%lld, %lld]",
+                        ps->name, (unsigned long long)ps->size, pb, qnames[qt], rows, cols);
+        if (ss && ss->size != sb)
+            return fail(c, PI2_ESHAPE, w, "scales", "member \"%s\" holds %llu bytes, expected %zu for %s [%lld, %lld]",
+                        ss->name, (unsigned long long)ss->size, sb, qnames[qt], rows, cols);
+    }
+    return 0;
+}
+
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    return strcmp((*(const pi2_mf_tensor *const *)a)->name, (*(const pi2_mf_tensor *const *)b)->name);
+}
+
+static int cmp_tensor_key(const void *a, const void *b)
+{
+    const pi2_mf_tensor *x = *(const pi2_mf_tensor *const *)a, *y = *(const pi2_mf_tensor *const *)b;
+    if (x->role != y->role)
+        return x->role < y->role ? -1 : 1;
+    if (x->layer != y->layer)
+        return x->layer < y->layer ? -1 : 1;
+    if (x->expert != y->expert)
+        return x->expert < y->expert ? -1 : 1;
+    return 0;
+}
+
+static int parse_tensors(pctx *c, json_t *root)
+{
+    pi2_manifest *m = c->m;
+    const pi2_model_desc *d = &m->config;
+    size_t per_layer = 9 + 3 * (size_t)(d->n_experts > 1 ? d->n_experts : 1);
+    size_t max = 3 + (size_t)d->n_layers * per_layer;
+    json_t *arr;
+    size_t n;
+    int rc = get_arr(c, root, "", "tensors", max, &arr, &n);
+    if (rc)
+        return rc;
+    m->tensors = calloc(n ? n : 1, sizeof *m->tensors);
+    const pi2_mf_tensor **idx = calloc(n ? n : 1, sizeof *idx);
+    if (!m->tensors || !idx) {
+        free(idx);
+        return fail(c, PI2_ENOMEM, "", "tensors", "out of memory");
+    }
+    m->cap_tensors = n;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        char w[40];
+        snprintf(w, sizeof w, "tensors[%zu]", i);
+        json_t *e;
+        if ((rc = elem_obj(c, arr, i, w, &e)) || (rc = parse_tensor(c, e, w, &m->tensors[i])))
+            break;
+        m->n_tensors = i + 1;
+        idx[i] = &m->tensors[i];
+    }
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        qsort(idx, n, sizeof *idx, pass == 0 ? cmp_tensor_name : cmp_tensor_key);
+        for (size_t i = 1; i < n && rc == 0; i++) {
+            if ((pass == 0 ? cmp_tensor_name : cmp_tensor_key)(&idx[i - 1], &idx[i]) != 0)
+                continue;
+            char w[40];
+            const pi2_mf_tensor *t = idx[i];
+            snprintf(w, sizeof w, "tensors[%zu]", (size_t)(t - m->tensors));
+            rc = pass == 0 ? fail(c, PI2_EFORMAT, w, "name", "duplicate tensor name \"%s\"", t->name)
+                           : fail(c, PI2_EFORMAT, w, "role", "duplicate tensor (role %s, layer %d, expert %d)",
+                                  role_names[t->role], t->layer, t->expert);
+        }
+    }
+    free(idx);
+    return rc;
+}
+
+/* ---- per-layer entries ---- */
+
+/* layer and expert of a per-layer entry, and a once-only check via seen[]. */
+static int get_layer_expert(pctx *c, json_t *e, const char *w, unsigned char *seen, int *layer, int *expert)
+{
+    const pi2_model_desc *d = &c->m->config;
+    bool moe = pi2_desc_is_moe(d);
+    int rc;
+    if ((rc = get_i32(c, e, w, "layer", 0, d->n_layers - 1, layer)) ||
+        (rc = get_i32(c, e, w, "expert", moe ? 0 : -1, moe ? d->n_experts - 1 : -1, expert)))
+        return rc;
+    size_t slot = (size_t)*layer * (size_t)(moe ? d->n_experts : 1) + (size_t)(moe ? *expert : 0);
+    if (seen[slot])
+        return fail(c, PI2_EFORMAT, w, NULL, "duplicate entry for layer %d, expert %d", *layer, *expert);
+    seen[slot] = 1;
+    return 0;
+}
+
+static size_t max_entries(const pi2_model_desc *d)
+{
+    return (size_t)d->n_layers * (size_t)(pi2_desc_is_moe(d) ? d->n_experts : 1);
+}
+
+static int parse_report(pctx *c, json_t *e, const char *w, pi2_pred_report *r)
+{
+    static const char *const keys[] = { "rank",       "threshold",     "recall",     "precision",
+                                        "pred_active_frac", "true_active_frac", "bytes_f32", "bytes_q8",
+                                        "n_eval",     "n_train",       "epochs",     "early_stopped",
+                                        "best_epoch", "pos_weight",    "train_loss", "heldout_loss",
+                                        "seconds" };
+    uint64_t n_eval, n_train;
+    int rc;
+    if ((rc = CHECK_KEYS(c, e, w, keys)) || (rc = get_i32(c, e, w, "rank", 0, PI2_PRED_MAX_DIM, &r->rank)) ||
+        (rc = get_float(c, e, w, "threshold", -FLT_MAX, FLT_MAX, &r->threshold)) ||
+        (rc = get_num(c, e, w, "recall", 0, 1, false, true, false, &r->recall)) ||
+        (rc = get_num(c, e, w, "precision", 0, 1, false, true, false, &r->precision)) ||
+        (rc = get_num(c, e, w, "pred_active_frac", 0, 1, false, true, false, &r->pred_active_frac)) ||
+        (rc = get_num(c, e, w, "true_active_frac", 0, 1, false, true, false, &r->true_active_frac)) ||
+        (rc = get_u64(c, e, w, "bytes_f32", INT64_MAX, &r->bytes_f32)) ||
+        (rc = get_u64(c, e, w, "bytes_q8", INT64_MAX, &r->bytes_q8)) ||
+        (rc = get_u64(c, e, w, "n_eval", INT64_MAX, &n_eval)) ||
+        (rc = get_u64(c, e, w, "n_train", INT64_MAX, &n_train)) ||
+        (rc = get_i32(c, e, w, "epochs", 0, INT32_MAX, &r->epochs)) ||
+        (rc = get_bool(c, e, w, "early_stopped", &r->early_stopped)) ||
+        (rc = get_i32(c, e, w, "best_epoch", 0, INT32_MAX, &r->best_epoch)) ||
+        (rc = get_num(c, e, w, "pos_weight", 0, DBL_MAX, false, true, false, &r->pos_weight)) ||
+        (rc = get_num(c, e, w, "train_loss", 0, DBL_MAX, false, true, false, &r->train_loss)) ||
+        (rc = get_num(c, e, w, "heldout_loss", 0, DBL_MAX, false, true, false, &r->heldout_loss)) ||
+        (rc = get_num(c, e, w, "seconds", 0, DBL_MAX, false, true, false, &r->seconds)))
+        return rc;
+    r->n_eval = (size_t)n_eval;
+    r->n_train = (size_t)n_train;
+    return 0;
+}
+
+static int parse_predictor(pctx *c, json_t *e, const char *w, pi2_mf_predictor *p)
+{
+    static const char *const keys[] = { "rank", "threshold", "imported", "fc1", "fc2", "report" };
+    char wr[120];
+    json_t *rep;
+    int rc;
+    if ((rc = CHECK_KEYS(c, e, w, keys)) || (rc = get_i32(c, e, w, "rank", 1, PI2_PRED_MAX_DIM, &p->rank)) ||
+        (rc = get_float(c, e, w, "threshold", -FLT_MAX, FLT_MAX, &p->threshold)) ||
+        (rc = get_bool(c, e, w, "imported", &p->imported)) ||
+        (rc = get_member(c, e, w, "fc1", false, true, p->fc1, NULL)) ||
+        (rc = get_member(c, e, w, "fc2", false, true, p->fc2, NULL)) ||
+        (rc = get_obj(c, e, w, "report", false, &rep)))
+        return rc;
+    snprintf(wr, sizeof wr, "%s.report", w);
+    return parse_report(c, rep, wr, &p->report);
+}
+
+static int parse_sparsity(pctx *c, json_t *root)
+{
+    static const char *const keys[] = { "mode", "recall_target", "threshold_sparsity", "per_layer" };
+    static const char *const lkeys[] = { "layer", "expert", "predictor", "silu_threshold" };
+    static const char *const modes[] = { "none", "predictor", "threshold" };
+    pi2_manifest *m = c->m;
+    json_t *sp, *arr;
+    size_t n;
+    int mode, rc;
+    const char *w = "sparsity";
+    if ((rc = get_obj(c, root, "", "sparsity", false, &sp)) || (rc = CHECK_KEYS(c, sp, w, keys)) ||
+        (rc = get_enum(c, sp, w, "mode", modes, 3, "predictor, threshold or none", &mode)))
+        return rc;
+    m->sparsity_mode = (pi2_mf_mode)mode;
+    bool pred = mode == PI2_MF_SPARSE_PREDICTOR, thr = mode == PI2_MF_SPARSE_THRESHOLD;
+    if ((rc = get_num(c, sp, w, "recall_target", 0, 1, true, true, false, &m->recall_target)) ||
+        (rc = get_num(c, sp, w, "threshold_sparsity", 0, 1, false, true, false, &m->threshold_sparsity)))
+        return rc;
+    if (pred && isnan(m->recall_target))
+        return fail(c, PI2_EFORMAT, w, "recall_target", "required (a number) for mode predictor");
+    if (thr && isnan(m->threshold_sparsity))
+        return fail(c, PI2_EFORMAT, w, "threshold_sparsity", "required (a number) for mode threshold");
+    size_t max = max_entries(&m->config);
+    if ((rc = get_arr(c, sp, w, "per_layer", max, &arr, &n)))
+        return rc;
+    m->layers = calloc(n ? n : 1, sizeof *m->layers);
+    unsigned char *seen = calloc(max ? max : 1, 1);
+    if (!m->layers || !seen) {
+        free(seen);
+        return fail(c, PI2_ENOMEM, w, "per_layer", "out of memory");
+    }
+    m->cap_layers = n;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        char lw[64], pw[80];
+        snprintf(lw, sizeof lw, "sparsity.per_layer[%zu]", i);
+        pi2_mf_layer *l = &m->layers[i];
+        json_t *e, *p;
+        if ((rc = elem_obj(c, arr, i, lw, &e)) || (rc = CHECK_KEYS(c, e, lw, lkeys)) ||
+            (rc = get_layer_expert(c, e, lw, seen, &l->layer, &l->expert)) ||
+            (rc = get_obj(c, e, lw, "predictor", true, &p)))
+            break;
+        if (p) {
+            snprintf(pw, sizeof pw, "%s.predictor", lw);
+            if ((rc = parse_predictor(c, p, pw, &l->predictor)))
+                break;
+            l->has_predictor = true;
+        } else if (pred) {
+            rc = fail(c, PI2_EFORMAT, lw, "predictor", "required (an object) for mode predictor");
+            break;
+        }
+        double st;
+        if ((rc = get_num(c, e, lw, "silu_threshold", 0, FLT_MAX, false, true, true, &st)))
+            break;
+        l->has_silu_threshold = !isnan(st);
+        l->silu_threshold = l->has_silu_threshold ? (float)st : 0.0f;
+        if (thr && !l->has_silu_threshold) {
+            rc = fail(c, PI2_ENOTFOUND, lw, "silu_threshold", "required for mode threshold");
+            break;
+        }
+        m->n_layers = i + 1;
+    }
+    free(seen);
+    return rc;
+}
+
+static int parse_profile(pctx *c, json_t *root)
+{
+    static const char *const keys[] = { "tokens", "per_layer" };
+    static const char *const lkeys[] = { "layer",       "expert", "active_frac", "hot_share",
+                                         "top10_share", "freq",   "bits",        "bit_samples" };
+    pi2_manifest *m = c->m;
+    const pi2_model_desc *d = &m->config;
+    json_t *pr, *arr;
+    size_t n;
+    int rc;
+    const char *w = "profile";
+    size_t max = max_entries(d);
+    if ((rc = get_obj(c, root, "", "profile", false, &pr)) || (rc = CHECK_KEYS(c, pr, w, keys)) ||
+        (rc = get_u64(c, pr, w, "tokens", INT64_MAX, &m->profile_tokens)) ||
+        (rc = get_arr(c, pr, w, "per_layer", max, &arr, &n)))
+        return rc;
+    m->profile = calloc(n ? n : 1, sizeof *m->profile);
+    unsigned char *seen = calloc(max ? max : 1, 1);
+    if (!m->profile || !seen) {
+        free(seen);
+        return fail(c, PI2_ENOMEM, w, "per_layer", "out of memory");
+    }
+    m->cap_profile = n;
+    uint64_t words = ((uint64_t)d->n_ff + 63) / 64;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        char lw[64];
+        snprintf(lw, sizeof lw, "profile.per_layer[%zu]", i);
+        pi2_mf_profile *p = &m->profile[i];
+        json_t *e;
+        const pi2_ctr_section *fs, *bs;
+        if ((rc = elem_obj(c, arr, i, lw, &e)) || (rc = CHECK_KEYS(c, e, lw, lkeys)) ||
+            (rc = get_layer_expert(c, e, lw, seen, &p->layer, &p->expert)) ||
+            (rc = get_num(c, e, lw, "active_frac", 0, 1, false, false, false, &p->active_frac)) ||
+            (rc = get_num(c, e, lw, "hot_share", 0, 1, false, false, false, &p->hot_share)) ||
+            (rc = get_num(c, e, lw, "top10_share", 0, 1, false, false, false, &p->top10_share)) ||
+            (rc = get_member(c, e, lw, "freq", false, true, p->freq, &fs)) ||
+            (rc = get_u64(c, e, lw, "bit_samples", INT64_MAX, &p->bit_samples)) ||
+            (rc = get_member(c, e, lw, "bits", true, true, p->bits, &bs)))
+            break;
+        if (fs->size != (uint64_t)d->n_ff * 4) {
+            rc = fail(c, PI2_ESHAPE, lw, "freq", "member \"%s\" holds %llu bytes, expected %llu (float32 [%d])",
+                      fs->name, (unsigned long long)fs->size, (unsigned long long)d->n_ff * 4, d->n_ff);
+            break;
+        }
+        if ((p->bit_samples == 0) != (p->bits[0] == 0)) {
+            rc = fail(c, PI2_EFORMAT, lw, "bits", "must be \"\" exactly when bit_samples is 0");
+            break;
+        }
+        uint64_t want;
+        if (bs && (__builtin_mul_overflow(p->bit_samples, words * 8, &want) || bs->size != want)) {
+            rc = fail(c, PI2_ESHAPE, lw, "bits", "member \"%s\" holds %llu bytes, not %llu samples of %llu words",
+                      bs->name, (unsigned long long)bs->size, (unsigned long long)p->bit_samples,
+                      (unsigned long long)words);
+            break;
+        }
+        m->n_profile = i + 1;
+    }
+    free(seen);
+    return rc;
+}
+
+static int parse_quality(pctx *c, json_t *root)
+{
+    static const char *const keys[] = { "tokens", "ppl_ref", "ppl_q_dense", "ppl_q_sparse" };
+    pi2_manifest *m = c->m;
+    json_t *q;
+    const char *w = "quality";
+    int rc;
+    if ((rc = get_obj(c, root, "", "quality", false, &q)) || (rc = CHECK_KEYS(c, q, w, keys)) ||
+        (rc = get_u64(c, q, w, "tokens", INT64_MAX, &m->quality_tokens)) ||
+        (rc = get_num(c, q, w, "ppl_ref", 0, DBL_MAX, true, true, true, &m->ppl_ref)) ||
+        (rc = get_num(c, q, w, "ppl_q_dense", 0, DBL_MAX, true, true, true, &m->ppl_q_dense)) ||
+        (rc = get_num(c, q, w, "ppl_q_sparse", 0, DBL_MAX, true, true, true, &m->ppl_q_sparse)))
+        return rc;
+    return 0;
+}
+
+static int parse_root(pctx *c, json_t *root)
+{
+    static const char *const keys[] = { "format",   "version",   "kind",    "created_by", "source",
+                                        "config",   "torch_dtype", "quant", "tokenizer",  "tensors",
+                                        "sparsity", "profile",   "quality", "bundle",     "sections" };
+    static const char *const kinds[] = { "converted", "bundled" };
+    static const char *const dtypes[] = { "float32", "float16", "bfloat16" };
+    static const char *const qkeys[] = { "ffn", "other", "group", "scales" };
+    static const char *const qnames[] = { NULL, "q8", "q4" }; /* indexed by pi2_qtype; f32 not allowed */
+    static const char *const scales[] = { "f16" };
+    pi2_manifest *m = c->m;
+    int rc, ival;
+    long long version;
+    const char *s;
+    if (!json_is_object(root))
+        return fail(c, PI2_EFORMAT, "", "top level", "expected an object, got %s", jtype(root));
+    if ((rc = get_str(c, root, "", "format", 16, &s)))
+        return rc;
+    if (strcmp(s, "pi2") != 0)
+        return fail(c, PI2_EFORMAT, "", "format", "not a pi2 manifest (expected \"pi2\")");
+    if ((rc = get_int(c, root, "", "version", INT64_MIN, INT64_MAX, &version)))
+        return rc;
+    if (version != PI2_MF_VERSION)
+        return fail(c, PI2_EUNSUPPORTED, "", "version", "version %lld is not supported (this build reads version %d)",
+                    version, PI2_MF_VERSION);
+    if ((rc = CHECK_KEYS(c, root, "", keys)) ||
+        (rc = get_enum(c, root, "", "kind", kinds, 2, "converted or bundled", &ival)))
+        return rc;
+    m->kind = (pi2_mf_kind)ival;
+    if ((rc = get_text(c, root, "", "created_by", m->created_by, sizeof m->created_by)) ||
+        (rc = get_text(c, root, "", "source", m->source, sizeof m->source)))
+        return rc;
+
+    /* The config goes through the one config.json reader. */
+    json_t *cfg;
+    if ((rc = get_obj(c, root, "", "config", false, &cfg)))
+        return rc;
+    char *ctext = json_dumps(cfg, JSON_COMPACT);
+    if (!ctext)
+        return fail(c, PI2_ENOMEM, "", "config", "out of memory");
+    char cname[200];
+    snprintf(cname, sizeof cname, "%.160s: config", c->name);
+    rc = pi2_config_parse(ctext, strlen(ctext), cname, &m->config, c->err);
+    free(ctext);
+    if (rc)
+        return rc;
+
+    if ((rc = get_enum(c, root, "", "torch_dtype", dtypes, 3, "float32, float16 or bfloat16", &ival)))
+        return rc;
+    snprintf(m->torch_dtype, sizeof m->torch_dtype, "%s", dtypes[ival]);
+
+    json_t *q;
+    long long group;
+    const char *qw = "quant";
+    if ((rc = get_obj(c, root, "", "quant", false, &q)) || (rc = CHECK_KEYS(c, q, qw, qkeys)) ||
+        (rc = get_enum(c, q, qw, "ffn", qnames, 3, "q4 or q8", &ival)))
+        return rc;
+    m->quant_ffn = (pi2_qtype)ival;
+    if ((rc = get_enum(c, q, qw, "other", qnames, 3, "q8 or q4", &ival)))
+        return rc;
+    m->quant_other = (pi2_qtype)ival;
+    if ((rc = get_int(c, q, qw, "group", INT64_MIN, INT64_MAX, &group)))
+        return rc;
+    if (group != PI2_Q_GROUP)
+        return fail(c, PI2_EUNSUPPORTED, qw, "group", "%lld is not supported (this build uses %d)", group, PI2_Q_GROUP);
+    if ((rc = get_enum(c, q, qw, "scales", scales, 1, "f16", &ival)))
+        return rc;
+
+    if ((rc = parse_sections(c, root)) ||
+        (rc = get_member(c, root, "", "tokenizer", false, true, m->tokenizer, NULL)) ||
+        (rc = parse_tensors(c, root)) || (rc = parse_sparsity(c, root)) || (rc = parse_profile(c, root)) ||
+        (rc = parse_quality(c, root)))
+        return rc;
+
+    json_t *b;
+    if ((rc = get_obj(c, root, "", "bundle", true, &b)))
+        return rc;
+    if (b && m->kind == PI2_MF_CONVERTED)
+        return fail(c, PI2_EFORMAT, "", "bundle", "must be null for kind converted");
+    if (!b && m->kind == PI2_MF_BUNDLED)
+        return fail(c, PI2_EFORMAT, "", "bundle", "required (an object) for kind bundled");
+    if (b && !(m->bundle_json = json_dumps(b, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17))))
+        return fail(c, PI2_ENOMEM, "", "bundle", "out of memory");
+    return 0;
+}
+
+int pi2_manifest_parse(const char *text, size_t len, const char *name, pi2_manifest **out, pi2_err *err)
+{
+    if (out)
+        *out = NULL;
+    if (!name)
+        name = PI2_MF_NAME;
+    if (!text || !out)
+        return pi2_err_set(err, PI2_EINVAL, "%.200s: no input", name);
+    if (len > PI2_MF_MAX_BYTES)
+        return pi2_err_set(err, PI2_ERANGE, "%.200s: %zu bytes, more than the %u allowed", name, len,
+                           PI2_MF_MAX_BYTES);
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        char buf[100];
+        return pi2_err_set(err, PI2_EFORMAT, "%.200s: not valid JSON at line %d column %d: %s", name, je.line,
+                           je.column, clean(je.text, buf, sizeof buf));
+    }
+    pctx c = { .name = name, .err = err, .m = pi2_manifest_new() };
+    int rc = c.m ? parse_root(&c, root) : pi2_err_set(err, PI2_ENOMEM, "%.200s: out of memory", name);
+    json_decref(root);
+    free(c.by_name);
+    if (rc) {
+        pi2_manifest_free(c.m);
+        return rc;
+    }
+    *out = c.m;
+    return 0;
+}
+
+/* ---- writer ---- */
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    bool failed;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n)
+{
+    if (b->failed)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 4096;
+        while (nc < b->len + n + 1)
+            nc *= 2;
+        char *p = realloc(b->p, nc);
+        if (!p) {
+            b->failed = true;
+            return;
+        }
+        b->p = p;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+static void sb_indent(sbuf *b, int depth)
+{
+    for (int i = 0; i < depth; i++)
+        sb_put(b, "  ", 2);
+}
+
+static void emit_string(sbuf *b, const char *s, size_t n)
+{
+    sb_put(b, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        char esc[8];
+        if (ch == '"' || ch == '\\') {
+            esc[0] = '\\';
+            esc[1] = (char)ch;
+            sb_put(b, esc, 2);
+        } else if (ch == '\n') {
+            sb_str(b, "\\n");
+        } else if (ch == '\t') {
+            sb_str(b, "\\t");
+        } else if (ch < 0x20) {
+            snprintf(esc, sizeof esc, "\\u%04x", ch);
+            sb_str(b, esc);
+        } else {
+            sb_put(b, (const char *)&s[i], 1);
+        }
+    }
+    sb_put(b, "\"", 1);
+}
+
+/* Shortest decimal that reads back as v, as Python's repr writes it
+ * (10000.0, 0.95, 1e-05): plain notation for exponents in [-4, 16), always
+ * with a '.' or an exponent so it stays a JSON real. */
+static void fmt_double(char *buf, size_t cap, double v)
+{
+    int p = 1;
+    for (; p < 17; p++) {
+        snprintf(buf, cap, "%.*e", p - 1, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    snprintf(buf, cap, "%.*e", p - 1, v);
+    const char *e = strchr(buf, 'e');
+    int exp = e ? atoi(e + 1) : 0;
+    if (exp >= -4 && exp < 16) {
+        int decimals = p - 1 - exp;
+        snprintf(buf, cap, "%.*f", decimals > 0 ? decimals : 0, v);
+        if (!strchr(buf, '.'))
+            strncat(buf, ".0", cap - strlen(buf) - 1);
+    }
+}
+
+static bool all_scalar(json_t *v)
+{
+    if (json_is_object(v)) {
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) {
+            if (json_is_object(x) || json_is_array(x))
+                return false;
+        }
+        return true;
+    }
+    size_t i;
+    json_t *x;
+    json_array_foreach(v, i, x) {
+        if (json_is_object(x) || json_is_array(x))
+            return false;
+    }
+    return true;
+}
+
+/* Two-space indent; objects and arrays of scalars below the top two levels
+ * on one line. */
+static void emit(sbuf *b, json_t *v, int depth)
+{
+    char num[40];
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+    case JSON_ARRAY: {
+        bool obj = json_is_object(v);
+        size_t n = obj ? json_object_size(v) : json_array_size(v);
+        if (n == 0) {
+            sb_str(b, obj ? "{}" : "[]");
+            return;
+        }
+        bool inl = depth >= 2 && all_scalar(v);
+        sb_str(b, obj ? "{" : "[");
+        size_t i = 0;
+        if (obj) {
+            const char *k;
+            json_t *x;
+            json_object_foreach(v, k, x) {
+                sb_str(b, i++ ? (inl ? ", " : ",") : "");
+                if (!inl) {
+                    sb_str(b, "\n");
+                    sb_indent(b, depth + 1);
+                }
+                emit_string(b, k, strlen(k));
+                sb_str(b, ": ");
+                emit(b, x, depth + 1);
+            }
+        } else {
+            json_t *x;
+            size_t j;
+            json_array_foreach(v, j, x) {
+                sb_str(b, i++ ? (inl ? ", " : ",") : "");
+                if (!inl) {
+                    sb_str(b, "\n");
+                    sb_indent(b, depth + 1);
+                }
+                emit(b, x, depth + 1);
+            }
+        }
+        if (!inl) {
+            sb_str(b, "\n");
+            sb_indent(b, depth);
+        }
+        sb_str(b, obj ? "}" : "]");
+        return;
+    }
+    case JSON_STRING: emit_string(b, json_string_value(v), json_string_length(v)); return;
+    case JSON_INTEGER:
+        snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        sb_str(b, num);
+        return;
+    case JSON_REAL:
+        fmt_double(num, sizeof num, json_real_value(v));
+        sb_str(b, num);
+        return;
+    case JSON_TRUE: sb_str(b, "true"); return;
+    case JSON_FALSE: sb_str(b, "false"); return;
+    case JSON_NULL: sb_str(b, "null"); return;
+    }
+}
+
+/* Tree builder: the first value that cannot be made (not UTF-8, out of
+ * memory) is remembered by key and the build fails. */
+typedef struct jb {
+    const char *bad;
+} jb;
+
+static json_t *put(jb *b, json_t *o, const char *k, json_t *v)
+{
+    /* json_object_set_new releases v when it fails (also for o == NULL). */
+    if ((!v || json_object_set_new(o, k, v) != 0) && !b->bad)
+        b->bad = k;
+    return o;
+}
+
+static void push(jb *b, json_t *a, json_t *v, const char *what)
+{
+    if ((!v || json_array_append_new(a, v) != 0) && !b->bad)
+        b->bad = what;
+}
+
+/* Finite doubles as reals, anything else as null (the reader then says
+ * whether null is allowed there). */
+static json_t *jnum(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+/* The double whose shortest form reads back as f (0.3f is written 0.3). */
+static json_t *jfloat(float f)
+{
+    if (!isfinite(f))
+        return json_null();
+    char buf[40];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)f);
+        double d = strtod(buf, NULL);
+        if ((float)d == f)
+            return json_real(d);
+    }
+    return json_real((double)f);
+}
+
+static json_t *jint(long long x) { return json_integer((json_int_t)x); }
+static json_t *ju64(uint64_t x) { return json_integer(x > (uint64_t)INT64_MAX ? -1 : (json_int_t)x); }
+
+static json_t *build_report(jb *b, const pi2_pred_report *r)
+{
+    json_t *o = json_object();
+    put(b, o, "rank", jint(r->rank));
+    put(b, o, "threshold", jfloat(r->threshold));
+    put(b, o, "recall", jnum(r->recall));
+    put(b, o, "precision", jnum(r->precision));
+    put(b, o, "pred_active_frac", jnum(r->pred_active_frac));
+    put(b, o, "true_active_frac", jnum(r->true_active_frac));
+    put(b, o, "bytes_f32", ju64(r->bytes_f32));
+    put(b, o, "bytes_q8", ju64(r->bytes_q8));
+    put(b, o, "n_eval", ju64(r->n_eval));
+    put(b, o, "n_train", ju64(r->n_train));
+    put(b, o, "epochs", jint(r->epochs));
+    put(b, o, "early_stopped", json_boolean(r->early_stopped));
+    put(b, o, "best_epoch", jint(r->best_epoch));
+    put(b, o, "pos_weight", jnum(r->pos_weight));
+    put(b, o, "train_loss", jnum(r->train_loss));
+    put(b, o, "heldout_loss", jnum(r->heldout_loss));
+    put(b, o, "seconds", jnum(r->seconds));
+    return o;
+}
+
+static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundle)
+{
+    json_t *root = json_object();
+    put(b, root, "format", json_string("pi2"));
+    put(b, root, "version", jint(PI2_MF_VERSION));
+    put(b, root, "kind", json_string(pi2_manifest_kind_name(m->kind)));
+    put(b, root, "created_by", json_string(m->created_by));
+    put(b, root, "source", json_string(m->source));
+    put(b, root, "config", config);
+    put(b, root, "torch_dtype", json_string(m->torch_dtype));
+
+    json_t *q = json_object();
+    put(b, q, "ffn", json_string(pi2_q_type_name(m->quant_ffn)));
+    put(b, q, "other", json_string(pi2_q_type_name(m->quant_other)));
+    put(b, q, "group", jint(PI2_Q_GROUP));
+    put(b, q, "scales", json_string("f16"));
+    put(b, root, "quant", q);
+    put(b, root, "tokenizer", json_string(m->tokenizer));
+
+    json_t *ts = json_array();
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const pi2_mf_tensor *t = &m->tensors[i];
+        json_t *o = json_object();
+        put(b, o, "name", json_string(t->name));
+        put(b, o, "layer", jint(t->layer));
+        put(b, o, "expert", jint(t->expert));
+        put(b, o, "role", json_string(pi2_manifest_role_name(t->role)));
+        put(b, o, "qtype", json_string(pi2_q_type_name(t->qtype)));
+        put(b, o, "rows", jint(t->rows));
+        put(b, o, "cols", jint(t->cols));
+        put(b, o, "transposed", json_boolean(t->transposed));
+        put(b, o, "payload", json_string(t->payload));
+        put(b, o, "scales", json_string(t->scales));
+        push(b, ts, o, "tensors");
+    }
+    put(b, root, "tensors", ts);
+
+    json_t *sp = json_object();
+    put(b, sp, "mode", json_string(pi2_manifest_mode_name(m->sparsity_mode)));
+    put(b, sp, "recall_target", jnum(m->recall_target));
+    put(b, sp, "threshold_sparsity", jnum(m->threshold_sparsity));
+    json_t *pl = json_array();
+    for (size_t i = 0; i < m->n_layers; i++) {
+        const pi2_mf_layer *l = &m->layers[i];
+        json_t *o = json_object();
+        put(b, o, "layer", jint(l->layer));
+        put(b, o, "expert", jint(l->expert));
+        if (l->has_predictor) {
+            const pi2_mf_predictor *p = &l->predictor;
+            json_t *po = json_object();
+            put(b, po, "rank", jint(p->rank));
+            put(b, po, "threshold", jfloat(p->threshold));
+            put(b, po, "imported", json_boolean(p->imported));
+            put(b, po, "fc1", json_string(p->fc1));
+            put(b, po, "fc2", json_string(p->fc2));
+            put(b, po, "report", build_report(b, &p->report));
+            put(b, o, "predictor", po);
+        } else {
+            put(b, o, "predictor", json_null());
+        }
+        if (l->has_silu_threshold)
+            put(b, o, "silu_threshold", jfloat(l->silu_threshold));
+        push(b, pl, o, "sparsity.per_layer");
+    }
+    put(b, sp, "per_layer", pl);
+    put(b, root, "sparsity", sp);
+
+    json_t *pr = json_object();
+    put(b, pr, "tokens", ju64(m->profile_tokens));
+    json_t *ppl = json_array();
+    for (size_t i = 0; i < m->n_profile; i++) {
+        const pi2_mf_profile *p = &m->profile[i];
+        json_t *o = json_object();
+        put(b, o, "layer", jint(p->layer));
+        put(b, o, "expert", jint(p->expert));
+        put(b, o, "active_frac", jnum(p->active_frac));
+        put(b, o, "hot_share", jnum(p->hot_share));
+        put(b, o, "top10_share", jnum(p->top10_share));
+        put(b, o, "freq", json_string(p->freq));
+        put(b, o, "bits", json_string(p->bits));
+        put(b, o, "bit_samples", ju64(p->bit_samples));
+        push(b, ppl, o, "profile.per_layer");
+    }
+    put(b, pr, "per_layer", ppl);
+    put(b, root, "profile", pr);
+
+    json_t *qu = json_object();
+    put(b, qu, "tokens", ju64(m->quality_tokens));
+    put(b, qu, "ppl_ref", jnum(m->ppl_ref));
+    put(b, qu, "ppl_q_dense", jnum(m->ppl_q_dense));
+    put(b, qu, "ppl_q_sparse", jnum(m->ppl_q_sparse));
+    put(b, root, "quality", qu);
+
+    put(b, root, "bundle", bundle ? bundle : json_null());
+
+    json_t *ss = json_array();
+    for (size_t i = 0; i < m->n_sections; i++) {
+        const pi2_ctr_section *s = &m->sections[i];
+        char hex[PI2_SHA256_HEX_LEN];
+        pi2_sha256_hex(s->sha256, hex);
+        json_t *o = json_object();
+        put(b, o, "name", json_string(s->name));
+        put(b, o, "offset", ju64(s->offset));
+        put(b, o, "size", ju64(s->size));
+        put(b, o, "sha256", json_string(hex));
+        push(b, ss, o, "sections");
+    }
+    put(b, root, "sections", ss);
+    return root;
+}
+
+int pi2_manifest_to_json(const pi2_manifest *m, char **text, size_t *len, pi2_err *err)
+{
+    if (text)
+        *text = NULL;
+    if (len)
+        *len = 0;
+    if (!m || !text)
+        return pi2_err_set(err, PI2_EINVAL, "manifest: NULL argument");
+
+    char *ctext = NULL;
+    size_t clen = 0;
+    pi2_err sub = { 0 };
+    int rc = pi2_config_format(&m->config, NULL, &ctext, &clen, &sub);
+    if (rc)
+        return pi2_err_set(err, rc, "manifest: config: %s", sub.msg);
+    json_error_t je;
+    json_t *config = json_loadb(ctext, clen, JSON_REJECT_DUPLICATES, &je);
+    free(ctext);
+    if (!config)
+        return pi2_err_set(err, PI2_ENOMEM, "manifest: config: cannot re-read the formatted config: %s", je.text);
+
+    json_t *bundle = NULL;
+    if (m->bundle_json) {
+        bundle = json_loads(m->bundle_json, JSON_REJECT_DUPLICATES, &je);
+        if (!bundle || !json_is_object(bundle)) {
+            char buf[100];
+            json_decref(bundle);
+            json_decref(config);
+            return pi2_err_set(err, PI2_EINVAL, "manifest: bundle_json is not a JSON object%s%s",
+                               bundle ? "" : ": ", bundle ? "" : clean(je.text, buf, sizeof buf));
+        }
+    }
+
+    jb b = { 0 };
+    json_t *root = build(&b, m, config, bundle);
+    if (b.bad || !root) {
+        json_decref(root);
+        return pi2_err_set(err, PI2_EINVAL, "manifest: %s: cannot encode (not UTF-8 text, or out of memory)",
+                           b.bad ? b.bad : "top level");
+    }
+    sbuf s = { 0 };
+    emit(&s, root, 0);
+    sb_str(&s, "\n");
+    json_decref(root);
+    if (s.failed) {
+        free(s.p);
+        return pi2_err_set(err, PI2_ENOMEM, "manifest: out of memory");
+    }
+    /* Whatever we write must read back. */
+    pi2_manifest *chk = NULL;
+    rc = pi2_manifest_parse(s.p, s.len, "manifest", &chk, err);
+    pi2_manifest_free(chk);
+    if (rc) {
+        free(s.p);
+        return rc;
+    }
+    *text = s.p;
+    if (len)
+        *len = s.len;
+    return 0;
+}

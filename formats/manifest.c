@@ -367,8 +367,11 @@ static int get_int(pctx *c, json_t *o, const char *w, const char *k, long long l
     if (!json_is_integer(v))
         return fail(c, PI2_EFORMAT, w, k, "expected an integer, got %s", jtype(v));
     long long x = json_integer_value(v);
-    if (x < lo || x > hi)
+    if (x < lo || x > hi) {
+        if (hi == INT64_MAX)
+            return fail(c, PI2_ERANGE, w, k, "%lld is out of range (must be >= %lld)", x, lo);
         return fail(c, PI2_ERANGE, w, k, "%lld is out of range [%lld, %lld]", x, lo, hi);
+    }
     *out = x;
     return 0;
 }
@@ -410,8 +413,11 @@ static int get_num(pctx *c, json_t *o, const char *w, const char *k, double lo, 
     if (!json_is_number(v))
         return fail(c, PI2_EFORMAT, w, k, "expected a number, got %s", jtype(v));
     double x = json_number_value(v);
-    if (!isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
+    if (!isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
+        if (hi == DBL_MAX || hi == FLT_MAX)
+            return fail(c, PI2_ERANGE, w, k, "%g is out of range (must be %s %g)", x, lo_open ? ">" : ">=", lo);
         return fail(c, PI2_ERANGE, w, k, "%g is out of range %c%g, %g]", x, lo_open ? '(' : '[', lo, hi);
+    }
     *out = x;
     return 0;
 }

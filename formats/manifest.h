@@ -113,8 +113,10 @@
  *                     tensor or (layer, expert) entries, qtype not allowed
  *                     for a role, scales/bits member presence wrong, bundle
  *                     present on a converted manifest or absent on a bundled
- *                     one, mode requirements above
- *   PI2_ENOTFOUND     required key missing; a member not in "sections"
+ *                     one, a null recall_target / threshold_sparsity /
+ *                     predictor that the mode requires
+ *   PI2_ENOTFOUND     required key missing (also silu_threshold in mode
+ *                     "threshold"); a member not in "sections"
  *   PI2_EUNSUPPORTED  version other than 1; unknown kind, role, qtype, mode,
  *                     torch_dtype, quant type or scales; quant group not 32
  *   PI2_ERANGE        a number out of its range, a string too long, too many

@@ -1024,7 +1024,7 @@ static const edit k_edits[] = {
     { "sparsity.per_layer.0.predictor.report.seconds", "-1", PI2_ERANGE, "report.seconds" },
     { "sparsity.per_layer.0.predictor.report.zzz", "1", PI2_EFORMAT, "report.zzz: unknown key" },
     /* profile */
-    { "profile.tokens", "-1", PI2_ERANGE, "profile.tokens" },
+    { "profile.tokens", "-1", PI2_ERANGE, "profile.tokens: -1 is out of range (must be >= 0)" },
     { "profile.per_layer.0.active_frac", "-0.1", PI2_ERANGE, "profile.per_layer[0].active_frac" },
     { "profile.per_layer.0.top10_share", "1.5", PI2_ERANGE, "top10_share" },
     { "profile.per_layer.0.bit_samples", "2", PI2_EFORMAT, "profile.per_layer[0].bits: must be \"\"" },
@@ -1033,7 +1033,7 @@ static const edit k_edits[] = {
     { "profile.per_layer.0.freq", "\"tokenizer.json\"", PI2_ESHAPE, "profile.per_layer[0].freq" },
     { "profile.per_layer.1.layer", "0", PI2_EFORMAT, "duplicate entry" },
     /* quality, bundle */
-    { "quality.ppl_ref", "0", PI2_ERANGE, "quality.ppl_ref" },
+    { "quality.ppl_ref", "0", PI2_ERANGE, "quality.ppl_ref: 0 is out of range (must be > 0)" },
     { "quality.ppl_ref", "-3", PI2_ERANGE, "quality.ppl_ref" },
     { "quality.tokens", "1.0", PI2_EFORMAT, "quality.tokens" },
     { "bundle", "{}", PI2_EFORMAT, "bundle: must be null for kind converted" },
@@ -1185,6 +1185,49 @@ static void test_moe_edits(void **state)
     json_decref(r);
 }
 
+/* Random byte edits: never a crash or leak, and whatever the reader accepts
+ * the writer writes back (and reads again). */
+static void test_fuzz(void **state)
+{
+    (void)state;
+    static const char alphabet[] = "{}[]\":,0123456789-.eE truefalsnl\\x";
+    pi2_rng rng;
+    pi2_rng_seed(&rng, 42);
+    int accepted = 0;
+    for (int it = 0; it < 1000; it++) {
+        const char *src = it % 2 ? g_moe : g_text;
+        size_t len = it % 2 ? g_moe_len : g_len;
+        char *t = malloc(len + 1);
+        assert_non_null(t);
+        memcpy(t, src, len + 1);
+        int edits = 1 + (int)(pi2_rng_u64(&rng) % 3);
+        for (int k = 0; k < edits; k++) {
+            size_t at = (size_t)(pi2_rng_u64(&rng) % len);
+            t[at] = alphabet[pi2_rng_u64(&rng) % (sizeof alphabet - 1)];
+        }
+        pi2_manifest *m = NULL;
+        pi2_err e = { 0 };
+        int rc = pi2_manifest_parse(t, len, NAME, &m, &e);
+        if (rc == 0) {
+            accepted++;
+            size_t n;
+            char *out = to_json(m, &n);
+            pi2_manifest *m2;
+            assert_int_equal(pi2_manifest_parse(out, n, NAME, &m2, NULL), 0);
+            same_manifest(m, m2);
+            pi2_manifest_free(m2);
+            free(out);
+        } else {
+            assert_null(m);
+            assert_true(rc < 0 && e.code == rc);
+            assert_null(strchr(e.msg, '\n'));
+        }
+        pi2_manifest_free(m);
+        free(t);
+    }
+    print_message("fuzz: %d of 1000 edits still valid\n", accepted);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1202,6 +1245,7 @@ int main(void)
         cmocka_unit_test(test_edits),
         cmocka_unit_test(test_structural),
         cmocka_unit_test(test_moe_edits),
+        cmocka_unit_test(test_fuzz),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -22,6 +22,7 @@
 #define RANK_BLOCK 64 /* rank rows per task (fc1 gradient) */
 #define EVAL_BATCH 256
 #define MAX_THREADS 64
+#define DEFAULT_THREADS 2 /* this project's target machines: 2 cores */
 
 static size_t words_for(int n_ff) { return ((size_t)n_ff + 63) / 64; }
 
@@ -877,8 +878,11 @@ int pi2_pred_eval(const pi2_predictor *pr, const pi2_trace *tr, pi2_pred_report 
     if (rc)
         return rc;
     blas_guard g = blas_enter();
+    pool pl;
+    pool_init(&pl, DEFAULT_THREADS);
     counts c;
-    eval_idx(&j, NULL, tr, idx, tr->n, pr->threshold, &c);
+    eval_idx(&j, &pl, tr, idx, tr->n, pr->threshold, &c);
+    pool_destroy(&pl);
     blas_leave(g);
     memset(rep, 0, sizeof *rep);
     report_fill(rep, pr, &c, tr->n);
@@ -897,8 +901,11 @@ int pi2_pred_calibrate(pi2_predictor *pr, const pi2_trace *tr, double recall, pi
     if (rc)
         return rc;
     blas_guard g = blas_enter();
+    pool pl;
+    pool_init(&pl, DEFAULT_THREADS);
     float thr;
-    rc = calibrate_idx(&j, NULL, tr, idx, tr->n, recall, &thr, NULL, err);
+    rc = calibrate_idx(&j, &pl, tr, idx, tr->n, recall, &thr, NULL, err);
+    pool_destroy(&pl);
     blas_leave(g);
     if (rc == 0)
         pr->threshold = thr;
@@ -1139,7 +1146,7 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
     j->b2 = (float)o->beta2;
     j->eps = (float)o->eps;
     j->decay = (float)(1 - o->lr * o->weight_decay);
-    pool_init(&c.pl, o->threads ? o->threads : 2);
+    pool_init(&c.pl, o->threads ? o->threads : DEFAULT_THREADS);
     c.pool_ok = true;
     blas_guard g = blas_enter();
 

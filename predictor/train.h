@@ -201,7 +201,8 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
                    pi2_err *err);
 
 /* Recall, precision and active fractions of p (at its threshold) over all
- * samples of tr, into the caller's *rep (required). PI2_ESHAPE if the
+ * samples of tr, into the caller's *rep (required). Eval and calibrate use 2
+ * threads; their results do not depend on it. PI2_ESHAPE if the
  * dimensions differ, PI2_EINVAL if tr is empty. */
 int pi2_pred_eval(const pi2_predictor *p, const pi2_trace *tr, pi2_pred_report *rep, pi2_err *err);
 

@@ -920,7 +920,7 @@ void pi2_pred_train_defaults(pi2_pred_train_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->rank = 0;
-    o->rank_min = 32;
+    o->rank_min = 64;
     o->rank_max = 1024;
     o->epochs = 10;
     o->batch = 256;
@@ -1199,9 +1199,13 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
             cost = (double)(cn.tp + cn.fp) / (double)cn.total;
         }
         double metric = o->stop_metric == PI2_PRED_STOP_COST ? cost : hl;
-        if (o->verbose)
-            fprintf(stderr, "predictor: epoch %d/%d  train loss %.5f  held-out loss %.5f  predicted active %.4f  (%.1f s)\n",
-                    epoch, o->epochs, train_loss, hl, cost, pi2_now() - t_start);
+        if (o->verbose) {
+            char extra[64] = "";
+            if (cost >= 0)
+                snprintf(extra, sizeof extra, "  predicted active %.4f", cost);
+            fprintf(stderr, "predictor: epoch %d/%d  train loss %.5f  held-out loss %.5f%s  (%.1f s)\n", epoch,
+                    o->epochs, train_loss, hl, extra, pi2_now() - t_start);
+        }
         last = (epoch_result){epoch, hl, thr, cn};
         bool progress = metric < best * (1 - o->min_delta) || kept.epoch == 0;
         if (metric < best || kept.epoch == 0) { /* a small gain is the new best, but not progress */

@@ -162,7 +162,7 @@ typedef struct pi2_pred_train_opts {
     bool verbose;         /* one progress line per epoch on stderr */
 } pi2_pred_train_opts;
 
-/* Defaults: rank 0 (auto, 32..1024), 10 epochs, batch 256, Adam lr 5e-3,
+/* Defaults: rank 0 (auto, 64..1024), 10 epochs, batch 256, Adam lr 5e-3,
  * betas 0.9/0.999, eps 1e-8, no weight decay, pos_weight auto (max 100), 20%
  * held out, target recall 0.99, stop on cost, patience 2, min_delta 1e-3,
  * restore_best, 2 threads, seed 1. */

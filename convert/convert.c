@@ -1,6 +1,7 @@
 /* pi2-convert: the stages in order (see convert.h). */
 #include "convert/convert_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -56,10 +57,68 @@ void conv_progress(pi2_conv *c, const char *what)
             c->bytes_total / 1e9, el > 0 ? c->bytes_read / el / 1e6 : 0.0);
 }
 
+void conv_stage_progress(pi2_conv *c, const char *what, int done, int total)
+{
+    if (!c->tty)
+        return;
+    double now = pi2_now();
+    if (now - c->last_progress < 0.25 && done < total)
+        return;
+    c->last_progress = now;
+    fprintf(stderr, "\r  %s %d/%d   %*s", what, done, total, 20, "");
+}
+
 static void progress_done(pi2_conv *c)
 {
     if (c->tty)
         fprintf(stderr, "\r%*s\r", 72, "");
+}
+
+/* The manifest's tensor list from what stage 1 recorded. */
+static int fill_manifest(pi2_conv *c, pi2_err *err)
+{
+    pi2_manifest *mf = c->mf;
+    const pi2_convert_opts *o = c->o;
+    mf->kind = PI2_MF_CONVERTED;
+    snprintf(mf->created_by, sizeof mf->created_by, "pi2-convert");
+    const char *base = strrchr(o->model_dir, '/');
+    base = base && base[1] ? base + 1 : o->model_dir;
+    snprintf(mf->source, sizeof mf->source, "%s", base);
+    for (char *p = mf->source; *p; p++)
+        if ((unsigned char)*p < 0x20)
+            *p = '?';
+    mf->config = *c->desc;
+    const pi2_st_tensor *e = pi2_ref_weight(c->m, PI2_T_EMBED, 0, 0);
+    snprintf(mf->torch_dtype, sizeof mf->torch_dtype, "%s",
+             e->dtype == PI2_DT_F32 ? "float32" : e->dtype == PI2_DT_F16 ? "float16" : "bfloat16");
+    mf->quant_ffn = o->q_ffn;
+    mf->quant_other = o->q_other;
+    snprintf(mf->tokenizer, sizeof mf->tokenizer, "tokenizer.json");
+    bool moe = c->desc->n_experts > 0;
+    for (size_t i = 0; i < c->n_tensors; i++) {
+        const conv_tensor *t = &c->tensors[i];
+        pi2_mf_tensor mt = {0};
+        snprintf(mt.name, sizeof mt.name, "%s", t->name);
+        mt.role = t->role;
+        bool global = t->role == PI2_T_EMBED || t->role == PI2_T_OUT_NORM || t->role == PI2_T_LM_HEAD;
+        bool ffn = t->role == PI2_T_GATE || t->role == PI2_T_UP || t->role == PI2_T_DOWN;
+        mt.layer = global ? -1 : t->layer;
+        mt.expert = ffn && moe ? t->expert : -1;
+        mt.qtype = t->qt;
+        mt.rows = t->rows;
+        mt.cols = t->cols;
+        mt.transposed = t->transposed;
+        snprintf(mt.payload, sizeof mt.payload, "%s", t->payload);
+        snprintf(mt.scales, sizeof mt.scales, "%s", t->scales);
+        int rc = pi2_manifest_add_tensor(mf, &mt, err);
+        if (rc)
+            return rc;
+    }
+    mf->quality_tokens = c->quality_tokens;
+    mf->ppl_ref = c->ppl[0];
+    mf->ppl_q_dense = c->ppl[1];
+    mf->ppl_q_sparse = c->ppl[2];
+    return 0;
 }
 
 int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err)
@@ -68,11 +127,12 @@ int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err)
     c.o = o;
     c.t0 = pi2_now();
     c.tty = !o->quiet && isatty(2);
+    c.ppl[0] = c.ppl[1] = c.ppl[2] = NAN;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     c.threads = o->threads > 0 ? o->threads : (int)(ncpu > 0 ? ncpu : 1);
     char tokpath[4096];
-    char *tokjson = NULL;
-    size_t toklen = 0;
+    char *tokjson = NULL, *mtext = NULL;
+    size_t toklen = 0, mlen = 0;
     int rc = pi2_ref_open(&c.m, o->model_dir, err);
     if (rc)
         goto out;
@@ -84,12 +144,18 @@ int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err)
         rc = pi2_err_set(err, PI2_ERANGE, "%s: path too long", o->model_dir);
         goto out;
     }
-    if ((rc = pi2_read_file(tokpath, 64u << 20, &tokjson, &toklen, err)) != 0)
+    if ((rc = pi2_read_file(tokpath, 64u << 20, &tokjson, &toklen, err)) != 0 ||
+        (rc = pi2_tok_load_mem(&c.tok, tokjson, toklen, tokpath, err)) != 0)
         goto out;
-    pi2_tok *tok = NULL;
-    if ((rc = pi2_tok_load_mem(&tok, tokjson, toklen, tokpath, err)) != 0)
+    c.bos = c.desc->bos_id >= 0 ? c.desc->bos_id : pi2_tok_bos(c.tok);
+    if (c.bos < 0 || c.bos >= c.desc->vocab) {
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: no usable BOS token for calibration sequences", o->model_dir);
         goto out;
-    pi2_tok_free(tok);
+    }
+    if (!(c.mf = pi2_manifest_new())) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
+        goto out;
+    }
     if ((rc = pi2_ctr_writer_create(&c.w, o->out_path, err)) != 0)
         goto out;
     if ((rc = pi2_ctr_writer_add(c.w, "tokenizer.json", tokjson, toklen, err)) != 0)
@@ -102,12 +168,25 @@ int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err)
         fprintf(report, "quantized %zu tensors (ffn %s, other %s): %.2f GB read in %.1f s (%.0f MB/s)\n",
                 c.n_tensors, pi2_q_type_name(o->q_ffn), pi2_q_type_name(o->q_other), c.bytes_read / 1e9, t_q,
                 t_q > 0 ? c.bytes_read / t_q / 1e6 : 0.0);
+    if ((rc = conv_calibrate(&c, report, err)) != 0)
+        goto out;
+    progress_done(&c);
+    size_t ns = 0;
+    const pi2_ctr_section *secs = pi2_ctr_writer_sections(c.w, &ns);
+    if ((rc = fill_manifest(&c, err)) != 0 || (rc = pi2_manifest_add_sections(c.mf, secs, ns, err)) != 0 ||
+        (rc = pi2_manifest_to_json(c.mf, &mtext, &mlen, err)) != 0 ||
+        (rc = pi2_ctr_writer_add(c.w, PI2_MF_NAME, mtext, mlen, err)) != 0)
+        goto out;
     rc = pi2_ctr_writer_finish(c.w, err);
 out:
     progress_done(&c);
     pi2_ctr_writer_free(c.w);
+    conv_calib_free(&c);
+    pi2_manifest_free(c.mf);
+    pi2_tok_free(c.tok);
     free(c.tensors);
     free(tokjson);
+    free(mtext);
     pi2_ref_close(c.m);
     return rc;
 }

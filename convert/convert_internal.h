@@ -5,8 +5,10 @@
 #include "convert/convert.h"
 #include "formats/container.h"
 #include "formats/hfconfig.h"
+#include "formats/manifest.h"
 #include "formats/safetensors.h"
 #include "formats/tokenizer.h"
+#include "predictor/train.h"
 #include "runtime/reference.h"
 
 #include <stdio.h>
@@ -36,7 +38,32 @@ typedef struct pi2_conv {
     /* converted tensors */
     conv_tensor *tensors;
     size_t n_tensors, cap_tensors;
+    pi2_manifest *mf;
+    pi2_tok *tok;
+    int bos;
+    /* calibration (convert_calib.c) */
+    int32_t *calib;        /* [n_seq][len] tokens; the last n_held sequences are held out */
+    int n_seq, n_held, stage_done;
+    pi2_trace **traces;    /* per FFN (layer-major, expert-minor) */
+    uint32_t *counts;      /* [ffn][n_ff] activation counts */
+    uint64_t *tokens;      /* [ffn] tokens seen */
+    bool silu;             /* SiLU model: threshold mode */
+    float *silu_thr;       /* [ffn] |act| threshold */
+    bool *silu_set;
+    pi2_predictor **preds; /* [ffn] or NULL */
+    pi2_pred_report *reports;
+    const char *pred_source;
+    uint64_t quality_tokens;
+    double ppl[3];         /* fp32, quantized dense, quantized sparse */
 } pi2_conv;
+
+/* Stages 2-4 (convert_calib.c): calibration text, traces, predictors,
+ * profile and sparsity members, quality; fills c->mf's sparsity/profile. */
+int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err);
+void conv_calib_free(pi2_conv *c);
+
+/* Progress of a counted stage on a terminal. */
+void conv_stage_progress(pi2_conv *c, const char *what, int done, int total);
 
 /* Stage 1 (convert_weights.c): every weight tensor, quantized, into c->w. */
 int conv_write_weights(pi2_conv *c, pi2_err *err);

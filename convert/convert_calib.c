@@ -1,0 +1,629 @@
+/* pi2-convert, stages 2-4: calibration run (traces and activation profile),
+ * predictors (imported or trained, thresholds calibrated to a target
+ * recall), SiLU threshold mode, and the quality report (perplexity of the
+ * fp32 reference, quantized dense, quantized + predicted sparsity). */
+#include "convert/convert_internal.h"
+
+#include "convert/calib.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SEQ_LEN 256         /* calibration sequence length (capped by max positions) */
+#define BATCH_SEQ 8         /* sequences per calibration forward */
+#define MAX_TRACE 32768     /* trace samples kept per FFN for training */
+#define BIT_SAMPLES 1024    /* activation bit rows stored in the profile */
+
+static size_t nffn(const pi2_model_desc *d) { return (size_t)d->n_layers * (d->n_experts > 0 ? d->n_experts : 1); }
+
+static size_t ffn_index(const pi2_model_desc *d, int layer, int expert)
+{
+    return (size_t)layer * (d->n_experts > 0 ? d->n_experts : 1) + (size_t)expert;
+}
+
+/* ---- calibration tokens ---- */
+
+/* Fill c->calib with n_seq sequences of len tokens, each starting at BOS. */
+static int calib_from_text(pi2_conv *c, int len, int want_seq, pi2_err *err)
+{
+    char *text = NULL;
+    size_t n = 0;
+    int32_t *ids = NULL;
+    size_t nids = 0;
+    int rc = pi2_read_file(c->o->calib_path, 256u << 20, &text, &n, err);
+    if (rc)
+        return rc;
+    rc = pi2_tok_encode(c->tok, text, n, &ids, &nids, err);
+    free(text);
+    if (rc)
+        return rc;
+    int per = len - 1; /* BOS + per tokens of text */
+    int have = (int)(nids / (size_t)per);
+    if (have < 2) {
+        free(ids);
+        return pi2_err_set(err, PI2_EINVAL, "%s: calibration text too short: %zu tokens, need at least %d",
+                           c->o->calib_path, nids, 2 * per);
+    }
+    c->n_seq = have < want_seq ? have : want_seq;
+    c->calib = pi2_malloc_array((size_t)c->n_seq * len, sizeof *c->calib);
+    if (!c->calib) {
+        free(ids);
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory for calibration tokens");
+    }
+    for (int q = 0; q < c->n_seq; q++) {
+        c->calib[(size_t)q * len] = c->bos;
+        memcpy(c->calib + (size_t)q * len + 1, ids + (size_t)q * per, (size_t)per * sizeof *ids);
+    }
+    free(ids);
+    return 0;
+}
+
+static int calib_generate(pi2_conv *c, int len, int n_seq, pi2_err *err)
+{
+    c->n_seq = n_seq;
+    c->calib = pi2_malloc_array((size_t)n_seq * len, sizeof *c->calib);
+    int32_t prompt[BATCH_SEQ];
+    pi2_calib_state *s = NULL;
+    pi2_calib_opts co = {.threads = c->threads};
+    if (!c->calib)
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory for calibration tokens");
+    int rc = pi2_calib_state_create(&s, c->m, BATCH_SEQ, len, &co, err);
+    for (int q0 = 0; rc == 0 && q0 < n_seq; q0 += BATCH_SEQ) {
+        for (int k = 0; k < BATCH_SEQ; k++)
+            prompt[k] = c->bos;
+        pi2_sample_opts so = {.temperature = 1.0f, .top_k = 0, .top_p = 0.95f, .seed = c->o->seed * 1000003u + (uint64_t)q0};
+        int32_t *out = pi2_malloc_array((size_t)BATCH_SEQ * len, sizeof *out);
+        if (!out) {
+            rc = pi2_err_set(err, PI2_ENOMEM, "out of memory for calibration tokens");
+            break;
+        }
+        rc = pi2_calib_generate(s, prompt, 1, len, &so, out, err);
+        int take = n_seq - q0 < BATCH_SEQ ? n_seq - q0 : BATCH_SEQ;
+        if (rc == 0)
+            memcpy(c->calib + (size_t)q0 * len, out, (size_t)take * len * sizeof *out);
+        free(out);
+        c->stage_done = q0 + take;
+        conv_stage_progress(c, "generating calibration text", c->stage_done, n_seq);
+    }
+    pi2_calib_state_free(s);
+    return rc;
+}
+
+/* ---- trace collection ---- */
+
+typedef struct trace_ctx {
+    pi2_conv *c;
+    pi2_err *err;
+    int rc;
+} trace_ctx;
+
+/* |A| quantile for the SiLU threshold mode: the share `q` of entries below. */
+static float abs_quantile(const float *A, size_t n, double q)
+{
+    if (n == 0)
+        return 0.0f;
+    size_t m = n < (1u << 20) ? n : (1u << 20); /* a strided sample is plenty */
+    size_t stride = n / m;
+    float *v = malloc(m * sizeof *v);
+    if (!v)
+        return 0.0f;
+    for (size_t i = 0; i < m; i++)
+        v[i] = fabsf(A[i * stride]);
+    /* nth element by partial selection (quickselect) */
+    size_t k = (size_t)(q * (double)(m - 1)), lo = 0, hi = m - 1;
+    while (lo < hi) {
+        float pivot = v[(lo + hi) / 2];
+        size_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] < pivot)
+                i++;
+            while (v[j] > pivot)
+                j--;
+            if (i <= j) {
+                float t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                if (j == 0)
+                    break;
+                j--;
+            }
+        }
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            break;
+    }
+    float r = v[k];
+    free(v);
+    return r;
+}
+
+static void on_ffn_trace(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X, float *A)
+{
+    trace_ctx *t = ctx;
+    pi2_conv *c = t->c;
+    const pi2_model_desc *d = c->desc;
+    (void)rows;
+    if (t->rc)
+        return;
+    size_t fi = ffn_index(d, layer, expert);
+    int F = d->n_ff;
+    if (c->silu && !c->silu_set[fi]) {
+        c->silu_thr[fi] = abs_quantile(A, (size_t)n * F, c->o->silu_sparsity);
+        c->silu_set[fi] = true;
+    }
+    float min_abs = c->silu ? c->silu_thr[fi] : 0.0f;
+    uint32_t *cnt = c->counts + fi * (size_t)F;
+    for (int i = 0; i < n; i++) {
+        const float *a = A + (size_t)i * F;
+        for (int j = 0; j < F; j++)
+            cnt[j] += fabsf(a[j]) > min_abs;
+        c->tokens[fi]++;
+        if (pi2_trace_count(c->traces[fi]) < MAX_TRACE) {
+            t->rc = pi2_trace_add(c->traces[fi], X + (size_t)i * d->hidden, a, min_abs, t->err);
+            if (t->rc)
+                return;
+        }
+    }
+}
+
+static int collect_traces(pi2_conv *c, int len, pi2_err *err)
+{
+    const pi2_model_desc *d = c->desc;
+    size_t nf = nffn(d);
+    c->traces = pi2_calloc_array(nf, sizeof *c->traces);
+    c->counts = pi2_calloc_array(nf * (size_t)d->n_ff, sizeof *c->counts);
+    c->tokens = pi2_calloc_array(nf, sizeof *c->tokens);
+    c->silu_thr = pi2_calloc_array(nf, sizeof *c->silu_thr);
+    c->silu_set = pi2_calloc_array(nf, sizeof *c->silu_set);
+    if (!c->traces || !c->counts || !c->tokens || !c->silu_thr || !c->silu_set)
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory for activation traces");
+    int rc = 0;
+    for (size_t i = 0; i < nf && rc == 0; i++)
+        rc = pi2_trace_create(&c->traces[i], d->hidden, d->n_ff, err);
+    if (rc)
+        return rc;
+    trace_ctx tc = {c, err, 0};
+    pi2_calib_opts co = {.threads = c->threads, .ffn = on_ffn_trace, .ffn_ctx = &tc};
+    pi2_calib_state *s = NULL;
+    rc = pi2_calib_state_create(&s, c->m, BATCH_SEQ, len, &co, err);
+    int n_train = c->n_seq - c->n_held;
+    for (int q0 = 0; rc == 0 && q0 < n_train; q0 += BATCH_SEQ) {
+        int nb = n_train - q0 < BATCH_SEQ ? n_train - q0 : BATCH_SEQ;
+        pi2_calib_state_free(s);
+        s = NULL;
+        rc = pi2_calib_state_create(&s, c->m, nb, len, &co, err);
+        if (rc == 0)
+            rc = pi2_calib_forward(s, c->calib + (size_t)q0 * len, len, NULL, err);
+        if (rc == 0)
+            rc = tc.rc;
+        conv_stage_progress(c, "calibration run", q0 + nb, n_train);
+    }
+    pi2_calib_state_free(s);
+    return rc;
+}
+
+/* ---- predictors ---- */
+
+static int import_one(pi2_conv *c, const pi2_st *src, const char *srcname, int layer, int expert,
+                      pi2_predictor **out, pi2_err *err)
+{
+    const pi2_model_desc *d = c->desc;
+    char n1[128], n2[128];
+    pi2_tensor_name(n1, sizeof n1, d, PI2_T_PRED_FC1, layer, expert);
+    pi2_tensor_name(n2, sizeof n2, d, PI2_T_PRED_FC2, layer, expert);
+    const pi2_st_tensor *f1 = pi2_st_find(src, n1), *f2 = pi2_st_find(src, n2);
+    if (!f1 || !f2)
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: predictor tensor %s missing", srcname, f1 ? n2 : n1);
+    if (f1->ndim != 2 || f2->ndim != 2 || f1->shape[1] != d->hidden || f2->shape[0] != d->n_ff ||
+        f2->shape[1] != f1->shape[0] || f1->shape[0] < 1 || f1->shape[0] > PI2_PRED_MAX_DIM)
+        return pi2_err_set(err, PI2_ESHAPE,
+                           "%s: predictor shapes do not match the model: %s is [%lld, %lld], %s is [%lld, %lld]; "
+                           "expected [r, %d] and [%d, r]",
+                           srcname, n1, (long long)f1->shape[0], (long long)(f1->ndim > 1 ? f1->shape[1] : 0), n2,
+                           (long long)f2->shape[0], (long long)(f2->ndim > 1 ? f2->shape[1] : 0), d->hidden,
+                           d->n_ff);
+    int r = (int)f1->shape[0];
+    float *w1 = pi2_malloc_array(f1->nelem, sizeof(float)), *w2 = pi2_malloc_array(f2->nelem, sizeof(float));
+    int rc;
+    if (!w1 || !w2)
+        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory importing predictors");
+    else if ((rc = pi2_st_to_f32(f1, w1, f1->nelem, err)) == 0 && (rc = pi2_st_to_f32(f2, w2, f2->nelem, err)) == 0)
+        rc = pi2_pred_create(out, d->hidden, d->n_ff, r, w1, w2, 0.0f, err);
+    free(w1);
+    free(w2);
+    return rc;
+}
+
+static int predictors(pi2_conv *c, FILE *report, pi2_err *err)
+{
+    const pi2_model_desc *d = c->desc;
+    const pi2_convert_opts *o = c->o;
+    size_t nf = nffn(d);
+    int E = d->n_experts > 0 ? d->n_experts : 1;
+    char n1[128];
+    pi2_tensor_name(n1, sizeof n1, d, PI2_T_PRED_FC1, 0, 0);
+    pi2_st *ext = NULL;
+    const pi2_st *src = NULL;
+    const char *srcname = NULL;
+    int rc = 0;
+    if (pi2_st_find(c->st, n1)) {
+        src = c->st;
+        srcname = o->model_dir;
+    } else if (o->predictors_dir) {
+        if ((rc = pi2_st_open(&ext, o->predictors_dir, err)) != 0)
+            return rc;
+        src = ext;
+        srcname = o->predictors_dir;
+    } else if (!o->train_predictors) {
+        c->pred_source = "none";
+        return 0;
+    }
+    c->preds = pi2_calloc_array(nf, sizeof *c->preds);
+    c->reports = pi2_calloc_array(nf, sizeof *c->reports);
+    if (!c->preds || !c->reports) {
+        pi2_st_close(ext);
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory for predictors");
+    }
+    c->pred_source = src ? "imported" : "trained";
+    if (report)
+        fprintf(report, "predictors (%s, target recall %.3f):\n", c->pred_source, o->recall);
+    for (int l = 0; rc == 0 && l < d->n_layers; l++)
+        for (int e = 0; rc == 0 && e < E; e++) {
+            size_t fi = ffn_index(d, l, e);
+            pi2_trace *tr = c->traces[fi];
+            if (pi2_trace_count(tr) < 2 || pi2_trace_active_frac(tr) == 0.0) {
+                if (!src) {
+                    rc = pi2_err_set(err, PI2_EINVAL,
+                                     "layer %d expert %d: too few calibration samples with active neurons (%zu) "
+                                     "to train a predictor; give more --calib-tokens",
+                                     l, e, pi2_trace_count(tr));
+                    break;
+                }
+            }
+            if (src) {
+                rc = import_one(c, src, srcname, l, e, &c->preds[fi], err);
+                if (rc == 0 && pi2_trace_count(tr) > 0)
+                    rc = pi2_pred_calibrate(c->preds[fi], tr, o->recall, err);
+                if (rc == 0 && pi2_trace_count(tr) > 0)
+                    rc = pi2_pred_eval(c->preds[fi], tr, &c->reports[fi], err);
+            } else {
+                pi2_pred_train_opts to;
+                pi2_pred_train_defaults(&to);
+                to.target_recall = o->recall;
+                to.seed = o->seed + fi;
+                to.threads = c->threads;
+                /* Small models need rank comparable to their width to reach
+                 * the recall target at a low predicted-active share. */
+                to.rank_min = 2 * d->hidden < 256 ? 2 * d->hidden : 256;
+                to.epochs = 30;
+                to.patience = 3;
+                rc = pi2_pred_train(tr, &to, &c->preds[fi], &c->reports[fi], err);
+            }
+            if (rc)
+                break;
+            const pi2_pred_report *r = &c->reports[fi];
+            if (report)
+                fprintf(report,
+                        "  layer %2d%s%.0d: rank %4d  recall %.4f  precision %.3f  predicted active %.3f  true "
+                        "active %.3f  %.1f MB (q8)%s%.1f s\n",
+                        l, d->n_experts > 0 ? " expert " : "", d->n_experts > 0 ? e : 0, pi2_pred_rank(c->preds[fi]),
+                        r->recall, r->precision, r->pred_active_frac, r->true_active_frac, r->bytes_q8 / 1e6,
+                        src ? "" : "  trained in ", src ? 0.0 : r->seconds);
+            conv_stage_progress(c, "predictors", (int)fi + 1, (int)nf);
+        }
+    pi2_st_close(ext);
+    return rc;
+}
+
+/* ---- quality ---- */
+
+typedef struct q_ctx {
+    pi2_conv *c;
+    bool sparse;
+    size_t dropped, total;
+} q_ctx;
+
+static void qdq_rows(pi2_qtype qt, float *w, int64_t rows, int64_t cols)
+{
+    if (qt == PI2_QT_F32 || cols % PI2_Q_GROUP != 0)
+        return;
+    size_t pb = pi2_q_payload_row_bytes(qt, cols), sc = pi2_q_scale_row_count(qt, cols);
+    uint8_t *p = malloc(pb);
+    uint16_t *s = malloc(sc * sizeof *s);
+    if (p && s)
+        for (int64_t r = 0; r < rows; r++) {
+            float *row = w + (size_t)r * (size_t)cols;
+            if (pi2_q_quantize_row(qt, row, cols, s, p) == 0)
+                pi2_q_dequantize_row(qt, s, p, cols, row);
+        }
+    free(p);
+    free(s);
+}
+
+static void on_weight_q(void *ctx, pi2_tname t, int layer, int expert, float *w, int64_t rows, int64_t cols)
+{
+    q_ctx *q = ctx;
+    (void)layer;
+    (void)expert;
+    pi2_qtype qt = t == PI2_T_GATE || t == PI2_T_UP || t == PI2_T_DOWN ? q->c->o->q_ffn
+                   : t == PI2_T_ROUTER                                ? PI2_QT_F32
+                                                                      : q->c->o->q_other;
+    if (t == PI2_T_DOWN) {
+        /* stored transposed: groups run along the hidden dimension, i.e. down
+         * the columns of this [d, n_ff] matrix */
+        float *col = malloc((size_t)rows * sizeof *col);
+        if (!col)
+            return;
+        for (int64_t j = 0; j < cols; j++) {
+            for (int64_t i = 0; i < rows; i++)
+                col[i] = w[(size_t)i * (size_t)cols + (size_t)j];
+            qdq_rows(qt, col, 1, rows);
+            for (int64_t i = 0; i < rows; i++)
+                w[(size_t)i * (size_t)cols + (size_t)j] = col[i];
+        }
+        free(col);
+        return;
+    }
+    qdq_rows(qt, w, rows, cols);
+}
+
+static void on_ffn_sparse(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X, float *A)
+{
+    q_ctx *q = ctx;
+    pi2_conv *c = q->c;
+    const pi2_model_desc *d = c->desc;
+    (void)rows;
+    size_t fi = ffn_index(d, layer, expert);
+    int F = d->n_ff;
+    size_t W = ((size_t)F + 63) / 64;
+    uint64_t *bits = malloc(W * sizeof *bits);
+    if (!bits)
+        return;
+    for (int i = 0; i < n; i++) {
+        float *a = A + (size_t)i * F;
+        if (c->preds)
+            pi2_pred_predict(c->preds[fi], X + (size_t)i * d->hidden, bits);
+        for (int j = 0; j < F; j++) {
+            bool keep = c->preds ? (bits[j / 64] >> (j % 64)) & 1 : fabsf(a[j]) > c->silu_thr[fi];
+            if (!keep) {
+                q->dropped += a[j] != 0.0f;
+                a[j] = 0.0f;
+            }
+        }
+        q->total += (size_t)F;
+    }
+    free(bits);
+}
+
+static int quality(pi2_conv *c, int len, FILE *report, pi2_err *err)
+{
+    int held = c->n_held;
+    const int32_t *toks = c->calib + (size_t)(c->n_seq - held) * len;
+    double nll[3] = {0, 0, 0};
+    bool sparse_mode = c->preds || c->silu;
+    int rc = 0;
+    for (int k = 0; k < 3 && rc == 0; k++) {
+        if (k == 2 && !sparse_mode)
+            break;
+        q_ctx qc = {c, k == 2, 0, 0};
+        pi2_calib_opts co = {.threads = c->threads};
+        if (k >= 1) {
+            co.weight = on_weight_q;
+            co.weight_ctx = &qc;
+        }
+        if (k == 2) {
+            co.ffn = on_ffn_sparse;
+            co.ffn_ctx = &qc;
+        }
+        pi2_calib_state *s = NULL;
+        for (int q0 = 0; rc == 0 && q0 < held; q0 += BATCH_SEQ) {
+            int nb = held - q0 < BATCH_SEQ ? held - q0 : BATCH_SEQ;
+            double part[BATCH_SEQ];
+            rc = pi2_calib_state_create(&s, c->m, nb, len, &co, err);
+            if (rc == 0)
+                rc = pi2_calib_nll(s, toks + (size_t)q0 * len, len, part, err);
+            for (int i = 0; rc == 0 && i < nb; i++)
+                nll[k] += part[i];
+            pi2_calib_state_free(s);
+            s = NULL;
+        }
+        conv_stage_progress(c, "quality", k + 1, 3);
+    }
+    if (rc)
+        return rc;
+    double n = (double)held * (len - 1);
+    c->quality_tokens = (uint64_t)n;
+    c->ppl[0] = exp(nll[0] / n);
+    c->ppl[1] = exp(nll[1] / n);
+    c->ppl[2] = sparse_mode ? exp(nll[2] / n) : NAN;
+    if (report) {
+        fprintf(report, "quality on %.0f held-out tokens: perplexity fp32 %.4f | quantized dense %.4f (%+.2f%%)", n,
+                c->ppl[0], c->ppl[1], 100.0 * (c->ppl[1] / c->ppl[0] - 1));
+        if (sparse_mode)
+            fprintf(report, " | quantized + %s sparsity %.4f (%+.2f%%)", c->preds ? "predicted" : "threshold",
+                    c->ppl[2], 100.0 * (c->ppl[2] / c->ppl[0] - 1));
+        fprintf(report, "\n");
+    }
+    return 0;
+}
+
+/* ---- profile members ---- */
+
+static int write_profile(pi2_conv *c, pi2_err *err)
+{
+    const pi2_model_desc *d = c->desc;
+    int F = d->n_ff, E = d->n_experts > 0 ? d->n_experts : 1;
+    float *freq = pi2_malloc_array((size_t)F, sizeof *freq);
+    int rc = 0;
+    if (!freq)
+        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory for the profile");
+    for (int l = 0; rc == 0 && l < d->n_layers; l++)
+        for (int e = 0; rc == 0 && e < E; e++) {
+            size_t fi = ffn_index(d, l, e);
+            const uint32_t *cnt = c->counts + fi * (size_t)F;
+            double tok = (double)c->tokens[fi], sum = 0;
+            int hot = 0;
+            for (int j = 0; j < F; j++) {
+                freq[j] = tok > 0 ? (float)(cnt[j] / tok) : 0.0f;
+                sum += freq[j];
+                hot += freq[j] > 0.5f;
+            }
+            /* share of all activations that the 10% most frequent neurons carry */
+            int top = F / 10 > 0 ? F / 10 : 1;
+            float thr = abs_quantile(freq, (size_t)F, 1.0 - (double)top / F);
+            double topsum = 0;
+            int taken = 0;
+            for (int j = 0; j < F; j++)
+                if (freq[j] > thr) {
+                    topsum += freq[j];
+                    taken++;
+                }
+            for (int j = 0; j < F && taken < top; j++)
+                if (freq[j] == thr) {
+                    topsum += freq[j];
+                    taken++;
+                }
+            pi2_mf_profile p = {0};
+            p.layer = l;
+            p.expert = d->n_experts > 0 ? e : -1;
+            p.active_frac = sum / F;
+            p.hot_share = (double)hot / F;
+            p.top10_share = sum > 0 ? topsum / sum : 0.0;
+            snprintf(p.freq, sizeof p.freq, "profile/%d.%d.freq", l, e);
+            rc = pi2_ctr_writer_add(c->w, p.freq, freq, (size_t)F * sizeof *freq, err);
+            size_t nb = pi2_trace_count(c->traces[fi]) < BIT_SAMPLES ? pi2_trace_count(c->traces[fi]) : BIT_SAMPLES;
+            size_t W = ((size_t)F + 63) / 64;
+            if (rc == 0 && nb > 0) {
+                snprintf(p.bits, sizeof p.bits, "profile/%d.%d.bits", l, e);
+                rc = pi2_ctr_writer_begin(c->w, p.bits, nb * W * 8, err);
+                for (size_t i = 0; rc == 0 && i < nb; i++)
+                    rc = pi2_ctr_writer_data(c->w, pi2_trace_bits(c->traces[fi], i), W * 8, err);
+                if (rc == 0)
+                    rc = pi2_ctr_writer_end(c->w, err);
+                p.bit_samples = nb;
+            }
+            if (rc == 0)
+                rc = pi2_manifest_add_profile(c->mf, &p, err);
+        }
+    free(freq);
+    return rc;
+}
+
+/* Predictor members and sparsity entries. */
+static int write_sparsity(pi2_conv *c, pi2_err *err)
+{
+    const pi2_model_desc *d = c->desc;
+    int E = d->n_experts > 0 ? d->n_experts : 1;
+    pi2_manifest *mf = c->mf;
+    mf->sparsity_mode = c->preds ? PI2_MF_SPARSE_PREDICTOR : c->silu ? PI2_MF_SPARSE_THRESHOLD : PI2_MF_SPARSE_NONE;
+    if (c->silu) {
+        mf->sparsity_mode = PI2_MF_SPARSE_THRESHOLD;
+        mf->threshold_sparsity = c->o->silu_sparsity;
+    }
+    mf->recall_target = c->preds ? c->o->recall : NAN;
+    if (mf->sparsity_mode == PI2_MF_SPARSE_NONE)
+        return 0;
+    int rc = 0;
+    for (int l = 0; rc == 0 && l < d->n_layers; l++)
+        for (int e = 0; rc == 0 && e < E; e++) {
+            size_t fi = ffn_index(d, l, e);
+            pi2_mf_layer ml = {0};
+            ml.layer = l;
+            ml.expert = d->n_experts > 0 ? e : -1;
+            if (c->silu) {
+                ml.has_silu_threshold = true;
+                ml.silu_threshold = c->silu_thr[fi];
+            }
+            if (c->preds) {
+                const pi2_predictor *p = c->preds[fi];
+                int r = pi2_pred_rank(p);
+                ml.has_predictor = true;
+                ml.predictor.rank = r;
+                ml.predictor.threshold = pi2_pred_threshold(p);
+                ml.predictor.imported = strcmp(c->pred_source, "imported") == 0;
+                ml.predictor.report = c->reports[fi];
+                snprintf(ml.predictor.fc1, sizeof ml.predictor.fc1, "p/%d.%d.fc1", l, e);
+                snprintf(ml.predictor.fc2, sizeof ml.predictor.fc2, "p/%d.%d.fc2", l, e);
+                rc = pi2_ctr_writer_add(c->w, ml.predictor.fc1, pi2_pred_fc1(p),
+                                        (size_t)r * d->hidden * sizeof(float), err);
+                if (rc == 0)
+                    rc = pi2_ctr_writer_add(c->w, ml.predictor.fc2, pi2_pred_fc2(p),
+                                            (size_t)d->n_ff * r * sizeof(float), err);
+            }
+            if (rc == 0)
+                rc = pi2_manifest_add_layer(mf, &ml, err);
+        }
+    return rc;
+}
+
+int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err)
+{
+    const pi2_model_desc *d = c->desc;
+    const pi2_convert_opts *o = c->o;
+    int len = d->max_pos < SEQ_LEN ? d->max_pos : SEQ_LEN;
+    /* Default: as many tokens as a trace holds on small models, 4096 on large
+     * ones (the calibration run costs a full forward per token). */
+    uint64_t params = 0;
+    for (size_t i = 0; i < pi2_st_count(c->st); i++)
+        params += pi2_st_at(c->st, i)->nelem;
+    int tokens = o->calib_tokens > 0 ? o->calib_tokens : params < 100000000u ? MAX_TRACE : 4096;
+    int n_train = (tokens + len - 1) / len;
+    if (n_train < 2)
+        n_train = 2;
+    int n_held = n_train / 8 > 0 ? n_train / 8 : 1;
+    c->silu = d->act == PI2_ACT_SILU;
+    double t0 = pi2_now();
+    int rc = o->calib_path ? calib_from_text(c, len, n_train + n_held, err)
+                           : calib_generate(c, len, n_train + n_held, err);
+    if (rc)
+        return rc;
+    c->n_held = c->n_seq / 9 > 0 ? c->n_seq / 9 : 1;
+    if (c->n_seq - c->n_held < 1)
+        return pi2_err_set(err, PI2_EINVAL, "calibration needs at least 2 sequences of %d tokens", len);
+    if (report)
+        fprintf(report, "calibration: %d sequences x %d tokens (%s), %d held out for quality\n",
+                c->n_seq - c->n_held, len, o->calib_path ? o->calib_path : "self-generated", c->n_held);
+    if ((rc = collect_traces(c, len, err)) != 0)
+        return rc;
+    double t1 = pi2_now();
+    if (report)
+        fprintf(report, "calibration run: %.1f s\n", t1 - t0);
+    if ((rc = predictors(c, report, err)) != 0)
+        return rc;
+    if (report && !c->preds)
+        fprintf(report, "predictors: none in the checkpoint and --train-predictors not given%s\n",
+                c->silu ? "; sparsity by the calibrated threshold" : "; the runtime will run dense");
+    if ((rc = write_sparsity(c, err)) != 0 || (rc = write_profile(c, err)) != 0)
+        return rc;
+    if (report && c->silu) {
+        fprintf(report, "SiLU threshold mode: per-layer |act| thresholds dropping %.0f%% of activations:",
+                100 * o->silu_sparsity);
+        for (size_t i = 0; i < nffn(d) && i < 8; i++)
+            fprintf(report, " %.4g", c->silu_thr[i]);
+        fprintf(report, "%s\n", nffn(d) > 8 ? " ..." : "");
+    }
+    c->mf->profile_tokens = c->tokens[0];
+    return quality(c, len, report, err);
+}
+
+void conv_calib_free(pi2_conv *c)
+{
+    size_t nf = c->desc ? nffn(c->desc) : 0;
+    for (size_t i = 0; c->traces && i < nf; i++)
+        pi2_trace_free(c->traces[i]);
+    for (size_t i = 0; c->preds && i < nf; i++)
+        pi2_pred_free(c->preds[i]);
+    free(c->traces);
+    free(c->preds);
+    free(c->reports);
+    free(c->counts);
+    free(c->tokens);
+    free(c->silu_thr);
+    free(c->silu_set);
+    free(c->calib);
+}

@@ -48,4 +48,11 @@ void pi2_convert_defaults(pi2_convert_opts *o);
  * is non-NULL. Nothing is left at out_path on failure. */
 int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err);
 
+/* Dequantize a converted model back into a Hugging Face model directory
+ * (config.json, tokenizer.json, one F32 model.safetensors; FFN down
+ * transposed back), so the reference forward runs exactly the quantized
+ * weights: the quantized reference the runtime is tested against. `out_dir`
+ * must not exist; it appears only when complete. */
+int pi2_convert_export(const char *converted, const char *out_dir, pi2_err *err);
+
 #endif

@@ -57,6 +57,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: pi2-convert MODEL_DIR -o OUT [options]\n"
             "       pi2-convert synth --preset NAME -o DIR [options]   (see pi2-convert synth --help)\n"
+            "       pi2-convert export CONVERTED -o DIR   (dequantize back to an F32 HF dir: the\n"
+            "                                              quantized reference for pi2-run --reference)\n"
             "\n"
             "Convert a Hugging Face model directory (config.json, tokenizer.json, safetensors)\n"
             "into a pi2 converted model: quantized weights (FFN scales stored apart from the\n"
@@ -304,5 +306,30 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "synth") == 0)
         return cmd_synth(argc - 1, argv + 1);
+    if (strcmp(argv[1], "export") == 0) {
+        const char *in = NULL, *out = NULL;
+        for (int i = 2; i < argc; i++) {
+            if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) && i + 1 < argc)
+                out = argv[++i];
+            else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+                usage(stdout);
+                return 0;
+            } else if (!in && argv[i][0] != '-')
+                in = argv[i];
+            else {
+                fprintf(stderr, "pi2-convert export: unexpected argument '%s'; see --help\n", argv[i]);
+                return 2;
+            }
+        }
+        if (!in || !out) {
+            fprintf(stderr, "pi2-convert export: usage: pi2-convert export CONVERTED -o DIR\n");
+            return 2;
+        }
+        pi2_err err = {0};
+        if (pi2_convert_export(in, out, &err))
+            return die(NULL, &err, 1);
+        printf("wrote %s\n", out);
+        return 0;
+    }
     return cmd_convert(argc, argv);
 }

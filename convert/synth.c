@@ -5,14 +5,12 @@
 
 #include "formats/tokenizer.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 const char *const pi2_synth_preset_names[] = {"tiny", "small", "1b", "7b", "moe", NULL};
@@ -577,45 +575,15 @@ static int validate_opts(const pi2_synth_opts *o, pi2_err *err)
     return 0;
 }
 
-/* Remove our own temporary directory (flat: only files we wrote). */
-static void remove_dir(const char *dir)
-{
-    DIR *dh = opendir(dir);
-    if (dh) {
-        struct dirent *e;
-        char path[4400];
-        while ((e = readdir(dh)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                continue;
-            if (pi2_path_join(path, sizeof path, dir, e->d_name))
-                unlink(path);
-        }
-        closedir(dh);
-    }
-    rmdir(dir);
-}
-
 int pi2_synth_write(const char *dir, const pi2_synth_opts *o, pi2_synth_progress progress, void *pctx,
                     pi2_err *err)
 {
     int rc = validate_opts(o, err);
     if (rc)
         return rc;
-    struct stat st;
-    if (stat(dir, &st) == 0)
-        return pi2_err_set(err, PI2_EINVAL, "%s: already exists (choose a new output directory)", dir);
-    size_t dl = strlen(dir);
-    if (dl > 3900)
-        return pi2_err_set(err, PI2_EINVAL, "%s: unsupported output path", dir);
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", dir);
-    while (dl > 1 && tmp[dl - 1] == '/') { /* "out/" -> "out.tmp.XXXXXX" */
-        memmove(tmp + dl - 1, tmp + dl, strlen(tmp + dl) + 1);
-        dl--;
-    }
-    if (!mkdtemp(tmp))
-        return pi2_err_errno(err, PI2_EIO, errno, "%s: cannot create directory", dir);
-    chmod(tmp, 0755); /* mkdtemp makes it private; a model dir is not */
+    if ((rc = pi2_dir_begin(dir, tmp, sizeof tmp, err)) != 0)
+        return rc;
 
     tdesc *t = NULL;
     size_t nt = 0;
@@ -752,13 +720,10 @@ int pi2_synth_write(const char *dir, const pi2_synth_opts *o, pi2_synth_progress
         if (rc)
             goto fail;
     }
-    if (rename(tmp, dir) != 0) {
-        rc = pi2_err_errno(err, PI2_EIO, errno, "%s: cannot rename %s into place", dir, tmp);
-        goto fail;
-    }
+    rc = pi2_dir_commit(tmp, dir, err);
     goto done;
 fail:
-    remove_dir(tmp);
+    pi2_dir_abort(tmp);
 done:
     if (files)
         for (size_t i = 0; i < nt; i++)

@@ -1,5 +1,6 @@
 #include "formats/common.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -396,6 +397,51 @@ void pi2_afile_abort(pi2_afile *f)
         close(f->fd);
     unlink(f->tmp);
     afile_free(f);
+}
+
+int pi2_dir_begin(const char *dir, char *tmp, size_t cap, pi2_err *err)
+{
+    struct stat st;
+    if (stat(dir, &st) == 0)
+        return pi2_err_set(err, PI2_EINVAL, "%s: already exists (choose a new output directory)", dir);
+    size_t dl = strlen(dir);
+    while (dl > 1 && dir[dl - 1] == '/') /* "out/" -> "out.tmp.XXXXXX" */
+        dl--;
+    if (dl + 12 > cap)
+        return pi2_err_set(err, PI2_ERANGE, "%s: path too long", dir);
+    memcpy(tmp, dir, dl);
+    memcpy(tmp + dl, ".tmp.XXXXXX", 12);
+    if (!mkdtemp(tmp))
+        return pi2_err_errno(err, PI2_EIO, errno, "%s: cannot create directory", dir);
+    chmod(tmp, 0755); /* mkdtemp makes it private; a model dir is not */
+    return 0;
+}
+
+int pi2_dir_commit(const char *tmp, const char *dir, pi2_err *err)
+{
+    if (rename(tmp, dir) != 0) {
+        int e = errno;
+        pi2_dir_abort(tmp);
+        return pi2_err_errno(err, PI2_EIO, e, "%s: cannot rename %s into place", dir, tmp);
+    }
+    return 0;
+}
+
+void pi2_dir_abort(const char *tmp)
+{
+    DIR *dh = opendir(tmp);
+    if (dh) {
+        struct dirent *e;
+        char path[4400];
+        while ((e = readdir(dh)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            if (pi2_path_join(path, sizeof path, tmp, e->d_name))
+                unlink(path);
+        }
+        closedir(dh);
+    }
+    rmdir(tmp);
 }
 
 bool pi2_path_join(char *buf, size_t cap, const char *dir, const char *name)

@@ -123,6 +123,15 @@ void pi2_afile_abort(pi2_afile *f);
  * writes fail with ENOSPC (simulated full disk). Negative disables. */
 void pi2_afile_fail_after(int64_t bytes);
 
+/* ---- atomic directory: a temporary sibling renamed into place ----
+ * pi2_dir_begin refuses an existing `dir`, creates "<dir>.tmp.XXXXXX"
+ * (mode 0755) and puts its path in tmp (cap >= strlen(dir) + 12).
+ * pi2_dir_commit renames it onto dir; pi2_dir_abort removes it and the files
+ * directly inside it (callers write flat directories). */
+int pi2_dir_begin(const char *dir, char *tmp, size_t cap, pi2_err *err);
+int pi2_dir_commit(const char *tmp, const char *dir, pi2_err *err);
+void pi2_dir_abort(const char *tmp);
+
 /* Join dir and name into buf ("dir/name"); false if it does not fit. */
 bool pi2_path_join(char *buf, size_t cap, const char *dir, const char *name);
 bool pi2_is_dir(const char *path);

@@ -59,43 +59,14 @@ static int calib_from_text(pi2_conv *c, int len, int want_seq, pi2_err *err)
     return 0;
 }
 
-static int calib_generate(pi2_conv *c, int len, int n_seq, pi2_err *err)
-{
-    c->n_seq = n_seq;
-    c->calib = pi2_malloc_array((size_t)n_seq * len, sizeof *c->calib);
-    int32_t prompt[BATCH_SEQ];
-    pi2_calib_state *s = NULL;
-    pi2_calib_opts co = {.threads = c->threads};
-    if (!c->calib)
-        return pi2_err_set(err, PI2_ENOMEM, "out of memory for calibration tokens");
-    int rc = pi2_calib_state_create(&s, c->m, BATCH_SEQ, len, &co, err);
-    for (int q0 = 0; rc == 0 && q0 < n_seq; q0 += BATCH_SEQ) {
-        for (int k = 0; k < BATCH_SEQ; k++)
-            prompt[k] = c->bos;
-        pi2_sample_opts so = {.temperature = 1.0f, .top_k = 0, .top_p = 0.95f, .seed = c->o->seed * 1000003u + (uint64_t)q0};
-        int32_t *out = pi2_malloc_array((size_t)BATCH_SEQ * len, sizeof *out);
-        if (!out) {
-            rc = pi2_err_set(err, PI2_ENOMEM, "out of memory for calibration tokens");
-            break;
-        }
-        rc = pi2_calib_generate(s, prompt, 1, len, &so, out, err);
-        int take = n_seq - q0 < BATCH_SEQ ? n_seq - q0 : BATCH_SEQ;
-        if (rc == 0)
-            memcpy(c->calib + (size_t)q0 * len, out, (size_t)take * len * sizeof *out);
-        free(out);
-        c->stage_done = q0 + take;
-        conv_stage_progress(c, "generating calibration text", c->stage_done, n_seq);
-    }
-    pi2_calib_state_free(s);
-    return rc;
-}
-
 /* ---- trace collection ---- */
 
 typedef struct trace_ctx {
     pi2_conv *c;
     pi2_err *err;
     int rc;
+    int keep_rows; /* rows (sequences of a decode step) >= this are held out; INT32_MAX = all */
+    int n_new;     /* tokens per sequence in the current call */
 } trace_ctx;
 
 /* |A| quantile for the SiLU threshold mode: the share `q` of entries below. */
@@ -147,7 +118,6 @@ static void on_ffn_trace(void *ctx, int layer, int expert, int n, const int32_t 
     trace_ctx *t = ctx;
     pi2_conv *c = t->c;
     const pi2_model_desc *d = c->desc;
-    (void)rows;
     if (t->rc)
         return;
     size_t fi = ffn_index(d, layer, expert);
@@ -159,6 +129,8 @@ static void on_ffn_trace(void *ctx, int layer, int expert, int n, const int32_t 
     float min_abs = c->silu ? c->silu_thr[fi] : 0.0f;
     uint32_t *cnt = c->counts + fi * (size_t)F;
     for (int i = 0; i < n; i++) {
+        if (rows[i] / t->n_new >= t->keep_rows)
+            continue; /* a held-out sequence */
         const float *a = A + (size_t)i * F;
         for (int j = 0; j < F; j++)
             cnt[j] += fabsf(a[j]) > min_abs;
@@ -171,7 +143,46 @@ static void on_ffn_trace(void *ctx, int layer, int expert, int n, const int32_t 
     }
 }
 
-static int collect_traces(pi2_conv *c, int len, pi2_err *err)
+/* Self-generated calibration text, `batch` sequences per batched decode.
+ * The traces of the training sequences are recorded while they are
+ * generated (the FFN callback sees every decode step), so no second pass. */
+static int calib_generate(pi2_conv *c, int len, int n_seq, int n_held, int batch, pi2_err *err)
+{
+    c->n_seq = n_seq;
+    c->n_held = n_held;
+    c->calib = pi2_malloc_array((size_t)n_seq * len, sizeof *c->calib);
+    int32_t *prompt = pi2_malloc_array((size_t)batch, sizeof *prompt);
+    int32_t *out = pi2_malloc_array((size_t)batch * len, sizeof *out);
+    pi2_calib_state *s = NULL;
+    trace_ctx tc = {c, err, 0, INT32_MAX, 1};
+    pi2_calib_opts co = {.threads = c->threads, .ffn = on_ffn_trace, .ffn_ctx = &tc};
+    int rc = !c->calib || !prompt || !out ? pi2_err_set(err, PI2_ENOMEM, "out of memory for calibration tokens") : 0;
+    for (int k = 0; rc == 0 && k < batch; k++)
+        prompt[k] = c->bos;
+    int n_train = n_seq - n_held;
+    for (int q0 = 0; rc == 0 && q0 < n_seq; q0 += batch) {
+        int nb = n_seq - q0 < batch ? n_seq - q0 : batch;
+        pi2_calib_state_free(s);
+        s = NULL;
+        tc.keep_rows = n_train - q0; /* sequences of this batch past n_train are held out */
+        pi2_sample_opts so = {.temperature = 1.0f, .top_k = 0, .top_p = 0.95f,
+                              .seed = c->o->seed * 1000003u + (uint64_t)q0};
+        rc = pi2_calib_state_create(&s, c->m, nb, len, &co, err);
+        if (rc == 0)
+            rc = pi2_calib_generate(s, prompt, 1, len, &so, out, err);
+        if (rc == 0)
+            rc = tc.rc;
+        if (rc == 0)
+            memcpy(c->calib + (size_t)q0 * len, out, (size_t)nb * len * sizeof *out);
+        conv_stage_progress(c, "generating calibration text", q0 + nb, n_seq);
+    }
+    pi2_calib_state_free(s);
+    free(prompt);
+    free(out);
+    return rc;
+}
+
+static int traces_alloc(pi2_conv *c, pi2_err *err)
 {
     const pi2_model_desc *d = c->desc;
     size_t nf = nffn(d);
@@ -185,9 +196,14 @@ static int collect_traces(pi2_conv *c, int len, pi2_err *err)
     int rc = 0;
     for (size_t i = 0; i < nf && rc == 0; i++)
         rc = pi2_trace_create(&c->traces[i], d->hidden, d->n_ff, err);
-    if (rc)
-        return rc;
-    trace_ctx tc = {c, err, 0};
+    return rc;
+}
+
+/* Traces from a prefill over the training sequences (calibration text). */
+static int collect_traces(pi2_conv *c, int len, pi2_err *err)
+{
+    int rc = 0;
+    trace_ctx tc = {c, err, 0, INT32_MAX, len};
     pi2_calib_opts co = {.threads = c->threads, .ffn = on_ffn_trace, .ffn_ctx = &tc};
     pi2_calib_state *s = NULL;
     rc = pi2_calib_state_create(&s, c->m, BATCH_SEQ, len, &co, err);
@@ -565,31 +581,39 @@ int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err)
 {
     const pi2_model_desc *d = c->desc;
     const pi2_convert_opts *o = c->o;
-    int len = d->max_pos < SEQ_LEN ? d->max_pos : SEQ_LEN;
     /* Default: as many tokens as a trace holds on small models, 4096 on large
-     * ones (the calibration run costs a full forward per token). */
+     * ones (the calibration run costs a full forward per token). Large models
+     * generate their own text in short sequences, many at a time: each decode
+     * step streams every weight once, whatever the batch. */
     uint64_t params = 0;
     for (size_t i = 0; i < pi2_st_count(c->st); i++)
         params += pi2_st_at(c->st, i)->nelem;
-    int tokens = o->calib_tokens > 0 ? o->calib_tokens : params < 100000000u ? MAX_TRACE : 4096;
+    bool big = params >= 100000000u;
+    int len = big ? 64 : SEQ_LEN, batch = big ? 64 : BATCH_SEQ;
+    if (len > d->max_pos)
+        len = d->max_pos;
+    int tokens = o->calib_tokens > 0 ? o->calib_tokens : big ? 4096 : MAX_TRACE;
     int n_train = (tokens + len - 1) / len;
     if (n_train < 2)
         n_train = 2;
     int n_held = n_train / 8 > 0 ? n_train / 8 : 1;
     c->silu = d->act == PI2_ACT_SILU;
     double t0 = pi2_now();
-    int rc = o->calib_path ? calib_from_text(c, len, n_train + n_held, err)
-                           : calib_generate(c, len, n_train + n_held, err);
+    int rc = traces_alloc(c, err);
     if (rc)
         return rc;
-    c->n_held = c->n_seq / 9 > 0 ? c->n_seq / 9 : 1;
-    if (c->n_seq - c->n_held < 1)
-        return pi2_err_set(err, PI2_EINVAL, "calibration needs at least 2 sequences of %d tokens", len);
+    if (o->calib_path) {
+        if ((rc = calib_from_text(c, len, n_train + n_held, err)) != 0)
+            return rc;
+        c->n_held = c->n_seq / 9 > 0 ? c->n_seq / 9 : 1;
+        if ((rc = collect_traces(c, len, err)) != 0)
+            return rc;
+    } else if ((rc = calib_generate(c, len, n_train + n_held, n_held, batch, err)) != 0) {
+        return rc;
+    }
     if (report)
         fprintf(report, "calibration: %d sequences x %d tokens (%s), %d held out for quality\n",
                 c->n_seq - c->n_held, len, o->calib_path ? o->calib_path : "self-generated", c->n_held);
-    if ((rc = collect_traces(c, len, err)) != 0)
-        return rc;
     double t1 = pi2_now();
     if (report)
         fprintf(report, "calibration run: %.1f s\n", t1 - t0);

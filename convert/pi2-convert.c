@@ -104,13 +104,13 @@ static int cmd_convert(int argc, char **argv)
         switch (c) {
         case 'o': o.out_path = optarg; break;
         case O_QUANT:
-            rc = pi2_q_type_parse(optarg, &o.q_ffn, &err);
-            if (rc == 0 && o.q_ffn == PI2_QT_F32)
+            rc = pi2_q_type_parse(optarg, &o.q_ffn, NULL);
+            if (rc != 0 || o.q_ffn == PI2_QT_F32)
                 rc = pi2_err_set(&err, PI2_EINVAL, "--quant '%s': expected q4 or q8", optarg);
             break;
         case O_OQUANT:
-            rc = pi2_q_type_parse(optarg, &o.q_other, &err);
-            if (rc == 0 && o.q_other == PI2_QT_F32)
+            rc = pi2_q_type_parse(optarg, &o.q_other, NULL);
+            if (rc != 0 || o.q_other == PI2_QT_F32)
                 rc = pi2_err_set(&err, PI2_EINVAL, "--other-quant '%s': expected q8 or q4", optarg);
             break;
         case O_TRAIN: o.train_predictors = true; break;

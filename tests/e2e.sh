@@ -33,7 +33,12 @@ for tool in pi2-convert pi2-bundle pi2-run; do
     "$B/$tool" >/dev/null 2>&1; rc=$?
     if [ "$rc" -ne 0 ] && [ "$rc" -lt 128 ]; then ok; else bad "$tool without arguments: exit $rc"; fi
 done
-expect_error "convert bad command" "unknown command" "$B/pi2-convert" frobnicate
+expect_error "convert no output" "-o OUT is required" "$B/pi2-convert" "$T/nope"
+expect_error "convert missing dir" "$T/nope" "$B/pi2-convert" "$T/nope" -o "$T/out.pi2c"
+expect_error "convert bad quant" "--quant 'q3'" "$B/pi2-convert" "$T/nope" --quant q3 -o "$T/out.pi2c"
+expect_error "convert bad recall" "--recall" "$B/pi2-convert" "$T/nope" --recall 2 -o "$T/out.pi2c"
+expect_error "convert two dirs" "exactly one MODEL_DIR" "$B/pi2-convert" a b -o "$T/out.pi2c"
+expect_error "export no args" "usage" "$B/pi2-convert" export
 expect_error "synth no preset" "preset is required" "$B/pi2-convert" synth -o "$T/x"
 expect_error "synth bad preset" "unknown preset" "$B/pi2-convert" synth --preset huge -o "$T/x"
 expect_error "synth no output" "-o DIR is required" "$B/pi2-convert" synth --preset tiny
@@ -60,6 +65,22 @@ else bad "pi2-run on the generated model"; cat "$T/err"; fi
 a=$("$B/pi2-run" --reference "$T/tiny" -p "x" -n 16 --temp 1 --seed 5 2>/dev/null)
 b=$("$B/pi2-run" --reference "$T/tiny" -p "x" -n 16 --temp 1 --seed 5 2>/dev/null)
 [ "$a" = "$b" ] && ok || bad "sampling is not reproducible for a seed"
+
+# --- convert the generated model, export it back, run the quantized reference ---
+"$B/pi2-convert" "$T/tiny" -o "$T/tiny.pi2c" --train-predictors --calib-tokens 2048 -q >"$T/out" 2>"$T/err" \
+    && grep -q "predictors (trained" "$T/out" && grep -q "quality on" "$T/out" && ok \
+    || { bad "convert tiny with training"; cat "$T/out" "$T/err"; }
+tar tvf "$T/tiny.pi2c" 2>/dev/null | grep -q "manifest.json" && ok || bad "tar does not list manifest.json"
+expect_ok "export" "$B/pi2-convert" export "$T/tiny.pi2c" -o "$T/tiny-q"
+"$B/pi2-run" --reference "$T/tiny-q" -p "hello" -n 8 >/dev/null 2>"$T/err" && ok || { bad "run exported"; cat "$T/err"; }
+expect_error "export existing dir" "already exists" "$B/pi2-convert" export "$T/tiny.pi2c" -o "$T/tiny-q"
+expect_error "export not a container" "tokenizer.json" "$B/pi2-convert" export "$T/tiny/tokenizer.json" -o "$T/x"
+expect_error "convert bad calib" "$T/nocalib.txt" "$B/pi2-convert" "$T/tiny" -o "$T/c.pi2c" --calib "$T/nocalib.txt" -q
+[ -e "$T/c.pi2c" ] && bad "failed convert left its output" || ok
+ls "$T" | grep -q "tmp\." && bad "temporary files left behind: $(ls "$T" | grep tmp.)" || ok
+echo "Once upon a time there was a little girl who liked to play in the park with her dog." >"$T/short.txt"
+expect_error "convert short calib" "too short" "$B/pi2-convert" "$T/tiny" -o "$T/c.pi2c" --calib "$T/short.txt" -q
+"$B/pi2-convert" "$T/tiny" -o "$T/silu.pi2c" -q --calib-tokens 1024 >/dev/null 2>&1 && ok || bad "convert without predictors"
 
 # --- bad input to pi2-run ---
 expect_error "run no model" "--reference" "$B/pi2-run" -p hi

@@ -151,42 +151,57 @@ static float group_max(const float *x)
     return m;
 }
 
+/* x / D rounded half away from zero, for |x / D| <= 128 (the scale limits
+ * guarantee it). Branch-free so the group loops vectorise: truncate, then
+ * step away from zero when the exact remainder reaches one half. */
+static inline int32_t div_round(float x, double dd)
+{
+    double v = (double)x / dd;
+    int32_t t = (int32_t)v; /* exact truncation */
+    double f = v - (double)t;
+    return t + (int32_t)(f >= 0.5) - (int32_t)(f <= -0.5);
+}
+
 static void quantize_q4_group(const float *x, uint16_t *scale, uint8_t *qs)
 {
     double d = (double)group_max(x) / -8.0;
     uint16_t h = f16_toward_zero(fabs(d));
     if (h != 0 && d < 0)
         h |= 0x8000;
+    *scale = h;
+    if (h == 0) {
+        memset(qs, 0x88, PI2_Q4_GROUP_BYTES); /* every q is 8 */
+        return;
+    }
     double dd = pi2_f16_to_f32(h);
     int32_t q[PI2_Q_GROUP];
-    /* Branch-free so the loop vectorises: trunc, then half away from zero. */
     for (int j = 0; j < PI2_Q_GROUP; j++) {
-        double v = h == 0 ? 0.0 : (double)x[j] / dd;
-        int32_t t = (int32_t)v; /* |v| <= 16: exact truncation */
-        double f = v - (double)t;
-        t += (f >= 0.5) - (f <= -0.5);
-        t += 8;
-        q[j] = t < 0 ? 0 : t > 15 ? 15 : t;
+        int32_t t = div_round(x[j], dd) + 8;
+        t = t < 0 ? 0 : t;
+        q[j] = t > 15 ? 15 : t;
     }
     for (int j = 0; j < PI2_Q4_GROUP_BYTES; j++)
         qs[j] = (uint8_t)(q[j] | q[j + 16] << 4);
-    *scale = h;
 }
 
 static void quantize_q8_group(const float *x, uint16_t *scale, uint8_t *qs)
 {
     double d = fabs((double)group_max(x)) / 127.0;
     uint16_t h = f16_toward_zero(d);
-    double dd = pi2_f16_to_f32(h);
-    for (int j = 0; j < PI2_Q_GROUP; j++) {
-        double v = h == 0 ? 0.0 : (double)x[j] / dd;
-        int32_t t = (int32_t)v; /* |v| <= 128: exact truncation */
-        double f = v - (double)t;
-        t += (f >= 0.5) - (f <= -0.5);
-        t = t < -127 ? -127 : t > 127 ? 127 : t;
-        qs[j] = (uint8_t)(int8_t)t;
-    }
     *scale = h;
+    if (h == 0) {
+        memset(qs, 0, PI2_Q8_GROUP_BYTES);
+        return;
+    }
+    double dd = pi2_f16_to_f32(h);
+    int32_t q[PI2_Q_GROUP];
+    for (int j = 0; j < PI2_Q_GROUP; j++) {
+        int32_t t = div_round(x[j], dd);
+        t = t < -127 ? -127 : t;
+        q[j] = t > 127 ? 127 : t;
+    }
+    for (int j = 0; j < PI2_Q_GROUP; j++)
+        qs[j] = (uint8_t)(int8_t)q[j];
 }
 
 int pi2_q_quantize_row(pi2_qtype t, const float *x, int64_t cols, uint16_t *scales, uint8_t *payload)
@@ -195,10 +210,11 @@ int pi2_q_quantize_row(pi2_qtype t, const float *x, int64_t cols, uint16_t *scal
         return PI2_EINVAL;
     /* Validate everything first so nothing is written on error. */
     double limit = t == PI2_QT_Q4 ? 8.0 * SCALE_LIMIT : t == PI2_QT_Q8 ? 127.0 * SCALE_LIMIT : INFINITY;
-    for (int64_t j = 0; j < cols; j++) {
-        if (!isfinite(x[j]) || fabs((double)x[j]) >= limit)
-            return PI2_ERANGE;
-    }
+    int bad = 0; /* branch-free: NaN fails the comparison too */
+    for (int64_t j = 0; j < cols; j++)
+        bad |= !(fabs((double)x[j]) < limit);
+    if (bad)
+        return PI2_ERANGE;
     int64_t ng = cols / PI2_Q_GROUP;
     switch (t) {
     case PI2_QT_F32:

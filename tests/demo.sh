@@ -1,20 +1,28 @@
 #!/bin/sh
 # The main job end to end on a model the project makes itself: generate an
-# activation-sparse (dReLU) model, then generate text from it and show what
-# fired. Grows with the tools.
+# activation-sparse (dReLU) model, convert it (quantize, train predictors,
+# profile, measure quality), then generate text from the quantized weights.
+# Grows with the tools.
 set -eu
 B=${BUILD:-build}
 D=$B/demo
 mkdir -p "$D"
-echo "== 1. pi2-convert synth: a generated dReLU model with planted sparsity (10% of FFN neurons per token)"
-rm -rf "$D/model"
+rm -rf "$D/model" "$D/model.pi2c" "$D/model-q"
+echo "== 1. pi2-convert synth: a generated dReLU model with planted sparsity (10% of FFN neurons fire per token)"
 "$B/pi2-convert" synth --preset small -o "$D/model"
-ls -l "$D/model"
 echo
-echo "== 2. pi2-run --reference: dense fp32 reference generation, with activation statistics"
-"$B/pi2-run" --reference "$D/model" -p "Once upon a time" -n 32 --stats
+echo "== 2. pi2-convert: 4-bit FFN / 8-bit attention, predictors trained on self-generated text, activation profile"
+"$B/pi2-convert" "$D/model" -o "$D/model.pi2c" --train-predictors --calib-tokens 8192
+echo
+echo "== 3. what the converted model holds (a tar: every payload 4 KiB-aligned)"
+tar tvf "$D/model.pi2c" | awk '{n++; s+=$3} END {printf "%d members, %.1f MB\n", n, s/1e6}'
+tar tvf "$D/model.pi2c" | grep -v '\.pad/' | sed -n '1,4p;/predictor\|p\/0/p;/profile\/0/p;/manifest/p'
+echo
+echo "== 4. pi2-run on the quantized weights (exported back to an F32 dir for the reference path)"
+"$B/pi2-convert" export "$D/model.pi2c" -o "$D/model-q"
+"$B/pi2-run" --reference "$D/model-q" -p "Once upon a time" -n 32 --stats
 if [ -d ../shared/models/tinystories-656k-drelu ]; then
     echo
-    echo "== 3. the same on a real trained dReLU model (../shared/models/tinystories-656k-drelu)"
+    echo "== 5. a real trained dReLU model (../shared/models/tinystories-656k-drelu) on the reference path"
     "$B/pi2-run" --reference ../shared/models/tinystories-656k-drelu -p "Once upon a time, there was a" -n 48 --stats
 fi

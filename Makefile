@@ -68,6 +68,10 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) sh tests/demo.sh
 
+bench: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) sh tests/bench.sh
+
 clean:
 	rm -rf build build-san
 

@@ -1,0 +1,51 @@
+#!/bin/sh
+# Benchmarks (not tests): the generator and the converter on the generated
+# 7B-shaped model. Figures are printed with ratios to a baseline measured in
+# the same run (sequential O_DIRECT read/write of the same bytes with dd: this
+# machine's storage limit). Needs ~25 GB free under BENCH_DIR.
+set -eu
+B=${BUILD:-build}
+W=${BENCH_DIR:-$B/bench}
+mkdir -p "$W"
+say() { printf '%s\n' "$*"; }
+num() { sed -n "s/.*$1 \([0-9.]*\).*/\1/p" | head -1; }
+
+say "== generator: 7B-shaped dReLU model (hidden 4096, ffn 14336, 32 layers, BF16)"
+rm -rf "$W/synth-7b"
+out=$("$B/pi2-convert" synth --preset 7b -o "$W/synth-7b" | tail -1)
+say "$out"
+gen_gbs=$(echo "$out" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p')
+gen_rss=$(echo "$out" | num "peak RSS")
+size=$(du -sb "$W/synth-7b" | cut -f1)
+
+say "== baseline: sequential O_DIRECT write and read of the same bytes (dd, 16 MiB blocks)"
+cnt=$((size / 16777216))
+t0=$(date +%s.%N)
+dd if=/dev/zero of="$W/dd.bin" bs=16M count="$cnt" oflag=direct conv=fsync status=none
+t1=$(date +%s.%N)
+wr=$(echo "$size $t0 $t1" | awk '{printf "%.3f", $1/($3-$2)/1e9}')
+t0=$(date +%s.%N)
+for f in "$W"/synth-7b/*.safetensors; do dd if="$f" of=/dev/null bs=16M iflag=direct status=none; done
+t1=$(date +%s.%N)
+rd=$(echo "$size $t0 $t1" | awk '{printf "%.3f", $1/($3-$2)/1e9}')
+rm -f "$W/dd.bin"
+gen_rate=$(echo "$size $gen_gbs" | awk '{printf "%.3f", $1/$2/1e9}')
+say "disk: write $wr GB/s, read $rd GB/s"
+say "generator: $gen_rate GB/s = $(echo "$gen_rate $wr" | awk '{printf "%.2f", $1/$2}') x disk write, peak RSS $gen_rss MB"
+
+say "== converter without training (q4 FFN, q8 other; calibration kept minimal: 128 self-generated tokens)"
+rm -f "$W/synth-7b.pi2c"
+"$B/pi2-convert" "$W/synth-7b" -o "$W/synth-7b.pi2c" --calib-tokens 128 -q >"$W/convert.log"
+cat "$W/convert.log"
+q=$(sed -n 's/.*: \([0-9.]*\) GB read in \([0-9.]*\) s.*/\1 \2/p' "$W/convert.log")
+qrate=$(echo "$q" | awk '{printf "%.3f", $1/$2}')
+crss=$(num "peak RSS" <"$W/convert.log")
+say "quantization: $qrate GB/s read = $(echo "$qrate $rd" | awk '{printf "%.2f", $1/$2}') x disk read; peak RSS $crss MB (target < 2048)"
+
+say "== converter with predictor training on a 2-layer 7B-shaped model (per-layer training time)"
+rm -rf "$W/synth-7b-2l" "$W/synth-7b-2l.pi2c"
+"$B/pi2-convert" synth --preset 7b --layers 2 -o "$W/synth-7b-2l" >/dev/null
+"$B/pi2-convert" "$W/synth-7b-2l" -o "$W/synth-7b-2l.pi2c" --train-predictors --calib-tokens 4096 -q | tee "$W/train.log"
+printf '{"gen_GBps": %s, "gen_vs_disk_write": %s, "gen_peak_rss_MB": %s, "quant_GBps": %s, "quant_vs_disk_read": %s, "convert_peak_rss_MB": %s}\n' \
+    "$gen_rate" "$(echo "$gen_rate $wr" | awk '{printf "%.2f", $1/$2}')" "$gen_rss" "$qrate" \
+    "$(echo "$qrate $rd" | awk '{printf "%.2f", $1/$2}')" "$crss" | tee "$W/results.json"

@@ -140,11 +140,32 @@ typedef struct conv_job {
     pi2_err err[MAX_THREADS];
 } conv_job;
 
+/* BF16 -> f32 is a 16-bit shift, but pi2_st_to_f32 goes element by element
+ * through a dtype switch (~3.4 ns per element here against ~0.5 for this
+ * loop, which the compiler vectorises): on a BF16 7B model that is 20 s per
+ * forward call against 3. Same values: pi2_bf16_to_f32 is what both use. */
+static void bf16_to_f32(const uint8_t *restrict p, float *restrict out, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint16_t b;
+        memcpy(&b, p + 2 * i, 2); /* unaligned-safe load */
+        out[i] = pi2_bf16_to_f32(b);
+    }
+}
+
 static void conv_part(void *ctx, int tid, int64_t i0, int64_t i1)
 {
     conv_job *j = ctx;
     pi2_st_tensor v = row_slice(j->t, j->r0 + i0, i1 - i0);
-    j->rc[tid] = pi2_st_to_f32(&v, j->out + (size_t)i0 * (size_t)j->t->shape[1], v.nelem, &j->err[tid]);
+    float *out = j->out + (size_t)i0 * (size_t)j->t->shape[1];
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (v.dtype == PI2_DT_BF16) {
+        bf16_to_f32(v.data, out, v.nelem);
+        j->rc[tid] = 0;
+        return;
+    }
+#endif
+    j->rc[tid] = pi2_st_to_f32(&v, out, v.nelem, &j->err[tid]);
 }
 
 /* out (n, cols) = rows [r0, r0 + n) of the 2-D tensor t as f32, converted on
@@ -197,7 +218,7 @@ static int load_norm(pi2_calib_state *s, pi2_tname t, int layer, pi2_err *err)
 
 /* ---- row kernels ---- */
 
-/* out = x / sqrt(mean(x^2) + eps) * s->norm for one row of d floats. */
+/* out = x / sqrt(mean(x^2) + eps) * w for one row of n floats. */
 static void rmsnorm_row(float *out, const float *x, const float *w, int n, float eps)
 {
     double ss = 0.0;

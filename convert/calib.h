@@ -9,8 +9,9 @@
  * one call appends `n_new` tokens to every sequence (n_new = prompt length
  * for a prefill, 1 for a batched decode step). The call runs layer by layer
  * over all n_seq * n_new rows at once, so every weight matrix is converted to
- * f32 once per call (pi2_st_to_f32, on row slices in parallel, into one
- * reusable buffer; the mapped pages are released afterwards) and multiplied
+ * f32 once per call (on row slices in parallel, into one reusable buffer:
+ * BF16 by an inlined shift, F16 and F32 by pi2_st_to_f32; the mapped pages
+ * are released afterwards) and multiplied
  * with OpenBLAS sgemm. The output head is converted in row blocks, never
  * whole. Matmuls accumulate in float (the reference uses double), so results
  * agree with the reference to about 1e-5 relative, not bit for bit; router

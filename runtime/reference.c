@@ -319,6 +319,39 @@ void pi2_ref_close(pi2_ref_model *m)
 const pi2_model_desc *pi2_ref_desc(const pi2_ref_model *m) { return m ? &m->d : NULL; }
 const pi2_st *pi2_ref_tensors(const pi2_ref_model *m) { return m ? m->st : NULL; }
 
+const pi2_st_tensor *pi2_ref_weight(const pi2_ref_model *m, pi2_tname t, int layer, int expert)
+{
+    if (!m)
+        return NULL;
+    switch (t) {
+    case PI2_T_EMBED: return m->embed;
+    case PI2_T_LM_HEAD: return m->head;
+    case PI2_T_OUT_NORM: return m->out_norm;
+    default: break;
+    }
+    if (layer < 0 || layer >= m->d.n_layers)
+        return NULL;
+    const ref_layer *L = &m->layers[layer];
+    switch (t) {
+    case PI2_T_ATTN_NORM: return L->attn_norm;
+    case PI2_T_FFN_NORM: return L->ffn_norm;
+    case PI2_T_Q: return L->q;
+    case PI2_T_K: return L->k;
+    case PI2_T_V: return L->v;
+    case PI2_T_O: return L->o;
+    case PI2_T_ROUTER: return L->router;
+    default: break;
+    }
+    if (expert < 0 || expert >= m->n_exp)
+        return NULL;
+    switch (t) {
+    case PI2_T_GATE: return L->gate[expert];
+    case PI2_T_UP: return L->up[expert];
+    case PI2_T_DOWN: return L->down[expert];
+    default: return NULL;
+    }
+}
+
 /* ---- state ---- */
 
 int pi2_ref_state_create(pi2_ref_state **out, const pi2_ref_model *m, int max_seq, pi2_err *err)

@@ -28,6 +28,12 @@ void pi2_ref_close(pi2_ref_model *m);
 const pi2_model_desc *pi2_ref_desc(const pi2_ref_model *m);
 /* The underlying tensors (e.g. to import predictors). */
 const pi2_st *pi2_ref_tensors(const pi2_ref_model *m);
+/* The validated tensor view the forward uses for part `t` of `layer` (and
+ * `expert`, which must be 0 for dense models): EMBED and LM_HEAD are the same
+ * view when embeddings are tied; the view's shape and float dtype were checked
+ * at open. NULL for a part the model does not have (ROUTER on a dense model,
+ * predictors) or an index out of range. Borrowed: valid until pi2_ref_close. */
+const pi2_st_tensor *pi2_ref_weight(const pi2_ref_model *m, pi2_tname t, int layer, int expert);
 
 /* Called for every FFN evaluation (once per layer per token; once per
  * selected expert for MoE) with the FFN input after RMSNorm (`x`, hidden

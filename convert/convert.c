@@ -20,14 +20,8 @@ int conv_record_tensor(pi2_conv *c, const char *name, pi2_tname role, int layer,
                        int64_t rows, int64_t cols, bool transposed, const char *payload, const char *scales,
                        pi2_err *err)
 {
-    if (c->n_tensors == c->cap_tensors) {
-        size_t cap = c->cap_tensors ? 2 * c->cap_tensors : 64;
-        conv_tensor *t = realloc(c->tensors, cap * sizeof *t);
-        if (!t)
-            return pi2_err_set(err, PI2_ENOMEM, "out of memory");
-        c->tensors = t;
-        c->cap_tensors = cap;
-    }
+    if (pi2_grow(&c->tensors, &c->cap_tensors, c->n_tensors, sizeof *c->tensors, 64))
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
     conv_tensor *t = &c->tensors[c->n_tensors++];
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);

@@ -90,6 +90,22 @@ void *pi2_calloc_array(size_t n, size_t size)
     return calloc(n ? n : 1, size ? size : 1);
 }
 
+int pi2_grow(void *arr, size_t *cap, size_t n, size_t elem, size_t min_cap)
+{
+    if (n < *cap)
+        return 0;
+    void **pp = arr;
+    size_t nc = *cap ? *cap : min_cap, bytes;
+    if (*cap && !pi2_mul_size(nc, 2, &nc))
+        return PI2_ENOMEM;
+    void *p = pi2_mul_size(nc, elem, &bytes) ? realloc(*pp, bytes) : NULL;
+    if (!p)
+        return PI2_ENOMEM;
+    *pp = p;
+    *cap = nc;
+    return 0;
+}
+
 char *pi2_strdup(const char *s)
 {
     size_t n = strlen(s) + 1;

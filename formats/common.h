@@ -57,6 +57,12 @@ static inline bool pi2_add_size(size_t a, size_t b, size_t *out) { return !__bui
 void *pi2_malloc_array(size_t n, size_t size);
 void *pi2_calloc_array(size_t n, size_t size);
 char *pi2_strdup(const char *s);
+/* Make room for element n of the growable array *arr (capacity *cap
+ * elements of `elem` bytes): when n == *cap, doubles the capacity (at least
+ * `min_cap`) with realloc. *arr and *cap change only on success.
+ * 0, or PI2_ENOMEM (also on size overflow). `arr` is a pointer to the array
+ * pointer (void * to accept any element type). */
+int pi2_grow(void *arr, size_t *cap, size_t n, size_t elem, size_t min_cap);
 
 /* ---- half precision ---- */
 float pi2_f16_to_f32(uint16_t h);

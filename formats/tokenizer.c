@@ -92,14 +92,8 @@ typedef struct {
 
 static int iv_push(ivec *v, int32_t x)
 {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 64;
-        int32_t *p = v->cap > SIZE_MAX / 2 / sizeof *p ? NULL : realloc(v->p, cap * sizeof *p);
-        if (!p)
-            return PI2_ENOMEM;
-        v->p = p;
-        v->cap = cap;
-    }
+    if (pi2_grow(&v->p, &v->cap, v->n, sizeof *v->p, 64))
+        return PI2_ENOMEM;
     v->p[v->n++] = x;
     return 0;
 }
@@ -111,14 +105,8 @@ typedef struct {
 
 static int zv_push(zvec *v, size_t x)
 {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 64;
-        size_t *p = v->cap > SIZE_MAX / 2 / sizeof *p ? NULL : realloc(v->p, cap * sizeof *p);
-        if (!p)
-            return PI2_ENOMEM;
-        v->p = p;
-        v->cap = cap;
-    }
+    if (pi2_grow(&v->p, &v->cap, v->n, sizeof *v->p, 64))
+        return PI2_ENOMEM;
     v->p[v->n++] = x;
     return 0;
 }
@@ -1249,14 +1237,8 @@ static int enc_oom(enc_ctx *c) { return pi2_err_set(c->err, PI2_ENOMEM, "%s: out
 
 static int sym_push(enc_ctx *c, int32_t id)
 {
-    if (c->nsym == c->csym) {
-        size_t cap = c->csym ? c->csym * 2 : 256;
-        bsym *p = c->csym > SIZE_MAX / 2 / sizeof *p ? NULL : realloc(c->sym, cap * sizeof *p);
-        if (!p)
-            return enc_oom(c);
-        c->sym = p;
-        c->csym = cap;
-    }
+    if (pi2_grow(&c->sym, &c->csym, c->nsym, sizeof *c->sym, 256))
+        return enc_oom(c);
     if (c->nsym >= INT32_MAX)
         return pi2_err_set(c->err, PI2_ERANGE, "%s: word too long to encode", c->t->name);
     bsym *s = &c->sym[c->nsym];
@@ -1277,14 +1259,8 @@ static inline bool bm_less(const bmerge *a, const bmerge *b)
 
 static int heap_push(enc_ctx *c, uint32_t rank, uint32_t pos, int32_t nid)
 {
-    if (c->nheap == c->cheap) {
-        size_t cap = c->cheap ? c->cheap * 2 : 256;
-        bmerge *p = c->cheap > SIZE_MAX / 2 / sizeof *p ? NULL : realloc(c->heap, cap * sizeof *p);
-        if (!p)
-            return enc_oom(c);
-        c->heap = p;
-        c->cheap = cap;
-    }
+    if (pi2_grow(&c->heap, &c->cheap, c->nheap, sizeof *c->heap, 256))
+        return enc_oom(c);
     bmerge m = {rank, pos, nid};
     size_t i = c->nheap++;
     while (i > 0) {
@@ -1733,14 +1709,8 @@ static void tv_free(tvec *v)
 /* Append a new token holding s[0..n). */
 static int tv_push(tvec *v, const char *s, size_t n)
 {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 16;
-        sbuf *p = v->cap > SIZE_MAX / 2 / sizeof *p ? NULL : realloc(v->v, cap * sizeof *p);
-        if (!p)
-            return PI2_ENOMEM;
-        v->v = p;
-        v->cap = cap;
-    }
+    if (pi2_grow(&v->v, &v->cap, v->n, sizeof *v->v, 16))
+        return PI2_ENOMEM;
     sbuf *b = &v->v[v->n];
     memset(b, 0, sizeof *b);
     v->n++;

@@ -143,6 +143,24 @@ static void test_err_first_wins(void **state)
     assert_string_equal(pi2_strerror(PI2_ENOSPC), "no space left on device");
 }
 
+static void test_grow(void **state)
+{
+    (void)state;
+    int *a = NULL;
+    size_t cap = 0;
+    for (size_t n = 0; n < 1000; n++) {
+        assert_int_equal(pi2_grow(&a, &cap, n, sizeof *a, 4), 0);
+        assert_true(cap > n);
+        a[n] = (int)n;
+    }
+    for (size_t n = 0; n < 1000; n++)
+        assert_int_equal(a[n], (int)n);
+    size_t big = SIZE_MAX / 2 + 1;
+    assert_int_equal(pi2_grow(&a, &big, big, 1, 4), PI2_ENOMEM); /* doubling overflows */
+    assert_int_equal(pi2_grow(&a, &cap, cap, SIZE_MAX / 4, 4), PI2_ENOMEM);
+    free(a);
+}
+
 static void test_rng(void **state)
 {
     (void)state;
@@ -166,7 +184,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_roundtrip), cmocka_unit_test(test_bf16), cmocka_unit_test(test_cursor),
         cmocka_unit_test(test_parse),         cmocka_unit_test(test_afile), cmocka_unit_test(test_err_first_wins),
-        cmocka_unit_test(test_rng),
+        cmocka_unit_test(test_rng),           cmocka_unit_test(test_grow),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }

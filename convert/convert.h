@@ -38,6 +38,7 @@ typedef struct pi2_convert_opts {
     int threads;              /* 0 = all cores */
     uint64_t seed;
     bool quiet;               /* no progress lines */
+    bool per_layer;           /* report: per-layer activation profile too */
 } pi2_convert_opts;
 
 /* Defaults for every field but the paths. */

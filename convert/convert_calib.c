@@ -632,6 +632,15 @@ int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err)
         fprintf(report, "%s\n", nffn(d) > 8 ? " ..." : "");
     }
     c->mf->profile_tokens = c->tokens[0];
+    if (report && o->per_layer) {
+        fprintf(report, "activation profile (per layer%s):\n", d->n_experts > 0 ? " and expert" : "");
+        for (size_t i = 0; i < c->mf->n_profile; i++) {
+            const pi2_mf_profile *p = &c->mf->profile[i];
+            fprintf(report, "  layer %2d%s%.0d: active %.3f  hot share (fire > 50%%) %.3f  top-10%% neurons carry %.2f of activations\n",
+                    p->layer, p->expert >= 0 ? " expert " : "", p->expert >= 0 ? p->expert : 0, p->active_frac,
+                    p->hot_share, p->top10_share);
+        }
+    }
     return quality(c, len, report, err);
 }
 

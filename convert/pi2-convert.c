@@ -76,6 +76,7 @@ static void usage(FILE *f)
             "  --sparsity S            SiLU models: share of neurons the threshold mode drops (default 0.5)\n"
             "  --threads N             threads (default: all cores)\n"
             "  --seed S                seed for calibration text and training (default 1)\n"
+            "  --per-layer             also report the per-layer activation profile\n"
             "  -q, --quiet             no progress lines\n"
             "  -h, --help              this help\n"
             "\n"
@@ -85,9 +86,9 @@ static void usage(FILE *f)
 
 static int cmd_convert(int argc, char **argv)
 {
-    enum { O_QUANT = 256, O_OQUANT, O_TRAIN, O_PRED, O_CALIB, O_CTOK, O_RECALL, O_SPARSITY, O_THREADS, O_SEED };
+    enum { O_QUANT = 256, O_OQUANT, O_TRAIN, O_PRED, O_CALIB, O_CTOK, O_RECALL, O_SPARSITY, O_THREADS, O_SEED, O_PERLAYER };
     static const struct option opts[] = {
-        {"output", required_argument, 0, 'o'},       {"quant", required_argument, 0, O_QUANT},
+        {"output", required_argument, 0, 'o'},       {"per-layer", no_argument, 0, O_PERLAYER},       {"quant", required_argument, 0, O_QUANT},
         {"other-quant", required_argument, 0, O_OQUANT}, {"train-predictors", no_argument, 0, O_TRAIN},
         {"predictors", required_argument, 0, O_PRED}, {"calib", required_argument, 0, O_CALIB},
         {"calib-tokens", required_argument, 0, O_CTOK}, {"recall", required_argument, 0, O_RECALL},
@@ -122,6 +123,7 @@ static int cmd_convert(int argc, char **argv)
         case O_THREADS: rc = pi2_parse_int("--threads", optarg, 1, 256, &v, &err); o.threads = (int)v; break;
         case O_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, &err); o.seed = (uint64_t)v; break;
         case 'q': o.quiet = true; break;
+        case O_PERLAYER: o.per_layer = true; break;
         case 'h': usage(stdout); return 0;
         default: fprintf(stderr, "pi2-convert: see --help\n"); return 2;
         }

@@ -1,0 +1,790 @@
+/* pi2 bundle layout: geometry, offsets, and the strict reader / writer of
+ * the manifest's "bundle" object. See bundle/layout.h. */
+#include "bundle/layout.h"
+
+#include <float.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const order_names[] = { "identity", "frequency", "coactivation" };
+
+const char *pi2_bl_order_name(pi2_bl_order o)
+{
+    return (unsigned)o < 3 ? order_names[o] : "?";
+}
+
+static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* ---- geometry ---- */
+
+int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, pi2_bl_ffn *out, pi2_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (io_unit < PI2_BL_IO_MIN || io_unit > PI2_BL_IO_MAX || (io_unit & (io_unit - 1)) != 0)
+        return pi2_err_set(err, PI2_EINVAL, "I/O unit %u is not a power of two in [4K, 256K]", io_unit);
+    if (q_ffn != PI2_QT_Q4 && q_ffn != PI2_QT_Q8)
+        return pi2_err_set(err, PI2_EINVAL, "FFN quant %s cannot be bundled (q4 or q8)", pi2_q_type_name(q_ffn));
+    if (d->n_ff < 1 || d->n_ff > PI2_CFG_MAX_DIM || d->hidden < 1 || d->hidden > PI2_CFG_MAX_DIM)
+        return pi2_err_set(err, PI2_ERANGE, "model dimensions out of range (hidden %d, n_ff %d)", d->hidden,
+                           d->n_ff);
+    /* hidden, n_ff <= 2^20 and R <= hidden: every product below fits 64 bits */
+    uint64_t R = pi2_q_payload_row_bytes(q_ffn, d->hidden);
+    bool two = d->act == PI2_ACT_DRELU;
+    uint64_t per = two ? 2 * R : 3 * R; /* the larger read of a neuron */
+    uint64_t g = io_unit / per;
+    if (g < 1)
+        g = 1;
+    if (g > (uint64_t)d->n_ff)
+        g = (uint64_t)d->n_ff;
+    out->neurons = (uint32_t)d->n_ff;
+    out->group = (uint32_t)g;
+    out->bundle_bytes = per;
+    out->gate_part = two ? round_up(g * R, PI2_BL_ALIGN) : 0;
+    out->slot_bytes = out->gate_part + round_up(g * per, PI2_BL_ALIGN);
+    out->groups = (uint32_t)((d->n_ff + g - 1) / g);
+    if ((uint64_t)out->groups * out->slot_bytes > PI2_CTR_MAX_SIZE)
+        return pi2_err_set(err, PI2_ERANGE, "an FFN of %u groups of %llu bytes exceeds the container's member limit",
+                           out->groups, (unsigned long long)out->slot_bytes);
+    pi2_bl_set_hot(out, 0);
+    out->read_eff = out->read_eff_freq = NAN;
+    return 0;
+}
+
+void pi2_bl_set_hot(pi2_bl_ffn *f, uint32_t hot_groups)
+{
+    if (hot_groups > f->groups)
+        hot_groups = f->groups;
+    f->hot_groups = hot_groups;
+    uint64_t hn = (uint64_t)hot_groups * f->group;
+    f->hot_neurons = (uint32_t)(hn < f->neurons ? hn : f->neurons);
+    f->hot_offset = 0;
+    f->hot_size = (uint64_t)hot_groups * f->slot_bytes;
+    f->cold_offset = f->hot_size;
+    f->cold_size = (uint64_t)(f->groups - hot_groups) * f->slot_bytes;
+}
+
+void pi2_bl_neuron_offsets(const pi2_bl_ffn *f, uint64_t row_bytes, bool two_phase, uint32_t i, uint64_t off[3])
+{
+    uint64_t k = i / f->group, j = i % f->group, base = k * f->slot_bytes;
+    if (two_phase) {
+        off[0] = base + j * row_bytes;
+        off[1] = base + f->gate_part + j * 2 * row_bytes;
+        off[2] = off[1] + row_bytes;
+    } else {
+        off[0] = base + j * 3 * row_bytes;
+        off[1] = off[0] + row_bytes;
+        off[2] = off[0] + 2 * row_bytes;
+    }
+}
+
+int pi2_bl_check_perm(const uint32_t *perm, uint32_t n, const char *what, pi2_err *err)
+{
+    uint8_t *seen = calloc(n ? n : 1, 1);
+    if (!seen)
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", what);
+    int rc = 0;
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        uint32_t v = perm[i];
+        if (v >= n)
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: entry %u is %u, outside [0, %u)", what, i, v, n);
+        else if (seen[v]++)
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: entry %u repeats neuron %u (not a permutation)", what, i, v);
+    }
+    free(seen);
+    return rc;
+}
+
+/* ---- lifetime ---- */
+
+pi2_bundle_layout *pi2_bl_new(void)
+{
+    pi2_bundle_layout *l = calloc(1, sizeof *l);
+    if (l)
+        l->hot_min_freq = l->hot_share = NAN;
+    return l;
+}
+
+void pi2_bl_free(pi2_bundle_layout *l)
+{
+    if (!l)
+        return;
+    free(l->resident);
+    free(l->ffn);
+    free(l);
+}
+
+/* Room for one more element of `elem` bytes in *arr holding n. */
+static int grow(void **arr, size_t n, size_t elem, pi2_err *err)
+{
+    if (n >= PI2_CTR_MAX_MEMBERS)
+        return pi2_err_set(err, PI2_ERANGE, "bundle layout: more than %u entries", PI2_CTR_MAX_MEMBERS);
+    if (n & (n - 1)) /* grow at powers of two */
+        return 0;
+    size_t bytes;
+    if (!pi2_mul_size(n ? 2 * n : 1, elem, &bytes))
+        return pi2_err_set(err, PI2_ENOMEM, "bundle layout: out of memory");
+    void *p = realloc(*arr, bytes);
+    if (!p)
+        return pi2_err_set(err, PI2_ENOMEM, "bundle layout: out of memory");
+    *arr = p;
+    return 0;
+}
+
+int pi2_bl_add_resident(pi2_bundle_layout *l, const char *name, pi2_err *err)
+{
+    if (!l || !name || strlen(name) >= PI2_CTR_NAME_MAX)
+        return pi2_err_set(err, PI2_EINVAL, "bundle layout: bad resident name");
+    void *p = l->resident;
+    int rc = grow(&p, l->n_resident, sizeof *l->resident, err);
+    l->resident = p;
+    if (rc)
+        return rc;
+    memcpy(l->resident[l->n_resident++], name, strlen(name) + 1);
+    return 0;
+}
+
+int pi2_bl_add_ffn(pi2_bundle_layout *l, const pi2_bl_ffn *f, pi2_err *err)
+{
+    if (!l || !f)
+        return pi2_err_set(err, PI2_EINVAL, "bundle layout: NULL argument");
+    void *p = l->ffn;
+    int rc = grow(&p, l->n_ffn, sizeof *l->ffn, err);
+    l->ffn = p;
+    if (rc)
+        return rc;
+    l->ffn[l->n_ffn++] = *f;
+    return 0;
+}
+
+const pi2_bl_ffn *pi2_bl_find(const pi2_bundle_layout *l, int layer, int expert)
+{
+    for (size_t i = 0; l && i < l->n_ffn; i++)
+        if (l->ffn[i].layer == layer && l->ffn[i].expert == expert)
+            return &l->ffn[i];
+    return NULL;
+}
+
+/* ---- writer ---- */
+
+static json_t *jnum(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+static json_t *ju(uint64_t x) { return json_integer((json_int_t)x); }
+
+static json_t *pair(uint64_t a, uint64_t b)
+{
+    json_t *p = json_array();
+    json_array_append_new(p, ju(a));
+    json_array_append_new(p, ju(b));
+    return p;
+}
+
+int pi2_bl_to_json(const pi2_bundle_layout *l, char **text, pi2_err *err)
+{
+    *text = NULL;
+    json_t *o = json_object(), *hr = json_object(), *res = json_array(), *ffn = json_array();
+    bool ok = o && hr && res && ffn;
+    if (ok) {
+        /* the *_new setters take the reference even on failure; a NULL value
+         * (allocation failure) makes them fail, which `ok` records */
+        ok &= json_object_set_new(o, "version", json_integer(PI2_BL_VERSION)) == 0;
+        ok &= json_object_set_new(o, "io_unit", ju(l->io_unit)) == 0;
+        ok &= json_object_set_new(o, "align", ju(PI2_BL_ALIGN)) == 0;
+        ok &= json_object_set_new(o, "row_bytes", ju(l->row_bytes)) == 0;
+        ok &= json_object_set_new(o, "two_phase", json_boolean(l->two_phase)) == 0;
+        ok &= json_object_set_new(hr, "min_freq", jnum(l->hot_min_freq)) == 0;
+        ok &= json_object_set_new(hr, "share", jnum(l->hot_share)) == 0;
+        ok &= json_object_set(o, "hot_rule", hr) == 0;
+        ok &= json_object_set_new(o, "signer", json_string(l->signer)) == 0;
+        for (size_t i = 0; ok && i < l->n_resident; i++)
+            ok &= json_array_append_new(res, json_string(l->resident[i])) == 0;
+        ok &= json_object_set(o, "resident", res) == 0;
+        for (size_t i = 0; ok && i < l->n_ffn; i++) {
+            const pi2_bl_ffn *f = &l->ffn[i];
+            json_t *e = json_object();
+            ok &= e != NULL;
+            if (!ok)
+                break;
+            ok &= json_object_set_new(e, "layer", json_integer(f->layer)) == 0;
+            ok &= json_object_set_new(e, "expert", json_integer(f->expert)) == 0;
+            ok &= json_object_set_new(e, "ffn", json_string(f->ffn)) == 0;
+            ok &= json_object_set_new(e, "perm", json_string(f->perm)) == 0;
+            ok &= json_object_set_new(e, "order", json_string(pi2_bl_order_name(f->order))) == 0;
+            ok &= json_object_set_new(e, "neurons", ju(f->neurons)) == 0;
+            ok &= json_object_set_new(e, "group", ju(f->group)) == 0;
+            ok &= json_object_set_new(e, "bundle_bytes", ju(f->bundle_bytes)) == 0;
+            ok &= json_object_set_new(e, "gate_part", ju(f->gate_part)) == 0;
+            ok &= json_object_set_new(e, "slot_bytes", ju(f->slot_bytes)) == 0;
+            ok &= json_object_set_new(e, "groups", ju(f->groups)) == 0;
+            ok &= json_object_set_new(e, "hot_groups", ju(f->hot_groups)) == 0;
+            ok &= json_object_set_new(e, "hot_neurons", ju(f->hot_neurons)) == 0;
+            ok &= json_object_set_new(e, "hot", pair(f->hot_offset, f->hot_size)) == 0;
+            ok &= json_object_set_new(e, "cold", pair(f->cold_offset, f->cold_size)) == 0;
+            ok &= json_object_set_new(e, "read_efficiency", jnum(f->read_eff)) == 0;
+            ok &= json_object_set_new(e, "read_efficiency_freq", jnum(f->read_eff_freq)) == 0;
+            ok &= json_array_append_new(ffn, e) == 0;
+        }
+        ok &= json_object_set(o, "ffn", ffn) == 0;
+    }
+    char *s = ok ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
+    json_decref(hr);
+    json_decref(res);
+    json_decref(ffn);
+    json_decref(o);
+    if (!s)
+        return pi2_err_set(err, PI2_ENOMEM, "bundle layout: out of memory writing JSON");
+    *text = s;
+    return 0;
+}
+
+/* ---- reader ---- */
+
+typedef struct lctx {
+    const char *name;
+    pi2_err *err;
+    const pi2_manifest *mf;
+    const pi2_ctr_section **by_name; /* sections sorted by name */
+    size_t n;
+} lctx;
+
+__attribute__((format(printf, 4, 5))) static int fail(lctx *c, int code, const char *where, const char *fmt, ...)
+{
+    char msg[320];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return pi2_err_set(c->err, code, "%.160s: bundle%s%s: %s", c->name, where && *where ? "." : "",
+                       where ? where : "", msg);
+}
+
+static const char *jtype(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+/* Printable, bounded copy of untrusted text for messages. */
+static const char *clean(const char *s, char *buf, size_t cap)
+{
+    size_t i = 0;
+    for (; s[i] && i + 1 < cap; i++)
+        buf[i] = (unsigned char)s[i] >= 0x20 && (unsigned char)s[i] < 0x7f ? s[i] : '?';
+    buf[i] = 0;
+    if (s[i] && cap > 4)
+        memcpy(buf + cap - 4, "...", 4);
+    return buf;
+}
+
+/* "<where>.<key>" into buf. */
+static const char *path(char *buf, size_t cap, const char *where, const char *key)
+{
+    snprintf(buf, cap, "%s%s%s", where, *where ? "." : "", key);
+    return buf;
+}
+
+static int check_keys(lctx *c, json_t *o, const char *w, const char *const *keys, size_t n)
+{
+    const char *key;
+    json_t *val;
+    size_t seen = 0;
+    json_object_foreach(o, key, val) {
+        size_t i = 0;
+        while (i < n && strcmp(key, keys[i]) != 0)
+            i++;
+        if (i == n) {
+            char buf[64], p[200];
+            return fail(c, PI2_EFORMAT, path(p, sizeof p, w, clean(key, buf, sizeof buf)), "unknown key");
+        }
+        seen++;
+    }
+    for (size_t i = 0; seen < n && i < n; i++)
+        if (!json_object_get(o, keys[i])) {
+            char p[200];
+            return fail(c, PI2_ENOTFOUND, path(p, sizeof p, w, keys[i]), "required key is missing");
+        }
+    return 0;
+}
+#define CHECK_KEYS(c, o, w, keys) check_keys((c), (o), (w), (keys), sizeof(keys) / sizeof((keys)[0]))
+
+static int get_int(lctx *c, json_t *o, const char *w, const char *k, long long lo, long long hi, long long *out)
+{
+    char p[200];
+    json_t *v = json_object_get(o, k);
+    path(p, sizeof p, w, k);
+    if (!v)
+        return fail(c, PI2_ENOTFOUND, p, "required key is missing");
+    if (!json_is_integer(v))
+        return fail(c, PI2_EFORMAT, p, "expected an integer, got %s", jtype(v));
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return fail(c, PI2_ERANGE, p, "%lld is out of range [%lld, %lld]", x, lo, hi);
+    *out = x;
+    return 0;
+}
+
+static int get_u64(lctx *c, json_t *o, const char *w, const char *k, uint64_t hi, uint64_t *out)
+{
+    long long x;
+    int rc = get_int(c, o, w, k, 0, (long long)hi, &x);
+    if (rc == 0)
+        *out = (uint64_t)x;
+    return rc;
+}
+
+static int get_u32(lctx *c, json_t *o, const char *w, const char *k, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    long long x;
+    int rc = get_int(c, o, w, k, lo, hi, &x);
+    if (rc == 0)
+        *out = (uint32_t)x;
+    return rc;
+}
+
+/* Number in [0, 1] or null (NaN). */
+static int get_frac(lctx *c, json_t *o, const char *w, const char *k, double *out)
+{
+    char p[200];
+    json_t *v = json_object_get(o, k);
+    path(p, sizeof p, w, k);
+    if (!v)
+        return fail(c, PI2_ENOTFOUND, p, "required key is missing");
+    if (json_is_null(v)) {
+        *out = NAN;
+        return 0;
+    }
+    if (!json_is_number(v))
+        return fail(c, PI2_EFORMAT, p, "expected a number or null, got %s", jtype(v));
+    double x = json_number_value(v);
+    if (!(x >= 0 && x <= 1))
+        return fail(c, PI2_ERANGE, p, "%g is out of range [0, 1]", x);
+    *out = x;
+    return 0;
+}
+
+static int get_string(lctx *c, json_t *o, const char *w, const char *k, size_t cap, const char **out)
+{
+    char p[200];
+    json_t *v = json_object_get(o, k);
+    path(p, sizeof p, w, k);
+    if (!v)
+        return fail(c, PI2_ENOTFOUND, p, "required key is missing");
+    if (!json_is_string(v))
+        return fail(c, PI2_EFORMAT, p, "expected a string, got %s", jtype(v));
+    const char *s = json_string_value(v);
+    if (strlen(s) != json_string_length(v))
+        return fail(c, PI2_EFORMAT, p, "string holds a NUL byte");
+    if (strlen(s) >= cap)
+        return fail(c, PI2_ERANGE, p, "string of %zu bytes, at most %zu allowed", strlen(s), cap - 1);
+    *out = s;
+    return 0;
+}
+
+static int strcmp_ptr(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* name in the sorted array names[n]? */
+static bool is_listed(const char **names, size_t n, const char *name)
+{
+    return n && bsearch(&name, names, n, sizeof *names, strcmp_ptr) != NULL;
+}
+
+static int cmp_sec_name(const void *a, const void *b)
+{
+    return strcmp((*(const pi2_ctr_section *const *)a)->name, (*(const pi2_ctr_section *const *)b)->name);
+}
+
+static const pi2_ctr_section *lookup(const lctx *c, const char *name)
+{
+    pi2_ctr_section key;
+    const pi2_ctr_section *kp = &key;
+    if (strlen(name) >= sizeof key.name)
+        return NULL;
+    memcpy(key.name, name, strlen(name) + 1);
+    const pi2_ctr_section **hit =
+        c->n ? bsearch(&kp, c->by_name, c->n, sizeof *c->by_name, cmp_sec_name) : NULL;
+    return hit ? *hit : NULL;
+}
+
+/* A member name that must be listed in sections; *sec gets its section. */
+static int get_member(lctx *c, json_t *o, const char *w, const char *k, char dst[PI2_CTR_NAME_MAX],
+                      const pi2_ctr_section **sec)
+{
+    const char *s;
+    int rc = get_string(c, o, w, k, PI2_CTR_NAME_MAX, &s);
+    if (rc)
+        return rc;
+    const pi2_ctr_section *hit = lookup(c, s);
+    if (!hit) {
+        char p[200], buf[72];
+        return fail(c, PI2_ENOTFOUND, path(p, sizeof p, w, k), "member \"%s\" is not in sections",
+                    clean(s, buf, sizeof buf));
+    }
+    memcpy(dst, s, strlen(s) + 1);
+    *sec = hit;
+    return 0;
+}
+
+static int get_pair(lctx *c, json_t *o, const char *w, const char *k, uint64_t *a, uint64_t *b)
+{
+    char p[200];
+    json_t *v = json_object_get(o, k);
+    path(p, sizeof p, w, k);
+    if (!v)
+        return fail(c, PI2_ENOTFOUND, p, "required key is missing");
+    if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_integer(json_array_get(v, 0)) ||
+        !json_is_integer(json_array_get(v, 1)))
+        return fail(c, PI2_EFORMAT, p, "expected [offset, size] (two integers)");
+    long long x = json_integer_value(json_array_get(v, 0)), y = json_integer_value(json_array_get(v, 1));
+    if (x < 0 || y < 0 || (uint64_t)x > PI2_CTR_MAX_SIZE || (uint64_t)y > PI2_CTR_MAX_SIZE)
+        return fail(c, PI2_ERANGE, p, "[%lld, %lld] is out of range", x, y);
+    *a = (uint64_t)x;
+    *b = (uint64_t)y;
+    return 0;
+}
+
+/* One "ffn" entry; (layer, expert) must be the idx-th of the model. */
+static int parse_ffn(lctx *c, json_t *e, size_t idx, const pi2_bundle_layout *l, pi2_bl_ffn *f)
+{
+    static const char *const keys[] = { "layer",     "expert",       "ffn",         "perm",  "order",
+                                        "neurons",   "group",        "bundle_bytes", "gate_part",
+                                        "slot_bytes", "groups",      "hot_groups",  "hot_neurons",
+                                        "hot",       "cold",         "read_efficiency", "read_efficiency_freq" };
+    const pi2_model_desc *d = &c->mf->config;
+    bool moe = pi2_desc_is_moe(d);
+    int E = moe ? d->n_experts : 1;
+    char w[48];
+    snprintf(w, sizeof w, "ffn[%zu]", idx);
+    if (!json_is_object(e))
+        return fail(c, PI2_EFORMAT, w, "expected an object, got %s", jtype(e));
+    long long layer, expert;
+    int rc;
+    if ((rc = CHECK_KEYS(c, e, w, keys)) || (rc = get_int(c, e, w, "layer", 0, d->n_layers - 1, &layer)) ||
+        (rc = get_int(c, e, w, "expert", moe ? 0 : -1, moe ? d->n_experts - 1 : -1, &expert)))
+        return rc;
+    f->layer = (int)layer;
+    f->expert = (int)expert;
+    int want_l = (int)(idx / (size_t)E), want_e = moe ? (int)(idx % (size_t)E) : -1;
+    if (f->layer != want_l || f->expert != want_e)
+        return fail(c, PI2_EFORMAT, w, "layer %d expert %d out of order (expected layer %d expert %d)", f->layer,
+                    f->expert, want_l, want_e);
+    const pi2_ctr_section *fs, *ps;
+    const char *ord;
+    if ((rc = get_member(c, e, w, "ffn", f->ffn, &fs)) || (rc = get_member(c, e, w, "perm", f->perm, &ps)) ||
+        (rc = get_string(c, e, w, "order", 32, &ord)))
+        return rc;
+    size_t oi = 0;
+    while (oi < 3 && strcmp(ord, order_names[oi]) != 0)
+        oi++;
+    if (oi == 3) {
+        char buf[40], p[120];
+        return fail(c, PI2_EFORMAT, path(p, sizeof p, w, "order"),
+                    "unknown value \"%s\" (expected coactivation, frequency or identity)", clean(ord, buf, sizeof buf));
+    }
+    f->order = (pi2_bl_order)oi;
+    if ((rc = get_u32(c, e, w, "neurons", 1, PI2_CFG_MAX_DIM, &f->neurons)) ||
+        (rc = get_u32(c, e, w, "group", 1, PI2_CFG_MAX_DIM, &f->group)) ||
+        (rc = get_u64(c, e, w, "bundle_bytes", PI2_CTR_MAX_SIZE, &f->bundle_bytes)) ||
+        (rc = get_u64(c, e, w, "gate_part", PI2_CTR_MAX_SIZE, &f->gate_part)) ||
+        (rc = get_u64(c, e, w, "slot_bytes", PI2_CTR_MAX_SIZE, &f->slot_bytes)) ||
+        (rc = get_u32(c, e, w, "groups", 1, PI2_CFG_MAX_DIM, &f->groups)) ||
+        (rc = get_u32(c, e, w, "hot_groups", 0, PI2_CFG_MAX_DIM, &f->hot_groups)) ||
+        (rc = get_u32(c, e, w, "hot_neurons", 0, PI2_CFG_MAX_DIM, &f->hot_neurons)) ||
+        (rc = get_pair(c, e, w, "hot", &f->hot_offset, &f->hot_size)) ||
+        (rc = get_pair(c, e, w, "cold", &f->cold_offset, &f->cold_size)) ||
+        (rc = get_frac(c, e, w, "read_efficiency", &f->read_eff)) ||
+        (rc = get_frac(c, e, w, "read_efficiency_freq", &f->read_eff_freq)))
+        return rc;
+
+    /* the geometry, recomputed from g: all values are < 2^20 * 2^21, no overflow */
+    uint64_t R = l->row_bytes, g = f->group;
+    uint64_t per = l->two_phase ? 2 * R : 3 * R;
+    uint64_t gate = l->two_phase ? round_up(g * R, PI2_BL_ALIGN) : 0;
+    uint64_t slot = gate + round_up(g * per, PI2_BL_ALIGN);
+    uint64_t groups = (f->neurons + g - 1) / g;
+    if (f->neurons != (uint32_t)d->n_ff)
+        return fail(c, PI2_ESHAPE, w, "neurons %u, but the model's FFN has %d", f->neurons, d->n_ff);
+    if (g > f->neurons)
+        return fail(c, PI2_ESHAPE, w, "group %u is larger than the FFN (%u neurons)", f->group, f->neurons);
+    if (g > 1 && g * per > l->io_unit)
+        return fail(c, PI2_ESHAPE, w, "group %u: a read of %llu bytes exceeds io_unit %u", f->group,
+                    (unsigned long long)(g * per), l->io_unit);
+    if (f->bundle_bytes != per)
+        return fail(c, PI2_ESHAPE, w, "bundle_bytes %llu, expected %llu", (unsigned long long)f->bundle_bytes,
+                    (unsigned long long)per);
+    if (f->gate_part != gate)
+        return fail(c, PI2_ESHAPE, w, "gate_part %llu, expected %llu", (unsigned long long)f->gate_part,
+                    (unsigned long long)gate);
+    if (f->slot_bytes != slot)
+        return fail(c, PI2_ESHAPE, w, "slot_bytes %llu, expected %llu", (unsigned long long)f->slot_bytes,
+                    (unsigned long long)slot);
+    if (f->groups != groups)
+        return fail(c, PI2_ESHAPE, w, "groups %u, expected %llu", f->groups, (unsigned long long)groups);
+    if (f->hot_groups > f->groups)
+        return fail(c, PI2_ESHAPE, w, "hot_groups %u exceeds groups %u", f->hot_groups, f->groups);
+    uint64_t hn = (uint64_t)f->hot_groups * g;
+    if (f->hot_neurons != (hn < f->neurons ? hn : f->neurons))
+        return fail(c, PI2_ESHAPE, w, "hot_neurons %u, expected %llu", f->hot_neurons,
+                    (unsigned long long)(hn < f->neurons ? hn : f->neurons));
+    uint64_t hs = (uint64_t)f->hot_groups * slot, total = groups * slot;
+    if (f->hot_offset != 0 || f->hot_size != hs)
+        return fail(c, PI2_ESHAPE, w, "hot region [%llu, %llu], expected [0, %llu]",
+                    (unsigned long long)f->hot_offset, (unsigned long long)f->hot_size, (unsigned long long)hs);
+    if (f->cold_offset != hs || f->cold_size != total - hs)
+        return fail(c, PI2_ESHAPE, w, "cold region [%llu, %llu], expected [%llu, %llu]",
+                    (unsigned long long)f->cold_offset, (unsigned long long)f->cold_size, (unsigned long long)hs,
+                    (unsigned long long)(total - hs));
+    if (fs->size != total)
+        return fail(c, PI2_ESHAPE, w, "member \"%s\" holds %llu bytes, expected %llu (%llu slots of %llu)", fs->name,
+                    (unsigned long long)fs->size, (unsigned long long)total, (unsigned long long)groups,
+                    (unsigned long long)slot);
+    if (ps->size != (uint64_t)f->neurons * 4)
+        return fail(c, PI2_ESHAPE, w, "member \"%s\" holds %llu bytes, expected %llu (uint32 [%u])", ps->name,
+                    (unsigned long long)ps->size, (unsigned long long)f->neurons * 4, f->neurons);
+    if (fs == ps)
+        return fail(c, PI2_EFORMAT, w, "ffn and perm are the same member");
+    return 0;
+}
+
+/* Sizes of every tensor's members, now that the ffn members are known. */
+static int check_tensors(lctx *c, const pi2_bundle_layout *l)
+{
+    const pi2_manifest *m = c->mf;
+    const pi2_model_desc *d = &m->config;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const pi2_mf_tensor *t = &m->tensors[i];
+        char w[64];
+        snprintf(w, sizeof w, "tensors[%zu]", i);
+        const pi2_ctr_section *ps = lookup(c, t->payload), *ss = t->scales[0] ? lookup(c, t->scales) : NULL;
+        if (!ps || (t->scales[0] && !ss)) /* the manifest parser checked this; be safe */
+            return fail(c, PI2_ENOTFOUND, w, "member of %s not in sections", t->name);
+        bool ffn = t->role == PI2_T_GATE || t->role == PI2_T_UP || t->role == PI2_T_DOWN;
+        /* rows, cols < 2^31, at most 4 bytes a value: fits 64 bits */
+        uint64_t pb = (uint64_t)t->rows * pi2_q_payload_row_bytes(t->qtype, t->cols);
+        uint64_t sb = (uint64_t)t->rows * pi2_q_scale_row_count(t->qtype, t->cols) * 2;
+        if (ffn) {
+            const pi2_bl_ffn *f = pi2_bl_find(l, t->layer, t->expert);
+            if (!f)
+                return fail(c, PI2_ENOTFOUND, w, "no ffn entry for layer %d expert %d", t->layer, t->expert);
+            if (strcmp(t->payload, f->ffn) != 0)
+                return fail(c, PI2_EFORMAT, w, "%s payload is \"%s\", not the FFN member \"%s\"", t->name,
+                            t->payload, f->ffn);
+            if (t->rows != d->n_ff || t->cols != d->hidden || t->transposed != (t->role == PI2_T_DOWN))
+                return fail(c, PI2_ESHAPE, w, "%s is not stored as [n_ff, hidden] rows", t->name);
+        } else if (ps->size != pb) {
+            return fail(c, PI2_ESHAPE, w, "member \"%s\" holds %llu bytes, expected %llu", ps->name,
+                        (unsigned long long)ps->size, (unsigned long long)pb);
+        }
+        if (ss && ss->size != sb)
+            return fail(c, PI2_ESHAPE, w, "member \"%s\" holds %llu bytes, expected %llu", ss->name,
+                        (unsigned long long)ss->size, (unsigned long long)sb);
+        if (ss && lookup(c, t->payload) == ss)
+            return fail(c, PI2_EFORMAT, w, "payload and scales are the same member");
+    }
+    for (size_t i = 0; i < m->n_layers; i++) {
+        const pi2_mf_layer *e = &m->layers[i];
+        if (!e->has_predictor)
+            continue;
+        char w[64];
+        snprintf(w, sizeof w, "sparsity.per_layer[%zu]", i);
+        const pi2_ctr_section *f1 = lookup(c, e->predictor.fc1), *f2 = lookup(c, e->predictor.fc2);
+        uint64_t r = (uint64_t)e->predictor.rank;
+        if (!f1 || !f2)
+            return fail(c, PI2_ENOTFOUND, w, "predictor member not in sections");
+        if (f1->size != r * (uint64_t)d->hidden * 4 || f2->size != (uint64_t)d->n_ff * r * 4)
+            return fail(c, PI2_ESHAPE, w, "predictor members hold %llu and %llu bytes, expected %llu and %llu",
+                        (unsigned long long)f1->size, (unsigned long long)f2->size,
+                        (unsigned long long)(r * (uint64_t)d->hidden * 4), (unsigned long long)(d->n_ff * r * 4));
+    }
+    return 0;
+}
+
+/* ffn and perm members distinct across entries; "resident" exactly the
+ * other sections, in section order. names: scratch of 2 * n_ffn + 1. */
+static int check_members(lctx *c, json_t *root, pi2_bundle_layout *l, const char **names)
+{
+    const pi2_manifest *m = c->mf;
+    size_t nf = l->n_ffn;
+    for (size_t i = 0; i < nf; i++) {
+        names[2 * i] = l->ffn[i].ffn;
+        names[2 * i + 1] = l->ffn[i].perm;
+    }
+    qsort(names, 2 * nf, sizeof *names, strcmp_ptr);
+    for (size_t i = 1; i < 2 * nf; i++)
+        if (strcmp(names[i], names[i - 1]) == 0) {
+            char buf[72];
+            return fail(c, PI2_EFORMAT, "ffn", "member \"%s\" is used by two entries", clean(names[i], buf, sizeof buf));
+        }
+    /* the ffn members alone, sorted, to skip them below */
+    for (size_t i = 0; i < nf; i++)
+        names[i] = l->ffn[i].ffn;
+    qsort(names, nf, sizeof *names, strcmp_ptr);
+
+    json_t *res = json_object_get(root, "resident");
+    if (!json_is_array(res))
+        return fail(c, PI2_EFORMAT, "resident", "expected an array, got %s", jtype(res));
+    size_t nr = json_array_size(res);
+    if (nr + nf != m->n_sections)
+        return fail(c, PI2_ESHAPE, "resident", "%zu entries, expected %zu (every section but the %zu ffn members)", nr,
+                    m->n_sections >= nf ? m->n_sections - nf : 0, nf);
+    if (!(l->resident = calloc(nr ? nr : 1, sizeof *l->resident)))
+        return fail(c, PI2_ENOMEM, "resident", "out of memory");
+    size_t si = 0;
+    for (size_t i = 0; i < nr; i++) {
+        char w[40];
+        snprintf(w, sizeof w, "resident[%zu]", i);
+        json_t *s = json_array_get(res, i);
+        if (!json_is_string(s) || strlen(json_string_value(s)) != json_string_length(s))
+            return fail(c, PI2_EFORMAT, w, "expected a member name string, got %s", jtype(s));
+        const char *nm = json_string_value(s);
+        while (si < m->n_sections && is_listed(names, nf, m->sections[si].name))
+            si++;
+        if (si >= m->n_sections || strcmp(m->sections[si].name, nm) != 0) {
+            char buf[72];
+            return fail(c, PI2_EFORMAT, w, "\"%s\" is not the next non-FFN section (%s)", clean(nm, buf, sizeof buf),
+                        si < m->n_sections ? m->sections[si].name : "none left");
+        }
+        memcpy(l->resident[i], nm, strlen(nm) + 1);
+        l->n_resident = i + 1;
+        si++;
+    }
+    return 0;
+}
+
+static int parse_root(lctx *c, json_t *root, pi2_bundle_layout *l)
+{
+    static const char *const keys[] = { "version", "io_unit", "align",    "row_bytes", "two_phase",
+                                        "hot_rule", "signer", "resident", "ffn" };
+    static const char *const hkeys[] = { "min_freq", "share" };
+    const pi2_manifest *m = c->mf;
+    const pi2_model_desc *d = &m->config;
+    long long v;
+    int rc;
+    if (!json_is_object(root))
+        return fail(c, PI2_EFORMAT, "", "expected an object, got %s", jtype(root));
+    if ((rc = CHECK_KEYS(c, root, "", keys)) || (rc = get_int(c, root, "", "version", INT64_MIN, INT64_MAX, &v)))
+        return rc;
+    if (v != PI2_BL_VERSION)
+        return fail(c, PI2_EUNSUPPORTED, "version", "%lld is not supported (this build reads %d)", v, PI2_BL_VERSION);
+    if ((rc = get_u32(c, root, "", "io_unit", PI2_BL_IO_MIN, PI2_BL_IO_MAX, &l->io_unit)))
+        return rc;
+    if (l->io_unit & (l->io_unit - 1))
+        return fail(c, PI2_ERANGE, "io_unit", "%u is not a power of two", l->io_unit);
+    if ((rc = get_int(c, root, "", "align", 0, INT32_MAX, &v)))
+        return rc;
+    if (v != PI2_BL_ALIGN)
+        return fail(c, PI2_EUNSUPPORTED, "align", "%lld (this build uses %u)", v, PI2_BL_ALIGN);
+    if ((rc = get_u64(c, root, "", "row_bytes", PI2_CTR_MAX_SIZE, &l->row_bytes)))
+        return rc;
+    if (m->quant_ffn != PI2_QT_Q4 && m->quant_ffn != PI2_QT_Q8)
+        return fail(c, PI2_EUNSUPPORTED, "row_bytes", "FFN quant %s cannot be bundled", pi2_q_type_name(m->quant_ffn));
+    uint64_t R = pi2_q_payload_row_bytes(m->quant_ffn, d->hidden);
+    if (l->row_bytes != R)
+        return fail(c, PI2_ESHAPE, "row_bytes", "%llu, expected %llu (%s rows of %d values)",
+                    (unsigned long long)l->row_bytes, (unsigned long long)R, pi2_q_type_name(m->quant_ffn), d->hidden);
+    json_t *tp = json_object_get(root, "two_phase");
+    if (!json_is_boolean(tp))
+        return fail(c, PI2_EFORMAT, "two_phase", "expected true or false, got %s", jtype(tp));
+    l->two_phase = json_is_true(tp);
+    if (l->two_phase != (d->act == PI2_ACT_DRELU))
+        return fail(c, PI2_EFORMAT, "two_phase", "%s for activation %s (two-phase is for drelu only)",
+                    l->two_phase ? "true" : "false", pi2_act_name(d->act));
+    json_t *hr = json_object_get(root, "hot_rule");
+    if (!json_is_object(hr))
+        return fail(c, PI2_EFORMAT, "hot_rule", "expected an object, got %s", jtype(hr));
+    if ((rc = CHECK_KEYS(c, hr, "hot_rule", hkeys)) ||
+        (rc = get_frac(c, hr, "hot_rule", "min_freq", &l->hot_min_freq)) ||
+        (rc = get_frac(c, hr, "hot_rule", "share", &l->hot_share)))
+        return rc;
+    if (isnan(l->hot_min_freq) == isnan(l->hot_share))
+        return fail(c, PI2_EFORMAT, "hot_rule", "exactly one of min_freq and share must be a number");
+    const char *signer;
+    if ((rc = get_string(c, root, "", "signer", PI2_SHA256_HEX_LEN, &signer)))
+        return rc;
+    if (*signer) {
+        size_t i = 0;
+        while ((signer[i] >= '0' && signer[i] <= '9') || (signer[i] >= 'a' && signer[i] <= 'f'))
+            i++;
+        if (i != 64 || signer[i])
+            return fail(c, PI2_EFORMAT, "signer", "expected \"\" or 64 lowercase hex digits");
+    }
+    memcpy(l->signer, signer, strlen(signer) + 1);
+
+    /* ffn entries: one per (layer, expert), in order */
+    json_t *arr = json_object_get(root, "ffn");
+    int E = pi2_desc_is_moe(d) ? d->n_experts : 1;
+    size_t nf = (size_t)d->n_layers * (size_t)E;
+    if (!json_is_array(arr))
+        return fail(c, PI2_EFORMAT, "ffn", "expected an array, got %s", jtype(arr));
+    if (json_array_size(arr) != nf)
+        return fail(c, PI2_ESHAPE, "ffn", "%zu entries, expected %zu (one per layer and expert)",
+                    json_array_size(arr), nf);
+    if (!(l->ffn = calloc(nf ? nf : 1, sizeof *l->ffn)))
+        return fail(c, PI2_ENOMEM, "ffn", "out of memory");
+    for (size_t i = 0; i < nf; i++) {
+        if ((rc = parse_ffn(c, json_array_get(arr, i), i, l, &l->ffn[i])))
+            return rc;
+        l->n_ffn = i + 1;
+    }
+    const char **names = pi2_malloc_array(2 * nf + 1, sizeof *names);
+    if (!names)
+        return fail(c, PI2_ENOMEM, "ffn", "out of memory");
+    rc = check_members(c, root, l, names);
+    free(names);
+    return rc ? rc : check_tensors(c, l);
+}
+
+int pi2_bundle_layout_parse(const pi2_manifest *mf, const char *name, pi2_bundle_layout **out, pi2_err *err)
+{
+    if (out)
+        *out = NULL;
+    if (!name)
+        name = PI2_MF_NAME;
+    if (!mf || !out)
+        return pi2_err_set(err, PI2_EINVAL, "%.200s: bundle: no input", name);
+    if (!mf->bundle_json)
+        return pi2_err_set(err, PI2_EFORMAT, "%.200s: bundle: missing (not a bundled model)", name);
+    size_t len = strlen(mf->bundle_json);
+    if (len > PI2_BL_MAX_BYTES)
+        return pi2_err_set(err, PI2_ERANGE, "%.200s: bundle: %zu bytes, more than the %u allowed", name, len,
+                           PI2_BL_MAX_BYTES);
+    json_error_t je;
+    json_t *root = json_loadb(mf->bundle_json, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        char buf[100];
+        return pi2_err_set(err, PI2_EFORMAT, "%.200s: bundle: not valid JSON: %s", name, clean(je.text, buf, sizeof buf));
+    }
+    lctx c = { .name = name, .err = err, .mf = mf, .n = mf->n_sections };
+    pi2_bundle_layout *l = pi2_bl_new();
+    c.by_name = pi2_malloc_array(mf->n_sections ? mf->n_sections : 1, sizeof *c.by_name);
+    int rc = 0;
+    if (!l || !c.by_name)
+        rc = pi2_err_set(err, PI2_ENOMEM, "%.200s: bundle: out of memory", name);
+    if (rc == 0) {
+        for (size_t i = 0; i < mf->n_sections; i++)
+            c.by_name[i] = &mf->sections[i];
+        qsort(c.by_name, c.n, sizeof *c.by_name, cmp_sec_name);
+        rc = parse_root(&c, root, l);
+    }
+    json_decref(root);
+    free(c.by_name);
+    if (rc) {
+        pi2_bl_free(l);
+        return rc;
+    }
+    *out = l;
+    return 0;
+}

@@ -1,0 +1,213 @@
+/* pi2 bundle layout: where each FFN neuron's bytes live in a bundled
+ * model.pi2, and the "bundle" object of its manifest that records it.
+ * This module reads and writes that object (jansson) and computes offsets;
+ * bundle/bundle.h describes the container as a whole.
+ *
+ * ---- Neuron order ----
+ *
+ * Every FFN (one per layer, or per layer and expert on MoE models) has its
+ * own permutation P of its n_ff neurons: bundled neuron i is converted
+ * (Hugging Face) neuron P[i]. Neurons are ordered hot to cold by profiled
+ * activation frequency; the hot prefix stays in that order, the cold rest is
+ * cut into groups of neurons that fire together (bundle/order.h). Inside a
+ * bundled container EVERY per-neuron array of that FFN is in bundled order:
+ * gate, up and down payload rows, their fp16 scale rows, predictor fc2 rows,
+ * the profile's frequencies and activation bits. The permutation member
+ * holds P:
+ *
+ *   perm/<layer>.<expert>   uint32 LE [n_ff], P[i] = converted index of
+ *                           bundled neuron i (expert 0 on dense models);
+ *                           every value in [0, n_ff) exactly once.
+ *
+ * ---- FFN payload member:  ffn/<layer>.<expert> ----
+ *
+ * R = payload bytes of one row = pi2_q_payload_row_bytes(quant.ffn, hidden)
+ * (hidden/2 for q4, hidden for q8); the row bytes are exactly those of
+ * formats/quant.h. The down matrix is stored transposed (row i = column i of
+ * HF down), so neuron i is three rows: gate_i, up_i, down_i. A = 4096.
+ *
+ * Neurons are packed in groups of g (per FFN, "group"); the member is
+ * G = ceil(n_ff / g) slots of S bytes, slot k holding neurons k*g .. k*g+g-1.
+ *
+ *   one-phase (relu / ReGLU, silu / SwiGLU):
+ *     slot    = [gate_0 up_0 down_0] [gate_1 up_1 down_1] ... [.._{g-1}] pad
+ *     bundle  = 3R bytes ("bundle_bytes"), S = roundup(g * 3R, A)
+ *     neuron j of slot k:  gate at k*S + j*3R, up at +R, down at +2R
+ *
+ *   two-phase (drelu: relu(x Wg) * relu(x Wu); read gates, then up/down of
+ *   the neurons whose gate fired):
+ *     slot    = [gate_0 gate_1 ... gate_{g-1}] pad  |  [up_0 down_0] ... [up_{g-1} down_{g-1}] pad
+ *               <------------ gate part ----------->   <-------------- up+down part -------------->
+ *     gate part  P_g = roundup(g * R, A) ("gate_part")
+ *     bundle  = 2R bytes (up+down), S = P_g + roundup(g * 2R, A)
+ *     neuron j of slot k:  gate at k*S + j*R, up at k*S + P_g + j*2R,
+ *                          down at up + R
+ *
+ * Every pad byte, and every byte of the missing neurons of a partial last
+ * slot, is zero. Slots, gate parts and up+down parts start on A-aligned
+ * offsets of the member, and members are A-aligned in the file, so every
+ * read below is an aligned O_DIRECT read.
+ *
+ * Group size and the I/O unit U ("io_unit", a power of two in 4 KiB ..
+ * 256 KiB; pi2-bundle --io-unit, default 16 KiB): a group is one read of a
+ * slot (one-phase) or two reads, gate part then up+down part (two-phase);
+ * g is the largest count whose every read fits in U:
+ *     one-phase  g = floor(U / 3R)      two-phase  g = floor(U / 2R)
+ * clamped to [1, n_ff]. With g = 1 a read may exceed U (rows wider than U).
+ * Example, hidden 4096, q4 (R = 2048), U = 16 KiB: one-phase g = 2, S = 12 KiB;
+ * two-phase g = 4, gate part 8 KiB, up+down part 16 KiB, S = 24 KiB.
+ *
+ * Regions of the member (offsets relative to the member's data; the file
+ * offset is sections[ffn].offset + offset):
+ *     hot   [0, H*S)          the first H = "hot_groups" slots: the
+ *                             hot_neurons = min(H*g, n_ff) hottest neurons,
+ *                             kept in memory by the runtime; a planner may
+ *                             take any other whole number of slots as hot
+ *     cold  [H*S, G*S)        the remaining groups, read on a cache miss
+ * Prefill streams the whole member [0, G*S) sequentially.
+ *
+ * ---- The manifest's "bundle" object (version 1), keys in this order ----
+ *
+ * {
+ *   "version": 1,
+ *   "io_unit": U,
+ *   "align": 4096,
+ *   "row_bytes": R,
+ *   "two_phase": bool                  (true exactly for act drelu),
+ *   "hot_rule": { "min_freq": number in [0, 1] or null,
+ *                 "share": number in [0, 1] or null }   (exactly one non-null),
+ *   "signer": "" (unsigned) or 64 lowercase hex digits: the raw Ed25519
+ *             public key that signed manifest.sig,
+ *   "resident": [ member, ... ]        every section except the ffn members,
+ *                                      in section (file) order,
+ *   "ffn": [ { "layer": int, "expert": int (-1 on dense models),
+ *              "ffn": member, "perm": member,
+ *              "order": "coactivation" | "frequency" | "identity",
+ *              "neurons": n_ff, "group": g, "bundle_bytes": 3R or 2R,
+ *              "gate_part": P_g (0 when one-phase), "slot_bytes": S,
+ *              "groups": G, "hot_groups": H, "hot_neurons": int,
+ *              "hot": [offset, size], "cold": [offset, size],
+ *              "read_efficiency": number in [0, 1] or null,
+ *              "read_efficiency_freq": number in [0, 1] or null }, ... ]
+ * }
+ * "ffn" has one entry per (layer, expert), layer-major, expert-minor.
+ * read_efficiency is, over the profiled tokens, the share of neuron reads
+ * that fetch an active neuron when a cold group is read whenever one of its
+ * neurons fires (null without activation bits); read_efficiency_freq is the
+ * same for groups cut in plain frequency order, for comparison.
+ *
+ * Checks (pi2_bundle_layout_parse, against the parsed manifest): exact keys,
+ * integer types, version 1, U a power of two in range, align 4096, R as
+ * above, two_phase matching the activation, g in [1, n_ff] and the read rule
+ * (g * 3R <= U, or g * 2R <= U, when g > 1), bundle_bytes, gate_part,
+ * slot_bytes, groups, hot_neurons and both regions exactly as the formulas
+ * give them; ffn and perm members listed in sections, distinct, of exactly
+ * G*S and 4*n_ff bytes; resident exactly the other sections, in order;
+ * every tensor's payload / scales member of the right size (gate, up, down
+ * payload = that FFN's ffn member; their scales [n_ff][hidden/32] fp16),
+ * predictor fc1 [rank, hidden] / fc2 [n_ff, rank] f32 sizes.
+ *
+ * Errors: PI2_EFORMAT (not JSON, unknown / duplicate key, wrong type, bad
+ * member name or signer), PI2_ENOTFOUND (missing key; member not in
+ * sections), PI2_EUNSUPPORTED (version), PI2_ERANGE (number out of range),
+ * PI2_ESHAPE (sizes or offsets inconsistent with the formulas or the model),
+ * PI2_EINVAL (NULL arguments), PI2_ENOMEM. Messages are one line
+ * "<name>: bundle.<path>: problem".
+ */
+#ifndef PI2_BUNDLE_LAYOUT_H
+#define PI2_BUNDLE_LAYOUT_H
+
+#include "formats/common.h"
+#include "formats/container.h"
+#include "formats/manifest.h"
+
+#define PI2_BL_VERSION 1
+#define PI2_BL_ALIGN 4096u
+#define PI2_BL_IO_MIN 4096u
+#define PI2_BL_IO_MAX (256u * 1024)
+#define PI2_BL_IO_DEFAULT (16u * 1024)
+#define PI2_BL_MAX_BYTES (16u << 20) /* bundle object text cap */
+
+typedef enum pi2_bl_order {
+    PI2_BL_ORDER_IDENTITY = 0,    /* no profile: converted order */
+    PI2_BL_ORDER_FREQUENCY = 1,   /* hot to cold, no activation bits to group by */
+    PI2_BL_ORDER_COACTIVATION = 2 /* hot to cold, cold neurons grouped by co-activation */
+} pi2_bl_order;
+
+/* One FFN (layer, expert). */
+typedef struct pi2_bl_ffn {
+    int layer;
+    int expert; /* -1 on dense models */
+    char ffn[PI2_CTR_NAME_MAX];
+    char perm[PI2_CTR_NAME_MAX];
+    pi2_bl_order order;
+    uint32_t neurons;      /* n_ff */
+    uint32_t group;        /* g */
+    uint64_t bundle_bytes; /* 3R one-phase, 2R (up+down) two-phase */
+    uint64_t gate_part;    /* P_g; 0 one-phase */
+    uint64_t slot_bytes;   /* S */
+    uint32_t groups;       /* G */
+    uint32_t hot_groups;   /* H */
+    uint32_t hot_neurons;  /* min(H*g, n_ff) */
+    uint64_t hot_offset, hot_size, cold_offset, cold_size;
+    double read_eff;      /* NaN: not measured (null) */
+    double read_eff_freq; /* NaN: not measured (null) */
+} pi2_bl_ffn;
+
+typedef struct pi2_bundle_layout {
+    uint32_t io_unit;
+    uint64_t row_bytes;
+    bool two_phase;
+    double hot_min_freq; /* NaN when the share rule is used */
+    double hot_share;    /* NaN when the frequency rule is used */
+    char signer[PI2_SHA256_HEX_LEN]; /* "" unsigned; else 64 hex digits */
+    char (*resident)[PI2_CTR_NAME_MAX];
+    size_t n_resident;
+    pi2_bl_ffn *ffn;
+    size_t n_ffn;
+} pi2_bundle_layout;
+
+/* The geometry of one FFN for a model and an I/O unit: group, bundle bytes,
+ * gate part, slot and group count (the formulas above), with hot_groups = 0.
+ * PI2_EINVAL for a bad io_unit or a non-q4/q8 FFN quant, PI2_ERANGE if the
+ * member would exceed PI2_CTR_MAX_SIZE. */
+int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, pi2_bl_ffn *out, pi2_err *err);
+/* Set hot_groups = H (clamped to groups) and derive hot_neurons and both
+ * regions from it. */
+void pi2_bl_set_hot(pi2_bl_ffn *f, uint32_t hot_groups);
+
+/* Offsets inside the ffn member of bundled neuron i's gate, up and down
+ * rows (i < neurons; row length is row_bytes). */
+void pi2_bl_neuron_offsets(const pi2_bl_ffn *f, uint64_t row_bytes, bool two_phase, uint32_t i, uint64_t off[3]);
+
+/* A zeroed layout (NaN rules). NULL if out of memory. */
+pi2_bundle_layout *pi2_bl_new(void);
+/* Release a layout. NULL is a no-op. */
+void pi2_bl_free(pi2_bundle_layout *l);
+/* Append a copy of a resident name / an FFN entry (PI2_ERANGE past
+ * PI2_CTR_MAX_MEMBERS entries, PI2_ENOMEM). */
+int pi2_bl_add_resident(pi2_bundle_layout *l, const char *name, pi2_err *err);
+int pi2_bl_add_ffn(pi2_bundle_layout *l, const pi2_bl_ffn *f, pi2_err *err);
+
+/* Compact JSON text of the bundle object (keys in the order above) for
+ * pi2_manifest_set_bundle. Not checked here: the writer checks the whole
+ * manifest with pi2_bundle_layout_parse before it is written. Caller frees
+ * *text. */
+int pi2_bl_to_json(const pi2_bundle_layout *l, char **text, pi2_err *err);
+
+/* Parse and check mf->bundle_json against mf (see Checks above). `name`
+ * starts every message (e.g. "model.pi2:manifest.json"). On success the
+ * caller owns *out (pi2_bl_free); on error *out is NULL. */
+int pi2_bundle_layout_parse(const pi2_manifest *mf, const char *name, pi2_bundle_layout **out, pi2_err *err);
+
+/* The FFN entry of (layer, expert) (expert -1 on dense models); NULL if
+ * absent. */
+const pi2_bl_ffn *pi2_bl_find(const pi2_bundle_layout *l, int layer, int expert);
+
+/* Check that perm[n] holds every value in [0, n) exactly once. 0 or
+ * PI2_EFORMAT naming `what` and the first bad index. */
+int pi2_bl_check_perm(const uint32_t *perm, uint32_t n, const char *what, pi2_err *err);
+
+const char *pi2_bl_order_name(pi2_bl_order o);
+
+#endif

@@ -589,10 +589,15 @@ int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err)
     for (size_t i = 0; i < pi2_st_count(c->st); i++)
         params += pi2_st_at(c->st, i)->nelem;
     bool big = params >= 100000000u;
-    int len = big ? 64 : SEQ_LEN, batch = big ? 64 : BATCH_SEQ;
+    int tokens = o->calib_tokens > 0 ? o->calib_tokens : big ? 4096 : MAX_TRACE;
+    int len = SEQ_LEN, batch = BATCH_SEQ;
+    if (big) { /* 64 sequences a step; as few steps as the token budget allows */
+        batch = 64;
+        len = tokens / batch;
+        len = len < 8 ? 8 : len > 64 ? 64 : len;
+    }
     if (len > d->max_pos)
         len = d->max_pos;
-    int tokens = o->calib_tokens > 0 ? o->calib_tokens : big ? 4096 : MAX_TRACE;
     int n_train = (tokens + len - 1) / len;
     if (n_train < 2)
         n_train = 2;

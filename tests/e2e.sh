@@ -102,6 +102,57 @@ cp "$T/tiny/config.json" "$T/broken/config.json"
 echo '{"model": {"type": "BPE", "vocab": ' >"$T/broken/tokenizer.json"
 expect_error "run corrupt tokenizer" "tokenizer.json" "$B/pi2-run" --reference "$T/broken" -p hi
 
+# ==== pi2-bundle: keygen, bundle, verify, inspect, tamper (begin) ====
+# Uses "$T/tiny.pi2c" (converted above). Byte offsets of members come from
+# GNU tar's block numbers (-R): data starts one block after the header.
+member_off() { tar -tvRf "$1" 2>/dev/null | awk -v m="$2" '$NF == m { sub(/:$/, "", $2); print ($2 + 1) * 512; exit }'; }
+flip_byte() { # FILE OFFSET: overwrite one byte with a different value
+    v=$(od -An -tu1 -j "$2" -N1 "$1" | tr -d ' ')
+    if [ "$v" = 0 ]; then printf '\001'; else printf '\000'; fi | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
+}
+expect_ok "bundle keygen" "$B/pi2-bundle" keygen --private "$T/k.pem" --public "$T/k.pub"
+[ "$(stat -c %a "$T/k.pem")" = 600 ] && ok || bad "private key mode is $(stat -c %a "$T/k.pem"), not 600"
+expect_ok "bundle keygen 2" "$B/pi2-bundle" keygen --private "$T/k2.pem" --public "$T/k2.pub"
+expect_error "bundle keygen over a key" "exists" "$B/pi2-bundle" keygen --private "$T/k.pem" --public "$T/k3.pub"
+expect_error "bundle no key" "--unsigned" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2"
+expect_error "bundle key and unsigned" "alternatives" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --unsigned
+expect_error "bundle bad io unit" "--io-unit '3K'" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit 3K
+expect_error "bundle bad flag" "--frobnicate" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --frobnicate
+expect_error "bundle public key to sign" "k.pub" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pub"
+expect_error "bundle missing input" "$T/nope.pi2c" "$B/pi2-bundle" "$T/nope.pi2c" -o "$T/b.pi2" --key "$T/k.pem"
+[ -e "$T/b.pi2" ] && bad "failed bundle left $T/b.pi2" || ok
+expect_ok "bundle" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit 4K -q
+grep -q "signed with key" "$T/out" && ok || bad "bundle summary does not name the key"
+tar tvf "$T/b.pi2" 2>/dev/null | grep -q " ffn/0.0$" && ok || bad "tar does not list ffn/0.0"
+expect_ok "bundle verify" "$B/pi2-bundle" verify "$T/b.pi2" --pubkey "$T/k.pub"
+grep -q "signature ok" "$T/out" && ok || bad "verify does not say signature ok"
+"$B/pi2-bundle" inspect "$T/b.pi2" >"$T/out" 2>"$T/err" && grep -q "^layout: *two-phase" "$T/out" \
+    && grep -q "^signature: *signed" "$T/out" && ok || { bad "bundle inspect"; cat "$T/out" "$T/err"; }
+expect_error "bundle verify wrong key" "another key" "$B/pi2-bundle" verify "$T/b.pi2" --pubkey "$T/k2.pub"
+expect_error "bundle verify no key" "--pubkey" "$B/pi2-bundle" verify "$T/b.pi2"
+expect_error "bundle verify converted" "not a bundled model" "$B/pi2-bundle" verify "$T/tiny.pi2c" --allow-unsigned
+for m in ffn/1.0 w/model.layers.0.mlp.up_proj.weight.s perm/0.0 p/1.0.fc2; do
+    cp "$T/b.pi2" "$T/bt.pi2"
+    off=$(member_off "$T/bt.pi2" "$m")
+    if [ -z "$off" ]; then bad "tamper: no offset for $m"; continue; fi
+    flip_byte "$T/bt.pi2" $((off + 100))
+    expect_error "bundle verify tampered $m" "$m" "$B/pi2-bundle" verify "$T/bt.pi2" --pubkey "$T/k.pub"
+done
+cp "$T/b.pi2" "$T/bt.pi2"
+flip_byte "$T/bt.pi2" $(($(member_off "$T/bt.pi2" manifest.json) + 50))
+expect_error "bundle verify tampered manifest" "manifest.sig does not verify" "$B/pi2-bundle" verify "$T/bt.pi2" --pubkey "$T/k.pub"
+cp "$T/b.pi2" "$T/bt.pi2"
+truncate -s 8192 "$T/bt.pi2"
+expect_error "bundle verify truncated" "bt.pi2" "$B/pi2-bundle" verify "$T/bt.pi2" --pubkey "$T/k.pub"
+expect_ok "bundle unsigned" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/u.pi2" --unsigned -q
+grep -q "UNSIGNED" "$T/out" && ok || bad "unsigned bundle not reported as unsigned"
+expect_error "bundle verify unsigned refused" "unsigned" "$B/pi2-bundle" verify "$T/u.pi2" --pubkey "$T/k.pub"
+expect_ok "bundle verify unsigned allowed" "$B/pi2-bundle" verify "$T/u.pi2" --allow-unsigned
+grep -q "UNSIGNED" "$T/out" && ok || bad "verify --allow-unsigned does not say UNSIGNED"
+"$B/pi2-bundle" inspect "$T/u.pi2" 2>/dev/null | grep -q "^signature: *UNSIGNED" && ok || bad "inspect unsigned"
+ls "$T" | grep -q "tmp\." && bad "temporary files left behind: $(ls "$T" | grep tmp.)" || ok
+# ==== pi2-bundle (end) ====
+
 # --- golden: the real trained model ---
 M="$SHARED/models/tinystories-656k"
 if [ -d "$M" ]; then

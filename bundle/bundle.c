@@ -199,16 +199,18 @@ static int plan_copy(bctx *b, const char *name, pi2_err *err)
 {
     const pi2_ctr_section *s;
     int rc = in_section(&b->in, name, &s, err);
+    if (rc)
+        return rc;
     uint64_t off = 0;
     do {
         job j = { .kind = J_COPY, .ffn = -1, .nparts = 1 };
         snprintf(j.out, sizeof j.out, "%s", name);
         uint64_t n = s->size - off < COPY_CHUNK ? s->size - off : COPY_CHUNK;
         j.part[0] = (jpart){ s, off, n };
-        rc = rc ? rc : add_job(b, &j, err);
+        rc = add_job(b, &j, err);
         off += n;
     } while (rc == 0 && off < s->size);
-    b->total += rc ? 0 : s->size;
+    b->total += s->size;
     return rc;
 }
 
@@ -840,9 +842,9 @@ static void report_summary(const bctx *b, FILE *r, double t_order, double t_all,
         fprintf(r, "; cold groups of %u, read efficiency %.3f (frequency order %.3f)", L0->group, eff / n_eff,
                 eff_f / n_eff);
     fprintf(r, "\n");
-    fprintf(r, "layout: %s, io unit %u KiB, group %u, slot %llu bytes%s\n",
+    fprintf(r, "layout: %s, io unit %u KiB, group %u, slot %llu bytes\n",
             b->two_phase ? "two-phase (gate part, then up+down)" : "one-phase (gate|up|down)", b->o->io_unit / 1024,
-            L0->group, (unsigned long long)L0->slot_bytes, b->two_phase ? "" : "");
+            L0->group, (unsigned long long)L0->slot_bytes);
     uint64_t res = b->written - hot - cold;
     fprintf(r, "wrote %s: %.3f GB (resident %.3f, hot %.3f, cold %.3f) in %.1f s (%.2f GB/s), %s%s\n", b->o->out_path,
             b->written / 1e9, res / 1e9, hot / 1e9, cold / 1e9, t_all, t_all > 0 ? b->written / t_all / 1e9 : 0.0,

@@ -323,13 +323,16 @@ static int predictors(pi2_conv *c, FILE *report, pi2_err *err)
             if (rc)
                 break;
             const pi2_pred_report *r = &c->reports[fi];
-            if (report)
+            if (report) {
                 fprintf(report,
                         "  layer %2d%s%.0d: rank %4d  recall %.4f  precision %.3f  predicted active %.3f  true "
-                        "active %.3f  %.1f MB (q8)%s%.1f s\n",
+                        "active %.3f  %.1f MB (q8)",
                         l, d->n_experts > 0 ? " expert " : "", d->n_experts > 0 ? e : 0, pi2_pred_rank(c->preds[fi]),
-                        r->recall, r->precision, r->pred_active_frac, r->true_active_frac, r->bytes_q8 / 1e6,
-                        src ? "" : "  trained in ", src ? 0.0 : r->seconds);
+                        r->recall, r->precision, r->pred_active_frac, r->true_active_frac, r->bytes_q8 / 1e6);
+                if (!src)
+                    fprintf(report, "  trained in %.1f s", r->seconds);
+                fputc('\n', report);
+            }
             conv_stage_progress(c, "predictors", (int)fi + 1, (int)nf);
         }
     pi2_st_close(ext);
@@ -537,10 +540,8 @@ static int write_sparsity(pi2_conv *c, pi2_err *err)
     int E = d->n_experts > 0 ? d->n_experts : 1;
     pi2_manifest *mf = c->mf;
     mf->sparsity_mode = c->preds ? PI2_MF_SPARSE_PREDICTOR : c->silu ? PI2_MF_SPARSE_THRESHOLD : PI2_MF_SPARSE_NONE;
-    if (c->silu) {
-        mf->sparsity_mode = PI2_MF_SPARSE_THRESHOLD;
+    if (c->silu) /* the labels the predictors learned, or the mode itself */
         mf->threshold_sparsity = c->o->silu_sparsity;
-    }
     mf->recall_target = c->preds ? c->o->recall : NAN;
     if (mf->sparsity_mode == PI2_MF_SPARSE_NONE)
         return 0;
@@ -630,7 +631,7 @@ int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err)
     if ((rc = write_sparsity(c, err)) != 0 || (rc = write_profile(c, err)) != 0)
         return rc;
     if (report && c->silu) {
-        fprintf(report, "SiLU threshold mode: per-layer |act| thresholds dropping %.0f%% of activations:",
+        fprintf(report, "SiLU sparsity: per-layer |act| thresholds dropping %.0f%% of activations:",
                 100 * o->silu_sparsity);
         for (size_t i = 0; i < nffn(d) && i < 8; i++)
             fprintf(report, " %.4g", c->silu_thr[i]);

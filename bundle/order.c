@@ -45,7 +45,7 @@ static int cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static uint64_t popcount_w(const uint64_t *a, size_t W)
+static inline __attribute__((always_inline)) uint64_t popcount_w(const uint64_t *a, size_t W)
 {
     uint64_t s = 0;
     for (size_t w = 0; w < W; w++)
@@ -53,7 +53,7 @@ static uint64_t popcount_w(const uint64_t *a, size_t W)
     return s;
 }
 
-static uint64_t popcount_and(const uint64_t *a, const uint64_t *b, size_t W)
+static inline __attribute__((always_inline)) uint64_t popcount_and(const uint64_t *a, const uint64_t *b, size_t W)
 {
     uint64_t s = 0;
     for (size_t w = 0; w < W; w++)
@@ -79,6 +79,88 @@ static double efficiency(const uint32_t *list, uint32_t m, uint32_t g, const uin
         total += (double)sz * (double)popcount_w(acc, W);
     }
     return total > 0 ? useful / total : NAN;
+}
+
+/* The greedy grouping (see order.h): groups of positions into a->list. */
+typedef struct greedy_args {
+    uint32_t m, g;
+    size_t W;
+    const uint64_t *nb, *pc;
+    uint64_t *acc;
+    uint32_t *next, *prev, *list, *grp;
+} greedy_args;
+
+/* Greedy groups over a doubly linked list of unassigned positions; m is the
+ * end marker. Inlined into a POPCNT build and a generic one (the popcounts
+ * are the whole cost; without the instruction they are a libgcc call). */
+static inline __attribute__((always_inline)) void greedy_body(const greedy_args *a)
+{
+    uint32_t m = a->m, g = a->g, *next = a->next, *prev = a->prev, *list = a->list, *grp = a->grp;
+    size_t W = a->W;
+    const uint64_t *nb = a->nb, *pc = a->pc;
+    uint64_t *acc = a->acc;
+    uint64_t window = PI2_ORDER_BUDGET / ((uint64_t)m * W + 1);
+    if (window < 64)
+        window = 64;
+    for (uint32_t c = 0; c < m; c++) {
+        next[c] = c + 1;
+        prev[c + 1] = c;
+    }
+    prev[0] = m;
+    next[m] = 0; /* next[m] is the head */
+    uint32_t out_n = 0;
+#define UNLINK(c) (next[prev[c]] = next[c], prev[next[c]] = prev[c])
+    while (next[m] != m) {
+        uint32_t seed = next[m], sz = 1;
+        UNLINK(seed);
+        grp[0] = seed;
+        memcpy(acc, nb + (size_t)seed * W, W * sizeof *acc);
+        for (; sz < g && next[m] != m; sz++) {
+            /* best Jaccard similarity |A & U| / |A | U|, compared exactly as
+             * fractions; an empty union counts as 0 / 1 */
+            uint32_t best = m;
+            uint64_t best_in = 0, best_uni = 1, u = popcount_w(acc, W), seen = 0;
+            for (uint32_t c = next[m]; c != m && seen < window; c = next[c], seen++) {
+                uint64_t both = popcount_and(acc, nb + (size_t)c * W, W), uni = pc[c] + u - both;
+                if (uni == 0)
+                    uni = 1;
+                if (best == m || both * best_uni > best_in * uni) {
+                    best = c;
+                    best_in = both;
+                    best_uni = uni;
+                }
+            }
+            UNLINK(best);
+            grp[sz] = best;
+            const uint64_t *b = nb + (size_t)best * W;
+            for (size_t w = 0; w < W; w++)
+                acc[w] |= b[w];
+        }
+        qsort(grp, sz, sizeof *grp, cmp_u32);
+        memcpy(list + out_n, grp, sz * sizeof *grp);
+        out_n += sz;
+    }
+#undef UNLINK
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("popcnt"))) static void greedy_popcnt(const greedy_args *a) { greedy_body(a); }
+#endif
+static void greedy_generic(const greedy_args *a) { greedy_body(a); }
+
+static bool force_generic;
+
+void pi2_order_force_generic(bool on) { force_generic = on; }
+
+static void greedy_fn(const greedy_args *a)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (!force_generic && __builtin_cpu_supports("popcnt")) {
+        greedy_popcnt(a);
+        return;
+    }
+#endif
+    greedy_generic(a);
 }
 
 int pi2_order_neurons(const pi2_order_in *in, uint32_t *perm, pi2_order_stats *st, pi2_err *err)
@@ -151,50 +233,7 @@ int pi2_order_neurons(const pi2_order_in *in, uint32_t *perm, pi2_order_stats *s
         goto out;
     }
 
-    /* greedy groups over a doubly linked list of unassigned positions; m is
-     * the end marker */
-    uint64_t window = PI2_ORDER_BUDGET / ((uint64_t)m * W + 1);
-    if (window < 64)
-        window = 64;
-    for (uint32_t c = 0; c < m; c++) {
-        next[c] = c + 1;
-        prev[c + 1] = c;
-    }
-    prev[0] = m;
-    next[m] = 0; /* next[m] is the head */
-    uint32_t out_n = 0;
-#define UNLINK(c) (next[prev[c]] = next[c], prev[next[c]] = prev[c])
-    while (next[m] != m) {
-        uint32_t seed = next[m], sz = 1;
-        UNLINK(seed);
-        grp[0] = seed;
-        memcpy(acc, nb + (size_t)seed * W, W * sizeof *acc);
-        for (; sz < g && next[m] != m; sz++) {
-            /* best Jaccard similarity |A & U| / |A | U|, compared exactly as
-             * fractions; an empty union counts as 0 / 1 */
-            uint32_t best = m;
-            uint64_t best_in = 0, best_uni = 1, u = popcount_w(acc, W), seen = 0;
-            for (uint32_t c = next[m]; c != m && seen < window; c = next[c], seen++) {
-                uint64_t both = popcount_and(acc, nb + (size_t)c * W, W), uni = pc[c] + u - both;
-                if (uni == 0)
-                    uni = 1;
-                if (best == m || both * best_uni > best_in * uni) {
-                    best = c;
-                    best_in = both;
-                    best_uni = uni;
-                }
-            }
-            UNLINK(best);
-            grp[sz] = best;
-            const uint64_t *b = nb + (size_t)best * W;
-            for (size_t w = 0; w < W; w++)
-                acc[w] |= b[w];
-        }
-        qsort(grp, sz, sizeof *grp, cmp_u32);
-        memcpy(list + out_n, grp, sz * sizeof *grp);
-        out_n += sz;
-    }
-#undef UNLINK
+    greedy_fn(&(greedy_args){ m, g, W, nb, pc, acc, next, prev, list, grp });
     if (st) {
         st->grouped = true;
         st->read_eff = efficiency(list, m, g, nb, pc, W, acc);

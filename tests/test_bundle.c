@@ -467,6 +467,44 @@ static void test_order_planted(void **state)
     assert_int_equal(pi2_order_neurons(&in, perm, &st, &e), PI2_EINVAL);
 }
 
+/* Random activation bits: the POPCNT grouping and its generic twin give the
+ * same permutation, for several group sizes and sample counts. */
+static void test_order_twins(void **state)
+{
+    (void)state;
+    enum { N = 300 };
+    pi2_rng r;
+    pi2_rng_seed(&r, 7);
+    float freq[N];
+    uint64_t *bits = calloc(700 * 5, sizeof *bits);
+    assert_non_null(bits);
+    for (int i = 0; i < N; i++)
+        freq[i] = (float)pi2_rng_uniform(&r);
+    for (int s = 0; s < 700; s++)
+        for (int i = 0; i < N; i++)
+            if (pi2_rng_uniform(&r) < freq[i] * 0.3)
+                bits[s * 5 + i / 64] |= 1ull << (i % 64);
+    uint64_t samples[3] = { 1, 64, 700 };
+    uint32_t groups[3] = { 2, 3, 17 };
+    for (int a = 0; a < 3; a++)
+        for (int k = 0; k < 3; k++) {
+            uint32_t p1[N], p2[N];
+            pi2_order_stats s1, s2;
+            pi2_err e = { 0 };
+            pi2_order_in in = { N, freq, bits, samples[a], groups[k], groups[k] * 2 };
+            assert_int_equal(pi2_order_neurons(&in, p1, &s1, &e), 0);
+            pi2_order_force_generic(true);
+            assert_int_equal(pi2_order_neurons(&in, p2, &s2, &e), 0);
+            pi2_order_force_generic(false);
+            assert_memory_equal(p1, p2, sizeof p1);
+            assert_true(s1.read_eff == s2.read_eff);
+            assert_int_equal(pi2_bl_check_perm(p1, N, "perm", &e), 0);
+            if (samples[a] > 1)
+                assert_true(s1.read_eff >= s1.read_eff_freq);
+        }
+    free(bits);
+}
+
 /* ------------------------------------------------------------------ */
 /* Round trip and layout                                               */
 /* ------------------------------------------------------------------ */
@@ -1246,6 +1284,7 @@ int main(void)
         cmocka_unit_test(test_check_perm),
         cmocka_unit_test(test_hot_count),
         cmocka_unit_test(test_order_planted),
+        cmocka_unit_test(test_order_twins),
         cmocka_unit_test(test_roundtrip_drelu),
         cmocka_unit_test(test_roundtrip_silu_q8_moe),
         cmocka_unit_test(test_hot_share_determinism),

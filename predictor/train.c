@@ -1174,8 +1174,9 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
         if (!isfinite(train_loss)) {
             blas_leave(g);
             train_ctx_free(&c);
-            return pi2_err_set(err, PI2_ERANGE, "predictor: training diverged at epoch %d (loss %g); lower the learning rate",
-                               epoch, train_loss);
+            return pi2_err_set(err, PI2_ERANGE,
+                               "predictor: training diverged at epoch %d (loss %g); lower the learning rate", epoch,
+                               train_loss);
         }
         /* held-out: loss, and with the cost metric the predicted-active
          * fraction at the target recall (calibrate + count: two passes) */

@@ -850,8 +850,8 @@ static void test_tamper_keys(void **state)
     pi2_sign_key *pub2 = NULL;
     pi2_err e = { 0 };
     assert_int_equal(pi2_sign_key_load_public(&pub2, g_pub2, &e), 0);
-    expect_fail(g_signed, pub2, false, PI2_ESIG, "signed by another key");
-    expect_fail(g_signed, pub2, true, PI2_ESIG, "signed by another key");
+    expect_fail(g_signed, pub2, false, PI2_ESIG, "another key");
+    expect_fail(g_signed, pub2, true, PI2_ESIG, "another key");
     /* re-signed with the other key: fails with the first, passes with it */
     char p[160];
     snprintf(p, sizeof p, "%s/resigned.pi2", g_dir);

@@ -42,13 +42,14 @@
  * Reads the converted model through pread (nothing of it stays mapped), and
  * checks every member it reads against the SHA-256 in the converted
  * manifest. Orders each FFN's neurons (bundle/order.h, one thread per core),
- * then writes the members above in order, streaming: at most a few FFNs'
- * payloads are in memory at a time (one loader thread reads and checks the
- * next ones while the main thread lays out and writes the current one), so
- * peak memory is about 3 x (3 x n_ff x row bytes) plus the permutations,
- * whatever the model size. Output goes to a temporary file renamed into
- * place only when complete (formats/container.h), so a failure leaves
- * nothing at out_path.
+ * then writes the members above in order, streaming: one loader thread
+ * reads and checks up to 3 jobs (an FFN's three payload matrices, or an
+ * 8 MiB chunk of a plain copy) ahead of the main thread, which lays out and
+ * writes the current one, and holds at most 768 MiB ahead; so peak memory
+ * is about 4 x (3 x n_ff x row bytes) plus the permutations (290 MB for a
+ * 7B shape), whatever the number of layers. Output goes to a temporary
+ * file renamed into place only when complete (formats/container.h), so a
+ * failure leaves nothing at out_path.
  *
  * Errors (pi2_bundle_create): PI2_EINVAL (bad options: no key and not
  * unsigned, a public key, a bad I/O unit or hot rule; input not a converted

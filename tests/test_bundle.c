@@ -825,6 +825,41 @@ static void test_tamper_each_section(void **state)
     pi2_ctr_close(c);
 }
 
+/* verify(resident_only) hashes the resident region only: a flipped FFN
+ * byte passes it and fails the full check; a flipped resident byte fails
+ * both. */
+static void test_verify_resident_only(void **state)
+{
+    (void)state;
+    char p[160];
+    snprintf(p, sizeof p, "%s/resident.pi2", g_dir);
+    pi2_ctr *c;
+    pi2_err e = { 0 };
+    assert_int_equal(pi2_ctr_open(&c, g_signed, &e), 0);
+    const char *names[2] = { "ffn/1.0", "w/model.layers.1.mlp.down_proj.weight.s" };
+    for (int k = 0; k < 2; k++) {
+        const pi2_ctr_member *m = member(c, names[k]);
+        copy_file(g_signed, p);
+        xor_byte(p, m->offset + 5, 0x80);
+        pi2_bundle *b = open_signed(p);
+        uint64_t done = 0;
+        pi2_err e1 = { 0 }, e2 = { 0 };
+        int r1 = pi2_bundle_verify(b, true, &done, &e1), r2 = pi2_bundle_verify(b, false, NULL, &e2);
+        assert_int_equal(r1, k == 0 ? 0 : PI2_ESIG);
+        assert_int_equal(r2, PI2_ESIG);
+        assert_non_null(strstr(e2.msg, names[k]));
+        if (k == 0) {
+            uint64_t resident = 0;
+            const pi2_bundle_layout *l = pi2_bundle_layout_get(b);
+            for (size_t i = 0; i < l->n_resident; i++)
+                resident += member(c, l->resident[i])->size;
+            assert_int_equal(done, resident);
+        }
+        pi2_bundle_close(b);
+    }
+    pi2_ctr_close(c);
+}
+
 static void test_tamper_truncate(void **state)
 {
     (void)state;
@@ -1290,6 +1325,7 @@ int main(void)
         cmocka_unit_test(test_hot_share_determinism),
         cmocka_unit_test(test_inspect),
         cmocka_unit_test(test_tamper_each_section),
+        cmocka_unit_test(test_verify_resident_only),
         cmocka_unit_test(test_tamper_truncate),
         cmocka_unit_test(test_tamper_keys),
         cmocka_unit_test(test_tamper_members),

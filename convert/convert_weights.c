@@ -42,23 +42,37 @@ typedef struct qjob {
     uint16_t *scales;   /* for row r0 */
     uint8_t *payload;   /* for row r0 */
     float *scratch;     /* cols floats */
+    float *tile;        /* transposed: [cols][TBLOCK] floats */
     int rc;
 } qjob;
+
+#define TBLOCK 64 /* neurons per transposed tile */
 
 static void *qjob_run(void *arg)
 {
     qjob *j = arg;
     size_t pb = pi2_q_payload_row_bytes(j->qt, j->cols), sc = pi2_q_scale_row_count(j->qt, j->cols);
-    for (int64_t r = j->r0; r < j->r1 && j->rc == 0; r++) {
-        if (!j->transposed) {
-            row_f32(j->t, (size_t)r * (size_t)j->src_cols, j->cols, j->scratch);
-        } else {
-            /* column r of the source [cols, src_cols] */
+    for (int64_t r0 = j->r0; r0 < j->r1 && j->rc == 0; r0 += (j->transposed ? TBLOCK : 1)) {
+        int64_t nb = 1;
+        if (j->transposed) {
+            /* columns r0.. of the source [cols, src_cols]: read each source
+             * row's contiguous slice once into the tile (tile[k][i]) rather
+             * than striding down every column (one page per element) */
+            nb = j->r1 - r0 < TBLOCK ? j->r1 - r0 : TBLOCK;
             for (int64_t k = 0; k < j->cols; k++)
-                row_f32(j->t, (size_t)k * (size_t)j->src_cols + (size_t)r, 1, j->scratch + k);
+                row_f32(j->t, (size_t)k * (size_t)j->src_cols + (size_t)r0, nb, j->tile + (size_t)k * TBLOCK);
         }
-        j->rc = pi2_q_quantize_row(j->qt, j->scratch, j->cols, j->scales ? j->scales + (size_t)(r - j->r0) * sc : NULL,
-                                   j->payload + (size_t)(r - j->r0) * pb);
+        for (int64_t i = 0; i < nb && j->rc == 0; i++) {
+            int64_t r = r0 + i;
+            if (j->transposed)
+                for (int64_t k = 0; k < j->cols; k++)
+                    j->scratch[k] = j->tile[(size_t)k * TBLOCK + (size_t)i];
+            else
+                row_f32(j->t, (size_t)r * (size_t)j->src_cols, j->cols, j->scratch);
+            j->rc = pi2_q_quantize_row(j->qt, j->scratch, j->cols,
+                                       j->scales ? j->scales + (size_t)(r - j->r0) * sc : NULL,
+                                       j->payload + (size_t)(r - j->r0) * pb);
+        }
     }
     return NULL;
 }
@@ -91,14 +105,17 @@ static int write_tensor(pi2_conv *c, const pi2_st_tensor *t, const char *hfname,
     int64_t chunk = (int64_t)((4u << 20) / (pb ? pb : 1));
     if (chunk < 1)
         chunk = 1;
-    if (transposed && chunk > 256)
-        chunk = 256; /* columns: keep the strided source window small */
+    if (transposed && chunk > 512)
+        chunk = 512; /* columns: tiles of TBLOCK per thread */
     uint8_t *buf = pi2_malloc_array((size_t)chunk, pb);
     int T = c->threads < QMAX_THREADS ? c->threads : QMAX_THREADS;
-    float *scratch[QMAX_THREADS] = {0};
+    float *scratch[QMAX_THREADS] = {0}, *tile[QMAX_THREADS] = {0};
     bool ok = (scales || !sc) && buf;
-    for (int k = 0; k < T && ok; k++)
+    for (int k = 0; k < T && ok; k++) {
         ok = (scratch[k] = pi2_malloc_array((size_t)cols, sizeof(float))) != NULL;
+        if (ok && transposed)
+            ok = (tile[k] = pi2_malloc_array((size_t)cols * TBLOCK, sizeof(float))) != NULL;
+    }
     if (!ok) {
         rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory quantizing", hfname);
         goto out;
@@ -113,7 +130,7 @@ static int write_tensor(pi2_conv *c, const pi2_st_tensor *t, const char *hfname,
         for (int k = 0; k < n; k++) {
             int64_t a = r0 + (r1 - r0) * k / n, b = r0 + (r1 - r0) * (k + 1) / n;
             jobs[k] = (qjob){t, qt, transposed, cols, src_cols, a, b, sc ? scales + (size_t)a * sc : NULL,
-                             buf + (size_t)(a - r0) * pb, scratch[k], 0};
+                             buf + (size_t)(a - r0) * pb, scratch[k], tile[k], 0};
         }
         for (int k = 1; k < n; k++) {
             started[k] = pthread_create(&tid[k], NULL, qjob_run, &jobs[k]) == 0;
@@ -142,8 +159,10 @@ static int write_tensor(pi2_conv *c, const pi2_st_tensor *t, const char *hfname,
                                 err);
     pi2_st_release(t);
 out:
-    for (int k = 0; k < T; k++)
+    for (int k = 0; k < T; k++) {
         free(scratch[k]);
+        free(tile[k]);
+    }
     free(buf);
     free(scales);
     return rc;

@@ -160,7 +160,12 @@ typedef struct bctx {
     job *jobs;
     size_t n_jobs, cap_jobs;
     pi2_ctr_writer *w;
-    /* loader hand-off */
+    /* loader hand-off; job i is read into pool[i % (MAX_AHEAD + 1)], whose
+     * previous job has been consumed by then (the loader stays less than
+     * MAX_AHEAD jobs ahead),
+     * so big buffers are allocated (and their pages zeroed) once */
+    uint8_t *pool[MAX_AHEAD + 1];
+    uint64_t pool_cap[MAX_AHEAD + 1];
     pthread_mutex_t mu;
     pthread_cond_t cv;
     size_t loaded, consumed;
@@ -342,11 +347,17 @@ static void *loader_main(void *arg)
         pthread_mutex_unlock(&b->mu);
         if (stop)
             break;
-        uint8_t *buf = need ? malloc((size_t)need) : NULL;
-        if (need && !buf) {
-            rc = pi2_err_set(&err, PI2_ENOMEM, "out of memory reading %s", j->part[0].sec->name);
-            break;
+        size_t slot = i % (MAX_AHEAD + 1);
+        if (need > b->pool_cap[slot]) {
+            free(b->pool[slot]);
+            b->pool[slot] = malloc((size_t)need);
+            b->pool_cap[slot] = b->pool[slot] ? need : 0;
+            if (!b->pool[slot]) {
+                rc = pi2_err_set(&err, PI2_ENOMEM, "out of memory reading %s", j->part[0].sec->name);
+                break;
+            }
         }
+        uint8_t *buf = b->pool[slot];
         uint64_t at = 0;
         for (int k = 0; k < j->nparts && rc == 0; k++) {
             const jpart *p = &j->part[k];
@@ -361,10 +372,8 @@ static void *loader_main(void *arg)
             }
             at += p->len;
         }
-        if (rc) {
-            free(buf);
+        if (rc)
             break;
-        }
         pthread_mutex_lock(&b->mu);
         j->buf = buf;
         b->inflight += need;
@@ -400,8 +409,7 @@ static void release(bctx *b, size_t i)
 {
     job *j = &b->jobs[i];
     pthread_mutex_lock(&b->mu);
-    free(j->buf);
-    j->buf = NULL;
+    j->buf = NULL; /* the pool keeps it */
     b->inflight -= job_bytes(j);
     b->consumed++;
     pthread_cond_broadcast(&b->cv);
@@ -572,9 +580,10 @@ static int run_jobs(bctx *b, pi2_err *err)
     pthread_cond_broadcast(&b->cv);
     pthread_mutex_unlock(&b->mu);
     pthread_join(tid, NULL);
-    for (size_t k = 0; k < b->n_jobs; k++) {
-        free(b->jobs[k].buf);
-        b->jobs[k].buf = NULL;
+    for (size_t k = 0; k <= MAX_AHEAD; k++) {
+        free(b->pool[k]);
+        b->pool[k] = NULL;
+        b->pool_cap[k] = 0;
     }
     free(chunk);
     return rc;

@@ -46,7 +46,7 @@
  * reads and checks up to 3 jobs (an FFN's three payload matrices, or an
  * 8 MiB chunk of a plain copy) ahead of the main thread, which lays out and
  * writes the current one, and holds at most 768 MiB ahead; so peak memory
- * is about 4 x (3 x n_ff x row bytes) plus the permutations (290 MB for a
+ * is about 4 x (3 x n_ff x row bytes) plus the permutations (400 MB for a
  * 7B shape), whatever the number of layers. Output goes to a temporary
  * file renamed into place only when complete (formats/container.h), so a
  * failure leaves nothing at out_path.

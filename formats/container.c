@@ -232,7 +232,7 @@ int pi2_ctr_writer_create(pi2_ctr_writer **out, const char *path, pi2_err *err)
         rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
     if (rc == 0 && (archive_write_set_format_ustar(w->ar) != ARCHIVE_OK ||
                     archive_write_add_filter_none(w->ar) != ARCHIVE_OK ||
-                    archive_write_set_bytes_per_block(w->ar, (int)PI2_CTR_ALIGN) != ARCHIVE_OK ||
+                    archive_write_set_bytes_per_block(w->ar, 1 << 20) != ARCHIVE_OK || /* fewer write calls */
                     archive_write_set_bytes_in_last_block(w->ar, (int)PI2_CTR_ALIGN) != ARCHIVE_OK ||
                     archive_write_open(w->ar, w, NULL, write_cb, NULL) != ARCHIVE_OK))
         rc = wfail_ar(w, err, "cannot start the tar writer");

@@ -42,6 +42,9 @@ qrate=$(echo "$q" | awk '{printf "%.3f", $1/$2}')
 crss=$(num "peak RSS" <"$W/convert.log")
 say "quantization: $qrate GB/s read = $(echo "$qrate $rd" | awk '{printf "%.2f", $1/$2}') x disk read; peak RSS $crss MB (target < 2048)"
 
+say "== bundler on the converted 7B-shaped model"
+BUILD=$B sh bundle/bench.sh "$W/synth-7b.pi2c" "$W"
+
 say "== converter with predictor training on a 2-layer 7B-shaped model (per-layer training time)"
 rm -rf "$W/synth-7b-2l" "$W/synth-7b-2l.pi2c"
 "$B/pi2-convert" synth --preset 7b --layers 2 -o "$W/synth-7b-2l" >/dev/null

@@ -1,6 +1,7 @@
 /* pi2 bundle layout: geometry, offsets, and the strict reader / writer of
  * the manifest's "bundle" object. See bundle/layout.h. */
 #include "bundle/layout.h"
+#include "formats/jsonutil.h"
 
 #include <float.h>
 #include <jansson.h>
@@ -260,20 +261,7 @@ __attribute__((format(printf, 4, 5))) static int fail(lctx *c, int code, const c
                        where ? where : "", msg);
 }
 
-static const char *jtype(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "?";
-}
+static const char *jtype(const json_t *v) { return pi2_json_type_name(v); }
 
 /* Printable, bounded copy of untrusted text for messages. */
 static const char *clean(const char *s, char *buf, size_t cap)

@@ -8,6 +8,7 @@
  * bundled manifest is signed over its exact bytes. The writer then parses its
  * own output, so the one set of checks lives in the reader. */
 #include "formats/manifest.h"
+#include "formats/jsonutil.h"
 
 #include <float.h>
 #include <jansson.h>
@@ -291,20 +292,7 @@ __attribute__((format(printf, 5, 6))) static int fail(pctx *c, int code, const c
                        key ? key : "", msg);
 }
 
-static const char *jtype(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "?";
-}
+static const char *jtype(const json_t *v) { return pi2_json_type_name(v); }
 
 static int need(pctx *c, json_t *o, const char *w, const char *k, json_t **v)
 {

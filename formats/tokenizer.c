@@ -18,6 +18,7 @@
  *   it) and the tests check that both agree.
  */
 #include "formats/tokenizer.h"
+#include "formats/jsonutil.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -392,19 +393,7 @@ static char *memdup0(const char *s, size_t n)
     return d;
 }
 
-static const char *jtype(const json_t *j)
-{
-    switch (json_typeof(j)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
+static const char *jtype(const json_t *j) { return pi2_json_type_name(j); }
 
 /* A file-provided string made fit for a one-line message: control bytes
  * and quotes escaped, cut (on a character boundary) after ~48 bytes. */

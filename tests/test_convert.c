@@ -6,6 +6,7 @@
  * and every bad input, which must fail with its exact code, a message naming
  * the culprit, and nothing left behind. */
 #include "tests/testutil.h"
+#include "tests/testjson.h"
 
 #include <dirent.h>
 #include <jansson.h>
@@ -101,21 +102,6 @@ static void make_synth(const char *dir, bool wide, bool predictors)
         fail_msg("%s", e.msg);
 }
 
-static json_t *load_json(const char *path)
-{
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
-    if (!j)
-        fail_msg("%s: %s", path, je.text);
-    return j;
-}
-
-static int jint(json_t *a, size_t i)
-{
-    json_t *v = json_array_get(a, i);
-    assert_true(json_is_integer(v));
-    return (int)json_integer_value(v);
-}
 
 /* The predictor entries of a converted model: recall at the target and a
  * predicted-active share at most twice the true one, in every layer. */

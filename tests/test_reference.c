@@ -2,6 +2,7 @@
  * models, MoE invariants and storage/head variants on tiny generated models,
  * and every open/forward error. */
 #include "tests/testutil.h"
+#include "tests/testjson.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -47,21 +48,6 @@ static int top2(const float *logits, int n, float *margin)
     return best;
 }
 
-static json_t *load_json(const char *path)
-{
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
-    if (!j)
-        fail_msg("%s: %s", path, je.text);
-    return j;
-}
-
-static int jint(json_t *a, size_t i)
-{
-    json_t *v = json_array_get(a, i);
-    assert_true(json_is_integer(v));
-    return (int)json_integer_value(v);
-}
 
 static void golden(const char *model, bool drelu)
 {

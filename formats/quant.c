@@ -162,6 +162,20 @@ static inline int32_t div_round(float x, double dd)
     return t + (int32_t)(f >= 0.5) - (int32_t)(f <= -0.5);
 }
 
+/* The fast twin of div_round: v = x * (1/D) in float (absolute error below
+ * 2^-15 for |v| <= 128), rounded half away from zero. It agrees with
+ * div_round except possibly when v lies within 2^-12 of a half-integer, and
+ * it sets *near then so the caller redoes the group exactly. Vectorises. */
+static inline int32_t mul_round(float x, float inv, int *near)
+{
+    float v = x * inv;
+    float av = fabsf(v);
+    float fr = av - (float)(int32_t)av;
+    *near |= fabsf(fr - 0.5f) < 0x1p-12f;
+    int32_t r = (int32_t)(av + 0.5f);
+    return v < 0.0f ? -r : r;
+}
+
 static void quantize_q4_group(const float *x, uint16_t *scale, uint8_t *qs)
 {
     double d = (double)group_max(x) / -8.0;
@@ -174,8 +188,15 @@ static void quantize_q4_group(const float *x, uint16_t *scale, uint8_t *qs)
         return;
     }
     double dd = pi2_f16_to_f32(h);
+    float inv = 1.0f / (float)dd;
     int32_t q[PI2_Q_GROUP];
+    int near = 0;
     for (int j = 0; j < PI2_Q_GROUP; j++) {
+        int32_t t = mul_round(x[j], inv, &near) + 8;
+        t = t < 0 ? 0 : t;
+        q[j] = t > 15 ? 15 : t;
+    }
+    for (int j = 0; near && j < PI2_Q_GROUP; j++) { /* a near tie: exact path */
         int32_t t = div_round(x[j], dd) + 8;
         t = t < 0 ? 0 : t;
         q[j] = t > 15 ? 15 : t;
@@ -194,8 +215,15 @@ static void quantize_q8_group(const float *x, uint16_t *scale, uint8_t *qs)
         return;
     }
     double dd = pi2_f16_to_f32(h);
+    float inv = 1.0f / (float)dd;
     int32_t q[PI2_Q_GROUP];
+    int near = 0;
     for (int j = 0; j < PI2_Q_GROUP; j++) {
+        int32_t t = mul_round(x[j], inv, &near);
+        t = t < -127 ? -127 : t;
+        q[j] = t > 127 ? 127 : t;
+    }
+    for (int j = 0; near && j < PI2_Q_GROUP; j++) { /* a near tie: exact path */
         int32_t t = div_round(x[j], dd);
         t = t < -127 ? -127 : t;
         q[j] = t > 127 ? 127 : t;

@@ -824,6 +824,54 @@ static void test_simd_avx512(void **state)
     simd_suite(PI2_ISA_AVX512);
 }
 
+/* Every element's q is exactly round(x / D) (half away from zero, in
+ * double) for the stored scale D, clamped: the quantizer's fast float path
+ * must fall back to the exact one at near ties. Rows are built with many
+ * values within a few ulps of half-integer multiples of the scale. */
+static void test_rounding_exact(void **state)
+{
+    (void)state;
+    pi2_rng rng;
+    pi2_rng_seed(&rng, 77);
+    const pi2_qtype types[] = {PI2_QT_Q4, PI2_QT_Q8};
+    float x[256];
+    uint16_t sc[8];
+    uint8_t pay[256];
+    for (int it = 0; it < 4000; it++) {
+        pi2_qtype t = types[it & 1];
+        double base = ldexp(1.0, (int)(pi2_rng_u64(&rng) % 30) - 20);
+        for (int j = 0; j < 256; j++) {
+            double v = pi2_rng_normal(&rng) * base;
+            if (pi2_rng_u64(&rng) % 3 == 0) { /* near a half step of a plausible scale */
+                double step = base * (t == PI2_QT_Q4 ? 0.5 : 0.03);
+                v = (floor(v / step) + 0.5) * step;
+                v = nextafterf((float)v, (pi2_rng_u64(&rng) & 1) ? INFINITY : -INFINITY);
+            }
+            x[j] = (float)v;
+        }
+        assert_int_equal(pi2_q_quantize_row(t, x, 256, sc, pay), 0);
+        for (int j = 0; j < 256; j++) {
+            double D = f16d(sc[j / 32]);
+            int q;
+            if (t == PI2_QT_Q4) {
+                int e = D == 0 ? 8 : (int)round((double)x[j] / D) + 8;
+                e = e < 0 ? 0 : e > 15 ? 15 : e;
+                int k = j % 32;
+                uint8_t b = pay[(j / 32) * 16 + (k % 16)];
+                q = k < 16 ? (b & 0x0f) : (b >> 4);
+                if (q != e)
+                    fail_msg("q4 it %d elem %d: x=%a D=%a q=%d expected %d", it, j, (double)x[j], D, q, e);
+            } else {
+                int e = D == 0 ? 0 : (int)round((double)x[j] / D);
+                e = e < -127 ? -127 : e > 127 ? 127 : e;
+                q = (int8_t)pay[j];
+                if (q != e)
+                    fail_msg("q8 it %d elem %d: x=%a D=%a q=%d expected %d", it, j, (double)x[j], D, q, e);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -837,6 +885,7 @@ int main(void)
         cmocka_unit_test(test_f32_passthrough),
         cmocka_unit_test(test_q8act),
         cmocka_unit_test(test_dot_reference),
+        cmocka_unit_test(test_rounding_exact),
         cmocka_unit_test(test_axpy),
         cmocka_unit_test(test_isa_dispatch),
         cmocka_unit_test(test_simd_avx2),

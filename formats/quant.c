@@ -141,14 +141,19 @@ float pi2_q_error_bound(pi2_qtype t, uint16_t scale)
 /* The first element of largest magnitude, sign kept. */
 static float group_max(const float *x)
 {
-    float m = 0.0f, amax = 0.0f;
+    /* the largest magnitude first (a max reduction that vectorises), then
+     * the first element that has it, sign kept */
+    float amax = 0.0f;
     for (int j = 0; j < PI2_Q_GROUP; j++) {
-        if (fabsf(x[j]) > amax) {
-            amax = fabsf(x[j]);
-            m = x[j];
-        }
+        float a = fabsf(x[j]);
+        amax = a > amax ? a : amax;
     }
-    return m;
+    if (amax == 0.0f)
+        return 0.0f;
+    for (int j = 0; j < PI2_Q_GROUP; j++)
+        if (fabsf(x[j]) == amax)
+            return x[j];
+    return 0.0f; /* not reached: inputs are finite */
 }
 
 /* x / D rounded half away from zero, for |x / D| <= 128 (the scale limits

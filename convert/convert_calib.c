@@ -324,11 +324,13 @@ static int predictors(pi2_conv *c, FILE *report, pi2_err *err)
                 break;
             const pi2_pred_report *r = &c->reports[fi];
             if (report) {
+                fprintf(report, "  layer %2d", l);
+                if (d->n_experts > 0)
+                    fprintf(report, " expert %d", e);
                 fprintf(report,
-                        "  layer %2d%s%.0d: rank %4d  recall %.4f  precision %.3f  predicted active %.3f  true "
-                        "active %.3f  %.1f MB (q8)",
-                        l, d->n_experts > 0 ? " expert " : "", d->n_experts > 0 ? e : 0, pi2_pred_rank(c->preds[fi]),
-                        r->recall, r->precision, r->pred_active_frac, r->true_active_frac, r->bytes_q8 / 1e6);
+                        ": rank %4d  recall %.4f  precision %.3f  predicted active %.3f  true active %.3f  %.1f MB (q8)",
+                        pi2_pred_rank(c->preds[fi]), r->recall, r->precision, r->pred_active_frac,
+                        r->true_active_frac, r->bytes_q8 / 1e6);
                 if (!src)
                     fprintf(report, "  trained in %.1f s", r->seconds);
                 fputc('\n', report);
@@ -642,9 +644,11 @@ int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err)
         fprintf(report, "activation profile (per layer%s):\n", d->n_experts > 0 ? " and expert" : "");
         for (size_t i = 0; i < c->mf->n_profile; i++) {
             const pi2_mf_profile *p = &c->mf->profile[i];
-            fprintf(report, "  layer %2d%s%.0d: active %.3f  hot share (fire > 50%%) %.3f  top-10%% neurons carry %.2f of activations\n",
-                    p->layer, p->expert >= 0 ? " expert " : "", p->expert >= 0 ? p->expert : 0, p->active_frac,
-                    p->hot_share, p->top10_share);
+            fprintf(report, "  layer %2d", p->layer);
+            if (p->expert >= 0)
+                fprintf(report, " expert %d", p->expert);
+            fprintf(report, ": active %.3f  hot share (fire > 50%%) %.3f  top-10%% neurons carry %.2f of activations\n",
+                    p->active_frac, p->hot_share, p->top10_share);
         }
     }
     return quality(c, len, report, err);

@@ -69,48 +69,29 @@ typedef struct trace_ctx {
     int n_new;     /* tokens per sequence in the current call */
 } trace_ctx;
 
-/* |A| quantile for the SiLU threshold mode: the share `q` of entries below. */
-static float abs_quantile(const float *A, size_t n, double q)
+static int cmp_float(const void *a, const void *b)
 {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* The q-quantile of |A[i]| over n values (a strided sample of at most 2^20
+ * is plenty): the value below which a share q of them lie. PI2_ENOMEM. */
+static int abs_quantile(const float *A, size_t n, double q, float *out, pi2_err *err)
+{
+    *out = 0.0f;
     if (n == 0)
-        return 0.0f;
-    size_t m = n < (1u << 20) ? n : (1u << 20); /* a strided sample is plenty */
-    size_t stride = n / m;
-    float *v = malloc(m * sizeof *v);
+        return 0;
+    size_t m = n < (1u << 20) ? n : (1u << 20), stride = n / m;
+    float *v = pi2_malloc_array(m, sizeof *v);
     if (!v)
-        return 0.0f;
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory for activation statistics");
     for (size_t i = 0; i < m; i++)
         v[i] = fabsf(A[i * stride]);
-    /* nth element by partial selection (quickselect) */
-    size_t k = (size_t)(q * (double)(m - 1)), lo = 0, hi = m - 1;
-    while (lo < hi) {
-        float pivot = v[(lo + hi) / 2];
-        size_t i = lo, j = hi;
-        while (i <= j) {
-            while (v[i] < pivot)
-                i++;
-            while (v[j] > pivot)
-                j--;
-            if (i <= j) {
-                float t = v[i];
-                v[i] = v[j];
-                v[j] = t;
-                i++;
-                if (j == 0)
-                    break;
-                j--;
-            }
-        }
-        if (k <= j)
-            hi = j;
-        else if (k >= i)
-            lo = i;
-        else
-            break;
-    }
-    float r = v[k];
+    qsort(v, m, sizeof *v, cmp_float);
+    *out = v[(size_t)(q * (double)(m - 1))];
     free(v);
-    return r;
+    return 0;
 }
 
 static void on_ffn_trace(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X, float *A)
@@ -123,7 +104,9 @@ static void on_ffn_trace(void *ctx, int layer, int expert, int n, const int32_t 
     size_t fi = ffn_index(d, layer, expert);
     int F = d->n_ff;
     if (c->silu && !c->silu_set[fi]) {
-        c->silu_thr[fi] = abs_quantile(A, (size_t)n * F, c->o->silu_sparsity);
+        t->rc = abs_quantile(A, (size_t)n * F, c->o->silu_sparsity, &c->silu_thr[fi], t->err);
+        if (t->rc)
+            return;
         c->silu_set[fi] = true;
     }
     float min_abs = c->silu ? c->silu_thr[fi] : 0.0f;
@@ -343,27 +326,33 @@ static int predictors(pi2_conv *c, FILE *report, pi2_err *err)
 
 /* ---- quality ---- */
 
+/* Callbacks cannot return errors: the first one is kept here and checked
+ * after each forward, so a quality figure is never silently wrong. */
 typedef struct q_ctx {
     pi2_conv *c;
-    bool sparse;
-    size_t dropped, total;
+    pi2_err *err;
+    int rc;
 } q_ctx;
 
-static void qdq_rows(pi2_qtype qt, float *w, int64_t rows, int64_t cols)
+/* Quantize-dequantize rows in place, as the converted weights hold them. */
+static int qdq_rows(pi2_qtype qt, float *w, int64_t rows, int64_t cols, pi2_err *err)
 {
     if (qt == PI2_QT_F32 || cols % PI2_Q_GROUP != 0)
-        return;
+        return 0;
     size_t pb = pi2_q_payload_row_bytes(qt, cols), sc = pi2_q_scale_row_count(qt, cols);
     uint8_t *p = malloc(pb);
     uint16_t *s = malloc(sc * sizeof *s);
-    if (p && s)
-        for (int64_t r = 0; r < rows; r++) {
-            float *row = w + (size_t)r * (size_t)cols;
-            if (pi2_q_quantize_row(qt, row, cols, s, p) == 0)
-                pi2_q_dequantize_row(qt, s, p, cols, row);
-        }
+    int rc = p && s ? 0 : pi2_err_set(err, PI2_ENOMEM, "out of memory measuring quantized quality");
+    for (int64_t r = 0; rc == 0 && r < rows; r++) {
+        float *row = w + (size_t)r * (size_t)cols;
+        if (pi2_q_quantize_row(qt, row, cols, s, p) != 0)
+            rc = pi2_err_set(err, PI2_ERANGE, "cannot quantize a weight row (non-finite value or scale out of range)");
+        else
+            pi2_q_dequantize_row(qt, s, p, cols, row);
+    }
     free(p);
     free(s);
+    return rc;
 }
 
 static void on_weight_q(void *ctx, pi2_tname t, int layer, int expert, float *w, int64_t rows, int64_t cols)
@@ -371,6 +360,8 @@ static void on_weight_q(void *ctx, pi2_tname t, int layer, int expert, float *w,
     q_ctx *q = ctx;
     (void)layer;
     (void)expert;
+    if (q->rc)
+        return;
     pi2_qtype qt = t == PI2_T_GATE || t == PI2_T_UP || t == PI2_T_DOWN ? q->c->o->q_ffn
                    : t == PI2_T_ROUTER                                ? PI2_QT_F32
                                                                       : q->c->o->q_other;
@@ -378,19 +369,21 @@ static void on_weight_q(void *ctx, pi2_tname t, int layer, int expert, float *w,
         /* stored transposed: groups run along the hidden dimension, i.e. down
          * the columns of this [d, n_ff] matrix */
         float *col = malloc((size_t)rows * sizeof *col);
-        if (!col)
+        if (!col) {
+            q->rc = pi2_err_set(q->err, PI2_ENOMEM, "out of memory measuring quantized quality");
             return;
-        for (int64_t j = 0; j < cols; j++) {
+        }
+        for (int64_t j = 0; j < cols && q->rc == 0; j++) {
             for (int64_t i = 0; i < rows; i++)
                 col[i] = w[(size_t)i * (size_t)cols + (size_t)j];
-            qdq_rows(qt, col, 1, rows);
+            q->rc = qdq_rows(qt, col, 1, rows, q->err);
             for (int64_t i = 0; i < rows; i++)
                 w[(size_t)i * (size_t)cols + (size_t)j] = col[i];
         }
         free(col);
         return;
     }
-    qdq_rows(qt, w, rows, cols);
+    q->rc = qdq_rows(qt, w, rows, cols, q->err);
 }
 
 static void on_ffn_sparse(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X, float *A)
@@ -402,21 +395,24 @@ static void on_ffn_sparse(void *ctx, int layer, int expert, int n, const int32_t
     size_t fi = ffn_index(d, layer, expert);
     int F = d->n_ff;
     size_t W = ((size_t)F + 63) / 64;
-    uint64_t *bits = malloc(W * sizeof *bits);
-    if (!bits)
+    if (q->rc)
         return;
-    for (int i = 0; i < n; i++) {
+    uint64_t *bits = malloc(W * sizeof *bits);
+    if (!bits) {
+        q->rc = pi2_err_set(q->err, PI2_ENOMEM, "out of memory measuring sparse quality");
+        return;
+    }
+    for (int i = 0; i < n && q->rc == 0; i++) {
         float *a = A + (size_t)i * F;
-        if (c->preds)
-            pi2_pred_predict(c->preds[fi], X + (size_t)i * d->hidden, bits);
+        if (c->preds && pi2_pred_predict(c->preds[fi], X + (size_t)i * d->hidden, bits) < 0) {
+            q->rc = pi2_err_set(q->err, PI2_ENOMEM, "out of memory measuring sparse quality");
+            break;
+        }
         for (int j = 0; j < F; j++) {
             bool keep = c->preds ? (bits[j / 64] >> (j % 64)) & 1 : fabsf(a[j]) > c->silu_thr[fi];
-            if (!keep) {
-                q->dropped += a[j] != 0.0f;
+            if (!keep)
                 a[j] = 0.0f;
-            }
         }
-        q->total += (size_t)F;
     }
     free(bits);
 }
@@ -431,7 +427,7 @@ static int quality(pi2_conv *c, int len, FILE *report, pi2_err *err)
     for (int k = 0; k < 3 && rc == 0; k++) {
         if (k == 2 && !sparse_mode)
             break;
-        q_ctx qc = {c, k == 2, 0, 0};
+        q_ctx qc = {c, err, 0};
         pi2_calib_opts co = {.threads = c->threads};
         if (k >= 1) {
             co.weight = on_weight_q;
@@ -448,6 +444,8 @@ static int quality(pi2_conv *c, int len, FILE *report, pi2_err *err)
             rc = pi2_calib_state_create(&s, c->m, nb, len, &co, err);
             if (rc == 0)
                 rc = pi2_calib_nll(s, toks + (size_t)q0 * len, len, part, err);
+            if (rc == 0)
+                rc = qc.rc;
             for (int i = 0; rc == 0 && i < nb; i++)
                 nll[k] += part[i];
             pi2_calib_state_free(s);
@@ -496,7 +494,9 @@ static int write_profile(pi2_conv *c, pi2_err *err)
             }
             /* share of all activations that the 10% most frequent neurons carry */
             int top = F / 10 > 0 ? F / 10 : 1;
-            float thr = abs_quantile(freq, (size_t)F, 1.0 - (double)top / F);
+            float thr;
+            if ((rc = abs_quantile(freq, (size_t)F, 1.0 - (double)top / F, &thr, err)) != 0)
+                break;
             double topsum = 0;
             int taken = 0;
             for (int j = 0; j < F; j++)

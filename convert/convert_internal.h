@@ -43,7 +43,7 @@ typedef struct pi2_conv {
     int bos;
     /* calibration (convert_calib.c) */
     int32_t *calib;        /* [n_seq][len] tokens; the last n_held sequences are held out */
-    int n_seq, n_held, stage_done;
+    int n_seq, n_held;
     pi2_trace **traces;    /* per FFN (layer-major, expert-minor) */
     uint32_t *counts;      /* [ffn][n_ff] activation counts */
     uint64_t *tokens;      /* [ffn] tokens seen */

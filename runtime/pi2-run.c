@@ -1,37 +1,105 @@
-/* pi2-run: generate text. Today: the dense fp32 reference path over a raw
- * Hugging Face model directory (--reference). */
+/* pi2-run: generate text with a bundled model.pi2 (the sparse engine), or
+ * with the dense fp32 reference over a Hugging Face directory. */
 #include "formats/tokenizer.h"
+#include "runtime/engine.h"
+#include "runtime/kernels.h"
 #include "runtime/reference.h"
 #include "runtime/sample.h"
 
 #include <getopt.h>
+#include <pthread.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: pi2-run --reference HF_DIR [-p TEXT] [-n N] [sampling options]\n"
+            "usage: pi2-run MODEL.pi2 [-p TEXT] [-n N] [-t N] [sampling options] [--stats]\n"
+            "       pi2-run MODEL.pi2 --bench [--bench-pp N] [--bench-tg N] [-t N] [--dense]\n"
+            "       pi2-run MODEL.pi2 --ppl TEXTFILE [--dense]\n"
+            "       pi2-run --reference HF_DIR [-p TEXT] [-n N] [sampling options]\n"
+            "       pi2-run --hw-probe [-t N]\n"
             "\n"
-            "Generate text with the dense fp32 reference forward pass, reading the weights of a\n"
-            "Hugging Face model directory (config.json, tokenizer.json, safetensors) in place.\n"
+            "Generate text with a bundled, signed model (pi2-bundle output). The container is\n"
+            "memory-mapped and checked at load: its signature, then the SHA-256 of every member.\n"
+            "Prompts run as dense batches; each generated token runs the sparse FFN: the\n"
+            "predictor picks the neurons likely to fire and only their weights are read.\n"
             "Text streams to stdout as it is generated; greedy decoding unless --temp is given.\n"
             "\n"
-            "  --reference DIR  Hugging Face model directory to run on the reference path\n"
-            "  -p, --prompt T   prompt text (default: empty, generation starts after BOS)\n"
+            "  -p, --prompt T     prompt text (default: empty, generation starts after BOS)\n"
             "  -n, --n-predict N  tokens to generate (default 64); stops earlier at EOS\n"
-            "  --temp T         sampling temperature (default 0 = greedy)\n"
-            "  --top-k K        keep the K most likely tokens (default 0 = all)\n"
-            "  --top-p P        keep the smallest set with probability mass P (default 1)\n"
-            "  --seed S         sampling seed (default 1)\n"
-            "  --ids            print the prompt and generated token ids to stderr\n"
-            "  --stats          print timing and peak memory to stderr at the end\n"
-            "  -h, --help       this help\n"
+            "  -t, --threads N    compute threads (default: all cores)\n"
+            "  --temp T           sampling temperature (default 0 = greedy)\n"
+            "  --top-k K          keep the K most likely tokens (default 0 = all)\n"
+            "  --top-p P          keep the smallest set with probability mass P (default 1)\n"
+            "  --seed S           sampling seed (default 1)\n"
+            "  --dense            exact mode: no predictors, every neuron computed\n"
+            "  --pubkey PUB.pem   key the model must be signed with (default: $PI2_PUBKEY,\n"
+            "                     else ~/.config/pi2/pubkey.pem when it exists)\n"
+            "  --trust-unsigned   run an unsigned container\n"
+            "  --no-verify-ffn    hash only the resident members at load, not the FFN payloads\n"
+            "  --ctx N            KV cache positions (default: prompt + -n)\n"
+            "  --isa NAME         force the kernels: scalar, avx2, avx512vnni (default: best)\n"
+            "  --stats            print speed, latency percentiles, sparsity and memory to stderr\n"
+            "  --ids              print the prompt and generated token ids to stderr\n"
+            "  --bench            fixed workload: prompt processing then generation; prints one\n"
+            "                     JSON line (like llama-bench -p 128 -n 64)\n"
+            "  --bench-pp N       prompt tokens of --bench (default 128)\n"
+            "  --bench-tg N       generated tokens of --bench (default 64)\n"
+            "  --ppl FILE         perplexity of a text file, token by token on the decode path\n"
+            "  --ppl-tokens N     at most N tokens of it (default 512)\n"
+            "  --reference DIR    run the dense fp32 reference over a Hugging Face directory\n"
+            "  --hw-probe         measure int8 dot peak and memory read bandwidth; print JSON\n"
+            "  -h, --help         this help\n"
             "\n"
-            "example:\n"
+            "examples:\n"
+            "  pi2-run model.pi2 --pubkey pub.pem -p \"Once upon a time\" -n 48 --stats\n"
+            "  pi2-run model.pi2 --pubkey pub.pem --bench -t 2\n"
             "  pi2-run --reference ../shared/models/tinystories-656k -p \"Once upon a time, there was a\" -n 48\n");
 }
+
+typedef struct run_opts {
+    const char *model, *ref, *prompt, *pubkey, *ppl;
+    long long n_predict;
+    int threads, ctx;
+    bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe;
+    long long bench_pp, bench_tg, ppl_tokens;
+    pi2_sample_opts so;
+} run_opts;
+
+static int fail(const pi2_err *e)
+{
+    fprintf(stderr, "pi2-run: %s\n", e->msg);
+    return 1;
+}
+
+static bool is_eos(const pi2_model_desc *d, int id)
+{
+    for (int k = 0; k < d->n_eos; k++)
+        if (id == d->eos_ids[k])
+            return true;
+    return false;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Percentile p (0..100) of sorted v[n], nearest rank. */
+static double pct(const double *v, size_t n, double p)
+{
+    if (n == 0)
+        return 0.0;
+    size_t k = (size_t)ceil(p / 100.0 * (double)n);
+    return v[k > 0 ? k - 1 : 0];
+}
+
+/* ---------------- reference path ---------------- */
 
 /* Per-layer share of FFN neurons that fire, for --stats. */
 typedef struct act_stats {
@@ -52,65 +120,10 @@ static void on_ffn(void *ctx, int layer, int expert, const float *x, const float
     a->evals[layer]++;
 }
 
-static int fail(const pi2_err *e)
+static int run_reference(const run_opts *o)
 {
-    fprintf(stderr, "pi2-run: %s\n", e->msg);
-    return 1;
-}
-
-int main(int argc, char **argv)
-{
-    enum { O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS };
-    static const struct option opts[] = {
-        {"reference", required_argument, 0, O_REF}, {"prompt", required_argument, 0, 'p'},
-        {"n-predict", required_argument, 0, 'n'},   {"temp", required_argument, 0, O_TEMP},
-        {"top-k", required_argument, 0, O_TOPK},    {"top-p", required_argument, 0, O_TOPP},
-        {"seed", required_argument, 0, O_SEED},     {"stats", no_argument, 0, O_STATS},
-        {"ids", no_argument, 0, O_IDS},             {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
-    const char *ref = NULL, *prompt = "";
-    long long n_predict = 64, v;
-    double dv;
-    bool stats = false, show_ids = false;
-    pi2_sample_opts so = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 1};
-    pi2_err err = {0};
-    int c, rc = 0;
-    if (argc < 2) {
-        usage(stderr);
-        return 2;
-    }
-    while (rc == 0 && (c = getopt_long(argc, argv, "p:n:h", opts, NULL)) != -1) {
-        switch (c) {
-        case O_REF: ref = optarg; break;
-        case 'p': prompt = optarg; break;
-        case 'n': rc = pi2_parse_int("-n", optarg, 0, 1 << 24, &n_predict, &err); break;
-        case O_TEMP: rc = pi2_parse_double("--temp", optarg, 0, 1e4, &dv, &err); so.temperature = (float)dv; break;
-        case O_TOPK: rc = pi2_parse_int("--top-k", optarg, 0, 1 << 30, &v, &err); so.top_k = (int)v; break;
-        case O_TOPP:
-            rc = pi2_parse_double("--top-p", optarg, 1e-9, 1, &dv, &err);
-            so.top_p = (float)dv;
-            break;
-        case O_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, &err); so.seed = (uint64_t)v; break;
-        case O_STATS: stats = true; break;
-        case O_IDS: show_ids = true; break;
-        case 'h': usage(stdout); return 0;
-        default: fprintf(stderr, "pi2-run: see --help\n"); return 2;
-        }
-    }
-    if (rc) {
-        fail(&err);
-        return 2;
-    }
-    if (optind < argc) {
-        fprintf(stderr, "pi2-run: '%s': running a model.pi2 container is not available yet; use --reference HF_DIR\n",
-                argv[optind]);
-        return 2;
-    }
-    if (!ref) {
-        fprintf(stderr, "pi2-run: --reference HF_DIR is required; see --help\n");
-        return 2;
-    }
-
+    const char *ref = o->ref, *prompt = o->prompt;
+    long long n_predict = o->n_predict;
     double t0 = pi2_now();
     pi2_ref_model *m = NULL;
     pi2_ref_state *st = NULL;
@@ -120,7 +133,8 @@ int main(int argc, char **argv)
     int32_t *ids = NULL;
     float *logits = NULL;
     size_t n_ids = 0;
-    int status = 1;
+    int status = 1, rc;
+    pi2_err err = {0};
     act_stats as = {0};
     if ((rc = pi2_ref_open(&m, ref, &err)) != 0)
         goto out;
@@ -143,20 +157,20 @@ int main(int argc, char **argv)
         goto out;
     }
     if ((rc = pi2_ref_state_create(&st, m, (int)(n_ctx > 0 ? n_ctx : 1), &err)) != 0 ||
-        (rc = pi2_sampler_create(&smp, d->vocab, &so, &err)) != 0 ||
+        (rc = pi2_sampler_create(&smp, d->vocab, &o->so, &err)) != 0 ||
         (rc = pi2_tok_stream_create(&ts, tok, true, &err)) != 0)
         goto out;
     logits = pi2_malloc_array((size_t)d->vocab, sizeof *logits);
     as.n_ff = d->n_ff;
     as.share = pi2_calloc_array((size_t)d->n_layers, sizeof *as.share);
     as.evals = pi2_calloc_array((size_t)d->n_layers, sizeof *as.evals);
-    if (stats)
+    if (o->stats)
         pi2_ref_state_set_hook(st, on_ffn, &as);
     if (!logits || !as.share || !as.evals) {
         rc = pi2_err_set(&err, PI2_ENOMEM, "out of memory for logits");
         goto out;
     }
-    if (show_ids) {
+    if (o->show_ids) {
         fprintf(stderr, "prompt ids:");
         for (size_t i = 0; i < n_ids; i++)
             fprintf(stderr, " %d", ids[i]);
@@ -173,7 +187,7 @@ int main(int argc, char **argv)
     fputs(prompt, stdout);
     fflush(stdout);
     long long n_gen = 0;
-    if (show_ids)
+    if (o->show_ids)
         fprintf(stderr, "generated ids:");
     if (pos == 0 && n_predict > 0) { /* no BOS and no prompt: nothing to condition on */
         rc = pi2_err_set(&err, PI2_EINVAL, "empty prompt and the model has no BOS token; give -p TEXT");
@@ -182,12 +196,9 @@ int main(int argc, char **argv)
     while (n_gen < n_predict) {
         int next = pi2_sampler_next(smp, logits);
         n_gen++;
-        if (show_ids)
+        if (o->show_ids)
             fprintf(stderr, " %d", next);
-        bool eos = false;
-        for (int k = 0; k < d->n_eos; k++)
-            eos = eos || next == d->eos_ids[k];
-        if (eos)
+        if (is_eos(d, next))
             break;
         const char *bytes;
         size_t len;
@@ -207,9 +218,9 @@ int main(int argc, char **argv)
     fwrite(bytes, 1, len, stdout);
     fputc('\n', stdout);
     fflush(stdout);
-    if (show_ids)
+    if (o->show_ids)
         fprintf(stderr, "\n");
-    if (stats) {
+    if (o->stats) {
         double t_gen = pi2_now() - t2;
         int n_pre = (int)n_ids + (bos >= 0);
         fprintf(stderr,
@@ -243,4 +254,537 @@ out:
     pi2_ref_state_free(st);
     pi2_ref_close(m);
     return status;
+}
+
+/* ---------------- engine path ---------------- */
+
+/* The public key: --pubkey, else $PI2_PUBKEY, else ~/.config/pi2/pubkey.pem
+ * when it exists; NULL key (not an error) when none is configured. */
+static int load_pubkey(const run_opts *o, pi2_sign_key **key, char *where, size_t wn, pi2_err *err)
+{
+    *key = NULL;
+    const char *path = o->pubkey;
+    char buf[4096];
+    if (!path)
+        path = getenv("PI2_PUBKEY");
+    if (path && !*path)
+        path = NULL;
+    if (!path) {
+        const char *home = getenv("HOME");
+        if (home && snprintf(buf, sizeof buf, "%s/.config/pi2/pubkey.pem", home) < (int)sizeof buf &&
+            access(buf, R_OK) == 0)
+            path = buf;
+    }
+    if (!path)
+        return 0;
+    snprintf(where, wn, "%s", path);
+    return pi2_sign_key_load_public(key, path, err);
+}
+
+/* Open the engine with the CLI's trust rules and friendly messages. */
+static int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
+{
+    pi2_sign_key *key = NULL;
+    char where[4096] = "";
+    int rc = load_pubkey(o, &key, where, sizeof where, err);
+    if (rc)
+        return rc;
+    pi2_engine_opts eo;
+    pi2_engine_defaults(&eo);
+    eo.path = o->model;
+    eo.pubkey = key;
+    eo.trust_unsigned = o->trust_unsigned;
+    eo.verify_ffn = o->verify_ffn;
+    eo.threads = o->threads;
+    eo.ctx = ctx;
+    eo.dense = o->dense;
+    rc = pi2_engine_open(e, &eo, err);
+    pi2_sign_key_free(key);
+    if (rc == PI2_EINVAL && !key && strstr(err->msg, "public key is needed"))
+        pi2_err_set(err, PI2_EINVAL,
+                    "%s is signed: give the signer's public key with --pubkey PUB.pem (or $PI2_PUBKEY, or "
+                    "~/.config/pi2/pubkey.pem)",
+                    o->model);
+    else if (rc == PI2_ESIG && strstr(err->msg, "unsigned container"))
+        pi2_err_set(err, PI2_ESIG, "%s is not signed; run it only if you trust where it came from, with "
+                                   "--trust-unsigned",
+                    o->model);
+    return rc;
+}
+
+typedef struct gen_stats {
+    double *lat; /* per generated token, seconds */
+    size_t n_lat;
+    double t_prefill;
+    int n_prefill;
+} gen_stats;
+
+static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *f)
+{
+    pi2_engine_stats st;
+    pi2_engine_stats_get(e, &st);
+    double tot = 0;
+    for (size_t i = 0; i < g->n_lat; i++)
+        tot += g->lat[i];
+    qsort(g->lat, g->n_lat, sizeof *g->lat, cmp_double);
+    double mean = g->n_lat ? tot / (double)g->n_lat : 0.0;
+    fprintf(f, "load %.2f s | prefill %d tokens in %.3f s (%.1f tok/s) | decode %zu tokens in %.3f s (%.2f tok/s)\n",
+            t_load, g->n_prefill, g->t_prefill, g->t_prefill > 0 ? g->n_prefill / g->t_prefill : 0.0, g->n_lat, tot,
+            tot > 0 ? (double)g->n_lat / tot : 0.0);
+    fprintf(f, "per-token latency ms: mean %.2f  P50 %.2f  P90 %.2f  P99 %.2f\n", 1e3 * mean,
+            1e3 * pct(g->lat, g->n_lat, 50), 1e3 * pct(g->lat, g->n_lat, 90), 1e3 * pct(g->lat, g->n_lat, 99));
+    if (st.neurons > 0)
+        fprintf(f, "FFN (%s%s): predicted %.1f%% of neurons, active %.1f%% | weights read %.1f MB/token (dense %.1f MB)\n",
+                pi2_engine_dense(e) ? "dense" : "sparse, ", pi2_engine_dense(e) ? "" : pi2_engine_sparsity(e),
+                100.0 * (double)st.predicted / (double)st.neurons, 100.0 * (double)st.active / (double)st.neurons,
+                st.tokens ? (double)st.weight_bytes / (double)st.tokens / 1e6 : 0.0,
+                (double)pi2_engine_dense_bytes(e) / 1e6);
+    fprintf(f, "threads %d | kernels %s | peak RSS %.1f MB | %s\n", pi2_engine_threads(e),
+            pi2_q_isa_name(pi2_q_get_isa()), (double)pi2_peak_rss() / 1048576.0, pi2_engine_signature(e));
+}
+
+static int run_generate(const run_opts *o)
+{
+    pi2_err err = {0};
+    pi2_engine *e = NULL;
+    pi2_tok_stream *ts = NULL;
+    pi2_sampler *smp = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    size_t n_ids = 0;
+    gen_stats g = {0};
+    int rc, status = 1;
+    double t0 = pi2_now();
+    if ((rc = open_engine(o, o->ctx, &e, &err)) != 0)
+        goto out;
+    const pi2_model_desc *d = pi2_engine_desc(e);
+    const pi2_tok *tok = pi2_engine_tokenizer(e);
+    if ((rc = pi2_tok_encode(tok, o->prompt, strlen(o->prompt), &ids, &n_ids, &err)) != 0)
+        goto out;
+    int bos = d->bos_id >= 0 ? d->bos_id : pi2_tok_bos(tok);
+    size_t n_pre = n_ids + (bos >= 0);
+    if (n_pre == 0) {
+        rc = pi2_err_set(&err, PI2_EINVAL, "empty prompt and the model has no BOS token; give -p TEXT");
+        goto out;
+    }
+    if (o->ctx == 0) { /* the tokenizer lives in the container: size the cache now */
+        long long want = (long long)n_pre + o->n_predict;
+        if (want > d->max_pos)
+            want = d->max_pos;
+        if ((rc = pi2_engine_set_ctx(e, (int)(want > 0 ? want : 1), &err)) != 0)
+            goto out;
+    }
+    if ((long long)n_pre + o->n_predict > pi2_engine_ctx(e)) {
+        rc = pi2_err_set(&err, PI2_ERANGE, "prompt (%zu tokens) plus -n %lld exceeds the context of %d positions%s",
+                         n_pre, o->n_predict, pi2_engine_ctx(e),
+                         pi2_engine_ctx(e) < d->max_pos ? "; raise --ctx" : "; use a smaller -n");
+        goto out;
+    }
+    int32_t *all = realloc(ids, (n_pre + 1) * sizeof *all);
+    if (!all) {
+        rc = pi2_err_set(&err, PI2_ENOMEM, "out of memory");
+        goto out;
+    }
+    ids = all;
+    if (bos >= 0) {
+        memmove(ids + 1, ids, n_ids * sizeof *ids);
+        ids[0] = bos;
+    }
+    if ((rc = pi2_sampler_create(&smp, d->vocab, &o->so, &err)) != 0 ||
+        (rc = pi2_tok_stream_create(&ts, tok, true, &err)) != 0)
+        goto out;
+    logits = pi2_malloc_array((size_t)d->vocab, sizeof *logits);
+    g.lat = pi2_malloc_array((size_t)o->n_predict + 1, sizeof *g.lat);
+    if (!logits || !g.lat) {
+        rc = pi2_err_set(&err, PI2_ENOMEM, "out of memory");
+        goto out;
+    }
+    if (o->show_ids) {
+        fprintf(stderr, "prompt ids:");
+        for (size_t i = 0; i < n_pre; i++)
+            fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, "\n");
+    }
+    double t_load = pi2_now() - t0, t1 = pi2_now();
+    if ((rc = pi2_engine_prefill(e, ids, (int)n_pre, 0, logits, &err)) != 0)
+        goto out;
+    g.t_prefill = pi2_now() - t1;
+    g.n_prefill = (int)n_pre;
+    pi2_engine_stats_reset(e);
+    int pos = (int)n_pre;
+    fputs(o->prompt, stdout);
+    fflush(stdout);
+    if (o->show_ids)
+        fprintf(stderr, "generated ids:");
+    for (long long n_gen = 0; n_gen < o->n_predict;) {
+        int next = pi2_sampler_next(smp, logits);
+        n_gen++;
+        if (o->show_ids)
+            fprintf(stderr, " %d", next);
+        if (is_eos(d, next))
+            break;
+        const char *bytes;
+        size_t len;
+        if ((rc = pi2_tok_stream_push(ts, next, &bytes, &len, &err)) != 0)
+            goto out;
+        fwrite(bytes, 1, len, stdout);
+        fflush(stdout);
+        if (n_gen == o->n_predict)
+            break;
+        double ts0 = pi2_now();
+        if ((rc = pi2_engine_decode(e, next, pos++, logits, &err)) != 0)
+            goto out;
+        g.lat[g.n_lat++] = pi2_now() - ts0;
+    }
+    const char *bytes;
+    size_t len;
+    if ((rc = pi2_tok_stream_flush(ts, &bytes, &len, &err)) != 0)
+        goto out;
+    fwrite(bytes, 1, len, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (o->show_ids)
+        fprintf(stderr, "\n");
+    if (o->stats)
+        print_stats(e, &g, t_load, stderr);
+    status = 0;
+out:
+    if (rc)
+        fail(&err);
+    free(g.lat);
+    free(logits);
+    free(ids);
+    pi2_tok_stream_free(ts);
+    pi2_sampler_free(smp);
+    pi2_engine_close(e);
+    return status;
+}
+
+/* A fixed English text: the --bench prompt (repeated to length). */
+static const char bench_text[] =
+    "Once upon a time, in a small town by the sea, there lived an old fisherman and his granddaughter. "
+    "Every morning they walked to the harbour, mended the nets and talked about the weather, the boats "
+    "and the stories the sailors told. One day a storm came from the north and the sky turned dark. ";
+
+static int run_bench(const run_opts *o)
+{
+    pi2_err err = {0};
+    pi2_engine *e = NULL;
+    int32_t *ids = NULL, *prompt = NULL;
+    float *logits = NULL;
+    double *lat = NULL;
+    size_t n_ids = 0;
+    int rc, status = 1;
+    int pp = (int)o->bench_pp, tg = (int)o->bench_tg;
+    double t0 = pi2_now();
+    if ((rc = open_engine(o, o->ctx, &e, &err)) != 0)
+        goto out;
+    double t_load = pi2_now() - t0;
+    const pi2_model_desc *d = pi2_engine_desc(e);
+    if (pp + tg > d->max_pos) {
+        rc = pi2_err_set(&err, PI2_ERANGE, "--bench-pp %d plus --bench-tg %d exceeds the model's %d positions", pp, tg,
+                         d->max_pos);
+        goto out;
+    }
+    if (pi2_engine_ctx(e) < pp + tg && (rc = pi2_engine_set_ctx(e, pp + tg, &err)) != 0)
+        goto out;
+    const pi2_tok *tok = pi2_engine_tokenizer(e);
+    if ((rc = pi2_tok_encode(tok, bench_text, strlen(bench_text), &ids, &n_ids, &err)) != 0)
+        goto out;
+    prompt = pi2_malloc_array((size_t)pp, sizeof *prompt);
+    logits = pi2_malloc_array((size_t)d->vocab, sizeof *logits);
+    lat = pi2_malloc_array((size_t)tg + 1, sizeof *lat);
+    if (!prompt || !logits || !lat || n_ids == 0) {
+        rc = pi2_err_set(&err, n_ids == 0 ? PI2_EFORMAT : PI2_ENOMEM,
+                         n_ids == 0 ? "the tokenizer produced no tokens for the bench text" : "out of memory");
+        goto out;
+    }
+    int bos = d->bos_id >= 0 ? d->bos_id : pi2_tok_bos(tok);
+    for (int i = 0; i < pp; i++)
+        prompt[i] = i == 0 && bos >= 0 ? bos : ids[(size_t)(i - (bos >= 0)) % n_ids];
+    /* warm-up: one short prefill and decode (page cache, pool, branch predictors) */
+    if ((rc = pi2_engine_prefill(e, prompt, pp < 8 ? pp : 8, 0, logits, &err)) != 0)
+        goto out;
+    double t1 = pi2_now();
+    if ((rc = pi2_engine_prefill(e, prompt, pp, 0, logits, &err)) != 0)
+        goto out;
+    double t_pp = pi2_now() - t1;
+    pi2_engine_stats_reset(e);
+    int next = pi2_argmax(logits, d->vocab);
+    double tot = 0;
+    for (int i = 0; i < tg; i++) {
+        double s = pi2_now();
+        if ((rc = pi2_engine_decode(e, next, pp + i, logits, &err)) != 0)
+            goto out;
+        lat[i] = pi2_now() - s;
+        tot += lat[i];
+        next = pi2_argmax(logits, d->vocab);
+    }
+    qsort(lat, (size_t)tg, sizeof *lat, cmp_double);
+    pi2_engine_stats st;
+    pi2_engine_stats_get(e, &st);
+    double nn = st.neurons ? (double)st.neurons : 1.0, nt = st.tokens ? (double)st.tokens : 1.0;
+    printf("{\"model\":\"%s\",\"mode\":\"%s\",\"threads\":%d,\"isa\":\"%s\",\"pp\":%d,\"pp_s\":%.6f,"
+           "\"pp_tok_s\":%.3f,\"tg\":%d,\"tg_s\":%.6f,\"tg_tok_s\":%.3f,\"tg_ms_mean\":%.3f,\"tg_ms_p50\":%.3f,"
+           "\"tg_ms_p90\":%.3f,\"tg_ms_p99\":%.3f,\"predicted_frac\":%.5f,\"active_frac\":%.5f,"
+           "\"weight_bytes_per_token\":%.0f,\"kv_bytes_per_token\":%.0f,\"dense_bytes_per_token\":%llu,"
+           "\"prefill_macs_per_token\":%.0f,\"load_s\":%.3f,\"peak_rss_mb\":%.1f}\n",
+           o->model, pi2_engine_dense(e) ? "dense" : pi2_engine_sparsity(e), pi2_engine_threads(e),
+           pi2_q_isa_name(pi2_q_get_isa()), pp, t_pp, pp / t_pp, tg, tot, tg / tot, 1e3 * tot / tg,
+           1e3 * pct(lat, (size_t)tg, 50), 1e3 * pct(lat, (size_t)tg, 90), 1e3 * pct(lat, (size_t)tg, 99),
+           (double)st.predicted / nn, (double)st.active / nn, (double)st.weight_bytes / nt, (double)st.kv_bytes / nt,
+           (unsigned long long)pi2_engine_dense_bytes(e), pi2_engine_prefill_macs(e), t_load,
+           (double)pi2_peak_rss() / 1048576.0);
+    status = 0;
+out:
+    if (rc)
+        fail(&err);
+    free(ids);
+    free(prompt);
+    free(logits);
+    free(lat);
+    pi2_engine_close(e);
+    return status;
+}
+
+static int run_ppl(const run_opts *o)
+{
+    pi2_err err = {0};
+    pi2_engine *e = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    size_t len = 0, n_ids = 0;
+    int rc, status = 1;
+    if ((rc = pi2_read_file(o->ppl, 64u << 20, &text, &len, &err)) != 0)
+        goto out;
+    if ((rc = open_engine(o, o->ctx, &e, &err)) != 0)
+        goto out;
+    const pi2_model_desc *d = pi2_engine_desc(e);
+    if (o->ctx == 0) {
+        long long want = o->ppl_tokens + 1 < d->max_pos ? o->ppl_tokens + 1 : d->max_pos;
+        if ((rc = pi2_engine_set_ctx(e, (int)want, &err)) != 0)
+            goto out;
+    }
+    const pi2_tok *tok = pi2_engine_tokenizer(e);
+    if ((rc = pi2_tok_encode(tok, text, len, &ids, &n_ids, &err)) != 0)
+        goto out;
+    int bos = d->bos_id >= 0 ? d->bos_id : pi2_tok_bos(tok);
+    size_t n = n_ids < (size_t)o->ppl_tokens ? n_ids : (size_t)o->ppl_tokens;
+    if (n + 1 > (size_t)pi2_engine_ctx(e))
+        n = (size_t)pi2_engine_ctx(e) - 1;
+    if (n < 2) {
+        rc = pi2_err_set(&err, PI2_EINVAL, "%s: too little text for a perplexity (%zu tokens)", o->ppl, n_ids);
+        goto out;
+    }
+    if (!(logits = pi2_malloc_array((size_t)d->vocab, sizeof *logits))) {
+        rc = pi2_err_set(&err, PI2_ENOMEM, "out of memory");
+        goto out;
+    }
+    double nll = 0;
+    size_t scored = 0;
+    int pos = 0;
+    int32_t cur = bos >= 0 ? bos : ids[0];
+    size_t first = bos >= 0 ? 0 : 1;
+    double t0 = pi2_now();
+    for (size_t i = first; i < n; i++) {
+        if ((rc = pi2_engine_decode(e, cur, pos++, logits, &err)) != 0)
+            goto out;
+        double mx = -INFINITY, s = 0;
+        for (int v = 0; v < d->vocab; v++)
+            mx = logits[v] > mx ? logits[v] : mx;
+        for (int v = 0; v < d->vocab; v++)
+            s += exp((double)logits[v] - mx);
+        nll += log(s) + mx - logits[ids[i]];
+        scored++;
+        cur = ids[i];
+    }
+    double t = pi2_now() - t0;
+    pi2_engine_stats st;
+    pi2_engine_stats_get(e, &st);
+    printf("perplexity %.4f over %zu tokens (%s; predicted %.1f%%, active %.1f%% of FFN neurons; %.1f tok/s)\n",
+           exp(nll / (double)scored), scored, pi2_engine_dense(e) ? "dense" : pi2_engine_sparsity(e),
+           st.neurons ? 100.0 * (double)st.predicted / (double)st.neurons : 0.0,
+           st.neurons ? 100.0 * (double)st.active / (double)st.neurons : 0.0, (double)scored / t);
+    status = 0;
+out:
+    if (rc)
+        fail(&err);
+    free(text);
+    free(ids);
+    free(logits);
+    pi2_engine_close(e);
+    return status;
+}
+
+typedef struct probe_job {
+    const uint8_t *buf;
+    size_t per;
+    double bw[256];
+    double peak[256];
+    bool do_peak;
+} probe_job;
+
+static void *probe_thread(void *arg);
+
+static int run_hw_probe(const run_opts *o)
+{
+    int nt = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (nt < 1)
+        nt = 1;
+    if (nt > 64)
+        nt = 64;
+    pi2_isa isa = pi2_q_get_isa();
+    double peak1 = pi2_k_probe_int8_peak(isa, 0.3);
+    size_t per = (size_t)256 << 20;
+    uint8_t *buf = malloc(per * (size_t)nt);
+    if (!buf) {
+        fprintf(stderr, "pi2-run: --hw-probe: out of memory for a %zu MB buffer\n", per * (size_t)nt >> 20);
+        return 1;
+    }
+    memset(buf, 1, per * (size_t)nt);
+    probe_job pj = {.buf = buf, .per = per};
+    pthread_t th[64];
+    struct {
+        probe_job *j;
+        int i;
+    } args[64];
+    double bw1 = pi2_k_probe_read_bw(buf, per, 0.5);
+    for (int pass = 0; pass < 2; pass++) {
+        pj.do_peak = pass == 1;
+        for (int i = 0; i < nt; i++) {
+            args[i].j = &pj;
+            args[i].i = i;
+            pthread_create(&th[i], NULL, probe_thread, &args[i]);
+        }
+        for (int i = 0; i < nt; i++)
+            pthread_join(th[i], NULL);
+    }
+    double bw = 0, peak = 0;
+    for (int i = 0; i < nt; i++) {
+        bw += pj.bw[i];
+        peak += pj.peak[i];
+    }
+    printf("{\"isa\":\"%s\",\"threads\":%d,\"int8_macs_per_s_1t\":%.4g,\"int8_macs_per_s\":%.4g,"
+           "\"read_bytes_per_s_1t\":%.4g,\"read_bytes_per_s\":%.4g}\n",
+           pi2_q_isa_name(isa), nt, peak1, peak, bw1, bw);
+    free(buf);
+    return 0;
+}
+
+static void *probe_thread(void *arg)
+{
+    struct {
+        probe_job *j;
+        int i;
+    } *a = arg;
+    probe_job *j = a->j;
+    if (j->do_peak)
+        j->peak[a->i] = pi2_k_probe_int8_peak(pi2_q_get_isa(), 0.3);
+    else
+        j->bw[a->i] = pi2_k_probe_read_bw(j->buf + (size_t)a->i * j->per, j->per, 0.5);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    enum {
+        O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS, O_DENSE, O_PUBKEY, O_TRUST, O_NOVERIFY,
+        O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE
+    };
+    static const struct option opts[] = {
+        {"reference", required_argument, 0, O_REF},   {"prompt", required_argument, 0, 'p'},
+        {"n-predict", required_argument, 0, 'n'},     {"threads", required_argument, 0, 't'},
+        {"temp", required_argument, 0, O_TEMP},       {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP},      {"seed", required_argument, 0, O_SEED},
+        {"stats", no_argument, 0, O_STATS},           {"ids", no_argument, 0, O_IDS},
+        {"dense", no_argument, 0, O_DENSE},           {"pubkey", required_argument, 0, O_PUBKEY},
+        {"trust-unsigned", no_argument, 0, O_TRUST},  {"no-verify-ffn", no_argument, 0, O_NOVERIFY},
+        {"ctx", required_argument, 0, O_CTX},         {"isa", required_argument, 0, O_ISA},
+        {"bench", no_argument, 0, O_BENCH},           {"bench-pp", required_argument, 0, O_BPP},
+        {"bench-tg", required_argument, 0, O_BTG},    {"ppl", required_argument, 0, O_PPL},
+        {"ppl-tokens", required_argument, 0, O_PPLN}, {"hw-probe", no_argument, 0, O_PROBE},
+        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
+    run_opts o = {.prompt = "", .n_predict = 64, .verify_ffn = true, .bench_pp = 128, .bench_tg = 64,
+                  .ppl_tokens = 512, .so = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 1}};
+    long long v;
+    double dv;
+    pi2_err err = {0};
+    int c, rc = 0;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    while (rc == 0 && (c = getopt_long(argc, argv, "p:n:t:h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_REF: o.ref = optarg; break;
+        case 'p': o.prompt = optarg; break;
+        case 'n': rc = pi2_parse_int("-n", optarg, 0, 1 << 24, &o.n_predict, &err); break;
+        case 't': rc = pi2_parse_int("-t", optarg, 1, 256, &v, &err); o.threads = (int)v; break;
+        case O_TEMP: rc = pi2_parse_double("--temp", optarg, 0, 1e4, &dv, &err); o.so.temperature = (float)dv; break;
+        case O_TOPK: rc = pi2_parse_int("--top-k", optarg, 0, 1 << 30, &v, &err); o.so.top_k = (int)v; break;
+        case O_TOPP:
+            rc = pi2_parse_double("--top-p", optarg, 1e-9, 1, &dv, &err);
+            o.so.top_p = (float)dv;
+            break;
+        case O_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, &err); o.so.seed = (uint64_t)v; break;
+        case O_STATS: o.stats = true; break;
+        case O_IDS: o.show_ids = true; break;
+        case O_DENSE: o.dense = true; break;
+        case O_PUBKEY: o.pubkey = optarg; break;
+        case O_TRUST: o.trust_unsigned = true; break;
+        case O_NOVERIFY: o.verify_ffn = false; break;
+        case O_CTX: rc = pi2_parse_int("--ctx", optarg, 1, 1 << 20, &v, &err); o.ctx = (int)v; break;
+        case O_ISA: {
+            pi2_isa isa = strcmp(optarg, "scalar") == 0 ? PI2_ISA_SCALAR
+                          : strcmp(optarg, "avx2") == 0 ? PI2_ISA_AVX2
+                          : strcmp(optarg, "avx512vnni") == 0 ? PI2_ISA_AVX512
+                                                              : (pi2_isa)-1;
+            if ((int)isa < 0)
+                rc = pi2_err_set(&err, PI2_EINVAL, "--isa: '%s' is not one of scalar, avx2, avx512vnni", optarg);
+            else if (pi2_q_set_isa(isa) != 0)
+                rc = pi2_err_set(&err, PI2_EUNSUPPORTED, "--isa %s: this CPU does not support it", optarg);
+            break;
+        }
+        case O_BENCH: o.bench = true; break;
+        case O_BPP: rc = pi2_parse_int("--bench-pp", optarg, 1, 1 << 16, &o.bench_pp, &err); break;
+        case O_BTG: rc = pi2_parse_int("--bench-tg", optarg, 1, 1 << 16, &o.bench_tg, &err); break;
+        case O_PPL: o.ppl = optarg; break;
+        case O_PPLN: rc = pi2_parse_int("--ppl-tokens", optarg, 2, 1 << 20, &o.ppl_tokens, &err); break;
+        case O_PROBE: o.hw_probe = true; break;
+        case 'h': usage(stdout); return 0;
+        default: fprintf(stderr, "pi2-run: see --help\n"); return 2;
+        }
+    }
+    if (rc) {
+        fail(&err);
+        return 2;
+    }
+    if (o.hw_probe)
+        return run_hw_probe(&o);
+    if (optind < argc)
+        o.model = argv[optind++];
+    if (optind < argc) {
+        fprintf(stderr, "pi2-run: unexpected argument '%s'; see --help\n", argv[optind]);
+        return 2;
+    }
+    if (o.ref && o.model) {
+        fprintf(stderr, "pi2-run: give either MODEL.pi2 or --reference HF_DIR, not both\n");
+        return 2;
+    }
+    if (o.ref)
+        return run_reference(&o);
+    if (!o.model) {
+        fprintf(stderr, "pi2-run: no model given; usage: pi2-run MODEL.pi2 -p TEXT (see --help)\n");
+        return 2;
+    }
+    if (o.bench && o.ppl) {
+        fprintf(stderr, "pi2-run: --bench and --ppl are separate runs; give one\n");
+        return 2;
+    }
+    if (o.bench)
+        return run_bench(&o);
+    if (o.ppl)
+        return run_ppl(&o);
+    return run_generate(&o);
 }

@@ -1,0 +1,578 @@
+/* pi2 engine: open a bundled container and build the model in place. */
+#include "runtime/engine_internal.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+
+void pi2_engine_defaults(pi2_engine_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->verify_ffn = true;
+    o->preload = true;
+}
+
+static int unsupported(const pi2_engine *e, pi2_err *err, const char *what)
+{
+    return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: %s", e->path, what);
+}
+
+/* The member named `name`, exactly `size` bytes. */
+static const uint8_t *member(const pi2_engine *e, const char *name, uint64_t size, pi2_err *err)
+{
+    const pi2_ctr_member *m = pi2_ctr_find(pi2_bundle_container(e->b), name);
+    if (!m) {
+        pi2_err_set(err, PI2_ENOTFOUND, "%s: member %s is missing", e->path, name);
+        return NULL;
+    }
+    if (m->size != size) {
+        pi2_err_set(err, PI2_ESHAPE, "%s: member %s holds %llu bytes, expected %llu", e->path, name,
+                    (unsigned long long)m->size, (unsigned long long)size);
+        return NULL;
+    }
+    return m->data;
+}
+
+static int alloc_rows(eng_mat *m, pi2_err *err)
+{
+    m->rp = pi2_malloc_array((size_t)m->rows, sizeof *m->rp);
+    m->rs = pi2_malloc_array((size_t)m->rows, sizeof *m->rs);
+    if (!m->rp || !m->rs)
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory for row tables");
+    return 0;
+}
+
+static void free_mat(eng_mat *m)
+{
+    free(m->rp);
+    free(m->rs);
+    m->rp = NULL;
+    m->rs = NULL;
+}
+
+/* A contiguous (non-FFN) matrix of role/layer, expected [rows, cols]. */
+static int bind_mat(pi2_engine *e, eng_mat *out, pi2_tname role, int layer, int64_t rows, int64_t cols,
+                    pi2_err *err)
+{
+    const pi2_mf_tensor *t = pi2_manifest_find_tensor(e->mf, role, layer, -1);
+    if (!t)
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: no %s tensor for layer %d", e->path,
+                           pi2_manifest_role_name(role), layer);
+    if (t->rows != rows || t->cols != cols || t->transposed)
+        return pi2_err_set(err, PI2_ESHAPE, "%s: tensor %s is [%lld, %lld], expected [%lld, %lld]", e->path,
+                           t->name, (long long)t->rows, (long long)t->cols, (long long)rows, (long long)cols);
+    memset(out, 0, sizeof *out);
+    out->qt = t->qtype;
+    out->rows = rows;
+    out->cols = cols;
+    size_t rb = pi2_q_payload_row_bytes(t->qtype, cols);
+    const uint8_t *p = member(e, t->payload, (uint64_t)rows * rb, err);
+    if (!p)
+        return err->code;
+    if (t->qtype == PI2_QT_F32) {
+        out->f32 = (const float *)(const void *)p;
+        out->row_bytes = rb;
+        return 0;
+    }
+    size_t sc = pi2_q_scale_row_count(t->qtype, cols);
+    const uint16_t *s = (const uint16_t *)(const void *)member(e, t->scales, (uint64_t)rows * sc * 2, err);
+    if (!s)
+        return err->code;
+    if (alloc_rows(out, err))
+        return err->code;
+    for (int64_t r = 0; r < rows; r++) {
+        out->rp[r] = p + (size_t)r * rb;
+        out->rs[r] = s + (size_t)r * sc;
+    }
+    out->row_bytes = rb + sc * 2;
+    return 0;
+}
+
+/* An f32 vector tensor (norms) of n floats. */
+static const float *bind_vec(pi2_engine *e, pi2_tname role, int layer, int64_t n, pi2_err *err)
+{
+    const pi2_mf_tensor *t = pi2_manifest_find_tensor(e->mf, role, layer, -1);
+    if (!t) {
+        pi2_err_set(err, PI2_ENOTFOUND, "%s: no %s tensor for layer %d", e->path, pi2_manifest_role_name(role),
+                    layer);
+        return NULL;
+    }
+    if (t->qtype != PI2_QT_F32 || t->rows * t->cols != n) {
+        pi2_err_set(err, PI2_ESHAPE, "%s: tensor %s must be %lld f32 values", e->path, t->name, (long long)n);
+        return NULL;
+    }
+    return (const float *)(const void *)member(e, t->payload, (uint64_t)n * 4, err);
+}
+
+static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    int mex = pi2_desc_is_moe(d) ? expert : -1;
+    const pi2_bl_ffn *bf = pi2_bl_find(e->bl, layer, mex);
+    if (!bf)
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: bundle has no FFN for layer %d expert %d", e->path, layer, mex);
+    f->layer = layer;
+    f->expert = expert;
+    f->n_ff = bf->neurons;
+    if ((int)bf->neurons != d->n_ff)
+        return pi2_err_set(err, PI2_ESHAPE, "%s: FFN %s holds %u neurons, config says %d", e->path, bf->ffn,
+                           bf->neurons, d->n_ff);
+    const uint8_t *base = member(e, bf->ffn, (uint64_t)bf->groups * bf->slot_bytes, err);
+    if (!base)
+        return err->code;
+    static const pi2_tname roles[3] = {PI2_T_GATE, PI2_T_UP, PI2_T_DOWN};
+    eng_mat *mats[3] = {&f->gate, &f->up, &f->down};
+    uint64_t rb = e->bl->row_bytes;
+    size_t sc = (size_t)d->hidden / PI2_Q_GROUP;
+    for (int k = 0; k < 3; k++) {
+        const pi2_mf_tensor *t = pi2_manifest_find_tensor(e->mf, roles[k], layer, mex);
+        if (!t)
+            return pi2_err_set(err, PI2_ENOTFOUND, "%s: no %s tensor for layer %d", e->path,
+                               pi2_manifest_role_name(roles[k]), layer);
+        if (t->qtype != e->mf->quant_ffn || t->rows != bf->neurons || t->cols != d->hidden)
+            return pi2_err_set(err, PI2_ESHAPE, "%s: tensor %s is not [%u, %d] %s", e->path, t->name, bf->neurons,
+                               d->hidden, pi2_q_type_name(e->mf->quant_ffn));
+        const uint16_t *s =
+            (const uint16_t *)(const void *)member(e, t->scales, (uint64_t)bf->neurons * sc * 2, err);
+        if (!s)
+            return err->code;
+        eng_mat *m = mats[k];
+        m->qt = t->qtype;
+        m->rows = bf->neurons;
+        m->cols = d->hidden;
+        m->row_bytes = rb + sc * 2;
+        if (alloc_rows(m, err))
+            return err->code;
+        for (uint32_t i = 0; i < bf->neurons; i++)
+            m->rs[i] = s + (size_t)i * sc;
+    }
+    for (uint32_t i = 0; i < bf->neurons; i++) {
+        uint64_t off[3];
+        pi2_bl_neuron_offsets(bf, rb, e->bl->two_phase, i, off);
+        f->gate.rp[i] = base + off[0];
+        f->up.rp[i] = base + off[1];
+        f->down.rp[i] = base + off[2];
+    }
+    const pi2_mf_layer *ml = pi2_manifest_find_layer(e->mf, layer, mex);
+    if (e->mode == PI2_MF_SPARSE_PREDICTOR) {
+        if (!ml || !ml->has_predictor)
+            return pi2_err_set(err, PI2_ENOTFOUND, "%s: no predictor for layer %d", e->path, layer);
+        const pi2_mf_predictor *p = &ml->predictor;
+        f->has_pred = true;
+        f->rank = p->rank;
+        f->threshold = p->threshold;
+        f->fc1 = (const float *)(const void *)member(e, p->fc1, (uint64_t)p->rank * d->hidden * 4, err);
+        if (!f->fc1)
+            return err->code;
+        f->fc2 = (const float *)(const void *)member(e, p->fc2, (uint64_t)p->rank * bf->neurons * 4, err);
+        if (!f->fc2)
+            return err->code;
+    } else if (e->mode == PI2_MF_SPARSE_THRESHOLD) {
+        if (!ml || !ml->has_silu_threshold)
+            return pi2_err_set(err, PI2_ENOTFOUND, "%s: no activation threshold for layer %d", e->path, layer);
+        f->has_silu_thr = true;
+        f->silu_thr = ml->silu_threshold;
+    }
+    return 0;
+}
+
+static int check_model(pi2_engine *e, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    if (d->hidden % PI2_Q_GROUP != 0)
+        return unsupported(e, err, "hidden size must be a multiple of 32");
+    if (d->head_dim % 2 != 0 || d->n_heads % d->n_kv_heads != 0)
+        return unsupported(e, err, "head_dim must be even and heads a multiple of kv heads");
+    if ((d->n_heads * d->head_dim) % PI2_Q_GROUP != 0)
+        return unsupported(e, err, "heads * head_dim must be a multiple of 32");
+    if (e->mf->quant_ffn != PI2_QT_Q4 && e->mf->quant_ffn != PI2_QT_Q8)
+        return unsupported(e, err, "FFN weights must be q4 or q8");
+    if (pi2_desc_is_moe(d) && (d->n_experts_used < 1 || d->n_experts_used > d->n_experts))
+        return unsupported(e, err, "MoE top-k out of range");
+    return 0;
+}
+
+static int alloc_state(pi2_engine *e, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    size_t T = PI2_K_MAX_T, D = (size_t)d->hidden, qd = (size_t)d->n_heads * d->head_dim;
+    size_t kvd = (size_t)d->n_kv_heads * d->head_dim;
+    e->max_in = (int)(D > qd ? D : qd);
+    e->max_ff = d->n_ff;
+    int max_rank = 1;
+    int E = pi2_desc_is_moe(d) ? d->n_experts : 1;
+    for (int l = 0; l < d->n_layers; l++)
+        for (int x = 0; x < E; x++)
+            if (e->layers[l].ffn[x].rank > max_rank)
+                max_rank = e->layers[l].ffn[x].rank;
+    e->x = pi2_malloc_array(T * D, sizeof(float));
+    e->xb = pi2_malloc_array(T * (size_t)e->max_in, sizeof(float));
+    e->xb2 = pi2_malloc_array(T * D, sizeof(float));
+    e->q = pi2_malloc_array(T * (qd + 2 * kvd), sizeof(float));
+    e->att = pi2_malloc_array(T * qd, sizeof(float));
+    e->aqs = pi2_malloc_array(T * (size_t)e->max_in / PI2_Q_GROUP, sizeof(float));
+    e->aq = pi2_malloc_array(T * (size_t)e->max_in, 1);
+    e->asum = pi2_malloc_array(T * (size_t)e->max_in / PI2_Q_GROUP, sizeof(int32_t));
+    e->ph = pi2_malloc_array((size_t)max_rank, sizeof(float));
+    e->router_logits = pi2_malloc_array((size_t)(E > 0 ? E : 1) * T, sizeof(float));
+    e->chosen = pi2_malloc_array((size_t)(E > 0 ? E : 1) * T, sizeof(int));
+    e->sel = pi2_malloc_array((size_t)d->n_ff, sizeof(uint32_t));
+    e->scores_all = pi2_malloc_array((size_t)d->n_ff, sizeof(float));
+    e->moe_x = pi2_malloc_array(T * D, sizeof(float));
+    e->moe_out = pi2_malloc_array(T * D, sizeof(float));
+    e->moe_w = pi2_malloc_array(T, sizeof(float));
+    e->moe_tok = pi2_malloc_array(T, sizeof(int));
+    e->moe_wk = pi2_malloc_array(T * (size_t)(E > 0 ? E : 1), sizeof(float));
+    e->rope_cs = pi2_malloc_array(T * (size_t)d->head_dim / 2, sizeof(float));
+    e->rope_sn = pi2_malloc_array(T * (size_t)d->head_dim / 2, sizeof(float));
+    e->tls = calloc((size_t)e->threads, sizeof *e->tls);
+    if (!e->x || !e->xb || !e->xb2 || !e->q || !e->att || !e->aqs || !e->aq || !e->asum ||
+        !e->ph || !e->router_logits || !e->chosen || !e->sel || !e->scores_all || !e->moe_x || !e->moe_out ||
+        !e->moe_w || !e->moe_tok || !e->moe_wk || !e->rope_cs || !e->rope_sn || !e->tls)
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the KV cache (%d positions) and buffers", e->path,
+                           e->ctx);
+    for (int t = 0; t < e->threads; t++) {
+        eng_tls *s = &e->tls[t];
+        size_t ff = (size_t)d->n_ff;
+        s->part = pi2_malloc_array(T * D, sizeof(float));
+        s->g = pi2_malloc_array(ff, sizeof(float));
+        s->u = pi2_malloc_array(ff, sizeof(float));
+        s->coef = pi2_malloc_array(ff, sizeof(float));
+        s->pp = pi2_malloc_array(ff, sizeof *s->pp);
+        s->ps = pi2_malloc_array(ff, sizeof *s->ps);
+        s->pp2 = pi2_malloc_array(ff, sizeof *s->pp2);
+        s->ps2 = pi2_malloc_array(ff, sizeof *s->ps2);
+        s->tile = pi2_malloc_array((size_t)ENG_TILE * D, sizeof(float));
+        s->gt = pi2_malloc_array(T * ENG_TILE, sizeof(float));
+        s->ut = pi2_malloc_array(T * ENG_TILE, sizeof(float));
+        s->list = pi2_malloc_array(ff, sizeof(uint32_t));
+        s->list2 = pi2_malloc_array(ff, sizeof(uint32_t));
+        if (!s->part || !s->g || !s->u || !s->coef || !s->pp || !s->ps || !s->pp2 || !s->ps2 || !s->tile ||
+            !s->gt || !s->ut || !s->list || !s->list2)
+            return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for thread buffers", e->path);
+    }
+    return 0;
+}
+
+typedef struct touch_job {
+    const pi2_ctr *c;
+    volatile uint64_t sink;
+} touch_job;
+
+static void touch_fn(void *ctx, int tid, int nt)
+{
+    touch_job *j = ctx;
+    size_t n = pi2_ctr_count(j->c);
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t acc = 0;
+    for (size_t i = 0; i < n; i++) {
+        const pi2_ctr_member *m = pi2_ctr_at(j->c, i);
+        int64_t b, en;
+        pi2_pool_split((int64_t)m->size, page, tid, nt, &b, &en);
+        for (int64_t o = b; o < en; o += page)
+            acc += m->data[o];
+    }
+    j->sink += acc;
+}
+
+int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
+{
+    *out = NULL;
+    if (!o || !o->path)
+        return pi2_err_set(err, PI2_EINVAL, "engine: no model path");
+    pi2_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    snprintf(e->path, sizeof e->path, "%s", o->path);
+    int rc;
+    pi2_bundle_open_opts bo = {.pubkey = o->pubkey, .allow_unsigned = o->trust_unsigned};
+    if ((rc = pi2_bundle_open(&e->b, o->path, &bo, err)) != 0) {
+        /* A converted (not yet bundled) model fails the signature step
+         * first; say what it is instead. */
+        pi2_bundle *probe = NULL;
+        pi2_bundle_open_opts po = {.allow_unsigned = true, .skip_signature = true};
+        pi2_err pe = {0};
+        if (pi2_bundle_open(&probe, o->path, &po, &pe) != 0 && strstr(pe.msg, "not a bundled model")) {
+            pi2_err fresh = {0};
+            *err = fresh;
+            rc = pi2_err_set(err, pe.code, "%s", pe.msg);
+        }
+        pi2_bundle_close(probe);
+        goto fail;
+    }
+    if ((rc = pi2_bundle_verify(e->b, !o->verify_ffn, NULL, err)) != 0)
+        goto fail;
+    e->mf = pi2_bundle_manifest(e->b);
+    e->bl = pi2_bundle_layout_get(e->b);
+    e->d = e->mf->config;
+    e->mode = e->mf->sparsity_mode;
+    e->dense = o->dense || e->mode == PI2_MF_SPARSE_NONE;
+    if (pi2_bundle_sig_status(e->b) == PI2_BUNDLE_SIG_VERIFIED) {
+        uint8_t raw[PI2_SIGN_PUBKEY_LEN];
+        char fp[17] = "?";
+        if (o->pubkey && pi2_sign_key_raw_public(o->pubkey, raw, NULL) == 0)
+            pi2_bundle_key_fingerprint(raw, fp);
+        snprintf(e->sig, sizeof e->sig, "signed, verified with key %s", fp);
+    } else {
+        snprintf(e->sig, sizeof e->sig, "unsigned (trusted on request)");
+    }
+    if ((rc = check_model(e, err)) != 0)
+        goto fail;
+    const pi2_model_desc *d = &e->d;
+
+    const pi2_ctr_member *tm = pi2_ctr_find(pi2_bundle_container(e->b), e->mf->tokenizer);
+    if (!tm) {
+        rc = pi2_err_set(err, PI2_ENOTFOUND, "%s: tokenizer member %s is missing", e->path, e->mf->tokenizer);
+        goto fail;
+    }
+    char tname[4200];
+    snprintf(tname, sizeof tname, "%s:%s", e->path, e->mf->tokenizer);
+    if ((rc = pi2_tok_load_mem(&e->tok, (const char *)tm->data, (size_t)tm->size, tname, err)) != 0)
+        goto fail;
+    if (pi2_tok_vocab_size(e->tok) > d->vocab) {
+        rc = pi2_err_set(err, PI2_ESHAPE, "%s: tokenizer has %d tokens, model vocab is %d", e->path,
+                         pi2_tok_vocab_size(e->tok), d->vocab);
+        goto fail;
+    }
+
+    int64_t D = d->hidden, qd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv_heads * d->head_dim;
+    if ((rc = bind_mat(e, &e->embed, PI2_T_EMBED, -1, d->vocab, D, err)) != 0)
+        goto fail;
+    if (d->tie_embeddings && !pi2_manifest_find_tensor(e->mf, PI2_T_LM_HEAD, -1, -1)) {
+        e->head = e->embed; /* shared row tables: freed once, via embed */
+        e->head_shared = true;
+    } else if ((rc = bind_mat(e, &e->head, PI2_T_LM_HEAD, -1, d->vocab, D, err)) != 0) {
+        goto fail;
+    }
+    if (e->embed.qt == PI2_QT_F32) {
+        rc = unsupported(e, err, "f32 embeddings");
+        goto fail;
+    }
+    if (!(e->out_norm = bind_vec(e, PI2_T_OUT_NORM, -1, D, err))) {
+        rc = err->code;
+        goto fail;
+    }
+    int E = pi2_desc_is_moe(d) ? d->n_experts : 1;
+    if (!(e->layers = calloc((size_t)d->n_layers, sizeof *e->layers))) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (int l = 0; l < d->n_layers; l++) {
+        eng_layer *L = &e->layers[l];
+        if (!(L->ffn = calloc((size_t)E, sizeof *L->ffn))) {
+            rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
+            goto fail;
+        }
+        if (!(L->attn_norm = bind_vec(e, PI2_T_ATTN_NORM, l, D, err)) ||
+            !(L->ffn_norm = bind_vec(e, PI2_T_FFN_NORM, l, D, err))) {
+            rc = err->code;
+            goto fail;
+        }
+        if ((rc = bind_mat(e, &L->q, PI2_T_Q, l, qd, D, err)) || (rc = bind_mat(e, &L->k, PI2_T_K, l, kvd, D, err)) ||
+            (rc = bind_mat(e, &L->v, PI2_T_V, l, kvd, D, err)) || (rc = bind_mat(e, &L->o, PI2_T_O, l, D, qd, err)))
+            goto fail;
+        if (pi2_desc_is_moe(d)) {
+            eng_mat r;
+            if ((rc = bind_mat(e, &r, PI2_T_ROUTER, l, d->n_experts, D, err)) != 0)
+                goto fail;
+            if (r.qt != PI2_QT_F32) {
+                free_mat(&r);
+                rc = unsupported(e, err, "quantized MoE router");
+                goto fail;
+            }
+            L->router = r.f32;
+        }
+        for (int x = 0; x < E; x++)
+            if ((rc = bind_ffn(e, &L->ffn[x], l, x, err)) != 0)
+                goto fail;
+    }
+    if (!(e->inv_freq = pi2_malloc_array((size_t)d->head_dim / 2, sizeof(float)))) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < d->head_dim / 2; i++)
+        e->inv_freq[i] = 1.0f / powf((float)d->rope_theta, (float)(2 * i) / (float)d->head_dim);
+
+    /* dense decode bytes per token */
+    uint64_t db = (uint64_t)e->head.rows * e->head.row_bytes + (uint64_t)D * 2; /* + embedding row */
+    for (int l = 0; l < d->n_layers; l++) {
+        const eng_layer *L = &e->layers[l];
+        db += (uint64_t)L->q.rows * L->q.row_bytes + (uint64_t)L->k.rows * L->k.row_bytes +
+              (uint64_t)L->v.rows * L->v.row_bytes + (uint64_t)L->o.rows * L->o.row_bytes;
+        const eng_ffn *f = &L->ffn[0];
+        uint64_t ffb = (uint64_t)f->n_ff * (f->gate.row_bytes + f->up.row_bytes + f->down.row_bytes);
+        db += ffb * (uint64_t)(pi2_desc_is_moe(d) ? d->n_experts_used : 1);
+    }
+    e->dense_bytes = db;
+
+    e->threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (e->threads < 1)
+        e->threads = 1;
+    if (e->threads > 256)
+        e->threads = 256;
+    if ((rc = pi2_pool_create(&e->pool, e->threads, err)) != 0)
+        goto fail;
+    if ((rc = alloc_state(e, err)) != 0)
+        goto fail;
+    if ((rc = pi2_engine_set_ctx(e, o->ctx > 0 ? o->ctx : (d->max_pos < 512 ? d->max_pos : 512), err)) != 0)
+        goto fail;
+    double macs = 0;
+    for (int l = 0; l < d->n_layers; l++) {
+        const eng_layer *L = &e->layers[l];
+        macs += (double)D * (double)(L->q.rows + L->k.rows + L->v.rows) + (double)qd * (double)L->o.rows;
+        macs += 3.0 * (double)D * d->n_ff * (pi2_desc_is_moe(d) ? d->n_experts_used : 1);
+    }
+    e->prefill_macs = macs;
+    openblas_set_num_threads(1); /* our pool does the threading */
+    if (o->preload) {
+        touch_job tj = {.c = pi2_bundle_container(e->b)};
+        pi2_pool_run(e->pool, touch_fn, &tj);
+    }
+    *out = e;
+    return 0;
+fail:
+    pi2_engine_close(e);
+    return rc ? rc : PI2_EINVAL;
+}
+
+void pi2_engine_close(pi2_engine *e)
+{
+    if (!e)
+        return;
+    pi2_pool_free(e->pool);
+    if (e->layers) {
+        int E = pi2_desc_is_moe(&e->d) ? e->d.n_experts : 1;
+        for (int l = 0; l < e->d.n_layers; l++) {
+            eng_layer *L = &e->layers[l];
+            free_mat(&L->q);
+            free_mat(&L->k);
+            free_mat(&L->v);
+            free_mat(&L->o);
+            for (int x = 0; L->ffn && x < E; x++) {
+                free_mat(&L->ffn[x].gate);
+                free_mat(&L->ffn[x].up);
+                free_mat(&L->ffn[x].down);
+            }
+            free(L->ffn);
+        }
+        free(e->layers);
+    }
+    free_mat(&e->embed);
+    if (!e->head_shared)
+        free_mat(&e->head);
+    if (e->tls)
+        for (int t = 0; t < e->threads; t++) {
+            eng_tls *s = &e->tls[t];
+            free(s->part);
+            free(s->g);
+            free(s->u);
+            free(s->coef);
+            free(s->pp);
+            free(s->ps);
+            free(s->pp2);
+            free(s->ps2);
+            free(s->tile);
+            free(s->gt);
+            free(s->ut);
+            free(s->list);
+            free(s->list2);
+            free(s->scores);
+        }
+    free(e->tls);
+    free(e->kc);
+    free(e->vc);
+    free(e->x);
+    free(e->xb);
+    free(e->xb2);
+    free(e->q);
+    free(e->att);
+    free(e->aqs);
+    free(e->aq);
+    free(e->asum);
+    free(e->ph);
+    free(e->router_logits);
+    free(e->chosen);
+    free(e->sel);
+    free(e->scores_all);
+    free(e->moe_x);
+    free(e->moe_out);
+    free(e->moe_w);
+    free(e->moe_tok);
+    free(e->moe_wk);
+    free(e->rope_cs);
+    free(e->rope_sn);
+    free(e->inv_freq);
+    pi2_tok_free(e->tok);
+    pi2_bundle_close(e->b);
+    free(e);
+}
+
+const pi2_model_desc *pi2_engine_desc(const pi2_engine *e) { return &e->d; }
+const pi2_tok *pi2_engine_tokenizer(const pi2_engine *e) { return e->tok; }
+int pi2_engine_ctx(const pi2_engine *e) { return e->ctx; }
+int pi2_engine_threads(const pi2_engine *e) { return e->threads; }
+const char *pi2_engine_sparsity(const pi2_engine *e) { return pi2_manifest_mode_name(e->mode); }
+void pi2_engine_set_dense(pi2_engine *e, bool dense) { e->dense = dense || e->mode == PI2_MF_SPARSE_NONE; }
+bool pi2_engine_dense(const pi2_engine *e) { return e->dense; }
+const char *pi2_engine_signature(const pi2_engine *e) { return e->sig; }
+uint64_t pi2_engine_dense_bytes(const pi2_engine *e) { return e->dense_bytes; }
+void pi2_engine_stats_get(const pi2_engine *e, pi2_engine_stats *out) { *out = e->st; }
+void pi2_engine_stats_reset(pi2_engine *e) { memset(&e->st, 0, sizeof e->st); }
+
+double pi2_engine_prefill_macs(const pi2_engine *e) { return e->prefill_macs; }
+
+int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    if (ctx < 1 || ctx > d->max_pos)
+        return pi2_err_set(err, PI2_ERANGE, "%s: context of %d positions is out of range (1..%d)", e->path, ctx,
+                           d->max_pos);
+    size_t kv = (size_t)d->n_layers * (size_t)ctx * (size_t)d->n_kv_heads * (size_t)d->head_dim;
+    float *kc = pi2_calloc_array(kv, sizeof(float)), *vc = pi2_calloc_array(kv, sizeof(float));
+    float **sc = calloc((size_t)e->threads, sizeof *sc);
+    bool ok = kc && vc && sc;
+    for (int t = 0; ok && t < e->threads; t++)
+        ok = (sc[t] = pi2_malloc_array((size_t)ctx, sizeof(float))) != NULL;
+    if (!ok) {
+        for (int t = 0; sc && t < e->threads; t++)
+            free(sc[t]);
+        free(sc);
+        free(kc);
+        free(vc);
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for a KV cache of %d positions (%.1f MB)", e->path,
+                           ctx, 2.0 * (double)kv * 4 / 1e6);
+    }
+    free(e->kc);
+    free(e->vc);
+    e->kc = kc;
+    e->vc = vc;
+    for (int t = 0; t < e->threads; t++) {
+        free(e->tls[t].scores);
+        e->tls[t].scores = sc[t];
+    }
+    free(sc);
+    e->ctx = ctx;
+    e->n_pos = 0;
+    return 0;
+}
+
+int pi2_engine_prefill(pi2_engine *e, const int32_t *tokens, int n, int pos, float *logits, pi2_err *err)
+{
+    if (n < 1)
+        return pi2_err_set(err, PI2_ERANGE, "%s: prefill of %d tokens", e->path, n);
+    for (int i = 0; i < n; i += PI2_K_MAX_T) {
+        int T = n - i < PI2_K_MAX_T ? n - i : PI2_K_MAX_T;
+        int rc = eng_forward(e, tokens + i, T, pos + i, false, i + T == n ? logits : NULL, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int pi2_engine_decode(pi2_engine *e, int32_t token, int pos, float *logits, pi2_err *err)
+{
+    return eng_forward(e, &token, 1, pos, true, logits, err);
+}

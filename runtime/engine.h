@@ -1,0 +1,116 @@
+/* pi2 engine: a bundled model.pi2 turned into tokens, all weights in
+ * memory (the container is memory-mapped and used in place).
+ *
+ * ---- Load (pi2_engine_open) ----
+ * 1. pi2_bundle_open: structure, signature (a public key, or an unsigned
+ *    container only with trust_unsigned), manifest, layout, permutations;
+ * 2. SHA-256 of every resident member against the manifest (embeddings,
+ *    attention, norms, router, predictors, FFN scales, tokenizer); the FFN
+ *    payload members are hashed too unless verify_ffn is false (they are
+ *    what later flash offloading reads on demand);
+ * 3. views of every tensor inside the mapping (nothing is copied but
+ *    per-row pointer tables), the tokenizer, the thread pool, the KV cache
+ *    for ctx positions and scratch;
+ * 4. optionally (preload) every page of the mapping is touched so the
+ *    first token does not pay for page faults.
+ *
+ * ---- Forward ----
+ * Per layer: RMSNorm -> Q, K, V (int8 matmul over quantized rows) -> RoPE
+ * (HF rotate_half) -> causal GQA attention over the f32 KV cache -> O ->
+ * residual -> RMSNorm -> FFN (dense; or MoE: router, top-k experts, softmax
+ * over the selected logits) -> residual; final RMSNorm and the output head.
+ *
+ * Prefill (pi2_engine_prefill) runs the prompt in batches of up to
+ * PI2_K_MAX_T tokens: every matmul is a rows x tokens tiled int8 kernel,
+ * the FFN down projection a dequantized tile through sgemm; FFNs are dense.
+ *
+ * Decode (pi2_engine_decode) runs one token. Its FFN, per (layer, expert):
+ *   predictor mode   scores = fc2 . relu(fc1 . x); neurons with score >=
+ *                    threshold are "predicted"; only their gate rows are
+ *                    read; up rows only where the gate lets the neuron
+ *                    fire (ReGLU / dReLU: gate > 0); the output is the sum of
+ *                    the active neurons' down columns (axpy) - inactive
+ *                    neurons' weights are never touched;
+ *   threshold mode   (SiLU models) every gate and up row; down only for
+ *                    neurons with |activation| >= the calibrated threshold;
+ *   dense            (pi2_engine_set_dense, or no predictors) every gate, up
+ *                    and down row, as a dense engine computes it: exact.
+ * Threads (the pool's static partitions) split rows of each matmul, heads
+ * of attention, and neurons (or the predicted list) of each FFN.
+ *
+ * Errors: those of pi2_bundle_open / pi2_bundle_verify (PI2_ESIG for a bad
+ * signature or digest, PI2_EFORMAT, ...), PI2_EUNSUPPORTED for a model
+ * this engine cannot run, PI2_ERANGE for a bad token, position or option,
+ * PI2_ENOMEM. Messages name the container.
+ */
+#ifndef PI2_ENGINE_H
+#define PI2_ENGINE_H
+
+#include "formats/common.h"
+#include "formats/hfconfig.h"
+#include "formats/sign.h"
+#include "formats/tokenizer.h"
+
+typedef struct pi2_engine_opts {
+    const char *path;           /* model.pi2 */
+    const pi2_sign_key *pubkey; /* key the container must be signed with ... */
+    bool trust_unsigned;        /* ... or accept an unsigned container */
+    bool verify_ffn;            /* also hash the FFN payloads (default true) */
+    int threads;                /* compute threads (default 0: all cores) */
+    int ctx;                    /* KV cache positions (0: min(max_pos, 512); see set_ctx) */
+    bool preload;               /* touch every page at load (default true) */
+    bool dense;                 /* start in dense mode */
+} pi2_engine_opts;
+
+/* Counters since the last pi2_engine_stats_reset (decode only, per FFN
+ * evaluation: one per layer per token, per selected expert on MoE). */
+typedef struct pi2_engine_stats {
+    uint64_t ffn_evals;          /* FFN evaluations */
+    uint64_t neurons;            /* neurons those FFNs hold in all */
+    uint64_t predicted;          /* neurons whose gate row was computed */
+    uint64_t active;             /* neurons whose down column was added */
+    uint64_t weight_bytes;       /* weight payload + scale bytes read */
+    uint64_t kv_bytes;           /* KV cache bytes read */
+    uint64_t tokens;             /* decode tokens */
+} pi2_engine_stats;
+
+typedef struct pi2_engine pi2_engine;
+
+void pi2_engine_defaults(pi2_engine_opts *o);
+/* Open and check (see Load above). Caller closes *out. */
+int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err);
+/* NULL is a no-op. */
+void pi2_engine_close(pi2_engine *e);
+
+const pi2_model_desc *pi2_engine_desc(const pi2_engine *e);
+const pi2_tok *pi2_engine_tokenizer(const pi2_engine *e);
+int pi2_engine_ctx(const pi2_engine *e);
+int pi2_engine_threads(const pi2_engine *e);
+/* "predictor", "threshold" or "none": what decode uses when not dense. */
+const char *pi2_engine_sparsity(const pi2_engine *e);
+/* Dense mode on or off (no effect on a model without sparsity data). */
+void pi2_engine_set_dense(pi2_engine *e, bool dense);
+bool pi2_engine_dense(const pi2_engine *e);
+/* Signature status line for reports: "signed by <fingerprint>" / "unsigned". */
+const char *pi2_engine_signature(const pi2_engine *e);
+/* Bytes of weights a dense decode step reads (payloads + scales). */
+uint64_t pi2_engine_dense_bytes(const pi2_engine *e);
+/* Multiply-accumulates per prompt token in the weight matmuls of prefill
+ * (attention projections and FFNs; not attention scores or the head). */
+double pi2_engine_prefill_macs(const pi2_engine *e);
+/* Resize the KV cache to ctx positions (1..max_pos); the cache is emptied.
+ * PI2_ERANGE, PI2_ENOMEM (the old cache is kept). */
+int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err);
+
+/* Run n tokens at positions pos .. pos+n-1 (pos <= positions fed: an
+ * earlier pos rewinds the cache) and write the last token's logits (vocab
+ * floats) when logits is non-NULL. PI2_ERANGE for bad ids or positions
+ * beyond ctx. */
+int pi2_engine_prefill(pi2_engine *e, const int32_t *tokens, int n, int pos, float *logits, pi2_err *err);
+/* One token at pos through the decode path; logits as above. */
+int pi2_engine_decode(pi2_engine *e, int32_t token, int pos, float *logits, pi2_err *err);
+
+void pi2_engine_stats_get(const pi2_engine *e, pi2_engine_stats *out);
+void pi2_engine_stats_reset(pi2_engine *e);
+
+#endif

@@ -1,0 +1,507 @@
+/* pi2 engine: the forward pass (prefill batches and sparse decode). */
+#include "runtime/engine_internal.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#define GRAIN 16 /* rows per partition unit */
+
+/* ---- matmul jobs: up to 3 matrices sharing one quantized input ---- */
+
+typedef struct mm_task {
+    const eng_mat *m;
+    float *out;
+    int64_t ldo;
+} mm_task;
+
+typedef struct mm_job {
+    mm_task t[3];
+    int n;
+    int T;
+    const float *xf; /* f32 input [T][ldx] for f32 matrices */
+    int64_t ldx;
+    const pi2_engine *e;
+} mm_job;
+
+static void mm_rows(const mm_job *j, const mm_task *k, int64_t b, int64_t en)
+{
+    const eng_mat *m = k->m;
+    if (m->qt == PI2_QT_F32) {
+        for (int t = 0; t < j->T; t++)
+            pi2_k_sgemv(m->f32 + b * m->cols, m->cols, m->cols, (int)(en - b), j->xf + t * j->ldx,
+                        k->out + t * k->ldo + b);
+        return;
+    }
+    pi2_k_matmul(m->qt, m->cols, (int)(en - b), m->rp + b, m->rs + b, j->e->aqs, j->e->aq, j->e->asum, j->T,
+                 k->out + b, k->ldo);
+}
+
+static void mm_fn(void *ctx, int tid, int nt)
+{
+    const mm_job *j = ctx;
+    int64_t total = 0;
+    for (int i = 0; i < j->n; i++)
+        total += j->t[i].m->rows;
+    int64_t b, en;
+    pi2_pool_split(total, GRAIN, tid, nt, &b, &en);
+    int64_t base = 0;
+    for (int i = 0; i < j->n && b < en; i++) {
+        int64_t r = j->t[i].m->rows;
+        int64_t lo = b > base ? b : base, hi = en < base + r ? en : base + r;
+        if (lo < hi)
+            mm_rows(j, &j->t[i], lo - base, hi - base);
+        base += r;
+    }
+}
+
+/* Quantize x [T][ldx] (n values each) into the engine's activation buffers. */
+static void quant_in(pi2_engine *e, const float *x, int64_t ldx, int T, int64_t n)
+{
+    pi2_k_act_quantize(x, ldx, T, n, e->aqs, e->aq, e->asum);
+}
+
+static void run_mm(pi2_engine *e, mm_job *j) { pi2_pool_run(e->pool, mm_fn, j); }
+
+/* ---- small helpers ---- */
+
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps)
+{
+    double ss = 0.0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float inv = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++)
+        out[i] = x[i] * inv * w[i];
+}
+
+static void rope(float *v, int n_heads, int hd, const float *cs, const float *sn)
+{
+    int half = hd / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *x = v + (size_t)h * hd;
+        for (int i = 0; i < half; i++) {
+            float x1 = x[i], x2 = x[i + half];
+            x[i] = x1 * cs[i] - x2 * sn[i];
+            x[i + half] = x2 * cs[i] + x1 * sn[i];
+        }
+    }
+}
+
+static inline float act_fn(pi2_act a, float g, float u)
+{
+    switch (a) {
+    case PI2_ACT_SILU: return g / (1.0f + expf(-g)) * u;
+    case PI2_ACT_RELU: return g > 0.0f ? g * u : 0.0f;
+    case PI2_ACT_DRELU: return g > 0.0f && u > 0.0f ? g * u : 0.0f;
+    }
+    return 0.0f;
+}
+
+/* ---- attention ---- */
+
+typedef struct attn_job {
+    pi2_engine *e;
+    int l, T, pos;
+} attn_job;
+
+static void attn_fn(void *ctx, int tid, int nt)
+{
+    attn_job *j = ctx;
+    pi2_engine *e = j->e;
+    const pi2_model_desc *d = &e->d;
+    int hd = d->head_dim, nh = d->n_heads, group = nh / d->n_kv_heads;
+    int64_t qd = (int64_t)nh * hd, kvd = (int64_t)d->n_kv_heads * hd;
+    const float *kc = e->kc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
+    const float *vc = e->vc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *sc = e->tls[tid].scores;
+    int64_t hb, he;
+    pi2_pool_split(nh, 1, tid, nt, &hb, &he);
+    for (int64_t h = hb; h < he; h++) {
+        int64_t kh = h / group;
+        for (int t = 0; t < j->T; t++) {
+            int p = j->pos + t;
+            const float *qh = e->q + (size_t)t * (size_t)qd + (size_t)h * hd;
+            pi2_k_sgemv(kc + kh * hd, kvd, hd, p + 1, qh, sc);
+            float mx = -INFINITY;
+            for (int s = 0; s <= p; s++) {
+                sc[s] *= scale;
+                if (sc[s] > mx)
+                    mx = sc[s];
+            }
+            float sum = 0.0f;
+            for (int s = 0; s <= p; s++) {
+                sc[s] = expf(sc[s] - mx);
+                sum += sc[s];
+            }
+            float inv = 1.0f / sum;
+            float *restrict oh = e->att + (size_t)t * (size_t)qd + (size_t)h * hd;
+            memset(oh, 0, (size_t)hd * sizeof *oh);
+            for (int s = 0; s <= p; s++) {
+                float w = sc[s] * inv;
+                const float *restrict vs = vc + (size_t)s * (size_t)kvd + (size_t)kh * hd;
+                for (int i = 0; i < hd; i++)
+                    oh[i] += w * vs[i];
+            }
+        }
+    }
+}
+
+/* ---- FFN: reduce per-thread partial outputs ---- */
+
+typedef struct reduce_job {
+    pi2_engine *e;
+    int T;
+    int64_t D;
+    float *out; /* [T][D] */
+    float w;    /* out += w * sum (accumulate) or out = sum (w == 0 means assign) */
+    bool accumulate;
+} reduce_job;
+
+static void reduce_fn(void *ctx, int tid, int nt)
+{
+    reduce_job *j = ctx;
+    int64_t n = (int64_t)j->T * j->D, b, en;
+    pi2_pool_split(n, 64, tid, nt, &b, &en);
+    int threads = j->e->threads;
+    for (int64_t i = b; i < en; i++) {
+        float s = 0.0f;
+        for (int t = 0; t < threads; t++)
+            s += j->e->tls[t].part[i];
+        j->out[i] = j->accumulate ? j->out[i] + j->w * s : s;
+    }
+}
+
+/* ---- FFN prefill: dense, T tokens, tiles of neurons ---- */
+
+typedef struct ffn_pre_job {
+    pi2_engine *e;
+    const eng_ffn *f;
+    int T;
+} ffn_pre_job;
+
+static void ffn_pre_fn(void *ctx, int tid, int nt)
+{
+    ffn_pre_job *j = ctx;
+    pi2_engine *e = j->e;
+    const eng_ffn *f = j->f;
+    eng_tls *s = &e->tls[tid];
+    int T = j->T;
+    int64_t D = e->d.hidden;
+    memset(s->part, 0, (size_t)T * (size_t)D * sizeof(float));
+    int64_t b, en;
+    pi2_pool_split(f->n_ff, ENG_TILE, tid, nt, &b, &en);
+    for (int64_t c = b; c < en; c += ENG_TILE) {
+        int nc = (int)(en - c < ENG_TILE ? en - c : ENG_TILE);
+        pi2_k_matmul(f->gate.qt, D, nc, f->gate.rp + c, f->gate.rs + c, e->aqs, e->aq, e->asum, T, s->gt, ENG_TILE);
+        pi2_k_matmul(f->up.qt, D, nc, f->up.rp + c, f->up.rs + c, e->aqs, e->aq, e->asum, T, s->ut, ENG_TILE);
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < nc; k++)
+                s->gt[t * ENG_TILE + k] = act_fn(e->d.act, s->gt[t * ENG_TILE + k], s->ut[t * ENG_TILE + k]);
+        pi2_k_dequant_rows(f->down.qt, D, nc, f->down.rp + c, f->down.rs + c, s->tile);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, (int)D, nc, 1.0f, s->gt, ENG_TILE, s->tile,
+                    (int)D, 1.0f, s->part, (int)D);
+    }
+}
+
+/* Dense prefill FFN of T tokens whose normed input is quantized in the
+ * engine's activation buffers; out [T][D] = FFN (accumulate: out += w *). */
+static void ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w)
+{
+    ffn_pre_job j = {e, f, T};
+    pi2_pool_run(e->pool, ffn_pre_fn, &j);
+    reduce_job r = {e, T, e->d.hidden, out, w, accumulate};
+    pi2_pool_run(e->pool, reduce_fn, &r);
+}
+
+/* ---- FFN decode: one token ---- */
+
+typedef struct ffn_dec_job {
+    pi2_engine *e;
+    const eng_ffn *f;
+    const float *x;  /* normed input (D) */
+    int mode;        /* 0 dense, 1 predictor, 2 threshold */
+    uint32_t n_sel;  /* predictor: e->sel[0..n_sel) */
+} ffn_dec_job;
+
+enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };
+
+static void pred_fc1_fn(void *ctx, int tid, int nt)
+{
+    ffn_dec_job *j = ctx;
+    const eng_ffn *f = j->f;
+    int64_t D = j->e->d.hidden, b, en;
+    pi2_pool_split(f->rank, 8, tid, nt, &b, &en);
+    if (b < en)
+        pi2_k_sgemv(f->fc1 + b * D, D, D, (int)(en - b), j->x, j->e->ph + b);
+}
+
+static void pred_fc2_fn(void *ctx, int tid, int nt)
+{
+    ffn_dec_job *j = ctx;
+    const eng_ffn *f = j->f;
+    eng_tls *s = &j->e->tls[tid];
+    int64_t b, en;
+    pi2_pool_split(f->n_ff, 64, tid, nt, &b, &en);
+    s->n_list = 0;
+    if (b >= en)
+        return;
+    float *sc = j->e->scores_all;
+    pi2_k_sgemv(f->fc2 + b * f->rank, f->rank, f->rank, (int)(en - b), j->e->ph, sc + b);
+    float thr = f->threshold;
+    uint32_t n = 0;
+    for (int64_t i = b; i < en; i++)
+        if (sc[i] >= thr)
+            s->list[n++] = (uint32_t)i;
+    s->n_list = n;
+}
+
+static void ffn_dec_fn(void *ctx, int tid, int nt)
+{
+    ffn_dec_job *j = ctx;
+    pi2_engine *e = j->e;
+    const eng_ffn *f = j->f;
+    eng_tls *s = &e->tls[tid];
+    int64_t D = e->d.hidden;
+    pi2_act act = e->d.act;
+    memset(s->part, 0, (size_t)D * sizeof(float));
+    int64_t total = j->mode == FFN_PRED ? j->n_sel : f->n_ff, b, en;
+    pi2_pool_split(total, GRAIN, tid, nt, &b, &en);
+    s->predicted = s->active = s->bytes = 0;
+    int n = (int)(en - b);
+    if (n <= 0)
+        return;
+    const uint32_t *idx = j->mode == FFN_PRED ? e->sel + b : NULL;
+    /* gate rows of the selected neurons */
+    for (int k = 0; k < n; k++) {
+        uint32_t i = idx ? idx[k] : (uint32_t)(b + k);
+        s->pp[k] = f->gate.rp[i];
+        s->ps[k] = f->gate.rs[i];
+        s->list[k] = i;
+    }
+    pi2_k_matmul(f->gate.qt, D, n, s->pp, s->ps, e->aqs, e->aq, e->asum, 1, s->g, 1);
+    /* up rows: where the gate lets the neuron fire (sparse ReLU family), else all */
+    bool gate_filters = j->mode == FFN_PRED && act != PI2_ACT_SILU;
+    int m = 0;
+    for (int k = 0; k < n; k++) {
+        if (gate_filters && !(s->g[k] > 0.0f))
+            continue;
+        uint32_t i = s->list[k];
+        s->pp2[m] = f->up.rp[i];
+        s->ps2[m] = f->up.rs[i];
+        s->list2[m] = (uint32_t)k;
+        m++;
+    }
+    if (m > 0)
+        pi2_k_matmul(f->up.qt, D, m, s->pp2, s->ps2, e->aqs, e->aq, e->asum, 1, s->u, 1);
+    /* activations and the down columns to add */
+    int a = 0;
+    for (int q = 0; q < m; q++) {
+        int k = (int)s->list2[q];
+        float v = act_fn(act, s->g[k], s->u[q]);
+        if (j->mode == FFN_THRESH && !(fabsf(v) >= f->silu_thr))
+            continue;
+        if (j->mode != FFN_DENSE && v == 0.0f)
+            continue;
+        uint32_t i = s->list[k];
+        s->pp2[a] = f->down.rp[i];
+        s->ps2[a] = f->down.rs[i];
+        s->coef[a] = v;
+        a++;
+    }
+    if (a > 0)
+        pi2_k_axpy_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, s->part);
+    s->predicted = (uint64_t)n;
+    s->active = (uint64_t)a;
+    s->bytes = (uint64_t)n * f->gate.row_bytes + (uint64_t)m * f->up.row_bytes + (uint64_t)a * f->down.row_bytes;
+}
+
+/* Decode FFN for the token whose normed input is e->xb (quantized in the
+ * activation buffers); out = FFN(x) (accumulate: out += w * FFN(x)). */
+static void ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *out, bool accumulate, float w)
+{
+    ffn_dec_job j = {e, f, x, FFN_DENSE, 0};
+    uint64_t extra = 0;
+    if (!e->dense && f->has_pred) {
+        j.mode = FFN_PRED;
+        pi2_pool_run(e->pool, pred_fc1_fn, &j);
+        for (int r = 0; r < f->rank; r++)
+            e->ph[r] = e->ph[r] > 0.0f ? e->ph[r] : 0.0f;
+        pi2_pool_run(e->pool, pred_fc2_fn, &j);
+        uint32_t n = 0;
+        for (int t = 0; t < e->threads; t++) {
+            memcpy(e->sel + n, e->tls[t].list, e->tls[t].n_list * sizeof(uint32_t));
+            n += e->tls[t].n_list;
+        }
+        j.n_sel = n;
+        extra = (uint64_t)f->rank * ((uint64_t)e->d.hidden + f->n_ff) * 4;
+    } else if (!e->dense && f->has_silu_thr) {
+        j.mode = FFN_THRESH;
+    }
+    pi2_pool_run(e->pool, ffn_dec_fn, &j);
+    e->st.ffn_evals++;
+    e->st.neurons += f->n_ff;
+    e->st.weight_bytes += extra;
+    for (int t = 0; t < e->threads; t++) {
+        e->st.predicted += e->tls[t].predicted;
+        e->st.active += e->tls[t].active;
+        e->st.weight_bytes += e->tls[t].bytes;
+    }
+    reduce_job r = {e, 1, e->d.hidden, out, w, accumulate};
+    pi2_pool_run(e->pool, reduce_fn, &r);
+}
+
+/* ---- MoE ---- */
+
+/* Router logits of token x (D) -> chosen[k] experts (largest first, lower
+ * index on ties) and their softmax weights wts[k]. */
+static void route(const pi2_engine *e, const float *router, const float *x, int *chosen, float *wts)
+{
+    const pi2_model_desc *d = &e->d;
+    int ne = d->n_experts, k = d->n_experts_used;
+    float *lg = e->router_logits;
+    pi2_k_sgemv(router, d->hidden, d->hidden, ne, x, lg);
+    for (int r = 0; r < k; r++) {
+        int best = -1;
+        for (int x2 = 0; x2 < ne; x2++) {
+            bool taken = false;
+            for (int t = 0; t < r; t++)
+                taken = taken || chosen[t] == x2;
+            if (!taken && (best < 0 || lg[x2] > lg[best]))
+                best = x2;
+        }
+        chosen[r] = best;
+    }
+    double sum = 0.0;
+    for (int r = 0; r < k; r++)
+        sum += exp((double)lg[chosen[r]] - lg[chosen[0]]);
+    for (int r = 0; r < k; r++)
+        wts[r] = (float)(exp((double)lg[chosen[r]] - lg[chosen[0]]) / sum);
+}
+
+/* FFN of T tokens: input xb [T][D] (normed), output xb2 [T][D]. */
+static void ffn_block(pi2_engine *e, const eng_layer *L, int T, bool decode)
+{
+    const pi2_model_desc *d = &e->d;
+    int64_t D = d->hidden;
+    if (!pi2_desc_is_moe(d)) {
+        quant_in(e, e->xb, D, T, D);
+        if (decode)
+            ffn_decode(e, &L->ffn[0], e->xb, e->xb2, false, 0.0f);
+        else
+            ffn_prefill(e, &L->ffn[0], T, e->xb2, false, 0.0f);
+        return;
+    }
+    int k = d->n_experts_used;
+    for (int t = 0; t < T; t++)
+        route(e, L->router, e->xb + t * D, e->chosen + (size_t)t * k, e->moe_wk + (size_t)t * k);
+    memset(e->xb2, 0, (size_t)T * (size_t)D * sizeof(float));
+    if (decode) {
+        quant_in(e, e->xb, D, 1, D);
+        for (int r = 0; r < k; r++)
+            ffn_decode(e, &L->ffn[e->chosen[r]], e->xb, e->xb2, true, e->moe_wk[r]);
+        return;
+    }
+    for (int x = 0; x < d->n_experts; x++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < k; r++)
+                if (e->chosen[(size_t)t * k + r] == x) {
+                    e->moe_tok[n] = t;
+                    e->moe_w[n] = e->moe_wk[(size_t)t * k + r];
+                    memcpy(e->moe_x + (size_t)n * D, e->xb + (size_t)t * D, (size_t)D * sizeof(float));
+                    n++;
+                }
+        if (n == 0)
+            continue;
+        quant_in(e, e->moe_x, D, n, D);
+        ffn_prefill(e, &L->ffn[x], n, e->moe_out, false, 0.0f);
+        for (int i = 0; i < n; i++) {
+            float *o = e->xb2 + (size_t)e->moe_tok[i] * D;
+            const float *src = e->moe_out + (size_t)i * D;
+            for (int64_t c = 0; c < D; c++)
+                o[c] += e->moe_w[i] * src[c];
+        }
+    }
+}
+
+/* ---- the forward pass ---- */
+
+int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decode, float *logits, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= d->vocab)
+            return pi2_err_set(err, PI2_ERANGE, "%s: token id %d out of range [0, %d)", e->path, tokens[t],
+                               d->vocab);
+    if (pos < 0 || pos > e->n_pos || pos + T > e->ctx)
+        return pi2_err_set(err, PI2_ERANGE, "%s: positions %d..%d out of range (cache holds %d of %d)", e->path, pos,
+                           pos + T - 1, e->n_pos, e->ctx);
+    int64_t D = d->hidden, hd = d->head_dim, nh = d->n_heads, nkv = d->n_kv_heads;
+    int64_t qd = nh * hd, kvd = nkv * hd;
+    e->n_pos = pos; /* rewind */
+    for (int t = 0; t < T; t++)
+        pi2_q_dequantize_row(e->embed.qt, e->embed.rs[tokens[t]], e->embed.rp[tokens[t]], D, e->x + t * D);
+    int64_t half = hd / 2;
+    for (int t = 0; t < T; t++)
+        for (int64_t i = 0; i < half; i++) {
+            float angle = (float)(pos + t) * e->inv_freq[i];
+            e->rope_cs[t * half + i] = cosf(angle);
+            e->rope_sn[t * half + i] = sinf(angle);
+        }
+    uint64_t bytes = 0;
+    for (int l = 0; l < d->n_layers; l++) {
+        const eng_layer *L = &e->layers[l];
+        float *kc = e->kc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
+        float *vc = e->vc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
+        for (int t = 0; t < T; t++)
+            rmsnorm(e->xb + t * D, e->x + t * D, L->attn_norm, (int)D, d->rms_eps);
+        quant_in(e, e->xb, D, T, D);
+        mm_job j = {.n = 3, .T = T, .xf = e->xb, .ldx = D, .e = e};
+        j.t[0] = (mm_task){&L->q, e->q, qd};
+        j.t[1] = (mm_task){&L->k, kc, kvd};
+        j.t[2] = (mm_task){&L->v, vc, kvd};
+        run_mm(e, &j);
+        for (int t = 0; t < T; t++) {
+            rope(e->q + t * qd, (int)nh, (int)hd, e->rope_cs + t * half, e->rope_sn + t * half);
+            rope(kc + t * kvd, (int)nkv, (int)hd, e->rope_cs + t * half, e->rope_sn + t * half);
+        }
+        attn_job aj = {e, l, T, pos};
+        pi2_pool_run(e->pool, attn_fn, &aj);
+        quant_in(e, e->att, qd, T, qd);
+        mm_job oj = {.n = 1, .T = T, .xf = e->att, .ldx = qd, .e = e};
+        oj.t[0] = (mm_task){&L->o, e->xb2, D};
+        run_mm(e, &oj);
+        for (int64_t i = 0; i < (int64_t)T * D; i++)
+            e->x[i] += e->xb2[i];
+        for (int t = 0; t < T; t++)
+            rmsnorm(e->xb + t * D, e->x + t * D, L->ffn_norm, (int)D, d->rms_eps);
+        ffn_block(e, L, T, decode);
+        for (int64_t i = 0; i < (int64_t)T * D; i++)
+            e->x[i] += e->xb2[i];
+        if (decode) {
+            bytes += (uint64_t)L->q.rows * L->q.row_bytes + (uint64_t)L->k.rows * L->k.row_bytes +
+                     (uint64_t)L->v.rows * L->v.row_bytes + (uint64_t)L->o.rows * L->o.row_bytes;
+            e->st.kv_bytes += 2ull * (uint64_t)(pos + 1) * (uint64_t)kvd * 4;
+            if (pi2_desc_is_moe(d))
+                bytes += (uint64_t)d->n_experts * (uint64_t)D * 4;
+        }
+    }
+    e->n_pos = pos + T;
+    if (logits) {
+        const float *last = e->x + (T - 1) * D;
+        rmsnorm(e->xb, last, e->out_norm, (int)D, d->rms_eps);
+        quant_in(e, e->xb, D, 1, D);
+        mm_job hj = {.n = 1, .T = 1, .xf = e->xb, .ldx = D, .e = e};
+        hj.t[0] = (mm_task){&e->head, logits, d->vocab};
+        run_mm(e, &hj);
+        if (decode)
+            bytes += (uint64_t)e->head.rows * e->head.row_bytes;
+    }
+    if (decode) {
+        e->st.tokens++;
+        e->st.weight_bytes += bytes + e->embed.row_bytes;
+    }
+    return 0;
+}

@@ -1,0 +1,90 @@
+/* pi2 runtime kernels: batched int8 matmul over quantized weight rows,
+ * sparse axpy accumulation, f32 GEMV for predictors, and the machine
+ * probes the benchmarks compare against.
+ *
+ * Weights are the rows of formats/quant.h (Q4 or Q8 payload rows with fp16
+ * scales per 32-group, stored apart). Kernels take rows by pointer, one
+ * payload pointer and one scale pointer per row, so the same code runs on a
+ * contiguous matrix, on the interleaved neuron rows of an FFN bundle
+ * (bundle/layout.h) and on rows sitting in a neuron cache.
+ *
+ * Activations for T tokens are quantized per 32-block to int8 exactly as
+ * pi2_q8act_quantize does (formats/quant.h), and each block also records
+ * the sum of its q values, so a Q4 row's (q - 8) offset is applied once per
+ * block instead of per element:
+ *     sum_j (wq_j - 8) * aq_j = sum_j wq_j * aq_j - 8 * sum_j aq_j.
+ *
+ * ---- Numerics ----
+ * Every kernel computes each block's int32 dot exactly and scales it by
+ * (float)(wscale_b * ascale_b); only the float accumulation order differs
+ * between ISA paths. A SIMD result differs from the scalar twin by at most
+ * (n/32 + 8) * 2^-23 * sum_b |block_b * scale_b| (checked by the tests).
+ *
+ * ---- ISA ----
+ * The path is the one formats/quant.h selected (pi2_q_get_isa): AVX-512
+ * VNNI, AVX2, or scalar; the *_isa variants force one (tests, probes). SIMD
+ * code is compiled with target attributes, so the binaries run anywhere.
+ *
+ * Buffers need no particular alignment. Nothing here allocates, and
+ * nothing is thread-shared: callers partition rows between threads.
+ */
+#ifndef PI2_KERNELS_H
+#define PI2_KERNELS_H
+
+#include "formats/quant.h"
+
+#include <stdint.h>
+
+/* Largest T the matmul kernels accept in one call (callers loop over
+ * larger batches). */
+#define PI2_K_MAX_T 64
+
+/* Quantize T activation vectors of n values (n a multiple of 32), token t
+ * at x + t*ldx, into scales[T][n/32], q[T][n] and sums[T][n/32] (sum of the
+ * block's q). Same q and scales as pi2_q8act_quantize. */
+void pi2_k_act_quantize(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q, int32_t *sums);
+
+/* out[t * ldo + r] = dot(weight row r, activation t) for r < nrows,
+ * t < T (1 <= T <= PI2_K_MAX_T). Weight type wt is Q4 or Q8; row r is
+ * wp[r] (pi2_q_payload_row_bytes(wt, n) bytes) with scales ws[r] (n/32
+ * fp16). Activations as written by pi2_k_act_quantize for the same n.
+ * The kernel tiles rows x tokens so each weight block is loaded once per
+ * tile of tokens. */
+void pi2_k_matmul(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                  const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo);
+void pi2_k_matmul_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
+                      const uint16_t *const *ws, const float *ascales, const int8_t *aq, const int32_t *asums,
+                      int T, float *out, int64_t ldo);
+
+/* out[0..n) += sum_r coef[r] * dequant(row r) for r < nrows (Q4 or Q8
+ * rows as above): the down projection as an accumulation of the active
+ * neurons' columns (stored as rows). Rows with coef 0 are skipped. */
+void pi2_k_axpy_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, const uint8_t *const *wp,
+                     const uint16_t *const *ws, float *out);
+void pi2_k_axpy_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef,
+                         const uint8_t *const *wp, const uint16_t *const *ws, float *out);
+
+/* dst[r * n + j] = dequant(row r)[j] for r < nrows: dequantize rows into
+ * a float tile (prefill's down projection feeds it to sgemm). */
+void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                        float *dst);
+
+/* out[r] = dot(W[r, 0..n), x) for r in [0, nrows), W row-major f32 with
+ * row stride ldw floats (predictor layers). */
+void pi2_k_sgemv(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out);
+void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out);
+
+/* ---- probes (benchmarks and the planner's hardware profile) ---- */
+
+/* Peak int8 multiply-accumulates per second of one thread: a register-
+ * resident chain of the ISA's int8 dot instructions (VNNI vpdpbusd, or
+ * AVX2 vpmaddubsw + vpmaddwd + vpaddd), no loads, run for about `seconds`.
+ * Scalar: plain integer multiply-adds. */
+double pi2_k_probe_int8_peak(pi2_isa isa, double seconds);
+
+/* Read bandwidth in bytes/s of one thread streaming over buf[0..n) (wide
+ * loads summed so nothing is optimised away), repeated for about
+ * `seconds`. Callers run one per thread on disjoint buffers and add. */
+double pi2_k_probe_read_bw(const void *buf, size_t n, double seconds);
+
+#endif

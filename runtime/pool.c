@@ -1,0 +1,153 @@
+/* Thread pool: a generation counter announces a job, a countdown reports
+ * its end; workers spin on the counter for a short while, then sleep. */
+#include "runtime/pool.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+enum { SPIN_ROUNDS = 1 << 14 };
+
+struct pi2_pool {
+    int n;
+    pthread_t *threads;
+    int started; /* workers running */
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    atomic_uint gen;     /* bumped for each job (and to stop) */
+    atomic_int pending;  /* workers still in the current job */
+    atomic_int sleepers; /* workers waiting on `wake` */
+    atomic_bool stop;
+    pi2_pool_fn fn;
+    void *ctx;
+};
+
+typedef struct worker_arg {
+    pi2_pool *p;
+    int tid;
+} worker_arg;
+
+static unsigned wait_gen(pi2_pool *p, unsigned seen)
+{
+    unsigned g;
+    for (int i = 0; i < SPIN_ROUNDS; i++) {
+        if ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) != seen)
+            return g;
+        CPU_RELAX();
+    }
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add(&p->sleepers, 1);
+    while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen)
+        pthread_cond_wait(&p->wake, &p->mu);
+    atomic_fetch_sub(&p->sleepers, 1);
+    pthread_mutex_unlock(&p->mu);
+    return g;
+}
+
+static void *worker(void *arg)
+{
+    worker_arg wa = *(worker_arg *)arg;
+    free(arg);
+    pi2_pool *p = wa.p;
+    unsigned seen = 0;
+    for (;;) {
+        seen = wait_gen(p, seen);
+        if (atomic_load_explicit(&p->stop, memory_order_acquire))
+            return NULL;
+        p->fn(p->ctx, wa.tid, p->n);
+        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
+    }
+}
+
+static void announce(pi2_pool *p)
+{
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_acq_rel);
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+int pi2_pool_create(pi2_pool **out, int n, pi2_err *err)
+{
+    *out = NULL;
+    if (n < 1 || n > 256)
+        return pi2_err_set(err, PI2_ERANGE, "threads: %d is out of range (1..256)", n);
+    pi2_pool *p = calloc(1, sizeof *p);
+    if (!p || !(p->threads = calloc((size_t)n, sizeof *p->threads))) {
+        free(p);
+        return pi2_err_set(err, PI2_ENOMEM, "threads: out of memory");
+    }
+    p->n = n;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    for (int i = 1; i < n; i++) {
+        worker_arg *wa = malloc(sizeof *wa);
+        int rc = ENOMEM;
+        if (wa) {
+            wa->p = p;
+            wa->tid = i;
+            rc = pthread_create(&p->threads[i], NULL, worker, wa);
+        }
+        if (rc != 0) {
+            free(wa);
+            pi2_pool_free(p);
+            return pi2_err_set(err, rc == ENOMEM || rc == EAGAIN ? PI2_ENOMEM : PI2_EIO,
+                               "threads: cannot start thread %d: %s", i, strerror(rc));
+        }
+        p->started++;
+    }
+    *out = p;
+    return 0;
+}
+
+void pi2_pool_free(pi2_pool *p)
+{
+    if (!p)
+        return;
+    atomic_store(&p->stop, true);
+    announce(p);
+    for (int i = 1; i <= p->started; i++)
+        pthread_join(p->threads[i], NULL);
+    pthread_cond_destroy(&p->wake);
+    pthread_mutex_destroy(&p->mu);
+    free(p->threads);
+    free(p);
+}
+
+int pi2_pool_size(const pi2_pool *p) { return p->n; }
+
+void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx)
+{
+    if (p->n == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store_explicit(&p->pending, p->n - 1, memory_order_release);
+    announce(p);
+    fn(ctx, 0, p->n);
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
+        CPU_RELAX();
+}
+
+void pi2_pool_split(int64_t n, int64_t grain, int tid, int nt, int64_t *begin, int64_t *end)
+{
+    if (grain < 1)
+        grain = 1;
+    int64_t units = (n + grain - 1) / grain;
+    int64_t b = units * tid / nt * grain, e = units * (tid + 1) / nt * grain;
+    *begin = b < n ? b : n;
+    *end = e < n ? e : n;
+}

@@ -1,0 +1,36 @@
+/* pi2 compute thread pool: n threads (the caller is thread 0) that run one
+ * function at a time over static partitions.
+ *
+ * pi2_pool_run(p, fn, ctx) calls fn(ctx, tid, n) once on every thread
+ * tid in [0, n) and returns when all calls have returned; work is split by
+ * the callee, typically with pi2_pool_split. Workers spin briefly between
+ * jobs (decode issues a few hundred small jobs per token) and then sleep
+ * on a condition variable, so an idle pool costs no CPU.
+ *
+ * Not reentrant: fn must not call pi2_pool_run on the same pool, and one
+ * thread at a time drives a pool.
+ */
+#ifndef PI2_POOL_H
+#define PI2_POOL_H
+
+#include "formats/common.h"
+
+typedef struct pi2_pool pi2_pool;
+typedef void (*pi2_pool_fn)(void *ctx, int tid, int nthreads);
+
+/* A pool of n threads (1..256; 1 runs everything on the caller).
+ * PI2_ERANGE for a bad n, PI2_ENOMEM / PI2_EIO when threads cannot be
+ * started. Caller frees *out with pi2_pool_free. */
+int pi2_pool_create(pi2_pool **out, int n, pi2_err *err);
+/* Stop and join the workers. NULL is a no-op. */
+void pi2_pool_free(pi2_pool *p);
+int pi2_pool_size(const pi2_pool *p);
+/* Run fn on every thread and wait (see above). */
+void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx);
+
+/* Static partition of [0, n) into nt nearly equal parts whose boundaries
+ * are multiples of `grain` (>= 1) except the last: part tid is
+ * [*begin, *end), possibly empty. */
+void pi2_pool_split(int64_t n, int64_t grain, int tid, int nt, int64_t *begin, int64_t *end);
+
+#endif

@@ -1,0 +1,562 @@
+/* The engine (runtime/engine.h) end to end: generated models converted and
+ * bundled here, checked against the quantized reference (the converted
+ * weights exported to F32 and run through the fp32 reference forward),
+ * prefill against decode, sparse against dense, thread counts and kernel
+ * paths against each other, trust and tampering, and the tinystories golden
+ * ids at q8. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "bundle/bundle.h"
+#include "convert/convert.h"
+#include "convert/synth.h"
+#include "formats/quant.h"
+#include "runtime/engine.h"
+#include "runtime/reference.h"
+#include "tests/testjson.h"
+#include "tests/testutil.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef enum kind { K_DRELU, K_RELU_Q8, K_SILU, K_MOE, K_COUNT } kind;
+static const char *const kind_name[K_COUNT] = {"drelu", "relu-q8", "silu", "moe"};
+
+static char g_dir[64];
+static char g_src[K_COUNT][128], g_conv[K_COUNT][128], g_pi2[K_COUNT][128], g_exp[K_COUNT][128];
+static char g_unsigned[128], g_priv[128], g_pub[128], g_priv2[128], g_pub2[128];
+static pi2_sign_key *g_key, *g_pubkey, *g_pubkey2;
+
+static int make_model(kind k, pi2_err *e)
+{
+    pi2_synth_opts so;
+    if (pi2_synth_preset("small", &so, e))
+        return -1;
+    so.threads = 2;
+    so.desc.n_layers = 2;
+    so.predictors = k == K_DRELU || k == K_MOE || k == K_RELU_Q8;
+    if (k == K_SILU || k == K_RELU_Q8) {
+        so.desc.arch = PI2_ARCH_LLAMA;
+        so.desc.act = k == K_SILU ? PI2_ACT_SILU : PI2_ACT_RELU;
+    }
+    if (k == K_MOE) {
+        so.desc.arch = PI2_ARCH_TURBOSPARSE_MIXTRAL;
+        so.desc.n_experts = 4;
+        so.desc.n_experts_used = 2;
+        so.desc.n_ff = 256;
+    }
+    if (pi2_synth_write(g_src[k], &so, NULL, NULL, e))
+        return -1;
+    pi2_convert_opts co;
+    pi2_convert_defaults(&co);
+    co.model_dir = g_src[k];
+    co.out_path = g_conv[k];
+    co.calib_tokens = 1024;
+    co.quiet = true;
+    co.threads = 2;
+    co.q_ffn = k == K_RELU_Q8 ? PI2_QT_Q8 : PI2_QT_Q4;
+    if (pi2_convert(&co, NULL, e))
+        return -1;
+    if (pi2_convert_export(g_conv[k], g_exp[k], e))
+        return -1;
+    pi2_bundle_opts bo;
+    pi2_bundle_defaults(&bo);
+    bo.in_path = g_conv[k];
+    bo.out_path = g_pi2[k];
+    bo.key = g_key;
+    bo.quiet = true;
+    return pi2_bundle_create(&bo, NULL, e) ? -1 : 0;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    pi2_err e = {0};
+    pi2t_tmpdir(g_dir, sizeof g_dir);
+    snprintf(g_priv, sizeof g_priv, "%s/k.pem", g_dir);
+    snprintf(g_pub, sizeof g_pub, "%s/k.pub", g_dir);
+    snprintf(g_priv2, sizeof g_priv2, "%s/k2.pem", g_dir);
+    snprintf(g_pub2, sizeof g_pub2, "%s/k2.pub", g_dir);
+    if (pi2_sign_keygen(g_priv, g_pub, &e) || pi2_sign_keygen(g_priv2, g_pub2, &e) ||
+        pi2_sign_key_load_private(&g_key, g_priv, &e) || pi2_sign_key_load_public(&g_pubkey, g_pub, &e) ||
+        pi2_sign_key_load_public(&g_pubkey2, g_pub2, &e))
+        return fprintf(stderr, "keys: %s\n", e.msg), -1;
+    double t0 = pi2_now();
+    for (int k = 0; k < K_COUNT; k++) {
+        snprintf(g_src[k], sizeof g_src[k], "%s/%s", g_dir, kind_name[k]);
+        snprintf(g_conv[k], sizeof g_conv[k], "%s/%s.pi2c", g_dir, kind_name[k]);
+        snprintf(g_pi2[k], sizeof g_pi2[k], "%s/%s.pi2", g_dir, kind_name[k]);
+        snprintf(g_exp[k], sizeof g_exp[k], "%s/%s.q", g_dir, kind_name[k]);
+        if (make_model((kind)k, &e))
+            return fprintf(stderr, "%s: %s\n", kind_name[k], e.msg), -1;
+    }
+    snprintf(g_unsigned, sizeof g_unsigned, "%s/unsigned.pi2", g_dir);
+    pi2_bundle_opts bo;
+    pi2_bundle_defaults(&bo);
+    bo.in_path = g_conv[K_DRELU];
+    bo.out_path = g_unsigned;
+    bo.allow_unsigned = true;
+    bo.quiet = true;
+    if (pi2_bundle_create(&bo, NULL, &e))
+        return fprintf(stderr, "unsigned: %s\n", e.msg), -1;
+    fprintf(stderr, "  [fixtures in %.1f s]\n", pi2_now() - t0);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    pi2_sign_key_free(g_key);
+    pi2_sign_key_free(g_pubkey);
+    pi2_sign_key_free(g_pubkey2);
+    pi2t_rmtree(g_dir);
+    return 0;
+}
+
+static int reset_isa(void **state)
+{
+    (void)state;
+    pi2_q_set_isa(pi2_q_isa_best());
+    return 0;
+}
+
+static pi2_engine *open_model(const char *path, int threads, bool dense)
+{
+    pi2_engine_opts o;
+    pi2_engine_defaults(&o);
+    o.path = path;
+    o.pubkey = g_pubkey;
+    o.threads = threads;
+    o.dense = dense;
+    o.ctx = 256;
+    pi2_err e = {0};
+    pi2_engine *eng = NULL;
+    if (pi2_engine_open(&eng, &o, &e))
+        fail_msg("open %s: %s", path, e.msg);
+    return eng;
+}
+
+/* A deterministic token sequence for a model: BOS then ids drawn from the
+ * rng over the non-special range. */
+static void make_seq(int32_t *ids, int n, int vocab, uint64_t seed)
+{
+    pi2_rng r;
+    pi2_rng_seed(&r, seed);
+    ids[0] = 1;
+    for (int i = 1; i < n; i++)
+        ids[i] = 3 + (int32_t)(pi2_rng_u64(&r) % (uint64_t)(vocab - 3));
+}
+
+static double max_abs(const float *a, int n)
+{
+    double m = 0;
+    for (int i = 0; i < n; i++)
+        m = fmax(m, fabs(a[i]));
+    return m;
+}
+
+static double max_diff(const float *a, const float *b, int n)
+{
+    double m = 0;
+    for (int i = 0; i < n; i++)
+        m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+/* ---- dense decode vs the quantized reference ---- */
+
+static void dense_vs_reference(kind k)
+{
+    pi2_engine *eng = open_model(g_pi2[k], 2, true);
+    const pi2_model_desc *d = pi2_engine_desc(eng);
+    pi2_err e = {0};
+    pi2_ref_model *m = NULL;
+    pi2_ref_state *st = NULL;
+    assert_int_equal(pi2_ref_open(&m, g_exp[k], &e), 0);
+    assert_int_equal(pi2_ref_state_create(&st, m, 64, &e), 0);
+    int V = d->vocab, n = 40;
+    float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
+    int32_t ids[40];
+    make_seq(ids, n, V, 11 + (uint64_t)k);
+    double worst = 0;
+    int agree = 0;
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(pi2_engine_decode(eng, ids[i], i, a, &e), 0);
+        assert_int_equal(pi2_ref_forward(m, st, ids[i], i, b, &e), 0);
+        double rel = max_diff(a, b, V) / max_abs(b, V);
+        worst = fmax(worst, rel);
+        agree += argmax(a, V) == argmax(b, V);
+    }
+    fprintf(stderr, "  %s dense vs quantized reference: max |logit diff| / max |logit| = %.2e, argmax %d/%d\n",
+            kind_name[k], worst, agree, n);
+    /* The only difference is int8 activations (rel. error ~0.4% per block). */
+    assert_true(worst < 0.03);
+    assert_true(agree >= n - 2);
+    free(a);
+    free(b);
+    pi2_ref_state_free(st);
+    pi2_ref_close(m);
+    pi2_engine_close(eng);
+}
+
+static void test_dense_vs_reference(void **state)
+{
+    (void)state;
+    for (int k = 0; k < K_COUNT; k++)
+        dense_vs_reference((kind)k);
+}
+
+/* ---- prefill batches vs one-token decode (dense: same arithmetic) ---- */
+
+static void test_prefill_vs_decode(void **state)
+{
+    (void)state;
+    for (int k = 0; k < K_COUNT; k++) {
+        pi2_engine *eng = open_model(g_pi2[k], 2, true);
+        const pi2_model_desc *d = pi2_engine_desc(eng);
+        int V = d->vocab, n = 100; /* > PI2_K_MAX_T: two batches */
+        int32_t ids[100];
+        make_seq(ids, n, V, 5);
+        float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
+        pi2_err e = {0};
+        assert_int_equal(pi2_engine_prefill(eng, ids, n, 0, a, &e), 0);
+        for (int i = 0; i < n; i++)
+            assert_int_equal(pi2_engine_decode(eng, ids[i], i, b, &e), 0);
+        double rel = max_diff(a, b, V) / max_abs(b, V);
+        fprintf(stderr, "  %s prefill(100) vs decode: rel %.2e\n", kind_name[k], rel);
+        assert_true(rel < 1e-3);
+        assert_int_equal(argmax(a, V), argmax(b, V));
+        /* rewinding: prefill the second half again from position 50 */
+        assert_int_equal(pi2_engine_prefill(eng, ids + 50, 50, 50, a, &e), 0);
+        assert_true(max_diff(a, b, V) / max_abs(b, V) < 1e-3);
+        free(a);
+        free(b);
+        pi2_engine_close(eng);
+    }
+}
+
+/* ---- sparse vs dense: perplexity on the model's own greedy text ---- */
+
+static double ppl(pi2_engine *eng, const int32_t *ids, int n)
+{
+    const pi2_model_desc *d = pi2_engine_desc(eng);
+    float *lg = malloc(sizeof(float) * d->vocab);
+    pi2_err e = {0};
+    double nll = 0;
+    for (int i = 0; i + 1 < n; i++) {
+        assert_int_equal(pi2_engine_decode(eng, ids[i], i, lg, &e), 0);
+        double mx = max_abs(lg, d->vocab), s = 0;
+        for (int v = 0; v < d->vocab; v++)
+            s += exp(lg[v] - mx);
+        nll += log(s) + mx - lg[ids[i + 1]];
+    }
+    free(lg);
+    return exp(nll / (n - 1));
+}
+
+static void test_sparse_vs_dense(void **state)
+{
+    (void)state;
+    for (int k = 0; k < K_COUNT; k++) {
+        pi2_engine *eng = open_model(g_pi2[k], 2, false);
+        const pi2_model_desc *d = pi2_engine_desc(eng);
+        int n = 200;
+        int32_t ids[200];
+        /* text: sampled from the dense model at temperature 1 */
+        pi2_engine_set_dense(eng, true);
+        float *lg = malloc(sizeof(float) * d->vocab);
+        pi2_err e = {0};
+        pi2_rng r;
+        pi2_rng_seed(&r, 99 + (uint64_t)k);
+        ids[0] = 1;
+        for (int i = 0; i + 1 < n; i++) {
+            assert_int_equal(pi2_engine_decode(eng, ids[i], i, lg, &e), 0);
+            double mx = max_abs(lg, d->vocab), s = 0, u = pi2_rng_uniform(&r);
+            for (int v = 0; v < d->vocab; v++)
+                s += exp(lg[v] - mx);
+            int pick = d->vocab - 1;
+            for (int v = 0; v < d->vocab; v++) {
+                u -= exp(lg[v] - mx) / s;
+                if (u <= 0) {
+                    pick = v;
+                    break;
+                }
+            }
+            ids[i + 1] = pick;
+        }
+        double pd = ppl(eng, ids, n);
+        pi2_engine_set_dense(eng, false);
+        pi2_engine_stats_reset(eng);
+        double ps = ppl(eng, ids, n);
+        pi2_engine_stats st;
+        pi2_engine_stats_get(eng, &st);
+        double pf = (double)st.predicted / (double)st.neurons, af = (double)st.active / (double)st.neurons;
+        fprintf(stderr, "  %s (%s): perplexity dense %.4f sparse %.4f (%+.3f%%); predicted %.3f active %.3f\n",
+                kind_name[k], pi2_engine_sparsity(eng), pd, ps, 100 * (ps / pd - 1), pf, af);
+        assert_true(fabs(ps / pd - 1) < 0.01);
+        if (k != K_SILU)
+            assert_true(pf < 0.5); /* predictors really skip neurons */
+        else
+            assert_true(af < 0.9); /* the threshold skips down columns */
+        if (k != K_MOE) /* toy experts are smaller than their f32 predictors */
+            assert_true(st.weight_bytes / st.tokens < pi2_engine_dense_bytes(eng));
+        free(lg);
+        pi2_engine_close(eng);
+    }
+}
+
+/* ---- thread counts and kernel paths ---- */
+
+static void run_logits(const char *path, int threads, bool dense, float *out, int n)
+{
+    pi2_engine *eng = open_model(path, threads, dense);
+    const pi2_model_desc *d = pi2_engine_desc(eng);
+    int32_t ids[48];
+    make_seq(ids, n, d->vocab, 3);
+    pi2_err e = {0};
+    assert_int_equal(pi2_engine_prefill(eng, ids, n / 2, 0, out, &e), 0);
+    for (int i = n / 2; i < n; i++)
+        assert_int_equal(pi2_engine_decode(eng, ids[i], i, out, &e), 0);
+    pi2_engine_close(eng);
+}
+
+static void test_threads_and_isa(void **state)
+{
+    (void)state;
+    for (int k = 0; k < K_COUNT; k++) {
+        int V = 2048;
+        float *a = calloc(V, sizeof(float)), *b = calloc(V, sizeof(float)), *c = calloc(V, sizeof(float));
+        run_logits(g_pi2[k], 1, false, a, 48);
+        run_logits(g_pi2[k], 3, false, b, 48);
+        assert_int_equal(pi2_q_set_isa(PI2_ISA_SCALAR), 0);
+        run_logits(g_pi2[k], 2, false, c, 48);
+        pi2_q_set_isa(pi2_q_isa_best());
+        double r1 = max_diff(a, b, V) / max_abs(a, V), r2 = max_diff(a, c, V) / max_abs(a, V);
+        fprintf(stderr, "  %s: 1 vs 3 threads rel %.2e, %s vs scalar rel %.2e\n", kind_name[k], r1,
+                pi2_q_isa_name(pi2_q_isa_best()), r2);
+        assert_true(r1 < 1e-4);
+        assert_true(r2 < 1e-4);
+        free(a);
+        free(b);
+        free(c);
+    }
+}
+
+/* ---- trust ---- */
+
+static int try_open(const char *path, const pi2_sign_key *key, bool trust, pi2_err *e)
+{
+    pi2_engine_opts o;
+    pi2_engine_defaults(&o);
+    o.path = path;
+    o.pubkey = key;
+    o.trust_unsigned = trust;
+    o.threads = 1;
+    o.ctx = 16;
+    pi2_engine *eng = NULL;
+    pi2_err le = {0}; /* first error wins: a fresh one per call */
+    int rc = pi2_engine_open(&eng, &o, &le);
+    pi2_engine_close(eng);
+    *e = le;
+    return rc;
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    pi2_err e = {0};
+    assert_int_equal(pi2_read_file(from, (size_t)1 << 30, &buf, &n, &e), 0);
+    pi2t_write(to, buf, n);
+    free(buf);
+}
+
+static void flip_byte(const char *path, uint64_t off)
+{
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t c;
+    assert_int_equal(pread(fd, &c, 1, (off_t)off), 1);
+    c ^= 0x5a;
+    assert_int_equal(pwrite(fd, &c, 1, (off_t)off), 1);
+    close(fd);
+}
+
+static void test_trust(void **state)
+{
+    (void)state;
+    pi2_err e = {0};
+    assert_int_equal(try_open(g_pi2[K_DRELU], g_pubkey, false, &e), 0);
+    assert_int_equal(try_open(g_pi2[K_DRELU], g_pubkey2, false, &e), PI2_ESIG);
+    assert_int_equal(try_open(g_pi2[K_DRELU], NULL, false, &e), PI2_EINVAL);
+    assert_non_null(strstr(e.msg, "key"));
+    assert_int_equal(try_open(g_unsigned, g_pubkey, false, &e), PI2_ESIG);
+    assert_non_null(strstr(e.msg, "unsigned"));
+    assert_int_equal(try_open(g_unsigned, NULL, true, &e), 0);
+
+    /* tamper with one byte of a resident member, then of an FFN payload */
+    pi2_bundle *b = NULL;
+    pi2_bundle_open_opts bo = {.pubkey = g_pubkey};
+    assert_int_equal(pi2_bundle_open(&b, g_pi2[K_DRELU], &bo, &e), 0);
+    const pi2_ctr *c = pi2_bundle_container(b);
+    const pi2_ctr_member *attn = NULL, *ffn = NULL;
+    for (size_t i = 0; i < pi2_ctr_count(c); i++) {
+        const pi2_ctr_member *m = pi2_ctr_at(c, i);
+        if (!attn && strstr(m->name, "self_attn.q_proj") && strstr(m->name, ".q"))
+            attn = m;
+        if (!ffn && strncmp(m->name, "ffn/", 4) == 0)
+            ffn = m;
+    }
+    assert_non_null(attn);
+    assert_non_null(ffn);
+    uint64_t off_attn = attn->offset + attn->size / 2, off_ffn = ffn->offset + 7;
+    pi2_bundle_close(b);
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/bad.pi2", g_dir);
+    copy_file(g_pi2[K_DRELU], bad);
+    flip_byte(bad, off_attn);
+    assert_int_equal(try_open(bad, g_pubkey, false, &e), PI2_ESIG);
+    assert_non_null(strstr(e.msg, "q_proj"));
+    copy_file(g_pi2[K_DRELU], bad);
+    flip_byte(bad, off_ffn);
+    assert_int_equal(try_open(bad, g_pubkey, false, &e), PI2_ESIG);
+    assert_non_null(strstr(e.msg, "ffn/"));
+    /* truncated file */
+    copy_file(g_pi2[K_DRELU], bad);
+    assert_int_equal(truncate(bad, 10000), 0);
+    assert_int_not_equal(try_open(bad, g_pubkey, false, &e), 0);
+    assert_non_null(strstr(e.msg, "bad.pi2"));
+    /* not a container at all; a converted (unbundled) model */
+    pi2t_write(bad, "hello", 5);
+    assert_int_not_equal(try_open(bad, g_pubkey, false, &e), 0);
+    assert_int_not_equal(try_open(g_conv[K_DRELU], g_pubkey, false, &e), 0);
+    assert_non_null(strstr(e.msg, "pi2-bundle"));
+    unlink(bad);
+}
+
+/* ---- bad calls ---- */
+
+static void test_bad_calls(void **state)
+{
+    (void)state;
+    pi2_engine *eng = open_model(g_pi2[K_DRELU], 2, false);
+    const pi2_model_desc *d = pi2_engine_desc(eng);
+    float *lg = malloc(sizeof(float) * d->vocab);
+    pi2_err e = {0};
+    assert_int_equal(pi2_engine_decode(eng, d->vocab, 0, lg, &e), PI2_ERANGE);
+    assert_int_equal(pi2_engine_decode(eng, -1, 0, lg, &e), PI2_ERANGE);
+    assert_int_equal(pi2_engine_decode(eng, 5, 1, lg, &e), PI2_ERANGE); /* skips position 0 */
+    assert_int_equal(pi2_engine_set_ctx(eng, 8, &e), 0);
+    int32_t ids[9] = {1, 5, 6, 7, 8, 9, 10, 11, 12};
+    assert_int_equal(pi2_engine_prefill(eng, ids, 9, 0, lg, &e), PI2_ERANGE);
+    assert_int_equal(pi2_engine_prefill(eng, ids, 8, 0, lg, &e), 0);
+    assert_int_equal(pi2_engine_set_ctx(eng, d->max_pos + 1, &e), PI2_ERANGE);
+    free(lg);
+    pi2_engine_close(eng);
+}
+
+/* ---- golden: tinystories-656k at q8, dense ---- */
+
+static void golden(const char *name, pi2_qtype qffn, bool must_agree)
+{
+    char dir[1024], path[1200];
+    PI2T_SHARED_MODEL(dir, name);
+    snprintf(path, sizeof path, "%s/EXPECTED.json", dir);
+    json_t *exp = load_json(path);
+    json_t *cases = json_object_get(exp, "cases");
+    pi2_err e = {0};
+    char conv[160], out[160];
+    snprintf(conv, sizeof conv, "%s/%s.pi2c", g_dir, name);
+    snprintf(out, sizeof out, "%s/%s.pi2", g_dir, name);
+    pi2_convert_opts co;
+    pi2_convert_defaults(&co);
+    co.model_dir = dir;
+    co.out_path = conv;
+    co.calib_tokens = 512;
+    co.quiet = true;
+    co.threads = 2;
+    co.q_ffn = qffn;
+    co.q_other = PI2_QT_Q8;
+    if (pi2_convert(&co, NULL, &e))
+        fail_msg("convert: %s", e.msg);
+    pi2_bundle_opts bo;
+    pi2_bundle_defaults(&bo);
+    bo.in_path = conv;
+    bo.out_path = out;
+    bo.key = g_key;
+    bo.quiet = true;
+    if (pi2_bundle_create(&bo, NULL, &e))
+        fail_msg("bundle: %s", e.msg);
+    pi2_engine *eng = open_model(out, 2, true);
+    const pi2_model_desc *d = pi2_engine_desc(eng);
+    float *lg = malloc(sizeof(float) * d->vocab);
+    for (size_t ci = 0; ci < json_array_size(cases); ci++) {
+        json_t *c = json_array_get(cases, ci);
+        json_t *p = json_object_get(c, "prompt_ids"), *g = json_object_get(c, "generated_ids");
+        size_t np = json_array_size(p), ng = json_array_size(g);
+        int32_t ids[512];
+        ids[0] = 1;
+        for (size_t i = 0; i < np; i++)
+            ids[i + 1] = (int32_t)jint(p, i);
+        assert_int_equal(pi2_engine_prefill(eng, ids, (int)np + 1, 0, lg, &e), 0);
+        size_t agree = 0;
+        int pos = (int)np + 1;
+        for (size_t s = 0; s < ng; s++) {
+            int next = argmax(lg, d->vocab);
+            if (next != jint(g, s))
+                break;
+            agree++;
+            if (s + 1 < ng)
+                assert_int_equal(pi2_engine_decode(eng, next, pos++, lg, &e), 0);
+        }
+        fprintf(stderr, "  %s q8 case %zu: %zu/%zu greedy ids as expected\n", name, ci, agree, ng);
+        if (must_agree && agree < (ng < 16 ? ng : 16))
+            fail_msg("%s case %zu diverges at step %zu (< 16)", name, ci, agree);
+    }
+    free(lg);
+    pi2_engine_close(eng);
+    json_decref(exp);
+}
+
+static void test_golden_tinystories(void **state)
+{
+    (void)state;
+    golden("tinystories-656k", PI2_QT_Q8, true);
+}
+
+static void test_golden_tinystories_drelu(void **state)
+{
+    (void)state;
+    golden("tinystories-656k-drelu", PI2_QT_Q8, false); /* report only: not required */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_dense_vs_reference, reset_isa),
+        cmocka_unit_test_teardown(test_prefill_vs_decode, reset_isa),
+        cmocka_unit_test_teardown(test_sparse_vs_dense, reset_isa),
+        cmocka_unit_test_teardown(test_threads_and_isa, reset_isa),
+        cmocka_unit_test_teardown(test_trust, reset_isa),
+        cmocka_unit_test_teardown(test_bad_calls, reset_isa),
+        cmocka_unit_test_teardown(test_golden_tinystories, reset_isa),
+        cmocka_unit_test_teardown(test_golden_tinystories_drelu, reset_isa),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,1163 @@
+/* Runtime kernels (contract in kernels.h). Each kernel has a scalar twin
+ * (plain loops; for the quantized rows they are formats/quant.c's own
+ * reference loops) and x86 SIMD variants compiled with target attributes
+ * and picked per call from pi2_q_get_isa() or the forced `isa`.
+ *
+ * ---- Forced ISA ----
+ * The *_isa variants run the path asked for when this CPU supports it and
+ * the scalar twin otherwise (never an illegal instruction). F32 weight rows
+ * always take the scalar twin: the SIMD kernels are for Q4 and Q8.
+ *
+ * ---- matmul: why it is shaped like this ----
+ * One 32-block of one row against one token is 32 MACs, which vpmaddubsw +
+ * vpmaddwd (or one vpdpbusd) do in one instruction pair; what costs is
+ * everything around it: unpacking nibbles, reducing the product lanes,
+ * converting to float, forming the combined scale and the FMA. So:
+ *   - Prefill tiles are 4 rows x 4 tokens. The tokens' activation blocks
+ *     are shared by the rows; a row's block is unpacked once per tile, or,
+ *     when 3+ token groups share a row tile, once per call into a stack
+ *     buffer (q4_unpack_rows) that every group then reads.
+ *   - A (row, block)'s 4 per-token products are folded by unpack + add into
+ *     one vector [t0 t1 t2 t3 | t0 t1 t2 t3] (one 128-bit half per half
+ *     block), and two blocks' folds are completed into [block b: t0..t3 |
+ *     block b+1: t0..t3] with vpblendd + vperm2i128 + add. So each lane is
+ *     one exact integer block dot and the float stage (cvt, scale multiply,
+ *     FMA) runs once per 8 dots. For Q4 on AVX2 all of that runs on the
+ *     int16 vpmaddubsw output (|pair| <= 2*15*127; a block's half sums stay
+ *     below 2^15), and a single vpmaddwd per 8 dots widens it.
+ *   - Decode (T = 1) is 4 rows x 1 token, folding 8 consecutive blocks the
+ *     same way (lanes are blocks: scales load as 8 contiguous fp16 and 8
+ *     contiguous floats). Batches under 4 tokens and a lone 4k+1-th token
+ *     run as decode; 2 or 3 left-over tokens form a padded group.
+ *   - Q4's (q - 8) offset is applied as 8 * sum(a) per block in int32, from
+ *     the sums pi2_k_act_quantize writes. Q8 on AVX2 uses the sign trick
+ *     (|w| unsigned x sign(a, w)); on VNNI it multiplies (w + 128) unsigned
+ *     by a and subtracts 128 * sum(a), so no per-token sign operation.
+ *   - Per (token group, block pair) scale and offset vectors are gathered
+ *     once per call into a stack table (k_tok4); blocks are processed in
+ *     chunks that keep that table at 32 KiB, and each chunk's partial dot
+ *     is added into out. Rows and tokens past the end of a tile repeat the
+ *     last valid row/token and their results are dropped.
+ *   - Two rows are interleaved statement by statement: each row's block is
+ *     a ~25-cycle dependency chain, and one row at a time in program order
+ *     fills the out-of-order window with waiting instructions.
+ * Each lane accumulates at most nb/2 terms (plus the chunk and final
+ * additions), within kernels.h's bound.
+ *
+ * ---- axpy ----
+ * Rows with coef != 0 are taken in groups of 8; for each 32-float output
+ * block the group's rows are FMAed into 4 (AVX2) or 2 (AVX-512) registers
+ * between one load and one store. Each row's block scale is pre-multiplied
+ * by coef (c*d, rounded once); Q4 nibbles are converted unsigned and the
+ * -8 offset is added once per block and group as -8 * sum_r c_r*d_r. So
+ * a SIMD result differs from the scalar twin (out += c * (w * d) per row,
+ * in row order) by rounding only: at most (3m + 8) * 2^-24 *
+ * (|out| + Q * sum_r |c_r * d_r|) for m nonzero rows, Q = 24 (Q4) or 128
+ * (Q8) (the tests check this). dequant_rows is exact on every path (the
+ * values q * d are exact floats).
+ */
+#include "runtime/kernels.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PI2_K_X86 1
+#include <immintrin.h>
+#endif
+
+#define QG PI2_Q_GROUP
+
+/* ---- activations ---- */
+
+void pi2_k_act_quantize(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q, int32_t *sums)
+{
+    assert(n % QG == 0 && T >= 0);
+    int64_t nb = n / QG;
+    for (int t = 0; t < T; t++) {
+        int8_t *qt = q + (int64_t)t * n;
+        pi2_q8act_quantize(x + (int64_t)t * ldx, n, scales + (int64_t)t * nb, qt);
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t s = 0;
+            for (int j = 0; j < QG; j++)
+                s += qt[b * QG + j];
+            sums[(int64_t)t * nb + b] = s;
+        }
+    }
+}
+
+/* ---- scalar twins ---- */
+
+static void matmul_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                          const float *ascales, const int8_t *aq, int T, float *out, int64_t ldo)
+{
+    int64_t nb = n / QG;
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < nrows; r++)
+            out[t * ldo + r] = pi2_q_dot_q8act_scalar(wt, ws[r], wp[r], ascales + t * nb, aq + t * n, n);
+}
+
+static void axpy_scalar(pi2_qtype wt, int64_t n, int nrows, const float *coef, const uint8_t *const *wp,
+                        const uint16_t *const *ws, float *out)
+{
+    for (int r = 0; r < nrows; r++)
+        if (coef[r] != 0.0f)
+            pi2_q_axpy_row(wt, coef[r], ws[r], wp[r], n, out);
+}
+
+static void dequant_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                           float *dst)
+{
+    for (int r = 0; r < nrows; r++)
+        pi2_q_dequantize_row(wt, ws[r], wp[r], n, dst + (int64_t)r * n);
+}
+
+static void sgemv_scalar(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
+{
+    for (int r = 0; r < nrows; r++) {
+        const float *w = W + (int64_t)r * ldw;
+        float s = 0.0f;
+        for (int64_t j = 0; j < n; j++)
+            s += w[j] * x[j];
+        out[r] = s;
+    }
+}
+
+#ifdef PI2_K_X86
+
+/* ---- ISA selection ---- */
+
+/* Bit i set when pi2_isa i runs here; computed once (cpuid is slow in a VM
+ * and the *_isa variants check on every call). Racing first calls store
+ * the same value. */
+static _Atomic int g_isa_mask = -1;
+
+static bool isa_ok(pi2_isa isa)
+{
+    int m = atomic_load_explicit(&g_isa_mask, memory_order_relaxed);
+    if (m < 0) {
+        m = 0;
+        for (int i = PI2_ISA_SCALAR; i <= PI2_ISA_AVX512; i++)
+            if (pi2_q_isa_supported((pi2_isa)i))
+                m |= 1 << i;
+        atomic_store_explicit(&g_isa_mask, m, memory_order_relaxed);
+    }
+    return (unsigned)isa <= PI2_ISA_AVX512 && (m >> isa & 1);
+}
+
+/* The path a forced call runs: `isa` if supported, else scalar. */
+static pi2_isa isa_pick(pi2_isa isa) { return isa_ok(isa) ? isa : PI2_ISA_SCALAR; }
+
+/* ---- x86 building blocks ---- */
+
+#define PI2_T_AVX2 __attribute__((target("avx2,fma,f16c")))
+/* VL: 256-bit vpdpbusd and EVEX forms of 256-bit moves (see quant.c). */
+#define PI2_T_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+/* Per (token group of 4, pair of blocks b, b + 1): the tokens' activation
+ * scales and int32 offsets (corr * sum of the block's q; see the products
+ * below), lanes [b: t0..t3 | b + 1: t0..t3]. 64 bytes. */
+typedef struct k_tok4 {
+    float as[8];
+    int32_t corr[8];
+} k_tok4;
+
+enum {
+    K_PREP_CAP = 512, /* k_tok4 entries on the stack: 32 KiB */
+    K_CHUNK_MAX = 64, /* blocks per chunk (4-row tables: scales 4 KiB, nibbles 8 KiB) */
+    K_AXPY_ROWS = 8,   /* rows per axpy group */
+    K_AXPY_CHUNK = 128 /* blocks per axpy chunk (scale table 4 KiB) */
+};
+
+PI2_T_AVX2 static inline __m256i ld256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* 16 Q4 bytes -> the group's 32 nibbles in element order (byte j: element
+ * j low, j + 16 high): both 128-bit halves get the bytes, the upper half is
+ * shifted right by 4 within its 64-bit lanes, and the mask drops the bits
+ * that crossed bytes. */
+PI2_T_AVX2 static inline __m256i q4_nibbles(const uint8_t *p)
+{
+    __m256i raw = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p));
+    return _mm256_and_si256(_mm256_srlv_epi64(raw, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0f));
+}
+
+/* Per-(weight block, activation block) products for the tiles below, as
+ * 32-bit lanes [e0 e1 e2 e3 | e4 e5 e6 e7] (ei: the sum over bytes 4i..4i+3)
+ * that the tiles fold with unpack + add (ADDP) and finish (FIN):
+ *   AVX2 Q4  vpmaddubsw of nibbles u and a: int16 pairs (|pair| <= 2*15*127),
+ *            folded as int16 and widened once by vpmaddwd(1) (FIN);
+ *   AVX2 Q8  |w| x sign(a, w) (pairs <= 2*128*127 cannot saturate), widened
+ *            per product;
+ *   VNNI     vpdpbusd: Q4 nibbles x a; Q8 (w + 128) as unsigned x a. */
+PI2_T_AVX2 static inline __m256i prod_q8_avx2(__m256i w, __m256i a)
+{
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+PI2_T_AVX512 static inline __m256i prod_u8_vnni(__m256i u, __m256i a)
+{
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, a);
+}
+
+PI2_T_AVX512 static inline __m256i prod_q8_vnni(__m256i w, __m256i a)
+{
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(w, _mm256_set1_epi8(-128)), a);
+}
+
+PI2_T_AVX2 static inline __m256i fin_madd1(__m256i x) { return _mm256_madd_epi16(x, _mm256_set1_epi16(1)); }
+PI2_T_AVX2 static inline __m256i fin_id(__m256i x) { return x; }
+
+/* res[0..4) = the two 128-bit halves of v added. */
+PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
+{
+    _mm_storeu_ps(res, _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+}
+
+/* Sum of 8 floats. */
+PI2_T_AVX2 static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* dst[i] = fp16 h[i] as float (exact), i < n. */
+PI2_T_AVX2 static void cvt_scales(const uint16_t *h, int64_t n, float *dst)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(h + i))));
+    for (; i < n; i++)
+        dst[i] = _cvtsh_ss(h[i]);
+}
+
+/* ---- matmul tiles ----
+ *
+ * Products of one row with 4 activation blocks are folded (unpack + add) into
+ * [x0 x1 x2 x3 | x0 x1 x2 x3]: lane i of each 128-bit half sums product i's
+ * lanes of that half. Two such folds X, Y are then completed (K_PAIR)
+ * into [X.lo + X.hi | Y.hi + Y.lo], one vpblendd, one vperm2i128 and one
+ * add, so every lane holds one block's exact integer dot (for Q4 on AVX2
+ * still as two int16 halves, which FIN adds). The float stage then runs
+ * once per 8 (row, block, token) dots.
+ *
+ * t4: 4 rows x 4 tokens; the pair of blocks (b, b + 1) gives lanes
+ *     [b: t0..t3 | b + 1: t0..t3]. w[k]: row k's blocks at the chunk start
+ *     (Q4: unpacked nibbles, 32 bytes per block); wsp[k * 8 * kp + 8 * p]:
+ *     its scales for pair p as [d_b x4 | d_b+1 x4]; a[j]: token j's int8
+ *     activations at the chunk start; pre[p]: the tokens' scales and
+ *     offsets for pair p. An odd last block pairs with zeros.
+ *     res[k * 4 + j] = the chunk's dot of row k with token j.
+ * t1: 4 rows x 1 token, 8 blocks per step (lanes are blocks b..b+7); the
+ *     last nb % 8 blocks run once more from zero-padded copies.
+ *     res[k] = the dot of row k. */
+
+#define K_PAIR(x, y, ADDP) ADDP(_mm256_blend_epi32((x), (y), 0xf0), _mm256_permute2x128_si256((x), (y), 0x21))
+
+/* Rows kx, ky of t4 (interleaved) against the 4 tokens' block blk: folds
+ * into vx, vy. */
+#define K_T4_BLOCK(vx, vy, kx, ky, blk, LOADW, PROD, ADDP, GB)                                          \
+    do {                                                                                               \
+        __m256i a0_ = ld256(a[0] + (blk) * QG), a1_ = ld256(a[1] + (blk) * QG);                        \
+        __m256i ux_ = LOADW(w[kx] + (blk) * (GB)), uy_ = LOADW(w[ky] + (blk) * (GB));                  \
+        __m256i px0_ = PROD(ux_, a0_), py0_ = PROD(uy_, a0_), px1_ = PROD(ux_, a1_), py1_ = PROD(uy_, a1_); \
+        __m256i sx01_ = ADDP(_mm256_unpacklo_epi32(px0_, px1_), _mm256_unpackhi_epi32(px0_, px1_));    \
+        __m256i sy01_ = ADDP(_mm256_unpacklo_epi32(py0_, py1_), _mm256_unpackhi_epi32(py0_, py1_));    \
+        __m256i a2_ = ld256(a[2] + (blk) * QG), a3_ = ld256(a[3] + (blk) * QG);                        \
+        __m256i px2_ = PROD(ux_, a2_), py2_ = PROD(uy_, a2_), px3_ = PROD(ux_, a3_), py3_ = PROD(uy_, a3_); \
+        __m256i sx23_ = ADDP(_mm256_unpacklo_epi32(px2_, px3_), _mm256_unpackhi_epi32(px2_, px3_));    \
+        __m256i sy23_ = ADDP(_mm256_unpacklo_epi32(py2_, py3_), _mm256_unpackhi_epi32(py2_, py3_));    \
+        vx = ADDP(_mm256_unpacklo_epi64(sx01_, sx23_), _mm256_unpackhi_epi64(sx01_, sx23_));           \
+        vy = ADDP(_mm256_unpacklo_epi64(sy01_, sy23_), _mm256_unpackhi_epi64(sy01_, sy23_));           \
+    } while (0)
+
+/* Rows kx, ky against pair p (blocks 2p and, if TWO, 2p + 1). */
+#define K_T4_ROWS(accx, accy, kx, ky, p, TWO, LOADW, PROD, ADDP, FIN, GB, CORR)                        \
+    do {                                                                                               \
+        __m256i xb_, yb_, xc_ = _mm256_setzero_si256(), yc_ = xc_;                                     \
+        K_T4_BLOCK(xb_, yb_, kx, ky, 2 * (p), LOADW, PROD, ADDP, GB);                                  \
+        if (TWO)                                                                                       \
+            K_T4_BLOCK(xc_, yc_, kx, ky, 2 * (p) + 1, LOADW, PROD, ADDP, GB);                          \
+        __m256i dx_ = FIN(K_PAIR(xb_, xc_, ADDP)), dy_ = FIN(K_PAIR(yb_, yc_, ADDP));                  \
+        if (CORR) {                                                                                    \
+            __m256i c_ = ld256(pre[p].corr);                                                           \
+            dx_ = _mm256_sub_epi32(dx_, c_);                                                           \
+            dy_ = _mm256_sub_epi32(dy_, c_);                                                           \
+        }                                                                                              \
+        __m256 as_ = _mm256_loadu_ps(pre[p].as);                                                       \
+        __m256 sx_ = _mm256_mul_ps(_mm256_loadu_ps(wsp + (kx) * 8 * kp + 8 * (p)), as_);               \
+        __m256 sy_ = _mm256_mul_ps(_mm256_loadu_ps(wsp + (ky) * 8 * kp + 8 * (p)), as_);               \
+        accx = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dx_), sx_, accx);                                    \
+        accy = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dy_), sy_, accy);                                    \
+    } while (0)
+
+#define K_DEF_T4(name, TGT, LOADW, PROD, ADDP, FIN, GB, CORR)                                                     \
+    TGT static void name(const uint8_t *const w[4], const float *wsp, int64_t kb, const int8_t *const a[4],      \
+                         const k_tok4 *pre, float res[16])                                                       \
+    {                                                                                                            \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                \
+        int64_t kp = (kb + 1) / 2, p = 0;                                                                        \
+        for (; p < kb / 2; p++) {                                                                                \
+            K_T4_ROWS(acc0, acc1, 0, 1, p, 1, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
+            K_T4_ROWS(acc2, acc3, 2, 3, p, 1, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
+        }                                                                                                        \
+        if (p < kp) {                                                                                            \
+            K_T4_ROWS(acc0, acc1, 0, 1, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
+            K_T4_ROWS(acc2, acc3, 2, 3, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
+        }                                                                                                        \
+        fold_store4(acc0, res);                                                                                  \
+        fold_store4(acc1, res + 4);                                                                              \
+        fold_store4(acc2, res + 8);                                                                              \
+        fold_store4(acc3, res + 12);                                                                             \
+    }
+
+/* Rows x, y of t1 against 4 blocks (activations at ab): folds into vx, vy. */
+#define K_T1_QUAD(vx, vy, wx, wy, ab, LOADW, PROD, ADDP, GB)                                            \
+    do {                                                                                               \
+        __m256i a0_ = ld256((ab)), a1_ = ld256((ab) + QG), a2_ = ld256((ab) + 2 * QG), a3_ = ld256((ab) + 3 * QG); \
+        __m256i px0_ = PROD(LOADW((wx)), a0_), py0_ = PROD(LOADW((wy)), a0_);                          \
+        __m256i px1_ = PROD(LOADW((wx) + (GB)), a1_), py1_ = PROD(LOADW((wy) + (GB)), a1_);            \
+        __m256i sx01_ = ADDP(_mm256_unpacklo_epi32(px0_, px1_), _mm256_unpackhi_epi32(px0_, px1_));    \
+        __m256i sy01_ = ADDP(_mm256_unpacklo_epi32(py0_, py1_), _mm256_unpackhi_epi32(py0_, py1_));    \
+        __m256i px2_ = PROD(LOADW((wx) + 2 * (GB)), a2_), py2_ = PROD(LOADW((wy) + 2 * (GB)), a2_);    \
+        __m256i px3_ = PROD(LOADW((wx) + 3 * (GB)), a3_), py3_ = PROD(LOADW((wy) + 3 * (GB)), a3_);    \
+        __m256i sx23_ = ADDP(_mm256_unpacklo_epi32(px2_, px3_), _mm256_unpackhi_epi32(px2_, px3_));    \
+        __m256i sy23_ = ADDP(_mm256_unpacklo_epi32(py2_, py3_), _mm256_unpackhi_epi32(py2_, py3_));    \
+        vx = ADDP(_mm256_unpacklo_epi64(sx01_, sx23_), _mm256_unpackhi_epi64(sx01_, sx23_));           \
+        vy = ADDP(_mm256_unpacklo_epi64(sy01_, sy23_), _mm256_unpackhi_epi64(sy01_, sy23_));           \
+    } while (0)
+
+/* Rows x, y of t1 against 8 blocks: weights at wx, wy, fp16 scales at sx,
+ * sy; activations at ab, their scales asv and offsets corr (registers). */
+#define K_T1_ROWS(accx, accy, wx, wy, sx, sy, ab, LOADW, PROD, ADDP, FIN, GB, CSH)                     \
+    do {                                                                                               \
+        __m256i xa_, ya_, xb_, yb_;                                                                    \
+        K_T1_QUAD(xa_, ya_, (wx), (wy), (ab), LOADW, PROD, ADDP, GB);                                  \
+        K_T1_QUAD(xb_, yb_, (wx) + 4 * (GB), (wy) + 4 * (GB), (ab) + 4 * QG, LOADW, PROD, ADDP, GB);   \
+        __m256i dx_ = FIN(K_PAIR(xa_, xb_, ADDP)), dy_ = FIN(K_PAIR(ya_, yb_, ADDP));                  \
+        if ((CSH) > 0) {                                                                               \
+            dx_ = _mm256_sub_epi32(dx_, corr);                                                         \
+            dy_ = _mm256_sub_epi32(dy_, corr);                                                         \
+        }                                                                                              \
+        __m256 sx_ = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sx)));            \
+        __m256 sy_ = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sy)));            \
+        accx = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dx_), _mm256_mul_ps(sx_, asv), accx);                \
+        accy = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dy_), _mm256_mul_ps(sy_, asv), accy);                \
+    } while (0)
+
+/* The 8-block step for all 4 rows: activations at ab, scales at asb, sums
+ * at sb; rows wq_k, scales sq_k. */
+#define K_T1_STEP(ab, asb, sb, wq0, wq1, wq2, wq3, sq0, sq1, sq2, sq3, LOADW, PROD, ADDP, FIN, GB, CSH)         \
+    do {                                                                                                       \
+        __m256 asv = _mm256_loadu_ps((asb));                                                                   \
+        __m256i corr = _mm256_slli_epi32(ld256((sb)), (CSH));                                                  \
+        K_T1_ROWS(acc0, acc1, wq0, wq1, sq0, sq1, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                        \
+        K_T1_ROWS(acc2, acc3, wq2, wq3, sq2, sq3, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                        \
+    } while (0)
+
+#define K_DEF_T1(name, TGT, LOADW, PROD, ADDP, FIN, GB, CSH)                                                      \
+    TGT static void name(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb, const int8_t *a,     \
+                         const float *as, const int32_t *sums, const uint8_t *const wn[4], float res[4])          \
+    {                                                                                                            \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                \
+        int64_t b = 0;                                                                                           \
+        for (; b + 8 <= nb; b += 8) {                                                                            \
+            for (int k_ = 0; k_ < 4; k_++)                                                                       \
+                for (int l_ = 0; l_ < 8 * (GB); l_ += 64)                                                        \
+                    _mm_prefetch((const char *)(wn[k_] + b * (GB) + l_), _MM_HINT_T0);                          \
+            K_T1_STEP(a + b * QG, as + b, sums + b, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),            \
+                      w[3] + b * (GB), s[0] + b, s[1] + b, s[2] + b, s[3] + b, LOADW, PROD, ADDP, FIN, GB, CSH);  \
+        }                                                                                                        \
+        if (b < nb) { /* 1..7 blocks left: zero-padded copies contribute 0 * 0 */                                \
+            int64_t m = nb - b;                                                                                  \
+            int8_t ta[8 * QG] = {0};                                                                             \
+            float tas[8] = {0};                                                                                  \
+            int32_t tsum[8] = {0};                                                                               \
+            uint8_t tw[4][8 * (GB)] = {{0}};                                                                     \
+            uint16_t tsc[4][8] = {{0}};                                                                          \
+            memcpy(ta, a + b * QG, (size_t)m * QG);                                                              \
+            memcpy(tas, as + b, (size_t)m * sizeof(float));                                                      \
+            memcpy(tsum, sums + b, (size_t)m * sizeof(int32_t));                                                 \
+            for (int k = 0; k < 4; k++) {                                                                        \
+                memcpy(tw[k], w[k] + b * (GB), (size_t)m * (GB));                                                \
+                memcpy(tsc[k], s[k] + b, (size_t)m * sizeof(uint16_t));                                          \
+            }                                                                                                    \
+            K_T1_STEP(ta, tas, tsum, tw[0], tw[1], tw[2], tw[3], tsc[0], tsc[1], tsc[2], tsc[3], LOADW, PROD,    \
+                      ADDP, FIN, GB, CSH);                                                                       \
+        }                                                                                                        \
+        res[0] = hsum8(acc0);                                                                                    \
+        res[1] = hsum8(acc1);                                                                                    \
+        res[2] = hsum8(acc2);                                                                                    \
+        res[3] = hsum8(acc3);                                                                                    \
+    }
+
+/* Offsets (see the products above): Q4 subtracts 8 * sum(a) (t1 shift 3),
+ * VNNI Q8 128 * sum(a) (shift 7), AVX2 Q8 nothing. t4's Q4 tiles read
+ * nibbles unpacked by q4_unpack_rows (32 bytes per block). */
+K_DEF_T4(mm_t4_q4_avx2, PI2_T_AVX2, ld256, _mm256_maddubs_epi16, _mm256_add_epi16, fin_madd1, QG, 1)
+K_DEF_T4(mm_t4_q4raw_avx2, PI2_T_AVX2, q4_nibbles, _mm256_maddubs_epi16, _mm256_add_epi16, fin_madd1,
+         PI2_Q4_GROUP_BYTES, 1)
+K_DEF_T4(mm_t4_q8_avx2, PI2_T_AVX2, ld256, prod_q8_avx2, _mm256_add_epi32, fin_id, PI2_Q8_GROUP_BYTES, 0)
+K_DEF_T4(mm_t4_q4_vnni, PI2_T_AVX512, ld256, prod_u8_vnni, _mm256_add_epi32, fin_id, QG, 1)
+K_DEF_T4(mm_t4_q4raw_vnni, PI2_T_AVX512, q4_nibbles, prod_u8_vnni, _mm256_add_epi32, fin_id, PI2_Q4_GROUP_BYTES, 1)
+K_DEF_T4(mm_t4_q8_vnni, PI2_T_AVX512, ld256, prod_q8_vnni, _mm256_add_epi32, fin_id, PI2_Q8_GROUP_BYTES, 1)
+K_DEF_T1(mm_t1_q4_avx2, PI2_T_AVX2, q4_nibbles, _mm256_maddubs_epi16, _mm256_add_epi16, fin_madd1,
+         PI2_Q4_GROUP_BYTES, 3)
+K_DEF_T1(mm_t1_q8_avx2, PI2_T_AVX2, ld256, prod_q8_avx2, _mm256_add_epi32, fin_id, PI2_Q8_GROUP_BYTES, 0)
+K_DEF_T1(mm_t1_q4_vnni, PI2_T_AVX512, q4_nibbles, prod_u8_vnni, _mm256_add_epi32, fin_id, PI2_Q4_GROUP_BYTES, 3)
+K_DEF_T1(mm_t1_q8_vnni, PI2_T_AVX512, ld256, prod_q8_vnni, _mm256_add_epi32, fin_id, PI2_Q8_GROUP_BYTES, 7)
+
+typedef void (*k_t4_fn)(const uint8_t *const w[4], const float *wsp, int64_t kb, const int8_t *const a[4],
+                        const k_tok4 *pre, float res[16]);
+typedef void (*k_t1_fn)(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb, const int8_t *a,
+                        const float *as, const int32_t *sums, const uint8_t *const wn[4], float res[4]);
+
+typedef struct k_mm_ops {
+    k_t4_fn t4;    /* on payload rows, or (Q4) on rows unpacked by q4_unpack_rows */
+    k_t4_fn t4raw; /* Q4 on payload rows, for few token groups (NULL: t4 is) */
+    k_t1_fn t1;
+    int32_t corr; /* k_tok4 offset: corr * sum(a) per block */
+    int64_t gb;   /* payload bytes per block */
+} k_mm_ops;
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* dst[b * 32 ..] = the nibbles of Q4 block b of p, b < kb: a row tile is
+ * unpacked once per chunk and then read by every token group. */
+PI2_T_AVX2 static void q4_unpack_rows(const uint8_t *p, int64_t kb, uint8_t *dst)
+{
+    for (int64_t b = 0; b < kb; b++)
+        _mm256_storeu_si256((__m256i *)(void *)(dst + b * QG), q4_nibbles(p + b * PI2_Q4_GROUP_BYTES));
+}
+
+/* dst[8p .. 8p + 8) = [d_2p x4 | d_2p+1 x4] for the fp16 scales h[0..kb)
+ * (d_kb = 0 when kb is odd). */
+PI2_T_AVX2 static void pair_scales(const uint16_t *h, int64_t kb, float *dst)
+{
+    int64_t b = 0;
+    for (; b + 8 <= kb; b += 8) {
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(h + b)));
+        for (int k = 0; k < 4; k++) {
+            __m256i idx = _mm256_set_epi32(2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k, 2 * k, 2 * k, 2 * k);
+            _mm256_storeu_ps(dst + 4 * b + 8 * k, _mm256_permutevar8x32_ps(d, idx));
+        }
+    }
+    for (; b < kb; b += 2) {
+        float lo = _cvtsh_ss(h[b]), hi = b + 1 < kb ? _cvtsh_ss(h[b + 1]) : 0.0f;
+        _mm256_storeu_ps(dst + 4 * b, _mm256_set_m128(_mm_set1_ps(hi), _mm_set1_ps(lo)));
+    }
+}
+
+/* Rows [0, nrows) against one token: out[r] (stride 1). Decode streams
+ * the weights once: while a row tile computes, t1 prefetches the next
+ * tile's rows at the same pace (the hardware prefetcher alone left the
+ * 4 interleaved row streams at a third of the read bandwidth). */
+static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_t *const *wp,
+                         const uint16_t *const *ws, const float *as, const int8_t *a, const int32_t *sums, float *out)
+{
+    for (int r0 = 0; r0 < nrows; r0 += 4) {
+        const uint8_t *w[4], *wn[4];
+        const uint16_t *s[4];
+        for (int k = 0; k < 4; k++) {
+            int r = r0 + k < nrows ? r0 + k : nrows - 1, rn = r0 + 4 + k < nrows ? r0 + 4 + k : nrows - 1;
+            w[k] = wp[r];
+            s[k] = ws[r];
+            wn[k] = wp[rn];
+        }
+        float res[4];
+        op->t1(w, s, nb, a, as, sums, wn, res);
+        for (int k = 0; k < 4 && r0 + k < nrows; k++)
+            out[r0 + k] = res[k];
+    }
+}
+
+/* Tokens [0, T) in groups of 4 (T >= 2; the last group repeats token T-1). */
+static void mm_groups(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                      const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
+{
+    int64_t nb = n / QG;
+    int ng = (T + 3) / 4;
+    int64_t kc = min64(2 * (K_PREP_CAP / ng), K_CHUNK_MAX); /* even */
+    /* Q4: unpack each row tile once when 3+ token groups share it */
+    bool unpack = op->t4raw && ng >= 3;
+    k_t4_fn t4 = op->t4raw && !unpack ? op->t4raw : op->t4;
+    k_tok4 pre[K_PREP_CAP];
+    float wsp[4 * 4 * K_CHUNK_MAX];
+    uint8_t wu[4 * K_CHUNK_MAX * QG];
+    for (int64_t b0 = 0; b0 < nb; b0 += kc) {
+        int64_t kb = min64(kc, nb - b0), kp = (kb + 1) / 2;
+        for (int g = 0; g < ng; g++)
+            for (int j = 0; j < 4; j++) {
+                int t = 4 * g + j < T ? 4 * g + j : T - 1;
+                for (int64_t b = 0; b < 2 * kp; b++) {
+                    k_tok4 *e = &pre[g * kp + b / 2];
+                    int i = 4 * (int)(b & 1) + j;
+                    e->as[i] = b < kb ? ascales[t * nb + b0 + b] : 0.0f;
+                    e->corr[i] = b < kb ? op->corr * asums[t * nb + b0 + b] : 0;
+                }
+            }
+        for (int r0 = 0; r0 < nrows; r0 += 4) {
+            const uint8_t *w[4];
+            for (int k = 0; k < 4; k++) {
+                int r = r0 + k < nrows ? r0 + k : nrows - 1;
+                w[k] = wp[r] + b0 * op->gb;
+                if (unpack) {
+                    q4_unpack_rows(w[k], kb, wu + k * kb * QG);
+                    w[k] = wu + k * kb * QG;
+                }
+                pair_scales(ws[r] + b0, kb, wsp + k * 8 * kp);
+            }
+            for (int g = 0; g < ng; g++) {
+                const int8_t *a[4];
+                for (int j = 0; j < 4; j++) {
+                    int t = 4 * g + j < T ? 4 * g + j : T - 1;
+                    a[j] = aq + t * n + b0 * QG;
+                }
+                float res[16];
+                t4(w, wsp, kb, a, pre + g * kp, res);
+                for (int k = 0; k < 4 && r0 + k < nrows; k++)
+                    for (int j = 0; j < 4 && 4 * g + j < T; j++) {
+                        float *o = out + (4 * g + j) * ldo + r0 + k;
+                        *o = b0 == 0 ? res[4 * k + j] : *o + res[4 * k + j];
+                    }
+            }
+        }
+    }
+}
+
+static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                    const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
+{
+    int64_t nb = n / QG;
+    /* Groups of 4 tokens, the last one padded when 2 or 3 tokens are left;
+     * a lone last token, and batches under 4 tokens, run as decode (a
+     * padded group would spend 2-4x the work). */
+    int grouped = T < 4 ? 0 : T % 4 == 1 ? T - 1 : T;
+    if (grouped > 0)
+        mm_groups(op, n, nrows, wp, ws, ascales, aq, asums, grouped, out, ldo);
+    for (int t = grouped; t < T; t++)
+        mm_one_token(op, nb, nrows, wp, ws, ascales + t * nb, aq + t * n, asums + t * nb, out + t * ldo);
+}
+
+static const k_mm_ops MM_Q4_AVX2 = {mm_t4_q4_avx2, mm_t4_q4raw_avx2, mm_t1_q4_avx2, 8, PI2_Q4_GROUP_BYTES};
+static const k_mm_ops MM_Q8_AVX2 = {mm_t4_q8_avx2, NULL, mm_t1_q8_avx2, 0, PI2_Q8_GROUP_BYTES};
+static const k_mm_ops MM_Q4_VNNI = {mm_t4_q4_vnni, mm_t4_q4raw_vnni, mm_t1_q4_vnni, 8, PI2_Q4_GROUP_BYTES};
+static const k_mm_ops MM_Q8_VNNI = {mm_t4_q8_vnni, NULL, mm_t1_q8_vnni, 128, PI2_Q8_GROUP_BYTES};
+
+/* ---- axpy ----
+ *
+ * cd[k * kb + b] = coef_k * d_kb for the group's rows over the chunk;
+ * off[b] = -8 * sum_k cd[k * kb + b] (Q4). */
+PI2_T_AVX2 static void axpy_prep(pi2_qtype wt, int R, const float *c, const uint16_t *const *s, int64_t b0,
+                                 int64_t kb, float *cd, float *off)
+{
+    for (int k = 0; k < R; k++) {
+        float *d = cd + k * kb;
+        cvt_scales(s[k] + b0, kb, d);
+        __m256 cv = _mm256_set1_ps(c[k]);
+        int64_t b = 0;
+        for (; b + 8 <= kb; b += 8)
+            _mm256_storeu_ps(d + b, _mm256_mul_ps(_mm256_loadu_ps(d + b), cv));
+        for (; b < kb; b++)
+            d[b] *= c[k];
+    }
+    if (wt == PI2_QT_Q4)
+        for (int64_t b = 0; b < kb; b++) {
+            float sum = 0.0f;
+            for (int k = 0; k < R; k++)
+                sum += cd[k * kb + b];
+            off[b] = -8.0f * sum;
+        }
+}
+
+/* 8 bytes zero- or sign-extended to int32. */
+PI2_T_AVX2 static inline __m256i ld_u8x8(const uint8_t *p)
+{
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+}
+
+PI2_T_AVX2 static inline __m256i ld_i8x8(const uint8_t *p)
+{
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+}
+
+PI2_T_AVX2 static void axpy_group_avx2(pi2_qtype wt, int R, const uint8_t *const *w, int64_t b0, int64_t kb,
+                                       const float *cd, const float *off, float *out)
+{
+    const __m256i m4 = _mm256_set1_epi32(0x0f);
+    for (int64_t b = 0; b < kb; b++) {
+        float *o = out + (b0 + b) * QG;
+        __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);
+        __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);
+        if (wt == PI2_QT_Q4) {
+            for (int k = 0; k < R; k++) {
+                const uint8_t *p = w[k] + (b0 + b) * PI2_Q4_GROUP_BYTES;
+                __m256 c = _mm256_broadcast_ss(cd + k * kb + b);
+                __m256i x0 = ld_u8x8(p), x1 = ld_u8x8(p + 8); /* bytes 0-7, 8-15 */
+                o0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x0, m4)), c, o0);   /* elements 0-7 */
+                o1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x1, m4)), c, o1);   /* 8-15 */
+                o2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x0, 4)), c, o2); /* 16-23 */
+                o3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x1, 4)), c, o3); /* 24-31 */
+            }
+            __m256 ov = _mm256_broadcast_ss(off + b);
+            o0 = _mm256_add_ps(o0, ov);
+            o1 = _mm256_add_ps(o1, ov);
+            o2 = _mm256_add_ps(o2, ov);
+            o3 = _mm256_add_ps(o3, ov);
+        } else {
+            for (int k = 0; k < R; k++) {
+                const uint8_t *p = w[k] + (b0 + b) * PI2_Q8_GROUP_BYTES;
+                __m256 c = _mm256_broadcast_ss(cd + k * kb + b);
+                o0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld_i8x8(p)), c, o0);
+                o1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld_i8x8(p + 8)), c, o1);
+                o2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld_i8x8(p + 16)), c, o2);
+                o3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld_i8x8(p + 24)), c, o3);
+            }
+        }
+        _mm256_storeu_ps(o, o0);
+        _mm256_storeu_ps(o + 8, o1);
+        _mm256_storeu_ps(o + 16, o2);
+        _mm256_storeu_ps(o + 24, o3);
+    }
+}
+
+/* The same with 16 floats per register: one zero/sign extension of 16
+ * bytes feeds a whole 512-bit register. */
+PI2_T_AVX512 static void axpy_group_avx512(pi2_qtype wt, int R, const uint8_t *const *w, int64_t b0, int64_t kb,
+                                           const float *cd, const float *off, float *out)
+{
+    const __m512i m4 = _mm512_set1_epi32(0x0f);
+    for (int64_t b = 0; b < kb; b++) {
+        float *o = out + (b0 + b) * QG;
+        __m512 o0 = _mm512_loadu_ps(o), o1 = _mm512_loadu_ps(o + 16);
+        if (wt == PI2_QT_Q4) {
+            for (int k = 0; k < R; k++) {
+                const uint8_t *p = w[k] + (b0 + b) * PI2_Q4_GROUP_BYTES;
+                __m512 c = _mm512_set1_ps(cd[k * kb + b]);
+                __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+                o0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(x, m4)), c, o0);   /* elements 0-15 */
+                o1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(x, 4)), c, o1); /* 16-31 */
+            }
+            __m512 ov = _mm512_set1_ps(off[b]);
+            o0 = _mm512_add_ps(o0, ov);
+            o1 = _mm512_add_ps(o1, ov);
+        } else {
+            for (int k = 0; k < R; k++) {
+                const uint8_t *p = w[k] + (b0 + b) * PI2_Q8_GROUP_BYTES;
+                __m512 c = _mm512_set1_ps(cd[k * kb + b]);
+                __m512i x0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+                __m512i x1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
+                o0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x0), c, o0);
+                o1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x1), c, o1);
+            }
+        }
+        _mm512_storeu_ps(o, o0);
+        _mm512_storeu_ps(o + 16, o1);
+    }
+}
+
+typedef void (*k_axpy_fn)(pi2_qtype wt, int R, const uint8_t *const *w, int64_t b0, int64_t kb, const float *cd,
+                          const float *off, float *out);
+
+static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const float *coef, const uint8_t *const *wp,
+                      const uint16_t *const *ws, float *out)
+{
+    int64_t nb = n / QG;
+    float cd[K_AXPY_ROWS * K_AXPY_CHUNK], off[K_AXPY_CHUNK];
+    int r = 0;
+    while (r < nrows) {
+        /* the next group of up to 8 rows with a nonzero coefficient */
+        float c[K_AXPY_ROWS];
+        const uint8_t *w[K_AXPY_ROWS];
+        const uint16_t *s[K_AXPY_ROWS];
+        int R = 0;
+        for (; r < nrows && R < K_AXPY_ROWS; r++)
+            if (coef[r] != 0.0f) {
+                c[R] = coef[r];
+                w[R] = wp[r];
+                s[R] = ws[r];
+                R++;
+            }
+        if (R == 0)
+            break;
+        for (int64_t b0 = 0; b0 < nb; b0 += K_AXPY_CHUNK) {
+            int64_t kb = min64(K_AXPY_CHUNK, nb - b0);
+            axpy_prep(wt, R, c, s, b0, kb, cd, off);
+            fn(wt, R, w, b0, kb, cd, off, out);
+        }
+    }
+}
+
+/* ---- dequant (exact: (q - 8) * d and q * d are exact floats) ---- */
+
+PI2_T_AVX2 static void dequant_avx2(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
+                                    const uint16_t *const *ws, float *dst)
+{
+    const __m256i m4 = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
+    int64_t nb = n / QG;
+    for (int r = 0; r < nrows; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            float *o = dst + (int64_t)r * n + b * QG;
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(ws[r][b]));
+            if (wt == PI2_QT_Q4) {
+                const uint8_t *p = wp[r] + b * PI2_Q4_GROUP_BYTES;
+                __m256i x0 = ld_u8x8(p), x1 = ld_u8x8(p + 8);
+                __m256i q0 = _mm256_sub_epi32(_mm256_and_si256(x0, m4), eight);
+                __m256i q1 = _mm256_sub_epi32(_mm256_and_si256(x1, m4), eight);
+                __m256i q2 = _mm256_sub_epi32(_mm256_srli_epi32(x0, 4), eight);
+                __m256i q3 = _mm256_sub_epi32(_mm256_srli_epi32(x1, 4), eight);
+                _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(q0), d));
+                _mm256_storeu_ps(o + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(q1), d));
+                _mm256_storeu_ps(o + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(q2), d));
+                _mm256_storeu_ps(o + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(q3), d));
+            } else {
+                const uint8_t *p = wp[r] + b * PI2_Q8_GROUP_BYTES;
+                for (int k = 0; k < 4; k++)
+                    _mm256_storeu_ps(o + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(ld_i8x8(p + 8 * k)), d));
+            }
+        }
+    }
+}
+
+PI2_T_AVX512 static void dequant_avx512(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
+                                        const uint16_t *const *ws, float *dst)
+{
+    const __m512i m4 = _mm512_set1_epi32(0x0f), eight = _mm512_set1_epi32(8);
+    int64_t nb = n / QG;
+    for (int r = 0; r < nrows; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            float *o = dst + (int64_t)r * n + b * QG;
+            __m512 d = _mm512_set1_ps(_cvtsh_ss(ws[r][b]));
+            if (wt == PI2_QT_Q4) {
+                const uint8_t *p = wp[r] + b * PI2_Q4_GROUP_BYTES;
+                __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+                __m512i lo = _mm512_sub_epi32(_mm512_and_si512(x, m4), eight);
+                __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(x, 4), eight);
+                _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
+                _mm512_storeu_ps(o + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+            } else {
+                const uint8_t *p = wp[r] + b * PI2_Q8_GROUP_BYTES;
+                __m512i x0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+                __m512i x1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
+                _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_cvtepi32_ps(x0), d));
+                _mm512_storeu_ps(o + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(x1), d));
+            }
+        }
+    }
+}
+
+/* ---- sgemv: 4 rows at a time, two accumulators per row ---- */
+
+PI2_T_AVX2 static void sgemv_avx2(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
+{
+    int r = 0;
+    for (; r + 4 <= nrows; r += 4) {
+        const float *w0 = W + (int64_t)r * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) {
+            __m256 x0 = _mm256_loadu_ps(x + j), x1 = _mm256_loadu_ps(x + j + 8);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + j), x0, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + j), x0, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + j), x0, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + j), x0, a3);
+            b0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + j + 8), x1, b0);
+            b1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + j + 8), x1, b1);
+            b2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + j + 8), x1, b2);
+            b3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + j + 8), x1, b3);
+        }
+        if (j + 8 <= n) {
+            __m256 x0 = _mm256_loadu_ps(x + j);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + j), x0, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + j), x0, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + j), x0, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + j), x0, a3);
+            j += 8;
+        }
+        float s0 = hsum8(_mm256_add_ps(a0, b0)), s1 = hsum8(_mm256_add_ps(a1, b1));
+        float s2 = hsum8(_mm256_add_ps(a2, b2)), s3 = hsum8(_mm256_add_ps(a3, b3));
+        for (; j < n; j++) {
+            s0 += w0[j] * x[j];
+            s1 += w1[j] * x[j];
+            s2 += w2[j] * x[j];
+            s3 += w3[j] * x[j];
+        }
+        out[r] = s0;
+        out[r + 1] = s1;
+        out[r + 2] = s2;
+        out[r + 3] = s3;
+    }
+    for (; r < nrows; r++) {
+        const float *w = W + (int64_t)r * ldw;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), _mm256_loadu_ps(x + j), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j + 8), _mm256_loadu_ps(x + j + 8), a1);
+        }
+        if (j + 8 <= n) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), _mm256_loadu_ps(x + j), a0);
+            j += 8;
+        }
+        float s = hsum8(_mm256_add_ps(a0, a1));
+        for (; j < n; j++)
+            s += w[j] * x[j];
+        out[r] = s;
+    }
+}
+
+/* The same with 16 floats per register; the n % 16 tail is a masked load
+ * (masked-off elements are not read). */
+PI2_T_AVX512 static void sgemv_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
+{
+    int64_t nfull = n & ~(int64_t)15;
+    __mmask16 tail = (__mmask16)((1u << (n & 15)) - 1u);
+    int r = 0;
+    for (; r + 4 <= nrows; r += 4) {
+        const float *w0 = W + (int64_t)r * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        int64_t j = 0;
+        for (; j + 32 <= nfull; j += 32) {
+            __m512 x0 = _mm512_loadu_ps(x + j), x1 = _mm512_loadu_ps(x + j + 16);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + j), x0, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + j), x0, a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + j), x0, a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + j), x0, a3);
+            b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + j + 16), x1, b0);
+            b1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + j + 16), x1, b1);
+            b2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + j + 16), x1, b2);
+            b3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + j + 16), x1, b3);
+        }
+        if (j < nfull) { /* one more full 16 */
+            __m512 x0 = _mm512_loadu_ps(x + j);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + j), x0, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + j), x0, a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + j), x0, a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + j), x0, a3);
+        }
+        if (tail) {
+            __m512 xt = _mm512_maskz_loadu_ps(tail, x + nfull);
+            b0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w0 + nfull), xt, b0);
+            b1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w1 + nfull), xt, b1);
+            b2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w2 + nfull), xt, b2);
+            b3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w3 + nfull), xt, b3);
+        }
+        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, b0));
+        out[r + 1] = _mm512_reduce_add_ps(_mm512_add_ps(a1, b1));
+        out[r + 2] = _mm512_reduce_add_ps(_mm512_add_ps(a2, b2));
+        out[r + 3] = _mm512_reduce_add_ps(_mm512_add_ps(a3, b3));
+    }
+    for (; r < nrows; r++) {
+        const float *w = W + (int64_t)r * ldw;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+        int64_t j = 0;
+        for (; j + 32 <= nfull; j += 32) {
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j), _mm512_loadu_ps(x + j), a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j + 16), _mm512_loadu_ps(x + j + 16), a1);
+        }
+        if (j < nfull)
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j), _mm512_loadu_ps(x + j), a0);
+        if (tail)
+            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w + nfull), _mm512_maskz_loadu_ps(tail, x + nfull), a1);
+        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    }
+}
+
+/* ---- probes ----
+ *
+ * Each inner iteration runs K independent multiply-accumulate chains on
+ * register operands; the empty asm says x changed, so the products cannot
+ * be hoisted out of the loop, and the accumulators end in a volatile sink. */
+
+enum { K_PROBE_ITERS = 1 << 14 };
+
+PI2_T_AVX2 static double probe_avx2(double seconds, volatile int32_t *sink)
+{
+    __m256i x = _mm256_set1_epi8(3);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i y0 = _mm256_set1_epi8(1), y1 = _mm256_set1_epi8(-2), y2 = _mm256_set1_epi8(3);
+    __m256i y3 = _mm256_set1_epi8(-4), y4 = _mm256_set1_epi8(5), y5 = _mm256_set1_epi8(-6);
+    __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+    uint64_t iters = 0;
+    double t0 = pi2_now(), dt;
+    do {
+        for (int i = 0; i < K_PROBE_ITERS; i++) {
+            __asm__ volatile("" : "+x"(x));
+            c0 = _mm256_add_epi32(c0, _mm256_madd_epi16(_mm256_maddubs_epi16(x, y0), ones));
+            c1 = _mm256_add_epi32(c1, _mm256_madd_epi16(_mm256_maddubs_epi16(x, y1), ones));
+            c2 = _mm256_add_epi32(c2, _mm256_madd_epi16(_mm256_maddubs_epi16(x, y2), ones));
+            c3 = _mm256_add_epi32(c3, _mm256_madd_epi16(_mm256_maddubs_epi16(x, y3), ones));
+            c4 = _mm256_add_epi32(c4, _mm256_madd_epi16(_mm256_maddubs_epi16(x, y4), ones));
+            c5 = _mm256_add_epi32(c5, _mm256_madd_epi16(_mm256_maddubs_epi16(x, y5), ones));
+        }
+        iters += K_PROBE_ITERS;
+        dt = pi2_now() - t0;
+    } while (dt < seconds);
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3)),
+                                 _mm256_add_epi32(c4, c5));
+    *sink = _mm256_extract_epi32(s, 0) ^ _mm256_extract_epi32(s, 7);
+    return (double)iters * 6 * 32 / dt;
+}
+
+/* 12 chains: vpdpbusd has ~5 cycles latency and issues up to 2 per cycle. */
+PI2_T_AVX512 static double probe_avx512(double seconds, volatile int32_t *sink)
+{
+    __m512i x = _mm512_set1_epi8(3);
+    __m512i y[12], c[12];
+    for (int k = 0; k < 12; k++) {
+        y[k] = _mm512_set1_epi8((char)(k & 1 ? -(k + 1) : k + 1));
+        c[k] = _mm512_setzero_si512();
+    }
+    __m512i c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3], c4 = c[4], c5 = c[5];
+    __m512i c6 = c[6], c7 = c[7], c8 = c[8], c9 = c[9], c10 = c[10], c11 = c[11];
+    uint64_t iters = 0;
+    double t0 = pi2_now(), dt;
+    do {
+        for (int i = 0; i < K_PROBE_ITERS; i++) {
+            __asm__ volatile("" : "+v"(x));
+            c0 = _mm512_dpbusd_epi32(c0, x, y[0]);
+            c1 = _mm512_dpbusd_epi32(c1, x, y[1]);
+            c2 = _mm512_dpbusd_epi32(c2, x, y[2]);
+            c3 = _mm512_dpbusd_epi32(c3, x, y[3]);
+            c4 = _mm512_dpbusd_epi32(c4, x, y[4]);
+            c5 = _mm512_dpbusd_epi32(c5, x, y[5]);
+            c6 = _mm512_dpbusd_epi32(c6, x, y[6]);
+            c7 = _mm512_dpbusd_epi32(c7, x, y[7]);
+            c8 = _mm512_dpbusd_epi32(c8, x, y[8]);
+            c9 = _mm512_dpbusd_epi32(c9, x, y[9]);
+            c10 = _mm512_dpbusd_epi32(c10, x, y[10]);
+            c11 = _mm512_dpbusd_epi32(c11, x, y[11]);
+        }
+        iters += K_PROBE_ITERS;
+        dt = pi2_now() - t0;
+    } while (dt < seconds);
+    __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
+                                 _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7)));
+    s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(c8, c9), _mm512_add_epi32(c10, c11)));
+    *sink = _mm512_reduce_add_epi32(s);
+    return (double)iters * 12 * 64 / dt;
+}
+
+/* One pass over buf with four 256-bit accumulators; the tail as uint64s
+ * and bytes. */
+PI2_T_AVX2 static uint64_t read_pass_avx2(const uint8_t *p, size_t n)
+{
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    size_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        s0 = _mm256_add_epi64(s0, ld256(p + i));
+        s1 = _mm256_add_epi64(s1, ld256(p + i + 32));
+        s2 = _mm256_add_epi64(s2, ld256(p + i + 64));
+        s3 = _mm256_add_epi64(s3, ld256(p + i + 96));
+    }
+    __m256i s = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+    uint64_t r = (uint64_t)_mm256_extract_epi64(s, 0) + (uint64_t)_mm256_extract_epi64(s, 1) +
+                 (uint64_t)_mm256_extract_epi64(s, 2) + (uint64_t)_mm256_extract_epi64(s, 3);
+    for (; i < n; i++)
+        r += p[i];
+    return r;
+}
+
+#endif /* PI2_K_X86 */
+
+/* ---- dispatch ---- */
+
+void pi2_k_matmul_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
+                      const uint16_t *const *ws, const float *ascales, const int8_t *aq, const int32_t *asums,
+                      int T, float *out, int64_t ldo)
+{
+    assert(n % QG == 0 && nrows >= 0 && T >= 1 && T <= PI2_K_MAX_T);
+    if (nrows == 0)
+        return;
+#ifdef PI2_K_X86
+    const k_mm_ops *op = NULL;
+    switch (isa_pick(isa)) {
+    case PI2_ISA_AVX512:
+        op = wt == PI2_QT_Q4 ? &MM_Q4_VNNI : wt == PI2_QT_Q8 ? &MM_Q8_VNNI : NULL;
+        break;
+    case PI2_ISA_AVX2:
+        op = wt == PI2_QT_Q4 ? &MM_Q4_AVX2 : wt == PI2_QT_Q8 ? &MM_Q8_AVX2 : NULL;
+        break;
+    case PI2_ISA_SCALAR:
+        break;
+    }
+    if (op) {
+        mm_simd(op, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+        return;
+    }
+#else
+    (void)isa;
+    (void)asums;
+#endif
+    matmul_scalar(wt, n, nrows, wp, ws, ascales, aq, T, out, ldo);
+}
+
+void pi2_k_matmul(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                  const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
+{
+    pi2_k_matmul_isa(pi2_q_get_isa(), wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+}
+
+void pi2_k_axpy_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef,
+                         const uint8_t *const *wp, const uint16_t *const *ws, float *out)
+{
+    assert(n % QG == 0 || wt == PI2_QT_F32);
+#ifdef PI2_K_X86
+    if (wt == PI2_QT_Q4 || wt == PI2_QT_Q8) {
+        switch (isa_pick(isa)) {
+        case PI2_ISA_AVX512:
+            axpy_simd(axpy_group_avx512, wt, n, nrows, coef, wp, ws, out);
+            return;
+        case PI2_ISA_AVX2:
+            axpy_simd(axpy_group_avx2, wt, n, nrows, coef, wp, ws, out);
+            return;
+        case PI2_ISA_SCALAR:
+            break;
+        }
+    }
+#else
+    (void)isa;
+#endif
+    axpy_scalar(wt, n, nrows, coef, wp, ws, out);
+}
+
+void pi2_k_axpy_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, const uint8_t *const *wp,
+                     const uint16_t *const *ws, float *out)
+{
+    pi2_k_axpy_rows_isa(pi2_q_get_isa(), wt, n, nrows, coef, wp, ws, out);
+}
+
+void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                        float *dst)
+{
+#ifdef PI2_K_X86
+    if (wt == PI2_QT_Q4 || wt == PI2_QT_Q8) {
+        switch (pi2_q_get_isa()) {
+        case PI2_ISA_AVX512:
+            dequant_avx512(wt, n, nrows, wp, ws, dst);
+            return;
+        case PI2_ISA_AVX2:
+            dequant_avx2(wt, n, nrows, wp, ws, dst);
+            return;
+        case PI2_ISA_SCALAR:
+            break;
+        }
+    }
+#endif
+    dequant_scalar(wt, n, nrows, wp, ws, dst);
+}
+
+void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
+{
+#ifdef PI2_K_X86
+    switch (isa_pick(isa)) {
+    case PI2_ISA_AVX512:
+        sgemv_avx512(W, ldw, n, nrows, x, out);
+        return;
+    case PI2_ISA_AVX2:
+        sgemv_avx2(W, ldw, n, nrows, x, out);
+        return;
+    case PI2_ISA_SCALAR:
+        break;
+    }
+#else
+    (void)isa;
+#endif
+    sgemv_scalar(W, ldw, n, nrows, x, out);
+}
+
+void pi2_k_sgemv(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
+{
+    pi2_k_sgemv_isa(pi2_q_get_isa(), W, ldw, n, nrows, x, out);
+}
+
+/* ---- probes ---- */
+
+static double probe_scalar(double seconds, volatile int32_t *sink)
+{
+    uint32_t x = 3, c0 = 0, c1 = 0, c2 = 0, c3 = 0, c4 = 0, c5 = 0, c6 = 0, c7 = 0; /* unsigned: wraps */
+    uint64_t iters = 0;
+    double t0 = pi2_now(), dt;
+    do {
+        for (int i = 0; i < 1 << 16; i++) {
+            __asm__ volatile("" : "+r"(x));
+            c0 += x * 1u;
+            c1 += x * 2u;
+            c2 += x * 3u;
+            c3 += x * 5u;
+            c4 += x * 7u;
+            c5 += x * 11u;
+            c6 += x * 13u;
+            c7 += x * 17u;
+        }
+        iters += 1 << 16;
+        dt = pi2_now() - t0;
+    } while (dt < seconds);
+    *sink = (int32_t)(c0 ^ c1 ^ c2 ^ c3 ^ c4 ^ c5 ^ c6 ^ c7);
+    return (double)iters * 8 / dt;
+}
+
+double pi2_k_probe_int8_peak(pi2_isa isa, double seconds)
+{
+    volatile int32_t sink = 0;
+#ifdef PI2_K_X86
+    switch (isa_pick(isa)) {
+    case PI2_ISA_AVX512:
+        return probe_avx512(seconds, &sink);
+    case PI2_ISA_AVX2:
+        return probe_avx2(seconds, &sink);
+    case PI2_ISA_SCALAR:
+        break;
+    }
+#else
+    (void)isa;
+#endif
+    return probe_scalar(seconds, &sink);
+}
+
+static uint64_t read_pass_scalar(const uint8_t *p, size_t n)
+{
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        uint64_t v[4];
+        memcpy(v, p + i, sizeof v);
+        s0 += v[0];
+        s1 += v[1];
+        s2 += v[2];
+        s3 += v[3];
+    }
+    for (; i < n; i++)
+        s0 += p[i];
+    return s0 + s1 + s2 + s3;
+}
+
+double pi2_k_probe_read_bw(const void *buf, size_t n, double seconds)
+{
+    if (n == 0)
+        return 0.0;
+    volatile uint64_t sink = 0;
+#ifdef PI2_K_X86
+    bool avx2 = isa_ok(PI2_ISA_AVX2);
+#endif
+    size_t reps = n >= (1u << 20) ? 1 : (1u << 20) / n; /* passes between clock reads */
+    uint64_t passes = 0;
+    double t0 = pi2_now(), dt;
+    do {
+        for (size_t k = 0; k < reps; k++) {
+#ifdef PI2_K_X86
+            if (avx2) {
+                sink = sink + read_pass_avx2(buf, n);
+                continue;
+            }
+#endif
+            sink = sink + read_pass_scalar(buf, n);
+        }
+        passes += reps;
+        dt = pi2_now() - t0;
+    } while (dt < seconds);
+    return (double)passes * (double)n / dt;
+}

@@ -1,0 +1,670 @@
+/* kernels: activation quantization against pi2_q8act_quantize, the scalar
+ * twins against double-precision dequantize-and-dot, and every SIMD kernel
+ * this CPU can run against its scalar twin on ragged shapes (rows, tokens,
+ * blocks), shuffled separately allocated rows, and extreme values. */
+#include "tests/testutil.h"
+
+#include "formats/common.h"
+#include "formats/quant.h"
+#include "runtime/kernels.h"
+
+#include <math.h>
+
+/* Fail with a formatted message (cmocka's assert_true only shows the text). */
+#define CHECK(cond, ...)                              \
+    do {                                              \
+        if (!(cond)) {                                \
+            print_error("check failed: %s: ", #cond); \
+            print_error(__VA_ARGS__);                 \
+            print_error("\n");                        \
+            fail();                                   \
+        }                                             \
+    } while (0)
+
+static const pi2_qtype QTYPES[] = {PI2_QT_Q8, PI2_QT_Q4};
+
+static int64_t rand_int(pi2_rng *r, int64_t lo, int64_t hi) /* [lo, hi] */
+{
+    return lo + (int64_t)(pi2_rng_u64(r) % (uint64_t)(hi - lo + 1));
+}
+
+static void *xmalloc(size_t n, size_t size)
+{
+    void *p = pi2_malloc_array(n ? n : 1, size);
+    assert_non_null(p);
+    return p;
+}
+
+/* ---- weight rows: each row its own exact-size allocation (so ASan sees
+ * any overread), handed to the kernels in a shuffled order ---- */
+
+typedef struct wrows {
+    pi2_qtype t;
+    int64_t n;
+    int nrows;
+    uint8_t **pay;
+    uint16_t **sc;
+    const uint8_t **wp; /* wp[r] = pay[perm[r]] */
+    const uint16_t **ws;
+} wrows;
+
+enum { W_RANDOM, W_QUANTIZED, W_EXTREME };
+
+static void wrows_fill(pi2_rng *r, wrows *w, int kind)
+{
+    int64_t nb = w->n / PI2_Q_GROUP;
+    size_t pb = pi2_q_payload_row_bytes(w->t, w->n);
+    float *x = xmalloc((size_t)w->n, sizeof(float));
+    for (int i = 0; i < w->nrows; i++) {
+        uint8_t *p = w->pay[i];
+        uint16_t *s = w->sc[i];
+        if (kind == W_QUANTIZED) {
+            double sigma = ldexp(1.0, (int)rand_int(r, -8, 4));
+            for (int64_t j = 0; j < w->n; j++)
+                x[j] = (float)(sigma * pi2_rng_normal(r));
+            assert_int_equal(pi2_q_quantize_row(w->t, x, w->n, s, p), 0);
+            continue;
+        }
+        /* random bytes: every nibble, and -128 in Q8 */
+        for (size_t k = 0; k < pb; k++)
+            p[k] = (uint8_t)pi2_rng_u64(r);
+        for (int64_t b = 0; b < nb; b++)
+            s[b] = pi2_f32_to_f16((float)ldexp(pi2_rng_normal(r), (int)rand_int(r, -20, 8)));
+        if (kind == W_EXTREME) {
+            static const uint8_t pats[] = {0x80, 0x00, 0xff, 0x7f, 0x81, 0x88};
+            int mode = (int)rand_int(r, 0, 9);
+            if (mode < 6)
+                memset(p, pats[mode], pb);
+            else if (mode == 6) /* a zero-scale row */
+                memset(s, 0, (size_t)nb * sizeof(uint16_t));
+            else if (mode == 7) /* fp16 max and min subnormal scales */
+                for (int64_t b = 0; b < nb; b++)
+                    s[b] = (b & 1) ? 0xfbff : 0x0001;
+        }
+    }
+    free(x);
+}
+
+static wrows wrows_new(pi2_rng *r, pi2_qtype t, int64_t n, int nrows, int kind)
+{
+    wrows w = {t, n, nrows, NULL, NULL, NULL, NULL};
+    int64_t nb = n / PI2_Q_GROUP;
+    w.pay = xmalloc((size_t)nrows, sizeof *w.pay);
+    w.sc = xmalloc((size_t)nrows, sizeof *w.sc);
+    w.wp = xmalloc((size_t)nrows, sizeof *w.wp);
+    w.ws = xmalloc((size_t)nrows, sizeof *w.ws);
+    int *perm = xmalloc((size_t)nrows, sizeof(int));
+    for (int i = 0; i < nrows; i++) {
+        w.pay[i] = xmalloc(pi2_q_payload_row_bytes(t, n), 1);
+        w.sc[i] = xmalloc((size_t)nb, sizeof(uint16_t));
+        perm[i] = i;
+    }
+    for (int i = nrows - 1; i > 0; i--) {
+        int j = (int)rand_int(r, 0, i);
+        int tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    for (int i = 0; i < nrows; i++) {
+        w.wp[i] = w.pay[perm[i]];
+        w.ws[i] = w.sc[perm[i]];
+    }
+    free(perm);
+    wrows_fill(r, &w, kind);
+    return w;
+}
+
+static void wrows_free(wrows *w)
+{
+    for (int i = 0; i < w->nrows; i++) {
+        free(w->pay[i]);
+        free(w->sc[i]);
+    }
+    free(w->pay);
+    free(w->sc);
+    free((void *)w->wp);
+    free((void *)w->ws);
+}
+
+/* q of element j of a row (Q4: nibble - 8). */
+static int wq_at(pi2_qtype t, const uint8_t *p, int64_t j)
+{
+    if (t == PI2_QT_Q8)
+        return (int8_t)p[j];
+    int64_t g = j / PI2_Q_GROUP, k = j % PI2_Q_GROUP;
+    uint8_t b = p[g * PI2_Q4_GROUP_BYTES + (k % 16)];
+    return (k < 16 ? (b & 0x0f) : (b >> 4)) - 8;
+}
+
+/* ---- activations ---- */
+
+typedef struct acts {
+    int T;
+    int64_t n;
+    float *x;
+    float *as;
+    int8_t *aq;
+    int32_t *sums;
+} acts;
+
+enum { A_GAUSS, A_FULL, A_MIXED };
+
+/* T tokens of n values; A_FULL: every q is +-127 (blocks of equal
+ * magnitudes), A_MIXED: scales over many octaves, zero and tiny blocks. */
+static acts acts_new(pi2_rng *r, int T, int64_t n, int kind)
+{
+    acts a = {T, n, NULL, NULL, NULL, NULL};
+    int64_t nb = n / PI2_Q_GROUP;
+    a.x = xmalloc((size_t)(T * n), sizeof(float));
+    a.as = xmalloc((size_t)(T * nb), sizeof(float));
+    a.aq = xmalloc((size_t)(T * n), 1);
+    a.sums = xmalloc((size_t)(T * nb), sizeof(int32_t));
+    for (int64_t i = 0; i < T * n; i++) {
+        int64_t b = i / PI2_Q_GROUP;
+        double v = pi2_rng_normal(r);
+        if (kind == A_FULL)
+            v = (b % 3 == 0) ? 1.0 : (b % 3 == 1) ? -1.0 : ((i & 1) ? 3.0 : -3.0);
+        else if (kind == A_MIXED)
+            v = (b % 7 == 3) ? 0.0 : (b % 7 == 5) ? v * 1e-32 : ldexp(v, (int)(b * 5 % 41) - 20);
+        a.x[i] = (float)v;
+    }
+    pi2_k_act_quantize(a.x, n, T, n, a.as, a.aq, a.sums);
+    return a;
+}
+
+static void acts_free(acts *a)
+{
+    free(a->x);
+    free(a->as);
+    free(a->aq);
+    free(a->sums);
+}
+
+/* Unit activation scales and arbitrary q in [-127, 127] (sums recomputed):
+ * with unit weight scales every partial sum is an integer. */
+static void acts_unit(pi2_rng *r, acts *a)
+{
+    int64_t nb = a->n / PI2_Q_GROUP;
+    for (int64_t i = 0; i < a->T * a->n; i++)
+        a->aq[i] = (int8_t)rand_int(r, -127, 127);
+    for (int64_t b = 0; b < a->T * nb; b++) {
+        a->as[b] = 1.0f;
+        int32_t s = 0;
+        for (int j = 0; j < PI2_Q_GROUP; j++)
+            s += a->aq[b * PI2_Q_GROUP + j];
+        a->sums[b] = s;
+    }
+}
+
+static void test_act_quantize(void **state)
+{
+    (void)state;
+    pi2_rng r;
+    pi2_rng_seed(&r, 11);
+    for (int it = 0; it < 40; it++) {
+        int T = (int)rand_int(&r, 1, 9);
+        int64_t n = 32 * rand_int(&r, 1, 40), ldx = n + rand_int(&r, 0, 5), nb = n / 32;
+        float *x = xmalloc((size_t)(T * ldx), sizeof(float));
+        for (int64_t i = 0; i < T * ldx; i++) {
+            double v = ldexp(pi2_rng_normal(&r), (int)rand_int(&r, -30, 30));
+            int64_t b = (i % ldx) / 32;
+            if (b % 5 == 1)
+                v = 0.0;
+            else if (b % 11 == 2)
+                v = 1e-31 * v; /* below the zero threshold */
+            else if (b % 13 == 3 && i % 7 == 0)
+                v = (i & 8) ? INFINITY : NAN;
+            else if (b % 17 == 4)
+                v = (i & 1) ? 1.0 : -1.0; /* q = +-127 everywhere */
+            x[i] = (float)v;
+        }
+        float *as = xmalloc((size_t)(T * nb), sizeof(float)), *as0 = xmalloc((size_t)nb, sizeof(float));
+        int8_t *q = xmalloc((size_t)(T * n), 1), *q0 = xmalloc((size_t)n, 1);
+        int32_t *sums = xmalloc((size_t)(T * nb), sizeof(int32_t));
+        pi2_k_act_quantize(x, ldx, T, n, as, q, sums);
+        for (int t = 0; t < T; t++) {
+            pi2_q8act_quantize(x + t * ldx, n, as0, q0);
+            CHECK(memcmp(as + t * nb, as0, (size_t)nb * sizeof(float)) == 0, "scales differ (token %d, n=%lld)", t,
+                  (long long)n);
+            CHECK(memcmp(q + t * n, q0, (size_t)n) == 0, "q differ (token %d, n=%lld)", t, (long long)n);
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t s = 0;
+                for (int j = 0; j < 32; j++)
+                    s += q0[b * 32 + j];
+                CHECK(sums[t * nb + b] == s, "sum token %d block %lld: %d != %d", t, (long long)b,
+                      sums[t * nb + b], s);
+            }
+        }
+        free(x);
+        free(as);
+        free(as0);
+        free(q);
+        free(q0);
+        free(sums);
+    }
+}
+
+/* ---- matmul ---- */
+
+/* Exact int32 dot of row r with token t over block b, and the documented
+ * magnitude sum_b |block_b * (float)(wscale_b * ascale_b)| (in *mag). */
+static double ref_parts(const wrows *w, int r, const acts *a, int t, double *mag)
+{
+    int64_t nb = w->n / PI2_Q_GROUP;
+    double exact = 0.0;
+    *mag = 0.0;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t s = 0;
+        for (int j = 0; j < PI2_Q_GROUP; j++)
+            s += (int64_t)wq_at(w->t, w->wp[r], b * 32 + j) * a->aq[t * w->n + b * 32 + j];
+        float sc = pi2_f16_to_f32(w->ws[r][b]) * a->as[t * nb + b];
+        exact += (double)s * (double)sc;
+        *mag += fabs((double)s * (double)sc);
+    }
+    return exact;
+}
+
+/* Scalar twin against double-precision dequantize-and-dot: w_j from
+ * pi2_q_dequantize_row (exact floats) times q_j * ascale, summed in double.
+ * The twin rounds each block's combined scale to float (relative 2^-24)
+ * and its double sum once to float. */
+static void test_matmul_scalar_reference(void **state)
+{
+    (void)state;
+    pi2_rng r;
+    pi2_rng_seed(&r, 21);
+    for (int it = 0; it < 24; it++) {
+        pi2_qtype t = QTYPES[it & 1];
+        int64_t n = 32 * rand_int(&r, 1, 70), nb = n / 32;
+        int nrows = (int)rand_int(&r, 1, 9), T = (int)rand_int(&r, 1, 5);
+        wrows w = wrows_new(&r, t, n, nrows, it % 3);
+        acts a = acts_new(&r, T, n, it % 3 == 2 ? A_MIXED : A_GAUSS);
+        float *out = xmalloc((size_t)(T * nrows), sizeof(float)), *deq = xmalloc((size_t)n, sizeof(float));
+        pi2_k_matmul_isa(PI2_ISA_SCALAR, t, n, nrows, w.wp, w.ws, a.as, a.aq, a.sums, T, out, nrows);
+        for (int i = 0; i < nrows; i++) {
+            pi2_q_dequantize_row(t, w.ws[i], w.wp[i], n, deq);
+            for (int k = 0; k < T; k++) {
+                double ref = 0.0, mag = 0.0;
+                for (int64_t j = 0; j < n; j++) {
+                    double v = (double)deq[j] * ((double)a.aq[k * n + j] * (double)a.as[k * nb + j / 32]);
+                    ref += v;
+                    mag += fabs(v);
+                }
+                double got = out[k * nrows + i];
+                double tol = 0x1p-23 * mag + 0x1p-24 * fabs(ref) + 1e-300;
+                CHECK(fabs(got - ref) <= tol, "%s n=%lld row %d token %d: %.9g vs double %.9g (tol %g)",
+                      pi2_q_type_name(t), (long long)n, i, k, got, ref, tol);
+            }
+        }
+        free(out);
+        free(deq);
+        acts_free(&a);
+        wrows_free(&w);
+    }
+}
+
+/* out under `isa` (into a canary-filled buffer with row stride ldo) vs the
+ * scalar twin: exact when `exact`, else within kernels.h's bound
+ * (n/32 + 8) * 2^-23 * sum_b |block_b * scale_b|. Entries outside the
+ * [T][nrows] window must stay untouched. Returns the number compared. */
+static int compare_matmul(pi2_isa isa, const wrows *w, const acts *a, int T, bool exact, const char *what)
+{
+    int64_t ldo = w->nrows + 3;
+    size_t cap = (size_t)(T * ldo);
+    float *got = xmalloc(cap, sizeof(float)), *ref = xmalloc(cap, sizeof(float));
+    for (size_t i = 0; i < cap; i++)
+        got[i] = ref[i] = -12345.0f;
+    pi2_k_matmul_isa(isa, w->t, w->n, w->nrows, w->wp, w->ws, a->as, a->aq, a->sums, T, got, ldo);
+    pi2_k_matmul_isa(PI2_ISA_SCALAR, w->t, w->n, w->nrows, w->wp, w->ws, a->as, a->aq, a->sums, T, ref, ldo);
+    for (int t = 0; t < T; t++) {
+        for (int64_t c = 0; c < ldo; c++) {
+            float g = got[t * ldo + c], e = ref[t * ldo + c];
+            if (c >= w->nrows) {
+                CHECK(g == -12345.0f, "%s %s %s: wrote outside the window (t=%d col %lld)", pi2_q_isa_name(isa),
+                      pi2_q_type_name(w->t), what, t, (long long)c);
+                continue;
+            }
+            if (exact) {
+                CHECK(g == e, "%s %s %s n=%lld rows=%d T=%d: row %lld token %d: %.9g != scalar %.9g",
+                      pi2_q_isa_name(isa), pi2_q_type_name(w->t), what, (long long)w->n, w->nrows, T, (long long)c, t,
+                      (double)g, (double)e);
+                continue;
+            }
+            double mag;
+            ref_parts(w, (int)c, a, t, &mag);
+            double tol = ((double)w->n / 32 + 8) * 0x1p-23 * mag;
+            CHECK(fabs((double)g - (double)e) <= tol || (isnan(g) && isnan(e)),
+                  "%s %s %s n=%lld rows=%d T=%d: row %lld token %d: %.9g vs scalar %.9g (bound %g)",
+                  pi2_q_isa_name(isa), pi2_q_type_name(w->t), what, (long long)w->n, w->nrows, T, (long long)c, t,
+                  (double)g, (double)e, tol);
+        }
+    }
+    free(got);
+    free(ref);
+    return T * w->nrows;
+}
+
+static void set_unit_scales(wrows *w)
+{
+    for (int i = 0; i < w->nrows; i++)
+        for (int64_t b = 0; b < w->n / 32; b++)
+            w->sc[i][b] = 0x3c00;
+}
+
+static bool isa_or_skip(pi2_isa isa, const char *what)
+{
+    if (pi2_q_isa_supported(isa))
+        return true;
+    print_message("kernels: %s %s kernels NOT exercised: this CPU does not support them\n", pi2_q_isa_name(isa),
+                  what);
+    return false;
+}
+
+static void matmul_suite(pi2_isa isa)
+{
+    if (!isa_or_skip(isa, "matmul"))
+        skip();
+    pi2_rng r;
+    pi2_rng_seed(&r, 31 + (uint64_t)isa);
+    static const int64_t shapes[] = {32, 64, 96, 128, 160, 224, 2048 + 32};
+    int compared = 0;
+    for (size_t k = 0; k < 2; k++) {
+        pi2_qtype t = QTYPES[k];
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0] + 3; si++) {
+            int64_t n = si < sizeof shapes / sizeof shapes[0] ? shapes[si] : 32 * rand_int(&r, 1, 80);
+            bool big = n > 1024;
+            int nrows = big ? (int)rand_int(&r, 1, 9) : (int)rand_int(&r, 1, 23);
+            /* 1. integer logic exactly: unit scales, arbitrary bytes and q */
+            wrows w = wrows_new(&r, t, n, nrows, W_RANDOM);
+            set_unit_scales(&w);
+            acts a = acts_new(&r, PI2_K_MAX_T, n, A_GAUSS);
+            acts_unit(&r, &a);
+            /* every float partial sum is an integer below 2^24 (so exact) when the
+             * blocks' worst-case lane magnitudes add up below 2^24: per block
+             * Q4 32*15*127 + 8*32*127 (offset), Q8 32*128*127 (AVX2 sign trick),
+             * Q8 32*255*127 + 128*32*127 (VNNI, w + 128 and its offset) */
+            double per_block = t == PI2_QT_Q4 ? 93472.0 : isa == PI2_ISA_AVX2 ? 520192.0 : 1556448.0;
+            bool exact = per_block * (double)(n / 32) < 0x1p24;
+            for (int T = 1; T <= PI2_K_MAX_T; T += big ? 7 : 1)
+                compared += compare_matmul(isa, &w, &a, T, exact, exact ? "unit scales (exact)" : "unit scales");
+            acts_free(&a);
+            /* 2. random scales, gaussian / full-range / mixed activations */
+            wrows_fill(&r, &w, W_RANDOM);
+            static const int Ts[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 33, 63, 64};
+            for (int ak = 0; ak < 3; ak++) {
+                acts b = acts_new(&r, PI2_K_MAX_T, n, ak);
+                for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
+                    compared += compare_matmul(isa, &w, &b, Ts[ti], false, "random");
+                acts_free(&b);
+            }
+            /* 3. quantized rows and extreme rows */
+            for (int kind = W_QUANTIZED; kind <= W_EXTREME; kind++) {
+                wrows_fill(&r, &w, kind);
+                acts b = acts_new(&r, 17, n, kind == W_EXTREME ? A_FULL : A_GAUSS);
+                for (int T = 1; T <= 17; T += big ? 4 : 1)
+                    compared += compare_matmul(isa, &w, &b, T, false, kind == W_EXTREME ? "extreme" : "quantized");
+                acts_free(&b);
+            }
+            wrows_free(&w);
+        }
+    }
+    print_message("kernels: %s matmul verified against scalar: %d outputs (q4, q8; n = 32..%d; T = 1..%d)\n",
+                  pi2_q_isa_name(isa), compared, 80 * 32, PI2_K_MAX_T);
+}
+
+static void test_matmul_avx2(void **state)
+{
+    (void)state;
+    matmul_suite(PI2_ISA_AVX2);
+}
+
+static void test_matmul_avx512(void **state)
+{
+    (void)state;
+    matmul_suite(PI2_ISA_AVX512);
+}
+
+/* pi2_k_matmul follows pi2_q_set_isa; a forced unsupported path runs the
+ * scalar twin. */
+static void test_matmul_dispatch(void **state)
+{
+    (void)state;
+    pi2_rng r;
+    pi2_rng_seed(&r, 41);
+    wrows w = wrows_new(&r, PI2_QT_Q4, 320, 6, W_QUANTIZED);
+    acts a = acts_new(&r, 5, 320, A_GAUSS);
+    float got[30], ref[30];
+    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+        pi2_isa isa = (pi2_isa)i;
+        pi2_k_matmul_isa(isa, w.t, w.n, w.nrows, w.wp, w.ws, a.as, a.aq, a.sums, 5, ref, 6);
+        if (pi2_q_isa_supported(isa)) {
+            assert_int_equal(pi2_q_set_isa(isa), 0);
+            pi2_k_matmul(w.t, w.n, w.nrows, w.wp, w.ws, a.as, a.aq, a.sums, 5, got, 6);
+            CHECK(memcmp(got, ref, sizeof got) == 0, "pi2_k_matmul under %s differs from the forced path",
+                  pi2_q_isa_name(isa));
+        } else {
+            pi2_k_matmul_isa(PI2_ISA_SCALAR, w.t, w.n, w.nrows, w.wp, w.ws, a.as, a.aq, a.sums, 5, got, 6);
+            CHECK(memcmp(got, ref, sizeof got) == 0, "unsupported %s did not fall back to scalar",
+                  pi2_q_isa_name(isa));
+        }
+    }
+    assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
+    acts_free(&a);
+    wrows_free(&w);
+}
+
+/* ---- axpy ---- */
+
+/* out0 + sum_r coef_r * dequant(row r) in double, and the scale of the
+ * documented SIMD-vs-scalar bound: |out0| + Q * sum_r |c_r * d_rb| with
+ * Q = 24 for Q4 (unsigned nibble plus offset), 128 for Q8. */
+static void axpy_ref(const wrows *w, const float *coef, const float *out0, double *ref, double *scale)
+{
+    for (int64_t j = 0; j < w->n; j++) {
+        ref[j] = out0[j];
+        scale[j] = fabs((double)out0[j]);
+    }
+    for (int i = 0; i < w->nrows; i++) {
+        if (coef[i] == 0.0f)
+            continue;
+        for (int64_t j = 0; j < w->n; j++) {
+            double d = pi2_f16_to_f32(w->ws[i][j / 32]);
+            ref[j] += (double)coef[i] * wq_at(w->t, w->wp[i], j) * d;
+            scale[j] += (w->t == PI2_QT_Q4 ? 24.0 : 128.0) * fabs((double)coef[i] * d);
+        }
+    }
+}
+
+static void axpy_suite(pi2_isa isa, bool scalar_vs_double)
+{
+    pi2_rng r;
+    pi2_rng_seed(&r, 51 + (uint64_t)isa);
+    int checked = 0;
+    for (int it = 0; it < 36; it++) {
+        pi2_qtype t = QTYPES[it & 1];
+        int64_t n = it < 8 ? 32 * (it / 2 + 1) : it < 12 ? 2048 + 32 : 32 * rand_int(&r, 1, 300);
+        int nrows = (int)rand_int(&r, 0, 40);
+        wrows w = wrows_new(&r, t, n, nrows, it % 3);
+        float *coef = xmalloc((size_t)nrows, sizeof(float));
+        int active = 0;
+        for (int i = 0; i < nrows; i++) {
+            int z = (int)rand_int(&r, 0, 3);
+            coef[i] = z == 0 ? 0.0f : z == 1 ? -0.0f : (float)ldexp(pi2_rng_normal(&r), (int)rand_int(&r, -10, 10));
+            if (coef[i] == 0.0f) { /* skipped rows must not be read at all */
+                w.wp[i] = NULL;
+                w.ws[i] = NULL;
+            } else {
+                active++;
+            }
+        }
+        float *out0 = xmalloc((size_t)n, sizeof(float)), *got = xmalloc((size_t)n, sizeof(float));
+        float *ref = xmalloc((size_t)n, sizeof(float));
+        double *dref = xmalloc((size_t)n, sizeof(double)), *scale = xmalloc((size_t)n, sizeof(double));
+        for (int64_t j = 0; j < n; j++)
+            out0[j] = (float)pi2_rng_normal(&r);
+        memcpy(got, out0, (size_t)n * sizeof(float));
+        memcpy(ref, out0, (size_t)n * sizeof(float));
+        pi2_k_axpy_rows_isa(isa, t, n, nrows, coef, w.wp, w.ws, got);
+        pi2_k_axpy_rows_isa(PI2_ISA_SCALAR, t, n, nrows, coef, w.wp, w.ws, ref);
+        axpy_ref(&w, coef, out0, dref, scale);
+        for (int64_t j = 0; j < n; j++) {
+            /* documented in kernels.c: (3m + 8) * 2^-24 * (|out| + Q sum |c d|) */
+            double tol = (3.0 * active + 8) * 0x1p-24 * scale[j];
+            CHECK(fabs((double)got[j] - (double)ref[j]) <= tol,
+                  "%s axpy %s n=%lld rows=%d (active %d) j=%lld: %.9g vs scalar %.9g (tol %g)",
+                  pi2_q_isa_name(isa), pi2_q_type_name(t), (long long)n, nrows, active, (long long)j, (double)got[j],
+                  (double)ref[j], tol);
+            if (scalar_vs_double) /* the scalar twin: one rounding per row and element */
+                CHECK(fabs((double)ref[j] - dref[j]) <= (2.0 * active + 2) * 0x1p-24 * scale[j],
+                      "scalar axpy %s j=%lld: %.9g vs double %.9g", pi2_q_type_name(t), (long long)j, (double)ref[j],
+                      dref[j]);
+            checked++;
+        }
+        if (active == 0)
+            CHECK(memcmp(got, out0, (size_t)n * sizeof(float)) == 0, "axpy with only zero coefs changed out");
+        free(coef);
+        free(out0);
+        free(got);
+        free(ref);
+        free(dref);
+        free(scale);
+        wrows_free(&w);
+    }
+    print_message("kernels: %s axpy verified: %d outputs\n", pi2_q_isa_name(isa), checked);
+}
+
+static void test_axpy_scalar(void **state)
+{
+    (void)state;
+    axpy_suite(PI2_ISA_SCALAR, true);
+}
+
+static void test_axpy_avx2(void **state)
+{
+    (void)state;
+    if (!isa_or_skip(PI2_ISA_AVX2, "axpy"))
+        skip();
+    axpy_suite(PI2_ISA_AVX2, false);
+}
+
+static void test_axpy_avx512(void **state)
+{
+    (void)state;
+    if (!isa_or_skip(PI2_ISA_AVX512, "axpy"))
+        skip();
+    axpy_suite(PI2_ISA_AVX512, false);
+}
+
+/* ---- dequant: exact on every path ---- */
+
+static void test_dequant(void **state)
+{
+    (void)state;
+    pi2_rng r;
+    pi2_rng_seed(&r, 61);
+    int paths = 0;
+    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+        pi2_isa isa = (pi2_isa)i;
+        if (!isa_or_skip(isa, "dequant"))
+            continue;
+        assert_int_equal(pi2_q_set_isa(isa), 0);
+        paths++;
+        for (int it = 0; it < 16; it++) {
+            pi2_qtype t = QTYPES[it & 1];
+            int64_t n = 32 * rand_int(&r, 1, 90);
+            int nrows = (int)rand_int(&r, 1, 7);
+            wrows w = wrows_new(&r, t, n, nrows, it % 3);
+            float *got = xmalloc((size_t)(nrows * n), sizeof(float)), *ref = xmalloc((size_t)n, sizeof(float));
+            pi2_k_dequant_rows(t, n, nrows, w.wp, w.ws, got);
+            for (int k = 0; k < nrows; k++) {
+                pi2_q_dequantize_row(t, w.ws[k], w.wp[k], n, ref);
+                CHECK(memcmp(got + k * n, ref, (size_t)n * sizeof(float)) == 0, "%s dequant %s n=%lld row %d differs",
+                      pi2_q_isa_name(isa), pi2_q_type_name(t), (long long)n, k);
+            }
+            free(got);
+            free(ref);
+            wrows_free(&w);
+        }
+    }
+    assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
+    assert_true(paths >= 1);
+}
+
+/* ---- sgemv against double ---- */
+
+static void sgemv_suite(pi2_isa isa)
+{
+    pi2_rng r;
+    pi2_rng_seed(&r, 71 + (uint64_t)isa);
+    for (int it = 0; it < 60; it++) {
+        int64_t n = it < 40 ? it + 1 : rand_int(&r, 1, 1100);
+        int nrows = (int)rand_int(&r, 1, 11);
+        int64_t ldw = n + rand_int(&r, 0, 3);
+        float *W = xmalloc((size_t)(nrows * ldw), sizeof(float)), *x = xmalloc((size_t)n, sizeof(float));
+        float *out = xmalloc((size_t)nrows, sizeof(float));
+        for (int64_t i = 0; i < nrows * ldw; i++)
+            W[i] = (float)ldexp(pi2_rng_normal(&r), (int)rand_int(&r, -6, 6));
+        for (int64_t j = 0; j < n; j++)
+            x[j] = (float)pi2_rng_normal(&r);
+        pi2_k_sgemv_isa(isa, W, ldw, n, nrows, x, out);
+        for (int k = 0; k < nrows; k++) {
+            double ref = 0, mag = 0;
+            for (int64_t j = 0; j < n; j++) {
+                ref += (double)W[k * ldw + j] * x[j];
+                mag += fabs((double)W[k * ldw + j] * x[j]);
+            }
+            double tol = ((double)n + 2) * 0x1p-24 * mag; /* any summation order */
+            CHECK(fabs((double)out[k] - ref) <= tol, "%s sgemv n=%lld row %d: %.9g vs double %.9g (tol %g)",
+                  pi2_q_isa_name(isa), (long long)n, k, (double)out[k], ref, tol);
+        }
+        free(W);
+        free(x);
+        free(out);
+    }
+}
+
+static void test_sgemv(void **state)
+{
+    (void)state;
+    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++)
+        if (isa_or_skip((pi2_isa)i, "sgemv"))
+            sgemv_suite((pi2_isa)i);
+}
+
+/* ---- probes ---- */
+
+static void test_probes(void **state)
+{
+    (void)state;
+    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+        double p = pi2_k_probe_int8_peak((pi2_isa)i, 0.02);
+        CHECK(p > 1e6 && isfinite(p), "int8 peak %s: %g MAC/s", pi2_q_isa_name((pi2_isa)i), p);
+    }
+    static const size_t sizes[] = {1, 31, 1000, 4096 + 7};
+    uint8_t *buf = xmalloc(4096 + 7, 1);
+    memset(buf, 1, 4096 + 7);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        double bw = pi2_k_probe_read_bw(buf, sizes[i], 0.005);
+        CHECK(bw > 1e6 && isfinite(bw), "read bw over %zu bytes: %g B/s", sizes[i], bw);
+    }
+    CHECK(pi2_k_probe_read_bw(buf, 0, 0.01) == 0.0, "empty buffer");
+    free(buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_act_quantize),
+        cmocka_unit_test(test_matmul_scalar_reference),
+        cmocka_unit_test(test_matmul_avx2),
+        cmocka_unit_test(test_matmul_avx512),
+        cmocka_unit_test(test_matmul_dispatch),
+        cmocka_unit_test(test_axpy_scalar),
+        cmocka_unit_test(test_axpy_avx2),
+        cmocka_unit_test(test_axpy_avx512),
+        cmocka_unit_test(test_dequant),
+        cmocka_unit_test(test_sgemv),
+        cmocka_unit_test(test_probes),
+    };
+    return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);
+}

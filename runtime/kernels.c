@@ -584,6 +584,38 @@ PI2_T_AVX2 static inline __m256i ld_i8x8(const uint8_t *p)
     return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
 }
 
+/* Row k's Q4 / Q8 block (payload p) times c added into x0..x3 (elements
+ * 0-7, 8-15, 16-23, 24-31; Q4 nibbles unsigned, the -8 comes with off). */
+#define K_AXPY_Q4_ROW(x0, x1, x2, x3, p, c)                                                            \
+    do {                                                                                               \
+        __m256i lo_ = ld_u8x8(p), hi_ = ld_u8x8((p) + 8); /* bytes 0-7, 8-15 */                        \
+        x0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(lo_, m4)), c, x0);                    \
+        x1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(hi_, m4)), c, x1);                    \
+        x2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(lo_, 4)), c, x2);                    \
+        x3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(hi_, 4)), c, x3);                    \
+    } while (0)
+
+#define K_AXPY_Q8_ROW(x0, x1, x2, x3, p, c)                                                            \
+    do {                                                                                               \
+        x0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld_i8x8(p)), c, x0);                                   \
+        x1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld_i8x8((p) + 8)), c, x1);                             \
+        x2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld_i8x8((p) + 16)), c, x2);                            \
+        x3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld_i8x8((p) + 24)), c, x3);                            \
+    } while (0)
+
+/* Rows alternate between out's registers o and a second set e (added in
+ * at the end), so each FMA chain is half as long. */
+#define K_AXPY_BLOCK(ROW, GB)                                                                          \
+    do {                                                                                               \
+        int k = 0;                                                                                     \
+        for (; k + 2 <= R; k += 2) {                                                                   \
+            ROW(o0, o1, o2, o3, w[k] + (b0 + b) * (GB), _mm256_broadcast_ss(cd + k * kb + b));         \
+            ROW(e0, e1, e2, e3, w[k + 1] + (b0 + b) * (GB), _mm256_broadcast_ss(cd + (k + 1) * kb + b)); \
+        }                                                                                              \
+        if (k < R)                                                                                     \
+            ROW(o0, o1, o2, o3, w[k] + (b0 + b) * (GB), _mm256_broadcast_ss(cd + k * kb + b));         \
+    } while (0)
+
 PI2_T_AVX2 static void axpy_group_avx2(pi2_qtype wt, int R, const uint8_t *const *w, int64_t b0, int64_t kb,
                                        const float *cd, const float *off, float *out)
 {
@@ -592,35 +624,21 @@ PI2_T_AVX2 static void axpy_group_avx2(pi2_qtype wt, int R, const uint8_t *const
         float *o = out + (b0 + b) * QG;
         __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);
         __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);
+        __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
         if (wt == PI2_QT_Q4) {
-            for (int k = 0; k < R; k++) {
-                const uint8_t *p = w[k] + (b0 + b) * PI2_Q4_GROUP_BYTES;
-                __m256 c = _mm256_broadcast_ss(cd + k * kb + b);
-                __m256i x0 = ld_u8x8(p), x1 = ld_u8x8(p + 8); /* bytes 0-7, 8-15 */
-                o0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x0, m4)), c, o0);   /* elements 0-7 */
-                o1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x1, m4)), c, o1);   /* 8-15 */
-                o2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x0, 4)), c, o2); /* 16-23 */
-                o3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x1, 4)), c, o3); /* 24-31 */
-            }
+            K_AXPY_BLOCK(K_AXPY_Q4_ROW, PI2_Q4_GROUP_BYTES);
             __m256 ov = _mm256_broadcast_ss(off + b);
-            o0 = _mm256_add_ps(o0, ov);
-            o1 = _mm256_add_ps(o1, ov);
-            o2 = _mm256_add_ps(o2, ov);
-            o3 = _mm256_add_ps(o3, ov);
+            e0 = _mm256_add_ps(e0, ov);
+            e1 = _mm256_add_ps(e1, ov);
+            e2 = _mm256_add_ps(e2, ov);
+            e3 = _mm256_add_ps(e3, ov);
         } else {
-            for (int k = 0; k < R; k++) {
-                const uint8_t *p = w[k] + (b0 + b) * PI2_Q8_GROUP_BYTES;
-                __m256 c = _mm256_broadcast_ss(cd + k * kb + b);
-                o0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld_i8x8(p)), c, o0);
-                o1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld_i8x8(p + 8)), c, o1);
-                o2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld_i8x8(p + 16)), c, o2);
-                o3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld_i8x8(p + 24)), c, o3);
-            }
+            K_AXPY_BLOCK(K_AXPY_Q8_ROW, PI2_Q8_GROUP_BYTES);
         }
-        _mm256_storeu_ps(o, o0);
-        _mm256_storeu_ps(o + 8, o1);
-        _mm256_storeu_ps(o + 16, o2);
-        _mm256_storeu_ps(o + 24, o3);
+        _mm256_storeu_ps(o, _mm256_add_ps(o0, e0));
+        _mm256_storeu_ps(o + 8, _mm256_add_ps(o1, e1));
+        _mm256_storeu_ps(o + 16, _mm256_add_ps(o2, e2));
+        _mm256_storeu_ps(o + 24, _mm256_add_ps(o3, e3));
     }
 }
 

@@ -257,6 +257,11 @@ static void pred_fc2_fn(void *ctx, int tid, int nt)
     s->n_list = n;
 }
 
+/* Neurons per step of a thread's decode FFN: their gate, up and down rows
+ * are read one after the other while they are close (a bundle keeps a
+ * neuron's rows adjacent), so the three passes share cache lines. */
+#define DEC_CHUNK 32
+
 static void ffn_dec_fn(void *ctx, int tid, int nt)
 {
     ffn_dec_job *j = ctx;
@@ -269,52 +274,55 @@ static void ffn_dec_fn(void *ctx, int tid, int nt)
     int64_t total = j->mode == FFN_PRED ? j->n_sel : f->n_ff, b, en;
     pi2_pool_split(total, GRAIN, tid, nt, &b, &en);
     s->predicted = s->active = s->bytes = 0;
-    int n = (int)(en - b);
-    if (n <= 0)
-        return;
-    const uint32_t *idx = j->mode == FFN_PRED ? e->sel + b : NULL;
-    /* gate rows of the selected neurons */
-    for (int k = 0; k < n; k++) {
-        uint32_t i = idx ? idx[k] : (uint32_t)(b + k);
-        s->pp[k] = f->gate.rp[i];
-        s->ps[k] = f->gate.rs[i];
-        s->list[k] = i;
-    }
-    pi2_k_matmul(f->gate.qt, D, n, s->pp, s->ps, e->aqs, e->aq, e->asum, 1, s->g, 1);
-    /* up rows: where the gate lets the neuron fire (sparse ReLU family), else all */
+    const uint32_t *idx = j->mode == FFN_PRED ? e->sel : NULL;
     bool gate_filters = j->mode == FFN_PRED && act != PI2_ACT_SILU;
-    int m = 0;
-    for (int k = 0; k < n; k++) {
-        if (gate_filters && !(s->g[k] > 0.0f))
-            continue;
-        uint32_t i = s->list[k];
-        s->pp2[m] = f->up.rp[i];
-        s->ps2[m] = f->up.rs[i];
-        s->list2[m] = (uint32_t)k;
-        m++;
+    uint64_t n_up = 0, n_down = 0;
+    for (int64_t c0 = b; c0 < en; c0 += DEC_CHUNK) {
+        int n = (int)(en - c0 < DEC_CHUNK ? en - c0 : DEC_CHUNK);
+        for (int k = 0; k < n; k++) {
+            uint32_t i = idx ? idx[c0 + k] : (uint32_t)(c0 + k);
+            s->pp[k] = f->gate.rp[i];
+            s->ps[k] = f->gate.rs[i];
+            s->list[k] = i;
+        }
+        pi2_k_matmul(f->gate.qt, D, n, s->pp, s->ps, e->aqs, e->aq, e->asum, 1, s->g, 1);
+        /* up rows: where the gate lets the neuron fire (sparse ReLU family), else all */
+        int m = 0;
+        for (int k = 0; k < n; k++) {
+            if (gate_filters && !(s->g[k] > 0.0f))
+                continue;
+            uint32_t i = s->list[k];
+            s->pp2[m] = f->up.rp[i];
+            s->ps2[m] = f->up.rs[i];
+            s->list2[m] = (uint32_t)k;
+            m++;
+        }
+        if (m > 0)
+            pi2_k_matmul(f->up.qt, D, m, s->pp2, s->ps2, e->aqs, e->aq, e->asum, 1, s->u, 1);
+        /* activations and the down columns to add */
+        int a = 0;
+        for (int q = 0; q < m; q++) {
+            int k = (int)s->list2[q];
+            float v = act_fn(act, s->g[k], s->u[q]);
+            if (j->mode == FFN_THRESH && !(fabsf(v) >= f->silu_thr))
+                continue;
+            if (j->mode != FFN_DENSE && v == 0.0f)
+                continue;
+            uint32_t i = s->list[k];
+            s->pp2[a] = f->down.rp[i];
+            s->ps2[a] = f->down.rs[i];
+            s->coef[a] = v;
+            a++;
+        }
+        if (a > 0)
+            pi2_k_axpy_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, s->part);
+        n_up += (uint64_t)m;
+        n_down += (uint64_t)a;
     }
-    if (m > 0)
-        pi2_k_matmul(f->up.qt, D, m, s->pp2, s->ps2, e->aqs, e->aq, e->asum, 1, s->u, 1);
-    /* activations and the down columns to add */
-    int a = 0;
-    for (int q = 0; q < m; q++) {
-        int k = (int)s->list2[q];
-        float v = act_fn(act, s->g[k], s->u[q]);
-        if (j->mode == FFN_THRESH && !(fabsf(v) >= f->silu_thr))
-            continue;
-        if (j->mode != FFN_DENSE && v == 0.0f)
-            continue;
-        uint32_t i = s->list[k];
-        s->pp2[a] = f->down.rp[i];
-        s->ps2[a] = f->down.rs[i];
-        s->coef[a] = v;
-        a++;
-    }
-    if (a > 0)
-        pi2_k_axpy_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, s->part);
-    s->predicted = (uint64_t)n;
-    s->active = (uint64_t)a;
-    s->bytes = (uint64_t)n * f->gate.row_bytes + (uint64_t)m * f->up.row_bytes + (uint64_t)a * f->down.row_bytes;
+    uint64_t n_gate = en > b ? (uint64_t)(en - b) : 0;
+    s->predicted = n_gate;
+    s->active = n_down;
+    s->bytes = n_gate * f->gate.row_bytes + n_up * f->up.row_bytes + n_down * f->down.row_bytes;
 }
 
 /* Decode FFN for the token whose normed input is e->xb (quantized in the

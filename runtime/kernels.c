@@ -102,8 +102,7 @@ static void axpy_scalar(pi2_qtype wt, int64_t n, int nrows, const float *coef, c
                         const uint16_t *const *ws, float *out)
 {
     for (int r = 0; r < nrows; r++)
-        if (coef[r] != 0.0f)
-            pi2_q_axpy_row(wt, coef[r], ws[r], wp[r], n, out);
+        pi2_q_axpy_row(wt, coef[r], ws[r], wp[r], n, out);
 }
 
 static void dequant_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
@@ -687,18 +686,18 @@ static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const fl
     float cd[K_AXPY_ROWS * K_AXPY_CHUNK], off[K_AXPY_CHUNK];
     int r = 0;
     while (r < nrows) {
-        /* the next group of up to 8 rows with a nonzero coefficient */
+        /* the next group of up to 8 rows (zero coefficients too: callers
+         * pass only the rows they want read) */
         float c[K_AXPY_ROWS];
         const uint8_t *w[K_AXPY_ROWS];
         const uint16_t *s[K_AXPY_ROWS];
         int R = 0;
-        for (; r < nrows && R < K_AXPY_ROWS; r++)
-            if (coef[r] != 0.0f) {
-                c[R] = coef[r];
-                w[R] = wp[r];
-                s[R] = ws[r];
-                R++;
-            }
+        for (; r < nrows && R < K_AXPY_ROWS; r++) {
+            c[R] = coef[r];
+            w[R] = wp[r];
+            s[R] = ws[r];
+            R++;
+        }
         if (R == 0)
             break;
         for (int64_t b0 = 0; b0 < nb; b0 += K_AXPY_CHUNK) {

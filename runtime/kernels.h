@@ -58,7 +58,8 @@ void pi2_k_matmul_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uin
 
 /* out[0..n) += sum_r coef[r] * dequant(row r) for r < nrows (Q4 or Q8
  * rows as above): the down projection as an accumulation of the active
- * neurons' columns (stored as rows). Rows with coef 0 are skipped. */
+ * neurons' columns (stored as rows). Every row is read, whatever its
+ * coefficient: callers pass only the rows they want. */
 void pi2_k_axpy_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, const uint8_t *const *wp,
                      const uint16_t *const *ws, float *out);
 void pi2_k_axpy_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef,

@@ -300,13 +300,14 @@ static int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
     eo.dense = o->dense;
     rc = pi2_engine_open(e, &eo, err);
     pi2_sign_key_free(key);
+    pi2_err fresh = {0}; /* first error wins: reset before rewording */
     if (rc == PI2_EINVAL && !key && strstr(err->msg, "public key is needed"))
-        pi2_err_set(err, PI2_EINVAL,
+        *err = fresh, pi2_err_set(err, PI2_EINVAL,
                     "%s is signed: give the signer's public key with --pubkey PUB.pem (or $PI2_PUBKEY, or "
                     "~/.config/pi2/pubkey.pem)",
                     o->model);
     else if (rc == PI2_ESIG && strstr(err->msg, "unsigned container"))
-        pi2_err_set(err, PI2_ESIG, "%s is not signed; run it only if you trust where it came from, with "
+        *err = fresh, pi2_err_set(err, PI2_ESIG, "%s is not signed; run it only if you trust where it came from, with "
                                    "--trust-unsigned",
                     o->model);
     return rc;

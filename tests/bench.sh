@@ -10,6 +10,10 @@ mkdir -p "$W"
 say() { printf '%s\n' "$*"; }
 num() { sed -n "s/.*$1 \([0-9.]*\).*/\1/p" | head -1; }
 
+say "== runtime: the generated 1B-shaped ReGLU model, all in memory"
+BUILD=$B sh runtime/bench.sh "$W"
+[ "${BENCH:-all}" = runtime ] && exit 0
+
 say "== generator: 7B-shaped dReLU model (hidden 4096, ffn 14336, 32 layers, BF16)"
 rm -rf "$W/synth-7b"
 out=$("$B/pi2-convert" synth --preset 7b -o "$W/synth-7b" | tail -1)

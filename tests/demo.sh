@@ -1,13 +1,13 @@
 #!/bin/sh
 # The main job end to end on a model the project makes itself: generate an
 # activation-sparse (dReLU) model, convert it (quantize, train predictors,
-# profile, measure quality), then generate text from the quantized weights.
-# Grows with the tools.
+# profile, measure quality), bundle and sign it, then generate text with the
+# sparse runtime and compare it with dense mode and the quantized reference.
 set -eu
 B=${BUILD:-build}
 D=$B/demo
 mkdir -p "$D"
-rm -rf "$D/model" "$D/model.pi2c" "$D/model-q" "$D/model.pi2" "$D/key.pem" "$D/key.pub.pem"
+rm -rf "$D/model" "$D/model.pi2c" "$D/model-q" "$D/model.pi2" "$D/key.pem" "$D/key.pub.pem" "$D/ts.pi2c" "$D/ts.pi2"
 echo "== 1. pi2-convert synth: a generated dReLU model with planted sparsity (10% of FFN neurons fire per token)"
 "$B/pi2-convert" synth --preset small -o "$D/model"
 echo
@@ -24,11 +24,26 @@ echo "== 4. pi2-bundle: hot-to-cold neuron order, row-column bundles, one signed
 "$B/pi2-bundle" verify "$D/model.pi2" --pubkey "$D/key.pub.pem"
 "$B/pi2-bundle" inspect "$D/model.pi2"
 echo
-echo "== 5. pi2-run on the quantized weights (exported back to an F32 dir for the reference path)"
-"$B/pi2-convert" export "$D/model.pi2c" -o "$D/model-q"
-"$B/pi2-run" --reference "$D/model-q" -p "Once upon a time" -n 32 --stats
+echo "== 5. pi2-run: the signed container, memory-mapped; sparse decode (only predicted neurons are read)"
+"$B/pi2-run" "$D/model.pi2" --pubkey "$D/key.pub.pem" -p "Once upon a time" -n 32 --stats
+echo
+echo "== 6. the same prompt in --dense mode (every neuron computed) and on the quantized reference"
+"$B/pi2-run" "$D/model.pi2" --pubkey "$D/key.pub.pem" -p "Once upon a time" -n 32 --dense --stats
+"$B/pi2-convert" export "$D/model.pi2c" -o "$D/model-q" >/dev/null
+"$B/pi2-run" --reference "$D/model-q" -p "Once upon a time" -n 32
+echo
+echo "== 7. perplexity on the decode path, sparse vs dense (text: the model's own sampled output)"
+"$B/pi2-run" "$D/model.pi2" --pubkey "$D/key.pub.pem" -p "Once upon a time" -n 300 --temp 1 --seed 3 >"$D/text.txt"
+"$B/pi2-run" "$D/model.pi2" --pubkey "$D/key.pub.pem" --ppl "$D/text.txt"
+"$B/pi2-run" "$D/model.pi2" --pubkey "$D/key.pub.pem" --ppl "$D/text.txt" --dense
+echo
+echo "== 8. a fixed workload (prompt 128 tokens, 64 generated): one JSON line per mode"
+"$B/pi2-run" "$D/model.pi2" --pubkey "$D/key.pub.pem" --bench
+"$B/pi2-run" "$D/model.pi2" --pubkey "$D/key.pub.pem" --bench --dense
 if [ -d ../shared/models/tinystories-656k-drelu ]; then
     echo
-    echo "== 6. a real trained dReLU model (../shared/models/tinystories-656k-drelu) on the reference path"
-    "$B/pi2-run" --reference ../shared/models/tinystories-656k-drelu -p "Once upon a time, there was a" -n 48 --stats
+    echo "== 9. a real trained dReLU model (../shared/models/tinystories-656k-drelu): convert, bundle, run"
+    "$B/pi2-convert" ../shared/models/tinystories-656k-drelu -o "$D/ts.pi2c" --train-predictors -q | tail -1
+    "$B/pi2-bundle" "$D/ts.pi2c" -o "$D/ts.pi2" --key "$D/key.pem" -q
+    "$B/pi2-run" "$D/ts.pi2" --pubkey "$D/key.pub.pem" -p "Once upon a time, there was a" -n 48 --stats
 fi

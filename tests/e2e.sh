@@ -83,13 +83,17 @@ expect_error "convert short calib" "too short" "$B/pi2-convert" "$T/tiny" -o "$T
 "$B/pi2-convert" "$T/tiny" -o "$T/silu.pi2c" -q --calib-tokens 1024 >/dev/null 2>&1 && ok || bad "convert without predictors"
 
 # --- bad input to pi2-run ---
-expect_error "run no model" "--reference" "$B/pi2-run" -p hi
+expect_error "run no model" "no model given" "$B/pi2-run" -p hi
 expect_error "run missing dir" "$T/nope" "$B/pi2-run" --reference "$T/nope" -p hi
 expect_error "run bad -n" "-n 'abc'" "$B/pi2-run" --reference "$T/tiny" -n abc
 expect_error "run bad temp" "--temp" "$B/pi2-run" --reference "$T/tiny" --temp -1
 expect_error "run bad top-p" "--top-p" "$B/pi2-run" --reference "$T/tiny" --top-p 0
 expect_error "run too long" "positions" "$B/pi2-run" --reference "$T/tiny" -n 100000
-expect_error "run container" "not available" "$B/pi2-run" model.pi2
+expect_error "run missing container" "$T/model.pi2" "$B/pi2-run" "$T/model.pi2" --trust-unsigned
+expect_error "run two models" "unexpected argument" "$B/pi2-run" a.pi2 b.pi2
+expect_error "run model and reference" "not both" "$B/pi2-run" a.pi2 --reference "$T/tiny"
+expect_error "run bad isa" "--isa" "$B/pi2-run" a.pi2 --isa sse9
+expect_error "run bad threads" "-t" "$B/pi2-run" a.pi2 -t 0
 mkdir "$T/broken"
 cp "$T/tiny/config.json" "$T/tiny/tokenizer.json" "$T/broken/"
 expect_error "run no weights" "broken" "$B/pi2-run" --reference "$T/broken" -p hi
@@ -152,6 +156,44 @@ grep -q "UNSIGNED" "$T/out" && ok || bad "verify --allow-unsigned does not say U
 "$B/pi2-bundle" inspect "$T/u.pi2" 2>/dev/null | grep -q "^signature: *UNSIGNED" && ok || bad "inspect unsigned"
 ls "$T" | grep -q "tmp\." && bad "temporary files left behind: $(ls "$T" | grep tmp.)" || ok
 # ==== pi2-bundle (end) ====
+
+# --- pi2-run on bundled containers ---
+"$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 12 --stats >"$T/out" 2>"$T/err"
+if [ $? -eq 0 ] && grep -q "^hello world" "$T/out" && grep -q "per-token latency ms" "$T/err" \
+    && grep -q "predicted" "$T/err" && grep -q "peak RSS" "$T/err"; then ok
+else bad "pi2-run on the bundled model"; cat "$T/out" "$T/err"; fi
+a=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "x" -n 16 --temp 1 --seed 5 -t 1 2>/dev/null)
+b=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "x" -n 16 --temp 1 --seed 5 -t 2 2>/dev/null)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "pi2-run sampling differs between 1 and 2 threads: '$a' vs '$b'"
+# dense decode on the bundled model gives the quantized reference's greedy text
+a=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" --dense -p "hello" -n 8 2>/dev/null)
+b=$("$B/pi2-run" --reference "$T/tiny-q" -p "hello" -n 8 2>/dev/null)
+[ "$a" = "$b" ] && ok || bad "pi2-run --dense '$a' differs from the quantized reference '$b'"
+PI2_PUBKEY="$T/k.pub" "$B/pi2-run" "$T/b.pi2" -p "hi" -n 2 >/dev/null 2>"$T/err" && ok \
+    || { bad "pi2-run with PI2_PUBKEY"; cat "$T/err"; }
+"$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" --bench --bench-pp 16 --bench-tg 8 -t 2 >"$T/out" 2>"$T/err" \
+    && grep -q '^{"model":.*"pp":16,.*"tg":8,.*"tg_tok_s":[0-9.]*,.*"peak_rss_mb":[0-9.]*}$' "$T/out" \
+    && ok || { bad "pi2-run --bench JSON"; cat "$T/out" "$T/err"; }
+head -c 3000 "$T/tiny/tokenizer.json" | tr -c 'a-z ' ' ' >"$T/text.txt"
+"$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" --ppl "$T/text.txt" --ppl-tokens 64 >"$T/out" 2>"$T/err" \
+    && grep -q "^perplexity" "$T/out" && ok || { bad "pi2-run --ppl"; cat "$T/out" "$T/err"; }
+expect_error "run signed without key" "--pubkey" env -u PI2_PUBKEY HOME="$T" "$B/pi2-run" "$T/b.pi2" -p hi
+expect_error "run wrong key" "another key" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k2.pub" -p hi
+expect_error "run unsigned" "--trust-unsigned" "$B/pi2-run" "$T/u.pi2" -p hi
+expect_ok "run unsigned trusted" "$B/pi2-run" "$T/u.pi2" --trust-unsigned -p hi -n 2
+expect_error "run converted model" "pi2-bundle" "$B/pi2-run" "$T/tiny.pi2c" --trust-unsigned -p hi
+expect_error "run not a container" "tokenizer.json" "$B/pi2-run" "$T/tiny/tokenizer.json" --trust-unsigned
+cp "$T/b.pi2" "$T/bt.pi2"
+flip_byte "$T/bt.pi2" $(($(member_off "$T/bt.pi2" ffn/1.0) + 100))
+expect_error "run tampered ffn" "ffn/1.0" "$B/pi2-run" "$T/bt.pi2" --pubkey "$T/k.pub" -p hi
+expect_ok "run tampered ffn unchecked" "$B/pi2-run" "$T/bt.pi2" --pubkey "$T/k.pub" --no-verify-ffn -p hi -n 2
+cp "$T/b.pi2" "$T/bt.pi2"
+flip_byte "$T/bt.pi2" $(($(member_off "$T/bt.pi2" w/model.layers.0.mlp.up_proj.weight.s) + 10))
+expect_error "run tampered scales" "up_proj" "$B/pi2-run" "$T/bt.pi2" --pubkey "$T/k.pub" --no-verify-ffn -p hi
+truncate -s 8192 "$T/bt.pi2"
+expect_error "run truncated" "bt.pi2" "$B/pi2-run" "$T/bt.pi2" --pubkey "$T/k.pub" -p hi
+expect_error "run too long" "context" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p hi -n 100000
+expect_error "run bad ppl file" "$T/none.txt" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" --ppl "$T/none.txt"
 
 # --- golden: the real trained model ---
 M="$SHARED/models/tinystories-656k"

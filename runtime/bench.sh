@@ -1,0 +1,61 @@
+#!/bin/sh
+# Runtime benchmark (make bench): the generated 1B-shaped ReGLU model
+# (hidden 2048, ffn 5632, 22 layers, 4 kv heads, q4 FFN / q8 attention),
+# all in memory, on THREADS threads (default 2). Every figure is printed
+# with its ratio to a limit measured in the same run by pi2-run --hw-probe:
+#   decode, predicted sparsity  vs  this runtime's own --dense decode
+#   --dense decode bytes/s       vs  the machine's memory read bandwidth
+#   prefill int8 MAC/s           vs  the machine's int8 dot-product peak
+# Usage: sh runtime/bench.sh WORKDIR   (BUILD selects the binaries)
+set -eu
+B=${BUILD:-build}
+W=${1:?usage: runtime/bench.sh WORKDIR}
+TH=${THREADS:-2}
+mkdir -p "$W"
+say() { printf '%s\n' "$*"; }
+# jget KEY < json-line: the number after "KEY":
+jget() { sed -n "s/.*\"$1\":\([-0-9.e+]*\).*/\1/p"; }
+ratio() { echo "$1 $2" | awk '{ if ($2 > 0) printf "%.2f", $1 / $2; else print "nan" }'; }
+
+M="$W/rt-1b"
+if [ ! -f "$M.pi2" ]; then
+    say "== generating the 1B-shaped ReGLU model with planted predictors, converting, bundling"
+    rm -rf "$M" "$M.pi2c"
+    "$B/pi2-convert" synth --preset 1b --act relu --predictors -o "$M" | tail -1
+    "$B/pi2-convert" "$M" -o "$M.pi2c" --calib-tokens 256 -q | tail -2
+    [ -f "$W/bench.pem" ] || "$B/pi2-bundle" keygen --private "$W/bench.pem" --public "$W/bench.pub" >/dev/null
+    "$B/pi2-bundle" "$M.pi2c" -o "$M.pi2" --key "$W/bench.pem" | tail -2
+    rm -rf "$M" "$M.pi2c"
+fi
+
+say "== machine limits (pi2-run --hw-probe -t $TH)"
+hw=$("$B/pi2-run" --hw-probe -t "$TH")
+say "$hw"
+peak=$(echo "$hw" | jget int8_macs_per_s)
+bw=$(echo "$hw" | jget read_bytes_per_s)
+
+say "== pi2-run --bench (prompt 128 tokens, then 64 generated), $TH threads"
+sp=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" --bench -t "$TH")
+say "sparse: $sp"
+de=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" --bench -t "$TH" --dense)
+say "dense:  $de"
+
+s_tg=$(echo "$sp" | jget tg_tok_s)
+d_tg=$(echo "$de" | jget tg_tok_s)
+d_bytes=$(echo "$de" | jget weight_bytes_per_token)
+d_kv=$(echo "$de" | jget kv_bytes_per_token)
+s_bytes=$(echo "$sp" | jget weight_bytes_per_token)
+pp=$(echo "$de" | jget pp_tok_s)
+macs=$(echo "$de" | jget prefill_macs_per_token)
+d_bw=$(echo "$d_tg $d_bytes $d_kv" | awk '{printf "%.0f", $1 * ($2 + $3)}')
+pp_macs=$(echo "$pp $macs" | awk '{printf "%.0f", $1 * $2}')
+r_sparse=$(ratio "$s_tg" "$d_tg")
+r_bw=$(ratio "$d_bw" "$bw")
+r_pp=$(ratio "$pp_macs" "$peak")
+say ""
+say "decode, predicted sparsity: $s_tg tok/s = $r_sparse x --dense decode ($d_tg tok/s)   [target >= 1.6]"
+say "  bytes read per token: sparse $(echo "$s_bytes" | awk '{printf "%.0f", $1/1e6}') MB, dense $(echo "$d_bytes" | awk '{printf "%.0f", $1/1e6}') MB"
+say "--dense decode: $(echo "$d_bw" | awk '{printf "%.2f", $1/1e9}') GB/s of weights+KV = $r_bw x memory read bandwidth ($(echo "$bw" | awk '{printf "%.2f", $1/1e9}') GB/s)   [target >= 0.8]"
+say "prefill: $pp tok/s = $(echo "$pp_macs" | awk '{printf "%.1f", $1/1e9}') G int8 MAC/s = $r_pp x int8 dot peak ($(echo "$peak" | awk '{printf "%.1f", $1/1e9}') G MAC/s)   [target >= 0.6]"
+printf '{"sparse_tg_tok_s": %s, "dense_tg_tok_s": %s, "sparse_vs_dense": %s, "dense_bw_GBps": %s, "dense_vs_mem_bw": %s, "pp_tok_s": %s, "pp_vs_int8_peak": %s}\n' \
+    "$s_tg" "$d_tg" "$r_sparse" "$(echo "$d_bw" | awk '{printf "%.3f", $1/1e9}')" "$r_bw" "$pp" "$r_pp" >"$W/runtime.json"

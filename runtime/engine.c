@@ -535,7 +535,7 @@ int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err)
     float **sc = calloc((size_t)e->threads, sizeof *sc);
     bool ok = kc && vc && sc;
     for (int t = 0; ok && t < e->threads; t++)
-        ok = (sc[t] = pi2_malloc_array((size_t)ctx, sizeof(float))) != NULL;
+        ok = (sc[t] = pi2_malloc_array((size_t)ctx * PI2_K_MAX_T, sizeof(float))) != NULL;
     if (!ok) {
         for (int t = 0; sc && t < e->threads; t++)
             free(sc[t]);

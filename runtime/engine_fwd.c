@@ -105,46 +105,44 @@ typedef struct attn_job {
     int l, T, pos;
 } attn_job;
 
+/* Causal attention of T tokens at positions pos.. for this thread's heads,
+ * as two sgemm per head: S = Q K^T (T x L, L = pos + T), softmax over
+ * each row's visible prefix, O = S V. */
 static void attn_fn(void *ctx, int tid, int nt)
 {
     attn_job *j = ctx;
     pi2_engine *e = j->e;
     const pi2_model_desc *d = &e->d;
-    int hd = d->head_dim, nh = d->n_heads, group = nh / d->n_kv_heads;
+    int hd = d->head_dim, nh = d->n_heads, group = nh / d->n_kv_heads, T = j->T, L = j->pos + T;
     int64_t qd = (int64_t)nh * hd, kvd = (int64_t)d->n_kv_heads * hd;
     const float *kc = e->kc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
     const float *vc = e->vc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
     float scale = 1.0f / sqrtf((float)hd);
-    float *sc = e->tls[tid].scores;
+    float *S = e->tls[tid].scores; /* [T][L] */
     int64_t hb, he;
     pi2_pool_split(nh, 1, tid, nt, &hb, &he);
     for (int64_t h = hb; h < he; h++) {
         int64_t kh = h / group;
-        for (int t = 0; t < j->T; t++) {
-            int p = j->pos + t;
-            const float *qh = e->q + (size_t)t * (size_t)qd + (size_t)h * hd;
-            pi2_k_sgemv(kc + kh * hd, kvd, hd, p + 1, qh, sc);
-            float mx = -INFINITY;
-            for (int s = 0; s <= p; s++) {
-                sc[s] *= scale;
-                if (sc[s] > mx)
-                    mx = sc[s];
-            }
-            float sum = 0.0f;
-            for (int s = 0; s <= p; s++) {
-                sc[s] = expf(sc[s] - mx);
-                sum += sc[s];
+        const float *Q = e->q + h * hd, *K = kc + kh * hd, *V = vc + kh * hd;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, L, hd, scale, Q, (int)qd, K, (int)kvd, 0.0f, S, L);
+        for (int t = 0; t < T; t++) {
+            float *row = S + (size_t)t * (size_t)L;
+            int vis = j->pos + t + 1;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int s = 0; s < vis; s++)
+                mx = row[s] > mx ? row[s] : mx;
+            for (int s = 0; s < vis; s++) {
+                row[s] = expf(row[s] - mx);
+                sum += row[s];
             }
             float inv = 1.0f / sum;
-            float *restrict oh = e->att + (size_t)t * (size_t)qd + (size_t)h * hd;
-            memset(oh, 0, (size_t)hd * sizeof *oh);
-            for (int s = 0; s <= p; s++) {
-                float w = sc[s] * inv;
-                const float *restrict vs = vc + (size_t)s * (size_t)kvd + (size_t)kh * hd;
-                for (int i = 0; i < hd; i++)
-                    oh[i] += w * vs[i];
-            }
+            for (int s = 0; s < vis; s++)
+                row[s] *= inv;
+            for (int s = vis; s < L; s++)
+                row[s] = 0.0f;
         }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, L, 1.0f, S, L, V, (int)kvd, 0.0f,
+                    e->att + h * hd, (int)qd);
     }
 }
 

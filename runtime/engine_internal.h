@@ -55,7 +55,7 @@ typedef struct eng_tls {
     uint32_t *list, *list2; /* [n_ff] neurons (decode) */
     uint32_t n_list;
     uint64_t predicted, active, bytes;
-    float *scores;   /* [n_heads... ] attention scores [ctx] */
+    float *scores;   /* attention scores [PI2_K_MAX_T][ctx] */
 } eng_tls;
 
 struct pi2_engine {

@@ -19,7 +19,7 @@ ifdef SAN
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
 endif
-LDLIBS  := -larchive -lcrypto -lopenblas -ljansson -lm -lpthread
+LDLIBS  := -larchive -lcrypto -lopenblas -ljansson -luring -lm -lpthread
 
 TOOLS     := pi2-convert pi2-bundle pi2-run
 TOOL_SRC  := convert/pi2-convert.c bundle/pi2-bundle.c runtime/pi2-run.c

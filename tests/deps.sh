@@ -8,6 +8,7 @@ have_header jansson.h || need="$need libjansson-dev"
 have_header archive.h || need="$need libarchive-dev"
 have_header openssl/evp.h || need="$need libssl-dev"
 have_header cblas.h || need="$need libopenblas-dev"
+have_header liburing.h || need="$need liburing-dev"
 printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <stdint.h>\n#include <cmocka.h>\n' \
     | ${CC:-cc} -E -x c - >/dev/null 2>&1 || need="$need libcmocka-dev"
 command -v ${CC:-cc} >/dev/null 2>&1 || need="$need gcc"

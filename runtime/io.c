@@ -1,0 +1,436 @@
+/* Direct reads: io_uring (liburing) or a pread thread pool. */
+#include "runtime/io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- fault injection ---- */
+
+static atomic_int g_fault, g_errnum, g_after, g_count;
+
+void pi2_io_inject(pi2_io_fault fault, int errnum, int after, int count)
+{
+    atomic_store(&g_count, 0);
+    atomic_store(&g_fault, (int)fault);
+    atomic_store(&g_errnum, errnum);
+    atomic_store(&g_after, after);
+    atomic_store(&g_count, count);
+}
+
+/* The fault for this read (ERRNO or SHORT), or NONE. */
+static pi2_io_fault take_fault(void)
+{
+    int f = atomic_load(&g_fault);
+    if (f != PI2_IO_FAULT_ERRNO && f != PI2_IO_FAULT_SHORT)
+        return PI2_IO_FAULT_NONE;
+    if (atomic_load(&g_count) <= 0)
+        return PI2_IO_FAULT_NONE;
+    if (atomic_fetch_sub(&g_after, 1) > 0)
+        return PI2_IO_FAULT_NONE;
+    if (atomic_fetch_sub(&g_count, 1) <= 0)
+        return PI2_IO_FAULT_NONE;
+    return (pi2_io_fault)f;
+}
+
+/* ---- state ---- */
+
+struct pi2_io {
+    char path[4096];
+    int fd;
+    pi2_io_opts o;
+    pi2_io_backend used;
+    char note[256];
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    int inflight; /* submitted, not reaped */
+
+    /* uring */
+    struct io_uring ring;
+    bool ring_ok;
+    pi2_io_req **instant; /* completed without a read (injected errors) */
+    int n_instant;
+
+    /* pread */
+    pthread_t *th;
+    int n_th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_done;
+    pi2_io_req **q, **dq; /* work and done rings, depth entries each */
+    int qh, qn, dh, dn;
+    bool stop;
+};
+
+const char *pi2_io_backend_name(pi2_io_backend b)
+{
+    return b == PI2_IO_URING ? "io_uring" : b == PI2_IO_PREAD ? "pread" : "auto";
+}
+
+void pi2_io_defaults(pi2_io_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->backend = PI2_IO_AUTO;
+    o->depth = 64;
+    o->threads = 4;
+}
+
+void *pi2_io_alloc_buf(size_t n)
+{
+    void *p = NULL;
+    if (n == 0)
+        n = PI2_IO_ALIGN;
+    return posix_memalign(&p, PI2_IO_ALIGN, (n + PI2_IO_ALIGN - 1) / PI2_IO_ALIGN * PI2_IO_ALIGN) == 0 ? p : NULL;
+}
+
+void pi2_io_free_buf(void *p) { free(p); }
+
+/* One pread request to completion (short reads retried); sets result. */
+static void pread_req(const pi2_io *io, pi2_io_req *r)
+{
+    while (r->done < r->len) {
+        pi2_io_fault f = take_fault();
+        if (f == PI2_IO_FAULT_ERRNO) {
+            r->result = -atomic_load(&g_errnum);
+            return;
+        }
+        uint32_t want = r->len - r->done;
+        if (f == PI2_IO_FAULT_SHORT && want > PI2_IO_ALIGN)
+            want = want / 2 / PI2_IO_ALIGN * PI2_IO_ALIGN;
+        ssize_t got = pread(io->fd, (uint8_t *)r->buf + r->done, want, (off_t)(r->off + r->done));
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            r->result = -errno;
+            return;
+        }
+        if (got == 0) {
+            r->result = -ENODATA; /* end of file: truncated */
+            return;
+        }
+        r->done += (uint32_t)got;
+    }
+    r->result = (int32_t)r->len;
+}
+
+static void *pread_worker(void *arg)
+{
+    pi2_io *io = arg;
+    pthread_mutex_lock(&io->mu);
+    for (;;) {
+        while (!io->stop && io->qn == 0)
+            pthread_cond_wait(&io->cv_work, &io->mu);
+        if (io->stop && io->qn == 0)
+            break;
+        pi2_io_req *r = io->q[io->qh];
+        io->qh = (io->qh + 1) % io->o.depth;
+        io->qn--;
+        pthread_mutex_unlock(&io->mu);
+        pread_req(io, r);
+        pthread_mutex_lock(&io->mu);
+        io->dq[(io->dh + io->dn) % io->o.depth] = r;
+        io->dn++;
+        pthread_cond_broadcast(&io->cv_done);
+    }
+    pthread_mutex_unlock(&io->mu);
+    return NULL;
+}
+
+static int start_pread(pi2_io *io, pi2_err *err)
+{
+    pthread_mutex_init(&io->mu, NULL);
+    pthread_cond_init(&io->cv_work, NULL);
+    pthread_cond_init(&io->cv_done, NULL);
+    io->q = calloc((size_t)io->o.depth, sizeof *io->q);
+    io->dq = calloc((size_t)io->o.depth, sizeof *io->dq);
+    io->th = calloc((size_t)io->o.threads, sizeof *io->th);
+    if (!io->q || !io->dq || !io->th)
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the I/O queue", io->path);
+    for (int i = 0; i < io->o.threads; i++) {
+        int rc = pthread_create(&io->th[i], NULL, pread_worker, io);
+        if (rc != 0)
+            return pi2_err_set(err, rc == EAGAIN ? PI2_ENOMEM : PI2_EIO, "%s: cannot start an I/O thread: %s",
+                               io->path, strerror(rc));
+        io->n_th++;
+    }
+    io->used = PI2_IO_PREAD;
+    return 0;
+}
+
+int pi2_io_open(pi2_io **out, const char *path, const pi2_io_opts *o, pi2_err *err)
+{
+    *out = NULL;
+    pi2_io_opts def;
+    if (!o) {
+        pi2_io_defaults(&def);
+        o = &def;
+    }
+    if (o->depth < 1 || o->depth > 4096 || o->threads < 1 || o->threads > 64)
+        return pi2_err_set(err, PI2_EINVAL, "%s: I/O depth %d or threads %d out of range", path, o->depth,
+                           o->threads);
+    pi2_io *io = calloc(1, sizeof *io);
+    if (!io)
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+    snprintf(io->path, sizeof io->path, "%s", path);
+    io->o = *o;
+    io->fd = open(path, O_RDONLY | O_CLOEXEC | (o->buffered ? 0 : O_DIRECT));
+    if (io->fd < 0 && !o->buffered && errno == EINVAL) /* filesystem without O_DIRECT */
+        return free(io), pi2_err_set(err, PI2_EIO, "%s: the filesystem does not support direct I/O (O_DIRECT)",
+                                     path);
+    struct stat st;
+    if (io->fd < 0 || fstat(io->fd, &st) != 0) {
+        int e = errno;
+        if (io->fd >= 0)
+            close(io->fd);
+        free(io);
+        return pi2_err_set(err, PI2_EIO, "%s: %s", path, strerror(e));
+    }
+    io->dev = st.st_dev;
+    io->ino = st.st_ino;
+    io->size = st.st_size;
+    int rc = 0;
+    if (o->backend != PI2_IO_PREAD) {
+        int r = atomic_load(&g_fault) == PI2_IO_FAULT_NO_URING ? -ENOSYS : io_uring_queue_init((unsigned)o->depth, &io->ring, 0);
+        if (r == 0) {
+            io->ring_ok = true;
+            io->used = PI2_IO_URING;
+            if (!(io->instant = calloc((size_t)o->depth, sizeof *io->instant)))
+                rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+        } else if (o->backend == PI2_IO_URING) {
+            rc = pi2_err_set(err, PI2_EIO, "%s: io_uring setup failed: %s", path, strerror(-r));
+        } else {
+            snprintf(io->note, sizeof io->note, "io_uring unavailable (%s): using pread threads", strerror(-r));
+        }
+    }
+    if (rc == 0 && !io->ring_ok)
+        rc = start_pread(io, err);
+    if (rc) {
+        pi2_io_close(io);
+        return rc;
+    }
+    *out = io;
+    return 0;
+}
+
+pi2_io_backend pi2_io_backend_used(const pi2_io *io) { return io->used; }
+const char *pi2_io_backend_note(const pi2_io *io) { return io->note; }
+int pi2_io_inflight(const pi2_io *io) { return io->inflight; }
+
+static int check_req(const pi2_io *io, const pi2_io_req *r, pi2_err *err)
+{
+    if (!r || !r->buf || r->len == 0 || r->off % PI2_IO_ALIGN || r->len % PI2_IO_ALIGN ||
+        (uintptr_t)r->buf % PI2_IO_ALIGN)
+        return pi2_err_set(err, PI2_EINVAL, "%s: unaligned or empty read request", io->path);
+    if (r->off > UINT64_MAX - r->len)
+        return pi2_err_set(err, PI2_ERANGE, "%s: read offset overflows", io->path);
+    return 0;
+}
+
+/* Queue the remainder of r on the ring (injected faults applied). */
+static void uring_queue(pi2_io *io, pi2_io_req *r)
+{
+    pi2_io_fault f = take_fault();
+    if (f == PI2_IO_FAULT_ERRNO) {
+        r->result = -atomic_load(&g_errnum);
+        io->instant[io->n_instant++] = r;
+        return;
+    }
+    uint32_t want = r->len - r->done;
+    if (f == PI2_IO_FAULT_SHORT && want > PI2_IO_ALIGN)
+        want = want / 2 / PI2_IO_ALIGN * PI2_IO_ALIGN;
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
+    if (!sqe) { /* cannot happen: at most depth requests in flight */
+        r->result = -EAGAIN;
+        io->instant[io->n_instant++] = r;
+        return;
+    }
+    io_uring_prep_read(sqe, io->fd, (uint8_t *)r->buf + r->done, want, r->off + r->done);
+    io_uring_sqe_set_data(sqe, r);
+}
+
+int pi2_io_submit(pi2_io *io, pi2_io_req *const *reqs, int n, pi2_err *err)
+{
+    if (n < 0 || io->inflight + n > io->o.depth)
+        return pi2_err_set(err, PI2_ERANGE, "%s: %d reads would exceed the queue depth %d", io->path,
+                           io->inflight + n, io->o.depth);
+    for (int i = 0; i < n; i++)
+        if (check_req(io, reqs[i], err))
+            return err->code;
+    for (int i = 0; i < n; i++) {
+        reqs[i]->done = 0;
+        reqs[i]->result = 0;
+    }
+    if (io->ring_ok) {
+        for (int i = 0; i < n; i++)
+            uring_queue(io, reqs[i]);
+        int r = io_uring_submit(&io->ring);
+        if (r < 0) /* the queued entries stay in the ring and go with the next submit */
+            return pi2_err_set(err, PI2_EIO, "%s: io_uring submit failed: %s", io->path, strerror(-r));
+    } else {
+        pthread_mutex_lock(&io->mu);
+        for (int i = 0; i < n; i++) {
+            io->q[(io->qh + io->qn) % io->o.depth] = reqs[i];
+            io->qn++;
+        }
+        pthread_cond_broadcast(&io->cv_work);
+        pthread_mutex_unlock(&io->mu);
+    }
+    io->inflight += n;
+    return 0;
+}
+
+static void fail_msg(const pi2_io *io, const pi2_io_req *r, pi2_err *err)
+{
+    if (r->result == -ENODATA)
+        pi2_err_set(err, PI2_EIO, "%s: truncated: end of file inside the read of %u bytes at offset %llu "
+                                  "(was the file changed after it was opened?)",
+                    io->path, r->len, (unsigned long long)r->off);
+    else
+        pi2_err_set(err, PI2_EIO, "%s: read of %u bytes at offset %llu failed: %s", io->path, r->len,
+                    (unsigned long long)r->off, strerror(-r->result));
+}
+
+int pi2_io_wait(pi2_io *io, int min_done, pi2_io_req **done, int max, pi2_err *err)
+{
+    if (min_done > io->inflight)
+        min_done = io->inflight;
+    if (min_done > max)
+        min_done = max;
+    int got = 0;
+    if (io->ring_ok) {
+        while (got < max) {
+            if (io->n_instant > 0) {
+                done[got++] = io->instant[--io->n_instant];
+                io->inflight--;
+                continue;
+            }
+            struct io_uring_cqe *cqe = NULL;
+            int r = got < min_done ? io_uring_wait_cqe(&io->ring, &cqe) : io_uring_peek_cqe(&io->ring, &cqe);
+            if (r == -EINTR)
+                continue;
+            if (r < 0 || !cqe) {
+                if (got < min_done && r < 0 && r != -EAGAIN)
+                    return pi2_err_set(err, PI2_EIO, "%s: io_uring wait failed: %s", io->path, strerror(-r));
+                break;
+            }
+            pi2_io_req *q = io_uring_cqe_get_data(cqe);
+            int res = cqe->res;
+            io_uring_cqe_seen(&io->ring, cqe);
+            if (res == -EINTR || res == -EAGAIN) { /* transient: read again */
+                uring_queue(io, q);
+                io_uring_submit(&io->ring);
+                continue;
+            }
+            if (res < 0) {
+                q->result = res;
+            } else if (res == 0) {
+                q->result = -ENODATA;
+            } else {
+                q->done += (uint32_t)res;
+                if (q->done < q->len) { /* short read: the rest */
+                    uring_queue(io, q);
+                    int s = io_uring_submit(&io->ring);
+                    if (s < 0) {
+                        q->result = s;
+                    } else {
+                        continue;
+                    }
+                } else {
+                    q->result = (int32_t)q->len;
+                }
+            }
+            done[got++] = q;
+            io->inflight--;
+        }
+    } else {
+        pthread_mutex_lock(&io->mu);
+        while (got < max) {
+            while (io->dn == 0 && got < min_done)
+                pthread_cond_wait(&io->cv_done, &io->mu);
+            if (io->dn == 0)
+                break;
+            done[got++] = io->dq[io->dh];
+            io->dh = (io->dh + 1) % io->o.depth;
+            io->dn--;
+            io->inflight--;
+        }
+        pthread_mutex_unlock(&io->mu);
+    }
+    for (int i = 0; i < got; i++)
+        if (done[i]->result < 0) {
+            fail_msg(io, done[i], err);
+            break;
+        }
+    return got;
+}
+
+int pi2_io_read(pi2_io *io, void *buf, uint64_t off, uint32_t len, pi2_err *err)
+{
+    pi2_io_req r = {.off = off, .len = len, .buf = buf};
+    pi2_io_req *rp = &r, *d[1];
+    if (io->inflight > 0)
+        return pi2_err_set(err, PI2_EINVAL, "%s: synchronous read while reads are in flight", io->path);
+    int rc = pi2_io_submit(io, &rp, 1, err);
+    if (rc)
+        return rc;
+    pi2_err e2 = {0};
+    int n = pi2_io_wait(io, 1, d, 1, &e2);
+    if (n < 0 || r.result < 0) {
+        if (!e2.code)
+            fail_msg(io, &r, &e2);
+        *err = err->code ? *err : e2;
+        return e2.code ? e2.code : PI2_EIO;
+    }
+    return 0;
+}
+
+int pi2_io_check(const pi2_io *io, pi2_err *err)
+{
+    struct stat st;
+    if (stat(io->path, &st) != 0)
+        return pi2_err_set(err, PI2_EIO, "%s: %s (was it removed after it was opened?)", io->path, strerror(errno));
+    if (st.st_dev != io->dev || st.st_ino != io->ino)
+        return pi2_err_set(err, PI2_EIO, "%s: the file was replaced after it was opened", io->path);
+    if (st.st_size != io->size)
+        return pi2_err_set(err, PI2_EIO, "%s: the file changed size after it was opened (%lld -> %lld bytes)",
+                           io->path, (long long)io->size, (long long)st.st_size);
+    return 0;
+}
+
+void pi2_io_close(pi2_io *io)
+{
+    if (!io)
+        return;
+    if (io->ring_ok) {
+        pi2_io_req *d[64];
+        pi2_err e = {0};
+        while (io->inflight > 0 && pi2_io_wait(io, 1, d, 64, &e) > 0) {
+        }
+        io_uring_queue_exit(&io->ring);
+    }
+    if (io->th) {
+        pthread_mutex_lock(&io->mu);
+        io->stop = true;
+        pthread_cond_broadcast(&io->cv_work);
+        pthread_mutex_unlock(&io->mu);
+        for (int i = 0; i < io->n_th; i++)
+            pthread_join(io->th[i], NULL);
+        pthread_mutex_destroy(&io->mu);
+        pthread_cond_destroy(&io->cv_work);
+        pthread_cond_destroy(&io->cv_done);
+    }
+    free(io->th);
+    free(io->q);
+    free(io->dq);
+    free(io->instant);
+    if (io->fd >= 0)
+        close(io->fd);
+    free(io);
+}

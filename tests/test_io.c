@@ -1,0 +1,253 @@
+/* runtime/io: direct reads through io_uring and the pread fallback, with
+ * injected faults (errors, short reads, io_uring setup failure) and a file
+ * truncated or replaced under an open reader. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "runtime/io.h"
+#include "tests/testutil.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FILE_BYTES (1u << 20)
+
+static char g_dir[64], g_path[128];
+
+static uint8_t pattern(uint64_t i) { return (uint8_t)((i * 2654435761u) >> 13); }
+
+static void write_pattern(const char *path, size_t n)
+{
+    uint8_t *b = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        b[i] = pattern(i);
+    pi2t_write(path, b, n);
+    free(b);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    pi2t_tmpdir(g_dir, sizeof g_dir);
+    snprintf(g_path, sizeof g_path, "%s/data.bin", g_dir);
+    write_pattern(g_path, FILE_BYTES);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    pi2_io_inject(PI2_IO_FAULT_NONE, 0, 0, 0);
+    pi2t_rmtree(g_dir);
+    return 0;
+}
+
+static int clear_faults(void **state)
+{
+    (void)state;
+    pi2_io_inject(PI2_IO_FAULT_NONE, 0, 0, 0);
+    write_pattern(g_path, FILE_BYTES);
+    return 0;
+}
+
+static pi2_io *open_io(pi2_io_backend b)
+{
+    pi2_io_opts o;
+    pi2_io_defaults(&o);
+    o.backend = b;
+    o.depth = 16;
+    o.threads = 3;
+    pi2_io *io = NULL;
+    pi2_err e = {0};
+    if (pi2_io_open(&io, g_path, &o, &e))
+        fail_msg("open: %s", e.msg);
+    return io;
+}
+
+/* 40 random aligned reads, at most 16 in flight; every byte checked.
+ * Returns the number of failed requests; the first error goes to err. */
+static int random_reads(pi2_io *io, uint64_t seed, pi2_err *err)
+{
+    pi2_rng r;
+    pi2_rng_seed(&r, seed);
+    enum { N = 40 };
+    pi2_io_req req[N];
+    for (int i = 0; i < N; i++) {
+        uint32_t len = (uint32_t)(1 + pi2_rng_u64(&r) % 16) * PI2_IO_ALIGN;
+        uint64_t off = pi2_rng_u64(&r) % ((FILE_BYTES - len) / PI2_IO_ALIGN + 1) * PI2_IO_ALIGN;
+        req[i] = (pi2_io_req){.off = off, .len = len, .buf = pi2_io_alloc_buf(len), .user = &req[i]};
+        assert_non_null(req[i].buf);
+    }
+    int next = 0, reaped = 0, failed = 0;
+    while (reaped < N) {
+        while (next < N && pi2_io_inflight(io) < 16) {
+            pi2_io_req *p = &req[next++];
+            assert_int_equal(pi2_io_submit(io, &p, 1, err), 0);
+        }
+        pi2_io_req *done[16];
+        int got = pi2_io_wait(io, 1, done, 16, err);
+        assert_true(got >= 1);
+        for (int k = 0; k < got; k++) {
+            pi2_io_req *q = done[k];
+            assert_ptr_equal(q->user, q);
+            if (q->result < 0) {
+                failed++;
+                continue;
+            }
+            assert_int_equal(q->result, (int)q->len);
+            const uint8_t *b = q->buf;
+            for (uint32_t j = 0; j < q->len; j++)
+                if (b[j] != pattern(q->off + j))
+                    fail_msg("byte %llu differs", (unsigned long long)(q->off + j));
+        }
+        reaped += got;
+    }
+    assert_int_equal(pi2_io_inflight(io), 0);
+    for (int i = 0; i < N; i++)
+        pi2_io_free_buf(req[i].buf);
+    return failed;
+}
+
+static void test_reads(void **state)
+{
+    (void)state;
+    for (int b = PI2_IO_URING; b <= PI2_IO_PREAD; b++) {
+        pi2_io *io = open_io((pi2_io_backend)b);
+        assert_int_equal(pi2_io_backend_used(io), b);
+        pi2_err e = {0};
+        assert_int_equal(random_reads(io, 7 + (uint64_t)b, &e), 0);
+        assert_int_equal(e.code, 0);
+        /* the synchronous helper */
+        uint8_t *buf = pi2_io_alloc_buf(8192);
+        assert_int_equal(pi2_io_read(io, buf, 4096 * 9, 8192, &e), 0);
+        for (int j = 0; j < 8192; j++)
+            assert_int_equal(buf[j], pattern(4096 * 9 + (uint64_t)j));
+        pi2_io_free_buf(buf);
+        assert_int_equal(pi2_io_check(io, &e), 0);
+        pi2_io_close(io);
+    }
+}
+
+static void test_short_reads(void **state)
+{
+    (void)state;
+    for (int b = PI2_IO_URING; b <= PI2_IO_PREAD; b++) {
+        pi2_io *io = open_io((pi2_io_backend)b);
+        pi2_io_inject(PI2_IO_FAULT_SHORT, 0, 3, 25);
+        pi2_err e = {0};
+        assert_int_equal(random_reads(io, 9, &e), 0); /* retried: every byte still right */
+        pi2_io_inject(PI2_IO_FAULT_NONE, 0, 0, 0);
+        pi2_io_close(io);
+    }
+}
+
+static void test_eio(void **state)
+{
+    (void)state;
+    for (int b = PI2_IO_URING; b <= PI2_IO_PREAD; b++) {
+        pi2_io *io = open_io((pi2_io_backend)b);
+        pi2_io_inject(PI2_IO_FAULT_ERRNO, EIO, 5, 2);
+        pi2_err e = {0};
+        assert_int_equal(random_reads(io, 11, &e), 2);
+        assert_int_equal(e.code, PI2_EIO);
+        assert_non_null(strstr(e.msg, g_path));
+        assert_non_null(strstr(e.msg, "offset"));
+        assert_non_null(strstr(e.msg, strerror(EIO)));
+        pi2_io_inject(PI2_IO_FAULT_NONE, 0, 0, 0);
+        pi2_io_close(io);
+    }
+}
+
+static void test_no_uring(void **state)
+{
+    (void)state;
+    pi2_io_inject(PI2_IO_FAULT_NO_URING, 0, 0, 1);
+    pi2_io *io = open_io(PI2_IO_AUTO);
+    assert_int_equal(pi2_io_backend_used(io), PI2_IO_PREAD);
+    assert_non_null(strstr(pi2_io_backend_note(io), "io_uring unavailable"));
+    pi2_err e = {0};
+    assert_int_equal(random_reads(io, 13, &e), 0);
+    pi2_io_close(io);
+    pi2_io_opts o;
+    pi2_io_defaults(&o);
+    o.backend = PI2_IO_URING;
+    assert_int_equal(pi2_io_open(&io, g_path, &o, &e), PI2_EIO);
+    assert_null(io);
+    assert_non_null(strstr(e.msg, "io_uring"));
+    pi2_io_inject(PI2_IO_FAULT_NONE, 0, 0, 0);
+}
+
+static void test_truncated_and_replaced(void **state)
+{
+    (void)state;
+    for (int b = PI2_IO_URING; b <= PI2_IO_PREAD; b++) {
+        pi2_io *io = open_io((pi2_io_backend)b);
+        assert_int_equal(truncate(g_path, FILE_BYTES / 2), 0);
+        uint8_t *buf = pi2_io_alloc_buf(8192);
+        pi2_err e = {0};
+        assert_int_equal(pi2_io_read(io, buf, FILE_BYTES - 8192, 8192, &e), PI2_EIO);
+        assert_non_null(strstr(e.msg, "truncated"));
+        pi2_err e2 = {0};
+        assert_int_equal(pi2_io_check(io, &e2), PI2_EIO);
+        assert_non_null(strstr(e2.msg, "size"));
+        /* replaced by another file of the original size */
+        char other[160];
+        snprintf(other, sizeof other, "%s/other.bin", g_dir);
+        write_pattern(other, FILE_BYTES);
+        assert_int_equal(rename(other, g_path), 0);
+        pi2_err e3 = {0};
+        assert_int_equal(pi2_io_check(io, &e3), PI2_EIO);
+        assert_non_null(strstr(e3.msg, "replaced"));
+        pi2_io_free_buf(buf);
+        pi2_io_close(io);
+    }
+}
+
+static void test_bad_requests(void **state)
+{
+    (void)state;
+    pi2_io *io = open_io(PI2_IO_AUTO);
+    uint8_t *buf = pi2_io_alloc_buf(8192);
+    pi2_err e = {0};
+    pi2_io_req r = {.off = 100, .len = 4096, .buf = buf};
+    pi2_io_req *p = &r;
+    assert_int_equal(pi2_io_submit(io, &p, 1, &e), PI2_EINVAL);
+    pi2_err e2 = {0};
+    r = (pi2_io_req){.off = 0, .len = 4096, .buf = buf + 1};
+    assert_int_equal(pi2_io_submit(io, &p, 1, &e2), PI2_EINVAL);
+    pi2_io_req many[17], *mp[17];
+    for (int i = 0; i < 17; i++) {
+        many[i] = (pi2_io_req){.off = 0, .len = 4096, .buf = buf};
+        mp[i] = &many[i];
+    }
+    pi2_err e3 = {0};
+    assert_int_equal(pi2_io_submit(io, mp, 17, &e3), PI2_ERANGE);
+    assert_int_equal(pi2_io_inflight(io), 0);
+    pi2_err e4 = {0};
+    pi2_io *none = NULL;
+    char missing[160];
+    snprintf(missing, sizeof missing, "%s/missing.bin", g_dir);
+    assert_int_equal(pi2_io_open(&none, missing, NULL, &e4), PI2_EIO);
+    assert_non_null(strstr(e4.msg, "missing.bin"));
+    pi2_io_free_buf(buf);
+    pi2_io_close(io);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_reads, clear_faults),
+        cmocka_unit_test_teardown(test_short_reads, clear_faults),
+        cmocka_unit_test_teardown(test_eio, clear_faults),
+        cmocka_unit_test_teardown(test_no_uring, clear_faults),
+        cmocka_unit_test_teardown(test_truncated_and_replaced, clear_faults),
+        cmocka_unit_test_teardown(test_bad_requests, clear_faults),
+    };
+    return cmocka_run_group_tests_name("io", tests, setup, teardown);
+}

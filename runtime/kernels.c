@@ -105,6 +105,47 @@ static void axpy_scalar(pi2_qtype wt, int64_t n, int nrows, const float *coef, c
         pi2_q_axpy_row(wt, coef[r], ws[r], wp[r], n, out);
 }
 
+/* The down twin: kernels.h's integer algorithm in plain loops. */
+#define K_DG 16            /* rows per down group (one int8 coefficient scale) */
+#define K_DMIN 0x1p-100f   /* groups with max |c| below this contribute nothing */
+
+static void down_scalar(pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc, const uint8_t *const *wp,
+                        const uint16_t *const *ws, int T, float *out, int64_t ldo)
+{
+    int64_t nb = n / QG;
+    for (int t = 0; t < T; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            float *o = out + t * ldo + b * QG;
+            for (int r0 = 0; r0 < nrows; r0 += K_DG) {
+                int m = nrows - r0 < K_DG ? nrows - r0 : K_DG;
+                float c[K_DG], amax = 0.0f;
+                for (int k = 0; k < m; k++) {
+                    c[k] = coef[t * ldc + r0 + k] * pi2_f16_to_f32(ws[r0 + k][b]);
+                    amax = fmaxf(amax, fabsf(c[k]));
+                }
+                if (!(amax >= K_DMIN))
+                    continue;
+                float inv = 127.0f / amax, sc = amax / 127.0f;
+                int cq[K_DG];
+                for (int k = 0; k < m; k++) {
+                    float q = rintf(c[k] * inv);
+                    cq[k] = q > 127.0f ? 127 : q < -127.0f ? -127 : (int)q;
+                }
+                for (int j = 0; j < QG; j++) {
+                    int32_t S = 0;
+                    for (int k = 0; k < m; k++) {
+                        const uint8_t *p = wp[r0 + k];
+                        int wq = wt == PI2_QT_Q8 ? (int8_t)p[b * QG + j]
+                                 : j < 16       ? (p[b * PI2_Q4_GROUP_BYTES + j] & 0x0f) - 8
+                                                : (p[b * PI2_Q4_GROUP_BYTES + j - 16] >> 4) - 8;
+                        S += cq[k] * wq;
+                    }
+                    o[j] = fmaf(sc, (float)S, o[j]);
+                }
+            }
+        }
+}
+
 static void dequant_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
                            float *dst)
 {
@@ -708,6 +749,239 @@ static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const fl
     }
 }
 
+/* ---- down: int8 coefficients x weight integers ----
+ *
+ * Rows go in chunks of 64 (4 groups of 16). Per chunk and block chunk,
+ * down_prep quantizes every (token, block, group)'s 16 coefficients into a
+ * k_dent; per block, the chunk's weights are unpacked once into `wb` as
+ * interleaved row pairs, then every token runs over them with its 32
+ * outputs in 4 float registers (out loaded and stored once per token,
+ * block and row chunk):
+ *   Q4  wb pair k: unpacklo/hi_epi8 of rows 2k, 2k + 1's nibbles, i.e.
+ *       [u_2k[j], u_2k+1[j]] byte pairs for j = 0-7 | 16-23 and 8-15 |
+ *       24-31; vpmaddubsw with the broadcast pair [cq_2k, cq_2k+1] gives
+ *       int16 (|pair| <= 2 * 15 * 127, 8 pairs <= 30480: no saturation),
+ *       widened once per group; 8 * sum(cq) removes the nibbles' offset.
+ *   Q8  rows sign-extended to int16 and interleaved as int16 pairs (the
+ *       qword permute puts elements in order after the in-lane unpack);
+ *       vpmaddwd with the broadcast [cq_2k, cq_2k+1] gives int32 directly
+ *       (-128 included), vpdpwssd on VNNI.
+ * Each group's S_j is exact in int32 and in float (|S| <= 16 * 128 * 127),
+ * and groups are added in row order with one FMA, like the twin: results
+ * are bit-identical. Next chunk's rows are prefetched at the pace the
+ * current chunk is read (64 row streams are too many for the hardware
+ * prefetcher alone). */
+
+enum {
+    K_DRC = 64,    /* rows per chunk */
+    K_DTAB = 1024, /* k_dent entries on the stack (40 KiB) */
+    K_DKB = 64     /* blocks per block chunk, at most */
+};
+
+/* Quantized coefficients of one (token, block, group). */
+typedef struct k_dent {
+    union {
+        int8_t b[32];  /* Q4: cq_0..cq_15; pair word k = w[k] */
+        int16_t w[16]; /* Q8: cq_0..cq_15 as int16; pair dword k = d[k] */
+        int32_t d[8];
+    } cq;
+    float s;     /* 0: skip the group */
+    int32_t off; /* Q4: 8 * sum(cq) */
+} k_dent;
+
+/* tab[(t * kb + b) * G + g] for t < T, b < kb, g < G, from the padded
+ * coefficients cp[t * K_DRC + r] and scales dT[b * K_DRC + r]. */
+PI2_T_AVX2 static void down_prep(pi2_qtype wt, int G, int64_t kb, int T, const float *cp, const float *dT,
+                                 k_dent *tab)
+{
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int t = 0; t < T; t++)
+        for (int64_t b = 0; b < kb; b++)
+            for (int g = 0; g < G; g++) {
+                k_dent *e = &tab[((int64_t)t * kb + b) * G + g];
+                const float *c = cp + t * K_DRC + g * K_DG, *d = dT + b * K_DRC + g * K_DG;
+                __m256 c0 = _mm256_mul_ps(_mm256_loadu_ps(c), _mm256_loadu_ps(d));
+                __m256 c1 = _mm256_mul_ps(_mm256_loadu_ps(c + 8), _mm256_loadu_ps(d + 8));
+                __m256 a = _mm256_max_ps(_mm256_and_ps(c0, absm), _mm256_and_ps(c1, absm));
+                __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+                h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+                h = _mm_max_ss(h, _mm_movehdup_ps(h));
+                float m = _mm_cvtss_f32(h);
+                if (!(m >= K_DMIN)) {
+                    e->s = 0.0f;
+                    continue;
+                }
+                __m256 inv = _mm256_set1_ps(127.0f / m);
+                e->s = m / 127.0f;
+                __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(c0, inv)); /* |q| <= 127 */
+                __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(c1, inv));
+                __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xd8); /* int16, in order */
+                if (wt == PI2_QT_Q4) {
+                    _mm_storeu_si128((__m128i *)(void *)e->cq.b,
+                                     _mm_packs_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
+                    __m256i sq = _mm256_add_epi32(q0, q1);
+                    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sq), _mm256_extracti128_si256(sq, 1));
+                    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+                    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+                    e->off = 8 * _mm_cvtsi128_si32(s4);
+                } else {
+                    _mm256_storeu_si256((__m256i *)(void *)e->cq.w, p);
+                }
+            }
+}
+
+/* Rows w[0..R) of the chunk (R <= 2 * npairs; rows past R are zeros),
+ * block at byte offset off, into wb as interleaved pairs (see above). */
+PI2_T_AVX2 static void down_unpack_q4(const uint8_t *const *w, int R, int npairs, int64_t off, uint8_t *wb)
+{
+    static const uint8_t zero[PI2_Q4_GROUP_BYTES];
+    for (int k = 0; k < npairs; k++) {
+        const uint8_t *p0 = 2 * k < R ? w[2 * k] + off : zero, *p1 = 2 * k + 1 < R ? w[2 * k + 1] + off : zero;
+        __m256i u0 = q4_nibbles(p0), u1 = q4_nibbles(p1);
+        _mm256_storeu_si256((__m256i *)(void *)(wb + k * 64), _mm256_unpacklo_epi8(u0, u1));
+        _mm256_storeu_si256((__m256i *)(void *)(wb + k * 64 + 32), _mm256_unpackhi_epi8(u0, u1));
+    }
+}
+
+PI2_T_AVX2 static void down_unpack_q8(const uint8_t *const *w, int R, int npairs, int64_t off, uint8_t *wb)
+{
+    static const uint8_t zero[PI2_Q8_GROUP_BYTES];
+    for (int k = 0; k < npairs; k++) {
+        const uint8_t *p0 = 2 * k < R ? w[2 * k] + off : zero, *p1 = 2 * k + 1 < R ? w[2 * k + 1] + off : zero;
+        /* int16 elements [0-3 8-11 | 4-7 12-15] (and 16-31 alike) */
+        __m256i a0 = _mm256_permute4x64_epi64(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p0)), 0xd8);
+        __m256i a1 = _mm256_permute4x64_epi64(
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p0 + 16))), 0xd8);
+        __m256i b0 = _mm256_permute4x64_epi64(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p1)), 0xd8);
+        __m256i b1 = _mm256_permute4x64_epi64(
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p1 + 16))), 0xd8);
+        __m256i *d = (__m256i *)(void *)(wb + k * 128);
+        _mm256_storeu_si256(d, _mm256_unpacklo_epi16(a0, b0));     /* elements 0-7 */
+        _mm256_storeu_si256(d + 1, _mm256_unpackhi_epi16(a0, b0)); /* 8-15 */
+        _mm256_storeu_si256(d + 2, _mm256_unpacklo_epi16(a1, b1)); /* 16-23 */
+        _mm256_storeu_si256(d + 3, _mm256_unpackhi_epi16(a1, b1)); /* 24-31 */
+    }
+}
+
+/* One token over the chunk's G groups for one block: o[0..32) += ... */
+#define K_DEF_DOWN_Q4(name, TGT)                                                                              \
+    TGT static void name(const uint8_t *wb, int G, const k_dent *e, float *o)                                \
+    {                                                                                                        \
+        __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);                                         \
+        __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);                                   \
+        for (int g = 0; g < G; g++) {                                                                        \
+            if (e[g].s == 0.0f)                                                                              \
+                continue;                                                                                    \
+            const uint8_t *wg = wb + g * 8 * 64;                                                             \
+            __m256i al = _mm256_setzero_si256(), ah = al;                                                    \
+            for (int k = 0; k < 8; k++) {                                                                    \
+                __m256i c = _mm256_set1_epi16(e[g].cq.w[k]);                                                 \
+                al = _mm256_add_epi16(al, _mm256_maddubs_epi16(ld256(wg + k * 64), c));                      \
+                ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(ld256(wg + k * 64 + 32), c));                 \
+            }                                                                                                \
+            __m256i off = _mm256_set1_epi32(e[g].off);                                                       \
+            __m256 s = _mm256_set1_ps(e[g].s);                                                               \
+            __m256i x0 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(al)), off);           \
+            __m256i x1 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(ah)), off);           \
+            __m256i x2 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(al, 1)), off);      \
+            __m256i x3 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(ah, 1)), off);      \
+            o0 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(x0), o0);                                             \
+            o1 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(x1), o1);                                             \
+            o2 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(x2), o2);                                             \
+            o3 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(x3), o3);                                             \
+        }                                                                                                    \
+        _mm256_storeu_ps(o, o0);                                                                             \
+        _mm256_storeu_ps(o + 8, o1);                                                                         \
+        _mm256_storeu_ps(o + 16, o2);                                                                        \
+        _mm256_storeu_ps(o + 24, o3);                                                                        \
+    }
+
+/* MADDW(acc, w, c): acc + the int16 pair products of w and c. */
+#define K_DEF_DOWN_Q8(name, TGT, MADDW)                                                                      \
+    TGT static void name(const uint8_t *wb, int G, const k_dent *e, float *o)                                \
+    {                                                                                                        \
+        __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);                                         \
+        __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);                                   \
+        for (int g = 0; g < G; g++) {                                                                        \
+            if (e[g].s == 0.0f)                                                                              \
+                continue;                                                                                    \
+            const uint8_t *wg = wb + g * 8 * 128;                                                            \
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;                                  \
+            for (int k = 0; k < 8; k++) {                                                                    \
+                __m256i c = _mm256_set1_epi32(e[g].cq.d[k]);                                                 \
+                a0 = MADDW(a0, ld256(wg + k * 128), c);                                                      \
+                a1 = MADDW(a1, ld256(wg + k * 128 + 32), c);                                                 \
+                a2 = MADDW(a2, ld256(wg + k * 128 + 64), c);                                                 \
+                a3 = MADDW(a3, ld256(wg + k * 128 + 96), c);                                                 \
+            }                                                                                                \
+            __m256 s = _mm256_set1_ps(e[g].s);                                                               \
+            o0 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a0), o0);                                             \
+            o1 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a1), o1);                                             \
+            o2 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a2), o2);                                             \
+            o3 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a3), o3);                                             \
+        }                                                                                                    \
+        _mm256_storeu_ps(o, o0);                                                                             \
+        _mm256_storeu_ps(o + 8, o1);                                                                         \
+        _mm256_storeu_ps(o + 16, o2);                                                                        \
+        _mm256_storeu_ps(o + 24, o3);                                                                        \
+    }
+
+PI2_T_AVX2 static inline __m256i maddw_avx2(__m256i acc, __m256i w, __m256i c)
+{
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, c));
+}
+
+PI2_T_AVX512 static inline __m256i maddw_vnni(__m256i acc, __m256i w, __m256i c)
+{
+    return _mm256_dpwssd_epi32(acc, w, c);
+}
+
+K_DEF_DOWN_Q4(down_tok_q4_avx2, PI2_T_AVX2)
+K_DEF_DOWN_Q4(down_tok_q4_vnni, PI2_T_AVX512)
+K_DEF_DOWN_Q8(down_tok_q8_avx2, PI2_T_AVX2, maddw_avx2)
+K_DEF_DOWN_Q8(down_tok_q8_vnni, PI2_T_AVX512, maddw_vnni)
+
+typedef void (*k_down_tok_fn)(const uint8_t *wb, int G, const k_dent *e, float *o);
+
+PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, pi2_qtype wt, int64_t n, int nrows, const float *coef,
+                                 int64_t ldc, const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out,
+                                 int64_t ldo)
+{
+    int64_t nb = n / QG, gb = wt == PI2_QT_Q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES;
+    float cp[PI2_K_MAX_T * K_DRC], dT[K_DKB * K_DRC];
+    k_dent tab[K_DTAB];
+    _Alignas(64) uint8_t wb[K_DRC / 2 * 128];
+    for (int r0 = 0; r0 < nrows; r0 += K_DRC) {
+        int R = nrows - r0 < K_DRC ? nrows - r0 : K_DRC, G = (R + K_DG - 1) / K_DG;
+        int rn0 = r0 + K_DRC, Rn = rn0 >= nrows ? 0 : nrows - rn0 < K_DRC ? nrows - rn0 : K_DRC;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < G * K_DG; k++)
+                cp[t * K_DRC + k] = k < R ? coef[t * ldc + r0 + k] : 0.0f;
+        int64_t kc = min64(K_DTAB / (T * G), K_DKB);
+        if (kc < 1)
+            kc = 1;
+        for (int64_t b0 = 0; b0 < nb; b0 += kc) {
+            int64_t kb = min64(kc, nb - b0);
+            for (int k = 0; k < G * K_DG; k++)
+                for (int64_t b = 0; b < kb; b++)
+                    dT[b * K_DRC + k] = k < R ? _cvtsh_ss(ws[r0 + k][b0 + b]) : 0.0f;
+            down_prep(wt, G, kb, T, cp, dT, tab);
+            for (int64_t b = 0; b < kb; b++) {
+                int64_t off = (b0 + b) * gb;
+                if ((off & 63) < gb) /* a new cache line of every row */
+                    for (int k = 0; k < Rn; k++)
+                        _mm_prefetch((const char *)(wp[rn0 + k] + off), _MM_HINT_T0);
+                if (wt == PI2_QT_Q4)
+                    down_unpack_q4(wp + r0, R, G * 8, off, wb);
+                else
+                    down_unpack_q8(wp + r0, R, G * 8, off, wb);
+                for (int t = 0; t < T; t++)
+                    tok(wb, G, tab + ((int64_t)t * kb + b) * G, out + t * ldo + (b0 + b) * QG);
+            }
+        }
+    }
+}
+
 /* ---- dequant (exact: (q - 8) * d and q * d are exact floats) ---- */
 
 PI2_T_AVX2 static void dequant_avx2(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
@@ -1045,6 +1319,35 @@ void pi2_k_axpy_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, cons
                      const uint16_t *const *ws, float *out)
 {
     pi2_k_axpy_rows_isa(pi2_q_get_isa(), wt, n, nrows, coef, wp, ws, out);
+}
+
+void pi2_k_down_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
+                         const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo)
+{
+    assert((wt == PI2_QT_Q4 || wt == PI2_QT_Q8) && n % QG == 0 && nrows >= 0 && T >= 1 && T <= PI2_K_MAX_T);
+    if (nrows == 0)
+        return;
+#ifdef PI2_K_X86
+    switch (isa_pick(isa)) {
+    case PI2_ISA_AVX512:
+        down_simd(wt == PI2_QT_Q4 ? down_tok_q4_vnni : down_tok_q8_vnni, wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
+        return;
+    case PI2_ISA_AVX2:
+        down_simd(wt == PI2_QT_Q4 ? down_tok_q4_avx2 : down_tok_q8_avx2, wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
+        return;
+    case PI2_ISA_SCALAR:
+        break;
+    }
+#else
+    (void)isa;
+#endif
+    down_scalar(wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
+}
+
+void pi2_k_down_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc, const uint8_t *const *wp,
+                     const uint16_t *const *ws, int T, float *out, int64_t ldo)
+{
+    pi2_k_down_rows_isa(pi2_q_get_isa(), wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
 }
 
 void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,

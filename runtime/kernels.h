@@ -65,6 +65,33 @@ void pi2_k_axpy_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, cons
 void pi2_k_axpy_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef,
                          const uint8_t *const *wp, const uint16_t *const *ws, float *out);
 
+/* out[t * ldo + j] += sum_r coef[t * ldc + r] * dequant(row r)[j] for
+ * t < T (1 <= T <= PI2_K_MAX_T), r < nrows, j < n: the down projection of
+ * many neurons at once (dense decode, prefill). wt is Q4 or Q8 (rows as
+ * above); coefficients must be finite and coef * scale must not overflow.
+ * Rows past nrows and coefficients past nrows are never read.
+ *
+ * Integer arithmetic: per token t, 32-value output block b and group g of
+ * rows 16g .. 16g + 15, the products c_r = coef_r * d_rb (float, d_rb the
+ * row's fp16 block scale) are quantized to int8 with one scale
+ * s = m / 127, m = max_g |c_r|: cq_r = rint(c_r * (127 / m)) (float ops,
+ * round half to even). The group's exact integer sums
+ * S_j = sum_r cq_r * wq_r[j] (Q4: wq = nibble - 8) are added as
+ * out_j = fma(s, S_j, out_j), groups in row order. A group with m == 0 or
+ * m < 2^-100 contributes nothing (out is left bit-for-bit alone). Every
+ * path (scalar twin, AVX2, AVX-512 VNNI) gives bit-identical results.
+ *
+ * Error against the exact sum over dequantized rows, per output j:
+ *   |out_j - exact_j| <= sum_g (s_g / 2) * sum_{r in g} |wq_r[j]|  (1 + 2^-16)
+ *                        + (G + 2) * 2^-24 * (|out_j| + sum_r |c_r * wq_r[j]|)
+ *                        + G * 16 * 128 * 2^-100
+ * for G groups, i.e. at most (nrows / 2) * max_g s_g * max |wq| (8 for Q4,
+ * 128 for Q8) plus float rounding (the tests check the first form). */
+void pi2_k_down_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc, const uint8_t *const *wp,
+                     const uint16_t *const *ws, int T, float *out, int64_t ldo);
+void pi2_k_down_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
+                         const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo);
+
 /* dst[r * n + j] = dequant(row r)[j] for r < nrows: dequantize rows into
  * a float tile (prefill's down projection feeds it to sgemm). */
 void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,

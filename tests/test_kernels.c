@@ -550,6 +550,143 @@ static void test_axpy_avx512(void **state)
     axpy_suite(PI2_ISA_AVX512, false);
 }
 
+/* ---- down: int8 coefficients ---- */
+
+/* Coefficients [T][ldc] for the down tests: per (token, 16-row group) a
+ * pattern: gaussian over many octaves, all zero (+0 or -0), tiny (below
+ * the 2^-100 cut), one large value among small ones, or uniform. */
+static void down_coefs(pi2_rng *r, float *coef, int T, int nrows, int64_t ldc)
+{
+    for (int t = 0; t < T; t++) {
+        for (int g = 0; g < nrows; g += 16) {
+            int mode = (int)rand_int(r, 0, 9);
+            int e = (int)rand_int(r, -12, 6);
+            for (int k = g; k < nrows && k < g + 16; k++) {
+                double v = pi2_rng_normal(r);
+                float c = mode == 0   ? 0.0f
+                          : mode == 1 ? -0.0f
+                          : mode == 2 ? (float)ldexp(v, -110)
+                          : mode == 3 ? (float)(k == g ? ldexp(v, e + 12) : ldexp(v, e))
+                          : mode == 4 ? (float)ldexp(k & 1 ? 1.0 : -1.0, e)
+                                      : (float)ldexp(v, (int)rand_int(r, -10, 10));
+                coef[t * ldc + k] = c;
+            }
+        }
+        for (int64_t k = nrows; k < ldc; k++)
+            coef[t * ldc + k] = NAN; /* never read */
+    }
+}
+
+/* The scalar twin against double dequantize-and-accumulate, within the
+ * bound documented in kernels.h. */
+static void down_check_double(const wrows *w, const float *coef, int64_t ldc, int T, const float *out0,
+                              const float *got, int64_t ldo)
+{
+    int64_t nb = w->n / 32;
+    int G = (w->nrows + 15) / 16;
+    for (int t = 0; t < T; t++)
+        for (int64_t b = 0; b < nb; b++)
+            for (int j = 0; j < 32; j++) {
+                int64_t col = b * 32 + j;
+                double o0 = out0[t * ldo + col], ref = o0, qerr = 0, mag = fabs(o0);
+                for (int g = 0; g < w->nrows; g += 16) {
+                    float m = 0;
+                    double sw = 0;
+                    for (int k = g; k < w->nrows && k < g + 16; k++) {
+                        float c = coef[t * ldc + k] * pi2_f16_to_f32(w->ws[k][b]);
+                        int wq = wq_at(w->t, w->wp[k], col);
+                        m = fmaxf(m, fabsf(c));
+                        ref += (double)coef[t * ldc + k] * pi2_f16_to_f32(w->ws[k][b]) * wq;
+                        mag += fabs((double)c * wq);
+                        sw += abs(wq);
+                    }
+                    qerr += (double)(m / 127.0f) / 2 * sw;
+                }
+                double tol = qerr * (1 + 0x1p-16) + (G + 2) * 0x1p-24 * (mag + qerr) + G * 16 * 128 * 0x1p-100;
+                double v = got[t * ldo + col];
+                CHECK(fabs(v - ref) <= tol, "scalar down %s n=%lld rows=%d t=%d col=%lld: %.9g vs double %.9g (tol %g)",
+                      pi2_q_type_name(w->t), (long long)w->n, w->nrows, t, (long long)col, v, ref, tol);
+            }
+}
+
+static void down_suite(pi2_isa isa)
+{
+    pi2_rng r;
+    pi2_rng_seed(&r, 81 + (uint64_t)isa);
+    long compared = 0;
+    static const int Ts[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 33, 63, 64};
+    for (int it = 0; it < 40; it++) {
+        pi2_qtype t = QTYPES[it & 1];
+        int64_t n = it < 8 ? 32 * (it / 2 + 1) : it < 12 ? 2048 + 32 : 32 * rand_int(&r, 1, 80);
+        int nrows = it < 4 ? (int)rand_int(&r, 1, 17) : (int)rand_int(&r, 1, n > 1024 ? 150 : 300);
+        int T = it < 28 ? Ts[it % 14] : (int)rand_int(&r, 1, PI2_K_MAX_T);
+        if (n > 1024 && T > 17 && isa == PI2_ISA_SCALAR)
+            T = 17; /* the double reference is slow */
+        wrows w = wrows_new(&r, t, n, nrows, it % 3);
+        int64_t ldc = nrows + rand_int(&r, 0, 5), ldo = n + rand_int(&r, 0, 40);
+        float *coef = xmalloc((size_t)(T * ldc), sizeof(float));
+        down_coefs(&r, coef, T, nrows, ldc);
+        size_t no = (size_t)(T * ldo);
+        float *out0 = xmalloc(no, sizeof(float)), *got = xmalloc(no, sizeof(float)), *ref = xmalloc(no, sizeof(float));
+        for (size_t i = 0; i < no; i++)
+            out0[i] = (int64_t)(i % (size_t)ldo) < n ? (float)pi2_rng_normal(&r) * (i % 5 == 0 ? 0.0f : 1.0f) : NAN;
+        memcpy(got, out0, no * sizeof(float));
+        memcpy(ref, out0, no * sizeof(float));
+        pi2_k_down_rows_isa(isa, t, n, nrows, coef, ldc, w.wp, w.ws, T, got, ldo);
+        if (isa == PI2_ISA_SCALAR) {
+            down_check_double(&w, coef, ldc, T, out0, got, ldo);
+        } else {
+            pi2_k_down_rows_isa(PI2_ISA_SCALAR, t, n, nrows, coef, ldc, w.wp, w.ws, T, ref, ldo);
+            for (size_t i = 0; i < no; i++) {
+                bool pad = (int64_t)(i % (size_t)ldo) >= n;
+                CHECK(pad ? isnan(got[i]) : memcmp(&got[i], &ref[i], sizeof(float)) == 0,
+                      "%s down %s n=%lld rows=%d T=%d: out[%zu] = %.9g, scalar twin %.9g", pi2_q_isa_name(isa),
+                      pi2_q_type_name(t), (long long)n, nrows, T, i, (double)got[i], (double)ref[i]);
+            }
+        }
+        /* all coefficients +0 or -0: out is left bit-for-bit alone */
+        for (int tt = 0; tt < T; tt++)
+            for (int k = 0; k < nrows; k++)
+                coef[tt * ldc + k] = rand_int(&r, 0, 1) ? 0.0f : -0.0f;
+        memcpy(got, out0, no * sizeof(float));
+        pi2_k_down_rows_isa(isa, t, n, nrows, coef, ldc, w.wp, w.ws, T, got, ldo);
+        for (size_t i = 0; i < no; i++)
+            CHECK(memcmp(&got[i], &out0[i], sizeof(float)) == 0 || (isnan(got[i]) && isnan(out0[i])),
+                  "%s down with zero coefficients changed out[%zu]", pi2_q_isa_name(isa), i);
+        compared += (long)T * n;
+        free(coef);
+        free(out0);
+        free(got);
+        free(ref);
+        wrows_free(&w);
+    }
+    print_message("kernels: %s down verified against %s: %ld outputs (q4, q8; n = 32..%d; T = 1..%d)\n",
+                  pi2_q_isa_name(isa), isa == PI2_ISA_SCALAR ? "double" : "scalar (bit-exact)", compared, 2048 + 32,
+                  PI2_K_MAX_T);
+}
+
+static void test_down_scalar(void **state)
+{
+    (void)state;
+    down_suite(PI2_ISA_SCALAR);
+}
+
+static void test_down_avx2(void **state)
+{
+    (void)state;
+    if (!isa_or_skip(PI2_ISA_AVX2, "down"))
+        skip();
+    down_suite(PI2_ISA_AVX2);
+}
+
+static void test_down_avx512(void **state)
+{
+    (void)state;
+    if (!isa_or_skip(PI2_ISA_AVX512, "down"))
+        skip();
+    down_suite(PI2_ISA_AVX512);
+}
+
 /* ---- dequant: exact on every path ---- */
 
 static void test_dequant(void **state)
@@ -657,6 +794,9 @@ int main(void)
         cmocka_unit_test(test_axpy_scalar),
         cmocka_unit_test(test_axpy_avx2),
         cmocka_unit_test(test_axpy_avx512),
+        cmocka_unit_test(test_down_scalar),
+        cmocka_unit_test(test_down_avx2),
+        cmocka_unit_test(test_down_avx512),
         cmocka_unit_test(test_dequant),
         cmocka_unit_test(test_sgemv),
         cmocka_unit_test(test_probes),

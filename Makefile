@@ -4,6 +4,7 @@
 #   make san-test   the same tests built with ASan + UBSan into build-san/
 #   make demo       make a model, convert, run: the main job end to end
 #   make bench      benchmarks (figures as ratios to a baseline measured in the same run)
+#   make fuzz       libFuzzer targets of the file readers (clang), each run FUZZ_SECONDS
 
 CC      ?= cc
 BUILD   ?= build
@@ -28,8 +29,11 @@ LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB       := $(BUILD)/libpi2.a
+# Fuzz targets (tests/fuzz/fuzz_<t>.c); `make test` replays their corpora.
+FUZZ_TGT  := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_REPLAY := $(FUZZ_TGT:%=$(BUILD)/fuzz/replay-%)
 
-.PHONY: all test san san-test demo bench deps clean
+.PHONY: all test san san-test demo bench deps clean fuzz fuzz-build
 all: $(TOOLS:%=$(BUILD)/%)
 
 deps:
@@ -54,8 +58,16 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
 
+$(BUILD)/fuzz/replay-%: $(BUILD)/obj/tests/fuzz/replay.o $(BUILD)/obj/tests/fuzz/fuzz_%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/fuzz/gen-seeds: $(BUILD)/obj/tests/fuzz/gen_seeds.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 test: deps
-	@$(MAKE) --no-print-directory all $(TEST_BIN)
+	@$(MAKE) --no-print-directory all $(TEST_BIN) $(FUZZ_REPLAY)
 	@BUILD=$(BUILD) PI2_SHARED=$(SHARED) sh tests/run.sh $(TEST_BIN)
 
 san:
@@ -72,7 +84,44 @@ bench: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) sh tests/bench.sh
 
+# ---- fuzzing (clang + libFuzzer; the readers built with the same sanitizers) ----
+FUZZ_CC      ?= clang
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS   := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -I. $(WARN) -O1 -g -pthread -MMD -MP $(FUZZ_FLAGS)
+FUZZ_LIBSRC  := $(filter-out bundle/pi2-bundle.c,$(wildcard formats/*.c bundle/*.c predictor/*.c))
+FUZZ_LIBOBJ  := $(FUZZ_LIBSRC:%.c=$(FUZZ_BUILD)/obj/%.o)
+FUZZ_BIN     := $(FUZZ_TGT:%=$(FUZZ_BUILD)/fuzz_%)
+
+$(FUZZ_BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+$(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/obj/tests/fuzz/fuzz_%.o $(FUZZ_LIBOBJ)
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined $^ -o $@ $(LDLIBS)
+
+# Keep the objects (make would delete them as intermediates of the chain).
+.SECONDARY: $(FUZZ_LIBOBJ) $(FUZZ_TGT:%=$(FUZZ_BUILD)/obj/tests/fuzz/fuzz_%.o) \
+    $(BUILD)/obj/tests/fuzz/replay.o $(BUILD)/obj/tests/fuzz/gen_seeds.o $(FUZZ_TGT:%=$(BUILD)/obj/tests/fuzz/fuzz_%.o)
+
+fuzz-build:
+	@FUZZ_CC=$(FUZZ_CC) sh tests/deps.sh fuzz
+	@$(MAKE) --no-print-directory $(FUZZ_BIN)
+
+# One target at a time, in-process (no -jobs: one core): new corpus entries go to a scratch dir
+# ($(FUZZ_BUILD)/corpus/<t>), crashes to tests/fuzz/crashes/<t>/.
+fuzz: fuzz-build
+	@for t in $(FUZZ_TGT); do \
+	    mkdir -p $(FUZZ_BUILD)/corpus/$$t tests/fuzz/crashes/$$t; \
+	    echo "fuzz $$t: $(FUZZ_SECONDS) s"; \
+	    ASAN_OPTIONS=detect_leaks=1 $(FUZZ_BUILD)/fuzz_$$t $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t \
+	        -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 \
+	        -timeout=10 -print_final_stats=1 -artifact_prefix=tests/fuzz/crashes/$$t/ \
+	        $(FUZZ_ARGS) || exit 1; \
+	done
+
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-fuzz
 
 -include $(LIB_OBJ:.o=.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
+-include $(wildcard $(BUILD)/obj/tests/fuzz/*.d $(FUZZ_BUILD)/obj/*/*.d $(FUZZ_BUILD)/obj/tests/fuzz/*.d)

@@ -13,6 +13,13 @@ printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include 
     | ${CC:-cc} -E -x c - >/dev/null 2>&1 || need="$need libcmocka-dev"
 command -v ${CC:-cc} >/dev/null 2>&1 || need="$need gcc"
 command -v make >/dev/null 2>&1 || need="$need make"
+# `sh tests/deps.sh fuzz` (make fuzz): clang with libFuzzer and its sanitizer runtimes.
+if [ "${1:-}" = fuzz ]; then
+    command -v ${FUZZ_CC:-clang} >/dev/null 2>&1 || need="$need clang"
+    printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n);\nint LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; return (int)(n & 0); }\n' \
+        | ${FUZZ_CC:-clang} -fsanitize=fuzzer,address,undefined -x c - -o /dev/null >/dev/null 2>&1 \
+        || need="$need libclang-rt-14-dev"
+fi
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing:$need"

@@ -17,6 +17,15 @@ for t in "$@"; do
     fi
 done
 rm -f "$log"
+# Fuzz regression replay: every seed and every saved crash of each target.
+for r in "${BUILD:-build}"/fuzz/replay-*; do
+    [ -x "$r" ] || continue
+    t=${r##*/replay-}
+    out=$("$r" "$t" "tests/fuzz/corpus/$t" "tests/fuzz/crashes/$t" 2>&1)
+    rc=$?
+    echo "$out"
+    if [ "$rc" -eq 0 ]; then pass=$((pass + 1)); else echo "$r: exited with status $rc"; fail=$((fail + 1)); fi
+done
 if [ -x tests/e2e.sh ] || [ -f tests/e2e.sh ]; then
     out=$(BUILD=${BUILD:-build} sh tests/e2e.sh 2>&1)
     echo "$out"

@@ -1,0 +1,113 @@
+#!/bin/sh
+# Regenerate the seed corpora under tests/fuzz/corpus/<target>/ from the
+# golden tinystories files and from inputs the project's tools make.
+# Every seed stays under 64 KiB (larger candidates are skipped).
+# Usage: sh tests/fuzz/make-corpus.sh   (from the repository root; builds
+# build/ first). PI2_SHARED points at the shared models (default ../shared).
+set -eu
+B=${BUILD:-build}
+SHARED=${PI2_SHARED:-../shared}
+GOLD=$SHARED/models/tinystories-656k
+C=tests/fuzz/corpus
+MAX=65535
+make --no-print-directory all "$B/fuzz/gen-seeds" >/dev/null
+G=$B/fuzz/gen-seeds
+T=$(mktemp -d "${TMPDIR:-/tmp}/pi2corpus.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+for t in safetensors hfconfig tokenizer manifest container; do
+    rm -rf "$C/$t"; mkdir -p "$C/$t"
+done
+
+# seed TARGET NAME FILE: copy FILE in when it is small enough.
+seed() {
+    sz=$(wc -c <"$3")
+    if [ "$sz" -gt "$MAX" ]; then echo "skip $1/$2: $sz bytes"; return 0; fi
+    cp "$3" "$C/$1/$2"; chmod 644 "$C/$1/$2"
+}
+
+# --- model files made by the project ---
+"$B/pi2-convert" synth --preset tiny -o "$T/tiny" >/dev/null
+"$B/pi2-convert" synth --preset tiny --hidden 32 --ff 64 --layers 1 --heads 2 --kv-heads 1 \
+    --vocab 300 --dtype bf16 --tied -o "$T/mini" >/dev/null
+"$B/pi2-convert" synth --preset moe --hidden 32 --ff 32 --layers 1 --heads 2 --kv-heads 2 --vocab 300 \
+    --dtype f16 --predictors -o "$T/moe" >/dev/null
+"$B/pi2-convert" "$T/tiny" -o "$T/tiny.pi2c" --calib-tokens 256 -q >/dev/null 2>&1
+"$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/tiny.pi2" --unsigned -q >/dev/null 2>&1
+"$B/pi2-convert" "$T/moe" -o "$T/moe.pi2c" --calib-tokens 256 -q >/dev/null 2>&1
+mkdir "$T/conv" "$T/bund" "$T/moec"
+tar xf "$T/tiny.pi2c" -C "$T/conv" manifest.json
+tar xf "$T/moe.pi2c" -C "$T/moec" manifest.json
+tar xf "$T/tiny.pi2" -C "$T/bund" manifest.json
+
+# --- config.json ---
+seed hfconfig golden.json "$GOLD/config.json"
+seed hfconfig tiny.json "$T/tiny/config.json"
+seed hfconfig mini.json "$T/mini/config.json"
+seed hfconfig moe.json "$T/moe/config.json"
+
+# --- safetensors ---
+"$G" st-trim "$GOLD/model.safetensors" "$T/golden8.safetensors" 8
+"$G" st-trim "$GOLD/model.safetensors" "$T/golden1.safetensors" 1
+"$G" st-trim "$T/mini/model.safetensors" "$T/mini.safetensors" 64
+"$G" st-trim "$T/moe/model.safetensors" "$T/moe.safetensors" 64
+seed safetensors golden8 "$T/golden8.safetensors"
+seed safetensors golden1 "$T/golden1.safetensors"
+seed safetensors mini-bf16 "$T/mini.safetensors"
+seed safetensors moe-f16 "$T/moe.safetensors"
+seed safetensors tiny "$T/tiny/model.safetensors"
+
+# --- tokenizer.json ---
+seed tokenizer golden "$GOLD/tokenizer.json"
+seed tokenizer tiny "$T/tiny/tokenizer.json"
+"$G" tok "$T/tok300.json" 300 7
+seed tokenizer synth300 "$T/tok300.json"
+if command -v python3 >/dev/null 2>&1; then
+    # The golden tokenizer cut to its first 600 tokens and the merges among
+    # them: keeps its normalizer, decoder, added tokens and post_processor.
+    python3 - "$GOLD/tokenizer.json" "$T/golden-cut.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1], encoding="utf-8"))
+keep = {k: v for k, v in t["model"]["vocab"].items() if v < 600}
+def ok(m):
+    a, b = m.split(" ", 1) if isinstance(m, str) else m
+    return a in keep and b in keep and a + b in keep
+t["model"]["vocab"] = keep
+t["model"]["merges"] = [m for m in t["model"]["merges"] if ok(m)]
+json.dump(t, open(sys.argv[2], "w", encoding="utf-8"), ensure_ascii=False, separators=(",", ":"))
+PY
+    seed tokenizer golden-cut600 "$T/golden-cut.json"
+fi
+
+# --- manifest.json ---
+seed manifest converted "$T/conv/manifest.json"
+seed manifest bundled "$T/bund/manifest.json"
+seed manifest moe-predictors "$T/moec/manifest.json"
+
+# --- container ---
+seed container tiny-bundle "$T/tiny.pi2"
+printf 'hello\n' >"$T/hello"
+: >"$T/empty"
+"$G" ctr "$T/c1.pi2" a.txt="$T/hello" dir/b.bin="$T/empty" "manifest.sig=$T/hello"
+"$G" ctr "$T/c2.pi2" tokenizer.json="$T/tok300.json" manifest.json="$T/bund/manifest.json"
+"$G" ctr "$T/c3.pi2" manifest.json="$T/conv/manifest.json"
+"$G" ctr "$T/c0.pi2"
+seed container small "$T/c1.pi2"
+seed container bundle-manifest "$T/c2.pi2"
+seed container converted-manifest "$T/c3.pi2"
+seed container empty "$T/c0.pi2"
+# Hand-mutated variants of the small one: a bad checksum, a non-octal size,
+# a size past the end, a cut file, a non-zero byte after the end marker.
+mut() { # mut OUT OFFSET BYTES
+    cp "$T/c1.pi2" "$C/container/$1"
+    printf "$3" | dd of="$C/container/$1" bs=1 seek="$2" conv=notrunc status=none
+}
+mut bad-checksum 148 '9'
+mut bad-octal 124 '9'
+mut huge-size 124 '77777777777'
+mut bad-typeflag 156 '5'
+mut prefix-set 345 'x'
+mut trailing-garbage 16383 'z'
+head -c 6144 "$T/c1.pi2" >"$C/container/truncated"
+
+du -sh "$C"
+for t in "$C"/*; do echo "$(basename "$t"): $(ls "$t" | wc -l) seeds"; done

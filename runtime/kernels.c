@@ -941,9 +941,92 @@ K_DEF_DOWN_Q4(down_tok_q4_vnni, PI2_T_AVX512)
 K_DEF_DOWN_Q8(down_tok_q8_avx2, PI2_T_AVX2, maddw_avx2)
 K_DEF_DOWN_Q8(down_tok_q8_vnni, PI2_T_AVX512, maddw_vnni)
 
-typedef void (*k_down_tok_fn)(const uint8_t *wb, int G, const k_dent *e, float *o);
+/* T = 1: the same integer sums straight from the payload rows (no wb
+ * round trip: each weight is used once). w[k] + off: row k's block, rows
+ * past R are zeros. */
+#define K_DEF_DOWN1_Q4(name, TGT)                                                                             \
+    TGT static void name(const uint8_t *const *w, int R, int G, int64_t off, const k_dent *e, float *o)      \
+    {                                                                                                        \
+        static const uint8_t zero[PI2_Q4_GROUP_BYTES];                                                       \
+        __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);                                         \
+        __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);                                   \
+        for (int g = 0; g < G; g++) {                                                                        \
+            if (e[g].s == 0.0f)                                                                              \
+                continue;                                                                                    \
+            __m256i al = _mm256_setzero_si256(), ah = al;                                                    \
+            for (int k = 0; k < 8; k++) {                                                                    \
+                int r = g * K_DG + 2 * k;                                                                    \
+                __m256i u0 = q4_nibbles(r < R ? w[r] + off : zero);                                          \
+                __m256i u1 = q4_nibbles(r + 1 < R ? w[r + 1] + off : zero);                                  \
+                __m256i c = _mm256_set1_epi16(e[g].cq.w[k]);                                                 \
+                al = _mm256_add_epi16(al, _mm256_maddubs_epi16(_mm256_unpacklo_epi8(u0, u1), c));            \
+                ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(_mm256_unpackhi_epi8(u0, u1), c));            \
+            }                                                                                                \
+            __m256i off_ = _mm256_set1_epi32(e[g].off);                                                      \
+            __m256 s = _mm256_set1_ps(e[g].s);                                                               \
+            __m256i x0 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(al)), off_);          \
+            __m256i x1 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(ah)), off_);          \
+            __m256i x2 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(al, 1)), off_);     \
+            __m256i x3 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(ah, 1)), off_);     \
+            o0 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(x0), o0);                                             \
+            o1 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(x1), o1);                                             \
+            o2 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(x2), o2);                                             \
+            o3 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(x3), o3);                                             \
+        }                                                                                                    \
+        _mm256_storeu_ps(o, o0);                                                                             \
+        _mm256_storeu_ps(o + 8, o1);                                                                         \
+        _mm256_storeu_ps(o + 16, o2);                                                                        \
+        _mm256_storeu_ps(o + 24, o3);                                                                        \
+    }
 
-PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, pi2_qtype wt, int64_t n, int nrows, const float *coef,
+#define K_DEF_DOWN1_Q8(name, TGT, MADDW)                                                                      \
+    TGT static void name(const uint8_t *const *w, int R, int G, int64_t off, const k_dent *e, float *o)      \
+    {                                                                                                        \
+        static const uint8_t zero[PI2_Q8_GROUP_BYTES];                                                       \
+        __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);                                         \
+        __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);                                   \
+        for (int g = 0; g < G; g++) {                                                                        \
+            if (e[g].s == 0.0f)                                                                              \
+                continue;                                                                                    \
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;                                  \
+            for (int k = 0; k < 8; k++) {                                                                    \
+                int r = g * K_DG + 2 * k;                                                                    \
+                const uint8_t *p0 = r < R ? w[r] + off : zero, *p1 = r + 1 < R ? w[r + 1] + off : zero;      \
+                __m256i x0 = _mm256_permute4x64_epi64(                                                       \
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p0)), 0xd8);         \
+                __m256i x1 = _mm256_permute4x64_epi64(                                                       \
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p0 + 16))), 0xd8);  \
+                __m256i y0 = _mm256_permute4x64_epi64(                                                       \
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p1)), 0xd8);         \
+                __m256i y1 = _mm256_permute4x64_epi64(                                                       \
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p1 + 16))), 0xd8);  \
+                __m256i c = _mm256_set1_epi32(e[g].cq.d[k]);                                                 \
+                a0 = MADDW(a0, _mm256_unpacklo_epi16(x0, y0), c);                                            \
+                a1 = MADDW(a1, _mm256_unpackhi_epi16(x0, y0), c);                                            \
+                a2 = MADDW(a2, _mm256_unpacklo_epi16(x1, y1), c);                                            \
+                a3 = MADDW(a3, _mm256_unpackhi_epi16(x1, y1), c);                                            \
+            }                                                                                                \
+            __m256 s = _mm256_set1_ps(e[g].s);                                                               \
+            o0 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a0), o0);                                             \
+            o1 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a1), o1);                                             \
+            o2 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a2), o2);                                             \
+            o3 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a3), o3);                                             \
+        }                                                                                                    \
+        _mm256_storeu_ps(o, o0);                                                                             \
+        _mm256_storeu_ps(o + 8, o1);                                                                         \
+        _mm256_storeu_ps(o + 16, o2);                                                                        \
+        _mm256_storeu_ps(o + 24, o3);                                                                        \
+    }
+
+K_DEF_DOWN1_Q4(down_one_q4_avx2, PI2_T_AVX2)
+K_DEF_DOWN1_Q4(down_one_q4_vnni, PI2_T_AVX512)
+K_DEF_DOWN1_Q8(down_one_q8_avx2, PI2_T_AVX2, maddw_avx2)
+K_DEF_DOWN1_Q8(down_one_q8_vnni, PI2_T_AVX512, maddw_vnni)
+
+typedef void (*k_down_tok_fn)(const uint8_t *wb, int G, const k_dent *e, float *o);
+typedef void (*k_down_one_fn)(const uint8_t *const *w, int R, int G, int64_t off, const k_dent *e, float *o);
+
+PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, k_down_one_fn one, pi2_qtype wt, int64_t n, int nrows, const float *coef,
                                  int64_t ldc, const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out,
                                  int64_t ldo)
 {
@@ -962,15 +1045,23 @@ PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, pi2_qtype wt, int64_t n, int
             kc = 1;
         for (int64_t b0 = 0; b0 < nb; b0 += kc) {
             int64_t kb = min64(kc, nb - b0);
-            for (int k = 0; k < G * K_DG; k++)
+            for (int k = 0; k < G * K_DG; k++) {
+                float d[K_DKB];
+                if (k < R)
+                    cvt_scales(ws[r0 + k] + b0, kb, d);
                 for (int64_t b = 0; b < kb; b++)
-                    dT[b * K_DRC + k] = k < R ? _cvtsh_ss(ws[r0 + k][b0 + b]) : 0.0f;
+                    dT[b * K_DRC + k] = k < R ? d[b] : 0.0f;
+            }
             down_prep(wt, G, kb, T, cp, dT, tab);
             for (int64_t b = 0; b < kb; b++) {
                 int64_t off = (b0 + b) * gb;
                 if ((off & 63) < gb) /* a new cache line of every row */
                     for (int k = 0; k < Rn; k++)
                         _mm_prefetch((const char *)(wp[rn0 + k] + off), _MM_HINT_T0);
+                if (T == 1) {
+                    one(wp + r0, R, G, off, tab + b * G, out + (b0 + b) * QG);
+                    continue;
+                }
                 if (wt == PI2_QT_Q4)
                     down_unpack_q4(wp + r0, R, G * 8, off, wb);
                 else
@@ -1330,10 +1421,12 @@ void pi2_k_down_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
 #ifdef PI2_K_X86
     switch (isa_pick(isa)) {
     case PI2_ISA_AVX512:
-        down_simd(wt == PI2_QT_Q4 ? down_tok_q4_vnni : down_tok_q8_vnni, wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
+        down_simd(wt == PI2_QT_Q4 ? down_tok_q4_vnni : down_tok_q8_vnni,
+                  wt == PI2_QT_Q4 ? down_one_q4_vnni : down_one_q8_vnni, wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
         return;
     case PI2_ISA_AVX2:
-        down_simd(wt == PI2_QT_Q4 ? down_tok_q4_avx2 : down_tok_q8_avx2, wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
+        down_simd(wt == PI2_QT_Q4 ? down_tok_q4_avx2 : down_tok_q8_avx2,
+                  wt == PI2_QT_Q4 ? down_one_q4_avx2 : down_one_q8_avx2, wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
         return;
     case PI2_ISA_SCALAR:
         break;

@@ -773,60 +773,53 @@ static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const fl
  * prefetcher alone). */
 
 enum {
-    K_DRC = 64,    /* rows per chunk */
-    K_DTAB = 1024, /* k_dent entries on the stack (40 KiB) */
-    K_DKB = 64     /* blocks per block chunk, at most */
+    K_DRC = 64,   /* rows per chunk */
+    K_DTAB = 256, /* k_dent entries on the stack (80 KiB): T * G <= 256 */
+    K_DKB = 64    /* blocks per block chunk, at most (a multiple of 8) */
 };
 
-/* Quantized coefficients of one (token, block, group). */
+/* Quantized coefficients of one (token, group) for 8 consecutive blocks
+ * (lane = block): pair words of cq_2k, cq_2k+1 (Q4: bytes, low 16 bits;
+ * Q8: int16 halves), the scale (0: skip the group) and, for Q4, 8 * sum(cq). */
 typedef struct k_dent {
-    union {
-        int8_t b[32];  /* Q4: cq_0..cq_15; pair word k = w[k] */
-        int16_t w[16]; /* Q8: cq_0..cq_15 as int16; pair dword k = d[k] */
-        int32_t d[8];
-    } cq;
-    float s;     /* 0: skip the group */
-    int32_t off; /* Q4: 8 * sum(cq) */
+    int32_t pw[8][8];
+    float s[8];
+    int32_t off[8];
 } k_dent;
 
-/* tab[(t * kb + b) * G + g] for t < T, b < kb, g < G, from the padded
- * coefficients cp[t * K_DRC + r] and scales dT[b * K_DRC + r]. */
-PI2_T_AVX2 static void down_prep(pi2_qtype wt, int G, int64_t kb, int T, const float *cp, const float *dT,
+/* tab[(t * kb8 + b8) * G + g] for t < T, blocks 8 * b8 .. + 7 < 8 * kb8,
+ * g < G, from the padded coefficients cp[t * K_DRC + r] and block scales
+ * dR[r * K_DKB + b] (zero past the chunk). Vectorized across blocks, so
+ * each lane runs the twin's float operations exactly. */
+PI2_T_AVX2 static void down_prep(pi2_qtype wt, int G, int64_t kb8, int T, const float *cp, const float *dR,
                                  k_dent *tab)
 {
     const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 c127 = _mm256_set1_ps(127.0f), dmin = _mm256_set1_ps(K_DMIN);
+    const __m256i lo = _mm256_set1_epi32(wt == PI2_QT_Q4 ? 0xff : 0xffff);
     for (int t = 0; t < T; t++)
-        for (int64_t b = 0; b < kb; b++)
+        for (int64_t b8 = 0; b8 < kb8; b8++)
             for (int g = 0; g < G; g++) {
-                k_dent *e = &tab[((int64_t)t * kb + b) * G + g];
-                const float *c = cp + t * K_DRC + g * K_DG, *d = dT + b * K_DRC + g * K_DG;
-                __m256 c0 = _mm256_mul_ps(_mm256_loadu_ps(c), _mm256_loadu_ps(d));
-                __m256 c1 = _mm256_mul_ps(_mm256_loadu_ps(c + 8), _mm256_loadu_ps(d + 8));
-                __m256 a = _mm256_max_ps(_mm256_and_ps(c0, absm), _mm256_and_ps(c1, absm));
-                __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-                h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-                h = _mm_max_ss(h, _mm_movehdup_ps(h));
-                float m = _mm_cvtss_f32(h);
-                if (!(m >= K_DMIN)) {
-                    e->s = 0.0f;
-                    continue;
+                k_dent *e = &tab[((int64_t)t * kb8 + b8) * G + g];
+                const float *c = cp + t * K_DRC + g * K_DG, *d = dR + (int64_t)g * K_DG * K_DKB + b8 * 8;
+                __m256 cv[K_DG], m = _mm256_setzero_ps();
+                for (int k = 0; k < K_DG; k++) {
+                    cv[k] = _mm256_mul_ps(_mm256_broadcast_ss(c + k), _mm256_loadu_ps(d + k * K_DKB));
+                    m = _mm256_max_ps(m, _mm256_and_ps(cv[k], absm));
                 }
-                __m256 inv = _mm256_set1_ps(127.0f / m);
-                e->s = m / 127.0f;
-                __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(c0, inv)); /* |q| <= 127 */
-                __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(c1, inv));
-                __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xd8); /* int16, in order */
-                if (wt == PI2_QT_Q4) {
-                    _mm_storeu_si128((__m128i *)(void *)e->cq.b,
-                                     _mm_packs_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
-                    __m256i sq = _mm256_add_epi32(q0, q1);
-                    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sq), _mm256_extracti128_si256(sq, 1));
-                    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-                    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-                    e->off = 8 * _mm_cvtsi128_si32(s4);
-                } else {
-                    _mm256_storeu_si256((__m256i *)(void *)e->cq.w, p);
+                __m256 ok = _mm256_cmp_ps(m, dmin, _CMP_GE_OQ);
+                __m256 inv = _mm256_and_ps(_mm256_div_ps(c127, m), ok); /* 0 where skipped: q = 0 */
+                _mm256_storeu_ps(e->s, _mm256_and_ps(_mm256_div_ps(m, c127), ok));
+                __m256i sum = _mm256_setzero_si256();
+                for (int k = 0; k < 8; k++) {
+                    __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(cv[2 * k], inv)); /* |q| <= 127 */
+                    __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(cv[2 * k + 1], inv));
+                    sum = _mm256_add_epi32(sum, _mm256_add_epi32(q0, q1));
+                    __m256i w = _mm256_or_si256(_mm256_and_si256(q0, lo),
+                                                _mm256_slli_epi32(q1, wt == PI2_QT_Q4 ? 8 : 16));
+                    _mm256_storeu_si256((__m256i *)(void *)e->pw[k], w);
                 }
+                _mm256_storeu_si256((__m256i *)(void *)e->off, _mm256_slli_epi32(sum, 3));
             }
 }
 
@@ -865,22 +858,22 @@ PI2_T_AVX2 static void down_unpack_q8(const uint8_t *const *w, int R, int npairs
 
 /* One token over the chunk's G groups for one block: o[0..32) += ... */
 #define K_DEF_DOWN_Q4(name, TGT)                                                                              \
-    TGT static void name(const uint8_t *wb, int G, const k_dent *e, float *o)                                \
+    TGT static void name(const uint8_t *wb, int G, const k_dent *e, int ln, float *o)                                \
     {                                                                                                        \
         __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);                                         \
         __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);                                   \
         for (int g = 0; g < G; g++) {                                                                        \
-            if (e[g].s == 0.0f)                                                                              \
+            if (e[g].s[ln] == 0.0f)                                                                              \
                 continue;                                                                                    \
             const uint8_t *wg = wb + g * 8 * 64;                                                             \
             __m256i al = _mm256_setzero_si256(), ah = al;                                                    \
             for (int k = 0; k < 8; k++) {                                                                    \
-                __m256i c = _mm256_set1_epi16(e[g].cq.w[k]);                                                 \
+                __m256i c = _mm256_set1_epi16((int16_t)e[g].pw[k][ln]);                                                 \
                 al = _mm256_add_epi16(al, _mm256_maddubs_epi16(ld256(wg + k * 64), c));                      \
                 ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(ld256(wg + k * 64 + 32), c));                 \
             }                                                                                                \
-            __m256i off = _mm256_set1_epi32(e[g].off);                                                       \
-            __m256 s = _mm256_set1_ps(e[g].s);                                                               \
+            __m256i off = _mm256_set1_epi32(e[g].off[ln]);                                                       \
+            __m256 s = _mm256_set1_ps(e[g].s[ln]);                                                               \
             __m256i x0 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(al)), off);           \
             __m256i x1 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(ah)), off);           \
             __m256i x2 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(al, 1)), off);      \
@@ -898,23 +891,23 @@ PI2_T_AVX2 static void down_unpack_q8(const uint8_t *const *w, int R, int npairs
 
 /* MADDW(acc, w, c): acc + the int16 pair products of w and c. */
 #define K_DEF_DOWN_Q8(name, TGT, MADDW)                                                                      \
-    TGT static void name(const uint8_t *wb, int G, const k_dent *e, float *o)                                \
+    TGT static void name(const uint8_t *wb, int G, const k_dent *e, int ln, float *o)                                \
     {                                                                                                        \
         __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);                                         \
         __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);                                   \
         for (int g = 0; g < G; g++) {                                                                        \
-            if (e[g].s == 0.0f)                                                                              \
+            if (e[g].s[ln] == 0.0f)                                                                              \
                 continue;                                                                                    \
             const uint8_t *wg = wb + g * 8 * 128;                                                            \
             __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;                                  \
             for (int k = 0; k < 8; k++) {                                                                    \
-                __m256i c = _mm256_set1_epi32(e[g].cq.d[k]);                                                 \
+                __m256i c = _mm256_set1_epi32(e[g].pw[k][ln]);                                                 \
                 a0 = MADDW(a0, ld256(wg + k * 128), c);                                                      \
                 a1 = MADDW(a1, ld256(wg + k * 128 + 32), c);                                                 \
                 a2 = MADDW(a2, ld256(wg + k * 128 + 64), c);                                                 \
                 a3 = MADDW(a3, ld256(wg + k * 128 + 96), c);                                                 \
             }                                                                                                \
-            __m256 s = _mm256_set1_ps(e[g].s);                                                               \
+            __m256 s = _mm256_set1_ps(e[g].s[ln]);                                                               \
             o0 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a0), o0);                                             \
             o1 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a1), o1);                                             \
             o2 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a2), o2);                                             \
@@ -945,25 +938,25 @@ K_DEF_DOWN_Q8(down_tok_q8_vnni, PI2_T_AVX512, maddw_vnni)
  * round trip: each weight is used once). w[k] + off: row k's block, rows
  * past R are zeros. */
 #define K_DEF_DOWN1_Q4(name, TGT)                                                                             \
-    TGT static void name(const uint8_t *const *w, int R, int G, int64_t off, const k_dent *e, float *o)      \
+    TGT static void name(const uint8_t *const *w, int R, int G, int64_t off, const k_dent *e, int ln, float *o)      \
     {                                                                                                        \
         static const uint8_t zero[PI2_Q4_GROUP_BYTES];                                                       \
         __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);                                         \
         __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);                                   \
         for (int g = 0; g < G; g++) {                                                                        \
-            if (e[g].s == 0.0f)                                                                              \
+            if (e[g].s[ln] == 0.0f)                                                                              \
                 continue;                                                                                    \
             __m256i al = _mm256_setzero_si256(), ah = al;                                                    \
             for (int k = 0; k < 8; k++) {                                                                    \
                 int r = g * K_DG + 2 * k;                                                                    \
                 __m256i u0 = q4_nibbles(r < R ? w[r] + off : zero);                                          \
                 __m256i u1 = q4_nibbles(r + 1 < R ? w[r + 1] + off : zero);                                  \
-                __m256i c = _mm256_set1_epi16(e[g].cq.w[k]);                                                 \
+                __m256i c = _mm256_set1_epi16((int16_t)e[g].pw[k][ln]);                                                 \
                 al = _mm256_add_epi16(al, _mm256_maddubs_epi16(_mm256_unpacklo_epi8(u0, u1), c));            \
                 ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(_mm256_unpackhi_epi8(u0, u1), c));            \
             }                                                                                                \
-            __m256i off_ = _mm256_set1_epi32(e[g].off);                                                      \
-            __m256 s = _mm256_set1_ps(e[g].s);                                                               \
+            __m256i off_ = _mm256_set1_epi32(e[g].off[ln]);                                                      \
+            __m256 s = _mm256_set1_ps(e[g].s[ln]);                                                               \
             __m256i x0 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(al)), off_);          \
             __m256i x1 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(ah)), off_);          \
             __m256i x2 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(al, 1)), off_);     \
@@ -980,13 +973,13 @@ K_DEF_DOWN_Q8(down_tok_q8_vnni, PI2_T_AVX512, maddw_vnni)
     }
 
 #define K_DEF_DOWN1_Q8(name, TGT, MADDW)                                                                      \
-    TGT static void name(const uint8_t *const *w, int R, int G, int64_t off, const k_dent *e, float *o)      \
+    TGT static void name(const uint8_t *const *w, int R, int G, int64_t off, const k_dent *e, int ln, float *o)      \
     {                                                                                                        \
         static const uint8_t zero[PI2_Q8_GROUP_BYTES];                                                       \
         __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);                                         \
         __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);                                   \
         for (int g = 0; g < G; g++) {                                                                        \
-            if (e[g].s == 0.0f)                                                                              \
+            if (e[g].s[ln] == 0.0f)                                                                              \
                 continue;                                                                                    \
             __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;                                  \
             for (int k = 0; k < 8; k++) {                                                                    \
@@ -1000,13 +993,13 @@ K_DEF_DOWN_Q8(down_tok_q8_vnni, PI2_T_AVX512, maddw_vnni)
                     _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p1)), 0xd8);         \
                 __m256i y1 = _mm256_permute4x64_epi64(                                                       \
                     _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p1 + 16))), 0xd8);  \
-                __m256i c = _mm256_set1_epi32(e[g].cq.d[k]);                                                 \
+                __m256i c = _mm256_set1_epi32(e[g].pw[k][ln]);                                                 \
                 a0 = MADDW(a0, _mm256_unpacklo_epi16(x0, y0), c);                                            \
                 a1 = MADDW(a1, _mm256_unpackhi_epi16(x0, y0), c);                                            \
                 a2 = MADDW(a2, _mm256_unpacklo_epi16(x1, y1), c);                                            \
                 a3 = MADDW(a3, _mm256_unpackhi_epi16(x1, y1), c);                                            \
             }                                                                                                \
-            __m256 s = _mm256_set1_ps(e[g].s);                                                               \
+            __m256 s = _mm256_set1_ps(e[g].s[ln]);                                                               \
             o0 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a0), o0);                                             \
             o1 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a1), o1);                                             \
             o2 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(a2), o2);                                             \
@@ -1023,15 +1016,15 @@ K_DEF_DOWN1_Q4(down_one_q4_vnni, PI2_T_AVX512)
 K_DEF_DOWN1_Q8(down_one_q8_avx2, PI2_T_AVX2, maddw_avx2)
 K_DEF_DOWN1_Q8(down_one_q8_vnni, PI2_T_AVX512, maddw_vnni)
 
-typedef void (*k_down_tok_fn)(const uint8_t *wb, int G, const k_dent *e, float *o);
-typedef void (*k_down_one_fn)(const uint8_t *const *w, int R, int G, int64_t off, const k_dent *e, float *o);
+typedef void (*k_down_tok_fn)(const uint8_t *wb, int G, const k_dent *e, int ln, float *o);
+typedef void (*k_down_one_fn)(const uint8_t *const *w, int R, int G, int64_t off, const k_dent *e, int ln, float *o);
 
 PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, k_down_one_fn one, pi2_qtype wt, int64_t n, int nrows, const float *coef,
                                  int64_t ldc, const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out,
                                  int64_t ldo)
 {
     int64_t nb = n / QG, gb = wt == PI2_QT_Q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES;
-    float cp[PI2_K_MAX_T * K_DRC], dT[K_DKB * K_DRC];
+    float cp[PI2_K_MAX_T * K_DRC], dR[K_DRC * K_DKB];
     k_dent tab[K_DTAB];
     _Alignas(64) uint8_t wb[K_DRC / 2 * 128];
     for (int r0 = 0; r0 < nrows; r0 += K_DRC) {
@@ -1040,26 +1033,29 @@ PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, k_down_one_fn one, pi2_qtype
         for (int t = 0; t < T; t++)
             for (int k = 0; k < G * K_DG; k++)
                 cp[t * K_DRC + k] = k < R ? coef[t * ldc + r0 + k] : 0.0f;
-        int64_t kc = min64(K_DTAB / (T * G), K_DKB);
-        if (kc < 1)
-            kc = 1;
+        int64_t kc = 8 * min64(K_DTAB / (T * G), K_DKB / 8); /* T * G <= 256: kc >= 8 */
         for (int64_t b0 = 0; b0 < nb; b0 += kc) {
-            int64_t kb = min64(kc, nb - b0);
+            int64_t kb = min64(kc, nb - b0), kb8 = (kb + 7) / 8;
             for (int k = 0; k < G * K_DG; k++) {
-                float d[K_DKB];
-                if (k < R)
+                float *d = dR + k * K_DKB;
+                int64_t done = 0;
+                if (k < R) {
                     cvt_scales(ws[r0 + k] + b0, kb, d);
-                for (int64_t b = 0; b < kb; b++)
-                    dT[b * K_DRC + k] = k < R ? d[b] : 0.0f;
+                    done = kb;
+                }
+                for (int64_t b = done; b < 8 * kb8; b++)
+                    d[b] = 0.0f;
             }
-            down_prep(wt, G, kb, T, cp, dT, tab);
+            down_prep(wt, G, kb8, T, cp, dR, tab);
             for (int64_t b = 0; b < kb; b++) {
                 int64_t off = (b0 + b) * gb;
+                const k_dent *e = tab + (b / 8) * G;
+                int ln = (int)(b % 8);
                 if ((off & 63) < gb) /* a new cache line of every row */
                     for (int k = 0; k < Rn; k++)
                         _mm_prefetch((const char *)(wp[rn0 + k] + off), _MM_HINT_T0);
                 if (T == 1) {
-                    one(wp + r0, R, G, off, tab + b * G, out + (b0 + b) * QG);
+                    one(wp + r0, R, G, off, e, ln, out + (b0 + b) * QG);
                     continue;
                 }
                 if (wt == PI2_QT_Q4)
@@ -1067,7 +1063,7 @@ PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, k_down_one_fn one, pi2_qtype
                 else
                     down_unpack_q8(wp + r0, R, G * 8, off, wb);
                 for (int t = 0; t < T; t++)
-                    tok(wb, G, tab + ((int64_t)t * kb + b) * G, out + t * ldo + (b0 + b) * QG);
+                    tok(wb, G, e + (int64_t)t * kb8 * G, ln, out + t * ldo + (b0 + b) * QG);
             }
         }
     }

@@ -197,9 +197,7 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
         for (int t = 0; t < T; t++)
             for (int k = 0; k < nc; k++)
                 s->gt[t * ENG_TILE + k] = act_fn(e->d.act, s->gt[t * ENG_TILE + k], s->ut[t * ENG_TILE + k]);
-        pi2_k_dequant_rows(f->down.qt, D, nc, f->down.rp + c, f->down.rs + c, s->tile);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, (int)D, nc, 1.0f, s->gt, ENG_TILE, s->tile,
-                    (int)D, 1.0f, s->part, (int)D);
+        pi2_k_down_rows(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, D);
     }
 }
 
@@ -312,7 +310,12 @@ static void ffn_dec_fn(void *ctx, int tid, int nt)
             s->coef[a] = v;
             a++;
         }
-        if (a > 0)
+        /* dense: int8 down projection over whole aligned groups of 16
+         * neurons (the same groups whatever the thread count, and the same
+         * as prefill's); sparse: exact float axpy of the active columns */
+        if (j->mode == FFN_DENSE)
+            pi2_k_down_rows(f->down.qt, D, a, s->coef, a, s->pp2, s->ps2, 1, s->part, D);
+        else if (a > 0)
             pi2_k_axpy_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, s->part);
         n_up += (uint64_t)m;
         n_down += (uint64_t)a;

@@ -757,9 +757,9 @@ static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const fl
  * interleaved row pairs, then every token runs over them with its 32
  * outputs in 4 float registers (out loaded and stored once per token,
  * block and row chunk):
- *   Q4  wb pair k: unpacklo/hi_epi8 of rows 2k, 2k + 1's nibbles, i.e.
- *       [u_2k[j], u_2k+1[j]] byte pairs for j = 0-7 | 16-23 and 8-15 |
- *       24-31; vpmaddubsw with the broadcast pair [cq_2k, cq_2k+1] gives
+ *   Q4  wb pair k: rows 2k, 2k + 1's payload bytes interleaved, then split
+ *       into nibbles: [u_2k[j], u_2k+1[j]] byte pairs for j = 0-15 and
+ *       16-31; vpmaddubsw with the broadcast pair [cq_2k, cq_2k+1] gives
  *       int16 (|pair| <= 2 * 15 * 127, 8 pairs <= 30480: no saturation),
  *       widened once per group; 8 * sum(cq) removes the nibbles' offset.
  *   Q8  rows sign-extended to int16 and interleaved as int16 pairs (the
@@ -768,9 +768,13 @@ static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const fl
  *       (-128 included), vpdpwssd on VNNI.
  * Each group's S_j is exact in int32 and in float (|S| <= 16 * 128 * 127),
  * and groups are added in row order with one FMA, like the twin: results
- * are bit-identical. Next chunk's rows are prefetched at the pace the
- * current chunk is read (64 row streams are too many for the hardware
- * prefetcher alone). */
+ * are bit-identical. Rows past the last chunk's end repeat one of its
+ * rows with coefficient 0 (so no branches on row count). One token reads
+ * the payload rows directly instead of going through wb. The coefficient
+ * tables are built 8 blocks at a time (lanes are blocks), so the
+ * divisions and the max run once per 8 groups. Next chunk's rows are
+ * prefetched at the pace the current chunk is read (64 row streams are
+ * too many for the hardware prefetcher alone). */
 
 enum {
     K_DRC = 64,   /* rows per chunk */
@@ -823,24 +827,36 @@ PI2_T_AVX2 static void down_prep(pi2_qtype wt, int G, int64_t kb8, int T, const 
             }
 }
 
-/* Rows w[0..R) of the chunk (R <= 2 * npairs; rows past R are zeros),
- * block at byte offset off, into wb as interleaved pairs (see above). */
-PI2_T_AVX2 static void down_unpack_q4(const uint8_t *const *w, int R, int npairs, int64_t off, uint8_t *wb)
+/* Rows a, b's Q4 block as byte pairs: lo = [a_j, b_j] for elements
+ * j = 0..15 (in order), hi = the same for j = 16..31. The raw bytes are
+ * interleaved first, so the nibble split runs once for both rows. */
+#define K_Q4_PAIR(lo, hi, pa, pb)                                                                            \
+    do {                                                                                                     \
+        __m128i xa_ = _mm_loadu_si128((const __m128i *)(const void *)(pa));                                 \
+        __m128i xb_ = _mm_loadu_si128((const __m128i *)(const void *)(pb));                                 \
+        __m256i y_ = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(xa_, xb_)),           \
+                                             _mm_unpackhi_epi8(xa_, xb_), 1);                                \
+        lo = _mm256_and_si256(y_, _mm256_set1_epi8(0x0f));                                                   \
+        hi = _mm256_and_si256(_mm256_srli_epi16(y_, 4), _mm256_set1_epi8(0x0f));                             \
+    } while (0)
+
+/* Rows w[0..2 * npairs) of the chunk (rows past the chunk repeat a row of
+ * it: their coefficients are 0), block at byte offset off, into wb as
+ * interleaved pairs (see above). */
+PI2_T_AVX2 static void down_unpack_q4(const uint8_t *const *w, int npairs, int64_t off, uint8_t *wb)
 {
-    static const uint8_t zero[PI2_Q4_GROUP_BYTES];
     for (int k = 0; k < npairs; k++) {
-        const uint8_t *p0 = 2 * k < R ? w[2 * k] + off : zero, *p1 = 2 * k + 1 < R ? w[2 * k + 1] + off : zero;
-        __m256i u0 = q4_nibbles(p0), u1 = q4_nibbles(p1);
-        _mm256_storeu_si256((__m256i *)(void *)(wb + k * 64), _mm256_unpacklo_epi8(u0, u1));
-        _mm256_storeu_si256((__m256i *)(void *)(wb + k * 64 + 32), _mm256_unpackhi_epi8(u0, u1));
+        __m256i lo, hi;
+        K_Q4_PAIR(lo, hi, w[2 * k] + off, w[2 * k + 1] + off);
+        _mm256_storeu_si256((__m256i *)(void *)(wb + k * 64), lo);
+        _mm256_storeu_si256((__m256i *)(void *)(wb + k * 64 + 32), hi);
     }
 }
 
-PI2_T_AVX2 static void down_unpack_q8(const uint8_t *const *w, int R, int npairs, int64_t off, uint8_t *wb)
+PI2_T_AVX2 static void down_unpack_q8(const uint8_t *const *w, int npairs, int64_t off, uint8_t *wb)
 {
-    static const uint8_t zero[PI2_Q8_GROUP_BYTES];
     for (int k = 0; k < npairs; k++) {
-        const uint8_t *p0 = 2 * k < R ? w[2 * k] + off : zero, *p1 = 2 * k + 1 < R ? w[2 * k + 1] + off : zero;
+        const uint8_t *p0 = w[2 * k] + off, *p1 = w[2 * k + 1] + off;
         /* int16 elements [0-3 8-11 | 4-7 12-15] (and 16-31 alike) */
         __m256i a0 = _mm256_permute4x64_epi64(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p0)), 0xd8);
         __m256i a1 = _mm256_permute4x64_epi64(
@@ -875,8 +891,8 @@ PI2_T_AVX2 static void down_unpack_q8(const uint8_t *const *w, int R, int npairs
             __m256i off = _mm256_set1_epi32(e[g].off[ln]);                                                       \
             __m256 s = _mm256_set1_ps(e[g].s[ln]);                                                               \
             __m256i x0 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(al)), off);           \
-            __m256i x1 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(ah)), off);           \
-            __m256i x2 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(al, 1)), off);      \
+            __m256i x1 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(al, 1)), off);      \
+            __m256i x2 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(ah)), off);           \
             __m256i x3 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(ah, 1)), off);      \
             o0 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(x0), o0);                                             \
             o1 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(x1), o1);                                             \
@@ -935,12 +951,10 @@ K_DEF_DOWN_Q8(down_tok_q8_avx2, PI2_T_AVX2, maddw_avx2)
 K_DEF_DOWN_Q8(down_tok_q8_vnni, PI2_T_AVX512, maddw_vnni)
 
 /* T = 1: the same integer sums straight from the payload rows (no wb
- * round trip: each weight is used once). w[k] + off: row k's block, rows
- * past R are zeros. */
+ * round trip: each weight is used once). w[k] + off: row k's block. */
 #define K_DEF_DOWN1_Q4(name, TGT)                                                                             \
-    TGT static void name(const uint8_t *const *w, int R, int G, int64_t off, const k_dent *e, int ln, float *o)      \
+    TGT static void name(const uint8_t *const *w, int G, int64_t off, const k_dent *e, int ln, float *o)      \
     {                                                                                                        \
-        static const uint8_t zero[PI2_Q4_GROUP_BYTES];                                                       \
         __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);                                         \
         __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);                                   \
         for (int g = 0; g < G; g++) {                                                                        \
@@ -948,18 +962,17 @@ K_DEF_DOWN_Q8(down_tok_q8_vnni, PI2_T_AVX512, maddw_vnni)
                 continue;                                                                                    \
             __m256i al = _mm256_setzero_si256(), ah = al;                                                    \
             for (int k = 0; k < 8; k++) {                                                                    \
-                int r = g * K_DG + 2 * k;                                                                    \
-                __m256i u0 = q4_nibbles(r < R ? w[r] + off : zero);                                          \
-                __m256i u1 = q4_nibbles(r + 1 < R ? w[r + 1] + off : zero);                                  \
-                __m256i c = _mm256_set1_epi16((int16_t)e[g].pw[k][ln]);                                                 \
-                al = _mm256_add_epi16(al, _mm256_maddubs_epi16(_mm256_unpacklo_epi8(u0, u1), c));            \
-                ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(_mm256_unpackhi_epi8(u0, u1), c));            \
+                __m256i lo, hi;                                                                              \
+                K_Q4_PAIR(lo, hi, w[g * K_DG + 2 * k] + off, w[g * K_DG + 2 * k + 1] + off);                 \
+                __m256i c = _mm256_set1_epi16((int16_t)e[g].pw[k][ln]);                                      \
+                al = _mm256_add_epi16(al, _mm256_maddubs_epi16(lo, c));                                      \
+                ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(hi, c));                                      \
             }                                                                                                \
             __m256i off_ = _mm256_set1_epi32(e[g].off[ln]);                                                      \
             __m256 s = _mm256_set1_ps(e[g].s[ln]);                                                               \
             __m256i x0 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(al)), off_);          \
-            __m256i x1 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(ah)), off_);          \
-            __m256i x2 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(al, 1)), off_);     \
+            __m256i x1 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(al, 1)), off_);     \
+            __m256i x2 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(ah)), off_);          \
             __m256i x3 = _mm256_sub_epi32(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(ah, 1)), off_);     \
             o0 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(x0), o0);                                             \
             o1 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(x1), o1);                                             \
@@ -973,9 +986,8 @@ K_DEF_DOWN_Q8(down_tok_q8_vnni, PI2_T_AVX512, maddw_vnni)
     }
 
 #define K_DEF_DOWN1_Q8(name, TGT, MADDW)                                                                      \
-    TGT static void name(const uint8_t *const *w, int R, int G, int64_t off, const k_dent *e, int ln, float *o)      \
+    TGT static void name(const uint8_t *const *w, int G, int64_t off, const k_dent *e, int ln, float *o)      \
     {                                                                                                        \
-        static const uint8_t zero[PI2_Q8_GROUP_BYTES];                                                       \
         __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);                                         \
         __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);                                   \
         for (int g = 0; g < G; g++) {                                                                        \
@@ -983,8 +995,7 @@ K_DEF_DOWN_Q8(down_tok_q8_vnni, PI2_T_AVX512, maddw_vnni)
                 continue;                                                                                    \
             __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;                                  \
             for (int k = 0; k < 8; k++) {                                                                    \
-                int r = g * K_DG + 2 * k;                                                                    \
-                const uint8_t *p0 = r < R ? w[r] + off : zero, *p1 = r + 1 < R ? w[r + 1] + off : zero;      \
+                const uint8_t *p0 = w[g * K_DG + 2 * k] + off, *p1 = w[g * K_DG + 2 * k + 1] + off;          \
                 __m256i x0 = _mm256_permute4x64_epi64(                                                       \
                     _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p0)), 0xd8);         \
                 __m256i x1 = _mm256_permute4x64_epi64(                                                       \
@@ -1017,7 +1028,7 @@ K_DEF_DOWN1_Q8(down_one_q8_avx2, PI2_T_AVX2, maddw_avx2)
 K_DEF_DOWN1_Q8(down_one_q8_vnni, PI2_T_AVX512, maddw_vnni)
 
 typedef void (*k_down_tok_fn)(const uint8_t *wb, int G, const k_dent *e, int ln, float *o);
-typedef void (*k_down_one_fn)(const uint8_t *const *w, int R, int G, int64_t off, const k_dent *e, int ln, float *o);
+typedef void (*k_down_one_fn)(const uint8_t *const *w, int G, int64_t off, const k_dent *e, int ln, float *o);
 
 PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, k_down_one_fn one, pi2_qtype wt, int64_t n, int nrows, const float *coef,
                                  int64_t ldc, const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out,
@@ -1029,6 +1040,9 @@ PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, k_down_one_fn one, pi2_qtype
     _Alignas(64) uint8_t wb[K_DRC / 2 * 128];
     for (int r0 = 0; r0 < nrows; r0 += K_DRC) {
         int R = nrows - r0 < K_DRC ? nrows - r0 : K_DRC, G = (R + K_DG - 1) / K_DG;
+        const uint8_t *w[K_DRC]; /* rows past the chunk repeat its first row (coefficient 0) */
+        for (int k = 0; k < G * K_DG; k++)
+            w[k] = wp[r0 + (k < R ? k : 0)];
         int rn0 = r0 + K_DRC, Rn = rn0 >= nrows ? 0 : nrows - rn0 < K_DRC ? nrows - rn0 : K_DRC;
         for (int t = 0; t < T; t++)
             for (int k = 0; k < G * K_DG; k++)
@@ -1055,13 +1069,13 @@ PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, k_down_one_fn one, pi2_qtype
                     for (int k = 0; k < Rn; k++)
                         _mm_prefetch((const char *)(wp[rn0 + k] + off), _MM_HINT_T0);
                 if (T == 1) {
-                    one(wp + r0, R, G, off, e, ln, out + (b0 + b) * QG);
+                    one(w, G, off, e, ln, out + (b0 + b) * QG);
                     continue;
                 }
                 if (wt == PI2_QT_Q4)
-                    down_unpack_q4(wp + r0, R, G * 8, off, wb);
+                    down_unpack_q4(w, G * 8, off, wb);
                 else
-                    down_unpack_q8(wp + r0, R, G * 8, off, wb);
+                    down_unpack_q8(w, G * 8, off, wb);
                 for (int t = 0; t < T; t++)
                     tok(wb, G, e + (int64_t)t * kb8 * G, ln, out + t * ldo + (b0 + b) * QG);
             }

@@ -117,6 +117,7 @@ fuzz: fuzz-build
 	    ASAN_OPTIONS=detect_leaks=1 $(FUZZ_BUILD)/fuzz_$$t $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t \
 	        -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 \
 	        -timeout=10 -print_final_stats=1 -artifact_prefix=tests/fuzz/crashes/$$t/ \
+	        $$(case $$t in hfconfig|tokenizer|manifest) echo -dict=tests/fuzz/json.dict;; esac) \
 	        $(FUZZ_ARGS) || exit 1; \
 	done
 

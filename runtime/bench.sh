@@ -57,5 +57,16 @@ say "decode, predicted sparsity: $s_tg tok/s = $r_sparse x --dense decode ($d_tg
 say "  bytes read per token: sparse $(echo "$s_bytes" | awk '{printf "%.0f", $1/1e6}') MB, dense $(echo "$d_bytes" | awk '{printf "%.0f", $1/1e6}') MB"
 say "--dense decode: $(echo "$d_bw" | awk '{printf "%.2f", $1/1e9}') GB/s of weights+KV = $r_bw x memory read bandwidth ($(echo "$bw" | awk '{printf "%.2f", $1/1e9}') GB/s)   [target >= 0.8]"
 say "prefill: $pp tok/s = $(echo "$pp_macs" | awk '{printf "%.1f", $1/1e9}') G int8 MAC/s = $r_pp x int8 dot peak ($(echo "$peak" | awk '{printf "%.1f", $1/1e9}') G MAC/s)   [target >= 0.6]"
-printf '{"sparse_tg_tok_s": %s, "dense_tg_tok_s": %s, "sparse_vs_dense": %s, "dense_bw_GBps": %s, "dense_vs_mem_bw": %s, "pp_tok_s": %s, "pp_vs_int8_peak": %s}\n' \
-    "$s_tg" "$d_tg" "$r_sparse" "$(echo "$d_bw" | awk '{printf "%.3f", $1/1e9}')" "$r_bw" "$pp" "$r_pp" >"$W/runtime.json"
+say ""
+say "== perplexity on the decode path, sparse vs --dense (text: 256 tokens the model samples at temperature 1)"
+"$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" -t "$TH" -p "Once upon a time" -n 256 --temp 1 --seed 5 >"$W/rt-text.txt"
+ps=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" -t "$TH" --ppl "$W/rt-text.txt")
+pd=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" -t "$TH" --ppl "$W/rt-text.txt" --dense)
+say "sparse: $ps"
+say "dense:  $pd"
+ppl_s=$(echo "$ps" | sed -n 's/^perplexity \([0-9.]*\).*/\1/p')
+ppl_d=$(echo "$pd" | sed -n 's/^perplexity \([0-9.]*\).*/\1/p')
+ppl_r=$(echo "$ppl_s $ppl_d" | awk '{printf "%+.3f", 100 * ($1 / $2 - 1)}')
+say "sparse perplexity $ppl_s vs dense $ppl_d: $ppl_r%   [target within 1%]"
+printf '{"sparse_tg_tok_s": %s, "dense_tg_tok_s": %s, "sparse_vs_dense": %s, "dense_bw_GBps": %s, "dense_vs_mem_bw": %s, "pp_tok_s": %s, "pp_vs_int8_peak": %s, "ppl_sparse": %s, "ppl_dense": %s}\n' \
+    "$s_tg" "$d_tg" "$r_sparse" "$(echo "$d_bw" | awk '{printf "%.3f", $1/1e9}')" "$r_bw" "$pp" "$r_pp" "$ppl_s" "$ppl_d" >"$W/runtime.json"

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,8 +139,14 @@ void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx)
     atomic_store_explicit(&p->pending, p->n - 1, memory_order_release);
     announce(p);
     fn(ctx, 0, p->n);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
-        CPU_RELAX();
+    /* Spin while the workers finish; past SPIN_ROUNDS, yield the CPU so a
+     * preempted worker (a busy or oversubscribed machine) can run. */
+    for (long i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
+        if (i < SPIN_ROUNDS)
+            CPU_RELAX();
+        else
+            sched_yield();
+    }
 }
 
 void pi2_pool_split(int64_t n, int64_t grain, int tid, int nt, int64_t *begin, int64_t *end)

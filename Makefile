@@ -1,7 +1,8 @@
 # pi2 — build, test, demo. See README.md.
 #   make            build the library and the three tools into build/
 #   make test       unit + end-to-end tests (installs missing Debian -dev packages when root)
-#   make san-test   the same tests built with ASan + UBSan into build-san/
+#   make san-test   the same tests built with ASan + UBSan into build-san/, then the
+#                   threaded tests (pool, I/O, engine) with TSan into build-tsan/
 #   make demo       make a model, convert, run: the main job end to end
 #   make bench      benchmarks (figures as ratios to a baseline measured in the same run)
 #   make fuzz       libFuzzer targets of the file readers (clang), each run FUZZ_SECONDS
@@ -20,6 +21,10 @@ ifdef SAN
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
 endif
+ifdef TSAN
+CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer
+LDFLAGS += -fsanitize=thread
+endif
 LDLIBS  := -larchive -lcrypto -lopenblas -ljansson -luring -lm -lpthread
 
 TOOLS     := pi2-convert pi2-bundle pi2-run
@@ -33,7 +38,7 @@ LIB       := $(BUILD)/libpi2.a
 FUZZ_TGT  := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_REPLAY := $(FUZZ_TGT:%=$(BUILD)/fuzz/replay-%)
 
-.PHONY: all test san san-test demo bench deps clean fuzz fuzz-build
+.PHONY: all test san san-test tsan-test demo bench deps clean fuzz fuzz-build
 all: $(TOOLS:%=$(BUILD)/%)
 
 deps:
@@ -73,8 +78,17 @@ test: deps
 san:
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT="-O1 -g" all
 
+# Tests of threaded code, also run under ThreadSanitizer (make tsan-test).
+TSAN_TESTS := test_pool test_io test_engine test_kernels
+
 san-test: deps
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT="-O1 -g" test
+	@$(MAKE) --no-print-directory tsan-test
+
+tsan-test: deps
+	@$(MAKE) --no-print-directory BUILD=build-tsan TSAN=1 OPT="-O1 -g" $(TSAN_TESTS:%=build-tsan/tests/%)
+	@BUILD=build-tsan PI2_SHARED=$(SHARED) PI2_UNIT_ONLY=1 TSAN_OPTIONS="halt_on_error=1" \
+	    sh tests/run.sh $(TSAN_TESTS:%=build-tsan/tests/%)
 
 demo: deps
 	@$(MAKE) --no-print-directory all
@@ -122,7 +136,7 @@ fuzz: fuzz-build
 	done
 
 clean:
-	rm -rf build build-san build-fuzz
+	rm -rf build build-san build-tsan build-fuzz
 
 -include $(LIB_OBJ:.o=.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
 -include $(wildcard $(BUILD)/obj/tests/fuzz/*.d $(FUZZ_BUILD)/obj/*/*.d $(FUZZ_BUILD)/obj/tests/fuzz/*.d)

@@ -3,6 +3,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -259,7 +260,7 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
 
 typedef struct touch_job {
     const pi2_ctr *c;
-    volatile uint64_t sink;
+    _Atomic uint64_t sink; /* keeps the reads; one add per thread */
 } touch_job;
 
 static void touch_fn(void *ctx, int tid, int nt)
@@ -275,7 +276,7 @@ static void touch_fn(void *ctx, int tid, int nt)
         for (int64_t o = b; o < en; o += page)
             acc += m->data[o];
     }
-    j->sink += acc;
+    atomic_fetch_add_explicit(&j->sink, acc, memory_order_relaxed);
 }
 
 int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)

@@ -17,6 +17,8 @@ for t in "$@"; do
     fi
 done
 rm -f "$log"
+# PI2_UNIT_ONLY=1 (the TSan run): the binaries above only.
+[ -n "${PI2_UNIT_ONLY:-}" ] && { echo "$pass passed, $fail failed, $skip skipped"; [ "$fail" -eq 0 ]; exit; }
 # Fuzz regression replay: every seed and every saved crash of each target.
 for r in "${BUILD:-build}"/fuzz/replay-*; do
     [ -x "$r" ] || continue

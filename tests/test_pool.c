@@ -1,0 +1,136 @@
+/* runtime/pool: every thread runs each job exactly once, jobs do not
+ * overlap, static partitions cover a range exactly once, and the pool
+ * survives many short jobs, idle sleeps and bad sizes. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "runtime/pool.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct job {
+    atomic_int calls;
+    atomic_int seen[8];
+    int nthreads;
+    int64_t n, grain;
+    unsigned char *covered; /* [n] */
+} job;
+
+static void count_fn(void *ctx, int tid, int nt)
+{
+    job *j = ctx;
+    if (tid == 0)
+        j->nthreads = nt;
+    atomic_fetch_add(&j->calls, 1);
+    atomic_fetch_add(&j->seen[tid], 1);
+}
+
+static void cover_fn(void *ctx, int tid, int nt)
+{
+    job *j = ctx;
+    int64_t b, e;
+    pi2_pool_split(j->n, j->grain, tid, nt, &b, &e);
+    assert_true(b <= e);
+    if (e < j->n)
+        assert_int_equal(e % j->grain, 0);
+    for (int64_t i = b; i < e; i++)
+        j->covered[i]++; /* disjoint ranges: no two threads write one byte */
+}
+
+static void test_each_thread_once(void **state)
+{
+    (void)state;
+    for (int n = 1; n <= 4; n++) {
+        pi2_pool *p = NULL;
+        pi2_err e = {0};
+        assert_int_equal(pi2_pool_create(&p, n, &e), 0);
+        assert_int_equal(pi2_pool_size(p), n);
+        for (int it = 0; it < 2000; it++) {
+            job j;
+            memset(&j, 0, sizeof j);
+            pi2_pool_run(p, count_fn, &j);
+            assert_int_equal(atomic_load(&j.calls), n); /* all returned before run did */
+            for (int t = 0; t < n; t++)
+                assert_int_equal(atomic_load(&j.seen[t]), 1);
+            assert_int_equal(j.nthreads, n);
+        }
+        pi2_pool_free(p);
+    }
+}
+
+static void test_partitions(void **state)
+{
+    (void)state;
+    pi2_pool *p = NULL;
+    pi2_err e = {0};
+    assert_int_equal(pi2_pool_create(&p, 3, &e), 0);
+    static const int64_t ns[] = {0, 1, 2, 15, 16, 17, 100, 1000, 4097};
+    static const int64_t grains[] = {1, 4, 16, 64};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (size_t g = 0; g < sizeof grains / sizeof grains[0]; g++) {
+            job j;
+            memset(&j, 0, sizeof j);
+            j.n = ns[a];
+            j.grain = grains[g];
+            j.covered = calloc((size_t)j.n + 1, 1);
+            pi2_pool_run(p, cover_fn, &j);
+            for (int64_t i = 0; i < j.n; i++)
+                assert_int_equal(j.covered[i], 1);
+            free(j.covered);
+        }
+    /* more threads than units: one part holds the unit, the others are empty */
+    int64_t b, en;
+    pi2_pool_split(3, 16, 0, 3, &b, &en);
+    assert_true(b == en);
+    pi2_pool_split(3, 16, 2, 3, &b, &en);
+    assert_true(b == 0 && en == 3);
+    pi2_pool_free(p);
+}
+
+/* Jobs after the workers went to sleep (idle longer than the spin) still
+ * run on every thread. */
+static void test_after_idle(void **state)
+{
+    (void)state;
+    pi2_pool *p = NULL;
+    pi2_err e = {0};
+    assert_int_equal(pi2_pool_create(&p, 2, &e), 0);
+    for (int it = 0; it < 3; it++) {
+        usleep(30000);
+        job j;
+        memset(&j, 0, sizeof j);
+        pi2_pool_run(p, count_fn, &j);
+        assert_int_equal(atomic_load(&j.calls), 2);
+    }
+    pi2_pool_free(p);
+}
+
+static void test_bad_sizes(void **state)
+{
+    (void)state;
+    pi2_pool *p = (pi2_pool *)&p;
+    pi2_err e = {0};
+    assert_int_equal(pi2_pool_create(&p, 0, &e), PI2_ERANGE);
+    assert_null(p);
+    pi2_err e2 = {0};
+    assert_int_equal(pi2_pool_create(&p, 257, &e2), PI2_ERANGE);
+    assert_non_null(strstr(e2.msg, "threads"));
+    pi2_pool_free(NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_each_thread_once),
+        cmocka_unit_test(test_partitions),
+        cmocka_unit_test(test_after_idle),
+        cmocka_unit_test(test_bad_sizes),
+    };
+    return cmocka_run_group_tests_name("pool", tests, NULL, NULL);
+}

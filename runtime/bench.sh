@@ -58,8 +58,8 @@ say "  bytes read per token: sparse $(echo "$s_bytes" | awk '{printf "%.0f", $1/
 say "--dense decode: $(echo "$d_bw" | awk '{printf "%.2f", $1/1e9}') GB/s of weights+KV = $r_bw x memory read bandwidth ($(echo "$bw" | awk '{printf "%.2f", $1/1e9}') GB/s)   [target >= 0.8]"
 say "prefill: $pp tok/s = $(echo "$pp_macs" | awk '{printf "%.1f", $1/1e9}') G int8 MAC/s = $r_pp x int8 dot peak ($(echo "$peak" | awk '{printf "%.1f", $1/1e9}') G MAC/s)   [target >= 0.6]"
 say ""
-say "== perplexity on the decode path, sparse vs --dense (text: 256 tokens the model samples at temperature 1)"
-"$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" -t "$TH" -p "Once upon a time" -n 256 --temp 1 --seed 5 >"$W/rt-text.txt"
+say "== perplexity on the decode path, sparse vs --dense (text: 256 tokens the model samples at temperature 0.8, top-k 40)"
+"$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" -t "$TH" -p "Once upon a time" -n 256 --temp 0.8 --top-k 40 --seed 5 >"$W/rt-text.txt"
 ps=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" -t "$TH" --ppl "$W/rt-text.txt")
 pd=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" -t "$TH" --ppl "$W/rt-text.txt" --dense)
 say "sparse: $ps"

@@ -1,6 +1,7 @@
 /* pi2-bundle: converted model -> signed model.pi2 (neuron order, row-column
  * bundles, flash layout); key generation, verification and inspection. */
 #include "bundle/bundle.h"
+#include "bundle/report_svg.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -36,7 +37,7 @@ static void usage(FILE *f)
             "usage: pi2-bundle CONVERTED -o MODEL.pi2 (--key PRIV.pem | --unsigned) [options]\n"
             "       pi2-bundle keygen --private PRIV.pem --public PUB.pem\n"
             "       pi2-bundle verify MODEL.pi2 (--pubkey PUB.pem | --allow-unsigned)\n"
-            "       pi2-bundle inspect MODEL.pi2\n"
+            "       pi2-bundle inspect MODEL.pi2 [--svg FILE]\n"
             "\n"
             "Lay a converted model (pi2-convert output) out for flash: order each FFN's neurons\n"
             "hot to cold by profiled activation frequency, group cold neurons that fire together,\n"
@@ -63,6 +64,8 @@ static void usage(FILE *f)
             "  --pubkey PUB.pem     public key the container must be signed with\n"
             "  --allow-unsigned     accept an unsigned container (still checks every digest)\n"
             "inspect: config, quant, region sizes, signature status, predictors, profile\n"
+            "  --svg FILE           also write a self-contained SVG chart: activation frequency\n"
+            "                       per FFN (hot to cold) and predictor recall / active fractions\n"
             "  -h, --help           this help\n"
             "\n"
             "exit status: 0 ok, 1 failure (bad input, bad signature or digest), 2 bad usage\n"
@@ -70,7 +73,8 @@ static void usage(FILE *f)
             "example:\n"
             "  pi2-bundle keygen --private priv.pem --public pub.pem\n"
             "  pi2-bundle model.pi2c -o model.pi2 --key priv.pem\n"
-            "  pi2-bundle verify model.pi2 --pubkey pub.pem\n");
+            "  pi2-bundle verify model.pi2 --pubkey pub.pem\n"
+            "  pi2-bundle inspect model.pi2 --svg model.svg\n");
 }
 
 static int cmd_keygen(int argc, char **argv)
@@ -162,24 +166,35 @@ static int cmd_verify(int argc, char **argv)
 
 static int cmd_inspect(int argc, char **argv)
 {
-    static const struct option opts[] = { { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
+    enum { O_SVG = 256 };
+    static const struct option opts[] = { { "svg", required_argument, 0, O_SVG },
+                                          { "help", no_argument, 0, 'h' },
+                                          { 0, 0, 0, 0 } };
+    const char *svg = NULL;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c == 'h') {
-            usage(stdout);
-            return 0;
+        switch (c) {
+        case O_SVG: svg = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: return bad_flag("inspect", argv);
         }
-        return bad_flag("inspect", argv);
     }
     if (optind + 1 != argc)
         return usage_error("inspect takes exactly one MODEL.pi2");
+    if (svg && !*svg)
+        return usage_error("inspect: --svg needs a file name");
     pi2_err err = { 0 };
     pi2_bundle_open_opts o = { .allow_unsigned = true, .skip_signature = true };
     pi2_bundle *b = NULL;
     int rc = pi2_bundle_open(&b, argv[optind], &o, &err);
+    /* The chart first: if it cannot be written, fail before any report. */
+    if (rc == 0 && svg)
+        rc = pi2_bundle_report_svg_write(b, svg, &err);
     if (rc == 0)
         rc = pi2_bundle_inspect(b, stdout, &err);
+    if (rc == 0 && svg)
+        printf("chart:      %s\n", svg);
     pi2_bundle_close(b);
     return rc ? die(&err, 1) : 0;
 }

@@ -132,6 +132,9 @@ expect_ok "bundle verify" "$B/pi2-bundle" verify "$T/b.pi2" --pubkey "$T/k.pub"
 grep -q "signature ok" "$T/out" && ok || bad "verify does not say signature ok"
 "$B/pi2-bundle" inspect "$T/b.pi2" >"$T/out" 2>"$T/err" && grep -q "^layout: *two-phase" "$T/out" \
     && grep -q "^signature: *signed" "$T/out" && ok || { bad "bundle inspect"; cat "$T/out" "$T/err"; }
+expect_ok "bundle inspect --svg" "$B/pi2-bundle" inspect "$T/b.pi2" --svg "$T/b.svg"
+head -c 5 "$T/b.svg" | grep -q "^<svg" && tail -c 7 "$T/b.svg" | grep -q "^</svg>" && ok || bad "inspect --svg: not an SVG"
+expect_error "bundle inspect --svg bad path" "$T/nodir/b.svg" "$B/pi2-bundle" inspect "$T/b.pi2" --svg "$T/nodir/b.svg"
 expect_error "bundle verify wrong key" "another key" "$B/pi2-bundle" verify "$T/b.pi2" --pubkey "$T/k2.pub"
 expect_error "bundle verify no key" "--pubkey" "$B/pi2-bundle" verify "$T/b.pi2"
 expect_error "bundle verify converted" "not a bundled model" "$B/pi2-bundle" verify "$T/tiny.pi2c" --allow-unsigned

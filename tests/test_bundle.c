@@ -18,6 +18,7 @@
 #include "bundle/bundle.h"
 #include "bundle/layout.h"
 #include "bundle/order.h"
+#include "bundle/report_svg.h"
 #include "convert/convert.h"
 #include "convert/synth.h"
 #include "formats/container.h"
@@ -796,6 +797,124 @@ static void test_inspect(void **state)
     }
 }
 
+/* Whole file as a NUL-terminated string (NULL if absent). */
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0, r;
+    do {
+        if (n + 4096 + 1 > cap) {
+            cap = 2 * cap + 8192;
+            buf = realloc(buf, cap);
+            assert_non_null(buf);
+        }
+        r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+    } while (r > 0);
+    fclose(f);
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static size_t count_str(const char *s, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = s; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* A temporary sibling of path (pi2_afile's "<path>.tmp.") left in dir? */
+static bool tmp_left(const char *dir, const char *base)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    bool found = false;
+    size_t n = strlen(base);
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strncmp(e->d_name, base, n) == 0 && strstr(e->d_name, ".tmp."))
+            found = true;
+    closedir(d);
+    return found;
+}
+
+static void test_inspect_svg(void **state)
+{
+    (void)state;
+    pi2_bundle_open_opts o = { .allow_unsigned = true, .skip_signature = true };
+    pi2_bundle *b = NULL;
+    pi2_err e = { 0 };
+    if (pi2_bundle_open(&b, g_signed, &o, &e))
+        fail_msg("%s", e.msg);
+    const pi2_bundle_layout *l = pi2_bundle_layout_get(b);
+    char out[160];
+    snprintf(out, sizeof out, "%s/report.svg", g_dir);
+    if (pi2_bundle_report_svg_write(b, out, &e))
+        fail_msg("%s", e.msg);
+    size_t len = 0;
+    char *svg = slurp(out, &len);
+    assert_non_null(svg);
+    assert_true(len > 1000);
+    assert_int_equal(strncmp(svg, "<svg ", 5), 0);
+    assert_string_equal(svg + len - 7, "</svg>\n");
+    assert_int_equal(count_str(svg, "<svg"), 1);
+    assert_int_equal(count_str(svg, "<polyline"), l->n_ffn); /* one curve per FFN, nothing else */
+    assert_int_equal(count_str(svg, "<polyline"), count_str(svg, "</polyline>"));
+    assert_int_equal(count_str(svg, "<g"), count_str(svg, "</g>"));
+    for (size_t i = 0; i < l->n_ffn; i++) {
+        char lab[32];
+        snprintf(lab, sizeof lab, ">layer %d<", l->ffn[i].layer); /* legend entry */
+        assert_non_null(strstr(svg, lab));
+        snprintf(lab, sizeof lab, "<title>layer %d:", l->ffn[i].layer); /* the curve's title */
+        assert_non_null(strstr(svg, lab));
+    }
+    assert_non_null(strstr(svg, "recall"));
+    assert_non_null(strstr(svg, "ffn q4, other q8"));
+    assert_null(strstr(svg, "nan"));
+    assert_null(strstr(svg, "inf"));
+    assert_null(strstr(svg, "NaN"));
+    assert_null(strstr(svg, "<script"));
+    assert_null(strstr(svg, "href"));
+    free(svg);
+
+    /* manifest text is escaped: a source with every XML special character */
+    pi2_manifest *m = (pi2_manifest *)pi2_bundle_manifest(b); /* a plain struct; tests may edit it */
+    char saved[PI2_MF_STR_MAX];
+    memcpy(saved, m->source, sizeof saved);
+    snprintf(m->source, sizeof m->source, "a<&>\"'b");
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    assert_int_equal(pi2_bundle_report_svg(b, f, &e), 0);
+    fclose(f);
+    assert_non_null(strstr(buf, "a&lt;&amp;&gt;&quot;&apos;b"));
+    assert_null(strstr(buf, "a<&"));
+    free(buf);
+    memcpy(m->source, saved, sizeof saved);
+
+    /* an unwritable path: the error names it, nothing is left behind */
+    char bad[200];
+    snprintf(bad, sizeof bad, "%s/no-such-dir/r.svg", g_dir);
+    assert_int_equal(pi2_bundle_report_svg_write(b, bad, &e), PI2_EIO);
+    assert_non_null(strstr(e.msg, bad));
+    assert_false(pi2t_exists(bad));
+    /* a full disk part way: nothing at the path, no temporary left */
+    snprintf(bad, sizeof bad, "%s/full.svg", g_dir);
+    pi2_err_clear(&e);
+    pi2_afile_fail_after(100);
+    assert_int_equal(pi2_bundle_report_svg_write(b, bad, &e), PI2_ENOSPC);
+    pi2_afile_fail_after(-1);
+    assert_non_null(strstr(e.msg, bad));
+    assert_false(pi2t_exists(bad));
+    assert_false(tmp_left(g_dir, "full.svg"));
+    assert_false(tmp_left(g_dir, "report.svg"));
+    pi2_bundle_close(b);
+}
+
 /* ------------------------------------------------------------------ */
 /* Tamper matrix                                                        */
 /* ------------------------------------------------------------------ */
@@ -1324,6 +1443,7 @@ int main(void)
         cmocka_unit_test(test_roundtrip_silu_q8_moe),
         cmocka_unit_test(test_hot_share_determinism),
         cmocka_unit_test(test_inspect),
+        cmocka_unit_test_teardown(test_inspect_svg, reset_fail_hook),
         cmocka_unit_test(test_tamper_each_section),
         cmocka_unit_test(test_verify_resident_only),
         cmocka_unit_test(test_tamper_truncate),

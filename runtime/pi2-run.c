@@ -99,6 +99,55 @@ static double pct(const double *v, size_t n, double p)
     return v[k > 0 ? k - 1 : 0];
 }
 
+/* One forward step of whichever model runs: token at pos -> logits. */
+typedef int (*step_fn)(void *ctx, int32_t token, int pos, float *logits, pi2_err *err);
+
+/* The generation loop shared by both paths: sample from logits, stop at
+ * EOS or after n tokens, stream the text UTF-8-safely to stdout, and run
+ * the next step. lat[i] (when non-NULL) gets each step's seconds, *n_lat
+ * their count; *sampled the number of tokens sampled (EOS included). */
+static int generate_loop(const run_opts *o, const pi2_model_desc *d, pi2_sampler *smp, pi2_tok_stream *ts,
+                         float *logits, int pos, step_fn step, void *ctx, double *lat, size_t *n_lat,
+                         long long *sampled, pi2_err *err)
+{
+    int rc;
+    if (o->show_ids)
+        fprintf(stderr, "generated ids:");
+    *sampled = 0;
+    for (long long n_gen = 0; n_gen < o->n_predict;) {
+        int next = pi2_sampler_next(smp, logits);
+        n_gen++;
+        *sampled = n_gen;
+        if (o->show_ids)
+            fprintf(stderr, " %d", next);
+        if (is_eos(d, next))
+            break;
+        const char *bytes;
+        size_t len;
+        if ((rc = pi2_tok_stream_push(ts, next, &bytes, &len, err)) != 0)
+            return rc;
+        fwrite(bytes, 1, len, stdout);
+        fflush(stdout);
+        if (n_gen == o->n_predict)
+            break;
+        double t0 = pi2_now();
+        if ((rc = step(ctx, next, pos++, logits, err)) != 0)
+            return rc;
+        if (lat)
+            lat[(*n_lat)++] = pi2_now() - t0;
+    }
+    const char *bytes;
+    size_t len;
+    if ((rc = pi2_tok_stream_flush(ts, &bytes, &len, err)) != 0)
+        return rc;
+    fwrite(bytes, 1, len, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (o->show_ids)
+        fprintf(stderr, "\n");
+    return 0;
+}
+
 /* ---------------- reference path ---------------- */
 
 /* Per-layer share of FFN neurons that fire, for --stats. */
@@ -118,6 +167,17 @@ static void on_ffn(void *ctx, int layer, int expert, const float *x, const float
         n += act[i] != 0.0f;
     a->share[layer] += (double)n / a->n_ff;
     a->evals[layer]++;
+}
+
+typedef struct ref_ctx {
+    const pi2_ref_model *m;
+    pi2_ref_state *st;
+} ref_ctx;
+
+static int ref_step(void *ctx, int32_t token, int pos, float *logits, pi2_err *err)
+{
+    ref_ctx *r = ctx;
+    return pi2_ref_forward(r->m, r->st, token, pos, logits, err);
 }
 
 static int run_reference(const run_opts *o)
@@ -186,40 +246,15 @@ static int run_reference(const run_opts *o)
     double t_prefill = pi2_now() - t1, t2 = pi2_now();
     fputs(prompt, stdout);
     fflush(stdout);
-    long long n_gen = 0;
-    if (o->show_ids)
-        fprintf(stderr, "generated ids:");
     if (pos == 0 && n_predict > 0) { /* no BOS and no prompt: nothing to condition on */
         rc = pi2_err_set(&err, PI2_EINVAL, "empty prompt and the model has no BOS token; give -p TEXT");
         goto out;
     }
-    while (n_gen < n_predict) {
-        int next = pi2_sampler_next(smp, logits);
-        n_gen++;
-        if (o->show_ids)
-            fprintf(stderr, " %d", next);
-        if (is_eos(d, next))
-            break;
-        const char *bytes;
-        size_t len;
-        if ((rc = pi2_tok_stream_push(ts, next, &bytes, &len, &err)) != 0)
-            goto out;
-        fwrite(bytes, 1, len, stdout);
-        fflush(stdout);
-        if (n_gen == n_predict)
-            break;
-        if ((rc = pi2_ref_forward(m, st, next, pos++, logits, &err)) != 0)
-            goto out;
-    }
-    const char *bytes;
-    size_t len;
-    if ((rc = pi2_tok_stream_flush(ts, &bytes, &len, &err)) != 0)
+    ref_ctx rc_ctx = {m, st};
+    size_t n_steps = 0;
+    long long n_gen = 0;
+    if ((rc = generate_loop(o, d, smp, ts, logits, pos, ref_step, &rc_ctx, NULL, &n_steps, &n_gen, &err)) != 0)
         goto out;
-    fwrite(bytes, 1, len, stdout);
-    fputc('\n', stdout);
-    fflush(stdout);
-    if (o->show_ids)
-        fprintf(stderr, "\n");
     if (o->stats) {
         double t_gen = pi2_now() - t2;
         int n_pre = (int)n_ids + (bos >= 0);
@@ -344,6 +379,11 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
             pi2_q_isa_name(pi2_q_get_isa()), (double)pi2_peak_rss() / 1048576.0, pi2_engine_signature(e));
 }
 
+static int eng_step(void *ctx, int32_t token, int pos, float *logits, pi2_err *err)
+{
+    return pi2_engine_decode(ctx, token, pos, logits, err);
+}
+
 static int run_generate(const run_opts *o)
 {
     pi2_err err = {0};
@@ -415,37 +455,9 @@ static int run_generate(const run_opts *o)
     int pos = (int)n_pre;
     fputs(o->prompt, stdout);
     fflush(stdout);
-    if (o->show_ids)
-        fprintf(stderr, "generated ids:");
-    for (long long n_gen = 0; n_gen < o->n_predict;) {
-        int next = pi2_sampler_next(smp, logits);
-        n_gen++;
-        if (o->show_ids)
-            fprintf(stderr, " %d", next);
-        if (is_eos(d, next))
-            break;
-        const char *bytes;
-        size_t len;
-        if ((rc = pi2_tok_stream_push(ts, next, &bytes, &len, &err)) != 0)
-            goto out;
-        fwrite(bytes, 1, len, stdout);
-        fflush(stdout);
-        if (n_gen == o->n_predict)
-            break;
-        double ts0 = pi2_now();
-        if ((rc = pi2_engine_decode(e, next, pos++, logits, &err)) != 0)
-            goto out;
-        g.lat[g.n_lat++] = pi2_now() - ts0;
-    }
-    const char *bytes;
-    size_t len;
-    if ((rc = pi2_tok_stream_flush(ts, &bytes, &len, &err)) != 0)
+    long long n_sampled = 0;
+    if ((rc = generate_loop(o, d, smp, ts, logits, pos, eng_step, e, g.lat, &g.n_lat, &n_sampled, &err)) != 0)
         goto out;
-    fwrite(bytes, 1, len, stdout);
-    fputc('\n', stdout);
-    fflush(stdout);
-    if (o->show_ids)
-        fprintf(stderr, "\n");
     if (o->stats)
         print_stats(e, &g, t_load, stderr);
     status = 0;

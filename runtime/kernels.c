@@ -293,7 +293,9 @@ PI2_T_AVX2 static void cvt_scales(const uint16_t *h, int64_t n, float *dst)
  *     res[k * 4 + j] = the chunk's dot of row k with token j.
  * t1: 4 rows x 1 token, 8 blocks per step (lanes are blocks b..b+7); the
  *     last nb % 8 blocks run once more from zero-padded copies.
- *     res[k] = the dot of row k. */
+ *     res[k] = the dot of row k. Each step also prefetches the next 4*8
+ *     blocks' worth of lines of rows wn[0..4), wn[0] first to its end,
+ *     then wn[1], ... (see mm_one_token). */
 
 #define K_PAIR(x, y, ADDP) ADDP(_mm256_blend_epi32((x), (y), 0xf0), _mm256_permute2x128_si256((x), (y), 0x21))
 
@@ -403,11 +405,17 @@ PI2_T_AVX2 static void cvt_scales(const uint16_t *h, int64_t n, float *dst)
                          const float *as, const int32_t *sums, const uint8_t *const wn[4], float res[4])          \
     {                                                                                                            \
         __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                \
-        int64_t b = 0;                                                                                           \
+        int64_t b = 0, rb_ = nb * (GB), po_ = 0;                                                                 \
+        int pk_ = 0;                                                                                             \
         for (; b + 8 <= nb; b += 8) {                                                                            \
-            for (int k_ = 0; k_ < 4; k_++)                                                                       \
-                for (int l_ = 0; l_ < 8 * (GB); l_ += 64)                                                        \
-                    _mm_prefetch((const char *)(wn[k_] + b * (GB) + l_), _MM_HINT_T0);                          \
+            for (int l_ = 0; l_ < 32 * (GB) && pk_ < 4; l_ += 64) {                                              \
+                _mm_prefetch((const char *)(wn[pk_] + po_), _MM_HINT_T0);                                        \
+                po_ += 64;                                                                                       \
+                if (po_ >= rb_) {                                                                                \
+                    po_ = 0;                                                                                     \
+                    pk_++;                                                                                       \
+                }                                                                                                \
+            }                                                                                                    \
             K_T1_STEP(a + b * QG, as + b, sums + b, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),            \
                       w[3] + b * (GB), s[0] + b, s[1] + b, s[2] + b, s[3] + b, LOADW, PROD, ADDP, FIN, GB, CSH);  \
         }                                                                                                        \
@@ -494,7 +502,10 @@ PI2_T_AVX2 static void pair_scales(const uint16_t *h, int64_t kb, float *dst)
 /* Rows [0, nrows) against one token: out[r] (stride 1). Decode streams
  * the weights once: while a row tile computes, t1 prefetches the next
  * tile's rows at the same pace (the hardware prefetcher alone left the
- * 4 interleaved row streams at a third of the read bandwidth). */
+ * 4 interleaved row streams at a third of the read bandwidth), one row
+ * after the other rather than interleaved like the loads: an ascending
+ * stream of lines lets the L2 streamer run ahead of the software
+ * prefetches (0.6 -> 0.8 of the read bandwidth from DRAM, Zen 3). */
 static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_t *const *wp,
                          const uint16_t *const *ws, const float *as, const int8_t *a, const int32_t *sums, float *out)
 {

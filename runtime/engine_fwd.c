@@ -256,7 +256,7 @@ static void pred_fc2_fn(void *ctx, int tid, int nt)
 /* Neurons per step of a thread's decode FFN: their gate, up and down rows
  * are read one after the other while they are close (a bundle keeps a
  * neuron's rows adjacent), so the three passes share cache lines. */
-#define DEC_CHUNK 32
+#define DEC_CHUNK 128
 
 static void ffn_dec_fn(void *ctx, int tid, int nt)
 {

@@ -3,12 +3,17 @@
 # apt-get when running as root, else print the exact command and fail.
 set -u
 need=""
-have_header() { printf '#include <%s>\n' "$1" | ${CC:-cc} -E -x c - >/dev/null 2>&1; }
-have_header jansson.h || need="$need libjansson-dev"
-have_header archive.h || need="$need libarchive-dev"
-have_header openssl/evp.h || need="$need libssl-dev"
-have_header cblas.h || need="$need libopenblas-dev"
-have_header liburing.h || need="$need liburing-dev"
+# A header alone is not enough: another package may provide it (libblas-dev
+# also installs cblas.h), so each library must also link.
+have_lib() {
+    printf '#include <%s>\nint main(void) { return 0; }\n' "$1" \
+        | ${CC:-cc} -x c - -o /dev/null "$2" >/dev/null 2>&1
+}
+have_lib jansson.h -ljansson || need="$need libjansson-dev"
+have_lib archive.h -larchive || need="$need libarchive-dev"
+have_lib openssl/evp.h -lcrypto || need="$need libssl-dev"
+have_lib cblas.h -lopenblas || need="$need libopenblas-dev"
+have_lib liburing.h -luring || need="$need liburing-dev"
 printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <stdint.h>\n#include <cmocka.h>\n' \
     | ${CC:-cc} -E -x c - >/dev/null 2>&1 || need="$need libcmocka-dev"
 command -v ${CC:-cc} >/dev/null 2>&1 || need="$need gcc"

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- fault injection ---- */
@@ -297,7 +298,8 @@ static void fail_msg(const pi2_io *io, const pi2_io_req *r, pi2_err *err)
                     (unsigned long long)r->off, strerror(-r->result));
 }
 
-int pi2_io_wait(pi2_io *io, int min_done, pi2_io_req **done, int max, pi2_err *err)
+/* timeout_us < 0: wait as long as it takes for min_done completions. */
+static int io_wait(pi2_io *io, int min_done, pi2_io_req **done, int max, long timeout_us, pi2_err *err)
 {
     if (min_done > io->inflight)
         min_done = io->inflight;
@@ -312,7 +314,17 @@ int pi2_io_wait(pi2_io *io, int min_done, pi2_io_req **done, int max, pi2_err *e
                 continue;
             }
             struct io_uring_cqe *cqe = NULL;
-            int r = got < min_done ? io_uring_wait_cqe(&io->ring, &cqe) : io_uring_peek_cqe(&io->ring, &cqe);
+            int r;
+            if (got >= min_done) {
+                r = io_uring_peek_cqe(&io->ring, &cqe);
+            } else if (timeout_us >= 0) {
+                struct __kernel_timespec ts = {.tv_sec = timeout_us / 1000000, .tv_nsec = timeout_us % 1000000 * 1000};
+                r = io_uring_wait_cqe_timeout(&io->ring, &cqe, &ts);
+                if (r == -ETIME)
+                    break;
+            } else {
+                r = io_uring_wait_cqe(&io->ring, &cqe);
+            }
             if (r == -EINTR)
                 continue;
             if (r < 0 || !cqe) {
@@ -350,10 +362,21 @@ int pi2_io_wait(pi2_io *io, int min_done, pi2_io_req **done, int max, pi2_err *e
             io->inflight--;
         }
     } else {
+        struct timespec until = {0};
+        if (timeout_us >= 0) {
+            clock_gettime(CLOCK_REALTIME, &until);
+            long long ns = (long long)until.tv_nsec + (long long)timeout_us * 1000;
+            until.tv_sec += (time_t)(ns / 1000000000);
+            until.tv_nsec = (long)(ns % 1000000000);
+        }
         pthread_mutex_lock(&io->mu);
         while (got < max) {
-            while (io->dn == 0 && got < min_done)
-                pthread_cond_wait(&io->cv_done, &io->mu);
+            bool timed_out = false;
+            while (io->dn == 0 && got < min_done && !timed_out)
+                if (timeout_us < 0)
+                    pthread_cond_wait(&io->cv_done, &io->mu);
+                else
+                    timed_out = pthread_cond_timedwait(&io->cv_done, &io->mu, &until) == ETIMEDOUT;
             if (io->dn == 0)
                 break;
             done[got++] = io->dq[io->dh];
@@ -369,6 +392,16 @@ int pi2_io_wait(pi2_io *io, int min_done, pi2_io_req **done, int max, pi2_err *e
             break;
         }
     return got;
+}
+
+int pi2_io_wait(pi2_io *io, int min_done, pi2_io_req **done, int max, pi2_err *err)
+{
+    return io_wait(io, min_done, done, max, -1, err);
+}
+
+int pi2_io_wait_timeout(pi2_io *io, int min_done, pi2_io_req **done, int max, long timeout_us, pi2_err *err)
+{
+    return io_wait(io, min_done, done, max, timeout_us < 0 ? 0 : timeout_us, err);
 }
 
 int pi2_io_read(pi2_io *io, void *buf, uint64_t off, uint32_t len, pi2_err *err)

@@ -79,6 +79,9 @@ int pi2_io_submit(pi2_io *io, pi2_io_req *const *reqs, int n, pi2_err *err);
  * the first failure is also written to err (file, offset, cause) so the
  * caller can stop with a clear message. */
 int pi2_io_wait(pi2_io *io, int min_done, pi2_io_req **done, int max, pi2_err *err);
+/* pi2_io_wait that gives up after timeout_us microseconds without
+ * min_done completions, returning what it has (possibly 0). */
+int pi2_io_wait_timeout(pi2_io *io, int min_done, pi2_io_req **done, int max, long timeout_us, pi2_err *err);
 /* Requests submitted and not yet reaped. */
 int pi2_io_inflight(const pi2_io *io);
 

@@ -10,6 +10,7 @@ enum { S_FREE = 0, S_RESERVED = 1, S_COLD = 2, S_PINNED = 3 };
 typedef struct slot {
     uint32_t ffn, neuron;
     uint32_t prev, next; /* LRU (cold) or free list links */
+    uint32_t hold; /* holders; a held cold entry is off the LRU list */
     uint8_t state;
     uint8_t pin; /* reserved for the pinned segment */
 } slot;
@@ -24,6 +25,7 @@ struct pi2_ncache {
     uint8_t *arena;
     uint32_t lru_head, lru_tail; /* head: most recent */
     uint32_t free_head;
+    uint32_t n_free, n_lru; /* lengths of the free and LRU lists */
     pi2_ncache_stats st;
     uint64_t index_bytes;
 };
@@ -40,6 +42,7 @@ static void lru_unlink(pi2_ncache *c, uint32_t i)
     else
         c->lru_tail = x->prev;
     x->prev = x->next = PI2_NCACHE_NONE;
+    c->n_lru--;
 }
 
 static void lru_push_front(pi2_ncache *c, uint32_t i)
@@ -52,6 +55,7 @@ static void lru_push_front(pi2_ncache *c, uint32_t i)
     c->lru_head = i;
     if (c->lru_tail == PI2_NCACHE_NONE)
         c->lru_tail = i;
+    c->n_lru++;
 }
 
 static void free_push(pi2_ncache *c, uint32_t i)
@@ -60,6 +64,7 @@ static void free_push(pi2_ncache *c, uint32_t i)
     c->s[i].next = c->free_head;
     c->s[i].prev = PI2_NCACHE_NONE;
     c->free_head = i;
+    c->n_free++;
 }
 
 int pi2_ncache_create(pi2_ncache **out, uint32_t n_ffn, const uint32_t *neurons, size_t slot_bytes, uint32_t slots,
@@ -141,7 +146,7 @@ uint8_t *pi2_ncache_get(pi2_ncache *c, uint32_t ffn, uint32_t neuron)
         return NULL;
     }
     c->st.hits++;
-    if (c->s[i].state == S_COLD && c->lru_head != i) {
+    if (c->s[i].state == S_COLD && c->s[i].hold == 0 && c->lru_head != i) {
         lru_unlink(c, i);
         lru_push_front(c, i);
     }
@@ -168,6 +173,7 @@ uint8_t *pi2_ncache_reserve(pi2_ncache *c, uint32_t ffn, uint32_t neuron, bool p
     uint32_t i = c->free_head;
     if (i != PI2_NCACHE_NONE) {
         c->free_head = c->s[i].next;
+        c->n_free--;
     } else {
         i = c->lru_tail; /* least recently used committed cold entry */
         if (i == PI2_NCACHE_NONE) {
@@ -185,6 +191,7 @@ uint8_t *pi2_ncache_reserve(pi2_ncache *c, uint32_t ffn, uint32_t neuron, bool p
     x->state = S_RESERVED;
     x->prev = x->next = PI2_NCACHE_NONE;
     x->pin = pin;
+    x->hold = 0;
     c->index[ffn][neuron] = i;
     c->st.reserved++;
     *slot_out = i;
@@ -204,6 +211,55 @@ void pi2_ncache_commit(pi2_ncache *c, uint32_t i)
         lru_push_front(c, i);
     }
 }
+
+void pi2_ncache_commit_hold(pi2_ncache *c, uint32_t i)
+{
+    slot *x = &c->s[i];
+    c->st.reserved--;
+    c->st.used++;
+    x->hold = 1;
+    c->st.held++;
+    if (x->pin) {
+        x->state = S_PINNED;
+        c->st.pinned++;
+    } else {
+        x->state = S_COLD; /* held: joins the LRU list on its last release */
+    }
+}
+
+uint8_t *pi2_ncache_hold(pi2_ncache *c, uint32_t ffn, uint32_t neuron, uint32_t *slot_out)
+{
+    uint32_t i = lookup(c, ffn, neuron);
+    if (i == PI2_NCACHE_NONE || c->s[i].state == S_RESERVED) {
+        c->st.misses++;
+        return NULL;
+    }
+    c->st.hits++;
+    slot *x = &c->s[i];
+    if (x->hold++ == 0) {
+        c->st.held++;
+        if (x->state == S_COLD)
+            lru_unlink(c, i);
+    }
+    *slot_out = i;
+    return c->arena + (size_t)i * c->stride;
+}
+
+void pi2_ncache_release(pi2_ncache *c, uint32_t i)
+{
+    slot *x = &c->s[i];
+    if (x->hold == 0)
+        return;
+    if (--x->hold == 0) {
+        c->st.held--;
+        if (x->state == S_COLD)
+            lru_push_front(c, i);
+    }
+}
+
+uint32_t pi2_ncache_evictable(const pi2_ncache *c) { return c->n_free + c->n_lru; }
+
+uint8_t *pi2_ncache_slot_buf(const pi2_ncache *c, uint32_t i) { return c->arena + (size_t)i * c->stride; }
 
 void pi2_ncache_abort(pi2_ncache *c, uint32_t i)
 {

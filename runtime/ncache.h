@@ -36,7 +36,7 @@ typedef struct pi2_ncache pi2_ncache;
 
 typedef struct pi2_ncache_stats {
     uint64_t hits, misses, evictions;
-    uint32_t slots, pinned, used, reserved;
+    uint32_t slots, pinned, used, reserved, held;
 } pi2_ncache_stats;
 
 /* A cache for n_ffn FFNs of neurons[f] neurons each, with `slots` entries
@@ -67,6 +67,22 @@ bool pi2_ncache_contains(const pi2_ncache *c, uint32_t ffn, uint32_t neuron);
 uint8_t *pi2_ncache_reserve(pi2_ncache *c, uint32_t ffn, uint32_t neuron, bool pin, uint32_t *slot, pi2_err *err);
 /* Make a reserved slot's entry visible (most recently used). */
 void pi2_ncache_commit(pi2_ncache *c, uint32_t slot);
+/* Commit a reserved slot and hold it (as pi2_ncache_hold) in one step. */
+void pi2_ncache_commit_hold(pi2_ncache *c, uint32_t slot);
+
+/* Holding: an entry in use by compute must not be evicted while a later
+ * miss reserves a slot. pi2_ncache_hold is pi2_ncache_get (counting a hit
+ * or a miss) that also takes a hold: a held entry leaves the LRU list and
+ * cannot be evicted until its last pi2_ncache_release, which makes it the
+ * most recently used. *slot receives the slot number for release. */
+uint8_t *pi2_ncache_hold(pi2_ncache *c, uint32_t ffn, uint32_t neuron, uint32_t *slot);
+void pi2_ncache_release(pi2_ncache *c, uint32_t slot);
+/* Slots a reserve can take now: free ones plus committed cold entries that
+ * are not held. */
+uint32_t pi2_ncache_evictable(const pi2_ncache *c);
+/* The buffer of a slot number (reserved or committed). */
+uint8_t *pi2_ncache_slot_buf(const pi2_ncache *c, uint32_t slot);
+
 /* Drop a reserved slot (its read failed); the slot is free again. */
 void pi2_ncache_abort(pi2_ncache *c, uint32_t slot);
 

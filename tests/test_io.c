@@ -209,6 +209,32 @@ static void test_truncated_and_replaced(void **state)
     }
 }
 
+/* A timed wait returns 0 when nothing is in flight to complete in time,
+ * and the completions once they are there. */
+static void test_wait_timeout(void **state)
+{
+    (void)state;
+    for (int b = PI2_IO_URING; b <= PI2_IO_PREAD; b++) {
+        pi2_io *io = open_io((pi2_io_backend)b);
+        pi2_err e = {0};
+        pi2_io_req *done[4];
+        assert_int_equal(pi2_io_wait_timeout(io, 1, done, 4, 1000, &e), 0);
+        uint8_t *buf = pi2_io_alloc_buf(16384);
+        pi2_io_req r = {.off = 8192, .len = 16384, .buf = buf}, *p = &r;
+        assert_int_equal(pi2_io_submit(io, &p, 1, &e), 0);
+        int got = 0;
+        for (int tries = 0; got == 0 && tries < 100000; tries++)
+            got = pi2_io_wait_timeout(io, 1, done, 4, 100, &e);
+        assert_int_equal(got, 1);
+        assert_ptr_equal(done[0], &r);
+        assert_int_equal(r.result, 16384);
+        assert_int_equal(buf[100], pattern(8192 + 100));
+        assert_int_equal(pi2_io_inflight(io), 0);
+        pi2_io_free_buf(buf);
+        pi2_io_close(io);
+    }
+}
+
 static void test_bad_requests(void **state)
 {
     (void)state;
@@ -247,6 +273,7 @@ int main(void)
         cmocka_unit_test_teardown(test_eio, clear_faults),
         cmocka_unit_test_teardown(test_no_uring, clear_faults),
         cmocka_unit_test_teardown(test_truncated_and_replaced, clear_faults),
+        cmocka_unit_test_teardown(test_wait_timeout, clear_faults),
         cmocka_unit_test_teardown(test_bad_requests, clear_faults),
     };
     return cmocka_run_group_tests_name("io", tests, setup, teardown);

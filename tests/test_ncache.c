@@ -135,6 +135,63 @@ static void test_pinned_and_reserved(void **state)
     pi2_ncache_free(c);
 }
 
+/* Held entries are never evicted; the last release makes them most
+ * recently used; evictable counts free plus unheld cold entries. */
+static void test_hold_release(void **state)
+{
+    (void)state;
+    pi2_ncache *c = make(3, 64);
+    pi2_err e = {0};
+    assert_int_equal(pi2_ncache_evictable(c), 3);
+    fill(c, 0, 1, false);
+    fill(c, 0, 2, false);
+    uint32_t s1, s2, s3, r;
+    uint8_t *b1 = pi2_ncache_hold(c, 0, 1, &s1);
+    assert_non_null(b1);
+    assert_ptr_equal(pi2_ncache_hold(c, 0, 1, &s2), b1); /* twice */
+    assert_int_equal(s1, s2);
+    assert_int_equal(pi2_ncache_evictable(c), 2); /* the free slot and (0,2) */
+    assert_null(pi2_ncache_hold(c, 2, 9, &s3));   /* miss */
+    /* a reserve committed with a hold */
+    uint8_t *b3 = pi2_ncache_reserve(c, 1, 3, false, &s3, &e);
+    assert_non_null(b3);
+    assert_ptr_equal(pi2_ncache_slot_buf(c, s3), b3);
+    pi2_ncache_commit_hold(c, s3);
+    assert_int_equal(pi2_ncache_evictable(c), 1);
+    /* the next reserve can only evict (0,2) */
+    assert_non_null(pi2_ncache_reserve(c, 2, 4, false, &r, &e));
+    pi2_ncache_commit(c, r);
+    assert_false(pi2_ncache_contains(c, 0, 2));
+    assert_true(pi2_ncache_contains(c, 0, 1));
+    pi2_ncache_stats st;
+    pi2_ncache_stats_get(c, &st);
+    assert_int_equal(st.held, 2);
+    /* (2,4) is the only unheld entry: evict it; then nothing is evictable */
+    assert_non_null(pi2_ncache_reserve(c, 2, 5, false, &r, &e));
+    assert_int_equal(pi2_ncache_evictable(c), 0);
+    assert_null(pi2_ncache_reserve(c, 2, 6, false, &r, &e));
+    assert_int_equal(e.code, PI2_ERANGE);
+    pi2_err_clear(&e);
+    pi2_ncache_commit(c, r); /* (2,5): r is unchanged by the failed reserve */
+    /* get on a held entry does not disturb it */
+    assert_ptr_equal(pi2_ncache_get(c, 0, 1), b1);
+    pi2_ncache_release(c, s1);
+    assert_int_equal(pi2_ncache_evictable(c), 1); /* still held once */
+    pi2_ncache_release(c, s1);
+    pi2_ncache_release(c, s3);
+    assert_int_equal(pi2_ncache_evictable(c), 3);
+    pi2_ncache_release(c, s3); /* extra release: no-op */
+    assert_int_equal(pi2_ncache_evictable(c), 3);
+    /* LRU after releases: (0,1) released before (1,3) -> (0,1) goes first */
+    assert_non_null(pi2_ncache_reserve(c, 2, 7, false, &r, &e)); /* evicts (2,5) */
+    pi2_ncache_commit(c, r);
+    assert_non_null(pi2_ncache_reserve(c, 2, 8, false, &r, &e));
+    pi2_ncache_commit(c, r);
+    assert_false(pi2_ncache_contains(c, 0, 1));
+    assert_true(pi2_ncache_contains(c, 1, 3));
+    pi2_ncache_free(c);
+}
+
 static void test_bad(void **state)
 {
     (void)state;
@@ -160,6 +217,7 @@ int main(void)
         cmocka_unit_test(test_basic),
         cmocka_unit_test(test_lru_model),
         cmocka_unit_test(test_pinned_and_reserved),
+        cmocka_unit_test(test_hold_release),
         cmocka_unit_test(test_bad),
     };
     return cmocka_run_group_tests_name("ncache", tests, NULL, NULL);

@@ -17,6 +17,9 @@
  * size against the bytes actually written. */
 #include "formats/container.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <archive.h>
 #include <archive_entry.h>
 #include <stdarg.h>
@@ -735,4 +738,37 @@ void pi2_ctr_close(pi2_ctr *c)
     free(c->idx.slot);
     free(c->path);
     free(c);
+}
+
+void pi2_ctr_drop_pages(const pi2_ctr *c)
+{
+    if (!c || !c->map.data)
+        return;
+    /* unmap our references first: the page cache only drops unmapped pages */
+    madvise((void *)(uintptr_t)c->map.data, c->map.size, MADV_DONTNEED);
+    int fd = open(c->path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        close(fd);
+    }
+}
+
+uint64_t pi2_ctr_cached_bytes(const pi2_ctr *c)
+{
+    if (!c || !c->map.data)
+        return 0;
+    long page = sysconf(_SC_PAGESIZE);
+    size_t pages = (c->map.size + (size_t)page - 1) / (size_t)page, step = (size_t)1 << 20, n = 0;
+    unsigned char *v = malloc(step);
+    if (!v)
+        return 0;
+    for (size_t p0 = 0; p0 < pages; p0 += step) {
+        size_t cnt = pages - p0 < step ? pages - p0 : step;
+        if (mincore((void *)(uintptr_t)(c->map.data + p0 * (size_t)page), cnt * (size_t)page, v) != 0)
+            break;
+        for (size_t i = 0; i < cnt; i++)
+            n += v[i] & 1;
+    }
+    free(v);
+    return (uint64_t)n * (uint64_t)page;
 }

@@ -151,4 +151,11 @@ int pi2_ctr_verify_member(const pi2_ctr *c, const pi2_ctr_member *m, const uint8
 /* Unmap and free. NULL is a no-op. */
 void pi2_ctr_close(pi2_ctr *c);
 
+/* Drop the mapping's pages from this process and, where no one else maps
+ * them, from the page cache (the offloading runtime, once it has read what
+ * it keeps). The mapping stays valid: a later access reads the file again. */
+void pi2_ctr_drop_pages(const pi2_ctr *c);
+/* Bytes of the file in the page cache now (mincore over the mapping). */
+uint64_t pi2_ctr_cached_bytes(const pi2_ctr *c);
+
 #endif

@@ -14,6 +14,8 @@ void pi2_engine_defaults(pi2_engine_opts *o)
     memset(o, 0, sizeof *o);
     o->verify_ffn = true;
     o->preload = true;
+    o->hot_share = 0.5;
+    o->io_depth = 64;
 }
 
 static int unsupported(const pi2_engine *e, pi2_err *err, const char *what)
@@ -33,6 +35,13 @@ static const uint8_t *member(const pi2_engine *e, const char *name, uint64_t siz
         pi2_err_set(err, PI2_ESHAPE, "%s: member %s holds %llu bytes, expected %llu", e->path, name,
                     (unsigned long long)m->size, (unsigned long long)size);
         return NULL;
+    }
+    if (e->res) { /* offloading: the resident region was read into memory we own */
+        if (m->offset > e->res_bytes || m->size > e->res_bytes - m->offset) {
+            pi2_err_set(err, PI2_EFORMAT, "%s: member %s lies outside the resident region", e->path, name);
+            return NULL;
+        }
+        return e->res + m->offset;
     }
     return m->data;
 }
@@ -121,9 +130,15 @@ static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *e
     if ((int)bf->neurons != d->n_ff)
         return pi2_err_set(err, PI2_ESHAPE, "%s: FFN %s holds %u neurons, config says %d", e->path, bf->ffn,
                            bf->neurons, d->n_ff);
-    const uint8_t *base = member(e, bf->ffn, (uint64_t)bf->groups * bf->slot_bytes, err);
-    if (!base)
-        return err->code;
+    const uint8_t *base = NULL;
+    if (!e->res) {
+        if (!(base = member(e, bf->ffn, (uint64_t)bf->groups * bf->slot_bytes, err)))
+            return err->code;
+    } else { /* offloading: payload rows are pointed at the hot segment or the cache later */
+        const pi2_ctr_member *m = pi2_ctr_find(pi2_bundle_container(e->b), bf->ffn);
+        if (!m || m->size != (uint64_t)bf->groups * bf->slot_bytes)
+            return pi2_err_set(err, PI2_ESHAPE, "%s: FFN member %s is missing or of the wrong size", e->path, bf->ffn);
+    }
     static const pi2_tname roles[3] = {PI2_T_GATE, PI2_T_UP, PI2_T_DOWN};
     eng_mat *mats[3] = {&f->gate, &f->up, &f->down};
     uint64_t rb = e->bl->row_bytes;
@@ -150,7 +165,7 @@ static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *e
         for (uint32_t i = 0; i < bf->neurons; i++)
             m->rs[i] = s + (size_t)i * sc;
     }
-    for (uint32_t i = 0; i < bf->neurons; i++) {
+    for (uint32_t i = 0; base && i < bf->neurons; i++) {
         uint64_t off[3];
         pi2_bl_neuron_offsets(bf, rb, e->bl->two_phase, i, off);
         f->gate.rp[i] = base + off[0];
@@ -196,6 +211,14 @@ static int check_model(pi2_engine *e, pi2_err *err)
     return 0;
 }
 
+/* pi2_malloc_array that adds the bytes to the engine's buffer total (the
+ * memory plan of offloading counts them). */
+static void *acc_alloc(pi2_engine *e, size_t n, size_t size)
+{
+    e->buf_bytes += (uint64_t)n * size;
+    return pi2_malloc_array(n, size);
+}
+
 static int alloc_state(pi2_engine *e, pi2_err *err)
 {
     const pi2_model_desc *d = &e->d;
@@ -209,27 +232,28 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
         for (int x = 0; x < E; x++)
             if (e->layers[l].ffn[x].rank > max_rank)
                 max_rank = e->layers[l].ffn[x].rank;
-    e->x = pi2_malloc_array(T * D, sizeof(float));
-    e->xb = pi2_malloc_array(T * (size_t)e->max_in, sizeof(float));
-    e->xb2 = pi2_malloc_array(T * D, sizeof(float));
-    e->q = pi2_malloc_array(T * (qd + 2 * kvd), sizeof(float));
-    e->att = pi2_malloc_array(T * qd, sizeof(float));
-    e->aqs = pi2_malloc_array(T * (size_t)e->max_in / PI2_Q_GROUP, sizeof(float));
-    e->aq = pi2_malloc_array(T * (size_t)e->max_in, 1);
-    e->asum = pi2_malloc_array(T * (size_t)e->max_in / PI2_Q_GROUP, sizeof(int32_t));
-    e->ph = pi2_malloc_array((size_t)max_rank, sizeof(float));
-    e->router_logits = pi2_malloc_array((size_t)(E > 0 ? E : 1) * T, sizeof(float));
-    e->chosen = pi2_malloc_array((size_t)(E > 0 ? E : 1) * T, sizeof(int));
-    e->sel = pi2_malloc_array((size_t)d->n_ff, sizeof(uint32_t));
-    e->scores_all = pi2_malloc_array((size_t)d->n_ff, sizeof(float));
-    e->moe_x = pi2_malloc_array(T * D, sizeof(float));
-    e->moe_out = pi2_malloc_array(T * D, sizeof(float));
-    e->moe_w = pi2_malloc_array(T, sizeof(float));
-    e->moe_tok = pi2_malloc_array(T, sizeof(int));
-    e->moe_wk = pi2_malloc_array(T * (size_t)(E > 0 ? E : 1), sizeof(float));
-    e->rope_cs = pi2_malloc_array(T * (size_t)d->head_dim / 2, sizeof(float));
-    e->rope_sn = pi2_malloc_array(T * (size_t)d->head_dim / 2, sizeof(float));
+    e->x = acc_alloc(e, T * D, sizeof(float));
+    e->xb = acc_alloc(e, T * (size_t)e->max_in, sizeof(float));
+    e->xb2 = acc_alloc(e, T * D, sizeof(float));
+    e->q = acc_alloc(e, T * (qd + 2 * kvd), sizeof(float));
+    e->att = acc_alloc(e, T * qd, sizeof(float));
+    e->aqs = acc_alloc(e, T * (size_t)e->max_in / PI2_Q_GROUP, sizeof(float));
+    e->aq = acc_alloc(e, T * (size_t)e->max_in, 1);
+    e->asum = acc_alloc(e, T * (size_t)e->max_in / PI2_Q_GROUP, sizeof(int32_t));
+    e->ph = acc_alloc(e, (size_t)max_rank, sizeof(float));
+    e->router_logits = acc_alloc(e, (size_t)(E > 0 ? E : 1) * T, sizeof(float));
+    e->chosen = acc_alloc(e, (size_t)(E > 0 ? E : 1) * T, sizeof(int));
+    e->sel = acc_alloc(e, (size_t)d->n_ff, sizeof(uint32_t));
+    e->scores_all = acc_alloc(e, (size_t)d->n_ff, sizeof(float));
+    e->moe_x = acc_alloc(e, T * D, sizeof(float));
+    e->moe_out = acc_alloc(e, T * D, sizeof(float));
+    e->moe_w = acc_alloc(e, T, sizeof(float));
+    e->moe_tok = acc_alloc(e, T, sizeof(int));
+    e->moe_wk = acc_alloc(e, T * (size_t)(E > 0 ? E : 1), sizeof(float));
+    e->rope_cs = acc_alloc(e, T * (size_t)d->head_dim / 2, sizeof(float));
+    e->rope_sn = acc_alloc(e, T * (size_t)d->head_dim / 2, sizeof(float));
     e->tls = calloc((size_t)e->threads, sizeof *e->tls);
+    e->buf_bytes += (uint64_t)e->threads * sizeof *e->tls;
     if (!e->x || !e->xb || !e->xb2 || !e->q || !e->att || !e->aqs || !e->aq || !e->asum ||
         !e->ph || !e->router_logits || !e->chosen || !e->sel || !e->scores_all || !e->moe_x || !e->moe_out ||
         !e->moe_w || !e->moe_tok || !e->moe_wk || !e->rope_cs || !e->rope_sn || !e->tls)
@@ -238,19 +262,19 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
     for (int t = 0; t < e->threads; t++) {
         eng_tls *s = &e->tls[t];
         size_t ff = (size_t)d->n_ff;
-        s->part = pi2_malloc_array(T * D, sizeof(float));
-        s->g = pi2_malloc_array(ff, sizeof(float));
-        s->u = pi2_malloc_array(ff, sizeof(float));
-        s->coef = pi2_malloc_array(ff, sizeof(float));
-        s->pp = pi2_malloc_array(ff, sizeof *s->pp);
-        s->ps = pi2_malloc_array(ff, sizeof *s->ps);
-        s->pp2 = pi2_malloc_array(ff, sizeof *s->pp2);
-        s->ps2 = pi2_malloc_array(ff, sizeof *s->ps2);
-        s->tile = pi2_malloc_array((size_t)ENG_TILE * D, sizeof(float));
-        s->gt = pi2_malloc_array(T * ENG_TILE, sizeof(float));
-        s->ut = pi2_malloc_array(T * ENG_TILE, sizeof(float));
-        s->list = pi2_malloc_array(ff, sizeof(uint32_t));
-        s->list2 = pi2_malloc_array(ff, sizeof(uint32_t));
+        s->part = acc_alloc(e, T * D, sizeof(float));
+        s->g = acc_alloc(e, ff, sizeof(float));
+        s->u = acc_alloc(e, ff, sizeof(float));
+        s->coef = acc_alloc(e, ff, sizeof(float));
+        s->pp = acc_alloc(e, ff, sizeof *s->pp);
+        s->ps = acc_alloc(e, ff, sizeof *s->ps);
+        s->pp2 = acc_alloc(e, ff, sizeof *s->pp2);
+        s->ps2 = acc_alloc(e, ff, sizeof *s->ps2);
+        s->tile = acc_alloc(e, (size_t)ENG_TILE * D, sizeof(float));
+        s->gt = acc_alloc(e, T * ENG_TILE, sizeof(float));
+        s->ut = acc_alloc(e, T * ENG_TILE, sizeof(float));
+        s->list = acc_alloc(e, ff, sizeof(uint32_t));
+        s->list2 = acc_alloc(e, ff, sizeof(uint32_t));
         if (!s->part || !s->g || !s->u || !s->coef || !s->pp || !s->ps || !s->pp2 || !s->ps2 || !s->tile ||
             !s->gt || !s->ut || !s->list || !s->list2)
             return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for thread buffers", e->path);
@@ -304,10 +328,15 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         pi2_bundle_close(probe);
         goto fail;
     }
-    if ((rc = pi2_bundle_verify(e->b, !o->verify_ffn, NULL, err)) != 0)
-        goto fail;
     e->mf = pi2_bundle_manifest(e->b);
     e->bl = pi2_bundle_layout_get(e->b);
+    if (o->mem_limit > 0) {
+        /* offloading: resident members read with O_DIRECT and hashed there */
+        if ((rc = eng_ofl_load_resident(e, o, err)) != 0)
+            goto fail;
+    } else if ((rc = pi2_bundle_verify(e->b, !o->verify_ffn, NULL, err)) != 0) {
+        goto fail;
+    }
     e->d = e->mf->config;
     e->mode = e->mf->sparsity_mode;
     e->dense = o->dense || e->mode == PI2_MF_SPARSE_NONE;
@@ -428,7 +457,10 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     }
     e->prefill_macs = macs;
     openblas_set_num_threads(1); /* our pool does the threading */
-    if (o->preload) {
+    if (o->mem_limit > 0) {
+        if ((rc = eng_ofl_open(e, o, err)) != 0)
+            goto fail;
+    } else if (o->preload) {
         touch_job tj = {.c = pi2_bundle_container(e->b)};
         pi2_pool_run(e->pool, touch_fn, &tj);
     }
@@ -443,6 +475,7 @@ void pi2_engine_close(pi2_engine *e)
 {
     if (!e)
         return;
+    eng_ofl_close(e);
     pi2_pool_free(e->pool);
     if (e->layers) {
         int E = pi2_desc_is_moe(&e->d) ? e->d.n_experts : 1;
@@ -508,6 +541,7 @@ void pi2_engine_close(pi2_engine *e)
     free(e->inv_freq);
     pi2_tok_free(e->tok);
     pi2_bundle_close(e->b);
+    free(e->res);
     free(e);
 }
 
@@ -521,7 +555,11 @@ bool pi2_engine_dense(const pi2_engine *e) { return e->dense; }
 const char *pi2_engine_signature(const pi2_engine *e) { return e->sig; }
 uint64_t pi2_engine_dense_bytes(const pi2_engine *e) { return e->dense_bytes; }
 void pi2_engine_stats_get(const pi2_engine *e, pi2_engine_stats *out) { *out = e->st; }
-void pi2_engine_stats_reset(pi2_engine *e) { memset(&e->st, 0, sizeof e->st); }
+void pi2_engine_stats_reset(pi2_engine *e)
+{
+    memset(&e->st, 0, sizeof e->st);
+    eng_ofl_stats_reset(e);
+}
 
 double pi2_engine_prefill_macs(const pi2_engine *e) { return e->prefill_macs; }
 
@@ -531,6 +569,11 @@ int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err)
     if (ctx < 1 || ctx > d->max_pos)
         return pi2_err_set(err, PI2_ERANGE, "%s: context of %d positions is out of range (1..%d)", e->path, ctx,
                            d->max_pos);
+    if (e->ofl && e->plan_ctx > 0 && ctx > e->plan_ctx)
+        return pi2_err_set(err, PI2_ERANGE,
+                           "%s: a context of %d positions exceeds the %d the memory plan was made for; give --ctx %d "
+                           "at start",
+                           e->path, ctx, e->plan_ctx, ctx);
     size_t kv = (size_t)d->n_layers * (size_t)ctx * (size_t)d->n_kv_heads * (size_t)d->head_dim;
     float *kc = pi2_calloc_array(kv, sizeof(float)), *vc = pi2_calloc_array(kv, sizeof(float));
     float **sc = calloc((size_t)e->threads, sizeof *sc);

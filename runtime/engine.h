@@ -60,6 +60,14 @@ typedef struct pi2_engine_opts {
     int ctx;                    /* KV cache positions (0: min(max_pos, 512); see set_ctx) */
     bool preload;               /* touch every page at load (default true) */
     bool dense;                 /* start in dense mode */
+    /* Offloading (0: everything in memory). The process's footprint, RSS
+     * plus the page cache it causes, is planned to stay under mem_limit:
+     * see runtime/engine_offload.h. */
+    uint64_t mem_limit;         /* bytes */
+    double hot_share;           /* share of the FFN budget for the hot segment (default 0.5) */
+    int io_backend;             /* pi2_io_backend (default auto) */
+    int io_depth;               /* reads in flight (default 64) */
+    bool lock_hot;              /* mlock the hot segment where permitted */
 } pi2_engine_opts;
 
 /* Counters since the last pi2_engine_stats_reset (decode only, per FFN
@@ -111,6 +119,33 @@ int pi2_engine_prefill(pi2_engine *e, const int32_t *tokens, int n, int pos, flo
 int pi2_engine_decode(pi2_engine *e, int32_t token, int pos, float *logits, pi2_err *err);
 
 void pi2_engine_stats_get(const pi2_engine *e, pi2_engine_stats *out);
+/* Resets the offloading counters too. */
 void pi2_engine_stats_reset(pi2_engine *e);
+
+/* Offloading plan and counters (runtime/engine_offload.h). */
+typedef struct pi2_engine_offload_info {
+    bool on;                 /* false: everything in memory, the rest is zero */
+    uint64_t mem_limit;      /* bytes asked for */
+    uint64_t planned;        /* bytes planned: the sum below (<= mem_limit) */
+    uint64_t resident, kv, buffers, overhead, hot, cache;
+    uint64_t ffn_total;      /* FFN payload bytes in the container */
+    double offloaded;        /* share of FFN payload bytes not in the hot segment */
+    uint32_t cache_slots;    /* slots of all caches */
+    bool hot_locked;         /* mlock succeeded */
+    const char *backend;     /* "io_uring" or "pread" */
+    const char *note;        /* why the backend or mode is what it is, or "" */
+    /* decode counters since the last stats reset */
+    uint64_t parts;          /* neuron parts needed (gate, up+down, or whole neurons) */
+    uint64_t parts_hot;      /* ... served by the hot segment */
+    uint64_t parts_hit;      /* ... by the cache */
+    uint64_t parts_read;     /* ... read from flash */
+    uint64_t reads, bytes_read;
+    double io_wait_s;        /* compute threads idle waiting for reads (thread-seconds / threads) */
+    uint64_t prefill_bytes_read;
+} pi2_engine_offload_info;
+void pi2_engine_offload_info_get(const pi2_engine *e, pi2_engine_offload_info *out);
+/* Measured footprint now: the process's anonymous resident memory plus the
+ * container's pages in the page cache. */
+uint64_t pi2_engine_footprint(const pi2_engine *e);
 
 #endif

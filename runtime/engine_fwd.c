@@ -98,6 +98,8 @@ static inline float act_fn(pi2_act a, float g, float u)
     return 0.0f;
 }
 
+float eng_act(pi2_act a, float g, float u) { return act_fn(a, g, u); }
+
 /* ---- attention ---- */
 
 typedef struct attn_job {
@@ -177,6 +179,8 @@ typedef struct ffn_pre_job {
     pi2_engine *e;
     const eng_ffn *f;
     int T;
+    int64_t n0, n1; /* neurons */
+    bool first;     /* zero the partial outputs first */
 } ffn_pre_job;
 
 static void ffn_pre_fn(void *ctx, int tid, int nt)
@@ -187,9 +191,12 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
     eng_tls *s = &e->tls[tid];
     int T = j->T;
     int64_t D = e->d.hidden;
-    memset(s->part, 0, (size_t)T * (size_t)D * sizeof(float));
+    if (j->first)
+        memset(s->part, 0, (size_t)T * (size_t)D * sizeof(float));
     int64_t b, en;
-    pi2_pool_split(f->n_ff, ENG_TILE, tid, nt, &b, &en);
+    pi2_pool_split(j->n1 - j->n0, ENG_TILE, tid, nt, &b, &en);
+    b += j->n0;
+    en += j->n0;
     for (int64_t c = b; c < en; c += ENG_TILE) {
         int nc = (int)(en - c < ENG_TILE ? en - c : ENG_TILE);
         pi2_k_matmul(f->gate.qt, D, nc, f->gate.rp + c, f->gate.rs + c, e->aqs, e->aq, e->asum, T, s->gt, ENG_TILE);
@@ -203,12 +210,25 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
 
 /* Dense prefill FFN of T tokens whose normed input is quantized in the
  * engine's activation buffers; out [T][D] = FFN (accumulate: out += w *). */
-static void ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w)
+void eng_ffn_prefill_range(pi2_engine *e, const eng_ffn *f, int T, uint32_t n0, uint32_t n1, bool first)
 {
-    ffn_pre_job j = {e, f, T};
+    ffn_pre_job j = {e, f, T, n0, n1, first};
     pi2_pool_run(e->pool, ffn_pre_fn, &j);
+}
+
+void eng_ffn_reduce(pi2_engine *e, int T, float *out, bool accumulate, float w)
+{
     reduce_job r = {e, T, e->d.hidden, out, w, accumulate};
     pi2_pool_run(e->pool, reduce_fn, &r);
+}
+
+static int ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err)
+{
+    if (e->ofl)
+        return eng_ofl_ffn_prefill(e, f, T, out, accumulate, w, err);
+    eng_ffn_prefill_range(e, f, T, 0, f->n_ff, true);
+    eng_ffn_reduce(e, T, out, accumulate, w);
+    return 0;
 }
 
 /* ---- FFN decode: one token ---- */
@@ -220,8 +240,6 @@ typedef struct ffn_dec_job {
     int mode;        /* 0 dense, 1 predictor, 2 threshold */
     uint32_t n_sel;  /* predictor: e->sel[0..n_sel) */
 } ffn_dec_job;
-
-enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };
 
 static void pred_fc1_fn(void *ctx, int tid, int nt)
 {
@@ -328,7 +346,8 @@ static void ffn_dec_fn(void *ctx, int tid, int nt)
 
 /* Decode FFN for the token whose normed input is e->xb (quantized in the
  * activation buffers); out = FFN(x) (accumulate: out += w * FFN(x)). */
-static void ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *out, bool accumulate, float w)
+static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *out, bool accumulate, float w,
+                      pi2_err *err)
 {
     ffn_dec_job j = {e, f, x, FFN_DENSE, 0};
     uint64_t extra = 0;
@@ -348,6 +367,10 @@ static void ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *o
     } else if (!e->dense && f->has_silu_thr) {
         j.mode = FFN_THRESH;
     }
+    if (e->ofl) {
+        e->st.weight_bytes += extra;
+        return eng_ofl_ffn_decode(e, f, j.n_sel, j.mode, out, accumulate, w, err);
+    }
     pi2_pool_run(e->pool, ffn_dec_fn, &j);
     e->st.ffn_evals++;
     e->st.neurons += f->n_ff;
@@ -357,8 +380,8 @@ static void ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *o
         e->st.active += e->tls[t].active;
         e->st.weight_bytes += e->tls[t].bytes;
     }
-    reduce_job r = {e, 1, e->d.hidden, out, w, accumulate};
-    pi2_pool_run(e->pool, reduce_fn, &r);
+    eng_ffn_reduce(e, 1, out, accumulate, w);
+    return 0;
 }
 
 /* ---- MoE ---- */
@@ -390,17 +413,16 @@ static void route(const pi2_engine *e, const float *router, const float *x, int 
 }
 
 /* FFN of T tokens: input xb [T][D] (normed), output xb2 [T][D]. */
-static void ffn_block(pi2_engine *e, const eng_layer *L, int T, bool decode)
+static int ffn_block(pi2_engine *e, const eng_layer *L, int T, bool decode, pi2_err *err)
 {
     const pi2_model_desc *d = &e->d;
     int64_t D = d->hidden;
+    int rc;
     if (!pi2_desc_is_moe(d)) {
         quant_in(e, e->xb, D, T, D);
         if (decode)
-            ffn_decode(e, &L->ffn[0], e->xb, e->xb2, false, 0.0f);
-        else
-            ffn_prefill(e, &L->ffn[0], T, e->xb2, false, 0.0f);
-        return;
+            return ffn_decode(e, &L->ffn[0], e->xb, e->xb2, false, 0.0f, err);
+        return ffn_prefill(e, &L->ffn[0], T, e->xb2, false, 0.0f, err);
     }
     int k = d->n_experts_used;
     for (int t = 0; t < T; t++)
@@ -409,8 +431,9 @@ static void ffn_block(pi2_engine *e, const eng_layer *L, int T, bool decode)
     if (decode) {
         quant_in(e, e->xb, D, 1, D);
         for (int r = 0; r < k; r++)
-            ffn_decode(e, &L->ffn[e->chosen[r]], e->xb, e->xb2, true, e->moe_wk[r]);
-        return;
+            if ((rc = ffn_decode(e, &L->ffn[e->chosen[r]], e->xb, e->xb2, true, e->moe_wk[r], err)) != 0)
+                return rc;
+        return 0;
     }
     for (int x = 0; x < d->n_experts; x++) {
         int n = 0;
@@ -422,10 +445,14 @@ static void ffn_block(pi2_engine *e, const eng_layer *L, int T, bool decode)
                     memcpy(e->moe_x + (size_t)n * D, e->xb + (size_t)t * D, (size_t)D * sizeof(float));
                     n++;
                 }
-        if (n == 0)
+        if (n == 0) {
+            if (e->ofl && (rc = eng_ofl_ffn_skip(e, &L->ffn[x], err)) != 0)
+                return rc;
             continue;
+        }
         quant_in(e, e->moe_x, D, n, D);
-        ffn_prefill(e, &L->ffn[x], n, e->moe_out, false, 0.0f);
+        if ((rc = ffn_prefill(e, &L->ffn[x], n, e->moe_out, false, 0.0f, err)) != 0)
+            return rc;
         for (int i = 0; i < n; i++) {
             float *o = e->xb2 + (size_t)e->moe_tok[i] * D;
             const float *src = e->moe_out + (size_t)i * D;
@@ -433,6 +460,7 @@ static void ffn_block(pi2_engine *e, const eng_layer *L, int T, bool decode)
                 o[c] += e->moe_w[i] * src[c];
         }
     }
+    return 0;
 }
 
 /* ---- the forward pass ---- */
@@ -450,6 +478,9 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
     int64_t D = d->hidden, hd = d->head_dim, nh = d->n_heads, nkv = d->n_kv_heads;
     int64_t qd = nh * hd, kvd = nkv * hd;
     e->n_pos = pos; /* rewind */
+    int rc;
+    if (e->ofl && !decode && (rc = eng_ofl_stream_begin(e, err)) != 0)
+        return rc;
     for (int t = 0; t < T; t++)
         pi2_q_dequantize_row(e->embed.qt, e->embed.rs[tokens[t]], e->embed.rp[tokens[t]], D, e->x + t * D);
     int64_t half = hd / 2;
@@ -486,7 +517,12 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
             e->x[i] += e->xb2[i];
         for (int t = 0; t < T; t++)
             rmsnorm(e->xb + t * D, e->x + t * D, L->ffn_norm, (int)D, d->rms_eps);
-        ffn_block(e, L, T, decode);
+        if ((rc = ffn_block(e, L, T, decode, err)) != 0) {
+            if (e->ofl && !decode)
+                eng_ofl_stream_end(e);
+            e->n_pos = pos; /* this step's cache entries are incomplete */
+            return rc;
+        }
         for (int64_t i = 0; i < (int64_t)T * D; i++)
             e->x[i] += e->xb2[i];
         if (decode) {
@@ -497,6 +533,8 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
                 bytes += (uint64_t)d->n_experts * (uint64_t)D * 4;
         }
     }
+    if (e->ofl && !decode)
+        eng_ofl_stream_end(e);
     e->n_pos = pos + T;
     if (logits) {
         const float *last = e->x + (T - 1) * D;

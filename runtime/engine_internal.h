@@ -55,6 +55,7 @@ typedef struct eng_tls {
     uint32_t *list, *list2; /* [n_ff] neurons (decode) */
     uint32_t n_list;
     uint64_t predicted, active, bytes;
+    double wait;     /* offloading: seconds idle waiting for reads */
     float *scores;   /* attention scores [PI2_K_MAX_T][ctx] */
 } eng_tls;
 
@@ -102,9 +103,42 @@ struct pi2_engine {
     int max_ff;
 
     pi2_engine_stats st;
+
+    /* offloading (engine_offload.c); NULL / 0 when everything is in memory */
+    struct eng_ofl *ofl;
+    uint8_t *res;        /* the resident region [0, res_bytes) of the file, read into memory */
+    uint64_t res_bytes;
+    uint64_t buf_bytes;  /* activation and thread buffers (KV cache excluded) */
+    int plan_ctx;        /* KV positions the memory plan holds */
 };
 
 /* Forward entry points (engine_fwd.c). */
 int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decode, float *logits, pi2_err *err);
+
+/* FFN pieces the offloading module drives (engine_fwd.c). */
+enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };
+float eng_act(pi2_act a, float g, float u);
+/* Dense prefill of neurons [n0, n1) for T tokens whose input is quantized
+ * in the activation buffers, added to each thread's partial output (zeroed
+ * first when `first`). */
+void eng_ffn_prefill_range(pi2_engine *e, const eng_ffn *f, int T, uint32_t n0, uint32_t n1, bool first);
+/* out [T][D] = sum of the threads' partial outputs (accumulate: out += w *). */
+void eng_ffn_reduce(pi2_engine *e, int T, float *out, bool accumulate, float w);
+
+/* Offloading (engine_offload.c; the design is described in engine_offload.h). */
+int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
+int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
+void eng_ofl_close(pi2_engine *e);
+/* Decode FFN of n_sel neurons e->sel[0..n_sel) (mode FFN_*), into out. */
+int eng_ofl_ffn_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate,
+                       float w, pi2_err *err);
+/* Prefill: a stream of every FFN's flash windows, in layer / expert order,
+ * read ahead while earlier ones compute. Every FFN is either computed or
+ * skipped, in order. */
+int eng_ofl_stream_begin(pi2_engine *e, pi2_err *err);
+int eng_ofl_ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err);
+int eng_ofl_ffn_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err);
+void eng_ofl_stream_end(pi2_engine *e);
+void eng_ofl_stats_reset(pi2_engine *e);
 
 #endif

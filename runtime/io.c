@@ -437,6 +437,17 @@ int pi2_io_check(const pi2_io *io, pi2_err *err)
     return 0;
 }
 
+int pi2_io_check_size(const pi2_io *io, pi2_err *err)
+{
+    struct stat st;
+    if (fstat(io->fd, &st) != 0)
+        return pi2_err_set(err, PI2_EIO, "%s: %s", io->path, strerror(errno));
+    if (st.st_size != io->size)
+        return pi2_err_set(err, PI2_EIO, "%s: the file changed size after it was opened (%lld -> %lld bytes)",
+                           io->path, (long long)io->size, (long long)st.st_size);
+    return 0;
+}
+
 void pi2_io_close(pi2_io *io)
 {
     if (!io)

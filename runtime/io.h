@@ -92,6 +92,10 @@ int pi2_io_read(pi2_io *io, void *buf, uint64_t off, uint32_t len, pi2_err *err)
  * inode, or another size). */
 int pi2_io_check(const pi2_io *io, pi2_err *err);
 
+/* PI2_EIO when the open file (this descriptor, whatever is at the path now)
+ * no longer has the size it had at open: truncated or grown in place. */
+int pi2_io_check_size(const pi2_io *io, pi2_err *err);
+
 /* Aligned buffer (PI2_IO_ALIGN) for reads; free with pi2_io_free_buf. NULL
  * when out of memory. */
 void *pi2_io_alloc_buf(size_t n);

@@ -41,6 +41,13 @@ static void usage(FILE *f)
             "                     else ~/.config/pi2/pubkey.pem when it exists)\n"
             "  --trust-unsigned   run an unsigned container\n"
             "  --no-verify-ffn    hash only the resident members at load, not the FFN payloads\n"
+            "  --mem-limit SIZE   offload: keep the whole footprint (RSS plus the page cache it\n"
+            "                     causes) under SIZE (e.g. 3G, 512M); FFN weights are read from\n"
+            "                     the file with direct I/O into a neuron cache as they are needed\n"
+            "  --hot-share F      offload: share of the FFN memory for the hot segment (default 0.5)\n"
+            "  --io NAME          offload: reader, auto, uring or pread (default auto)\n"
+            "  --io-depth N       offload: reads in flight (default 64)\n"
+            "  --mlock            offload: pin the hot segment in memory (where permitted)\n"
             "  --ctx N            KV cache positions (default: prompt + -n)\n"
             "  --isa NAME         force the kernels: scalar, avx2, avx512vnni (default: best)\n"
             "  --stats            print speed, latency percentiles, sparsity and memory to stderr\n"
@@ -58,6 +65,7 @@ static void usage(FILE *f)
             "examples:\n"
             "  pi2-run model.pi2 --pubkey pub.pem -p \"Once upon a time\" -n 48 --stats\n"
             "  pi2-run model.pi2 --pubkey pub.pem --bench -t 2\n"
+            "  pi2-run model.pi2 --pubkey pub.pem --mem-limit 3G -p \"Once upon a time\" --stats\n"
             "  pi2-run --reference ../shared/models/tinystories-656k -p \"Once upon a time, there was a\" -n 48\n");
 }
 
@@ -65,7 +73,10 @@ typedef struct run_opts {
     const char *model, *ref, *prompt, *pubkey, *ppl;
     long long n_predict;
     int threads, ctx;
-    bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe;
+    bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe, mlock;
+    uint64_t mem_limit;
+    double hot_share;
+    int io_backend, io_depth;
     long long bench_pp, bench_tg, ppl_tokens;
     pi2_sample_opts so;
 } run_opts;
@@ -333,6 +344,11 @@ static int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
     eo.threads = o->threads;
     eo.ctx = ctx;
     eo.dense = o->dense;
+    eo.mem_limit = o->mem_limit;
+    eo.hot_share = o->hot_share;
+    eo.io_backend = o->io_backend;
+    eo.io_depth = o->io_depth;
+    eo.lock_hot = o->mlock;
     rc = pi2_engine_open(e, &eo, err);
     pi2_sign_key_free(key);
     pi2_err fresh = {0}; /* first error wins: reset before rewording */
@@ -377,6 +393,29 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
                 (double)pi2_engine_dense_bytes(e) / 1e6);
     fprintf(f, "threads %d | kernels %s | peak RSS %.1f MB | %s\n", pi2_engine_threads(e),
             pi2_q_isa_name(pi2_q_get_isa()), (double)pi2_peak_rss() / 1048576.0, pi2_engine_signature(e));
+    pi2_engine_offload_info in;
+    pi2_engine_offload_info_get(e, &in);
+    if (!in.on)
+        return;
+    double tok = st.tokens ? (double)st.tokens : 1.0;
+    fprintf(f,
+            "offload: limit %.0f MB, planned %.0f MB (resident %.0f, KV %.0f, buffers %.0f, hot %.0f, cache %.0f, "
+            "overhead %.0f), measured %.0f MB now | %.0f%% of FFN bytes out of memory | reads: %s%s%s\n",
+            in.mem_limit / 1048576.0, in.planned / 1048576.0, in.resident / 1048576.0, in.kv / 1048576.0,
+            in.buffers / 1048576.0, in.hot / 1048576.0, in.cache / 1048576.0, in.overhead / 1048576.0,
+            pi2_engine_footprint(e) / 1048576.0, 100.0 * in.offloaded, in.backend, in.note[0] ? ", " : "", in.note);
+    double tsum = 0;
+    for (size_t i = 0; i < g->n_lat; i++)
+        tsum += g->lat[i];
+    fprintf(f,
+            "offload: hit rate %.1f%% (hot %.1f%%, cache %.1f%%, read %.1f%% of %.0f neuron parts/token) | read "
+            "%.2f MB/token in %.0f reads | I/O wait %.1f%% of decode time%s\n",
+            in.parts ? 100.0 * (double)(in.parts_hot + in.parts_hit) / (double)in.parts : 100.0,
+            in.parts ? 100.0 * (double)in.parts_hot / (double)in.parts : 0.0,
+            in.parts ? 100.0 * (double)in.parts_hit / (double)in.parts : 0.0,
+            in.parts ? 100.0 * (double)in.parts_read / (double)in.parts : 0.0, (double)in.parts / tok,
+            (double)in.bytes_read / tok / 1e6, (double)in.reads / tok, tsum > 0 ? 100.0 * in.io_wait_s / tsum : 0.0,
+            in.hot_locked ? " | hot segment locked" : "");
 }
 
 static int eng_step(void *ctx, int32_t token, int pos, float *logits, pi2_err *err)
@@ -533,6 +572,25 @@ static int run_bench(const run_opts *o)
         tot += lat[i];
         next = pi2_argmax(logits, d->vocab);
     }
+    pi2_engine_offload_info in;
+    pi2_engine_offload_info_get(e, &in);
+    char ofl[1024] = "";
+    if (in.on) {
+        double ntok = tg > 0 ? tg : 1;
+        snprintf(ofl, sizeof ofl,
+                 ",\"mem_limit\":%llu,\"planned_bytes\":%llu,\"footprint_bytes\":%llu,\"resident_bytes\":%llu,"
+                 "\"hot_bytes\":%llu,\"cache_bytes\":%llu,\"ffn_bytes\":%llu,\"offloaded\":%.4f,\"hit_rate\":%.5f,"
+                 "\"cache_hit_rate\":%.5f,\"read_bytes_per_token\":%.0f,\"reads_per_token\":%.1f,"
+                 "\"read_size\":%.0f,\"io_wait_share\":%.4f,\"io\":\"%s\",\"prefill_read_bytes\":%llu",
+                 (unsigned long long)in.mem_limit, (unsigned long long)in.planned,
+                 (unsigned long long)pi2_engine_footprint(e), (unsigned long long)in.resident,
+                 (unsigned long long)in.hot, (unsigned long long)in.cache, (unsigned long long)in.ffn_total,
+                 in.offloaded, in.parts ? (double)(in.parts_hot + in.parts_hit) / (double)in.parts : 1.0,
+                 in.parts > in.parts_hot ? (double)in.parts_hit / (double)(in.parts - in.parts_hot) : 1.0,
+                 (double)in.bytes_read / ntok, (double)in.reads / ntok,
+                 in.reads ? (double)in.bytes_read / (double)in.reads : 0.0, tot > 0 ? in.io_wait_s / tot : 0.0,
+                 in.backend, (unsigned long long)in.prefill_bytes_read);
+    }
     qsort(lat, (size_t)tg, sizeof *lat, cmp_double);
     pi2_engine_stats st;
     pi2_engine_stats_get(e, &st);
@@ -541,13 +599,13 @@ static int run_bench(const run_opts *o)
            "\"pp_tok_s\":%.3f,\"tg\":%d,\"tg_s\":%.6f,\"tg_tok_s\":%.3f,\"tg_ms_mean\":%.3f,\"tg_ms_p50\":%.3f,"
            "\"tg_ms_p90\":%.3f,\"tg_ms_p99\":%.3f,\"predicted_frac\":%.5f,\"active_frac\":%.5f,"
            "\"weight_bytes_per_token\":%.0f,\"kv_bytes_per_token\":%.0f,\"dense_bytes_per_token\":%llu,"
-           "\"prefill_macs_per_token\":%.0f,\"load_s\":%.3f,\"peak_rss_mb\":%.1f}\n",
+           "\"prefill_macs_per_token\":%.0f,\"load_s\":%.3f,\"peak_rss_mb\":%.1f%s}\n",
            o->model, pi2_engine_dense(e) ? "dense" : pi2_engine_sparsity(e), pi2_engine_threads(e),
            pi2_q_isa_name(pi2_q_get_isa()), pp, t_pp, pp / t_pp, tg, tot, tg / tot, 1e3 * tot / tg,
            1e3 * pct(lat, (size_t)tg, 50), 1e3 * pct(lat, (size_t)tg, 90), 1e3 * pct(lat, (size_t)tg, 99),
            (double)st.predicted / nn, (double)st.active / nn, (double)st.weight_bytes / nt, (double)st.kv_bytes / nt,
            (unsigned long long)pi2_engine_dense_bytes(e), pi2_engine_prefill_macs(e), t_load,
-           (double)pi2_peak_rss() / 1048576.0);
+           (double)pi2_peak_rss() / 1048576.0, ofl);
     status = 0;
 out:
     if (rc)
@@ -703,7 +761,7 @@ int main(int argc, char **argv)
 {
     enum {
         O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS, O_DENSE, O_PUBKEY, O_TRUST, O_NOVERIFY,
-        O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE
+        O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE, O_MEM, O_HOT, O_IO, O_IODEPTH, O_MLOCK
     };
     static const struct option opts[] = {
         {"reference", required_argument, 0, O_REF},   {"prompt", required_argument, 0, 'p'},
@@ -717,8 +775,12 @@ int main(int argc, char **argv)
         {"bench", no_argument, 0, O_BENCH},           {"bench-pp", required_argument, 0, O_BPP},
         {"bench-tg", required_argument, 0, O_BTG},    {"ppl", required_argument, 0, O_PPL},
         {"ppl-tokens", required_argument, 0, O_PPLN}, {"hw-probe", no_argument, 0, O_PROBE},
-        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
+        {"mem-limit", required_argument, 0, O_MEM},   {"hot-share", required_argument, 0, O_HOT},
+        {"io", required_argument, 0, O_IO},           {"io-depth", required_argument, 0, O_IODEPTH},
+        {"mlock", no_argument, 0, O_MLOCK},           {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     run_opts o = {.prompt = "", .n_predict = 64, .verify_ffn = true, .bench_pp = 128, .bench_tg = 64,
+                  .hot_share = 0.5, .io_depth = 64,
                   .ppl_tokens = 512, .so = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 1}};
     long long v;
     double dv;
@@ -765,6 +827,24 @@ int main(int argc, char **argv)
         case O_PPL: o.ppl = optarg; break;
         case O_PPLN: rc = pi2_parse_int("--ppl-tokens", optarg, 2, 1 << 20, &o.ppl_tokens, &err); break;
         case O_PROBE: o.hw_probe = true; break;
+        case O_MEM:
+            rc = pi2_parse_size("--mem-limit", optarg, &o.mem_limit, &err);
+            if (rc == 0 && o.mem_limit == 0)
+                rc = pi2_err_set(&err, PI2_EINVAL, "--mem-limit: give a size above zero, e.g. 3G or 512M");
+            break;
+        case O_HOT: rc = pi2_parse_double("--hot-share", optarg, 0, 1, &o.hot_share, &err); break;
+        case O_IO:
+            if (strcmp(optarg, "auto") == 0)
+                o.io_backend = 0;
+            else if (strcmp(optarg, "uring") == 0)
+                o.io_backend = 1;
+            else if (strcmp(optarg, "pread") == 0)
+                o.io_backend = 2;
+            else
+                rc = pi2_err_set(&err, PI2_EINVAL, "--io: '%s' is not one of auto, uring, pread", optarg);
+            break;
+        case O_IODEPTH: rc = pi2_parse_int("--io-depth", optarg, 1, 4096, &v, &err); o.io_depth = (int)v; break;
+        case O_MLOCK: o.mlock = true; break;
         case 'h': usage(stdout); return 0;
         default: fprintf(stderr, "pi2-run: see --help\n"); return 2;
         }

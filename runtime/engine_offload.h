@@ -1,0 +1,74 @@
+/* pi2 engine, flash offloading (pi2_engine_opts.mem_limit > 0): run a model
+ * whose FFN payloads do not fit in memory, reading only the neurons that
+ * fire, through a neuron cache, with reads overlapping compute.
+ *
+ * ---- Memory plan (at open) ----
+ * The footprint is planned to stay under mem_limit:
+ *   resident   the resident region of the container (everything before the
+ *              first ffn/ member: tokenizer, embeddings, attention, norms,
+ *              router, predictors, every FFN scale, permutations, profile),
+ *              read with O_DIRECT into memory the runtime owns and hashed
+ *              there (no page cache, and a container truncated later cannot
+ *              fault a mapping);
+ *   kv         the KV cache for the context at open (a larger context later
+ *              is refused: PI2_ERANGE naming --ctx);
+ *   buffers    activation and thread buffers, read staging (io_depth x the
+ *              largest read), prefill stream windows (3 x ~4 MiB), per-chunk
+ *              partial outputs, cache indexes;
+ *   overhead   32 MiB for code, stacks and allocator slack;
+ *   FFN        the rest: the hot segment plus the neuron cache.
+ * If the rest cannot hold the smallest cache (one chunk of neurons per cache),
+ * open fails with PI2_ENOMEM saying how much is needed. When the rest holds
+ * every FFN payload, everything is hot (no reads after start). Otherwise
+ * hot_share of it goes to the hot segment (the first whole slots of each FFN,
+ * equally per FFN: the hottest neurons, as bundled) and the rest to the cache.
+ * The hot segment is read at start with sequential O_DIRECT reads and pinned
+ * with mlock when lock_hot is set and the limit allows it.
+ *
+ * ---- Neuron cache ----
+ * Global LRU caches (runtime/ncache.h) of neuron parts, keyed (FFN, neuron):
+ * one-phase layouts (ReGLU, SwiGLU) cache whole neurons (gate|up|down rows);
+ * two-phase layouts (dReLU) cache gates and up+down pairs apart (40% / 60%
+ * of the cache budget), so up/down are read only for neurons whose gate fired.
+ * Entries in use by a computation are held (never evicted).
+ *
+ * ---- Decode FFN: the I/O-compute pipeline ----
+ * The selected neurons (predictor, or all in dense / threshold mode) are cut
+ * into chunks of 128 in bundled order. One I/O thread owns the caches and the
+ * reader (runtime/io.h, io_uring or pread threads); the compute threads (the
+ * pool) take ready chunks from a queue:
+ *   admit    (I/O) hot neurons need nothing; cached ones are held; missing
+ *            ones get a reserved slot and one aligned read per bundle group
+ *            (the span of the group's missing parts); chunks are admitted in
+ *            order while the cache can hold them;
+ *   land     (I/O) as each read completes, its parts are copied into their
+ *            slots; a chunk whose reads have all landed is ready at once - no
+ *            barrier per matrix or per FFN;
+ *   compute  one-phase: gate, then up where the gate fired, then the down
+ *            rows of the active neurons added into the chunk's own partial
+ *            output; two-phase: gates first, then (I/O) up+down of the fired
+ *            neurons only, admitted like gates, then up and down;
+ *   reduce   the chunks' partial outputs are summed in chunk order.
+ * Each chunk's neurons and their order do not depend on what was cached, so
+ * the result is bit-identical whatever the memory limit.
+ *
+ * ---- Prefill ----
+ * Dense. Every FFN is cut into windows of whole slots (~4 MiB); windows inside
+ * the hot segment are computed from memory, the others are streamed by the I/O
+ * thread in order (1 MiB reads), up to 3 windows ahead, across layers: the
+ * next layer's first windows are read while this layer computes.
+ *
+ * ---- Faults ----
+ * A failed read (EIO, a file truncated under the reader) fails the step with
+ * PI2_EIO naming the file, offset and cause; short reads are retried; io_uring
+ * setup failure falls back to pread threads (noted in the stats); a container
+ * replaced (renamed over) after start is still read through the descriptor
+ * opened at start, whose bytes were verified then; out of memory at open is
+ * PI2_ENOMEM. After a failed step every reservation and hold is released.
+ */
+#ifndef PI2_ENGINE_OFFLOAD_H
+#define PI2_ENGINE_OFFLOAD_H
+
+#include "runtime/engine.h"
+
+#endif

@@ -79,7 +79,7 @@ san:
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT="-O1 -g" all
 
 # Tests of threaded code, also run under ThreadSanitizer (make tsan-test).
-TSAN_TESTS := test_pool test_io test_engine test_kernels
+TSAN_TESTS := test_pool test_io test_engine test_kernels test_offload test_ncache
 
 san-test: deps
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT="-O1 -g" test

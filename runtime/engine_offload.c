@@ -146,9 +146,11 @@ typedef struct eng_ofl {
 /* Read [off, off+len) into dst (4096-aligned, len a multiple of 4096), up to
  * OFL_SEQ_DEPTH reads of OFL_SEQ_REQ in flight. With sha non-NULL, dst is
  * NULL and the bytes are hashed in order through a ring of buffers. */
-static int seq_read(pi2_io *io, uint8_t *dst, uint64_t off, uint64_t len, pi2_sha256_ctx *sha, pi2_err *err)
+static int seq_read(pi2_io *io, int depth, uint8_t *dst, uint64_t off, uint64_t len, pi2_sha256_ctx *sha,
+                    pi2_err *err)
 {
     enum { Q = OFL_SEQ_DEPTH };
+    int maxq = depth < Q ? depth : Q;
     pi2_io_req req[Q];
     uint8_t *ring = NULL;
     bool done[Q] = {false};
@@ -157,7 +159,7 @@ static int seq_read(pi2_io *io, uint8_t *dst, uint64_t off, uint64_t len, pi2_sh
     if (sha && !(ring = pi2_io_alloc_buf((size_t)Q * OFL_SEQ_REQ)))
         return pi2_err_set(err, PI2_ENOMEM, "out of memory for read buffers");
     while ((next < n_chunks && rc == 0) || inflight > 0) {
-        while (rc == 0 && next < n_chunks && (sha ? next < hashed + Q : inflight < Q)) {
+        while (rc == 0 && next < n_chunks && inflight < maxq && (!sha || next < hashed + Q)) {
             pi2_io_req *r = &req[next % Q];
             uint64_t at = next * OFL_SEQ_REQ;
             *r = (pi2_io_req){.off = off + at, .len = (uint32_t)(len - at < OFL_SEQ_REQ ? len - at : OFL_SEQ_REQ),
@@ -247,7 +249,7 @@ int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the resident region (%.1f MB)", e->path,
                            (double)end / 1e6);
     e->res_bytes = end;
-    if ((rc = seq_read(x->io, e->res, 0, end, NULL, err)) != 0)
+    if ((rc = seq_read(x->io, x->depth, e->res, 0, end, NULL, err)) != 0)
         return rc;
     for (size_t r = 0; r < e->bl->n_resident; r++) {
         const pi2_ctr_section *s = pi2_manifest_find_section(e->mf, e->bl->resident[r]);
@@ -363,6 +365,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     in->buffers = e->buf_bytes + mine + index;
     in->overhead = OFL_OVERHEAD;
     in->ffn_total = ffn_total;
+    in->minimum = fixed + min_cache;
     if (o->mem_limit < fixed + min_cache)
         return pi2_err_set(err, PI2_ENOMEM,
                            "%s: --mem-limit %.0f MB cannot hold the resident part: it needs at least %.0f MB "
@@ -415,7 +418,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
                 return pi2_err_set(err, PI2_ENOTFOUND, "%s: no section for %s", e->path, x->bl[fi]->ffn);
             if ((rc = pi2_sha256_init(&sha, err)) != 0)
                 return rc;
-            rc = seq_read(x->io, NULL, x->file_off[fi], s->size, sha, err);
+            rc = seq_read(x->io, x->depth, NULL, x->file_off[fi], s->size, sha, err);
             if (rc == 0)
                 rc = pi2_sha256_final(sha, dg, err);
             pi2_sha256_free(sha);
@@ -437,7 +440,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         if (!(x->hot[fi] = pi2_io_alloc_buf((size_t)x->hot_len[fi])))
             return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the hot segment (%.1f MB)", e->path,
                                mb(hot_total));
-        if ((rc = seq_read(x->io, x->hot[fi], x->file_off[fi], x->hot_len[fi], NULL, err)) != 0)
+        if ((rc = seq_read(x->io, x->depth, x->hot[fi], x->file_off[fi], x->hot_len[fi], NULL, err)) != 0)
             return rc;
         if (o->lock_hot && mlock(x->hot[fi], (size_t)x->hot_len[fi]) != 0)
             in->hot_locked = false;

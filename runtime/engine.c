@@ -447,7 +447,8 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         goto fail;
     if ((rc = alloc_state(e, err)) != 0)
         goto fail;
-    if ((rc = pi2_engine_set_ctx(e, o->ctx > 0 ? o->ctx : (d->max_pos < 512 ? d->max_pos : 512), err)) != 0)
+    int ctx0 = o->ctx > 0 ? o->ctx : 512; /* a larger request is clamped to the model's positions */
+    if ((rc = pi2_engine_set_ctx(e, ctx0 < d->max_pos ? ctx0 : d->max_pos, err)) != 0)
         goto fail;
     double macs = 0;
     for (int l = 0; l < d->n_layers; l++) {

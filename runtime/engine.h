@@ -57,7 +57,7 @@ typedef struct pi2_engine_opts {
     bool trust_unsigned;        /* ... or accept an unsigned container */
     bool verify_ffn;            /* also hash the FFN payloads (default true) */
     int threads;                /* compute threads (default 0: all cores) */
-    int ctx;                    /* KV cache positions (0: min(max_pos, 512); see set_ctx) */
+    int ctx;                    /* KV cache positions (0: 512), at most the model's (see set_ctx) */
     bool preload;               /* touch every page at load (default true) */
     bool dense;                 /* start in dense mode */
     /* Offloading (0: everything in memory). The process's footprint, RSS

@@ -435,7 +435,11 @@ static int run_generate(const run_opts *o)
     gen_stats g = {0};
     int rc, status = 1;
     double t0 = pi2_now();
-    if ((rc = open_engine(o, o->ctx, &e, &err)) != 0)
+    /* offloading plans memory for the KV cache at open: size it from the
+     * prompt (a token is at least one byte) and -n rather than the default */
+    long long hint = (long long)strlen(o->prompt) + 4 + o->n_predict;
+    int ctx = o->ctx > 0 || !o->mem_limit ? o->ctx : (int)(hint < (1 << 20) ? hint : 1 << 20);
+    if ((rc = open_engine(o, ctx, &e, &err)) != 0)
         goto out;
     const pi2_model_desc *d = pi2_engine_desc(e);
     const pi2_tok *tok = pi2_engine_tokenizer(e);
@@ -529,7 +533,7 @@ static int run_bench(const run_opts *o)
     int rc, status = 1;
     int pp = (int)o->bench_pp, tg = (int)o->bench_tg;
     double t0 = pi2_now();
-    if ((rc = open_engine(o, o->ctx, &e, &err)) != 0)
+    if ((rc = open_engine(o, o->ctx > 0 || !o->mem_limit ? o->ctx : pp + tg, &e, &err)) != 0)
         goto out;
     double t_load = pi2_now() - t0;
     const pi2_model_desc *d = pi2_engine_desc(e);
@@ -629,7 +633,7 @@ static int run_ppl(const run_opts *o)
     int rc, status = 1;
     if ((rc = pi2_read_file(o->ppl, 64u << 20, &text, &len, &err)) != 0)
         goto out;
-    if ((rc = open_engine(o, o->ctx, &e, &err)) != 0)
+    if ((rc = open_engine(o, o->ctx > 0 || !o->mem_limit ? o->ctx : (int)o->ppl_tokens + 1, &e, &err)) != 0)
         goto out;
     const pi2_model_desc *d = pi2_engine_desc(e);
     if (o->ctx == 0) {

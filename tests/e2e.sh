@@ -198,6 +198,56 @@ expect_error "run truncated" "bt.pi2" "$B/pi2-run" "$T/bt.pi2" --pubkey "$T/k.pu
 expect_error "run too long" "context" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p hi -n 100000
 expect_error "run bad ppl file" "$T/none.txt" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" --ppl "$T/none.txt"
 
+# --- offloading: pi2-run --mem-limit ---
+a=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 2>/dev/null)
+b=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 --mem-limit 4G --stats 2>"$T/err")
+[ -n "$b" ] && [ "$a" = "$b" ] && grep -q "offload: limit 4096 MB" "$T/err" && grep -q "hit rate" "$T/err" && ok \
+    || { bad "pi2-run --mem-limit 4G: '$b' vs '$a'"; cat "$T/err"; }
+"$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p hi -n 2 --mem-limit 1M 2>"$T/err" >/dev/null
+min=$(sed -n 's/.*needs at least \([0-9]*\) MB.*/\1/p' "$T/err")
+[ -n "$min" ] && ok || { bad "no minimum in the --mem-limit 1M message"; cat "$T/err"; }
+expect_error "run mem-limit too small" "cannot hold the resident part" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1M
+c=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 --mem-limit "${min:-1}M" --hot-share 0 --io pread --stats 2>"$T/err")
+[ -n "$c" ] && [ "$c" = "$b" ] && grep -q "reads: pread" "$T/err" && ok \
+    || { bad "pi2-run at the minimum limit: '$c' vs '$b'"; cat "$T/err"; }
+"$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" --bench --bench-pp 16 --bench-tg 8 --mem-limit "${min:-1}M" >"$T/out" 2>"$T/err" \
+    && grep -q '"hit_rate":' "$T/out" && grep -q '"read_bytes_per_token":' "$T/out" && ok \
+    || { bad "pi2-run --bench --mem-limit JSON"; cat "$T/out" "$T/err"; }
+expect_error "run bad mem-limit" "--mem-limit" "$B/pi2-run" "$T/b.pi2" --mem-limit 12Q
+expect_error "run zero mem-limit" "--mem-limit" "$B/pi2-run" "$T/b.pi2" --mem-limit 0
+expect_error "run bad hot-share" "--hot-share" "$B/pi2-run" "$T/b.pi2" --hot-share 2
+expect_error "run bad io" "not one of auto" "$B/pi2-run" "$T/b.pi2" --io aio
+expect_error "run bad io-depth" "--io-depth" "$B/pi2-run" "$T/b.pi2" --io-depth 0
+expect_error "run offload too long" "context" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p hi -n 100000 --mem-limit 4G
+cp "$T/b.pi2" "$T/bt.pi2"
+flip_byte "$T/bt.pi2" $(($(member_off "$T/bt.pi2" ffn/1.0) + 100))
+expect_error "run offload tampered ffn" "ffn/1.0" "$B/pi2-run" "$T/bt.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 4G
+
+# A model bigger than a real cgroup v1 memory cap, run to completion under
+# it (RSS and page cache charged); skipped where no memory cgroup can be made.
+if [ -w /sys/fs/cgroup/memory ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
+    "$B/pi2-convert" synth --preset small --hidden 512 --ff 24576 --layers 8 --dtype bf16 --predictors -o "$T/big" >/dev/null \
+        && "$B/pi2-convert" "$T/big" -o "$T/big.pi2c" --calib-tokens 64 -q >/dev/null \
+        && "$B/pi2-bundle" "$T/big.pi2c" -o "$T/big.pi2" --key "$T/k.pem" -q >/dev/null \
+        && rm -rf "$T/big" "$T/big.pi2c" || bad "making the model for the cgroup test"
+    size=$(stat -c %s "$T/big.pi2" 2>/dev/null || echo 0)
+    cap=$((size * 2 / 3))
+    limit=$((cap - 8 * 1048576))
+    a=$("$B/pi2-run" "$T/big.pi2" --pubkey "$T/k.pub" -p "once upon a time" -n 24 2>/dev/null)
+    [ "$size" -gt 0 ] && sh tests/cgroup_run.sh "$cap" "$T/usage" "$B/pi2-run" "$T/big.pi2" --pubkey "$T/k.pub" -p "once upon a time" \
+        -n 24 --mem-limit "$limit" --stats >"$T/out" 2>"$T/err"
+    rc=$?
+    read -r peak fails <"$T/usage" 2>/dev/null || peak=0
+    if [ "$rc" -eq 0 ] && [ "$(cat "$T/out")" = "$a" ] && [ "${peak:-0}" -le "$cap" ]; then
+        ok
+        echo "cgroup cap $((cap / 1048576)) MB for a $((size / 1048576)) MB model: completed, peak usage $((peak / 1048576)) MB, same text as unbounded"
+    else
+        bad "run under a ${cap}-byte cgroup cap: exit $rc, peak ${peak:-?}"; cat "$T/err"
+    fi
+else
+    skp "cgroup v1 memory controller not writable: run-under-a-cap test"
+fi
+
 # --- golden: the real trained model ---
 M="$SHARED/models/tinystories-656k"
 if [ -d "$M" ]; then

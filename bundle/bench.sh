@@ -5,6 +5,7 @@
 # read of the input plus an O_DIRECT write of as many bytes (dd, 16 MiB
 # blocks), which is what a disk-bound bundler would take. Then verify's rate.
 #   usage: sh bundle/bench.sh CONVERTED [WORKDIR]
+# Leaves the bundle as WORKDIR/bundle-bench.pi2 (key bundle-bench.pem / .pub).
 # Needs about twice the input's size free under WORKDIR (default: its dir).
 set -eu
 B=${BUILD:-build}
@@ -28,11 +29,11 @@ both=$(echo "$size $t0 $t2" | awk '{printf "%.3f", $1/($3-$2)/1e9}')
 echo "disk: read $rd GB/s, write $wr GB/s, read then write $both GB/s"
 
 echo "== pi2-bundle $IN (signed, default layout)"
-rm -f "$W/bench.pem" "$W/bench.pub" "$W/bench.pi2"
-"$B/pi2-bundle" keygen --private "$W/bench.pem" --public "$W/bench.pub" >/dev/null
+rm -f "$W/bundle-bench.pem" "$W/bundle-bench.pub" "$W/bundle-bench.pi2"
+"$B/pi2-bundle" keygen --private "$W/bundle-bench.pem" --public "$W/bundle-bench.pub" >/dev/null
 sync
-"$B/pi2-bundle" "$IN" -o "$W/bench.pi2" --key "$W/bench.pem" -q | tee "$W/bench-bundle.log"
-out=$(stat -c %s "$W/bench.pi2")
+"$B/pi2-bundle" "$IN" -o "$W/bundle-bench.pi2" --key "$W/bundle-bench.pem" -q | tee "$W/bench-bundle.log"
+out=$(stat -c %s "$W/bundle-bench.pi2")
 secs=$(sed -n 's/^done in \([0-9.]*\) s.*/\1/p' "$W/bench-bundle.log")
 rss=$(num "peak RSS" <"$W/bench-bundle.log")
 rate=$(echo "$out $secs" | awk '{printf "%.3f", $1/$2/1e9}')
@@ -41,9 +42,8 @@ echo "bundling: $rate GB/s written = $ratio x disk read-then-write; peak RSS $rs
 
 echo "== pi2-bundle verify (the file was just written: mostly from the page cache)"
 sync
-"$B/pi2-bundle" verify "$W/bench.pi2" --pubkey "$W/bench.pub" | tee "$W/bench-verify.log"
+"$B/pi2-bundle" verify "$W/bundle-bench.pi2" --pubkey "$W/bundle-bench.pub" | tee "$W/bench-verify.log"
 v=$(sed -n 's/.* \([0-9.]*\) GB hashed in \([0-9.]*\) s.*/\1 \2/p' "$W/bench-verify.log" | awk '{printf "%.3f", $1/$2}')
 echo "verify: $v GB/s = $(echo "$v $rd" | awk '{printf "%.2f", $1/$2}') x disk read"
 printf '{"bundle_GBps": %s, "bundle_vs_disk": %s, "bundle_peak_rss_MB": %s, "verify_GBps": %s}\n' \
     "$rate" "$ratio" "$rss" "$v" | tee "$W/bench-bundle.json"
-rm -f "$W/bench.pi2" "$W/bench.pem" "$W/bench.pub"

@@ -68,6 +68,8 @@ typedef struct pi2_engine_opts {
     int io_backend;             /* pi2_io_backend (default auto) */
     int io_depth;               /* reads in flight (default 64) */
     bool lock_hot;              /* mlock the hot segment where permitted */
+    bool plan_only;             /* offloading: make the plan and stop (no payload is read;
+                                   only pi2_engine_offload_info_get and close are valid) */
 } pi2_engine_opts;
 
 /* Counters since the last pi2_engine_stats_reset (decode only, per FFN

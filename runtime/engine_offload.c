@@ -399,8 +399,8 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     for (int k = 0; k < n_caches; k++) {
         double share = n_caches == 1 ? 1.0 : (k == 0 ? 0.4 : 0.6);
         uint64_t st = stride_of(part_unit(x, kinds[k])) + 32;
-        uint64_t n = (uint64_t)((double)cache_budget * share) / st;
-        if (n < OFL_CHUNK)
+        uint64_t n = hot_total == ffn_total ? 0 : (uint64_t)((double)cache_budget * share) / st;
+        if (n < OFL_CHUNK) /* all hot: the smallest cache, never used */
             n = OFL_CHUNK;
         if (n > (uint64_t)x->n_ffn * d->n_ff) /* more slots than neurons is waste */
             n = (uint64_t)x->n_ffn * d->n_ff;
@@ -408,6 +408,17 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
             n = UINT32_MAX - 1;
         slots[k] = (uint32_t)n;
     }
+    in->hot = hot_total;
+    in->cache = 0;
+    for (int k = 0; k < n_caches; k++)
+        in->cache += (uint64_t)slots[k] * (stride_of(part_unit(x, kinds[k])) + 32);
+    in->cache_slots = slots[0] + slots[1];
+    in->planned = fixed + hot_total + in->cache;
+    in->offloaded = ffn_total ? 1.0 - (double)hot_total / (double)ffn_total : 0.0;
+    in->backend = pi2_io_backend_name(pi2_io_backend_used(x->io));
+    in->note = x->note;
+    if (o->plan_only)
+        return 0;
     /* start-up verification of the FFN payloads, streamed (no page cache) */
     if (o->verify_ffn)
         for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
@@ -464,14 +475,9 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     free(neurons);
     if (rc)
         return rc;
-    in->cache = pi2_ncache_footprint(x->cg) + (x->cu ? pi2_ncache_footprint(x->cu) : 0);
-    in->cache -= index; /* counted with the buffers */
-    in->cache_slots = slots[0] + slots[1];
-    in->hot = hot_total;
+    /* the arena as allocated (indexes are counted with the buffers) */
+    in->cache = pi2_ncache_footprint(x->cg) + (x->cu ? pi2_ncache_footprint(x->cu) : 0) - index;
     in->planned = fixed + hot_total + in->cache;
-    in->offloaded = ffn_total ? 1.0 - (double)hot_total / (double)ffn_total : 0.0;
-    in->backend = pi2_io_backend_name(pi2_io_backend_used(x->io));
-    in->note = x->note;
     /* request pool, queues, job arrays */
     x->reqs = pi2_calloc_array((size_t)x->depth, sizeof *x->reqs);
     x->free_req = pi2_malloc_array((size_t)x->depth, sizeof *x->free_req);

@@ -478,3 +478,91 @@ void pi2_io_close(pi2_io *io)
         close(io->fd);
     free(io);
 }
+
+int pi2_io_bench(pi2_io *io, uint32_t size, int depth, bool sequential, double seconds, pi2_io_bench_result *out,
+                 pi2_err *err)
+{
+    memset(out, 0, sizeof *out);
+    uint64_t fsize = (uint64_t)io->size / PI2_IO_ALIGN * PI2_IO_ALIGN;
+    if (size == 0 || size % PI2_IO_ALIGN || size > fsize || depth < 1 || depth > io->o.depth || io->inflight)
+        return pi2_err_set(err, PI2_EINVAL, "%s: bad probe: %u-byte reads, depth %d", io->path, size, depth);
+    pi2_io_req *req = calloc((size_t)depth, sizeof *req);
+    pi2_io_req **done = calloc((size_t)depth, sizeof *done);
+    pi2_io_req **free_req = calloc((size_t)depth, sizeof *free_req);
+    double *t_sub = calloc((size_t)depth, sizeof *t_sub);
+    uint8_t *buf = pi2_io_alloc_buf((size_t)size * (size_t)depth);
+    int rc = 0, n_free = 0;
+    if (!req || !done || !free_req || !t_sub || !buf) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the probe", io->path);
+        goto out;
+    }
+    for (int i = depth; i-- > 0;) {
+        req[i].user = (void *)(uintptr_t)i;
+        req[i].len = size;
+        req[i].buf = buf + (size_t)i * size;
+        free_req[n_free++] = &req[i];
+    }
+    uint64_t slots = (fsize - size) / PI2_IO_ALIGN + 1, seq = 0, x = 0x9e3779b97f4a7c15ull;
+    double t0 = pi2_now(), lat = 0;
+    bool more = true;
+    while (rc == 0 && (more || n_free < depth)) {
+        while (rc == 0 && more && n_free > 0) {
+            uint64_t off;
+            if (sequential) {
+                if (seq + size > fsize) {
+                    more = false;
+                    break;
+                }
+                off = seq;
+                seq += size;
+            } else {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                off = x % slots * PI2_IO_ALIGN;
+            }
+            pi2_io_req *p = free_req[--n_free];
+            p->off = off;
+            if ((rc = pi2_io_submit(io, &p, 1, err)) != 0) {
+                free_req[n_free++] = p;
+                break;
+            }
+            t_sub[(uintptr_t)p->user] = pi2_now();
+        }
+        if (n_free == depth)
+            break;
+        pi2_err we = {0};
+        int n = pi2_io_wait(io, 1, done, depth, &we);
+        if (n < 0) {
+            rc = pi2_err_set(err, we.code ? we.code : PI2_EIO, "%s", we.msg);
+            break;
+        }
+        double now = pi2_now();
+        for (int k = 0; k < n; k++) {
+            if (done[k]->result < 0 && rc == 0)
+                rc = pi2_err_set(err, we.code ? we.code : PI2_EIO, "%s", we.msg);
+            out->reads++;
+            out->bytes += size;
+            lat += now - t_sub[(uintptr_t)done[k]->user];
+            free_req[n_free++] = done[k];
+        }
+        if (now - t0 >= seconds)
+            more = false;
+    }
+    out->seconds = pi2_now() - t0;
+    if (out->seconds > 0) {
+        out->bytes_per_s = (double)out->bytes / out->seconds;
+        out->iops = (double)out->reads / out->seconds;
+    }
+    out->lat_us = out->reads ? 1e6 * lat / (double)out->reads : 0;
+out:
+    while (io->inflight > 0) { /* an error with reads in flight: drain them */
+        pi2_err de = {0};
+        if (pi2_io_wait(io, 1, done, depth, &de) <= 0)
+            break;
+    }
+    free(req);
+    free(done);
+    free(free_req);
+    free(t_sub);
+    pi2_io_free_buf(buf);
+    return rc;
+}

@@ -101,6 +101,20 @@ int pi2_io_check_size(const pi2_io *io, pi2_err *err);
 void *pi2_io_alloc_buf(size_t n);
 void pi2_io_free_buf(void *p);
 
+/* ---- storage probe ---- */
+typedef struct pi2_io_bench_result {
+    uint64_t reads, bytes;
+    double seconds;
+    double bytes_per_s, iops;
+    double lat_us; /* mean time from submit to completion */
+} pi2_io_bench_result;
+/* Random aligned reads of `size` bytes over the whole file (or one pass of
+ * sequential reads when sequential), `depth` in flight, for about `seconds`.
+ * size a multiple of PI2_IO_ALIGN and at most the file size; depth at most
+ * the reader's. PI2_EINVAL for bad sizes; read errors as pi2_io_wait. */
+int pi2_io_bench(pi2_io *io, uint32_t size, int depth, bool sequential, double seconds, pi2_io_bench_result *out,
+                 pi2_err *err);
+
 /* ---- fault injection (tests) ---- */
 typedef enum pi2_io_fault {
     PI2_IO_FAULT_NONE = 0,

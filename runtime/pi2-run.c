@@ -2,6 +2,7 @@
  * with the dense fp32 reference over a Hugging Face directory. */
 #include "formats/tokenizer.h"
 #include "runtime/engine.h"
+#include "runtime/io.h"
 #include "runtime/kernels.h"
 #include "runtime/reference.h"
 #include "runtime/sample.h"
@@ -48,6 +49,7 @@ static void usage(FILE *f)
             "  --io NAME          offload: reader, auto, uring or pread (default auto)\n"
             "  --io-depth N       offload: reads in flight (default 64)\n"
             "  --mlock            offload: pin the hot segment in memory (where permitted)\n"
+            "  --plan-only        offload: print the memory plan for --mem-limit as JSON and stop\n"
             "  --ctx N            KV cache positions (default: prompt + -n)\n"
             "  --isa NAME         force the kernels: scalar, avx2, avx512vnni (default: best)\n"
             "  --stats            print speed, latency percentiles, sparsity and memory to stderr\n"
@@ -60,6 +62,8 @@ static void usage(FILE *f)
             "  --ppl-tokens N     at most N tokens of it (default 512)\n"
             "  --reference DIR    run the dense fp32 reference over a Hugging Face directory\n"
             "  --hw-probe         measure int8 dot peak and memory read bandwidth; print JSON\n"
+            "  --io-probe FILE    measure direct-read throughput and latency on FILE (random\n"
+            "                     reads of 4K..256K at depths 1, 8, 32, and sequential); print JSON\n"
             "  -h, --help         this help\n"
             "\n"
             "examples:\n"
@@ -70,10 +74,10 @@ static void usage(FILE *f)
 }
 
 typedef struct run_opts {
-    const char *model, *ref, *prompt, *pubkey, *ppl;
+    const char *model, *ref, *prompt, *pubkey, *ppl, *io_probe;
     long long n_predict;
     int threads, ctx;
-    bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe, mlock;
+    bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe, mlock, plan_only;
     uint64_t mem_limit;
     double hot_share;
     int io_backend, io_depth;
@@ -349,6 +353,7 @@ static int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
     eo.io_backend = o->io_backend;
     eo.io_depth = o->io_depth;
     eo.lock_hot = o->mlock;
+    eo.plan_only = o->plan_only;
     rc = pi2_engine_open(e, &eo, err);
     pi2_sign_key_free(key);
     pi2_err fresh = {0}; /* first error wins: reset before rewording */
@@ -516,6 +521,35 @@ out:
     return status;
 }
 
+/* --plan-only: the memory plan for --mem-limit, as one JSON line. */
+static int run_plan(const run_opts *o)
+{
+    pi2_err err = {0};
+    pi2_engine *e = NULL;
+    if (!o->mem_limit) {
+        fprintf(stderr, "pi2-run: --plan-only needs --mem-limit SIZE\n");
+        return 2;
+    }
+    long long ctx = o->ctx > 0 ? o->ctx
+                    : o->bench ? o->bench_pp + o->bench_tg
+                               : (long long)strlen(o->prompt) + 4 + o->n_predict;
+    if (open_engine(o, (int)(ctx < (1 << 20) ? ctx : 1 << 20), &e, &err) != 0)
+        return fail(&err);
+    pi2_engine_offload_info in;
+    pi2_engine_offload_info_get(e, &in);
+    printf("{\"model\":\"%s\",\"ctx\":%d,\"threads\":%d,\"mem_limit\":%llu,\"minimum_bytes\":%llu,"
+           "\"planned_bytes\":%llu,\"resident_bytes\":%llu,\"kv_bytes\":%llu,\"buffer_bytes\":%llu,"
+           "\"overhead_bytes\":%llu,\"hot_bytes\":%llu,\"cache_bytes\":%llu,\"cache_slots\":%u,\"ffn_bytes\":%llu,"
+           "\"offloaded\":%.4f,\"io\":\"%s\"}\n",
+           o->model, pi2_engine_ctx(e), pi2_engine_threads(e), (unsigned long long)in.mem_limit,
+           (unsigned long long)in.minimum, (unsigned long long)in.planned, (unsigned long long)in.resident,
+           (unsigned long long)in.kv, (unsigned long long)in.buffers, (unsigned long long)in.overhead,
+           (unsigned long long)in.hot, (unsigned long long)in.cache, in.cache_slots, (unsigned long long)in.ffn_total,
+           in.offloaded, in.backend);
+    pi2_engine_close(e);
+    return 0;
+}
+
 /* A fixed English text: the --bench prompt (repeated to length). */
 static const char bench_text[] =
     "Once upon a time, in a small town by the sea, there lived an old fisherman and his granddaughter. "
@@ -582,11 +616,11 @@ static int run_bench(const run_opts *o)
     if (in.on) {
         double ntok = tg > 0 ? tg : 1;
         snprintf(ofl, sizeof ofl,
-                 ",\"mem_limit\":%llu,\"planned_bytes\":%llu,\"footprint_bytes\":%llu,\"resident_bytes\":%llu,"
+                 ",\"mem_limit\":%llu,\"minimum_bytes\":%llu,\"planned_bytes\":%llu,\"footprint_bytes\":%llu,\"resident_bytes\":%llu,"
                  "\"hot_bytes\":%llu,\"cache_bytes\":%llu,\"ffn_bytes\":%llu,\"offloaded\":%.4f,\"hit_rate\":%.5f,"
                  "\"cache_hit_rate\":%.5f,\"read_bytes_per_token\":%.0f,\"reads_per_token\":%.1f,"
                  "\"read_size\":%.0f,\"io_wait_share\":%.4f,\"io\":\"%s\",\"prefill_read_bytes\":%llu",
-                 (unsigned long long)in.mem_limit, (unsigned long long)in.planned,
+                 (unsigned long long)in.mem_limit, (unsigned long long)in.minimum, (unsigned long long)in.planned,
                  (unsigned long long)pi2_engine_footprint(e), (unsigned long long)in.resident,
                  (unsigned long long)in.hot, (unsigned long long)in.cache, (unsigned long long)in.ffn_total,
                  in.offloaded, in.parts ? (double)(in.parts_hot + in.parts_hit) / (double)in.parts : 1.0,
@@ -702,6 +736,40 @@ typedef struct probe_job {
 
 static void *probe_thread(void *arg);
 
+/* Storage probe on a file (the filesystem that holds the model). */
+static int run_io_probe(const run_opts *o)
+{
+    pi2_io_opts io;
+    pi2_io_defaults(&io);
+    io.backend = (pi2_io_backend)o->io_backend;
+    io.depth = 32;
+    pi2_io *r = NULL;
+    pi2_err err = {0};
+    if (pi2_io_open(&r, o->io_probe, &io, &err))
+        return fail(&err);
+    static const uint32_t sizes[] = {4096, 8192, 16384, 32768, 65536, 131072, 262144};
+    static const int depths[] = {1, 8, 32};
+    printf("{\"file\":\"%s\",\"io\":\"%s\",\"random\":[", o->io_probe, pi2_io_backend_name(pi2_io_backend_used(r)));
+    int first = 1, rc = 0;
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes && !rc; si++)
+        for (size_t di = 0; di < sizeof depths / sizeof *depths && !rc; di++) {
+            pi2_io_bench_result b;
+            if ((rc = pi2_io_bench(r, sizes[si], depths[di], false, 0.25, &b, &err)) != 0)
+                break;
+            printf("%s{\"size\":%u,\"depth\":%d,\"bytes_per_s\":%.4g,\"iops\":%.4g,\"lat_us\":%.1f}",
+                   first ? "" : ",", sizes[si], depths[di], b.bytes_per_s, b.iops, b.lat_us);
+            first = 0;
+        }
+    pi2_io_bench_result sq = {0};
+    if (!rc)
+        rc = pi2_io_bench(r, 1u << 20, 8, true, 1.0, &sq, &err);
+    printf("],\"sequential_bytes_per_s\":%.4g}\n", sq.bytes_per_s);
+    pi2_io_close(r);
+    if (rc)
+        return fail(&err);
+    return 0;
+}
+
 static int run_hw_probe(const run_opts *o)
 {
     int nt = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -765,7 +833,8 @@ int main(int argc, char **argv)
 {
     enum {
         O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS, O_DENSE, O_PUBKEY, O_TRUST, O_NOVERIFY,
-        O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE, O_MEM, O_HOT, O_IO, O_IODEPTH, O_MLOCK
+        O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE, O_MEM, O_HOT, O_IO, O_IODEPTH, O_MLOCK,
+        O_IOPROBE, O_PLAN
     };
     static const struct option opts[] = {
         {"reference", required_argument, 0, O_REF},   {"prompt", required_argument, 0, 'p'},
@@ -781,7 +850,8 @@ int main(int argc, char **argv)
         {"ppl-tokens", required_argument, 0, O_PPLN}, {"hw-probe", no_argument, 0, O_PROBE},
         {"mem-limit", required_argument, 0, O_MEM},   {"hot-share", required_argument, 0, O_HOT},
         {"io", required_argument, 0, O_IO},           {"io-depth", required_argument, 0, O_IODEPTH},
-        {"mlock", no_argument, 0, O_MLOCK},           {"help", no_argument, 0, 'h'},
+        {"mlock", no_argument, 0, O_MLOCK},           {"io-probe", required_argument, 0, O_IOPROBE},
+        {"plan-only", no_argument, 0, O_PLAN},        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     run_opts o = {.prompt = "", .n_predict = 64, .verify_ffn = true, .bench_pp = 128, .bench_tg = 64,
                   .hot_share = 0.5, .io_depth = 64,
@@ -849,6 +919,8 @@ int main(int argc, char **argv)
             break;
         case O_IODEPTH: rc = pi2_parse_int("--io-depth", optarg, 1, 4096, &v, &err); o.io_depth = (int)v; break;
         case O_MLOCK: o.mlock = true; break;
+        case O_IOPROBE: o.io_probe = optarg; break;
+        case O_PLAN: o.plan_only = true; break;
         case 'h': usage(stdout); return 0;
         default: fprintf(stderr, "pi2-run: see --help\n"); return 2;
         }
@@ -859,6 +931,8 @@ int main(int argc, char **argv)
     }
     if (o.hw_probe)
         return run_hw_probe(&o);
+    if (o.io_probe)
+        return run_io_probe(&o);
     if (optind < argc)
         o.model = argv[optind++];
     if (optind < argc) {
@@ -875,6 +949,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "pi2-run: no model given; usage: pi2-run MODEL.pi2 -p TEXT (see --help)\n");
         return 2;
     }
+    if (o.plan_only)
+        return run_plan(&o);
     if (o.bench && o.ppl) {
         fprintf(stderr, "pi2-run: --bench and --ppl are separate runs; give one\n");
         return 2;

@@ -2,7 +2,8 @@
 # Benchmarks (not tests): the generator and the converter on the generated
 # 7B-shaped model. Figures are printed with ratios to a baseline measured in
 # the same run (sequential O_DIRECT read/write of the same bytes with dd: this
-# machine's storage limit). Needs ~25 GB free under BENCH_DIR.
+# machine's storage limit), then the offloading runtime on the bundled 7B-shaped
+# model (runtime/bench_offload.sh). Needs ~30 GB free under BENCH_DIR.
 set -eu
 B=${BUILD:-build}
 W=${BENCH_DIR:-$B/bench}
@@ -16,7 +17,7 @@ BUILD=$B sh runtime/bench.sh "$W"
 
 say "== generator: 7B-shaped dReLU model (hidden 4096, ffn 14336, 32 layers, BF16)"
 rm -rf "$W/synth-7b"
-out=$("$B/pi2-convert" synth --preset 7b -o "$W/synth-7b" | tail -1)
+out=$("$B/pi2-convert" synth --preset 7b --predictors -o "$W/synth-7b" | tail -1)
 say "$out"
 gen_gbs=$(echo "$out" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p')
 gen_rss=$(echo "$out" | num "peak RSS")
@@ -48,6 +49,9 @@ say "quantization: $qrate GB/s read = $(echo "$qrate $rd" | awk '{printf "%.2f",
 
 say "== bundler on the converted 7B-shaped model"
 BUILD=$B sh bundle/bench.sh "$W/synth-7b.pi2c" "$W"
+
+say "== offloading: the bundled 7B-shaped dReLU model under memory limits (runtime/bench_offload.sh)"
+BUILD=$B sh runtime/bench_offload.sh "$W/bundle-bench.pi2" "$W/bundle-bench.pub" "$W" synth-7b
 
 say "== converter with predictor training on a 2-layer 7B-shaped model (per-layer training time)"
 rm -rf "$W/synth-7b-2l" "$W/synth-7b-2l.pi2c"

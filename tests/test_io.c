@@ -235,6 +235,28 @@ static void test_wait_timeout(void **state)
     }
 }
 
+/* The storage probe: random and sequential passes count what they read. */
+static void test_bench(void **state)
+{
+    (void)state;
+    pi2_io *io = open_io(PI2_IO_AUTO);
+    pi2_io_bench_result r;
+    pi2_err e = {0};
+    assert_int_equal(pi2_io_bench(io, 16384, 8, false, 0.05, &r, &e), 0);
+    assert_true(r.reads > 0 && r.bytes == r.reads * 16384 && r.bytes_per_s > 0 && r.lat_us > 0);
+    assert_int_equal(pi2_io_bench(io, 65536, 4, true, 10, &r, &e), 0);
+    assert_int_equal(r.bytes, FILE_BYTES); /* one pass */
+    assert_int_equal(pi2_io_inflight(io), 0);
+    assert_int_equal(pi2_io_bench(io, 1000, 4, false, 0.01, &r, &e), PI2_EINVAL);
+    pi2_err e2 = {0};
+    assert_int_equal(pi2_io_bench(io, 4096, 17, false, 0.01, &r, &e2), PI2_EINVAL);
+    pi2_io_inject(PI2_IO_FAULT_ERRNO, EIO, 3, 1);
+    pi2_err e3 = {0};
+    assert_int_equal(pi2_io_bench(io, 4096, 4, false, 0.05, &r, &e3), PI2_EIO);
+    assert_int_equal(pi2_io_inflight(io), 0);
+    pi2_io_close(io);
+}
+
 static void test_bad_requests(void **state)
 {
     (void)state;
@@ -274,6 +296,7 @@ int main(void)
         cmocka_unit_test_teardown(test_no_uring, clear_faults),
         cmocka_unit_test_teardown(test_truncated_and_replaced, clear_faults),
         cmocka_unit_test_teardown(test_wait_timeout, clear_faults),
+        cmocka_unit_test_teardown(test_bench, clear_faults),
         cmocka_unit_test_teardown(test_bad_requests, clear_faults),
     };
     return cmocka_run_group_tests_name("io", tests, setup, teardown);

@@ -1,0 +1,133 @@
+#!/bin/sh
+# Offloading benchmark (make bench): decode speed of one bundled model as
+# the memory limit leaves 0%, 25%, 50%, 75% and 90% of its FFN payload bytes
+# out of memory, each run under a cgroup v1 memory cap of the same size (so
+# the page cache is really bounded; without a writable memory cgroup the
+# runs go uncapped and the table says so). Every figure is a ratio to
+# something measured in the same run:
+#   decode tok/s            vs the same model fully in memory (pi2-run --bench)
+#   decode time per token   vs the physical floors:
+#       I/O floor    = bytes read per token / random-read throughput of this
+#                      disk at the mean request size, depth 32 (--io-probe)
+#       memory floor = bytes touched per token / memory read bandwidth (--hw-probe)
+# Writes WORKDIR/offload-NAME.json and an SVG plot WORKDIR/offload-NAME.svg.
+# Usage: sh runtime/bench_offload.sh MODEL.pi2 PUBKEY WORKDIR [NAME]
+set -eu
+B=${BUILD:-build}
+M=${1:?usage: runtime/bench_offload.sh MODEL.pi2 PUBKEY WORKDIR [NAME]}
+K=${2:?}
+W=${3:?}
+NAME=${4:-$(basename "$M" .pi2)}
+TH=${THREADS:-2}
+TG=${BENCH_TG:-48}
+PP=${BENCH_PP:-32}
+POINTS=${POINTS:-"0 25 50 75 90"}
+mkdir -p "$W"
+say() { printf '%s\n' "$*"; }
+jget() { sed -n "s/.*\"$1\":\([-0-9.e+]*\).*/\1/p" | head -1; }
+
+say "== machine: memory bandwidth (pi2-run --hw-probe) and this disk (pi2-run --io-probe $M)"
+hw=$("$B/pi2-run" --hw-probe -t "$TH")
+bw=$(echo "$hw" | jget read_bytes_per_s)
+io=$("$B/pi2-run" --io-probe "$M")
+say "$hw"
+say "$io"
+# random-read throughput at depth 32 for a request size (nearest probed size at or above it)
+io_rate() {
+    echo "$io" | tr '{' '\n' | awk -v want="$1" -F'[:,]' '
+        /"depth":32/ { for (i = 1; i < NF; i++) { if ($i == "\"size\"") s = $(i+1); if ($i == "\"bytes_per_s\"") r = $(i+1) }
+                       if (s >= want && (best == "" || s < bs)) { best = r; bs = s } last = r }
+        END { print (best == "" ? last : best) }'
+}
+
+say "== fully in memory: pi2-run --bench (prompt $PP, $TG generated, $TH threads)"
+base=$("$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH")
+say "$base"
+base_tg=$(echo "$base" | jget tg_tok_s)
+# the plan's sizes from one generous offloaded open
+plan=$("$B/pi2-run" "$M" --pubkey "$K" --plan-only --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH" --mem-limit 1T)
+minimum=$(echo "$plan" | jget minimum_bytes)
+ffn=$(echo "$plan" | jget ffn_bytes)
+say "plan: smallest limit $(echo "$minimum" | awk '{printf "%.0f", $1/1048576}') MB, FFN payload $(echo "$ffn" | awk '{printf "%.0f", $1/1048576}') MB"
+
+capped=yes
+[ -w /sys/fs/cgroup/memory ] || capped=no
+rows=""
+printf '%-6s %9s %8s %7s %7s %9s %7s %8s %7s %9s %9s %8s\n' "out%" "limit MB" "tok/s" "x mem" "hit%" "MB read/t" "KB/req" "IO wait" "peak MB" "IO floor" "mem floor" "x floor"
+for pct in $POINTS; do
+    limit=$(echo "$minimum $ffn $pct" | awk '{printf "%.0f", $1 + $2 * (100 - $3) / 100 + 65536}')
+    out="$W/offload-$NAME-$pct.json"
+    if [ "$capped" = yes ]; then
+        sh tests/cgroup_run.sh "$limit" "$W/usage" "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" \
+            --bench-tg "$TG" -t "$TH" --mem-limit "$limit" --no-verify-ffn >"$out" 2>"$W/err" || {
+            say "point $pct%: failed"; cat "$W/err"; continue; }
+        read -r peak fails <"$W/usage"
+    else
+        "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH" --mem-limit "$limit" \
+            --no-verify-ffn >"$out" 2>"$W/err" || { say "point $pct%: failed"; cat "$W/err"; continue; }
+        peak=$(jget footprint_bytes <"$out")
+    fi
+    r=$(cat "$out")
+    tg=$(echo "$r" | jget tg_tok_s)
+    hit=$(echo "$r" | jget hit_rate)
+    rb=$(echo "$r" | jget read_bytes_per_token)
+    rs=$(echo "$r" | jget read_size)
+    wait=$(echo "$r" | jget io_wait_share)
+    touched=$(echo "$r" | awk -F'[:,]' '{for (i=1;i<NF;i++) {if ($i=="\"weight_bytes_per_token\"") w=$(i+1); if ($i=="\"kv_bytes_per_token\"") k=$(i+1)}} END {print w+k}')
+    rate=$(io_rate "${rs:-4096}")
+    line=$(echo "$pct $limit $tg $base_tg $hit $rb $rs $wait $peak $rate $touched $bw" | awk '{
+        iof = ($10 > 0 ? $6 / $10 : 0) * 1e3; memf = $11 / $12 * 1e3; t = 1e3 / $3; fl = iof > memf ? iof : memf;
+        printf "%-6s %9.0f %8.2f %7.2f %7.1f %9.2f %7.1f %7.1f%% %7.0f %7.1fms %7.1fms %8.2f", $1, $2/1048576, $3, $3/$4,
+            100*$5, $6/1e6, $7/1024, 100*$8, $9/1048576, iof, memf, t/fl }')
+    say "$line"
+    rows="$rows$line
+"
+done
+say "(caps: $capped; floors: the larger of I/O and memory time per token; x floor = decode time / that floor)"
+echo "$rows" | awk -v name="$NAME" -v base="$base_tg" -v capped="$capped" '
+    NF { n++; pct[n]=$1; lim[n]=$2; tg[n]=$3; rel[n]=$4; hit[n]=$5; mb[n]=$6; kb[n]=$7; xf[n]=$NF }
+    END {
+        printf "{\"model\":\"%s\",\"in_memory_tok_s\":%s,\"capped\":\"%s\",\"points\":[", name, base, capped
+        for (i = 1; i <= n; i++)
+            printf "%s{\"offloaded_pct\":%s,\"limit_mb\":%s,\"tok_s\":%s,\"vs_in_memory\":%s,\"hit_pct\":%s,\"read_mb_per_token\":%s,\"read_kb_per_request\":%s,\"vs_floor\":%s}",
+                (i > 1 ? "," : ""), pct[i], lim[i], tg[i], rel[i], hit[i], mb[i], kb[i], xf[i]
+        printf "]}\n"
+    }' >"$W/offload-$NAME.json"
+# SVG: decode tok/s against the memory limit, hit rate as a second series
+echo "$rows" | awk -v name="$NAME" -v base="$base_tg" '
+    NF { n++; x[n]=$2; y[n]=$3; h[n]=$5; p[n]=$1 }
+    END {
+        W = 640; H = 360; L = 60; R = 60; T = 40; Bm = 50
+        xmax = 0; ymax = base; for (i = 1; i <= n; i++) { if (x[i] > xmax) xmax = x[i]; if (y[i] > ymax) ymax = y[i] }
+        xmax *= 1.05; ymax *= 1.15
+        printf "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H
+        printf "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+        printf "<text x=\"%d\" y=\"22\" font-size=\"15\">%s: decode speed vs memory limit</text>\n", L, name
+        printf "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", L, H-Bm, W-R, H-Bm
+        printf "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", L, T, L, H-Bm
+        printf "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">memory limit (MB)</text>\n", (L+W-R)/2, H-12
+        printf "<text x=\"16\" y=\"%d\" transform=\"rotate(-90 16 %d)\" text-anchor=\"middle\">decode tok/s</text>\n", (T+H-Bm)/2, (T+H-Bm)/2
+        printf "<text x=\"%d\" y=\"%d\" transform=\"rotate(90 %d %d)\" text-anchor=\"middle\" fill=\"#c60\">hit rate %%</text>\n", W-16, (T+H-Bm)/2, W-16, (T+H-Bm)/2
+        for (k = 0; k <= 4; k++) {
+            yv = ymax * k / 4; yy = H - Bm - (H - Bm - T) * k / 4
+            printf "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.1f</text>\n", L-6, yy+4, yv
+            printf "<text x=\"%d\" y=\"%d\">%d</text>\n", W-R+6, yy+4, 25 * k
+            xv = xmax * k / 4; xx = L + (W - L - R) * k / 4
+            printf "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%.0f</text>\n", xx, H-Bm+16, xv
+        }
+        by = H - Bm - (H - Bm - T) * base / ymax
+        printf "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#888\" stroke-dasharray=\"4 3\"/>\n", L, by, W-R, by
+        printf "<text x=\"%d\" y=\"%.1f\" fill=\"#666\">in memory %.2f tok/s</text>\n", L+6, by-4, base
+        pts = ""; hp = ""
+        for (i = 1; i <= n; i++) {
+            xx = L + (W - L - R) * x[i] / xmax; yy = H - Bm - (H - Bm - T) * y[i] / ymax; hy = H - Bm - (H - Bm - T) * h[i] / 100
+            pts = pts sprintf("%.1f,%.1f ", xx, yy); hp = hp sprintf("%.1f,%.1f ", xx, hy)
+            printf "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#26c\"/>\n", xx, yy
+            printf "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#26c\">%s%% out</text>\n", xx, yy-8, p[i]
+            printf "<rect x=\"%.1f\" y=\"%.1f\" width=\"6\" height=\"6\" fill=\"#c60\"/>\n", xx-3, hy-3
+        }
+        printf "<polyline points=\"%s\" fill=\"none\" stroke=\"#26c\" stroke-width=\"2\"/>\n", pts
+        printf "<polyline points=\"%s\" fill=\"none\" stroke=\"#c60\" stroke-dasharray=\"5 3\"/>\n", hp
+        printf "</svg>\n"
+    }' >"$W/offload-$NAME.svg"
+say "wrote $W/offload-$NAME.json and $W/offload-$NAME.svg"

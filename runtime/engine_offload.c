@@ -28,7 +28,7 @@
 enum { P_FULL = 0, P_GATE = 1, P_UD = 2 };
 enum { CH_WAIT = 0, CH_IO, CH_READY, CH_UD_WAIT, CH_UD_IO, CH_UD_READY, CH_DONE };
 enum { M_UD = 1, M_DONE = 2 }; /* what a compute step leaves to do */
-enum { F_GMISS = 1, F_GHELD = 2, F_UMISS = 4, F_UHELD = 8 };
+enum { F_GMISS = 1, F_GHELD = 2, F_UMISS = 4, F_UHELD = 8, F_SPEC = 16 }; /* F_SPEC: up+down read with the gate */
 
 typedef struct ofl_chunk {
     uint32_t k0, k1;  /* positions in the selected list */
@@ -137,7 +137,7 @@ typedef struct eng_ofl {
     uint32_t s_cursor;      /* main thread: next window to consume */
 
     /* counters (under mu) */
-    uint64_t c_parts, c_hot, c_hit, c_read, c_reads, c_bytes, c_pre_bytes;
+    uint64_t c_parts, c_hot, c_hit, c_read, c_reads, c_bytes, c_pre_bytes, c_spec;
     double c_wait;
 } eng_ofl;
 
@@ -334,7 +334,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     /* buffers of this module */
     uint32_t max_sel = (uint32_t)d->n_ff;
     x->max_ch = (max_sel + OFL_CHUNK - 1) / OFL_CHUNK;
-    x->staging_bytes = (size_t)(x->two_phase ? (x->Pg > x->S - x->Pg ? x->Pg : x->S - x->Pg) : x->S);
+    x->staging_bytes = (size_t)x->S; /* a two-phase gate read may reach into the up+down part */
     x->win_groups = (uint32_t)(OFL_WINDOW / x->S > 0 ? OFL_WINDOW / x->S : 1);
     if (x->win_groups > x->bl[0]->groups)
         x->win_groups = x->bl[0]->groups;
@@ -354,9 +354,12 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     uint64_t fixed = e->res_bytes + kv + e->buf_bytes + mine + index + OFL_OVERHEAD;
     /* smallest caches: one chunk of each part kind */
     int kinds[2] = {x->two_phase ? P_GATE : P_FULL, P_UD};
+    /* the smallest cache: a chunk of neurons, or an eighth of an FFN, so a
+     * layer's misses can be in flight together */
+    uint64_t min_slots = (uint64_t)d->n_ff / 8 > OFL_CHUNK ? (uint64_t)d->n_ff / 8 : OFL_CHUNK;
     uint64_t min_cache = 0;
     for (int k = 0; k < n_caches; k++)
-        min_cache += OFL_CHUNK * (stride_of(part_unit(x, kinds[k])) + 32);
+        min_cache += min_slots * (stride_of(part_unit(x, kinds[k])) + 32);
     pi2_engine_offload_info *in = &x->info;
     in->on = true;
     in->mem_limit = o->mem_limit;
@@ -397,11 +400,11 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     /* cache slots: two-phase splits 40% gates / 60% up+down */
     uint32_t slots[2] = {0, 0};
     for (int k = 0; k < n_caches; k++) {
-        double share = n_caches == 1 ? 1.0 : (k == 0 ? 0.4 : 0.6);
+        double share = n_caches == 1 ? 1.0 : (k == 0 ? 1.0 / 3 : 2.0 / 3); /* R : 2R per neuron */
         uint64_t st = stride_of(part_unit(x, kinds[k])) + 32;
         uint64_t n = hot_total == ffn_total ? 0 : (uint64_t)((double)cache_budget * share) / st;
-        if (n < OFL_CHUNK) /* all hot: the smallest cache, never used */
-            n = OFL_CHUNK;
+        if (n < min_slots) /* the smallest cache (never used when all is hot) */
+            n = min_slots;
         if (n > (uint64_t)x->n_ffn * d->n_ff) /* more slots than neurons is waste */
             n = (uint64_t)x->n_ffn * d->n_ff;
         if (n > UINT32_MAX - 1)
@@ -650,15 +653,20 @@ static int queue_reads(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b)
             continue;
         }
         uint32_t i = x->sel[k], q = i / bf->group, last = idx;
+        int64_t spec_last = (x->flag[k] & F_SPEC) ? (int64_t)(i % bf->group) : -1;
         for (uint32_t t = idx + 1; t < b; t++) {
             uint32_t kt = pos_at(x, part, t);
             if (x->sel[kt] / bf->group != q)
                 break;
             if (x->flag[kt] & miss)
                 last = t;
+            if (x->flag[kt] & F_SPEC)
+                spec_last = x->sel[kt] % bf->group;
         }
         uint32_t jl = x->sel[pos_at(x, part, last)] % bf->group, jf = i % bf->group;
         uint64_t s0 = part_base(x, part, q) + jf * unit, s1 = part_base(x, part, q) + (jl + 1) * unit;
+        if (spec_last >= 0) /* through the up+down rows read along */
+            s1 = part_base(x, P_UD, q) + (uint64_t)(spec_last + 1) * part_unit(x, P_UD);
         s0 = s0 / PI2_IO_ALIGN * PI2_IO_ALIGN;
         s1 = (s1 + PI2_IO_ALIGN - 1) / PI2_IO_ALIGN * PI2_IO_ALIGN;
         ofl_rd rd = {.win = -1, .chunk = c, .part = (uint8_t)part, .a = idx, .b = last, .span = s0,
@@ -709,6 +717,19 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
             return true;
         }
         x->c_read++;
+    }
+    if (part == P_GATE) { /* read up+down along with each missing gate: one read, one round trip */
+        uint32_t want = 0;
+        for (uint32_t idx = a; idx < b; idx++)
+            want += (x->flag[idx] & F_GMISS) && !pi2_ncache_contains(x->cu, x->fi, x->sel[idx]);
+        if (want > 0 && want <= pi2_ncache_evictable(x->cu))
+            for (uint32_t idx = a; idx < b; idx++) {
+                if (!(x->flag[idx] & F_GMISS) || pi2_ncache_contains(x->cu, x->fi, x->sel[idx]))
+                    continue;
+                pi2_err er = {0};
+                if (pi2_ncache_reserve(x->cu, x->fi, x->sel[idx], false, &x->uslot[idx], &er))
+                    x->flag[idx] |= F_SPEC;
+            }
     }
     ofl_chunk *C = &x->ch[c];
     C->state = ud ? CH_UD_IO : CH_IO;
@@ -800,6 +821,11 @@ static void decode_landed(eng_ofl *x, const ofl_rd *rd)
         pi2_ncache_commit_hold(cache, slot[k]);
         x->flag[k] = (uint8_t)((x->flag[k] & ~miss) | held);
         set_ptr(x->f, part, x->sel[k], pi2_ncache_slot_buf(cache, slot[k]), x->R);
+        if (x->flag[k] & F_SPEC) { /* cached, not held: the up+down step holds it if the gate fires */
+            pi2_ncache_commit(x->cu, x->uslot[k]);
+            x->flag[k] &= (uint8_t)~F_SPEC;
+            x->c_spec++;
+        }
     }
     x->c_reads++;
     x->c_bytes += rd->len;
@@ -826,6 +852,10 @@ static void decode_copy(eng_ofl *x, const ofl_req *r)
         uint32_t i = x->sel[k];
         uint64_t at = part_base(x, part, i / gsz) + (uint64_t)(i % gsz) * unit - rd->span;
         memcpy(pi2_ncache_slot_buf(cache, slot[k]), r->staging + at, (size_t)unit);
+        if (x->flag[k] & F_SPEC) {
+            at = part_base(x, P_UD, i / gsz) + (uint64_t)(i % gsz) * part_unit(x, P_UD) - rd->span;
+            memcpy(pi2_ncache_slot_buf(x->cu, x->uslot[k]), r->staging + at, (size_t)part_unit(x, P_UD));
+        }
     }
 }
 
@@ -1148,7 +1178,7 @@ static void job_cleanup(eng_ofl *x)
             pi2_ncache_abort(x->cg, x->gslot[k]);
         else if (fl & F_GHELD)
             pi2_ncache_release(x->cg, x->gslot[k]);
-        if (fl & F_UMISS)
+        if (fl & (F_UMISS | F_SPEC))
             pi2_ncache_abort(x->cu, x->uslot[k]);
         else if (fl & F_UHELD)
             pi2_ncache_release(x->cu, x->uslot[k]);
@@ -1355,7 +1385,7 @@ void eng_ofl_stats_reset(pi2_engine *e)
     eng_ofl *x = e->ofl;
     if (!x)
         return;
-    x->c_parts = x->c_hot = x->c_hit = x->c_read = x->c_reads = x->c_bytes = x->c_pre_bytes = 0;
+    x->c_parts = x->c_hot = x->c_hit = x->c_read = x->c_reads = x->c_bytes = x->c_pre_bytes = x->c_spec = 0;
     x->c_wait = 0;
 }
 

@@ -143,6 +143,8 @@ typedef struct pi2_engine_offload_info {
     uint64_t parts_hit;      /* ... by the cache */
     uint64_t parts_read;     /* ... read from flash */
     uint64_t reads, bytes_read;
+    uint64_t parts_prefetched; /* parts read ahead during attention (counted in reads and bytes) */
+    uint64_t prefetch_waits;   /* parts a step waited for while the read ahead was in flight */
     double io_wait_s;        /* compute threads idle waiting for reads (thread-seconds / threads) */
     uint64_t prefill_bytes_read;
 } pi2_engine_offload_info;

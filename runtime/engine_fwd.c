@@ -65,7 +65,7 @@ static void run_mm(pi2_engine *e, mm_job *j) { pi2_pool_run(e->pool, mm_fn, j); 
 
 /* ---- small helpers ---- */
 
-static void rmsnorm(float *out, const float *x, const float *w, int n, float eps)
+void eng_rmsnorm(float *out, const float *x, const float *w, int n, float eps)
 {
     double ss = 0.0;
     for (int i = 0; i < n; i++)
@@ -346,35 +346,37 @@ static void ffn_dec_fn(void *ctx, int tid, int nt)
 
 /* Decode FFN for the token whose normed input is e->xb (quantized in the
  * activation buffers); out = FFN(x) (accumulate: out += w * FFN(x)). */
+uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *sel)
+{
+    ffn_dec_job j = {e, f, x, FFN_PRED, 0};
+    pi2_pool_run(e->pool, pred_fc1_fn, &j);
+    for (int r = 0; r < f->rank; r++)
+        e->ph[r] = e->ph[r] > 0.0f ? e->ph[r] : 0.0f;
+    pi2_pool_run(e->pool, pred_fc2_fn, &j);
+    uint32_t n = 0;
+    for (int t = 0; t < e->threads; t++) {
+        memcpy(sel + n, e->tls[t].list, e->tls[t].n_list * sizeof(uint32_t));
+        n += e->tls[t].n_list;
+    }
+    e->st.weight_bytes += (uint64_t)f->rank * ((uint64_t)e->d.hidden + f->n_ff) * 4;
+    return n;
+}
+
 static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *out, bool accumulate, float w,
                       pi2_err *err)
 {
     ffn_dec_job j = {e, f, x, FFN_DENSE, 0};
-    uint64_t extra = 0;
     if (!e->dense && f->has_pred) {
         j.mode = FFN_PRED;
-        pi2_pool_run(e->pool, pred_fc1_fn, &j);
-        for (int r = 0; r < f->rank; r++)
-            e->ph[r] = e->ph[r] > 0.0f ? e->ph[r] : 0.0f;
-        pi2_pool_run(e->pool, pred_fc2_fn, &j);
-        uint32_t n = 0;
-        for (int t = 0; t < e->threads; t++) {
-            memcpy(e->sel + n, e->tls[t].list, e->tls[t].n_list * sizeof(uint32_t));
-            n += e->tls[t].n_list;
-        }
-        j.n_sel = n;
-        extra = (uint64_t)f->rank * ((uint64_t)e->d.hidden + f->n_ff) * 4;
+        j.n_sel = eng_predict(e, f, x, e->sel);
     } else if (!e->dense && f->has_silu_thr) {
         j.mode = FFN_THRESH;
     }
-    if (e->ofl) {
-        e->st.weight_bytes += extra;
+    if (e->ofl)
         return eng_ofl_ffn_decode(e, f, j.n_sel, j.mode, out, accumulate, w, err);
-    }
     pi2_pool_run(e->pool, ffn_dec_fn, &j);
     e->st.ffn_evals++;
     e->st.neurons += f->n_ff;
-    e->st.weight_bytes += extra;
     for (int t = 0; t < e->threads; t++) {
         e->st.predicted += e->tls[t].predicted;
         e->st.active += e->tls[t].active;
@@ -493,10 +495,15 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
     uint64_t bytes = 0;
     for (int l = 0; l < d->n_layers; l++) {
         const eng_layer *L = &e->layers[l];
+        /* offloading: read the neurons this layer's FFN will likely need
+         * while its attention computes (predicted from the residual before
+         * attention) */
+        if (decode && e->ofl && !e->dense && !pi2_desc_is_moe(d) && L->ffn[0].has_pred)
+            eng_ofl_prefetch(e, &L->ffn[0], e->x);
         float *kc = e->kc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
         float *vc = e->vc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
         for (int t = 0; t < T; t++)
-            rmsnorm(e->xb + t * D, e->x + t * D, L->attn_norm, (int)D, d->rms_eps);
+            eng_rmsnorm(e->xb + t * D, e->x + t * D, L->attn_norm, (int)D, d->rms_eps);
         quant_in(e, e->xb, D, T, D);
         mm_job j = {.n = 3, .T = T, .xf = e->xb, .ldx = D, .e = e};
         j.t[0] = (mm_task){&L->q, e->q, qd};
@@ -516,7 +523,7 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
         for (int64_t i = 0; i < (int64_t)T * D; i++)
             e->x[i] += e->xb2[i];
         for (int t = 0; t < T; t++)
-            rmsnorm(e->xb + t * D, e->x + t * D, L->ffn_norm, (int)D, d->rms_eps);
+            eng_rmsnorm(e->xb + t * D, e->x + t * D, L->ffn_norm, (int)D, d->rms_eps);
         if ((rc = ffn_block(e, L, T, decode, err)) != 0) {
             if (e->ofl && !decode)
                 eng_ofl_stream_end(e);
@@ -538,7 +545,7 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
     e->n_pos = pos + T;
     if (logits) {
         const float *last = e->x + (T - 1) * D;
-        rmsnorm(e->xb, last, e->out_norm, (int)D, d->rms_eps);
+        eng_rmsnorm(e->xb, last, e->out_norm, (int)D, d->rms_eps);
         quant_in(e, e->xb, D, 1, D);
         mm_job hj = {.n = 1, .T = 1, .xf = e->xb, .ldx = D, .e = e};
         hj.t[0] = (mm_task){&e->head, logits, d->vocab};

@@ -118,6 +118,10 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
 /* FFN pieces the offloading module drives (engine_fwd.c). */
 enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };
 float eng_act(pi2_act a, float g, float u);
+void eng_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+/* Predictor of FFN f on input x (D floats): the predicted neurons, in
+ * bundled order, into sel; returns their count. */
+uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *sel);
 /* Dense prefill of neurons [n0, n1) for T tokens whose input is quantized
  * in the activation buffers, added to each thread's partial output (zeroed
  * first when `first`). */
@@ -140,5 +144,8 @@ int eng_ofl_ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool
 int eng_ofl_ffn_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err);
 void eng_ofl_stream_end(pi2_engine *e);
 void eng_ofl_stats_reset(pi2_engine *e);
+/* Decode, before layer f->layer's attention: predict its FFN's neurons from
+ * the residual x and start reading the missing ones. */
+void eng_ofl_prefetch(pi2_engine *e, const eng_ffn *f, const float *x);
 
 #endif

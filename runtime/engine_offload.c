@@ -28,7 +28,10 @@
 enum { P_FULL = 0, P_GATE = 1, P_UD = 2 };
 enum { CH_WAIT = 0, CH_IO, CH_READY, CH_UD_WAIT, CH_UD_IO, CH_UD_READY, CH_DONE };
 enum { M_UD = 1, M_DONE = 2 }; /* what a compute step leaves to do */
-enum { F_GMISS = 1, F_GHELD = 2, F_UMISS = 4, F_UHELD = 8, F_SPEC = 16 }; /* F_SPEC: up+down read with the gate */
+/* Position flags. F_SPEC: up+down read along with the gate; F_PFWAIT: the
+ * part is being read by the prefetch, which hands it over on landing. */
+enum { F_GMISS = 1, F_GHELD = 2, F_UMISS = 4, F_UHELD = 8, F_SPEC = 16, F_PFWAIT = 32 };
+enum { J_DEC = 0, J_PF = 1 }; /* which list a read serves */
 
 typedef struct ofl_chunk {
     uint32_t k0, k1;  /* positions in the selected list */
@@ -41,7 +44,9 @@ typedef struct ofl_chunk {
 /* A read to make: decode parts of one bundle group, or a piece of a
  * prefill window. */
 typedef struct ofl_rd {
-    int32_t win;        /* >= 0: stream window (dst set); -1: decode */
+    int32_t win;        /* >= 0: stream window (dst set); -1: decode or prefetch */
+    uint8_t job;        /* J_DEC or J_PF */
+    uint32_t fi;
     uint32_t chunk;
     uint8_t part;       /* P_FULL, P_GATE, P_UD */
     uint32_t a, b;      /* positions (P_UD: fired indexes) covered, inclusive */
@@ -136,8 +141,25 @@ typedef struct eng_ofl {
     uint32_t s_sub;         /* stream reads submitted, not landed */
     uint32_t s_cursor;      /* main thread: next window to consume */
 
+    /* prefetch (decode, under mu): the likely neurons of the FFN about to
+     * run, read while its attention computes; entries land in the caches
+     * unheld, or are handed to the decode positions waiting for them */
+    struct ofl_pf {
+        uint32_t fi;          /* FFN of this prefetch (UINT32_MAX: none) */
+        uint32_t *sel, n;     /* neurons being prefetched */
+        uint32_t *gslot, *uslot;
+        uint8_t *flag;
+        uint32_t *pos;        /* [n_ff]: neuron -> prefetch position + 1 while in flight */
+        uint32_t *wait;       /* [n_ff]: neuron -> decode position + 1 waiting for it */
+        uint32_t sub;         /* reads queued or in flight */
+    } pf[2];                  /* alternating, so one layer's late reads don't hold up the next */
+    int pf_cur;
+    uint32_t pf_sub;          /* reads of both */
+    float *pf_in;             /* normed residual [D] */
+    uint32_t *pf_list;        /* predictor output [n_ff] */
+
     /* counters (under mu) */
-    uint64_t c_parts, c_hot, c_hit, c_read, c_reads, c_bytes, c_pre_bytes, c_spec;
+    uint64_t c_parts, c_hot, c_hit, c_read, c_reads, c_bytes, c_pre_bytes, c_spec, c_pf, c_pfwait;
     double c_wait;
 } eng_ofl;
 
@@ -344,7 +366,8 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     x->ready_cap = 2 * x->max_ch + 4;
     uint64_t mine = (uint64_t)x->depth * (x->staging_bytes + sizeof(ofl_req) + sizeof(void *)) +
                     OFL_NWIN * x->wbuf_bytes + (uint64_t)x->max_ch * D * 4 + x->rq_cap * sizeof(ofl_rd) +
-                    (uint64_t)max_sel * (4 * 4 + 1) + (uint64_t)x->max_ch * (sizeof(ofl_chunk) + 4 * 4 + 10) +
+                    (uint64_t)max_sel * (4 * 4 + 1) + (uint64_t)max_sel * (2 * (5 * 4 + 1) + 4) + D * 4 +
+                    (uint64_t)x->max_ch * (sizeof(ofl_chunk) + 4 * 4 + 10) +
                     (uint64_t)x->n_ffn * 64;
     /* cache indexes: 4 bytes per neuron per cache, plus slot records */
     int n_caches = x->two_phase ? 2 : 1;
@@ -497,8 +520,23 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     x->ready = pi2_malloc_array(x->ready_cap, sizeof *x->ready);
     x->subs = pi2_malloc_array((size_t)x->depth, sizeof *x->subs);
     x->win_first = pi2_malloc_array(x->n_ffn + 1, sizeof *x->win_first);
+    bool pf_ok = true;
+    for (int p = 0; p < 2; p++) {
+        struct ofl_pf *P = &x->pf[p];
+        P->fi = UINT32_MAX;
+        P->sel = pi2_malloc_array(max_sel, sizeof *P->sel);
+        P->gslot = pi2_malloc_array(max_sel, sizeof *P->gslot);
+        P->uslot = pi2_malloc_array(max_sel, sizeof *P->uslot);
+        P->flag = pi2_calloc_array(max_sel, 1);
+        P->pos = pi2_calloc_array(max_sel, sizeof *P->pos);
+        P->wait = pi2_calloc_array(max_sel, sizeof *P->wait);
+        pf_ok = pf_ok && P->sel && P->gslot && P->uslot && P->flag && P->pos && P->wait;
+    }
+    x->pf_list = pi2_malloc_array(max_sel, sizeof *x->pf_list);
+    x->pf_in = pi2_malloc_array((size_t)D, sizeof *x->pf_in);
     bool ok = x->reqs && x->free_req && x->staging && x->rq && x->ch && x->ud_wait && x->gslot && x->uslot &&
-              x->fired && x->gval && x->flag && x->parts && x->ready && x->subs && x->win_first;
+              x->fired && x->gval && x->flag && x->parts && x->ready && x->subs && x->win_first && pf_ok &&
+              x->pf_list && x->pf_in;
     for (int b = 0; ok && b < OFL_NWIN; b++)
         ok = (x->wbuf[b] = pi2_io_alloc_buf((size_t)x->wbuf_bytes)) != NULL;
     /* streamed prefill windows */
@@ -585,6 +623,16 @@ void eng_ofl_close(pi2_engine *e)
     free(x->subs);
     free(x->win);
     free(x->win_first);
+    for (int p = 0; p < 2; p++) {
+        free(x->pf[p].sel);
+        free(x->pf[p].gslot);
+        free(x->pf[p].uslot);
+        free(x->pf[p].flag);
+        free(x->pf[p].pos);
+        free(x->pf[p].wait);
+    }
+    free(x->pf_list);
+    free(x->pf_in);
     free(x);
     e->ofl = NULL;
 }
@@ -606,7 +654,6 @@ static void job_fail(eng_ofl *x, const pi2_err *er)
     x->fail_err = *er;
     if (!x->fail_err.code)
         x->fail_err.code = PI2_EIO;
-    x->rq_n = 0; /* only this job's reads are queued during a decode step */
     atomic_store_explicit(&x->hint, 1u, memory_order_release);
     pthread_cond_broadcast(&x->cv_compute);
 }
@@ -637,41 +684,55 @@ static void make_ready(eng_ofl *x, uint32_t c)
 /* Positions list of a part: sel positions, or fired indexes for P_UD. */
 static uint32_t pos_at(const eng_ofl *x, int part, uint32_t idx) { return part == P_UD ? x->fired[idx] : idx; }
 
+/* A list of positions: neuron of index idx is sel[map ? map[idx] : idx],
+ * its flags flag[...] likewise. */
+typedef struct plist {
+    const uint32_t *sel, *map;
+    const uint8_t *flag;
+} plist;
+static uint32_t pl_k(const plist *l, uint32_t idx) { return l->map ? l->map[idx] : idx; }
+
 /* Queue one read per bundle group of the missing parts among list indexes
- * [a, b); returns the number of reads. */
-static int queue_reads(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b)
+ * [a, b) of FFN fi; returns the number of reads. */
+static int queue_reads(eng_ofl *x, const plist *l, uint8_t job, uint32_t fi, uint32_t c, int part, uint32_t a,
+                       uint32_t b)
 {
     uint8_t miss = part == P_UD ? F_UMISS : F_GMISS;
     uint64_t unit = part_unit(x, part);
-    const pi2_bl_ffn *bf = x->bl[x->fi];
+    const pi2_bl_ffn *bf = x->bl[fi];
     int n = 0;
     uint32_t idx = a;
     while (idx < b) {
-        uint32_t k = pos_at(x, part, idx);
-        if (!(x->flag[k] & miss)) {
+        uint32_t k = pl_k(l, idx);
+        if (!(l->flag[k] & miss)) {
             idx++;
             continue;
         }
-        uint32_t i = x->sel[k], q = i / bf->group, last = idx;
-        int64_t spec_last = (x->flag[k] & F_SPEC) ? (int64_t)(i % bf->group) : -1;
+        uint32_t i = l->sel[k], q = i / bf->group, last = idx;
+        int64_t spec_last = (l->flag[k] & F_SPEC) ? (int64_t)(i % bf->group) : -1;
         for (uint32_t t = idx + 1; t < b; t++) {
-            uint32_t kt = pos_at(x, part, t);
-            if (x->sel[kt] / bf->group != q)
+            uint32_t kt = pl_k(l, t);
+            if (l->sel[kt] / bf->group != q)
                 break;
-            if (x->flag[kt] & miss)
+            if (l->flag[kt] & miss)
                 last = t;
-            if (x->flag[kt] & F_SPEC)
-                spec_last = x->sel[kt] % bf->group;
+            if (l->flag[kt] & F_SPEC)
+                spec_last = l->sel[kt] % bf->group;
         }
-        uint32_t jl = x->sel[pos_at(x, part, last)] % bf->group, jf = i % bf->group;
+        uint32_t jl = l->sel[pl_k(l, last)] % bf->group, jf = i % bf->group;
         uint64_t s0 = part_base(x, part, q) + jf * unit, s1 = part_base(x, part, q) + (jl + 1) * unit;
         if (spec_last >= 0) /* through the up+down rows read along */
             s1 = part_base(x, P_UD, q) + (uint64_t)(spec_last + 1) * part_unit(x, P_UD);
         s0 = s0 / PI2_IO_ALIGN * PI2_IO_ALIGN;
         s1 = (s1 + PI2_IO_ALIGN - 1) / PI2_IO_ALIGN * PI2_IO_ALIGN;
-        ofl_rd rd = {.win = -1, .chunk = c, .part = (uint8_t)part, .a = idx, .b = last, .span = s0,
-                     .len = (uint32_t)(s1 - s0), .file_off = x->file_off[x->fi] + s0};
+        ofl_rd rd = {.win = -1, .job = job, .fi = fi, .chunk = c, .part = (uint8_t)part, .a = idx, .b = last,
+                     .span = s0, .len = (uint32_t)(s1 - s0), .file_off = x->file_off[fi] + s0};
         rq_push(x, &rd);
+        if (job == J_PF) {
+            x->pf[c].sub++;
+            x->pf_sub++;
+        } else
+            x->n_sub++;
         n++;
         idx = last + 1;
     }
@@ -693,10 +754,24 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
     uint8_t held = ud ? F_UHELD : F_GHELD, miss = ud ? F_UMISS : F_GMISS;
     x->c_parts += b - a;
     x->c_hot += (b - a) - need;
+    struct ofl_pf *pfs[2];
+    int n_pfs = 0;
+    for (int p = 0; part != P_UD && p < 2; p++)
+        if (x->pf[p].fi == x->fi && x->pf[p].sub > 0)
+            pfs[n_pfs++] = &x->pf[p];
+    int n_wait = 0;
     for (uint32_t idx = a; idx < b; idx++) { /* hits first: reserves must not evict them */
         uint32_t k = pos_at(x, part, idx), i = x->sel[k];
         if (i < hot)
             continue;
+        struct ofl_pf *P = n_pfs > 0 && pfs[0]->pos[i] ? pfs[0] : n_pfs > 1 && pfs[1]->pos[i] ? pfs[1] : NULL;
+        if (P) { /* being read by the prefetch: it hands the part over */
+            P->wait[i] = k + 1;
+            x->flag[k] |= F_PFWAIT;
+            n_wait++;
+            x->c_pfwait++;
+            continue;
+        }
         uint8_t *buf = pi2_ncache_hold(cache, x->fi, i, &slot[k]);
         if (buf) {
             x->flag[k] |= held;
@@ -733,7 +808,8 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
     }
     ofl_chunk *C = &x->ch[c];
     C->state = ud ? CH_UD_IO : CH_IO;
-    C->pending = queue_reads(x, c, part, a, b);
+    plist l = {x->sel, ud ? x->fired : NULL, x->flag};
+    C->pending = queue_reads(x, &l, J_DEC, x->fi, c, part, a, b) + n_wait;
     if (C->pending == 0)
         make_ready(x, c);
     else
@@ -859,6 +935,125 @@ static void decode_copy(eng_ofl *x, const ofl_req *r)
     }
 }
 
+/* Outside mu: copy a landed prefetch read into its reserved slots. */
+static void pf_copy(eng_ofl *x, const ofl_req *r)
+{
+    const ofl_rd *rd = &r->rd;
+    const struct ofl_pf *P = &x->pf[rd->chunk];
+    int part = rd->part;
+    uint64_t unit = part_unit(x, part), uu = part_unit(x, P_UD);
+    for (uint32_t idx = rd->a; idx <= rd->b; idx++) {
+        if (!(P->flag[idx] & F_GMISS))
+            continue;
+        uint32_t i = P->sel[idx], q = i / x->g, j = i % x->g;
+        memcpy(pi2_ncache_slot_buf(x->cg, P->gslot[idx]), r->staging + (part_base(x, part, q) + j * unit - rd->span),
+               (size_t)unit);
+        if (P->flag[idx] & F_SPEC)
+            memcpy(pi2_ncache_slot_buf(x->cu, P->uslot[idx]),
+                   r->staging + (part_base(x, P_UD, q) + j * uu - rd->span), (size_t)uu);
+    }
+}
+
+/* A prefetch read landed (ok) or failed: its parts join the caches unheld,
+ * or go to the decode positions waiting for them. */
+static void pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
+{
+    struct ofl_pf *P = &x->pf[rd->chunk];
+    P->sub--;
+    x->pf_sub--;
+    for (uint32_t idx = rd->a; idx <= rd->b; idx++) {
+        uint8_t fl = P->flag[idx];
+        if (!(fl & F_GMISS))
+            continue;
+        uint32_t i = P->sel[idx];
+        if (ok) {
+            pi2_ncache_commit(x->cg, P->gslot[idx]);
+            if (fl & F_SPEC)
+                pi2_ncache_commit(x->cu, P->uslot[idx]);
+            x->c_pf++;
+        } else {
+            pi2_ncache_abort(x->cg, P->gslot[idx]);
+            if (fl & F_SPEC)
+                pi2_ncache_abort(x->cu, P->uslot[idx]);
+        }
+        P->flag[idx] = 0;
+        P->pos[i] = 0;
+        uint32_t w = P->wait[i];
+        P->wait[i] = 0;
+        if (!w || x->fail || !x->f || x->fi != P->fi)
+            continue;
+        uint32_t k = w - 1;
+        x->flag[k] &= (uint8_t)~F_PFWAIT;
+        uint8_t *buf = ok ? pi2_ncache_hold(x->cg, x->fi, i, &x->gslot[k]) : NULL;
+        if (!buf) {
+            pi2_err fe = {0};
+            if (er && er->code)
+                fe = *er;
+            else
+                pi2_err_set(&fe, PI2_EIO, "%s: read at offset %llu failed", x->e->path,
+                            (unsigned long long)rd->file_off);
+            job_fail(x, &fe);
+            continue;
+        }
+        x->flag[k] |= F_GHELD;
+        set_ptr(x->f, x->two_phase ? P_GATE : P_FULL, i, buf, x->R);
+        uint32_t c = k / OFL_CHUNK;
+        if (--x->ch[c].pending == 0)
+            make_ready(x, c);
+    }
+    if (ok) {
+        x->c_reads++;
+        x->c_bytes += rd->len;
+    }
+    if (x->f && !x->fail) /* slots came free for chunks waiting to be admitted */
+        admit(x);
+    if (x->pf_sub == 0)
+        pthread_cond_broadcast(&x->cv_compute);
+}
+
+void eng_ofl_prefetch(pi2_engine *e, const eng_ffn *f, const float *xres)
+{
+    eng_ofl *x = e->ofl;
+    const pi2_model_desc *d = &e->d;
+    eng_rmsnorm(x->pf_in, xres, e->layers[f->layer].ffn_norm, d->hidden, d->rms_eps);
+    uint32_t n = eng_predict(e, f, x->pf_in, x->pf_list);
+    uint32_t fi = ffn_index(x, f), hot = x->hot_n[fi];
+    pthread_mutex_lock(&x->mu);
+    int set = x->pf_cur ^= 1;
+    struct ofl_pf *P = &x->pf[set];
+    while (P->sub > 0) /* the prefetch two layers back is still reading */
+        pthread_cond_wait(&x->cv_compute, &x->mu);
+    P->fi = fi;
+    /* leave at least half of what can be evicted to the step itself */
+    uint32_t room_g = pi2_ncache_evictable(x->cg) / 2, room_u = x->cu ? pi2_ncache_evictable(x->cu) / 2 : 0;
+    uint32_t m = 0;
+    for (uint32_t k = 0; k < n && m < room_g; k++) {
+        uint32_t i = x->pf_list[k];
+        if (i < hot || pi2_ncache_contains(x->cg, fi, i))
+            continue;
+        pi2_err er = {0};
+        if (!pi2_ncache_reserve(x->cg, fi, i, false, &P->gslot[m], &er)) {
+            if (er.code == PI2_EINVAL) /* in flight for the other prefetch */
+                continue;
+            break;
+        }
+        P->sel[m] = i;
+        P->flag[m] = F_GMISS;
+        P->pos[i] = m + 1;
+        if (x->two_phase && room_u > 0 && !pi2_ncache_contains(x->cu, fi, i) &&
+            pi2_ncache_reserve(x->cu, fi, i, false, &P->uslot[m], &er)) {
+            P->flag[m] |= F_SPEC;
+            room_u--;
+        }
+        m++;
+    }
+    P->n = m;
+    plist l = {P->sel, NULL, P->flag};
+    if (m > 0 && queue_reads(x, &l, J_PF, fi, (uint32_t)set, x->two_phase ? P_GATE : P_FULL, 0, m) > 0)
+        pthread_cond_signal(&x->cv_io);
+    pthread_mutex_unlock(&x->mu);
+}
+
 /* ---------------- prefill stream (under mu) ---------------- */
 
 static bool stream_wants(const eng_ofl *x)
@@ -911,21 +1106,27 @@ static void *io_main(void *arg)
     pi2_io_req *done[64];
     pthread_mutex_lock(&x->mu);
     for (;;) {
-        while (!x->stop && x->rq_n == 0 && x->n_sub + x->s_sub == 0 && !stream_wants(x))
+        while (!x->stop && x->rq_n == 0 && pi2_io_inflight(x->io) == 0 && !stream_wants(x))
             pthread_cond_wait(&x->cv_io, &x->mu);
         if (x->stop)
             break;
         stream_fill(x);
         int m = 0;
         while (x->rq_n > 0 && x->n_free > 0) {
+            const ofl_rd *head = &x->rq[x->rq_head];
+            if (head->win < 0 && head->job == J_DEC && x->fail) { /* the job failed: drop its reads */
+                x->rq_head = (x->rq_head + 1) % x->rq_cap;
+                x->rq_n--;
+                if (--x->n_sub == 0)
+                    pthread_cond_broadcast(&x->cv_compute);
+                continue;
+            }
             ofl_req *r = x->free_req[--x->n_free];
-            r->rd = x->rq[x->rq_head];
+            r->rd = *head;
             x->rq_head = (x->rq_head + 1) % x->rq_cap;
             x->rq_n--;
             if (r->rd.win >= 0)
                 x->s_sub++;
-            else
-                x->n_sub++;
             subs[m++] = r;
         }
         pthread_mutex_unlock(&x->mu);
@@ -950,8 +1151,12 @@ static void *io_main(void *arg)
                 n = 0; /* the ring itself failed: the requests report it one by one */
             for (int i = 0; i < n; i++) {
                 ofl_req *r = done[i]->user;
-                if (r->rd.win < 0 && r->io.result >= 0)
-                    decode_copy(x, r);
+                if (r->rd.win < 0 && r->io.result >= 0) {
+                    if (r->rd.job == J_PF)
+                        pf_copy(x, r);
+                    else
+                        decode_copy(x, r);
+                }
             }
         }
 
@@ -961,9 +1166,13 @@ static void *io_main(void *arg)
             r->io.result = -EIO;
             if (r->rd.win >= 0) {
                 stream_landed(x, r, &ser);
+            } else if (r->rd.job == J_PF) {
+                pf_landed(x, &r->rd, false, &ser);
             } else {
                 x->n_sub--;
                 job_fail(x, &ser);
+                if (x->n_sub == 0)
+                    pthread_cond_broadcast(&x->cv_compute);
             }
             x->free_req[x->n_free++] = r;
         }
@@ -971,6 +1180,8 @@ static void *io_main(void *arg)
             ofl_req *r = done[i]->user;
             if (r->rd.win >= 0) {
                 stream_landed(x, r, &er);
+            } else if (r->rd.job == J_PF) {
+                pf_landed(x, &r->rd, r->io.result >= 0, &er);
             } else if (r->io.result < 0) {
                 pi2_err fe = er;
                 if (!fe.code)
@@ -1102,7 +1313,7 @@ static void compute_fn(void *ctx, int tid, int nt)
         if (x->fail || x->finished)
             break;
         if (x->ready_n == 0) {
-            if (x->running == 0 && x->rq_n == 0 && x->n_sub == 0) {
+            if (x->running == 0 && x->rq_n == 0 && x->n_sub == 0 && x->pf_sub == 0) {
                 /* nothing computing, nothing in flight, and no admission possible */
                 pi2_err er = {0};
                 pi2_err_set(&er, PI2_ENOMEM, "%s: the neuron cache is too small for one chunk of neurons",
@@ -1112,7 +1323,7 @@ static void compute_fn(void *ctx, int tid, int nt)
             }
             /* reads land every few microseconds: spin (yielding) before sleeping;
              * idle time counts as I/O wait when reads are outstanding */
-            double t0 = x->n_sub + x->rq_n > 0 ? pi2_now() : 0.0;
+            double t0 = x->n_sub + x->pf_sub + x->rq_n > 0 ? pi2_now() : 0.0;
             atomic_store_explicit(&x->hint, 0u, memory_order_relaxed);
             pthread_mutex_unlock(&x->mu);
             for (int i = 0; i < OFL_SPIN && atomic_load_explicit(&x->hint, memory_order_acquire) == 0; i++)
@@ -1180,6 +1391,11 @@ static void job_cleanup(eng_ofl *x)
             pi2_ncache_release(x->cg, x->gslot[k]);
         if (fl & (F_UMISS | F_SPEC))
             pi2_ncache_abort(x->cu, x->uslot[k]);
+        if (fl & F_PFWAIT) {
+            for (int p = 0; p < 2; p++)
+                if (x->pf[p].fi == x->fi)
+                    x->pf[p].wait[x->sel[k]] = 0;
+        }
         else if (fl & F_UHELD)
             pi2_ncache_release(x->cu, x->uslot[k]);
         x->flag[k] = 0;
@@ -1276,6 +1492,8 @@ int eng_ofl_stream_begin(pi2_engine *e, pi2_err *err)
         return rc;
     eng_ofl_stream_end(e); /* a previous step that did not end */
     pthread_mutex_lock(&x->mu);
+    while (x->pf_sub > 0) /* a prefetch of the last decode step still reading */
+        pthread_cond_wait(&x->cv_compute, &x->mu);
     x->s_active = true;
     x->s_cancel = x->s_failed = false;
     x->s_next = x->s_consumed = 0;
@@ -1376,6 +1594,8 @@ void pi2_engine_offload_info_get(const pi2_engine *e, pi2_engine_offload_info *o
     out->parts_read = x->c_read;
     out->reads = x->c_reads;
     out->bytes_read = x->c_bytes;
+    out->parts_prefetched = x->c_pf;
+    out->prefetch_waits = x->c_pfwait;
     out->io_wait_s = x->c_wait;
     out->prefill_bytes_read = x->c_pre_bytes;
 }
@@ -1386,6 +1606,7 @@ void eng_ofl_stats_reset(pi2_engine *e)
     if (!x)
         return;
     x->c_parts = x->c_hot = x->c_hit = x->c_read = x->c_reads = x->c_bytes = x->c_pre_bytes = x->c_spec = 0;
+    x->c_pf = x->c_pfwait = 0;
     x->c_wait = 0;
 }
 

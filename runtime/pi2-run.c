@@ -414,12 +414,13 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
         tsum += g->lat[i];
     fprintf(f,
             "offload: hit rate %.1f%% (hot %.1f%%, cache %.1f%%, read %.1f%% of %.0f neuron parts/token) | read "
-            "%.2f MB/token in %.0f reads | I/O wait %.1f%% of decode time%s\n",
+            "%.2f MB/token in %.0f reads (%.0f parts read ahead) | I/O wait %.1f%% of decode time%s\n",
             in.parts ? 100.0 * (double)(in.parts_hot + in.parts_hit) / (double)in.parts : 100.0,
             in.parts ? 100.0 * (double)in.parts_hot / (double)in.parts : 0.0,
             in.parts ? 100.0 * (double)in.parts_hit / (double)in.parts : 0.0,
             in.parts ? 100.0 * (double)in.parts_read / (double)in.parts : 0.0, (double)in.parts / tok,
-            (double)in.bytes_read / tok / 1e6, (double)in.reads / tok, tsum > 0 ? 100.0 * in.io_wait_s / tsum : 0.0,
+            (double)in.bytes_read / tok / 1e6, (double)in.reads / tok, (double)in.parts_prefetched / tok,
+            tsum > 0 ? 100.0 * in.io_wait_s / tsum : 0.0,
             in.hot_locked ? " | hot segment locked" : "");
 }
 
@@ -619,7 +620,9 @@ static int run_bench(const run_opts *o)
                  ",\"mem_limit\":%llu,\"minimum_bytes\":%llu,\"planned_bytes\":%llu,\"footprint_bytes\":%llu,\"resident_bytes\":%llu,"
                  "\"hot_bytes\":%llu,\"cache_bytes\":%llu,\"ffn_bytes\":%llu,\"offloaded\":%.4f,\"hit_rate\":%.5f,"
                  "\"cache_hit_rate\":%.5f,\"read_bytes_per_token\":%.0f,\"reads_per_token\":%.1f,"
-                 "\"read_size\":%.0f,\"io_wait_share\":%.4f,\"io\":\"%s\",\"prefill_read_bytes\":%llu",
+                 "\"read_size\":%.0f,\"io_wait_share\":%.4f,\"io\":\"%s\",\"prefill_read_bytes\":%llu,"
+                 "\"parts_per_token\":%.0f,\"parts_read_per_token\":%.1f,\"prefetched_per_token\":%.1f,"
+                 "\"prefetch_waits_per_token\":%.1f",
                  (unsigned long long)in.mem_limit, (unsigned long long)in.minimum, (unsigned long long)in.planned,
                  (unsigned long long)pi2_engine_footprint(e), (unsigned long long)in.resident,
                  (unsigned long long)in.hot, (unsigned long long)in.cache, (unsigned long long)in.ffn_total,
@@ -627,7 +630,8 @@ static int run_bench(const run_opts *o)
                  in.parts > in.parts_hot ? (double)in.parts_hit / (double)(in.parts - in.parts_hot) : 1.0,
                  (double)in.bytes_read / ntok, (double)in.reads / ntok,
                  in.reads ? (double)in.bytes_read / (double)in.reads : 0.0, tot > 0 ? in.io_wait_s / tot : 0.0,
-                 in.backend, (unsigned long long)in.prefill_bytes_read);
+                 in.backend, (unsigned long long)in.prefill_bytes_read, (double)in.parts / ntok,
+                 (double)in.parts_read / ntok, (double)in.parts_prefetched / ntok, (double)in.prefetch_waits / ntok);
     }
     qsort(lat, (size_t)tg, sizeof *lat, cmp_double);
     pi2_engine_stats st;

@@ -32,12 +32,14 @@ bw=$(echo "$hw" | jget read_bytes_per_s)
 io=$("$B/pi2-run" --io-probe "$M")
 say "$hw"
 say "$io"
-# random-read throughput at depth 32 for a request size (nearest probed size at or above it)
+# random-read throughput at depth 32 for a request size: the probed size
+# nearest to it on a log scale
 io_rate() {
     echo "$io" | tr '{' '\n' | awk -v want="$1" -F'[:,]' '
         /"depth":32/ { for (i = 1; i < NF; i++) { if ($i == "\"size\"") s = $(i+1); if ($i == "\"bytes_per_s\"") r = $(i+1) }
-                       if (s >= want && (best == "" || s < bs)) { best = r; bs = s } last = r }
-        END { print (best == "" ? last : best) }'
+                       d = log(s / want); if (d < 0) d = -d
+                       if (best == "" || d < bd) { best = r; bd = d } }
+        END { print best }'
 }
 
 say "== fully in memory: pi2-run --bench (prompt $PP, $TG generated, $TH threads)"

@@ -14,7 +14,7 @@ void pi2_engine_defaults(pi2_engine_opts *o)
     memset(o, 0, sizeof *o);
     o->verify_ffn = true;
     o->preload = true;
-    o->hot_share = 0.5;
+    o->hot_share = 1.0;
     o->io_depth = 64;
 }
 

@@ -64,7 +64,7 @@ typedef struct pi2_engine_opts {
      * plus the page cache it causes, is planned to stay under mem_limit:
      * see runtime/engine_offload.h. */
     uint64_t mem_limit;         /* bytes */
-    double hot_share;           /* share of the FFN budget for the hot segment (default 0.5) */
+    double hot_share;           /* share of the FFN budget for the hot segment (default 1) */
     int io_backend;             /* pi2_io_backend (default auto) */
     int io_depth;               /* reads in flight (default 64) */
     bool lock_hot;              /* mlock the hot segment where permitted */

@@ -498,8 +498,9 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
         /* offloading: read the neurons this layer's FFN will likely need
          * while its attention computes (predicted from the residual before
          * attention) */
-        if (decode && e->ofl && !e->dense && !pi2_desc_is_moe(d) && L->ffn[0].has_pred)
+        if (decode && e->ofl && !e->dense && !pi2_desc_is_moe(d) && L->ffn[0].has_pred) {
             eng_ofl_prefetch(e, &L->ffn[0], e->x);
+        }
         float *kc = e->kc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
         float *vc = e->vc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
         for (int t = 0; t < T; t++)

@@ -24,6 +24,7 @@
 #define OFL_OVERHEAD (32ull << 20)   /* code, stacks, allocator slack */
 #define OFL_POLL_US 50               /* I/O thread poll while reads are in flight */
 #define OFL_SPIN 4000                /* compute thread spins before sleeping */
+#define OFL_PF_SETS 4                /* read-ahead sets in flight */
 
 enum { P_FULL = 0, P_GATE = 1, P_UD = 2 };
 enum { CH_WAIT = 0, CH_IO, CH_READY, CH_UD_WAIT, CH_UD_IO, CH_UD_READY, CH_DONE };
@@ -152,7 +153,7 @@ typedef struct eng_ofl {
         uint32_t *pos;        /* [n_ff]: neuron -> prefetch position + 1 while in flight */
         uint32_t *wait;       /* [n_ff]: neuron -> decode position + 1 waiting for it */
         uint32_t sub;         /* reads queued or in flight */
-    } pf[2];                  /* alternating, so one layer's late reads don't hold up the next */
+    } pf[OFL_PF_SETS];        /* a ring, so one layer's late reads don't hold up the next */
     int pf_cur;
     uint32_t pf_sub;          /* reads of both */
     float *pf_in;             /* normed residual [D] */
@@ -366,7 +367,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     x->ready_cap = 2 * x->max_ch + 4;
     uint64_t mine = (uint64_t)x->depth * (x->staging_bytes + sizeof(ofl_req) + sizeof(void *)) +
                     OFL_NWIN * x->wbuf_bytes + (uint64_t)x->max_ch * D * 4 + x->rq_cap * sizeof(ofl_rd) +
-                    (uint64_t)max_sel * (4 * 4 + 1) + (uint64_t)max_sel * (2 * (5 * 4 + 1) + 4) + D * 4 +
+                    (uint64_t)max_sel * (4 * 4 + 1) + (uint64_t)max_sel * (OFL_PF_SETS * (5 * 4 + 1) + 4) + D * 4 +
                     (uint64_t)x->max_ch * (sizeof(ofl_chunk) + 4 * 4 + 10) +
                     (uint64_t)x->n_ffn * 64;
     /* cache indexes: 4 bytes per neuron per cache, plus slot records */
@@ -521,7 +522,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     x->subs = pi2_malloc_array((size_t)x->depth, sizeof *x->subs);
     x->win_first = pi2_malloc_array(x->n_ffn + 1, sizeof *x->win_first);
     bool pf_ok = true;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < OFL_PF_SETS; p++) {
         struct ofl_pf *P = &x->pf[p];
         P->fi = UINT32_MAX;
         P->sel = pi2_malloc_array(max_sel, sizeof *P->sel);
@@ -623,7 +624,7 @@ void eng_ofl_close(pi2_engine *e)
     free(x->subs);
     free(x->win);
     free(x->win_first);
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < OFL_PF_SETS; p++) {
         free(x->pf[p].sel);
         free(x->pf[p].gslot);
         free(x->pf[p].uslot);
@@ -754,9 +755,9 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
     uint8_t held = ud ? F_UHELD : F_GHELD, miss = ud ? F_UMISS : F_GMISS;
     x->c_parts += b - a;
     x->c_hot += (b - a) - need;
-    struct ofl_pf *pfs[2];
+    struct ofl_pf *pfs[OFL_PF_SETS];
     int n_pfs = 0;
-    for (int p = 0; part != P_UD && p < 2; p++)
+    for (int p = 0; part != P_UD && p < OFL_PF_SETS; p++)
         if (x->pf[p].fi == x->fi && x->pf[p].sub > 0)
             pfs[n_pfs++] = &x->pf[p];
     int n_wait = 0;
@@ -764,7 +765,9 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
         uint32_t k = pos_at(x, part, idx), i = x->sel[k];
         if (i < hot)
             continue;
-        struct ofl_pf *P = n_pfs > 0 && pfs[0]->pos[i] ? pfs[0] : n_pfs > 1 && pfs[1]->pos[i] ? pfs[1] : NULL;
+        struct ofl_pf *P = NULL;
+        for (int p = 0; p < n_pfs && !P; p++)
+            P = pfs[p]->pos[i] ? pfs[p] : NULL;
         if (P) { /* being read by the prefetch: it hands the part over */
             P->wait[i] = k + 1;
             x->flag[k] |= F_PFWAIT;
@@ -1019,7 +1022,7 @@ void eng_ofl_prefetch(pi2_engine *e, const eng_ffn *f, const float *xres)
     uint32_t n = eng_predict(e, f, x->pf_in, x->pf_list);
     uint32_t fi = ffn_index(x, f), hot = x->hot_n[fi];
     pthread_mutex_lock(&x->mu);
-    int set = x->pf_cur ^= 1;
+    int set = x->pf_cur = (x->pf_cur + 1) % OFL_PF_SETS;
     struct ofl_pf *P = &x->pf[set];
     while (P->sub > 0) /* the prefetch two layers back is still reading */
         pthread_cond_wait(&x->cv_compute, &x->mu);
@@ -1392,7 +1395,7 @@ static void job_cleanup(eng_ofl *x)
         if (fl & (F_UMISS | F_SPEC))
             pi2_ncache_abort(x->cu, x->uslot[k]);
         if (fl & F_PFWAIT) {
-            for (int p = 0; p < 2; p++)
+            for (int p = 0; p < OFL_PF_SETS; p++)
                 if (x->pf[p].fi == x->fi)
                     x->pf[p].wait[x->sel[k]] = 0;
         }

@@ -45,7 +45,8 @@ static void usage(FILE *f)
             "  --mem-limit SIZE   offload: keep the whole footprint (RSS plus the page cache it\n"
             "                     causes) under SIZE (e.g. 3G, 512M); FFN weights are read from\n"
             "                     the file with direct I/O into a neuron cache as they are needed\n"
-            "  --hot-share F      offload: share of the FFN memory for the hot segment (default 0.5)\n"
+            "  --hot-share F      offload: share of the FFN memory for the hot segment (default 1: all\n"
+            "                     but the smallest neuron cache)\n"
             "  --io NAME          offload: reader, auto, uring or pread (default auto)\n"
             "  --io-depth N       offload: reads in flight (default 64)\n"
             "  --mlock            offload: pin the hot segment in memory (where permitted)\n"
@@ -858,7 +859,7 @@ int main(int argc, char **argv)
         {"plan-only", no_argument, 0, O_PLAN},        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     run_opts o = {.prompt = "", .n_predict = 64, .verify_ffn = true, .bench_pp = 128, .bench_tg = 64,
-                  .hot_share = 0.5, .io_depth = 64,
+                  .hot_share = 1.0, .io_depth = 64,
                   .ppl_tokens = 512, .so = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 1}};
     long long v;
     double dv;

@@ -15,6 +15,7 @@ void pi2_engine_defaults(pi2_engine_opts *o)
     o->verify_ffn = true;
     o->preload = true;
     o->hot_share = 1.0;
+    o->lock_hot = true;
     o->io_depth = 64;
 }
 

@@ -84,6 +84,7 @@ typedef struct eng_ofl {
     uint64_t *hot_len;
     uint32_t *hot_n;        /* hot neurons */
     bool two_phase;
+    bool spec;              /* two-phase: read up+down along with a missing gate */
     uint64_t R, S, Pg;      /* row bytes, slot bytes, gate part */
     uint32_t g;             /* neurons per group */
     pi2_ncache *cg, *cu;    /* one-phase: cg holds whole neurons; two-phase: gates, up+down */
@@ -329,6 +330,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     x->E = pi2_desc_is_moe(d) ? (uint32_t)d->n_experts : 1;
     x->n_ffn = (uint32_t)d->n_layers * x->E;
     x->two_phase = e->bl->two_phase;
+    x->spec = x->two_phase && o->updown_with_gate;
     x->R = e->bl->row_bytes;
     x->bl = pi2_calloc_array(x->n_ffn, sizeof *x->bl);
     x->file_off = pi2_calloc_array(x->n_ffn, sizeof *x->file_off);
@@ -796,7 +798,7 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
         }
         x->c_read++;
     }
-    if (part == P_GATE) { /* read up+down along with each missing gate: one read, one round trip */
+    if (part == P_GATE && x->spec) { /* read up+down along with each missing gate: one read, one round trip */
         uint32_t want = 0;
         for (uint32_t idx = a; idx < b; idx++)
             want += (x->flag[idx] & F_GMISS) && !pi2_ncache_contains(x->cu, x->fi, x->sel[idx]);
@@ -1043,7 +1045,7 @@ void eng_ofl_prefetch(pi2_engine *e, const eng_ffn *f, const float *xres)
         P->sel[m] = i;
         P->flag[m] = F_GMISS;
         P->pos[i] = m + 1;
-        if (x->two_phase && room_u > 0 && !pi2_ncache_contains(x->cu, fi, i) &&
+        if (x->spec && room_u > 0 && !pi2_ncache_contains(x->cu, fi, i) &&
             pi2_ncache_reserve(x->cu, fi, i, false, &P->uslot[m], &er)) {
             P->flag[m] |= F_SPEC;
             room_u--;

@@ -49,7 +49,9 @@ static void usage(FILE *f)
             "                     but the smallest neuron cache)\n"
             "  --io NAME          offload: reader, auto, uring or pread (default auto)\n"
             "  --io-depth N       offload: reads in flight (default 64)\n"
-            "  --mlock            offload: pin the hot segment in memory (where permitted)\n"
+            "  --no-mlock         offload: do not pin the hot segment (pinned where permitted)\n"
+            "  --updown-with-gate offload, dReLU: read a missing gate's up/down rows in the same\n"
+            "                     read (default: only once the gate fired)\n"
             "  --plan-only        offload: print the memory plan for --mem-limit as JSON and stop\n"
             "  --ctx N            KV cache positions (default: prompt + -n)\n"
             "  --isa NAME         force the kernels: scalar, avx2, avx512vnni (default: best)\n"
@@ -78,7 +80,7 @@ typedef struct run_opts {
     const char *model, *ref, *prompt, *pubkey, *ppl, *io_probe;
     long long n_predict;
     int threads, ctx;
-    bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe, mlock, plan_only;
+    bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe, no_mlock, plan_only, updown_with_gate;
     uint64_t mem_limit;
     double hot_share;
     int io_backend, io_depth;
@@ -353,7 +355,8 @@ static int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
     eo.hot_share = o->hot_share;
     eo.io_backend = o->io_backend;
     eo.io_depth = o->io_depth;
-    eo.lock_hot = o->mlock;
+    eo.lock_hot = !o->no_mlock;
+    eo.updown_with_gate = o->updown_with_gate;
     eo.plan_only = o->plan_only;
     rc = pi2_engine_open(e, &eo, err);
     pi2_sign_key_free(key);
@@ -839,7 +842,7 @@ int main(int argc, char **argv)
     enum {
         O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS, O_DENSE, O_PUBKEY, O_TRUST, O_NOVERIFY,
         O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE, O_MEM, O_HOT, O_IO, O_IODEPTH, O_MLOCK,
-        O_IOPROBE, O_PLAN
+        O_IOPROBE, O_PLAN, O_GATEFIRST
     };
     static const struct option opts[] = {
         {"reference", required_argument, 0, O_REF},   {"prompt", required_argument, 0, 'p'},
@@ -855,7 +858,8 @@ int main(int argc, char **argv)
         {"ppl-tokens", required_argument, 0, O_PPLN}, {"hw-probe", no_argument, 0, O_PROBE},
         {"mem-limit", required_argument, 0, O_MEM},   {"hot-share", required_argument, 0, O_HOT},
         {"io", required_argument, 0, O_IO},           {"io-depth", required_argument, 0, O_IODEPTH},
-        {"mlock", no_argument, 0, O_MLOCK},           {"io-probe", required_argument, 0, O_IOPROBE},
+        {"no-mlock", no_argument, 0, O_MLOCK},        {"updown-with-gate", no_argument, 0, O_GATEFIRST},
+        {"io-probe", required_argument, 0, O_IOPROBE},
         {"plan-only", no_argument, 0, O_PLAN},        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     run_opts o = {.prompt = "", .n_predict = 64, .verify_ffn = true, .bench_pp = 128, .bench_tg = 64,
@@ -923,7 +927,8 @@ int main(int argc, char **argv)
                 rc = pi2_err_set(&err, PI2_EINVAL, "--io: '%s' is not one of auto, uring, pread", optarg);
             break;
         case O_IODEPTH: rc = pi2_parse_int("--io-depth", optarg, 1, 4096, &v, &err); o.io_depth = (int)v; break;
-        case O_MLOCK: o.mlock = true; break;
+        case O_MLOCK: o.no_mlock = true; break;
+        case O_GATEFIRST: o.updown_with_gate = true; break;
         case O_IOPROBE: o.io_probe = optarg; break;
         case O_PLAN: o.plan_only = true; break;
         case 'h': usage(stdout); return 0;

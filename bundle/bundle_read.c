@@ -111,7 +111,8 @@ static int check_signature(pi2_bundle *b, const pi2_ctr_member *mj, const pi2_ct
         want[0] = 0;
     if (want[0])
         return pi2_err_set(err, PI2_ESIG, "%s: %s does not verify: the manifest says another key (%s) signed it, not "
-                                          "the given public key (%s)", p, PI2_MF_SIG_NAME, want, have);
+                                          "the given public key (%s); give the signer's public key",
+                           p, PI2_MF_SIG_NAME, want, have);
     return pi2_err_set(err, PI2_ESIG, "%s: %s does not verify with key %s: the manifest was modified or the "
                                       "signature is corrupt", p, PI2_MF_SIG_NAME, have);
 }

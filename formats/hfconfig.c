@@ -269,8 +269,13 @@ static int parse_object(json_t *root, pi2_model_desc *out, const char *name, pi2
     for (ai = 0; ai < N_ARCH; ai++)
         if (strcmp(s, arch_table[ai].type) == 0)
             break;
-    if (ai == N_ARCH)
-        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: unsupported model_type \"%.64s\"", name, s);
+    if (ai == N_ARCH) {
+        char known[160] = "";
+        for (size_t k = 0; k < N_ARCH; k++)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", k ? ", " : "", arch_table[k].type);
+        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: unsupported model_type \"%.64s\" (pi2 runs %s)", name, s,
+                           known);
+    }
     d.arch = arch_table[ai].arch;
 
     if ((rc = get_string(root, "hidden_act", &s, name, err)))

@@ -68,8 +68,8 @@ typedef struct pi2_engine_opts {
     int io_backend;             /* pi2_io_backend (default auto) */
     int io_depth;               /* reads in flight (default 64) */
     bool lock_hot;              /* mlock the hot segment where permitted (default true) */
-    bool updown_with_gate;      /* two-phase models: read up+down along with a missing gate
-                                   (default false: only once the gate fired) */
+    bool gate_first;            /* two-phase models: read up+down only once the gate fired
+                                   (default false: along with a missing gate, one read) */
     bool plan_only;             /* offloading: make the plan and stop (no payload is read;
                                    only pi2_engine_offload_info_get and close are valid) */
 } pi2_engine_opts;

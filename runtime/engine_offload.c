@@ -330,7 +330,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     x->E = pi2_desc_is_moe(d) ? (uint32_t)d->n_experts : 1;
     x->n_ffn = (uint32_t)d->n_layers * x->E;
     x->two_phase = e->bl->two_phase;
-    x->spec = x->two_phase && o->updown_with_gate;
+    x->spec = x->two_phase && !o->gate_first;
     x->R = e->bl->row_bytes;
     x->bl = pi2_calloc_array(x->n_ffn, sizeof *x->bl);
     x->file_off = pi2_calloc_array(x->n_ffn, sizeof *x->file_off);

@@ -61,12 +61,15 @@
  *   compute  one-phase: gate, then up where the gate fired, then the down
  *            rows of the active neurons added into the chunk's own partial
  *            output; two-phase: gates first, then (I/O) up+down of the fired
- *            neurons only, admitted like gates, then up and down. With
- *            updown_with_gate a missing gate's read runs on through its
- *            up+down rows instead (one read and one round trip instead of
- *            two, cached unheld): on the generated 7B-shaped model at 50%
- *            offload both ran at the same speed, the default reads 2.2x
- *            fewer bytes;
+ *            neurons only, admitted like gates, then up and down. By default
+ *            a missing gate's read runs on through its up+down rows (one
+ *            read and one round trip instead of two; cached unheld, held by
+ *            the up+down step if the gate fires); gate_first reads up+down
+ *            only once the gate fired. Measured on the generated 7B-shaped
+ *            model (make bench): 25% offloaded 13.5 vs 10.5 tok/s, 50% the
+ *            same speed with 2.2x the bytes, 75% 2.50 vs 2.35 tok/s: on this
+ *            disk a 16 KiB random read costs little more than a 4 KiB one,
+ *            and the second round trip is exposed;
  *   reduce   the chunks' partial outputs are summed in chunk order.
  * Each chunk's neurons and their order do not depend on what was cached, so
  * the result is bit-identical whatever the memory limit.

@@ -50,8 +50,8 @@ static void usage(FILE *f)
             "  --io NAME          offload: reader, auto, uring or pread (default auto)\n"
             "  --io-depth N       offload: reads in flight (default 64)\n"
             "  --no-mlock         offload: do not pin the hot segment (pinned where permitted)\n"
-            "  --updown-with-gate offload, dReLU: read a missing gate's up/down rows in the same\n"
-            "                     read (default: only once the gate fired)\n"
+            "  --gate-first       offload, dReLU: read up/down rows only once the gate fired\n"
+            "                     (default: in the same read as a missing gate)\n"
             "  --plan-only        offload: print the memory plan for --mem-limit as JSON and stop\n"
             "  --ctx N            KV cache positions (default: prompt + -n)\n"
             "  --isa NAME         force the kernels: scalar, avx2, avx512vnni (default: best)\n"
@@ -80,7 +80,7 @@ typedef struct run_opts {
     const char *model, *ref, *prompt, *pubkey, *ppl, *io_probe;
     long long n_predict;
     int threads, ctx;
-    bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe, no_mlock, plan_only, updown_with_gate;
+    bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe, no_mlock, plan_only, gate_first;
     uint64_t mem_limit;
     double hot_share;
     int io_backend, io_depth;
@@ -356,7 +356,7 @@ static int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
     eo.io_backend = o->io_backend;
     eo.io_depth = o->io_depth;
     eo.lock_hot = !o->no_mlock;
-    eo.updown_with_gate = o->updown_with_gate;
+    eo.gate_first = o->gate_first;
     eo.plan_only = o->plan_only;
     rc = pi2_engine_open(e, &eo, err);
     pi2_sign_key_free(key);
@@ -858,7 +858,7 @@ int main(int argc, char **argv)
         {"ppl-tokens", required_argument, 0, O_PPLN}, {"hw-probe", no_argument, 0, O_PROBE},
         {"mem-limit", required_argument, 0, O_MEM},   {"hot-share", required_argument, 0, O_HOT},
         {"io", required_argument, 0, O_IO},           {"io-depth", required_argument, 0, O_IODEPTH},
-        {"no-mlock", no_argument, 0, O_MLOCK},        {"updown-with-gate", no_argument, 0, O_GATEFIRST},
+        {"no-mlock", no_argument, 0, O_MLOCK},        {"gate-first", no_argument, 0, O_GATEFIRST},
         {"io-probe", required_argument, 0, O_IOPROBE},
         {"plan-only", no_argument, 0, O_PLAN},        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
@@ -928,7 +928,7 @@ int main(int argc, char **argv)
             break;
         case O_IODEPTH: rc = pi2_parse_int("--io-depth", optarg, 1, 4096, &v, &err); o.io_depth = (int)v; break;
         case O_MLOCK: o.no_mlock = true; break;
-        case O_GATEFIRST: o.updown_with_gate = true; break;
+        case O_GATEFIRST: o.gate_first = true; break;
         case O_IOPROBE: o.io_probe = optarg; break;
         case O_PLAN: o.plan_only = true; break;
         case 'h': usage(stdout); return 0;

@@ -121,13 +121,13 @@ static int clear_faults(void **state)
 
 /* Open path with mem_limit (0: all in memory); NULL with *rc and err on
  * failure. */
-static bool g_updown; /* open with updown_with_gate */
+static bool g_gate_first; /* open with gate_first */
 
 static pi2_engine *try_open(const char *path, uint64_t limit, double hot_share, bool dense, int *rc, pi2_err *err)
 {
     pi2_engine_opts o;
     pi2_engine_defaults(&o);
-    o.updown_with_gate = g_updown;
+    o.gate_first = g_gate_first;
     o.path = path;
     o.pubkey = g_pubkey;
     o.threads = 2;
@@ -250,12 +250,12 @@ static void same_tokens(kind k, bool dense)
             100.0 * (double)(b.parts_hit + b.parts_hot) / (double)b.parts, rel, agree, STEPS + 1);
     assert_memory_equal(lg, lt, n * sizeof(float));
     assert_memory_equal(ig, it, sizeof ig);
-    if (k == K_DRELU || k == K_MOE) { /* up+down read along with missing gates: the same */
-        g_updown = true;
+    if (k == K_DRELU || k == K_MOE) { /* up+down read only once the gate fired: the same */
+        g_gate_first = true;
         pi2_engine *gf = open_at(path, minimum + 4096, 0.0, dense);
         assert_int_equal(run_greedy(gf, lt, it, &e), 0);
         pi2_engine_close(gf);
-        g_updown = false;
+        g_gate_first = false;
         assert_memory_equal(lg, lt, n * sizeof(float));
     }
     /* vs in memory: the same weights, sums in another order */

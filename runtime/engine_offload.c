@@ -1208,6 +1208,22 @@ static void *io_main(void *arg)
 
 /* ---------------- compute side of a decode job ---------------- */
 
+/* The down columns of the a active neurons gathered in s->pp2 / ps2 / coef,
+ * added in that order into chunk c's own partial output. */
+static void chunk_down(eng_ofl *x, eng_tls *s, uint32_t c, int a)
+{
+    const eng_ffn *f = x->f;
+    int64_t D = x->e->d.hidden;
+    if (a > 0) {
+        float *part = x->parts + (size_t)c * (size_t)D;
+        memset(part, 0, (size_t)D * sizeof(float));
+        pi2_k_axpy_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, part);
+        x->ch[c].has_out = true;
+    }
+    s->active += (uint64_t)a;
+    s->bytes += (uint64_t)a * f->down.row_bytes;
+}
+
 /* One-phase chunk, or the gate step of a two-phase chunk. */
 static uint8_t run_gates(eng_ofl *x, eng_tls *s, uint32_t c)
 {
@@ -1262,14 +1278,8 @@ static uint8_t run_gates(eng_ofl *x, eng_tls *s, uint32_t c)
         s->coef[a] = v;
         a++;
     }
-    float *part = x->parts + (size_t)c * (size_t)D;
-    if (a > 0) {
-        memset(part, 0, (size_t)D * sizeof(float));
-        pi2_k_axpy_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, part);
-        C->has_out = true;
-    }
-    s->active += (uint64_t)a;
-    s->bytes += (uint64_t)m * f->up.row_bytes + (uint64_t)a * f->down.row_bytes;
+    chunk_down(x, s, c, a);
+    s->bytes += (uint64_t)m * f->up.row_bytes;
     return M_DONE;
 }
 
@@ -1298,14 +1308,8 @@ static void run_updown(eng_ofl *x, eng_tls *s, uint32_t c)
         s->coef[a] = v;
         a++;
     }
-    float *part = x->parts + (size_t)c * (size_t)D;
-    if (a > 0) {
-        memset(part, 0, (size_t)D * sizeof(float));
-        pi2_k_axpy_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, part);
-        C->has_out = true;
-    }
-    s->active += (uint64_t)a;
-    s->bytes += (uint64_t)nf * f->up.row_bytes + (uint64_t)a * f->down.row_bytes;
+    chunk_down(x, s, c, a);
+    s->bytes += (uint64_t)nf * f->up.row_bytes;
 }
 
 static void compute_fn(void *ctx, int tid, int nt)

@@ -423,14 +423,14 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         hot_total += x->hot_len[fi];
     }
     uint64_t cache_budget = budget - hot_total;
-    /* cache slots: two-phase splits 40% gates / 60% up+down */
+    /* cache slots: the smallest cache of each kind, then the rest split 1 : 2
+     * between gates and up+down in two-phase layouts (R : 2R per neuron) */
     uint32_t slots[2] = {0, 0};
+    uint64_t extra = hot_total == ffn_total || cache_budget < min_cache ? 0 : cache_budget - min_cache;
     for (int k = 0; k < n_caches; k++) {
-        double share = n_caches == 1 ? 1.0 : (k == 0 ? 1.0 / 3 : 2.0 / 3); /* R : 2R per neuron */
+        double share = n_caches == 1 ? 1.0 : (k == 0 ? 1.0 / 3 : 2.0 / 3);
         uint64_t st = stride_of(part_unit(x, kinds[k])) + 32;
-        uint64_t n = hot_total == ffn_total ? 0 : (uint64_t)((double)cache_budget * share) / st;
-        if (n < min_slots) /* the smallest cache (never used when all is hot) */
-            n = min_slots;
+        uint64_t n = min_slots + (uint64_t)((double)extra * share) / st;
         if (n > (uint64_t)x->n_ffn * d->n_ff) /* more slots than neurons is waste */
             n = (uint64_t)x->n_ffn * d->n_ff;
         if (n > UINT32_MAX - 1)

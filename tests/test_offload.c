@@ -324,6 +324,45 @@ static void test_limits_and_readers(void **state)
     free(ref);
 }
 
+/* The memory plan: under the limit at every limit, more hot bytes and less
+ * offloaded as the limit grows, everything hot once it holds all of it. */
+static void test_plan(void **state)
+{
+    (void)state;
+    for (int k = 0; k < K_COUNT; k++) {
+        const char *path = g_pi2[k];
+        uint64_t minimum = minimum_of(path), ffn = 0, last_hot = 0;
+        double last_off = 2.0;
+        for (int step = 0; step <= 10; step++) {
+            pi2_engine_opts o;
+            pi2_engine_defaults(&o);
+            o.path = path;
+            o.pubkey = g_pubkey;
+            o.threads = 2;
+            o.ctx = CTX;
+            o.plan_only = true;
+            o.mem_limit = minimum + (step == 0 ? 0 : ffn * (uint64_t)step / 8 + 1);
+            pi2_engine *eng = NULL;
+            pi2_err e = {0};
+            if (pi2_engine_open(&eng, &o, &e))
+                fail_msg("plan %d: %s", step, e.msg);
+            pi2_engine_offload_info in;
+            pi2_engine_offload_info_get(eng, &in);
+            pi2_engine_close(eng);
+            ffn = in.ffn_total;
+            assert_true(in.planned <= in.mem_limit);
+            assert_true(in.resident + in.kv + in.buffers + in.overhead + in.hot + in.cache == in.planned);
+            assert_true(in.hot >= last_hot);
+            assert_true(in.offloaded <= last_off);
+            if (o.mem_limit >= minimum + ffn)
+                assert_true(in.offloaded == 0.0 && in.hot == ffn);
+            last_hot = in.hot;
+            last_off = in.offloaded;
+        }
+        assert_true(last_off == 0.0);
+    }
+}
+
 /* ---- faults ---- */
 
 static void copy_file(const char *from, const char *to)
@@ -600,6 +639,7 @@ int main(void)
         cmocka_unit_test_teardown(test_same_tokens, clear_faults),
         cmocka_unit_test_teardown(test_same_tokens_dense, clear_faults),
         cmocka_unit_test_teardown(test_limits_and_readers, clear_faults),
+        cmocka_unit_test_teardown(test_plan, clear_faults),
         cmocka_unit_test_teardown(test_eio_and_recovery, clear_faults),
         cmocka_unit_test_teardown(test_no_uring, clear_faults),
         cmocka_unit_test_teardown(test_truncated_and_replaced, clear_faults),

@@ -105,7 +105,7 @@ typedef struct eng_ofl {
     uint32_t fi;
     int mode;
     const uint32_t *sel;
-    uint32_t n_sel, n_ch, next_admit, n_done, outstanding;
+    uint32_t n_sel, n_ch, next_admit, n_done;
     uint32_t max_ch;
     ofl_chunk *ch;
     uint32_t *ud_wait, ud_head, ud_n;

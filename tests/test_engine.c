@@ -17,6 +17,7 @@
 #include "runtime/engine.h"
 #include "runtime/reference.h"
 #include "tests/testjson.h"
+#include "tests/testmodel.h"
 #include "tests/testutil.h"
 
 #include <fcntl.h>
@@ -484,28 +485,8 @@ static void golden(const char *name, pi2_qtype qffn, bool must_agree)
     json_t *exp = load_json(path);
     json_t *cases = json_object_get(exp, "cases");
     pi2_err e = {0};
-    char conv[160], out[160];
-    snprintf(conv, sizeof conv, "%s/%s.pi2c", g_dir, name);
-    snprintf(out, sizeof out, "%s/%s.pi2", g_dir, name);
-    pi2_convert_opts co;
-    pi2_convert_defaults(&co);
-    co.model_dir = dir;
-    co.out_path = conv;
-    co.calib_tokens = 512;
-    co.quiet = true;
-    co.threads = 1; /* OpenBLAS threads synchronise in ways ThreadSanitizer cannot see */
-    co.q_ffn = qffn;
-    co.q_other = PI2_QT_Q8;
-    if (pi2_convert(&co, NULL, &e))
-        fail_msg("convert: %s", e.msg);
-    pi2_bundle_opts bo;
-    pi2_bundle_defaults(&bo);
-    bo.in_path = conv;
-    bo.out_path = out;
-    bo.key = g_key;
-    bo.quiet = true;
-    if (pi2_bundle_create(&bo, NULL, &e))
-        fail_msg("bundle: %s", e.msg);
+    char out[1200];
+    pi2t_convert_bundle(dir, g_dir, name, qffn, 0, g_key, out, sizeof out);
     pi2_engine *eng = open_model(out, 2, true);
     const pi2_model_desc *d = pi2_engine_desc(eng);
     float *lg = malloc(sizeof(float) * d->vocab);

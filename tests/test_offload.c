@@ -18,6 +18,7 @@
 #include "runtime/engine.h"
 #include "runtime/io.h"
 #include "tests/testjson.h"
+#include "tests/testmodel.h"
 #include "tests/testutil.h"
 
 #include <errno.h>
@@ -553,29 +554,8 @@ static void golden_offload(const char *name, bool must_agree)
     json_t *exp = load_json(path);
     json_t *cases = json_object_get(exp, "cases");
     pi2_err e = {0};
-    char conv[160], out[160];
-    snprintf(conv, sizeof conv, "%s/%s.pi2c", g_dir, name);
-    snprintf(out, sizeof out, "%s/%s.pi2", g_dir, name);
-    pi2_convert_opts co;
-    pi2_convert_defaults(&co);
-    co.model_dir = dir;
-    co.out_path = conv;
-    co.calib_tokens = 512;
-    co.quiet = true;
-    co.threads = 1; /* OpenBLAS threads synchronise in ways ThreadSanitizer cannot see */
-    co.q_ffn = PI2_QT_Q8;
-    co.q_other = PI2_QT_Q8;
-    if (pi2_convert(&co, NULL, &e))
-        fail_msg("convert: %s", e.msg);
-    pi2_bundle_opts bo;
-    pi2_bundle_defaults(&bo);
-    bo.in_path = conv;
-    bo.out_path = out;
-    bo.key = g_key;
-    bo.quiet = true;
-    bo.io_unit = 4096;
-    if (pi2_bundle_create(&bo, NULL, &e))
-        fail_msg("bundle: %s", e.msg);
+    char out[1200];
+    pi2t_convert_bundle(dir, g_dir, name, PI2_QT_Q8, 4096, g_key, out, sizeof out);
     uint64_t minimum = minimum_of(out);
     uint64_t limits[2] = {1ull << 40, minimum + 4096};
     int32_t first[8][64];

@@ -161,7 +161,7 @@ typedef struct eng_ofl {
     uint32_t *pf_list;        /* predictor output [n_ff] */
 
     /* counters (under mu) */
-    uint64_t c_parts, c_hot, c_hit, c_read, c_reads, c_bytes, c_pre_bytes, c_spec, c_pf, c_pfwait;
+    uint64_t c_parts, c_hot, c_hit, c_read, c_reads, c_bytes, c_pre_bytes, c_pf, c_pfwait;
     double c_wait;
 } eng_ofl;
 
@@ -905,7 +905,6 @@ static void decode_landed(eng_ofl *x, const ofl_rd *rd)
         if (x->flag[k] & F_SPEC) { /* cached, not held: the up+down step holds it if the gate fires */
             pi2_ncache_commit(x->cu, x->uslot[k]);
             x->flag[k] &= (uint8_t)~F_SPEC;
-            x->c_spec++;
         }
     }
     x->c_reads++;
@@ -1614,7 +1613,7 @@ void eng_ofl_stats_reset(pi2_engine *e)
     eng_ofl *x = e->ofl;
     if (!x)
         return;
-    x->c_parts = x->c_hot = x->c_hit = x->c_read = x->c_reads = x->c_bytes = x->c_pre_bytes = x->c_spec = 0;
+    x->c_parts = x->c_hot = x->c_hit = x->c_read = x->c_reads = x->c_bytes = x->c_pre_bytes = 0;
     x->c_pf = x->c_pfwait = 0;
     x->c_wait = 0;
 }

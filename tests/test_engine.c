@@ -486,7 +486,8 @@ static void golden(const char *name, pi2_qtype qffn, bool must_agree)
     json_t *cases = json_object_get(exp, "cases");
     pi2_err e = {0};
     char out[1200];
-    pi2t_convert_bundle(dir, g_dir, name, qffn, 0, g_key, out, sizeof out);
+    if (pi2t_convert_bundle(dir, g_dir, name, qffn, 0, g_key, out, sizeof out, &e))
+        fail_msg("%s: %s", name, e.msg);
     pi2_engine *eng = open_model(out, 2, true);
     const pi2_model_desc *d = pi2_engine_desc(eng);
     float *lg = malloc(sizeof(float) * d->vocab);

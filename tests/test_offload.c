@@ -42,9 +42,8 @@ enum { STEPS = 24, PROMPT = 10, CTX = 64 };
 
 static int make_model(kind k, pi2_err *e)
 {
-    char src[160], conv[160];
+    char src[160];
     snprintf(src, sizeof src, "%s/%s", g_dir, kind_name[k]);
-    snprintf(conv, sizeof conv, "%s/%s.pi2c", g_dir, kind_name[k]);
     pi2_synth_opts so;
     if (pi2_synth_preset("small", &so, e))
         return -1;
@@ -63,24 +62,12 @@ static int make_model(kind k, pi2_err *e)
     }
     if (pi2_synth_write(src, &so, NULL, NULL, e))
         return -1;
-    pi2_convert_opts co;
-    pi2_convert_defaults(&co);
-    co.model_dir = src;
-    co.out_path = conv;
-    co.calib_tokens = 512;
-    co.quiet = true;
-    co.threads = 1; /* OpenBLAS threads synchronise in ways ThreadSanitizer cannot see */
-    co.q_ffn = k == K_RELU_Q8 ? PI2_QT_Q8 : PI2_QT_Q4;
-    if (pi2_convert(&co, NULL, e))
-        return -1;
-    pi2_bundle_opts bo;
-    pi2_bundle_defaults(&bo);
-    bo.in_path = conv;
-    bo.out_path = g_pi2[k];
-    bo.key = g_key;
-    bo.quiet = true;
-    bo.io_unit = 4096; /* small groups: many reads per token on these small shapes */
-    return pi2_bundle_create(&bo, NULL, e) ? -1 : 0;
+    /* small I/O units: many reads per token on these small shapes */
+    char out[1200];
+    return pi2t_convert_bundle(src, g_dir, kind_name[k], k == K_RELU_Q8 ? PI2_QT_Q8 : PI2_QT_Q4, 4096, g_key, out,
+                               sizeof out, e)
+               ? -1
+               : 0;
 }
 
 static int group_setup(void **state)
@@ -555,7 +542,8 @@ static void golden_offload(const char *name, bool must_agree)
     json_t *cases = json_object_get(exp, "cases");
     pi2_err e = {0};
     char out[1200];
-    pi2t_convert_bundle(dir, g_dir, name, PI2_QT_Q8, 4096, g_key, out, sizeof out);
+    if (pi2t_convert_bundle(dir, g_dir, name, PI2_QT_Q8, 4096, g_key, out, sizeof out, &e))
+        fail_msg("%s: %s", name, e.msg);
     uint64_t minimum = minimum_of(out);
     uint64_t limits[2] = {1ull << 40, minimum + 4096};
     int32_t first[8][64];

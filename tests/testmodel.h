@@ -1,5 +1,5 @@
 /* Test helper: convert a model directory and bundle it, as the golden tests
- * of the engine and of offloading both need. Fails the test on error. */
+ * of the engine and the fixtures of offloading need. */
 #ifndef PI2_TESTMODEL_H
 #define PI2_TESTMODEL_H
 
@@ -11,12 +11,12 @@
 /* model_dir -> <tmp>/<name>.pi2c -> <tmp>/<name>.pi2 (written to out),
  * q8 attention, the given FFN quant and I/O unit (0: default), signed with
  * key. One BLAS thread: ThreadSanitizer cannot see OpenBLAS's
- * synchronisation. */
-static inline void pi2t_convert_bundle(const char *model_dir, const char *tmp, const char *name, pi2_qtype q_ffn,
-                                       uint32_t io_unit, const pi2_sign_key *key, char *out, size_t out_cap)
+ * synchronisation. 0, or the converter's or bundler's error in *e. */
+static inline int pi2t_convert_bundle(const char *model_dir, const char *tmp, const char *name, pi2_qtype q_ffn,
+                                      uint32_t io_unit, const pi2_sign_key *key, char *out, size_t out_cap,
+                                      pi2_err *e)
 {
     char conv[1200];
-    pi2_err e = {0};
     snprintf(conv, sizeof conv, "%s/%s.pi2c", tmp, name);
     snprintf(out, out_cap, "%s/%s.pi2", tmp, name);
     pi2_convert_opts co;
@@ -28,8 +28,8 @@ static inline void pi2t_convert_bundle(const char *model_dir, const char *tmp, c
     co.threads = 1;
     co.q_ffn = q_ffn;
     co.q_other = PI2_QT_Q8;
-    if (pi2_convert(&co, NULL, &e))
-        fail_msg("convert %s: %s", model_dir, e.msg);
+    if (pi2_convert(&co, NULL, e))
+        return e->code;
     pi2_bundle_opts bo;
     pi2_bundle_defaults(&bo);
     bo.in_path = conv;
@@ -38,8 +38,7 @@ static inline void pi2t_convert_bundle(const char *model_dir, const char *tmp, c
     bo.quiet = true;
     if (io_unit)
         bo.io_unit = io_unit;
-    if (pi2_bundle_create(&bo, NULL, &e))
-        fail_msg("bundle %s: %s", conv, e.msg);
+    return pi2_bundle_create(&bo, NULL, e);
 }
 
 #endif

@@ -11,7 +11,9 @@
  *   p/<layer>.<expert>.fc1    predictor fc1, f32 [rank, hidden]
  *   p/<layer>.<expert>.fc2    predictor fc2, f32 [n_ff, rank]
  *   profile/<l>.<e>.freq      f32 [n_ff] per-neuron activation frequency
- *   profile/<l>.<e>.bits      activation bits of sampled calibration tokens
+ *   profile/<l>.<e>.bits      bits of sampled calibration tokens: the neurons the
+ *                             predictor selects (with predictors), else the
+ *                             active neurons
  *   manifest.json             written last
  * Everything is streamed tensor by tensor (never the whole model in memory)
  * into a temporary file that is renamed into place only when complete.

@@ -520,13 +520,30 @@ static int write_profile(pi2_conv *c, pi2_err *err)
             size_t nb = pi2_trace_count(c->traces[fi]) < BIT_SAMPLES ? pi2_trace_count(c->traces[fi]) : BIT_SAMPLES;
             size_t W = ((size_t)F + 63) / 64;
             if (rc == 0 && nb > 0) {
+                /* with predictors, the sets the runtime will select (what it
+                 * reads and caches); else the activations */
+                uint64_t *sel = c->preds ? pi2_malloc_array(W, sizeof *sel) : NULL;
+                if (c->preds && !sel)
+                    rc = pi2_err_set(err, PI2_ENOMEM, "out of memory for the profile");
                 snprintf(p.bits, sizeof p.bits, "profile/%d.%d.bits", l, e);
-                rc = pi2_ctr_writer_begin(c->w, p.bits, nb * W * 8, err);
-                for (size_t i = 0; rc == 0 && i < nb; i++)
-                    rc = pi2_ctr_writer_data(c->w, pi2_trace_bits(c->traces[fi], i), W * 8, err);
+                if (rc == 0)
+                    rc = pi2_ctr_writer_begin(c->w, p.bits, nb * W * 8, err);
+                for (size_t i = 0; rc == 0 && i < nb; i++) {
+                    const uint64_t *row = pi2_trace_bits(c->traces[fi], i);
+                    if (sel) {
+                        if (pi2_pred_predict(c->preds[fi], pi2_trace_x(c->traces[fi], i), sel) < 0) {
+                            rc = pi2_err_set(err, PI2_ENOMEM, "out of memory for the profile");
+                            break;
+                        }
+                        row = sel;
+                    }
+                    rc = pi2_ctr_writer_data(c->w, row, W * 8, err);
+                }
+                free(sel);
                 if (rc == 0)
                     rc = pi2_ctr_writer_end(c->w, err);
                 p.bit_samples = nb;
+                p.bits_selected = c->preds != NULL;
             }
             if (rc == 0)
                 rc = pi2_manifest_add_profile(c->mf, &p, err);

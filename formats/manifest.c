@@ -908,7 +908,8 @@ static int parse_profile(pctx *c, json_t *root)
 {
     static const char *const keys[] = { "tokens", "per_layer" };
     static const char *const lkeys[] = { "layer",       "expert", "active_frac", "hot_share",
-                                         "top10_share", "freq",   "bits",        "bit_samples" };
+                                         "top10_share", "freq",   "bits",        "bit_samples",
+                                         "bits_selected" };
     pi2_manifest *m = c->m;
     const pi2_model_desc *d = &m->config;
     json_t *pr, *arr;
@@ -942,6 +943,9 @@ static int parse_profile(pctx *c, json_t *root)
             (rc = get_member(c, e, lw, "freq", false, true, p->freq, &fs)) ||
             (rc = get_u64(c, e, lw, "bit_samples", INT64_MAX, &p->bit_samples)) ||
             (rc = get_member(c, e, lw, "bits", true, true, p->bits, &bs)))
+            break;
+        p->bits_selected = false;
+        if (json_object_get(e, "bits_selected") && (rc = get_bool(c, e, lw, "bits_selected", &p->bits_selected)))
             break;
         if (fs->size != (uint64_t)d->n_ff * 4) {
             rc = fail(c, PI2_ESHAPE, lw, "freq", "member \"%s\" holds %llu bytes, expected %llu (float32 [%d])",
@@ -1410,6 +1414,8 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
         put(b, o, "freq", json_string(p->freq));
         put(b, o, "bits", json_string(p->bits));
         put(b, o, "bit_samples", ju64(p->bit_samples));
+        if (p->bits_selected)
+            put(b, o, "bits_selected", json_true());
         push(b, ppl, o, "profile.per_layer");
     }
     put(b, pr, "per_layer", ppl);

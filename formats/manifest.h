@@ -46,14 +46,15 @@
  *                "per_layer": [ { "layer", "expert", "active_frac", "hot_share",
  *                                 "top10_share", "freq": member,
  *                                 "bits": member ("" when bit_samples is 0),
- *                                 "bit_samples": int }, ... ] },
+ *                                 "bit_samples": int,
+ *                                 "bits_selected": true (optional) }, ... ] },
  *   "quality": { "tokens": int, "ppl_ref", "ppl_q_dense", "ppl_q_sparse":
  *                number > 0, or null / absent for "not measured" (NaN) },
  *   "bundle": null (kind converted) | object (kind bundled; opaque here),
  *   "sections": [ { "name": member, "offset": int, "size": int,
  *                   "sha256": 64 lowercase hex digits }, ... ]
  * }
- * Every key is required except "silu_threshold" and the three "ppl_*" keys;
+ * Every key is required except "silu_threshold", "bits_selected" and the three "ppl_*" keys;
  * unknown keys are refused (inside "config" and "bundle", the rules of
  * their own readers apply). Numbers are JSON integers where the C field is
  * an integer; reals are written in their shortest round-trip form (float
@@ -99,7 +100,10 @@
  *                (per-neuron activation frequency), exactly n_ff * 4 bytes;
  *                the bits member holds the packed activation bits of
  *                bit_samples sampled tokens, row-major
- *                [bit_samples][ceil(n_ff / 64)] uint64 LE, exactly that size.
+ *                [bit_samples][ceil(n_ff / 64)] uint64 LE, exactly that size;
+ *                bits_selected (written only when true) says the bits are
+ *                the neuron sets the runtime selects (the predictor's output
+ *                on the sampled tokens) rather than the activations.
  *   bundle       kept as JSON text (pi2_manifest.bundle_json) so pi2-bundle
  *                can define its contents without changing this parser;
  *                parse stores jansson's compact dump of the object (key
@@ -198,6 +202,7 @@ typedef struct pi2_mf_profile {
     char freq[PI2_CTR_NAME_MAX]; /* float32 [n_ff] */
     char bits[PI2_CTR_NAME_MAX]; /* uint64 [bit_samples][ceil(n_ff/64)]; "" if none */
     uint64_t bit_samples;
+    bool bits_selected; /* bits are the runtime's selected sets (predictor output), not activations */
 } pi2_mf_profile;
 
 typedef struct pi2_manifest {

@@ -253,14 +253,15 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
     e->moe_wk = acc_alloc(e, T * (size_t)(E > 0 ? E : 1), sizeof(float));
     e->rope_cs = acc_alloc(e, T * (size_t)d->head_dim / 2, sizeof(float));
     e->rope_sn = acc_alloc(e, T * (size_t)d->head_dim / 2, sizeof(float));
-    e->tls = calloc((size_t)e->threads, sizeof *e->tls);
-    e->buf_bytes += (uint64_t)e->threads * sizeof *e->tls;
+    e->tls_n = e->threads;
+    e->tls = calloc((size_t)e->tls_n, sizeof *e->tls);
+    e->buf_bytes += (uint64_t)e->tls_n * sizeof *e->tls;
     if (!e->x || !e->xb || !e->xb2 || !e->q || !e->att || !e->aqs || !e->aq || !e->asum ||
         !e->ph || !e->router_logits || !e->chosen || !e->sel || !e->scores_all || !e->moe_x || !e->moe_out ||
         !e->moe_w || !e->moe_tok || !e->moe_wk || !e->rope_cs || !e->rope_sn || !e->tls)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the KV cache (%d positions) and buffers", e->path,
                            e->ctx);
-    for (int t = 0; t < e->threads; t++) {
+    for (int t = 0; t < e->tls_n; t++) {
         eng_tls *s = &e->tls[t];
         size_t ff = (size_t)d->n_ff;
         s->part = acc_alloc(e, T * D, sizeof(float));
@@ -500,7 +501,7 @@ void pi2_engine_close(pi2_engine *e)
     if (!e->head_shared)
         free_mat(&e->head);
     if (e->tls)
-        for (int t = 0; t < e->threads; t++) {
+        for (int t = 0; t < e->tls_n; t++) {
             eng_tls *s = &e->tls[t];
             free(s->part);
             free(s->g);
@@ -578,12 +579,12 @@ int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err)
                            e->path, ctx, e->plan_ctx, ctx);
     size_t kv = (size_t)d->n_layers * (size_t)ctx * (size_t)d->n_kv_heads * (size_t)d->head_dim;
     float *kc = pi2_calloc_array(kv, sizeof(float)), *vc = pi2_calloc_array(kv, sizeof(float));
-    float **sc = calloc((size_t)e->threads, sizeof *sc);
+    float **sc = calloc((size_t)e->tls_n, sizeof *sc);
     bool ok = kc && vc && sc;
-    for (int t = 0; ok && t < e->threads; t++)
+    for (int t = 0; ok && t < e->tls_n; t++)
         ok = (sc[t] = pi2_malloc_array((size_t)ctx * PI2_K_MAX_T, sizeof(float))) != NULL;
     if (!ok) {
-        for (int t = 0; sc && t < e->threads; t++)
+        for (int t = 0; sc && t < e->tls_n; t++)
             free(sc[t]);
         free(sc);
         free(kc);
@@ -595,7 +596,7 @@ int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err)
     free(e->vc);
     e->kc = kc;
     e->vc = vc;
-    for (int t = 0; t < e->threads; t++) {
+    for (int t = 0; t < e->tls_n; t++) {
         free(e->tls[t].scores);
         e->tls[t].scores = sc[t];
     }

@@ -72,6 +72,16 @@ typedef struct pi2_engine_opts {
                                    (default false: along with a missing gate, one read) */
     bool plan_only;             /* offloading: make the plan and stop (no payload is read;
                                    only pi2_engine_offload_info_get and close are valid) */
+    /* Planning (runtime/planner.h). With a plan, it is run as given (hot
+     * and gate groups per FFN, threads, I/O depth, gate-first); else with a
+     * hardware profile the solver chooses one (threads at most `threads`);
+     * else, or with fixed_split, the fixed split above (hot_share, io_depth,
+     * gate_first), predicted when a hardware profile is given. */
+    const struct pi2_plan *plan;
+    const struct pi2_hwprof *hw;
+    bool fixed_split;
+    double min_speed;           /* tok/s the plan must reach (0: none): PI2_ERANGE otherwise */
+    int plan_prompt;            /* prompt tokens for the predicted prefill figure (0: 128) */
 } pi2_engine_opts;
 
 /* Counters since the last pi2_engine_stats_reset (decode only, per FFN
@@ -139,6 +149,11 @@ typedef struct pi2_engine_offload_info {
     bool hot_locked;         /* mlock succeeded */
     const char *backend;     /* "io_uring" or "pread" */
     const char *note;        /* why the backend or mode is what it is, or "" */
+    const char *plan_source; /* "planned", "given", "fixed" */
+    const struct pi2_plan *plan; /* the plan run, with its predictions (NULL: fixed split, no hardware profile) */
+    int threads, io_depth;   /* as run */
+    bool gate_first;
+    uint64_t gate_hot;       /* bytes of gate parts kept beyond the hot slots */
     /* decode counters since the last stats reset */
     uint64_t parts;          /* neuron parts needed (gate, up+down, or whole neurons) */
     uint64_t parts_hot;      /* ... served by the hot segment */

@@ -67,7 +67,8 @@ struct pi2_engine {
     pi2_model_desc d;
     pi2_tok *tok;
     pi2_pool *pool;
-    int threads;
+    int threads; /* compute threads running (the pool's size) */
+    int tls_n;   /* per-thread scratch allocated (>= threads; a plan may run fewer) */
     int ctx;
     bool dense;
     pi2_mf_mode mode; /* sparsity the model carries */

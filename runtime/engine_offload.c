@@ -3,6 +3,7 @@
 #include "runtime/engine_internal.h"
 #include "runtime/io.h"
 #include "runtime/ncache.h"
+#include "runtime/planner.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -83,6 +84,10 @@ typedef struct eng_ofl {
     uint8_t **hot;          /* [n_ffn] hot segment: the member's first hot_groups slots */
     uint64_t *hot_len;
     uint32_t *hot_n;        /* hot neurons */
+    uint32_t *ghot_n;       /* neurons whose gate is in memory (>= hot_n; two-phase plans) */
+    uint8_t **ghot;         /* [n_ffn] gate parts of slots [hot groups, gate groups) */
+    uint64_t *ghot_len;
+    pi2_plan plan;          /* the plan run (n_ffn 0: none) */
     bool two_phase;
     bool spec;              /* two-phase: read up+down along with a missing gate */
     uint64_t R, S, Pg;      /* row bytes, slot bytes, gate part */
@@ -227,6 +232,8 @@ static int open_reader(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_
     pi2_io_defaults(&io);
     io.backend = (pi2_io_backend)o->io_backend;
     io.depth = o->io_depth > 0 ? o->io_depth : 64;
+    if ((o->plan || (o->hw && !o->fixed_split)) && io.depth < 128)
+        io.depth = o->plan && o->plan->io_depth > 128 ? o->plan->io_depth : 128; /* the plan picks the depth */
     x->depth = io.depth;
     int rc = pi2_io_open(&x->io, e->path, &io, err);
     if (rc && strstr(err->msg, "O_DIRECT")) { /* tmpfs and friends: documented fallback */
@@ -322,6 +329,128 @@ static void set_ptr(const eng_ffn *f, int part, uint32_t i, const uint8_t *buf, 
 
 static void *io_main(void *arg);
 
+/* The plan to run: the one given (checked against the model), or the
+ * solver's from the hardware profile; or, for the fixed split, its
+ * prediction (plan_fixed). Into x->plan. */
+static int ofl_plan(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, const pi2_plan_mem *pm, pi2_err *err)
+{
+    pi2_mprof mp;
+    int rc = pi2_mprof_build(&mp, e->mf, e->bl, e->res, e->res_bytes, e->path, err);
+    if (rc)
+        return rc;
+    mp.ctx = o->plan_prompt > 0 ? o->plan_prompt + 32 : 160;
+    if (o->plan) {
+        const pi2_plan *g = o->plan;
+        if (g->n_ffn != x->n_ffn) {
+            rc = pi2_err_set(err, PI2_ESHAPE, "%s: the plan is for %u FFNs, this model has %u", e->path, g->n_ffn,
+                             x->n_ffn);
+        } else {
+            for (uint32_t i = 0; rc == 0 && i < g->n_ffn; i++)
+                if (g->gate_groups[i] > x->bl[i]->groups || g->hot_groups[i] > g->gate_groups[i] ||
+                    (!x->two_phase && g->gate_groups[i] != g->hot_groups[i]))
+                    rc = pi2_err_set(err, PI2_ESHAPE,
+                                     "%s: the plan keeps %u hot / %u gate groups of FFN %u, which has %u%s", e->path,
+                                     g->hot_groups[i], g->gate_groups[i], i, x->bl[i]->groups,
+                                     x->two_phase ? "" : " (one-phase: gate groups must equal hot groups)");
+            if (rc == 0 && g->io_depth > x->depth)
+                rc = pi2_err_set(err, PI2_ERANGE, "%s: the plan's I/O depth %d exceeds the reader's %d", e->path,
+                                 g->io_depth, x->depth);
+            if (rc == 0 && g->threads > e->tls_n)
+                rc = pi2_err_set(err, PI2_ERANGE, "%s: the plan runs %d threads, more than -t %d", e->path, g->threads,
+                                 e->tls_n);
+        }
+        if (rc == 0 && (rc = pi2_plan_alloc(&x->plan, g->n_ffn, err)) == 0) {
+            uint32_t *h = x->plan.hot_groups, *gg = x->plan.gate_groups;
+            x->plan = *g;
+            x->plan.hot_groups = h;
+            x->plan.gate_groups = gg;
+            x->plan.mem_limit = o->mem_limit;
+            memcpy(h, g->hot_groups, g->n_ffn * sizeof *h);
+            memcpy(gg, g->gate_groups, g->n_ffn * sizeof *gg);
+            memset(&x->plan.pred, 0, sizeof x->plan.pred);
+            if (o->hw)
+                pi2_plan_predict(&mp, o->hw, pm, &x->plan, o->plan_prompt, true, err);
+            x->info.plan_source = "given";
+        }
+    } else {
+        pi2_plan_opts po;
+        pi2_plan_opts_defaults(&po);
+        po.mem_limit = o->mem_limit;
+        po.threads = e->threads;
+        po.max_depth = x->depth;
+        po.min_speed = o->min_speed;
+        po.prompt = o->plan_prompt;
+        rc = pi2_plan_solve(&mp, o->hw, pm, &po, &x->plan, err);
+        if (rc && err->msg[0] && strncmp(err->msg, e->path, strlen(e->path)) != 0) {
+            pi2_err inner = *err;
+            pi2_err_clear(err);
+            rc = pi2_err_set(err, inner.code, "%s: %s", e->path, inner.msg);
+        }
+        x->info.plan_source = "planned";
+    }
+    pi2_mprof_free(&mp);
+    return rc;
+}
+
+/* Gate parts of the slots [hot groups, gate groups) of every FFN, read
+ * sequentially through a window and kept (two-phase plans). */
+static int load_gate_parts(pi2_engine *e, eng_ofl *x, bool lock, pi2_err *err)
+{
+    uint8_t *win = NULL;
+    uint64_t wlen = 0;
+    int rc = 0;
+    for (uint32_t fi = 0; fi < x->n_ffn && rc == 0; fi++) {
+        if (x->ghot_len[fi] == 0)
+            continue;
+        const pi2_bl_ffn *b = x->bl[fi];
+        const eng_ffn *f = ffn_at(e, x, fi);
+        if (!win) {
+            wlen = (OFL_WINDOW / x->S > 0 ? OFL_WINDOW / x->S : 1) * x->S;
+            if (!(win = pi2_io_alloc_buf((size_t)wlen)))
+                return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for start-up reads", e->path);
+        }
+        if (!(x->ghot[fi] = pi2_io_alloc_buf((size_t)x->ghot_len[fi]))) {
+            rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the hot gates", e->path);
+            break;
+        }
+        if (lock && mlock(x->ghot[fi], (size_t)x->ghot_len[fi]) != 0)
+            x->info.hot_locked = false;
+        uint64_t H = x->hot_len[fi] / b->slot_bytes, G = H + x->ghot_len[fi] / b->gate_part;
+        for (uint64_t k0 = H; k0 < G && rc == 0;) {
+            uint64_t n = (G - k0) * x->S < wlen ? G - k0 : wlen / x->S;
+            if ((rc = seq_read(x->io, x->depth, win, x->file_off[fi] + k0 * x->S, n * x->S, NULL, err)) != 0)
+                break;
+            for (uint64_t k = 0; k < n; k++)
+                memcpy(x->ghot[fi] + (k0 + k - H) * b->gate_part, win + k * x->S, (size_t)b->gate_part);
+            k0 += n;
+        }
+        for (uint32_t i = x->hot_n[fi]; rc == 0 && i < x->ghot_n[fi]; i++)
+            f->gate.rp[i] = x->ghot[fi] + (uint64_t)(i / b->group - H) * b->gate_part + (uint64_t)(i % b->group) * x->R;
+    }
+    pi2_io_free_buf(win);
+    return rc;
+}
+
+/* The fixed split as a plan, predicted with the hardware profile. */
+static void ofl_predict_fixed(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, const pi2_plan_mem *pm)
+{
+    pi2_mprof mp;
+    pi2_err er = {0};
+    if (pi2_mprof_build(&mp, e->mf, e->bl, e->res, e->res_bytes, e->path, &er) != 0)
+        return;
+    mp.ctx = o->plan_prompt > 0 ? o->plan_prompt + 32 : 160;
+    if (pi2_plan_alloc(&x->plan, x->n_ffn, &er) == 0) {
+        x->plan.mem_limit = o->mem_limit;
+        x->plan.threads = e->threads;
+        x->plan.io_depth = x->depth;
+        x->plan.gate_first = !x->spec && x->two_phase;
+        for (uint32_t i = 0; i < x->n_ffn; i++)
+            x->plan.hot_groups[i] = x->plan.gate_groups[i] = (uint32_t)(x->hot_len[i] / x->bl[i]->slot_bytes);
+        pi2_plan_predict(&mp, o->hw, pm, &x->plan, o->plan_prompt, true, &er);
+    }
+    pi2_mprof_free(&mp);
+}
+
 int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
 {
     eng_ofl *x = e->ofl;
@@ -337,7 +466,10 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     x->hot = pi2_calloc_array(x->n_ffn, sizeof *x->hot);
     x->hot_len = pi2_calloc_array(x->n_ffn, sizeof *x->hot_len);
     x->hot_n = pi2_calloc_array(x->n_ffn, sizeof *x->hot_n);
-    if (!x->bl || !x->file_off || !x->hot || !x->hot_len || !x->hot_n)
+    x->ghot_n = pi2_calloc_array(x->n_ffn, sizeof *x->ghot_n);
+    x->ghot = pi2_calloc_array(x->n_ffn, sizeof *x->ghot);
+    x->ghot_len = pi2_calloc_array(x->n_ffn, sizeof *x->ghot_len);
+    if (!x->bl || !x->file_off || !x->hot || !x->hot_len || !x->hot_n || !x->ghot_n || !x->ghot || !x->ghot_len)
         return pi2_err_set(err, PI2_ENOMEM, "out of memory");
     uint64_t ffn_total = 0;
     for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
@@ -402,17 +534,53 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
                            "overhead %.0f MB, smallest neuron cache %.1f MB)",
                            e->path, mb(o->mem_limit), mb(fixed + min_cache) + 1, mb(e->res_bytes), mb(kv), e->ctx,
                            mb(in->buffers), mb(OFL_OVERHEAD), mb(min_cache));
+    uint64_t per_depth = x->staging_bytes + sizeof(ofl_req) + sizeof(void *);
+    uint64_t hot_total = 0;
+    in->plan_source = "fixed";
+    pi2_plan_mem pm = {.fixed = fixed - (uint64_t)x->depth * per_depth,
+                       .per_depth = per_depth,
+                       .min_slots = min_slots,
+                       .slot_bytes = {stride_of(part_unit(x, kinds[0])) + 32, stride_of(part_unit(x, P_UD)) + 32}};
+    if ((o->plan || (o->hw && !o->fixed_split)) && o->mem_limit >= fixed + min_cache) {
+        if ((rc = ofl_plan(e, o, x, &pm, err)) != 0)
+            return rc;
+        if (x->plan.io_depth < x->depth) {
+            fixed -= (uint64_t)(x->depth - x->plan.io_depth) * per_depth;
+            x->depth = x->plan.io_depth;
+        }
+        x->spec = x->two_phase && !x->plan.gate_first;
+        for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
+            const pi2_bl_ffn *b = x->bl[fi];
+            uint64_t H = x->plan.hot_groups[fi], G = x->two_phase ? x->plan.gate_groups[fi] : H;
+            x->hot_len[fi] = H * b->slot_bytes;
+            x->hot_n[fi] = (uint32_t)(H * b->group < b->neurons ? H * b->group : b->neurons);
+            x->ghot_len[fi] = (G - H) * b->gate_part;
+            x->ghot_n[fi] = (uint32_t)(G * b->group < b->neurons ? G * b->group : b->neurons);
+            hot_total += x->hot_len[fi] + x->ghot_len[fi];
+        }
+        if (fixed + hot_total + min_cache > o->mem_limit)
+            return pi2_err_set(err, PI2_ENOMEM, "%s: the plan needs %.0f MB, more than --mem-limit %.0f MB", e->path,
+                               mb(fixed + hot_total + min_cache) + 1, mb(o->mem_limit));
+        if (x->plan.threads != e->threads && x->plan.threads <= e->tls_n && !o->plan_only) {
+            pi2_pool_free(e->pool);
+            e->pool = NULL;
+            if ((rc = pi2_pool_create(&e->pool, x->plan.threads, err)) != 0)
+                return rc;
+            e->threads = x->plan.threads;
+        }
+    }
     uint64_t budget = o->mem_limit - fixed;
     uint64_t hot_budget;
-    if (budget >= ffn_total + min_cache) {
+    if (x->plan.n_ffn > 0) {
+        hot_budget = hot_total;
+    } else if (budget >= ffn_total + min_cache) {
         hot_budget = ffn_total;
     } else {
         double share = o->hot_share >= 0 && o->hot_share <= 1 ? o->hot_share : 0.5;
         hot_budget = (uint64_t)((double)(budget - min_cache) * share);
     }
-    uint64_t hot_total = 0;
     uint64_t per = hot_budget / x->n_ffn;
-    for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
+    for (uint32_t fi = 0; x->plan.n_ffn == 0 && fi < x->n_ffn; fi++) {
         const pi2_bl_ffn *b = x->bl[fi];
         uint64_t H = hot_budget >= ffn_total ? b->groups : per / b->slot_bytes;
         if (H > b->groups)
@@ -420,8 +588,18 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         x->hot_len[fi] = H * b->slot_bytes;
         uint64_t hn = H * b->group;
         x->hot_n[fi] = (uint32_t)(hn < b->neurons ? hn : b->neurons);
+        x->ghot_n[fi] = x->hot_n[fi];
         hot_total += x->hot_len[fi];
     }
+    if (x->plan.n_ffn == 0 && o->hw)
+        ofl_predict_fixed(e, o, x, &pm);
+    in->plan = x->plan.n_ffn > 0 ? &x->plan : NULL;
+    in->threads = e->threads;
+    in->io_depth = x->depth;
+    in->gate_first = x->two_phase && !x->spec;
+    in->gate_hot = 0;
+    for (uint32_t fi = 0; fi < x->n_ffn; fi++)
+        in->gate_hot += x->ghot_len[fi];
     uint64_t cache_budget = budget - hot_total;
     /* cache slots: the smallest cache of each kind, then the rest split 1 : 2
      * between gates and up+down in two-phase layouts (R : 2R per neuron) */
@@ -492,6 +670,8 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
             f->down.rp[i] = x->hot[fi] + off[2];
         }
     }
+    if ((rc = load_gate_parts(e, x, o->lock_hot, err)) != 0)
+        return rc;
     /* caches */
     uint32_t *neurons = pi2_malloc_array(x->n_ffn, sizeof *neurons);
     if (!neurons)
@@ -610,6 +790,15 @@ void eng_ofl_close(pi2_engine *e)
     free(x->hot);
     free(x->hot_len);
     free(x->hot_n);
+    for (uint32_t fi = 0; x->ghot && fi < x->n_ffn; fi++) {
+        if (x->ghot[fi] && x->info.hot_locked)
+            munlock(x->ghot[fi], (size_t)x->ghot_len[fi]);
+        pi2_io_free_buf(x->ghot[fi]);
+    }
+    free(x->ghot);
+    free(x->ghot_len);
+    free(x->ghot_n);
+    pi2_plan_free(&x->plan);
     free(x->reqs);
     free(x->free_req);
     pi2_io_free_buf(x->staging);
@@ -747,7 +936,7 @@ static int queue_reads(eng_ofl *x, const plist *l, uint8_t job, uint32_t fi, uin
 static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b)
 {
     pi2_ncache *cache = cache_of(x, part);
-    uint32_t hot = x->hot_n[x->fi], need = 0;
+    uint32_t hot = part == P_GATE ? x->ghot_n[x->fi] : x->hot_n[x->fi], need = 0;
     for (uint32_t idx = a; idx < b; idx++)
         need += x->sel[pos_at(x, part, idx)] >= hot;
     if (need > pi2_ncache_evictable(cache))
@@ -1021,7 +1210,7 @@ void eng_ofl_prefetch(pi2_engine *e, const eng_ffn *f, const float *xres)
     const pi2_model_desc *d = &e->d;
     eng_rmsnorm(x->pf_in, xres, e->layers[f->layer].ffn_norm, d->hidden, d->rms_eps);
     uint32_t n = eng_predict(e, f, x->pf_in, x->pf_list);
-    uint32_t fi = ffn_index(x, f), hot = x->hot_n[fi];
+    uint32_t fi = ffn_index(x, f), hot = x->ghot_n[fi];
     pthread_mutex_lock(&x->mu);
     int set = x->pf_cur = (x->pf_cur + 1) % OFL_PF_SETS;
     struct ofl_pf *P = &x->pf[set];
@@ -1559,7 +1748,8 @@ static int ffn_windows(pi2_engine *e, const eng_ffn *f, int T, pi2_err *err)
             for (uint32_t i = n0 > x->hot_n[fi] ? n0 : x->hot_n[fi]; i < n1; i++) {
                 uint64_t off[3];
                 pi2_bl_neuron_offsets(b, x->R, x->two_phase, i, off);
-                f->gate.rp[i] = buf + (off[0] - base);
+                if (i >= x->ghot_n[fi]) /* hot gates keep their memory */
+                    f->gate.rp[i] = buf + (off[0] - base);
                 f->up.rp[i] = buf + (off[1] - base);
                 f->down.rp[i] = buf + (off[2] - base);
             }

@@ -1,0 +1,194 @@
+/* pi2 execution planner: from a model profile (the container) and a
+ * hardware profile (runtime/hwprof.h), predict decode and prefill speed for
+ * an offloading plan, and choose the plan that decodes fastest within a
+ * memory limit.
+ *
+ * ---- Model profile (pi2_mprof_build) ----
+ * Per FFN (layer, expert), from the bundled container's manifest, layout and
+ * resident members:
+ *   geometry      neurons, group g, groups G, slot bytes S, gate part P_g,
+ *                 row bytes R (bundle/layout.h);
+ *   hot/cold      the profiled activation frequency of each neuron (bundled
+ *                 order: hot to cold) and, from the profile's bit samples
+ *                 (the neuron sets the runtime selects: predictor output on
+ *                 predictor models), for every group k the share of tokens
+ *                 p_k that select at least one of its neurons and the mean
+ *                 count n_k selected in it; p_k is what a cold group costs:
+ *                 one read when any of its neurons is needed;
+ *   co-activation the bundle's cold read efficiency, and n_k / p_k (neurons
+ *                 used per group read);
+ *   per token     selected neurons (mean popcount of the samples) and firing
+ *                 neurons (the profile's active fraction);
+ *   predictor     fc1 + fc2 f32 bytes; attention and head bytes; KV bytes.
+ * Expected misses as a function of cache size come from replaying the bit
+ * samples, in token order, through the runtime's policy: a static hot set of
+ * the first H groups (plus, on two-phase models, the gate parts of the
+ * first G >= H groups) and a global LRU of neuron parts (pi2_mprof_replay).
+ *
+ * ---- Cost model (pi2_plan_predict) ----
+ * Per decode token, per layer l (FFN f), with t compute threads, depth d:
+ *   C_l   attention weights / gemv_q8(t) + KV reads / mem_bw(t)
+ *         + predictor bytes / sgemv(t)
+ *         + sel_f * gather(R) + fired_f * (gather(R) + down(R))   (ns/row)
+ *   IO_l  reads_f(H, G) at request size s: n / iops(s, min(d, n)) for
+ *         n >= 1 reads, n * latency(s, 1) below one; two-phase with
+ *         gate-first (or gates kept hot without their up+down) adds the
+ *         up+down round of the fired groups; plus the I/O thread's copy
+ *         of the bytes read (bytes / mem_bw(1));
+ *   t_l   C_l + IO_l - overlap(t) * min(C_l, IO_l)
+ * plus the output head (bytes / gemv_q8(t)). overlap(t) is the measured
+ * share of the shorter of compute and reads that hides under the other.
+ * Reads use the static-hot curve in the solver (reads_f(H) = sum of p_k over
+ * cold groups); the reported prediction replays the samples with the LRU.
+ * Prefill per token: attention + FFN MACs / matmul(t) for a 64-token tile,
+ * plus the cold FFN bytes streamed at seq_bps once per prompt of
+ * `prompt` tokens, overlapped the same way.
+ *
+ * ---- Solver (pi2_plan_solve) ----
+ * Decision variables: per FFN H (hot groups) and G (two-phase: groups whose
+ * gate part is also kept, G >= H), compute threads t in 1..threads, I/O
+ * depth d in {16, 32, 64, 128}, gate-first (two-phase). For each (t, d,
+ * gate-first) the per-layer choices are discretised in steps of
+ * ceil(groups / 48) groups and solved exactly as a multiple-choice knapsack
+ * (dynamic programming over memory in units of one step of gate parts):
+ * minimise sum_l t_l subject to sum of hot memory <= the FFN budget
+ * (mem_limit minus resident, KV, buffers, overhead and the smallest neuron
+ * cache). The best (t, d, gate-first) wins. A memory limit that holds
+ * every FFN payload puts everything hot. With min_speed > 0 a plan slower
+ * than it is PI2_ERANGE "infeasible", naming the best speed and the memory
+ * that would reach min_speed (or that none does). The search is exact for
+ * the discretised problem: tests compare it with brute force.
+ *
+ * ---- Plan JSON (pi2_plan_save / pi2_plan_load), version 1 ----
+ * { "version": 1, "model": str (signature or path), "mem_limit": int,
+ *   "threads": int, "io_depth": int, "gate_first": bool,
+ *   "hot_groups": [int x n_ffn], "gate_groups": [int x n_ffn],
+ *   "predicted": { "decode_tok_s", "decode_ms", "prefill_tok_s",
+ *                  "compute_ms", "io_ms", "head_ms", "reads_per_token",
+ *                  "mb_per_token", "hit_rate", "hot_mb", "offloaded" } }
+ * Load checks keys, types and ranges (hot_groups[i] <= groups, gate_groups
+ * in [hot_groups, groups]); the engine checks the plan fits the model and
+ * the memory limit.
+ */
+#ifndef PI2_PLANNER_H
+#define PI2_PLANNER_H
+
+#include "bundle/bundle.h"
+#include "formats/common.h"
+#include "runtime/hwprof.h"
+
+#include <stdint.h>
+
+typedef struct pi2_mprof_ffn {
+    uint32_t neurons, group, groups, words;
+    double sel;        /* selected neurons per token (mean) */
+    double fired;      /* firing neurons per token (mean) */
+    double read_eff;   /* bundle's cold read efficiency (0 when unknown) */
+    uint64_t pred_bytes;
+    double *p;         /* [groups] share of tokens that select any neuron of the group */
+    double *n;         /* [groups] mean selected neurons of the group per token */
+    double *q;         /* [groups] share of tokens where a neuron of the group fires */
+    double *sp0;       /* [groups] mean bytes of a read of the group: whole neurons (one-phase) or
+                          gate through up+down (two-phase) */
+    double *spg, *spu; /* [groups] mean bytes of a gate read, of an up+down read */
+    const uint64_t *bits; /* [samples][words] in the container, or NULL */
+    const float *freq;    /* [neurons] profiled frequency, or NULL */
+} pi2_mprof_ffn;
+
+typedef struct pi2_mprof {
+    int n_layers, experts, top_k, hidden, n_ff, ctx;
+    uint32_t n_ffn; /* n_layers * max(experts, 1) */
+    bool two_phase;
+    pi2_qtype q_ffn, q_other;
+    uint64_t R, S, Pg;
+    uint64_t attn_bytes;  /* per layer: q, k, v, o payload + scales */
+    uint64_t head_bytes;  /* output head */
+    uint64_t kv_per_pos;  /* KV bytes per position per layer (f32 k and v) */
+    uint64_t ffn_total;   /* FFN payload bytes */
+    uint64_t samples;     /* bit samples per FFN (0: none, p from frequencies) */
+    bool bits_selected;   /* samples are the selected sets (else activations) */
+    pi2_mprof_ffn *ffn;   /* [n_ffn] */
+} pi2_mprof;
+
+/* Build from a bundled container's manifest and layout; `base` points at
+ * file offset 0 of (at least) the resident region, where the profile and
+ * predictor members are. PI2_ESHAPE / PI2_ENOTFOUND for inconsistent input,
+ * PI2_ENOMEM. */
+int pi2_mprof_build(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundle_layout *bl, const uint8_t *base,
+                    uint64_t base_len, const char *name, pi2_err *err);
+void pi2_mprof_free(pi2_mprof *mp);
+
+/* The offloading parameters a plan fixes. */
+typedef struct pi2_plan {
+    uint64_t mem_limit;
+    int threads, io_depth;
+    bool gate_first;
+    uint32_t n_ffn;
+    uint32_t *hot_groups;  /* [n_ffn] */
+    uint32_t *gate_groups; /* [n_ffn], >= hot_groups; == hot_groups on one-phase models */
+    struct pi2_plan_pred {
+        double decode_tok_s, decode_ms, prefill_tok_s;
+        double compute_ms, io_ms, head_ms;
+        double reads_per_token, mb_per_token, hit_rate;
+        double hot_mb, offloaded;
+    } pred;
+} pi2_plan;
+
+/* Memory the engine needs besides the hot segment, for the solver: fixed
+ * (resident, KV, buffers, overhead) at I/O depth 0 plus per_depth bytes per
+ * request in flight, and the smallest neuron cache: min_slots slots of each
+ * kind, slot_bytes[k] bytes per slot with its index record (kind 0: gates,
+ * or whole neurons on one-phase models; kind 1: up+down). */
+typedef struct pi2_plan_mem {
+    uint64_t fixed, per_depth, min_slots, slot_bytes[2];
+} pi2_plan_mem;
+
+typedef struct pi2_plan_opts {
+    uint64_t mem_limit;
+    int threads;      /* most compute threads (>= 1) */
+    int max_depth;    /* 0: 128 */
+    double min_speed; /* tok/s, 0: none */
+    int prompt;       /* prompt length for the prefill figure (0: 128) */
+    bool lru_replay;  /* refine the final prediction by replaying samples through the LRU (default on via
+                         pi2_plan_defaults) */
+    bool fixed_only;  /* do not search: the fixed split (equal hot slots, 2 threads, depth 64) */
+} pi2_plan_opts;
+
+void pi2_plan_opts_defaults(pi2_plan_opts *o);
+int pi2_plan_alloc(pi2_plan *p, uint32_t n_ffn, pi2_err *err);
+void pi2_plan_free(pi2_plan *p);
+
+/* Bytes of hot memory a plan keeps for FFN i. */
+uint64_t pi2_plan_hot_bytes(const pi2_mprof *mp, const pi2_plan *p, uint32_t i);
+
+/* Fill p->pred for the plan's settings (LRU of lru_slots[2] parts: gates or
+ * whole neurons, up+down; replayed when lru is true). */
+void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem *mem, pi2_plan *p, int prompt,
+                      bool lru, pi2_err *err);
+
+/* Choose the plan (see above) into *out (allocated here; pi2_plan_free).
+ * PI2_ENOMEM when the limit cannot hold the resident part, PI2_ERANGE when
+ * min_speed is infeasible (message says why). */
+int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem *mem, const pi2_plan_opts *o,
+                   pi2_plan *out, pi2_err *err);
+/* The fixed split the engine uses without a plan, as a plan. */
+int pi2_plan_fixed(const pi2_mprof *mp, const pi2_plan_mem *mem, uint64_t mem_limit, int threads, pi2_plan *out,
+                   pi2_err *err);
+
+/* LRU slots a plan leaves: the rest of the budget after the hot memory,
+ * split as the engine splits it (two-phase: 1 : 2 gates : up+down). */
+void pi2_plan_cache_slots(const pi2_mprof *mp, const pi2_plan_mem *mem, const pi2_plan *p, uint64_t slots[2]);
+
+/* Replay the samples of FFN-set through hot (H, G) per FFN and a global
+ * LRU of slots[0] gate (or whole-neuron) parts and slots[1] up+down parts:
+ * mean reads and bytes per token (sum over FFNs, weighted by routing on
+ * MoE), and part hit rate. */
+void pi2_mprof_replay(const pi2_mprof *mp, const pi2_plan *p, const uint64_t slots[2], double *reads, double *bytes,
+                      double *hit_rate);
+
+int pi2_plan_save(const pi2_plan *p, const char *model, const char *path, pi2_err *err);
+int pi2_plan_load(const char *path, pi2_plan *out, pi2_err *err);
+/* The plan as one line of JSON into a malloc'd string (NULL on ENOMEM). */
+char *pi2_plan_json(const pi2_plan *p, const char *model);
+
+#endif

@@ -1,0 +1,381 @@
+/* The planner (runtime/planner.h): the solver's plan is the best plan under
+ * the cost model, checked against brute force over every plan of small
+ * instances (one- and two-phase, several limits); the cost model's basic
+ * properties (more memory is never slower, reads fall as hot groups grow);
+ * infeasible minimum speeds and limits; plan JSON round trip and hostile
+ * plan files. Engine runs of plans are in test_offload. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "runtime/planner.h"
+#include "tests/testhw.h"
+#include "tests/testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { NF = 3, GROUPS = 6, GROUP = 2 };
+
+/* A hand-made model profile: NF FFNs of GROUPS groups, hot to cold. */
+static void fake_model(pi2_mprof *mp, bool two_phase, uint64_t seed)
+{
+    memset(mp, 0, sizeof *mp);
+    mp->n_layers = NF;
+    mp->top_k = 1;
+    mp->hidden = 1024;
+    mp->n_ff = GROUPS * GROUP;
+    mp->ctx = 64;
+    mp->n_ffn = NF;
+    mp->two_phase = two_phase;
+    mp->q_ffn = PI2_QT_Q4;
+    mp->q_other = PI2_QT_Q8;
+    mp->R = 512;
+    mp->Pg = two_phase ? 4096 : 0;
+    mp->S = two_phase ? 3 * 4096 : 4096;
+    mp->attn_bytes = 4u << 20;
+    mp->head_bytes = 8u << 20;
+    mp->kv_per_pos = 4096;
+    mp->ffn = calloc(NF, sizeof *mp->ffn);
+    pi2_rng r;
+    pi2_rng_seed(&r, seed);
+    for (int i = 0; i < NF; i++) {
+        pi2_mprof_ffn *F = &mp->ffn[i];
+        F->neurons = GROUPS * GROUP;
+        F->group = GROUP;
+        F->groups = GROUPS;
+        F->words = 1;
+        F->pred_bytes = 1u << 20;
+        F->p = calloc(GROUPS, sizeof(double));
+        F->n = calloc(GROUPS, sizeof(double));
+        F->q = calloc(GROUPS, sizeof(double));
+        F->sp0 = calloc(GROUPS, sizeof(double));
+        F->spg = calloc(GROUPS, sizeof(double));
+        F->spu = calloc(GROUPS, sizeof(double));
+        double level = 0.9;
+        for (int k = 0; k < GROUPS; k++) {
+            level *= 0.5 + 0.45 * pi2_rng_uniform(&r); /* mostly falling, like a hot-to-cold order */
+            F->p[k] = level;
+            F->n[k] = level * (1 + pi2_rng_uniform(&r));
+            F->q[k] = level * 0.8;
+            F->sp0[k] = (double)mp->S;
+            F->spg[k] = 4096;
+            F->spu[k] = two_phase ? 8192 : 0;
+            F->sel += F->n[k];
+        }
+        F->fired = F->sel * 0.8;
+        mp->ffn_total += (uint64_t)GROUPS * mp->S;
+    }
+}
+
+static void free_model(pi2_mprof *mp) { pi2_mprof_free(mp); }
+
+static const pi2_plan_mem MEM = {.fixed = 100u << 20, .per_depth = 16384, .min_slots = 4, .slot_bytes = {4096, 8192}};
+
+/* Decode time of a plan under the cost model (static reads). */
+static double cost(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p)
+{
+    pi2_plan_predict(mp, hw, &MEM, p, 128, false, NULL);
+    return p->pred.decode_ms;
+}
+
+static uint64_t hot_total(const pi2_mprof *mp, const pi2_plan *p)
+{
+    uint64_t t = 0;
+    for (uint32_t i = 0; i < p->n_ffn; i++)
+        t += pi2_plan_hot_bytes(mp, p, i);
+    return t;
+}
+
+/* Every plan: (h, g) per FFN, threads, depth, gate-first: its memory and
+ * its decode time, computed once per model. */
+typedef struct bf_entry {
+    uint64_t mem;
+    double ms;
+} bf_entry;
+
+static bf_entry *brute_all(const pi2_mprof *mp, const pi2_hwprof *hw, int threads, size_t *count)
+{
+    static const int depths[] = {16, 32, 64, 128};
+    pi2_plan p;
+    pi2_err e = {0};
+    assert_int_equal(pi2_plan_alloc(&p, NF, &e), 0);
+    p.mem_limit = 1ull << 40;
+    int per = 0;
+    int hs[64], gs[64];
+    for (int h = 0; h <= GROUPS; h++)
+        for (int g = mp->two_phase ? h : GROUPS; g <= GROUPS; g++) {
+            hs[per] = h;
+            gs[per++] = mp->two_phase ? g : h;
+        }
+    uint64_t mc = MEM.min_slots * (MEM.slot_bytes[0] + (mp->two_phase ? MEM.slot_bytes[1] : 0));
+    size_t cap = (size_t)threads * 4 * 2 * (size_t)per * per * per, n = 0;
+    bf_entry *all = malloc(cap * sizeof *all);
+    for (int t = 1; t <= threads; t++)
+        for (int di = 0; di < 4; di++)
+            for (int gf = 0; gf <= (mp->two_phase ? 1 : 0); gf++) {
+                p.threads = t;
+                p.io_depth = depths[di];
+                p.gate_first = gf;
+                uint64_t fixed = MEM.fixed + MEM.per_depth * (uint64_t)depths[di];
+                for (int a = 0; a < per; a++)
+                    for (int b = 0; b < per; b++)
+                        for (int c = 0; c < per; c++) {
+                            int ch[NF] = {a, b, c};
+                            for (int i = 0; i < NF; i++) {
+                                p.hot_groups[i] = (uint32_t)hs[ch[i]];
+                                p.gate_groups[i] = (uint32_t)gs[ch[i]];
+                            }
+                            all[n].mem = fixed + hot_total(mp, &p) + mc;
+                            all[n++].ms = cost(mp, hw, &p);
+                        }
+            }
+    pi2_plan_free(&p);
+    *count = n;
+    return all;
+}
+
+static double brute_best(const bf_entry *all, size_t n, uint64_t limit)
+{
+    double best = INFINITY;
+    for (size_t i = 0; i < n; i++)
+        if (all[i].mem <= limit && all[i].ms < best)
+            best = all[i].ms;
+    return best;
+}
+
+static void solver_vs_brute(bool two_phase)
+{
+    pi2_hwprof hw;
+    pi2t_fake_hw(&hw, 2);
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        pi2_mprof mp;
+        fake_model(&mp, two_phase, seed);
+        uint64_t mc = MEM.min_slots * (MEM.slot_bytes[0] + (two_phase ? MEM.slot_bytes[1] : 0));
+        uint64_t base = MEM.fixed + MEM.per_depth * 128 + mc;
+        double last = INFINITY;
+        size_t nall;
+        bf_entry *all = brute_all(&mp, &hw, 2, &nall);
+        for (int frac = 0; frac <= 8; frac++) {
+            uint64_t limit = base + mp.ffn_total * (uint64_t)frac / 8 + (frac == 3 ? 5000 : 0);
+            pi2_plan_opts o;
+            pi2_plan_opts_defaults(&o);
+            o.mem_limit = limit;
+            o.threads = 2;
+            o.lru_replay = false;
+            pi2_plan p;
+            pi2_err e = {0};
+            if (pi2_plan_solve(&mp, &hw, &MEM, &o, &p, &e))
+                fail_msg("solve: %s", e.msg);
+            double want = brute_best(all, nall, limit);
+            double got = p.pred.decode_ms;
+            uint64_t used = MEM.fixed + MEM.per_depth * (uint64_t)p.io_depth + hot_total(&mp, &p) + mc;
+            assert_true(used <= limit);
+            if (fabs(got - want) > 1e-9 * want)
+                fail_msg("seed %llu limit %d/8: solver %.9f ms, brute force %.9f ms", (unsigned long long)seed, frac,
+                         got, want);
+            assert_true(got <= last * (1 + 1e-12)); /* more memory is never slower */
+            last = got;
+            if (frac == 8) /* everything fits: all hot, no reads */
+                for (uint32_t i = 0; i < NF; i++)
+                    assert_int_equal(p.hot_groups[i], GROUPS);
+            pi2_plan_free(&p);
+        }
+        free(all);
+        free_model(&mp);
+    }
+}
+
+static void test_solver_one_phase(void **state)
+{
+    (void)state;
+    solver_vs_brute(false);
+}
+
+static void test_solver_two_phase(void **state)
+{
+    (void)state;
+    solver_vs_brute(true);
+}
+
+/* Reads fall as hot groups grow; the fixed split is never better than the
+ * solver's plan. */
+static void test_cost_model(void **state)
+{
+    (void)state;
+    pi2_hwprof hw;
+    pi2t_fake_hw(&hw, 2);
+    pi2_mprof mp;
+    fake_model(&mp, true, 7);
+    pi2_plan p;
+    pi2_err e = {0};
+    assert_int_equal(pi2_plan_alloc(&p, NF, &e), 0);
+    p.mem_limit = 1ull << 40;
+    p.threads = 2;
+    p.io_depth = 32;
+    double last_reads = INFINITY, last_ms = INFINITY;
+    for (uint32_t h = 0; h <= GROUPS; h++) {
+        for (uint32_t i = 0; i < NF; i++)
+            p.hot_groups[i] = p.gate_groups[i] = h;
+        pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+        assert_true(p.pred.reads_per_token <= last_reads);
+        assert_true(p.pred.decode_ms <= last_ms * (1 + 1e-12));
+        assert_true(p.pred.decode_tok_s > 0 && p.pred.prefill_tok_s > 0);
+        assert_true(p.pred.hit_rate >= 0 && p.pred.hit_rate <= 1);
+        last_reads = p.pred.reads_per_token;
+        last_ms = p.pred.decode_ms;
+    }
+    assert_true(last_reads == 0 && p.pred.hit_rate == 1.0 && p.pred.offloaded == 0.0);
+    pi2_plan_free(&p);
+    for (int frac = 1; frac < 8; frac++) {
+        uint64_t limit = MEM.fixed + MEM.per_depth * 128 + 4 * (4096 + 8192) + mp.ffn_total * (uint64_t)frac / 8;
+        pi2_plan f, s;
+        pi2_plan_opts o;
+        pi2_plan_opts_defaults(&o);
+        o.mem_limit = limit;
+        o.threads = 2;
+        o.lru_replay = false;
+        assert_int_equal(pi2_plan_fixed(&mp, &MEM, limit, 2, &f, &e), 0);
+        pi2_plan_predict(&mp, &hw, &MEM, &f, 128, false, &e);
+        assert_int_equal(pi2_plan_solve(&mp, &hw, &MEM, &o, &s, &e), 0);
+        assert_true(s.pred.decode_ms <= f.pred.decode_ms * (1 + 1e-12));
+        pi2_plan_free(&f);
+        pi2_plan_free(&s);
+    }
+    free_model(&mp);
+}
+
+static void test_infeasible(void **state)
+{
+    (void)state;
+    pi2_hwprof hw;
+    pi2t_fake_hw(&hw, 2);
+    pi2_mprof mp;
+    fake_model(&mp, true, 3);
+    pi2_plan_opts o;
+    pi2_plan_opts_defaults(&o);
+    o.threads = 2;
+    o.lru_replay = false;
+    pi2_plan p;
+    pi2_err e = {0};
+    /* below the resident part */
+    o.mem_limit = MEM.fixed / 2;
+    assert_int_equal(pi2_plan_solve(&mp, &hw, &MEM, &o, &p, &e), PI2_ENOMEM);
+    assert_non_null(strstr(e.msg, "cannot hold the resident part"));
+    /* a speed no limit reaches */
+    o.mem_limit = MEM.fixed + MEM.per_depth * 128 + mp.ffn_total / 4;
+    o.min_speed = 1e9;
+    pi2_err_clear(&e);
+    assert_int_equal(pi2_plan_solve(&mp, &hw, &MEM, &o, &p, &e), PI2_ERANGE);
+    if (!strstr(e.msg, "infeasible"))
+        fail_msg("%s", e.msg);
+    assert_non_null(strstr(e.msg, "no memory limit reaches it"));
+    /* a speed that more memory reaches: the message says how much */
+    o.min_speed = 0;
+    uint64_t small = MEM.fixed + MEM.per_depth * 16 + 4 * (4096 + 8192);
+    o.mem_limit = small;
+    assert_int_equal(pi2_plan_solve(&mp, &hw, &MEM, &o, &p, &e), 0);
+    double slow = p.pred.decode_tok_s;
+    pi2_plan_free(&p);
+    o.mem_limit = 1ull << 40;
+    assert_int_equal(pi2_plan_solve(&mp, &hw, &MEM, &o, &p, &e), 0);
+    double fast = p.pred.decode_tok_s;
+    pi2_plan_free(&p);
+    if (!(fast > slow))
+        fail_msg("slow %g fast %g", slow, fast);
+    o.mem_limit = small;
+    o.min_speed = (slow + fast) / 2;
+    pi2_err_clear(&e);
+    assert_int_equal(pi2_plan_solve(&mp, &hw, &MEM, &o, &p, &e), PI2_ERANGE);
+    assert_non_null(strstr(e.msg, "would reach it"));
+    free_model(&mp);
+}
+
+static void test_plan_json(void **state)
+{
+    (void)state;
+    char dir[64], path[128];
+    pi2t_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/plan.json", dir);
+    pi2_plan p, q;
+    pi2_err e = {0};
+    assert_int_equal(pi2_plan_alloc(&p, 4, &e), 0);
+    p.mem_limit = 3ull << 30;
+    p.threads = 2;
+    p.io_depth = 32;
+    p.gate_first = true;
+    for (uint32_t i = 0; i < 4; i++) {
+        p.hot_groups[i] = i * 3;
+        p.gate_groups[i] = i * 5;
+    }
+    p.pred.decode_tok_s = 6.5;
+    assert_int_equal(pi2_plan_save(&p, "m.pi2", path, &e), 0);
+    assert_int_equal(pi2_plan_load(path, &q, &e), 0);
+    assert_int_equal(q.n_ffn, 4);
+    assert_true(q.mem_limit == p.mem_limit && q.threads == 2 && q.io_depth == 32 && q.gate_first);
+    assert_memory_equal(q.hot_groups, p.hot_groups, 4 * sizeof(uint32_t));
+    assert_memory_equal(q.gate_groups, p.gate_groups, 4 * sizeof(uint32_t));
+    assert_true(fabs(q.pred.decode_tok_s - 6.5) < 1e-9);
+    pi2_plan_free(&q);
+    pi2_plan_free(&p);
+    static const struct {
+        const char *text;
+        int code;
+        const char *msg;
+    } bad[] = {
+        {"", PI2_EFORMAT, "not a plan"},
+        {"[1]", PI2_EFORMAT, "expected an object"},
+        {"{\"version\":1,\"mem_limit\":1,\"threads\":1,\"io_depth\":1,\"gate_first\":false,\"hot_groups\":[1],"
+         "\"gate_groups\":[1],\"x\":1}",
+         PI2_EFORMAT, "unknown key"},
+        {"{\"version\":2,\"mem_limit\":1,\"threads\":1,\"io_depth\":1,\"gate_first\":false,\"hot_groups\":[1],"
+         "\"gate_groups\":[1]}",
+         PI2_ERANGE, "plan.version"},
+        {"{\"version\":1,\"mem_limit\":1,\"threads\":0,\"io_depth\":1,\"gate_first\":false,\"hot_groups\":[1],"
+         "\"gate_groups\":[1]}",
+         PI2_ERANGE, "plan.threads"},
+        {"{\"version\":1,\"mem_limit\":1,\"threads\":1,\"io_depth\":1,\"gate_first\":false,\"hot_groups\":[2],"
+         "\"gate_groups\":[1]}",
+         PI2_ERANGE, "hot <= gate"},
+        {"{\"version\":1,\"mem_limit\":1,\"threads\":1,\"io_depth\":1,\"gate_first\":false,\"hot_groups\":[1,2],"
+         "\"gate_groups\":[1]}",
+         PI2_ESHAPE, "gate_groups"},
+        {"{\"version\":1,\"mem_limit\":1,\"threads\":1,\"io_depth\":1,\"gate_first\":false,\"hot_groups\":[-1],"
+         "\"gate_groups\":[1]}",
+         PI2_ERANGE, "hot_groups[0]"},
+        {"{\"version\":1,\"mem_limit\":1,\"threads\":1,\"io_depth\":1,\"hot_groups\":[1],\"gate_groups\":[1]}",
+         PI2_ENOTFOUND, "gate_first"},
+        {"{\"version\":1,\"mem_limit\":1,\"threads\":1,\"io_depth\":1,\"gate_first\":false,\"hot_groups\":[],"
+         "\"gate_groups\":[]}",
+         PI2_ESHAPE, "empty"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        FILE *f = fopen(path, "w");
+        fputs(bad[i].text, f);
+        fclose(f);
+        pi2_err be = {0};
+        int rc = pi2_plan_load(path, &q, &be);
+        if (rc != bad[i].code || !strstr(be.msg, bad[i].msg) || !strstr(be.msg, path))
+            fail_msg("case %zu: rc %d, message \"%s\"", i, rc, be.msg);
+    }
+    /* a missing file names it */
+    snprintf(path, sizeof path, "%s/none.json", dir);
+    pi2_err_clear(&e);
+    assert_int_not_equal(pi2_plan_load(path, &q, &e), 0);
+    assert_non_null(strstr(e.msg, "none.json"));
+    pi2t_rmtree(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_solver_one_phase), cmocka_unit_test(test_solver_two_phase),
+        cmocka_unit_test(test_cost_model),       cmocka_unit_test(test_infeasible),
+        cmocka_unit_test(test_plan_json),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

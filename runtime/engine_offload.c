@@ -73,7 +73,8 @@ typedef struct ofl_win {
 typedef struct eng_ofl {
     pi2_engine *e;
     pi2_io *io;
-    int depth;
+    int depth;              /* reads in flight (the plan's, or the options') */
+    int ring_depth;         /* the reader's capacity (>= depth) */
     char note[256];
     pi2_engine_offload_info info;
 
@@ -232,9 +233,10 @@ static int open_reader(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_
     pi2_io_defaults(&io);
     io.backend = (pi2_io_backend)o->io_backend;
     io.depth = o->io_depth > 0 ? o->io_depth : 64;
-    if ((o->plan || (o->hw && !o->fixed_split)) && io.depth < 128)
-        io.depth = o->plan && o->plan->io_depth > 128 ? o->plan->io_depth : 128; /* the plan picks the depth */
     x->depth = io.depth;
+    if ((o->plan || (o->hw && !o->fixed_split)) && io.depth < 128) /* the plan picks the depth */
+        io.depth = o->plan && o->plan->io_depth > 128 ? o->plan->io_depth : 128;
+    x->ring_depth = io.depth;
     int rc = pi2_io_open(&x->io, e->path, &io, err);
     if (rc && strstr(err->msg, "O_DIRECT")) { /* tmpfs and friends: documented fallback */
         pi2_err_clear(err);
@@ -352,9 +354,9 @@ static int ofl_plan(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, const p
                                      "%s: the plan keeps %u hot / %u gate groups of FFN %u, which has %u%s", e->path,
                                      g->hot_groups[i], g->gate_groups[i], i, x->bl[i]->groups,
                                      x->two_phase ? "" : " (one-phase: gate groups must equal hot groups)");
-            if (rc == 0 && g->io_depth > x->depth)
+            if (rc == 0 && g->io_depth > x->ring_depth)
                 rc = pi2_err_set(err, PI2_ERANGE, "%s: the plan's I/O depth %d exceeds the reader's %d", e->path,
-                                 g->io_depth, x->depth);
+                                 g->io_depth, x->ring_depth);
             if (rc == 0 && g->threads > e->tls_n)
                 rc = pi2_err_set(err, PI2_ERANGE, "%s: the plan runs %d threads, more than -t %d", e->path, g->threads,
                                  e->tls_n);
@@ -377,7 +379,7 @@ static int ofl_plan(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, const p
         pi2_plan_opts_defaults(&po);
         po.mem_limit = o->mem_limit;
         po.threads = e->threads;
-        po.max_depth = x->depth;
+        po.max_depth = x->ring_depth;
         po.min_speed = o->min_speed;
         po.prompt = o->plan_prompt;
         rc = pi2_plan_solve(&mp, o->hw, pm, &po, &x->plan, err);
@@ -544,10 +546,8 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     if ((o->plan || (o->hw && !o->fixed_split)) && o->mem_limit >= fixed + min_cache) {
         if ((rc = ofl_plan(e, o, x, &pm, err)) != 0)
             return rc;
-        if (x->plan.io_depth < x->depth) {
-            fixed -= (uint64_t)(x->depth - x->plan.io_depth) * per_depth;
-            x->depth = x->plan.io_depth;
-        }
+        fixed = fixed - (uint64_t)x->depth * per_depth + (uint64_t)x->plan.io_depth * per_depth;
+        x->depth = x->plan.io_depth;
         x->spec = x->two_phase && !x->plan.gate_first;
         for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
             const pi2_bl_ffn *b = x->bl[fi];

@@ -17,6 +17,8 @@
 #include "convert/synth.h"
 #include "runtime/engine.h"
 #include "runtime/io.h"
+#include "runtime/planner.h"
+#include "tests/testhw.h"
 #include "tests/testjson.h"
 #include "tests/testmodel.h"
 #include "tests/testutil.h"
@@ -351,6 +353,154 @@ static void test_plan(void **state)
     }
 }
 
+/* ---- plans (runtime/planner.h) ---- */
+
+/* Open with a plan or a hardware profile; NULL with *rc on failure. */
+static pi2_engine *open_plan(const char *path, uint64_t limit, const pi2_plan *plan, const pi2_hwprof *hw, double min_speed,
+                             int *rc, pi2_err *err)
+{
+    pi2_engine_opts o;
+    pi2_engine_defaults(&o);
+    o.path = path;
+    o.pubkey = g_pubkey;
+    o.threads = 2;
+    o.ctx = CTX;
+    o.mem_limit = limit;
+    o.plan = plan;
+    o.hw = hw;
+    o.min_speed = min_speed;
+    pi2_engine *eng = NULL;
+    *rc = pi2_engine_open(&eng, &o, err);
+    return eng;
+}
+
+/* Given plans (random hot and gate-only groups per FFN, depth, gate-first)
+ * give the same logits as the fixed split, bit for bit, on every FFN kind;
+ * the gates kept without their up+down are served from memory. */
+static void test_given_plans(void **state)
+{
+    (void)state;
+    kind kinds[3] = {K_DRELU, K_RELU_Q8, K_MOE};
+    for (int ki = 0; ki < 3; ki++) {
+        const char *path = g_pi2[kinds[ki]];
+        uint64_t minimum = minimum_of(path);
+        pi2_engine *ref = open_at(path, minimum + 4096, 0.0, false);
+        int V = pi2_engine_desc(ref)->vocab;
+        size_t n = (size_t)(STEPS + 1) * (size_t)V;
+        float *lr = malloc(n * sizeof(float)), *lp = malloc(n * sizeof(float));
+        int32_t ir[STEPS + 1], ip[STEPS + 1];
+        pi2_err e = {0};
+        assert_int_equal(run_greedy(ref, lr, ir, &e), 0);
+        pi2_engine_offload_info in;
+        pi2_engine_offload_info_get(ref, &in);
+        uint64_t ffn_total = in.ffn_total;
+        pi2_engine_close(ref);
+        /* the geometry, from a plan the solver makes */
+        pi2_hwprof hw;
+        pi2t_fake_hw(&hw, 2);
+        int rc;
+        pi2_engine *pe = open_plan(path, minimum + ffn_total / 2, NULL, &hw, 0, &rc, &e);
+        if (rc)
+            fail_msg("%s: planned open: %s", kind_name[kinds[ki]], e.msg);
+        pi2_engine_offload_info_get(pe, &in);
+        assert_string_equal(in.plan_source, "planned");
+        assert_non_null(in.plan);
+        assert_true(in.planned <= in.mem_limit);
+        assert_true(in.plan->pred.decode_tok_s > 0 && in.plan->pred.prefill_tok_s > 0);
+        uint32_t n_ffn = in.plan->n_ffn;
+        pi2_engine_close(pe);
+        pi2_rng r;
+        pi2_rng_seed(&r, 11 + (uint64_t)ki);
+        for (int trial = 0; trial < 3; trial++) {
+            pi2_plan p;
+            assert_int_equal(pi2_plan_alloc(&p, n_ffn, &e), 0);
+            p.threads = 2;
+            p.io_depth = trial == 0 ? 16 : 64;
+            p.gate_first = trial == 2;
+            uint32_t groups = 0;
+            {   /* groups per FFN: from a plan with everything hot */
+                pi2_engine *all = open_plan(path, 1ull << 40, NULL, &hw, 0, &rc, &e);
+                assert_int_equal(rc, 0);
+                pi2_engine_offload_info a;
+                pi2_engine_offload_info_get(all, &a);
+                groups = a.plan->hot_groups[0];
+                pi2_engine_close(all);
+            }
+            uint64_t gate_groups_total = 0;
+            for (uint32_t i = 0; i < n_ffn; i++) {
+                uint32_t h = (uint32_t)(pi2_rng_uniform(&r) * groups / 3);
+                uint32_t g = kinds[ki] == K_RELU_Q8 ? h : h + (uint32_t)(pi2_rng_uniform(&r) * (groups - h));
+                p.hot_groups[i] = h;
+                p.gate_groups[i] = g;
+                gate_groups_total += g - h;
+            }
+            pi2_engine *eng = open_plan(path, minimum + ffn_total, &p, NULL, 0, &rc, &e);
+            if (rc)
+                fail_msg("%s trial %d: %s", kind_name[kinds[ki]], trial, e.msg);
+            pi2_engine_stats_reset(eng);
+            assert_int_equal(run_greedy(eng, lp, ip, &e), 0);
+            pi2_engine_offload_info_get(eng, &in);
+            assert_string_equal(in.plan_source, "given");
+            assert_int_equal(in.io_depth, p.io_depth);
+            assert_true(in.gate_first == (p.gate_first && kinds[ki] != K_RELU_Q8));
+            assert_true((in.gate_hot > 0) == (gate_groups_total > 0));
+            assert_true(in.planned <= in.mem_limit);
+            assert_true(in.parts_read > 0);
+            pi2_engine_close(eng);
+            assert_memory_equal(lr, lp, n * sizeof(float));
+            assert_memory_equal(ir, ip, sizeof ir);
+            /* a plan that does not fit the limit, or the model */
+            for (uint32_t i = 0; i < n_ffn; i++)
+                p.hot_groups[i] = p.gate_groups[i] = groups;
+            pi2_err_clear(&e);
+            assert_null(open_plan(path, minimum + ffn_total / 2, &p, NULL, 0, &rc, &e));
+            assert_int_equal(rc, PI2_ENOMEM);
+            assert_non_null(strstr(e.msg, "the plan needs"));
+            p.gate_groups[0] = groups + 1;
+            if (p.hot_groups[0] > p.gate_groups[0])
+                p.hot_groups[0] = p.gate_groups[0];
+            pi2_err_clear(&e);
+            assert_null(open_plan(path, minimum + ffn_total, &p, NULL, 0, &rc, &e));
+            assert_int_equal(rc, PI2_ESHAPE);
+            assert_non_null(strstr(e.msg, path));
+            pi2_plan_free(&p);
+        }
+        /* one thread: runs with one; a plan for another model is refused */
+        pi2_plan p;
+        assert_int_equal(pi2_plan_alloc(&p, n_ffn + 1, &e), 0);
+        p.threads = 1;
+        p.io_depth = 32;
+        pi2_err_clear(&e);
+        assert_null(open_plan(path, minimum + ffn_total, &p, NULL, 0, &rc, &e));
+        assert_int_equal(rc, PI2_ESHAPE);
+        assert_non_null(strstr(e.msg, "FFNs"));
+        pi2_plan_free(&p);
+        assert_int_equal(pi2_plan_alloc(&p, n_ffn, &e), 0);
+        p.threads = 1;
+        p.io_depth = 32;
+        pi2_engine *one = open_plan(path, minimum + ffn_total, &p, NULL, 0, &rc, &e);
+        assert_int_equal(rc, 0);
+        assert_int_equal(pi2_engine_threads(one), 1);
+        assert_int_equal(run_greedy(one, lp, ip, &e), 0);
+        int agree = 0;
+        while (agree <= STEPS && ip[agree] == ir[agree])
+            agree++;
+        assert_true(agree >= 8);
+        pi2_engine_close(one);
+        pi2_plan_free(&p);
+        /* a minimum speed no plan reaches */
+        pi2_err_clear(&e);
+        assert_null(open_plan(path, minimum + ffn_total / 4, NULL, &hw, 1e9, &rc, &e));
+        assert_int_equal(rc, PI2_ERANGE);
+        assert_non_null(strstr(e.msg, "infeasible"));
+        assert_non_null(strstr(e.msg, path));
+        fprintf(stderr, "  %s: given plans (hot + gate-only groups, depths, gate-first) = fixed split, bit for bit\n",
+                kind_name[kinds[ki]]);
+        free(lr);
+        free(lp);
+    }
+}
+
 /* ---- faults ---- */
 
 static void copy_file(const char *from, const char *to)
@@ -608,6 +758,7 @@ int main(void)
         cmocka_unit_test_teardown(test_same_tokens_dense, clear_faults),
         cmocka_unit_test_teardown(test_limits_and_readers, clear_faults),
         cmocka_unit_test_teardown(test_plan, clear_faults),
+        cmocka_unit_test_teardown(test_given_plans, clear_faults),
         cmocka_unit_test_teardown(test_eio_and_recovery, clear_faults),
         cmocka_unit_test_teardown(test_no_uring, clear_faults),
         cmocka_unit_test_teardown(test_truncated_and_replaced, clear_faults),

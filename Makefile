@@ -2,7 +2,7 @@
 #   make            build the library and the three tools into build/
 #   make test       unit + end-to-end tests (installs missing Debian -dev packages when root)
 #   make san-test   the same tests built with ASan + UBSan into build-san/, then the
-#                   threaded tests (pool, I/O, engine) with TSan into build-tsan/
+#                   threaded tests (pool, I/O, engine, hardware profile) with TSan into build-tsan/
 #   make demo       make a model, convert, run: the main job end to end
 #   make bench      benchmarks (figures as ratios to a baseline measured in the same run)
 #   make fuzz       libFuzzer targets of the file readers (clang), each run FUZZ_SECONDS
@@ -79,7 +79,7 @@ san:
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT="-O1 -g" all
 
 # Tests of threaded code, also run under ThreadSanitizer (make tsan-test).
-TSAN_TESTS := test_pool test_io test_engine test_kernels test_offload test_ncache
+TSAN_TESTS := test_pool test_io test_engine test_kernels test_offload test_ncache test_hwprof
 
 san-test: deps
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT="-O1 -g" test

@@ -2,6 +2,7 @@
  * with the dense fp32 reference over a Hugging Face directory. */
 #include "formats/tokenizer.h"
 #include "runtime/engine.h"
+#include "runtime/hwprof.h"
 #include "runtime/io.h"
 #include "runtime/kernels.h"
 #include "runtime/reference.h"
@@ -23,6 +24,7 @@ static void usage(FILE *f)
             "       pi2-run MODEL.pi2 --ppl TEXTFILE [--dense]\n"
             "       pi2-run --reference HF_DIR [-p TEXT] [-n N] [sampling options]\n"
             "       pi2-run --hw-probe [-t N]\n"
+            "       pi2-run --profile-hw [MODEL.pi2] [--device-path DIR] [--hw-profile FILE] [-t N]\n"
             "\n"
             "Generate text with a bundled, signed model (pi2-bundle output). The container is\n"
             "memory-mapped and checked at load: its signature, then the SHA-256 of every member.\n"
@@ -63,24 +65,37 @@ static void usage(FILE *f)
             "  --bench-tg N       generated tokens of --bench (default 64)\n"
             "  --ppl FILE         perplexity of a text file, token by token on the decode path\n"
             "  --ppl-tokens N     at most N tokens of it (default 512)\n"
-            "  --reference DIR    run the dense fp32 reference over a Hugging Face directory\n"
+            "  --reference DIR    run the dense fp32 reference over a Hugging Face directory\n");
+    fprintf(f, /* in two parts: ISO C caps a string literal at 4095 bytes */
             "  --hw-probe         measure int8 dot peak and memory read bandwidth; print JSON\n"
             "  --io-probe FILE    measure direct-read throughput and latency on FILE (random\n"
             "                     reads of 4K..256K at depths 1, 8, 32, and sequential); print JSON\n"
+            "  --profile-hw       measure this machine for the planner, under a minute: pi2's kernels\n"
+            "                     on 1..-t threads (default: all cores, at most 16) and direct reads of\n"
+            "                     a scratch file in --device-path; save to --hw-profile, print JSON\n"
+            "  --device-path DIR  the storage to measure: where the models live (default: the\n"
+            "                     directory of MODEL.pi2 when given, else .)\n"
+            "  --hw-profile FILE  the hardware profile (default: $PI2_HW_PROFILE, else\n"
+            "                     ${XDG_CACHE_HOME:-~/.cache}/pi2/hw-<device>.json)\n"
+            "  --profile-seconds X  seconds per --profile-hw figure (default: chosen to finish\n"
+            "                     under a minute; small values for tests)\n"
             "  -h, --help         this help\n"
             "\n"
             "examples:\n"
             "  pi2-run model.pi2 --pubkey pub.pem -p \"Once upon a time\" -n 48 --stats\n"
             "  pi2-run model.pi2 --pubkey pub.pem --bench -t 2\n"
             "  pi2-run model.pi2 --pubkey pub.pem --mem-limit 3G -p \"Once upon a time\" --stats\n"
+            "  pi2-run --profile-hw model.pi2 -t 2\n"
             "  pi2-run --reference ../shared/models/tinystories-656k -p \"Once upon a time, there was a\" -n 48\n");
 }
 
 typedef struct run_opts {
-    const char *model, *ref, *prompt, *pubkey, *ppl, *io_probe;
+    const char *model, *ref, *prompt, *pubkey, *ppl, *io_probe, *device_path, *hw_profile;
     long long n_predict;
     int threads, ctx;
     bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe, no_mlock, plan_only, gate_first;
+    bool profile_hw;
+    double profile_seconds;
     uint64_t mem_limit;
     double hot_share;
     int io_backend, io_depth;
@@ -837,12 +852,60 @@ static void *probe_thread(void *arg)
     return NULL;
 }
 
+/* Hardware profile for the planner: measure, save where the planner looks
+ * (or --hw-profile), print the saved JSON. args: the optional model. */
+static int run_profile_hw(const run_opts *o, int nargs, char **args)
+{
+    if (nargs > 1) {
+        fprintf(stderr, "pi2-run: unexpected argument '%s'; see --help\n", args[1]);
+        return 2;
+    }
+    if (o->threads > PI2_HW_MAX_THREADS) {
+        fprintf(stderr, "pi2-run: -t %d: --profile-hw measures at most %d threads\n", o->threads, PI2_HW_MAX_THREADS);
+        return 2;
+    }
+    char dir[4096] = ".";
+    if (o->device_path) {
+        snprintf(dir, sizeof dir, "%s", o->device_path);
+    } else if (nargs == 1 && pi2_is_dir(args[0])) {
+        snprintf(dir, sizeof dir, "%s", args[0]);
+    } else if (nargs == 1 && strrchr(args[0], '/')) {
+        snprintf(dir, sizeof dir, "%s", args[0]);
+        char *slash = strrchr(dir, '/');
+        slash[slash == dir] = 0; /* "/m.pi2" -> "/" */
+    }
+    pi2_hwprof_opts ho = {.threads = o->threads, .device_dir = dir, .point_seconds = o->profile_seconds,
+                          .log = isatty(2) ? stderr : NULL};
+    pi2_err err = {0};
+    char path[4096];
+    char *text = NULL;
+    pi2_hwprof *p = malloc(sizeof *p);
+    int rc;
+    if (!p)
+        rc = pi2_err_set(&err, PI2_ENOMEM, "out of memory");
+    else if (o->hw_profile)
+        rc = snprintf(path, sizeof path, "%s", o->hw_profile) < (int)sizeof path
+                 ? 0
+                 : pi2_err_set(&err, PI2_ERANGE, "--hw-profile: path too long");
+    else
+        rc = pi2_hwprof_default_path(dir, path, sizeof path, &err);
+    if (rc == 0 && (rc = pi2_hwprof_measure(&ho, p, &err)) == 0 && (rc = pi2_hwprof_save(p, path, &err)) == 0 &&
+        (rc = pi2_read_file(path, 1u << 20, &text, NULL, &err)) == 0) {
+        fputs(text, stdout);
+        fflush(stdout);
+        fprintf(stderr, "pi2-run: hardware profile (%.1f s) saved to %s\n", p->seconds, path);
+    }
+    free(text);
+    free(p);
+    return rc ? fail(&err) : 0;
+}
+
 int main(int argc, char **argv)
 {
     enum {
         O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS, O_DENSE, O_PUBKEY, O_TRUST, O_NOVERIFY,
         O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE, O_MEM, O_HOT, O_IO, O_IODEPTH, O_MLOCK,
-        O_IOPROBE, O_PLAN, O_GATEFIRST
+        O_IOPROBE, O_PLAN, O_GATEFIRST, O_PROFHW, O_DEVPATH, O_HWPROF, O_PROFSEC
     };
     static const struct option opts[] = {
         {"reference", required_argument, 0, O_REF},   {"prompt", required_argument, 0, 'p'},
@@ -860,6 +923,8 @@ int main(int argc, char **argv)
         {"io", required_argument, 0, O_IO},           {"io-depth", required_argument, 0, O_IODEPTH},
         {"no-mlock", no_argument, 0, O_MLOCK},        {"gate-first", no_argument, 0, O_GATEFIRST},
         {"io-probe", required_argument, 0, O_IOPROBE},
+        {"profile-hw", no_argument, 0, O_PROFHW},     {"device-path", required_argument, 0, O_DEVPATH},
+        {"hw-profile", required_argument, 0, O_HWPROF}, {"profile-seconds", required_argument, 0, O_PROFSEC},
         {"plan-only", no_argument, 0, O_PLAN},        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     run_opts o = {.prompt = "", .n_predict = 64, .verify_ffn = true, .bench_pp = 128, .bench_tg = 64,
@@ -931,6 +996,10 @@ int main(int argc, char **argv)
         case O_GATEFIRST: o.gate_first = true; break;
         case O_IOPROBE: o.io_probe = optarg; break;
         case O_PLAN: o.plan_only = true; break;
+        case O_PROFHW: o.profile_hw = true; break;
+        case O_DEVPATH: o.device_path = optarg; break;
+        case O_HWPROF: o.hw_profile = optarg; break;
+        case O_PROFSEC: rc = pi2_parse_double("--profile-seconds", optarg, 0.001, 60, &o.profile_seconds, &err); break;
         case 'h': usage(stdout); return 0;
         default: fprintf(stderr, "pi2-run: see --help\n"); return 2;
         }
@@ -941,6 +1010,8 @@ int main(int argc, char **argv)
     }
     if (o.hw_probe)
         return run_hw_probe(&o);
+    if (o.profile_hw)
+        return run_profile_hw(&o, argc - optind, argv + optind);
     if (o.io_probe)
         return run_io_probe(&o);
     if (optind < argc)

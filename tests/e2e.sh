@@ -251,6 +251,25 @@ else
     skp "cgroup v1 memory controller not writable: run-under-a-cap test"
 fi
 
+# --- hardware profile: pi2-run --profile-hw (always measures; the file is rewritten) ---
+mkdir -p "$T/hwdev"
+for run in 1 2; do
+    "$B/pi2-run" --profile-hw --device-path "$T/hwdev" --hw-profile "$T/hw.json" -t 1 --profile-seconds 0.02 \
+        >"$T/out" 2>"$T/err" && grep -q '"storage"' "$T/out" && cmp -s "$T/out" "$T/hw.json" \
+        && grep -q "saved to $T/hw.json" "$T/err" && [ -z "$(ls -A "$T/hwdev")" ] && ok \
+        || { bad "pi2-run --profile-hw, run $run"; cat "$T/err"; ls -A "$T/hwdev"; }
+done
+ls "$T" | grep -q "hw.json.tmp" && bad "--profile-hw left a temporary file" || ok
+expect_error "profile-hw missing device" "/nonexistent/pi2" "$B/pi2-run" --profile-hw --device-path /nonexistent/pi2 \
+    --hw-profile "$T/hw2.json" -t 1 --profile-seconds 0.02
+[ -e "$T/hw2.json" ] && bad "a failed --profile-hw wrote a profile" || ok
+expect_error "profile-hw model's directory" "/nonexistent/pi2" "$B/pi2-run" --profile-hw /nonexistent/pi2/m.pi2 \
+    --hw-profile "$T/hw2.json" -t 1 --profile-seconds 0.02
+expect_error "profile-hw bad seconds" "--profile-seconds" "$B/pi2-run" --profile-hw --profile-seconds x
+expect_error "profile-hw zero seconds" "--profile-seconds" "$B/pi2-run" --profile-hw --profile-seconds 0
+expect_error "profile-hw too many threads" "at most 16" "$B/pi2-run" --profile-hw -t 64 --hw-profile "$T/hw2.json"
+expect_error "profile-hw two models" "unexpected argument" "$B/pi2-run" --profile-hw a.pi2 b.pi2
+
 # --- golden: the real trained model ---
 M="$SHARED/models/tinystories-656k"
 if [ -d "$M" ]; then

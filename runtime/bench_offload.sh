@@ -10,6 +10,10 @@
 #       I/O floor    = bytes read per token / random-read throughput of this
 #                      disk at the mean request size, depth 32 (--io-probe)
 #       memory floor = bytes touched per token / memory read bandwidth (--hw-probe)
+# Each point runs twice: with the fixed split (--no-plan) and with the
+# planner's settings (runtime/planner.h, from the hardware profile measured
+# at the start: pi2-run --profile-hw), and prints the cost model's predicted
+# speed next to each measured one.
 # Writes WORKDIR/offload-NAME.json and an SVG plot WORKDIR/offload-NAME.svg.
 # Usage: sh runtime/bench_offload.sh MODEL.pi2 PUBKEY WORKDIR [NAME]
 set -eu
@@ -42,6 +46,10 @@ io_rate() {
         END { print best }'
 }
 
+HWP="$W/hw-profile.json"
+say "== hardware profile for the planner (pi2-run --profile-hw, cached in $HWP)"
+"$B/pi2-run" --profile-hw --device-path "$(dirname "$M")" --hw-profile "$HWP" -t "$TH" >/dev/null
+
 say "== fully in memory: pi2-run --bench (prompt $PP, $TG generated, $TH threads)"
 base=$("$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH")
 say "$base"
@@ -55,26 +63,35 @@ say "plan: smallest limit $(echo "$minimum" | awk '{printf "%.0f", $1/1048576}')
 capped=yes
 [ -w /sys/fs/cgroup/memory ] || capped=no
 rows=""
+cmp=""
 printf '%-6s %9s %8s %7s %7s %9s %7s %8s %7s %9s %9s %8s\n' "out%" "limit MB" "tok/s" "x mem" "hit%" "MB read/t" "KB/req" "IO wait" "peak MB" "IO floor" "mem floor" "x floor"
-for pct in $POINTS; do
-    limit=$(echo "$minimum $ffn $pct" | awk '{printf "%.0f", $1 + $2 * (100 - $3) / 100 + 65536}')
-    out="$W/offload-$NAME-$pct.json"
+# one capped run: run LIMIT OUT ARGS...
+run() {
+    limit=$1
+    out=$2
+    shift 2
     if [ "$capped" = yes ]; then
         sh tests/cgroup_run.sh "$limit" "$W/usage" "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" \
-            --bench-tg "$TG" -t "$TH" --mem-limit "$limit" --no-verify-ffn >"$out" 2>"$W/err" || {
-            say "point $pct%: failed"; cat "$W/err"; continue; }
+            --bench-tg "$TG" -t "$TH" --mem-limit "$limit" --no-verify-ffn --hw-profile "$HWP" "$@" >"$out" 2>"$W/err" ||
+            return 1
         read -r peak fails <"$W/usage"
     else
         "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH" --mem-limit "$limit" \
-            --no-verify-ffn >"$out" 2>"$W/err" || { say "point $pct%: failed"; cat "$W/err"; continue; }
+            --no-verify-ffn --hw-profile "$HWP" "$@" >"$out" 2>"$W/err" || return 1
         peak=$(jget footprint_bytes <"$out")
     fi
+}
+for pct in $POINTS; do
+    limit=$(echo "$minimum $ffn $pct" | awk '{printf "%.0f", $1 + $2 * (100 - $3) / 100 + 65536}')
+    out="$W/offload-$NAME-$pct.json"
+    run "$limit" "$out" --no-plan || { say "point $pct%: failed"; cat "$W/err"; continue; }
     r=$(cat "$out")
     tg=$(echo "$r" | jget tg_tok_s)
     hit=$(echo "$r" | jget hit_rate)
     rb=$(echo "$r" | jget read_bytes_per_token)
     rs=$(echo "$r" | jget read_size)
     wait=$(echo "$r" | jget io_wait_share)
+    fpred=$(echo "$r" | jget predicted_tok_s)
     touched=$(echo "$r" | awk -F'[:,]' '{for (i=1;i<NF;i++) {if ($i=="\"weight_bytes_per_token\"") w=$(i+1); if ($i=="\"kv_bytes_per_token\"") k=$(i+1)}} END {print w+k}')
     rate=$(io_rate "${rs:-4096}")
     line=$(echo "$pct $limit $tg $base_tg $hit $rb $rs $wait $peak $rate $touched $bw" | awk '{
@@ -84,15 +101,38 @@ for pct in $POINTS; do
     say "$line"
     rows="$rows$line
 "
+    # the planner's settings at the same limit
+    pout="$W/offload-$NAME-$pct-planned.json"
+    if run "$limit" "$pout"; then
+        p=$(cat "$pout")
+        cmp="$cmp$pct $limit $tg ${fpred:-0} $(echo "$p" | jget tg_tok_s) $(echo "$p" | jget predicted_tok_s) $(echo "$p" | jget hit_rate) $(echo "$p" | jget plan_threads) $(echo "$p" | jget plan_io_depth) $(echo "$p" | jget gate_hot_bytes)
+"
+    else
+        say "point $pct% planned: failed"
+        cat "$W/err"
+    fi
 done
 say "(caps: $capped; floors: the larger of I/O and memory time per token; x floor = decode time / that floor)"
-echo "$rows" | awk -v name="$NAME" -v base="$base_tg" -v capped="$capped" '
-    NF { n++; pct[n]=$1; lim[n]=$2; tg[n]=$3; rel[n]=$4; hit[n]=$5; mb[n]=$6; kb[n]=$7; xf[n]=$NF }
+say ""
+say "== planned vs fixed split (predicted = the planner's cost model from the hardware profile; error = predicted / measured - 1)"
+printf '%-6s %9s | %8s %9s %7s | %8s %9s %7s %6s %3s %5s %8s | %8s\n' "out%" "limit MB" "fixed" "predicted" "error" "planned" "predicted" "error" "hit%" "t" "depth" "gates MB" "planned/fixed"
+echo "$cmp" | awk 'NF {
+    printf "%-6s %9.0f | %8.2f %9.2f %+6.0f%% | %8.2f %9.2f %+6.0f%% %6.1f %3d %5d %8.0f | %8.2f\n", $1, $2/1048576, $3, $4,
+        ($3 > 0 ? 100 * ($4 / $3 - 1) : 0), $5, $6, ($5 > 0 ? 100 * ($6 / $5 - 1) : 0), 100 * $7, $8, $9, $10/1048576, ($3 > 0 ? $5 / $3 : 0) }'
+say "(caps: $capped; floors: the larger of I/O and memory time per token; x floor = decode time / that floor)"
+{ echo "$rows"; echo "PLANNED"; echo "$cmp"; } | awk -v name="$NAME" -v base="$base_tg" -v capped="$capped" '
+    /^PLANNED/ { pl = 1; next }
+    NF && !pl { n++; pct[n]=$1; lim[n]=$2; tg[n]=$3; rel[n]=$4; hit[n]=$5; mb[n]=$6; kb[n]=$7; xf[n]=$NF }
+    NF && pl { m++; ppct[m]=$1; fp[m]=$4; ptg[m]=$5; pp[m]=$6; phit[m]=$7 }
     END {
         printf "{\"model\":\"%s\",\"in_memory_tok_s\":%s,\"capped\":\"%s\",\"points\":[", name, base, capped
         for (i = 1; i <= n; i++)
             printf "%s{\"offloaded_pct\":%s,\"limit_mb\":%s,\"tok_s\":%s,\"vs_in_memory\":%s,\"hit_pct\":%s,\"read_mb_per_token\":%s,\"read_kb_per_request\":%s,\"vs_floor\":%s}",
                 (i > 1 ? "," : ""), pct[i], lim[i], tg[i], rel[i], hit[i], mb[i], kb[i], xf[i]
+        printf "],\"planned\":["
+        for (i = 1; i <= m; i++)
+            printf "%s{\"offloaded_pct\":%s,\"fixed_predicted_tok_s\":%s,\"tok_s\":%s,\"predicted_tok_s\":%s,\"hit_rate\":%s}",
+                (i > 1 ? "," : ""), ppct[i], fp[i], ptg[i], pp[i], phit[i]
         printf "]}\n"
     }' >"$W/offload-$NAME.json"
 # SVG: decode tok/s against the memory limit, hit rate as a second series

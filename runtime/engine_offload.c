@@ -538,7 +538,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
                            mb(in->buffers), mb(OFL_OVERHEAD), mb(min_cache));
     uint64_t per_depth = x->staging_bytes + sizeof(ofl_req) + sizeof(void *);
     uint64_t hot_total = 0;
-    in->plan_source = "fixed";
+    in->plan_source = "fixed split";
     pi2_plan_mem pm = {.fixed = fixed - (uint64_t)x->depth * per_depth,
                        .per_depth = per_depth,
                        .min_slots = min_slots,

@@ -29,6 +29,19 @@
  * The hot segment is read at start with sequential O_DIRECT reads and pinned
  * with mlock when lock_hot is set and the limit allows it.
  *
+ * ---- Plans (runtime/planner.h) ----
+ * With a hardware profile (pi2_engine_opts.hw) the planner replaces the fixed
+ * split: per FFN it chooses H hot slots and, on two-phase models, G >= H
+ * slots whose gate parts are kept as well (a gate is needed for every
+ * selected neuron, its up+down only when it fires: per byte a gate saves
+ * more reads); and the compute threads, the I/O depth and gate-first. A given
+ * plan (opts.plan, pi2-run --plan FILE) is checked against the model and the
+ * limit and run as is. Gate parts of slots [H, G) are read at start through
+ * a window and kept (mlocked with the hot segment); those neurons' up+down
+ * come through the cache, read once the gate fired. The I/O ring is opened
+ * for the deepest depth the planner may choose (128); the staging buffers
+ * follow the plan's depth.
+ *
  * ---- Neuron cache ----
  * Global LRU caches (runtime/ncache.h) of neuron parts, keyed (FFN, neuron):
  * one-phase layouts (ReGLU, SwiGLU) cache whole neurons (gate|up|down rows);

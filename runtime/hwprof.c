@@ -1305,7 +1305,7 @@ static const char *mismatch(const pi2_hwprof *p, const pi2_hwprof_opts *o, char 
         snprintf(why, cap, "measured on cpu \"%.100s\", this is \"%.100s\"", p->cpu, cpu);
     else if (strcmp(isa_now(), p->isa) != 0)
         snprintf(why, cap, "measured with isa %s, this run uses %s", p->isa, isa_now());
-    else if (t != p->threads)
+    else if (t > p->threads)
         snprintf(why, cap, "measured up to %d threads, this run uses %d", p->threads, t);
     else if (stat(dir, &st) != 0 || (uint64_t)st.st_dev != p->dev)
         snprintf(why, cap, "measured on another device than the one holding %.200s", dir);

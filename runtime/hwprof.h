@@ -35,8 +35,8 @@
  *
  * ---- Cache ----
  * pi2_hwprof_get returns the profile cached at `path` when it matches this
- * machine (same cpu string, isa, thread count, and the device of
- * device_dir) and measures, then saves, otherwise. Default path:
+ * machine (same cpu string and isa, measured up to at least the thread
+ * count asked for, and the device of device_dir) and measures, then saves, otherwise. Default path:
  *   $PI2_HW_PROFILE, else ${XDG_CACHE_HOME:-$HOME/.cache}/pi2/hw-<dev>.json
  * where <dev> is the hex st_dev of device_dir. Saving is atomic
  * (temporary file, fsync, rename).
@@ -120,7 +120,7 @@ int pi2_hwprof_load(const char *path, pi2_hwprof *out, pi2_err *err);
  * device_dir cannot be stat'ed, PI2_ERANGE when it does not fit. */
 int pi2_hwprof_default_path(const char *device_dir, char *buf, size_t n, pi2_err *err);
 /* Does a loaded profile describe this machine for these options? (cpu,
- * isa, threads, dev of device_dir). */
+ * isa, threads at most the profile's, dev of device_dir). */
 bool pi2_hwprof_matches(const pi2_hwprof *p, const pi2_hwprof_opts *o);
 /* Load from path (NULL: default path) when it matches, else measure and
  * save there (when measure is true; otherwise PI2_ENOTFOUND "no hardware

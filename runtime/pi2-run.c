@@ -5,6 +5,7 @@
 #include "runtime/hwprof.h"
 #include "runtime/io.h"
 #include "runtime/kernels.h"
+#include "runtime/planner.h"
 #include "runtime/reference.h"
 #include "runtime/sample.h"
 
@@ -54,7 +55,11 @@ static void usage(FILE *f)
             "  --no-mlock         offload: do not pin the hot segment (pinned where permitted)\n"
             "  --gate-first       offload, dReLU: read up/down rows only once the gate fired\n"
             "                     (default: in the same read as a missing gate)\n"
-            "  --plan-only        offload: print the memory plan for --mem-limit as JSON and stop\n"
+            "  --plan-only        offload: print the plan for --mem-limit (JSON: hot and gate-only\n"
+            "                     groups per FFN, threads, I/O depth, memory, predicted speeds) and stop\n"
+            "  --plan FILE        offload: run this plan (a saved --plan-only output)\n"
+            "  --no-plan          offload: the fixed split (--hot-share, --io-depth), not the planner's\n"
+            "  --min-speed X      offload: refuse a --mem-limit whose best plan decodes below X tok/s\n"
             "  --ctx N            KV cache positions (default: prompt + -n)\n"
             "  --isa NAME         force the kernels: scalar, avx2, avx512vnni (default: best)\n"
             "  --stats            print speed, latency percentiles, sparsity and memory to stderr\n"
@@ -86,16 +91,17 @@ static void usage(FILE *f)
             "  pi2-run model.pi2 --pubkey pub.pem --bench -t 2\n"
             "  pi2-run model.pi2 --pubkey pub.pem --mem-limit 3G -p \"Once upon a time\" --stats\n"
             "  pi2-run --profile-hw model.pi2 -t 2\n"
+            "  pi2-run model.pi2 --pubkey pub.pem --plan-only --mem-limit 3G --min-speed 5 > plan.json\n"
             "  pi2-run --reference ../shared/models/tinystories-656k -p \"Once upon a time, there was a\" -n 48\n");
 }
 
 typedef struct run_opts {
-    const char *model, *ref, *prompt, *pubkey, *ppl, *io_probe, *device_path, *hw_profile;
+    const char *model, *ref, *prompt, *pubkey, *ppl, *io_probe, *device_path, *hw_profile, *plan_file;
     long long n_predict;
     int threads, ctx;
     bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe, no_mlock, plan_only, gate_first;
-    bool profile_hw;
-    double profile_seconds;
+    bool profile_hw, no_plan;
+    double profile_seconds, min_speed;
     uint64_t mem_limit;
     double hot_share;
     int io_backend, io_depth;
@@ -350,6 +356,48 @@ static int load_pubkey(const run_opts *o, pi2_sign_key **key, char *where, size_
 }
 
 /* Open the engine with the CLI's trust rules and friendly messages. */
+/* Why there is no hardware profile (for --stats and --plan-only), or "". */
+static char g_hw_note[4400];
+
+/* The cached hardware profile for the model's device (--hw-profile FILE, or
+ * the default path); *out NULL (not an error) when there is none, noted in
+ * g_hw_note. A corrupt profile file is an error. */
+static int load_hw(const run_opts *o, pi2_hwprof **out, pi2_err *err)
+{
+    char dir[4096] = ".";
+    *out = NULL;
+    g_hw_note[0] = 0;
+    if (o->device_path)
+        snprintf(dir, sizeof dir, "%s", o->device_path);
+    else if (strrchr(o->model, '/')) {
+        snprintf(dir, sizeof dir, "%s", o->model);
+        char *slash = strrchr(dir, '/');
+        slash[slash == dir] = 0;
+    }
+    pi2_hwprof_opts ho = {.threads = o->threads, .device_dir = dir};
+    if (ho.threads <= 0 || ho.threads > PI2_HW_MAX_THREADS) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        ho.threads = n < 1 ? 1 : n > PI2_HW_MAX_THREADS ? PI2_HW_MAX_THREADS : (int)n;
+    }
+    pi2_hwprof *p = malloc(sizeof *p);
+    if (!p)
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    bool measured = false;
+    pi2_err e2 = {0};
+    int rc = pi2_hwprof_get(&ho, o->hw_profile, false, p, &measured, &e2);
+    if (rc == PI2_ENOTFOUND) {
+        snprintf(g_hw_note, sizeof g_hw_note, "%s", e2.msg);
+        free(p);
+        return 0;
+    }
+    if (rc) {
+        free(p);
+        return pi2_err_set(err, rc, "%s", e2.msg);
+    }
+    *out = p;
+    return 0;
+}
+
 static int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
 {
     pi2_sign_key *key = NULL;
@@ -373,7 +421,23 @@ static int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
     eo.lock_hot = !o->no_mlock;
     eo.gate_first = o->gate_first;
     eo.plan_only = o->plan_only;
-    rc = pi2_engine_open(e, &eo, err);
+    pi2_hwprof *hw = NULL;
+    pi2_plan plan = {0};
+    if (o->mem_limit) {
+        eo.fixed_split = o->no_plan;
+        eo.min_speed = o->min_speed;
+        eo.plan_prompt = ctx > 0 ? ctx : 0;
+        if (o->plan_file && (rc = pi2_plan_load(o->plan_file, &plan, err)) == 0)
+            eo.plan = &plan;
+        if (rc == 0 && (rc = load_hw(o, &hw, err)) == 0)
+            eo.hw = hw;
+        if (rc == 0 && !hw && o->min_speed > 0)
+            rc = pi2_err_set(err, PI2_EINVAL, "--min-speed needs a hardware profile: %s", g_hw_note);
+    }
+    if (rc == 0)
+        rc = pi2_engine_open(e, &eo, err);
+    free(hw);
+    pi2_plan_free(&plan);
     pi2_sign_key_free(key);
     pi2_err fresh = {0}; /* first error wins: reset before rewording */
     if (rc == PI2_EINVAL && !key && strstr(err->msg, "public key is needed"))
@@ -441,6 +505,15 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
             (double)in.bytes_read / tok / 1e6, (double)in.reads / tok, (double)in.parts_prefetched / tok,
             tsum > 0 ? 100.0 * in.io_wait_s / tsum : 0.0,
             in.hot_locked ? " | hot segment locked" : "");
+    if (in.plan)
+        fprintf(f,
+                "plan: %s | %d threads, I/O depth %d%s, gates kept for %.0f MB more | predicted %.2f tok/s decode "
+                "(%.1f ms: compute %.1f, I/O %.1f, head %.1f), %.0f tok/s prefill, hit rate %.1f%%\n",
+                in.plan_source, in.threads, in.io_depth, in.gate_first ? ", gate-first" : "", in.gate_hot / 1048576.0,
+                in.plan->pred.decode_tok_s, in.plan->pred.decode_ms, in.plan->pred.compute_ms, in.plan->pred.io_ms,
+                in.plan->pred.head_ms, in.plan->pred.prefill_tok_s, 100.0 * in.plan->pred.hit_rate);
+    else
+        fprintf(f, "plan: fixed split (%s)\n", g_hw_note[0] ? g_hw_note : "--no-plan");
 }
 
 static int eng_step(void *ctx, int32_t token, int pos, float *logits, pi2_err *err)
@@ -557,15 +630,31 @@ static int run_plan(const run_opts *o)
         return fail(&err);
     pi2_engine_offload_info in;
     pi2_engine_offload_info_get(e, &in);
-    printf("{\"model\":\"%s\",\"ctx\":%d,\"threads\":%d,\"mem_limit\":%llu,\"minimum_bytes\":%llu,"
-           "\"planned_bytes\":%llu,\"resident_bytes\":%llu,\"kv_bytes\":%llu,\"buffer_bytes\":%llu,"
-           "\"overhead_bytes\":%llu,\"hot_bytes\":%llu,\"cache_bytes\":%llu,\"cache_slots\":%u,\"ffn_bytes\":%llu,"
-           "\"offloaded\":%.4f,\"io\":\"%s\"}\n",
-           o->model, pi2_engine_ctx(e), pi2_engine_threads(e), (unsigned long long)in.mem_limit,
-           (unsigned long long)in.minimum, (unsigned long long)in.planned, (unsigned long long)in.resident,
-           (unsigned long long)in.kv, (unsigned long long)in.buffers, (unsigned long long)in.overhead,
-           (unsigned long long)in.hot, (unsigned long long)in.cache, in.cache_slots, (unsigned long long)in.ffn_total,
-           in.offloaded, in.backend);
+    char mem[1536];
+    snprintf(mem, sizeof mem,
+             "{\"ctx\":%d,\"threads\":%d,\"mem_limit\":%llu,\"minimum_bytes\":%llu,"
+             "\"planned_bytes\":%llu,\"resident_bytes\":%llu,\"kv_bytes\":%llu,\"buffer_bytes\":%llu,"
+             "\"overhead_bytes\":%llu,\"hot_bytes\":%llu,\"gate_hot_bytes\":%llu,\"cache_bytes\":%llu,"
+             "\"cache_slots\":%u,\"ffn_bytes\":%llu,\"offloaded\":%.4f,\"io\":\"%s\",\"io_depth\":%d}",
+             pi2_engine_ctx(e), pi2_engine_threads(e), (unsigned long long)in.mem_limit, (unsigned long long)in.minimum,
+             (unsigned long long)in.planned, (unsigned long long)in.resident, (unsigned long long)in.kv,
+             (unsigned long long)in.buffers, (unsigned long long)in.overhead, (unsigned long long)in.hot,
+             (unsigned long long)in.gate_hot, (unsigned long long)in.cache, in.cache_slots,
+             (unsigned long long)in.ffn_total, in.offloaded, in.backend, in.io_depth);
+    if (in.plan) { /* the plan, loadable with --plan, with the memory it makes */
+        char *pj = pi2_plan_json(in.plan, o->model);
+        if (!pj) {
+            pi2_engine_close(e);
+            fprintf(stderr, "pi2-run: out of memory\n");
+            return 1;
+        }
+        size_t n = strlen(pj);
+        printf("%.*s,\"source\":\"%s\",\"memory\":%s}\n", (int)(n - 1), pj, in.plan_source, mem);
+        free(pj);
+    } else {
+        printf("{\"model\":\"%s\",\"source\":\"%s\",\"note\":\"%s\",\"memory\":%s}\n", o->model, in.plan_source,
+               g_hw_note, mem);
+    }
     pi2_engine_close(e);
     return 0;
 }
@@ -632,7 +721,7 @@ static int run_bench(const run_opts *o)
     }
     pi2_engine_offload_info in;
     pi2_engine_offload_info_get(e, &in);
-    char ofl[1024] = "";
+    char ofl[2048] = "";
     if (in.on) {
         double ntok = tg > 0 ? tg : 1;
         snprintf(ofl, sizeof ofl,
@@ -641,7 +730,9 @@ static int run_bench(const run_opts *o)
                  "\"cache_hit_rate\":%.5f,\"read_bytes_per_token\":%.0f,\"reads_per_token\":%.1f,"
                  "\"read_size\":%.0f,\"io_wait_share\":%.4f,\"io\":\"%s\",\"prefill_read_bytes\":%llu,"
                  "\"parts_per_token\":%.0f,\"parts_read_per_token\":%.1f,\"prefetched_per_token\":%.1f,"
-                 "\"prefetch_waits_per_token\":%.1f",
+                 "\"prefetch_waits_per_token\":%.1f,\"plan\":\"%s\",\"plan_threads\":%d,\"plan_io_depth\":%d,"
+                 "\"gate_first\":%s,\"gate_hot_bytes\":%llu,\"predicted_tok_s\":%.3f,\"predicted_hit_rate\":%.4f,"
+                 "\"predicted_prefill_tok_s\":%.2f",
                  (unsigned long long)in.mem_limit, (unsigned long long)in.minimum, (unsigned long long)in.planned,
                  (unsigned long long)pi2_engine_footprint(e), (unsigned long long)in.resident,
                  (unsigned long long)in.hot, (unsigned long long)in.cache, (unsigned long long)in.ffn_total,
@@ -650,7 +741,10 @@ static int run_bench(const run_opts *o)
                  (double)in.bytes_read / ntok, (double)in.reads / ntok,
                  in.reads ? (double)in.bytes_read / (double)in.reads : 0.0, tot > 0 ? in.io_wait_s / tot : 0.0,
                  in.backend, (unsigned long long)in.prefill_bytes_read, (double)in.parts / ntok,
-                 (double)in.parts_read / ntok, (double)in.parts_prefetched / ntok, (double)in.prefetch_waits / ntok);
+                 (double)in.parts_read / ntok, (double)in.parts_prefetched / ntok, (double)in.prefetch_waits / ntok,
+                 in.plan_source, in.threads, in.io_depth, in.gate_first ? "true" : "false",
+                 (unsigned long long)in.gate_hot, in.plan ? in.plan->pred.decode_tok_s : 0.0,
+                 in.plan ? in.plan->pred.hit_rate : 0.0, in.plan ? in.plan->pred.prefill_tok_s : 0.0);
     }
     qsort(lat, (size_t)tg, sizeof *lat, cmp_double);
     pi2_engine_stats st;
@@ -905,7 +999,7 @@ int main(int argc, char **argv)
     enum {
         O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS, O_DENSE, O_PUBKEY, O_TRUST, O_NOVERIFY,
         O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE, O_MEM, O_HOT, O_IO, O_IODEPTH, O_MLOCK,
-        O_IOPROBE, O_PLAN, O_GATEFIRST, O_PROFHW, O_DEVPATH, O_HWPROF, O_PROFSEC
+        O_IOPROBE, O_PLAN, O_GATEFIRST, O_PROFHW, O_DEVPATH, O_HWPROF, O_PROFSEC, O_PLANFILE, O_NOPLAN, O_MINSPEED
     };
     static const struct option opts[] = {
         {"reference", required_argument, 0, O_REF},   {"prompt", required_argument, 0, 'p'},
@@ -925,6 +1019,8 @@ int main(int argc, char **argv)
         {"io-probe", required_argument, 0, O_IOPROBE},
         {"profile-hw", no_argument, 0, O_PROFHW},     {"device-path", required_argument, 0, O_DEVPATH},
         {"hw-profile", required_argument, 0, O_HWPROF}, {"profile-seconds", required_argument, 0, O_PROFSEC},
+        {"plan", required_argument, 0, O_PLANFILE},   {"no-plan", no_argument, 0, O_NOPLAN},
+        {"min-speed", required_argument, 0, O_MINSPEED},
         {"plan-only", no_argument, 0, O_PLAN},        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     run_opts o = {.prompt = "", .n_predict = 64, .verify_ffn = true, .bench_pp = 128, .bench_tg = 64,
@@ -1000,6 +1096,9 @@ int main(int argc, char **argv)
         case O_DEVPATH: o.device_path = optarg; break;
         case O_HWPROF: o.hw_profile = optarg; break;
         case O_PROFSEC: rc = pi2_parse_double("--profile-seconds", optarg, 0.001, 60, &o.profile_seconds, &err); break;
+        case O_PLANFILE: o.plan_file = optarg; break;
+        case O_NOPLAN: o.no_plan = true; break;
+        case O_MINSPEED: rc = pi2_parse_double("--min-speed", optarg, 1e-6, 1e9, &o.min_speed, &err); break;
         case 'h': usage(stdout); return 0;
         default: fprintf(stderr, "pi2-run: see --help\n"); return 2;
         }

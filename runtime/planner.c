@@ -1030,8 +1030,8 @@ static int jint_in(json_t *o, const char *key, long long lo, long long hi, long 
 
 int pi2_plan_load(const char *path, pi2_plan *out, pi2_err *err)
 {
-    static const char *const keys[] = {"version",    "model",       "mem_limit", "threads", "io_depth",
-                                       "gate_first", "hot_groups", "gate_groups", "predicted"};
+    static const char *const keys[] = {"version",    "model",      "mem_limit",   "threads",   "io_depth", "gate_first",
+                                       "hot_groups", "gate_groups", "predicted", "source",    "memory"};
     memset(out, 0, sizeof *out);
     char *text;
     size_t len;
@@ -1044,8 +1044,9 @@ int pi2_plan_load(const char *path, pi2_plan *out, pi2_err *err)
     if (!o)
         return pi2_err_set(err, PI2_EFORMAT, "%s: not a plan: %s (line %d)", path, je.text, je.line);
     if (!json_is_object(o)) {
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: not a plan: %s, expected an object", path, pi2_json_type_name(o));
         json_decref(o);
-        return pi2_err_set(err, PI2_EFORMAT, "%s: not a plan: %s, expected an object", path, pi2_json_type_name(o));
+        return rc;
     }
     const char *k;
     json_t *v;

@@ -66,7 +66,8 @@
  *   "predicted": { "decode_tok_s", "decode_ms", "prefill_tok_s",
  *                  "compute_ms", "io_ms", "head_ms", "reads_per_token",
  *                  "mb_per_token", "hit_rate", "hot_mb", "offloaded" } }
- * Load checks keys, types and ranges (hot_groups[i] <= groups, gate_groups
+ * pi2-run --plan-only adds "source" and "memory" (the memory plan), which
+ * load accepts and ignores. Load checks keys, types and ranges (hot_groups[i] <= groups, gate_groups
  * in [hot_groups, groups]); the engine checks the plan fits the model and
  * the memory limit.
  */

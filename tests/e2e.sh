@@ -7,6 +7,8 @@ SHARED=${PI2_SHARED:-../shared}
 T=$(mktemp -d "${TMPDIR:-/tmp}/pi2e2e.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 pass=0 fail=0 skip=0
+# runs plan from a hardware profile only where a test gives one
+export PI2_HW_PROFILE="$T/no-hw-profile.json"
 ok()   { pass=$((pass + 1)); }
 bad()  { fail=$((fail + 1)); echo "FAIL: $*"; }
 skp()  { skip=$((skip + 1)); echo "skip: $*"; }
@@ -269,6 +271,44 @@ expect_error "profile-hw bad seconds" "--profile-seconds" "$B/pi2-run" --profile
 expect_error "profile-hw zero seconds" "--profile-seconds" "$B/pi2-run" --profile-hw --profile-seconds 0
 expect_error "profile-hw too many threads" "at most 16" "$B/pi2-run" --profile-hw -t 64 --hw-profile "$T/hw2.json"
 expect_error "profile-hw two models" "unexpected argument" "$B/pi2-run" --profile-hw a.pi2 b.pi2
+
+# --- the planner: --plan-only, --plan FILE, --min-speed, --no-plan ---
+P="--pubkey $T/k.pub --hw-profile $T/hw.json -t 1"
+lim=$(( ${min:-1} + 2 ))M
+# shellcheck disable=SC2086
+"$B/pi2-run" "$T/b.pi2" $P --plan-only --mem-limit "$lim" -p "hello world" -n 16 >"$T/plan.json" 2>"$T/err" \
+    && grep -q '"source":"planned"' "$T/plan.json" && grep -q '"hot_groups":\[' "$T/plan.json" \
+    && grep -q '"decode_tok_s":' "$T/plan.json" && grep -q '"memory":{' "$T/plan.json" && ok \
+    || { bad "pi2-run --plan-only with a hardware profile"; cat "$T/plan.json" "$T/err"; }
+# shellcheck disable=SC2086
+p1=$("$B/pi2-run" "$T/b.pi2" $P --mem-limit "$lim" -p "hello world" -n 16 --plan "$T/plan.json" --stats 2>"$T/err")
+grep -q "plan: given" "$T/err" && grep -q "predicted" "$T/err" && [ -n "$p1" ] && ok \
+    || { bad "pi2-run --plan FILE"; cat "$T/err"; }
+# shellcheck disable=SC2086
+p2=$("$B/pi2-run" "$T/b.pi2" $P --mem-limit "$lim" -p "hello world" -n 16 --stats 2>"$T/err")
+grep -q "plan: planned" "$T/err" && [ "$p1" = "$p2" ] && ok || { bad "planned run: '$p2' vs '$p1'"; cat "$T/err"; }
+# shellcheck disable=SC2086
+"$B/pi2-run" "$T/b.pi2" $P --mem-limit "$lim" -p "hello" -n 4 --no-plan --stats 2>"$T/err" >/dev/null \
+    && grep -q "plan: fixed split" "$T/err" && ok || { bad "pi2-run --no-plan"; cat "$T/err"; }
+"$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" --mem-limit "$lim" -p "hello" -n 4 --stats 2>"$T/err" >/dev/null \
+    && grep -q "plan: fixed split (no hardware profile" "$T/err" && ok || { bad "run without a hardware profile"; cat "$T/err"; }
+# shellcheck disable=SC2086
+expect_error "plan infeasible speed" "infeasible" "$B/pi2-run" "$T/b.pi2" $P --mem-limit "$lim" -p hi --min-speed 1e8
+expect_error "plan min-speed without profile" "needs a hardware profile" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" \
+    --mem-limit "$lim" -p hi --min-speed 5
+expect_error "plan bad min-speed" "--min-speed" "$B/pi2-run" "$T/b.pi2" --mem-limit "$lim" --min-speed fast
+printf '{"version":1,"mem_limit":1,"threads":1' >"$T/badplan.json"
+# shellcheck disable=SC2086
+expect_error "plan truncated file" "badplan.json" "$B/pi2-run" "$T/b.pi2" $P --mem-limit "$lim" -p hi --plan "$T/badplan.json"
+# shellcheck disable=SC2086
+expect_error "plan missing file" "nope.json" "$B/pi2-run" "$T/b.pi2" $P --mem-limit "$lim" -p hi --plan "$T/nope.json"
+sed 's/"hot_groups":\[/"hot_groups":[99999,/' "$T/plan.json" >"$T/badplan.json"
+# shellcheck disable=SC2086
+expect_error "plan for another model" "FFN\|gate_groups" "$B/pi2-run" "$T/b.pi2" $P --mem-limit "$lim" -p hi \
+    --plan "$T/badplan.json"
+printf 'not json' >"$T/badhw.json"
+expect_error "plan corrupt hardware profile" "badhw.json" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" \
+    --hw-profile "$T/badhw.json" --mem-limit "$lim" -p hi
 
 # --- golden: the real trained model ---
 M="$SHARED/models/tinystories-656k"

@@ -464,7 +464,9 @@ static void test_matches(void **state)
     q = p;
     q.dev ^= 1;
     assert_false(pi2_hwprof_matches(&q, &o));
-    o.threads = 1;
+    o.threads = 1; /* a profile measured up to more threads covers fewer */
+    assert_true(pi2_hwprof_matches(&p, &o));
+    o.threads = 3;
     assert_false(pi2_hwprof_matches(&p, &o));
     /* 0 threads: the online CPUs, at most PI2_HW_MAX_THREADS */
     o.threads = 0;

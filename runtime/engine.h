@@ -79,6 +79,7 @@ typedef struct pi2_engine_opts {
      * gate_first), predicted when a hardware profile is given. */
     const struct pi2_plan *plan;
     const struct pi2_hwprof *hw;
+    const struct pi2_plan_cal *cal; /* the model's learned factors (NULL: none yet) */
     bool fixed_split;
     double min_speed;           /* tok/s the plan must reach (0: none): PI2_ERANGE otherwise */
     int plan_prompt;            /* prompt tokens for the predicted prefill figure (0: 128) */

@@ -341,6 +341,9 @@ static int ofl_plan(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, const p
     if (rc)
         return rc;
     mp.ctx = o->plan_prompt > 0 ? o->plan_prompt + 32 : 160;
+    if (o->cal)
+        mp.cal = *o->cal;
+    mp.cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (o->plan) {
         const pi2_plan *g = o->plan;
         if (g->n_ffn != x->n_ffn) {
@@ -371,7 +374,7 @@ static int ofl_plan(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, const p
             memcpy(gg, g->gate_groups, g->n_ffn * sizeof *gg);
             memset(&x->plan.pred, 0, sizeof x->plan.pred);
             if (o->hw)
-                pi2_plan_predict(&mp, o->hw, pm, &x->plan, o->plan_prompt, true, err);
+                pi2_plan_predict(&mp, o->hw, pm, &x->plan, o->plan_prompt, false, err);
             x->info.plan_source = "given";
         }
     } else {
@@ -441,6 +444,9 @@ static void ofl_predict_fixed(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *
     if (pi2_mprof_build(&mp, e->mf, e->bl, e->res, e->res_bytes, e->path, &er) != 0)
         return;
     mp.ctx = o->plan_prompt > 0 ? o->plan_prompt + 32 : 160;
+    if (o->cal)
+        mp.cal = *o->cal;
+    mp.cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (pi2_plan_alloc(&x->plan, x->n_ffn, &er) == 0) {
         x->plan.mem_limit = o->mem_limit;
         x->plan.threads = e->threads;
@@ -448,7 +454,7 @@ static void ofl_predict_fixed(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *
         x->plan.gate_first = !x->spec && x->two_phase;
         for (uint32_t i = 0; i < x->n_ffn; i++)
             x->plan.hot_groups[i] = x->plan.gate_groups[i] = (uint32_t)(x->hot_len[i] / x->bl[i]->slot_bytes);
-        pi2_plan_predict(&mp, o->hw, pm, &x->plan, o->plan_prompt, true, &er);
+        pi2_plan_predict(&mp, o->hw, pm, &x->plan, o->plan_prompt, false, &er);
     }
     pi2_mprof_free(&mp);
 }

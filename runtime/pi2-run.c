@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void usage(FILE *f)
@@ -358,6 +359,56 @@ static int load_pubkey(const run_opts *o, pi2_sign_key **key, char *where, size_
 /* Open the engine with the CLI's trust rules and friendly messages. */
 /* Why there is no hardware profile (for --stats and --plan-only), or "". */
 static char g_hw_note[4400];
+/* The model's learned planning factors and where they live ("" : none). */
+static pi2_plan_cal g_cal;
+static char g_cal_path[4400];
+
+/* Calibration file of this model: next to the hardware profile, named by
+ * the container's identity (device, inode, size, mtime), so a rebuilt
+ * container starts afresh. */
+static bool cal_path(const run_opts *o, char *buf, size_t n)
+{
+    char hw[4096], dir[4096] = ".";
+    pi2_err e = {0};
+    struct stat st;
+    if (stat(o->model, &st) != 0)
+        return false;
+    if (o->hw_profile)
+        snprintf(hw, sizeof hw, "%s", o->hw_profile);
+    else {
+        if (o->device_path)
+            snprintf(dir, sizeof dir, "%s", o->device_path);
+        else if (strrchr(o->model, '/')) {
+            snprintf(dir, sizeof dir, "%s", o->model);
+            char *slash = strrchr(dir, '/');
+            slash[slash == dir] = 0;
+        }
+        if (pi2_hwprof_default_path(dir, hw, sizeof hw, &e) != 0)
+            return false;
+    }
+    char *slash = strrchr(hw, '/');
+    if (slash)
+        slash[1] = 0;
+    else
+        hw[0] = 0;
+    return snprintf(buf, n, "%smodel-%llx-%llx-%llx-%llx.json", hw, (unsigned long long)st.st_dev,
+                    (unsigned long long)st.st_ino, (unsigned long long)st.st_size,
+                    (unsigned long long)st.st_mtime) < (int)n;
+}
+
+/* After a run of at least 8 decode tokens under a plan: fold what it
+ * measured into the model's factors. */
+static void learn(pi2_engine *e, double tok_s, size_t tokens)
+{
+    pi2_engine_offload_info in;
+    pi2_engine_offload_info_get(e, &in);
+    if (!in.on || !in.plan || tokens < 8 || !g_cal_path[0] || pi2_engine_dense(e))
+        return;
+    pi2_plan_cal_update(&g_cal, in.plan, tok_s, (double)in.reads / (double)tokens);
+    pi2_err err = {0};
+    if (pi2_plan_cal_save(&g_cal, g_cal_path, &err) != 0)
+        fprintf(stderr, "pi2-run: could not save the model's calibration: %s\n", err.msg);
+}
 
 /* The cached hardware profile for the model's device (--hw-profile FILE, or
  * the default path); *out NULL (not an error) when there is none, noted in
@@ -431,6 +482,15 @@ static int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
             eo.plan = &plan;
         if (rc == 0 && (rc = load_hw(o, &hw, err)) == 0)
             eo.hw = hw;
+        if (rc == 0 && hw && cal_path(o, g_cal_path, sizeof g_cal_path)) {
+            pi2_err ce = {0};
+            int cr = pi2_plan_cal_load(g_cal_path, &g_cal, &ce);
+            if (cr && cr != PI2_ENOTFOUND)
+                fprintf(stderr, "pi2-run: %s (ignored; the next run rewrites it)\n", ce.msg);
+            if (cr)
+                pi2_plan_cal_defaults(&g_cal);
+            eo.cal = &g_cal;
+        }
         if (rc == 0 && !hw && o->min_speed > 0)
             rc = pi2_err_set(err, PI2_EINVAL, "--min-speed needs a hardware profile: %s", g_hw_note);
     }
@@ -601,6 +661,15 @@ static int run_generate(const run_opts *o)
         goto out;
     if (o->stats)
         print_stats(e, &g, t_load, stderr);
+    {
+        double tot = 0;
+        for (size_t i = 0; i < g.n_lat; i++)
+            tot += g.lat[i];
+        pi2_engine_offload_info in;
+        pi2_engine_offload_info_get(e, &in);
+        if (tot > 0)
+            learn(e, (double)g.n_lat / tot, g.n_lat);
+    }
     status = 0;
 out:
     if (rc)
@@ -746,6 +815,8 @@ static int run_bench(const run_opts *o)
                  (unsigned long long)in.gate_hot, in.plan ? in.plan->pred.decode_tok_s : 0.0,
                  in.plan ? in.plan->pred.hit_rate : 0.0, in.plan ? in.plan->pred.prefill_tok_s : 0.0);
     }
+    if (in.on && tot > 0)
+        learn(e, tg / tot, (size_t)tg);
     qsort(lat, (size_t)tg, sizeof *lat, cmp_double);
     pi2_engine_stats st;
     pi2_engine_stats_get(e, &st);

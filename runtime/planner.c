@@ -9,8 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#define PLAN_LEVELS 48 /* per-FFN choices of hot groups (and of gate groups) */
+#define PLAN_LEVELS 48     /* per-FFN choices of hot groups (and of gate groups) */
 static const int DEPTHS[] = {16, 32, 64, 128};
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -90,68 +91,89 @@ static int member_at(const pi2_manifest *mf, const char *name, const uint8_t *ba
     return 0;
 }
 
-/* Group figures of FFN F from its samples (or its frequencies). */
+/* Group figures of FFN F. The bundle grouped neurons by co-activation on
+ * these very samples, so their joint counts flatter the grouping (with a
+ * few hundred samples, in-sample co-activation is far above what new text
+ * shows: measured 2.1 selected neurons per cold read in-sample vs 1.1 at
+ * run time on the generated 7B-shaped model). Only the marginals carry
+ * over: each neuron is selected with its sampled frequency (or its profiled
+ * activation frequency without samples), independently. */
 static void group_figures(const pi2_mprof *mp, pi2_mprof_ffn *F, uint64_t ns)
 {
-    double sel_sum = 0;
+    double *f = pi2_calloc_array(F->neurons, sizeof *f);
+    if (!f)
+        return;
     if (F->bits && ns > 0) {
         for (uint64_t s = 0; s < ns; s++) {
             const uint64_t *row = F->bits + s * F->words;
-            for (uint32_t k = 0; k < F->groups; k++) {
-                uint32_t i0 = k * F->group, i1 = i0 + F->group < F->neurons ? i0 + F->group : F->neurons;
-                int first = -1, last = -1, cnt = 0;
-                for (uint32_t i = i0; i < i1; i++)
-                    if ((row[i / 64] >> (i % 64)) & 1) {
-                        if (first < 0)
-                            first = (int)(i - i0);
-                        last = (int)(i - i0);
-                        cnt++;
-                    }
-                if (cnt == 0)
-                    continue;
-                sel_sum += cnt;
-                F->p[k] += 1;
-                F->n[k] += cnt;
-                F->sp0[k] += (double)span_bytes(mp, mp->two_phase ? 3 : 0, (uint32_t)first, (uint32_t)last);
-                F->spg[k] += (double)span_bytes(mp, 1, (uint32_t)first, (uint32_t)last);
-            }
+            for (uint32_t w = 0; w < F->words; w++)
+                for (uint64_t b = row[w]; b; b &= b - 1) {
+                    uint32_t i = w * 64 + (uint32_t)__builtin_ctzll(b);
+                    if (i < F->neurons)
+                        f[i] += 1;
+                }
         }
+        for (uint32_t i = 0; i < F->neurons; i++)
+            f[i] /= (double)ns;
     } else {
-        /* no samples: neurons independent, at their profiled frequency (or the active fraction) */
-        ns = 1;
-        for (uint32_t k = 0; k < F->groups; k++) {
-            uint32_t i0 = k * F->group, i1 = i0 + F->group < F->neurons ? i0 + F->group : F->neurons;
-            double none = 1, cnt = 0;
-            for (uint32_t i = i0; i < i1; i++) {
-                double f = F->freq ? F->freq[i] : F->fired / F->neurons;
-                none *= 1 - f;
-                cnt += f;
-            }
-            F->p[k] = 1 - none;
-            F->n[k] = cnt;
-            sel_sum += cnt;
-            F->sp0[k] = (double)span_bytes(mp, mp->two_phase ? 3 : 0, 0, i1 - i0 - 1) * F->p[k];
-            F->spg[k] = (double)span_bytes(mp, 1, 0, i1 - i0 - 1) * F->p[k];
-        }
+        for (uint32_t i = 0; i < F->neurons; i++)
+            f[i] = F->freq ? F->freq[i] : F->fired / F->neurons;
     }
-    F->sel = sel_sum / (double)ns;
+    double sel = 0;
+    for (uint32_t i = 0; i < F->neurons; i++)
+        sel += f[i];
+    F->sel = sel;
     if (F->fired > F->sel)
         F->fired = F->sel;
     double phi = F->sel > 0 ? F->fired / F->sel : 0;
     for (uint32_t k = 0; k < F->groups; k++) {
-        if (F->p[k] > 0) {
-            F->sp0[k] /= F->p[k];
-            F->spg[k] /= F->p[k];
+        uint32_t i0 = k * F->group, i1 = i0 + F->group < F->neurons ? i0 + F->group : F->neurons, m = i1 - i0;
+        double none = 1, nfire = 1, cnt = 0;
+        for (uint32_t i = i0; i < i1; i++) {
+            none *= 1 - f[i];
+            nfire *= 1 - f[i] * phi;
+            cnt += f[i];
         }
-        F->p[k] /= (double)ns;
-        F->n[k] /= (double)ns;
-        /* up+down: the firing neurons among the selected ones */
-        double m = F->p[k] > 0 ? F->n[k] / F->p[k] : 0; /* selected per read */
-        F->q[k] = F->p[k] * (1 - pow(1 - phi, m));
-        double mf = m * phi > 1 ? m * phi : 1; /* firing per up+down read */
-        uint64_t b = align_up((uint64_t)ceil(mf) * 2 * mp->R, PI2_BL_ALIGN);
-        F->spu[k] = (double)(mp->two_phase && b > mp->S - mp->Pg ? mp->S - mp->Pg : b);
+        F->p[k] = 1 - none;
+        F->q[k] = 1 - nfire;
+        F->n[k] = cnt;
+        /* mean spans of a read, given it happens: exact over the subsets of
+         * small groups, the whole group otherwise */
+        double s0 = 0, sg = 0, su = 0, pu = 0;
+        if (m <= 12 && F->p[k] > 0) {
+            for (uint32_t mask = 1; mask < (1u << m); mask++) {
+                double pr = 1, pf = 1;
+                int first = -1, last = -1;
+                for (uint32_t j = 0; j < m; j++) {
+                    double fj = f[i0 + j];
+                    if (mask >> j & 1) {
+                        pr *= fj;
+                        pf *= fj * phi;
+                        if (first < 0)
+                            first = (int)j;
+                        last = (int)j;
+                    } else {
+                        pr *= 1 - fj;
+                        pf *= 1 - fj * phi;
+                    }
+                }
+                s0 += pr * (double)span_bytes(mp, mp->two_phase ? 3 : 0, (uint32_t)first, (uint32_t)last);
+                sg += pr * (double)span_bytes(mp, 1, (uint32_t)first, (uint32_t)last);
+                su += pf * (double)span_bytes(mp, 2, (uint32_t)first, (uint32_t)last);
+                pu += pf;
+            }
+            F->sp0[k] = s0 / F->p[k];
+            F->spg[k] = sg / F->p[k];
+            F->spu[k] = pu > 0 ? su / pu : (double)span_bytes(mp, 2, 0, 0);
+        } else {
+            F->sp0[k] = (double)span_bytes(mp, mp->two_phase ? 3 : 0, 0, m ? m - 1 : 0);
+            F->spg[k] = (double)span_bytes(mp, 1, 0, m ? m - 1 : 0);
+            F->spu[k] = (double)span_bytes(mp, 2, 0, m ? m - 1 : 0);
+        }
+        if (!mp->two_phase)
+            F->spu[k] = 0;
     }
+    free(f);
 }
 
 int pi2_mprof_build(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundle_layout *bl, const uint8_t *base,
@@ -184,6 +206,7 @@ int pi2_mprof_build(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundle_layo
     if (!mp->ffn)
         return pi2_err_set(err, PI2_ENOMEM, "out of memory for the model profile");
     mp->bits_selected = true;
+    pi2_plan_cal_defaults(&mp->cal);
     int rc = 0;
     for (uint32_t fi = 0; fi < mp->n_ffn && rc == 0; fi++) {
         const pi2_bl_ffn *b = &bl->ffn[fi];
@@ -249,7 +272,8 @@ void pi2_plan_opts_defaults(pi2_plan_opts *o)
     o->threads = 1;
     o->max_depth = 128;
     o->prompt = 128;
-    o->lru_replay = true;
+    o->lru_replay = false;
+    o->min_gain = 0.03;
 }
 
 int pi2_plan_alloc(pi2_plan *p, uint32_t n_ffn, pi2_err *err)
@@ -339,6 +363,21 @@ static double gemv_rate(const pi2_hw_compute *c, pi2_qtype q)
     return q == PI2_QT_Q4 ? c->gemv_q4 : c->gemv_q8;
 }
 
+/* The model's learned compute factor for t threads: its own, else the mean
+ * of the thread counts learned, else 1. */
+static double cal_compute(const pi2_mprof *mp, int t)
+{
+    const pi2_plan_cal *c = &mp->cal;
+    if (t >= 1 && t <= PI2_HW_MAX_THREADS && c->s_w[t - 1] > 1e-9)
+        return c->s_wk[t - 1] / c->s_w[t - 1];
+    double w = 0, wk = 0;
+    for (int i = 0; i < PI2_HW_MAX_THREADS; i++) {
+        w += c->s_w[i];
+        wk += c->s_wk[i];
+    }
+    return w > 1e-9 ? wk / w : 1.0;
+}
+
 /* Compute seconds of FFN fi per token where it runs (predictor + sparse rows). */
 static double ffn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uint32_t fi)
 {
@@ -359,6 +398,16 @@ static double attn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t)
 
 static double ffn_weight(const pi2_mprof *mp) { return mp->experts > 0 ? (double)mp->top_k / mp->experts : 1.0; }
 
+/* Share of the shorter of compute and reads hidden under the other with t
+ * compute threads: the hardware profile's, when the I/O thread has a core
+ * of its own; none when t compute threads and the I/O thread share fewer
+ * cores (measured on this engine: at 50% offloaded, 2 compute threads on
+ * 2 cores hid 8% of the compute, 1 thread 57% of the reads). */
+static double overlap_of(const pi2_mprof *mp, const pi2_hw_compute *hc, int t)
+{
+    return mp->cores > 0 && t + 1 > mp->cores ? 0.0 : hc->overlap;
+}
+
 /* Seconds per token of one FFN item (with its share of the layer's
  * attention) given its reads: round 1 (n1 reads, b1 bytes) and round 2. */
 static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, double n1, double b1,
@@ -366,17 +415,32 @@ static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c,
 {
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c->t);
     double w = ffn_weight(mp);
-    double C = ffn_compute(mp, hw, c->t, fi) + attn_compute(mp, hw, c->t) / mp->top_k;
+    double C = cal_compute(mp, c->t) * (ffn_compute(mp, hw, c->t, fi) + attn_compute(mp, hw, c->t) / mp->top_k);
     double IO = io_time(hw, n1, b1, c->depth) + io_time(hw, n2, b2, c->depth) +
                 (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
-    double ov = hc->overlap;
-    return w * (C + IO - ov * (C < IO ? C : IO));
+    return w * (C + IO - overlap_of(mp, hc, c->t) * (C < IO ? C : IO));
 }
 
 /* Static-hot reads of FFN fi at (h, g) from suffix sums. */
 typedef struct suffix {
     double *P, *B0, *BG, *Q, *BU; /* [groups + 1] */
 } suffix;
+
+/* Share of FFN F's neurons whose gate (or whole neuron) is not kept. */
+static double cold_share(const pi2_mprof *mp, const pi2_mprof_ffn *F, uint32_t h, uint32_t g)
+{
+    uint64_t kept = (uint64_t)(mp->two_phase ? g : h) * F->group;
+    return F->neurons && kept < F->neurons ? (double)(F->neurons - kept) / F->neurons : 0;
+}
+
+/* Read-ahead reads of neurons the FFN then does not select (learned:
+ * pi2_plan_cal.extra per FFN at cold share 1): one read of one neuron each. */
+static void add_extra(const pi2_mprof *mp, double cold, double extra, double *n1, double *b1)
+{
+    double r = extra * cold;
+    *n1 += r;
+    *b1 += r * (double)span_bytes(mp, mp->two_phase ? 3 : 0, 0, 0);
+}
 
 static void static_reads(const pi2_mprof *mp, const suffix *x, bool gf, uint32_t h, uint32_t g, double *n1,
                          double *b1, double *n2, double *b2)
@@ -604,7 +668,8 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_
     uint64_t slots[2];
     pi2_plan_cache_slots(mp, mem, p, slots);
     bool replayed = a && lru_on && mp->samples > 0 && replay(mp, p, slots, a, a + n, a + 2 * n, a + 3 * n, &hit) == 0;
-    double total = 0, io = 0, comp = 0, reads = 0, bytes = 0, parts = 0, served = 0;
+    double total = 0, io = 0, io_cal = 0, comp = 0, reads = 0, bytes = 0, parts = 0, served = 0, raw_reads = 0,
+           raw_cold = 0;
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c.t);
     for (uint32_t fi = 0; fi < n; fi++) {
         double n1, b1, n2, b2;
@@ -634,20 +699,33 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_
         double C = ffn_compute(mp, hw, c.t, fi) + attn_compute(mp, hw, c.t) / mp->top_k;
         double IO = io_time(hw, n1, b1, c.depth) + io_time(hw, n2, b2, c.depth) +
                     (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
+        double cold = cold_share(mp, F, p->hot_groups[fi], p->gate_groups[fi]);
+        raw_reads += w * (n1 + n2);
+        raw_cold += w * cold;
+        add_extra(mp, cold, mp->cal.extra, &n1, &b1);
+        double IOc = io_time(hw, n1, b1, c.depth) + io_time(hw, n2, b2, c.depth) +
+                     (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
         total += item_time(mp, hw, &c, fi, n1, b1, n2, b2);
         comp += w * C;
         io += w * IO;
+        io_cal += w * IOc;
         reads += w * (n1 + n2);
         bytes += w * (b1 + b2);
     }
     free(a);
-    double head = (double)mp->head_bytes / gemv_rate(hc, mp->q_other);
+    double kc = cal_compute(mp, c.t);
+    double head_raw = (double)mp->head_bytes / gemv_rate(hc, mp->q_other), head = kc * head_raw;
     total += head;
     struct pi2_plan_pred *r = &p->pred;
     r->decode_ms = total * 1e3;
     r->decode_tok_s = total > 0 ? 1 / total : 0;
-    r->compute_ms = comp * 1e3;
-    r->io_ms = io * 1e3;
+    r->raw_compute_ms = (comp + head_raw) * 1e3;
+    r->raw_io_ms = io * 1e3;
+    r->raw_reads = raw_reads;
+    r->raw_cold = raw_cold;
+    r->overlap = overlap_of(mp, hc, c.t);
+    r->compute_ms = kc * comp * 1e3;
+    r->io_ms = io_cal * 1e3;
     r->head_ms = head * 1e3;
     r->reads_per_token = reads;
     r->mb_per_token = bytes / 1e6;
@@ -727,6 +805,7 @@ static int item_build(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, u
             uint64_t u = (hot_bytes_of(mp, h, g) + unit - 1) / unit;
             double n1, b1, n2, b2;
             static_reads(mp, x, c->gf, h, g, &n1, &b1, &n2, &b2);
+            add_extra(mp, cold_share(mp, F, h, g), mp->cal.extra, &n1, &b1);
             double t = item_time(mp, hw, c, fi, n1, b1, n2, b2);
             if (t < io->cost[u]) {
                 io->cost[u] = t;
@@ -906,6 +985,19 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
     if (!any)
         return pi2_err_set(err, PI2_ENOMEM, "plan: --mem-limit %.0f MB cannot hold the resident part (%.0f MB)",
                            o->mem_limit / 1e6, (mem->fixed + mem->per_depth * 16 + mc) / 1e6);
+    /* keep the fixed split unless the search predicts a clear gain: the
+     * model's error is larger than small differences */
+    pi2_plan fx;
+    pi2_err fe = {0};
+    if (o->min_gain > 0 && pi2_plan_fixed(mp, mem, o->mem_limit, threads, &fx, &fe) == 0) {
+        pi2_plan_predict(mp, hw, mem, &fx, o->prompt, false, &fe);
+        if (best >= fx.pred.decode_ms * 1e-3 * (1 - o->min_gain)) {
+            pi2_plan_free(out);
+            *out = fx;
+        } else {
+            pi2_plan_free(&fx);
+        }
+    }
     pi2_plan_predict(mp, hw, mem, out, o->prompt, o->lru_replay, err);
     if (o->min_speed > 0 && out->pred.decode_tok_s < o->min_speed) {
         double got = out->pred.decode_tok_s;
@@ -943,6 +1035,122 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
                            o->mem_limit / 1e6, got, o->min_speed);
     }
     return 0;
+}
+
+/* ---- calibration ---- */
+
+void pi2_plan_cal_defaults(pi2_plan_cal *c)
+{
+    memset(c, 0, sizeof *c);
+    c->runs = 0;
+}
+
+#define CAL_KEEP 0.8 /* weight of the earlier runs at each new one */
+
+void pi2_plan_cal_update(pi2_plan_cal *c, const pi2_plan *p, double tok_s, double reads)
+{
+    const struct pi2_plan_pred *r = &p->pred;
+    if (!(tok_s > 0) || !(r->raw_compute_ms > 0) || !isfinite(reads) || reads < 0)
+        return;
+    double T = 1e3 / tok_s, C = r->raw_compute_ms;
+    /* the run's I/O time under the model: its reads at the model's cost per read */
+    double per = r->raw_reads > 0 ? r->raw_io_ms / r->raw_reads : 0;
+    double IO = reads > 0 && per > 0 ? reads * per : 0, ov = r->overlap;
+    /* T = k C + IO - ov min(k C, IO), solved for k (both branches of min);
+     * runs dominated by reads say little about compute: weigh by the
+     * model's compute share, less where k hides under the reads */
+    double k = (T - IO) / C, wt = (C / (C + IO)) * (C / (C + IO));
+    if (ov > 0 && k * C < IO) {
+        k = (T - IO) / (C * (1 - ov));
+        wt *= (1 - ov) * (1 - ov);
+    } else if (ov > 0) {
+        k = (T - IO + ov * IO) / C;
+    }
+    if (k < 0.5)
+        k = 0.5;
+    if (k > 4)
+        k = 4;
+    int t = p->threads < 1 ? 1 : p->threads > PI2_HW_MAX_THREADS ? PI2_HW_MAX_THREADS : p->threads;
+    c->s_w[t - 1] = CAL_KEEP * c->s_w[t - 1] + wt;
+    c->s_wk[t - 1] = CAL_KEEP * c->s_wk[t - 1] + wt * k;
+    if (r->raw_cold > 0.01) {
+        double ex = (reads - r->raw_reads) / r->raw_cold;
+        c->s_ex = CAL_KEEP * c->s_ex + (ex > 0 ? ex : 0);
+        c->n_ex = CAL_KEEP * c->n_ex + 1;
+        c->extra = c->s_ex / c->n_ex;
+    }
+    c->runs++;
+}
+
+int pi2_plan_cal_save(const pi2_plan_cal *c, const char *path, pi2_err *err)
+{
+    char buf[2048];
+    int n = snprintf(buf, sizeof buf, "{\"version\":4,\"extra_reads\":%.9g,\"runs\":%d,\"reads_sums\":[%.9g,%.9g],"
+                                      "\"compute_sums\":[",
+                     c->extra, c->runs, c->s_ex, c->n_ex);
+    for (int i = 0; i < PI2_HW_MAX_THREADS; i++)
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "%s[%.9g,%.9g]", i ? "," : "", c->s_w[i], c->s_wk[i]);
+    n += snprintf(buf + n, sizeof buf - (size_t)n, "]}\n");
+    pi2_afile *f;
+    int rc = pi2_afile_open(&f, path, err);
+    if (rc)
+        return rc;
+    if ((rc = pi2_afile_write(f, buf, (size_t)n, err)) != 0) {
+        pi2_afile_abort(f);
+        return rc;
+    }
+    return pi2_afile_commit(f, err);
+}
+
+int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err)
+{
+    pi2_plan_cal_defaults(c);
+    if (access(path, F_OK) != 0)
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: no calibration yet", path);
+    char *text;
+    size_t len;
+    int rc = pi2_read_file(path, 4096, &text, &len, err);
+    if (rc)
+        return rc;
+    json_error_t je;
+    json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    free(text);
+    json_t *v = o ? json_object_get(o, "version") : NULL, *x = o ? json_object_get(o, "extra_reads") : NULL,
+           *r = o ? json_object_get(o, "runs") : NULL, *rs = o ? json_object_get(o, "reads_sums") : NULL,
+           *cs = o ? json_object_get(o, "compute_sums") : NULL;
+    bool ok = o && json_is_object(o) && json_object_size(o) == 5 && json_is_integer(v) &&
+              json_integer_value(v) == 4 && json_is_number(x) && json_is_integer(r) && json_is_array(rs) &&
+              json_array_size(rs) == 2 && json_is_array(cs) && json_array_size(cs) == PI2_HW_MAX_THREADS;
+    double vals[2 + 2 * PI2_HW_MAX_THREADS];
+    for (size_t i = 0; ok && i < 2; i++)
+        ok = json_is_number(json_array_get(rs, i)) && (vals[i] = json_number_value(json_array_get(rs, i))) >= 0 &&
+             isfinite(vals[i]);
+    for (size_t i = 0; ok && i < PI2_HW_MAX_THREADS; i++) {
+        json_t *pair = json_array_get(cs, i);
+        ok = json_is_array(pair) && json_array_size(pair) == 2;
+        for (size_t j = 0; ok && j < 2; j++)
+            ok = json_is_number(json_array_get(pair, j)) &&
+                 (vals[2 + 2 * i + j] = json_number_value(json_array_get(pair, j))) >= 0 && isfinite(vals[2 + 2 * i + j]);
+    }
+    if (!ok)
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: not a pi2 model calibration (version 4)", path);
+    else if (!(json_number_value(x) >= 0 && json_number_value(x) < 1e7) || json_integer_value(r) < 0 ||
+             json_integer_value(r) > 1000000)
+        rc = pi2_err_set(err, PI2_ERANGE, "%s: calibration figures out of range", path);
+    else {
+        c->extra = json_number_value(x);
+        c->runs = (int)json_integer_value(r);
+        c->s_ex = vals[0];
+        c->n_ex = vals[1];
+        for (int i = 0; i < PI2_HW_MAX_THREADS; i++) {
+            c->s_w[i] = vals[2 + 2 * i];
+            c->s_wk[i] = vals[3 + 2 * i];
+            if (c->s_w[i] > 0 && !(c->s_wk[i] / c->s_w[i] >= 0.5 && c->s_wk[i] / c->s_w[i] <= 4))
+                rc = pi2_err_set(err, PI2_ERANGE, "%s: calibration figures out of range", path);
+        }
+    }
+    json_decref(o);
+    return rc;
 }
 
 /* ---- JSON ---- */

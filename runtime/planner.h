@@ -20,10 +20,16 @@
  *   per token     selected neurons (mean popcount of the samples) and firing
  *                 neurons (the profile's active fraction);
  *   predictor     fc1 + fc2 f32 bytes; attention and head bytes; KV bytes.
- * Expected misses as a function of cache size come from replaying the bit
- * samples, in token order, through the runtime's policy: a static hot set of
- * the first H groups (plus, on two-phase models, the gate parts of the
- * first G >= H groups) and a global LRU of neuron parts (pi2_mprof_replay).
+ * Expected misses as a function of cache size: a static hot set of the
+ * first H groups (plus, on two-phase models, the gate parts of the first
+ * G >= H groups) leaves the reads of the groups past it; each neuron is
+ * selected with its sampled frequency, independently (the bundle grouped
+ * neurons on these very samples, so their joint counts overstate how many
+ * neurons share a read on new text: 2.1 in-sample vs 1.1 measured on the
+ * generated 7B-shaped model). pi2_mprof_replay also replays the samples in
+ * token order through the hot set and a global LRU of neuron parts (the
+ * runtime's policy), for comparison; plans leave the LRU at its smallest,
+ * where it adds little.
  *
  * ---- Cost model (pi2_plan_predict) ----
  * Per decode token, per layer l (FFN f), with t compute threads, depth d:
@@ -35,11 +41,17 @@
  *         gate-first (or gates kept hot without their up+down) adds the
  *         up+down round of the fired groups; plus the I/O thread's copy
  *         of the bytes read (bytes / mem_bw(1));
- *   t_l   C_l + IO_l - overlap(t) * min(C_l, IO_l)
- * plus the output head (bytes / gemv_q8(t)). overlap(t) is the measured
- * share of the shorter of compute and reads that hides under the other.
- * Reads use the static-hot curve in the solver (reads_f(H) = sum of p_k over
- * cold groups); the reported prediction replays the samples with the LRU.
+ *   t_l   k_c C_l + IO_l - overlap(t) * min(k_c C_l, IO_l), IO_l with the
+ *         learned read-ahead reads (extra x cold share, one neuron each),
+ *         overlap(t) the hardware profile's when the I/O thread has a core
+ *         of its own (t < cores), else 0: on 2 cores, 2 compute threads and
+ *         the polling I/O thread hid 8% of the compute at 50% offloaded, 1
+ *         compute thread hid 57% of the reads (and decoded 11% faster)
+ * plus the output head (k_c bytes / gemv_q8(t)). overlap is the hardware
+ * profile's overlap(t), the share of the shorter of compute and reads that
+ * hides under the other, until runs of the model have measured it; k_c
+ * and the extra reads are the model's learned figures (pi2_plan_cal).
+ * Reads are the static-hot curve (reads_f(H) = sum of p_k over cold groups).
  * Prefill per token: attention + FFN MACs / matmul(t) for a 64-token tile,
  * plus the cold FFN bytes streamed at seq_bps once per prompt of
  * `prompt` tokens, overlapped the same way.
@@ -53,7 +65,10 @@
  * (dynamic programming over memory in units of one step of gate parts):
  * minimise sum_l t_l subject to sum of hot memory <= the FFN budget
  * (mem_limit minus resident, KV, buffers, overhead and the smallest neuron
- * cache). The best (t, d, gate-first) wins. A memory limit that holds
+ * cache). The best (t, d, gate-first) wins, unless it is predicted less
+ * than min_gain (3%) faster than the fixed split (equal hot slots, all threads, depth
+ * 64, up+down read with a missing gate), which is then kept: the model's
+ * error is larger than such differences. A memory limit that holds
  * every FFN payload puts everything hot. With min_speed > 0 a plan slower
  * than it is PI2_ERANGE "infeasible", naming the best speed and the memory
  * that would reach min_speed (or that none does). The search is exact for
@@ -96,6 +111,29 @@ typedef struct pi2_mprof_ffn {
     const float *freq;    /* [neurons] profiled frequency, or NULL */
 } pi2_mprof_ffn;
 
+/* What static profiles cannot know, learned from this model's own runs on
+ * this machine (pi2_plan_cal_update):
+ *   compute  a factor on the model's compute time per thread count:
+ *            dispatch, imbalance and per-layer work the kernel figures miss
+ *            (1.26 on the generated 7B-shaped model, 2 threads; 1.09 with
+ *            1); each run gives one from T = k C + IO - overlap min(k C, IO),
+ *            weighed by the model's compute share (older runs weigh 0.8 per
+ *            newer one); a thread count not run yet takes the others' mean;
+ *   extra    reads per token per FFN, at a cold share of 1, of neurons the
+ *            read-ahead fetched (predicted from the residual before
+ *            attention) that the FFN then did not select. Measured on the
+ *            generated 7B-shaped model at 25/50/75% offloaded, the reads
+ *            beyond the model's were 2.7K, 3.8K and 3.1K per token per unit
+ *            of cold share: mispredictions spread over all neurons, so they
+ *            scale with the cold share (0 until learned).
+ * The sums keep the means' state. */
+typedef struct pi2_plan_cal {
+    double extra;
+    int runs;
+    double s_w[PI2_HW_MAX_THREADS], s_wk[PI2_HW_MAX_THREADS]; /* compute factor by thread count: s_wk / s_w */
+    double s_ex, n_ex;
+} pi2_plan_cal;
+
 typedef struct pi2_mprof {
     int n_layers, experts, top_k, hidden, n_ff, ctx;
     uint32_t n_ffn; /* n_layers * max(experts, 1) */
@@ -109,6 +147,8 @@ typedef struct pi2_mprof {
     uint64_t samples;     /* bit samples per FFN (0: none, p from frequencies) */
     bool bits_selected;   /* samples are the selected sets (else activations) */
     pi2_mprof_ffn *ffn;   /* [n_ffn] */
+    pi2_plan_cal cal;     /* defaults from build; callers may set it */
+    int cores;            /* online CPUs (0: unknown: the I/O thread is assumed to have a core) */
 } pi2_mprof;
 
 /* Build from a bundled container's manifest and layout; `base` points at
@@ -132,6 +172,8 @@ typedef struct pi2_plan {
         double compute_ms, io_ms, head_ms;
         double reads_per_token, mb_per_token, hit_rate;
         double hot_mb, offloaded;
+        double raw_compute_ms, raw_io_ms, raw_reads, raw_cold; /* before calibration (cold: sum of FFN cold shares) */
+        double overlap; /* used */
     } pred;
 } pi2_plan;
 
@@ -153,6 +195,8 @@ typedef struct pi2_plan_opts {
     bool lru_replay;  /* refine the final prediction by replaying samples through the LRU (default on via
                          pi2_plan_defaults) */
     bool fixed_only;  /* do not search: the fixed split (equal hot slots, 2 threads, depth 64) */
+    double min_gain;  /* keep the fixed split unless the search is predicted this much faster (default 0.03;
+                         0: the exact optimum) */
 } pi2_plan_opts;
 
 void pi2_plan_opts_defaults(pi2_plan_opts *o);
@@ -186,6 +230,16 @@ void pi2_plan_cache_slots(const pi2_mprof *mp, const pi2_plan_mem *mem, const pi
  * MoE), and part hit rate. */
 void pi2_mprof_replay(const pi2_mprof *mp, const pi2_plan *p, const uint64_t slots[2], double *reads, double *bytes,
                       double *hit_rate);
+
+void pi2_plan_cal_defaults(pi2_plan_cal *c);
+/* Fold one run of plan p (its predictions filled) into c: measured decode
+ * tok/s and reads per token. Runs with fewer than 8 tokens should not be
+ * passed. */
+void pi2_plan_cal_update(pi2_plan_cal *c, const pi2_plan *p, double tok_s, double reads);
+/* {"version":4,"extra_reads":x,"runs":n,"reads_sums":[2],"compute_sums":[[w,wk] x 16]}; load gives
+ * PI2_ENOTFOUND for a missing file, PI2_EFORMAT / PI2_ERANGE for a bad one. */
+int pi2_plan_cal_save(const pi2_plan_cal *c, const char *path, pi2_err *err);
+int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err);
 
 int pi2_plan_save(const pi2_plan *p, const char *model, const char *path, pi2_err *err);
 int pi2_plan_load(const char *path, pi2_plan *out, pi2_err *err);

@@ -40,6 +40,7 @@ static void fake_model(pi2_mprof *mp, bool two_phase, uint64_t seed)
     mp->attn_bytes = 4u << 20;
     mp->head_bytes = 8u << 20;
     mp->kv_per_pos = 4096;
+    pi2_plan_cal_defaults(&mp->cal);
     mp->ffn = calloc(NF, sizeof *mp->ffn);
     pi2_rng r;
     pi2_rng_seed(&r, seed);
@@ -167,6 +168,7 @@ static void solver_vs_brute(bool two_phase)
             o.mem_limit = limit;
             o.threads = 2;
             o.lru_replay = false;
+            o.min_gain = 0;
             pi2_plan p;
             pi2_err e = {0};
             if (pi2_plan_solve(&mp, &hw, &MEM, &o, &p, &e))

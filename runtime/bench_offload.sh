@@ -64,7 +64,6 @@ capped=yes
 [ -w /sys/fs/cgroup/memory ] || capped=no
 rows=""
 cmp=""
-printf '%-6s %9s %8s %7s %7s %9s %7s %8s %7s %9s %9s %8s\n' "out%" "limit MB" "tok/s" "x mem" "hit%" "MB read/t" "KB/req" "IO wait" "peak MB" "IO floor" "mem floor" "x floor"
 # one capped run: run LIMIT OUT ARGS...
 run() {
     limit=$1
@@ -81,6 +80,11 @@ run() {
         peak=$(jget footprint_bytes <"$out")
     fi
 }
+# the model's calibration (runtime/planner.h) is learned afresh from the
+# runs below: first the fixed split at every point, then the planner's
+rm -f "$W"/model-*.json
+say "== pass 1: the fixed split (--no-plan) at each limit; each run is predicted first, then teaches the cost model"
+printf '%-6s %9s %8s %7s %7s %9s %7s %8s %7s %9s %9s %8s %9s %7s\n' "out%" "limit MB" "tok/s" "x mem" "hit%" "MB read/t" "KB/req" "IO wait" "peak MB" "IO floor" "mem floor" "x floor" "predicted" "error"
 for pct in $POINTS; do
     limit=$(echo "$minimum $ffn $pct" | awk '{printf "%.0f", $1 + $2 * (100 - $3) / 100 + 65536}')
     out="$W/offload-$NAME-$pct.json"
@@ -94,36 +98,42 @@ for pct in $POINTS; do
     fpred=$(echo "$r" | jget predicted_tok_s)
     touched=$(echo "$r" | awk -F'[:,]' '{for (i=1;i<NF;i++) {if ($i=="\"weight_bytes_per_token\"") w=$(i+1); if ($i=="\"kv_bytes_per_token\"") k=$(i+1)}} END {print w+k}')
     rate=$(io_rate "${rs:-4096}")
-    line=$(echo "$pct $limit $tg $base_tg $hit $rb $rs $wait $peak $rate $touched $bw" | awk '{
+    line=$(echo "$pct $limit $tg $base_tg $hit $rb $rs $wait $peak $rate $touched $bw ${fpred:-0}" | awk '{
         iof = ($10 > 0 ? $6 / $10 : 0) * 1e3; memf = $11 / $12 * 1e3; t = 1e3 / $3; fl = iof > memf ? iof : memf;
-        printf "%-6s %9.0f %8.2f %7.2f %7.1f %9.2f %7.1f %7.1f%% %7.0f %7.1fms %7.1fms %8.2f", $1, $2/1048576, $3, $3/$4,
-            100*$5, $6/1e6, $7/1024, 100*$8, $9/1048576, iof, memf, t/fl }')
+        printf "%-6s %9.0f %8.2f %7.2f %7.1f %9.2f %7.1f %7.1f%% %7.0f %7.1fms %7.1fms %8.2f %9.2f %+6.0f%%", $1, $2/1048576, $3, $3/$4,
+            100*$5, $6/1e6, $7/1024, 100*$8, $9/1048576, iof, memf, t/fl, $13, ($3 > 0 ? 100 * ($13 / $3 - 1) : 0) }')
     say "$line"
     rows="$rows$line
 "
-    # the planner's settings at the same limit
+done
+say "(caps: $capped; floors: the larger of I/O and memory time per token; x floor = decode time / that floor)"
+say ""
+say "== pass 2: the planner's settings at each limit (predicted with what pass 1 taught), vs the fixed split"
+printf '%-6s %9s | %8s %9s %7s | %8s %9s %7s %6s %3s %5s %8s | %8s\n' "out%" "limit MB" "fixed" "predicted" "error" "planned" "predicted" "error" "hit%" "t" "depth" "gates MB" "planned/fixed"
+for pct in $POINTS; do
+    limit=$(echo "$minimum $ffn $pct" | awk '{printf "%.0f", $1 + $2 * (100 - $3) / 100 + 65536}')
+    f="$W/offload-$NAME-$pct.json"
     pout="$W/offload-$NAME-$pct-planned.json"
+    [ -s "$f" ] || continue
     if run "$limit" "$pout"; then
         p=$(cat "$pout")
-        cmp="$cmp$pct $limit $tg ${fpred:-0} $(echo "$p" | jget tg_tok_s) $(echo "$p" | jget predicted_tok_s) $(echo "$p" | jget hit_rate) $(echo "$p" | jget plan_threads) $(echo "$p" | jget plan_io_depth) $(echo "$p" | jget gate_hot_bytes)
+        c="$pct $limit $(jget tg_tok_s <"$f") $(jget predicted_tok_s <"$f") $(echo "$p" | jget tg_tok_s) $(echo "$p" | jget predicted_tok_s) $(echo "$p" | jget hit_rate) $(echo "$p" | jget plan_threads) $(echo "$p" | jget plan_io_depth) $(echo "$p" | jget gate_hot_bytes)"
+        echo "$c" | awk '{
+            printf "%-6s %9.0f | %8.2f %9.2f %+6.0f%% | %8.2f %9.2f %+6.0f%% %6.1f %3d %5d %8.0f | %8.2f\n", $1, $2/1048576, $3, $4,
+                ($3 > 0 ? 100 * ($4 / $3 - 1) : 0), $5, $6, ($5 > 0 ? 100 * ($6 / $5 - 1) : 0), 100 * $7, $8, $9, $10/1048576, ($3 > 0 ? $5 / $3 : 0) }'
+        cmp="$cmp$c
 "
     else
         say "point $pct% planned: failed"
         cat "$W/err"
     fi
 done
-say "(caps: $capped; floors: the larger of I/O and memory time per token; x floor = decode time / that floor)"
-say ""
-say "== planned vs fixed split (predicted = the planner's cost model from the hardware profile; error = predicted / measured - 1)"
-printf '%-6s %9s | %8s %9s %7s | %8s %9s %7s %6s %3s %5s %8s | %8s\n' "out%" "limit MB" "fixed" "predicted" "error" "planned" "predicted" "error" "hit%" "t" "depth" "gates MB" "planned/fixed"
-echo "$cmp" | awk 'NF {
-    printf "%-6s %9.0f | %8.2f %9.2f %+6.0f%% | %8.2f %9.2f %+6.0f%% %6.1f %3d %5d %8.0f | %8.2f\n", $1, $2/1048576, $3, $4,
-        ($3 > 0 ? 100 * ($4 / $3 - 1) : 0), $5, $6, ($5 > 0 ? 100 * ($6 / $5 - 1) : 0), 100 * $7, $8, $9, $10/1048576, ($3 > 0 ? $5 / $3 : 0) }'
-say "(caps: $capped; floors: the larger of I/O and memory time per token; x floor = decode time / that floor)"
+echo "$cmp" | awk 'NF { n++; e = ($5 > 0 ? $6 / $5 - 1 : 0); if (e < 0) e = -e; if (e <= 0.2) ok++; r = $5 / $3; if (r < 0.97) slower++; if (r > 1.03) faster++ }
+    END { if (n) printf "planned: predicted within 20%% of measured at %d of %d points; faster than the fixed split (>3%%) at %d, slower (>3%%) at %d\n", ok, n, faster, slower }'
 { echo "$rows"; echo "PLANNED"; echo "$cmp"; } | awk -v name="$NAME" -v base="$base_tg" -v capped="$capped" '
     /^PLANNED/ { pl = 1; next }
-    NF && !pl { n++; pct[n]=$1; lim[n]=$2; tg[n]=$3; rel[n]=$4; hit[n]=$5; mb[n]=$6; kb[n]=$7; xf[n]=$NF }
-    NF && pl { m++; ppct[m]=$1; fp[m]=$4; ptg[m]=$5; pp[m]=$6; phit[m]=$7 }
+    NF && !pl { n++; pct[n]=$1; lim[n]=$2; tg[n]=$3; rel[n]=$4; hit[n]=$5; mb[n]=$6; kb[n]=$7; xf[n]=$12 }
+    NF && pl { m++; ppct[m]=$1; ftg[m]=$3; fp[m]=$4; ptg[m]=$5; pp[m]=$6; phit[m]=$7; pt[m]=$8; pd[m]=$9; pg[m]=$10 }
     END {
         printf "{\"model\":\"%s\",\"in_memory_tok_s\":%s,\"capped\":\"%s\",\"points\":[", name, base, capped
         for (i = 1; i <= n; i++)
@@ -131,8 +141,8 @@ say "(caps: $capped; floors: the larger of I/O and memory time per token; x floo
                 (i > 1 ? "," : ""), pct[i], lim[i], tg[i], rel[i], hit[i], mb[i], kb[i], xf[i]
         printf "],\"planned\":["
         for (i = 1; i <= m; i++)
-            printf "%s{\"offloaded_pct\":%s,\"fixed_predicted_tok_s\":%s,\"tok_s\":%s,\"predicted_tok_s\":%s,\"hit_rate\":%s}",
-                (i > 1 ? "," : ""), ppct[i], fp[i], ptg[i], pp[i], phit[i]
+            printf "%s{\"offloaded_pct\":%s,\"fixed_tok_s\":%s,\"fixed_predicted_tok_s\":%s,\"tok_s\":%s,\"predicted_tok_s\":%s,\"hit_rate\":%s,\"threads\":%s,\"io_depth\":%s,\"gate_hot_bytes\":%s}",
+                (i > 1 ? "," : ""), ppct[i], ftg[i], fp[i], ptg[i], pp[i], phit[i], pt[i], pd[i], pg[i]
         printf "]}\n"
     }' >"$W/offload-$NAME.json"
 # SVG: decode tok/s against the memory limit, hit rate as a second series

@@ -568,10 +568,11 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
     if (in.plan)
         fprintf(f,
                 "plan: %s | %d threads, I/O depth %d%s, gates kept for %.0f MB more | predicted %.2f tok/s decode "
-                "(%.1f ms: compute %.1f, I/O %.1f, head %.1f), %.0f tok/s prefill, hit rate %.1f%%\n",
+                "(%.1f ms: compute %.1f, I/O %.1f, head %.1f), %.0f tok/s prefill, hit rate %.1f%% | cost model "
+                "calibrated by %d earlier runs\n",
                 in.plan_source, in.threads, in.io_depth, in.gate_first ? ", gate-first" : "", in.gate_hot / 1048576.0,
                 in.plan->pred.decode_tok_s, in.plan->pred.decode_ms, in.plan->pred.compute_ms, in.plan->pred.io_ms,
-                in.plan->pred.head_ms, in.plan->pred.prefill_tok_s, 100.0 * in.plan->pred.hit_rate);
+                in.plan->pred.head_ms, in.plan->pred.prefill_tok_s, 100.0 * in.plan->pred.hit_rate, g_cal.runs);
     else
         fprintf(f, "plan: fixed split (%s)\n", g_hw_note[0] ? g_hw_note : "--no-plan");
 }
@@ -665,8 +666,6 @@ static int run_generate(const run_opts *o)
         double tot = 0;
         for (size_t i = 0; i < g.n_lat; i++)
             tot += g.lat[i];
-        pi2_engine_offload_info in;
-        pi2_engine_offload_info_get(e, &in);
         if (tot > 0)
             learn(e, (double)g.n_lat / tot, g.n_lat);
     }

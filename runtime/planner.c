@@ -985,20 +985,20 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
     if (!any)
         return pi2_err_set(err, PI2_ENOMEM, "plan: --mem-limit %.0f MB cannot hold the resident part (%.0f MB)",
                            o->mem_limit / 1e6, (mem->fixed + mem->per_depth * 16 + mc) / 1e6);
+    pi2_plan_predict(mp, hw, mem, out, o->prompt, o->lru_replay, err);
     /* keep the fixed split unless the search predicts a clear gain: the
      * model's error is larger than small differences */
     pi2_plan fx;
     pi2_err fe = {0};
     if (o->min_gain > 0 && pi2_plan_fixed(mp, mem, o->mem_limit, threads, &fx, &fe) == 0) {
-        pi2_plan_predict(mp, hw, mem, &fx, o->prompt, false, &fe);
-        if (best >= fx.pred.decode_ms * 1e-3 * (1 - o->min_gain)) {
+        pi2_plan_predict(mp, hw, mem, &fx, o->prompt, o->lru_replay, &fe);
+        if (out->pred.decode_ms >= fx.pred.decode_ms * (1 - o->min_gain)) {
             pi2_plan_free(out);
             *out = fx;
         } else {
             pi2_plan_free(&fx);
         }
     }
-    pi2_plan_predict(mp, hw, mem, out, o->prompt, o->lru_replay, err);
     if (o->min_speed > 0 && out->pred.decode_tok_s < o->min_speed) {
         double got = out->pred.decode_tok_s;
         /* the memory that would reach min_speed: bisect on the limit */
@@ -1150,6 +1150,8 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err)
         }
     }
     json_decref(o);
+    if (rc)
+        pi2_plan_cal_defaults(c);
     return rc;
 }
 

@@ -297,6 +297,86 @@ static void test_infeasible(void **state)
     free_model(&mp);
 }
 
+/* Calibration: runs teach the compute factor per thread count and the
+ * read-ahead reads; the file round-trips and hostile files are refused. */
+static void test_calibration(void **state)
+{
+    (void)state;
+    pi2_hwprof hw;
+    pi2t_fake_hw(&hw, 2);
+    pi2_mprof mp;
+    fake_model(&mp, true, 5);
+    pi2_plan p;
+    pi2_err e = {0};
+    assert_int_equal(pi2_plan_alloc(&p, NF, &e), 0);
+    p.mem_limit = 1ull << 40;
+    p.threads = 2;
+    p.io_depth = 64;
+    for (uint32_t i = 0; i < NF; i++)
+        p.hot_groups[i] = p.gate_groups[i] = GROUPS; /* all hot: no reads */
+    pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+    double base = p.pred.decode_ms;
+    pi2_plan_cal c;
+    pi2_plan_cal_defaults(&c);
+    /* the engine runs 1.3x slower than the kernels add up to */
+    for (int r = 0; r < 4; r++)
+        pi2_plan_cal_update(&c, &p, 1e3 / (base * 1.3), 0);
+    mp.cal = c;
+    pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+    assert_true(fabs(p.pred.decode_ms / base - 1.3) < 1e-6);
+    /* an unmeasured thread count takes the measured one's factor */
+    p.threads = 1;
+    pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+    double one = p.pred.decode_ms;
+    mp.cal.s_w[1] = mp.cal.s_wk[1] = 0;
+    pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+    assert_true(fabs(one / p.pred.decode_ms - 1.3) < 1e-6);
+    /* read-ahead: a run that read 50 more than the model per token, half cold */
+    p.threads = 2;
+    for (uint32_t i = 0; i < NF; i++)
+        p.hot_groups[i] = p.gate_groups[i] = GROUPS / 2;
+    mp.cal = c;
+    pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+    double raw = p.pred.raw_reads, cold = p.pred.raw_cold;
+    assert_true(cold > 0.4 * NF && cold < 0.6 * NF);
+    pi2_plan_cal_update(&c, &p, p.pred.decode_tok_s, raw + 50);
+    assert_true(fabs(c.extra - 50 / cold) < 1e-9);
+    mp.cal = c;
+    pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+    assert_true(fabs(p.pred.reads_per_token - (raw + 50)) < 1e-6);
+    /* file round trip */
+    char dir[64], path[128];
+    pi2t_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/model-x.json", dir);
+    pi2_plan_cal d;
+    assert_int_equal(pi2_plan_cal_load(path, &d, &e), PI2_ENOTFOUND);
+    pi2_err_clear(&e);
+    assert_int_equal(pi2_plan_cal_save(&c, path, &e), 0);
+    assert_int_equal(pi2_plan_cal_load(path, &d, &e), 0);
+    assert_true(d.runs == c.runs && fabs(d.extra - c.extra) < 1e-6 * c.extra);
+    for (int t = 0; t < PI2_HW_MAX_THREADS; t++)
+        assert_true(fabs(d.s_w[t] - c.s_w[t]) <= 1e-8 * (c.s_w[t] + 1e-30) + 1e-30);
+    static const char *const bad[] = {
+        "", "{}", "[]", "{\"version\":3}",
+        "{\"version\":4,\"extra_reads\":-1,\"runs\":1,\"reads_sums\":[0,0],\"compute_sums\":[]}",
+        "{\"version\":4,\"extra_reads\":1,\"runs\":1,\"reads_sums\":[0,0],\"compute_sums\":[[1,99],[0,0],[0,0],[0,0],[0,0],"
+        "[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0]]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        FILE *f = fopen(path, "w");
+        fputs(bad[i], f);
+        fclose(f);
+        pi2_err be = {0};
+        int rc = pi2_plan_cal_load(path, &d, &be);
+        if (rc == 0 || !strstr(be.msg, path))
+            fail_msg("case %zu: rc %d \"%s\"", i, rc, be.msg);
+        assert_true(d.runs == 0 && d.extra == 0); /* defaults on error */
+    }
+    pi2t_rmtree(dir);
+    pi2_plan_free(&p);
+    free_model(&mp);
+}
+
 static void test_plan_json(void **state)
 {
     (void)state;
@@ -377,7 +457,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_solver_one_phase), cmocka_unit_test(test_solver_two_phase),
         cmocka_unit_test(test_cost_model),       cmocka_unit_test(test_infeasible),
-        cmocka_unit_test(test_plan_json),
+        cmocka_unit_test(test_calibration),      cmocka_unit_test(test_plan_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,8 @@
 #include "formats/jsonutil.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 const char *pi2_json_type_name(const json_t *v)
 {
     switch (json_typeof(v)) {
@@ -13,4 +16,33 @@ const char *pi2_json_type_name(const json_t *v)
     case JSON_NULL: return "null";
     }
     return "?";
+}
+
+void pi2_sb_put(pi2_sbuf *b, const char *s, size_t n)
+{
+    if (b->failed)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 4096;
+        while (nc < b->len + n + 1)
+            nc *= 2;
+        char *p = realloc(b->p, nc);
+        if (!p) {
+            b->failed = true;
+            return;
+        }
+        b->p = p;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+void pi2_sb_str(pi2_sbuf *b, const char *s) { pi2_sb_put(b, s, strlen(s)); }
+
+void pi2_sb_indent(pi2_sbuf *b, int depth)
+{
+    for (int i = 0; i < depth; i++)
+        pi2_sb_put(b, "  ", 2);
 }

@@ -1103,63 +1103,29 @@ int pi2_manifest_parse(const char *text, size_t len, const char *name, pi2_manif
 
 /* ---- writer ---- */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool failed;
-} sbuf;
 
-static void sb_put(sbuf *b, const char *s, size_t n)
+static void emit_string(pi2_sbuf *b, const char *s, size_t n)
 {
-    if (b->failed)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 4096;
-        while (nc < b->len + n + 1)
-            nc *= 2;
-        char *p = realloc(b->p, nc);
-        if (!p) {
-            b->failed = true;
-            return;
-        }
-        b->p = p;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_indent(sbuf *b, int depth)
-{
-    for (int i = 0; i < depth; i++)
-        sb_put(b, "  ", 2);
-}
-
-static void emit_string(sbuf *b, const char *s, size_t n)
-{
-    sb_put(b, "\"", 1);
+    pi2_sb_put(b, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
         char esc[8];
         if (ch == '"' || ch == '\\') {
             esc[0] = '\\';
             esc[1] = (char)ch;
-            sb_put(b, esc, 2);
+            pi2_sb_put(b, esc, 2);
         } else if (ch == '\n') {
-            sb_str(b, "\\n");
+            pi2_sb_str(b, "\\n");
         } else if (ch == '\t') {
-            sb_str(b, "\\t");
+            pi2_sb_str(b, "\\t");
         } else if (ch < 0x20) {
             snprintf(esc, sizeof esc, "\\u%04x", ch);
-            sb_str(b, esc);
+            pi2_sb_str(b, esc);
         } else {
-            sb_put(b, (const char *)&s[i], 1);
+            pi2_sb_put(b, (const char *)&s[i], 1);
         }
     }
-    sb_put(b, "\"", 1);
+    pi2_sb_put(b, "\"", 1);
 }
 
 /* Shortest decimal that reads back as v, as Python's repr writes it
@@ -1206,7 +1172,7 @@ static bool all_scalar(json_t *v)
 
 /* Two-space indent; objects and arrays of scalars below the top two levels
  * on one line. */
-static void emit(sbuf *b, json_t *v, int depth)
+static void emit(pi2_sbuf *b, json_t *v, int depth)
 {
     char num[40];
     switch (json_typeof(v)) {
@@ -1215,56 +1181,56 @@ static void emit(sbuf *b, json_t *v, int depth)
         bool obj = json_is_object(v);
         size_t n = obj ? json_object_size(v) : json_array_size(v);
         if (n == 0) {
-            sb_str(b, obj ? "{}" : "[]");
+            pi2_sb_str(b, obj ? "{}" : "[]");
             return;
         }
         bool inl = depth >= 2 && all_scalar(v);
-        sb_str(b, obj ? "{" : "[");
+        pi2_sb_str(b, obj ? "{" : "[");
         size_t i = 0;
         if (obj) {
             const char *k;
             json_t *x;
             json_object_foreach(v, k, x) {
-                sb_str(b, i++ ? (inl ? ", " : ",") : "");
+                pi2_sb_str(b, i++ ? (inl ? ", " : ",") : "");
                 if (!inl) {
-                    sb_str(b, "\n");
-                    sb_indent(b, depth + 1);
+                    pi2_sb_str(b, "\n");
+                    pi2_sb_indent(b, depth + 1);
                 }
                 emit_string(b, k, strlen(k));
-                sb_str(b, ": ");
+                pi2_sb_str(b, ": ");
                 emit(b, x, depth + 1);
             }
         } else {
             json_t *x;
             size_t j;
             json_array_foreach(v, j, x) {
-                sb_str(b, i++ ? (inl ? ", " : ",") : "");
+                pi2_sb_str(b, i++ ? (inl ? ", " : ",") : "");
                 if (!inl) {
-                    sb_str(b, "\n");
-                    sb_indent(b, depth + 1);
+                    pi2_sb_str(b, "\n");
+                    pi2_sb_indent(b, depth + 1);
                 }
                 emit(b, x, depth + 1);
             }
         }
         if (!inl) {
-            sb_str(b, "\n");
-            sb_indent(b, depth);
+            pi2_sb_str(b, "\n");
+            pi2_sb_indent(b, depth);
         }
-        sb_str(b, obj ? "}" : "]");
+        pi2_sb_str(b, obj ? "}" : "]");
         return;
     }
     case JSON_STRING: emit_string(b, json_string_value(v), json_string_length(v)); return;
     case JSON_INTEGER:
         snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-        sb_str(b, num);
+        pi2_sb_str(b, num);
         return;
     case JSON_REAL:
         fmt_double(num, sizeof num, json_real_value(v));
-        sb_str(b, num);
+        pi2_sb_str(b, num);
         return;
-    case JSON_TRUE: sb_str(b, "true"); return;
-    case JSON_FALSE: sb_str(b, "false"); return;
-    case JSON_NULL: sb_str(b, "null"); return;
+    case JSON_TRUE: pi2_sb_str(b, "true"); return;
+    case JSON_FALSE: pi2_sb_str(b, "false"); return;
+    case JSON_NULL: pi2_sb_str(b, "null"); return;
     }
 }
 
@@ -1486,9 +1452,9 @@ int pi2_manifest_to_json(const pi2_manifest *m, char **text, size_t *len, pi2_er
         return pi2_err_set(err, PI2_EINVAL, "manifest: %s: cannot encode (not UTF-8 text, or out of memory)",
                            b.bad ? b.bad : "top level");
     }
-    sbuf s = { 0 };
+    pi2_sbuf s = { 0 };
     emit(&s, root, 0);
-    sb_str(&s, "\n");
+    pi2_sb_str(&s, "\n");
     json_decref(root);
     if (s.failed) {
         free(s.p);

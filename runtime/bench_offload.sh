@@ -23,7 +23,7 @@ K=${2:?}
 W=${3:?}
 NAME=${4:-$(basename "$M" .pi2)}
 TH=${THREADS:-2}
-TG=${BENCH_TG:-48}
+TG=${BENCH_TG:-64}
 PP=${BENCH_PP:-32}
 POINTS=${POINTS:-"0 25 50 75 90"}
 mkdir -p "$W"
@@ -55,7 +55,8 @@ base=$("$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG"
 say "$base"
 base_tg=$(echo "$base" | jget tg_tok_s)
 # the plan's sizes from one generous offloaded open
-plan=$("$B/pi2-run" "$M" --pubkey "$K" --plan-only --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH" --mem-limit 1T)
+plan=$("$B/pi2-run" "$M" --pubkey "$K" --plan-only --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH" --mem-limit 1T \
+    --hw-profile "$HWP")
 minimum=$(echo "$plan" | jget minimum_bytes)
 ffn=$(echo "$plan" | jget ffn_bytes)
 say "plan: smallest limit $(echo "$minimum" | awk '{printf "%.0f", $1/1048576}') MB, FFN payload $(echo "$ffn" | awk '{printf "%.0f", $1/1048576}') MB"

@@ -1013,40 +1013,6 @@ int pi2_hwprof_load(const char *path, pi2_hwprof *out, pi2_err *err)
 
 /* ---------------- JSON writer ---------------- */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool failed;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->failed)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 4096;
-        while (nc < b->len + n + 1)
-            nc *= 2;
-        char *p = realloc(b->p, nc);
-        if (!p) {
-            b->failed = true;
-            return;
-        }
-        b->p = p;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_indent(sbuf *b, int depth)
-{
-    for (int i = 0; i < depth; i++)
-        sb_put(b, "  ", 2);
-}
 
 /* A record that may go on one line: no objects inside, arrays of scalars
  * only (and then it must fit in 120 columns). */
@@ -1072,7 +1038,7 @@ static bool one_line(json_t *v)
 
 #define HW_DUMP_FLAGS (JSON_ENCODE_ANY | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17))
 
-static void emit(sbuf *b, json_t *v, int depth)
+static void emit(pi2_sbuf *b, json_t *v, int depth)
 {
     if (one_line(v)) {
         char *s = json_dumps(v, HW_DUMP_FLAGS);
@@ -1082,36 +1048,36 @@ static void emit(sbuf *b, json_t *v, int depth)
         }
         bool fits = strlen(s) + 2 * (size_t)depth <= 120 || !(json_is_object(v) || json_is_array(v));
         if (fits)
-            sb_str(b, s);
+            pi2_sb_str(b, s);
         free(s);
         if (fits)
             return;
     }
     bool obj = json_is_object(v);
-    sb_str(b, obj ? "{\n" : "[\n");
+    pi2_sb_str(b, obj ? "{\n" : "[\n");
     size_t n = obj ? json_object_size(v) : json_array_size(v), i = 0;
     if (obj) {
         const char *k;
         json_t *x;
         json_object_foreach(v, k, x) {
-            sb_indent(b, depth + 1);
-            sb_str(b, "\"");
-            sb_str(b, k); /* our own key names: nothing to escape */
-            sb_str(b, "\": ");
+            pi2_sb_indent(b, depth + 1);
+            pi2_sb_str(b, "\"");
+            pi2_sb_str(b, k); /* our own key names: nothing to escape */
+            pi2_sb_str(b, "\": ");
             emit(b, x, depth + 1);
-            sb_str(b, ++i < n ? ",\n" : "\n");
+            pi2_sb_str(b, ++i < n ? ",\n" : "\n");
         }
     } else {
         json_t *x;
         size_t j;
         json_array_foreach(v, j, x) {
-            sb_indent(b, depth + 1);
+            pi2_sb_indent(b, depth + 1);
             emit(b, x, depth + 1);
-            sb_str(b, j + 1 < n ? ",\n" : "\n");
+            pi2_sb_str(b, j + 1 < n ? ",\n" : "\n");
         }
     }
-    sb_indent(b, depth);
-    sb_str(b, obj ? "}" : "]");
+    pi2_sb_indent(b, depth);
+    pi2_sb_str(b, obj ? "}" : "]");
 }
 
 /* Set o[k] = v, remembering a failure (v NULL: out of memory, bad UTF-8). */
@@ -1234,10 +1200,10 @@ int pi2_hwprof_save(const pi2_hwprof *p, const char *path, pi2_err *err)
                            (unsigned long long)p->dev);
     bool ok = true;
     json_t *root = build(p, &ok);
-    sbuf sb = { 0 };
+    pi2_sbuf sb = { 0 };
     if (ok) {
         emit(&sb, root, 0);
-        sb_str(&sb, "\n");
+        pi2_sb_str(&sb, "\n");
     }
     json_decref(root);
     if (!ok || sb.failed) {

@@ -378,6 +378,11 @@ static double cal_compute(const pi2_mprof *mp, int t)
     return w > 1e-9 ? wk / w : 1.0;
 }
 
+/* The compute a layer's reads can hide under: its attention, during which
+ * the read-ahead's reads are in flight (dense models); on MoE models (no
+ * read-ahead) the FFN's own compute of the chunks already at hand. */
+static double window(const pi2_mprof *mp, double attn, double ffn) { return mp->experts > 0 ? ffn : attn; }
+
 /* Compute seconds of FFN fi per token where it runs (predictor + sparse rows). */
 static double ffn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uint32_t fi)
 {
@@ -414,11 +419,12 @@ static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c,
                         double n2, double b2)
 {
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c->t);
-    double w = ffn_weight(mp);
-    double C = cal_compute(mp, c->t) * (ffn_compute(mp, hw, c->t, fi) + attn_compute(mp, hw, c->t) / mp->top_k);
+    double w = ffn_weight(mp), k = cal_compute(mp, c->t);
+    double Cf = ffn_compute(mp, hw, c->t, fi), Ca = attn_compute(mp, hw, c->t) / mp->top_k;
+    double C = k * (Cf + Ca), W = k * window(mp, Ca, Cf);
     double IO = io_time(hw, n1, b1, c->depth) + io_time(hw, n2, b2, c->depth) +
                 (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
-    return w * (C + IO - overlap_of(mp, hc, c->t) * (C < IO ? C : IO));
+    return w * (C + IO - overlap_of(mp, hc, c->t) * (W < IO ? W : IO));
 }
 
 /* Static-hot reads of FFN fi at (h, g) from suffix sums. */
@@ -669,7 +675,7 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_
     pi2_plan_cache_slots(mp, mem, p, slots);
     bool replayed = a && lru_on && mp->samples > 0 && replay(mp, p, slots, a, a + n, a + 2 * n, a + 3 * n, &hit) == 0;
     double total = 0, io = 0, io_cal = 0, comp = 0, reads = 0, bytes = 0, parts = 0, served = 0, raw_reads = 0,
-           raw_cold = 0;
+           raw_cold = 0, win = 0;
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c.t);
     for (uint32_t fi = 0; fi < n; fi++) {
         double n1, b1, n2, b2;
@@ -696,7 +702,9 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_
             served += F->sel + (mp->two_phase ? F->fired : 0) - miss;
         }
         double w = ffn_weight(mp);
-        double C = ffn_compute(mp, hw, c.t, fi) + attn_compute(mp, hw, c.t) / mp->top_k;
+        double Cf = ffn_compute(mp, hw, c.t, fi), Ca = attn_compute(mp, hw, c.t) / mp->top_k;
+        double C = Cf + Ca;
+        win += w * window(mp, Ca, Cf);
         double IO = io_time(hw, n1, b1, c.depth) + io_time(hw, n2, b2, c.depth) +
                     (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
         double cold = cold_share(mp, F, p->hot_groups[fi], p->gate_groups[fi]);
@@ -724,6 +732,7 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_
     r->raw_reads = raw_reads;
     r->raw_cold = raw_cold;
     r->overlap = overlap_of(mp, hc, c.t);
+    r->raw_window_ms = win * 1e3;
     r->compute_ms = kc * comp * 1e3;
     r->io_ms = io_cal * 1e3;
     r->head_ms = head * 1e3;
@@ -1059,12 +1068,13 @@ void pi2_plan_cal_update(pi2_plan_cal *c, const pi2_plan *p, double tok_s, doubl
     /* T = k C + IO - ov min(k C, IO), solved for k (both branches of min);
      * runs dominated by reads say little about compute: weigh by the
      * model's compute share, less where k hides under the reads */
-    double k = (T - IO) / C, wt = (C / (C + IO)) * (C / (C + IO));
-    if (ov > 0 && k * C < IO) {
-        k = (T - IO) / (C * (1 - ov));
-        wt *= (1 - ov) * (1 - ov);
-    } else if (ov > 0) {
-        k = (T - IO + ov * IO) / C;
+    double A = r->raw_window_ms, k = (T - IO) / C, wt = (C / (C + IO)) * (C / (C + IO));
+    if (ov > 0 && A > 0) { /* T = k C + IO - ov min(k A, IO) */
+        double k1 = (T - IO + ov * IO) / C;     /* k A >= IO */
+        double k2 = (T - IO) / (C - ov * A);    /* k A < IO */
+        k = k1 * A >= IO ? k1 : k2;
+        if (k * A < IO)
+            wt *= (1 - ov * A / C) * (1 - ov * A / C);
     }
     if (k < 0.5)
         k = 0.5;

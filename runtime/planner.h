@@ -41,12 +41,15 @@
  *         gate-first (or gates kept hot without their up+down) adds the
  *         up+down round of the fired groups; plus the I/O thread's copy
  *         of the bytes read (bytes / mem_bw(1));
- *   t_l   k_c C_l + IO_l - overlap(t) * min(k_c C_l, IO_l), IO_l with the
+ *   t_l   k_c C_l + IO_l - overlap(t) * min(k_c A_l, IO_l), IO_l with the
  *         learned read-ahead reads (extra x cold share, one neuron each),
  *         overlap(t) the hardware profile's when the I/O thread has a core
  *         of its own (t < cores), else 0: on 2 cores, 2 compute threads and
  *         the polling I/O thread hid 8% of the compute at 50% offloaded, 1
- *         compute thread hid 57% of the reads (and decoded 11% faster)
+ *         compute thread hid 57% of the reads (and decoded 11% faster);
+ *         A_l the compute the reads can hide under: the layer's attention,
+ *         during which the read-ahead's reads fly (on MoE models, with no
+ *         read-ahead, the FFN's own compute)
  * plus the output head (k_c bytes / gemv_q8(t)). overlap is the hardware
  * profile's overlap(t), the share of the shorter of compute and reads that
  * hides under the other, until runs of the model have measured it; k_c
@@ -116,7 +119,7 @@ typedef struct pi2_mprof_ffn {
  *   compute  a factor on the model's compute time per thread count:
  *            dispatch, imbalance and per-layer work the kernel figures miss
  *            (1.26 on the generated 7B-shaped model, 2 threads; 1.09 with
- *            1); each run gives one from T = k C + IO - overlap min(k C, IO),
+ *            1); each run gives one from T = k C + IO - overlap min(k A, IO),
  *            weighed by the model's compute share (older runs weigh 0.8 per
  *            newer one); a thread count not run yet takes the others' mean;
  *   extra    reads per token per FFN, at a cold share of 1, of neurons the
@@ -173,7 +176,8 @@ typedef struct pi2_plan {
         double reads_per_token, mb_per_token, hit_rate;
         double hot_mb, offloaded;
         double raw_compute_ms, raw_io_ms, raw_reads, raw_cold; /* before calibration (cold: sum of FFN cold shares) */
-        double overlap; /* used */
+        double overlap;       /* used */
+        double raw_window_ms; /* compute the reads can hide under (attention, or MoE FFN compute) */
     } pred;
 } pi2_plan;
 

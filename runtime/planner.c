@@ -274,6 +274,7 @@ void pi2_plan_opts_defaults(pi2_plan_opts *o)
     o->prompt = 128;
     o->lru_replay = false;
     o->min_gain = 0.03;
+    o->gate_only = false;
 }
 
 int pi2_plan_alloc(pi2_plan *p, uint32_t n_ffn, pi2_err *err)
@@ -794,7 +795,7 @@ typedef struct item_opts {
 } item_opts;
 
 static int item_build(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, const suffix *x,
-                      uint32_t step, uint64_t unit, item_opts *io)
+                      uint32_t step, uint64_t unit, bool gate_only, item_opts *io)
 {
     const pi2_mprof_ffn *F = &mp->ffn[fi];
     uint32_t K = (F->groups + step - 1) / step;
@@ -809,7 +810,7 @@ static int item_build(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, u
         io->cost[u] = INFINITY;
     for (uint32_t a = 0; a <= K; a++) {
         uint32_t h = a * step < F->groups ? a * step : F->groups;
-        for (uint32_t b = mp->two_phase ? a : K; b <= K; b++) {
+        for (uint32_t b = mp->two_phase ? a : K; b <= (mp->two_phase && !gate_only ? a : K); b++) {
             uint32_t g = mp->two_phase ? (b * step < F->groups ? b * step : F->groups) : h;
             uint64_t u = (hot_bytes_of(mp, h, g) + unit - 1) / unit;
             double n1, b1, n2, b2;
@@ -956,7 +957,7 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
                     for (uint32_t i = 0; rc == 0 && i < n; i++) {
                         item_free(&it[i]);
                         memset(&it[i], 0, sizeof it[i]);
-                        if (item_build(mp, hw, &c, i, &sx[i], step, unit, &it[i]) != 0)
+                        if (item_build(mp, hw, &c, i, &sx[i], step, unit, o->gate_only, &it[i]) != 0)
                             rc = pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
                         sum += it[i].m;
                     }

@@ -61,7 +61,13 @@
  *
  * ---- Solver (pi2_plan_solve) ----
  * Decision variables: per FFN H (hot groups) and G (two-phase: groups whose
- * gate part is also kept, G >= H), compute threads t in 1..threads, I/O
+ * gate part is also kept, G >= H; searched only with gate_only: the cost
+ * model prices an 8 KiB up+down read at the disk's 8 KiB rate, about half
+ * a 24 KiB one, and so favours gate-only groups, but runs with them on the
+ * generated 7B-shaped model were 5-14% slower at 25-50% offloaded: the
+ * engine pays a read about the same whatever its size (its I/O thread's
+ * CPU), and a fired neuron's up+down costs a second round; given plans can
+ * still use them), compute threads t in 1..threads, I/O
  * depth d in {16, 32, 64, 128}, gate-first (two-phase). For each (t, d,
  * gate-first) the per-layer choices are discretised in steps of
  * ceil(groups / 48) groups and solved exactly as a multiple-choice knapsack
@@ -201,6 +207,7 @@ typedef struct pi2_plan_opts {
     bool fixed_only;  /* do not search: the fixed split (equal hot slots, 2 threads, depth 64) */
     double min_gain;  /* keep the fixed split unless the search is predicted this much faster (default 0.03;
                          0: the exact optimum) */
+    bool gate_only;   /* two-phase: also search gate-only groups (default off, see above) */
 } pi2_plan_opts;
 
 void pi2_plan_opts_defaults(pi2_plan_opts *o);

@@ -7,7 +7,9 @@ set -eu
 B=${BUILD:-build}
 D=$B/demo
 mkdir -p "$D"
-rm -rf "$D/model" "$D/model.pi2c" "$D/model-q" "$D/model.pi2" "$D/key.pem" "$D/key.pub.pem" "$D/ts.pi2c" "$D/ts.pi2"
+rm -rf "$D/model" "$D/model.pi2c" "$D/model-q" "$D/model.pi2" "$D/key.pem" "$D/key.pub.pem" "$D/ts.pi2c" "$D/ts.pi2" \
+    "$D/hw.json" "$D/plan.json" "$D"/model-*.json
+export PI2_HW_PROFILE="$D/hw.json" # the demo's own hardware profile, not the user's
 echo "== 1. pi2-convert synth: a generated dReLU model with planted sparsity (10% of FFN neurons fire per token)"
 "$B/pi2-convert" synth --preset small -o "$D/model"
 echo
@@ -48,12 +50,22 @@ min=$(echo "$plan" | sed -n 's/.*"minimum_bytes":\([0-9]*\).*/\1/p')
 ffn=$(echo "$plan" | sed -n 's/.*"ffn_bytes":\([0-9]*\).*/\1/p')
 echo "plan: FFN payload $((ffn / 1024)) KiB; the smallest limit is $((min / 1048576 + 1)) MiB (resident weights, KV cache, buffers)"
 "$B/pi2-run" "$D/model.pi2" --pubkey "$D/key.pub.pem" -p "Once upon a time" -n 32 --mem-limit "$((min / 1048576 + 1))M" \
-    --hot-share 0 --stats | tee "$D/offload.txt"
+    --hot-share 0 --no-plan --stats | tee "$D/offload.txt"
 if cmp -s "$D/inmem.txt" "$D/offload.txt"; then echo "same text as with every weight in memory: yes"
 else echo "text differs from the in-memory run (the offloaded FFN sums in another order; a near-tie flipped)"; fi
+echo
+echo "== 10. the planner: profile this machine (kernels, memory, this disk; short figures for the demo), then plan"
+echo "      half the FFN out of memory: hot and gate-only groups per layer, threads, I/O depth, predicted speed"
+"$B/pi2-run" --profile-hw --device-path "$D" --hw-profile "$D/hw.json" --profile-seconds 0.05 >/dev/null
+half=$((min / 1048576 + ffn / 2097152 + 1))
+"$B/pi2-run" "$D/model.pi2" --pubkey "$D/key.pub.pem" --hw-profile "$D/hw.json" --plan-only --mem-limit "${half}M" \
+    -p "Once upon a time" -n 32 >"$D/plan.json"
+sed 's/"hot_groups":\[[0-9,]*\]/"hot_groups":[...]/; s/"gate_groups":\[[0-9,]*\]/"gate_groups":[...]/; s/,"memory".*/}/' "$D/plan.json"
+"$B/pi2-run" "$D/model.pi2" --pubkey "$D/key.pub.pem" --hw-profile "$D/hw.json" -p "Once upon a time" -n 32 \
+    --mem-limit "${half}M" --plan "$D/plan.json" --stats 2>&1 | grep -v "^per-token\|^FFN\|^threads"
 if [ -d ../shared/models/tinystories-656k-drelu ]; then
     echo
-    echo "== 10. a real trained dReLU model (../shared/models/tinystories-656k-drelu): convert, bundle, run"
+    echo "== 11. a real trained dReLU model (../shared/models/tinystories-656k-drelu): convert, bundle, run"
     "$B/pi2-convert" ../shared/models/tinystories-656k-drelu -o "$D/ts.pi2c" --train-predictors -q | tail -1
     "$B/pi2-bundle" "$D/ts.pi2c" -o "$D/ts.pi2" --key "$D/key.pem" -q
     "$B/pi2-run" "$D/ts.pi2" --pubkey "$D/key.pub.pem" -p "Once upon a time, there was a" -n 48 --stats

@@ -169,6 +169,7 @@ static void solver_vs_brute(bool two_phase)
             o.threads = 2;
             o.lru_replay = false;
             o.min_gain = 0;
+            o.gate_only = true; /* the brute force enumerates gate-only groups */
             pi2_plan p;
             pi2_err e = {0};
             if (pi2_plan_solve(&mp, &hw, &MEM, &o, &p, &e))
@@ -182,6 +183,14 @@ static void solver_vs_brute(bool two_phase)
                          got, want);
             assert_true(got <= last * (1 + 1e-12)); /* more memory is never slower */
             last = got;
+            /* without gate-only groups: never better, and none chosen */
+            pi2_plan q;
+            o.gate_only = false;
+            assert_int_equal(pi2_plan_solve(&mp, &hw, &MEM, &o, &q, &e), 0);
+            assert_true(q.pred.decode_ms >= got * (1 - 1e-12));
+            for (uint32_t i = 0; i < NF; i++)
+                assert_int_equal(q.gate_groups[i], q.hot_groups[i]);
+            pi2_plan_free(&q);
             if (frac == 8) /* everything fits: all hot, no reads */
                 for (uint32_t i = 0; i < NF; i++)
                     assert_int_equal(p.hot_groups[i], GROUPS);

@@ -26,6 +26,7 @@ TH=${THREADS:-2}
 TG=${BENCH_TG:-64}
 PP=${BENCH_PP:-32}
 POINTS=${POINTS:-"0 25 50 75 90"}
+REPEAT=${REPEAT:-2}
 mkdir -p "$W"
 say() { printf '%s\n' "$*"; }
 jget() { sed -n "s/.*\"$1\":\([-0-9.e+]*\).*/\1/p" | head -1; }
@@ -109,19 +110,26 @@ for pct in $POINTS; do
 done
 say "(caps: $capped; floors: the larger of I/O and memory time per token; x floor = decode time / that floor)"
 say ""
-say "== pass 2: the planner's settings at each limit (predicted with what pass 1 taught), then the fixed split again;"
-say "   fixed = the mean of its two runs (fixed predicted: pass 1's prediction)"
+say "== pass 2: the planner's settings at each limit (predicted with what pass 1 taught) and the fixed split, alternating"
+say "   $REPEAT times each: tok/s are the means (fixed predicted: pass 1's prediction)"
 printf '%-6s %9s | %8s %9s %7s | %8s %9s %7s %6s %3s %5s %8s | %8s\n' "out%" "limit MB" "fixed" "predicted" "error" "planned" "predicted" "error" "hit%" "t" "depth" "gates MB" "planned/fixed"
 for pct in $POINTS; do
     limit=$(echo "$minimum $ffn $pct" | awk '{printf "%.0f", $1 + $2 * (100 - $3) / 100 + 65536}')
     f="$W/offload-$NAME-$pct.json"
     pout="$W/offload-$NAME-$pct-planned.json"
     [ -s "$f" ] || continue
-    if run "$limit" "$pout" && run "$limit" "$W/offload-$NAME-$pct-again.json" --no-plan; then
-        p=$(cat "$pout")
-        # the fixed split's speed: the mean of its two runs around the planned one (this machine's
-        # run-to-run spread is about 10%)
-        ftg=$(echo "$(jget tg_tok_s <"$f") $(jget tg_tok_s <"$W/offload-$NAME-$pct-again.json")" | awk '{printf "%.3f", ($1 + $2) / 2}')
+    # planned and fixed alternate REPEAT times (this machine's speed drifts by ~10% over minutes); each side's mean
+    ok=yes ptg=0 ftg=0
+    for i in $(seq "$REPEAT"); do
+        run "$limit" "$pout.$i" || { ok=no; break; }
+        run "$limit" "$W/offload-$NAME-$pct-again.json.$i" --no-plan || { ok=no; break; }
+        ptg=$(echo "$ptg $(jget tg_tok_s <"$pout.$i")" | awk '{print $1 + $2}')
+        ftg=$(echo "$ftg $(jget tg_tok_s <"$W/offload-$NAME-$pct-again.json.$i")" | awk '{print $1 + $2}')
+    done
+    if [ "$ok" = yes ]; then
+        cp "$pout.1" "$pout"
+        p=$(sed "s/\"tg_tok_s\":[0-9.]*/\"tg_tok_s\":$(echo "$ptg $REPEAT" | awk '{printf "%.3f", $1 / $2}')/" "$pout.1")
+        ftg=$(echo "$ftg $REPEAT" | awk '{printf "%.3f", $1 / $2}')
         c="$pct $limit $ftg $(jget predicted_tok_s <"$f") $(echo "$p" | jget tg_tok_s) $(echo "$p" | jget predicted_tok_s) $(echo "$p" | jget hit_rate) $(echo "$p" | jget plan_threads) $(echo "$p" | jget plan_io_depth) $(echo "$p" | jget gate_hot_bytes)"
         echo "$c" | awk '{
             printf "%-6s %9.0f | %8.2f %9.2f %+6.0f%% | %8.2f %9.2f %+6.0f%% %6.1f %3d %5d %8.0f | %8.2f\n", $1, $2/1048576, $3, $4,

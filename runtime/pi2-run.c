@@ -1199,6 +1199,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "pi2-run: no model given; usage: pi2-run MODEL.pi2 -p TEXT (see --help)\n");
         return 2;
     }
+    if (!o.mem_limit && (o.plan_file || o.no_plan || o.min_speed > 0)) {
+        fprintf(stderr, "pi2-run: %s plans offloading: give --mem-limit SIZE too\n",
+                o.plan_file ? "--plan" : o.no_plan ? "--no-plan" : "--min-speed");
+        return 2;
+    }
+    if (o.plan_file && o.no_plan) {
+        fprintf(stderr, "pi2-run: give either --plan FILE or --no-plan, not both\n");
+        return 2;
+    }
     if (o.plan_only)
         return run_plan(&o);
     if (o.bench && o.ppl) {

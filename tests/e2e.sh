@@ -297,6 +297,8 @@ expect_error "plan infeasible speed" "infeasible" "$B/pi2-run" "$T/b.pi2" $P --m
 expect_error "plan min-speed without profile" "needs a hardware profile" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" \
     --mem-limit "$lim" -p hi --min-speed 5
 expect_error "plan bad min-speed" "--min-speed" "$B/pi2-run" "$T/b.pi2" --mem-limit "$lim" --min-speed fast
+expect_error "plan without a limit" "give --mem-limit" "$B/pi2-run" "$T/b.pi2" --plan "$T/plan.json" -p hi
+expect_error "plan and no-plan" "not both" "$B/pi2-run" "$T/b.pi2" --mem-limit "$lim" --plan "$T/plan.json" --no-plan
 printf '{"version":1,"mem_limit":1,"threads":1' >"$T/badplan.json"
 # shellcheck disable=SC2086
 expect_error "plan truncated file" "badplan.json" "$B/pi2-run" "$T/b.pi2" $P --mem-limit "$lim" -p hi --plan "$T/badplan.json"

@@ -55,14 +55,15 @@ if cmp -s "$D/inmem.txt" "$D/offload.txt"; then echo "same text as with every we
 else echo "text differs from the in-memory run (the offloaded FFN sums in another order; a near-tie flipped)"; fi
 echo
 echo "== 10. the planner: profile this machine (kernels, memory, this disk; short figures for the demo), then plan"
-echo "      half the FFN out of memory: hot and gate-only groups per layer, threads, I/O depth, predicted speed"
+echo "      at the smallest limit of step 9 plus a quarter of the FFN: hot groups per layer, threads, I/O depth, predicted
+      speed (on this small model a shallower I/O queue frees enough memory to keep every FFN neuron)"
 "$B/pi2-run" --profile-hw --device-path "$D" --hw-profile "$D/hw.json" --profile-seconds 0.05 >/dev/null
-half=$((min / 1048576 + ffn / 2097152 + 1))
-"$B/pi2-run" "$D/model.pi2" --pubkey "$D/key.pub.pem" --hw-profile "$D/hw.json" --plan-only --mem-limit "${half}M" \
+half=$((min / 1024 + ffn / 4096))
+"$B/pi2-run" "$D/model.pi2" --pubkey "$D/key.pub.pem" --hw-profile "$D/hw.json" --plan-only --mem-limit "${half}K" \
     -p "Once upon a time" -n 32 >"$D/plan.json"
 sed 's/"hot_groups":\[[0-9,]*\]/"hot_groups":[...]/; s/"gate_groups":\[[0-9,]*\]/"gate_groups":[...]/; s/,"memory".*/}/' "$D/plan.json"
 "$B/pi2-run" "$D/model.pi2" --pubkey "$D/key.pub.pem" --hw-profile "$D/hw.json" -p "Once upon a time" -n 32 \
-    --mem-limit "${half}M" --plan "$D/plan.json" --stats 2>&1 | grep -v "^per-token\|^FFN\|^threads"
+    --mem-limit "${half}K" --plan "$D/plan.json" --stats 2>&1 | grep -v "^per-token\|^FFN\|^threads"
 if [ -d ../shared/models/tinystories-656k-drelu ]; then
     echo
     echo "== 11. a real trained dReLU model (../shared/models/tinystories-656k-drelu): convert, bundle, run"

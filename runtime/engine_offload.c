@@ -374,7 +374,7 @@ static int ofl_plan(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, const p
             memcpy(gg, g->gate_groups, g->n_ffn * sizeof *gg);
             memset(&x->plan.pred, 0, sizeof x->plan.pred);
             if (o->hw)
-                pi2_plan_predict(&mp, o->hw, pm, &x->plan, o->plan_prompt, false, err);
+                pi2_plan_predict(&mp, o->hw, &x->plan, o->plan_prompt);
             x->info.plan_source = "given";
         }
     } else {
@@ -437,7 +437,7 @@ static int load_gate_parts(pi2_engine *e, eng_ofl *x, bool lock, pi2_err *err)
 }
 
 /* The fixed split as a plan, predicted with the hardware profile. */
-static void ofl_predict_fixed(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, const pi2_plan_mem *pm)
+static void ofl_predict_fixed(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x)
 {
     pi2_mprof mp;
     pi2_err er = {0};
@@ -454,7 +454,7 @@ static void ofl_predict_fixed(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *
         x->plan.gate_first = !x->spec && x->two_phase;
         for (uint32_t i = 0; i < x->n_ffn; i++)
             x->plan.hot_groups[i] = x->plan.gate_groups[i] = (uint32_t)(x->hot_len[i] / x->bl[i]->slot_bytes);
-        pi2_plan_predict(&mp, o->hw, pm, &x->plan, o->plan_prompt, false, &er);
+        pi2_plan_predict(&mp, o->hw, &x->plan, o->plan_prompt);
     }
     pi2_mprof_free(&mp);
 }
@@ -598,7 +598,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         hot_total += x->hot_len[fi];
     }
     if (x->plan.n_ffn == 0 && o->hw)
-        ofl_predict_fixed(e, o, x, &pm);
+        ofl_predict_fixed(e, o, x);
     in->plan = x->plan.n_ffn > 0 ? &x->plan : NULL;
     in->threads = e->threads;
     in->io_depth = x->depth;

@@ -78,7 +78,7 @@ static int resolve_threads(int t)
 
 /* This machine's CPU name: the first "model name" of /proc/cpuinfo,
  * trimmed, control characters replaced; "unknown" without one. */
-static void cpu_name(char *dst, size_t cap)
+void pi2_hwprof_cpu_name(char *dst, size_t cap)
 {
     snprintf(dst, cap, "unknown");
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -646,7 +646,7 @@ int pi2_hwprof_measure(const pi2_hwprof_opts *o, pi2_hwprof *out, pi2_err *err)
     double t_start = pi2_now();
     pi2_hwprof p;
     memset(&p, 0, sizeof p);
-    cpu_name(p.cpu, sizeof p.cpu);
+    pi2_hwprof_cpu_name(p.cpu, sizeof p.cpu);
     snprintf(p.isa, sizeof p.isa, "%s", isa_now());
     snprintf(p.device, sizeof p.device, "%s", dir);
     p.threads = threads;
@@ -1264,7 +1264,7 @@ static const char *mismatch(const pi2_hwprof *p, const pi2_hwprof_opts *o, char 
         o = &def;
     int t = resolve_threads(o->threads);
     char cpu[sizeof p->cpu];
-    cpu_name(cpu, sizeof cpu);
+    pi2_hwprof_cpu_name(cpu, sizeof cpu);
     const char *dir = o->device_dir ? o->device_dir : ".";
     struct stat st;
     if (strcmp(cpu, p->cpu) != 0)

@@ -128,6 +128,10 @@ bool pi2_hwprof_matches(const pi2_hwprof *p, const pi2_hwprof_opts *o);
 int pi2_hwprof_get(const pi2_hwprof_opts *o, const char *path, bool measure, pi2_hwprof *out, bool *measured,
                    pi2_err *err);
 
+/* This machine's cpu string as profiles record it: the first "model name"
+ * of /proc/cpuinfo, trimmed; "unknown" without one. */
+void pi2_hwprof_cpu_name(char *dst, size_t cap);
+
 /* Interpolation helpers for the cost model. */
 /* Random-read figures at request size `size` (bytes, log-linear between
  * grid sizes, clamped at the ends) and depth (nearest grid depth not above

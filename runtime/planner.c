@@ -29,17 +29,6 @@ static uint64_t tensor_bytes(const pi2_mf_tensor *t)
            (pi2_q_payload_row_bytes(t->qtype, t->cols) + 2 * pi2_q_scale_row_count(t->qtype, t->cols));
 }
 
-/* Deterministic "does selected neuron i of sample s fire" with probability
- * phi (the samples hold selected sets; which of them fire is not stored). */
-static bool fires(uint64_t s, uint32_t i, double phi)
-{
-    uint64_t h = s * 0x9E3779B97F4A7C15ull ^ ((uint64_t)i + 1) * 0xC2B2AE3D27D4EB4Full;
-    h ^= h >> 31;
-    h *= 0xBF58476D1CE4E5B9ull;
-    h ^= h >> 29;
-    return (double)(h >> 11) * 0x1.0p-53 < phi;
-}
-
 /* Byte spans of a group's parts (offsets inside the slot) for neurons j0..j1
  * of the group (inclusive): gate, up+down, or whole neuron. */
 static uint64_t span_bytes(const pi2_mprof *mp, int kind, uint32_t j0, uint32_t j1)
@@ -140,7 +129,7 @@ static void group_figures(const pi2_mprof *mp, pi2_mprof_ffn *F, uint64_t ns)
         /* mean spans of a read, given it happens: exact over the subsets of
          * small groups, the whole group otherwise */
         double s0 = 0, sg = 0, su = 0, pu = 0;
-        if (m <= 12 && F->p[k] > 0) {
+        if (m <= 8 && F->p[k] > 0) { /* 2^m subsets per group: bounded start-up work */
             for (uint32_t mask = 1; mask < (1u << m); mask++) {
                 double pr = 1, pf = 1;
                 int first = -1, last = -1;
@@ -272,7 +261,6 @@ void pi2_plan_opts_defaults(pi2_plan_opts *o)
     o->threads = 1;
     o->max_depth = 128;
     o->prompt = 128;
-    o->lru_replay = false;
     o->min_gain = 0.03;
     o->gate_only = false;
 }
@@ -320,22 +308,6 @@ static uint64_t plan_hot_total(const pi2_mprof *mp, const pi2_plan *p)
 static uint64_t min_cache(const pi2_mprof *mp, const pi2_plan_mem *mem)
 {
     return mem->min_slots * (mem->slot_bytes[0] + (mp->two_phase ? mem->slot_bytes[1] : 0));
-}
-
-void pi2_plan_cache_slots(const pi2_mprof *mp, const pi2_plan_mem *mem, const pi2_plan *p, uint64_t slots[2])
-{
-    uint64_t fixed = mem->fixed + mem->per_depth * (uint64_t)p->io_depth, hot = plan_hot_total(mp, p);
-    uint64_t mc = min_cache(mp, mem);
-    uint64_t used = fixed + hot + mc;
-    uint64_t extra = p->mem_limit > used && hot < mp->ffn_total ? p->mem_limit - used : 0;
-    uint64_t cap = (uint64_t)mp->n_ffn * (uint64_t)mp->n_ff;
-    int kinds = mp->two_phase ? 2 : 1;
-    slots[0] = slots[1] = 0;
-    for (int k = 0; k < kinds; k++) {
-        double share = kinds == 1 ? 1.0 : (k == 0 ? 1.0 / 3 : 2.0 / 3);
-        uint64_t n = mem->min_slots + (uint64_t)((double)extra * share) / mem->slot_bytes[k];
-        slots[k] = n < cap ? n : cap;
-    }
 }
 
 /* ---- cost model ---- */
@@ -489,211 +461,24 @@ static int suffix_build(const pi2_mprof_ffn *F, suffix *x)
     return 0;
 }
 
-/* ---- LRU replay ---- */
-
-typedef struct lru {
-    int32_t *prev, *next; /* by key; -2: absent */
-    int32_t head, tail;   /* head = most recent */
-    uint64_t n, cap;
-} lru;
-
-static int lru_init(lru *l, size_t keys, uint64_t cap)
+void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, int prompt)
 {
-    l->prev = malloc(keys * sizeof *l->prev);
-    l->next = malloc(keys * sizeof *l->next);
-    if (!l->prev || !l->next)
-        return -1;
-    for (size_t i = 0; i < keys; i++)
-        l->prev[i] = -2;
-    l->head = l->tail = -1;
-    l->n = 0;
-    l->cap = cap;
-    return 0;
-}
-
-static void lru_free(lru *l)
-{
-    free(l->prev);
-    free(l->next);
-}
-
-static void lru_unlink(lru *l, int32_t k)
-{
-    int32_t p = l->prev[k], n = l->next[k];
-    if (p >= 0)
-        l->next[p] = n;
-    else
-        l->head = n;
-    if (n >= 0)
-        l->prev[n] = p;
-    else
-        l->tail = p;
-}
-
-static void lru_front(lru *l, int32_t k)
-{
-    l->prev[k] = -1;
-    l->next[k] = l->head;
-    if (l->head >= 0)
-        l->prev[l->head] = k;
-    l->head = k;
-    if (l->tail < 0)
-        l->tail = k;
-}
-
-/* true on a hit (moved to front); a miss is inserted, evicting the least recent. */
-static bool lru_use(lru *l, int32_t k)
-{
-    if (l->cap == 0)
-        return false;
-    if (l->prev[k] != -2) {
-        lru_unlink(l, k);
-        lru_front(l, k);
-        return true;
-    }
-    if (l->n == l->cap) {
-        int32_t v = l->tail;
-        lru_unlink(l, v);
-        l->prev[v] = -2;
-        l->n--;
-    }
-    lru_front(l, k);
-    l->n++;
-    return false;
-}
-
-static bool lru_has(const lru *l, int32_t k) { return l->prev[k] != -2; }
-
-#define REPLAY_MAX_SAMPLES 256
-
-/* Per-FFN replay results: reads and bytes per round, per token. */
-static int replay(const pi2_mprof *mp, const pi2_plan *p, const uint64_t slots[2], double *n1, double *b1,
-                  double *n2, double *b2, double *hit_rate)
-{
-    size_t keys = (size_t)mp->n_ffn * (size_t)mp->n_ff;
-    if (keys > INT32_MAX || mp->samples == 0)
-        return -1;
-    lru L[2] = {{0}, {0}};
-    if (lru_init(&L[0], keys, slots[0]) || lru_init(&L[1], keys, mp->two_phase ? slots[1] : 0)) {
-        lru_free(&L[0]);
-        lru_free(&L[1]);
-        return -1;
-    }
-    uint64_t ns = mp->samples < REPLAY_MAX_SAMPLES ? mp->samples : REPLAY_MAX_SAMPLES;
-    double parts = 0, served = 0;
-    for (uint32_t fi = 0; fi < mp->n_ffn; fi++)
-        n1[fi] = b1[fi] = n2[fi] = b2[fi] = 0;
-    for (uint64_t s = 0; s < ns; s++)
-        for (uint32_t fi = 0; fi < mp->n_ffn; fi++) {
-            const pi2_mprof_ffn *F = &mp->ffn[fi];
-            if (!F->bits)
-                continue;
-            const uint64_t *row = F->bits + s * F->words;
-            uint32_t H = p->hot_groups[fi], G = p->gate_groups[fi];
-            double phi = F->sel > 0 ? F->fired / F->sel : 0;
-            int32_t base = (int32_t)((size_t)fi * (size_t)mp->n_ff);
-            for (uint32_t k = 0; k < F->groups; k++) {
-                uint32_t i0 = k * F->group, i1 = i0 + F->group < F->neurons ? i0 + F->group : F->neurons;
-                int gm0 = -1, gm1 = -1, um0 = -1, um1 = -1;
-                for (uint32_t i = i0; i < i1; i++) {
-                    if (!((row[i / 64] >> (i % 64)) & 1))
-                        continue;
-                    int j = (int)(i - i0);
-                    int32_t key = base + (int32_t)i;
-                    parts++;
-                    if (k < (mp->two_phase ? G : H)) {
-                        served++;
-                    } else if (lru_use(&L[0], key)) {
-                        served++;
-                    } else {
-                        if (gm0 < 0)
-                            gm0 = j;
-                        gm1 = j;
-                        if (mp->two_phase && !p->gate_first && !lru_has(&L[1], key))
-                            lru_use(&L[1], key); /* read along with the gate */
-                    }
-                    if (!mp->two_phase || !fires(s, i, phi))
-                        continue;
-                    parts++;
-                    if (k < H || lru_use(&L[1], key)) {
-                        served++;
-                    } else {
-                        if (um0 < 0)
-                            um0 = j;
-                        um1 = j;
-                    }
-                }
-                if (gm0 >= 0) {
-                    n1[fi] += 1;
-                    b1[fi] += (double)span_bytes(mp, !mp->two_phase ? 0 : p->gate_first ? 1 : 3, (uint32_t)gm0,
-                                                 (uint32_t)gm1);
-                }
-                if (um0 >= 0) {
-                    n2[fi] += 1;
-                    b2[fi] += (double)span_bytes(mp, 2, (uint32_t)um0, (uint32_t)um1);
-                }
-            }
-        }
-    for (uint32_t fi = 0; fi < mp->n_ffn; fi++) {
-        n1[fi] /= (double)ns;
-        b1[fi] /= (double)ns;
-        n2[fi] /= (double)ns;
-        b2[fi] /= (double)ns;
-    }
-    *hit_rate = parts > 0 ? served / parts : 1;
-    lru_free(&L[0]);
-    lru_free(&L[1]);
-    return 0;
-}
-
-void pi2_mprof_replay(const pi2_mprof *mp, const pi2_plan *p, const uint64_t slots[2], double *reads, double *bytes,
-                      double *hit_rate)
-{
-    size_t n = mp->n_ffn;
-    double *a = calloc(4 * n, sizeof *a);
-    *reads = *bytes = 0;
-    *hit_rate = 1;
-    if (!a || replay(mp, p, slots, a, a + n, a + 2 * n, a + 3 * n, hit_rate) != 0) {
-        free(a);
-        return;
-    }
-    for (size_t i = 0; i < n; i++) {
-        *reads += ffn_weight(mp) * (a[i] + a[2 * n + i]);
-        *bytes += ffn_weight(mp) * (a[n + i] + a[3 * n + i]);
-    }
-    free(a);
-}
-
-void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem *mem, pi2_plan *p, int prompt,
-                      bool lru_on, pi2_err *err)
-{
-    (void)err;
     size_t n = mp->n_ffn;
     cfg c = {p->threads, p->io_depth, p->gate_first};
-    double *a = calloc(4 * n, sizeof *a);
-    double hit = 1;
-    uint64_t slots[2];
-    pi2_plan_cache_slots(mp, mem, p, slots);
-    bool replayed = a && lru_on && mp->samples > 0 && replay(mp, p, slots, a, a + n, a + 2 * n, a + 3 * n, &hit) == 0;
     double total = 0, io = 0, io_cal = 0, comp = 0, reads = 0, bytes = 0, parts = 0, served = 0, raw_reads = 0,
            raw_cold = 0, win = 0;
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c.t);
     for (uint32_t fi = 0; fi < n; fi++) {
         double n1, b1, n2, b2;
         const pi2_mprof_ffn *F = &mp->ffn[fi];
-        if (replayed) {
-            n1 = a[fi];
-            b1 = a[n + fi];
-            n2 = a[2 * n + fi];
-            b2 = a[3 * n + fi];
+        suffix x;
+        if (suffix_build(F, &x) != 0) {
+            n1 = b1 = n2 = b2 = 0;
         } else {
-            suffix x;
-            if (suffix_build(F, &x) != 0) {
-                n1 = b1 = n2 = b2 = 0;
-            } else {
-                static_reads(mp, &x, p->gate_first, p->hot_groups[fi], p->gate_groups[fi], &n1, &b1, &n2, &b2);
-                free(x.P);
-            }
+            static_reads(mp, &x, p->gate_first, p->hot_groups[fi], p->gate_groups[fi], &n1, &b1, &n2, &b2);
+            free(x.P);
+        }
+        {
             double phi = F->sel > 0 ? F->fired / F->sel : 0, miss = 0;
             parts += F->sel + (mp->two_phase ? F->fired : 0);
             for (uint32_t k = mp->two_phase ? p->gate_groups[fi] : p->hot_groups[fi]; k < F->groups; k++)
@@ -721,7 +506,6 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_
         reads += w * (n1 + n2);
         bytes += w * (b1 + b2);
     }
-    free(a);
     double kc = cal_compute(mp, c.t);
     double head_raw = (double)mp->head_bytes / gemv_rate(hc, mp->q_other), head = kc * head_raw;
     total += head;
@@ -739,7 +523,7 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_
     r->head_ms = head * 1e3;
     r->reads_per_token = reads;
     r->mb_per_token = bytes / 1e6;
-    r->hit_rate = replayed ? hit : parts > 0 ? served / parts : 1;
+    r->hit_rate = parts > 0 ? served / parts : 1;
     uint64_t hot = plan_hot_total(mp, p);
     r->hot_mb = (double)hot / 1e6;
     r->offloaded = mp->ffn_total ? 1 - (double)hot / (double)mp->ffn_total : 0;
@@ -900,7 +684,7 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
     if (o->fixed_only) {
         int rc = pi2_plan_fixed(mp, mem, o->mem_limit, threads, out, err);
         if (rc == 0)
-            pi2_plan_predict(mp, hw, mem, out, o->prompt, o->lru_replay, err);
+            pi2_plan_predict(mp, hw, out, o->prompt);
         return rc;
     }
     uint32_t n = mp->n_ffn;
@@ -995,13 +779,13 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
     if (!any)
         return pi2_err_set(err, PI2_ENOMEM, "plan: --mem-limit %.0f MB cannot hold the resident part (%.0f MB)",
                            o->mem_limit / 1e6, (mem->fixed + mem->per_depth * 16 + mc) / 1e6);
-    pi2_plan_predict(mp, hw, mem, out, o->prompt, o->lru_replay, err);
+    pi2_plan_predict(mp, hw, out, o->prompt);
     /* keep the fixed split unless the search predicts a clear gain: the
      * model's error is larger than small differences */
     pi2_plan fx;
     pi2_err fe = {0};
     if (o->min_gain > 0 && pi2_plan_fixed(mp, mem, o->mem_limit, threads, &fx, &fe) == 0) {
-        pi2_plan_predict(mp, hw, mem, &fx, o->prompt, o->lru_replay, &fe);
+        pi2_plan_predict(mp, hw, &fx, o->prompt);
         if (out->pred.decode_ms >= fx.pred.decode_ms * (1 - o->min_gain)) {
             pi2_plan_free(out);
             *out = fx;
@@ -1015,7 +799,6 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
         uint64_t lo = o->mem_limit, hi = mem->fixed + mem->per_depth * 128 + mc + mp->ffn_total + (64u << 20);
         pi2_plan_opts oo = *o;
         oo.min_speed = 0;
-        oo.lru_replay = false;
         pi2_plan tp;
         bool reach = false;
         oo.mem_limit = hi;

@@ -26,10 +26,8 @@
  * selected with its sampled frequency, independently (the bundle grouped
  * neurons on these very samples, so their joint counts overstate how many
  * neurons share a read on new text: 2.1 in-sample vs 1.1 measured on the
- * generated 7B-shaped model). pi2_mprof_replay also replays the samples in
- * token order through the hot set and a global LRU of neuron parts (the
- * runtime's policy), for comparison; plans leave the LRU at its smallest,
- * where it adds little.
+ * generated 7B-shaped model). The LRU cache is left out: plans leave it
+ * at its smallest, where it adds little.
  *
  * ---- Cost model (pi2_plan_predict) ----
  * Per decode token, per layer l (FFN f), with t compute threads, depth d:
@@ -202,8 +200,6 @@ typedef struct pi2_plan_opts {
     int max_depth;    /* 0: 128 */
     double min_speed; /* tok/s, 0: none */
     int prompt;       /* prompt length for the prefill figure (0: 128) */
-    bool lru_replay;  /* refine the final prediction by replaying samples through the LRU (default on via
-                         pi2_plan_defaults) */
     bool fixed_only;  /* do not search: the fixed split (equal hot slots, 2 threads, depth 64) */
     double min_gain;  /* keep the fixed split unless the search is predicted this much faster (default 0.03;
                          0: the exact optimum) */
@@ -217,10 +213,9 @@ void pi2_plan_free(pi2_plan *p);
 /* Bytes of hot memory a plan keeps for FFN i. */
 uint64_t pi2_plan_hot_bytes(const pi2_mprof *mp, const pi2_plan *p, uint32_t i);
 
-/* Fill p->pred for the plan's settings (LRU of lru_slots[2] parts: gates or
- * whole neurons, up+down; replayed when lru is true). */
-void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem *mem, pi2_plan *p, int prompt,
-                      bool lru, pi2_err *err);
+/* Fill p->pred for the plan's settings (prompt: tokens of the prefill
+ * figure, 0: 128). */
+void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, int prompt);
 
 /* Choose the plan (see above) into *out (allocated here; pi2_plan_free).
  * PI2_ENOMEM when the limit cannot hold the resident part, PI2_ERANGE when
@@ -230,17 +225,6 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
 /* The fixed split the engine uses without a plan, as a plan. */
 int pi2_plan_fixed(const pi2_mprof *mp, const pi2_plan_mem *mem, uint64_t mem_limit, int threads, pi2_plan *out,
                    pi2_err *err);
-
-/* LRU slots a plan leaves: the rest of the budget after the hot memory,
- * split as the engine splits it (two-phase: 1 : 2 gates : up+down). */
-void pi2_plan_cache_slots(const pi2_mprof *mp, const pi2_plan_mem *mem, const pi2_plan *p, uint64_t slots[2]);
-
-/* Replay the samples of FFN-set through hot (H, G) per FFN and a global
- * LRU of slots[0] gate (or whole-neuron) parts and slots[1] up+down parts:
- * mean reads and bytes per token (sum over FFNs, weighted by routing on
- * MoE), and part hit rate. */
-void pi2_mprof_replay(const pi2_mprof *mp, const pi2_plan *p, const uint64_t slots[2], double *reads, double *bytes,
-                      double *hit_rate);
 
 void pi2_plan_cal_defaults(pi2_plan_cal *c);
 /* Fold one run of plan p (its predictions filled) into c: measured decode

@@ -38,31 +38,6 @@ static int teardown(void **state)
     return 0;
 }
 
-/* This machine's cpu string as the header defines it: the first
- * "model name" of /proc/cpuinfo, trimmed; "unknown" without one. */
-static void this_cpu(char *dst, size_t cap)
-{
-    snprintf(dst, cap, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f)
-        return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        char *v = strchr(line, ':');
-        if (strncmp(line, "model name", 10) != 0 || !v)
-            continue;
-        for (v++; *v == ' ' || *v == '\t'; v++)
-            ;
-        size_t n = strlen(v);
-        while (n > 0 && strchr("\r\n \t", v[n - 1]))
-            v[--n] = 0;
-        if (n > 0)
-            snprintf(dst, cap, "%s", v);
-        break;
-    }
-    fclose(f);
-}
-
 static int online_threads(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -74,7 +49,7 @@ static int online_threads(void)
 static void make_profile(pi2_hwprof *p, const char *dir, int threads)
 {
     memset(p, 0, sizeof *p);
-    this_cpu(p->cpu, sizeof p->cpu);
+    pi2_hwprof_cpu_name(p->cpu, sizeof p->cpu);
     snprintf(p->isa, sizeof p->isa, "%s", pi2_q_isa_name(pi2_q_get_isa()));
     snprintf(p->device, sizeof p->device, "%s", dir);
     snprintf(p->io_backend, sizeof p->io_backend, "io_uring");
@@ -593,7 +568,7 @@ static void test_measure(void **state)
     double took = pi2_now() - t0;
     assert_int_equal(count_entries(dev), 0); /* the scratch file is gone */
     char cpu[128];
-    this_cpu(cpu, sizeof cpu);
+    pi2_hwprof_cpu_name(cpu, sizeof cpu);
     assert_string_equal(p.cpu, cpu);
     assert_string_equal(p.isa, pi2_q_isa_name(pi2_q_get_isa()));
     assert_string_equal(p.device, dev);

@@ -80,7 +80,7 @@ static const pi2_plan_mem MEM = {.fixed = 100u << 20, .per_depth = 16384, .min_s
 /* Decode time of a plan under the cost model (static reads). */
 static double cost(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p)
 {
-    pi2_plan_predict(mp, hw, &MEM, p, 128, false, NULL);
+    pi2_plan_predict(mp, hw, p, 128);
     return p->pred.decode_ms;
 }
 
@@ -167,7 +167,6 @@ static void solver_vs_brute(bool two_phase)
             pi2_plan_opts_defaults(&o);
             o.mem_limit = limit;
             o.threads = 2;
-            o.lru_replay = false;
             o.min_gain = 0;
             o.gate_only = true; /* the brute force enumerates gate-only groups */
             pi2_plan p;
@@ -232,7 +231,7 @@ static void test_cost_model(void **state)
     for (uint32_t h = 0; h <= GROUPS; h++) {
         for (uint32_t i = 0; i < NF; i++)
             p.hot_groups[i] = p.gate_groups[i] = h;
-        pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+        pi2_plan_predict(&mp, &hw, &p, 128);
         assert_true(p.pred.reads_per_token <= last_reads);
         assert_true(p.pred.decode_ms <= last_ms * (1 + 1e-12));
         assert_true(p.pred.decode_tok_s > 0 && p.pred.prefill_tok_s > 0);
@@ -249,9 +248,8 @@ static void test_cost_model(void **state)
         pi2_plan_opts_defaults(&o);
         o.mem_limit = limit;
         o.threads = 2;
-        o.lru_replay = false;
         assert_int_equal(pi2_plan_fixed(&mp, &MEM, limit, 2, &f, &e), 0);
-        pi2_plan_predict(&mp, &hw, &MEM, &f, 128, false, &e);
+        pi2_plan_predict(&mp, &hw, &f, 128);
         assert_int_equal(pi2_plan_solve(&mp, &hw, &MEM, &o, &s, &e), 0);
         assert_true(s.pred.decode_ms <= f.pred.decode_ms * (1 + 1e-12));
         pi2_plan_free(&f);
@@ -270,7 +268,6 @@ static void test_infeasible(void **state)
     pi2_plan_opts o;
     pi2_plan_opts_defaults(&o);
     o.threads = 2;
-    o.lru_replay = false;
     pi2_plan p;
     pi2_err e = {0};
     /* below the resident part */
@@ -323,7 +320,7 @@ static void test_calibration(void **state)
     p.io_depth = 64;
     for (uint32_t i = 0; i < NF; i++)
         p.hot_groups[i] = p.gate_groups[i] = GROUPS; /* all hot: no reads */
-    pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+    pi2_plan_predict(&mp, &hw, &p, 128);
     double base = p.pred.decode_ms;
     pi2_plan_cal c;
     pi2_plan_cal_defaults(&c);
@@ -331,27 +328,27 @@ static void test_calibration(void **state)
     for (int r = 0; r < 4; r++)
         pi2_plan_cal_update(&c, &p, 1e3 / (base * 1.3), 0);
     mp.cal = c;
-    pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+    pi2_plan_predict(&mp, &hw, &p, 128);
     assert_true(fabs(p.pred.decode_ms / base - 1.3) < 1e-6);
     /* an unmeasured thread count takes the measured one's factor */
     p.threads = 1;
-    pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+    pi2_plan_predict(&mp, &hw, &p, 128);
     double one = p.pred.decode_ms;
     mp.cal.s_w[1] = mp.cal.s_wk[1] = 0;
-    pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+    pi2_plan_predict(&mp, &hw, &p, 128);
     assert_true(fabs(one / p.pred.decode_ms - 1.3) < 1e-6);
     /* read-ahead: a run that read 50 more than the model per token, half cold */
     p.threads = 2;
     for (uint32_t i = 0; i < NF; i++)
         p.hot_groups[i] = p.gate_groups[i] = GROUPS / 2;
     mp.cal = c;
-    pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+    pi2_plan_predict(&mp, &hw, &p, 128);
     double raw = p.pred.raw_reads, cold = p.pred.raw_cold;
     assert_true(cold > 0.4 * NF && cold < 0.6 * NF);
     pi2_plan_cal_update(&c, &p, p.pred.decode_tok_s, raw + 50);
     assert_true(fabs(c.extra - 50 / cold) < 1e-9);
     mp.cal = c;
-    pi2_plan_predict(&mp, &hw, &MEM, &p, 128, false, &e);
+    pi2_plan_predict(&mp, &hw, &p, 128);
     assert_true(fabs(p.pred.reads_per_token - (raw + 50)) < 1e-6);
     /* file round trip */
     char dir[64], path[128];

@@ -481,7 +481,10 @@ static int write_profile(pi2_conv *c, pi2_err *err)
     int rc = 0;
     if (!freq)
         rc = pi2_err_set(err, PI2_ENOMEM, "out of memory for the profile");
-    for (int l = 0; rc == 0 && l < d->n_layers; l++)
+    for (int l = 0; rc == 0 && l < d->n_layers; l++) {
+        double routed = 0; /* MoE: the layer's routing choices (tokens x top-k) */
+        for (int e = 0; e < E; e++)
+            routed += (double)c->tokens[ffn_index(d, l, e)];
         for (int e = 0; rc == 0 && e < E; e++) {
             size_t fi = ffn_index(d, l, e);
             const uint32_t *cnt = c->counts + fi * (size_t)F;
@@ -515,6 +518,7 @@ static int write_profile(pi2_conv *c, pi2_err *err)
             p.active_frac = sum / F;
             p.hot_share = (double)hot / F;
             p.top10_share = sum > 0 ? topsum / sum : 0.0;
+            p.route_share = d->n_experts > 0 && routed > 0 ? (double)c->tokens[fi] / routed : NAN;
             snprintf(p.freq, sizeof p.freq, "profile/%d.%d.freq", l, e);
             rc = pi2_ctr_writer_add(c->w, p.freq, freq, (size_t)F * sizeof *freq, err);
             size_t nb = pi2_trace_count(c->traces[fi]) < BIT_SAMPLES ? pi2_trace_count(c->traces[fi]) : BIT_SAMPLES;
@@ -548,6 +552,7 @@ static int write_profile(pi2_conv *c, pi2_err *err)
             if (rc == 0)
                 rc = pi2_manifest_add_profile(c->mf, &p, err);
         }
+    }
     free(freq);
     return rc;
 }
@@ -656,7 +661,13 @@ int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err)
             fprintf(report, " %.4g", c->silu_thr[i]);
         fprintf(report, "%s\n", nffn(d) > 8 ? " ..." : "");
     }
-    c->mf->profile_tokens = c->tokens[0];
+    c->mf->profile_tokens = c->tokens[0]; /* dense: layer 0's tokens; MoE: its routing choices / top-k */
+    if (d->n_experts > 0) {
+        uint64_t routed = 0;
+        for (int e = 0; e < d->n_experts; e++)
+            routed += c->tokens[ffn_index(d, 0, e)];
+        c->mf->profile_tokens = routed / (uint64_t)d->n_experts_used;
+    }
     if (report && o->per_layer) {
         fprintf(report, "activation profile (per layer%s):\n", d->n_experts > 0 ? " and expert" : "");
         for (size_t i = 0; i < c->mf->n_profile; i++) {
@@ -664,8 +675,11 @@ int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err)
             fprintf(report, "  layer %2d", p->layer);
             if (p->expert >= 0)
                 fprintf(report, " expert %d", p->expert);
-            fprintf(report, ": active %.3f  hot share (fire > 50%%) %.3f  top-10%% neurons carry %.2f of activations\n",
+            fprintf(report, ": active %.3f  hot share (fire > 50%%) %.3f  top-10%% neurons carry %.2f of activations",
                     p->active_frac, p->hot_share, p->top10_share);
+            if (p->expert >= 0 && !isnan(p->route_share))
+                fprintf(report, "  routed %.3f", p->route_share);
+            fputc('\n', report);
         }
     }
     return quality(c, len, report, err);

@@ -909,7 +909,7 @@ static int parse_profile(pctx *c, json_t *root)
     static const char *const keys[] = { "tokens", "per_layer" };
     static const char *const lkeys[] = { "layer",       "expert", "active_frac", "hot_share",
                                          "top10_share", "freq",   "bits",        "bit_samples",
-                                         "bits_selected" };
+                                         "bits_selected", "route_share" };
     pi2_manifest *m = c->m;
     const pi2_model_desc *d = &m->config;
     json_t *pr, *arr;
@@ -947,6 +947,15 @@ static int parse_profile(pctx *c, json_t *root)
         p->bits_selected = false;
         if (json_object_get(e, "bits_selected") && (rc = get_bool(c, e, lw, "bits_selected", &p->bits_selected)))
             break;
+        p->route_share = NAN;
+        if (json_object_get(e, "route_share")) {
+            if (p->expert < 0) {
+                rc = fail(c, PI2_EFORMAT, lw, "route_share", "on a dense model");
+                break;
+            }
+            if ((rc = get_num(c, e, lw, "route_share", 0, 1, false, false, false, &p->route_share)))
+                break;
+        }
         if (fs->size != (uint64_t)d->n_ff * 4) {
             rc = fail(c, PI2_ESHAPE, lw, "freq", "member \"%s\" holds %llu bytes, expected %llu (float32 [%d])",
                       fs->name, (unsigned long long)fs->size, (unsigned long long)d->n_ff * 4, d->n_ff);
@@ -1382,6 +1391,8 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
         put(b, o, "bit_samples", ju64(p->bit_samples));
         if (p->bits_selected)
             put(b, o, "bits_selected", json_true());
+        if (p->expert >= 0 && !isnan(p->route_share))
+            put(b, o, "route_share", jnum(p->route_share));
         push(b, ppl, o, "profile.per_layer");
     }
     put(b, pr, "per_layer", ppl);

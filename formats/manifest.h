@@ -47,14 +47,16 @@
  *                                 "top10_share", "freq": member,
  *                                 "bits": member ("" when bit_samples is 0),
  *                                 "bit_samples": int,
- *                                 "bits_selected": true (optional) }, ... ] },
+ *                                 "bits_selected": true (optional),
+ *                                 "route_share": number (optional, MoE) }, ... ] },
  *   "quality": { "tokens": int, "ppl_ref", "ppl_q_dense", "ppl_q_sparse":
  *                number > 0, or null / absent for "not measured" (NaN) },
  *   "bundle": null (kind converted) | object (kind bundled; opaque here),
  *   "sections": [ { "name": member, "offset": int, "size": int,
  *                   "sha256": 64 lowercase hex digits }, ... ]
  * }
- * Every key is required except "silu_threshold", "bits_selected" and the three "ppl_*" keys;
+ * Every key is required except "silu_threshold", "bits_selected", "route_share" and the three
+ * "ppl_*" keys;
  * unknown keys are refused (inside "config" and "bundle", the rules of
  * their own readers apply). Numbers are JSON integers where the C field is
  * an integer; reals are written in their shortest round-trip form (float
@@ -103,7 +105,10 @@
  *                [bit_samples][ceil(n_ff / 64)] uint64 LE, exactly that size;
  *                bits_selected (written only when true) says the bits are
  *                the neuron sets the runtime selects (the predictor's output
- *                on the sampled tokens) rather than the activations.
+ *                on the sampled tokens) rather than the activations;
+ *                route_share (MoE only, refused on dense models) is the
+ *                share of the layer's routing choices that picked this
+ *                expert (the layer's entries sum to 1; NaN when absent).
  *   bundle       kept as JSON text (pi2_manifest.bundle_json) so pi2-bundle
  *                can define its contents without changing this parser;
  *                parse stores jansson's compact dump of the object (key
@@ -203,6 +208,7 @@ typedef struct pi2_mf_profile {
     char bits[PI2_CTR_NAME_MAX]; /* uint64 [bit_samples][ceil(n_ff/64)]; "" if none */
     uint64_t bit_samples;
     bool bits_selected; /* bits are the runtime's selected sets (predictor output), not activations */
+    double route_share; /* MoE: share of the layer's routing choices that picked this expert; NaN: unknown */
 } pi2_mf_profile;
 
 typedef struct pi2_manifest {

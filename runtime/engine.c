@@ -251,6 +251,10 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
     e->moe_w = acc_alloc(e, T, sizeof(float));
     e->moe_tok = acc_alloc(e, T, sizeof(int));
     e->moe_wk = acc_alloc(e, T * (size_t)(E > 0 ? E : 1), sizeof(float));
+    size_t K = pi2_desc_is_moe(d) ? (size_t)d->n_experts_used : 1;
+    e->moe_prev = acc_alloc(e, (size_t)d->n_layers * K, sizeof(int));
+    e->moe_guess = acc_alloc(e, (size_t)d->n_layers * K, sizeof(int));
+    e->moe_prev_pos = -1;
     e->rope_cs = acc_alloc(e, T * (size_t)d->head_dim / 2, sizeof(float));
     e->rope_sn = acc_alloc(e, T * (size_t)d->head_dim / 2, sizeof(float));
     e->tls_n = e->threads;
@@ -258,9 +262,11 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
     e->buf_bytes += (uint64_t)e->tls_n * sizeof *e->tls;
     if (!e->x || !e->xb || !e->xb2 || !e->q || !e->att || !e->aqs || !e->aq || !e->asum ||
         !e->ph || !e->router_logits || !e->chosen || !e->sel || !e->scores_all || !e->moe_x || !e->moe_out ||
-        !e->moe_w || !e->moe_tok || !e->moe_wk || !e->rope_cs || !e->rope_sn || !e->tls)
+        !e->moe_w || !e->moe_tok || !e->moe_wk || !e->moe_prev || !e->moe_guess || !e->rope_cs || !e->rope_sn || !e->tls)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the KV cache (%d positions) and buffers", e->path,
                            e->ctx);
+    for (size_t i = 0; i < (size_t)d->n_layers * K; i++)
+        e->moe_guess[i] = -1;
     for (int t = 0; t < e->tls_n; t++) {
         eng_tls *s = &e->tls[t];
         size_t ff = (size_t)d->n_ff;
@@ -539,6 +545,8 @@ void pi2_engine_close(pi2_engine *e)
     free(e->moe_w);
     free(e->moe_tok);
     free(e->moe_wk);
+    free(e->moe_prev);
+    free(e->moe_guess);
     free(e->rope_cs);
     free(e->rope_sn);
     free(e->inv_freq);

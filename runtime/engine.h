@@ -95,6 +95,10 @@ typedef struct pi2_engine_stats {
     uint64_t weight_bytes;       /* weight payload + scale bytes read */
     uint64_t kv_bytes;           /* KV cache bytes read */
     uint64_t tokens;             /* decode tokens */
+    /* MoE decode: expert choices (tokens x layers x top-k), those whose
+     * expert was also chosen for the previous token in the layer, and those
+     * the read-ahead guessed (offloading) out of the guessed ones */
+    uint64_t moe_choices, moe_reused, moe_guessed, moe_guesses;
 } pi2_engine_stats;
 
 typedef struct pi2_engine pi2_engine;

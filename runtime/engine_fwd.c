@@ -388,9 +388,7 @@ static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *ou
 
 /* ---- MoE ---- */
 
-/* Router logits of token x (D) -> chosen[k] experts (largest first, lower
- * index on ties) and their softmax weights wts[k]. */
-static void route(const pi2_engine *e, const float *router, const float *x, int *chosen, float *wts)
+void eng_route(const pi2_engine *e, const float *router, const float *x, int *chosen, float *wts)
 {
     const pi2_model_desc *d = &e->d;
     int ne = d->n_experts, k = d->n_experts_used;
@@ -414,10 +412,28 @@ static void route(const pi2_engine *e, const float *router, const float *x, int 
         wts[r] = (float)(exp((double)lg[chosen[r]] - lg[chosen[0]]) / sum);
 }
 
-/* FFN of T tokens: input xb [T][D] (normed), output xb2 [T][D]. */
-static int ffn_block(pi2_engine *e, const eng_layer *L, int T, bool decode, pi2_err *err)
+/* Decode statistics of layer l's choices: reuse of the previous token's
+ * experts (position pos - 1) and the read-ahead's guess. */
+static void moe_count(pi2_engine *e, int l, int pos)
+{
+    int k = e->d.n_experts_used;
+    const int *ch = e->chosen, *prev = e->moe_prev + (size_t)l * k, *g = e->moe_guess + (size_t)l * k;
+    for (int r = 0; r < k; r++) {
+        e->st.moe_choices++;
+        for (int j = 0; j < k; j++) {
+            e->st.moe_reused += e->moe_prev_pos == pos - 1 && prev[j] == ch[r];
+            e->st.moe_guessed += g[j] == ch[r];
+        }
+        e->st.moe_guesses += g[r] >= 0;
+    }
+}
+
+/* FFN of T tokens at positions pos.. of layer l: input xb [T][D] (normed),
+ * output xb2 [T][D]. */
+static int ffn_block(pi2_engine *e, int l, int T, int pos, bool decode, pi2_err *err)
 {
     const pi2_model_desc *d = &e->d;
+    const eng_layer *L = &e->layers[l];
     int64_t D = d->hidden;
     int rc;
     if (!pi2_desc_is_moe(d)) {
@@ -428,7 +444,12 @@ static int ffn_block(pi2_engine *e, const eng_layer *L, int T, bool decode, pi2_
     }
     int k = d->n_experts_used;
     for (int t = 0; t < T; t++)
-        route(e, L->router, e->xb + t * D, e->chosen + (size_t)t * k, e->moe_wk + (size_t)t * k);
+        eng_route(e, L->router, e->xb + t * D, e->chosen + (size_t)t * k, e->moe_wk + (size_t)t * k);
+    if (decode)
+        moe_count(e, l, pos);
+    memcpy(e->moe_prev + (size_t)l * k, e->chosen + (size_t)(T - 1) * k, (size_t)k * sizeof(int));
+    for (int r = 0; r < k; r++)
+        e->moe_guess[(size_t)l * k + r] = -1;
     memset(e->xb2, 0, (size_t)T * (size_t)D * sizeof(float));
     if (decode) {
         quant_in(e, e->xb, D, 1, D);
@@ -498,9 +519,8 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
         /* offloading: read the neurons this layer's FFN will likely need
          * while its attention computes (predicted from the residual before
          * attention) */
-        if (decode && e->ofl && !e->dense && !pi2_desc_is_moe(d) && L->ffn[0].has_pred) {
-            eng_ofl_prefetch(e, &L->ffn[0], e->x);
-        }
+        if (decode && e->ofl && !e->dense)
+            eng_ofl_readahead(e, l, e->x);
         float *kc = e->kc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
         float *vc = e->vc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
         for (int t = 0; t < T; t++)
@@ -525,10 +545,11 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
             e->x[i] += e->xb2[i];
         for (int t = 0; t < T; t++)
             eng_rmsnorm(e->xb + t * D, e->x + t * D, L->ffn_norm, (int)D, d->rms_eps);
-        if ((rc = ffn_block(e, L, T, decode, err)) != 0) {
+        if ((rc = ffn_block(e, l, T, pos, decode, err)) != 0) {
             if (e->ofl && !decode)
                 eng_ofl_stream_end(e);
             e->n_pos = pos; /* this step's cache entries are incomplete */
+            e->moe_prev_pos = -1;
             return rc;
         }
         for (int64_t i = 0; i < (int64_t)T * D; i++)
@@ -544,6 +565,7 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
     if (e->ofl && !decode)
         eng_ofl_stream_end(e);
     e->n_pos = pos + T;
+    e->moe_prev_pos = pos + T - 1;
     if (logits) {
         const float *last = e->x + (T - 1) * D;
         eng_rmsnorm(e->xb, last, e->out_norm, (int)D, d->rms_eps);

@@ -98,6 +98,9 @@ struct pi2_engine {
     float *moe_x, *moe_out, *moe_w; /* gathered tokens of one expert */
     int *moe_tok;
     float *moe_wk;    /* [T][top-k] routing weights */
+    int *moe_prev;    /* [layers][top-k] experts chosen for the token at moe_prev_pos */
+    int *moe_guess;   /* [layers][top-k] the read-ahead's guess for this token (-1: none) */
+    int moe_prev_pos; /* -1: none */
     float *rope_cs, *rope_sn; /* [T][head_dim/2] */
     eng_tls *tls; /* [threads] */
     int max_in;   /* largest matmul input width */
@@ -145,8 +148,12 @@ int eng_ofl_ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool
 int eng_ofl_ffn_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err);
 void eng_ofl_stream_end(pi2_engine *e);
 void eng_ofl_stats_reset(pi2_engine *e);
-/* Decode, before layer f->layer's attention: predict its FFN's neurons from
- * the residual x and start reading the missing ones. */
-void eng_ofl_prefetch(pi2_engine *e, const eng_ffn *f, const float *x);
+/* Decode, before layer l's attention: predict its FFN's neurons from the
+ * residual x (MoE: route x to guess the experts first, into
+ * e->moe_guess[l]) and start reading the missing ones. */
+void eng_ofl_readahead(pi2_engine *e, int l, const float *x);
+/* Router logits of x (D floats) -> chosen[top-k] experts (largest first,
+ * lower index on ties) and their softmax weights wts[top-k]. */
+void eng_route(const pi2_engine *e, const float *router, const float *x, int *chosen, float *wts);
 
 #endif

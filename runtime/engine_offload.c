@@ -25,7 +25,7 @@
 #define OFL_OVERHEAD (32ull << 20)   /* code, stacks, allocator slack */
 #define OFL_POLL_US 50               /* I/O thread poll while reads are in flight */
 #define OFL_SPIN 4000                /* compute thread spins before sleeping */
-#define OFL_PF_SETS 4                /* read-ahead sets in flight */
+#define OFL_PF_SETS 8                /* read-ahead sets in flight (MoE: top-k per layer) */
 
 enum { P_FULL = 0, P_GATE = 1, P_UD = 2 };
 enum { CH_WAIT = 0, CH_IO, CH_READY, CH_UD_WAIT, CH_UD_IO, CH_UD_READY, CH_DONE };
@@ -1210,11 +1210,10 @@ static void pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
         pthread_cond_broadcast(&x->cv_compute);
 }
 
-void eng_ofl_prefetch(pi2_engine *e, const eng_ffn *f, const float *xres)
+/* Read ahead the missing neurons FFN f's predictor picks on x->pf_in. */
+static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
 {
     eng_ofl *x = e->ofl;
-    const pi2_model_desc *d = &e->d;
-    eng_rmsnorm(x->pf_in, xres, e->layers[f->layer].ffn_norm, d->hidden, d->rms_eps);
     uint32_t n = eng_predict(e, f, x->pf_in, x->pf_list);
     uint32_t fi = ffn_index(x, f), hot = x->ghot_n[fi];
     pthread_mutex_lock(&x->mu);
@@ -1251,6 +1250,26 @@ void eng_ofl_prefetch(pi2_engine *e, const eng_ffn *f, const float *xres)
     if (m > 0 && queue_reads(x, &l, J_PF, fi, (uint32_t)set, x->two_phase ? P_GATE : P_FULL, 0, m) > 0)
         pthread_cond_signal(&x->cv_io);
     pthread_mutex_unlock(&x->mu);
+}
+
+void eng_ofl_readahead(pi2_engine *e, int l, const float *xres)
+{
+    eng_ofl *x = e->ofl;
+    const pi2_model_desc *d = &e->d;
+    const eng_layer *L = &e->layers[l];
+    eng_rmsnorm(x->pf_in, xres, L->ffn_norm, d->hidden, d->rms_eps);
+    if (!pi2_desc_is_moe(d)) {
+        if (L->ffn[0].has_pred)
+            prefetch_ffn(e, &L->ffn[0]);
+        return;
+    }
+    /* MoE: the router on the same input guesses the experts; their
+     * predictors pick the neurons (the guess's weights are not used) */
+    int k = d->n_experts_used, *g = e->moe_guess + (size_t)l * k;
+    eng_route(e, L->router, x->pf_in, g, e->moe_wk);
+    for (int r = 0; r < k; r++)
+        if (L->ffn[g[r]].has_pred)
+            prefetch_ffn(e, &L->ffn[g[r]]);
 }
 
 /* ---------------- prefill stream (under mu) ---------------- */

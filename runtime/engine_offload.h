@@ -50,14 +50,25 @@
  * Entries in use by a computation are held (never evicted).
  *
  * ---- Read-ahead ----
- * Before each layer's attention (decode, predictor models, not MoE), that
- * layer's predictor runs on the residual stream (normed with the FFN norm)
- * and the missing parts of the neurons it picks are read while attention
- * computes: the FFN input differs from that residual only by the attention
- * output, so the picks mostly agree. Parts still in flight when the FFN
- * step needs them are handed over on landing; the rest join the cache. At
- * most half of what the cache can evict goes to read-ahead; two sets
- * alternate so one layer's late reads do not hold up the next.
+ * Before each layer's attention (decode, predictor models), that layer's
+ * predictor runs on the residual stream (normed with the FFN norm) and the
+ * missing parts of the neurons it picks are read while attention computes:
+ * the FFN input differs from that residual only by the attention output, so
+ * the picks mostly agree. On MoE models the layer's router runs on the same
+ * input first and the predictors of the top-k experts it picks read ahead
+ * (on the generated tests' model 96% of the choices are guessed; the stats
+ * report it). Parts still in flight when the FFN step needs them are handed
+ * over on landing; the rest join the cache. At most half of what the cache
+ * can evict goes to read-ahead; eight sets form a ring so one layer's late
+ * reads (or a wrongly guessed expert's) do not hold up the next.
+ *
+ * ---- Experts ----
+ * The neuron cache is global, keyed (layer, expert, neuron): an expert
+ * chosen for this token keeps its cold neurons cached for the next tokens
+ * that choose it again (the stats report how often the choice repeats), and
+ * experts not chosen lately lose their slots first. With a plan the hot
+ * segment is split across experts by how often the calibration routed to
+ * each (the profile's route_share).
  *
  * ---- Decode FFN: the I/O-compute pipeline ----
  * The selected neurons (predictor, or all in dense / threshold mode) are cut

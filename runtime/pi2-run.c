@@ -539,6 +539,15 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
                 100.0 * (double)st.predicted / (double)st.neurons, 100.0 * (double)st.active / (double)st.neurons,
                 st.tokens ? (double)st.weight_bytes / (double)st.tokens / 1e6 : 0.0,
                 (double)pi2_engine_dense_bytes(e) / 1e6);
+    if (st.moe_choices > 0) {
+        const pi2_model_desc *d = pi2_engine_desc(e);
+        fprintf(f, "experts: %.1f%% of choices repeat the previous token's (chance %.1f%%)",
+                100.0 * (double)st.moe_reused / (double)st.moe_choices, 100.0 * d->n_experts_used / d->n_experts);
+        if (st.moe_guesses > 0)
+            fprintf(f, " | read-ahead guessed %.1f%% of them before attention",
+                    100.0 * (double)st.moe_guessed / (double)st.moe_guesses);
+        fputc('\n', f);
+    }
     fprintf(f, "threads %d | kernels %s | peak RSS %.1f MB | %s\n", pi2_engine_threads(e),
             pi2_q_isa_name(pi2_q_get_isa()), (double)pi2_peak_rss() / 1048576.0, pi2_engine_signature(e));
     pi2_engine_offload_info in;
@@ -820,17 +829,22 @@ static int run_bench(const run_opts *o)
     pi2_engine_stats st;
     pi2_engine_stats_get(e, &st);
     double nn = st.neurons ? (double)st.neurons : 1.0, nt = st.tokens ? (double)st.tokens : 1.0;
+    char moe[128] = "";
+    if (st.moe_choices > 0)
+        snprintf(moe, sizeof moe, ",\"expert_reuse\":%.4f,\"expert_guessed\":%.4f",
+                 (double)st.moe_reused / (double)st.moe_choices,
+                 st.moe_guesses ? (double)st.moe_guessed / (double)st.moe_guesses : 0.0);
     printf("{\"model\":\"%s\",\"mode\":\"%s\",\"threads\":%d,\"isa\":\"%s\",\"pp\":%d,\"pp_s\":%.6f,"
            "\"pp_tok_s\":%.3f,\"tg\":%d,\"tg_s\":%.6f,\"tg_tok_s\":%.3f,\"tg_ms_mean\":%.3f,\"tg_ms_p50\":%.3f,"
            "\"tg_ms_p90\":%.3f,\"tg_ms_p99\":%.3f,\"predicted_frac\":%.5f,\"active_frac\":%.5f,"
            "\"weight_bytes_per_token\":%.0f,\"kv_bytes_per_token\":%.0f,\"dense_bytes_per_token\":%llu,"
-           "\"prefill_macs_per_token\":%.0f,\"load_s\":%.3f,\"peak_rss_mb\":%.1f%s}\n",
+           "\"prefill_macs_per_token\":%.0f,\"load_s\":%.3f,\"peak_rss_mb\":%.1f%s%s}\n",
            o->model, pi2_engine_dense(e) ? "dense" : pi2_engine_sparsity(e), pi2_engine_threads(e),
            pi2_q_isa_name(pi2_q_get_isa()), pp, t_pp, pp / t_pp, tg, tot, tg / tot, 1e3 * tot / tg,
            1e3 * pct(lat, (size_t)tg, 50), 1e3 * pct(lat, (size_t)tg, 90), 1e3 * pct(lat, (size_t)tg, 99),
            (double)st.predicted / nn, (double)st.active / nn, (double)st.weight_bytes / nt, (double)st.kv_bytes / nt,
            (unsigned long long)pi2_engine_dense_bytes(e), pi2_engine_prefill_macs(e), t_load,
-           (double)pi2_peak_rss() / 1048576.0, ofl);
+           (double)pi2_peak_rss() / 1048576.0, ofl, moe);
     status = 0;
 out:
     if (rc)

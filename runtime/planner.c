@@ -248,6 +248,21 @@ int pi2_mprof_build(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundle_layo
     }
     for (uint32_t fi = 0; fi < mp->n_ffn && rc == 0; fi++)
         group_figures(mp, &mp->ffn[fi], mp->ffn[fi].bits ? mp->samples : 0);
+    /* how often each FFN runs: dense 1; an expert top-k x its routing share
+     * when the layer's profiled shares sum to 1, else top-k / experts */
+    for (uint32_t fi = 0; fi < mp->n_ffn && rc == 0; fi++) {
+        const pi2_bl_ffn *b = &bl->ffn[fi];
+        double sum = 0, share = NAN;
+        for (int x = 0; x < d->n_experts; x++) {
+            const pi2_mf_profile *pr = pi2_manifest_find_profile(mf, b->layer, x);
+            sum += pr && !isnan(pr->route_share) ? pr->route_share : 0;
+            if (pr && x == b->expert)
+                share = pr->route_share;
+        }
+        mp->ffn[fi].w = d->n_experts == 0                  ? 1.0
+                        : fabs(sum - 1) < 0.01 && !isnan(share) ? mp->top_k * share / sum
+                                                              : (double)mp->top_k / d->n_experts;
+    }
     if (rc)
         pi2_mprof_free(mp);
     return rc;
@@ -351,11 +366,6 @@ static double cal_compute(const pi2_mprof *mp, int t)
     return w > 1e-9 ? wk / w : 1.0;
 }
 
-/* The compute a layer's reads can hide under: its attention, during which
- * the read-ahead's reads are in flight (dense models); on MoE models (no
- * read-ahead) the FFN's own compute of the chunks already at hand. */
-static double window(const pi2_mprof *mp, double attn, double ffn) { return mp->experts > 0 ? ffn : attn; }
-
 /* Compute seconds of FFN fi per token where it runs (predictor + sparse rows). */
 static double ffn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uint32_t fi)
 {
@@ -374,8 +384,6 @@ static double attn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t)
     return (double)mp->attn_bytes / gemv_rate(c, mp->q_other) + (double)mp->ctx * mp->kv_per_pos / c->mem_bw;
 }
 
-static double ffn_weight(const pi2_mprof *mp) { return mp->experts > 0 ? (double)mp->top_k / mp->experts : 1.0; }
-
 /* Share of the shorter of compute and reads hidden under the other with t
  * compute threads: the hardware profile's, when the I/O thread has a core
  * of its own; none when t compute threads and the I/O thread share fewer
@@ -392,9 +400,9 @@ static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c,
                         double n2, double b2)
 {
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c->t);
-    double w = ffn_weight(mp), k = cal_compute(mp, c->t);
+    double w = mp->ffn[fi].w, k = cal_compute(mp, c->t);
     double Cf = ffn_compute(mp, hw, c->t, fi), Ca = attn_compute(mp, hw, c->t) / mp->top_k;
-    double C = k * (Cf + Ca), W = k * window(mp, Ca, Cf);
+    double C = k * (Cf + Ca), W = k * Ca;
     double IO = io_time(hw, n1, b1, c->depth) + io_time(hw, n2, b2, c->depth) +
                 (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
     return w * (C + IO - overlap_of(mp, hc, c->t) * (W < IO ? W : IO));
@@ -487,10 +495,10 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
                 miss += F->n[k] * phi;
             served += F->sel + (mp->two_phase ? F->fired : 0) - miss;
         }
-        double w = ffn_weight(mp);
+        double w = F->w;
         double Cf = ffn_compute(mp, hw, c.t, fi), Ca = attn_compute(mp, hw, c.t) / mp->top_k;
         double C = Cf + Ca;
-        win += w * window(mp, Ca, Cf);
+        win += w * Ca;
         double IO = io_time(hw, n1, b1, c.depth) + io_time(hw, n2, b2, c.depth) +
                     (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
         double cold = cold_share(mp, F, p->hot_groups[fi], p->gate_groups[fi]);

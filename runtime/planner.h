@@ -19,7 +19,8 @@
  *                 used per group read);
  *   per token     selected neurons (mean popcount of the samples) and firing
  *                 neurons (the profile's active fraction);
- *   predictor     fc1 + fc2 f32 bytes; attention and head bytes; KV bytes.
+ *   predictor     fc1 + fc2 f32 bytes; attention and head bytes; KV bytes;
+ *   routing       MoE: how often each expert runs per token (w_f below).
  * Expected misses as a function of cache size: a static hot set of the
  * first H groups (plus, on two-phase models, the gate parts of the first
  * G >= H groups) leaves the reads of the groups past it; each neuron is
@@ -46,8 +47,12 @@
  *         the polling I/O thread hid 8% of the compute at 50% offloaded, 1
  *         compute thread hid 57% of the reads (and decoded 11% faster);
  *         A_l the compute the reads can hide under: the layer's attention,
- *         during which the read-ahead's reads fly (on MoE models, with no
- *         read-ahead, the FFN's own compute)
+ *         during which the read-ahead's reads fly
+ * Every FFN's time counts w_f times per token: 1 on dense models; on MoE
+ * ones top-k x the expert's routing share from the profile (route_share;
+ * top-k / experts when the profile has none), with the layer's attention
+ * shared among the top-k experts, so the solver gives frequently routed
+ * experts more hot groups.
  * plus the output head (k_c bytes / gemv_q8(t)). overlap is the hardware
  * profile's overlap(t), the share of the shorter of compute and reads that
  * hides under the other, until runs of the model have measured it; k_c
@@ -107,6 +112,7 @@ typedef struct pi2_mprof_ffn {
     double sel;        /* selected neurons per token (mean) */
     double fired;      /* firing neurons per token (mean) */
     double read_eff;   /* bundle's cold read efficiency (0 when unknown) */
+    double w;          /* runs per token: 1 dense; an expert top-k x its routing share */
     uint64_t pred_bytes;
     double *p;         /* [groups] share of tokens that select any neuron of the group */
     double *n;         /* [groups] mean selected neurons of the group per token */
@@ -181,7 +187,7 @@ typedef struct pi2_plan {
         double hot_mb, offloaded;
         double raw_compute_ms, raw_io_ms, raw_reads, raw_cold; /* before calibration (cold: sum of FFN cold shares) */
         double overlap;       /* used */
-        double raw_window_ms; /* compute the reads can hide under (attention, or MoE FFN compute) */
+        double raw_window_ms; /* compute the reads can hide under (the layers' attention) */
     } pred;
 } pi2_plan;
 

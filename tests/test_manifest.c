@@ -213,6 +213,7 @@ static pi2_manifest *make(pi2_model_desc d, pi2_mf_kind kind, pi2_mf_mode mode)
             pr.active_frac = 0.1 + 0.01 * k;
             pr.hot_share = 0.5;
             pr.top10_share = 0.61;
+            pr.route_share = moe ? (x + 1.0) / (ne * (ne + 1) / 2.0) : NAN;
             snprintf(pr.freq, sizeof pr.freq, "prof/%d.%d.freq", l, ex);
             add_sec(m, pr.freq, (uint64_t)d.n_ff * 4);
             pr.bit_samples = k == 0 ? 0 : (uint64_t)(3 + k);
@@ -360,6 +361,7 @@ static void same_manifest(const pi2_manifest *a, const pi2_manifest *b)
         same_double(x->active_frac, y->active_frac);
         same_double(x->hot_share, y->hot_share);
         same_double(x->top10_share, y->top10_share);
+        assert_true(isnan(x->route_share) ? isnan(y->route_share) : x->route_share == y->route_share);
         assert_string_equal(x->freq, y->freq);
         assert_string_equal(x->bits, y->bits);
         assert_int_equal(x->bit_samples, y->bit_samples);
@@ -803,7 +805,7 @@ static bool skip_subtree(const char *path)
 
 static bool optional_key(const char *key)
 {
-    return strcmp(key, "silu_threshold") == 0 || strncmp(key, "ppl_", 4) == 0;
+    return strcmp(key, "silu_threshold") == 0 || strcmp(key, "route_share") == 0 || strncmp(key, "ppl_", 4) == 0;
 }
 
 /* Remove every required key of every object, one at a time. */
@@ -1027,6 +1029,7 @@ static const edit k_edits[] = {
     { "profile.tokens", "-1", PI2_ERANGE, "profile.tokens: -1 is out of range (must be >= 0)" },
     { "profile.per_layer.0.active_frac", "-0.1", PI2_ERANGE, "profile.per_layer[0].active_frac" },
     { "profile.per_layer.0.top10_share", "1.5", PI2_ERANGE, "top10_share" },
+    { "profile.per_layer.0.route_share", "0.5", PI2_EFORMAT, "route_share: on a dense model" },
     { "profile.per_layer.0.bit_samples", "2", PI2_EFORMAT, "profile.per_layer[0].bits: must be \"\"" },
     { "profile.per_layer.1.bits", "\"\"", PI2_EFORMAT, "profile.per_layer[1].bits" },
     { "profile.per_layer.1.bit_samples", "5", PI2_ESHAPE, "profile.per_layer[1].bits" },

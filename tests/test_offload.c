@@ -227,6 +227,19 @@ static void same_tokens(kind k, bool dense)
     assert_true(b.offloaded > 0.99);
     assert_true(b.bytes_read > 0 && b.parts_read > 0);
     assert_true(b.planned <= minimum + 4096);
+    if (k == K_MOE && !dense) { /* the read-ahead guessed experts by the router */
+        const pi2_model_desc *d = pi2_engine_desc(tiny);
+        pi2_engine_stats st;
+        pi2_engine_stats_get(tiny, &st);
+        assert_int_equal(st.moe_choices, st.tokens * (uint64_t)d->n_layers * (uint64_t)d->n_experts_used);
+        assert_int_equal(st.moe_guesses, st.moe_choices);
+        assert_true(st.moe_guessed > 0 && st.moe_guessed <= st.moe_guesses);
+        assert_true(st.moe_reused <= st.moe_choices);
+        assert_true(b.parts_prefetched > 0);
+        fprintf(stderr, "  moe: %.0f%% of expert choices guessed before attention, %.0f%% reused from the last token\n",
+                100.0 * (double)st.moe_guessed / (double)st.moe_guesses,
+                100.0 * (double)st.moe_reused / (double)st.moe_choices);
+    }
     pi2_engine_close(tiny);
 
     double rel = rel_diff(lg, lm, n);

@@ -21,7 +21,8 @@
 
 enum { NF = 3, GROUPS = 6, GROUP = 2 };
 
-/* A hand-made model profile: NF FFNs of GROUPS groups, hot to cold. */
+/* A hand-made model profile: NF FFNs of GROUPS groups, hot to cold; seed 3
+ * makes it one MoE layer of NF experts, top-1, routed 60/30/10%. */
 static void fake_model(pi2_mprof *mp, bool two_phase, uint64_t seed)
 {
     memset(mp, 0, sizeof *mp);
@@ -69,7 +70,15 @@ static void fake_model(pi2_mprof *mp, bool two_phase, uint64_t seed)
             F->sel += F->n[k];
         }
         F->fired = F->sel * 0.8;
+        F->w = 1;
         mp->ffn_total += (uint64_t)GROUPS * mp->S;
+    }
+    if (seed == 3) {
+        static const double share[NF] = {0.6, 0.3, 0.1};
+        mp->n_layers = 1;
+        mp->experts = NF;
+        for (int i = 0; i < NF; i++)
+            mp->ffn[i].w = share[i];
     }
 }
 
@@ -214,6 +223,49 @@ static void test_solver_two_phase(void **state)
 
 /* Reads fall as hot groups grow; the fixed split is never better than the
  * solver's plan. */
+/* MoE: experts alike but for how often they are routed to get hot groups
+ * in that order, and a plan's reads weigh each expert by its share. */
+static void test_moe_routing(void **state)
+{
+    (void)state;
+    pi2_hwprof hw;
+    pi2t_fake_hw(&hw, 2);
+    for (int two = 0; two <= 1; two++) {
+        pi2_mprof mp;
+        fake_model(&mp, two, 3);
+        for (int i = 1; i < NF; i++) {
+            pi2_mprof_ffn *F = &mp.ffn[i], *F0 = &mp.ffn[0];
+            memcpy(F->p, F0->p, GROUPS * sizeof(double));
+            memcpy(F->n, F0->n, GROUPS * sizeof(double));
+            memcpy(F->q, F0->q, GROUPS * sizeof(double));
+            F->sel = F0->sel;
+            F->fired = F0->fired;
+        }
+        uint64_t mc = MEM.min_slots * (MEM.slot_bytes[0] + (two ? MEM.slot_bytes[1] : 0));
+        pi2_plan_opts o;
+        pi2_plan_opts_defaults(&o);
+        o.mem_limit = MEM.fixed + MEM.per_depth * 16 + mc + mp.ffn_total / 2;
+        o.max_depth = 16;
+        o.threads = 2;
+        o.min_gain = 0;
+        pi2_plan p;
+        pi2_err e = {0};
+        assert_int_equal(pi2_plan_solve(&mp, &hw, &MEM, &o, &p, &e), 0);
+        assert_true(p.hot_groups[0] >= p.hot_groups[1] && p.hot_groups[1] >= p.hot_groups[2]);
+        if (p.hot_groups[0] <= p.hot_groups[2])
+            fail_msg("%s: hot groups %u %u %u", two ? "two-phase" : "one-phase", p.hot_groups[0], p.hot_groups[1],
+                     p.hot_groups[2]);
+        /* the same plan with the shares swapped reads more */
+        double reads = p.pred.reads_per_token;
+        mp.ffn[0].w = 0.1;
+        mp.ffn[2].w = 0.6;
+        pi2_plan_predict(&mp, &hw, &p, 128);
+        assert_true(p.pred.reads_per_token > reads);
+        pi2_plan_free(&p);
+        free_model(&mp);
+    }
+}
+
 static void test_cost_model(void **state)
 {
     (void)state;
@@ -462,6 +514,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_solver_one_phase), cmocka_unit_test(test_solver_two_phase),
+        cmocka_unit_test(test_moe_routing),
         cmocka_unit_test(test_cost_model),       cmocka_unit_test(test_infeasible),
         cmocka_unit_test(test_calibration),      cmocka_unit_test(test_plan_json),
     };

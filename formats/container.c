@@ -605,7 +605,7 @@ static int add_entry(pi2_ctr *c, const char *name, size_t off, uint64_t size, si
 
 /* Walk the archive with a cursor over the mapping: every header and data
  * range is taken from the remaining budget, so nothing is read past the end. */
-static int ctr_parse(pi2_ctr *c, pi2_err *err)
+static int ctr_walk(pi2_ctr *c, pi2_err *err)
 {
     const char *path = c->path;
     const size_t fsize = c->map.size;
@@ -679,6 +679,19 @@ static int ctr_parse(pi2_ctr *c, pi2_err *err)
     for (size_t i = 0; i < c->n; i++)
         c->ent[i].m.name = c->ent[i].name; /* entries no longer move */
     return 0;
+}
+
+static int ctr_parse(pi2_ctr *c, pi2_err *err)
+{
+    /* headers are spread over the file: without this each one's page fault
+     * reads the device's read-ahead window around it (8 MiB on some disks:
+     * GBs of page cache for a model of a thousand members) */
+    if (c->map.size > 0)
+        madvise((void *)(uintptr_t)c->map.data, c->map.size, MADV_RANDOM);
+    int rc = ctr_walk(c, err);
+    if (c->map.size > 0)
+        madvise((void *)(uintptr_t)c->map.data, c->map.size, MADV_NORMAL);
+    return rc;
 }
 
 int pi2_ctr_open(pi2_ctr **out, const char *path, pi2_err *err)

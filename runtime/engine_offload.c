@@ -23,6 +23,8 @@
 #define OFL_WINDOW (4u << 20)        /* prefill window, bytes (whole slots) */
 #define OFL_NWIN 3                   /* prefill windows read ahead */
 #define OFL_OVERHEAD (32ull << 20)   /* code, stacks, allocator slack */
+#define OFL_KERNEL_SHARE 256         /* and 1/256 of the limit: page tables and kernel memory charged
+                                        with it (a 2 GB MoE run under a cgroup cap needed 4 MB more) */
 #define OFL_POLL_US 50               /* I/O thread poll while reads are in flight */
 #define OFL_SPIN 4000                /* compute thread spins before sleeping */
 #define OFL_PF_SETS 8                /* read-ahead sets in flight (MoE: top-k per layer) */
@@ -91,6 +93,7 @@ typedef struct eng_ofl {
     pi2_plan plan;          /* the plan run (n_ffn 0: none) */
     bool two_phase;
     bool spec;              /* two-phase: read up+down along with a missing gate */
+    bool read_ahead;        /* decode: read ahead during attention */
     uint64_t R, S, Pg;      /* row bytes, slot bytes, gate part */
     uint32_t g;             /* neurons per group */
     pi2_ncache *cg, *cu;    /* one-phase: cg holds whole neurons; two-phase: gates, up+down */
@@ -294,6 +297,9 @@ int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
                                               "(corrupt or altered file)",
                                e->path, s->name);
     }
+    /* the container's pages the open touched (manifest, layout) are not
+     * needed before the hot segment fills the budget */
+    pi2_ctr_drop_pages(c);
     return 0;
 }
 
@@ -468,6 +474,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     x->n_ffn = (uint32_t)d->n_layers * x->E;
     x->two_phase = e->bl->two_phase;
     x->spec = x->two_phase && !o->gate_first;
+    x->read_ahead = !o->no_read_ahead;
     x->R = e->bl->row_bytes;
     x->bl = pi2_calloc_array(x->n_ffn, sizeof *x->bl);
     x->file_off = pi2_calloc_array(x->n_ffn, sizeof *x->file_off);
@@ -526,22 +533,28 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     uint64_t min_cache = 0;
     for (int k = 0; k < n_caches; k++)
         min_cache += min_slots * (stride_of(part_unit(x, kinds[k])) + 32);
+    /* the kernel's share of what the run can use: the limit, or everything
+     * in memory when the limit is larger */
+    uint64_t most = fixed + ffn_total + min_cache;
+    uint64_t overhead = OFL_OVERHEAD + (o->mem_limit < most ? o->mem_limit : most) / OFL_KERNEL_SHARE;
+    uint64_t smallest = (fixed + min_cache) * OFL_KERNEL_SHARE / (OFL_KERNEL_SHARE - 1) + 1;
+    fixed += overhead - OFL_OVERHEAD;
     pi2_engine_offload_info *in = &x->info;
     in->on = true;
     in->mem_limit = o->mem_limit;
     in->resident = e->res_bytes;
     in->kv = kv;
     in->buffers = e->buf_bytes + mine + index;
-    in->overhead = OFL_OVERHEAD;
+    in->overhead = overhead;
     in->ffn_total = ffn_total;
-    in->minimum = fixed + min_cache;
-    if (o->mem_limit < fixed + min_cache)
+    in->minimum = smallest; /* its own kernel share included */
+    if (o->mem_limit < in->minimum)
         return pi2_err_set(err, PI2_ENOMEM,
                            "%s: --mem-limit %.0f MB cannot hold the resident part: it needs at least %.0f MB "
                            "(resident weights %.0f MB, KV cache %.0f MB for %d positions, buffers %.0f MB, "
                            "overhead %.0f MB, smallest neuron cache %.1f MB)",
-                           e->path, mb(o->mem_limit), mb(fixed + min_cache) + 1, mb(e->res_bytes), mb(kv), e->ctx,
-                           mb(in->buffers), mb(OFL_OVERHEAD), mb(min_cache));
+                           e->path, mb(o->mem_limit), mb(in->minimum) + 1, mb(e->res_bytes), mb(kv), e->ctx,
+                           mb(in->buffers), mb(overhead), mb(min_cache));
     uint64_t per_depth = x->staging_bytes + sizeof(ofl_req) + sizeof(void *);
     uint64_t hot_total = 0;
     in->plan_source = "fixed split";
@@ -549,7 +562,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
                        .per_depth = per_depth,
                        .min_slots = min_slots,
                        .slot_bytes = {stride_of(part_unit(x, kinds[0])) + 32, stride_of(part_unit(x, P_UD)) + 32}};
-    if ((o->plan || (o->hw && !o->fixed_split)) && o->mem_limit >= fixed + min_cache) {
+    if ((o->plan || (o->hw && !o->fixed_split)) && o->mem_limit >= in->minimum) {
         if ((rc = ofl_plan(e, o, x, &pm, err)) != 0)
             return rc;
         fixed = fixed - (uint64_t)x->depth * per_depth + (uint64_t)x->plan.io_depth * per_depth;
@@ -1257,6 +1270,8 @@ void eng_ofl_readahead(pi2_engine *e, int l, const float *xres)
     eng_ofl *x = e->ofl;
     const pi2_model_desc *d = &e->d;
     const eng_layer *L = &e->layers[l];
+    if (!x->read_ahead)
+        return;
     eng_rmsnorm(x->pf_in, xres, L->ffn_norm, d->hidden, d->rms_eps);
     if (!pi2_desc_is_moe(d)) {
         if (L->ffn[0].has_pred)

@@ -15,7 +15,8 @@
  *   buffers    activation and thread buffers, read staging (io_depth x the
  *              largest read), prefill stream windows (3 x ~4 MiB), per-chunk
  *              partial outputs, cache indexes;
- *   overhead   32 MiB for code, stacks and allocator slack;
+ *   overhead   32 MiB for code, stacks and allocator slack, plus 1/256 of the
+ *              limit for page tables and kernel memory charged with it;
  *   FFN        the rest: the hot segment plus the neuron cache.
  * If the rest cannot hold the smallest cache (an eighth of an FFN's neurons,
  * at least a chunk, per cache), open fails with PI2_ENOMEM saying how much

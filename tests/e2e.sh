@@ -236,8 +236,13 @@ elif [ -w /sys/fs/cgroup/memory ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_
         && "$B/pi2-bundle" "$T/big.pi2c" -o "$T/big.pi2" --key "$T/k.pem" -q >/dev/null \
         && rm -rf "$T/big" "$T/big.pi2c" || bad "making the model for the cgroup test"
     size=$(stat -c %s "$T/big.pi2" 2>/dev/null || echo 0)
-    cap=$((size * 2 / 3))
-    limit=$((cap - 8 * 1048576))
+    # the limit: the smallest this model runs in plus 24 MB of neuron cache,
+    # the cap 8 MB above it (both well below the model's size)
+    minimum=$("$B/pi2-run" "$T/big.pi2" --pubkey "$T/k.pub" -p "once upon a time" -n 24 --plan-only --bench --mem-limit 1T --no-plan 2>/dev/null |
+        sed -n 's/.*"minimum_bytes":\([0-9]*\).*/\1/p')
+    limit=$((${minimum:-0} + 24 * 1048576))
+    cap=$((limit + 8 * 1048576))
+    [ "$cap" -lt "$size" ] || bad "cgroup test: the model ($size bytes) is not bigger than the cap ($cap)"
     a=$("$B/pi2-run" "$T/big.pi2" --pubkey "$T/k.pub" -p "once upon a time" -n 24 2>/dev/null)
     [ "$size" -gt 0 ] && sh tests/cgroup_run.sh "$cap" "$T/usage" "$B/pi2-run" "$T/big.pi2" --pubkey "$T/k.pub" -p "once upon a time" \
         -n 24 --mem-limit "$limit" --stats >"$T/out" 2>"$T/err"

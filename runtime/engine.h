@@ -70,6 +70,7 @@ typedef struct pi2_engine_opts {
     bool lock_hot;              /* mlock the hot segment where permitted (default true) */
     bool gate_first;            /* two-phase models: read up+down only once the gate fired
                                    (default false: along with a missing gate, one read) */
+    bool no_read_ahead;         /* decode: no read-ahead during attention (MoE: no expert guess) */
     bool plan_only;             /* offloading: make the plan and stop (no payload is read;
                                    only pi2_engine_offload_info_get and close are valid) */
     /* Planning (runtime/planner.h). With a plan, it is run as given (hot

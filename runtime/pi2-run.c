@@ -55,6 +55,7 @@ static void usage(FILE *f)
             "  --io-depth N       offload: reads in flight (default 64)\n"
             "  --no-mlock         offload: do not pin the hot segment (pinned where permitted)\n"
             "  --gate-first       offload, dReLU: read up/down rows only once the gate fired\n"
+            "  --no-read-ahead    offload: do not read the next layer's likely neurons (MoE: experts) during attention\n"
             "                     (default: in the same read as a missing gate)\n"
             "  --plan-only        offload: print the plan for --mem-limit (JSON: hot and gate-only\n"
             "                     groups per FFN, threads, I/O depth, memory, predicted speeds) and stop\n"
@@ -101,6 +102,7 @@ typedef struct run_opts {
     long long n_predict;
     int threads, ctx;
     bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe, no_mlock, plan_only, gate_first;
+    bool no_read_ahead;
     bool profile_hw, no_plan;
     double profile_seconds, min_speed;
     uint64_t mem_limit;
@@ -471,6 +473,7 @@ static int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
     eo.io_depth = o->io_depth;
     eo.lock_hot = !o->no_mlock;
     eo.gate_first = o->gate_first;
+    eo.no_read_ahead = o->no_read_ahead;
     eo.plan_only = o->plan_only;
     pi2_hwprof *hw = NULL;
     pi2_plan plan = {0};
@@ -1083,7 +1086,8 @@ int main(int argc, char **argv)
     enum {
         O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS, O_DENSE, O_PUBKEY, O_TRUST, O_NOVERIFY,
         O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE, O_MEM, O_HOT, O_IO, O_IODEPTH, O_MLOCK,
-        O_IOPROBE, O_PLAN, O_GATEFIRST, O_PROFHW, O_DEVPATH, O_HWPROF, O_PROFSEC, O_PLANFILE, O_NOPLAN, O_MINSPEED
+        O_IOPROBE, O_PLAN, O_GATEFIRST, O_PROFHW, O_DEVPATH, O_HWPROF, O_PROFSEC, O_PLANFILE, O_NOPLAN, O_MINSPEED,
+        O_NORA
     };
     static const struct option opts[] = {
         {"reference", required_argument, 0, O_REF},   {"prompt", required_argument, 0, 'p'},
@@ -1100,7 +1104,7 @@ int main(int argc, char **argv)
         {"mem-limit", required_argument, 0, O_MEM},   {"hot-share", required_argument, 0, O_HOT},
         {"io", required_argument, 0, O_IO},           {"io-depth", required_argument, 0, O_IODEPTH},
         {"no-mlock", no_argument, 0, O_MLOCK},        {"gate-first", no_argument, 0, O_GATEFIRST},
-        {"io-probe", required_argument, 0, O_IOPROBE},
+        {"io-probe", required_argument, 0, O_IOPROBE}, {"no-read-ahead", no_argument, 0, O_NORA},
         {"profile-hw", no_argument, 0, O_PROFHW},     {"device-path", required_argument, 0, O_DEVPATH},
         {"hw-profile", required_argument, 0, O_HWPROF}, {"profile-seconds", required_argument, 0, O_PROFSEC},
         {"plan", required_argument, 0, O_PLANFILE},   {"no-plan", no_argument, 0, O_NOPLAN},
@@ -1174,6 +1178,7 @@ int main(int argc, char **argv)
         case O_IODEPTH: rc = pi2_parse_int("--io-depth", optarg, 1, 4096, &v, &err); o.io_depth = (int)v; break;
         case O_MLOCK: o.no_mlock = true; break;
         case O_GATEFIRST: o.gate_first = true; break;
+        case O_NORA: o.no_read_ahead = true; break;
         case O_IOPROBE: o.io_probe = optarg; break;
         case O_PLAN: o.plan_only = true; break;
         case O_PROFHW: o.profile_hw = true; break;

@@ -596,6 +596,89 @@ static void test_import_synth(void **state)
     pi2t_rmtree(tmp);
 }
 
+/* MoE (TurboSparse-Mixtral names): per-expert predictors imported from
+ * the checkpoint bit for bit, or trained per expert when absent; the
+ * profile's routing shares sum to 1 in every layer. */
+static void check_moe(const char *model, const char *out, bool imported)
+{
+    pi2_ctr *c = NULL;
+    pi2_manifest *mf = NULL;
+    open_converted(out, &c, &mf);
+    const pi2_model_desc *d = &mf->config;
+    assert_int_equal(d->n_experts, 4);
+    assert_int_equal(mf->sparsity_mode, PI2_MF_SPARSE_PREDICTOR);
+    assert_int_equal(mf->n_layers, (size_t)d->n_layers * 4);
+    pi2_err e = {0};
+    pi2_st *st = NULL;
+    if (pi2_st_open(&st, model, &e))
+        fail_msg("%s", e.msg);
+    int good = 0;
+    for (int l = 0; l < d->n_layers; l++) {
+        double share = 0;
+        for (int x = 0; x < 4; x++) {
+            const pi2_mf_layer *L = pi2_manifest_find_layer(mf, l, x);
+            const pi2_mf_profile *pr = pi2_manifest_find_profile(mf, l, x);
+            assert_non_null(L);
+            assert_non_null(pr);
+            assert_true(L->has_predictor);
+            assert_int_equal(L->predictor.imported, imported);
+            assert_false(isnan(pr->route_share));
+            share += pr->route_share;
+            const pi2_pred_report *r = &L->predictor.report;
+            good += r->n_eval > 0 && r->recall >= 0.95 && r->pred_active_frac <= 2.5 * r->true_active_frac;
+            char n1[128];
+            assert_true(pi2_tensor_name(n1, sizeof n1, d, PI2_T_PRED_FC1, l, x));
+            const pi2_st_tensor *f1 = pi2_st_find(st, n1);
+            const pi2_ctr_member *m1 = member(c, L->predictor.fc1);
+            if (imported) {
+                assert_non_null(f1);
+                assert_int_equal(m1->size, f1->nbytes);
+                assert_memory_equal(m1->data, f1->data, f1->nbytes);
+            } else {
+                assert_null(f1);
+                assert_int_equal(m1->size, (uint64_t)L->predictor.rank * (uint64_t)d->hidden * 4);
+            }
+        }
+        if (fabs(share - 1) > 1e-9)
+            fail_msg("layer %d: routing shares sum to %.12f", l, share);
+    }
+    fprintf(stderr, "  moe %s: %d of %d expert predictors reach recall 0.95 at <= 2.5x the true active share\n",
+            imported ? "imported" : "trained", good, d->n_layers * 4);
+    assert_true(good >= d->n_layers * 4 * 3 / 4); /* experts rarely routed to have few samples */
+    pi2_st_close(st);
+    pi2_manifest_free(mf);
+    pi2_ctr_close(c);
+}
+
+static void test_moe_predictors(void **state)
+{
+    (void)state;
+    char tmp[64], model[128], out[128];
+    pi2t_tmpdir(tmp, sizeof tmp);
+    snprintf(model, sizeof model, "%s/m", tmp);
+    snprintf(out, sizeof out, "%s/m.pi2", tmp);
+    for (int shipped = 1; shipped >= 0; shipped--) {
+        pi2_synth_opts so;
+        pi2_err e = {0};
+        assert_int_equal(pi2_synth_preset("tiny", &so, &e), 0);
+        so.desc.arch = PI2_ARCH_TURBOSPARSE_MIXTRAL;
+        so.desc.n_experts = 4;
+        so.desc.n_experts_used = 2;
+        so.desc.n_ff = 256;
+        so.predictors = shipped;
+        so.threads = 2;
+        pi2t_rmtree(model);
+        if (pi2_synth_write(model, &so, NULL, NULL, &e))
+            fail_msg("%s", e.msg);
+        pi2_convert_opts o;
+        opts_for(&o, model, out, 2048);
+        o.train_predictors = !shipped;
+        convert_ok(&o, NULL);
+        check_moe(model, out, shipped);
+    }
+    pi2t_rmtree(tmp);
+}
+
 /* ------------------------------------------------------------------ */
 /* 5. SiLU: threshold mode                                            */
 /* ------------------------------------------------------------------ */
@@ -997,6 +1080,7 @@ int main(void)
         cmocka_unit_test(test_train_drelu),
         cmocka_unit_test(test_train_synth),
         cmocka_unit_test(test_import_synth),
+        cmocka_unit_test(test_moe_predictors),
         cmocka_unit_test(test_silu_threshold),
         cmocka_unit_test(test_profile_drelu),
         cmocka_unit_test(test_bad_model),

@@ -14,6 +14,11 @@ num() { sed -n "s/.*$1 \([0-9.]*\).*/\1/p" | head -1; }
 say "== runtime: the generated 1B-shaped ReGLU model, all in memory"
 BUILD=$B sh runtime/bench.sh "$W"
 [ "${BENCH:-all}" = runtime ] && exit 0
+moe() {
+    say "== mixture of experts: the generated TurboSparse-Mixtral-shaped model (runtime/bench_moe.sh)"
+    BUILD=$B sh runtime/bench_moe.sh "$W/moe"
+}
+if [ "${BENCH:-all}" = moe ]; then moe; exit 0; fi
 
 say "== generator: 7B-shaped dReLU model (hidden 4096, ffn 14336, 32 layers, BF16)"
 rm -rf "$W/synth-7b"
@@ -60,3 +65,5 @@ rm -rf "$W/synth-7b-2l" "$W/synth-7b-2l.pi2c"
 printf '{"gen_GBps": %s, "gen_vs_disk_write": %s, "gen_peak_rss_MB": %s, "quant_GBps": %s, "quant_vs_disk_read": %s, "convert_peak_rss_MB": %s}\n' \
     "$gen_rate" "$(echo "$gen_rate $wr" | awk '{printf "%.2f", $1/$2}')" "$gen_rss" "$qrate" \
     "$(echo "$qrate $rd" | awk '{printf "%.2f", $1/$2}')" "$crss" | tee "$W/results.json"
+rm -rf "$W/synth-7b" "$W/synth-7b-2l" "$W/synth-7b-2l.pi2c" # room for the MoE model
+moe

@@ -3,7 +3,9 @@
 # 7B-shaped model. Figures are printed with ratios to a baseline measured in
 # the same run (sequential O_DIRECT read/write of the same bytes with dd: this
 # machine's storage limit), then the offloading runtime on the bundled 7B-shaped
-# model (runtime/bench_offload.sh). Needs ~30 GB free under BENCH_DIR.
+# model (runtime/bench_offload.sh), then the MoE model (runtime/bench_moe.sh).
+# Needs ~40 GB free under BENCH_DIR. BENCH=runtime: only the 1B-shaped
+# runtime part; BENCH=moe: only the MoE part.
 set -eu
 B=${BUILD:-build}
 W=${BENCH_DIR:-$B/bench}
@@ -11,14 +13,15 @@ mkdir -p "$W"
 say() { printf '%s\n' "$*"; }
 num() { sed -n "s/.*$1 \([0-9.]*\).*/\1/p" | head -1; }
 
-say "== runtime: the generated 1B-shaped ReGLU model, all in memory"
-BUILD=$B sh runtime/bench.sh "$W"
-[ "${BENCH:-all}" = runtime ] && exit 0
 moe() {
     say "== mixture of experts: the generated TurboSparse-Mixtral-shaped model (runtime/bench_moe.sh)"
     BUILD=$B sh runtime/bench_moe.sh "$W/moe"
 }
 if [ "${BENCH:-all}" = moe ]; then moe; exit 0; fi
+
+say "== runtime: the generated 1B-shaped ReGLU model, all in memory"
+BUILD=$B sh runtime/bench.sh "$W"
+[ "${BENCH:-all}" = runtime ] && exit 0
 
 say "== generator: 7B-shaped dReLU model (hidden 4096, ffn 14336, 32 layers, BF16)"
 rm -rf "$W/synth-7b"

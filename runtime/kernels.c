@@ -44,6 +44,25 @@
  * Each lane accumulates at most nb/2 terms (plus the chunk and final
  * additions), within kernels.h's bound.
  *
+ * ---- matmul on AVX-512 VNNI, 4+ tokens: 16-row panels ----
+ * The 4 x 4 tiles above spend most of their time folding 256-bit product
+ * lanes; with 512-bit vpdpbusd the fold can go: each zmm lane is one row.
+ * A panel of 16 rows is repacked once per call (and block chunk) so that
+ * one zmm holds the 16 rows' 4 bytes of one 4-byte group of a block; a
+ * token's 4 activation bytes are broadcast to all lanes, and 8 vpdpbusd
+ * give the 16 rows' exact block dots, with no reduction at all. The
+ * repack (a 4x4 dword transpose per 16-byte piece, nibble split) is paid
+ * once per panel and reused by every token, 8 tokens per pass: 8 weight
+ * registers, 8 float accumulators, one int32 accumulator at a time.
+ * Weights are the unsigned operand (Q4 nibbles, Q8 w ^ 0x80 = w + 128) so
+ * the activations can be the broadcast memory operand as they are; the
+ * offset (8 or 128) * sum(a) starts the int32 accumulator. The float stage
+ * per (16 rows, token, block) is one cvt, one multiply of the panel's
+ * scale vector by the token's scale and one FMA. Each output sums its
+ * blocks in order (plus one add per 64-block chunk): within kernels.h's
+ * bound. Under 4 tokens (decode) the 4 x 1 path stays: repacking would
+ * cost more than it saves.
+ *
  * ---- axpy ----
  * Rows with coef != 0 are taken in groups of 8; for each 32-float output
  * block the group's rows are FMAed into 4 (AVX2) or 2 (AVX-512) registers
@@ -597,6 +616,181 @@ static const k_mm_ops MM_Q4_AVX2 = {mm_t4_q4_avx2, mm_t4_q4raw_avx2, mm_t1_q4_av
 static const k_mm_ops MM_Q8_AVX2 = {mm_t4_q8_avx2, NULL, mm_t1_q8_avx2, 0, PI2_Q8_GROUP_BYTES};
 static const k_mm_ops MM_Q4_VNNI = {mm_t4_q4_vnni, mm_t4_q4raw_vnni, mm_t1_q4_vnni, 8, PI2_Q4_GROUP_BYTES};
 static const k_mm_ops MM_Q8_VNNI = {mm_t4_q8_vnni, NULL, mm_t1_q8_vnni, 128, PI2_Q8_GROUP_BYTES};
+
+/* ---- matmul, AVX-512 VNNI panels (prefill) ----
+ *
+ * Rows in panels of 16 (lane i of a zmm = one row), repacked per block
+ * chunk into k_panel: for each block and 4-byte group g of it, one zmm of
+ * the 16 rows' 4 unsigned weight bytes (Q4 nibbles; Q8 w + 128, i.e.
+ * w ^ 0x80). Lane i holds row 4 * (i % 4) + i / 4 (the order a 4x4 dword
+ * transpose leaves; an involution, so the same index vector puts lanes
+ * back in row order). Per token and block: an int32 accumulator starts at
+ * -corr * sum(a) (8 for Q4, 128 for Q8; k_pbias), 8 vpdpbusd with the
+ * token's 4 activation bytes broadcast ({1to16} from memory), one cvt,
+ * one multiply of the panel's scale vector by the token's scale and one
+ * FMA into the token's float accumulator. */
+
+/* A 4-byte load from any address (broadcast straight into vpdpbusd). */
+typedef int32_t k_u32a __attribute__((may_alias, aligned(1)));
+
+enum {
+    K_PB = 64,        /* blocks per panel chunk: weights 32 KiB */
+    K_PANEL_MIN_T = 4 /* fewer tokens take the 4 x 4 tiles / decode path */
+};
+
+typedef struct k_panel {
+    _Alignas(64) uint8_t w[K_PB * 8 * 64]; /* [block][group][lane][4 bytes] */
+    _Alignas(64) float s[K_PB * 16];       /* [block][lane] */
+} k_panel;
+
+/* The 4x4 dword transpose of 16 rows' 16-byte pieces p[0..16): out[m]
+ * lane i = dword m of p[4 * (i % 4) + i / 4]. */
+PI2_T_AVX512 static inline void panel_t16(const uint8_t *const p[16], int64_t off, __m512i out[4])
+{
+    __m512i z[4];
+    for (int q = 0; q < 4; q++) {
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(p[4 * q] + off)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(p[4 * q + 1] + off)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(p[4 * q + 2] + off)), 2);
+        z[q] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(p[4 * q + 3] + off)), 3);
+    }
+    __m512i a0 = _mm512_unpacklo_epi32(z[0], z[1]), a1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    __m512i b0 = _mm512_unpacklo_epi32(z[2], z[3]), b1 = _mm512_unpackhi_epi32(z[2], z[3]);
+    out[0] = _mm512_unpacklo_epi64(a0, b0);
+    out[1] = _mm512_unpackhi_epi64(a0, b0);
+    out[2] = _mm512_unpacklo_epi64(a1, b1);
+    out[3] = _mm512_unpackhi_epi64(a1, b1);
+}
+
+/* Panel of rows p[0..16) (payload at the chunk start), kb blocks; the
+ * scales s[0..16) at the chunk start. */
+PI2_T_AVX512 static void panel_pack(pi2_qtype wt, const uint8_t *const p[16], const uint16_t *const s[16], int64_t kb,
+                                    k_panel *P)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), x80 = _mm512_set1_epi8(-128);
+    for (int64_t b = 0; b < kb; b++) {
+        __m512i *d = (__m512i *)(void *)(P->w + b * 512), t[4];
+        if (wt == PI2_QT_Q4) {
+            panel_t16(p, b * PI2_Q4_GROUP_BYTES, t);
+            for (int m = 0; m < 4; m++) {
+                _mm512_store_si512(d + m, _mm512_and_si512(t[m], m4));
+                _mm512_store_si512(d + 4 + m, _mm512_and_si512(_mm512_srli_epi16(t[m], 4), m4));
+            }
+        } else {
+            for (int h = 0; h < 2; h++) {
+                panel_t16(p, b * PI2_Q8_GROUP_BYTES + 16 * h, t);
+                for (int m = 0; m < 4; m++)
+                    _mm512_store_si512(d + 4 * h + m, _mm512_xor_si512(t[m], x80));
+            }
+        }
+    }
+    float tmp[16 * K_PB];
+    for (int i = 0; i < 16; i++)
+        cvt_scales(s[4 * (i % 4) + i / 4], kb, tmp + i * K_PB);
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(K_PB));
+    for (int64_t b = 0; b < kb; b++)
+        _mm512_store_ps(P->s + b * 16, _mm512_i32gather_ps(idx, tmp + b, 4));
+}
+
+/* N tokens (a: token 0's activations at the chunk start, token stride n;
+ * as: its scales, stride nb; bias: k_pbias rows, stride K_PB) against a
+ * panel of kb blocks: res[t] lane i = the chunk's dot of lane i's row. */
+#define K_PANEL_TOK(N)                                                                                        \
+    PI2_T_AVX512 static void panel_tok##N(const k_panel *P, int64_t kb, const int8_t *a, int64_t n,               \
+                                          const float *as, int64_t nb, const int32_t *bias, __m512 res[N])     \
+    {                                                                                                         \
+        __m512 f[N];                                                                                          \
+        for (int t = 0; t < N; t++)                                                                           \
+            f[t] = _mm512_setzero_ps();                                                                       \
+        for (int64_t b = 0; b < kb; b++) {                                                                    \
+            const __m512i *wb = (const __m512i *)(const void *)(P->w + b * 512);                            \
+            __m512i w0 = _mm512_load_si512(wb), w1 = _mm512_load_si512(wb + 1);                               \
+            __m512i w2 = _mm512_load_si512(wb + 2), w3 = _mm512_load_si512(wb + 3);                           \
+            __m512i w4 = _mm512_load_si512(wb + 4), w5 = _mm512_load_si512(wb + 5);                           \
+            __m512i w6 = _mm512_load_si512(wb + 6), w7 = _mm512_load_si512(wb + 7);                           \
+            __m512 ws = _mm512_load_ps(P->s + b * 16);                                                        \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+            {                                                                                                 \
+                const int8_t *ab = a + t * n + b * QG;                                                        \
+                const k_u32a *av = (const k_u32a *)(const void *)ab;                                          \
+                __m512i acc = _mm512_set1_epi32(bias[t * K_PB + b]);                                          \
+                acc = _mm512_dpbusd_epi32(acc, w0, _mm512_set1_epi32(av[0]));                                 \
+                acc = _mm512_dpbusd_epi32(acc, w1, _mm512_set1_epi32(av[1]));                                 \
+                acc = _mm512_dpbusd_epi32(acc, w2, _mm512_set1_epi32(av[2]));                                 \
+                acc = _mm512_dpbusd_epi32(acc, w3, _mm512_set1_epi32(av[3]));                                 \
+                acc = _mm512_dpbusd_epi32(acc, w4, _mm512_set1_epi32(av[4]));                                 \
+                acc = _mm512_dpbusd_epi32(acc, w5, _mm512_set1_epi32(av[5]));                                 \
+                acc = _mm512_dpbusd_epi32(acc, w6, _mm512_set1_epi32(av[6]));                                 \
+                acc = _mm512_dpbusd_epi32(acc, w7, _mm512_set1_epi32(av[7]));                                 \
+                __m512 sc = _mm512_mul_ps(ws, _mm512_set1_ps(as[t * nb + b]));                                \
+                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc, f[t]);                                    \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int t = 0; t < N; t++)                                                                           \
+            res[t] = f[t];                                                                                    \
+    }
+
+K_PANEL_TOK(8)
+K_PANEL_TOK(4)
+K_PANEL_TOK(2)
+K_PANEL_TOK(1)
+
+/* All of pi2_k_matmul on the panels: block chunks of K_PB, in them row
+ * panels of 16 (the last one repeats its last row; those lanes are not
+ * stored), in them tokens in groups of 8 (then 4, 2, 1). */
+PI2_T_AVX512 static void mm_panels(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
+                                   const uint16_t *const *ws, const float *ascales, const int8_t *aq,
+                                   const int32_t *asums, int T, float *out, int64_t ldo)
+{
+    int64_t nb = n / QG, gb = wt == PI2_QT_Q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES;
+    int32_t corr = wt == PI2_QT_Q4 ? 8 : 128;
+    k_panel P;
+    int32_t bias[PI2_K_MAX_T * K_PB];
+    /* lane i <-> row 4 * (i % 4) + i / 4 (both ways) */
+    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (int64_t b0 = 0; b0 < nb; b0 += K_PB) {
+        int64_t kb = min64(K_PB, nb - b0);
+        for (int t = 0; t < T; t++)
+            for (int64_t b = 0; b < kb; b++)
+                bias[t * K_PB + b] = -corr * asums[t * nb + b0 + b];
+        for (int r0 = 0; r0 < nrows; r0 += 16) {
+            int m = nrows - r0 < 16 ? nrows - r0 : 16;
+            const uint8_t *p[16];
+            const uint16_t *s[16];
+            for (int k = 0; k < 16; k++) {
+                int r = r0 + (k < m ? k : m - 1);
+                p[k] = wp[r] + b0 * gb;
+                s[k] = ws[r] + b0;
+            }
+            panel_pack(wt, p, s, kb, &P);
+            __mmask16 keep = (__mmask16)((1u << m) - 1u);
+            for (int t0 = 0; t0 < T;) {
+                __m512 res[8];
+                int N = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
+                const int8_t *a = aq + t0 * n + b0 * QG;
+                const float *as = ascales + t0 * nb + b0;
+                const int32_t *bi = bias + t0 * K_PB;
+                if (N == 8)
+                    panel_tok8(&P, kb, a, n, as, nb, bi, res);
+                else if (N == 4)
+                    panel_tok4(&P, kb, a, n, as, nb, bi, res);
+                else if (N == 2)
+                    panel_tok2(&P, kb, a, n, as, nb, bi, res);
+                else
+                    panel_tok1(&P, kb, a, n, as, nb, bi, res);
+                for (int j = 0; j < N; j++) {
+                    float *o = out + (t0 + j) * ldo + r0;
+                    __m512 v = _mm512_permutexvar_ps(perm, res[j]);
+                    if (b0 > 0)
+                        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, o));
+                    _mm512_mask_storeu_ps(o, keep, v);
+                }
+                t0 += N;
+            }
+        }
+    }
+}
 
 /* ---- axpy ----
  *
@@ -1386,6 +1580,12 @@ void pi2_k_matmul_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uin
         break;
     case PI2_ISA_SCALAR:
         break;
+    }
+    if (op == &MM_Q4_VNNI || op == &MM_Q8_VNNI) {
+        if (T >= K_PANEL_MIN_T) {
+            mm_panels(wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+            return;
+        }
     }
     if (op) {
         mm_simd(op, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);

@@ -1288,6 +1288,161 @@ PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, k_down_one_fn one, pi2_qtype
     }
 }
 
+/* ---- down on AVX-512 VNNI, 4+ tokens ----
+ *
+ * The same integer sums with lanes as output columns: per block and group,
+ * zmm (k, h) holds, for columns 16h .. 16h + 15, the unsigned bytes of the
+ * group's rows 4k .. 4k + 3 (Q4 nibbles; Q8 w ^ 0x80 = w + 128), and a
+ * token's 4 coefficients cq_4k .. cq_4k+3 are broadcast: 8 vpdpbusd give
+ * the group's 32 sums S_j, the accumulator starting at -(8 or 128) *
+ * sum(cq). The coefficient tables (k_qent) are built 16 blocks at a time
+ * with the twin's float operations; quads of cq come from two packs and
+ * one in-lane byte transpose. A block's repacked weights (8 KiB for 64
+ * rows) serve every token; out is loaded and stored once per (token,
+ * block, row chunk). */
+
+enum {
+    K_QTAB = 256,       /* k_qent entries on the stack (96 KiB): T * G <= 256 */
+    K_DOWN512_MIN_T = 4 /* fewer tokens take the 256-bit path */
+};
+
+/* One (token, group) for 16 consecutive blocks (lane = block). */
+typedef struct k_qent {
+    int32_t q[4][16]; /* bytes cq_4k .. cq_4k+3 */
+    float s[16];      /* the scale (0: skip the group) */
+    int32_t bias[16]; /* -(8 or 128) * sum(cq) */
+} k_qent;
+
+/* tab[t * G + g] for t < T, g < G and the 16 blocks at dR[r * K_DKB + bo]
+ * (zero past the chunk), from cp[t * K_DRC + r]. */
+PI2_T_AVX512 static void down_prep512(pi2_qtype wt, int G, int T, const float *cp, const float *dR, int64_t bo,
+                                      k_qent *tab)
+{
+    const __m512 c127 = _mm512_set1_ps(127.0f), dmin = _mm512_set1_ps(K_DMIN);
+    const __m512i tr = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    int sh = wt == PI2_QT_Q4 ? 3 : 7;
+    for (int t = 0; t < T; t++)
+        for (int g = 0; g < G; g++) {
+            k_qent *e = &tab[t * G + g];
+            const float *c = cp + t * K_DRC + g * K_DG, *d = dR + (int64_t)g * K_DG * K_DKB + bo;
+            __m512 cv[K_DG], m = _mm512_setzero_ps();
+            for (int k = 0; k < K_DG; k++) {
+                cv[k] = _mm512_mul_ps(_mm512_set1_ps(c[k]), _mm512_loadu_ps(d + k * K_DKB));
+                m = _mm512_max_ps(m, _mm512_abs_ps(cv[k]));
+            }
+            __mmask16 ok = _mm512_cmp_ps_mask(m, dmin, _CMP_GE_OQ);
+            __m512 inv = _mm512_maskz_div_ps(ok, c127, m); /* 0 where skipped: q = 0 */
+            _mm512_storeu_ps(e->s, _mm512_maskz_div_ps(ok, m, c127));
+            __m512i q[K_DG], sum = _mm512_setzero_si512();
+            for (int k = 0; k < K_DG; k++) {
+                q[k] = _mm512_cvtps_epi32(_mm512_mul_ps(cv[k], inv)); /* |q| <= 127 */
+                sum = _mm512_add_epi32(sum, q[k]);
+            }
+            _mm512_storeu_si512(e->bias, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, sh)));
+            for (int k = 0; k < 4; k++) {
+                __m512i p = _mm512_packs_epi16(_mm512_packs_epi32(q[4 * k], q[4 * k + 1]),
+                                               _mm512_packs_epi32(q[4 * k + 2], q[4 * k + 3]));
+                _mm512_storeu_si512(e->q[k], _mm512_shuffle_epi8(p, tr));
+            }
+        }
+}
+
+/* Rows p[0..4)'s 16 bytes at off as column quads: dword j = [p0[j] .. p3[j]]. */
+PI2_T_AVX512 static inline __m512i down_quad(const uint8_t *const *p, int64_t off)
+{
+    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i tr = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(p[0] + off)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(p[1] + off)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(p[2] + off)), 2);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(p[3] + off)), 3);
+    return _mm512_shuffle_epi8(_mm512_permutexvar_epi32(perm, v), tr);
+}
+
+/* wb[(g * 8 + 2 * k + h) * 64 ..]: the zmm (k, h) of group g (see above)
+ * for the chunk's rows w[0 .. 16 * G) at byte offset off. */
+PI2_T_AVX512 static void down_pack512(pi2_qtype wt, const uint8_t *const *w, int G, int64_t off, uint8_t *wb)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), x80 = _mm512_set1_epi8(-128);
+    for (int q = 0; q < 4 * G; q++) {
+        __m512i *d = (__m512i *)(void *)(wb + q * 128);
+        if (wt == PI2_QT_Q4) {
+            __m512i x = down_quad(w + 4 * q, off);
+            _mm512_store_si512(d, _mm512_and_si512(x, m4));
+            _mm512_store_si512(d + 1, _mm512_and_si512(_mm512_srli_epi16(x, 4), m4));
+        } else {
+            _mm512_store_si512(d, _mm512_xor_si512(down_quad(w + 4 * q, off), x80));
+            _mm512_store_si512(d + 1, _mm512_xor_si512(down_quad(w + 4 * q, off + 16), x80));
+        }
+    }
+}
+
+/* Token t's 32 outputs o += the chunk's G groups' sums for one block (lane
+ * ln of the tables e[g]), groups in row order. Tokens go one at a time
+ * over the block's weights (L1-resident): their outputs are ldo apart,
+ * which would alias in L1 if every token were visited per group. */
+PI2_T_AVX512 static void down_tok512(const uint8_t *wb, const k_qent *e, int G, int ln, float *o)
+{
+    __m512 o0 = _mm512_loadu_ps(o), o1 = _mm512_loadu_ps(o + 16);
+    for (int g = 0; g < G; g++) {
+        float s = e[g].s[ln];
+        if (s == 0.0f)
+            continue;
+        const __m512i *W = (const __m512i *)(const void *)(wb + g * 8 * 64);
+        __m512i a0 = _mm512_set1_epi32(e[g].bias[ln]), a1 = a0;
+        for (int k = 0; k < 4; k++) {
+            __m512i c = _mm512_set1_epi32(e[g].q[k][ln]);
+            a0 = _mm512_dpbusd_epi32(a0, _mm512_load_si512(W + 2 * k), c);
+            a1 = _mm512_dpbusd_epi32(a1, _mm512_load_si512(W + 2 * k + 1), c);
+        }
+        __m512 sv = _mm512_set1_ps(s);
+        o0 = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(a0), o0);
+        o1 = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(a1), o1);
+    }
+    _mm512_storeu_ps(o, o0);
+    _mm512_storeu_ps(o + 16, o1);
+}
+
+PI2_T_AVX512 static void down_vnni512(pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
+                                      const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out,
+                                      int64_t ldo)
+{
+    int64_t nb = n / QG, gb = wt == PI2_QT_Q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES;
+    float cp[PI2_K_MAX_T * K_DRC], dR[K_DRC * K_DKB];
+    k_qent tab[K_QTAB];
+    _Alignas(64) uint8_t wb[K_DRC / 4 * 128];
+    for (int r0 = 0; r0 < nrows; r0 += K_DRC) {
+        int R = nrows - r0 < K_DRC ? nrows - r0 : K_DRC, G = (R + K_DG - 1) / K_DG;
+        const uint8_t *w[K_DRC]; /* rows past the chunk repeat its first row (coefficient 0) */
+        for (int k = 0; k < G * K_DG; k++)
+            w[k] = wp[r0 + (k < R ? k : 0)];
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < G * K_DG; k++)
+                cp[t * K_DRC + k] = k < R ? coef[t * ldc + r0 + k] : 0.0f;
+        for (int64_t b0 = 0; b0 < nb; b0 += K_DKB) {
+            int64_t kb = min64(K_DKB, nb - b0), kb16 = (kb + 15) / 16;
+            for (int k = 0; k < G * K_DG; k++) {
+                float *d = dR + k * K_DKB;
+                int64_t done = 0;
+                if (k < R) {
+                    cvt_scales(ws[r0 + k] + b0, kb, d);
+                    done = kb;
+                }
+                for (int64_t b = done; b < 16 * kb16; b++)
+                    d[b] = 0.0f;
+            }
+            for (int64_t c = 0; c < kb16; c++) {
+                down_prep512(wt, G, T, cp, dR, 16 * c, tab);
+                for (int64_t b = 16 * c; b < kb && b < 16 * c + 16; b++) {
+                    down_pack512(wt, w, G, (b0 + b) * gb, wb);
+                    for (int t = 0; t < T; t++)
+                        down_tok512(wb, tab + t * G, G, (int)(b - 16 * c), out + t * ldo + (b0 + b) * QG);
+                }
+            }
+        }
+    }
+}
+
 /* ---- dequant (exact: (q - 8) * d and q * d are exact floats) ---- */
 
 PI2_T_AVX2 static void dequant_avx2(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
@@ -1642,6 +1797,10 @@ void pi2_k_down_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
 #ifdef PI2_K_X86
     switch (isa_pick(isa)) {
     case PI2_ISA_AVX512:
+        if (T >= K_DOWN512_MIN_T) {
+            down_vnni512(wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
+            return;
+        }
         down_simd(wt == PI2_QT_Q4 ? down_tok_q4_vnni : down_tok_q8_vnni,
                   wt == PI2_QT_Q4 ? down_one_q4_vnni : down_one_q8_vnni, wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
         return;

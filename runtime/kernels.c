@@ -63,6 +63,18 @@
  * bound. Under 4 tokens (decode) the 4 x 1 path stays: repacking would
  * cost more than it saves.
  *
+ * ---- down on AVX-512 VNNI, 4+ tokens ----
+ * The 256-bit down path widens int16 pair products; with vpdpbusd the
+ * output columns become the lanes (16 per zmm) and 4 rows are summed per
+ * instruction, the weights repacked once per block for all tokens. What
+ * costs besides the dots is quantizing the coefficients (the integer
+ * algorithm of kernels.h, per token, block and group): that is built 16
+ * blocks per vector. Bit-identical to the twin like the other paths.
+ *
+ * ---- activation quantization ----
+ * Prefill quantizes each layer's inputs on one thread between the
+ * parallel matmuls; on AVX-512 it runs vectorized (bit-identical).
+ *
  * ---- axpy ----
  * Rows with coef != 0 are taken in groups of 8; for each 32-float output
  * block the group's rows are FMAed into 4 (AVX2) or 2 (AVX-512) registers

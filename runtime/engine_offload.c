@@ -1272,6 +1272,13 @@ void eng_ofl_readahead(pi2_engine *e, int l, const float *xres)
     const eng_layer *L = &e->layers[l];
     if (!x->read_ahead)
         return;
+    /* nothing to read when every neuron of the layer's FFNs is in memory:
+     * the predictor (and router) would run for nothing */
+    bool cold = false;
+    for (uint32_t fi = (uint32_t)l * x->E; fi < (uint32_t)(l + 1) * x->E && !cold; fi++)
+        cold = x->ghot_n[fi] < x->bl[fi]->neurons;
+    if (!cold)
+        return;
     eng_rmsnorm(x->pf_in, xres, L->ffn_norm, d->hidden, d->rms_eps);
     if (!pi2_desc_is_moe(d)) {
         if (L->ffn[0].has_pred)

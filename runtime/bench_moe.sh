@@ -10,7 +10,8 @@
 #      each layer's experts read ahead during attention vs --no-read-ahead,
 #      alternating REPEAT times, and how often an expert chosen for a token
 #      is chosen again for the next (vs top-k / experts by chance).
-# Needs ~16 GB free under WORKDIR.
+# Needs ~16 GB free under WORKDIR; the bundle is kept there and reused
+# (delete WORKDIR/synth-moe.pi2 to make it anew).
 # Usage: sh runtime/bench_moe.sh WORKDIR
 set -eu
 B=${BUILD:-build}
@@ -24,13 +25,16 @@ say() { printf '%s\n' "$*"; }
 jget() { sed -n "s/.*\"$1\":\([-0-9.e+]*\).*/\1/p" | head -1; }
 M="$W/synth-moe"
 
-say "== generating the MoE model (preset moe), converting (1024 calibration tokens: every expert gets samples), bundling"
-rm -rf "$M" "$M.pi2c" "$M.pi2"
-"$B/pi2-convert" synth --preset moe -o "$M" | tail -1
-"$B/pi2-convert" "$M" -o "$M.pi2c" --calib-tokens 1024 -q | grep -v '^  layer'
-[ -f "$W/moe.pem" ] || "$B/pi2-bundle" keygen --private "$W/moe.pem" --public "$W/moe.pub" >/dev/null
-"$B/pi2-bundle" "$M.pi2c" -o "$M.pi2" --key "$W/moe.pem" -q
-rm -rf "$M" "$M.pi2c" # the bundle is all the runs need
+if [ ! -f "$M.pi2" ] || [ ! -f "$W/moe.pub" ]; then # kept from an earlier run (as runtime/bench.sh keeps its model)
+    say "== generating the MoE model (preset moe), converting (1024 calibration tokens: every expert gets samples), bundling"
+    rm -rf "$M" "$M.pi2c" "$M.pi2"
+    "$B/pi2-convert" synth --preset moe -o "$M" | tail -1
+    "$B/pi2-convert" "$M" -o "$M.pi2c" --calib-tokens 1024 -q | grep -v '^  layer'
+    rm -f "$W/moe.pem" "$W/moe.pub"
+    "$B/pi2-bundle" keygen --private "$W/moe.pem" --public "$W/moe.pub" >/dev/null
+    "$B/pi2-bundle" "$M.pi2c" -o "$M.pi2" --key "$W/moe.pem" -q
+    rm -rf "$M" "$M.pi2c" # the bundle is all the runs need
+fi
 
 say "== offloading table (runtime/bench_offload.sh)"
 POINTS=${POINTS:-"0 50 75"} BUILD=$B sh runtime/bench_offload.sh "$M.pi2" "$W/moe.pub" "$W" synth-moe

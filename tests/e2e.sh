@@ -225,6 +225,24 @@ cp "$T/b.pi2" "$T/bt.pi2"
 flip_byte "$T/bt.pi2" $(($(member_off "$T/bt.pi2" ffn/1.0) + 100))
 expect_error "run offload tampered ffn" "ffn/1.0" "$B/pi2-run" "$T/bt.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 4G
 
+# --- mixture of experts, as a user runs it: a small TurboSparse-Mixtral-shaped
+# model with its predictors shipped, converted (imported), bundled, run in
+# memory and at its smallest limit (the same text), the expert stats shown ---
+"$B/pi2-convert" synth --preset moe --hidden 256 --ff 1024 --layers 2 --heads 4 --kv-heads 2 --vocab 512 --dtype f32 \
+    -o "$T/moe" >/dev/null 2>"$T/err" \
+    && "$B/pi2-convert" "$T/moe" -o "$T/moe.pi2c" --calib-tokens 128 -q >"$T/out" 2>"$T/err" \
+    && grep -q "predictors (imported" "$T/out" \
+    && "$B/pi2-bundle" "$T/moe.pi2c" -o "$T/moe.pi2" --key "$T/k.pem" -q >/dev/null 2>"$T/err" \
+    && ok || { bad "moe: synth, convert (imported predictors) and bundle"; cat "$T/out" "$T/err"; }
+a=$("$B/pi2-run" "$T/moe.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 --stats 2>"$T/err")
+[ -n "$a" ] && grep -q "experts: .* repeat the previous token" "$T/err" && ok \
+    || { bad "moe: in-memory run with expert stats"; cat "$T/err"; }
+"$B/pi2-run" "$T/moe.pi2" --pubkey "$T/k.pub" -p hi -n 2 --mem-limit 1M 2>"$T/err" >/dev/null
+min=$(sed -n 's/.*needs at least \([0-9]*\) MB.*/\1/p' "$T/err")
+b=$("$B/pi2-run" "$T/moe.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 --mem-limit "${min:-1}M" --hot-share 0 --stats 2>"$T/err")
+[ -n "$b" ] && [ "$a" = "$b" ] && grep -q "guessed" "$T/err" && ok \
+    || { bad "moe: at the smallest limit ${min:-?} MB: '$b' vs '$a'"; cat "$T/err"; }
+
 # A model bigger than a real cgroup v1 memory cap, run to completion under
 # it (RSS and page cache charged); skipped where no memory cgroup can be made.
 case "$B" in *san*) sanitized=yes ;; *) sanitized=no ;; esac

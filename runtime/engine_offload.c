@@ -1371,17 +1371,21 @@ static void *io_main(void *arg)
         }
         pthread_mutex_unlock(&x->mu);
 
+        /* all taken at once: one system call for the lot (a read each cost
+         * one, the I/O thread's main cost on a core it shares) */
         int bad = -1;
         pi2_err ser = {0};
-        for (int i = 0; i < m; i++) {
-            ofl_req *r = subs[i];
-            r->io = (pi2_io_req){.off = r->rd.file_off, .len = r->rd.len,
-                                 .buf = r->rd.win >= 0 ? r->rd.dst : r->staging, .user = r};
-            pi2_io_req *p = &r->io;
-            if (pi2_io_submit(x->io, &p, 1, &ser) != 0) {
-                bad = i;
-                break;
+        pi2_io_req *ps[64];
+        for (int i0 = 0; i0 < m && bad < 0; i0 += 64) {
+            int k = m - i0 < 64 ? m - i0 : 64;
+            for (int i = 0; i < k; i++) {
+                ofl_req *r = subs[i0 + i];
+                r->io = (pi2_io_req){.off = r->rd.file_off, .len = r->rd.len,
+                                     .buf = r->rd.win >= 0 ? r->rd.dst : r->staging, .user = r};
+                ps[i] = &r->io;
             }
+            if (pi2_io_submit(x->io, ps, k, &ser) != 0)
+                bad = i0; /* nothing of this batch was queued */
         }
         int n = 0;
         pi2_err er = {0};

@@ -65,8 +65,10 @@ for i in $(seq "$REPEAT"); do
             awk '{printf "%-14s %8.2f %7.1f %9.2f %9.0f %8.1f%% %8.1f%%\n", $1, $2, 100*$3, $4/1e6, $5, 100*$6, 100*$7}'
     done
 done
-on=$(cat "$W"/moe-ra-on.json.* | jget tg_tok_s | awk '{s+=$1; n++} END {print s/n}')
-off=$(cat "$W"/moe-ra-off.json.* | jget tg_tok_s | awk '{s+=$1; n++} END {print s/n}')
+# means over the runs (jget keeps a file's first match only)
+mean() { for f in "$W"/moe-ra-$1.json.*; do jget tg_tok_s <"$f"; done | awk '{s+=$1; n++} END {print s/n}'; }
+on=$(mean on)
+off=$(mean off)
 reuse=$(jget expert_reuse <"$W/moe-ra-on.json.1")
 say "read-ahead on / off: $(echo "$on $off" | awk '{printf "%.2f / %.2f tok/s = %.2fx", $1, $2, $1/$2}') (means of $REPEAT each; caps: $capped)"
 say "experts: $(echo "$reuse" | awk '{printf "%.1f%%", 100*$1}') of choices repeat the previous token's (chance: top-2 of 8 = 25%)"

@@ -487,8 +487,6 @@ K_DEF_T4(mm_t4_q8_vnni, PI2_T_AVX512, ld256, prod_q8_vnni, _mm256_add_epi32, fin
 K_DEF_T1(mm_t1_q4_avx2, PI2_T_AVX2, q4_nibbles, _mm256_maddubs_epi16, _mm256_add_epi16, fin_madd1,
          PI2_Q4_GROUP_BYTES, 3)
 K_DEF_T1(mm_t1_q8_avx2, PI2_T_AVX2, ld256, prod_q8_avx2, _mm256_add_epi32, fin_id, PI2_Q8_GROUP_BYTES, 0)
-K_DEF_T1(mm_t1_q4_vnni, PI2_T_AVX512, q4_nibbles, prod_u8_vnni, _mm256_add_epi32, fin_id, PI2_Q4_GROUP_BYTES, 3)
-K_DEF_T1(mm_t1_q8_vnni, PI2_T_AVX512, ld256, prod_q8_vnni, _mm256_add_epi32, fin_id, PI2_Q8_GROUP_BYTES, 7)
 
 typedef void (*k_t4_fn)(const uint8_t *const w[4], const float *wsp, int64_t kb, const int8_t *const a[4],
                         const k_tok4 *pre, float res[16]);
@@ -625,10 +623,172 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
         mm_one_token(op, nb, nrows, wp, ws, ascales + t * nb, aq + t * n, asums + t * nb, out + t * ldo);
 }
 
+/* ---- matmul on AVX-512 VNNI, one token: 4 rows x 16 blocks ----
+ *
+ * The 256-bit t1 above spends ~0.4 instructions per weight byte (nibble
+ * broadcast per half block, a fold per 4 blocks, the float stage per 8):
+ * compute-bound below the read bandwidth. Here one 64-byte load is 4 Q4
+ * blocks (or 2 Q8 blocks) of a row, so each vpdpbusd covers 128 (64) of
+ * its values, and a 128-bit lane holds one block (Q4; Q8: half a block).
+ * Q4's nibbles split in place (low: elements 0-15 of each lane's block,
+ * high: 16-31), so a step gathers the activations to match: per 4 blocks
+ * one qword permute for the 0-15 halves and one for 16-31, shared by the
+ * 4 rows. Per row and 16 blocks the 4 (Q8: 8) product vectors fold
+ * (unpack + add, K_FOLD4; Q8 then adds lane pairs) into one vector of 16
+ * exact block dots, which one vpermd puts in block order; then the offset
+ * subtract, one cvt, one multiply of 16 weight scales by the activation
+ * scales and one FMA. About 0.14 (Q8: 0.1) instructions per byte. Each
+ * lane accumulates nb / 16 terms, then 16 lanes are summed: within
+ * kernels.h's bound. The last nb % 16 blocks run once more from
+ * zero-padded copies; prefetching as in the 256-bit t1. */
+
+/* Lane L of result dword i = the sum of v_i's 4 dwords of lane L. */
+#define K_FOLD4(v0, v1, v2, v3)                                                                              \
+    _mm512_add_epi32(                                                                                        \
+        _mm512_unpacklo_epi64(_mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1)),  \
+                              _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3))), \
+        _mm512_unpackhi_epi64(_mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1)),  \
+                              _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3))))
+
+/* Float stage of one row: dots d (block order), offsets corr, fp16
+ * scales at s, activation scales asv. */
+#define K_T1W_FIN(acc, d, s)                                                                                 \
+    do {                                                                                                     \
+        __m512 sv_ = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(s)));                \
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32((d), corr)), _mm512_mul_ps(sv_, asv), acc); \
+    } while (0)
+
+/* Q4 row at wq (16 blocks): fold order is lane L, dword i = block 4i + L. */
+#define K_T1W_Q4_V(x, i) \
+    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512((x), m4), alo##i), \
+                        _mm512_and_si512(_mm512_srli_epi16((x), 4), m4), ahi##i)
+
+#define K_T1W_Q4_ROW(acc, wq, sq)                                                                            \
+    do {                                                                                                     \
+        __m512i x0_ = _mm512_loadu_si512((const void *)(wq)), x1_ = _mm512_loadu_si512((const void *)((wq) + 64)); \
+        __m512i x2_ = _mm512_loadu_si512((const void *)((wq) + 128));                                        \
+        __m512i x3_ = _mm512_loadu_si512((const void *)((wq) + 192));                                        \
+        __m512i v0_ = K_T1W_Q4_V(x0_, 0), v1_ = K_T1W_Q4_V(x1_, 1);                                          \
+        __m512i v2_ = K_T1W_Q4_V(x2_, 2), v3_ = K_T1W_Q4_V(x3_, 3);                                          \
+        __m512i d_ = _mm512_permutexvar_epi32(ord, K_FOLD4(v0_, v1_, v2_, v3_));                             \
+        K_T1W_FIN(acc, d_, sq);                                                                              \
+    } while (0)
+
+/* Q8 row at wq (16 blocks): after the two folds and the lane-pair add,
+ * lane L dword i = block 2i + (L & 1) + 8 * (L >> 1). */
+#define K_T1W_Q8_V(wq, j) \
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(_mm512_loadu_si512((const void *)((wq) + 64 * (j))), x80), av##j)
+
+#define K_T1W_Q8_ROW(acc, wq, sq)                                                                            \
+    do {                                                                                                     \
+        __m512i v0_ = K_T1W_Q8_V(wq, 0), v1_ = K_T1W_Q8_V(wq, 1), v2_ = K_T1W_Q8_V(wq, 2);                   \
+        __m512i v3_ = K_T1W_Q8_V(wq, 3), v4_ = K_T1W_Q8_V(wq, 4), v5_ = K_T1W_Q8_V(wq, 5);                   \
+        __m512i v6_ = K_T1W_Q8_V(wq, 6), v7_ = K_T1W_Q8_V(wq, 7);                                            \
+        __m512i p_ = K_FOLD4(v0_, v1_, v2_, v3_), q_ = K_FOLD4(v4_, v5_, v6_, v7_);                          \
+        __m512i h_ = _mm512_add_epi32(_mm512_shuffle_i32x4(p_, q_, _MM_SHUFFLE(2, 0, 2, 0)),                  \
+                                      _mm512_shuffle_i32x4(p_, q_, _MM_SHUFFLE(3, 1, 3, 1)));                 \
+        K_T1W_FIN(acc, _mm512_permutexvar_epi32(ord, h_), sq);                                               \
+    } while (0)
+
+/* The 16-block step of 4 rows: activations at ab, scales asb, sums sb. */
+#define K_T1W_AQ4(i, ab)                                                                                     \
+    __m512i alo##i, ahi##i;                                                                                  \
+    do {                                                                                                     \
+        __m512i y0_ = _mm512_loadu_si512((const void *)((ab) + 128 * (i)));                                  \
+        __m512i y1_ = _mm512_loadu_si512((const void *)((ab) + 128 * (i) + 64));                             \
+        alo##i = _mm512_permutex2var_epi64(y0_, ilo, y1_);                                                   \
+        ahi##i = _mm512_permutex2var_epi64(y0_, ihi, y1_);                                                   \
+    } while (0)
+
+#define K_T1W_STEP_Q4(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3)                                           \
+    do {                                                                                                     \
+        K_T1W_AQ4(0, ab);                                                                                    \
+        K_T1W_AQ4(1, ab);                                                                                    \
+        K_T1W_AQ4(2, ab);                                                                                    \
+        K_T1W_AQ4(3, ab);                                                                                    \
+        __m512 asv = _mm512_loadu_ps((asb));                                                                 \
+        __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(sb)), 3);                         \
+        K_T1W_Q4_ROW(acc0, w0, s0);                                                                          \
+        K_T1W_Q4_ROW(acc1, w1, s1);                                                                          \
+        K_T1W_Q4_ROW(acc2, w2, s2);                                                                          \
+        K_T1W_Q4_ROW(acc3, w3, s3);                                                                          \
+    } while (0)
+
+#define K_T1W_STEP_Q8(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3)                                           \
+    do {                                                                                                     \
+        __m512i av0 = _mm512_loadu_si512((const void *)(ab)), av1 = _mm512_loadu_si512((const void *)((ab) + 64)); \
+        __m512i av2 = _mm512_loadu_si512((const void *)((ab) + 128));                                        \
+        __m512i av3 = _mm512_loadu_si512((const void *)((ab) + 192));                                        \
+        __m512i av4 = _mm512_loadu_si512((const void *)((ab) + 256));                                        \
+        __m512i av5 = _mm512_loadu_si512((const void *)((ab) + 320));                                        \
+        __m512i av6 = _mm512_loadu_si512((const void *)((ab) + 384));                                        \
+        __m512i av7 = _mm512_loadu_si512((const void *)((ab) + 448));                                        \
+        __m512 asv = _mm512_loadu_ps((asb));                                                                 \
+        __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(sb)), 7);                         \
+        K_T1W_Q8_ROW(acc0, w0, s0);                                                                          \
+        K_T1W_Q8_ROW(acc1, w1, s1);                                                                          \
+        K_T1W_Q8_ROW(acc2, w2, s2);                                                                          \
+        K_T1W_Q8_ROW(acc3, w3, s3);                                                                          \
+    } while (0)
+
+#define K_DEF_T1W(name, STEP, GB, ORD)                                                                        \
+    PI2_T_AVX512 static void name(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb,          \
+                                  const int8_t *a, const float *as, const int32_t *sums,                      \
+                                  const uint8_t *const wn[4], float res[4])                                   \
+    {                                                                                                        \
+        const __m512i m4 = _mm512_set1_epi8(0x0f), x80 = _mm512_set1_epi8(-128);                             \
+        const __m512i ilo = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13);                                     \
+        const __m512i ihi = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);                                   \
+        const __m512i ord = ORD;                                                                             \
+        (void)m4, (void)x80, (void)ilo, (void)ihi;                                                           \
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                            \
+        int64_t b = 0, rb_ = nb * (GB), po_ = 0;                                                             \
+        int pk_ = 0;                                                                                         \
+        for (; b + 16 <= nb; b += 16) {                                                                      \
+            for (int l_ = 0; l_ < 64 * (GB) && pk_ < 4; l_ += 64) {                                          \
+                _mm_prefetch((const char *)(wn[pk_] + po_), _MM_HINT_T0);                                    \
+                po_ += 64;                                                                                   \
+                if (po_ >= rb_) {                                                                            \
+                    po_ = 0;                                                                                 \
+                    pk_++;                                                                                   \
+                }                                                                                            \
+            }                                                                                                \
+            STEP(a + b * QG, as + b, sums + b, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),             \
+                 w[3] + b * (GB), s[0] + b, s[1] + b, s[2] + b, s[3] + b);                                   \
+        }                                                                                                    \
+        if (b < nb) { /* 1..15 blocks left: zero-padded copies contribute 0 * 0 */                           \
+            int64_t m = nb - b;                                                                              \
+            int8_t ta[16 * QG] = {0};                                                                        \
+            float tas[16] = {0};                                                                             \
+            int32_t tsum[16] = {0};                                                                          \
+            uint8_t tw[4][16 * (GB)] = {{0}};                                                                \
+            uint16_t tsc[4][16] = {{0}};                                                                     \
+            memcpy(ta, a + b * QG, (size_t)m * QG);                                                          \
+            memcpy(tas, as + b, (size_t)m * sizeof(float));                                                  \
+            memcpy(tsum, sums + b, (size_t)m * sizeof(int32_t));                                             \
+            for (int k = 0; k < 4; k++) {                                                                    \
+                memcpy(tw[k], w[k] + b * (GB), (size_t)m * (GB));                                            \
+                memcpy(tsc[k], s[k] + b, (size_t)m * sizeof(uint16_t));                                      \
+            }                                                                                                \
+            STEP(ta, tas, tsum, tw[0], tw[1], tw[2], tw[3], tsc[0], tsc[1], tsc[2], tsc[3]);                 \
+        }                                                                                                    \
+        res[0] = _mm512_reduce_add_ps(acc0);                                                                 \
+        res[1] = _mm512_reduce_add_ps(acc1);                                                                 \
+        res[2] = _mm512_reduce_add_ps(acc2);                                                                 \
+        res[3] = _mm512_reduce_add_ps(acc3);                                                                 \
+    }
+
+/* ORD[p] = the fold position of block p: Q4 4 * (p % 4) + p / 4; Q8 see
+ * K_T1W_Q8_ROW. */
+K_DEF_T1W(mm_t1w_q4_vnni, K_T1W_STEP_Q4, PI2_Q4_GROUP_BYTES,
+          _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15))
+K_DEF_T1W(mm_t1w_q8_vnni, K_T1W_STEP_Q8, PI2_Q8_GROUP_BYTES,
+          _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15))
+
 static const k_mm_ops MM_Q4_AVX2 = {mm_t4_q4_avx2, mm_t4_q4raw_avx2, mm_t1_q4_avx2, 8, PI2_Q4_GROUP_BYTES};
 static const k_mm_ops MM_Q8_AVX2 = {mm_t4_q8_avx2, NULL, mm_t1_q8_avx2, 0, PI2_Q8_GROUP_BYTES};
-static const k_mm_ops MM_Q4_VNNI = {mm_t4_q4_vnni, mm_t4_q4raw_vnni, mm_t1_q4_vnni, 8, PI2_Q4_GROUP_BYTES};
-static const k_mm_ops MM_Q8_VNNI = {mm_t4_q8_vnni, NULL, mm_t1_q8_vnni, 128, PI2_Q8_GROUP_BYTES};
+static const k_mm_ops MM_Q4_VNNI = {mm_t4_q4_vnni, mm_t4_q4raw_vnni, mm_t1w_q4_vnni, 8, PI2_Q4_GROUP_BYTES};
+static const k_mm_ops MM_Q8_VNNI = {mm_t4_q8_vnni, NULL, mm_t1w_q8_vnni, 128, PI2_Q8_GROUP_BYTES};
 
 /* ---- matmul, AVX-512 VNNI panels (prefill) ----
  *

@@ -1148,7 +1148,9 @@ static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const fl
  * and groups are added in row order with one FMA, like the twin: results
  * are bit-identical. Rows past the last chunk's end repeat one of its
  * rows with coefficient 0 (so no branches on row count). One token reads
- * the payload rows directly instead of going through wb. The coefficient
+ * the payload rows directly instead of going through wb, one group per
+ * chunk (16 row streams rather than 64: 6.8 -> 9.3 GB/s per thread on a
+ * bundle's interleaved down rows). The coefficient
  * tables are built 8 blocks at a time (lanes are blocks), so the
  * divisions and the max run once per 8 groups. Next chunk's rows are
  * prefetched at the pace the current chunk is read (64 row streams are
@@ -1416,12 +1418,15 @@ PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, k_down_one_fn one, pi2_qtype
     float cp[PI2_K_MAX_T * K_DRC], dR[K_DRC * K_DKB];
     k_dent tab[K_DTAB];
     _Alignas(64) uint8_t wb[K_DRC / 2 * 128];
-    for (int r0 = 0; r0 < nrows; r0 += K_DRC) {
-        int R = nrows - r0 < K_DRC ? nrows - r0 : K_DRC, G = (R + K_DG - 1) / K_DG;
+    /* One token reads each row once: one group at a time keeps 16 row
+     * streams (plus the prefetched next 16) in flight instead of 64 */
+    int drc = T == 1 ? K_DG : K_DRC;
+    for (int r0 = 0; r0 < nrows; r0 += drc) {
+        int R = nrows - r0 < drc ? nrows - r0 : drc, G = (R + K_DG - 1) / K_DG;
         const uint8_t *w[K_DRC]; /* rows past the chunk repeat its first row (coefficient 0) */
         for (int k = 0; k < G * K_DG; k++)
             w[k] = wp[r0 + (k < R ? k : 0)];
-        int rn0 = r0 + K_DRC, Rn = rn0 >= nrows ? 0 : nrows - rn0 < K_DRC ? nrows - rn0 : K_DRC;
+        int rn0 = r0 + drc, Rn = rn0 >= nrows ? 0 : nrows - rn0 < drc ? nrows - rn0 : drc;
         for (int t = 0; t < T; t++)
             for (int k = 0; k < G * K_DG; k++)
                 cp[t * K_DRC + k] = k < R ? coef[t * ldc + r0 + k] : 0.0f;

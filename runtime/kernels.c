@@ -1503,20 +1503,31 @@ PI2_T_AVX512 static void down_prep512(pi2_qtype wt, int G, int T, const float *c
         for (int g = 0; g < G; g++) {
             k_qent *e = &tab[t * G + g];
             const float *c = cp + t * K_DRC + g * K_DG, *d = dR + (int64_t)g * K_DG * K_DKB + bo;
-            __m512 cv[K_DG], m = _mm512_setzero_ps();
+            /* unrolled, and the max as a tree (exact in any order): the
+             * chain max -> div -> quantize is this loop's latency */
+            __m512 cv[K_DG], mx[K_DG];
+#pragma GCC unroll 16
             for (int k = 0; k < K_DG; k++) {
                 cv[k] = _mm512_mul_ps(_mm512_set1_ps(c[k]), _mm512_loadu_ps(d + k * K_DKB));
-                m = _mm512_max_ps(m, _mm512_abs_ps(cv[k]));
+                mx[k] = _mm512_abs_ps(cv[k]);
             }
+#pragma GCC unroll 16
+            for (int h = K_DG / 2; h > 0; h /= 2)
+#pragma GCC unroll 16
+                for (int k = 0; k < h; k++)
+                    mx[k] = _mm512_max_ps(mx[k], mx[k + h]);
+            __m512 m = mx[0];
             __mmask16 ok = _mm512_cmp_ps_mask(m, dmin, _CMP_GE_OQ);
             __m512 inv = _mm512_maskz_div_ps(ok, c127, m); /* 0 where skipped: q = 0 */
             _mm512_storeu_ps(e->s, _mm512_maskz_div_ps(ok, m, c127));
             __m512i q[K_DG], sum = _mm512_setzero_si512();
+#pragma GCC unroll 16
             for (int k = 0; k < K_DG; k++) {
                 q[k] = _mm512_cvtps_epi32(_mm512_mul_ps(cv[k], inv)); /* |q| <= 127 */
                 sum = _mm512_add_epi32(sum, q[k]);
             }
             _mm512_storeu_si512(e->bias, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, sh)));
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 __m512i p = _mm512_packs_epi16(_mm512_packs_epi32(q[4 * k], q[4 * k + 1]),
                                                _mm512_packs_epi32(q[4 * k + 2], q[4 * k + 3]));
@@ -1567,12 +1578,21 @@ PI2_T_AVX512 static void down_tok512(const uint8_t *wb, const k_qent *e, int G, 
         if (s == 0.0f)
             continue;
         const __m512i *W = (const __m512i *)(const void *)(wb + g * 8 * 64);
+        /* two chains per half (quads 0-1, 2-3), added exactly at the end:
+         * the vpdpbusd latency, not its throughput, bounded one chain */
+        __m512i c0 = _mm512_set1_epi32(e[g].q[0][ln]), c1 = _mm512_set1_epi32(e[g].q[1][ln]);
+        __m512i c2 = _mm512_set1_epi32(e[g].q[2][ln]), c3 = _mm512_set1_epi32(e[g].q[3][ln]);
         __m512i a0 = _mm512_set1_epi32(e[g].bias[ln]), a1 = a0;
-        for (int k = 0; k < 4; k++) {
-            __m512i c = _mm512_set1_epi32(e[g].q[k][ln]);
-            a0 = _mm512_dpbusd_epi32(a0, _mm512_load_si512(W + 2 * k), c);
-            a1 = _mm512_dpbusd_epi32(a1, _mm512_load_si512(W + 2 * k + 1), c);
-        }
+        __m512i b0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_load_si512(W + 4), c2);
+        __m512i b1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_load_si512(W + 5), c2);
+        a0 = _mm512_dpbusd_epi32(a0, _mm512_load_si512(W), c0);
+        a1 = _mm512_dpbusd_epi32(a1, _mm512_load_si512(W + 1), c0);
+        b0 = _mm512_dpbusd_epi32(b0, _mm512_load_si512(W + 6), c3);
+        b1 = _mm512_dpbusd_epi32(b1, _mm512_load_si512(W + 7), c3);
+        a0 = _mm512_dpbusd_epi32(a0, _mm512_load_si512(W + 2), c1);
+        a1 = _mm512_dpbusd_epi32(a1, _mm512_load_si512(W + 3), c1);
+        a0 = _mm512_add_epi32(a0, b0);
+        a1 = _mm512_add_epi32(a1, b1);
         __m512 sv = _mm512_set1_ps(s);
         o0 = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(a0), o0);
         o1 = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(a1), o1);

@@ -261,21 +261,11 @@ PI2_T_AVX2 static inline __m256i q4_nibbles(const uint8_t *p)
  *            folded as int16 and widened once by vpmaddwd(1) (FIN);
  *   AVX2 Q8  |w| x sign(a, w) (pairs <= 2*128*127 cannot saturate), widened
  *            per product;
- *   VNNI     vpdpbusd: Q4 nibbles x a; Q8 (w + 128) as unsigned x a. */
+ *   (VNNI takes the 512-bit paths below.) */
 PI2_T_AVX2 static inline __m256i prod_q8_avx2(__m256i w, __m256i a)
 {
     __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-
-PI2_T_AVX512 static inline __m256i prod_u8_vnni(__m256i u, __m256i a)
-{
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, a);
-}
-
-PI2_T_AVX512 static inline __m256i prod_q8_vnni(__m256i w, __m256i a)
-{
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(w, _mm256_set1_epi8(-128)), a);
 }
 
 PI2_T_AVX2 static inline __m256i fin_madd1(__m256i x) { return _mm256_madd_epi16(x, _mm256_set1_epi16(1)); }
@@ -481,9 +471,6 @@ K_DEF_T4(mm_t4_q4_avx2, PI2_T_AVX2, ld256, _mm256_maddubs_epi16, _mm256_add_epi1
 K_DEF_T4(mm_t4_q4raw_avx2, PI2_T_AVX2, q4_nibbles, _mm256_maddubs_epi16, _mm256_add_epi16, fin_madd1,
          PI2_Q4_GROUP_BYTES, 1)
 K_DEF_T4(mm_t4_q8_avx2, PI2_T_AVX2, ld256, prod_q8_avx2, _mm256_add_epi32, fin_id, PI2_Q8_GROUP_BYTES, 0)
-K_DEF_T4(mm_t4_q4_vnni, PI2_T_AVX512, ld256, prod_u8_vnni, _mm256_add_epi32, fin_id, QG, 1)
-K_DEF_T4(mm_t4_q4raw_vnni, PI2_T_AVX512, q4_nibbles, prod_u8_vnni, _mm256_add_epi32, fin_id, PI2_Q4_GROUP_BYTES, 1)
-K_DEF_T4(mm_t4_q8_vnni, PI2_T_AVX512, ld256, prod_q8_vnni, _mm256_add_epi32, fin_id, PI2_Q8_GROUP_BYTES, 1)
 K_DEF_T1(mm_t1_q4_avx2, PI2_T_AVX2, q4_nibbles, _mm256_maddubs_epi16, _mm256_add_epi16, fin_madd1,
          PI2_Q4_GROUP_BYTES, 3)
 K_DEF_T1(mm_t1_q8_avx2, PI2_T_AVX2, ld256, prod_q8_avx2, _mm256_add_epi32, fin_id, PI2_Q8_GROUP_BYTES, 0)
@@ -787,8 +774,10 @@ K_DEF_T1W(mm_t1w_q8_vnni, K_T1W_STEP_Q8, PI2_Q8_GROUP_BYTES,
 
 static const k_mm_ops MM_Q4_AVX2 = {mm_t4_q4_avx2, mm_t4_q4raw_avx2, mm_t1_q4_avx2, 8, PI2_Q4_GROUP_BYTES};
 static const k_mm_ops MM_Q8_AVX2 = {mm_t4_q8_avx2, NULL, mm_t1_q8_avx2, 0, PI2_Q8_GROUP_BYTES};
-static const k_mm_ops MM_Q4_VNNI = {mm_t4_q4_vnni, mm_t4_q4raw_vnni, mm_t1w_q4_vnni, 8, PI2_Q4_GROUP_BYTES};
-static const k_mm_ops MM_Q8_VNNI = {mm_t4_q8_vnni, NULL, mm_t1w_q8_vnni, 128, PI2_Q8_GROUP_BYTES};
+/* VNNI: 4+ tokens take the 512-bit panels (mm_panels), fewer run one token
+ * at a time, so no 4-token tiles */
+static const k_mm_ops MM_Q4_VNNI = {NULL, NULL, mm_t1w_q4_vnni, 8, PI2_Q4_GROUP_BYTES};
+static const k_mm_ops MM_Q8_VNNI = {NULL, NULL, mm_t1w_q8_vnni, 128, PI2_Q8_GROUP_BYTES};
 
 /* ---- matmul, AVX-512 VNNI panels (prefill) ----
  *

@@ -1945,16 +1945,24 @@ PI2_T_AVX512 static void act_quantize_avx512(const float *x, int64_t ldx, int T,
 
 /* ---- dispatch ---- */
 
-void pi2_k_act_quantize(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q, int32_t *sums)
+void pi2_k_act_quantize_isa(pi2_isa isa, const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
+                            int32_t *sums)
 {
     assert(n % QG == 0 && T >= 0);
 #ifdef PI2_K_X86
-    if (pi2_q_get_isa() == PI2_ISA_AVX512 && isa_ok(PI2_ISA_AVX512)) {
+    if (isa_pick(isa) == PI2_ISA_AVX512) {
         act_quantize_avx512(x, ldx, T, n, scales, q, sums);
         return;
     }
+#else
+    (void)isa;
 #endif
     act_quantize_scalar(x, ldx, T, n, scales, q, sums);
+}
+
+void pi2_k_act_quantize(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q, int32_t *sums)
+{
+    pi2_k_act_quantize_isa(pi2_q_get_isa(), x, ldx, T, n, scales, q, sums);
 }
 
 void pi2_k_matmul_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,

@@ -43,6 +43,8 @@
  * at x + t*ldx, into scales[T][n/32], q[T][n] and sums[T][n/32] (sum of the
  * block's q). Same q and scales as pi2_q8act_quantize. */
 void pi2_k_act_quantize(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q, int32_t *sums);
+void pi2_k_act_quantize_isa(pi2_isa isa, const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
+                            int32_t *sums);
 
 /* out[t * ldo + r] = dot(weight row r, activation t) for r < nrows,
  * t < T (1 <= T <= PI2_K_MAX_T). Weight type wt is Q4 or Q8; row r is

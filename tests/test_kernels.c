@@ -221,11 +221,13 @@ static void test_act_quantize(void **state)
         float *as = xmalloc((size_t)(T * nb), sizeof(float)), *as0 = xmalloc((size_t)nb, sizeof(float));
         int8_t *q = xmalloc((size_t)(T * n), 1), *q0 = xmalloc((size_t)n, 1);
         int32_t *sums = xmalloc((size_t)(T * nb), sizeof(int32_t));
-        pi2_k_act_quantize(x, ldx, T, n, as, q, sums);
+        /* every path (AVX2 takes the scalar one) gives pi2_q8act_quantize's bytes */
+        pi2_isa isa = (pi2_isa)(it % ((int)PI2_ISA_AVX512 + 1));
+        pi2_k_act_quantize_isa(isa, x, ldx, T, n, as, q, sums);
         for (int t = 0; t < T; t++) {
             pi2_q8act_quantize(x + t * ldx, n, as0, q0);
-            CHECK(memcmp(as + t * nb, as0, (size_t)nb * sizeof(float)) == 0, "scales differ (token %d, n=%lld)", t,
-                  (long long)n);
+            CHECK(memcmp(as + t * nb, as0, (size_t)nb * sizeof(float)) == 0, "scales differ (%s, token %d, n=%lld)",
+                  pi2_q_isa_name(isa), t, (long long)n);
             CHECK(memcmp(q + t * n, q0, (size_t)n) == 0, "q differ (token %d, n=%lld)", t, (long long)n);
             for (int64_t b = 0; b < nb; b++) {
                 int32_t s = 0;

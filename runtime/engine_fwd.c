@@ -107,9 +107,28 @@ typedef struct attn_job {
     int l, T, pos;
 } attn_job;
 
-/* Causal attention of T tokens at positions pos.. for this thread's heads,
- * as two sgemm per head: S = Q K^T (T x L, L = pos + T), softmax over
- * each row's visible prefix, O = S V. */
+/* Softmax of row[0..n) in place. */
+static void softmax(float *row, int n)
+{
+    float mx = -INFINITY, sum = 0.0f;
+    for (int s = 0; s < n; s++)
+        mx = row[s] > mx ? row[s] : mx;
+    for (int s = 0; s < n; s++) {
+        row[s] = expf(row[s] - mx);
+        sum += row[s];
+    }
+    float inv = 1.0f / sum;
+    for (int s = 0; s < n; s++)
+        row[s] *= inv;
+}
+
+enum { ATTN_GEMM_MIN_T = 4 }; /* fewer tokens: per-token dot products, not sgemm */
+
+/* Causal attention of T tokens at positions pos.. for this thread's heads.
+ * Batches: two sgemm per head, S = Q K^T (T x L, L = pos + T), softmax over
+ * each row's visible prefix, O = S V. Decode (T < ATTN_GEMM_MIN_T): each
+ * token's scores over its visible prefix and the weighted sum of V rows
+ * directly (a BLAS call per head cost ~25x the arithmetic at this size). */
 static void attn_fn(void *ctx, int tid, int nt)
 {
     attn_job *j = ctx;
@@ -126,20 +145,22 @@ static void attn_fn(void *ctx, int tid, int nt)
     for (int64_t h = hb; h < he; h++) {
         int64_t kh = h / group;
         const float *Q = e->q + h * hd, *K = kc + kh * hd, *V = vc + kh * hd;
+        if (T < ATTN_GEMM_MIN_T) {
+            for (int t = 0; t < T; t++) {
+                int vis = j->pos + t + 1;
+                pi2_k_sgemv(K, kvd, hd, vis, Q + t * qd, S);
+                for (int s2 = 0; s2 < vis; s2++)
+                    S[s2] *= scale;
+                softmax(S, vis);
+                pi2_k_sgemv_t(V, kvd, hd, vis, S, e->att + t * qd + h * hd);
+            }
+            continue;
+        }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, L, hd, scale, Q, (int)qd, K, (int)kvd, 0.0f, S, L);
         for (int t = 0; t < T; t++) {
             float *row = S + (size_t)t * (size_t)L;
             int vis = j->pos + t + 1;
-            float mx = -INFINITY, sum = 0.0f;
-            for (int s = 0; s < vis; s++)
-                mx = row[s] > mx ? row[s] : mx;
-            for (int s = 0; s < vis; s++) {
-                row[s] = expf(row[s] - mx);
-                sum += row[s];
-            }
-            float inv = 1.0f / sum;
-            for (int s = 0; s < vis; s++)
-                row[s] *= inv;
+            softmax(row, vis);
             for (int s = vis; s < L; s++)
                 row[s] = 0.0f;
         }

@@ -196,6 +196,17 @@ static void sgemv_scalar(const float *W, int64_t ldw, int64_t n, int nrows, cons
     }
 }
 
+static void sgemv_t_scalar(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+{
+    for (int64_t j = 0; j < n; j++)
+        out[j] = 0.0f;
+    for (int r = 0; r < nrows; r++) {
+        const float *w = W + (int64_t)r * ldw;
+        for (int64_t j = 0; j < n; j++)
+            out[j] += c[r] * w[j];
+    }
+}
+
 #ifdef PI2_K_X86
 
 /* ---- ISA selection ---- */
@@ -2091,6 +2102,67 @@ void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const
     dequant_scalar(wt, n, nrows, wp, ws, dst);
 }
 
+/* ---- sgemv_t: columns of up to 64 floats, rows in order ---- */
+
+PI2_T_AVX2 static void sgemv_t_avx2(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+{
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int r = 0; r < nrows; r++) {
+            const float *w = W + (int64_t)r * ldw + j;
+            __m256 cr = _mm256_set1_ps(c[r]);
+            a0 = _mm256_fmadd_ps(cr, _mm256_loadu_ps(w), a0);
+            a1 = _mm256_fmadd_ps(cr, _mm256_loadu_ps(w + 8), a1);
+            a2 = _mm256_fmadd_ps(cr, _mm256_loadu_ps(w + 16), a2);
+            a3 = _mm256_fmadd_ps(cr, _mm256_loadu_ps(w + 24), a3);
+        }
+        _mm256_storeu_ps(out + j, a0);
+        _mm256_storeu_ps(out + j + 8, a1);
+        _mm256_storeu_ps(out + j + 16, a2);
+        _mm256_storeu_ps(out + j + 24, a3);
+    }
+    for (; j + 8 <= n; j += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (int r = 0; r < nrows; r++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(c[r]), _mm256_loadu_ps(W + (int64_t)r * ldw + j), a);
+        _mm256_storeu_ps(out + j, a);
+    }
+    for (; j < n; j++) {
+        float a = 0.0f;
+        for (int r = 0; r < nrows; r++)
+            a = fmaf(c[r], W[(int64_t)r * ldw + j], a);
+        out[j] = a;
+    }
+}
+
+PI2_T_AVX512 static void sgemv_t_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+{
+    int64_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int r = 0; r < nrows; r++) {
+            const float *w = W + (int64_t)r * ldw + j;
+            __m512 cr = _mm512_set1_ps(c[r]);
+            a0 = _mm512_fmadd_ps(cr, _mm512_loadu_ps(w), a0);
+            a1 = _mm512_fmadd_ps(cr, _mm512_loadu_ps(w + 16), a1);
+            a2 = _mm512_fmadd_ps(cr, _mm512_loadu_ps(w + 32), a2);
+            a3 = _mm512_fmadd_ps(cr, _mm512_loadu_ps(w + 48), a3);
+        }
+        _mm512_storeu_ps(out + j, a0);
+        _mm512_storeu_ps(out + j + 16, a1);
+        _mm512_storeu_ps(out + j + 32, a2);
+        _mm512_storeu_ps(out + j + 48, a3);
+    }
+    for (; j < n; j += 16) { /* masked: lanes past n are neither read nor written */
+        __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        __m512 a = _mm512_setzero_ps();
+        for (int r = 0; r < nrows; r++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(c[r]), _mm512_maskz_loadu_ps(m, W + (int64_t)r * ldw + j), a);
+        _mm512_mask_storeu_ps(out + j, m, a);
+    }
+}
+
 void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
 {
 #ifdef PI2_K_X86
@@ -2113,6 +2185,30 @@ void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nr
 void pi2_k_sgemv(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
 {
     pi2_k_sgemv_isa(pi2_q_get_isa(), W, ldw, n, nrows, x, out);
+}
+
+void pi2_k_sgemv_t_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+{
+#ifdef PI2_K_X86
+    switch (isa_pick(isa)) {
+    case PI2_ISA_AVX512:
+        sgemv_t_avx512(W, ldw, n, nrows, c, out);
+        return;
+    case PI2_ISA_AVX2:
+        sgemv_t_avx2(W, ldw, n, nrows, c, out);
+        return;
+    case PI2_ISA_SCALAR:
+        break;
+    }
+#else
+    (void)isa;
+#endif
+    sgemv_t_scalar(W, ldw, n, nrows, c, out);
+}
+
+void pi2_k_sgemv_t(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+{
+    pi2_k_sgemv_t_isa(pi2_q_get_isa(), W, ldw, n, nrows, c, out);
 }
 
 /* ---- probes ---- */

@@ -104,6 +104,11 @@ void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const
 void pi2_k_sgemv(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out);
 void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out);
 
+/* out[j] = sum over r in [0, nrows) of c[r] * W[r, j], for j in [0, n): the
+ * rows weighted and added, in row order (attention's weighted sum of V). */
+void pi2_k_sgemv_t(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out);
+void pi2_k_sgemv_t_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out);
+
 /* ---- probes (benchmarks and the planner's hardware profile) ---- */
 
 /* Peak int8 multiply-accumulates per second of one thread: a register-

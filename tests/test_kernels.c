@@ -766,6 +766,51 @@ static void test_sgemv(void **state)
             sgemv_suite((pi2_isa)i);
 }
 
+/* ---- sgemv_t (rows weighted and added) against double ---- */
+
+static void sgemv_t_suite(pi2_isa isa)
+{
+    pi2_rng r;
+    pi2_rng_seed(&r, 73 + (uint64_t)isa);
+    for (int it = 0; it < 80; it++) {
+        int64_t n = it < 70 ? it + 1 : rand_int(&r, 1, 300);
+        int nrows = it % 7 == 0 ? 0 : (int)rand_int(&r, 1, 40);
+        int64_t ldw = n + rand_int(&r, 0, 3);
+        float *W = xmalloc((size_t)(nrows * ldw) + 1, sizeof(float)), *c = xmalloc((size_t)nrows + 1, sizeof(float));
+        float *out = xmalloc((size_t)n + 1, sizeof(float));
+        for (int64_t i = 0; i < nrows * ldw; i++)
+            W[i] = (float)ldexp(pi2_rng_normal(&r), (int)rand_int(&r, -6, 6));
+        for (int k = 0; k < nrows; k++)
+            c[k] = (float)pi2_rng_normal(&r);
+        out[n] = 12345.0f; /* past the end: untouched */
+        for (int64_t j = 0; j < n; j++)
+            out[j] = NAN; /* overwritten, not accumulated */
+        pi2_k_sgemv_t_isa(isa, W, ldw, n, nrows, c, out);
+        for (int64_t j = 0; j < n; j++) {
+            double ref = 0, mag = 0;
+            for (int k = 0; k < nrows; k++) {
+                ref += (double)W[k * ldw + j] * c[k];
+                mag += fabs((double)W[k * ldw + j] * c[k]);
+            }
+            double tol = ((double)nrows + 2) * 0x1p-24 * mag;
+            CHECK(fabs((double)out[j] - ref) <= tol, "%s sgemv_t n=%lld rows %d col %lld: %.9g vs double %.9g",
+                  pi2_q_isa_name(isa), (long long)n, nrows, (long long)j, (double)out[j], ref);
+        }
+        CHECK(out[n] == 12345.0f, "%s sgemv_t n=%lld wrote past the end", pi2_q_isa_name(isa), (long long)n);
+        free(W);
+        free(c);
+        free(out);
+    }
+}
+
+static void test_sgemv_t(void **state)
+{
+    (void)state;
+    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++)
+        if (isa_or_skip((pi2_isa)i, "sgemv_t"))
+            sgemv_t_suite((pi2_isa)i);
+}
+
 /* ---- probes ---- */
 
 static void test_probes(void **state)
@@ -802,6 +847,7 @@ int main(void)
         cmocka_unit_test(test_down_avx512),
         cmocka_unit_test(test_dequant),
         cmocka_unit_test(test_sgemv),
+        cmocka_unit_test(test_sgemv_t),
         cmocka_unit_test(test_probes),
     };
     return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);

@@ -107,21 +107,6 @@ typedef struct attn_job {
     int l, T, pos;
 } attn_job;
 
-/* Softmax of row[0..n) in place. */
-static void softmax(float *row, int n)
-{
-    float mx = -INFINITY, sum = 0.0f;
-    for (int s = 0; s < n; s++)
-        mx = row[s] > mx ? row[s] : mx;
-    for (int s = 0; s < n; s++) {
-        row[s] = expf(row[s] - mx);
-        sum += row[s];
-    }
-    float inv = 1.0f / sum;
-    for (int s = 0; s < n; s++)
-        row[s] *= inv;
-}
-
 enum { ATTN_GEMM_MIN_T = 4 }; /* fewer tokens: per-token dot products, not sgemm */
 
 /* Causal attention of T tokens at positions pos.. for this thread's heads.
@@ -151,7 +136,7 @@ static void attn_fn(void *ctx, int tid, int nt)
                 pi2_k_sgemv(K, kvd, hd, vis, Q + t * qd, S);
                 for (int s2 = 0; s2 < vis; s2++)
                     S[s2] *= scale;
-                softmax(S, vis);
+                pi2_k_softmax(S, vis);
                 pi2_k_sgemv_t(V, kvd, hd, vis, S, e->att + t * qd + h * hd);
             }
             continue;
@@ -160,7 +145,7 @@ static void attn_fn(void *ctx, int tid, int nt)
         for (int t = 0; t < T; t++) {
             float *row = S + (size_t)t * (size_t)L;
             int vis = j->pos + t + 1;
-            softmax(row, vis);
+            pi2_k_softmax(row, vis);
             for (int s = vis; s < L; s++)
                 row[s] = 0.0f;
         }

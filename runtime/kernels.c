@@ -196,6 +196,20 @@ static void sgemv_scalar(const float *W, int64_t ldw, int64_t n, int nrows, cons
     }
 }
 
+static void softmax_scalar(float *x, int64_t n)
+{
+    float mx = -INFINITY, sum = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    float inv = 1.0f / sum;
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= inv;
+}
+
 static void sgemv_t_scalar(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
 {
     for (int64_t j = 0; j < n; j++)
@@ -2102,6 +2116,55 @@ void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const
     dequant_scalar(wt, n, nrows, wp, ws, dst);
 }
 
+/* ---- softmax: exp(x) = 2^k * p(r), x = k ln2 + r, |r| <= ln2 / 2, p the
+ * degree-6 Taylor polynomial (relative error < 2e-7); x below -87.3
+ * (after the max is subtracted) is taken as -87.3: 1.2e-38, nothing next
+ * to the max's 1 ---- */
+
+PI2_T_AVX512 static inline __m512 exp_avx512(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x); /* ln2 high part (exact k * hi) */
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860682030941723e-06f), r);  /* ln2 low part */
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
+}
+
+PI2_T_AVX512 static void softmax_avx512(float *x, int64_t n)
+{
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
+    __mmask16 tail = (__mmask16)((1u << (n - i)) - 1u);
+    if (tail)
+        mv = _mm512_mask_max_ps(mv, tail, mv, _mm512_maskz_loadu_ps(tail, x + i));
+    __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv)), sv = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 v = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mx));
+        _mm512_storeu_ps(x + i, v);
+        sv = _mm512_add_ps(sv, v);
+    }
+    if (tail) {
+        __m512 v = _mm512_maskz_mov_ps(tail, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + i), mx)));
+        _mm512_mask_storeu_ps(x + i, tail, v);
+        sv = _mm512_add_ps(sv, v);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sv));
+    for (i = 0; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+    if (tail)
+        _mm512_mask_storeu_ps(x + i, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), inv));
+}
+
 /* ---- sgemv_t: columns of up to 64 floats, rows in order ---- */
 
 PI2_T_AVX2 static void sgemv_t_avx2(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
@@ -2186,6 +2249,21 @@ void pi2_k_sgemv(const float *W, int64_t ldw, int64_t n, int nrows, const float 
 {
     pi2_k_sgemv_isa(pi2_q_get_isa(), W, ldw, n, nrows, x, out);
 }
+
+void pi2_k_softmax_isa(pi2_isa isa, float *x, int64_t n)
+{
+#ifdef PI2_K_X86
+    if (isa_pick(isa) == PI2_ISA_AVX512) {
+        softmax_avx512(x, n);
+        return;
+    }
+#else
+    (void)isa;
+#endif
+    softmax_scalar(x, n);
+}
+
+void pi2_k_softmax(float *x, int64_t n) { pi2_k_softmax_isa(pi2_q_get_isa(), x, n); }
 
 void pi2_k_sgemv_t_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
 {

@@ -104,6 +104,12 @@ void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const
 void pi2_k_sgemv(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out);
 void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out);
 
+/* x[0..n) = softmax(x) in place (n >= 1): exp(x - max) / sum. The AVX-512
+ * path computes exp with a degree-6 polynomial (within 2 ulp of expf);
+ * the others call expf. */
+void pi2_k_softmax(float *x, int64_t n);
+void pi2_k_softmax_isa(pi2_isa isa, float *x, int64_t n);
+
 /* out[j] = sum over r in [0, nrows) of c[r] * W[r, j], for j in [0, n): the
  * rows weighted and added, in row order (attention's weighted sum of V). */
 void pi2_k_sgemv_t(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out);

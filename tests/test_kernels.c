@@ -766,6 +766,50 @@ static void test_sgemv(void **state)
             sgemv_suite((pi2_isa)i);
 }
 
+/* ---- softmax against double ---- */
+
+static void softmax_suite(pi2_isa isa)
+{
+    pi2_rng r;
+    pi2_rng_seed(&r, 79 + (uint64_t)isa);
+    for (int it = 0; it < 120; it++) {
+        int64_t n = it < 40 ? it + 1 : rand_int(&r, 1, 700);
+        double spread = it % 3 == 0 ? 40.0 : it % 3 == 1 ? 4.0 : 0.01; /* underflowing, typical, near-uniform */
+        float *x = xmalloc((size_t)n + 1, sizeof(float));
+        double *ref = xmalloc((size_t)n, sizeof(double));
+        for (int64_t i = 0; i < n; i++)
+            x[i] = (float)(spread * pi2_rng_normal(&r) + 100.0 * (it % 5 - 2));
+        x[n] = 7.0f; /* past the end: untouched */
+        double mx = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < n; i++)
+            mx = x[i] > mx ? x[i] : mx;
+        for (int64_t i = 0; i < n; i++)
+            sum += ref[i] = exp((double)x[i] - mx);
+        double *arg = xmalloc((size_t)n, sizeof(double));
+        for (int64_t i = 0; i < n; i++)
+            arg[i] = mx - x[i];
+        pi2_k_softmax_isa(isa, x, n);
+        for (int64_t i = 0; i < n; i++) {
+            /* x - max rounds in float: exp's relative error grows with it */
+            double want = ref[i] / sum, tol = (((double)n + 16) * 0x1p-24 + arg[i] * 0x1p-23) * want + 1e-30;
+            CHECK(fabs((double)x[i] - want) <= tol, "%s softmax n=%lld [%lld]: %.9g vs double %.9g",
+                  pi2_q_isa_name(isa), (long long)n, (long long)i, (double)x[i], want);
+        }
+        CHECK(x[n] == 7.0f, "%s softmax n=%lld wrote past the end", pi2_q_isa_name(isa), (long long)n);
+        free(x);
+        free(ref);
+        free(arg);
+    }
+}
+
+static void test_softmax(void **state)
+{
+    (void)state;
+    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++)
+        if (isa_or_skip((pi2_isa)i, "softmax"))
+            softmax_suite((pi2_isa)i);
+}
+
 /* ---- sgemv_t (rows weighted and added) against double ---- */
 
 static void sgemv_t_suite(pi2_isa isa)
@@ -848,6 +892,7 @@ int main(void)
         cmocka_unit_test(test_dequant),
         cmocka_unit_test(test_sgemv),
         cmocka_unit_test(test_sgemv_t),
+        cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_probes),
     };
     return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);

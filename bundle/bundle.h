@@ -124,6 +124,8 @@ typedef struct pi2_bundle_open_opts {
     const pi2_sign_key *pubkey; /* key to verify manifest.sig with */
     bool allow_unsigned;        /* accept a container without manifest.sig */
     bool skip_signature;        /* inspection only: do not check the signature */
+    bool huge_pages;            /* back the mapping with huge pages (pi2_ctr_open_huge): runs that
+                                   use the weights in place */
 } pi2_bundle_open_opts;
 
 typedef struct pi2_bundle pi2_bundle;

@@ -204,7 +204,7 @@ int pi2_bundle_open(pi2_bundle **out, const char *path, const pi2_bundle_open_op
         free(b);
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
     }
-    int rc = pi2_ctr_open(&b->ctr, path, err);
+    int rc = o->huge_pages ? pi2_ctr_open_huge(&b->ctr, path, err) : pi2_ctr_open(&b->ctr, path, err);
     const pi2_ctr_member *mj = rc ? NULL : pi2_ctr_find(b->ctr, PI2_MF_NAME);
     const pi2_ctr_member *ms = rc ? NULL : pi2_ctr_find(b->ctr, PI2_MF_SIG_NAME);
     if (rc == 0 && !mj)

@@ -694,7 +694,17 @@ static int ctr_parse(pi2_ctr *c, pi2_err *err)
     return rc;
 }
 
-int pi2_ctr_open(pi2_ctr **out, const char *path, pi2_err *err)
+void pi2_ctr_advise_huge(const pi2_ctr *c)
+{
+#ifdef MADV_HUGEPAGE
+    if (c->map.size > 0)
+        madvise((void *)(uintptr_t)c->map.data, c->map.size, MADV_HUGEPAGE); /* advisory: failure is harmless */
+#else
+    (void)c;
+#endif
+}
+
+static int ctr_open(pi2_ctr **out, const char *path, bool huge, pi2_err *err)
 {
     *out = NULL;
     pi2_ctr *c = calloc(1, sizeof *c);
@@ -703,6 +713,8 @@ int pi2_ctr_open(pi2_ctr **out, const char *path, pi2_err *err)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
     }
     int rc = pi2_map_open(&c->map, path, err);
+    if (rc == 0 && huge)
+        pi2_ctr_advise_huge(c); /* before the walk: its pages would keep their ranges small */
     if (rc == 0)
         rc = ctr_parse(c, err);
     if (rc != 0) {
@@ -712,6 +724,10 @@ int pi2_ctr_open(pi2_ctr **out, const char *path, pi2_err *err)
     *out = c;
     return 0;
 }
+
+int pi2_ctr_open(pi2_ctr **out, const char *path, pi2_err *err) { return ctr_open(out, path, false, err); }
+
+int pi2_ctr_open_huge(pi2_ctr **out, const char *path, pi2_err *err) { return ctr_open(out, path, true, err); }
 
 size_t pi2_ctr_count(const pi2_ctr *c) { return c->n; }
 
@@ -724,6 +740,7 @@ const pi2_ctr_member *pi2_ctr_find(const pi2_ctr *c, const char *name)
 }
 
 const char *pi2_ctr_path(const pi2_ctr *c) { return c->path; }
+
 
 int pi2_ctr_verify_member(const pi2_ctr *c, const pi2_ctr_member *m, const uint8_t expected[PI2_SHA256_LEN],
                           pi2_err *err)

@@ -324,7 +324,10 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         return pi2_err_set(err, PI2_ENOMEM, "out of memory");
     snprintf(e->path, sizeof e->path, "%s", o->path);
     int rc;
-    pi2_bundle_open_opts bo = {.pubkey = o->pubkey, .allow_unsigned = o->trust_unsigned};
+    /* in memory, the weights are used in place from the mapping: 2 MiB pages
+     * cut the TLB misses of streaming them every token (1B-shaped model,
+     * file read afresh: decode +15%, load 0.9 -> 0.4 s) */
+    pi2_bundle_open_opts bo = {.pubkey = o->pubkey, .allow_unsigned = o->trust_unsigned, .huge_pages = o->mem_limit == 0};
     if ((rc = pi2_bundle_open(&e->b, o->path, &bo, err)) != 0) {
         /* A converted (not yet bundled) model fails the signature step
          * first; say what it is instead. */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -83,12 +84,26 @@ void pi2_io_defaults(pi2_io_opts *o)
     o->threads = 4;
 }
 
+enum { HUGE_MIN = 4u << 20, HUGE_PAGE = 2u << 20 };
+
 void *pi2_io_alloc_buf(size_t n)
 {
     void *p = NULL;
     if (n == 0)
         n = PI2_IO_ALIGN;
-    return posix_memalign(&p, PI2_IO_ALIGN, (n + PI2_IO_ALIGN - 1) / PI2_IO_ALIGN * PI2_IO_ALIGN) == 0 ? p : NULL;
+    size_t len = (n + PI2_IO_ALIGN - 1) / PI2_IO_ALIGN * PI2_IO_ALIGN;
+    if (len < HUGE_MIN)
+        return posix_memalign(&p, PI2_IO_ALIGN, len) == 0 ? p : NULL;
+    /* large (resident region, hot segment, stream windows): start on a
+     * huge page and ask for huge pages over the whole ones inside, so
+     * weights streamed every token take one TLB entry per 2 MiB; the tail
+     * keeps small pages, so nothing past len is ever backed */
+    if (posix_memalign(&p, HUGE_PAGE, len) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, len / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE); /* advisory: failure is harmless */
+#endif
+    return p;
 }
 
 void pi2_io_free_buf(void *p) { free(p); }

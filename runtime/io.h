@@ -97,7 +97,8 @@ int pi2_io_check(const pi2_io *io, pi2_err *err);
 int pi2_io_check_size(const pi2_io *io, pi2_err *err);
 
 /* Aligned buffer (PI2_IO_ALIGN) for reads; free with pi2_io_free_buf. NULL
- * when out of memory. */
+ * when out of memory. From 4 MiB on it starts on a 2 MiB boundary and its
+ * whole 2 MiB pages are advised huge (MADV_HUGEPAGE). */
 void *pi2_io_alloc_buf(size_t n);
 void pi2_io_free_buf(void *p);
 

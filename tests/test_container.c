@@ -174,6 +174,23 @@ static void test_roundtrip_sizes(void **state)
     assert_int_equal(mf->size, ml);
     assert_memory_equal(mf->data, manifest, ml);
 
+    /* opened for in-place use: the same members, the mapping advised huge */
+    pi2_ctr *ch;
+    assert_int_equal(pi2_ctr_open_huge(&ch, path, &err), 0);
+    assert_int_equal(pi2_ctr_count(ch), ns);
+    for (size_t i = 0; i < ns; i++) {
+        const pi2_ctr_member *a = pi2_ctr_at(c, i), *b = pi2_ctr_at(ch, i);
+        assert_string_equal(a->name, b->name);
+        assert_int_equal(a->offset, b->offset);
+        assert_int_equal(a->size, b->size);
+        assert_memory_equal(a->data, b->data, a->size);
+    }
+    if (pi2t_have_thp()) {
+        assert_int_equal(pi2t_vma_flag(pi2_ctr_at(ch, 0)->data, "hg"), 1);
+        assert_int_equal(pi2t_vma_flag(pi2_ctr_at(c, 0)->data, "hg"), 0);
+    }
+    pi2_ctr_close(ch);
+
     /* wrong digest: PI2_ESIG naming file and member */
     uint8_t bad[PI2_SHA256_LEN];
     memcpy(bad, secs[3].sha256, sizeof bad);

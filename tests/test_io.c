@@ -257,6 +257,31 @@ static void test_bench(void **state)
     pi2_io_close(io);
 }
 
+/* Buffers: aligned for O_DIRECT; from 4 MiB on on a huge page boundary
+ * with their whole huge pages advised, smaller ones left alone. */
+static void test_alloc_buf(void **state)
+{
+    (void)state;
+    uint8_t *small = pi2_io_alloc_buf(64 << 10), *big = pi2_io_alloc_buf((5u << 20) + 123);
+    assert_non_null(small);
+    assert_non_null(big);
+    assert_int_equal((uintptr_t)small % PI2_IO_ALIGN, 0);
+    assert_int_equal((uintptr_t)big % (2u << 20), 0);
+    memset(big, 0x5a, (5u << 20) + 123); /* all of it usable */
+    memset(small, 0xa5, 64 << 10);
+    if (pi2t_have_thp()) {
+        assert_int_equal(pi2t_vma_flag(big, "hg"), 1);
+        assert_int_equal(pi2t_vma_flag(big + (4u << 20) - 1, "hg"), 1);
+        assert_int_equal(pi2t_vma_flag(big + (4u << 20), "hg"), 0); /* the tail keeps small pages */
+    }
+    assert_int_equal(big[(5u << 20) + 122], 0x5a);
+    pi2_io_free_buf(small);
+    pi2_io_free_buf(big);
+    void *zero = pi2_io_alloc_buf(0);
+    assert_non_null(zero);
+    pi2_io_free_buf(zero);
+}
+
 static void test_bad_requests(void **state)
 {
     (void)state;
@@ -298,6 +323,7 @@ int main(void)
         cmocka_unit_test_teardown(test_wait_timeout, clear_faults),
         cmocka_unit_test_teardown(test_bench, clear_faults),
         cmocka_unit_test_teardown(test_bad_requests, clear_faults),
+        cmocka_unit_test(test_alloc_buf),
     };
     return cmocka_run_group_tests_name("io", tests, setup, teardown);
 }

@@ -69,4 +69,36 @@ static inline int pi2t_exists(const char *path)
     return stat(path, &st) == 0;
 }
 
+/* Whether the mapping holding p lists flag (two letters, e.g. "hg" for
+ * MADV_HUGEPAGE) in /proc/self/smaps VmFlags: 1 yes, 0 no, -1 when smaps
+ * or the mapping cannot be read. */
+static inline int pi2t_vma_flag(const void *p, const char *flag)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return -1;
+    char line[512];
+    int in = 0, found = -1;
+    while (found < 0 && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            continue;
+        }
+        if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            found = 0;
+            for (char *t = strtok(line + 8, " \n"); t; t = strtok(NULL, " \n"))
+                found = found || strcmp(t, flag) == 0;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* Whether this kernel has transparent huge pages (MADV_HUGEPAGE is honoured). */
+static inline int pi2t_have_thp(void)
+{
+    return pi2t_exists("/sys/kernel/mm/transparent_hugepage/enabled");
+}
+
 #endif

@@ -3,6 +3,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #define GRAIN 16 /* rows per partition unit */
@@ -277,77 +278,127 @@ static void pred_fc2_fn(void *ctx, int tid, int nt)
     s->n_list = n;
 }
 
-/* Neurons per step of a thread's decode FFN: their gate, up and down rows
- * are read one after the other while they are close (a bundle keeps a
- * neuron's rows adjacent), so the three passes share cache lines. */
-#define DEC_CHUNK 128
+/* Chunk c of the decode FFN: its neurons' gate, then up where the gate lets
+ * the neuron fire (sparse ReLU family; else all), then the down rows of the
+ * active ones into the chunk's own output. */
+static void ffn_dec_chunk(const ffn_dec_job *j, eng_tls *s, int64_t c, int64_t total, uint64_t *n_up,
+                          uint64_t *n_down)
+{
+    pi2_engine *e = j->e;
+    const eng_ffn *f = j->f;
+    int64_t D = e->d.hidden, c0 = c * ENG_DEC_CHUNK;
+    pi2_act act = e->d.act;
+    const uint32_t *idx = j->mode == FFN_PRED ? e->sel : NULL;
+    bool gate_filters = j->mode == FFN_PRED && act != PI2_ACT_SILU;
+    float *out = e->dec_out + c * D;
+    memset(out, 0, (size_t)D * sizeof(float));
+    int n = (int)(total - c0 < ENG_DEC_CHUNK ? total - c0 : ENG_DEC_CHUNK);
+    for (int k = 0; k < n; k++) {
+        uint32_t i = idx ? idx[c0 + k] : (uint32_t)(c0 + k);
+        s->pp[k] = f->gate.rp[i];
+        s->ps[k] = f->gate.rs[i];
+        s->list[k] = i;
+    }
+    pi2_k_matmul(f->gate.qt, D, n, s->pp, s->ps, e->aqs, e->aq, e->asum, 1, s->g, 1);
+    int m = 0;
+    for (int k = 0; k < n; k++) {
+        if (gate_filters && !(s->g[k] > 0.0f))
+            continue;
+        uint32_t i = s->list[k];
+        s->pp2[m] = f->up.rp[i];
+        s->ps2[m] = f->up.rs[i];
+        s->list2[m] = (uint32_t)k;
+        m++;
+    }
+    if (m > 0)
+        pi2_k_matmul(f->up.qt, D, m, s->pp2, s->ps2, e->aqs, e->aq, e->asum, 1, s->u, 1);
+    /* activations and the down columns to add */
+    int a = 0;
+    for (int q = 0; q < m; q++) {
+        int k = (int)s->list2[q];
+        float v = act_fn(act, s->g[k], s->u[q]);
+        if (j->mode == FFN_THRESH && !(fabsf(v) >= f->silu_thr))
+            continue;
+        if (j->mode != FFN_DENSE && v == 0.0f)
+            continue;
+        uint32_t i = s->list[k];
+        s->pp2[a] = f->down.rp[i];
+        s->ps2[a] = f->down.rs[i];
+        s->coef[a] = v;
+        a++;
+    }
+    /* dense: int8 down projection over whole aligned groups of 16 neurons
+     * (the same groups as prefill's); sparse: exact float axpy of the
+     * active columns */
+    if (j->mode == FFN_DENSE)
+        pi2_k_down_rows(f->down.qt, D, a, s->coef, a, s->pp2, s->ps2, 1, out, D);
+    else if (a > 0)
+        pi2_k_axpy_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, out);
+    s->predicted += (uint64_t)n;
+    *n_up += (uint64_t)m;
+    *n_down += (uint64_t)a;
+}
 
+/* Takes a chunk from range r: from its front (the owner, ascending: the
+ * hardware prefetcher runs on across chunks) or its back (another thread
+ * whose own range is done). -1 when the range is empty. */
+static int64_t take_chunk(_Atomic uint64_t *r, bool front)
+{
+    uint64_t v = atomic_load_explicit(r, memory_order_relaxed);
+    for (;;) {
+        uint64_t f = v >> 32, b = v & 0xffffffffu;
+        if (f >= b)
+            return -1;
+        uint64_t nv = front ? (f + 1) << 32 | b : f << 32 | (b - 1);
+        if (atomic_compare_exchange_weak_explicit(r, &v, nv, memory_order_relaxed, memory_order_relaxed))
+            return front ? (int64_t)f : (int64_t)(b - 1);
+    }
+}
+
+/* The decode FFN's chunks: each thread starts on its own contiguous share
+ * and, when done, takes the last chunks left in the others'. A static
+ * split left one thread idle for up to a quarter of the FFN time: hot
+ * neurons come first and fire (cost up and down) far more often. Each
+ * chunk writes its own output and the reduce adds them in chunk order, so
+ * the result does not depend on which thread ran what, nor on the thread
+ * count. */
 static void ffn_dec_fn(void *ctx, int tid, int nt)
 {
     ffn_dec_job *j = ctx;
     pi2_engine *e = j->e;
-    const eng_ffn *f = j->f;
     eng_tls *s = &e->tls[tid];
-    int64_t D = e->d.hidden;
-    pi2_act act = e->d.act;
-    memset(s->part, 0, (size_t)D * sizeof(float));
-    int64_t total = j->mode == FFN_PRED ? j->n_sel : f->n_ff, b, en;
-    pi2_pool_split(total, GRAIN, tid, nt, &b, &en);
+    int64_t total = j->mode == FFN_PRED ? j->n_sel : j->f->n_ff;
     s->predicted = s->active = s->bytes = 0;
-    const uint32_t *idx = j->mode == FFN_PRED ? e->sel : NULL;
-    bool gate_filters = j->mode == FFN_PRED && act != PI2_ACT_SILU;
     uint64_t n_up = 0, n_down = 0;
-    for (int64_t c0 = b; c0 < en; c0 += DEC_CHUNK) {
-        int n = (int)(en - c0 < DEC_CHUNK ? en - c0 : DEC_CHUNK);
-        for (int k = 0; k < n; k++) {
-            uint32_t i = idx ? idx[c0 + k] : (uint32_t)(c0 + k);
-            s->pp[k] = f->gate.rp[i];
-            s->ps[k] = f->gate.rs[i];
-            s->list[k] = i;
-        }
-        pi2_k_matmul(f->gate.qt, D, n, s->pp, s->ps, e->aqs, e->aq, e->asum, 1, s->g, 1);
-        /* up rows: where the gate lets the neuron fire (sparse ReLU family), else all */
-        int m = 0;
-        for (int k = 0; k < n; k++) {
-            if (gate_filters && !(s->g[k] > 0.0f))
-                continue;
-            uint32_t i = s->list[k];
-            s->pp2[m] = f->up.rp[i];
-            s->ps2[m] = f->up.rs[i];
-            s->list2[m] = (uint32_t)k;
-            m++;
-        }
-        if (m > 0)
-            pi2_k_matmul(f->up.qt, D, m, s->pp2, s->ps2, e->aqs, e->aq, e->asum, 1, s->u, 1);
-        /* activations and the down columns to add */
-        int a = 0;
-        for (int q = 0; q < m; q++) {
-            int k = (int)s->list2[q];
-            float v = act_fn(act, s->g[k], s->u[q]);
-            if (j->mode == FFN_THRESH && !(fabsf(v) >= f->silu_thr))
-                continue;
-            if (j->mode != FFN_DENSE && v == 0.0f)
-                continue;
-            uint32_t i = s->list[k];
-            s->pp2[a] = f->down.rp[i];
-            s->ps2[a] = f->down.rs[i];
-            s->coef[a] = v;
-            a++;
-        }
-        /* dense: int8 down projection over whole aligned groups of 16
-         * neurons (the same groups whatever the thread count, and the same
-         * as prefill's); sparse: exact float axpy of the active columns */
-        if (j->mode == FFN_DENSE)
-            pi2_k_down_rows(f->down.qt, D, a, s->coef, a, s->pp2, s->ps2, 1, s->part, D);
-        else if (a > 0)
-            pi2_k_axpy_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, s->part);
-        n_up += (uint64_t)m;
-        n_down += (uint64_t)a;
-    }
-    uint64_t n_gate = en > b ? (uint64_t)(en - b) : 0;
-    s->predicted = n_gate;
+    for (int64_t c; (c = take_chunk(&e->dec_rng[tid], true)) >= 0;)
+        ffn_dec_chunk(j, s, c, total, &n_up, &n_down);
+    for (int k = 1; k < nt; k++)
+        for (int64_t c; (c = take_chunk(&e->dec_rng[(tid + k) % nt], false)) >= 0;)
+            ffn_dec_chunk(j, s, c, total, &n_up, &n_down);
+    const eng_ffn *f = j->f;
     s->active = n_down;
-    s->bytes = n_gate * f->gate.row_bytes + n_up * f->up.row_bytes + n_down * f->down.row_bytes;
+    s->bytes = s->predicted * f->gate.row_bytes + n_up * f->up.row_bytes + n_down * f->down.row_bytes;
+}
+
+typedef struct dec_reduce_job {
+    pi2_engine *e;
+    int64_t chunks;
+    float *out;
+    float w;
+    bool accumulate;
+} dec_reduce_job;
+
+static void dec_reduce_fn(void *ctx, int tid, int nt)
+{
+    dec_reduce_job *j = ctx;
+    int64_t D = j->e->d.hidden, b, en;
+    pi2_pool_split(D, 64, tid, nt, &b, &en);
+    for (int64_t i = b; i < en; i++) {
+        float s = 0.0f;
+        for (int64_t c = 0; c < j->chunks; c++)
+            s += j->e->dec_out[c * D + i];
+        j->out[i] = j->accumulate ? j->out[i] + j->w * s : s;
+    }
 }
 
 /* Decode FFN for the token whose normed input is e->xb (quantized in the
@@ -380,6 +431,11 @@ static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *ou
     }
     if (e->ofl)
         return eng_ofl_ffn_decode(e, f, j.n_sel, j.mode, out, accumulate, w, err);
+    int64_t total = j.mode == FFN_PRED ? j.n_sel : f->n_ff, chunks = (total + ENG_DEC_CHUNK - 1) / ENG_DEC_CHUNK;
+    for (int t = 0; t < e->threads; t++)
+        atomic_store_explicit(&e->dec_rng[t],
+                              (uint64_t)(chunks * t / e->threads) << 32 | (uint64_t)(chunks * (t + 1) / e->threads),
+                              memory_order_relaxed);
     pi2_pool_run(e->pool, ffn_dec_fn, &j);
     e->st.ffn_evals++;
     e->st.neurons += f->n_ff;
@@ -388,7 +444,8 @@ static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *ou
         e->st.active += e->tls[t].active;
         e->st.weight_bytes += e->tls[t].bytes;
     }
-    eng_ffn_reduce(e, 1, out, accumulate, w);
+    dec_reduce_job r = {e, chunks, out, w, accumulate};
+    pi2_pool_run(e->pool, dec_reduce_fn, &r);
     return 0;
 }
 

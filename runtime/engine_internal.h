@@ -9,6 +9,10 @@
 #include "runtime/pool.h"
 
 #define ENG_TILE 64 /* prefill down-projection tile (neurons) */
+/* Neurons per step of the decode FFN: their gate, up and down rows are read
+ * one after the other while they are close (a bundle keeps a neuron's rows
+ * adjacent), so the three passes share cache lines. */
+#define ENG_DEC_CHUNK 128
 
 /* A matrix held in the mapping: quantized rows (row pointer tables) or
  * f32 rows. */
@@ -95,6 +99,8 @@ struct pi2_engine {
     int *chosen;      /* [T][top-k] experts per token */
     uint32_t *sel;    /* [n_ff] predicted neurons, all threads */
     float *scores_all; /* [n_ff] predictor scores */
+    float *dec_out;    /* [ceil(n_ff / ENG_DEC_CHUNK)][hidden] each decode FFN chunk's own output */
+    _Atomic uint64_t *dec_rng; /* [tls_n] decode FFN chunks left to each thread: first << 32 | end */
     float *moe_x, *moe_out, *moe_w; /* gathered tokens of one expert */
     int *moe_tok;
     float *moe_wk;    /* [T][top-k] routing weights */

@@ -340,6 +340,19 @@ static void run_logits(const char *path, int threads, bool dense, float *out, in
     pi2_engine_close(eng);
 }
 
+/* Logits after n tokens fed one at a time (decode only). */
+static void run_decode_logits(const char *path, int threads, bool dense, float *out, int n)
+{
+    pi2_engine *eng = open_model(path, threads, dense);
+    const pi2_model_desc *d = pi2_engine_desc(eng);
+    int32_t ids[48];
+    make_seq(ids, n, d->vocab, 5);
+    pi2_err e = {0};
+    for (int i = 0; i < n; i++)
+        assert_int_equal(pi2_engine_decode(eng, ids[i], i, out, &e), 0);
+    pi2_engine_close(eng);
+}
+
 static void test_threads_and_isa(void **state)
 {
     (void)state;
@@ -356,6 +369,13 @@ static void test_threads_and_isa(void **state)
                 pi2_q_isa_name(pi2_q_isa_best()), r2);
         assert_true(r1 < 1e-4); /* same groups and order whatever the thread count */
         assert_true(r2 < 2e-2); /* kernel float order differs: see test_prefill_vs_decode */
+        /* decode alone: each FFN chunk's output is summed in chunk order,
+         * whichever thread ran it, so the thread count changes no bit */
+        for (int dense = 0; dense < 2; dense++) {
+            run_decode_logits(g_pi2[k], 1, dense, a, 24);
+            run_decode_logits(g_pi2[k], 3, dense, b, 24);
+            assert_memory_equal(a, b, (size_t)V * sizeof(float));
+        }
         free(a);
         free(b);
         free(c);

@@ -10,6 +10,45 @@
 
 /* ---- matmul jobs: up to 3 matrices sharing one quantized input ---- */
 
+/* ---- work shared out with locality ----
+ * Units [0, n) are cut into one contiguous range per thread (rng[t]: first
+ * << 32 | end). A thread takes units from the front of its own range
+ * (ascending: the hardware prefetcher runs on from one unit into the next)
+ * and, once it is empty, from the back of the others'. On 2 cores the
+ * offloading I/O thread and interrupts take time from one compute thread
+ * at a time; with fixed halves the other waited for it at every step. */
+
+static void share_init(_Atomic uint64_t *rng, int nt, int64_t n)
+{
+    for (int t = 0; t < nt; t++)
+        atomic_store_explicit(&rng[t], (uint64_t)(n * t / nt) << 32 | (uint64_t)(n * (t + 1) / nt),
+                              memory_order_relaxed);
+}
+
+/* A unit of range r: from its front (the owner) or its back (another
+ * thread). -1 when the range is empty. */
+static int64_t share_take(_Atomic uint64_t *r, bool front)
+{
+    uint64_t v = atomic_load_explicit(r, memory_order_relaxed);
+    for (;;) {
+        uint64_t f = v >> 32, b = v & 0xffffffffu;
+        if (f >= b)
+            return -1;
+        uint64_t nv = front ? (f + 1) << 32 | b : f << 32 | (b - 1);
+        if (atomic_compare_exchange_weak_explicit(r, &v, nv, memory_order_relaxed, memory_order_relaxed))
+            return front ? (int64_t)f : (int64_t)(b - 1);
+    }
+}
+
+/* The next unit for thread tid: its own first, then the others' last. */
+static int64_t share_next(_Atomic uint64_t *rng, int tid, int nt)
+{
+    int64_t u = share_take(&rng[tid], true);
+    for (int k = 1; k < nt && u < 0; k++)
+        u = share_take(&rng[(tid + k) % nt], false);
+    return u;
+}
+
 typedef struct mm_task {
     const eng_mat *m;
     float *out;
@@ -38,14 +77,19 @@ static void mm_rows(const mm_job *j, const mm_task *k, int64_t b, int64_t en)
                  k->out + b, k->ldo);
 }
 
-static void mm_fn(void *ctx, int tid, int nt)
+enum { MM_UNIT = 64 }; /* rows per shared unit (decode) */
+
+static int64_t mm_total(const mm_job *j)
 {
-    const mm_job *j = ctx;
     int64_t total = 0;
     for (int i = 0; i < j->n; i++)
         total += j->t[i].m->rows;
-    int64_t b, en;
-    pi2_pool_split(total, GRAIN, tid, nt, &b, &en);
+    return total;
+}
+
+/* Rows [b, en) of the job's matrices taken end to end. */
+static void mm_range(const mm_job *j, int64_t b, int64_t en)
+{
     int64_t base = 0;
     for (int i = 0; i < j->n && b < en; i++) {
         int64_t r = j->t[i].m->rows;
@@ -56,13 +100,33 @@ static void mm_fn(void *ctx, int tid, int nt)
     }
 }
 
+/* Batches: static halves (each call repacks its rows into panels); decode:
+ * units of rows shared out (each row's result is the same whoever runs it). */
+static void mm_fn(void *ctx, int tid, int nt)
+{
+    const mm_job *j = ctx;
+    int64_t total = mm_total(j), b, en;
+    if (j->T >= 4) {
+        pi2_pool_split(total, GRAIN, tid, nt, &b, &en);
+        mm_range(j, b, en);
+        return;
+    }
+    for (int64_t u; (u = share_next(j->e->mm_rng, tid, nt)) >= 0;)
+        mm_range(j, u * MM_UNIT, (u + 1) * MM_UNIT < total ? (u + 1) * MM_UNIT : total);
+}
+
 /* Quantize x [T][ldx] (n values each) into the engine's activation buffers. */
 static void quant_in(pi2_engine *e, const float *x, int64_t ldx, int T, int64_t n)
 {
     pi2_k_act_quantize(x, ldx, T, n, e->aqs, e->aq, e->asum);
 }
 
-static void run_mm(pi2_engine *e, mm_job *j) { pi2_pool_run(e->pool, mm_fn, j); }
+static void run_mm(pi2_engine *e, mm_job *j)
+{
+    if (j->T < 4)
+        share_init(e->mm_rng, e->threads, (mm_total(j) + MM_UNIT - 1) / MM_UNIT);
+    pi2_pool_run(e->pool, mm_fn, j);
+}
 
 /* ---- small helpers ---- */
 
@@ -339,26 +403,9 @@ static void ffn_dec_chunk(const ffn_dec_job *j, eng_tls *s, int64_t c, int64_t t
     *n_down += (uint64_t)a;
 }
 
-/* Takes a chunk from range r: from its front (the owner, ascending: the
- * hardware prefetcher runs on across chunks) or its back (another thread
- * whose own range is done). -1 when the range is empty. */
-static int64_t take_chunk(_Atomic uint64_t *r, bool front)
-{
-    uint64_t v = atomic_load_explicit(r, memory_order_relaxed);
-    for (;;) {
-        uint64_t f = v >> 32, b = v & 0xffffffffu;
-        if (f >= b)
-            return -1;
-        uint64_t nv = front ? (f + 1) << 32 | b : f << 32 | (b - 1);
-        if (atomic_compare_exchange_weak_explicit(r, &v, nv, memory_order_relaxed, memory_order_relaxed))
-            return front ? (int64_t)f : (int64_t)(b - 1);
-    }
-}
-
-/* The decode FFN's chunks: each thread starts on its own contiguous share
- * and, when done, takes the last chunks left in the others'. A static
- * split left one thread idle for up to a quarter of the FFN time: hot
- * neurons come first and fire (cost up and down) far more often. Each
+/* The decode FFN's chunks, shared out as above: a static split also left
+ * one thread idle for up to a quarter of the FFN time in memory, hot
+ * neurons coming first and firing (cost up and down) far more often. Each
  * chunk writes its own output and the reduce adds them in chunk order, so
  * the result does not depend on which thread ran what, nor on the thread
  * count. */
@@ -370,11 +417,8 @@ static void ffn_dec_fn(void *ctx, int tid, int nt)
     int64_t total = j->mode == FFN_PRED ? j->n_sel : j->f->n_ff;
     s->predicted = s->active = s->bytes = 0;
     uint64_t n_up = 0, n_down = 0;
-    for (int64_t c; (c = take_chunk(&e->dec_rng[tid], true)) >= 0;)
+    for (int64_t c; (c = share_next(e->dec_rng, tid, nt)) >= 0;)
         ffn_dec_chunk(j, s, c, total, &n_up, &n_down);
-    for (int k = 1; k < nt; k++)
-        for (int64_t c; (c = take_chunk(&e->dec_rng[(tid + k) % nt], false)) >= 0;)
-            ffn_dec_chunk(j, s, c, total, &n_up, &n_down);
     const eng_ffn *f = j->f;
     s->active = n_down;
     s->bytes = s->predicted * f->gate.row_bytes + n_up * f->up.row_bytes + n_down * f->down.row_bytes;
@@ -432,10 +476,7 @@ static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *ou
     if (e->ofl)
         return eng_ofl_ffn_decode(e, f, j.n_sel, j.mode, out, accumulate, w, err);
     int64_t total = j.mode == FFN_PRED ? j.n_sel : f->n_ff, chunks = (total + ENG_DEC_CHUNK - 1) / ENG_DEC_CHUNK;
-    for (int t = 0; t < e->threads; t++)
-        atomic_store_explicit(&e->dec_rng[t],
-                              (uint64_t)(chunks * t / e->threads) << 32 | (uint64_t)(chunks * (t + 1) / e->threads),
-                              memory_order_relaxed);
+    share_init(e->dec_rng, e->threads, chunks);
     pi2_pool_run(e->pool, ffn_dec_fn, &j);
     e->st.ffn_evals++;
     e->st.neurons += f->n_ff;

@@ -101,6 +101,7 @@ struct pi2_engine {
     float *scores_all; /* [n_ff] predictor scores */
     float *dec_out;    /* [ceil(n_ff / ENG_DEC_CHUNK)][hidden] each decode FFN chunk's own output */
     _Atomic uint64_t *dec_rng; /* [tls_n] decode FFN chunks left to each thread: first << 32 | end */
+    _Atomic uint64_t *mm_rng;  /* [tls_n] the same for decode matmul rows */
     float *moe_x, *moe_out, *moe_w; /* gathered tokens of one expert */
     int *moe_tok;
     float *moe_wk;    /* [T][top-k] routing weights */

@@ -35,8 +35,15 @@
  *                    neurons with |activation| >= the calibrated threshold;
  *   dense            (pi2_engine_set_dense, or no predictors) every gate, up
  *                    and down row, as a dense engine computes it: exact.
- * Threads (the pool's static partitions) split rows of each matmul, heads
- * of attention, and neurons (or the predicted list) of each FFN.
+ * Threads split rows of each matmul, heads of attention, and neurons (or
+ * the predicted list) of each FFN. Batches use the pool's static
+ * partitions; decode shares its matmul rows (units of 64) and FFN chunks
+ * (128 neurons) out: each thread takes its own contiguous share in order,
+ * then the last units left in the others' (a thread slowed by an
+ * interrupt or the I/O thread no longer holds the other up). Each decode
+ * FFN chunk writes its own output, summed in chunk order: decode results
+ * do not depend on the thread count. In memory the container is mapped
+ * with huge pages where the kernel allows it (pi2_ctr_open_huge).
  *
  * Errors: those of pi2_bundle_open / pi2_bundle_verify (PI2_ESIG for a bad
  * signature or digest, PI2_EFORMAT, ...), PI2_EUNSUPPORTED for a model

@@ -135,7 +135,8 @@ void pi2_hwprof_cpu_name(char *dst, size_t cap);
 /* Interpolation helpers for the cost model. */
 /* Random-read figures at request size `size` (bytes, log-linear between
  * grid sizes, clamped at the ends) and depth (nearest grid depth not above
- * it, at least the smallest). */
+ * it, at least the smallest); IOPS and bytes/s are the best measured at
+ * that depth or any shallower one (non-decreasing in depth). */
 pi2_hw_io pi2_hwprof_io_at(const pi2_hwprof *p, uint32_t size, int depth);
 /* Compute figures for t threads (clamped to 1..threads). */
 const pi2_hw_compute *pi2_hwprof_compute(const pi2_hwprof *p, int t);

@@ -397,6 +397,16 @@ static void test_io_at(void **state)
                                     { 16, 2 }, { 31, 2 }, { 32, 3 }, { 63, 3 }, { 64, 4 }, { 100000, 4 } };
     for (size_t i = 0; i < sizeof depth / sizeof *depth; i++)
         expect_io(pi2_hwprof_io_at(&p, 16384, depth[i][0]), p.io[2][depth[i][1]]);
+    /* a dip at a deeper depth (the probe's noise) takes the shallower best:
+     * throughput never falls with depth; latency stays the depth's own */
+    pi2_hw_io d32 = p.io[2][3];
+    p.io[2][4].iops = d32.iops * 0.8;
+    p.io[2][4].bytes_per_s = d32.bytes_per_s * 0.8;
+    p.io[2][4].lat_us = 999.0;
+    pi2_hw_io dip = pi2_hwprof_io_at(&p, 16384, 64);
+    assert_true(dip.iops == d32.iops && dip.bytes_per_s == d32.bytes_per_s && dip.lat_us == 999.0);
+    pi2_hw_io mid = pi2_hwprof_io_at(&p, 20000, 64), lo = pi2_hwprof_io_at(&p, 20000, 32);
+    assert_true(mid.iops >= lo.iops && mid.bytes_per_s >= lo.bytes_per_s);
 }
 
 static void test_row_ns(void **state)

@@ -327,28 +327,18 @@ static void test_sparse_vs_dense(void **state)
 
 /* ---- thread counts and kernel paths ---- */
 
-static void run_logits(const char *path, int threads, bool dense, float *out, int n)
+/* Logits after n tokens: the first `batch` as one prefill, the rest one at
+ * a time (decode). */
+static void run_logits(const char *path, int threads, bool dense, float *out, int n, int batch)
 {
     pi2_engine *eng = open_model(path, threads, dense);
     const pi2_model_desc *d = pi2_engine_desc(eng);
     int32_t ids[48];
     make_seq(ids, n, d->vocab, 3);
     pi2_err e = {0};
-    assert_int_equal(pi2_engine_prefill(eng, ids, n / 2, 0, out, &e), 0);
-    for (int i = n / 2; i < n; i++)
-        assert_int_equal(pi2_engine_decode(eng, ids[i], i, out, &e), 0);
-    pi2_engine_close(eng);
-}
-
-/* Logits after n tokens fed one at a time (decode only). */
-static void run_decode_logits(const char *path, int threads, bool dense, float *out, int n)
-{
-    pi2_engine *eng = open_model(path, threads, dense);
-    const pi2_model_desc *d = pi2_engine_desc(eng);
-    int32_t ids[48];
-    make_seq(ids, n, d->vocab, 5);
-    pi2_err e = {0};
-    for (int i = 0; i < n; i++)
+    if (batch > 0)
+        assert_int_equal(pi2_engine_prefill(eng, ids, batch, 0, out, &e), 0);
+    for (int i = batch; i < n; i++)
         assert_int_equal(pi2_engine_decode(eng, ids[i], i, out, &e), 0);
     pi2_engine_close(eng);
 }
@@ -359,10 +349,10 @@ static void test_threads_and_isa(void **state)
     for (int k = 0; k < K_COUNT; k++) {
         int V = 2048;
         float *a = calloc(V, sizeof(float)), *b = calloc(V, sizeof(float)), *c = calloc(V, sizeof(float));
-        run_logits(g_pi2[k], 1, false, a, 48);
-        run_logits(g_pi2[k], 3, false, b, 48);
+        run_logits(g_pi2[k], 1, false, a, 48, 24);
+        run_logits(g_pi2[k], 3, false, b, 48, 24);
         assert_int_equal(pi2_q_set_isa(PI2_ISA_SCALAR), 0);
-        run_logits(g_pi2[k], 2, false, c, 48);
+        run_logits(g_pi2[k], 2, false, c, 48, 24);
         pi2_q_set_isa(pi2_q_isa_best());
         double r1 = max_diff(a, b, V) / max_abs(a, V), r2 = max_diff(a, c, V) / max_abs(a, V);
         fprintf(stderr, "  %s: 1 vs 3 threads rel %.2e, %s vs scalar rel %.2e\n", kind_name[k], r1,
@@ -372,8 +362,8 @@ static void test_threads_and_isa(void **state)
         /* decode alone: each FFN chunk's output is summed in chunk order,
          * whichever thread ran it, so the thread count changes no bit */
         for (int dense = 0; dense < 2; dense++) {
-            run_decode_logits(g_pi2[k], 1, dense, a, 24);
-            run_decode_logits(g_pi2[k], 3, dense, b, 24);
+            run_logits(g_pi2[k], 1, dense, a, 24, 0);
+            run_logits(g_pi2[k], 3, dense, b, 24, 0);
             assert_memory_equal(a, b, (size_t)V * sizeof(float));
         }
         free(a);

@@ -694,7 +694,7 @@ static int ctr_parse(pi2_ctr *c, pi2_err *err)
     return rc;
 }
 
-void pi2_ctr_advise_huge(const pi2_ctr *c)
+static void ctr_advise_huge(const pi2_ctr *c)
 {
 #ifdef MADV_HUGEPAGE
     if (c->map.size > 0)
@@ -714,7 +714,7 @@ static int ctr_open(pi2_ctr **out, const char *path, bool huge, pi2_err *err)
     }
     int rc = pi2_map_open(&c->map, path, err);
     if (rc == 0 && huge)
-        pi2_ctr_advise_huge(c); /* before the walk: its pages would keep their ranges small */
+        ctr_advise_huge(c); /* before the walk: its pages would keep their ranges small */
     if (rc == 0)
         rc = ctr_parse(c, err);
     if (rc != 0) {

@@ -136,8 +136,12 @@ typedef struct pi2_ctr_member {
  * header). Member data is not hashed here; see pi2_ctr_verify_member.
  * Caller closes *out with pi2_ctr_close. */
 int pi2_ctr_open(pi2_ctr **out, const char *path, pi2_err *err);
-/* The same with pi2_ctr_advise_huge applied before the structure walk reads
- * anything (runs that use the members in place). */
+/* The same, with huge pages asked for behind the mapping (MADV_HUGEPAGE)
+ * before the structure walk reads anything: data read into the page cache
+ * then comes in 2 MiB folios where the kernel and the filesystem allow it,
+ * mapped with one TLB entry each (runs that use the members in place).
+ * Advisory: pages already cached stay as they are, and a kernel without
+ * it ignores it. */
 int pi2_ctr_open_huge(pi2_ctr **out, const char *path, pi2_err *err);
 /* Number of members (padding excluded). */
 size_t pi2_ctr_count(const pi2_ctr *c);
@@ -147,11 +151,6 @@ const pi2_ctr_member *pi2_ctr_at(const pi2_ctr *c, size_t i);
 const pi2_ctr_member *pi2_ctr_find(const pi2_ctr *c, const char *name);
 /* Path the container was opened from. */
 const char *pi2_ctr_path(const pi2_ctr *c);
-/* Ask for huge pages behind the mapping (MADV_HUGEPAGE): data read into the
- * page cache from then on comes in 2 MiB folios where the kernel and the
- * filesystem allow it, mapped with one TLB entry each. Advisory: pages
- * already cached stay as they are, and a kernel without it ignores it. */
-void pi2_ctr_advise_huge(const pi2_ctr *c);
 /* Hash the member's data and compare with expected: 0 if equal, PI2_ESIG
  * with a message naming the file and member (and both digests) if not. */
 int pi2_ctr_verify_member(const pi2_ctr *c, const pi2_ctr_member *m, const uint8_t expected[PI2_SHA256_LEN],

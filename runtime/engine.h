@@ -41,8 +41,8 @@
  * (128 neurons) out: each thread takes its own contiguous share in order,
  * then the last units left in the others' (a thread slowed by an
  * interrupt or the I/O thread no longer holds the other up). Each decode
- * FFN chunk writes its own output, summed in chunk order: decode results
- * do not depend on the thread count. In memory the container is mapped
+ * FFN chunk writes its own output, summed in chunk order: in memory,
+ * decode results do not depend on the thread count. In memory the container is mapped
  * with huge pages where the kernel allows it (pi2_ctr_open_huge).
  *
  * Errors: those of pi2_bundle_open / pi2_bundle_verify (PI2_ESIG for a bad

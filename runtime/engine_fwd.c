@@ -77,7 +77,10 @@ static void mm_rows(const mm_job *j, const mm_task *k, int64_t b, int64_t en)
                  k->out + b, k->ldo);
 }
 
-enum { MM_UNIT = 64 }; /* rows per shared unit (decode) */
+enum {
+    MM_UNIT = 64,   /* rows per shared unit (decode) */
+    MM_BATCH_T = 4  /* from this many tokens: static halves, each repacked into panels */
+};
 
 static int64_t mm_total(const mm_job *j)
 {
@@ -106,7 +109,7 @@ static void mm_fn(void *ctx, int tid, int nt)
 {
     const mm_job *j = ctx;
     int64_t total = mm_total(j), b, en;
-    if (j->T >= 4) {
+    if (j->T >= MM_BATCH_T) {
         pi2_pool_split(total, GRAIN, tid, nt, &b, &en);
         mm_range(j, b, en);
         return;
@@ -123,7 +126,7 @@ static void quant_in(pi2_engine *e, const float *x, int64_t ldx, int T, int64_t 
 
 static void run_mm(pi2_engine *e, mm_job *j)
 {
-    if (j->T < 4)
+    if (j->T < MM_BATCH_T)
         share_init(e->mm_rng, e->threads, (mm_total(j) + MM_UNIT - 1) / MM_UNIT);
     pi2_pool_run(e->pool, mm_fn, j);
 }

@@ -105,7 +105,7 @@ void pi2_k_sgemv(const float *W, int64_t ldw, int64_t n, int nrows, const float 
 void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out);
 
 /* x[0..n) = softmax(x) in place (n >= 1): exp(x - max) / sum. The AVX-512
- * path computes exp with a degree-6 polynomial (within 2 ulp of expf);
+ * path computes exp with a degree-6 polynomial (relative error below 2e-7);
  * the others call expf. */
 void pi2_k_softmax(float *x, int64_t n);
 void pi2_k_softmax_isa(pi2_isa isa, float *x, int64_t n);

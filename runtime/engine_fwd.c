@@ -313,6 +313,7 @@ typedef struct ffn_dec_job {
     const float *x;  /* normed input (D) */
     int mode;        /* 0 dense, 1 predictor, 2 threshold */
     uint32_t n_sel;  /* predictor: e->sel[0..n_sel) */
+    uint32_t n0;     /* predictor: score neurons [n0, n_ff) only */
 } ffn_dec_job;
 
 static void pred_fc1_fn(void *ctx, int tid, int nt)
@@ -331,7 +332,9 @@ static void pred_fc2_fn(void *ctx, int tid, int nt)
     const eng_ffn *f = j->f;
     eng_tls *s = &j->e->tls[tid];
     int64_t b, en;
-    pi2_pool_split(f->n_ff, 64, tid, nt, &b, &en);
+    pi2_pool_split(f->n_ff - j->n0, 64, tid, nt, &b, &en);
+    b += j->n0;
+    en += j->n0;
     s->n_list = 0;
     if (b >= en)
         return;
@@ -448,11 +451,9 @@ static void dec_reduce_fn(void *ctx, int tid, int nt)
     }
 }
 
-/* Decode FFN for the token whose normed input is e->xb (quantized in the
- * activation buffers); out = FFN(x) (accumulate: out += w * FFN(x)). */
-uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *sel)
+uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel)
 {
-    ffn_dec_job j = {e, f, x, FFN_PRED, 0};
+    ffn_dec_job j = {e, f, x, FFN_PRED, 0, n0 < f->n_ff ? n0 : f->n_ff};
     pi2_pool_run(e->pool, pred_fc1_fn, &j);
     for (int r = 0; r < f->rank; r++)
         e->ph[r] = e->ph[r] > 0.0f ? e->ph[r] : 0.0f;
@@ -462,14 +463,21 @@ uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *
         memcpy(sel + n, e->tls[t].list, e->tls[t].n_list * sizeof(uint32_t));
         n += e->tls[t].n_list;
     }
-    e->st.weight_bytes += (uint64_t)f->rank * ((uint64_t)e->d.hidden + f->n_ff) * 4;
+    e->st.weight_bytes += (uint64_t)f->rank * ((uint64_t)e->d.hidden + (f->n_ff - j.n0)) * 4;
     return n;
 }
 
+uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *sel)
+{
+    return eng_predict_from(e, f, x, 0, sel);
+}
+
+/* Decode FFN for the token whose normed input is e->xb (quantized in the
+ * activation buffers); out = FFN(x) (accumulate: out += w * FFN(x)). */
 static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *out, bool accumulate, float w,
                       pi2_err *err)
 {
-    ffn_dec_job j = {e, f, x, FFN_DENSE, 0};
+    ffn_dec_job j = {e, f, x, FFN_DENSE, 0, 0};
     if (!e->dense && f->has_pred) {
         j.mode = FFN_PRED;
         j.n_sel = eng_predict(e, f, x, e->sel);

@@ -133,6 +133,9 @@ void eng_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 /* Predictor of FFN f on input x (D floats): the predicted neurons, in
  * bundled order, into sel; returns their count. */
 uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *sel);
+/* The same picks among neurons [n0, n_ff) only (fc2 rows below n0 are not
+ * read): read-ahead wants only what is not held in memory. */
+uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel);
 /* Dense prefill of neurons [n0, n1) for T tokens whose input is quantized
  * in the activation buffers, added to each thread's partial output (zeroed
  * first when `first`). */

@@ -1227,8 +1227,8 @@ static void pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
 static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
 {
     eng_ofl *x = e->ofl;
-    uint32_t n = eng_predict(e, f, x->pf_in, x->pf_list);
     uint32_t fi = ffn_index(x, f), hot = x->ghot_n[fi];
+    uint32_t n = eng_predict_from(e, f, x->pf_in, hot, x->pf_list);
     pthread_mutex_lock(&x->mu);
     int set = x->pf_cur = (x->pf_cur + 1) % OFL_PF_SETS;
     struct ofl_pf *P = &x->pf[set];

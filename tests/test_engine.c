@@ -15,6 +15,7 @@
 #include "convert/synth.h"
 #include "formats/quant.h"
 #include "runtime/engine.h"
+#include "runtime/engine_internal.h"
 #include "runtime/reference.h"
 #include "tests/testjson.h"
 #include "tests/testmodel.h"
@@ -325,6 +326,45 @@ static void test_sparse_vs_dense(void **state)
     }
 }
 
+/* Read-ahead scores only the neurons not held in memory: the picks from
+ * neuron n0 on are exactly the full predictor's picks at or past n0, in
+ * the same order, for every layer and cut, on 1 and 3 threads. */
+static void test_predict_from(void **state)
+{
+    (void)state;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        pi2_engine *eng = open_model(g_pi2[K_DRELU], threads, false);
+        const pi2_model_desc *d = pi2_engine_desc(eng);
+        float *x = malloc(sizeof(float) * (size_t)d->hidden);
+        pi2_rng r;
+        pi2_rng_seed(&r, 7);
+        for (int l = 0; l < d->n_layers; l++) {
+            const eng_ffn *f = &eng->layers[l].ffn[0];
+            assert_true(f->has_pred);
+            uint32_t *all = malloc(sizeof(uint32_t) * f->n_ff), *part = malloc(sizeof(uint32_t) * f->n_ff);
+            for (int64_t i = 0; i < d->hidden; i++)
+                x[i] = (float)(2 * pi2_rng_uniform(&r) - 1);
+            uint32_t n = eng_predict(eng, f, x, all);
+            assert_true(n > 0 && n < f->n_ff);
+            uint32_t cuts[] = {0, 1, 63, 64, f->n_ff / 2, f->n_ff - 1, f->n_ff, f->n_ff + 5};
+            for (size_t c = 0; c < sizeof cuts / sizeof *cuts; c++) {
+                uint32_t m = eng_predict_from(eng, f, x, cuts[c], part), k = 0;
+                for (uint32_t i = 0; i < n; i++)
+                    if (all[i] >= cuts[c]) {
+                        assert_true(k < m);
+                        assert_int_equal(part[k], all[i]);
+                        k++;
+                    }
+                assert_int_equal(k, m);
+            }
+            free(all);
+            free(part);
+        }
+        free(x);
+        pi2_engine_close(eng);
+    }
+}
+
 /* ---- thread counts and kernel paths ---- */
 
 /* Logits after n tokens: the first `batch` as one prefill, the rest one at
@@ -547,6 +587,7 @@ int main(void)
         cmocka_unit_test_teardown(test_dense_vs_reference, reset_isa),
         cmocka_unit_test_teardown(test_prefill_vs_decode, reset_isa),
         cmocka_unit_test_teardown(test_sparse_vs_dense, reset_isa),
+        cmocka_unit_test_teardown(test_predict_from, reset_isa),
         cmocka_unit_test_teardown(test_threads_and_isa, reset_isa),
         cmocka_unit_test_teardown(test_trust, reset_isa),
         cmocka_unit_test_teardown(test_bad_calls, reset_isa),

@@ -438,17 +438,38 @@ typedef struct dec_reduce_job {
     bool accumulate;
 } dec_reduce_job;
 
+/* out[i] for i in [b, en) = the sum over r < n of base[row_r * stride + i]
+ * (row_r = rows[r], or r when rows is NULL), added in that order from 0
+ * (accumulate: out[i] += w * sum). Column tiles keep the reads sequential
+ * and the adds vectorised; every sum is the same as element by element. */
+void eng_sum_rows(float *out, const float *base, int64_t stride, const uint32_t *rows, int64_t n, int64_t b, int64_t en,
+                  bool accumulate, float w)
+{
+    enum { TILE = 256 };
+    float acc[TILE];
+    for (int64_t i0 = b; i0 < en; i0 += TILE) {
+        int m = (int)(en - i0 < TILE ? en - i0 : TILE);
+        memset(acc, 0, sizeof acc);
+        for (int64_t r = 0; r < n; r++) {
+            const float *src = base + (rows ? (int64_t)rows[r] : r) * stride + i0;
+            if (m == TILE) /* a constant count: the compiler's vector adds */
+                for (int k = 0; k < TILE; k++)
+                    acc[k] += src[k];
+            else
+                for (int k = 0; k < m; k++)
+                    acc[k] += src[k];
+        }
+        for (int k = 0; k < m; k++)
+            out[i0 + k] = accumulate ? out[i0 + k] + w * acc[k] : acc[k];
+    }
+}
+
 static void dec_reduce_fn(void *ctx, int tid, int nt)
 {
     dec_reduce_job *j = ctx;
     int64_t D = j->e->d.hidden, b, en;
     pi2_pool_split(D, 64, tid, nt, &b, &en);
-    for (int64_t i = b; i < en; i++) {
-        float s = 0.0f;
-        for (int64_t c = 0; c < j->chunks; c++)
-            s += j->e->dec_out[c * D + i];
-        j->out[i] = j->accumulate ? j->out[i] + j->w * s : s;
-    }
+    eng_sum_rows(j->out, j->e->dec_out, D, NULL, j->chunks, b, en, j->accumulate, j->w);
 }
 
 uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel)

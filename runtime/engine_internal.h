@@ -136,6 +136,11 @@ uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *
 /* The same picks among neurons [n0, n_ff) only (fc2 rows below n0 are not
  * read): read-ahead wants only what is not held in memory. */
 uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel);
+/* out[i], i in [b, en): the sum over r < n of base[row_r * stride + i]
+ * (row_r = rows[r], or r when rows is NULL), in that order from 0;
+ * accumulate: out[i] += w * sum. */
+void eng_sum_rows(float *out, const float *base, int64_t stride, const uint32_t *rows, int64_t n, int64_t b, int64_t en,
+                  bool accumulate, float w);
 /* Dense prefill of neurons [n0, n1) for T tokens whose input is quantized
  * in the activation buffers, added to each thread's partial output (zeroed
  * first when `first`). */

@@ -122,6 +122,8 @@ typedef struct eng_ofl {
     float *gval;
     uint8_t *flag;
     float *parts;           /* [max_ch][D] */
+    uint32_t *out_rows;     /* [max_ch] the chunks with an output, in order */
+    uint32_t n_out;
     bool fail, finished;
     pi2_err fail_err;
     uint32_t running;       /* chunk steps being computed */
@@ -517,7 +519,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     uint64_t mine = (uint64_t)x->depth * (x->staging_bytes + sizeof(ofl_req) + sizeof(void *)) +
                     OFL_NWIN * x->wbuf_bytes + (uint64_t)x->max_ch * D * 4 + x->rq_cap * sizeof(ofl_rd) +
                     (uint64_t)max_sel * (4 * 4 + 1) + (uint64_t)max_sel * (OFL_PF_SETS * (5 * 4 + 1) + 4) + D * 4 +
-                    (uint64_t)x->max_ch * (sizeof(ofl_chunk) + 4 * 4 + 10) +
+                    (uint64_t)x->max_ch * (sizeof(ofl_chunk) + 5 * 4 + 10) +
                     (uint64_t)x->n_ffn * 64;
     /* cache indexes: 4 bytes per neuron per cache, plus slot records */
     int n_caches = x->two_phase ? 2 : 1;
@@ -719,6 +721,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     x->gval = pi2_malloc_array(max_sel, sizeof *x->gval);
     x->flag = pi2_calloc_array(max_sel, 1);
     x->parts = pi2_malloc_array((size_t)x->max_ch * D, sizeof(float));
+    x->out_rows = pi2_malloc_array(x->max_ch, sizeof *x->out_rows);
     x->ready = pi2_malloc_array(x->ready_cap, sizeof *x->ready);
     x->subs = pi2_malloc_array((size_t)x->depth, sizeof *x->subs);
     x->win_first = pi2_malloc_array(x->n_ffn + 1, sizeof *x->win_first);
@@ -737,7 +740,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     x->pf_list = pi2_malloc_array(max_sel, sizeof *x->pf_list);
     x->pf_in = pi2_malloc_array((size_t)D, sizeof *x->pf_in);
     bool ok = x->reqs && x->free_req && x->staging && x->rq && x->ch && x->ud_wait && x->gslot && x->uslot &&
-              x->fired && x->gval && x->flag && x->parts && x->ready && x->subs && x->win_first && pf_ok &&
+              x->fired && x->gval && x->flag && x->parts && x->out_rows && x->ready && x->subs && x->win_first && pf_ok &&
               x->pf_list && x->pf_in;
     for (int b = 0; ok && b < OFL_NWIN; b++)
         ok = (x->wbuf[b] = pi2_io_alloc_buf((size_t)x->wbuf_bytes)) != NULL;
@@ -830,6 +833,7 @@ void eng_ofl_close(pi2_engine *e)
     free(x->gval);
     free(x->flag);
     free(x->parts);
+    free(x->out_rows);
     free(x->ready);
     free(x->subs);
     free(x->win);
@@ -1619,13 +1623,7 @@ static void reduce_fn(void *ctx, int tid, int nt)
     eng_ofl *x = r->x;
     int64_t D = x->e->d.hidden, b, en;
     pi2_pool_split(D, 64, tid, nt, &b, &en);
-    for (int64_t i = b; i < en; i++) {
-        float sum = 0.0f;
-        for (uint32_t c = 0; c < x->n_ch; c++)
-            if (x->ch[c].has_out)
-                sum += x->parts[(size_t)c * (size_t)D + (size_t)i];
-        r->out[i] = r->accumulate ? r->out[i] + r->w * sum : sum;
-    }
+    eng_sum_rows(r->out, x->parts, D, x->out_rows, x->n_out, b, en, r->accumulate, r->w);
 }
 
 /* After a failed job, no read in flight: drop reservations and holds. */
@@ -1711,6 +1709,10 @@ int eng_ofl_ffn_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode
     x->c_wait += wait / e->threads;
     if (failed)
         return pi2_err_set(err, x->fail_err.code, "%s", x->fail_err.msg);
+    x->n_out = 0;
+    for (uint32_t c = 0; c < x->n_ch; c++)
+        if (x->ch[c].has_out)
+            x->out_rows[x->n_out++] = c;
     ofl_reduce r = {x, out, accumulate, w};
     pi2_pool_run(e->pool, reduce_fn, &r);
     return 0;

@@ -494,6 +494,15 @@ void pi2_io_close(pi2_io *io)
     free(io);
 }
 
+/* CPU seconds used by the whole process (its pread threads too). */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 int pi2_io_bench(pi2_io *io, uint32_t size, int depth, bool sequential, double seconds, pi2_io_bench_result *out,
                  pi2_err *err)
 {
@@ -518,7 +527,7 @@ int pi2_io_bench(pi2_io *io, uint32_t size, int depth, bool sequential, double s
         free_req[n_free++] = &req[i];
     }
     uint64_t slots = (fsize - size) / PI2_IO_ALIGN + 1, seq = 0, x = 0x9e3779b97f4a7c15ull;
-    double t0 = pi2_now(), lat = 0;
+    double t0 = pi2_now(), lat = 0, c0 = cpu_now();
     bool more = true;
     while (rc == 0 && (more || n_free < depth)) {
         while (rc == 0 && more && n_free > 0) {
@@ -568,6 +577,7 @@ int pi2_io_bench(pi2_io *io, uint32_t size, int depth, bool sequential, double s
         out->iops = (double)out->reads / out->seconds;
     }
     out->lat_us = out->reads ? 1e6 * lat / (double)out->reads : 0;
+    out->cpu_us = out->reads ? 1e6 * (cpu_now() - c0) / (double)out->reads : 0;
 out:
     while (io->inflight > 0) { /* an error with reads in flight: drain them */
         pi2_err de = {0};

@@ -108,6 +108,8 @@ typedef struct pi2_io_bench_result {
     double seconds;
     double bytes_per_s, iops;
     double lat_us; /* mean time from submit to completion */
+    double cpu_us; /* process CPU time per read (submitting, reaping, the
+                      kernel's part charged to the process) */
 } pi2_io_bench_result;
 /* Random aligned reads of `size` bytes over the whole file (or one pass of
  * sequential reads when sequential), `depth` in flight, for about `seconds`.

@@ -960,8 +960,9 @@ static int run_io_probe(const run_opts *o)
             pi2_io_bench_result b;
             if ((rc = pi2_io_bench(r, sizes[si], depths[di], false, 0.25, &b, &err)) != 0)
                 break;
-            printf("%s{\"size\":%u,\"depth\":%d,\"bytes_per_s\":%.4g,\"iops\":%.4g,\"lat_us\":%.1f}",
-                   first ? "" : ",", sizes[si], depths[di], b.bytes_per_s, b.iops, b.lat_us);
+            printf("%s{\"size\":%u,\"depth\":%d,\"bytes_per_s\":%.4g,\"iops\":%.4g,\"lat_us\":%.1f,"
+                   "\"cpu_us\":%.2f}",
+                   first ? "" : ",", sizes[si], depths[di], b.bytes_per_s, b.iops, b.lat_us, b.cpu_us);
             first = 0;
         }
     pi2_io_bench_result sq = {0};

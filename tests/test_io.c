@@ -243,7 +243,7 @@ static void test_bench(void **state)
     pi2_io_bench_result r;
     pi2_err e = {0};
     assert_int_equal(pi2_io_bench(io, 16384, 8, false, 0.05, &r, &e), 0);
-    assert_true(r.reads > 0 && r.bytes == r.reads * 16384 && r.bytes_per_s > 0 && r.lat_us > 0);
+    assert_true(r.reads > 0 && r.bytes == r.reads * 16384 && r.bytes_per_s > 0 && r.lat_us > 0 && r.cpu_us > 0);
     assert_int_equal(pi2_io_bench(io, 65536, 4, true, 10, &r, &e), 0);
     assert_int_equal(r.bytes, FILE_BYTES); /* one pass */
     assert_int_equal(pi2_io_inflight(io), 0);

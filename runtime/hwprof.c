@@ -673,7 +673,7 @@ int pi2_hwprof_measure(const pi2_hwprof_opts *o, pi2_hwprof *out, pi2_err *err)
         for (int d = 0; d < PI2_HW_NDEPTHS && rc == 0; d++) {
             pi2_io_bench_result r;
             if ((rc = pi2_io_bench(io, PI2_HW_IO_SIZES[s], PI2_HW_IO_DEPTHS[d], false, pt, &r, err)) == 0)
-                p.io[s][d] = (pi2_hw_io){ r.iops, r.bytes_per_s, r.lat_us, r.cpu_us > 1e-3 ? r.cpu_us : 1e-3 };
+                p.io[s][d] = (pi2_hw_io){ r.iops, r.bytes_per_s, r.lat_us };
         }
     pi2_io_bench_result sq;
     if (rc == 0 && (rc = pi2_io_bench(io, 1u << 20 < fsize ? 1u << 20 : (uint32_t)fsize, 8, true, 2 * pt, &sq, err)) == 0)
@@ -707,7 +707,7 @@ int pi2_hwprof_measure(const pi2_hwprof_opts *o, pi2_hwprof *out, pi2_err *err)
     for (int s = 0; s < PI2_HW_NSIZES; s++)
         for (int d = 0; d < PI2_HW_NDEPTHS; d++) {
             pi2_hw_io *x = &p.io[s][d];
-            *x = (pi2_hw_io){ tidy(x->iops), tidy(x->bytes_per_s), tidy(x->lat_us), tidy(x->cpu_us) };
+            *x = (pi2_hw_io){ tidy(x->iops), tidy(x->bytes_per_s), tidy(x->lat_us) };
         }
     p.seq_bps = tidy(p.seq_bps);
     time_t now = time(NULL);
@@ -899,7 +899,7 @@ static int parse_compute(pctx *c, json_t *e, int i, pi2_hw_compute *x)
 static int parse_storage(pctx *c, json_t *st, pi2_hwprof *p)
 {
     static const char *const keys[] = { "random", "seq_bps" };
-    static const char *const rkeys[] = { "size", "depth", "iops", "bytes_per_s", "lat_us", "cpu_us" };
+    static const char *const rkeys[] = { "size", "depth", "iops", "bytes_per_s", "lat_us" };
     if (!json_is_object(st))
         return jfail(c, PI2_EFORMAT, "storage", "expected an object, got %s", jtype(st));
     int rc = EXACT_KEYS(c, st, "storage", keys);
@@ -931,8 +931,7 @@ static int parse_storage(pctx *c, json_t *st, pi2_hwprof *p)
         pi2_hw_io *x = &p->io[s][d];
         if ((rc = get_num(c, e, w, "iops", false, &x->iops)) ||
             (rc = get_num(c, e, w, "bytes_per_s", false, &x->bytes_per_s)) ||
-            (rc = get_num(c, e, w, "lat_us", false, &x->lat_us)) ||
-            (rc = get_num(c, e, w, "cpu_us", false, &x->cpu_us)))
+            (rc = get_num(c, e, w, "lat_us", false, &x->lat_us)))
             return rc;
     }
     return get_num(c, st, "storage", "seq_bps", false, &p->seq_bps);
@@ -1157,7 +1156,6 @@ static json_t *build(const pi2_hwprof *p, bool *ok)
             jset(e, "iops", jnum(p->io[s][d].iops), ok);
             jset(e, "bytes_per_s", jnum(p->io[s][d].bytes_per_s), ok);
             jset(e, "lat_us", jnum(p->io[s][d].lat_us), ok);
-            jset(e, "cpu_us", jnum(p->io[s][d].cpu_us), ok);
             if (json_array_append_new(ra, e) != 0)
                 *ok = false;
         }
@@ -1371,7 +1369,7 @@ pi2_hw_io pi2_hwprof_io_at(const pi2_hwprof *p, uint32_t size, int depth)
     double f = log((double)size / PI2_HW_IO_SIZES[s]) / log((double)PI2_HW_IO_SIZES[s + 1] / PI2_HW_IO_SIZES[s]);
     pi2_hw_io a = io_env(p, s, d), b = io_env(p, s + 1, d);
     return (pi2_hw_io){ a.iops + f * (b.iops - a.iops), a.bytes_per_s + f * (b.bytes_per_s - a.bytes_per_s),
-                        a.lat_us + f * (b.lat_us - a.lat_us), a.cpu_us + f * (b.cpu_us - a.cpu_us) };
+                        a.lat_us + f * (b.lat_us - a.lat_us) };
 }
 
 const pi2_hw_compute *pi2_hwprof_compute(const pi2_hwprof *p, int t)

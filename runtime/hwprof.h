@@ -30,9 +30,7 @@
  * device_dir and removed after, every read O_DIRECT through runtime/io.h:
  *   io[s][d]      random reads of PI2_HW_IO_SIZES[s] bytes at depth
  *                 PI2_HW_IO_DEPTHS[d] (one I/O thread, io_uring or the pread
- *                 fallback): IOPS, bytes/s, mean latency, and the CPU
- *                 time per read the process spent doing it (what a core
- *                 shared with compute threads loses to the reader);
+ *                 fallback): IOPS, bytes/s, mean latency;
  *   seq_bps       sequential 1 MiB reads at depth 8.
  *
  * ---- Cache ----
@@ -43,8 +41,8 @@
  * where <dev> is the hex st_dev of device_dir. Saving is atomic
  * (temporary file, fsync, rename).
  *
- * ---- JSON (version 2), keys in this order ----
- * { "version": 2, "cpu": str, "isa": str, "threads": int, "device": str
+ * ---- JSON (version 1), keys in this order ----
+ * { "version": 1, "cpu": str, "isa": str, "threads": int, "device": str
  *   (device_dir), "dev": int (st_dev), "io_backend": str,
  *   "measured_at": str (UTC ISO 8601), "seconds": number,
  *   "compute": [ { "threads": t, "mem_bw": x, "int8_peak": x,
@@ -54,8 +52,7 @@
  *                  "down_q8_ns": [..], "down_q4_ns": [..],
  *                  "overlap": x }, ... ]            (t = 1..threads),
  *   "storage": { "random": [ { "size": s, "depth": d, "iops": x,
- *                              "bytes_per_s": x, "lat_us": x,
- *                              "cpu_us": x }, ... ]
+ *                              "bytes_per_s": x, "lat_us": x }, ... ]
  *                          (size-major over the grid below),
  *                "seq_bps": x } }
  * pi2_hwprof_load refuses anything else (exact keys, types, grid, every
@@ -70,7 +67,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define PI2_HW_VERSION 2
+#define PI2_HW_VERSION 1
 #define PI2_HW_MAX_THREADS 16
 #define PI2_HW_NSIZES 7
 #define PI2_HW_NDEPTHS 5
@@ -92,7 +89,6 @@ typedef struct pi2_hw_compute {
 
 typedef struct pi2_hw_io {
     double iops, bytes_per_s, lat_us;
-    double cpu_us; /* CPU time per read (submit, reap, kernel), microseconds */
 } pi2_hw_io;
 
 typedef struct pi2_hwprof {

@@ -348,19 +348,6 @@ static double io_time(const pi2_hwprof *hw, double n, double bytes, int depth)
     return n / io.iops;
 }
 
-/* CPU seconds the reader spends on n reads of bytes in all (the hardware
- * profile's CPU time per read at that size and depth). */
-static double io_cpu(const pi2_hwprof *hw, double n, double bytes, int depth)
-{
-    if (n <= 1e-9)
-        return 0;
-    uint32_t size = (uint32_t)(bytes / n);
-    if (size < PI2_BL_ALIGN)
-        size = PI2_BL_ALIGN;
-    int dd = (double)depth < n ? depth : (int)n;
-    return n * pi2_hwprof_io_at(hw, size, dd < 1 ? 1 : dd).cpu_us * 1e-6;
-}
-
 static double gemv_rate(const pi2_hw_compute *c, pi2_qtype q)
 {
     return q == PI2_QT_Q4 ? c->gemv_q4 : c->gemv_q8;
@@ -409,24 +396,6 @@ static double overlap_of(const pi2_mprof *mp, const pi2_hw_compute *hc, int t)
     return mp->cores > 0 && t + 1 > mp->cores ? 0.0 : hc->overlap;
 }
 
-/* Share of the reader's CPU time that delays the compute threads: none
- * when the I/O thread has a core of its own; else the t threads sharing
- * the cores make up for (t + 1 - cores) / t of it (measured on this engine
- * at 90% offloaded on the generated 7B-shaped model, 2 cores: 1 compute
- * thread decoded 2.94 tok/s, 2 threads 2.59, their I/O thread taking ~6 us
- * of CPU per read at 26K reads per token). */
-static double io_cpu_share(const pi2_mprof *mp, int t)
-{
-    return mp->cores > 0 && t + 1 > mp->cores ? (double)(t + 1 - mp->cores) / t : 0.0;
-}
-
-/* The compute delay of an item's reads: rounds 1 and 2 as item_time. */
-static double item_io_cpu(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, double n1, double b1, double n2,
-                          double b2)
-{
-    return io_cpu_share(mp, c->t) * (io_cpu(hw, n1, b1, c->depth) + io_cpu(hw, n2, b2, c->depth));
-}
-
 /* Read-ahead's predictor run on FFN F with a share `cold` of its neurons
  * not kept: the runtime scores only those (fc1 and their fc2 rows). */
 static double readahead_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, const pi2_mprof_ffn *F, double cold)
@@ -449,8 +418,7 @@ static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c,
     double C = k * (Cf + Ca), W = k * Ca;
     double IO = io_time(hw, n1, b1, c->depth) + io_time(hw, n2, b2, c->depth) +
                 (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
-    double S = item_io_cpu(mp, hw, c, n1, b1, n2, b2);
-    return w * (C + S + IO - overlap_of(mp, hc, c->t) * (W < IO ? W : IO));
+    return w * (C + IO - overlap_of(mp, hc, c->t) * (W < IO ? W : IO));
 }
 
 /* Static-hot reads of FFN fi at (h, g) from suffix sums. */
@@ -519,7 +487,7 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
     size_t n = mp->n_ffn;
     cfg c = {p->threads, p->io_depth, p->gate_first};
     double total = 0, io = 0, io_cal = 0, comp = 0, reads = 0, bytes = 0, parts = 0, served = 0, raw_reads = 0,
-           raw_cold = 0, win = 0, iocpu = 0;
+           raw_cold = 0, win = 0;
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c.t);
     for (uint32_t fi = 0; fi < n; fi++) {
         double n1, b1, n2, b2;
@@ -554,7 +522,6 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
         double IOc = io_time(hw, n1, b1, c.depth) + io_time(hw, n2, b2, c.depth) +
                      (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
         total += item_time(mp, hw, &c, fi, cold, n1, b1, n2, b2);
-        iocpu += w * item_io_cpu(mp, hw, &c, n1, b1, n2, b2);
         comp += w * C;
         io += w * IO;
         io_cal += w * IOc;
@@ -573,7 +540,6 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
     r->raw_cold = raw_cold;
     r->overlap = overlap_of(mp, hc, c.t);
     r->raw_window_ms = win * 1e3;
-    r->iocpu_ms_per_read = reads > 0 ? iocpu * 1e3 / reads : 0;
     r->compute_ms = kc * comp * 1e3;
     r->io_ms = io_cal * 1e3;
     r->head_ms = head * 1e3;
@@ -906,8 +872,6 @@ void pi2_plan_cal_update(pi2_plan_cal *c, const pi2_plan *p, double tok_s, doubl
     /* the run's I/O time under the model: its reads at the model's cost per read */
     double per = r->raw_reads > 0 ? r->raw_io_ms / r->raw_reads : 0;
     double IO = reads > 0 && per > 0 ? reads * per : 0, ov = r->overlap;
-    /* and its reads' CPU time taken from the compute threads */
-    T -= reads * r->iocpu_ms_per_read;
     /* T = k C + IO - ov min(k C, IO), solved for k (both branches of min);
      * runs dominated by reads say little about compute: weigh by the
      * model's compute share, less where k hides under the reads */
@@ -938,7 +902,7 @@ void pi2_plan_cal_update(pi2_plan_cal *c, const pi2_plan *p, double tok_s, doubl
 int pi2_plan_cal_save(const pi2_plan_cal *c, const char *path, pi2_err *err)
 {
     char buf[2048];
-    int n = snprintf(buf, sizeof buf, "{\"version\":5,\"extra_reads\":%.9g,\"runs\":%d,\"reads_sums\":[%.9g,%.9g],"
+    int n = snprintf(buf, sizeof buf, "{\"version\":4,\"extra_reads\":%.9g,\"runs\":%d,\"reads_sums\":[%.9g,%.9g],"
                                       "\"compute_sums\":[",
                      c->extra, c->runs, c->s_ex, c->n_ex);
     for (int i = 0; i < PI2_HW_MAX_THREADS; i++)
@@ -972,7 +936,7 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err)
            *r = o ? json_object_get(o, "runs") : NULL, *rs = o ? json_object_get(o, "reads_sums") : NULL,
            *cs = o ? json_object_get(o, "compute_sums") : NULL;
     bool ok = o && json_is_object(o) && json_object_size(o) == 5 && json_is_integer(v) &&
-              json_integer_value(v) == 5 && json_is_number(x) && json_is_integer(r) && json_is_array(rs) &&
+              json_integer_value(v) == 4 && json_is_number(x) && json_is_integer(r) && json_is_array(rs) &&
               json_array_size(rs) == 2 && json_is_array(cs) && json_array_size(cs) == PI2_HW_MAX_THREADS;
     double vals[2 + 2 * PI2_HW_MAX_THREADS];
     for (size_t i = 0; ok && i < 2; i++)
@@ -986,7 +950,7 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err)
                  (vals[2 + 2 * i + j] = json_number_value(json_array_get(pair, j))) >= 0 && isfinite(vals[2 + 2 * i + j]);
     }
     if (!ok)
-        rc = pi2_err_set(err, PI2_EFORMAT, "%s: not a pi2 model calibration (version 5)", path);
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: not a pi2 model calibration (version 4)", path);
     else if (!(json_number_value(x) >= 0 && json_number_value(x) < 1e7) || json_integer_value(r) < 0 ||
              json_integer_value(r) > 1000000)
         rc = pi2_err_set(err, PI2_ERANGE, "%s: calibration figures out of range", path);

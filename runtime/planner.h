@@ -35,16 +35,12 @@
  *   C_l   attention weights / gemv_q8(t) + KV reads / mem_bw(t)
  *         + predictor bytes / sgemv(t)
  *         + sel_f * gather(R) + fired_f * (gather(R) + down(R))   (ns/row)
- *         + read-ahead's predictor over the cold share of the neurons
  *   IO_l  reads_f(H, G) at request size s: n / iops(s, min(d, n)) for
  *         n >= 1 reads, n * latency(s, 1) below one; two-phase with
  *         gate-first (or gates kept hot without their up+down) adds the
  *         up+down round of the fired groups; plus the I/O thread's copy
  *         of the bytes read (bytes / mem_bw(1));
- *   S_l   the I/O thread's CPU time on those reads (cpu_us(s, d) each)
- *         times (t + 1 - cores) / t when it shares the cores with the t
- *         compute threads, else 0: the compute it delays;
- *   t_l   k_c C_l + S_l + IO_l - overlap(t) * min(k_c A_l, IO_l), IO_l with the
+ *   t_l   k_c C_l + IO_l - overlap(t) * min(k_c A_l, IO_l), IO_l with the
  *         learned read-ahead reads (extra x cold share, one neuron each),
  *         overlap(t) the hardware profile's when the I/O thread has a core
  *         of its own (t < cores), else 0: on 2 cores, 2 compute threads and
@@ -134,8 +130,7 @@ typedef struct pi2_mprof_ffn {
  *   compute  a factor on the model's compute time per thread count:
  *            dispatch, imbalance and per-layer work the kernel figures miss
  *            (1.26 on the generated 7B-shaped model, 2 threads; 1.09 with
- *            1, before the reader's CPU time was its own term S); each run
- *            gives one from T = k C + S + IO - overlap min(k A, IO),
+ *            1); each run gives one from T = k C + IO - overlap min(k A, IO),
  *            weighed by the model's compute share (older runs weigh 0.8 per
  *            newer one); a thread count not run yet takes the others' mean;
  *   extra    reads per token per FFN, at a cold share of 1, of neurons the
@@ -194,7 +189,6 @@ typedef struct pi2_plan {
         double raw_compute_ms, raw_io_ms, raw_reads, raw_cold; /* before calibration (cold: sum of FFN cold shares) */
         double overlap;       /* used */
         double raw_window_ms; /* compute the reads can hide under (the layers' attention) */
-        double iocpu_ms_per_read; /* compute delay per read of the reader's CPU time (shared cores) */
     } pred;
 } pi2_plan;
 
@@ -244,7 +238,7 @@ void pi2_plan_cal_defaults(pi2_plan_cal *c);
  * tok/s and reads per token. Runs with fewer than 8 tokens should not be
  * passed. */
 void pi2_plan_cal_update(pi2_plan_cal *c, const pi2_plan *p, double tok_s, double reads);
-/* {"version":5,"extra_reads":x,"runs":n,"reads_sums":[2],"compute_sums":[[w,wk] x 16]}; load gives
+/* {"version":4,"extra_reads":x,"runs":n,"reads_sums":[2],"compute_sums":[[w,wk] x 16]}; load gives
  * PI2_ENOTFOUND for a missing file, PI2_EFORMAT / PI2_ERANGE for a bad one. */
 int pi2_plan_cal_save(const pi2_plan_cal *c, const char *path, pi2_err *err);
 int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err);

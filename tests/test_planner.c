@@ -416,8 +416,8 @@ static void test_calibration(void **state)
         assert_true(fabs(d.s_w[t] - c.s_w[t]) <= 1e-8 * (c.s_w[t] + 1e-30) + 1e-30);
     static const char *const bad[] = {
         "", "{}", "[]", "{\"version\":3}",
-        "{\"version\":5,\"extra_reads\":-1,\"runs\":1,\"reads_sums\":[0,0],\"compute_sums\":[]}",
-        "{\"version\":5,\"extra_reads\":1,\"runs\":1,\"reads_sums\":[0,0],\"compute_sums\":[[1,99],[0,0],[0,0],[0,0],[0,0],"
+        "{\"version\":4,\"extra_reads\":-1,\"runs\":1,\"reads_sums\":[0,0],\"compute_sums\":[]}",
+        "{\"version\":4,\"extra_reads\":1,\"runs\":1,\"reads_sums\":[0,0],\"compute_sums\":[[1,99],[0,0],[0,0],[0,0],[0,0],"
         "[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0]]}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

@@ -44,7 +44,6 @@ static inline void pi2t_fake_hw(pi2_hwprof *hw, int threads)
             hw->io[i][j].iops = iops;
             hw->io[i][j].bytes_per_s = iops * size;
             hw->io[i][j].lat_us = d / iops * 1e6;
-            hw->io[i][j].cpu_us = 4.0 + size / 8192.0; /* per read: the system call, the copy */
         }
     hw->seq_bps = 2e9;
 }

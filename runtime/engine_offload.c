@@ -137,6 +137,8 @@ typedef struct eng_ofl {
     pthread_cond_t cv_io, cv_compute, cv_stream;
     pthread_t th;
     bool th_started, stop;
+    bool pinned;     /* threads placed by pi2_cpus_split: restore at close */
+    pi2_cpus cpus;
 
     /* prefill stream */
     ofl_win *win;           /* streamed windows, in consumption order */
@@ -776,6 +778,12 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     if (pthread_create(&x->th, NULL, io_main, x) != 0)
         return pi2_err_set(err, PI2_EIO, "%s: cannot start the I/O thread", e->path);
     x->th_started = true;
+    /* a CPU of its own for the I/O thread when the compute threads leave
+     * one free (runtime/pool.h); the caller's mask comes back at close */
+    if (pi2_cpus_split(e->threads, &x->cpus) && pi2_thread_pin(x->th, x->cpus.io)) {
+        pi2_pool_pin(e->pool, x->cpus.pool);
+        x->pinned = true;
+    }
     /* the container's pages touched while opening are not needed any more */
     pi2_ctr_drop_pages(pi2_bundle_container(e->b));
     return 0;
@@ -786,6 +794,8 @@ void eng_ofl_close(pi2_engine *e)
     eng_ofl *x = e->ofl;
     if (!x)
         return;
+    if (x->pinned) /* the workers go with the pool; the caller gets its mask back */
+        pi2_thread_pin(pthread_self(), x->cpus.all);
     if (x->th_started) {
         pthread_mutex_lock(&x->mu);
         x->stop = true;

@@ -149,6 +149,45 @@ void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx)
     }
 }
 
+_Static_assert(sizeof(cpu_set_t) == 128, "cpu_set_t is 1024 bits");
+
+bool pi2_cpus_split(int n, pi2_cpus *out)
+{
+    cpu_set_t all, pool, io;
+    memset(out, 0, sizeof *out);
+    if (n < 1 || sched_getaffinity(0, sizeof all, &all) != 0 || CPU_COUNT(&all) <= n)
+        return false;
+    CPU_ZERO(&pool);
+    CPU_ZERO(&io);
+    int k = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) {
+            if (k++ < n)
+                CPU_SET(c, &pool);
+            else
+                CPU_SET(c, &io);
+        }
+    memcpy(out->all, &all, sizeof all);
+    memcpy(out->pool, &pool, sizeof pool);
+    memcpy(out->io, &io, sizeof io);
+    return true;
+}
+
+bool pi2_thread_pin(pthread_t thread, const unsigned char cpus[128])
+{
+    cpu_set_t set;
+    memcpy(&set, cpus, sizeof set);
+    return pthread_setaffinity_np(thread, sizeof set, &set) == 0;
+}
+
+bool pi2_pool_pin(pi2_pool *p, const unsigned char cpus[128])
+{
+    bool ok = pi2_thread_pin(pthread_self(), cpus);
+    for (int i = 1; i <= p->started; i++)
+        ok = pi2_thread_pin(p->threads[i], cpus) && ok;
+    return ok;
+}
+
 void pi2_pool_split(int64_t n, int64_t grain, int tid, int nt, int64_t *begin, int64_t *end)
 {
     if (grain < 1)

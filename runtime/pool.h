@@ -15,6 +15,8 @@
 
 #include "formats/common.h"
 
+#include <pthread.h>
+
 typedef struct pi2_pool pi2_pool;
 typedef void (*pi2_pool_fn)(void *ctx, int tid, int nthreads);
 
@@ -27,6 +29,25 @@ void pi2_pool_free(pi2_pool *p);
 int pi2_pool_size(const pi2_pool *p);
 /* Run fn on every thread and wait (see above). */
 void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx);
+
+/* CPU placement for a pool and one I/O thread (Linux affinity masks).
+ * When the calling thread's allowed CPUs outnumber the pool's threads,
+ * pi2_cpus_split gives the pool the first n of them and the I/O thread
+ * the rest, and returns true; otherwise (or when the mask cannot be read)
+ * false and nothing to do. Left to the scheduler, the I/O thread woke on
+ * whichever CPU took the disk's interrupt and time-shared a compute
+ * thread's core while the other core idled: 1 compute thread with the
+ * reader pinned apart decoded the 7B-shaped model 35% faster at 90%
+ * offloaded. */
+typedef struct pi2_cpus {
+    unsigned char all[128], pool[128], io[128]; /* cpu_set_t bytes (1024 CPUs) */
+} pi2_cpus;
+bool pi2_cpus_split(int n, pi2_cpus *out);
+/* Pin every pool thread, the caller (thread 0) included, to `cpus` (a
+ * pi2_cpus set); false if any could not be pinned. */
+bool pi2_pool_pin(pi2_pool *p, const unsigned char cpus[128]);
+/* Pin one thread, or restore the caller's mask (cpus: pi2_cpus.all). */
+bool pi2_thread_pin(pthread_t thread, const unsigned char cpus[128]);
 
 /* Static partition of [0, n) into nt nearly equal parts whose boundaries
  * are multiples of `grain` (>= 1) except the last: part tid is

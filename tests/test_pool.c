@@ -9,7 +9,9 @@
 
 #include "runtime/pool.h"
 
+#include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -111,6 +113,60 @@ static void test_after_idle(void **state)
     pi2_pool_free(p);
 }
 
+/* Each thread's CPU mask, taken inside a job. */
+static cpu_set_t g_masks[8];
+static void mask_fn(void *ctx, int tid, int nt)
+{
+    (void)ctx;
+    (void)nt;
+    sched_getaffinity(0, sizeof g_masks[tid], &g_masks[tid]);
+}
+
+/* pi2_cpus_split gives the pool the first n allowed CPUs and the I/O
+ * thread the rest (nothing when no CPU is left over); pi2_pool_pin puts
+ * every pool thread there, and pi2_thread_pin gives the caller its mask
+ * back. */
+static void test_cpus(void **state)
+{
+    (void)state;
+    cpu_set_t all;
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    int ncpu = CPU_COUNT(&all);
+    pi2_cpus c;
+    assert_false(pi2_cpus_split(ncpu, &c));
+    assert_false(pi2_cpus_split(ncpu + 3, &c));
+    assert_false(pi2_cpus_split(0, &c));
+    if (ncpu < 2) {
+        fprintf(stderr, "  one CPU allowed here: no split to check\n");
+        return;
+    }
+    int n = ncpu - 1 < 2 ? ncpu - 1 : 2;
+    assert_true(pi2_cpus_split(n, &c));
+    cpu_set_t pool, io, both, uni;
+    memcpy(&pool, c.pool, sizeof pool);
+    memcpy(&io, c.io, sizeof io);
+    assert_int_equal(CPU_COUNT(&pool), n);
+    assert_int_equal(CPU_COUNT(&io), ncpu - n);
+    CPU_AND(&both, &pool, &io);
+    assert_int_equal(CPU_COUNT(&both), 0);
+    CPU_OR(&uni, &pool, &io);
+    assert_true(CPU_EQUAL(&uni, &all));
+    assert_memory_equal(c.all, &all, sizeof all);
+
+    pi2_pool *p = NULL;
+    pi2_err e = {0};
+    assert_int_equal(pi2_pool_create(&p, n, &e), 0);
+    assert_true(pi2_pool_pin(p, c.pool));
+    pi2_pool_run(p, mask_fn, NULL);
+    for (int t = 0; t < n; t++)
+        assert_true(CPU_EQUAL(&g_masks[t], &pool));
+    assert_true(pi2_thread_pin(pthread_self(), c.all));
+    cpu_set_t back;
+    assert_int_equal(sched_getaffinity(0, sizeof back, &back), 0);
+    assert_true(CPU_EQUAL(&back, &all));
+    pi2_pool_free(p);
+}
+
 static void test_bad_sizes(void **state)
 {
     (void)state;
@@ -131,6 +187,7 @@ int main(void)
         cmocka_unit_test(test_partitions),
         cmocka_unit_test(test_after_idle),
         cmocka_unit_test(test_bad_sizes),
+        cmocka_unit_test(test_cpus),
     };
     return cmocka_run_group_tests_name("pool", tests, NULL, NULL);
 }

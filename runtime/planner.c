@@ -214,10 +214,8 @@ int pi2_mprof_build(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundle_layo
         }
         mp->ffn_total += (uint64_t)b->groups * b->slot_bytes;
         const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
-        if (ml && ml->has_predictor) {
-            F->pred_rank = (uint32_t)ml->predictor.rank;
-            F->pred_bytes = (uint64_t)F->pred_rank * ((uint64_t)d->hidden + b->neurons) * 4;
-        }
+        if (ml && ml->has_predictor)
+            F->pred_bytes = (uint64_t)ml->predictor.rank * ((uint64_t)d->hidden + b->neurons) * 4;
         F->p = pi2_calloc_array(b->groups, sizeof *F->p);
         F->n = pi2_calloc_array(b->groups, sizeof *F->n);
         F->q = pi2_calloc_array(b->groups, sizeof *F->q);
@@ -396,25 +394,14 @@ static double overlap_of(const pi2_mprof *mp, const pi2_hw_compute *hc, int t)
     return mp->cores > 0 && t + 1 > mp->cores ? 0.0 : hc->overlap;
 }
 
-/* Read-ahead's predictor run on FFN F with a share `cold` of its neurons
- * not kept: the runtime scores only those (fc1 and their fc2 rows). */
-static double readahead_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, const pi2_mprof_ffn *F, double cold)
-{
-    if (cold <= 0 || F->pred_rank == 0)
-        return 0;
-    return (double)F->pred_rank * ((double)mp->hidden + cold * F->neurons) * 4 / pi2_hwprof_compute(hw, t)->sgemv;
-}
-
 /* Seconds per token of one FFN item (with its share of the layer's
- * attention) given its reads: round 1 (n1 reads, b1 bytes) and round 2;
- * `cold` is the share of its neurons not kept (read-ahead's predictor). */
-static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, double cold, double n1,
-                        double b1, double n2, double b2)
+ * attention) given its reads: round 1 (n1 reads, b1 bytes) and round 2. */
+static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, double n1, double b1,
+                        double n2, double b2)
 {
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c->t);
     double w = mp->ffn[fi].w, k = cal_compute(mp, c->t);
-    double Cf = ffn_compute(mp, hw, c->t, fi) + readahead_compute(mp, hw, c->t, &mp->ffn[fi], cold);
-    double Ca = attn_compute(mp, hw, c->t) / mp->top_k;
+    double Cf = ffn_compute(mp, hw, c->t, fi), Ca = attn_compute(mp, hw, c->t) / mp->top_k;
     double C = k * (Cf + Ca), W = k * Ca;
     double IO = io_time(hw, n1, b1, c->depth) + io_time(hw, n2, b2, c->depth) +
                 (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
@@ -509,19 +496,18 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
             served += F->sel + (mp->two_phase ? F->fired : 0) - miss;
         }
         double w = F->w;
-        double cold = cold_share(mp, F, p->hot_groups[fi], p->gate_groups[fi]);
-        double Cf = ffn_compute(mp, hw, c.t, fi) + readahead_compute(mp, hw, c.t, F, cold);
-        double Ca = attn_compute(mp, hw, c.t) / mp->top_k;
+        double Cf = ffn_compute(mp, hw, c.t, fi), Ca = attn_compute(mp, hw, c.t) / mp->top_k;
         double C = Cf + Ca;
         win += w * Ca;
         double IO = io_time(hw, n1, b1, c.depth) + io_time(hw, n2, b2, c.depth) +
                     (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
+        double cold = cold_share(mp, F, p->hot_groups[fi], p->gate_groups[fi]);
         raw_reads += w * (n1 + n2);
         raw_cold += w * cold;
         add_extra(mp, cold, mp->cal.extra, &n1, &b1);
         double IOc = io_time(hw, n1, b1, c.depth) + io_time(hw, n2, b2, c.depth) +
                      (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
-        total += item_time(mp, hw, &c, fi, cold, n1, b1, n2, b2);
+        total += item_time(mp, hw, &c, fi, n1, b1, n2, b2);
         comp += w * C;
         io += w * IO;
         io_cal += w * IOc;
@@ -621,9 +607,8 @@ static int item_build(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, u
             uint64_t u = (hot_bytes_of(mp, h, g) + unit - 1) / unit;
             double n1, b1, n2, b2;
             static_reads(mp, x, c->gf, h, g, &n1, &b1, &n2, &b2);
-            double cold = cold_share(mp, F, h, g);
-            add_extra(mp, cold, mp->cal.extra, &n1, &b1);
-            double t = item_time(mp, hw, c, fi, cold, n1, b1, n2, b2);
+            add_extra(mp, cold_share(mp, F, h, g), mp->cal.extra, &n1, &b1);
+            double t = item_time(mp, hw, c, fi, n1, b1, n2, b2);
             if (t < io->cost[u]) {
                 io->cost[u] = t;
                 io->h[u] = h;
@@ -753,7 +738,7 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
                     for (uint32_t i = 0; i < n; i++) {
                         double n1, b1, n2, b2;
                         static_reads(mp, &sx[i], c.gf, mp->ffn[i].groups, mp->ffn[i].groups, &n1, &b1, &n2, &b2);
-                        tot += item_time(mp, hw, &c, i, 0, n1, b1, n2, b2);
+                        tot += item_time(mp, hw, &c, i, n1, b1, n2, b2);
                     }
                 } else {
                     uint32_t step = (mp->ffn[0].groups + levels - 1) / levels;

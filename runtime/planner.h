@@ -114,7 +114,6 @@ typedef struct pi2_mprof_ffn {
     double read_eff;   /* bundle's cold read efficiency (0 when unknown) */
     double w;          /* runs per token: 1 dense; an expert top-k x its routing share */
     uint64_t pred_bytes;
-    uint32_t pred_rank; /* predictor rank (0: none) */
     double *p;         /* [groups] share of tokens that select any neuron of the group */
     double *n;         /* [groups] mean selected neurons of the group per token */
     double *q;         /* [groups] share of tokens where a neuron of the group fires */

@@ -780,8 +780,8 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     x->th_started = true;
     /* a CPU of its own for the I/O thread when the compute threads leave
      * one free (runtime/pool.h); the caller's mask comes back at close */
-    if (pi2_cpus_split(e->threads, &x->cpus) && pi2_thread_pin(x->th, x->cpus.io)) {
-        pi2_pool_pin(e->pool, x->cpus.pool);
+    if (pi2_cpus_split(e->threads, &x->cpus) && pi2_thread_pin(x->th, &x->cpus.io)) {
+        pi2_pool_pin(e->pool, &x->cpus.pool);
         x->pinned = true;
     }
     /* the container's pages touched while opening are not needed any more */
@@ -795,7 +795,7 @@ void eng_ofl_close(pi2_engine *e)
     if (!x)
         return;
     if (x->pinned) /* the workers go with the pool; the caller gets its mask back */
-        pi2_thread_pin(pthread_self(), x->cpus.all);
+        pi2_thread_pin(pthread_self(), &x->cpus.all);
     if (x->th_started) {
         pthread_mutex_lock(&x->mu);
         x->stop = true;

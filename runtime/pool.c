@@ -149,38 +149,23 @@ void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx)
     }
 }
 
-_Static_assert(sizeof(cpu_set_t) == 128, "cpu_set_t is 1024 bits");
-
 bool pi2_cpus_split(int n, pi2_cpus *out)
 {
-    cpu_set_t all, pool, io;
     memset(out, 0, sizeof *out);
-    if (n < 1 || sched_getaffinity(0, sizeof all, &all) != 0 || CPU_COUNT(&all) <= n)
+    if (n < 1 || sched_getaffinity(0, sizeof out->all, &out->all) != 0 || CPU_COUNT(&out->all) <= n)
         return false;
-    CPU_ZERO(&pool);
-    CPU_ZERO(&io);
-    int k = 0;
-    for (int c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &all)) {
-            if (k++ < n)
-                CPU_SET(c, &pool);
-            else
-                CPU_SET(c, &io);
-        }
-    memcpy(out->all, &all, sizeof all);
-    memcpy(out->pool, &pool, sizeof pool);
-    memcpy(out->io, &io, sizeof io);
+    for (int c = 0, k = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &out->all))
+            CPU_SET(c, k++ < n ? &out->pool : &out->io);
     return true;
 }
 
-bool pi2_thread_pin(pthread_t thread, const unsigned char cpus[128])
+bool pi2_thread_pin(pthread_t thread, const cpu_set_t *cpus)
 {
-    cpu_set_t set;
-    memcpy(&set, cpus, sizeof set);
-    return pthread_setaffinity_np(thread, sizeof set, &set) == 0;
+    return pthread_setaffinity_np(thread, sizeof *cpus, cpus) == 0;
 }
 
-bool pi2_pool_pin(pi2_pool *p, const unsigned char cpus[128])
+bool pi2_pool_pin(pi2_pool *p, const cpu_set_t *cpus)
 {
     bool ok = pi2_thread_pin(pthread_self(), cpus);
     for (int i = 1; i <= p->started; i++)

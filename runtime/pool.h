@@ -16,6 +16,7 @@
 #include "formats/common.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 typedef struct pi2_pool pi2_pool;
 typedef void (*pi2_pool_fn)(void *ctx, int tid, int nthreads);
@@ -40,14 +41,14 @@ void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx);
  * reader pinned apart decoded the 7B-shaped model 35% faster at 90%
  * offloaded. */
 typedef struct pi2_cpus {
-    unsigned char all[128], pool[128], io[128]; /* cpu_set_t bytes (1024 CPUs) */
+    cpu_set_t all, pool, io;
 } pi2_cpus;
 bool pi2_cpus_split(int n, pi2_cpus *out);
-/* Pin every pool thread, the caller (thread 0) included, to `cpus` (a
- * pi2_cpus set); false if any could not be pinned. */
-bool pi2_pool_pin(pi2_pool *p, const unsigned char cpus[128]);
-/* Pin one thread, or restore the caller's mask (cpus: pi2_cpus.all). */
-bool pi2_thread_pin(pthread_t thread, const unsigned char cpus[128]);
+/* Pin every pool thread, the caller (thread 0) included, to `cpus`; false
+ * if any could not be pinned. */
+bool pi2_pool_pin(pi2_pool *p, const cpu_set_t *cpus);
+/* Pin one thread, or restore the caller's mask (cpus: &pi2_cpus.all). */
+bool pi2_thread_pin(pthread_t thread, const cpu_set_t *cpus);
 
 /* Static partition of [0, n) into nt nearly equal parts whose boundaries
  * are multiples of `grain` (>= 1) except the last: part tid is

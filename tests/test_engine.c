@@ -365,6 +365,38 @@ static void test_predict_from(void **state)
     }
 }
 
+/* The decode sums over column tiles: every output bit-for-bit the plain
+ * element-by-element sum in row order, over whole tiles and a ragged tail,
+ * with a row list and without, set and accumulated. */
+static void test_sum_rows(void **state)
+{
+    (void)state;
+    enum { ROWS = 37, STRIDE = 700 };
+    float *base = malloc(sizeof(float) * ROWS * STRIDE), out[STRIDE], want[STRIDE];
+    pi2_rng r;
+    pi2_rng_seed(&r, 11);
+    for (int i = 0; i < ROWS * STRIDE; i++)
+        base[i] = (float)(pi2_rng_uniform(&r) * 2e3 - 1e3) * (i % 7 == 0 ? 1e-4f : 1.0f);
+    const uint32_t rows[] = {36, 0, 5, 5, 17, 2, 30};
+    const int64_t spans[][2] = {{0, 700}, {3, 259}, {256, 512}, {650, 700}, {10, 10}};
+    for (int use = 0; use < 2; use++)
+        for (int acc = 0; acc < 2; acc++)
+            for (size_t sp = 0; sp < sizeof spans / sizeof *spans; sp++) {
+                int64_t b = spans[sp][0], en = spans[sp][1], n = use ? 7 : ROWS;
+                for (int i = 0; i < STRIDE; i++)
+                    out[i] = want[i] = (float)i * 0.5f;
+                for (int64_t i = b; i < en; i++) {
+                    float s = 0.0f;
+                    for (int64_t k = 0; k < n; k++)
+                        s += base[(use ? (int64_t)rows[k] : k) * STRIDE + i];
+                    want[i] = acc ? want[i] + 0.75f * s : s;
+                }
+                eng_sum_rows(out, base, STRIDE, use ? rows : NULL, n, b, en, acc != 0, 0.75f);
+                assert_memory_equal(out, want, sizeof out);
+            }
+    free(base);
+}
+
 /* ---- thread counts and kernel paths ---- */
 
 /* Logits after n tokens: the first `batch` as one prefill, the rest one at
@@ -588,6 +620,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefill_vs_decode, reset_isa),
         cmocka_unit_test_teardown(test_sparse_vs_dense, reset_isa),
         cmocka_unit_test_teardown(test_predict_from, reset_isa),
+        cmocka_unit_test_teardown(test_sum_rows, reset_isa),
         cmocka_unit_test_teardown(test_threads_and_isa, reset_isa),
         cmocka_unit_test_teardown(test_trust, reset_isa),
         cmocka_unit_test_teardown(test_bad_calls, reset_isa),

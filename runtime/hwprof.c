@@ -533,6 +533,14 @@ static int measure_threads(hw_bench *b, int t, double pt, pi2_io *io, uint64_t f
         b->pool = NULL;
         return pi2_err_set(err, PI2_ENOMEM, "hardware profile: out of memory for read buffers");
     }
+    /* placed as the offloading engine places its threads: the reader on
+     * the CPUs the compute threads leave free, if any (runtime/pool.h) */
+    pi2_cpus cpus;
+    bool pinned = pi2_cpus_split(t, &cpus) && pi2_pool_pin(b->pool, &cpus.pool);
+    pthread_attr_t attr;
+    bool attr_ok = pthread_attr_init(&attr) == 0;
+    if (attr_ok && pinned)
+        pthread_attr_setaffinity_np(&attr, sizeof cpus.io, &cpus.io);
     set_job(b, J_GEMV, PI2_QT_Q4, HW_NMAX, 1, HW_NMAX);
     double tc, ti;
     run_jobs(b, 0, n_jobs, &tc);
@@ -544,7 +552,7 @@ static int measure_threads(hw_bench *b, int t, double pt, pi2_io *io, uint64_t f
     if (rc == 0) {
         pthread_t th;
         t0 = pi2_now();
-        int e = pthread_create(&th, NULL, rd_main, &rd);
+        int e = pthread_create(&th, attr_ok ? &attr : NULL, rd_main, &rd);
         if (e != 0) {
             rc = pi2_err_set(err, e == EAGAIN ? PI2_ENOMEM : PI2_EIO, "hardware profile: cannot start the I/O thread: %s",
                              strerror(e));
@@ -560,6 +568,10 @@ static int measure_threads(hw_bench *b, int t, double pt, pi2_io *io, uint64_t f
             c->overlap = ov < 0 ? 0 : ov > 1 ? 1 : ov;
         }
     }
+    if (attr_ok)
+        pthread_attr_destroy(&attr);
+    if (pinned) /* the workers go with the pool; the caller gets its mask back */
+        pi2_thread_pin(pthread_self(), &cpus.all);
     pi2_io_free_buf(buf);
     pi2_pool_free(b->pool);
     b->pool = NULL;

@@ -24,8 +24,11 @@
  *   overlap       how well compute hides reads: compute alone (gemv Q4 on t
  *                 threads) for Tc, reads alone (16 KiB random O_DIRECT reads
  *                 at depth 32 on the storage file, one I/O thread) for Ti,
- *                 then both at once for Tb; overlap = clamp((Tc + Ti - Tb) /
- *                 min(Tc, Ti), 0, 1): 1 = fully hidden, 0 = serialised.
+ *                 then both at once for Tb, the I/O thread placed as the
+ *                 offloading engine places it (on the CPUs the t compute
+ *                 threads leave free, when there are any); overlap =
+ *                 clamp((Tc + Ti - Tb) / min(Tc, Ti), 0, 1): 1 = fully
+ *                 hidden, 0 = serialised.
  * Storage, on a scratch file of `file_mb` MiB written (and fsynced) in
  * device_dir and removed after, every read O_DIRECT through runtime/io.h:
  *   io[s][d]      random reads of PI2_HW_IO_SIZES[s] bytes at depth

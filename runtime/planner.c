@@ -351,30 +351,61 @@ static double gemv_rate(const pi2_hw_compute *c, pi2_qtype q)
     return q == PI2_QT_Q4 ? c->gemv_q4 : c->gemv_q8;
 }
 
-/* The model's learned compute factor for t threads: its own, else the mean
- * of the thread counts learned, else 1. */
-static double cal_compute(const pi2_mprof *mp, int t)
+#define CAL_PRIOR 0.25 /* weight of the other thread counts' mean in one's factor */
+
+/* A learned factor for t threads from its sums (w, wk per thread count):
+ * its own mean leaning on the mean over all thread counts by CAL_PRIOR, so
+ * a thread count run little or not at all takes the others' factor; 1
+ * before any run. */
+static double cal_factor(const double *w, const double *wk, int t)
 {
-    const pi2_plan_cal *c = &mp->cal;
-    if (t >= 1 && t <= PI2_HW_MAX_THREADS && c->s_w[t - 1] > 1e-9)
-        return c->s_wk[t - 1] / c->s_w[t - 1];
-    double w = 0, wk = 0;
+    double sw = 0, swk = 0;
     for (int i = 0; i < PI2_HW_MAX_THREADS; i++) {
-        w += c->s_w[i];
-        wk += c->s_wk[i];
+        sw += w[i];
+        swk += wk[i];
     }
-    return w > 1e-9 ? wk / w : 1.0;
+    double prior = sw > 1e-9 ? swk / sw : 1.0;
+    if (t < 1 || t > PI2_HW_MAX_THREADS)
+        return prior;
+    return (wk[t - 1] + CAL_PRIOR * prior) / (w[t - 1] + CAL_PRIOR);
 }
 
-/* Compute seconds of FFN fi per token where it runs (predictor + sparse rows). */
-static double ffn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uint32_t fi)
+static double cal_compute(const pi2_plan_cal *c, int t)
+{
+    return cal_factor(c->s_w, c->s_wk, t);
+}
+
+static double cal_io(const pi2_plan_cal *c, int t)
+{
+    return cal_factor(c->s_io_w, c->s_io_wk, t);
+}
+
+/* Compute seconds of FFN fi per token where it runs: the predictor, plus
+ * the sparse rows in *rows. */
+static double ffn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uint32_t fi, double *rows)
 {
     const pi2_hw_compute *c = pi2_hwprof_compute(hw, t);
     const pi2_mprof_ffn *F = &mp->ffn[fi];
     const double *g = mp->q_ffn == PI2_QT_Q4 ? c->gather_q4_ns : c->gather_q8_ns;
     const double *dn = mp->q_ffn == PI2_QT_Q4 ? c->down_q4_ns : c->down_q8_ns;
     double row = pi2_hwprof_row_ns(g, mp->hidden) * 1e-9, drow = pi2_hwprof_row_ns(dn, mp->hidden) * 1e-9;
-    return (double)F->pred_bytes / c->sgemv + F->sel * row + F->fired * (row + drow);
+    *rows = F->sel * row + F->fired * (row + drow);
+    return (double)F->pred_bytes / c->sgemv + *rows;
+}
+
+/* Parts (a neuron, or two-phase a gate and an up+down) FFN F computes per
+ * token, and of them the ones read, at (h, g): nN the suffix sums of F->n. */
+static double ffn_parts(const pi2_mprof *mp, const pi2_mprof_ffn *F)
+{
+    return F->sel + (mp->two_phase ? F->fired : 0);
+}
+
+static double ffn_missing(const pi2_mprof *mp, const pi2_mprof_ffn *F, const double *nN, uint32_t h, uint32_t g)
+{
+    if (!mp->two_phase)
+        return nN[h];
+    double phi = F->sel > 0 ? F->fired / F->sel : 0;
+    return nN[g] + phi * nN[h];
 }
 
 /* Attention and the rest of a layer, per token. */
@@ -394,23 +425,44 @@ static double overlap_of(const pi2_mprof *mp, const pi2_hw_compute *hc, int t)
     return mp->cores > 0 && t + 1 > mp->cores ? 0.0 : hc->overlap;
 }
 
-/* Seconds per token of one FFN item (with its share of the layer's
- * attention) given its reads: round 1 (n1 reads, b1 bytes) and round 2. */
-static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, double n1, double b1,
-                        double n2, double b2)
+/* Modelled read seconds of rounds 1 and 2 (n reads, b bytes each), with
+ * the I/O thread's copy of the bytes; before the learned factor. */
+static double reads_time(const pi2_hwprof *hw, int depth, double n1, double b1, double n2, double b2)
+{
+    return io_time(hw, n1, b1, depth) + io_time(hw, n2, b2, depth) + (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
+}
+
+/* Compute seconds of FFN fi (with its share of the layer's attention) per
+ * run, before the learned factor, and in *win the part the reads can hide
+ * under: the attention (the read-ahead's reads fly then), the predictor and
+ * the rows of the parts held in memory (computed while the missing ones
+ * land), `missing` parts being read. */
+static double item_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uint32_t fi, double missing,
+                           double *win)
+{
+    const pi2_mprof_ffn *F = &mp->ffn[fi];
+    double rows, Cf = ffn_compute(mp, hw, t, fi, &rows), Ca = attn_compute(mp, hw, t) / mp->top_k;
+    double parts = ffn_parts(mp, F), held = parts > 0 ? 1 - missing / parts : 1;
+    held = held < 0 ? 0 : held;
+    *win = Ca + (Cf - rows) + held * rows;
+    return Cf + Ca;
+}
+
+/* Seconds per token of one FFN item given its reads: round 1 (n1 reads,
+ * b1 bytes) and round 2, `missing` parts read. */
+static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, double missing,
+                        double n1, double b1, double n2, double b2)
 {
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c->t);
-    double w = mp->ffn[fi].w, k = cal_compute(mp, c->t);
-    double Cf = ffn_compute(mp, hw, c->t, fi), Ca = attn_compute(mp, hw, c->t) / mp->top_k;
-    double C = k * (Cf + Ca), W = k * Ca;
-    double IO = io_time(hw, n1, b1, c->depth) + io_time(hw, n2, b2, c->depth) +
-                (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
+    double w = mp->ffn[fi].w, k = cal_compute(&mp->cal, c->t), win;
+    double C = k * item_compute(mp, hw, c->t, fi, missing, &win), W = k * win;
+    double IO = cal_io(&mp->cal, c->t) * reads_time(hw, c->depth, n1, b1, n2, b2);
     return w * (C + IO - overlap_of(mp, hc, c->t) * (W < IO ? W : IO));
 }
 
 /* Static-hot reads of FFN fi at (h, g) from suffix sums. */
 typedef struct suffix {
-    double *P, *B0, *BG, *Q, *BU; /* [groups + 1] */
+    double *P, *B0, *BG, *Q, *BU, *N; /* [groups + 1] */
 } suffix;
 
 /* Share of FFN F's neurons whose gate (or whole neuron) is not kept. */
@@ -452,14 +504,16 @@ static void static_reads(const pi2_mprof *mp, const suffix *x, bool gf, uint32_t
 static int suffix_build(const pi2_mprof_ffn *F, suffix *x)
 {
     size_t n = (size_t)F->groups + 1;
-    x->P = calloc(5 * n, sizeof(double));
+    x->P = calloc(6 * n, sizeof(double));
     if (!x->P)
         return -1;
     x->B0 = x->P + n;
     x->BG = x->B0 + n;
     x->Q = x->BG + n;
     x->BU = x->Q + n;
+    x->N = x->BU + n;
     for (size_t k = F->groups; k-- > 0;) {
+        x->N[k] = x->N[k + 1] + F->n[k];
         x->P[k] = x->P[k + 1] + F->p[k];
         x->B0[k] = x->B0[k + 1] + F->p[k] * F->sp0[k];
         x->BG[k] = x->BG[k + 1] + F->p[k] * F->spg[k];
@@ -477,44 +531,32 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
            raw_cold = 0, win = 0;
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c.t);
     for (uint32_t fi = 0; fi < n; fi++) {
-        double n1, b1, n2, b2;
+        double n1 = 0, b1 = 0, n2 = 0, b2 = 0, miss = 0;
         const pi2_mprof_ffn *F = &mp->ffn[fi];
+        uint32_t h = p->hot_groups[fi], g = p->gate_groups[fi];
         suffix x;
-        if (suffix_build(F, &x) != 0) {
-            n1 = b1 = n2 = b2 = 0;
-        } else {
-            static_reads(mp, &x, p->gate_first, p->hot_groups[fi], p->gate_groups[fi], &n1, &b1, &n2, &b2);
+        if (suffix_build(F, &x) == 0) {
+            static_reads(mp, &x, p->gate_first, h, g, &n1, &b1, &n2, &b2);
+            miss = ffn_missing(mp, F, x.N, h, g);
             free(x.P);
         }
-        {
-            double phi = F->sel > 0 ? F->fired / F->sel : 0, miss = 0;
-            parts += F->sel + (mp->two_phase ? F->fired : 0);
-            for (uint32_t k = mp->two_phase ? p->gate_groups[fi] : p->hot_groups[fi]; k < F->groups; k++)
-                miss += F->n[k];
-            for (uint32_t k = p->hot_groups[fi]; mp->two_phase && k < F->groups; k++)
-                miss += F->n[k] * phi;
-            served += F->sel + (mp->two_phase ? F->fired : 0) - miss;
-        }
-        double w = F->w;
-        double Cf = ffn_compute(mp, hw, c.t, fi), Ca = attn_compute(mp, hw, c.t) / mp->top_k;
-        double C = Cf + Ca;
-        win += w * Ca;
-        double IO = io_time(hw, n1, b1, c.depth) + io_time(hw, n2, b2, c.depth) +
-                    (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
-        double cold = cold_share(mp, F, p->hot_groups[fi], p->gate_groups[fi]);
+        parts += ffn_parts(mp, F);
+        served += ffn_parts(mp, F) > miss ? ffn_parts(mp, F) - miss : 0;
+        double w = F->w, cw, C = item_compute(mp, hw, c.t, fi, miss, &cw);
+        win += w * cw;
+        double IO = reads_time(hw, c.depth, n1, b1, n2, b2);
+        double cold = cold_share(mp, F, h, g);
         raw_reads += w * (n1 + n2);
         raw_cold += w * cold;
         add_extra(mp, cold, mp->cal.extra, &n1, &b1);
-        double IOc = io_time(hw, n1, b1, c.depth) + io_time(hw, n2, b2, c.depth) +
-                     (b1 + b2) / pi2_hwprof_compute(hw, 1)->mem_bw;
-        total += item_time(mp, hw, &c, fi, n1, b1, n2, b2);
+        total += item_time(mp, hw, &c, fi, miss, n1, b1, n2, b2);
         comp += w * C;
         io += w * IO;
-        io_cal += w * IOc;
+        io_cal += w * cal_io(&mp->cal, c.t) * reads_time(hw, c.depth, n1, b1, n2, b2);
         reads += w * (n1 + n2);
         bytes += w * (b1 + b2);
     }
-    double kc = cal_compute(mp, c.t);
+    double kc = cal_compute(&mp->cal, c.t);
     double head_raw = (double)mp->head_bytes / gemv_rate(hc, mp->q_other), head = kc * head_raw;
     total += head;
     struct pi2_plan_pred *r = &p->pred;
@@ -608,7 +650,7 @@ static int item_build(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, u
             double n1, b1, n2, b2;
             static_reads(mp, x, c->gf, h, g, &n1, &b1, &n2, &b2);
             add_extra(mp, cold_share(mp, F, h, g), mp->cal.extra, &n1, &b1);
-            double t = item_time(mp, hw, c, fi, n1, b1, n2, b2);
+            double t = item_time(mp, hw, c, fi, ffn_missing(mp, F, x->N, h, g), n1, b1, n2, b2);
             if (t < io->cost[u]) {
                 io->cost[u] = t;
                 io->h[u] = h;
@@ -738,7 +780,7 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
                     for (uint32_t i = 0; i < n; i++) {
                         double n1, b1, n2, b2;
                         static_reads(mp, &sx[i], c.gf, mp->ffn[i].groups, mp->ffn[i].groups, &n1, &b1, &n2, &b2);
-                        tot += item_time(mp, hw, &c, i, n1, b1, n2, b2);
+                        tot += item_time(mp, hw, &c, i, 0, n1, b1, n2, b2);
                     }
                 } else {
                     uint32_t step = (mp->ffn[0].groups + levels - 1) / levels;
@@ -847,34 +889,66 @@ void pi2_plan_cal_defaults(pi2_plan_cal *c)
 }
 
 #define CAL_KEEP 0.8 /* weight of the earlier runs at each new one */
+#define CAL_K_MIN 0.5 /* the factors' ranges (a file's figures may round past them by 1e-6) */
+#define CAL_K_MAX 4.0
+#define CAL_F_MIN 0.25
+#define CAL_F_MAX 4.0
+
+static bool cal_in(double sum_w, double sum_wk, double lo, double hi)
+{
+    return sum_w <= 0 || (sum_wk / sum_w >= lo * (1 - 1e-6) && sum_wk / sum_w <= hi * (1 + 1e-6));
+}
+
+/* k from T = k C + IO - ov min(k A, IO) (both branches of min), and the
+ * weight of the run for it: how much k moves T, relative to T. */
+static double solve_k(double T, double C, double A, double IO, double ov, double *wt)
+{
+    double k = (T - IO) / C, d = C;
+    if (ov > 0 && A > 0) {
+        double k1 = (T - IO + ov * IO) / C; /* k A >= IO */
+        double k2 = (T - IO) / (C - ov * A); /* k A < IO */
+        k = k1 * A >= IO ? k1 : k2;
+        d = k1 * A >= IO ? C : C - ov * A;
+    }
+    *wt = (d / T) * (d / T);
+    return k < CAL_K_MIN ? CAL_K_MIN : k > CAL_K_MAX ? CAL_K_MAX : k;
+}
+
+/* f from T = kC + f IO - ov min(kA, f IO), and its weight likewise. */
+static double solve_f(double T, double kC, double kA, double IO, double ov, double *wt)
+{
+    double f = (T - kC + ov * kA) / IO, d = IO; /* f IO > k A */
+    if (ov < 1 && (T - kC) / ((1 - ov) * IO) * IO <= kA) {
+        f = (T - kC) / ((1 - ov) * IO);
+        d = (1 - ov) * IO;
+    }
+    *wt = (d / T) * (d / T);
+    return f < CAL_F_MIN ? CAL_F_MIN : f > CAL_F_MAX ? CAL_F_MAX : f;
+}
 
 void pi2_plan_cal_update(pi2_plan_cal *c, const pi2_plan *p, double tok_s, double reads)
 {
     const struct pi2_plan_pred *r = &p->pred;
     if (!(tok_s > 0) || !(r->raw_compute_ms > 0) || !isfinite(reads) || reads < 0)
         return;
-    double T = 1e3 / tok_s, C = r->raw_compute_ms;
+    int t = p->threads < 1 ? 1 : p->threads > PI2_HW_MAX_THREADS ? PI2_HW_MAX_THREADS : p->threads;
+    double T = 1e3 / tok_s, C = r->raw_compute_ms, A = r->raw_window_ms, ov = r->overlap;
     /* the run's I/O time under the model: its reads at the model's cost per read */
     double per = r->raw_reads > 0 ? r->raw_io_ms / r->raw_reads : 0;
-    double IO = reads > 0 && per > 0 ? reads * per : 0, ov = r->overlap;
-    /* T = k C + IO - ov min(k C, IO), solved for k (both branches of min);
-     * runs dominated by reads say little about compute: weigh by the
-     * model's compute share, less where k hides under the reads */
-    double A = r->raw_window_ms, k = (T - IO) / C, wt = (C / (C + IO)) * (C / (C + IO));
-    if (ov > 0 && A > 0) { /* T = k C + IO - ov min(k A, IO) */
-        double k1 = (T - IO + ov * IO) / C;     /* k A >= IO */
-        double k2 = (T - IO) / (C - ov * A);    /* k A < IO */
-        k = k1 * A >= IO ? k1 : k2;
-        if (k * A < IO)
-            wt *= (1 - ov * A / C) * (1 - ov * A / C);
+    double IO = reads > 0 && per > 0 ? reads * per : 0;
+    /* one run, two unknowns: each factor is solved with the other as
+     * learned so far and weighed by how much it moves the run's time, so
+     * runs mostly in memory teach the compute factor and runs mostly
+     * reading the read factor */
+    double k0 = cal_compute(c, t), f0 = cal_io(c, t), wk, wf;
+    double k = solve_k(T, C, A, f0 * IO, ov, &wk);
+    c->s_w[t - 1] = CAL_KEEP * c->s_w[t - 1] + wk;
+    c->s_wk[t - 1] = CAL_KEEP * c->s_wk[t - 1] + wk * k;
+    if (IO > 0) {
+        double f = solve_f(T, k0 * C, k0 * A, IO, ov, &wf);
+        c->s_io_w[t - 1] = CAL_KEEP * c->s_io_w[t - 1] + wf;
+        c->s_io_wk[t - 1] = CAL_KEEP * c->s_io_wk[t - 1] + wf * f;
     }
-    if (k < 0.5)
-        k = 0.5;
-    if (k > 4)
-        k = 4;
-    int t = p->threads < 1 ? 1 : p->threads > PI2_HW_MAX_THREADS ? PI2_HW_MAX_THREADS : p->threads;
-    c->s_w[t - 1] = CAL_KEEP * c->s_w[t - 1] + wt;
-    c->s_wk[t - 1] = CAL_KEEP * c->s_wk[t - 1] + wt * k;
     if (r->raw_cold > 0.01) {
         double ex = (reads - r->raw_reads) / r->raw_cold;
         c->s_ex = CAL_KEEP * c->s_ex + (ex > 0 ? ex : 0);
@@ -887,11 +961,14 @@ void pi2_plan_cal_update(pi2_plan_cal *c, const pi2_plan *p, double tok_s, doubl
 int pi2_plan_cal_save(const pi2_plan_cal *c, const char *path, pi2_err *err)
 {
     char buf[2048];
-    int n = snprintf(buf, sizeof buf, "{\"version\":4,\"extra_reads\":%.9g,\"runs\":%d,\"reads_sums\":[%.9g,%.9g],"
-                                      "\"compute_sums\":[",
+    int n = snprintf(buf, sizeof buf,
+                     "{\"version\":6,\"extra_reads\":%.9g,\"runs\":%d,\"reads_sums\":[%.9g,%.9g],\"compute_sums\":[",
                      c->extra, c->runs, c->s_ex, c->n_ex);
     for (int i = 0; i < PI2_HW_MAX_THREADS; i++)
         n += snprintf(buf + n, sizeof buf - (size_t)n, "%s[%.9g,%.9g]", i ? "," : "", c->s_w[i], c->s_wk[i]);
+    n += snprintf(buf + n, sizeof buf - (size_t)n, "],\"io_sums\":[");
+    for (int i = 0; i < PI2_HW_MAX_THREADS; i++)
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "%s[%.9g,%.9g]", i ? "," : "", c->s_io_w[i], c->s_io_wk[i]);
     n += snprintf(buf + n, sizeof buf - (size_t)n, "]}\n");
     pi2_afile *f;
     int rc = pi2_afile_open(&f, path, err);
@@ -919,37 +996,39 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err)
     free(text);
     json_t *v = o ? json_object_get(o, "version") : NULL, *x = o ? json_object_get(o, "extra_reads") : NULL,
            *r = o ? json_object_get(o, "runs") : NULL, *rs = o ? json_object_get(o, "reads_sums") : NULL,
-           *cs = o ? json_object_get(o, "compute_sums") : NULL;
-    bool ok = o && json_is_object(o) && json_object_size(o) == 5 && json_is_integer(v) &&
-              json_integer_value(v) == 4 && json_is_number(x) && json_is_integer(r) && json_is_array(rs) &&
-              json_array_size(rs) == 2 && json_is_array(cs) && json_array_size(cs) == PI2_HW_MAX_THREADS;
-    double vals[2 + 2 * PI2_HW_MAX_THREADS];
+           *cs = o ? json_object_get(o, "compute_sums") : NULL, *is = o ? json_object_get(o, "io_sums") : NULL;
+    bool ok = o && json_is_object(o) && json_object_size(o) == 6 && json_is_integer(v) &&
+              json_integer_value(v) == 6 && json_is_number(x) && json_is_integer(r) && json_is_array(rs) &&
+              json_array_size(rs) == 2;
+    double ex[2], *sums[2][2] = { { c->s_w, c->s_wk }, { c->s_io_w, c->s_io_wk } };
     for (size_t i = 0; ok && i < 2; i++)
-        ok = json_is_number(json_array_get(rs, i)) && (vals[i] = json_number_value(json_array_get(rs, i))) >= 0 &&
-             isfinite(vals[i]);
-    for (size_t i = 0; ok && i < PI2_HW_MAX_THREADS; i++) {
-        json_t *pair = json_array_get(cs, i);
-        ok = json_is_array(pair) && json_array_size(pair) == 2;
-        for (size_t j = 0; ok && j < 2; j++)
-            ok = json_is_number(json_array_get(pair, j)) &&
-                 (vals[2 + 2 * i + j] = json_number_value(json_array_get(pair, j))) >= 0 && isfinite(vals[2 + 2 * i + j]);
+        ok = json_is_number(json_array_get(rs, i)) && (ex[i] = json_number_value(json_array_get(rs, i))) >= 0 &&
+             isfinite(ex[i]);
+    for (int s = 0; ok && s < 2; s++) { /* compute_sums, io_sums: [w, wk] per thread count */
+        json_t *a = s == 0 ? cs : is;
+        ok = json_is_array(a) && json_array_size(a) == PI2_HW_MAX_THREADS;
+        for (size_t i = 0; ok && i < PI2_HW_MAX_THREADS; i++) {
+            json_t *pair = json_array_get(a, i);
+            ok = json_is_array(pair) && json_array_size(pair) == 2;
+            for (size_t j = 0; ok && j < 2; j++)
+                ok = json_is_number(json_array_get(pair, j)) &&
+                     (sums[s][j][i] = json_number_value(json_array_get(pair, j))) >= 0 && isfinite(sums[s][j][i]);
+        }
     }
     if (!ok)
-        rc = pi2_err_set(err, PI2_EFORMAT, "%s: not a pi2 model calibration (version 4)", path);
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: not a pi2 model calibration (version 6)", path);
     else if (!(json_number_value(x) >= 0 && json_number_value(x) < 1e7) || json_integer_value(r) < 0 ||
              json_integer_value(r) > 1000000)
         rc = pi2_err_set(err, PI2_ERANGE, "%s: calibration figures out of range", path);
     else {
         c->extra = json_number_value(x);
         c->runs = (int)json_integer_value(r);
-        c->s_ex = vals[0];
-        c->n_ex = vals[1];
-        for (int i = 0; i < PI2_HW_MAX_THREADS; i++) {
-            c->s_w[i] = vals[2 + 2 * i];
-            c->s_wk[i] = vals[3 + 2 * i];
-            if (c->s_w[i] > 0 && !(c->s_wk[i] / c->s_w[i] >= 0.5 && c->s_wk[i] / c->s_w[i] <= 4))
+        c->s_ex = ex[0];
+        c->n_ex = ex[1];
+        for (int i = 0; i < PI2_HW_MAX_THREADS; i++)
+            if (!cal_in(c->s_w[i], c->s_wk[i], CAL_K_MIN, CAL_K_MAX) ||
+                !cal_in(c->s_io_w[i], c->s_io_wk[i], CAL_F_MIN, CAL_F_MAX))
                 rc = pi2_err_set(err, PI2_ERANGE, "%s: calibration figures out of range", path);
-        }
     }
     json_decref(o);
     if (rc)

@@ -40,14 +40,18 @@
  *         gate-first (or gates kept hot without their up+down) adds the
  *         up+down round of the fired groups; plus the I/O thread's copy
  *         of the bytes read (bytes / mem_bw(1));
- *   t_l   k_c C_l + IO_l - overlap(t) * min(k_c A_l, IO_l), IO_l with the
- *         learned read-ahead reads (extra x cold share, one neuron each),
- *         overlap(t) the hardware profile's when the I/O thread has a core
- *         of its own (t < cores), else 0: on 2 cores, 2 compute threads and
- *         the polling I/O thread hid 8% of the compute at 50% offloaded, 1
- *         compute thread hid 57% of the reads (and decoded 11% faster);
- *         A_l the compute the reads can hide under: the layer's attention,
- *         during which the read-ahead's reads fly
+ *   t_l   k_c C_l + k_io IO_l - overlap(t) * min(k_c A_l, k_io IO_l),
+ *         IO_l with the learned read-ahead reads (extra x cold share, one
+ *         neuron each), overlap(t) the hardware profile's when the I/O
+ *         thread has a core of its own (t < cores; the profile places its
+ *         reader so too), else 0: on 2 cores, 2 compute threads and the
+ *         I/O thread hid 8% of the compute at 50% offloaded; A_l the
+ *         compute the reads can hide under: the layer's attention (the
+ *         read-ahead's reads fly then), its predictor and the rows of the
+ *         parts held in memory (computed while the missing ones land). On
+ *         the generated 7B-shaped model 1 compute thread with the reader on
+ *         the other core hid nearly all reads at 50% offloaded and decoded
+ *         12-18% faster than 2 threads at 75-90%
  * Every FFN's time counts w_f times per token: 1 on dense models; on MoE
  * ones top-k x the expert's routing share from the profile (route_share;
  * top-k / experts when the profile has none), with the layer's attention
@@ -55,8 +59,8 @@
  * experts more hot groups.
  * plus the output head (k_c bytes / gemv_q8(t)). overlap is the hardware
  * profile's overlap(t), the share of the shorter of compute and reads that
- * hides under the other, until runs of the model have measured it; k_c
- * and the extra reads are the model's learned figures (pi2_plan_cal).
+ * hides under the other; k_c, k_io and the extra reads are the model's
+ * learned figures (pi2_plan_cal).
  * Reads are the static-hot curve (reads_f(H) = sum of p_k over cold groups).
  * Prefill per token: attention + FFN MACs / matmul(t) for a 64-token tile,
  * plus the cold FFN bytes streamed at seq_bps once per prompt of
@@ -128,10 +132,12 @@ typedef struct pi2_mprof_ffn {
  * this machine (pi2_plan_cal_update):
  *   compute  a factor on the model's compute time per thread count:
  *            dispatch, imbalance and per-layer work the kernel figures miss
- *            (1.26 on the generated 7B-shaped model, 2 threads; 1.09 with
- *            1); each run gives one from T = k C + IO - overlap min(k A, IO),
- *            weighed by the model's compute share (older runs weigh 0.8 per
- *            newer one); a thread count not run yet takes the others' mean;
+ *            (about 1.03 on the generated 7B-shaped model, 2 threads);
+ *            a thread count not run yet takes the others' mean;
+ *   reads    a factor on the modelled read time (k_io): the engine's reads
+ *            went faster than the profile's random reads at their size
+ *            and depth say (about 0.7 on the generated 7B-shaped model at
+ *            75-90% offloaded, with 1 compute thread and with 2);
  *   extra    reads per token per FFN, at a cold share of 1, of neurons the
  *            read-ahead fetched (predicted from the residual before
  *            attention) that the FFN then did not select. Measured on the
@@ -139,11 +145,16 @@ typedef struct pi2_mprof_ffn {
  *            beyond the model's were 2.7K, 3.8K and 3.1K per token per unit
  *            of cold share: mispredictions spread over all neurons, so they
  *            scale with the cold share (0 until learned).
- * The sums keep the means' state. */
+ * Each run gives k_c (with k_io as learned so far) and k_io (with k_c so
+ * far) from T = k_c C + k_io IO - overlap min(k_c A, k_io IO), each
+ * weighed by how much it moves the run's time, so runs mostly in memory
+ * teach k_c and runs mostly reading k_io; older runs weigh 0.8 per newer
+ * one. The sums keep the means' state. */
 typedef struct pi2_plan_cal {
     double extra;
     int runs;
     double s_w[PI2_HW_MAX_THREADS], s_wk[PI2_HW_MAX_THREADS]; /* compute factor by thread count: s_wk / s_w */
+    double s_io_w[PI2_HW_MAX_THREADS], s_io_wk[PI2_HW_MAX_THREADS]; /* read-time factor likewise */
     double s_ex, n_ex;
 } pi2_plan_cal;
 
@@ -237,8 +248,10 @@ void pi2_plan_cal_defaults(pi2_plan_cal *c);
  * tok/s and reads per token. Runs with fewer than 8 tokens should not be
  * passed. */
 void pi2_plan_cal_update(pi2_plan_cal *c, const pi2_plan *p, double tok_s, double reads);
-/* {"version":4,"extra_reads":x,"runs":n,"reads_sums":[2],"compute_sums":[[w,wk] x 16]}; load gives
- * PI2_ENOTFOUND for a missing file, PI2_EFORMAT / PI2_ERANGE for a bad one. */
+/* {"version":6,"extra_reads":x,"runs":n,"reads_sums":[2],"compute_sums":[[w,wk] x 16],
+ * "io_sums":[[w,wk] x 16]};
+ * load gives PI2_ENOTFOUND for a missing file, PI2_EFORMAT / PI2_ERANGE
+ * for a bad one. */
 int pi2_plan_cal_save(const pi2_plan_cal *c, const char *path, pi2_err *err);
 int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err);
 

@@ -389,6 +389,41 @@ static void test_calibration(void **state)
     mp.cal.s_w[1] = mp.cal.s_wk[1] = 0;
     pi2_plan_predict(&mp, &hw, &p, 128);
     assert_true(fabs(one / p.pred.decode_ms - 1.3) < 1e-6);
+    /* reads: runs an eighth hot whose reads took 1.5x the model's time,
+     * alternating with runs all in memory, teach the read factor, the
+     * compute factor staying as learned */
+    pi2_plan q;
+    p.threads = 2;
+    for (uint32_t i = 0; i < NF; i++)
+        p.hot_groups[i] = p.gate_groups[i] = GROUPS;
+    assert_int_equal(pi2_plan_alloc(&q, NF, &e), 0);
+    q.mem_limit = p.mem_limit;
+    q.threads = 2;
+    q.io_depth = 64;
+    for (uint32_t i = 0; i < NF; i++)
+        q.hot_groups[i] = q.gate_groups[i] = GROUPS / 8;
+    pi2_plan_cal slow = c;
+    slow.s_io_w[1] = 1e9; /* 1.5 whatever the prior */
+    slow.s_io_wk[1] = 1.5e9;
+    mp.cal = slow;
+    pi2_plan_predict(&mp, &hw, &q, 128);
+    double want = q.pred.decode_tok_s, reads = q.pred.raw_reads;
+    assert_true(q.pred.io_ms > 0.2 * q.pred.decode_ms);
+    pi2_plan_cal learn = c;
+    for (int r = 0; r < 20; r++) {
+        mp.cal = learn;
+        pi2_plan_predict(&mp, &hw, &q, 128);
+        pi2_plan_cal_update(&learn, &q, want, reads);
+        pi2_plan_predict(&mp, &hw, &p, 128);
+        pi2_plan_cal_update(&learn, &p, 1e3 / (base * 1.3), 0);
+    }
+    mp.cal = learn;
+    pi2_plan_predict(&mp, &hw, &q, 128);
+    if (!(fabs(q.pred.decode_tok_s / want - 1) < 0.01 && fabs(learn.s_io_wk[1] / learn.s_io_w[1] - 1.5) < 0.03 &&
+          fabs(learn.s_wk[1] / learn.s_w[1] - 1.3) < 0.03))
+        fail_msg("learned %.4f tok/s for %.4f: read factor %.3f, compute %.3f", q.pred.decode_tok_s, want,
+                 learn.s_io_wk[1] / learn.s_io_w[1], learn.s_wk[1] / learn.s_w[1]);
+    pi2_plan_free(&q);
     /* read-ahead: a run that read 50 more than the model per token, half cold */
     p.threads = 2;
     for (uint32_t i = 0; i < NF; i++)
@@ -413,12 +448,21 @@ static void test_calibration(void **state)
     assert_int_equal(pi2_plan_cal_load(path, &d, &e), 0);
     assert_true(d.runs == c.runs && fabs(d.extra - c.extra) < 1e-6 * c.extra);
     for (int t = 0; t < PI2_HW_MAX_THREADS; t++)
-        assert_true(fabs(d.s_w[t] - c.s_w[t]) <= 1e-8 * (c.s_w[t] + 1e-30) + 1e-30);
+        assert_true(fabs(d.s_w[t] - c.s_w[t]) <= 1e-8 * (c.s_w[t] + 1e-30) + 1e-30 &&
+                    fabs(d.s_io_wk[t] - c.s_io_wk[t]) <= 1e-8 * (c.s_io_wk[t] + 1e-30) + 1e-30);
+#define Z16 "[[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0]]"
     static const char *const bad[] = {
         "", "{}", "[]", "{\"version\":3}",
-        "{\"version\":4,\"extra_reads\":-1,\"runs\":1,\"reads_sums\":[0,0],\"compute_sums\":[]}",
-        "{\"version\":4,\"extra_reads\":1,\"runs\":1,\"reads_sums\":[0,0],\"compute_sums\":[[1,99],[0,0],[0,0],[0,0],[0,0],"
-        "[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0]]}",
+        "{\"version\":6,\"extra_reads\":-1,\"runs\":1,\"reads_sums\":[0,0],\"io_sums\":[],\"compute_sums\":[]}",
+        "{\"version\":6,\"extra_reads\":1,\"runs\":1,\"reads_sums\":[0,0],\"io_sums\":" Z16 ","
+        "\"compute_sums\":[[1,99],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0]]}",
+        "{\"version\":6,\"extra_reads\":1,\"runs\":1,\"reads_sums\":[0,0],\"compute_sums\":" Z16 ","
+        "\"io_sums\":[[0,0],[1,9],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0]]}",
+        "{\"version\":6,\"extra_reads\":1,\"runs\":1,\"reads_sums\":[0,0],\"compute_sums\":" Z16 ","
+        "\"io_sums\":[[0,0],[1,1],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0]]}",
+        /* an older version */
+        "{\"version\":4,\"extra_reads\":1,\"runs\":1,\"reads_sums\":[0,0],"
+        "\"compute_sums\":[[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0]]}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         FILE *f = fopen(path, "w");

@@ -130,14 +130,15 @@ typedef struct pi2_mprof_ffn {
 
 /* What static profiles cannot know, learned from this model's own runs on
  * this machine (pi2_plan_cal_update):
- *   compute  a factor on the model's compute time per thread count:
+ *   compute  a factor on the model's compute time per thread count (k_c):
  *            dispatch, imbalance and per-layer work the kernel figures miss
- *            (about 1.03 on the generated 7B-shaped model, 2 threads);
- *            a thread count not run yet takes the others' mean;
- *   reads    a factor on the modelled read time (k_io): the engine's reads
- *            went faster than the profile's random reads at their size
- *            and depth say (about 0.7 on the generated 7B-shaped model at
- *            75-90% offloaded, with 1 compute thread and with 2);
+ *            (1.0-1.3 on the generated 7B-shaped model, 2 threads);
+ *   reads    a factor on the modelled read time per thread count (k_io):
+ *            this VM's disk reads at 0.3-3x the rates the profile measured
+ *            minutes earlier, and the I/O thread sharing a core with a
+ *            compute thread reads slower than on a core of its own;
+ *            a thread count run little or not yet leans on (takes) the mean
+ *            over all thread counts of each factor;
  *   extra    reads per token per FFN, at a cold share of 1, of neurons the
  *            read-ahead fetched (predicted from the residual before
  *            attention) that the FFN then did not select. Measured on the

@@ -910,6 +910,10 @@ static double solve_k(double T, double C, double A, double IO, double ov, double
         k = k1 * A >= IO ? k1 : k2;
         d = k1 * A >= IO ? C : C - ov * A;
     }
+    if (!(d > 1e-9 * T) || !isfinite(k)) { /* k does not move T: nothing learned */
+        *wt = 0;
+        return 1;
+    }
     *wt = (d / T) * (d / T);
     return k < CAL_K_MIN ? CAL_K_MIN : k > CAL_K_MAX ? CAL_K_MAX : k;
 }
@@ -921,6 +925,10 @@ static double solve_f(double T, double kC, double kA, double IO, double ov, doub
     if (ov < 1 && (T - kC) / ((1 - ov) * IO) * IO <= kA) {
         f = (T - kC) / ((1 - ov) * IO);
         d = (1 - ov) * IO;
+    }
+    if (!(d > 1e-9 * T) || !isfinite(f)) {
+        *wt = 0;
+        return 1;
     }
     *wt = (d / T) * (d / T);
     return f < CAL_F_MIN ? CAL_F_MIN : f > CAL_F_MAX ? CAL_F_MAX : f;
@@ -960,7 +968,7 @@ void pi2_plan_cal_update(pi2_plan_cal *c, const pi2_plan *p, double tok_s, doubl
 
 int pi2_plan_cal_save(const pi2_plan_cal *c, const char *path, pi2_err *err)
 {
-    char buf[2048];
+    char buf[4096];
     int n = snprintf(buf, sizeof buf,
                      "{\"version\":6,\"extra_reads\":%.9g,\"runs\":%d,\"reads_sums\":[%.9g,%.9g],\"compute_sums\":[",
                      c->extra, c->runs, c->s_ex, c->n_ex);
@@ -988,7 +996,7 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err)
         return pi2_err_set(err, PI2_ENOTFOUND, "%s: no calibration yet", path);
     char *text;
     size_t len;
-    int rc = pi2_read_file(path, 4096, &text, &len, err);
+    int rc = pi2_read_file(path, 8192, &text, &len, err);
     if (rc)
         return rc;
     json_error_t je;

@@ -380,21 +380,19 @@ static double cal_io(const pi2_plan_cal *c, int t)
     return cal_factor(c->s_io_w, c->s_io_wk, t);
 }
 
-/* Compute seconds of FFN fi per token where it runs: the predictor, plus
- * the sparse rows in *rows. */
-static double ffn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uint32_t fi, double *rows)
+/* Compute seconds of FFN fi per token where it runs (predictor + sparse rows). */
+static double ffn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uint32_t fi)
 {
     const pi2_hw_compute *c = pi2_hwprof_compute(hw, t);
     const pi2_mprof_ffn *F = &mp->ffn[fi];
     const double *g = mp->q_ffn == PI2_QT_Q4 ? c->gather_q4_ns : c->gather_q8_ns;
     const double *dn = mp->q_ffn == PI2_QT_Q4 ? c->down_q4_ns : c->down_q8_ns;
     double row = pi2_hwprof_row_ns(g, mp->hidden) * 1e-9, drow = pi2_hwprof_row_ns(dn, mp->hidden) * 1e-9;
-    *rows = F->sel * row + F->fired * (row + drow);
-    return (double)F->pred_bytes / c->sgemv + *rows;
+    return (double)F->pred_bytes / c->sgemv + F->sel * row + F->fired * (row + drow);
 }
 
 /* Parts (a neuron, or two-phase a gate and an up+down) FFN F computes per
- * token, and of them the ones read, at (h, g): nN the suffix sums of F->n. */
+ * token; of them, the ones read at (h, g), nN the suffix sums of F->n. */
 static double ffn_parts(const pi2_mprof *mp, const pi2_mprof_ffn *F)
 {
     return F->sel + (mp->two_phase ? F->fired : 0);
@@ -433,31 +431,25 @@ static double reads_time(const pi2_hwprof *hw, int depth, double n1, double b1, 
 }
 
 /* Compute seconds of FFN fi (with its share of the layer's attention) per
- * run, before the learned factor, and in *win the part the reads can hide
- * under: the attention (the read-ahead's reads fly then), the predictor and
- * the rows of the parts held in memory (computed while the missing ones
- * land), `missing` parts being read. */
-static double item_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uint32_t fi, double missing,
-                           double *win)
+ * run, before the learned factor. With the I/O thread on a core of its own
+ * all of it can hide reads: the read-ahead's reads fly during the
+ * attention, the missing parts' reads during the predictor and the held
+ * parts' rows, and each missing part is computed as its read lands while
+ * the others are still in flight. */
+static double item_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uint32_t fi)
 {
-    const pi2_mprof_ffn *F = &mp->ffn[fi];
-    double rows, Cf = ffn_compute(mp, hw, t, fi, &rows), Ca = attn_compute(mp, hw, t) / mp->top_k;
-    double parts = ffn_parts(mp, F), held = parts > 0 ? 1 - missing / parts : 1;
-    held = held < 0 ? 0 : held;
-    *win = Ca + (Cf - rows) + held * rows;
-    return Cf + Ca;
+    return ffn_compute(mp, hw, t, fi) + attn_compute(mp, hw, t) / mp->top_k;
 }
 
 /* Seconds per token of one FFN item given its reads: round 1 (n1 reads,
- * b1 bytes) and round 2, `missing` parts read. */
-static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, double missing,
-                        double n1, double b1, double n2, double b2)
+ * b1 bytes) and round 2. */
+static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, double n1, double b1,
+                        double n2, double b2)
 {
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c->t);
-    double w = mp->ffn[fi].w, k = cal_compute(&mp->cal, c->t), win;
-    double C = k * item_compute(mp, hw, c->t, fi, missing, &win), W = k * win;
+    double w = mp->ffn[fi].w, C = cal_compute(&mp->cal, c->t) * item_compute(mp, hw, c->t, fi);
     double IO = cal_io(&mp->cal, c->t) * reads_time(hw, c->depth, n1, b1, n2, b2);
-    return w * (C + IO - overlap_of(mp, hc, c->t) * (W < IO ? W : IO));
+    return w * (C + IO - overlap_of(mp, hc, c->t) * (C < IO ? C : IO));
 }
 
 /* Static-hot reads of FFN fi at (h, g) from suffix sums. */
@@ -542,14 +534,14 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
         }
         parts += ffn_parts(mp, F);
         served += ffn_parts(mp, F) > miss ? ffn_parts(mp, F) - miss : 0;
-        double w = F->w, cw, C = item_compute(mp, hw, c.t, fi, miss, &cw);
-        win += w * cw;
+        double w = F->w, C = item_compute(mp, hw, c.t, fi);
+        win += w * C;
         double IO = reads_time(hw, c.depth, n1, b1, n2, b2);
         double cold = cold_share(mp, F, h, g);
         raw_reads += w * (n1 + n2);
         raw_cold += w * cold;
         add_extra(mp, cold, mp->cal.extra, &n1, &b1);
-        total += item_time(mp, hw, &c, fi, miss, n1, b1, n2, b2);
+        total += item_time(mp, hw, &c, fi, n1, b1, n2, b2);
         comp += w * C;
         io += w * IO;
         io_cal += w * cal_io(&mp->cal, c.t) * reads_time(hw, c.depth, n1, b1, n2, b2);
@@ -650,7 +642,7 @@ static int item_build(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, u
             double n1, b1, n2, b2;
             static_reads(mp, x, c->gf, h, g, &n1, &b1, &n2, &b2);
             add_extra(mp, cold_share(mp, F, h, g), mp->cal.extra, &n1, &b1);
-            double t = item_time(mp, hw, c, fi, ffn_missing(mp, F, x->N, h, g), n1, b1, n2, b2);
+            double t = item_time(mp, hw, c, fi, n1, b1, n2, b2);
             if (t < io->cost[u]) {
                 io->cost[u] = t;
                 io->h[u] = h;
@@ -780,7 +772,7 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
                     for (uint32_t i = 0; i < n; i++) {
                         double n1, b1, n2, b2;
                         static_reads(mp, &sx[i], c.gf, mp->ffn[i].groups, mp->ffn[i].groups, &n1, &b1, &n2, &b2);
-                        tot += item_time(mp, hw, &c, i, 0, n1, b1, n2, b2);
+                        tot += item_time(mp, hw, &c, i, n1, b1, n2, b2);
                     }
                 } else {
                     uint32_t step = (mp->ffn[0].groups + levels - 1) / levels;

@@ -46,12 +46,14 @@
  *         thread has a core of its own (t < cores; the profile places its
  *         reader so too), else 0: on 2 cores, 2 compute threads and the
  *         I/O thread hid 8% of the compute at 50% offloaded; A_l the
- *         compute the reads can hide under: the layer's attention (the
- *         read-ahead's reads fly then), its predictor and the rows of the
- *         parts held in memory (computed while the missing ones land). On
- *         the generated 7B-shaped model 1 compute thread with the reader on
- *         the other core hid nearly all reads at 50% offloaded and decoded
- *         12-18% faster than 2 threads at 75-90%
+ *         compute the reads can hide under: all of C_l (the read-ahead's
+ *         reads fly during the attention, the missing parts' during the
+ *         predictor and the held parts' rows, and each missing part is
+ *         computed as its read lands while the others fly). On the
+ *         generated 7B-shaped model 1 compute thread with the reader on the
+ *         other core hid nearly all reads at 50% offloaded, and at 75-90%
+ *         decoded within 10% of its read time and 12-18% faster than 2
+ *         threads
  * Every FFN's time counts w_f times per token: 1 on dense models; on MoE
  * ones top-k x the expert's routing share from the profile (route_share;
  * top-k / experts when the profile has none), with the layer's attention
@@ -199,7 +201,7 @@ typedef struct pi2_plan {
         double hot_mb, offloaded;
         double raw_compute_ms, raw_io_ms, raw_reads, raw_cold; /* before calibration (cold: sum of FFN cold shares) */
         double overlap;       /* used */
-        double raw_window_ms; /* compute the reads can hide under (the layers' attention) */
+        double raw_window_ms; /* compute the reads can hide under (all but the head) */
     } pred;
 } pi2_plan;
 

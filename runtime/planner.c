@@ -351,12 +351,13 @@ static double gemv_rate(const pi2_hw_compute *c, pi2_qtype q)
     return q == PI2_QT_Q4 ? c->gemv_q4 : c->gemv_q8;
 }
 
-#define CAL_PRIOR 0.25 /* weight of the other thread counts' mean in one's factor */
+#define CAL_PRIOR 0.25 /* weight of the prior in a factor (a run in memory weighs about 1) */
 
 /* A learned factor for t threads from its sums (w, wk per thread count):
- * its own mean leaning on the mean over all thread counts by CAL_PRIOR, so
- * a thread count run little or not at all takes the others' factor; 1
- * before any run. */
+ * its own mean leaning by CAL_PRIOR on the mean over all thread counts,
+ * which leans likewise on 1 (the profiles as measured). A thread count run
+ * little or not at all takes the others' factor, and runs that say little
+ * (a factor that hardly moves their time) move it little. */
 static double cal_factor(const double *w, const double *wk, int t)
 {
     double sw = 0, swk = 0;
@@ -364,7 +365,7 @@ static double cal_factor(const double *w, const double *wk, int t)
         sw += w[i];
         swk += wk[i];
     }
-    double prior = sw > 1e-9 ? swk / sw : 1.0;
+    double prior = (swk + CAL_PRIOR) / (sw + CAL_PRIOR);
     if (t < 1 || t > PI2_HW_MAX_THREADS)
         return prior;
     return (wk[t - 1] + CAL_PRIOR * prior) / (w[t - 1] + CAL_PRIOR);

@@ -388,18 +388,24 @@ static void test_calibration(void **state)
     pi2_plan_cal c;
     pi2_plan_cal_defaults(&c);
     /* the engine runs 1.3x slower than the kernels add up to */
-    for (int r = 0; r < 4; r++)
+    /* (the first run moves the factor most of the way from 1: the prior
+     * weighs a quarter of a run in memory) */
+    pi2_plan_cal_update(&c, &p, 1e3 / (base * 1.3), 0);
+    mp.cal = c;
+    pi2_plan_predict(&mp, &hw, &p, 128);
+    assert_true(p.pred.decode_ms / base > 1.2 && p.pred.decode_ms / base < 1.3);
+    for (int r = 0; r < 30; r++)
         pi2_plan_cal_update(&c, &p, 1e3 / (base * 1.3), 0);
     mp.cal = c;
     pi2_plan_predict(&mp, &hw, &p, 128);
-    assert_true(fabs(p.pred.decode_ms / base - 1.3) < 1e-6);
+    assert_true(fabs(p.pred.decode_ms / base - 1.3) < 0.002 * 1.3);
     /* an unmeasured thread count takes the measured one's factor */
     p.threads = 1;
     pi2_plan_predict(&mp, &hw, &p, 128);
     double one = p.pred.decode_ms;
     mp.cal.s_w[1] = mp.cal.s_wk[1] = 0;
     pi2_plan_predict(&mp, &hw, &p, 128);
-    assert_true(fabs(one / p.pred.decode_ms - 1.3) < 1e-6);
+    assert_true(fabs(one / p.pred.decode_ms - 1.3) < 0.03 * 1.3); /* leaning on 1 a little */
     /* reads: runs an eighth hot whose reads took 1.5x the model's time,
      * alternating with runs all in memory, teach the read factor, the
      * compute factor staying as learned */

@@ -330,6 +330,7 @@ static uint64_t min_cache(const pi2_mprof *mp, const pi2_plan_mem *mem)
 typedef struct cfg {
     int t, depth;
     bool gf;
+    double k, f; /* the learned compute and read-time factors at t (cfg_make) */
 } cfg;
 
 static double io_time(const pi2_hwprof *hw, double n, double bytes, int depth)
@@ -381,6 +382,11 @@ static double cal_io(const pi2_plan_cal *c, int t)
     return cal_factor(c->s_io_w, c->s_io_wk, t);
 }
 
+static cfg cfg_make(const pi2_mprof *mp, int t, int depth, bool gf)
+{
+    return (cfg){ t, depth, gf, cal_compute(&mp->cal, t), cal_io(&mp->cal, t) };
+}
+
 /* Compute seconds of FFN fi per token where it runs (predictor + sparse rows). */
 static double ffn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uint32_t fi)
 {
@@ -390,21 +396,6 @@ static double ffn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uint
     const double *dn = mp->q_ffn == PI2_QT_Q4 ? c->down_q4_ns : c->down_q8_ns;
     double row = pi2_hwprof_row_ns(g, mp->hidden) * 1e-9, drow = pi2_hwprof_row_ns(dn, mp->hidden) * 1e-9;
     return (double)F->pred_bytes / c->sgemv + F->sel * row + F->fired * (row + drow);
-}
-
-/* Parts (a neuron, or two-phase a gate and an up+down) FFN F computes per
- * token; of them, the ones read at (h, g), nN the suffix sums of F->n. */
-static double ffn_parts(const pi2_mprof *mp, const pi2_mprof_ffn *F)
-{
-    return F->sel + (mp->two_phase ? F->fired : 0);
-}
-
-static double ffn_missing(const pi2_mprof *mp, const pi2_mprof_ffn *F, const double *nN, uint32_t h, uint32_t g)
-{
-    if (!mp->two_phase)
-        return nN[h];
-    double phi = F->sel > 0 ? F->fired / F->sel : 0;
-    return nN[g] + phi * nN[h];
 }
 
 /* Attention and the rest of a layer, per token. */
@@ -448,14 +439,14 @@ static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c,
                         double n2, double b2)
 {
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c->t);
-    double w = mp->ffn[fi].w, C = cal_compute(&mp->cal, c->t) * item_compute(mp, hw, c->t, fi);
-    double IO = cal_io(&mp->cal, c->t) * reads_time(hw, c->depth, n1, b1, n2, b2);
+    double w = mp->ffn[fi].w, C = c->k * item_compute(mp, hw, c->t, fi);
+    double IO = c->f * reads_time(hw, c->depth, n1, b1, n2, b2);
     return w * (C + IO - overlap_of(mp, hc, c->t) * (C < IO ? C : IO));
 }
 
 /* Static-hot reads of FFN fi at (h, g) from suffix sums. */
 typedef struct suffix {
-    double *P, *B0, *BG, *Q, *BU, *N; /* [groups + 1] */
+    double *P, *B0, *BG, *Q, *BU; /* [groups + 1] */
 } suffix;
 
 /* Share of FFN F's neurons whose gate (or whole neuron) is not kept. */
@@ -497,16 +488,14 @@ static void static_reads(const pi2_mprof *mp, const suffix *x, bool gf, uint32_t
 static int suffix_build(const pi2_mprof_ffn *F, suffix *x)
 {
     size_t n = (size_t)F->groups + 1;
-    x->P = calloc(6 * n, sizeof(double));
+    x->P = calloc(5 * n, sizeof(double));
     if (!x->P)
         return -1;
     x->B0 = x->P + n;
     x->BG = x->B0 + n;
     x->Q = x->BG + n;
     x->BU = x->Q + n;
-    x->N = x->BU + n;
     for (size_t k = F->groups; k-- > 0;) {
-        x->N[k] = x->N[k + 1] + F->n[k];
         x->P[k] = x->P[k + 1] + F->p[k];
         x->B0[k] = x->B0[k + 1] + F->p[k] * F->sp0[k];
         x->BG[k] = x->BG[k + 1] + F->p[k] * F->spg[k];
@@ -519,24 +508,29 @@ static int suffix_build(const pi2_mprof_ffn *F, suffix *x)
 void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, int prompt)
 {
     size_t n = mp->n_ffn;
-    cfg c = {p->threads, p->io_depth, p->gate_first};
+    cfg c = cfg_make(mp, p->threads, p->io_depth, p->gate_first);
     double total = 0, io = 0, io_cal = 0, comp = 0, reads = 0, bytes = 0, parts = 0, served = 0, raw_reads = 0,
-           raw_cold = 0, win = 0;
+           raw_cold = 0;
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c.t);
     for (uint32_t fi = 0; fi < n; fi++) {
-        double n1 = 0, b1 = 0, n2 = 0, b2 = 0, miss = 0;
+        double n1 = 0, b1 = 0, n2 = 0, b2 = 0;
         const pi2_mprof_ffn *F = &mp->ffn[fi];
         uint32_t h = p->hot_groups[fi], g = p->gate_groups[fi];
         suffix x;
         if (suffix_build(F, &x) == 0) {
             static_reads(mp, &x, p->gate_first, h, g, &n1, &b1, &n2, &b2);
-            miss = ffn_missing(mp, F, x.N, h, g);
             free(x.P);
         }
-        parts += ffn_parts(mp, F);
-        served += ffn_parts(mp, F) > miss ? ffn_parts(mp, F) - miss : 0;
+        {
+            double phi = F->sel > 0 ? F->fired / F->sel : 0, miss = 0;
+            parts += F->sel + (mp->two_phase ? F->fired : 0);
+            for (uint32_t k = mp->two_phase ? g : h; k < F->groups; k++)
+                miss += F->n[k];
+            for (uint32_t k = h; mp->two_phase && k < F->groups; k++)
+                miss += F->n[k] * phi;
+            served += F->sel + (mp->two_phase ? F->fired : 0) - miss;
+        }
         double w = F->w, C = item_compute(mp, hw, c.t, fi);
-        win += w * C;
         double IO = reads_time(hw, c.depth, n1, b1, n2, b2);
         double cold = cold_share(mp, F, h, g);
         raw_reads += w * (n1 + n2);
@@ -545,11 +539,11 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
         total += item_time(mp, hw, &c, fi, n1, b1, n2, b2);
         comp += w * C;
         io += w * IO;
-        io_cal += w * cal_io(&mp->cal, c.t) * reads_time(hw, c.depth, n1, b1, n2, b2);
+        io_cal += w * c.f * reads_time(hw, c.depth, n1, b1, n2, b2);
         reads += w * (n1 + n2);
         bytes += w * (b1 + b2);
     }
-    double kc = cal_compute(&mp->cal, c.t);
+    double kc = c.k;
     double head_raw = (double)mp->head_bytes / gemv_rate(hc, mp->q_other), head = kc * head_raw;
     total += head;
     struct pi2_plan_pred *r = &p->pred;
@@ -560,7 +554,7 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
     r->raw_reads = raw_reads;
     r->raw_cold = raw_cold;
     r->overlap = overlap_of(mp, hc, c.t);
-    r->raw_window_ms = win * 1e3;
+    r->raw_window_ms = comp * 1e3; /* all of the compute but the head */
     r->compute_ms = kc * comp * 1e3;
     r->io_ms = io_cal * 1e3;
     r->head_ms = head * 1e3;
@@ -752,7 +746,7 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
             if (depth > max_depth)
                 continue;
             for (int gf = 0; rc == 0 && gf <= (mp->two_phase ? 1 : 0); gf++) {
-                cfg c = {t, depth, gf != 0};
+                cfg c = cfg_make(mp, t, depth, gf != 0);
                 uint64_t fixed = mem->fixed + mem->per_depth * (uint64_t)depth;
                 if (o->mem_limit < fixed + mc)
                     continue;
@@ -915,7 +909,7 @@ static double solve_k(double T, double C, double A, double IO, double ov, double
 static double solve_f(double T, double kC, double kA, double IO, double ov, double *wt)
 {
     double f = (T - kC + ov * kA) / IO, d = IO; /* f IO > k A */
-    if (ov < 1 && (T - kC) / ((1 - ov) * IO) * IO <= kA) {
+    if (ov < 1 && (T - kC) / (1 - ov) <= kA) { /* f IO <= k A */
         f = (T - kC) / ((1 - ov) * IO);
         d = (1 - ov) * IO;
     }

@@ -996,13 +996,21 @@ PI2_T_AVX2 static void axpy_prep(pi2_qtype wt, int R, const float *c, const uint
         for (; b < kb; b++)
             d[b] *= c[k];
     }
-    if (wt == PI2_QT_Q4)
-        for (int64_t b = 0; b < kb; b++) {
+    if (wt == PI2_QT_Q4) {
+        int64_t b = 0;
+        for (; b + 8 <= kb; b += 8) { /* the scalar loop's sums, 8 blocks at a time */
+            __m256 sum = _mm256_setzero_ps();
+            for (int k = 0; k < R; k++)
+                sum = _mm256_add_ps(sum, _mm256_loadu_ps(cd + k * kb + b));
+            _mm256_storeu_ps(off + b, _mm256_mul_ps(sum, _mm256_set1_ps(-8.0f)));
+        }
+        for (; b < kb; b++) {
             float sum = 0.0f;
             for (int k = 0; k < R; k++)
                 sum += cd[k * kb + b];
             off[b] = -8.0f * sum;
         }
+    }
 }
 
 /* 8 bytes zero- or sign-extended to int32. */
@@ -1048,11 +1056,39 @@ PI2_T_AVX2 static inline __m256i ld_i8x8(const uint8_t *p)
             ROW(o0, o1, o2, o3, w[k] + (b0 + b) * (GB), _mm256_broadcast_ss(cd + k * kb + b));         \
     } while (0)
 
+/* The rows of the next group, prefetched while the current one computes:
+ * the callers pass scattered rows (the active neurons), so each is a
+ * stream of its own too short for the hardware prefetcher (8 rows: 4.7
+ * GB/s from DRAM without, one thread). Per new cache line of the current
+ * rows' payload, the same line of each next row, and of their scales. */
+typedef struct k_axpy_pf {
+    const uint8_t *const *w;
+    const uint16_t *const *s;
+    int R;
+} k_axpy_pf;
+
+static inline void axpy_prefetch(const k_axpy_pf *pf, int64_t b, int64_t gb)
+{
+    int64_t off = b * gb;
+    if ((off & 63) >= gb)
+        return;
+    for (int k = 0; k < pf->R; k++)
+        _mm_prefetch((const char *)(pf->w[k] + off), _MM_HINT_T0);
+    if (((b * 2) & 63) < 2 * (64 / gb)) /* a new line of fp16 scales */
+        for (int k = 0; k < pf->R; k++)
+            _mm_prefetch((const char *)(pf->s[k] + b), _MM_HINT_T0);
+}
+
+typedef void (*k_axpy_fn)(pi2_qtype wt, int R, const uint8_t *const *w, int64_t b0, int64_t kb, const float *cd,
+                          const float *off, const k_axpy_pf *pf, float *out);
+
 PI2_T_AVX2 static void axpy_group_avx2(pi2_qtype wt, int R, const uint8_t *const *w, int64_t b0, int64_t kb,
-                                       const float *cd, const float *off, float *out)
+                                       const float *cd, const float *off, const k_axpy_pf *pf, float *out)
 {
     const __m256i m4 = _mm256_set1_epi32(0x0f);
+    int64_t gb = wt == PI2_QT_Q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES;
     for (int64_t b = 0; b < kb; b++) {
+        axpy_prefetch(pf, b0 + b, gb);
         float *o = out + (b0 + b) * QG;
         __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);
         __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);
@@ -1075,42 +1111,83 @@ PI2_T_AVX2 static void axpy_group_avx2(pi2_qtype wt, int R, const uint8_t *const
 }
 
 /* The same with 16 floats per register: one zero/sign extension of 16
- * bytes feeds a whole 512-bit register. */
+ * bytes feeds a whole 512-bit register; rows alternate between two sets
+ * of accumulators as above. */
 PI2_T_AVX512 static void axpy_group_avx512(pi2_qtype wt, int R, const uint8_t *const *w, int64_t b0, int64_t kb,
-                                           const float *cd, const float *off, float *out)
+                                           const float *cd, const float *off, const k_axpy_pf *pf, float *out)
 {
     const __m512i m4 = _mm512_set1_epi32(0x0f);
+    int64_t gb = wt == PI2_QT_Q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES;
     for (int64_t b = 0; b < kb; b++) {
+        axpy_prefetch(pf, b0 + b, gb);
         float *o = out + (b0 + b) * QG;
         __m512 o0 = _mm512_loadu_ps(o), o1 = _mm512_loadu_ps(o + 16);
-        if (wt == PI2_QT_Q4) {
-            for (int k = 0; k < R; k++) {
-                const uint8_t *p = w[k] + (b0 + b) * PI2_Q4_GROUP_BYTES;
-                __m512 c = _mm512_set1_ps(cd[k * kb + b]);
-                __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
-                o0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(x, m4)), c, o0);   /* elements 0-15 */
-                o1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(x, 4)), c, o1); /* 16-31 */
-            }
+        __m512 e0 = _mm512_setzero_ps(), e1 = e0;
+        int k = 0;
+        if (wt == PI2_QT_Q4 && R == K_AXPY_ROWS) {
+            /* the full group: 4 chains, pointers and coefficients in registers */
+            __m512 f0 = _mm512_setzero_ps(), f1 = f0, g0 = f0, g1 = f0;
+#define K_AXPY512_R(x0, x1, kk)                                                                          \
+    do {                                                                                                 \
+        __m512 c_ = _mm512_set1_ps(cd[(kk) * kb + b]);                                                   \
+        __m512i x_ = _mm512_cvtepu8_epi32(                                                               \
+            _mm_loadu_si128((const __m128i *)(const void *)(w[kk] + (b0 + b) * PI2_Q4_GROUP_BYTES)));    \
+        x0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(x_, m4)), c_, x0);                      \
+        x1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(x_, 4)), c_, x1);                      \
+    } while (0)
+            K_AXPY512_R(o0, o1, 0);
+            K_AXPY512_R(e0, e1, 1);
+            K_AXPY512_R(f0, f1, 2);
+            K_AXPY512_R(g0, g1, 3);
+            K_AXPY512_R(o0, o1, 4);
+            K_AXPY512_R(e0, e1, 5);
+            K_AXPY512_R(f0, f1, 6);
+            K_AXPY512_R(g0, g1, 7);
+#undef K_AXPY512_R
             __m512 ov = _mm512_set1_ps(off[b]);
-            o0 = _mm512_add_ps(o0, ov);
-            o1 = _mm512_add_ps(o1, ov);
-        } else {
-            for (int k = 0; k < R; k++) {
-                const uint8_t *p = w[k] + (b0 + b) * PI2_Q8_GROUP_BYTES;
-                __m512 c = _mm512_set1_ps(cd[k * kb + b]);
-                __m512i x0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
-                __m512i x1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
-                o0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x0), c, o0);
-                o1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x1), c, o1);
+            e0 = _mm512_add_ps(_mm512_add_ps(e0, ov), _mm512_add_ps(f0, g0));
+            e1 = _mm512_add_ps(_mm512_add_ps(e1, ov), _mm512_add_ps(f1, g1));
+        } else if (wt == PI2_QT_Q4) {
+#define K_AXPY512_Q4(x0, x1, k)                                                                           \
+    do {                                                                                                  \
+        const uint8_t *p_ = w[k] + (b0 + b) * PI2_Q4_GROUP_BYTES;                                         \
+        __m512 c_ = _mm512_set1_ps(cd[(k) * kb + b]);                                                     \
+        __m512i x_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p_));            \
+        x0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(x_, m4)), c_, x0); /* elements 0-15 */  \
+        x1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(x_, 4)), c_, x1); /* 16-31 */          \
+    } while (0)
+            for (; k + 2 <= R; k += 2) {
+                K_AXPY512_Q4(o0, o1, k);
+                K_AXPY512_Q4(e0, e1, k + 1);
             }
+            if (k < R)
+                K_AXPY512_Q4(o0, o1, k);
+#undef K_AXPY512_Q4
+            __m512 ov = _mm512_set1_ps(off[b]);
+            e0 = _mm512_add_ps(e0, ov);
+            e1 = _mm512_add_ps(e1, ov);
+        } else {
+#define K_AXPY512_Q8(x0, x1, k)                                                                           \
+    do {                                                                                                  \
+        const uint8_t *p_ = w[k] + (b0 + b) * PI2_Q8_GROUP_BYTES;                                         \
+        __m512 c_ = _mm512_set1_ps(cd[(k) * kb + b]);                                                     \
+        __m512i y0_ = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p_));           \
+        __m512i y1_ = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p_ + 16)));    \
+        x0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(y0_), c_, x0);                                            \
+        x1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(y1_), c_, x1);                                            \
+    } while (0)
+            for (; k + 2 <= R; k += 2) {
+                K_AXPY512_Q8(o0, o1, k);
+                K_AXPY512_Q8(e0, e1, k + 1);
+            }
+            if (k < R)
+                K_AXPY512_Q8(o0, o1, k);
+#undef K_AXPY512_Q8
         }
-        _mm512_storeu_ps(o, o0);
-        _mm512_storeu_ps(o + 16, o1);
+        _mm512_storeu_ps(o, _mm512_add_ps(o0, e0));
+        _mm512_storeu_ps(o + 16, _mm512_add_ps(o1, e1));
     }
 }
-
-typedef void (*k_axpy_fn)(pi2_qtype wt, int R, const uint8_t *const *w, int64_t b0, int64_t kb, const float *cd,
-                          const float *off, float *out);
 
 static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const float *coef, const uint8_t *const *wp,
                       const uint16_t *const *ws, float *out)
@@ -1119,6 +1196,9 @@ static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const fl
     float cd[K_AXPY_ROWS * K_AXPY_CHUNK], off[K_AXPY_CHUNK];
     int r = 0;
     while (r < nrows) {
+        int rn = r + K_AXPY_ROWS; /* the next group, prefetched */
+        k_axpy_pf pf = {wp + (rn < nrows ? rn : 0), ws + (rn < nrows ? rn : 0),
+                        rn >= nrows ? 0 : nrows - rn < K_AXPY_ROWS ? nrows - rn : K_AXPY_ROWS};
         /* the next group of up to 8 rows (zero coefficients too: callers
          * pass only the rows they want read) */
         float c[K_AXPY_ROWS];
@@ -1136,7 +1216,7 @@ static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const fl
         for (int64_t b0 = 0; b0 < nb; b0 += K_AXPY_CHUNK) {
             int64_t kb = min64(K_AXPY_CHUNK, nb - b0);
             axpy_prep(wt, R, c, s, b0, kb, cd, off);
-            fn(wt, R, w, b0, kb, cd, off, out);
+            fn(wt, R, w, b0, kb, cd, off, &pf, out);
         }
     }
 }
@@ -1655,6 +1735,184 @@ PI2_T_AVX512 static void down_vnni512(pi2_qtype wt, int64_t n, int nrows, const 
     }
 }
 
+/* ---- down on AVX-512 VNNI, one token ----
+ *
+ * The same integer sums straight from the payload rows, 16 rows (one
+ * group) at a time so 16 row streams are in flight, the next group's
+ * prefetched. Per 64-byte step of the rows (Q4: 4 blocks, Q8: 2) and quad
+ * of rows, two byte and two word unpacks put the quad's bytes side by side
+ * (dword j of a 128-bit lane = [r0[j] r1[j] r2[j] r3[j]]), so vpdpbusd
+ * with the quad's coefficients (per lane those of its block, from the
+ * k_qent table) sums them with no repacking buffer: ~0.12 instructions per
+ * weight byte against ~0.35 for the 256-bit pair kernels, which left this
+ * pass at a third of the read bandwidth. The accumulators start at the
+ * bias; a lane's dwords are 4 columns of its block (Q4: low nibbles
+ * 4i .. 4i + 3, high nibbles those + 16; Q8: 16 * half + 4i ..), so the
+ * outputs live in that order in a float buffer for the column chunk:
+ * every 4 output vectors are a 4 x 4 transpose of 128-bit lanes away
+ * (out is read into it first and written back last). Groups run in row
+ * order with FMAs masked where the scale is 0: bit-identical to the twin. */
+
+enum { K_D1_KB = 128 /* blocks per column chunk (the reordered outputs: 16 KiB) */ };
+
+/* The 4 x 4 transpose of 128-bit lanes: r[i] lane L = a[L] lane i. */
+PI2_T_AVX512 static inline void d1_t4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 r[4])
+{
+    __m512 t0 = _mm512_shuffle_f32x4(a0, a1, 0x44), t1 = _mm512_shuffle_f32x4(a0, a1, 0xee);
+    __m512 t2 = _mm512_shuffle_f32x4(a2, a3, 0x44), t3 = _mm512_shuffle_f32x4(a2, a3, 0xee);
+    r[0] = _mm512_shuffle_f32x4(t0, t2, 0x88);
+    r[1] = _mm512_shuffle_f32x4(t0, t2, 0xdd);
+    r[2] = _mm512_shuffle_f32x4(t1, t3, 0x88);
+    r[3] = _mm512_shuffle_f32x4(t1, t3, 0xdd);
+}
+
+/* One step's outputs between column order (src/dst: 16 * z floats for
+ * output vector z, block z / 2; vectors whose block is at or past `valid`
+ * read as 0 and are not written) and the kernel's order (16 * v floats:
+ * Q4 v = 2i + h, Q8 v = i). `to_kernel` picks the direction; the
+ * transpose is its own inverse. */
+PI2_T_AVX512 static void d1_order(bool q4, bool to_kernel, float *col, float *ker, int valid)
+{
+    for (int h = 0; h < (q4 ? 2 : 1); h++) {
+        int zs = q4 ? 2 : 1; /* output vector z = zs * L + h */
+        __m512 a[4], r[4];
+        for (int L = 0; L < 4; L++) {
+            int z = zs * L + h, v = q4 ? 2 * L + h : L;
+            if (to_kernel)
+                a[L] = z / 2 < valid ? _mm512_loadu_ps(col + 16 * z) : _mm512_setzero_ps();
+            else
+                a[L] = _mm512_load_ps(ker + 16 * v);
+        }
+        d1_t4(a[0], a[1], a[2], a[3], r);
+        for (int i = 0; i < 4; i++) {
+            int z = zs * i + h, v = q4 ? 2 * i + h : i;
+            if (to_kernel)
+                _mm512_store_ps(ker + 16 * v, r[i]);
+            else if (z / 2 < valid)
+                _mm512_storeu_ps(col + 16 * z, r[i]);
+        }
+    }
+}
+
+/* One 64-byte step of a group: rows w[0..16) at byte offset off, the
+ * coefficient table e with this step's first block at lane lo, outputs f
+ * (kernel order). */
+PI2_T_AVX512 static inline __attribute__((always_inline)) void d1_step(bool q4, const uint8_t *const *w, int64_t off, const k_qent *e, int lo, float *f)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), x80 = _mm512_set1_epi8(-128);
+    /* dword p of a step vector belongs to block lo + p / 4 (Q4) or lo + p / 8 (Q8) */
+    const __m512i lane = q4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                            : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i idx = _mm512_add_epi32(lane, _mm512_set1_epi32(lo));
+    __m512 sv = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(e->s));
+    __mmask16 nz = _mm512_cmp_ps_mask(sv, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+    if (nz == 0)
+        return;
+    __m512i bias = _mm512_permutexvar_epi32(idx, _mm512_loadu_si512((const void *)e->bias));
+    __m512i acc[8] = {bias, bias, bias, bias, bias, bias, bias, bias};
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        __m512i c = _mm512_permutexvar_epi32(idx, _mm512_loadu_si512((const void *)e->q[k]));
+        __m512i A = _mm512_loadu_si512((const void *)(w[4 * k] + off));
+        __m512i B = _mm512_loadu_si512((const void *)(w[4 * k + 1] + off));
+        __m512i C = _mm512_loadu_si512((const void *)(w[4 * k + 2] + off));
+        __m512i D = _mm512_loadu_si512((const void *)(w[4 * k + 3] + off));
+        __m512i ab0 = _mm512_unpacklo_epi8(A, B), ab1 = _mm512_unpackhi_epi8(A, B);
+        __m512i cd0 = _mm512_unpacklo_epi8(C, D), cd1 = _mm512_unpackhi_epi8(C, D);
+        __m512i q[4] = {_mm512_unpacklo_epi16(ab0, cd0), _mm512_unpackhi_epi16(ab0, cd0),
+                        _mm512_unpacklo_epi16(ab1, cd1), _mm512_unpackhi_epi16(ab1, cd1)};
+        if (q4) {
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                acc[2 * i] = _mm512_dpbusd_epi32(acc[2 * i], _mm512_and_si512(q[i], m4), c);
+                acc[2 * i + 1] = _mm512_dpbusd_epi32(acc[2 * i + 1], _mm512_and_si512(_mm512_srli_epi16(q[i], 4), m4), c);
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++)
+                acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_xor_si512(q[i], x80), c);
+        }
+    }
+#define K_D1_FMA(v)                                                                                   \
+    _mm512_store_ps(f + 16 * (v), _mm512_mask3_fmadd_ps(sv, _mm512_cvtepi32_ps(acc[v]), _mm512_load_ps(f + 16 * (v)), nz))
+    K_D1_FMA(0);
+    K_D1_FMA(1);
+    K_D1_FMA(2);
+    K_D1_FMA(3);
+    if (q4) {
+        K_D1_FMA(4);
+        K_D1_FMA(5);
+        K_D1_FMA(6);
+        K_D1_FMA(7);
+    }
+#undef K_D1_FMA
+}
+
+PI2_T_AVX512 static void down_one512(pi2_qtype wt, int64_t n, int nrows, const float *coef, const uint8_t *const *wp,
+                                     const uint16_t *const *ws, float *out)
+{
+    bool q4 = wt == PI2_QT_Q4;
+    int64_t nb = n / QG, gb = q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES;
+    int bps = q4 ? 4 : 2; /* blocks per 64-byte step */
+    _Alignas(64) float f[QG * K_D1_KB];
+    _Alignas(64) uint8_t pad[K_DG][64];
+    float cp[K_DRC] = {0}, dR[K_DG * K_DKB];
+    k_qent e;
+    for (int64_t c0 = 0; c0 < nb; c0 += K_D1_KB) {
+        int64_t kb = min64(K_D1_KB, nb - c0);
+        for (int64_t b = 0; b < kb; b += bps)
+            d1_order(q4, true, out + (c0 + b) * QG, f + b * QG, (int)(kb - b));
+        for (int r0 = 0; r0 < nrows; r0 += K_DG) {
+            int R = nrows - r0 < K_DG ? nrows - r0 : K_DG;
+            int rn0 = r0 + K_DG, Rn = rn0 >= nrows ? 0 : nrows - rn0 < K_DG ? nrows - rn0 : K_DG;
+            const uint8_t *w[K_DG]; /* rows past the end repeat the group's first (coefficient 0) */
+            for (int k = 0; k < K_DG; k++) {
+                w[k] = wp[r0 + (k < R ? k : 0)] + c0 * gb;
+                cp[k] = k < R ? coef[r0 + k] : 0.0f;
+            }
+            for (int64_t w0 = 0; w0 < kb; w0 += 16) {
+                int64_t wk = min64(16, kb - w0);
+                for (int k = 0; k < K_DG; k++) {
+                    float *d = dR + k * K_DKB;
+                    int64_t done = 0;
+                    if (k < R && wk == 16) {
+                        _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(ws[r0 + k] + c0 + w0))));
+                        continue;
+                    }
+                    if (k < R) {
+                        cvt_scales(ws[r0 + k] + c0 + w0, wk, d);
+                        done = wk;
+                    }
+                    for (int64_t b = done; b < 16; b++)
+                        d[b] = 0.0f;
+                }
+                for (int k = 0; k < Rn; k++) /* the next group's scales for this window */
+                    _mm_prefetch((const char *)(ws[rn0 + k] + c0 + w0), _MM_HINT_T0);
+                down_prep512(wt, 1, 1, cp, dR, 0, &e);
+                for (int64_t b = w0; b < w0 + wk; b += bps) {
+                    int64_t off = b * gb;
+                    for (int k = 0; k < Rn; k++)
+                        _mm_prefetch((const char *)(wp[rn0 + k] + (c0 + b) * gb), _MM_HINT_T0);
+                    if (b + bps <= kb) {
+                        d1_step(q4, w, off, &e, (int)(b - w0), f + b * QG);
+                        continue;
+                    }
+                    /* the chunk's last blocks: zero-padded copies */
+                    const uint8_t *pw[K_DG];
+                    memset(pad, 0, sizeof pad);
+                    for (int k = 0; k < K_DG; k++) {
+                        memcpy(pad[k], w[k] + off, (size_t)((kb - b) * gb));
+                        pw[k] = pad[k];
+                    }
+                    d1_step(q4, pw, 0, &e, (int)(b - w0), f + b * QG);
+                }
+            }
+        }
+        for (int64_t b = 0; b < kb; b += bps)
+            d1_order(q4, false, out + (c0 + b) * QG, f + b * QG, (int)(kb - b));
+    }
+}
+
 /* ---- dequant (exact: (q - 8) * d and q * d are exact floats) ---- */
 
 PI2_T_AVX2 static void dequant_avx2(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
@@ -2072,6 +2330,10 @@ void pi2_k_down_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
     case PI2_ISA_AVX512:
         if (T >= K_DOWN512_MIN_T) {
             down_vnni512(wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
+            return;
+        }
+        if (T == 1) {
+            down_one512(wt, n, nrows, coef, wp, ws, out);
             return;
         }
         down_simd(wt == PI2_QT_Q4 ? down_tok_q4_vnni : down_tok_q8_vnni,

@@ -6,7 +6,8 @@
 #   decode, predicted sparsity  vs  this runtime's own --dense decode
 #   --dense decode bytes/s       vs  the machine's memory read bandwidth
 #   prefill int8 MAC/s           vs  the machine's int8 dot-product peak
-# Usage: sh runtime/bench.sh WORKDIR   (BUILD selects the binaries)
+# Usage: sh runtime/bench.sh WORKDIR   (BUILD selects the binaries,
+# REPEAT the runs of each mode, default 3)
 set -eu
 B=${BUILD:-build}
 W=${1:?usage: runtime/bench.sh WORKDIR}
@@ -28,24 +29,50 @@ if [ ! -f "$M.pi2" ]; then
     rm -rf "$M" "$M.pi2c"
 fi
 
-say "== machine limits (pi2-run --hw-probe -t $TH)"
-hw=$("$B/pi2-run" --hw-probe -t "$TH")
-say "$hw"
-peak=$(echo "$hw" | jget int8_macs_per_s)
-bw=$(echo "$hw" | jget read_bytes_per_s)
+# This VM's speed drifts by 10-30% over minutes (memory bandwidth most):
+# the limits are the best of probes before, between and after the runs
+# (they are limits), and the two modes alternate REPEAT times (ABBA...),
+# each figure being the median of its runs.
+REP=${REPEAT:-3}
+probe() { "$B/pi2-run" --hw-probe -t "$TH"; }
+best() { sort -g | tail -1; }
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+say "== machine limits (pi2-run --hw-probe -t $TH), the best of $((REP + 1)) probes around the runs"
+hws=$(probe)
+say "$hws"
+say "== pi2-run --bench (prompt 128 tokens, then 64 generated), $TH threads, sparse and --dense alternating $REP times"
+sps="" des=""
+for i in $(seq "$REP"); do
+    if [ $((i % 2)) = 1 ]; then
+        sp=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" --bench -t "$TH")
+        de=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" --bench -t "$TH" --dense)
+    else
+        de=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" --bench -t "$TH" --dense)
+        sp=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" --bench -t "$TH")
+    fi
+    say "sparse: $sp"
+    say "dense:  $de"
+    sps="$sps$sp
+"
+    des="$des$de
+"
+    hw=$(probe)
+    say "$hw"
+    hws="$hws
+$hw"
+done
+peak=$(echo "$hws" | jget int8_macs_per_s | best)
+bw=$(echo "$hws" | jget read_bytes_per_s | best)
+# one run's line for the per-token byte counts (the same in every run)
+sp=$(echo "$sps" | head -1)
+de=$(echo "$des" | head -1)
 
-say "== pi2-run --bench (prompt 128 tokens, then 64 generated), $TH threads"
-sp=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" --bench -t "$TH")
-say "sparse: $sp"
-de=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" --bench -t "$TH" --dense)
-say "dense:  $de"
-
-s_tg=$(echo "$sp" | jget tg_tok_s)
-d_tg=$(echo "$de" | jget tg_tok_s)
+s_tg=$(echo "$sps" | jget tg_tok_s | median)
+d_tg=$(echo "$des" | jget tg_tok_s | median)
 d_bytes=$(echo "$de" | jget weight_bytes_per_token)
 d_kv=$(echo "$de" | jget kv_bytes_per_token)
 s_bytes=$(echo "$sp" | jget weight_bytes_per_token)
-pp=$(echo "$de" | jget pp_tok_s)
+pp=$(echo "$des" | jget pp_tok_s | median)
 macs=$(echo "$de" | jget prefill_macs_per_token)
 d_bw=$(echo "$d_tg $d_bytes $d_kv" | awk '{printf "%.0f", $1 * ($2 + $3)}')
 pp_macs=$(echo "$pp $macs" | awk '{printf "%.0f", $1 * $2}')

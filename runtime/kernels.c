@@ -2044,11 +2044,56 @@ PI2_T_AVX2 static void sgemv_avx2(const float *W, int64_t ldw, int64_t n, int nr
 
 /* The same with 16 floats per register; the n % 16 tail is a masked load
  * (masked-off elements are not read). */
+/* Lane L of the result, dword i = the sum of v_i's 4 floats in lane L. */
+PI2_T_AVX512 static inline __m512 fold4_ps(__m512 v0, __m512 v1, __m512 v2, __m512 v3)
+{
+    __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1));
+    __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(v2, v3), _mm512_unpackhi_ps(v2, v3));
+    __m512d a = _mm512_castps_pd(s01), b = _mm512_castps_pd(s23);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+}
+
+/* 16 short rows at once (the predictor's second layer: rows of its rank,
+ * 64 floats): one accumulator per row, then 4 folds and a 4 x 4 transpose
+ * of 128-bit lanes sum all 16 at ~3 instructions a row, where a
+ * horizontal sum per row took ~8 (3.5x the read speed at 64 floats). */
+PI2_T_AVX512 static void sgemv16_avx512(const float *W, int64_t ldw, int64_t n, const float *x, float *out)
+{
+    __m512 a[16];
+    for (int i = 0; i < 16; i++)
+        a[i] = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 xv = _mm512_loadu_ps(x + j);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++)
+            a[i] = _mm512_fmadd_ps(_mm512_loadu_ps(W + i * ldw + j), xv, a[i]);
+    }
+    /* the last n % 16 columns a column at a time (gathered across the 16
+     * rows: masked loads, one per row, ran at half the speed) */
+    __m512 tail = _mm512_setzero_ps();
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)ldw));
+    for (; j < n; j++)
+        tail = _mm512_fmadd_ps(_mm512_i32gather_ps(idx, W + j, 4), _mm512_set1_ps(x[j]), tail);
+    __m512 f0 = fold4_ps(a[0], a[1], a[2], a[3]), f1 = fold4_ps(a[4], a[5], a[6], a[7]);
+    __m512 f2 = fold4_ps(a[8], a[9], a[10], a[11]), f3 = fold4_ps(a[12], a[13], a[14], a[15]);
+    /* f_q lane L dword i: row 4q + i over lane L; transposed, lane q of g_L */
+    __m512 t0 = _mm512_shuffle_f32x4(f0, f1, 0x44), t1 = _mm512_shuffle_f32x4(f0, f1, 0xee);
+    __m512 t2 = _mm512_shuffle_f32x4(f2, f3, 0x44), t3 = _mm512_shuffle_f32x4(f2, f3, 0xee);
+    __m512 g0 = _mm512_shuffle_f32x4(t0, t2, 0x88), g1 = _mm512_shuffle_f32x4(t0, t2, 0xdd);
+    __m512 g2 = _mm512_shuffle_f32x4(t1, t3, 0x88), g3 = _mm512_shuffle_f32x4(t1, t3, 0xdd);
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(g0, g1), _mm512_add_ps(g2, g3)), tail));
+}
+
 PI2_T_AVX512 static void sgemv_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
 {
     int64_t nfull = n & ~(int64_t)15;
     __mmask16 tail = (__mmask16)((1u << (n & 15)) - 1u);
     int r = 0;
+    if (n <= 256 && ldw <= INT32_MAX / 16)
+        for (; r + 16 <= nrows; r += 16)
+            sgemv16_avx512(W + (int64_t)r * ldw, ldw, n, x, out + r);
     for (; r + 4 <= nrows; r += 4) {
         const float *w0 = W + (int64_t)r * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;

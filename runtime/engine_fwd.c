@@ -305,6 +305,15 @@ static int ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool 
     return 0;
 }
 
+void eng_down_rows(pi2_qtype qt, int64_t D, int a, const float *coef, const uint8_t *const *wp,
+                   const uint16_t *const *ws, float *out)
+{
+    if (qt == PI2_QT_Q4 || qt == PI2_QT_Q8)
+        pi2_k_down_rows(qt, D, a, coef, a, wp, ws, 1, out, D);
+    else
+        pi2_k_axpy_rows(qt, D, a, coef, wp, ws, out);
+}
+
 /* ---- FFN decode: one token ---- */
 
 typedef struct ffn_dec_job {
@@ -397,13 +406,11 @@ static void ffn_dec_chunk(const ffn_dec_job *j, eng_tls *s, int64_t c, int64_t t
         s->coef[a] = v;
         a++;
     }
-    /* dense: int8 down projection over whole aligned groups of 16 neurons
-     * (the same groups as prefill's); sparse: exact float axpy of the
-     * active columns */
-    if (j->mode == FFN_DENSE)
-        pi2_k_down_rows(f->down.qt, D, a, s->coef, a, s->pp2, s->ps2, 1, out, D);
-    else if (a > 0)
-        pi2_k_axpy_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, out);
+    /* int8 down projection; dense: over whole aligned groups of 16 neurons
+     * (the same groups as prefill's); sparse: groups of 16 active columns
+     * (gathered from all over: twice the float axpy's speed) */
+    if (a > 0)
+        eng_down_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, out);
     s->predicted += (uint64_t)n;
     *n_up += (uint64_t)m;
     *n_down += (uint64_t)a;

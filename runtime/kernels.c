@@ -1013,21 +1013,13 @@ PI2_T_AVX2 static void axpy_prep(pi2_qtype wt, int R, const float *c, const uint
         for (; b < kb; b++)
             d[b] *= c[k];
     }
-    if (wt == PI2_QT_Q4) {
-        int64_t b = 0;
-        for (; b + 8 <= kb; b += 8) { /* the scalar loop's sums, 8 blocks at a time */
-            __m256 sum = _mm256_setzero_ps();
-            for (int k = 0; k < R; k++)
-                sum = _mm256_add_ps(sum, _mm256_loadu_ps(cd + k * kb + b));
-            _mm256_storeu_ps(off + b, _mm256_mul_ps(sum, _mm256_set1_ps(-8.0f)));
-        }
-        for (; b < kb; b++) {
+    if (wt == PI2_QT_Q4)
+        for (int64_t b = 0; b < kb; b++) {
             float sum = 0.0f;
             for (int k = 0; k < R; k++)
                 sum += cd[k * kb + b];
             off[b] = -8.0f * sum;
         }
-    }
 }
 
 /* 8 bytes zero- or sign-extended to int32. */
@@ -1073,39 +1065,11 @@ PI2_T_AVX2 static inline __m256i ld_i8x8(const uint8_t *p)
             ROW(o0, o1, o2, o3, w[k] + (b0 + b) * (GB), _mm256_broadcast_ss(cd + k * kb + b));         \
     } while (0)
 
-/* The rows of the next group, prefetched while the current one computes:
- * the callers pass scattered rows (the active neurons), so each is a
- * stream of its own too short for the hardware prefetcher (8 rows: 4.7
- * GB/s from DRAM without, one thread). Per new cache line of the current
- * rows' payload, the same line of each next row, and of their scales. */
-typedef struct k_axpy_pf {
-    const uint8_t *const *w;
-    const uint16_t *const *s;
-    int R;
-} k_axpy_pf;
-
-static inline void axpy_prefetch(const k_axpy_pf *pf, int64_t b, int64_t gb)
-{
-    int64_t off = b * gb;
-    if ((off & 63) >= gb)
-        return;
-    for (int k = 0; k < pf->R; k++)
-        _mm_prefetch((const char *)(pf->w[k] + off), _MM_HINT_T0);
-    if (((b * 2) & 63) < 2 * (64 / gb)) /* a new line of fp16 scales */
-        for (int k = 0; k < pf->R; k++)
-            _mm_prefetch((const char *)(pf->s[k] + b), _MM_HINT_T0);
-}
-
-typedef void (*k_axpy_fn)(pi2_qtype wt, int R, const uint8_t *const *w, int64_t b0, int64_t kb, const float *cd,
-                          const float *off, const k_axpy_pf *pf, float *out);
-
 PI2_T_AVX2 static void axpy_group_avx2(pi2_qtype wt, int R, const uint8_t *const *w, int64_t b0, int64_t kb,
-                                       const float *cd, const float *off, const k_axpy_pf *pf, float *out)
+                                       const float *cd, const float *off, float *out)
 {
     const __m256i m4 = _mm256_set1_epi32(0x0f);
-    int64_t gb = wt == PI2_QT_Q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES;
     for (int64_t b = 0; b < kb; b++) {
-        axpy_prefetch(pf, b0 + b, gb);
         float *o = out + (b0 + b) * QG;
         __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8);
         __m256 o2 = _mm256_loadu_ps(o + 16), o3 = _mm256_loadu_ps(o + 24);
@@ -1128,83 +1092,42 @@ PI2_T_AVX2 static void axpy_group_avx2(pi2_qtype wt, int R, const uint8_t *const
 }
 
 /* The same with 16 floats per register: one zero/sign extension of 16
- * bytes feeds a whole 512-bit register; rows alternate between two sets
- * of accumulators as above. */
+ * bytes feeds a whole 512-bit register. */
 PI2_T_AVX512 static void axpy_group_avx512(pi2_qtype wt, int R, const uint8_t *const *w, int64_t b0, int64_t kb,
-                                           const float *cd, const float *off, const k_axpy_pf *pf, float *out)
+                                           const float *cd, const float *off, float *out)
 {
     const __m512i m4 = _mm512_set1_epi32(0x0f);
-    int64_t gb = wt == PI2_QT_Q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES;
     for (int64_t b = 0; b < kb; b++) {
-        axpy_prefetch(pf, b0 + b, gb);
         float *o = out + (b0 + b) * QG;
         __m512 o0 = _mm512_loadu_ps(o), o1 = _mm512_loadu_ps(o + 16);
-        __m512 e0 = _mm512_setzero_ps(), e1 = e0;
-        int k = 0;
-        if (wt == PI2_QT_Q4 && R == K_AXPY_ROWS) {
-            /* the full group: 4 chains, pointers and coefficients in registers */
-            __m512 f0 = _mm512_setzero_ps(), f1 = f0, g0 = f0, g1 = f0;
-#define K_AXPY512_R(x0, x1, kk)                                                                          \
-    do {                                                                                                 \
-        __m512 c_ = _mm512_set1_ps(cd[(kk) * kb + b]);                                                   \
-        __m512i x_ = _mm512_cvtepu8_epi32(                                                               \
-            _mm_loadu_si128((const __m128i *)(const void *)(w[kk] + (b0 + b) * PI2_Q4_GROUP_BYTES)));    \
-        x0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(x_, m4)), c_, x0);                      \
-        x1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(x_, 4)), c_, x1);                      \
-    } while (0)
-            K_AXPY512_R(o0, o1, 0);
-            K_AXPY512_R(e0, e1, 1);
-            K_AXPY512_R(f0, f1, 2);
-            K_AXPY512_R(g0, g1, 3);
-            K_AXPY512_R(o0, o1, 4);
-            K_AXPY512_R(e0, e1, 5);
-            K_AXPY512_R(f0, f1, 6);
-            K_AXPY512_R(g0, g1, 7);
-#undef K_AXPY512_R
-            __m512 ov = _mm512_set1_ps(off[b]);
-            e0 = _mm512_add_ps(_mm512_add_ps(e0, ov), _mm512_add_ps(f0, g0));
-            e1 = _mm512_add_ps(_mm512_add_ps(e1, ov), _mm512_add_ps(f1, g1));
-        } else if (wt == PI2_QT_Q4) {
-#define K_AXPY512_Q4(x0, x1, k)                                                                           \
-    do {                                                                                                  \
-        const uint8_t *p_ = w[k] + (b0 + b) * PI2_Q4_GROUP_BYTES;                                         \
-        __m512 c_ = _mm512_set1_ps(cd[(k) * kb + b]);                                                     \
-        __m512i x_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p_));            \
-        x0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(x_, m4)), c_, x0); /* elements 0-15 */  \
-        x1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(x_, 4)), c_, x1); /* 16-31 */          \
-    } while (0)
-            for (; k + 2 <= R; k += 2) {
-                K_AXPY512_Q4(o0, o1, k);
-                K_AXPY512_Q4(e0, e1, k + 1);
+        if (wt == PI2_QT_Q4) {
+            for (int k = 0; k < R; k++) {
+                const uint8_t *p = w[k] + (b0 + b) * PI2_Q4_GROUP_BYTES;
+                __m512 c = _mm512_set1_ps(cd[k * kb + b]);
+                __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+                o0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(x, m4)), c, o0);   /* elements 0-15 */
+                o1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(x, 4)), c, o1); /* 16-31 */
             }
-            if (k < R)
-                K_AXPY512_Q4(o0, o1, k);
-#undef K_AXPY512_Q4
             __m512 ov = _mm512_set1_ps(off[b]);
-            e0 = _mm512_add_ps(e0, ov);
-            e1 = _mm512_add_ps(e1, ov);
+            o0 = _mm512_add_ps(o0, ov);
+            o1 = _mm512_add_ps(o1, ov);
         } else {
-#define K_AXPY512_Q8(x0, x1, k)                                                                           \
-    do {                                                                                                  \
-        const uint8_t *p_ = w[k] + (b0 + b) * PI2_Q8_GROUP_BYTES;                                         \
-        __m512 c_ = _mm512_set1_ps(cd[(k) * kb + b]);                                                     \
-        __m512i y0_ = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p_));           \
-        __m512i y1_ = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p_ + 16)));    \
-        x0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(y0_), c_, x0);                                            \
-        x1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(y1_), c_, x1);                                            \
-    } while (0)
-            for (; k + 2 <= R; k += 2) {
-                K_AXPY512_Q8(o0, o1, k);
-                K_AXPY512_Q8(e0, e1, k + 1);
+            for (int k = 0; k < R; k++) {
+                const uint8_t *p = w[k] + (b0 + b) * PI2_Q8_GROUP_BYTES;
+                __m512 c = _mm512_set1_ps(cd[k * kb + b]);
+                __m512i x0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+                __m512i x1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
+                o0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x0), c, o0);
+                o1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x1), c, o1);
             }
-            if (k < R)
-                K_AXPY512_Q8(o0, o1, k);
-#undef K_AXPY512_Q8
         }
-        _mm512_storeu_ps(o, _mm512_add_ps(o0, e0));
-        _mm512_storeu_ps(o + 16, _mm512_add_ps(o1, e1));
+        _mm512_storeu_ps(o, o0);
+        _mm512_storeu_ps(o + 16, o1);
     }
 }
+
+typedef void (*k_axpy_fn)(pi2_qtype wt, int R, const uint8_t *const *w, int64_t b0, int64_t kb, const float *cd,
+                          const float *off, float *out);
 
 static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const float *coef, const uint8_t *const *wp,
                       const uint16_t *const *ws, float *out)
@@ -1213,9 +1136,6 @@ static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const fl
     float cd[K_AXPY_ROWS * K_AXPY_CHUNK], off[K_AXPY_CHUNK];
     int r = 0;
     while (r < nrows) {
-        int rn = r + K_AXPY_ROWS; /* the next group, prefetched */
-        k_axpy_pf pf = {wp + (rn < nrows ? rn : 0), ws + (rn < nrows ? rn : 0),
-                        rn >= nrows ? 0 : nrows - rn < K_AXPY_ROWS ? nrows - rn : K_AXPY_ROWS};
         /* the next group of up to 8 rows (zero coefficients too: callers
          * pass only the rows they want read) */
         float c[K_AXPY_ROWS];
@@ -1233,7 +1153,7 @@ static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const fl
         for (int64_t b0 = 0; b0 < nb; b0 += K_AXPY_CHUNK) {
             int64_t kb = min64(K_AXPY_CHUNK, nb - b0);
             axpy_prep(wt, R, c, s, b0, kb, cd, off);
-            fn(wt, R, w, b0, kb, cd, off, &pf, out);
+            fn(wt, R, w, b0, kb, cd, off, out);
         }
     }
 }

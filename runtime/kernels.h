@@ -59,9 +59,10 @@ void pi2_k_matmul_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uin
                       int T, float *out, int64_t ldo);
 
 /* out[0..n) += sum_r coef[r] * dequant(row r) for r < nrows (Q4 or Q8
- * rows as above): the down projection as an accumulation of the active
- * neurons' columns (stored as rows). Every row is read, whatever its
- * coefficient: callers pass only the rows they want. */
+ * rows as above, or f32): the down projection as an exact float
+ * accumulation of the active neurons' columns (stored as rows); decode
+ * uses it for f32 rows, pi2_k_down_rows for Q4 and Q8. Every row is read,
+ * whatever its coefficient: callers pass only the rows they want. */
 void pi2_k_axpy_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, const uint8_t *const *wp,
                      const uint16_t *const *ws, float *out);
 void pi2_k_axpy_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef,
@@ -69,7 +70,7 @@ void pi2_k_axpy_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
 
 /* out[t * ldo + j] += sum_r coef[t * ldc + r] * dequant(row r)[j] for
  * t < T (1 <= T <= PI2_K_MAX_T), r < nrows, j < n: the down projection of
- * many neurons at once (dense decode, prefill). wt is Q4 or Q8 (rows as
+ * many neurons at once (decode's active neurons, prefill). wt is Q4 or Q8 (rows as
  * above); coefficients must be finite and coef * scale must not overflow.
  * Rows past nrows and coefficients past nrows are never read.
  *

@@ -1745,7 +1745,8 @@ PI2_T_AVX512 static void d1_order(bool q4, bool to_kernel, float *col, float *ke
 /* One 64-byte step of a group: rows w[0..16) at byte offset off, the
  * coefficient table e with this step's first block at lane lo, outputs f
  * (kernel order). */
-PI2_T_AVX512 static inline __attribute__((always_inline)) void d1_step(bool q4, const uint8_t *const *w, int64_t off, const k_qent *e, int lo, float *f)
+PI2_T_AVX512 static inline __attribute__((always_inline)) void d1_step(bool q4, const uint8_t *const *w, int64_t off,
+                                                                       const k_qent *e, int lo, float *f)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f), x80 = _mm512_set1_epi8(-128);
     /* dword p of a step vector belongs to block lo + p / 4 (Q4) or lo + p / 8 (Q8) */
@@ -1773,7 +1774,8 @@ PI2_T_AVX512 static inline __attribute__((always_inline)) void d1_step(bool q4, 
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
                 acc[2 * i] = _mm512_dpbusd_epi32(acc[2 * i], _mm512_and_si512(q[i], m4), c);
-                acc[2 * i + 1] = _mm512_dpbusd_epi32(acc[2 * i + 1], _mm512_and_si512(_mm512_srli_epi16(q[i], 4), m4), c);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q[i], 4), m4);
+                acc[2 * i + 1] = _mm512_dpbusd_epi32(acc[2 * i + 1], hi, c);
             }
         } else {
 #pragma GCC unroll 4
@@ -1782,7 +1784,8 @@ PI2_T_AVX512 static inline __attribute__((always_inline)) void d1_step(bool q4, 
         }
     }
 #define K_D1_FMA(v)                                                                                   \
-    _mm512_store_ps(f + 16 * (v), _mm512_mask3_fmadd_ps(sv, _mm512_cvtepi32_ps(acc[v]), _mm512_load_ps(f + 16 * (v)), nz))
+    _mm512_store_ps(f + 16 * (v),                                                                     \
+                    _mm512_mask3_fmadd_ps(sv, _mm512_cvtepi32_ps(acc[v]), _mm512_load_ps(f + 16 * (v)), nz))
     K_D1_FMA(0);
     K_D1_FMA(1);
     K_D1_FMA(2);
@@ -1824,7 +1827,8 @@ PI2_T_AVX512 static void down_one512(pi2_qtype wt, int64_t n, int nrows, const f
                     float *d = dR + k * K_DKB;
                     int64_t done = 0;
                     if (k < R && wk == 16) {
-                        _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(ws[r0 + k] + c0 + w0))));
+                        const uint16_t *h = ws[r0 + k] + c0 + w0;
+                        _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)h)));
                         continue;
                     }
                     if (k < R) {

@@ -1704,7 +1704,7 @@ PI2_T_AVX512 static void down_vnni512(pi2_qtype wt, int64_t n, int nrows, const 
 enum { K_D1_KB = 128 /* blocks per column chunk (the reordered outputs: 16 KiB) */ };
 
 /* The 4 x 4 transpose of 128-bit lanes: r[i] lane L = a[L] lane i. */
-PI2_T_AVX512 static inline void d1_t4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 r[4])
+PI2_T_AVX512 static inline void lanes_t4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 r[4])
 {
     __m512 t0 = _mm512_shuffle_f32x4(a0, a1, 0x44), t1 = _mm512_shuffle_f32x4(a0, a1, 0xee);
     __m512 t2 = _mm512_shuffle_f32x4(a2, a3, 0x44), t3 = _mm512_shuffle_f32x4(a2, a3, 0xee);
@@ -1731,7 +1731,7 @@ PI2_T_AVX512 static void d1_order(bool q4, bool to_kernel, float *col, float *ke
             else
                 a[L] = _mm512_load_ps(ker + 16 * v);
         }
-        d1_t4(a[0], a[1], a[2], a[3], r);
+        lanes_t4(a[0], a[1], a[2], a[3], r);
         for (int i = 0; i < 4; i++) {
             int z = zs * i + h, v = q4 ? 2 * i + h : i;
             if (to_kernel)
@@ -2019,12 +2019,10 @@ PI2_T_AVX512 static void sgemv16_avx512(const float *W, int64_t ldw, int64_t n, 
         tail = _mm512_fmadd_ps(_mm512_i32gather_ps(idx, W + j, 4), _mm512_set1_ps(x[j]), tail);
     __m512 f0 = fold4_ps(a[0], a[1], a[2], a[3]), f1 = fold4_ps(a[4], a[5], a[6], a[7]);
     __m512 f2 = fold4_ps(a[8], a[9], a[10], a[11]), f3 = fold4_ps(a[12], a[13], a[14], a[15]);
-    /* f_q lane L dword i: row 4q + i over lane L; transposed, lane q of g_L */
-    __m512 t0 = _mm512_shuffle_f32x4(f0, f1, 0x44), t1 = _mm512_shuffle_f32x4(f0, f1, 0xee);
-    __m512 t2 = _mm512_shuffle_f32x4(f2, f3, 0x44), t3 = _mm512_shuffle_f32x4(f2, f3, 0xee);
-    __m512 g0 = _mm512_shuffle_f32x4(t0, t2, 0x88), g1 = _mm512_shuffle_f32x4(t0, t2, 0xdd);
-    __m512 g2 = _mm512_shuffle_f32x4(t1, t3, 0x88), g3 = _mm512_shuffle_f32x4(t1, t3, 0xdd);
-    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(g0, g1), _mm512_add_ps(g2, g3)), tail));
+    /* f_q lane L dword i: row 4q + i over lane L; transposed, lane q of g[L] */
+    __m512 g[4];
+    lanes_t4(f0, f1, f2, f3, g);
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(g[0], g[1]), _mm512_add_ps(g[2], g[3])), tail));
 }
 
 PI2_T_AVX512 static void sgemv_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)

@@ -1202,6 +1202,17 @@ typedef struct k_dent {
     int32_t off[8];
 } k_dent;
 
+/* cp[t * K_DRC + k] = coefficient r0 + k of token t for k < R, 0 up to
+ * kp (the chunk's rows rounded up to whole groups). */
+static void down_coefs(const float *coef, int64_t ldc, int T, int r0, int R, int kp, float *cp)
+{
+    for (int t = 0; t < T; t++) {
+        memcpy(cp + t * K_DRC, coef + t * ldc + r0, (size_t)R * sizeof(float));
+        for (int k = R; k < kp; k++)
+            cp[t * K_DRC + k] = 0.0f;
+    }
+}
+
 /* tab[(t * kb8 + b8) * G + g] for t < T, blocks 8 * b8 .. + 7 < 8 * kb8,
  * g < G, from the padded coefficients cp[t * K_DRC + r] and block scales
  * dR[r * K_DKB + b] (zero past the chunk). Vectorized across blocks, so
@@ -1458,11 +1469,7 @@ PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, k_down_one_fn one, pi2_qtype
         for (int k = 0; k < G * K_DG; k++)
             w[k] = wp[r0 + (k < R ? k : 0)];
         int rn0 = r0 + drc, Rn = rn0 >= nrows ? 0 : nrows - rn0 < drc ? nrows - rn0 : drc;
-        for (int t = 0; t < T; t++) {
-            memcpy(cp + t * K_DRC, coef + t * ldc + r0, (size_t)R * sizeof(float));
-            for (int k = R; k < G * K_DG; k++)
-                cp[t * K_DRC + k] = 0.0f;
-        }
+        down_coefs(coef, ldc, T, r0, R, G * K_DG, cp);
         int64_t kc = 8 * min64(K_DTAB / (T * G), K_DKB / 8); /* T * G <= 256: kc >= 8 */
         for (int64_t b0 = 0; b0 < nb; b0 += kc) {
             int64_t kb = min64(kc, nb - b0), kb8 = (kb + 7) / 8;
@@ -1650,11 +1657,7 @@ PI2_T_AVX512 static void down_vnni512(pi2_qtype wt, int64_t n, int nrows, const 
         const uint8_t *w[K_DRC]; /* rows past the chunk repeat its first row (coefficient 0) */
         for (int k = 0; k < G * K_DG; k++)
             w[k] = wp[r0 + (k < R ? k : 0)];
-        for (int t = 0; t < T; t++) {
-            memcpy(cp + t * K_DRC, coef + t * ldc + r0, (size_t)R * sizeof(float));
-            for (int k = R; k < G * K_DG; k++)
-                cp[t * K_DRC + k] = 0.0f;
-        }
+        down_coefs(coef, ldc, T, r0, R, G * K_DG, cp);
         for (int64_t b0 = 0; b0 < nb; b0 += K_DKB) {
             int64_t kb = min64(K_DKB, nb - b0), kb16 = (kb + 15) / 16;
             for (int k = 0; k < G * K_DG; k++) {
@@ -1807,7 +1810,7 @@ PI2_T_AVX512 static void down_one512(pi2_qtype wt, int64_t n, int nrows, const f
     int bps = q4 ? 4 : 2; /* blocks per 64-byte step */
     _Alignas(64) float f[QG * K_D1_KB];
     _Alignas(64) uint8_t pad[K_DG][64];
-    float cp[K_DRC] = {0}, dR[K_DG * K_DKB];
+    float cp[K_DG], dR[K_DG * K_DKB]; /* one group: down_prep512 with T = G = 1 */
     k_qent e;
     for (int64_t c0 = 0; c0 < nb; c0 += K_D1_KB) {
         int64_t kb = min64(K_D1_KB, nb - c0);
@@ -1817,16 +1820,15 @@ PI2_T_AVX512 static void down_one512(pi2_qtype wt, int64_t n, int nrows, const f
             int R = nrows - r0 < K_DG ? nrows - r0 : K_DG;
             int rn0 = r0 + K_DG, Rn = rn0 >= nrows ? 0 : nrows - rn0 < K_DG ? nrows - rn0 : K_DG;
             const uint8_t *w[K_DG]; /* rows past the end repeat the group's first (coefficient 0) */
-            for (int k = 0; k < K_DG; k++) {
+            for (int k = 0; k < K_DG; k++)
                 w[k] = wp[r0 + (k < R ? k : 0)] + c0 * gb;
-                cp[k] = k < R ? coef[r0 + k] : 0.0f;
-            }
+            down_coefs(coef, 0, 1, r0, R, K_DG, cp);
             for (int64_t w0 = 0; w0 < kb; w0 += 16) {
                 int64_t wk = min64(16, kb - w0);
                 for (int k = 0; k < K_DG; k++) {
                     float *d = dR + k * K_DKB;
                     int64_t done = 0;
-                    if (k < R && wk == 16) {
+                    if (k < R && wk == 16) { /* one conversion: a call per row cost 6% here */
                         const uint16_t *h = ws[r0 + k] + c0 + w0;
                         _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)h)));
                         continue;
@@ -1983,8 +1985,6 @@ PI2_T_AVX2 static void sgemv_avx2(const float *W, int64_t ldw, int64_t n, int nr
     }
 }
 
-/* The same with 16 floats per register; the n % 16 tail is a masked load
- * (masked-off elements are not read). */
 /* Lane L of the result, dword i = the sum of v_i's 4 floats in lane L. */
 PI2_T_AVX512 static inline __m512 fold4_ps(__m512 v0, __m512 v1, __m512 v2, __m512 v3)
 {
@@ -1997,7 +1997,8 @@ PI2_T_AVX512 static inline __m512 fold4_ps(__m512 v0, __m512 v1, __m512 v2, __m5
 /* 16 short rows at once (the predictor's second layer: rows of its rank,
  * 64 floats): one accumulator per row, then 4 folds and a 4 x 4 transpose
  * of 128-bit lanes sum all 16 at ~3 instructions a row, where a
- * horizontal sum per row took ~8 (3.5x the read speed at 64 floats). */
+ * horizontal sum per row took ~8 (one thread, 5632 rows: 2.4x the read
+ * speed at 64 floats, 1.5x at 65). */
 PI2_T_AVX512 static void sgemv16_avx512(const float *W, int64_t ldw, int64_t n, const float *x, float *out)
 {
     __m512 a[16];
@@ -2025,6 +2026,8 @@ PI2_T_AVX512 static void sgemv16_avx512(const float *W, int64_t ldw, int64_t n, 
     _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(g[0], g[1]), _mm512_add_ps(g[2], g[3])), tail));
 }
 
+/* The same with 16 floats per register; the n % 16 tail is a masked load
+ * (masked-off elements are not read). */
 PI2_T_AVX512 static void sgemv_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
 {
     int64_t nfull = n & ~(int64_t)15;

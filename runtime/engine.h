@@ -22,14 +22,16 @@
  *
  * Prefill (pi2_engine_prefill) runs the prompt in batches of up to
  * PI2_K_MAX_T tokens: every matmul is a rows x tokens tiled int8 kernel,
- * the FFN down projection a dequantized tile through sgemm; FFNs are dense.
+ * the FFN down projection the int8 down kernel (pi2_k_down_rows); FFNs are
+ * dense.
  *
  * Decode (pi2_engine_decode) runs one token. Its FFN, per (layer, expert):
  *   predictor mode   scores = fc2 . relu(fc1 . x); neurons with score >=
  *                    threshold are "predicted"; only their gate rows are
  *                    read; up rows only where the gate lets the neuron
  *                    fire (ReGLU / dReLU: gate > 0); the output is the sum of
- *                    the active neurons' down columns (axpy) - inactive
+ *                    the active neurons' down columns (the int8 down kernel,
+ *                    groups of 16 active columns) - inactive
  *                    neurons' weights are never touched;
  *   threshold mode   (SiLU models) every gate and up row; down only for
  *                    neurons with |activation| >= the calibrated threshold;

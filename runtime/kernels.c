@@ -161,7 +161,10 @@ static void down_scalar(pi2_qtype wt, int64_t n, int nrows, const float *coef, i
                 int cq[K_DG];
                 for (int k = 0; k < m; k++) {
                     float q = rintf(c[k] * inv);
-                    cq[k] = q > 127.0f ? 127 : q < -127.0f ? -127 : (int)q;
+                    /* NaN (a non-finite coefficient: outside the contract,
+                     * but a hostile model's activations reach here) must
+                     * not meet the int conversion */
+                    cq[k] = q > 127.0f ? 127 : q < -127.0f ? -127 : q == q ? (int)q : 0;
                 }
                 for (int j = 0; j < QG; j++) {
                     int32_t S = 0;

@@ -31,6 +31,11 @@ mkdir -p "$W"
 say() { printf '%s\n' "$*"; }
 jget() { sed -n "s/.*\"$1\":\([-0-9.e+]*\).*/\1/p" | head -1; }
 
+# Pending writes first: a build or copy just before left the disk writing
+# back, and random reads during that ran at half (once a tenth) of the rate
+# the runs then saw, which made the probes and the planner's profile
+# pessimistic by as much.
+sync
 say "== machine: memory bandwidth (pi2-run --hw-probe) and this disk (pi2-run --io-probe $M)"
 hw=$("$B/pi2-run" --hw-probe -t "$TH")
 bw=$(echo "$hw" | jget read_bytes_per_s)
@@ -79,11 +84,11 @@ run() {
     shift 2
     if [ "$capped" = yes ]; then
         sh tests/cgroup_run.sh "$limit" "$W/usage" "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" \
-            --bench-tg "$TG" -t "$TH" --mem-limit "$limit" --no-verify-ffn --hw-profile "$HWP" "$@" >"$out" 2>"$W/err" ||
+            --bench-tg "$TG" -t "${RUN_T:-$TH}" --mem-limit "$limit" --no-verify-ffn --hw-profile "$HWP" "$@" >"$out" 2>"$W/err" ||
             return 1
         read -r peak fails <"$W/usage"
     else
-        "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH" --mem-limit "$limit" \
+        "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "${RUN_T:-$TH}" --mem-limit "$limit" \
             --no-verify-ffn --hw-profile "$HWP" "$@" >"$out" 2>"$W/err" || return 1
         peak=$(jget footprint_bytes <"$out")
     fi
@@ -115,10 +120,29 @@ for pct in $POINTS; do
 "
 done
 say "(caps: $capped; floors: the larger of I/O and memory time per token; x floor = decode time / that floor)"
+# the cost model's factors are learned per compute thread count, and the
+# planner may pick fewer threads than $TH (the I/O thread then has a core of
+# its own): each smaller count runs the fixed split once at the last point,
+# so that pass 2 predicts it with its own factors (a count never run takes
+# the mean of the others': 1.2-1.3x too fast for 1 thread on the 1B-shaped
+# model, where 1 thread overlaps its reads less than the profile's overlap)
+t=1
+while [ "$t" -lt "$TH" ]; do
+    out="$W/offload-$NAME-t$t.json"
+    if RUN_T=$t run "$limit" "$out" --no-plan; then
+        say "$t compute thread(s), fixed split at $pct%: $(jget tg_tok_s <"$out") tok/s, predicted $(jget predicted_tok_s <"$out") (teaches the $t-thread factors)"
+    else
+        say "$t compute thread(s) at $pct%: failed"
+        cat "$W/err"
+    fi
+    t=$((t + 1))
+done
 say ""
 say "== pass 2: the planner's settings at each limit (predicted with what pass 1 taught) and the fixed split, alternating (ABBA)"
 say "   $REPEAT times each: tok/s are the means (fixed predicted: pass 1's prediction)"
-printf '%-6s %9s | %8s %9s %7s | %8s %9s %7s %6s %3s %5s %8s | %8s\n' "out%" "limit MB" "fixed" "predicted" "error" "planned" "predicted" "error" "hit%" "t" "depth" "gates MB" "planned/fixed"
+say "   (settings \"=\": the planner kept the fixed split, predicting no gain of min_gain or more: the two columns"
+say "   then differ by this machine's noise alone)"
+printf '%-6s %9s | %8s %9s %7s | %8s %9s %7s %6s %3s %5s %8s %8s | %8s\n' "out%" "limit MB" "fixed" "predicted" "error" "planned" "predicted" "error" "hit%" "t" "depth" "gates MB" "settings" "planned/fixed"
 for pct in $POINTS; do
     limit=$(echo "$minimum $ffn $pct" | awk '{printf "%.0f", $1 + $2 * (100 - $3) / 100 + 65536}')
     f="$W/offload-$NAME-$pct.json"
@@ -144,10 +168,13 @@ for pct in $POINTS; do
         cp "$pout.1" "$pout"
         p=$(sed "s/\"tg_tok_s\":[0-9.]*/\"tg_tok_s\":$(echo "$ptg $REPEAT" | awk '{printf "%.3f", $1 / $2}')/" "$pout.1")
         ftg=$(echo "$ftg $REPEAT" | awk '{printf "%.3f", $1 / $2}')
-        c="$pct $limit $ftg $(jget predicted_tok_s <"$f") $(echo "$p" | jget tg_tok_s) $(echo "$p" | jget predicted_tok_s) $(echo "$p" | jget hit_rate) $(echo "$p" | jget plan_threads) $(echo "$p" | jget plan_io_depth) $(echo "$p" | jget gate_hot_bytes)"
+        kept=0
+        grep -q '"plan":"planned: the fixed split' "$pout.1" && kept=1
+        c="$pct $limit $ftg $(jget predicted_tok_s <"$f") $(echo "$p" | jget tg_tok_s) $(echo "$p" | jget predicted_tok_s) $(echo "$p" | jget hit_rate) $(echo "$p" | jget plan_threads) $(echo "$p" | jget plan_io_depth) $(echo "$p" | jget gate_hot_bytes) $kept"
         echo "$c" | awk '{
-            printf "%-6s %9.0f | %8.2f %9.2f %+6.0f%% | %8.2f %9.2f %+6.0f%% %6.1f %3d %5d %8.0f | %8.2f\n", $1, $2/1048576, $3, $4,
-                ($3 > 0 ? 100 * ($4 / $3 - 1) : 0), $5, $6, ($5 > 0 ? 100 * ($6 / $5 - 1) : 0), 100 * $7, $8, $9, $10/1048576, ($3 > 0 ? $5 / $3 : 0) }'
+            printf "%-6s %9.0f | %8.2f %9.2f %+6.0f%% | %8.2f %9.2f %+6.0f%% %6.1f %3d %5d %8.0f %8s | %8.2f\n", $1, $2/1048576, $3, $4,
+                ($3 > 0 ? 100 * ($4 / $3 - 1) : 0), $5, $6, ($5 > 0 ? 100 * ($6 / $5 - 1) : 0), 100 * $7, $8, $9, $10/1048576,
+                ($11 ? "=" : "own"), ($3 > 0 ? $5 / $3 : 0) }'
         cmp="$cmp$c
 "
     else
@@ -155,12 +182,13 @@ for pct in $POINTS; do
         cat "$W/err"
     fi
 done
-echo "$cmp" | awk 'NF { n++; e = ($5 > 0 ? $6 / $5 - 1 : 0); if (e < 0) e = -e; if (e <= 0.2) ok++; r = $5 / $3; if (r < 0.97) slower++; if (r > 1.03) faster++ }
-    END { if (n) printf "planned: predicted within 20%% of measured at %d of %d points; faster than the fixed split (>3%%) at %d, slower (>3%%) at %d\n", ok, n, faster, slower }'
+echo "$cmp" | awk 'NF { n++; e = ($5 > 0 ? $6 / $5 - 1 : 0); if (e < 0) e = -e; if (e <= 0.2) ok++; r = $5 / $3
+                          if ($11) { kept++; next } own++; if (r < 0.97) slower++; if (r > 1.03) faster++ }
+    END { if (n) printf "planned: predicted within 20%% of measured at %d of %d points; own settings at %d (faster than the fixed split (>3%%) at %d, slower (>3%%) at %d), the fixed split kept at %d\n", ok, n, own, faster, slower, kept }'
 { echo "$rows"; echo "PLANNED"; echo "$cmp"; } | awk -v name="$NAME" -v base="$base_tg" -v capped="$capped" '
     /^PLANNED/ { pl = 1; next }
     NF && !pl { n++; pct[n]=$1; lim[n]=$2; tg[n]=$3; rel[n]=$4; hit[n]=$5; mb[n]=$6; kb[n]=$7; xf[n]=$12 }
-    NF && pl { m++; ppct[m]=$1; ftg[m]=$3; fp[m]=$4; ptg[m]=$5; pp[m]=$6; phit[m]=$7; pt[m]=$8; pd[m]=$9; pg[m]=$10 }
+    NF && pl { m++; ppct[m]=$1; ftg[m]=$3; fp[m]=$4; ptg[m]=$5; pp[m]=$6; phit[m]=$7; pt[m]=$8; pd[m]=$9; pg[m]=$10; pk[m]=$11 }
     END {
         printf "{\"model\":\"%s\",\"in_memory_tok_s\":%s,\"capped\":\"%s\",\"points\":[", name, base, capped
         for (i = 1; i <= n; i++)
@@ -168,8 +196,8 @@ echo "$cmp" | awk 'NF { n++; e = ($5 > 0 ? $6 / $5 - 1 : 0); if (e < 0) e = -e; 
                 (i > 1 ? "," : ""), pct[i], lim[i], tg[i], rel[i], hit[i], mb[i], kb[i], xf[i]
         printf "],\"planned\":["
         for (i = 1; i <= m; i++)
-            printf "%s{\"offloaded_pct\":%s,\"fixed_tok_s\":%s,\"fixed_predicted_tok_s\":%s,\"tok_s\":%s,\"predicted_tok_s\":%s,\"hit_rate\":%s,\"threads\":%s,\"io_depth\":%s,\"gate_hot_bytes\":%s}",
-                (i > 1 ? "," : ""), ppct[i], ftg[i], fp[i], ptg[i], pp[i], phit[i], pt[i], pd[i], pg[i]
+            printf "%s{\"offloaded_pct\":%s,\"fixed_tok_s\":%s,\"fixed_predicted_tok_s\":%s,\"tok_s\":%s,\"predicted_tok_s\":%s,\"hit_rate\":%s,\"threads\":%s,\"io_depth\":%s,\"gate_hot_bytes\":%s,\"fixed_split_kept\":%s}",
+                (i > 1 ? "," : ""), ppct[i], ftg[i], fp[i], ptg[i], pp[i], phit[i], pt[i], pd[i], pg[i], (pk[i] ? "true" : "false")
         printf "]}\n"
     }' >"$W/offload-$NAME.json"
 # SVG: decode tok/s against the memory limit, hit rate as a second series

@@ -164,7 +164,7 @@ typedef struct pi2_engine_offload_info {
     bool hot_locked;         /* mlock succeeded */
     const char *backend;     /* "io_uring" or "pread" */
     const char *note;        /* why the backend or mode is what it is, or "" */
-    const char *plan_source; /* "planned", "given", "fixed split" */
+    const char *plan_source; /* "planned", "planned: the fixed split (no clear gain)", "given", "fixed split" */
     const struct pi2_plan *plan; /* the plan run, with its predictions (NULL: fixed split, no hardware profile) */
     int threads, io_depth;   /* as run */
     bool gate_first;

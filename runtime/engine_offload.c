@@ -401,7 +401,7 @@ static int ofl_plan(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, const p
             pi2_err_clear(err);
             rc = pi2_err_set(err, inner.code, "%s: %s", e->path, inner.msg);
         }
-        x->info.plan_source = "planned";
+        x->info.plan_source = x->plan.fixed_split ? "planned: the fixed split (no clear gain)" : "planned";
     }
     pi2_mprof_free(&mp);
     return rc;

@@ -300,7 +300,7 @@ P="--pubkey $T/k.pub --hw-profile $T/hw.json -t 1"
 lim=$(( ${min:-1} + 2 ))M
 # shellcheck disable=SC2086
 "$B/pi2-run" "$T/b.pi2" $P --plan-only --mem-limit "$lim" -p "hello world" -n 16 >"$T/plan.json" 2>"$T/err" \
-    && grep -q '"source":"planned"' "$T/plan.json" && grep -q '"hot_groups":\[' "$T/plan.json" \
+    && grep -q '"source":"planned' "$T/plan.json" && grep -q '"hot_groups":\[' "$T/plan.json" \
     && grep -q '"decode_tok_s":' "$T/plan.json" && grep -q '"memory":{' "$T/plan.json" && ok \
     || { bad "pi2-run --plan-only with a hardware profile"; cat "$T/plan.json" "$T/err"; }
 # shellcheck disable=SC2086

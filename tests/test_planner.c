@@ -292,6 +292,25 @@ static void test_cost_model(void **state)
         last_ms = p.pred.decode_ms;
     }
     assert_true(last_reads == 0 && p.pred.hit_rate == 1.0 && p.pred.offloaded == 0.0);
+    /* every group selected by every token: an FFN reads exactly its cold
+     * groups, 0..GROUPS of them at once; one more read never takes less
+     * time, across the probed depths (1, 4) too */
+    pi2_mprof all;
+    fake_model(&all, false, 7);
+    for (uint32_t i = 0; i < NF; i++)
+        for (uint32_t k = 0; k < GROUPS; k++)
+            all.ffn[i].p[k] = all.ffn[i].n[k] = all.ffn[i].q[k] = 1;
+    last_ms = 0;
+    for (uint32_t h = GROUPS + 1; h-- > 0;) {
+        for (uint32_t i = 0; i < NF; i++)
+            p.hot_groups[i] = p.gate_groups[i] = h;
+        pi2_plan_predict(&all, &hw, &p, 128);
+        if (fabs(p.pred.reads_per_token - (double)NF * (GROUPS - h)) > 1e-9 || p.pred.io_ms < last_ms)
+            fail_msg("%u cold groups: %.3f reads, %.6f ms of reads after %.6f", GROUPS - h, p.pred.reads_per_token,
+                     p.pred.io_ms, last_ms);
+        last_ms = p.pred.io_ms;
+    }
+    free_model(&all);
     /* one compute thread, the I/O thread on a core of its own: reads
      * shorter than each layer's compute hide under it by the overlap (0.5
      * in the fake profile), all of the compute counting as the window */
@@ -421,9 +440,9 @@ static void test_calibration(void **state)
         q.hot_groups[i] = q.gate_groups[i] = GROUPS / 8;
     for (int i = 0; i < PI2_HW_NSIZES; i++) /* a slow disk: the reads weigh */
         for (int j = 0; j < PI2_HW_NDEPTHS; j++) {
-            hw.io[i][j].iops /= 8;
-            hw.io[i][j].bytes_per_s /= 8;
-            hw.io[i][j].lat_us *= 8;
+            hw.io[i][j].iops /= 16;
+            hw.io[i][j].bytes_per_s /= 16;
+            hw.io[i][j].lat_us *= 16;
         }
     pi2_plan_cal slow = c;
     slow.s_io_w[1] = 1e9; /* 1.5 whatever the prior */

@@ -311,17 +311,19 @@ static void test_cost_model(void **state)
         last_ms = p.pred.io_ms;
     }
     free_model(&all);
-    /* one compute thread, the I/O thread on a core of its own: reads
-     * shorter than each layer's compute hide under it by the overlap (0.5
-     * in the fake profile), all of the compute counting as the window */
+    /* one compute thread, the I/O thread on a core of its own: reads of a
+     * tenth of each layer's compute or less hide under it by the overlap
+     * (0.5 in the fake profile) times 95-100% (X + Y - |(X, Y)| of reads Y
+     * under compute X), all of the compute counting as the window */
     p.threads = 1;
     for (uint32_t i = 0; i < NF; i++)
         p.hot_groups[i] = p.gate_groups[i] = GROUPS - 1;
     pi2_plan_predict(&mp, &hw, &p, 128);
     assert_true(p.pred.overlap == 0.5 && p.pred.io_ms > 0 && p.pred.io_ms < 0.1 * p.pred.compute_ms);
-    double want = p.pred.compute_ms + p.pred.head_ms + 0.5 * p.pred.io_ms;
-    if (!(fabs(p.pred.decode_ms / want - 1) < 1e-9))
-        fail_msg("decode %.9f ms, compute + head + half the reads %.9f ms", p.pred.decode_ms, want);
+    double lo = p.pred.compute_ms + p.pred.head_ms + 0.5 * p.pred.io_ms, hi = lo + 0.5 * 0.05 * p.pred.io_ms;
+    if (!(p.pred.decode_ms >= lo * (1 - 1e-12) && p.pred.decode_ms <= hi))
+        fail_msg("decode %.9f ms, compute + head + half the reads %.9f ms (+5%% of that half: %.9f)", p.pred.decode_ms,
+                 lo, hi);
     pi2_plan_free(&p);
     for (int frac = 1; frac < 8; frac++) {
         uint64_t limit = MEM.fixed + MEM.per_depth * 128 + 4 * (4096 + 8192) + mp.ffn_total * (uint64_t)frac / 8;

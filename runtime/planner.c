@@ -368,7 +368,7 @@ static double io_time(const pi2_hwprof *hw, double n, double bytes, int depth)
             return t0 + (t - t0) * (n - d0) / (d - d0);
         t0 = t, d0 = d, rate = io.iops;
     }
-    return rate > 0 ? t0 + (n - d0) / rate : INFINITY;
+    return rate > 0 ? t0 + (n - d0) / rate : n * t0;
 }
 
 static double gemv_rate(const pi2_hw_compute *c, pi2_qtype q)
@@ -461,8 +461,8 @@ static double item_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uin
  * under the other when the hardware overlaps them fully: X + Y - |(X, Y)|.
  * Nearly all of it when the other is much longer (84% at a third), 59%
  * when they are equal: a layer's missing parts are only read once its
- * predictor has run, and the layer ends with its last read's rows. Taking
- * all of the shorter (max(X, Y)) predicted 1 compute thread 25-34% fast
+ * predictor has run, and the layer ends with its last read's rows. Hiding
+ * all of the shorter (a time of max(X, Y)) predicted 1 compute thread 25-34% fast
  * where its reads took about its compute (the 1B- and 7B-shaped models at
  * 75% offloaded); with this, within 10%. */
 static double hidden(double X, double Y) { return X + Y - hypot(X, Y); }

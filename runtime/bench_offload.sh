@@ -129,7 +129,11 @@ say "(caps: $capped; floors: the larger of I/O and memory time per token; x floo
 t=1
 while [ "$t" -lt "$TH" ]; do
     out="$W/offload-$NAME-t$t.json"
-    if RUN_T=$t run "$limit" "$out" --no-plan; then
+    RUN_T=$t # set and cleared here: a shell may keep an assignment made on a function call
+    ok=yes
+    run "$limit" "$out" --no-plan || ok=no
+    RUN_T=
+    if [ "$ok" = yes ]; then
         say "$t compute thread(s), fixed split at $pct%: $(jget tg_tok_s <"$out") tok/s, predicted $(jget predicted_tok_s <"$out") (teaches the $t-thread factors)"
     else
         say "$t compute thread(s) at $pct%: failed"

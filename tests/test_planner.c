@@ -325,20 +325,36 @@ static void test_cost_model(void **state)
         fail_msg("decode %.9f ms, compute + head + half the reads %.9f ms (+5%% of that half: %.9f)", p.pred.decode_ms,
                  lo, hi);
     pi2_plan_free(&p);
-    for (int frac = 1; frac < 8; frac++) {
-        uint64_t limit = MEM.fixed + MEM.per_depth * 128 + 4 * (4096 + 8192) + mp.ffn_total * (uint64_t)frac / 8;
+    int kept = 0, own = 0;
+    for (int frac = 1; frac < 16; frac++) {
+        uint64_t limit = MEM.fixed + MEM.per_depth * 128 + 4 * (4096 + 8192) + mp.ffn_total * (uint64_t)(frac % 8) / 8;
         pi2_plan f, s;
         pi2_plan_opts o;
         pi2_plan_opts_defaults(&o);
         o.mem_limit = limit;
         o.threads = 2;
+        if (frac >= 8)
+            o.min_gain = 0; /* the exact optimum: the solver's own plans */
         assert_int_equal(pi2_plan_fixed(&mp, &MEM, limit, 2, &f, &e), 0);
         pi2_plan_predict(&mp, &hw, &f, 128);
         assert_int_equal(pi2_plan_solve(&mp, &hw, &MEM, &o, &s, &e), 0);
         assert_true(s.pred.decode_ms <= f.pred.decode_ms * (1 + 1e-12));
+        /* the solver's own plan only when it is predicted min_gain faster;
+         * else the fixed split itself, marked so */
+        kept += s.fixed_split;
+        own += !s.fixed_split;
+        if (s.fixed_split) {
+            assert_true(s.threads == f.threads && s.io_depth == f.io_depth && s.gate_first == f.gate_first);
+            for (uint32_t i = 0; i < NF; i++)
+                assert_true(s.hot_groups[i] == f.hot_groups[i] && s.gate_groups[i] == f.gate_groups[i]);
+        } else {
+            assert_true(s.pred.decode_ms <= f.pred.decode_ms * (1 - o.min_gain) * (1 + 1e-12));
+        }
+        assert_true(f.fixed_split);
         pi2_plan_free(&f);
         pi2_plan_free(&s);
     }
+    assert_true(kept > 0 && own > 0);
     free_model(&mp);
 }
 

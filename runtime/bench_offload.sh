@@ -124,8 +124,7 @@ say "(caps: $capped; floors: the larger of I/O and memory time per token; x floo
 # planner may pick fewer threads than $TH (the I/O thread then has a core of
 # its own): each smaller count runs the fixed split once at the last point,
 # so that pass 2 predicts it with its own factors (a count never run takes
-# the mean of the others': 1.2-1.3x too fast for 1 thread on the 1B-shaped
-# model, where 1 thread overlaps its reads less than the profile's overlap)
+# the mean of the others')
 t=1
 while [ "$t" -lt "$TH" ]; do
     out="$W/offload-$NAME-t$t.json"

@@ -72,7 +72,8 @@ void pi2_k_axpy_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
  * t < T (1 <= T <= PI2_K_MAX_T), r < nrows, j < n: the down projection of
  * many neurons at once (decode's active neurons, prefill). wt is Q4 or Q8
  * (rows as above); coefficients must be finite and coef * scale must not
- * overflow.
+ * overflow, or the outputs are unspecified (never undefined behaviour:
+ * decode passes the activations of whatever model it runs).
  * Rows past nrows and coefficients past nrows are never read.
  *
  * Integer arithmetic: per token t, 32-value output block b and group g of

@@ -1,7 +1,9 @@
 /* The planner (runtime/planner.h): the solver's plan is the best plan under
  * the cost model, checked against brute force over every plan of small
  * instances (one- and two-phase, several limits); the cost model's basic
- * properties (more memory is never slower, reads fall as hot groups grow);
+ * properties (more memory is never slower, reads fall as hot groups grow,
+ * one more read in a batch never takes less time, a plan marked as the
+ * fixed split is it);
  * infeasible minimum speeds and limits; plan JSON round trip and hostile
  * plan files. Engine runs of plans are in test_offload. */
 #include <setjmp.h>

@@ -284,12 +284,11 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
         s->ps = acc_alloc(e, ff, sizeof *s->ps);
         s->pp2 = acc_alloc(e, ff, sizeof *s->pp2);
         s->ps2 = acc_alloc(e, ff, sizeof *s->ps2);
-        s->tile = acc_alloc(e, (size_t)ENG_TILE * D, sizeof(float));
         s->gt = acc_alloc(e, T * ENG_TILE, sizeof(float));
         s->ut = acc_alloc(e, T * ENG_TILE, sizeof(float));
         s->list = acc_alloc(e, ff, sizeof(uint32_t));
         s->list2 = acc_alloc(e, ff, sizeof(uint32_t));
-        if (!s->part || !s->g || !s->u || !s->coef || !s->pp || !s->ps || !s->pp2 || !s->ps2 || !s->tile ||
+        if (!s->part || !s->g || !s->u || !s->coef || !s->pp || !s->ps || !s->pp2 || !s->ps2 ||
             !s->gt || !s->ut || !s->list || !s->list2)
             return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for thread buffers", e->path);
     }
@@ -527,7 +526,6 @@ void pi2_engine_close(pi2_engine *e)
             free(s->ps);
             free(s->pp2);
             free(s->ps2);
-            free(s->tile);
             free(s->gt);
             free(s->ut);
             free(s->list);

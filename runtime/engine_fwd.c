@@ -267,18 +267,32 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
     int64_t D = e->d.hidden;
     if (j->first)
         memset(s->part, 0, (size_t)T * (size_t)D * sizeof(float));
-    int64_t b, en;
-    pi2_pool_split(j->n1 - j->n0, ENG_TILE, tid, nt, &b, &en);
-    b += j->n0;
-    en += j->n0;
-    for (int64_t c = b; c < en; c += ENG_TILE) {
-        int nc = (int)(en - c < ENG_TILE ? en - c : ENG_TILE);
+    /* the down projection: Q4 rows on AVX-512 VNNI take the requantized
+     * GEMM (1.5x the per-block int8 down of decode at 256 rows and 64
+     * tokens; its weight rounding is 1/32 of a Q4 step). Q8 rows keep
+     * pi2_k_down_rows: requantizing them costs a whole Q8 step, which moved
+     * the tinystories golden tokens. Elsewhere the GEMM's twin would be
+     * slower than pi2_k_down_rows' SIMD paths. */
+    bool gemm = f->down.qt == PI2_QT_Q4 && pi2_q_get_isa() == PI2_ISA_AVX512;
+    /* tile k = neurons [k, k + 1) * ENG_TILE (within the range) runs on
+     * thread k % nt: a range cut at tile boundaries (the offloading
+     * prefill's windows) gives each thread the same tiles in the same
+     * order as one whole range, so the same partial sums */
+    for (int64_t tk = j->n0 / ENG_TILE; tk * ENG_TILE < j->n1; tk++) {
+        if (tk % nt != tid)
+            continue;
+        int64_t c = tk * ENG_TILE > j->n0 ? tk * ENG_TILE : j->n0;
+        int64_t en = (tk + 1) * ENG_TILE < j->n1 ? (tk + 1) * ENG_TILE : j->n1;
+        int nc = (int)(en - c);
         pi2_k_matmul(f->gate.qt, D, nc, f->gate.rp + c, f->gate.rs + c, e->aqs, e->aq, e->asum, T, s->gt, ENG_TILE);
         pi2_k_matmul(f->up.qt, D, nc, f->up.rp + c, f->up.rs + c, e->aqs, e->aq, e->asum, T, s->ut, ENG_TILE);
         for (int t = 0; t < T; t++)
             for (int k = 0; k < nc; k++)
                 s->gt[t * ENG_TILE + k] = act_fn(e->d.act, s->gt[t * ENG_TILE + k], s->ut[t * ENG_TILE + k]);
-        pi2_k_down_rows(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, D);
+        if (gemm)
+            pi2_k_down_gemm(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, D);
+        else
+            pi2_k_down_rows(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, D);
     }
 }
 

@@ -8,7 +8,7 @@
 #include "runtime/kernels.h"
 #include "runtime/pool.h"
 
-#define ENG_TILE 64 /* prefill down-projection tile (neurons) */
+#define ENG_TILE 256 /* prefill FFN tile (neurons): gate, up, then their down rows */
 /* Neurons per step of the decode FFN: their gate, up and down rows are read
  * one after the other while they are close (a bundle keeps a neuron's rows
  * adjacent), so the three passes share cache lines. */
@@ -54,7 +54,6 @@ typedef struct eng_tls {
     float *coef;     /* [n_ff] */
     const uint8_t **pp, **pp2; /* [n_ff] row pointer scratch */
     const uint16_t **ps, **ps2;
-    float *tile;     /* dequantized down rows [TILE][hidden] (prefill) */
     float *gt, *ut;  /* [PI2_K_MAX_T][TILE] prefill gate / up tile */
     uint32_t *list, *list2; /* [n_ff] neurons (decode) */
     uint32_t n_list;

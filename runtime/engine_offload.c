@@ -512,6 +512,13 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     x->max_ch = (max_sel + OFL_CHUNK - 1) / OFL_CHUNK;
     x->staging_bytes = (size_t)x->S; /* a two-phase gate read may reach into the up+down part */
     x->win_groups = (uint32_t)(OFL_WINDOW / x->S > 0 ? OFL_WINDOW / x->S : 1);
+    /* windows of whole prefill tiles (ENG_TILE neurons, a power of two):
+     * the prefill FFN then runs the same tiles on the same threads in the
+     * same order as in memory, and gives the same bits */
+    uint32_t gd = ENG_TILE; /* gcd(g, ENG_TILE) */
+    while (x->g % gd != 0)
+        gd /= 2;
+    x->win_groups = (x->win_groups + ENG_TILE / gd - 1) / (ENG_TILE / gd) * (ENG_TILE / gd);
     if (x->win_groups > x->bl[0]->groups)
         x->win_groups = x->bl[0]->groups;
     x->wbuf_bytes = (uint64_t)x->win_groups * x->S;

@@ -97,6 +97,33 @@ void pi2_k_down_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, int6
 void pi2_k_down_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
                          const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo);
 
+/* The same product as pi2_k_down_rows (out[t * ldo + j] += sum_r
+ * coef[t * ldc + r] * dequant(row r)[j], 1 <= T <= PI2_K_MAX_T) as an
+ * int8 GEMM for prefill, whose cost per token does not grow with the
+ * number of output blocks a coefficient meets:
+ *   - rows in groups of 32 from row 0 (the last padded with zero
+ *     coefficients), groups in chunks of 16;
+ *   - each token's coefficients quantized per group exactly as
+ *     pi2_k_act_quantize quantizes activations (cq, scale sigma);
+ *   - per group g and 32-value output block b, the rows' block scales d_r
+ *     requantized into one: m = max_r |d_r|; if m < 2^-100 the pair
+ *     contributes nothing, else D = qmax * m / 127 and each weight becomes
+ *     w' = rint(wq * (d_r * (127 / (qmax * m)))), |w'| <= 127 (qmax 8 for
+ *     Q4, 128 for Q8; float operations in that order, round half to even);
+ *   - S = sum_r cq_r * w'_r[j] exactly; per chunk and token, acc = 0 then
+ *     acc = fma((float)S, D * sigma, acc) over the chunk's groups in order,
+ *     and out_j += acc.
+ * Every path (the scalar twin; AVX-512 VNNI; others run the twin) gives
+ * bit-identical results for finite coefficients and scales (otherwise the
+ * outputs are unspecified, never undefined behaviour). Error against the
+ * exact product: the coefficients' int8 rounding (sigma / 2 each) and the
+ * weights' (D / 2 each, at most 1/31.75 of a Q4 step of the group's
+ * largest scale; one int8 step for Q8). */
+void pi2_k_down_gemm(pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc, const uint8_t *const *wp,
+                     const uint16_t *const *ws, int T, float *out, int64_t ldo);
+void pi2_k_down_gemm_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
+                         const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo);
+
 /* dst[r * n + j] = dequant(row r)[j] for r < nrows: dequantize rows into
  * a float tile (prefill's down projection feeds it to sgemm). */
 void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,

@@ -690,6 +690,106 @@ static void test_down_avx512(void **state)
     down_suite(PI2_ISA_AVX512);
 }
 
+/* ---- prefill down GEMM: the twin against double, SIMD bit-exact ---- */
+
+/* The twin against double dequantize-and-accumulate: per row, the
+ * coefficient's int8 rounding (sigma / 2, sigma = the group's max |c| / 127)
+ * times the requantized weight and the weight's (D / 2) times the
+ * coefficient, plus float rounding over the groups' FMAs. */
+static void gemm_check_double(const wrows *w, const float *coef, int64_t ldc, int T, const float *out0,
+                              const float *got, int64_t ldo)
+{
+    int64_t nb = w->n / 32;
+    int G = (w->nrows + 31) / 32;
+    float qmax = w->t == PI2_QT_Q4 ? 8.0f : 128.0f;
+    for (int t = 0; t < T; t++)
+        for (int64_t b = 0; b < nb; b++)
+            for (int j = 0; j < 32; j++) {
+                int64_t col = b * 32 + j;
+                double o0 = out0[t * ldo + col], ref = o0, qerr = 0, mag = fabs(o0);
+                for (int g = 0; g < w->nrows; g += 32) {
+                    float cm = 0, dm = 0;
+                    for (int k = g; k < w->nrows && k < g + 32; k++) {
+                        cm = fmaxf(cm, fabsf(coef[t * ldc + k]));
+                        dm = fmaxf(dm, fabsf(pi2_f16_to_f32(w->ws[k][b])));
+                    }
+                    double sig = cm / 127.0, D = qmax * dm / 127.0;
+                    for (int k = g; k < w->nrows && k < g + 32; k++) {
+                        double c = coef[t * ldc + k], dw = (double)pi2_f16_to_f32(w->ws[k][b]) * wq_at(w->t, w->wp[k], col);
+                        ref += c * dw;
+                        mag += fabs(c * dw);
+                        /* a group below 2^-100 is quantized to zeros, as activations are */
+                        qerr += cm < 0x1p-100f ? fabs(c * dw) : (fabs(c) + sig) * D / 2 + sig / 2 * (fabs(dw) + D / 2);
+                    }
+                }
+                double tol = qerr * (1 + 0x1p-16) + (G + 4) * 0x1p-24 * (mag + qerr) + G * 32 * 128 * 0x1p-100;
+                double v = got[t * ldo + col];
+                CHECK(fabs(v - ref) <= tol, "scalar down gemm %s n=%lld rows=%d t=%d col=%lld: %.9g vs double %.9g (tol %g)",
+                      pi2_q_type_name(w->t), (long long)w->n, w->nrows, t, (long long)col, v, ref, tol);
+            }
+}
+
+static void gemm_suite(pi2_isa isa)
+{
+    pi2_rng r;
+    pi2_rng_seed(&r, 91 + (uint64_t)isa);
+    long compared = 0;
+    static const int Ts[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 33, 63, 64};
+    for (int it = 0; it < 36; it++) {
+        pi2_qtype t = QTYPES[it & 1];
+        int64_t n = it < 8 ? 32 * (it / 2 + 1) : it < 12 ? 2048 + 32 : 32 * rand_int(&r, 1, 40);
+        int nrows = it < 4 ? (int)rand_int(&r, 1, 33) : (int)rand_int(&r, 1, n > 1024 ? 300 : 1100);
+        int T = it < 28 ? Ts[it % 14] : (int)rand_int(&r, 1, PI2_K_MAX_T);
+        if (isa == PI2_ISA_SCALAR && (int64_t)T * n * nrows > 4000000)
+            T = 1 + (int)(4000000 / (n * nrows)); /* the double reference is slow */
+        wrows w = wrows_new(&r, t, n, nrows, it % 3);
+        int64_t ldc = nrows + rand_int(&r, 0, 5), ldo = n + rand_int(&r, 0, 40);
+        float *coef = xmalloc((size_t)(T * ldc), sizeof(float));
+        down_coefs(&r, coef, T, nrows, ldc);
+        size_t no = (size_t)(T * ldo);
+        float *out0 = xmalloc(no, sizeof(float)), *got = xmalloc(no, sizeof(float)), *ref = xmalloc(no, sizeof(float));
+        for (size_t i = 0; i < no; i++)
+            out0[i] = (int64_t)(i % (size_t)ldo) < n ? (float)pi2_rng_normal(&r) * (i % 5 == 0 ? 0.0f : 1.0f) : NAN;
+        memcpy(got, out0, no * sizeof(float));
+        memcpy(ref, out0, no * sizeof(float));
+        pi2_k_down_gemm_isa(isa, t, n, nrows, coef, ldc, w.wp, w.ws, T, got, ldo);
+        if (isa == PI2_ISA_SCALAR) {
+            gemm_check_double(&w, coef, ldc, T, out0, got, ldo);
+        } else {
+            pi2_k_down_gemm_isa(PI2_ISA_SCALAR, t, n, nrows, coef, ldc, w.wp, w.ws, T, ref, ldo);
+            for (size_t i = 0; i < no; i++) {
+                bool pad = (int64_t)(i % (size_t)ldo) >= n;
+                CHECK(pad ? isnan(got[i]) : memcmp(&got[i], &ref[i], sizeof(float)) == 0,
+                      "%s down gemm %s n=%lld rows=%d T=%d: out[%zu] = %.9g, scalar twin %.9g", pi2_q_isa_name(isa),
+                      pi2_q_type_name(t), (long long)n, nrows, T, i, (double)got[i], (double)ref[i]);
+            }
+        }
+        compared += (long)T * n;
+        free(coef);
+        free(out0);
+        free(got);
+        free(ref);
+        wrows_free(&w);
+    }
+    print_message("kernels: %s down gemm verified against %s: %ld outputs (q4, q8; n = 32..%d; rows 1..1100; T = 1..%d)\n",
+                  pi2_q_isa_name(isa), isa == PI2_ISA_SCALAR ? "double" : "scalar (bit-exact)", compared, 2048 + 32,
+                  PI2_K_MAX_T);
+}
+
+static void test_gemm_scalar(void **state)
+{
+    (void)state;
+    gemm_suite(PI2_ISA_SCALAR);
+}
+
+static void test_gemm_avx512(void **state)
+{
+    (void)state;
+    if (!isa_or_skip(PI2_ISA_AVX512, "down gemm"))
+        skip();
+    gemm_suite(PI2_ISA_AVX512);
+}
+
 /* ---- dequant: exact on every path ---- */
 
 static void test_dequant(void **state)
@@ -890,6 +990,8 @@ int main(void)
         cmocka_unit_test(test_down_scalar),
         cmocka_unit_test(test_down_avx2),
         cmocka_unit_test(test_down_avx512),
+        cmocka_unit_test(test_gemm_scalar),
+        cmocka_unit_test(test_gemm_avx512),
         cmocka_unit_test(test_dequant),
         cmocka_unit_test(test_sgemv),
         cmocka_unit_test(test_sgemv_t),

@@ -274,8 +274,8 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
      * the tinystories golden tokens. Elsewhere the GEMM's twin would be
      * slower than pi2_k_down_rows' SIMD paths. */
     bool gemm = f->down.qt == PI2_QT_Q4 && pi2_q_get_isa() == PI2_ISA_AVX512;
-    /* tile k = neurons [k, k + 1) * ENG_TILE (within the range) runs on
-     * thread k % nt: a range cut at tile boundaries (the offloading
+    /* tile k = neurons [k * ENG_TILE, (k + 1) * ENG_TILE) (within the
+     * range) runs on thread k % nt: a range cut at tile boundaries (the offloading
      * prefill's windows) gives each thread the same tiles in the same
      * order as one whole range, so the same partial sums */
     for (int64_t tk = j->n0 / ENG_TILE; tk * ENG_TILE < j->n1; tk++) {

@@ -518,7 +518,8 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     uint32_t gd = ENG_TILE; /* gcd(g, ENG_TILE) */
     while (x->g % gd != 0)
         gd /= 2;
-    x->win_groups = (x->win_groups + ENG_TILE / gd - 1) / (ENG_TILE / gd) * (ENG_TILE / gd);
+    uint32_t whole = ENG_TILE / gd; /* slots per whole number of tiles */
+    x->win_groups = x->win_groups >= whole ? x->win_groups / whole * whole : whole;
     if (x->win_groups > x->bl[0]->groups)
         x->win_groups = x->bl[0]->groups;
     x->wbuf_bytes = (uint64_t)x->win_groups * x->S;

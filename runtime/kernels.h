@@ -70,7 +70,8 @@ void pi2_k_axpy_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
 
 /* out[t * ldo + j] += sum_r coef[t * ldc + r] * dequant(row r)[j] for
  * t < T (1 <= T <= PI2_K_MAX_T), r < nrows, j < n: the down projection of
- * many neurons at once (decode's active neurons, prefill). wt is Q4 or Q8
+ * many neurons at once (decode's active neurons; prefill's, except Q4 rows
+ * on AVX-512 VNNI, which take pi2_k_down_gemm). wt is Q4 or Q8
  * (rows as above); coefficients must be finite and coef * scale must not
  * overflow, or the outputs are unspecified (never undefined behaviour:
  * decode passes the activations of whatever model it runs).

@@ -612,6 +612,58 @@ static void down_check_double(const wrows *w, const float *coef, int64_t ldc, in
             }
 }
 
+/* One shape of a down kernel (pi2_k_down_rows_isa or pi2_k_down_gemm_isa):
+ * on the scalar twin against double (chk), on a SIMD path bit for bit
+ * against the twin; columns past n (NaN) are never written. Returns the
+ * outputs compared. */
+typedef void (*down_fn)(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
+                        const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo);
+typedef void (*down_chk)(const wrows *w, const float *coef, int64_t ldc, int T, const float *out0, const float *got,
+                         int64_t ldo);
+
+static long down_case(pi2_rng *r, pi2_isa isa, const char *what, down_fn fn, down_chk chk, pi2_qtype t, int64_t n,
+                      int nrows, int T, int kind, bool zero_check)
+{
+    wrows w = wrows_new(r, t, n, nrows, kind);
+    int64_t ldc = nrows + rand_int(r, 0, 5), ldo = n + rand_int(r, 0, 40);
+    float *coef = xmalloc((size_t)(T * ldc), sizeof(float));
+    down_coefs(r, coef, T, nrows, ldc);
+    size_t no = (size_t)(T * ldo);
+    float *out0 = xmalloc(no, sizeof(float)), *got = xmalloc(no, sizeof(float)), *ref = xmalloc(no, sizeof(float));
+    for (size_t i = 0; i < no; i++)
+        out0[i] = (int64_t)(i % (size_t)ldo) < n ? (float)pi2_rng_normal(r) * (i % 5 == 0 ? 0.0f : 1.0f) : NAN;
+    memcpy(got, out0, no * sizeof(float));
+    memcpy(ref, out0, no * sizeof(float));
+    fn(isa, t, n, nrows, coef, ldc, w.wp, w.ws, T, got, ldo);
+    if (isa == PI2_ISA_SCALAR) {
+        chk(&w, coef, ldc, T, out0, got, ldo);
+    } else {
+        fn(PI2_ISA_SCALAR, t, n, nrows, coef, ldc, w.wp, w.ws, T, ref, ldo);
+        for (size_t i = 0; i < no; i++) {
+            bool pad = (int64_t)(i % (size_t)ldo) >= n;
+            CHECK(pad ? isnan(got[i]) : memcmp(&got[i], &ref[i], sizeof(float)) == 0,
+                  "%s %s %s n=%lld rows=%d T=%d: out[%zu] = %.9g, scalar twin %.9g", pi2_q_isa_name(isa), what,
+                  pi2_q_type_name(t), (long long)n, nrows, T, i, (double)got[i], (double)ref[i]);
+        }
+    }
+    if (zero_check) { /* all coefficients +0 or -0: out is left bit-for-bit alone */
+        for (int tt = 0; tt < T; tt++)
+            for (int k = 0; k < nrows; k++)
+                coef[tt * ldc + k] = rand_int(r, 0, 1) ? 0.0f : -0.0f;
+        memcpy(got, out0, no * sizeof(float));
+        fn(isa, t, n, nrows, coef, ldc, w.wp, w.ws, T, got, ldo);
+        for (size_t i = 0; i < no; i++)
+            CHECK(memcmp(&got[i], &out0[i], sizeof(float)) == 0 || (isnan(got[i]) && isnan(out0[i])),
+                  "%s %s with zero coefficients changed out[%zu]", pi2_q_isa_name(isa), what, i);
+    }
+    free(coef);
+    free(out0);
+    free(got);
+    free(ref);
+    wrows_free(&w);
+    return (long)T * n;
+}
+
 static void down_suite(pi2_isa isa)
 {
     pi2_rng r;
@@ -625,43 +677,7 @@ static void down_suite(pi2_isa isa)
         int T = it < 28 ? Ts[it % 14] : (int)rand_int(&r, 1, PI2_K_MAX_T);
         if (n > 1024 && T > 17 && isa == PI2_ISA_SCALAR)
             T = 17; /* the double reference is slow */
-        wrows w = wrows_new(&r, t, n, nrows, it % 3);
-        int64_t ldc = nrows + rand_int(&r, 0, 5), ldo = n + rand_int(&r, 0, 40);
-        float *coef = xmalloc((size_t)(T * ldc), sizeof(float));
-        down_coefs(&r, coef, T, nrows, ldc);
-        size_t no = (size_t)(T * ldo);
-        float *out0 = xmalloc(no, sizeof(float)), *got = xmalloc(no, sizeof(float)), *ref = xmalloc(no, sizeof(float));
-        for (size_t i = 0; i < no; i++)
-            out0[i] = (int64_t)(i % (size_t)ldo) < n ? (float)pi2_rng_normal(&r) * (i % 5 == 0 ? 0.0f : 1.0f) : NAN;
-        memcpy(got, out0, no * sizeof(float));
-        memcpy(ref, out0, no * sizeof(float));
-        pi2_k_down_rows_isa(isa, t, n, nrows, coef, ldc, w.wp, w.ws, T, got, ldo);
-        if (isa == PI2_ISA_SCALAR) {
-            down_check_double(&w, coef, ldc, T, out0, got, ldo);
-        } else {
-            pi2_k_down_rows_isa(PI2_ISA_SCALAR, t, n, nrows, coef, ldc, w.wp, w.ws, T, ref, ldo);
-            for (size_t i = 0; i < no; i++) {
-                bool pad = (int64_t)(i % (size_t)ldo) >= n;
-                CHECK(pad ? isnan(got[i]) : memcmp(&got[i], &ref[i], sizeof(float)) == 0,
-                      "%s down %s n=%lld rows=%d T=%d: out[%zu] = %.9g, scalar twin %.9g", pi2_q_isa_name(isa),
-                      pi2_q_type_name(t), (long long)n, nrows, T, i, (double)got[i], (double)ref[i]);
-            }
-        }
-        /* all coefficients +0 or -0: out is left bit-for-bit alone */
-        for (int tt = 0; tt < T; tt++)
-            for (int k = 0; k < nrows; k++)
-                coef[tt * ldc + k] = rand_int(&r, 0, 1) ? 0.0f : -0.0f;
-        memcpy(got, out0, no * sizeof(float));
-        pi2_k_down_rows_isa(isa, t, n, nrows, coef, ldc, w.wp, w.ws, T, got, ldo);
-        for (size_t i = 0; i < no; i++)
-            CHECK(memcmp(&got[i], &out0[i], sizeof(float)) == 0 || (isnan(got[i]) && isnan(out0[i])),
-                  "%s down with zero coefficients changed out[%zu]", pi2_q_isa_name(isa), i);
-        compared += (long)T * n;
-        free(coef);
-        free(out0);
-        free(got);
-        free(ref);
-        wrows_free(&w);
+        compared += down_case(&r, isa, "down", pi2_k_down_rows_isa, down_check_double, t, n, nrows, T, it % 3, true);
     }
     print_message("kernels: %s down verified against %s: %ld outputs (q4, q8; n = 32..%d; T = 1..%d)\n",
                   pi2_q_isa_name(isa), isa == PI2_ISA_SCALAR ? "double" : "scalar (bit-exact)", compared, 2048 + 32,
@@ -742,34 +758,8 @@ static void gemm_suite(pi2_isa isa)
         int T = it < 28 ? Ts[it % 14] : (int)rand_int(&r, 1, PI2_K_MAX_T);
         if (isa == PI2_ISA_SCALAR && (int64_t)T * n * nrows > 4000000)
             T = 1 + (int)(4000000 / (n * nrows)); /* the double reference is slow */
-        wrows w = wrows_new(&r, t, n, nrows, it % 3);
-        int64_t ldc = nrows + rand_int(&r, 0, 5), ldo = n + rand_int(&r, 0, 40);
-        float *coef = xmalloc((size_t)(T * ldc), sizeof(float));
-        down_coefs(&r, coef, T, nrows, ldc);
-        size_t no = (size_t)(T * ldo);
-        float *out0 = xmalloc(no, sizeof(float)), *got = xmalloc(no, sizeof(float)), *ref = xmalloc(no, sizeof(float));
-        for (size_t i = 0; i < no; i++)
-            out0[i] = (int64_t)(i % (size_t)ldo) < n ? (float)pi2_rng_normal(&r) * (i % 5 == 0 ? 0.0f : 1.0f) : NAN;
-        memcpy(got, out0, no * sizeof(float));
-        memcpy(ref, out0, no * sizeof(float));
-        pi2_k_down_gemm_isa(isa, t, n, nrows, coef, ldc, w.wp, w.ws, T, got, ldo);
-        if (isa == PI2_ISA_SCALAR) {
-            gemm_check_double(&w, coef, ldc, T, out0, got, ldo);
-        } else {
-            pi2_k_down_gemm_isa(PI2_ISA_SCALAR, t, n, nrows, coef, ldc, w.wp, w.ws, T, ref, ldo);
-            for (size_t i = 0; i < no; i++) {
-                bool pad = (int64_t)(i % (size_t)ldo) >= n;
-                CHECK(pad ? isnan(got[i]) : memcmp(&got[i], &ref[i], sizeof(float)) == 0,
-                      "%s down gemm %s n=%lld rows=%d T=%d: out[%zu] = %.9g, scalar twin %.9g", pi2_q_isa_name(isa),
-                      pi2_q_type_name(t), (long long)n, nrows, T, i, (double)got[i], (double)ref[i]);
-            }
-        }
-        compared += (long)T * n;
-        free(coef);
-        free(out0);
-        free(got);
-        free(ref);
-        wrows_free(&w);
+        compared += down_case(&r, isa, "down gemm", pi2_k_down_gemm_isa, gemm_check_double, t, n, nrows, T, it % 3,
+                              false);
     }
     print_message("kernels: %s down gemm verified against %s: %ld outputs (q4, q8; n = 32..%d; rows 1..1100; T = 1..%d)\n",
                   pi2_q_isa_name(isa), isa == PI2_ISA_SCALAR ? "double" : "scalar (bit-exact)", compared, 2048 + 32,

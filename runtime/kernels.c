@@ -1056,8 +1056,20 @@ PI2_T_AVX512 static void mm_panels(pi2_qtype wt, int64_t n, int nrows, const uin
                 s[k] = ws[r] + b0;
             }
             panel_pack(wt, p, s, kb, &P);
+            /* the next panel's rows into L2 while this one computes, a
+             * share per token group: its pack met them cold, 16 streams at
+             * once (~30% of the time) */
+            int64_t lines = (kb * gb + 63) / 64, pf = 0, npf = 16 * lines;
+            int nk = nrows - r0 - 16 < 16 ? nrows - r0 - 16 : 16, ngrp = (T + 7) / 8;
+            if (nk <= 0)
+                npf = 0;
             __mmask16 keep = (__mmask16)((1u << m) - 1u);
             for (int t0 = 0; t0 < T;) {
+                for (int64_t e = npf * (t0 / 8 + 1) / ngrp; pf < e; pf++) {
+                    int k = (int)(pf % 16);
+                    if (k < nk)
+                        _mm_prefetch((const char *)(wp[r0 + 16 + k] + b0 * gb + pf / 16 * 64), _MM_HINT_T1);
+                }
                 __m512 res[8];
                 int N = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
                 const int8_t *a = aq + t0 * n + b0 * QG;

@@ -1289,7 +1289,7 @@ static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const fl
 
 enum {
     K_DRC = 64,   /* rows per chunk */
-    K_DTAB = 256, /* k_dent entries on the stack (80 KiB): T * G <= 256 */
+    K_DTAB = PI2_K_MAX_T * (K_DRC / K_DG), /* k_dent entries on the stack (160 KiB): T * G, at least 8 blocks */
     K_DKB = 64    /* blocks per block chunk, at most (a multiple of 8) */
 };
 
@@ -1570,7 +1570,7 @@ PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, k_down_one_fn one, pi2_qtype
             w[k] = wp[r0 + (k < R ? k : 0)];
         int rn0 = r0 + drc, Rn = rn0 >= nrows ? 0 : nrows - rn0 < drc ? nrows - rn0 : drc;
         down_coefs(coef, ldc, T, r0, R, G * K_DG, cp);
-        int64_t kc = 8 * min64(K_DTAB / (T * G), K_DKB / 8); /* T * G <= 256: kc >= 8 */
+        int64_t kc = 8 * min64(K_DTAB / (T * G), K_DKB / 8); /* T * G <= K_DTAB: kc >= 8 */
         for (int64_t b0 = 0; b0 < nb; b0 += kc) {
             int64_t kb = min64(kc, nb - b0), kb8 = (kb + 7) / 8;
             for (int k = 0; k < G * K_DG; k++) {
@@ -1623,7 +1623,7 @@ PI2_T_AVX2 static void down_simd(k_down_tok_fn tok, k_down_one_fn one, pi2_qtype
  * loaded and stored once per (token, block, row chunk). */
 
 enum {
-    K_QTAB = 256,       /* k_qent entries on the stack (96 KiB): T * G <= 256 */
+    K_QTAB = PI2_K_MAX_T * (K_DRC / K_DG), /* k_qent entries on the stack (192 KiB): T * G */
     K_DOWN512_MIN_T = 4 /* fewer tokens take the 256-bit path */
 };
 

@@ -37,7 +37,7 @@
 
 /* Largest T the matmul kernels accept in one call (callers loop over
  * larger batches). */
-#define PI2_K_MAX_T 64
+#define PI2_K_MAX_T 128
 
 /* Quantize T activation vectors of n values (n a multiple of 32), token t
  * at x + t*ldx, into scales[T][n/32], q[T][n] and sums[T][n/32] (sum of the

@@ -269,15 +269,15 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
         memset(s->part, 0, (size_t)T * (size_t)D * sizeof(float));
     /* the down projection: Q4 rows on AVX-512 VNNI take the requantized
      * GEMM (1.5x the per-block int8 down of decode at 256 rows and 64
-     * tokens; its weight rounding is 1/32 of a Q4 step). Q8 rows keep
+     * tokens; its weight rounding is 1/31.75 of a Q4 step). Q8 rows keep
      * pi2_k_down_rows: requantizing them costs a whole Q8 step, which moved
      * the tinystories golden tokens. Elsewhere the GEMM's twin would be
      * slower than pi2_k_down_rows' SIMD paths. */
     bool gemm = f->down.qt == PI2_QT_Q4 && pi2_q_get_isa() == PI2_ISA_AVX512;
     /* tile k = neurons [k * ENG_TILE, (k + 1) * ENG_TILE) (within the
-     * range) runs on thread k % nt: a range cut at tile boundaries (the offloading
-     * prefill's windows) gives each thread the same tiles in the same
-     * order as one whole range, so the same partial sums */
+     * range) runs on thread k % nt: a range cut at tile boundaries (the
+     * offloading prefill's windows) gives each thread the same tiles in
+     * the same order as one whole range, so the same partial sums */
     for (int64_t tk = j->n0 / ENG_TILE; tk * ENG_TILE < j->n1; tk++) {
         if (tk % nt != tid)
             continue;

@@ -224,7 +224,8 @@ static void gemm_scalar(pi2_qtype wt, int64_t n, int nrows, const float *coef, i
         int R = nrows - r0 < K_GC * K_GR ? nrows - r0 : K_GC * K_GR, G = (R + K_GR - 1) / K_GR, Rp = G * K_GR;
         gemm_coefs(PI2_ISA_SCALAR, coef, ldc, T, r0, R, aq, as, su);
         for (int64_t b = 0; b < nb; b++) {
-            float D[K_GC], f[K_GC * K_GR];
+            float D[K_GC];
+            int8_t w2[K_GC * K_GR][QG]; /* requantized weights of the block */
             for (int g = 0; g < G; g++) {
                 float d[K_GR], m = 0.0f;
                 for (int k = 0; k < K_GR; k++) {
@@ -235,29 +236,28 @@ static void gemm_scalar(pi2_qtype wt, int64_t n, int nrows, const float *coef, i
                 bool ok = m >= K_DMIN;
                 float inv = ok ? 127.0f / (qmax * m) : 0.0f;
                 D[g] = ok ? qmax * m / 127.0f : 0.0f;
-                for (int k = 0; k < K_GR; k++)
-                    f[g * K_GR + k] = d[k] * inv;
+                for (int k = 0; k < K_GR; k++) {
+                    int r = g * K_GR + k;
+                    const uint8_t *p = wp[r0 + (r < R ? r : 0)];
+                    for (int j = 0; j < QG; j++) {
+                        int wq = wt == PI2_QT_Q8 ? (int8_t)p[b * QG + j]
+                                 : j < 16       ? (p[b * PI2_Q4_GROUP_BYTES + j] & 0x0f) - 8
+                                                : (p[b * PI2_Q4_GROUP_BYTES + j - 16] >> 4) - 8;
+                        float q = rintf((float)wq * (d[k] * inv));
+                        /* |q| <= 127 for finite scales; NaN (a non-finite
+                         * scale: outside the contract) must not meet the
+                         * int conversion */
+                        w2[r][j] = (int8_t)(q > 127.0f ? 127 : q < -127.0f ? -127 : q == q ? (int)q : 0);
+                    }
+                }
             }
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < QG; j++) {
                     float acc = 0.0f;
                     for (int g = 0; g < G; g++) {
                         int32_t S = 0;
-                        for (int k = 0; k < K_GR; k++) {
-                            int r = g * K_GR + k;
-                            if (r >= R)
-                                break;
-                            const uint8_t *p = wp[r0 + r];
-                            int wq = wt == PI2_QT_Q8 ? (int8_t)p[b * QG + j]
-                                     : j < 16       ? (p[b * PI2_Q4_GROUP_BYTES + j] & 0x0f) - 8
-                                                    : (p[b * PI2_Q4_GROUP_BYTES + j - 16] >> 4) - 8;
-                            float q = rintf((float)wq * f[r]);
-                            /* |q| <= 127 for finite scales; NaN (a non-finite
-                             * scale: outside the contract) must not meet the
-                             * int conversion */
-                            int w2 = q > 127.0f ? 127 : q < -127.0f ? -127 : q == q ? (int)q : 0;
-                            S += w2 * aq[t * Rp + r];
-                        }
+                        for (int k = 0; k < K_GR; k++) /* rows past R: coefficient 0 */
+                            S += w2[g * K_GR + k][j] * aq[t * Rp + g * K_GR + k];
                         acc = fmaf((float)S, D[g] * as[t * G + g], acc);
                     }
                     out[t * ldo + b * QG + j] += acc;
@@ -1028,6 +1028,26 @@ K_PANEL_TOK(4)
 K_PANEL_TOK(2)
 K_PANEL_TOK(1)
 
+/* The next group of tokens from t0 of T (8, then 4, 2, 1) against a
+ * panel, as panel_tok##N; returns N. */
+PI2_T_AVX512 static int panel_tokens(const k_panel *P, int64_t kb, const int8_t *a, int64_t n, const float *as,
+                                     int64_t nb, const int32_t *bias, int t0, int T, __m512 res[8])
+{
+    int N = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
+    a += t0 * n;
+    as += t0 * nb;
+    bias += t0 * K_PB;
+    if (N == 8)
+        panel_tok8(P, kb, a, n, as, nb, bias, res);
+    else if (N == 4)
+        panel_tok4(P, kb, a, n, as, nb, bias, res);
+    else if (N == 2)
+        panel_tok2(P, kb, a, n, as, nb, bias, res);
+    else
+        panel_tok1(P, kb, a, n, as, nb, bias, res);
+    return N;
+}
+
 /* All of pi2_k_matmul on the panels: block chunks of K_PB, in them row
  * panels of 16 (the last one repeats its last row; those lanes are not
  * stored), in them tokens in groups of 8 (then 4, 2, 1). */
@@ -1071,18 +1091,7 @@ PI2_T_AVX512 static void mm_panels(pi2_qtype wt, int64_t n, int nrows, const uin
                         _mm_prefetch((const char *)(wp[r0 + 16 + k] + b0 * gb + pf / 16 * 64), _MM_HINT_T1);
                 }
                 __m512 res[8];
-                int N = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
-                const int8_t *a = aq + t0 * n + b0 * QG;
-                const float *as = ascales + t0 * nb + b0;
-                const int32_t *bi = bias + t0 * K_PB;
-                if (N == 8)
-                    panel_tok8(&P, kb, a, n, as, nb, bi, res);
-                else if (N == 4)
-                    panel_tok4(&P, kb, a, n, as, nb, bi, res);
-                else if (N == 2)
-                    panel_tok2(&P, kb, a, n, as, nb, bi, res);
-                else
-                    panel_tok1(&P, kb, a, n, as, nb, bi, res);
+                int N = panel_tokens(&P, kb, aq + b0 * QG, n, ascales + b0, nb, bias, t0, T, res);
                 for (int j = 0; j < N; j++) {
                     float *o = out + (t0 + j) * ldo + r0;
                     __m512 v = _mm512_permutexvar_ps(perm, res[j]);
@@ -1800,6 +1809,7 @@ typedef struct k_gfac {
     _Alignas(64) float D[K_GC][16];
 } k_gfac;
 
+/* F for the R rows ws[0 .. R) (zero factors past R), blocks bw .. bw + kbw. */
 PI2_T_AVX512 static void gemm_factors(float qmax, const uint16_t *const *ws, int R, int G, int64_t bw, int kbw,
                                       k_gfac *F)
 {
@@ -1900,31 +1910,17 @@ PI2_T_AVX512 static void gemm_vnni(pi2_qtype wt, int64_t n, int nrows, const flo
             for (int g = 0; g < G; g++)
                 bias[t * K_PB + g] = -128 * su[t * G + g];
         const uint8_t *w[K_GC * K_GR]; /* rows past R repeat row r0 (factor 0) */
-        const uint16_t *s[K_GC * K_GR];
-        for (int k = 0; k < G * K_GR; k++) {
+        for (int k = 0; k < G * K_GR; k++)
             w[k] = wp[r0 + (k < R ? k : 0)];
-            s[k] = ws[r0 + (k < R ? k : 0)];
-        }
         for (int64_t bw = 0; bw < nb; bw += 16) {
             int kbw = (int)min64(16, nb - bw);
-            gemm_factors(qmax, s, R, G, bw, kbw, &F);
+            gemm_factors(qmax, ws + r0, R, G, bw, kbw, &F);
             for (int lb = 0; lb < kbw; lb++) {
                 gemm_pack(wt, w, G, bw + lb, lb, &F, P);
                 for (int h = 0; h < 2; h++)
                     for (int t0 = 0; t0 < T;) {
                         __m512 res[8];
-                        int N = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
-                        const int8_t *a = aq + t0 * Rp;
-                        const float *sa = as + t0 * G;
-                        const int32_t *bi = bias + t0 * K_PB;
-                        if (N == 8)
-                            panel_tok8(&P[h], G, a, Rp, sa, G, bi, res);
-                        else if (N == 4)
-                            panel_tok4(&P[h], G, a, Rp, sa, G, bi, res);
-                        else if (N == 2)
-                            panel_tok2(&P[h], G, a, Rp, sa, G, bi, res);
-                        else
-                            panel_tok1(&P[h], G, a, Rp, sa, G, bi, res);
+                        int N = panel_tokens(&P[h], G, aq, Rp, as, G, bias, t0, T, res);
                         for (int j = 0; j < N; j++) {
                             float *o = out + (t0 + j) * ldo + (bw + lb) * QG + 16 * h;
                             _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), res[j]));

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define OFL_CHUNK 128                /* neurons per decode chunk */
@@ -28,6 +30,7 @@
 #define OFL_POLL_US 50               /* I/O thread poll while reads are in flight */
 #define OFL_SPIN 4000                /* compute thread spins before sleeping */
 #define OFL_PF_SETS 8                /* read-ahead sets in flight (MoE: top-k per layer) */
+#define OFL_IO_NICE 10               /* the I/O thread's priority above the compute threads', where permitted */
 
 enum { P_FULL = 0, P_GATE = 1, P_UD = 2 };
 enum { CH_WAIT = 0, CH_IO, CH_READY, CH_UD_WAIT, CH_UD_IO, CH_UD_READY, CH_DONE };
@@ -137,6 +140,8 @@ typedef struct eng_ofl {
     pthread_cond_t cv_io, cv_compute, cv_stream;
     pthread_t th;
     bool th_started, stop;
+    bool io_up;      /* the I/O thread has set its priority (io_nice) */
+    int io_nice;     /* nice levels it runs above the compute threads */
     bool pinned;     /* threads placed by pi2_cpus_split: restore at close */
     pi2_cpus cpus;
 
@@ -786,6 +791,12 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     if (pthread_create(&x->th, NULL, io_main, x) != 0)
         return pi2_err_set(err, PI2_EIO, "%s: cannot start the I/O thread", e->path);
     x->th_started = true;
+    pthread_setname_np(x->th, "pi2-io"); /* as top -H and the tests see it; failure is harmless */
+    pthread_mutex_lock(&x->mu);
+    while (!x->io_up)
+        pthread_cond_wait(&x->cv_compute, &x->mu);
+    x->info.io_nice = x->io_nice;
+    pthread_mutex_unlock(&x->mu);
     /* a CPU of its own for the I/O thread when the compute threads leave
      * one free (runtime/pool.h); the caller's mask comes back at close */
     if (pi2_cpus_split(e->threads, &x->cpus) && pi2_thread_pin(x->th, &x->cpus.io)) {
@@ -1361,12 +1372,32 @@ static void stream_landed(eng_ofl *x, const ofl_req *r, const pi2_err *er)
 
 /* ---------------- the I/O thread ---------------- */
 
+/* Raise the calling thread's priority by up to OFL_IO_NICE nice levels, as
+ * far as this process may (root, CAP_SYS_NICE or RLIMIT_NICE; else not at
+ * all). Returns the levels gained. */
+static int io_raise_priority(void)
+{
+    id_t tid = (id_t)syscall(SYS_gettid);
+    errno = 0;
+    int cur = getpriority(PRIO_PROCESS, tid);
+    if (cur == -1 && errno != 0)
+        return 0;
+    for (int n = cur - OFL_IO_NICE < -20 ? -20 : cur - OFL_IO_NICE; n < cur; n++)
+        if (setpriority(PRIO_PROCESS, tid, n) == 0)
+            return cur - n;
+    return 0;
+}
+
 static void *io_main(void *arg)
 {
     eng_ofl *x = arg;
     ofl_req **subs = x->subs;
     pi2_io_req *done[64];
+    int gained = io_raise_priority();
     pthread_mutex_lock(&x->mu);
+    x->io_nice = gained;
+    x->io_up = true;
+    pthread_cond_broadcast(&x->cv_compute);
     for (;;) {
         while (!x->stop && x->rq_n == 0 && pi2_io_inflight(x->io) == 0 && !stream_wants(x))
             pthread_cond_wait(&x->cv_io, &x->mu);

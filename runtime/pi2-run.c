@@ -567,16 +567,20 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
     double tsum = 0;
     for (size_t i = 0; i < g->n_lat; i++)
         tsum += g->lat[i];
+    char prio[64];
+    if (in.io_nice)
+        snprintf(prio, sizeof prio, "I/O thread priority +%d", in.io_nice);
+    else
+        snprintf(prio, sizeof prio, "I/O thread priority unchanged (not permitted)");
     fprintf(f,
             "offload: hit rate %.1f%% (hot %.1f%%, cache %.1f%%, read %.1f%% of %.0f neuron parts/token) | read "
-            "%.2f MB/token in %.0f reads (%.0f parts read ahead) | I/O wait %.1f%% of decode time%s\n",
+            "%.2f MB/token in %.0f reads (%.0f parts read ahead) | I/O wait %.1f%% of decode time | %s%s\n",
             in.parts ? 100.0 * (double)(in.parts_hot + in.parts_hit) / (double)in.parts : 100.0,
             in.parts ? 100.0 * (double)in.parts_hot / (double)in.parts : 0.0,
             in.parts ? 100.0 * (double)in.parts_hit / (double)in.parts : 0.0,
             in.parts ? 100.0 * (double)in.parts_read / (double)in.parts : 0.0, (double)in.parts / tok,
             (double)in.bytes_read / tok / 1e6, (double)in.reads / tok, (double)in.parts_prefetched / tok,
-            tsum > 0 ? 100.0 * in.io_wait_s / tsum : 0.0,
-            in.hot_locked ? " | hot segment locked" : "");
+            tsum > 0 ? 100.0 * in.io_wait_s / tsum : 0.0, prio, in.hot_locked ? " | hot segment locked" : "");
     if (in.plan)
         fprintf(f,
                 "plan: %s | %d threads, I/O depth %d%s, gates kept for %.0f MB more | predicted %.2f tok/s decode "
@@ -808,7 +812,7 @@ static int run_bench(const run_opts *o)
                  ",\"mem_limit\":%llu,\"minimum_bytes\":%llu,\"planned_bytes\":%llu,\"footprint_bytes\":%llu,\"resident_bytes\":%llu,"
                  "\"hot_bytes\":%llu,\"cache_bytes\":%llu,\"ffn_bytes\":%llu,\"offloaded\":%.4f,\"hit_rate\":%.5f,"
                  "\"cache_hit_rate\":%.5f,\"read_bytes_per_token\":%.0f,\"reads_per_token\":%.1f,"
-                 "\"read_size\":%.0f,\"io_wait_share\":%.4f,\"io\":\"%s\",\"prefill_read_bytes\":%llu,"
+                 "\"read_size\":%.0f,\"io_wait_share\":%.4f,\"io\":\"%s\",\"io_nice\":%d,\"prefill_read_bytes\":%llu,"
                  "\"parts_per_token\":%.0f,\"parts_read_per_token\":%.1f,\"prefetched_per_token\":%.1f,"
                  "\"prefetch_waits_per_token\":%.1f,\"plan\":\"%s\",\"plan_threads\":%d,\"plan_io_depth\":%d,"
                  "\"gate_first\":%s,\"gate_hot_bytes\":%llu,\"predicted_tok_s\":%.3f,\"predicted_hit_rate\":%.4f,"
@@ -820,7 +824,7 @@ static int run_bench(const run_opts *o)
                  in.parts > in.parts_hot ? (double)in.parts_hit / (double)(in.parts - in.parts_hot) : 1.0,
                  (double)in.bytes_read / ntok, (double)in.reads / ntok,
                  in.reads ? (double)in.bytes_read / (double)in.reads : 0.0, tot > 0 ? in.io_wait_s / tot : 0.0,
-                 in.backend, (unsigned long long)in.prefill_bytes_read, (double)in.parts / ntok,
+                 in.backend, in.io_nice, (unsigned long long)in.prefill_bytes_read, (double)in.parts / ntok,
                  (double)in.parts_read / ntok, (double)in.parts_prefetched / ntok, (double)in.prefetch_waits / ntok,
                  in.plan_source, in.threads, in.io_depth, in.gate_first ? "true" : "false",
                  (unsigned long long)in.gate_hot, in.plan ? in.plan->pred.decode_tok_s : 0.0,

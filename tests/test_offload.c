@@ -23,8 +23,13 @@
 #include "tests/testmodel.h"
 #include "tests/testutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,6 +143,63 @@ static pi2_engine *open_at(const char *path, uint64_t limit, double hot_share, b
     if (rc)
         fail_msg("open %s (limit %llu): %s", path, (unsigned long long)limit, e.msg);
     return eng;
+}
+
+/* The nice value of this process's thread named `name` (INT_MIN: none). */
+static int thread_nice(const char *name)
+{
+    int nice = INT_MIN;
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    for (struct dirent *de; nice == INT_MIN && (de = readdir(d)) != NULL;) {
+        if (de->d_name[0] == '.')
+            continue;
+        char p[300], buf[1024] = "";
+        snprintf(p, sizeof p, "/proc/self/task/%s/comm", de->d_name);
+        FILE *f = fopen(p, "r");
+        if (!f)
+            continue;
+        bool match = fgets(buf, sizeof buf, f) && strncmp(buf, name, strlen(name)) == 0 && buf[strlen(name)] == '\n';
+        fclose(f);
+        snprintf(p, sizeof p, "/proc/self/task/%s/stat", de->d_name);
+        if (!match || !(f = fopen(p, "r")))
+            continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        char *t = strrchr(buf, ')'); /* then: state ppid ... priority nice (fields 3..19) */
+        assert_non_null(t);
+        t += 2;
+        for (int k = 0; k < 16; k++)
+            t = strchr(t, ' ') + 1;
+        nice = atoi(t);
+    }
+    closedir(d);
+    return nice;
+}
+
+/* How many nice levels (up to 10) a thread of this process may raise its
+ * own priority by, found by trying in a thread of its own. */
+static void *try_raise(void *arg)
+{
+    id_t tid = (id_t)syscall(SYS_gettid);
+    int cur = getpriority(PRIO_PROCESS, tid), *gained = arg;
+    for (int n = cur - 10 < -20 ? -20 : cur - 10; n < cur && !*gained; n++)
+        if (setpriority(PRIO_PROCESS, tid, n) == 0)
+            *gained = cur - n;
+    return NULL;
+}
+
+/* The I/O thread runs above the compute threads by as many nice levels as
+ * the process may raise a thread (none without the privilege). */
+static void check_io_priority(const pi2_engine_offload_info *in)
+{
+    int may = 0;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, try_raise, &may), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(in->io_nice, may);
+    assert_int_equal(thread_nice("pi2-io"), getpriority(PRIO_PROCESS, 0) - may);
 }
 
 /* The smallest limit a model opens with (from a generous open). */
@@ -319,6 +381,7 @@ static void test_limits_and_readers(void **state)
             pi2_engine_offload_info in;
             pi2_engine_offload_info_get(eng, &in);
             assert_string_equal(in.backend, be == 1 ? "io_uring" : "pread");
+            check_io_priority(&in);
             if (!ref)
                 ref = lg;
             else {

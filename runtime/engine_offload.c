@@ -15,8 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #define OFL_CHUNK 128                /* neurons per decode chunk */
@@ -30,7 +28,6 @@
 #define OFL_POLL_US 50               /* I/O thread poll while reads are in flight */
 #define OFL_SPIN 4000                /* compute thread spins before sleeping */
 #define OFL_PF_SETS 8                /* read-ahead sets in flight (MoE: top-k per layer) */
-#define OFL_IO_NICE 10               /* the I/O thread's priority above the compute threads', where permitted */
 
 enum { P_FULL = 0, P_GATE = 1, P_UD = 2 };
 enum { CH_WAIT = 0, CH_IO, CH_READY, CH_UD_WAIT, CH_UD_IO, CH_UD_READY, CH_DONE };
@@ -1372,28 +1369,12 @@ static void stream_landed(eng_ofl *x, const ofl_req *r, const pi2_err *er)
 
 /* ---------------- the I/O thread ---------------- */
 
-/* Raise the calling thread's priority by up to OFL_IO_NICE nice levels, as
- * far as this process may (root, CAP_SYS_NICE or RLIMIT_NICE; else not at
- * all). Returns the levels gained. */
-static int io_raise_priority(void)
-{
-    id_t tid = (id_t)syscall(SYS_gettid);
-    errno = 0;
-    int cur = getpriority(PRIO_PROCESS, tid);
-    if (cur == -1 && errno != 0)
-        return 0;
-    for (int n = cur - OFL_IO_NICE < -20 ? -20 : cur - OFL_IO_NICE; n < cur; n++)
-        if (setpriority(PRIO_PROCESS, tid, n) == 0)
-            return cur - n;
-    return 0;
-}
-
 static void *io_main(void *arg)
 {
     eng_ofl *x = arg;
     ofl_req **subs = x->subs;
     pi2_io_req *done[64];
-    int gained = io_raise_priority();
+    int gained = pi2_thread_raise_priority(PI2_IO_THREAD_NICE);
     pthread_mutex_lock(&x->mu);
     x->io_nice = gained;
     x->io_up = true;

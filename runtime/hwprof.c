@@ -413,6 +413,7 @@ typedef struct rd_thread {
 static void *rd_main(void *arg)
 {
     rd_thread *r = arg;
+    pi2_thread_raise_priority(PI2_IO_THREAD_NICE); /* as the offloading engine's reader */
     r->rc = read_n(r->io, r->fsize, HW_OVL_SIZE, HW_OVL_DEPTH, r->count, r->buf, &r->seed, &r->err);
     r->end = pi2_now();
     return NULL;

@@ -8,6 +8,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -163,6 +166,19 @@ bool pi2_cpus_split(int n, pi2_cpus *out)
 bool pi2_thread_pin(pthread_t thread, const cpu_set_t *cpus)
 {
     return pthread_setaffinity_np(thread, sizeof *cpus, cpus) == 0;
+}
+
+int pi2_thread_raise_priority(int levels)
+{
+    id_t tid = (id_t)syscall(SYS_gettid);
+    errno = 0;
+    int cur = getpriority(PRIO_PROCESS, tid);
+    if (levels <= 0 || (cur == -1 && errno != 0))
+        return 0;
+    for (int n = cur - levels < -20 ? -20 : cur - levels; n < cur; n++)
+        if (setpriority(PRIO_PROCESS, tid, n) == 0)
+            return cur - n;
+    return 0;
 }
 
 bool pi2_pool_pin(pi2_pool *p, const cpu_set_t *cpus)

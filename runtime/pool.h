@@ -49,6 +49,12 @@ bool pi2_cpus_split(int n, pi2_cpus *out);
 bool pi2_pool_pin(pi2_pool *p, const cpu_set_t *cpus);
 /* Pin one thread, or restore the caller's mask (cpus: &pi2_cpus.all). */
 bool pi2_thread_pin(pthread_t thread, const cpu_set_t *cpus);
+/* Raise the calling thread's priority by up to `levels` nice levels, as
+ * far as the process may (root, CAP_SYS_NICE or RLIMIT_NICE; otherwise not
+ * at all); returns the levels gained. For an I/O thread sharing CPUs with
+ * compute threads: at equal priority it reaped and resubmitted late. */
+int pi2_thread_raise_priority(int levels);
+#define PI2_IO_THREAD_NICE 10 /* the levels the offloading reader (and the profile's) asks for */
 
 /* Static partition of [0, n) into nt nearly equal parts whose boundaries
  * are multiples of `grain` (>= 1) except the last: part tid is

@@ -18,6 +18,7 @@
 #include "runtime/engine.h"
 #include "runtime/io.h"
 #include "runtime/planner.h"
+#include "runtime/pool.h"
 #include "tests/testhw.h"
 #include "tests/testjson.h"
 #include "tests/testmodel.h"
@@ -29,7 +30,6 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,15 +178,11 @@ static int thread_nice(const char *name)
     return nice;
 }
 
-/* How many nice levels (up to 10) a thread of this process may raise its
- * own priority by, found by trying in a thread of its own. */
+/* How many nice levels a thread of this process may gain, found in a
+ * thread of its own (the change ends with it). */
 static void *try_raise(void *arg)
 {
-    id_t tid = (id_t)syscall(SYS_gettid);
-    int cur = getpriority(PRIO_PROCESS, tid), *gained = arg;
-    for (int n = cur - 10 < -20 ? -20 : cur - 10; n < cur && !*gained; n++)
-        if (setpriority(PRIO_PROCESS, tid, n) == 0)
-            *gained = cur - n;
+    *(int *)arg = pi2_thread_raise_priority(PI2_IO_THREAD_NICE);
     return NULL;
 }
 

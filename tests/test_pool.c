@@ -9,7 +9,10 @@
 
 #include "runtime/pool.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,6 +168,36 @@ static void test_cpus(void **state)
     pi2_pool_free(p);
 }
 
+/* In a thread of its own: the levels gained are exactly the change in the
+ * thread's nice value, never more than asked, and asking for none changes
+ * nothing. */
+static void *raise_main(void *arg)
+{
+    int *r = arg;
+    int before = getpriority(PRIO_PROCESS, 0);
+    r[0] = pi2_thread_raise_priority(0);
+    r[1] = getpriority(PRIO_PROCESS, 0) - before;
+    r[2] = pi2_thread_raise_priority(3);
+    r[3] = before - getpriority(PRIO_PROCESS, 0);
+    return NULL;
+}
+
+static void test_raise_priority(void **state)
+{
+    (void)state;
+    int r[4] = {-1, -1, -1, -1}, proc = getpriority(PRIO_PROCESS, 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, raise_main, r), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(r[0], 0);
+    assert_int_equal(r[1], 0);
+    assert_true(r[2] >= 0 && r[2] <= 3);
+    assert_int_equal(r[2], r[3]);
+    assert_int_equal(getpriority(PRIO_PROCESS, 0), proc); /* the caller's own is untouched */
+    if (r[2] == 0)
+        print_message("raising a thread's priority is not permitted here: only the no-op checked\n");
+}
+
 static void test_bad_sizes(void **state)
 {
     (void)state;
@@ -186,6 +219,7 @@ int main(void)
         cmocka_unit_test(test_after_idle),
         cmocka_unit_test(test_bad_sizes),
         cmocka_unit_test(test_cpus),
+        cmocka_unit_test(test_raise_priority),
     };
     return cmocka_run_group_tests_name("pool", tests, NULL, NULL);
 }

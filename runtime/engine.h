@@ -167,7 +167,8 @@ typedef struct pi2_engine_offload_info {
     const char *plan_source; /* "planned", "planned: the fixed split (no clear gain)", "given", "fixed split" */
     const struct pi2_plan *plan; /* the plan run, with its predictions (NULL: fixed split, no hardware profile) */
     int threads, io_depth;   /* as run */
-    int io_nice;             /* nice levels the I/O thread runs above the compute threads (0: not permitted) */
+    int io_nice;             /* nice levels the I/O thread runs above the compute threads (0: not permitted,
+                                or the process already at the highest priority) */
     bool gate_first;
     uint64_t gate_hot;       /* bytes of gate parts kept beyond the hot slots */
     /* decode counters since the last stats reset */

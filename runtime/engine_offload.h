@@ -88,9 +88,10 @@
  * 7B-shaped model at 50% offloaded a layer's read-ahead took 2.6-3.2 ms
  * to land (1.6 ms with a CPU of its own), 1 ms past the start of the FFN
  * step, and the I/O wait was 16-27% of decode; raised, 4-7%, and decode
- * went from 7.7 to 8.7 tok/s (medians of 4 alternated runs). On 2 CPUs at 90% offloaded on the 7B-shaped model,
- * 1 compute thread went from 2.4-2.8 to 3.5 tok/s (alternated runs); at
- * 75% it ran at 4.2-4.8 against 3.6-3.8 for 2 compute threads.
+ * went from 7.7 to 8.7 tok/s (medians of 4 alternated runs). On 2 CPUs at
+ * 90% offloaded on the 7B-shaped model, 1 compute thread went from 2.4-2.8
+ * to 3.5 tok/s (alternated runs); at 75% it ran at 4.2-4.8 against 3.6-3.8
+ * for 2 compute threads.
  *   admit    (I/O) hot neurons need nothing; cached ones are held; missing
  *            ones get a reserved slot and one aligned read per bundle group
  *            (the span of the group's missing parts); chunks are admitted in

@@ -571,7 +571,7 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
     if (in.io_nice)
         snprintf(prio, sizeof prio, "I/O thread priority +%d", in.io_nice);
     else
-        snprintf(prio, sizeof prio, "I/O thread priority unchanged (not permitted)");
+        snprintf(prio, sizeof prio, "I/O thread priority unchanged");
     fprintf(f,
             "offload: hit rate %.1f%% (hot %.1f%%, cache %.1f%%, read %.1f%% of %.0f neuron parts/token) | read "
             "%.2f MB/token in %.0f reads (%.0f parts read ahead) | I/O wait %.1f%% of decode time | %s%s\n",

@@ -13,7 +13,9 @@
 # Each point runs twice: with the fixed split (--no-plan) and with the
 # planner's settings (runtime/planner.h, from the hardware profile measured
 # at the start: pi2-run --profile-hw), and prints the cost model's predicted
-# speed next to each measured one.
+# speed next to each measured one. Last, the 50% point (the planner's
+# settings) and the fully-in-memory run alternate (ABBA) REPEAT times, so
+# that the ratio the 0.7x target is set on compares the same minutes.
 # Writes WORKDIR/offload-NAME.json and an SVG plot WORKDIR/offload-NAME.svg.
 # Usage: sh runtime/bench_offload.sh MODEL.pi2 PUBKEY WORKDIR [NAME]
 set -eu
@@ -188,12 +190,45 @@ done
 echo "$cmp" | awk 'NF { n++; e = ($5 > 0 ? $6 / $5 - 1 : 0); if (e < 0) e = -e; if (e <= 0.2) ok++; r = $5 / $3
                           if ($11) { kept++; next } own++; if (r < 0.97) slower++; if (r > 1.03) faster++ }
     END { if (n) printf "planned: predicted within 20%% of measured at %d of %d points; own settings at %d (faster than the fixed split (>3%%) at %d, slower (>3%%) at %d), the fixed split kept at %d\n", ok, n, own, faster, slower, kept }'
-{ echo "$rows"; echo "PLANNED"; echo "$cmp"; } | awk -v name="$NAME" -v base="$base_tg" -v capped="$capped" '
+# The 50% point against fully in memory, the two alternating (ABBA) in the
+# same minutes: the table's "x mem" divides by one in-memory run from the
+# start, and this machine drifts 10-30% between minutes
+alt_mem=0 alt_off=0
+if echo " $POINTS " | grep -q " 50 "; then
+    limit=$(echo "$minimum $ffn 50" | awk '{printf "%.0f", $1 + $2 * 50 / 100 + 65536}')
+    say ""
+    say "== 50% offloaded (the planner's settings) vs fully in memory, alternating (ABBA) $REPEAT times"
+    ok=yes mt=0 ot=0
+    for i in $(seq "$REPEAT"); do
+        mo="$W/offload-$NAME-inmem.json.$i" oo="$W/offload-$NAME-50-vsmem.json.$i"
+        if [ $((i % 2)) = 1 ]; then
+            "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH" --no-verify-ffn >"$mo" 2>"$W/err" &&
+                run "$limit" "$oo" || { ok=no; break; }
+        else
+            run "$limit" "$oo" && "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH" \
+                --no-verify-ffn >"$mo" 2>"$W/err" || { ok=no; break; }
+        fi
+        mt=$(echo "$mt $(jget tg_tok_s <"$mo")" | awk '{print $1 + $2}')
+        ot=$(echo "$ot $(jget tg_tok_s <"$oo")" | awk '{print $1 + $2}')
+    done
+    if [ "$ok" = yes ]; then
+        alt_mem=$(echo "$mt $REPEAT" | awk '{printf "%.3f", $1 / $2}')
+        alt_off=$(echo "$ot $REPEAT" | awk '{printf "%.3f", $1 / $2}')
+        say "decode, 50% of FFN bytes out of memory: $alt_off tok/s = $(echo "$alt_off $alt_mem" | awk '{printf "%.2f", $1 / $2}') x fully in memory ($alt_mem tok/s), means of $REPEAT each   [target >= 0.7 on the 7B-shaped model]"
+    else
+        say "50% vs in memory: failed"
+        cat "$W/err"
+    fi
+fi
+{ echo "$rows"; echo "PLANNED"; echo "$cmp"; } | awk -v name="$NAME" -v base="$base_tg" -v capped="$capped" \
+    -v alt_mem="$alt_mem" -v alt_off="$alt_off" '
     /^PLANNED/ { pl = 1; next }
     NF && !pl { n++; pct[n]=$1; lim[n]=$2; tg[n]=$3; rel[n]=$4; hit[n]=$5; mb[n]=$6; kb[n]=$7; xf[n]=$12 }
     NF && pl { m++; ppct[m]=$1; ftg[m]=$3; fp[m]=$4; ptg[m]=$5; pp[m]=$6; phit[m]=$7; pt[m]=$8; pd[m]=$9; pg[m]=$10; pk[m]=$11 }
     END {
-        printf "{\"model\":\"%s\",\"in_memory_tok_s\":%s,\"capped\":\"%s\",\"points\":[", name, base, capped
+        printf "{\"model\":\"%s\",\"in_memory_tok_s\":%s,\"capped\":\"%s\",", name, base, capped
+        printf "\"alternated_50\":{\"in_memory_tok_s\":%s,\"tok_s\":%s,\"vs_in_memory\":%.4f},\"points\":[", alt_mem, alt_off,
+            (alt_mem > 0 ? alt_off / alt_mem : 0)
         for (i = 1; i <= n; i++)
             printf "%s{\"offloaded_pct\":%s,\"limit_mb\":%s,\"tok_s\":%s,\"vs_in_memory\":%s,\"hit_pct\":%s,\"read_mb_per_token\":%s,\"read_kb_per_request\":%s,\"vs_floor\":%s}",
                 (i > 1 ? "," : ""), pct[i], lim[i], tg[i], rel[i], hit[i], mb[i], kb[i], xf[i]

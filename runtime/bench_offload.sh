@@ -61,8 +61,10 @@ say "== hardware profile for the planner (pi2-run --profile-hw, cached in $HWP)"
 say "== fully in memory: pi2-run --bench (prompt $PP, $TG generated, $TH threads)"
 # twice, the faster counts: one run of the 7B-shaped model right after the
 # probes decoded at a tenth of its speed (cause not found)
-base=$("$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH")
-base2=$("$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH" --no-verify-ffn)
+# one fully-in-memory run: inmem [ARGS...]
+inmem() { "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH" "$@"; }
+base=$(inmem)
+base2=$(inmem --no-verify-ffn)
 if [ "$(echo "$(echo "$base2" | jget tg_tok_s) $(echo "$base" | jget tg_tok_s)" | awk '{print ($1 > $2)}')" = 1 ]; then
     base=$base2
 fi
@@ -74,6 +76,9 @@ plan=$("$B/pi2-run" "$M" --pubkey "$K" --plan-only --bench --bench-pp "$PP" --be
 minimum=$(echo "$plan" | jget minimum_bytes)
 ffn=$(echo "$plan" | jget ffn_bytes)
 say "plan: smallest limit $(echo "$minimum" | awk '{printf "%.0f", $1/1048576}') MB, FFN payload $(echo "$ffn" | awk '{printf "%.0f", $1/1048576}') MB"
+
+# the limit that leaves PCT% of the FFN payload out of memory: limit_of PCT
+limit_of() { echo "$minimum $ffn $1" | awk '{printf "%.0f", $1 + $2 * (100 - $3) / 100 + 65536}'; }
 
 capped=yes
 [ -w /sys/fs/cgroup/memory ] || capped=no
@@ -101,7 +106,7 @@ rm -f "$W"/model-*.json
 say "== pass 1: the fixed split (--no-plan) at each limit; each run is predicted first, then teaches the cost model"
 printf '%-6s %9s %8s %7s %7s %9s %7s %8s %7s %9s %9s %8s %9s %7s\n' "out%" "limit MB" "tok/s" "x mem" "hit%" "MB read/t" "KB/req" "IO wait" "peak MB" "IO floor" "mem floor" "x floor" "predicted" "error"
 for pct in $POINTS; do
-    limit=$(echo "$minimum $ffn $pct" | awk '{printf "%.0f", $1 + $2 * (100 - $3) / 100 + 65536}')
+    limit=$(limit_of "$pct")
     out="$W/offload-$NAME-$pct.json"
     run "$limit" "$out" --no-plan || { say "point $pct%: failed"; cat "$W/err"; continue; }
     r=$(cat "$out")
@@ -149,7 +154,7 @@ say "   (settings \"=\": the planner kept the fixed split, predicting no gain of
 say "   then differ by this machine's noise alone)"
 printf '%-6s %9s | %8s %9s %7s | %8s %9s %7s %6s %3s %5s %8s %8s | %8s\n' "out%" "limit MB" "fixed" "predicted" "error" "planned" "predicted" "error" "hit%" "t" "depth" "gates MB" "settings" "planned/fixed"
 for pct in $POINTS; do
-    limit=$(echo "$minimum $ffn $pct" | awk '{printf "%.0f", $1 + $2 * (100 - $3) / 100 + 65536}')
+    limit=$(limit_of "$pct")
     f="$W/offload-$NAME-$pct.json"
     pout="$W/offload-$NAME-$pct-planned.json"
     [ -s "$f" ] || continue
@@ -195,18 +200,16 @@ echo "$cmp" | awk 'NF { n++; e = ($5 > 0 ? $6 / $5 - 1 : 0); if (e < 0) e = -e; 
 # start, and this machine drifts 10-30% between minutes
 alt_mem=0 alt_off=0
 if echo " $POINTS " | grep -q " 50 "; then
-    limit=$(echo "$minimum $ffn 50" | awk '{printf "%.0f", $1 + $2 * 50 / 100 + 65536}')
+    limit=$(limit_of 50)
     say ""
     say "== 50% offloaded (the planner's settings) vs fully in memory, alternating (ABBA) $REPEAT times"
     ok=yes mt=0 ot=0
     for i in $(seq "$REPEAT"); do
         mo="$W/offload-$NAME-inmem.json.$i" oo="$W/offload-$NAME-50-vsmem.json.$i"
         if [ $((i % 2)) = 1 ]; then
-            "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH" --no-verify-ffn >"$mo" 2>"$W/err" &&
-                run "$limit" "$oo" || { ok=no; break; }
+            inmem --no-verify-ffn >"$mo" 2>"$W/err" && run "$limit" "$oo" || { ok=no; break; }
         else
-            run "$limit" "$oo" && "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH" \
-                --no-verify-ffn >"$mo" 2>"$W/err" || { ok=no; break; }
+            run "$limit" "$oo" && inmem --no-verify-ffn >"$mo" 2>"$W/err" || { ok=no; break; }
         fi
         mt=$(echo "$mt $(jget tg_tok_s <"$mo")" | awk '{print $1 + $2}')
         ot=$(echo "$ot $(jget tg_tok_s <"$oo")" | awk '{print $1 + $2}')

@@ -137,8 +137,7 @@ typedef struct eng_ofl {
     pthread_cond_t cv_io, cv_compute, cv_stream;
     pthread_t th;
     bool th_started, stop;
-    bool io_up;      /* the I/O thread has set its priority (io_nice) */
-    int io_nice;     /* nice levels it runs above the compute threads */
+    bool io_up;      /* the I/O thread has set its priority (info.io_nice) */
     bool pinned;     /* threads placed by pi2_cpus_split: restore at close */
     pi2_cpus cpus;
 
@@ -792,7 +791,6 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     pthread_mutex_lock(&x->mu);
     while (!x->io_up)
         pthread_cond_wait(&x->cv_compute, &x->mu);
-    x->info.io_nice = x->io_nice;
     pthread_mutex_unlock(&x->mu);
     /* a CPU of its own for the I/O thread when the compute threads leave
      * one free (runtime/pool.h); the caller's mask comes back at close */
@@ -1376,7 +1374,7 @@ static void *io_main(void *arg)
     pi2_io_req *done[64];
     int gained = pi2_thread_raise_priority(PI2_IO_THREAD_NICE);
     pthread_mutex_lock(&x->mu);
-    x->io_nice = gained;
+    x->info.io_nice = gained;
     x->io_up = true;
     pthread_cond_broadcast(&x->cv_compute);
     for (;;) {

@@ -28,12 +28,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <pthread.h>
-#include <sys/resource.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -170,8 +170,11 @@ static int thread_nice(const char *name)
         char *t = strrchr(buf, ')'); /* then: state ppid ... priority nice (fields 3..19) */
         assert_non_null(t);
         t += 2;
-        for (int k = 0; k < 16; k++)
-            t = strchr(t, ' ') + 1;
+        for (int k = 0; k < 16; k++) {
+            t = strchr(t, ' ');
+            assert_non_null(t);
+            t++;
+        }
         nice = atoi(t);
     }
     closedir(d);

@@ -9,14 +9,13 @@
 
 #include "runtime/pool.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
-#include <sys/resource.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 typedef struct job {

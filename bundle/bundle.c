@@ -26,7 +26,6 @@
 void pi2_bundle_defaults(pi2_bundle_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->io_unit = PI2_BL_IO_DEFAULT;
     o->hot_min_freq = 0.5;
     o->hot_share = NAN;
 }
@@ -156,6 +155,7 @@ typedef struct bctx {
     ffn_state *ffn;
     size_t n_ffn;
     uint64_t row_bytes;
+    uint32_t io_unit; /* the options' or, for 0, pi2_bl_auto_io_unit's */
     bool two_phase;
     job *jobs;
     size_t n_jobs, cap_jobs;
@@ -719,7 +719,8 @@ static int setup_ffns(bctx *b, pi2_err *err)
     if (!(b->ffn = pi2_calloc_array(b->n_ffn, sizeof *b->ffn)))
         return pi2_err_set(err, PI2_ENOMEM, "out of memory");
     pi2_bl_ffn geo;
-    int rc = pi2_bl_geometry(d, m->quant_ffn, b->o->io_unit, &geo, err);
+    b->io_unit = b->o->io_unit ? b->o->io_unit : pi2_bl_auto_io_unit(d, m->quant_ffn);
+    int rc = pi2_bl_geometry(d, m->quant_ffn, b->io_unit, &geo, err);
     if (rc)
         return rc;
     static const pi2_tname roles[3] = { PI2_T_GATE, PI2_T_UP, PI2_T_DOWN };
@@ -788,7 +789,7 @@ static int build_manifest(bctx *b, const char *signer, char **text, size_t *len,
     if (rc == 0)
         rc = pi2_manifest_add_sections(om, secs, ns, err);
 
-    lay->io_unit = b->o->io_unit;
+    lay->io_unit = b->io_unit;
     lay->row_bytes = b->row_bytes;
     lay->two_phase = b->two_phase;
     lay->hot_min_freq = isnan(b->o->hot_share) ? b->o->hot_min_freq : NAN;
@@ -851,9 +852,9 @@ static void report_summary(const bctx *b, FILE *r, double t_order, double t_all,
         fprintf(r, "; cold groups of %u, read efficiency %.3f (frequency order %.3f)", L0->group, eff / n_eff,
                 eff_f / n_eff);
     fprintf(r, "\n");
-    fprintf(r, "layout: %s, io unit %u KiB, group %u, slot %llu bytes\n",
-            b->two_phase ? "two-phase (gate part, then up+down)" : "one-phase (gate|up|down)", b->o->io_unit / 1024,
-            L0->group, (unsigned long long)L0->slot_bytes);
+    fprintf(r, "layout: %s, io unit %u KiB (%s), group %u, slot %llu bytes\n",
+            b->two_phase ? "two-phase (gate part, then up+down)" : "one-phase (gate|up|down)", b->io_unit / 1024,
+            b->o->io_unit ? "--io-unit" : "auto", L0->group, (unsigned long long)L0->slot_bytes);
     uint64_t res = b->written - hot - cold;
     fprintf(r, "wrote %s: %.3f GB (resident %.3f, hot %.3f, cold %.3f) in %.1f s (%.2f GB/s), %s%s\n", b->o->out_path,
             b->written / 1e9, res / 1e9, hot / 1e9, cold / 1e9, t_all, t_all > 0 ? b->written / t_all / 1e9 : 0.0,

@@ -97,7 +97,7 @@ typedef struct pi2_bundle_opts {
     const char *out_path;      /* model.pi2 to write */
     const pi2_sign_key *key;   /* private key to sign with, or NULL ... */
     bool allow_unsigned;       /* ... only together with this */
-    uint32_t io_unit;          /* bytes, power of two in [4K, 256K] (default 16K) */
+    uint32_t io_unit;          /* bytes, power of two in [4K, 256K]; 0 (default): pi2_bl_auto_io_unit */
     double hot_min_freq;       /* hot: neurons firing on at least this share of tokens (default 0.5) ... */
     double hot_share;          /* ... or this share of each FFN's neurons (NaN: use hot_min_freq) */
     int threads;               /* ordering threads; 0 = all cores */

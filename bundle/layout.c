@@ -55,6 +55,29 @@ int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, 
     return 0;
 }
 
+uint32_t pi2_bl_auto_io_unit(const pi2_model_desc *d, pi2_qtype q_ffn)
+{
+    uint32_t best = PI2_BL_IO_DEFAULT;
+    double best_waste = INFINITY;
+    for (uint32_t u = PI2_BL_IO_AUTO_MIN; u <= PI2_BL_IO_MAX; u *= 2) {
+        pi2_bl_ffn f;
+        pi2_err e;
+        if (pi2_bl_geometry(d, q_ffn, u, &f, &e))
+            return PI2_BL_IO_DEFAULT; /* the same call reports the problem to the caller */
+        if ((uint64_t)f.group * f.bundle_bytes > u)
+            continue; /* rows wider than u: a read would exceed it */
+        uint64_t used = (uint64_t)f.group * 3 * pi2_q_payload_row_bytes(q_ffn, d->hidden);
+        double waste = 1.0 - (double)used / (double)f.slot_bytes;
+        if (waste * PI2_BL_IO_AUTO_WASTE <= 1.0)
+            return u;
+        if (waste < best_waste) {
+            best = u;
+            best_waste = waste;
+        }
+    }
+    return best;
+}
+
 void pi2_bl_set_hot(pi2_bl_ffn *f, uint32_t hot_groups)
 {
     if (hot_groups > f->groups)

@@ -49,7 +49,8 @@
  * read below is an aligned O_DIRECT read.
  *
  * Group size and the I/O unit U ("io_unit", a power of two in 4 KiB ..
- * 256 KiB; pi2-bundle --io-unit, default 16 KiB): a group is one read of a
+ * 256 KiB; pi2-bundle --io-unit, by default pi2_bl_auto_io_unit's choice
+ * below): a group is one read of a
  * slot (one-phase) or two reads, gate part then up+down part (two-phase);
  * g is the largest count whose every read fits in U:
  *     one-phase  g = floor(U / 3R)      two-phase  g = floor(U / 2R)
@@ -126,6 +127,8 @@
 #define PI2_BL_IO_MIN 4096u
 #define PI2_BL_IO_MAX (256u * 1024)
 #define PI2_BL_IO_DEFAULT (16u * 1024)
+#define PI2_BL_IO_AUTO_MIN (8u * 1024) /* the smallest unit pi2_bl_auto_io_unit picks */
+#define PI2_BL_IO_AUTO_WASTE 8         /* ... whose slots waste at most 1/8 of their bytes */
 #define PI2_BL_MAX_BYTES (16u << 20) /* bundle object text cap */
 
 typedef enum pi2_bl_order {
@@ -172,6 +175,18 @@ typedef struct pi2_bundle_layout {
  * PI2_EINVAL for a bad io_unit or a non-q4/q8 FFN quant, PI2_ERANGE if the
  * member would exceed PI2_CTR_MAX_SIZE. */
 int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, pi2_bl_ffn *out, pi2_err *err);
+/* The I/O unit pi2-bundle uses unless told (--io-unit auto): the smallest
+ * power of two from PI2_BL_IO_AUTO_MIN up whose every read fits it and
+ * whose slot is at most 1/PI2_BL_IO_AUTO_WASTE padding, i.e. the smallest
+ * read that packs whole neurons without waste (else the least wasteful).
+ * Examples, q4: hidden 4096 dReLU (R = 2 KiB, 6 KiB a neuron) -> 8 KiB,
+ * g = 2, no padding; hidden 2048 ReGLU (3 KiB a neuron) -> 16 KiB, g = 5,
+ * 1/16 padding (8 KiB would hold 2 neurons in 8, 1/4 padding). Bytes read
+ * on a miss scale with the unit while the count of reads hardly changes
+ * (missed neurons seldom share a group), and padding costs both disk
+ * bytes and cache memory. PI2_BL_IO_DEFAULT for dimensions
+ * pi2_bl_geometry refuses. */
+uint32_t pi2_bl_auto_io_unit(const pi2_model_desc *d, pi2_qtype q_ffn);
 /* Set hot_groups = H (clamped to groups) and derive hot_neurons and both
  * regions from it. */
 void pi2_bl_set_hot(pi2_bl_ffn *f, uint32_t hot_groups);

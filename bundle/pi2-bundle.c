@@ -50,8 +50,9 @@ static void usage(FILE *f)
             "  -o, --output FILE    model.pi2 to write\n"
             "  --key PRIV.pem       Ed25519 private key to sign with (pi2-bundle keygen)\n"
             "  --unsigned           write an unsigned container (reported as unsigned everywhere)\n"
-            "  --io-unit SIZE       largest read of a neuron group: 4K..256K, a power of two\n"
-            "                       (default 16K)\n"
+            "  --io-unit SIZE|auto  largest read of a neuron group: 4K..256K, a power of two\n"
+            "                       (default auto: the smallest from 8K that packs whole\n"
+            "                       neurons with at most 1/8 padding)\n"
             "  --hot-share F        hot neurons: this share of each FFN (0..1) ...\n"
             "  --hot-freq F         ... or those firing on at least this share of tokens\n"
             "                       (default 0.5)\n"
@@ -225,9 +226,13 @@ static int cmd_bundle(int argc, char **argv)
         case O_KEY: keypath = optarg; break;
         case O_UNSIGNED: o.allow_unsigned = true; break;
         case O_IO:
+            if (strcmp(optarg, "auto") == 0) {
+                o.io_unit = 0;
+                break;
+            }
             rc = pi2_parse_size("--io-unit", optarg, &sz, &err);
             if (rc == 0 && (sz < PI2_BL_IO_MIN || sz > PI2_BL_IO_MAX || (sz & (sz - 1)) != 0))
-                rc = pi2_err_set(&err, PI2_EINVAL, "--io-unit '%s': expected a power of two from 4K to 256K", optarg);
+                rc = pi2_err_set(&err, PI2_EINVAL, "--io-unit '%s': expected a power of two from 4K to 256K, or auto", optarg);
             o.io_unit = (uint32_t)sz;
             break;
         case O_SHARE:

@@ -127,7 +127,10 @@ expect_error "bundle bad flag" "--frobnicate" "$B/pi2-bundle" "$T/tiny.pi2c" -o 
 expect_error "bundle public key to sign" "k.pub" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pub"
 expect_error "bundle missing input" "$T/nope.pi2c" "$B/pi2-bundle" "$T/nope.pi2c" -o "$T/b.pi2" --key "$T/k.pem"
 [ -e "$T/b.pi2" ] && bad "failed bundle left $T/b.pi2" || ok
+expect_ok "bundle auto io unit" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit auto -q
+grep -q "io unit 8 KiB (auto)" "$T/out" && ok || { bad "bundle --io-unit auto: no automatic unit in the summary"; cat "$T/out"; }
 expect_ok "bundle" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit 4K -q
+grep -q "io unit 4 KiB (--io-unit)" "$T/out" && ok || bad "bundle --io-unit 4K: the summary does not show it"
 grep -q "signed with key" "$T/out" && ok || bad "bundle summary does not name the key"
 tar tvf "$T/b.pi2" 2>/dev/null | grep -q " ffn/0.0$" && ok || bad "tar does not list ffn/0.0"
 expect_ok "bundle verify" "$B/pi2-bundle" verify "$T/b.pi2" --pubkey "$T/k.pub"

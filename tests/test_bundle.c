@@ -369,6 +369,77 @@ static void test_geometry(void **state)
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_F32, 4096, &f, &e), PI2_EINVAL);
 }
 
+/* Padding of a slot: the share of its bytes that hold no neuron. */
+static double slot_waste(const pi2_model_desc *d, pi2_qtype q, uint32_t u, bool *fits)
+{
+    pi2_bl_ffn f;
+    pi2_err e = { 0 };
+    assert_int_equal(pi2_bl_geometry(d, q, u, &f, &e), 0);
+    *fits = (uint64_t)f.group * f.bundle_bytes <= u;
+    return 1.0 - (double)f.group * 3.0 * (double)pi2_q_payload_row_bytes(q, d->hidden) / (double)f.slot_bytes;
+}
+
+static void test_auto_io_unit(void **state)
+{
+    (void)state;
+    pi2_bl_ffn f;
+    pi2_err e = { 0 };
+    /* 7B shape, dReLU q4: 8K holds 2 neurons (gates 4K, up+down 8K), no padding */
+    pi2_model_desc d = desc(4096, 14336, PI2_ACT_DRELU);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 8192);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 8192, &f, &e), 0);
+    assert_int_equal(f.group, 2);
+    assert_int_equal(f.slot_bytes, 12288);
+    /* ... q8 (R = 4096): one neuron in 8K, no padding */
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q8), 8192);
+    /* one-phase 6K neurons: 8K would be 1/4 padding, 16K holds 2 in 12K */
+    d.act = PI2_ACT_RELU;
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 16384);
+    /* 1B shape, ReGLU q4 (3K neurons): 16K holds 5 (1/16 padding) */
+    d = desc(2048, 5632, PI2_ACT_RELU);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 16384);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 16384, &f, &e), 0);
+    assert_int_equal(f.group, 5);
+    /* rows wider than every unit but the largest: the unit that fits */
+    d = desc(65536, 64, PI2_ACT_SILU);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q8), 262144);
+    /* dimensions the geometry refuses: the fixed default (the geometry reports) */
+    d = desc(0, 64, PI2_ACT_SILU);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), PI2_BL_IO_DEFAULT);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_F32), PI2_BL_IO_DEFAULT);
+
+    /* against the rule, on random shapes: the smallest unit from 8K whose
+     * reads fit and whose slot is at most 1/8 padding, else the least padded */
+    pi2_rng r;
+    pi2_rng_seed(&r, 11);
+    static const pi2_act acts[3] = { PI2_ACT_RELU, PI2_ACT_DRELU, PI2_ACT_SILU };
+    for (int it = 0; it < 400; it++) {
+        d = desc(32 * (1 + (int)(pi2_rng_uniform(&r) * 512)), 1 + (int)(pi2_rng_uniform(&r) * 20000),
+                 acts[it % 3]);
+        pi2_qtype q = it & 4 ? PI2_QT_Q8 : PI2_QT_Q4;
+        uint32_t want = PI2_BL_IO_DEFAULT;
+        double least = INFINITY;
+        for (uint32_t u = 8192; u <= PI2_BL_IO_MAX; u *= 2) {
+            bool fits;
+            double w = slot_waste(&d, q, u, &fits);
+            if (!fits)
+                continue;
+            if (w <= 0.125 + 1e-12) {
+                want = u;
+                break;
+            }
+            if (w < least) {
+                least = w;
+                want = u;
+            }
+        }
+        uint32_t got = pi2_bl_auto_io_unit(&d, q);
+        if (got != want)
+            fail_msg("hidden %d n_ff %d act %d %s: auto %u, rule %u", d.hidden, d.n_ff, (int)d.act,
+                     pi2_q_type_name(q), got, want);
+    }
+}
+
 static void test_check_perm(void **state)
 {
     (void)state;
@@ -551,6 +622,7 @@ static void check_ffn_member(const pi2_bundle_layout *l, const pi2_bl_ffn *f, co
     free(covered);
 }
 
+/* io 0: the unit pi2_bl_auto_io_unit picks for the model */
 static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint32_t io)
 {
     pi2_ctr *cc;
@@ -567,7 +639,7 @@ static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint
     const pi2_ctr *bc = pi2_bundle_container(b);
     const pi2_model_desc *d = &bm->config;
     assert_int_equal(bm->kind, PI2_MF_BUNDLED);
-    assert_int_equal(l->io_unit, io);
+    assert_int_equal(l->io_unit, io ? io : pi2_bl_auto_io_unit(d, bm->quant_ffn));
     assert_int_equal(l->two_phase, d->act == PI2_ACT_DRELU);
     assert_int_equal(l->row_bytes, pi2_q_payload_row_bytes(bm->quant_ffn, d->hidden));
     assert_int_equal(strlen(l->signer), sign ? 64 : 0);
@@ -701,10 +773,13 @@ static void test_roundtrip_drelu(void **state)
     (void)state;
     check_roundtrip(g_drelu, g_signed, true, 4096);
     check_roundtrip(g_drelu, g_unsigned, false, 4096);
-    /* default unit (a tiny FFN is then a single group) and the largest */
+    /* the automatic unit, 16K (a tiny FFN is then a single group) and the largest */
     char p[160];
     pi2_err e = { 0 };
     snprintf(p, sizeof p, "%s/drelu16.pi2", g_dir);
+    if (do_bundle(g_drelu, p, g_key, 0, &e))
+        fail_msg("%s", e.msg);
+    check_roundtrip(g_drelu, p, true, 0);
     if (do_bundle(g_drelu, p, g_key, PI2_BL_IO_DEFAULT, &e))
         fail_msg("%s", e.msg);
     check_roundtrip(g_drelu, p, true, PI2_BL_IO_DEFAULT);
@@ -1435,6 +1510,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_geometry),
+        cmocka_unit_test(test_auto_io_unit),
         cmocka_unit_test(test_check_perm),
         cmocka_unit_test(test_hot_count),
         cmocka_unit_test(test_order_planted),

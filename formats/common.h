@@ -119,8 +119,10 @@ int pi2_afile_write(pi2_afile *f, const void *buf, size_t n, pi2_err *err);
 uint64_t pi2_afile_size(const pi2_afile *f);
 /* The file descriptor, for pwrite/ftruncate by callers that need them. */
 int pi2_afile_fd(const pi2_afile *f);
-/* fsync, close, rename onto the final path, fsync the directory; frees f.
- * On failure the temp file is removed. */
+/* fsync, drop the file's pages from the page cache (a reader then caches
+ * it afresh, in 2 MiB pages where it maps it so), close, rename onto the
+ * final path, fsync the directory; frees f. On failure the temp file is
+ * removed. */
 int pi2_afile_commit(pi2_afile *f, pi2_err *err);
 /* Close and unlink the temp file; frees f. NULL is a no-op. */
 void pi2_afile_abort(pi2_afile *f);

@@ -17,6 +17,7 @@
  * size against the bytes actually written. */
 #include "formats/container.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -781,6 +782,110 @@ void pi2_ctr_drop_pages(const pi2_ctr *c)
         posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
         close(fd);
     }
+}
+
+int pi2_ctr_mapped_bytes(const pi2_ctr *c, uint64_t *rss, uint64_t *huge, pi2_err *err)
+{
+    *rss = *huge = 0;
+    if (!c || !c->map.data || c->map.size == 0)
+        return 0;
+    FILE *f = fopen("/proc/self/smaps", "re");
+    if (!f)
+        return pi2_err_errno(err, PI2_EIO, errno, "/proc/self/smaps: cannot open");
+    uintptr_t lo = (uintptr_t)c->map.data, hi = lo + c->map.size;
+    char line[512];
+    bool in = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        unsigned long long kb;
+        char sep;
+        /* a mapping's header ("start-end perms ..."), or one of its fields ("Name: n kB") */
+        if (sscanf(line, "%lx-%lx%c", &a, &b, &sep) == 3 && sep == ' ')
+            in = a >= lo && b <= hi; /* madvise may have split the mapping: every part counts */
+        else if (in && sscanf(line, "Rss: %llu kB", &kb) == 1)
+            *rss += kb * 1024;
+        else if (in && sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1)
+            *huge += kb * 1024;
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        *rss = *huge = 0;
+        return pi2_err_set(err, PI2_EIO, "/proc/self/smaps: read failed");
+    }
+    return 0;
+}
+
+#define HUGE_2M ((size_t)2 << 20)
+
+/* PMD-mapped bytes of the one mapping that starts at addr (smaps). */
+static uint64_t vma_huge_bytes(uintptr_t addr)
+{
+    FILE *f = fopen("/proc/self/smaps", "re");
+    if (!f)
+        return 0;
+    char line[512];
+    bool in = false;
+    uint64_t huge = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        unsigned long long kb;
+        char sep;
+        if (sscanf(line, "%lx-%lx%c", &a, &b, &sep) == 3 && sep == ' ')
+            in = a == addr;
+        else if (in && sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1)
+            huge += kb * 1024;
+    }
+    fclose(f);
+    return huge;
+}
+
+/* Drop file window [off, off + 2 MiB) from the page cache, map it alone
+ * at a 2 MiB-aligned address with MADV_HUGEPAGE, touch it: true when it
+ * comes back as one 2 MiB page. */
+static bool huge_refault_works(const pi2_ctr *c, int fd, size_t off)
+{
+#ifdef MADV_HUGEPAGE
+    madvise((void *)(uintptr_t)(c->map.data + off), HUGE_2M, MADV_DONTNEED);
+    posix_fadvise(fd, (off_t)off, (off_t)HUGE_2M, POSIX_FADV_DONTNEED);
+    uint8_t *res = mmap(NULL, 2 * HUGE_2M, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (res == MAP_FAILED)
+        return false;
+    uint8_t *w = (uint8_t *)(((uintptr_t)res + HUGE_2M - 1) & ~(uintptr_t)(HUGE_2M - 1));
+    bool ok = false;
+    if (mmap(w, HUGE_2M, PROT_READ, MAP_SHARED | MAP_FIXED, fd, (off_t)off) == w) {
+        madvise(w, HUGE_2M, MADV_HUGEPAGE);
+        volatile uint8_t sink = 0;
+        for (size_t o = 0; o < HUGE_2M; o += 4096)
+            sink += w[o];
+        (void)sink;
+        ok = vma_huge_bytes((uintptr_t)w) >= HUGE_2M;
+    }
+    munmap(res, 2 * HUGE_2M);
+    return ok;
+#else
+    (void)c, (void)fd, (void)off;
+    return false;
+#endif
+}
+
+bool pi2_ctr_rehuge(const pi2_ctr *c, uint64_t min_bytes)
+{
+    uint64_t rss, huge;
+    pi2_err e = {0};
+    if (!c || c->map.size < 2 * HUGE_2M || pi2_ctr_mapped_bytes(c, &rss, &huge, &e) != 0 || rss < min_bytes ||
+        huge >= rss / 2)
+        return false;
+    int fd = open(c->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    /* the window: 2 MiB-aligned in the file, in the middle of it */
+    size_t off = c->map.size / 2 / HUGE_2M * HUGE_2M;
+    bool works = huge_refault_works(c, fd, off);
+    close(fd);
+    if (works)
+        pi2_ctr_drop_pages(c);
+    return works;
 }
 
 uint64_t pi2_ctr_cached_bytes(const pi2_ctr *c)

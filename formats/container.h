@@ -164,5 +164,16 @@ void pi2_ctr_close(pi2_ctr *c);
 void pi2_ctr_drop_pages(const pi2_ctr *c);
 /* Bytes of the file in the page cache now (mincore over the mapping). */
 uint64_t pi2_ctr_cached_bytes(const pi2_ctr *c);
+/* Of the mapping's pages in this process: bytes present (*rss) and bytes
+ * mapped as 2 MiB pages (*huge), from /proc/self/smaps. PI2_EIO when that
+ * cannot be read (then both are 0). */
+int pi2_ctr_mapped_bytes(const pi2_ctr *c, uint64_t *rss, uint64_t *huge, pi2_err *err);
+/* When at least min_bytes of the mapping are present and fewer than half
+ * of them in 2 MiB pages (the page cache held the file in 4 KiB pages, as
+ * a writer or a reader without MADV_HUGEPAGE left it), and this kernel
+ * caches the file afresh in 2 MiB pages (tried on one 2 MiB window, mapped
+ * apart), drop the pages (pi2_ctr_drop_pages): later accesses read the
+ * file again, in 2 MiB pages. Returns true when it dropped them. */
+bool pi2_ctr_rehuge(const pi2_ctr *c, uint64_t min_bytes);
 
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#define ENG_REHUGE_MIN ((uint64_t)64 << 20) /* smaller mappings: 4 KiB pages are not worth a re-read */
 
 void pi2_engine_defaults(pi2_engine_opts *o)
 {
@@ -481,6 +482,9 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     } else if (o->preload) {
         touch_job tj = {.c = pi2_bundle_container(e->b)};
         pi2_pool_run(e->pool, touch_fn, &tj);
+        /* 4 KiB pages from the page cache: once more, read afresh */
+        if ((e->rehuged = pi2_ctr_rehuge(tj.c, ENG_REHUGE_MIN)))
+            pi2_pool_run(e->pool, touch_fn, &tj);
     }
     *out = e;
     return 0;
@@ -576,6 +580,15 @@ void pi2_engine_set_dense(pi2_engine *e, bool dense) { e->dense = dense || e->mo
 bool pi2_engine_dense(const pi2_engine *e) { return e->dense; }
 const char *pi2_engine_signature(const pi2_engine *e) { return e->sig; }
 uint64_t pi2_engine_dense_bytes(const pi2_engine *e) { return e->dense_bytes; }
+
+void pi2_engine_pages(const pi2_engine *e, uint64_t *mapped, uint64_t *huge, bool *redone)
+{
+    pi2_err pe = {0};
+    *mapped = *huge = 0;
+    *redone = e->rehuged;
+    if (!e->ofl)
+        pi2_ctr_mapped_bytes(pi2_bundle_container(e->b), mapped, huge, &pe); /* zeros when unknown */
+}
 void pi2_engine_stats_get(const pi2_engine *e, pi2_engine_stats *out) { *out = e->st; }
 void pi2_engine_stats_reset(pi2_engine *e)
 {

@@ -12,7 +12,12 @@
  *    per-row pointer tables), the tokenizer, the thread pool, the KV cache
  *    for ctx positions and scratch;
  * 4. optionally (preload) every page of the mapping is touched so the
- *    first token does not pay for page faults.
+ *    first token does not pay for page faults. When they came from a page
+ *    cache that held the file in 4 KiB pages (written by a tool that left
+ *    it cached) while the kernel would cache it afresh in 2 MiB ones, they
+ *    are dropped and touched again, read in 2 MiB pages (pi2_ctr_rehuge):
+ *    the 7B-shaped model, just bundled by a writer that left its pages
+ *    cached, decoded at 0.6-1.5 tok/s instead of 13-16 on this VM.
  *
  * ---- Forward ----
  * Per layer: RMSNorm -> Q, K, V (int8 matmul over quantized rows) -> RoPE
@@ -130,6 +135,10 @@ void pi2_engine_set_dense(pi2_engine *e, bool dense);
 bool pi2_engine_dense(const pi2_engine *e);
 /* Signature status line for reports: "signed by <fingerprint>" / "unsigned". */
 const char *pi2_engine_signature(const pi2_engine *e);
+/* All in memory: bytes of the container mapped now (*mapped) and of those
+ * in 2 MiB pages (*huge); *redone when open dropped 4 KiB pages to read
+ * them again in 2 MiB ones. Zeros when offloading or unknown. */
+void pi2_engine_pages(const pi2_engine *e, uint64_t *mapped, uint64_t *huge, bool *redone);
 /* Bytes of weights a dense decode step reads (payloads + scales). */
 uint64_t pi2_engine_dense_bytes(const pi2_engine *e);
 /* Multiply-accumulates per prompt token in the weight matmuls of prefill

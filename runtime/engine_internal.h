@@ -76,6 +76,7 @@ struct pi2_engine {
     bool dense;
     pi2_mf_mode mode; /* sparsity the model carries */
     char sig[96];
+    bool rehuged; /* open dropped the page cache's 4 KiB pages (pi2_ctr_rehuge) */
 
     eng_mat embed, head;
     bool head_shared; /* tied: head uses embed's tables */

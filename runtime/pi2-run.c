@@ -555,8 +555,16 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
             pi2_q_isa_name(pi2_q_get_isa()), (double)pi2_peak_rss() / 1048576.0, pi2_engine_signature(e));
     pi2_engine_offload_info in;
     pi2_engine_offload_info_get(e, &in);
-    if (!in.on)
+    if (!in.on) {
+        uint64_t mapped, huge;
+        bool redone;
+        pi2_engine_pages(e, &mapped, &huge, &redone);
+        if (mapped > 0)
+            fprintf(f, "pages: %.1f MB of the model mapped, %.0f%% in 2 MiB pages%s\n", (double)mapped / 1048576.0,
+                    100.0 * (double)huge / (double)mapped,
+                    redone ? " (the page cache held it in 4 KiB pages: dropped at load and read again)" : "");
         return;
+    }
     double tok = st.tokens ? (double)st.tokens : 1.0;
     fprintf(f,
             "offload: limit %.0f MB, planned %.0f MB (resident %.0f, KV %.0f, buffers %.0f, hot %.0f, cache %.0f, "
@@ -841,17 +849,24 @@ static int run_bench(const run_opts *o)
         snprintf(moe, sizeof moe, ",\"expert_reuse\":%.4f,\"expert_guessed\":%.4f",
                  (double)st.moe_reused / (double)st.moe_choices,
                  st.moe_guesses ? (double)st.moe_guessed / (double)st.moe_guesses : 0.0);
+    char pages[96] = "";
+    uint64_t mapped, huge;
+    bool redone;
+    pi2_engine_pages(e, &mapped, &huge, &redone);
+    if (mapped > 0) /* all in memory: how much of the mapping has 2 MiB pages */
+        snprintf(pages, sizeof pages, ",\"huge_share\":%.4f,\"pages_reread\":%s", (double)huge / (double)mapped,
+                 redone ? "true" : "false");
     printf("{\"model\":\"%s\",\"mode\":\"%s\",\"threads\":%d,\"isa\":\"%s\",\"pp\":%d,\"pp_s\":%.6f,"
            "\"pp_tok_s\":%.3f,\"tg\":%d,\"tg_s\":%.6f,\"tg_tok_s\":%.3f,\"tg_ms_mean\":%.3f,\"tg_ms_p50\":%.3f,"
            "\"tg_ms_p90\":%.3f,\"tg_ms_p99\":%.3f,\"predicted_frac\":%.5f,\"active_frac\":%.5f,"
            "\"weight_bytes_per_token\":%.0f,\"kv_bytes_per_token\":%.0f,\"dense_bytes_per_token\":%llu,"
-           "\"prefill_macs_per_token\":%.0f,\"load_s\":%.3f,\"peak_rss_mb\":%.1f%s%s}\n",
+           "\"prefill_macs_per_token\":%.0f,\"load_s\":%.3f,\"peak_rss_mb\":%.1f%s%s%s}\n",
            o->model, pi2_engine_dense(e) ? "dense" : pi2_engine_sparsity(e), pi2_engine_threads(e),
            pi2_q_isa_name(pi2_q_get_isa()), pp, t_pp, pp / t_pp, tg, tot, tg / tot, 1e3 * tot / tg,
            1e3 * pct(lat, (size_t)tg, 50), 1e3 * pct(lat, (size_t)tg, 90), 1e3 * pct(lat, (size_t)tg, 99),
            (double)st.predicted / nn, (double)st.active / nn, (double)st.weight_bytes / nt, (double)st.kv_bytes / nt,
            (unsigned long long)pi2_engine_dense_bytes(e), pi2_engine_prefill_macs(e), t_load,
-           (double)pi2_peak_rss() / 1048576.0, ofl, moe);
+           (double)pi2_peak_rss() / 1048576.0, ofl, moe, pages);
     status = 0;
 out:
     if (rc)

@@ -168,7 +168,8 @@ ls "$T" | grep -q "tmp\." && bad "temporary files left behind: $(ls "$T" | grep 
 # --- pi2-run on bundled containers ---
 "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 12 --stats >"$T/out" 2>"$T/err"
 if [ $? -eq 0 ] && grep -q "^hello world" "$T/out" && grep -q "per-token latency ms" "$T/err" \
-    && grep -q "predicted" "$T/err" && grep -q "peak RSS" "$T/err"; then ok
+    && grep -q "predicted" "$T/err" && grep -q "peak RSS" "$T/err" \
+    && grep -q "^pages: [0-9.]* MB of the model mapped, [0-9]*% in 2 MiB pages" "$T/err"; then ok
 else bad "pi2-run on the bundled model"; cat "$T/out" "$T/err"; fi
 a=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "x" -n 16 --temp 1 --seed 5 -t 1 2>/dev/null)
 b=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "x" -n 16 --temp 1 --seed 5 -t 2 2>/dev/null)
@@ -180,7 +181,7 @@ b=$("$B/pi2-run" --reference "$T/tiny-q" -p "hello" -n 8 2>/dev/null)
 PI2_PUBKEY="$T/k.pub" "$B/pi2-run" "$T/b.pi2" -p "hi" -n 2 >/dev/null 2>"$T/err" && ok \
     || { bad "pi2-run with PI2_PUBKEY"; cat "$T/err"; }
 "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" --bench --bench-pp 16 --bench-tg 8 -t 2 >"$T/out" 2>"$T/err" \
-    && grep -q '^{"model":.*"pp":16,.*"tg":8,.*"tg_tok_s":[0-9.]*,.*"peak_rss_mb":[0-9.]*}$' "$T/out" \
+    && grep -q '^{"model":.*"pp":16,.*"tg":8,.*"tg_tok_s":[0-9.]*,.*"peak_rss_mb":[0-9.]*,"huge_share":[0-9.]*,"pages_reread":\(true\|false\)}$' "$T/out" \
     && ok || { bad "pi2-run --bench JSON"; cat "$T/out" "$T/err"; }
 head -c 3000 "$T/tiny/tokenizer.json" | tr -c 'a-z ' ' ' >"$T/text.txt"
 "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" --ppl "$T/text.txt" --ppl-tokens 64 >"$T/out" 2>"$T/err" \

@@ -6,6 +6,10 @@
 #include "formats/container.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
 static const size_t k_sizes[] = {0, 1, 511, 512, 3072, 3584, 4095, 4096, 4097, 8191, 1u << 20};
 #define NSIZES (sizeof k_sizes / sizeof k_sizes[0])
@@ -442,6 +446,78 @@ static void test_writer_misuse(void **state)
 
 /* Simulated full disk at many points: PI2_ENOSPC from the first failing call
  * and from finish, never a file at path. */
+/* Sum of every 4 KiB of the member: touches (maps) each page. */
+static uint64_t touch_member(const pi2_ctr_member *m)
+{
+    uint64_t acc = 0;
+    for (uint64_t o = 0; o < m->size; o += 4096)
+        acc += m->data[o];
+    return acc;
+}
+
+/* The writer's pages leave the page cache; the mapping's pages are counted;
+ * pi2_ctr_rehuge drops 4 KiB pages only when 2 MiB ones come back, and the
+ * data read again is the same. */
+static void test_pages(void **state)
+{
+    (void)state;
+    char dir[64], path[256], copy[256];
+    pi2t_tmpdir(dir, sizeof dir);
+    assert_true(pi2_path_join(path, sizeof path, dir, "pages.pi2"));
+    assert_true(pi2_path_join(copy, sizeof copy, dir, "copy.pi2"));
+    const size_t sizes[] = {24u << 20};
+    write_members(path, sizes, 1);
+    struct statfs fs;
+    bool tmpfs = statfs(dir, &fs) == 0 && fs.f_type == TMPFS_MAGIC; /* the cache is the file there */
+    pi2_err err = {0};
+    pi2_ctr *c;
+    assert_int_equal(pi2_ctr_open(&c, path, &err), 0);
+    if (!tmpfs) /* the open read headers only */
+        assert_true(pi2_ctr_cached_bytes(c) < sizes[0] / 2);
+    pi2_ctr_close(c);
+
+    /* a copy written with write() and synced, its pages left cached as a
+     * writer leaves them */
+    size_t len;
+    uint8_t *bytes = slurp(path, &len);
+    int fd = open(copy, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    for (size_t o = 0; o < len;) { /* 4 KiB at a time: the cache keeps 4 KiB pages */
+        ssize_t w = write(fd, bytes + o, len - o < 4096 ? len - o : 4096);
+        assert_true(w > 0);
+        o += (size_t)w;
+    }
+    assert_int_equal(fsync(fd), 0);
+    close(fd);
+    free(bytes);
+
+    assert_int_equal(pi2_ctr_open_huge(&c, copy, &err), 0);
+    const pi2_ctr_member *m = pi2_ctr_at(c, 0);
+    uint64_t sum = touch_member(m), rss, huge;
+    assert_int_equal(pi2_ctr_mapped_bytes(c, &rss, &huge, &err), 0);
+    assert_true(rss >= m->size && rss <= len);
+    assert_true(huge <= rss);
+    /* less present than asked for: nothing dropped */
+    assert_false(pi2_ctr_rehuge(c, rss + 1));
+    uint64_t rss2, huge2;
+    assert_int_equal(pi2_ctr_mapped_bytes(c, &rss2, &huge2, &err), 0);
+    assert_true(rss2 >= m->size);
+    bool redone = pi2_ctr_rehuge(c, 1);
+    if (huge >= rss / 2)
+        assert_false(redone); /* already in 2 MiB pages */
+    assert_int_equal(touch_member(m), sum);
+    assert_int_equal(pi2_ctr_mapped_bytes(c, &rss2, &huge2, &err), 0);
+    if (redone)
+        assert_true(huge2 >= rss2 / 2);
+    else if (huge < rss / 2)
+        print_message("note: this kernel or file system does not cache %s in 2 MiB pages; rehuge left it\n", dir);
+    const uint8_t *want = pattern(m->size, 0);
+    assert_memory_equal(m->data, want, m->size);
+    free((void *)want);
+    pi2_ctr_close(c);
+    pi2t_rmtree(dir);
+}
+
 static void test_enospc(void **state)
 {
     (void)state;
@@ -839,6 +915,7 @@ int main(void)
         cmocka_unit_test(test_tar_lists_members),
         cmocka_unit_test(test_empty_and_deterministic),
         cmocka_unit_test(test_writer_misuse),
+        cmocka_unit_test(test_pages),
         cmocka_unit_test(test_enospc),
         cmocka_unit_test(test_corrupt_truncation),
         cmocka_unit_test(test_corrupt_header_bytes),

@@ -59,15 +59,12 @@ say "== hardware profile for the planner (pi2-run --profile-hw, cached in $HWP)"
 "$B/pi2-run" --profile-hw --device-path "$(dirname "$M")" --hw-profile "$HWP" -t "$TH" >/dev/null
 
 say "== fully in memory: pi2-run --bench (prompt $PP, $TG generated, $TH threads)"
-# twice, the faster counts: one run of the 7B-shaped model right after the
-# probes decoded at a tenth of its speed (cause not found)
-# one fully-in-memory run: inmem [ARGS...]
+# one fully-in-memory run: inmem [ARGS...]. (A model just bundled once
+# decoded here at a tenth of its speed: the page cache held it in the
+# writer's 4 KiB pages. pi2-bundle now drops them, and pi2-run reads them
+# again in 2 MiB pages; the JSON's huge_share says how much was.)
 inmem() { "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "$TH" "$@"; }
 base=$(inmem)
-base2=$(inmem --no-verify-ffn)
-if [ "$(echo "$(echo "$base2" | jget tg_tok_s) $(echo "$base" | jget tg_tok_s)" | awk '{print ($1 > $2)}')" = 1 ]; then
-    base=$base2
-fi
 say "$base"
 base_tg=$(echo "$base" | jget tg_tok_s)
 # the plan's sizes from one generous offloaded open

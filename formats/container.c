@@ -784,15 +784,15 @@ void pi2_ctr_drop_pages(const pi2_ctr *c)
     }
 }
 
-int pi2_ctr_mapped_bytes(const pi2_ctr *c, uint64_t *rss, uint64_t *huge, pi2_err *err)
+/* Sums of Rss and FilePmdMapped over the mappings inside [lo, hi)
+ * (/proc/self/smaps; madvise may have split one mapping: every part
+ * counts). PI2_EIO when smaps cannot be read. */
+static int smaps_bytes(uintptr_t lo, uintptr_t hi, uint64_t *rss, uint64_t *huge, pi2_err *err)
 {
     *rss = *huge = 0;
-    if (!c || !c->map.data || c->map.size == 0)
-        return 0;
     FILE *f = fopen("/proc/self/smaps", "re");
     if (!f)
         return pi2_err_errno(err, PI2_EIO, errno, "/proc/self/smaps: cannot open");
-    uintptr_t lo = (uintptr_t)c->map.data, hi = lo + c->map.size;
     char line[512];
     bool in = false;
     while (fgets(line, sizeof line, f)) {
@@ -801,7 +801,7 @@ int pi2_ctr_mapped_bytes(const pi2_ctr *c, uint64_t *rss, uint64_t *huge, pi2_er
         char sep;
         /* a mapping's header ("start-end perms ..."), or one of its fields ("Name: n kB") */
         if (sscanf(line, "%lx-%lx%c", &a, &b, &sep) == 3 && sep == ' ')
-            in = a >= lo && b <= hi; /* madvise may have split the mapping: every part counts */
+            in = a >= lo && b <= hi;
         else if (in && sscanf(line, "Rss: %llu kB", &kb) == 1)
             *rss += kb * 1024;
         else if (in && sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1)
@@ -816,29 +816,16 @@ int pi2_ctr_mapped_bytes(const pi2_ctr *c, uint64_t *rss, uint64_t *huge, pi2_er
     return 0;
 }
 
-#define HUGE_2M ((size_t)2 << 20)
-
-/* PMD-mapped bytes of the one mapping that starts at addr (smaps). */
-static uint64_t vma_huge_bytes(uintptr_t addr)
+int pi2_ctr_mapped_bytes(const pi2_ctr *c, uint64_t *rss, uint64_t *huge, pi2_err *err)
 {
-    FILE *f = fopen("/proc/self/smaps", "re");
-    if (!f)
+    *rss = *huge = 0;
+    if (!c || !c->map.data || c->map.size == 0)
         return 0;
-    char line[512];
-    bool in = false;
-    uint64_t huge = 0;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long a, b;
-        unsigned long long kb;
-        char sep;
-        if (sscanf(line, "%lx-%lx%c", &a, &b, &sep) == 3 && sep == ' ')
-            in = a == addr;
-        else if (in && sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1)
-            huge += kb * 1024;
-    }
-    fclose(f);
-    return huge;
+    uintptr_t lo = (uintptr_t)c->map.data;
+    return smaps_bytes(lo, lo + c->map.size, rss, huge, err);
 }
+
+#define HUGE_2M ((size_t)2 << 20)
 
 /* Drop file window [off, off + 2 MiB) from the page cache, map it alone
  * at a 2 MiB-aligned address with MADV_HUGEPAGE, touch it: true when it
@@ -859,7 +846,9 @@ static bool huge_refault_works(const pi2_ctr *c, int fd, size_t off)
         for (size_t o = 0; o < HUGE_2M; o += 4096)
             sink += w[o];
         (void)sink;
-        ok = vma_huge_bytes((uintptr_t)w) >= HUGE_2M;
+        uint64_t rss, huge;
+        pi2_err e = {0};
+        ok = smaps_bytes((uintptr_t)w, (uintptr_t)w + HUGE_2M, &rss, &huge, &e) == 0 && huge >= HUGE_2M;
     }
     munmap(res, 2 * HUGE_2M);
     return ok;

@@ -8,8 +8,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define ENG_REHUGE_MIN ((uint64_t)64 << 20) /* smaller mappings: 4 KiB pages are not worth a re-read */
-
 void pi2_engine_defaults(pi2_engine_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -483,7 +481,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         touch_job tj = {.c = pi2_bundle_container(e->b)};
         pi2_pool_run(e->pool, touch_fn, &tj);
         /* 4 KiB pages from the page cache: once more, read afresh */
-        if ((e->rehuged = pi2_ctr_rehuge(tj.c, ENG_REHUGE_MIN)))
+        if ((e->rehuged = pi2_ctr_rehuge(tj.c, PI2_ENGINE_REHUGE_MIN)))
             pi2_pool_run(e->pool, touch_fn, &tj);
     }
     *out = e;

@@ -139,6 +139,9 @@ const char *pi2_engine_signature(const pi2_engine *e);
  * in 2 MiB pages (*huge); *redone when open dropped 4 KiB pages to read
  * them again in 2 MiB ones. Zeros when offloading or unknown. */
 void pi2_engine_pages(const pi2_engine *e, uint64_t *mapped, uint64_t *huge, bool *redone);
+/* Below this many bytes mapped, 4 KiB pages are left as they are (a
+ * re-read is not worth it). */
+#define PI2_ENGINE_REHUGE_MIN ((uint64_t)64 << 20)
 /* Bytes of weights a dense decode step reads (payloads + scales). */
 uint64_t pi2_engine_dense_bytes(const pi2_engine *e);
 /* Multiply-accumulates per prompt token in the weight matmuls of prefill

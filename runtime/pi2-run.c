@@ -562,7 +562,9 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
         if (mapped > 0)
             fprintf(f, "pages: %.1f MB of the model mapped, %.0f%% in 2 MiB pages%s\n", (double)mapped / 1048576.0,
                     100.0 * (double)huge / (double)mapped,
-                    redone ? " (the page cache held it in 4 KiB pages: dropped at load and read again)" : "");
+                    redone ? " (the page cache held it in 4 KiB pages: dropped at load and read again)"
+                    : mapped < PI2_ENGINE_REHUGE_MIN ? " (a small model: 4 KiB pages cost it little)"
+                                                     : "");
         return;
     }
     double tok = st.tokens ? (double)st.tokens : 1.0;

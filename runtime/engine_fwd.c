@@ -175,8 +175,8 @@ typedef struct attn_job {
     int l, T, pos;
 } attn_job;
 
-enum { ATTN_GEMM_MIN_T = 4 };
-enum { ENG_HEAD_TOP = 64 }; /* logits that get the head's second term (run_head) */ /* fewer tokens: per-token dot products, not sgemm */
+enum { ATTN_GEMM_MIN_T = 4 }; /* fewer tokens: per-token dot products, not sgemm */
+enum { ENG_HEAD_TOP = 64 };    /* logits that get the head's second term (run_head) */
 
 /* Causal attention of T tokens at positions pos.. for this thread's heads.
  * Batches: two sgemm per head, S = Q K^T (T x L, L = pos + T), softmax over

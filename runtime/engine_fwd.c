@@ -646,9 +646,9 @@ static int ffn_block(pi2_engine *e, int l, int T, int pos, bool decode, pi2_err 
 
 /* ---- the forward pass ---- */
 
-/* The indices of the k largest of v[0..n) (k <= n) in top[]: a min-heap of
- * the best so far, most values rejected by one compare with its root. */
-static void top_k(const float *v, int64_t n, int k, int32_t *top)
+/* A min-heap of the best so far: most values are rejected by one compare
+ * with its root. */
+void eng_top_k(const float *v, int64_t n, int k, int32_t *top)
 {
     int m = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -711,7 +711,7 @@ static void run_head(pi2_engine *e, float *logits)
     const uint8_t *rp[ENG_HEAD_TOP];
     const uint16_t *rs[ENG_HEAD_TOP];
     float add[ENG_HEAD_TOP];
-    top_k(logits, d->vocab, k, top);
+    eng_top_k(logits, d->vocab, k, top);
     for (int i = 0; i < k; i++) {
         rp[i] = e->head.rp[top[i]];
         rs[i] = e->head.rs[top[i]];

@@ -125,6 +125,9 @@ struct pi2_engine {
 
 /* Forward entry points (engine_fwd.c). */
 int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decode, float *logits, pi2_err *err);
+/* The indices of the k largest of v[0..n) (1 <= k <= n) into top[], in no
+ * particular order (the output head's candidates). */
+void eng_top_k(const float *v, int64_t n, int k, int32_t *top);
 
 /* FFN pieces the offloading module drives (engine_fwd.c). */
 enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };

@@ -381,6 +381,43 @@ static void test_predict_from(void **state)
 /* The decode sums over column tiles: every output bit-for-bit the plain
  * element-by-element sum in row order, over whole tiles and a ragged tail,
  * with a row list and without, set and accumulated. */
+/* eng_top_k against a sort, on random values with ties, k from 1 to n. */
+static int cmp_desc(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+static void test_top_k(void **state)
+{
+    (void)state;
+    pi2_rng r;
+    pi2_rng_seed(&r, 3);
+    enum { N = 300 };
+    float v[N], sorted[N];
+    int32_t top[N];
+    for (int it = 0; it < 200; it++) {
+        int n = 1 + (int)(pi2_rng_uniform(&r) * N), k = 1 + (int)(pi2_rng_uniform(&r) * n);
+        for (int i = 0; i < n; i++) /* a coarse grid: many ties */
+            v[i] = (float)(int)(pi2_rng_uniform(&r) * 40) - 20.0f;
+        memcpy(sorted, v, sizeof(float) * (size_t)n);
+        qsort(sorted, (size_t)n, sizeof(float), cmp_desc);
+        memset(top, -1, sizeof top);
+        eng_top_k(v, n, k, top);
+        bool seen[N] = {false};
+        float picked[N];
+        for (int i = 0; i < k; i++) {
+            assert_true(top[i] >= 0 && top[i] < n);
+            assert_false(seen[top[i]]); /* each index once */
+            seen[top[i]] = true;
+            picked[i] = v[top[i]];
+        }
+        qsort(picked, (size_t)k, sizeof(float), cmp_desc);
+        for (int i = 0; i < k; i++) /* the k largest values, ties in any order */
+            assert_true(picked[i] == sorted[i]);
+    }
+}
+
 static void test_sum_rows(void **state)
 {
     (void)state;
@@ -633,6 +670,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefill_vs_decode, reset_isa),
         cmocka_unit_test_teardown(test_sparse_vs_dense, reset_isa),
         cmocka_unit_test_teardown(test_predict_from, reset_isa),
+        cmocka_unit_test(test_top_k),
         cmocka_unit_test_teardown(test_sum_rows, reset_isa),
         cmocka_unit_test_teardown(test_threads_and_isa, reset_isa),
         cmocka_unit_test_teardown(test_trust, reset_isa),

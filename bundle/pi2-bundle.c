@@ -232,7 +232,8 @@ static int cmd_bundle(int argc, char **argv)
             }
             rc = pi2_parse_size("--io-unit", optarg, &sz, &err);
             if (rc == 0 && (sz < PI2_BL_IO_MIN || sz > PI2_BL_IO_MAX || (sz & (sz - 1)) != 0))
-                rc = pi2_err_set(&err, PI2_EINVAL, "--io-unit '%s': expected a power of two from 4K to 256K, or auto", optarg);
+                rc = pi2_err_set(&err, PI2_EINVAL, "--io-unit '%s': expected a power of two from 4K to 256K, or auto",
+                                 optarg);
             o.io_unit = (uint32_t)sz;
             break;
         case O_SHARE:

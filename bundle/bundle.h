@@ -141,6 +141,11 @@ void pi2_bundle_close(pi2_bundle *b);
  * the resident ones only, or all. 0, or PI2_ESIG naming the first bad
  * section. `done` (may be NULL) gets the number of bytes hashed. */
 int pi2_bundle_verify(const pi2_bundle *b, bool resident_only, uint64_t *done, pi2_err *err);
+/* The resident check of pi2_bundle_verify on a copy of the file's bytes
+ * [0, len) read apart (the offloading engine's direct reads): each
+ * resident member is hashed at its offset in copy. PI2_EFORMAT when one
+ * lies past len. */
+int pi2_bundle_verify_copy(const pi2_bundle *b, const uint8_t *copy, uint64_t len, pi2_err *err);
 
 pi2_bundle_sig pi2_bundle_sig_status(const pi2_bundle *b);
 const pi2_manifest *pi2_bundle_manifest(const pi2_bundle *b);

@@ -263,7 +263,26 @@ typedef struct vjob {
     int rc;
     uint64_t bytes;
     bool drop;
+    const uint8_t *copy;  /* hash here instead of the mapping: the file's [0, copy_len) */
+    uint64_t copy_len;
 } vjob;
+
+/* Section s checked against its bytes in v->copy. */
+static int verify_in_copy(const vjob *v, const pi2_ctr_section *s, pi2_err *e)
+{
+    if (s->offset > v->copy_len || s->size > v->copy_len - s->offset)
+        return pi2_err_set(e, PI2_EFORMAT, "%s: member %s lies past the %llu bytes read", v->b->path, s->name,
+                           (unsigned long long)v->copy_len);
+    uint8_t dg[PI2_SHA256_LEN];
+    int rc = pi2_sha256(v->copy + s->offset, (size_t)s->size, dg, e);
+    if (rc)
+        return rc;
+    if (memcmp(dg, s->sha256, sizeof dg) != 0)
+        return pi2_err_set(e, PI2_ESIG,
+                           "%s: member %s does not match its SHA-256 in the signed manifest (corrupt or altered file)",
+                           v->b->path, s->name);
+    return 0;
+}
 
 static void *verify_worker(void *arg)
 {
@@ -278,8 +297,9 @@ static void *verify_worker(void *arg)
         const pi2_ctr_section *s = &v->b->mf->sections[v->idx[i]];
         const pi2_ctr_member *m = pi2_ctr_find(v->b->ctr, s->name);
         pi2_err e = { 0 };
-        int rc = m ? pi2_ctr_verify_member(v->b->ctr, m, s->sha256, &e)
-                   : pi2_err_set(&e, PI2_EFORMAT, "%s: section %s missing", v->b->path, s->name);
+        int rc = v->copy ? verify_in_copy(v, s, &e)
+                 : m     ? pi2_ctr_verify_member(v->b->ctr, m, s->sha256, &e)
+                         : pi2_err_set(&e, PI2_EFORMAT, "%s: section %s missing", v->b->path, s->name);
         if (m && v->drop)
             drop_pages(m);
         pthread_mutex_lock(&v->mu);
@@ -294,10 +314,11 @@ static void *verify_worker(void *arg)
     return NULL;
 }
 
-int pi2_bundle_verify(const pi2_bundle *b, bool resident_only, uint64_t *done, pi2_err *err)
+/* The sections v.b's check covers, hashed on two threads. */
+static int verify_run(vjob v, bool resident_only, uint64_t *done, pi2_err *err)
 {
+    const pi2_bundle *b = v.b;
     const pi2_manifest *m = b->mf;
-    vjob v = { .b = b, .drop = !resident_only };
     v.idx = pi2_malloc_array(m->n_sections ? m->n_sections : 1, sizeof *v.idx);
     if (!v.idx)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", b->path);
@@ -322,6 +343,18 @@ int pi2_bundle_verify(const pi2_bundle *b, bool resident_only, uint64_t *done, p
     if (v.rc)
         return pi2_err_set(err, v.rc, "%s", v.err.msg);
     return 0;
+}
+
+int pi2_bundle_verify(const pi2_bundle *b, bool resident_only, uint64_t *done, pi2_err *err)
+{
+    vjob v = { .b = b, .drop = !resident_only };
+    return verify_run(v, resident_only, done, err);
+}
+
+int pi2_bundle_verify_copy(const pi2_bundle *b, const uint8_t *copy, uint64_t len, pi2_err *err)
+{
+    vjob v = { .b = b, .copy = copy, .copy_len = len };
+    return verify_run(v, true, NULL, err);
 }
 
 int pi2_bundle_get_neuron(const pi2_bundle *b, size_t ffn, uint32_t i, pi2_bundle_neuron *out, pi2_err *err)

@@ -259,6 +259,13 @@ static int open_reader(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_
     return 0;
 }
 
+/* The compute thread count before the engine has set e->threads. */
+static int start_threads(const pi2_engine_opts *o)
+{
+    long n = o->threads > 0 ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > PI2_IO_PREFAULT_MAX ? PI2_IO_PREFAULT_MAX : (int)n;
+}
+
 int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
 {
     eng_ofl *x = calloc(1, sizeof *x);
@@ -290,18 +297,13 @@ int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the resident region (%.1f MB)", e->path,
                            (double)end / 1e6);
     e->res_bytes = end;
+    uint8_t *bufs[1] = {e->res};
+    size_t lens[1] = {(size_t)end};
+    pi2_io_prefault(bufs, lens, 1, start_threads(o), NULL, NULL);
     if ((rc = seq_read(x->io, x->depth, e->res, 0, end, NULL, err)) != 0)
         return rc;
-    for (size_t r = 0; r < e->bl->n_resident; r++) {
-        const pi2_ctr_section *s = pi2_manifest_find_section(e->mf, e->bl->resident[r]);
-        uint8_t dg[PI2_SHA256_LEN];
-        if ((rc = pi2_sha256(e->res + s->offset, (size_t)s->size, dg, err)) != 0)
-            return rc;
-        if (memcmp(dg, s->sha256, sizeof dg) != 0)
-            return pi2_err_set(err, PI2_ESIG, "%s: member %s does not match its SHA-256 in the signed manifest "
-                                              "(corrupt or altered file)",
-                               e->path, s->name);
-    }
+    if ((rc = pi2_bundle_verify_copy(e->b, e->res, end, err)) != 0)
+        return rc;
     /* the container's pages the open touched (manifest, layout) are not
      * needed before the hot segment fills the budget */
     pi2_ctr_drop_pages(c);
@@ -445,6 +447,44 @@ static int load_gate_parts(pi2_engine *e, eng_ofl *x, bool lock, pi2_err *err)
     }
     pi2_io_free_buf(win);
     return rc;
+}
+
+/* Start-up check of every FFN payload against the signed manifest, read
+ * with direct I/O through a small ring (no page cache). */
+typedef struct ffn_check {
+    pi2_engine *e;
+    eng_ofl *x;
+    int rc;
+    pi2_err err;
+} ffn_check;
+
+static void verify_ffn(void *arg)
+{
+    ffn_check *k = arg;
+    pi2_engine *e = k->e;
+    eng_ofl *x = k->x;
+    pi2_err *err = &k->err;
+    int rc = 0;
+    for (uint32_t fi = 0; fi < x->n_ffn && rc == 0; fi++) {
+        const pi2_ctr_section *s = pi2_manifest_find_section(e->mf, x->bl[fi]->ffn);
+        pi2_sha256_ctx *sha = NULL;
+        uint8_t dg[PI2_SHA256_LEN];
+        if (!s) {
+            rc = pi2_err_set(err, PI2_ENOTFOUND, "%s: no section for %s", e->path, x->bl[fi]->ffn);
+            break;
+        }
+        if ((rc = pi2_sha256_init(&sha, err)) != 0)
+            break;
+        rc = seq_read(x->io, x->depth, NULL, x->file_off[fi], s->size, sha, err);
+        if (rc == 0)
+            rc = pi2_sha256_final(sha, dg, err);
+        pi2_sha256_free(sha);
+        if (rc == 0 && memcmp(dg, s->sha256, sizeof dg) != 0)
+            rc = pi2_err_set(err, PI2_ESIG, "%s: member %s does not match its SHA-256 in the signed manifest "
+                                            "(corrupt or altered file)",
+                             e->path, s->name);
+    }
+    k->rc = rc;
 }
 
 /* The fixed split as a plan, predicted with the hardware profile. */
@@ -658,38 +698,30 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     in->note = x->note;
     if (o->plan_only)
         return 0;
-    /* start-up verification of the FFN payloads, streamed (no page cache) */
-    if (o->verify_ffn)
-        for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
-            const pi2_ctr_section *s = pi2_manifest_find_section(e->mf, x->bl[fi]->ffn);
-            pi2_sha256_ctx *sha = NULL;
-            uint8_t dg[PI2_SHA256_LEN];
-            if (!s)
-                return pi2_err_set(err, PI2_ENOTFOUND, "%s: no section for %s", e->path, x->bl[fi]->ffn);
-            if ((rc = pi2_sha256_init(&sha, err)) != 0)
-                return rc;
-            rc = seq_read(x->io, x->depth, NULL, x->file_off[fi], s->size, sha, err);
-            if (rc == 0)
-                rc = pi2_sha256_final(sha, dg, err);
-            pi2_sha256_free(sha);
-            if (rc)
-                return rc;
-            if (memcmp(dg, s->sha256, sizeof dg) != 0)
-                return pi2_err_set(err, PI2_ESIG, "%s: member %s does not match its SHA-256 in the signed manifest "
-                                                  "(corrupt or altered file)",
-                                   e->path, s->name);
-        }
-    /* hot segments */
+    /* hot segments: all allocated and faulted in first (on every thread) */
     in->hot_locked = hot_total > 0 && o->lock_hot;
+    for (uint32_t fi = 0; fi < x->n_ffn; fi++)
+        if (x->hot_len[fi] > 0 && !(x->hot[fi] = pi2_io_alloc_buf((size_t)x->hot_len[fi])))
+            return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the hot segment (%.1f MB)", e->path,
+                               mb(hot_total));
+    size_t *hot_lens = pi2_malloc_array(x->n_ffn, sizeof *hot_lens);
+    if (!hot_lens)
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", e->path);
+    for (uint32_t fi = 0; fi < x->n_ffn; fi++)
+        hot_lens[fi] = (size_t)x->hot_len[fi];
+    /* the FFN payloads' start-up check (streamed, no page cache) runs on
+     * this thread meanwhile */
+    ffn_check chk = {e, x, 0, {0}};
+    pi2_io_prefault(x->hot, hot_lens, (int)x->n_ffn, e->threads, o->verify_ffn ? verify_ffn : NULL, &chk);
+    free(hot_lens);
+    if (chk.rc)
+        return pi2_err_set(err, chk.rc, "%s", chk.err.msg);
     for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
         const eng_ffn *f = ffn_at(e, x, fi);
         for (uint32_t i = 0; i < f->n_ff; i++)
             f->gate.rp[i] = f->up.rp[i] = f->down.rp[i] = NULL;
         if (x->hot_len[fi] == 0)
             continue;
-        if (!(x->hot[fi] = pi2_io_alloc_buf((size_t)x->hot_len[fi])))
-            return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the hot segment (%.1f MB)", e->path,
-                               mb(hot_total));
         if ((rc = seq_read(x->io, x->depth, x->hot[fi], x->file_off[fi], x->hot_len[fi], NULL, err)) != 0)
             return rc;
         if (o->lock_hot && mlock(x->hot[fi], (size_t)x->hot_len[fi]) != 0)

@@ -108,6 +108,54 @@ void *pi2_io_alloc_buf(size_t n)
 
 void pi2_io_free_buf(void *p) { free(p); }
 
+/* ---- prefault ---- */
+
+typedef struct prefault_job {
+    uint8_t *const *bufs;
+    const size_t *lens;
+    int n;
+    atomic_size_t next; /* next HUGE_PAGE piece, counted over all buffers */
+} prefault_job;
+
+static void *prefault_run(void *arg)
+{
+    prefault_job *j = arg;
+    for (;;) {
+        size_t k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        int b = 0;
+        size_t pieces;
+        while (b < j->n && k >= (pieces = (j->lens[b] + HUGE_PAGE - 1) / HUGE_PAGE)) {
+            k -= pieces;
+            b++;
+        }
+        if (b == j->n)
+            break;
+        uint8_t *p = j->bufs[b] + k * HUGE_PAGE;
+        size_t len = j->lens[b] - k * HUGE_PAGE < HUGE_PAGE ? j->lens[b] - k * HUGE_PAGE : HUGE_PAGE;
+        /* a write fault per page (a read would map the zero page); or
+         * with 0 keeps what is there */
+        for (size_t i = 0; i < len; i += PI2_IO_ALIGN)
+            __atomic_fetch_or(p + i, (uint8_t)0, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+void pi2_io_prefault(uint8_t *const *bufs, const size_t *lens, int n, int threads, void (*first)(void *), void *arg)
+{
+    prefault_job j = {bufs, lens, n, 0};
+    pthread_t th[PI2_IO_PREFAULT_MAX];
+    int started = 0;
+    if (threads > PI2_IO_PREFAULT_MAX)
+        threads = PI2_IO_PREFAULT_MAX;
+    while (started + 1 < threads && pthread_create(&th[started], NULL, prefault_run, &j) == 0)
+        started++; /* fewer helpers than asked: the caller does more */
+    if (first)
+        first(arg);
+    prefault_run(&j);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+}
+
 /* One pread request to completion (short reads retried); sets result. */
 static void pread_req(const pi2_io *io, pi2_io_req *r)
 {

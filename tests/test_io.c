@@ -11,9 +11,11 @@
 #include "tests/testutil.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define FILE_BYTES (1u << 20)
@@ -282,6 +284,67 @@ static void test_alloc_buf(void **state)
     pi2_io_free_buf(zero);
 }
 
+/* Resident pages of the process (statm). */
+static long resident_pages(void)
+{
+    long size = 0, res = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    assert_non_null(f);
+    assert_int_equal(fscanf(f, "%ld %ld", &size, &res), 2);
+    fclose(f);
+    return res;
+}
+
+static void note_caller(void *arg) { *(pthread_t *)arg = pthread_self(); }
+
+/* Every page of every buffer is faulted in (the process's resident set
+ * grows by them, and mincore sees each), contents are kept, on 1..3
+ * threads, with the caller's task run on the caller. The buffers are
+ * fresh mappings (freed heap memory would already be resident); the
+ * resident count is approximate per CPU, hence the slack. */
+static void test_prefault(void **state)
+{
+    (void)state;
+    long page = sysconf(_SC_PAGESIZE);
+    const size_t lens[4] = {5000, 0, (6u << 20) + 123, 9u << 20};
+    size_t total = 0;
+    for (int i = 0; i < 4; i++)
+        total += lens[i];
+    for (int threads = 1; threads <= 3; threads++) {
+        uint8_t *bufs[4];
+        for (int i = 0; i < 4; i++) {
+            bufs[i] = mmap(NULL, lens[i] ? lens[i] : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            assert_true(bufs[i] != MAP_FAILED);
+        }
+        for (size_t k = 0; k < 3000; k++) /* some data already there */
+            bufs[0][k] = (uint8_t)(k * 7 + 1);
+        long before = resident_pages();
+        pthread_t who = 0;
+        pi2_io_prefault(bufs, lens, 4, threads, note_caller, &who);
+        long grew = resident_pages() - before;
+        assert_true(pthread_equal(who, pthread_self()));
+        assert_true((size_t)grew * (size_t)page >= total - (1u << 20));
+        for (int i = 0; i < 4; i++) {
+            unsigned char vec[2560];
+            uintptr_t a = (uintptr_t)bufs[i] / (uintptr_t)page * (uintptr_t)page;
+            size_t span = (size_t)((uintptr_t)bufs[i] + lens[i] - a), np = (span + (size_t)page - 1) / (size_t)page;
+            assert_true(np <= sizeof vec);
+            if (lens[i] == 0)
+                continue;
+            assert_int_equal(mincore((void *)a, span, vec), 0);
+            for (size_t k = 0; k < np; k++)
+                assert_true(vec[k] & 1);
+        }
+        for (size_t k = 0; k < 3000; k++)
+            assert_int_equal(bufs[0][k], (uint8_t)(k * 7 + 1));
+        assert_int_equal(bufs[3][(9u << 20) - 1], 0);
+        for (int i = 0; i < 4; i++)
+            munmap(bufs[i], lens[i] ? lens[i] : 1);
+    }
+    /* nothing to do, no task */
+    pi2_io_prefault(NULL, NULL, 0, 2, NULL, NULL);
+}
+
 static void test_bad_requests(void **state)
 {
     (void)state;
@@ -324,6 +387,7 @@ int main(void)
         cmocka_unit_test_teardown(test_bench, clear_faults),
         cmocka_unit_test_teardown(test_bad_requests, clear_faults),
         cmocka_unit_test(test_alloc_buf),
+        cmocka_unit_test(test_prefault),
     };
     return cmocka_run_group_tests_name("io", tests, setup, teardown);
 }

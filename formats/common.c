@@ -299,9 +299,11 @@ int pi2_read_file(const char *path, size_t max_bytes, char **out, size_t *len, p
 struct pi2_afile {
     int fd;
     uint64_t size;
+    uint64_t behind; /* written-behind up to here (afile_behind) */
     char *path;
     char *tmp;
 };
+enum { AFILE_WINDOW = 64u << 20 };
 
 static int64_t afile_fail_budget = -1;
 
@@ -338,6 +340,26 @@ int pi2_afile_open(pi2_afile **out, const char *path, pi2_err *err)
     return 0;
 }
 
+/* Write-behind: each AFILE_WINDOW written is sent to the disk, and the one
+ * before it, written by then, leaves the page cache. The cache then holds
+ * two windows of the file, not all of it: pages freed just before are
+ * reused (fresh memory costs a fault per page at first touch under a
+ * hypervisor that backs it lazily), and a large output does not push
+ * everything else out. Advisory: failures are harmless (commit syncs). */
+static void afile_behind(pi2_afile *f)
+{
+    while (f->size - f->behind >= AFILE_WINDOW) {
+        uint64_t at = f->behind;
+        sync_file_range(f->fd, (off_t)at, (off_t)AFILE_WINDOW, SYNC_FILE_RANGE_WRITE);
+        if (at >= AFILE_WINDOW) {
+            sync_file_range(f->fd, (off_t)(at - AFILE_WINDOW), (off_t)AFILE_WINDOW,
+                            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+            posix_fadvise(f->fd, (off_t)(at - AFILE_WINDOW), (off_t)AFILE_WINDOW, POSIX_FADV_DONTNEED);
+        }
+        f->behind = at + AFILE_WINDOW;
+    }
+}
+
 int pi2_afile_write(pi2_afile *f, const void *buf, size_t n, pi2_err *err)
 {
     const uint8_t *p = buf;
@@ -362,6 +384,7 @@ int pi2_afile_write(pi2_afile *f, const void *buf, size_t n, pi2_err *err)
         p += w;
         n -= (size_t)w;
         f->size += (uint64_t)w;
+        afile_behind(f);
     }
     return 0;
 }

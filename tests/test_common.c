@@ -3,7 +3,12 @@
 
 #include "formats/common.h"
 
+#include <linux/magic.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/vfs.h>
 
 static void test_f16_roundtrip(void **state)
 {
@@ -132,6 +137,52 @@ static void test_afile(void **state)
     pi2t_rmtree(dir);
 }
 
+/* A large output is written behind: once two more windows (64 MiB each)
+ * follow the first, it has left the page cache before the commit (not on
+ * tmpfs, where the cache is the file); every byte is there after it. */
+static void test_afile_behind(void **state)
+{
+    (void)state;
+    enum { MB = 1 << 20, TOTAL = 144, WIN = 64 };
+    char dir[64], path[128];
+    pi2t_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/big.bin", dir);
+    uint32_t *buf = malloc(MB);
+    assert_non_null(buf);
+    pi2_err err = {0};
+    pi2_afile *f;
+    assert_int_equal(pi2_afile_open(&f, path, &err), 0);
+    for (uint32_t k = 0; k < TOTAL; k++) {
+        for (uint32_t i = 0; i < MB / 4; i++)
+            buf[i] = k * (MB / 4) + i;
+        assert_int_equal(pi2_afile_write(f, buf, MB, &err), 0);
+    }
+    struct statfs fs;
+    bool tmpfs = statfs(dir, &fs) == 0 && fs.f_type == TMPFS_MAGIC;
+    void *m = mmap(NULL, (size_t)WIN * MB, PROT_READ, MAP_SHARED, pi2_afile_fd(f), 0);
+    assert_true(m != MAP_FAILED);
+    static unsigned char vec[WIN * (MB / 4096)];
+    assert_int_equal(mincore(m, (size_t)WIN * MB, vec), 0);
+    size_t cached = 0;
+    for (size_t i = 0; i < sizeof vec; i++)
+        cached += vec[i] & 1;
+    munmap(m, (size_t)WIN * MB);
+    if (!tmpfs)
+        assert_true(cached < sizeof vec / 8);
+    assert_int_equal(pi2_afile_commit(f, &err), 0);
+    FILE *in = fopen(path, "rb");
+    assert_non_null(in);
+    for (uint32_t k = 0; k < TOTAL; k++) {
+        assert_int_equal(fread(buf, 1, MB, in), MB);
+        for (uint32_t i = 0; i < MB / 4; i += 997)
+            assert_int_equal(buf[i], k * (MB / 4) + i);
+    }
+    assert_int_equal(fgetc(in), EOF);
+    fclose(in);
+    free(buf);
+    pi2t_rmtree(dir);
+}
+
 static void test_err_first_wins(void **state)
 {
     (void)state;
@@ -183,7 +234,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_roundtrip), cmocka_unit_test(test_bf16), cmocka_unit_test(test_cursor),
-        cmocka_unit_test(test_parse),         cmocka_unit_test(test_afile), cmocka_unit_test(test_err_first_wins),
+        cmocka_unit_test(test_parse),         cmocka_unit_test(test_afile), cmocka_unit_test(test_afile_behind), cmocka_unit_test(test_err_first_wins),
         cmocka_unit_test(test_rng),           cmocka_unit_test(test_grow),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, NULL);

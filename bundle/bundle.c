@@ -83,6 +83,18 @@ static int pread_full(const input *in, void *buf, size_t n, uint64_t off, const 
     return 0;
 }
 
+/* Bytes [off, off + len) of the input are read and not needed again: their
+ * whole pages leave the page cache, for the read-ahead to reuse (fresh
+ * memory costs a fault per page under a hypervisor that backs it lazily:
+ * bundling the 7B-shaped model from a cold cache went from 11.8-13.8 to
+ * 10.1-10.4 s). Advisory. */
+static void in_drop(const input *in, uint64_t off, uint64_t len)
+{
+    uint64_t a = (off + 4095) / 4096 * 4096, e = (off + len) / 4096 * 4096;
+    if (e > a)
+        posix_fadvise(in->fd, (off_t)a, (off_t)(e - a), POSIX_FADV_DONTNEED);
+}
+
 static int digest_check(const input *in, const pi2_ctr_section *s, const uint8_t got[PI2_SHA256_LEN], pi2_err *err)
 {
     if (memcmp(got, s->sha256, PI2_SHA256_LEN) == 0)
@@ -362,6 +374,8 @@ static void *loader_main(void *arg)
         for (int k = 0; k < j->nparts && rc == 0; k++) {
             const jpart *p = &j->part[k];
             rc = pread_full(&b->in, buf + at, (size_t)p->len, p->sec->offset + p->off, p->sec->name, &err);
+            if (rc == 0)
+                in_drop(&b->in, p->sec->offset + p->off, p->len);
             if (rc == 0)
                 rc = pi2_sha256_update(h, buf + at, (size_t)p->len, &err);
             if (rc == 0 && p->off + p->len == p->sec->size) { /* end of the member: check it */

@@ -258,9 +258,11 @@ elif [ -w /sys/fs/cgroup/memory ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_
         && cat "$T/big.pi2c" >/dev/null \
         && "$B/pi2-bundle" "$T/big.pi2c" -o "$T/big.pi2" --key "$T/k.pem" -q >/dev/null || bad "making the model for the cgroup test"
     # the bundler read its (cached) input once and let it go (38% of it
-    # stayed cached here, a third of each weight member, for reasons not
-    # found; 100% before), and its output left the page cache as it was
-    # written (not on tmpfs, where the cache is the file)
+    # stays cached here, 100% before: the page cache holds the file in
+    # folios of up to 2 MiB, and a release keeps the ones a member shares
+    # with its neighbours, a third of these 6 MiB members), and its output
+    # left the page cache as it was written (not on tmpfs, where the cache
+    # is the file)
     if [ "$(stat -f -c %T "$T")" != tmpfs ] && command -v fincore >/dev/null; then
         for f in big.pi2c:2 big.pi2:8; do
             res=$(fincore --bytes --noheadings --output RES "$T/${f%:*}" 2>/dev/null || echo -1)

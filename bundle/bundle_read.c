@@ -295,7 +295,7 @@ static void *verify_worker(void *arg)
         if (done)
             break;
         const pi2_ctr_section *s = &v->b->mf->sections[v->idx[i]];
-        const pi2_ctr_member *m = pi2_ctr_find(v->b->ctr, s->name);
+        const pi2_ctr_member *m = v->copy ? NULL : pi2_ctr_find(v->b->ctr, s->name);
         pi2_err e = { 0 };
         int rc = v->copy ? verify_in_copy(v, s, &e)
                  : m     ? pi2_ctr_verify_member(v->b->ctr, m, s->sha256, &e)

@@ -346,6 +346,11 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     }
     e->mf = pi2_bundle_manifest(e->b);
     e->bl = pi2_bundle_layout_get(e->b);
+    e->threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (e->threads < 1)
+        e->threads = 1;
+    if (e->threads > 256)
+        e->threads = 256;
     if (o->mem_limit > 0) {
         /* offloading: resident members read with O_DIRECT and hashed there */
         if ((rc = eng_ofl_load_resident(e, o, err)) != 0)
@@ -454,11 +459,6 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     }
     e->dense_bytes = db;
 
-    e->threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (e->threads < 1)
-        e->threads = 1;
-    if (e->threads > 256)
-        e->threads = 256;
     if ((rc = pi2_pool_create(&e->pool, e->threads, err)) != 0)
         goto fail;
     if ((rc = alloc_state(e, err)) != 0)

@@ -259,13 +259,6 @@ static int open_reader(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_
     return 0;
 }
 
-/* The compute thread count before the engine has set e->threads. */
-static int start_threads(const pi2_engine_opts *o)
-{
-    long n = o->threads > 0 ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > PI2_IO_PREFAULT_MAX ? PI2_IO_PREFAULT_MAX : (int)n;
-}
-
 int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
 {
     eng_ofl *x = calloc(1, sizeof *x);
@@ -297,9 +290,7 @@ int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the resident region (%.1f MB)", e->path,
                            (double)end / 1e6);
     e->res_bytes = end;
-    uint8_t *bufs[1] = {e->res};
-    size_t lens[1] = {(size_t)end};
-    pi2_io_prefault(bufs, lens, 1, start_threads(o), NULL, NULL);
+    pi2_io_prefault(&e->res, &end, 1, e->threads, NULL, NULL);
     if ((rc = seq_read(x->io, x->depth, e->res, 0, end, NULL, err)) != 0)
         return rc;
     if ((rc = pi2_bundle_verify_copy(e->b, e->res, end, err)) != 0)
@@ -704,16 +695,10 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         if (x->hot_len[fi] > 0 && !(x->hot[fi] = pi2_io_alloc_buf((size_t)x->hot_len[fi])))
             return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the hot segment (%.1f MB)", e->path,
                                mb(hot_total));
-    size_t *hot_lens = pi2_malloc_array(x->n_ffn, sizeof *hot_lens);
-    if (!hot_lens)
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", e->path);
-    for (uint32_t fi = 0; fi < x->n_ffn; fi++)
-        hot_lens[fi] = (size_t)x->hot_len[fi];
     /* the FFN payloads' start-up check (streamed, no page cache) runs on
      * this thread meanwhile */
     ffn_check chk = {e, x, 0, {0}};
-    pi2_io_prefault(x->hot, hot_lens, (int)x->n_ffn, e->threads, o->verify_ffn ? verify_ffn : NULL, &chk);
-    free(hot_lens);
+    pi2_io_prefault(x->hot, x->hot_len, (int)x->n_ffn, e->threads, o->verify_ffn ? verify_ffn : NULL, &chk);
     if (chk.rc)
         return pi2_err_set(err, chk.rc, "%s", chk.err.msg);
     for (uint32_t fi = 0; fi < x->n_ffn; fi++) {

@@ -112,7 +112,7 @@ void pi2_io_free_buf(void *p) { free(p); }
 
 typedef struct prefault_job {
     uint8_t *const *bufs;
-    const size_t *lens;
+    const uint64_t *lens;
     int n;
     atomic_size_t next; /* next HUGE_PAGE piece, counted over all buffers */
 } prefault_job;
@@ -131,7 +131,7 @@ static void *prefault_run(void *arg)
         if (b == j->n)
             break;
         uint8_t *p = j->bufs[b] + k * HUGE_PAGE;
-        size_t len = j->lens[b] - k * HUGE_PAGE < HUGE_PAGE ? j->lens[b] - k * HUGE_PAGE : HUGE_PAGE;
+        size_t len = (size_t)(j->lens[b] - k * HUGE_PAGE < HUGE_PAGE ? j->lens[b] - k * HUGE_PAGE : HUGE_PAGE);
         /* a write fault per page (a read would map the zero page); or
          * with 0 keeps what is there */
         for (size_t i = 0; i < len; i += PI2_IO_ALIGN)
@@ -140,7 +140,7 @@ static void *prefault_run(void *arg)
     return NULL;
 }
 
-void pi2_io_prefault(uint8_t *const *bufs, const size_t *lens, int n, int threads, void (*first)(void *), void *arg)
+void pi2_io_prefault(uint8_t *const *bufs, const uint64_t *lens, int n, int threads, void (*first)(void *), void *arg)
 {
     prefault_job j = {bufs, lens, n, 0};
     pthread_t th[PI2_IO_PREFAULT_MAX];

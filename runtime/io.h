@@ -112,7 +112,7 @@ void pi2_io_free_buf(void *p);
  * effort: a helper thread that cannot start leaves its share to the
  * caller. */
 #define PI2_IO_PREFAULT_MAX 16
-void pi2_io_prefault(uint8_t *const *bufs, const size_t *lens, int n, int threads, void (*first)(void *), void *arg);
+void pi2_io_prefault(uint8_t *const *bufs, const uint64_t *lens, int n, int threads, void (*first)(void *), void *arg);
 
 /* ---- storage probe ---- */
 typedef struct pi2_io_bench_result {

@@ -306,7 +306,7 @@ static void test_prefault(void **state)
 {
     (void)state;
     long page = sysconf(_SC_PAGESIZE);
-    const size_t lens[4] = {5000, 0, (6u << 20) + 123, 9u << 20};
+    const uint64_t lens[4] = {5000, 0, (6u << 20) + 123, 9u << 20};
     size_t total = 0;
     for (int i = 0; i < 4; i++)
         total += lens[i];

@@ -1002,21 +1002,33 @@ PI2_T_AVX512 static void panel_pack(pi2_qtype wt, const uint8_t *const p[16], co
             __m512i w4 = _mm512_load_si512(wb + 4), w5 = _mm512_load_si512(wb + 5);                           \
             __m512i w6 = _mm512_load_si512(wb + 6), w7 = _mm512_load_si512(wb + 7);                           \
             __m512 ws = _mm512_load_ps(P->s + b * 16);                                                        \
+            __m512i acc[N];                                                                                   \
+            const k_u32a *av[N];                                                                              \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
             {                                                                                                 \
-                const int8_t *ab = a + t * n + b * QG;                                                        \
-                const k_u32a *av = (const k_u32a *)(const void *)ab;                                          \
-                __m512i acc = _mm512_set1_epi32(bias[t * K_PB + b]);                                          \
-                acc = _mm512_dpbusd_epi32(acc, w0, _mm512_set1_epi32(av[0]));                                 \
-                acc = _mm512_dpbusd_epi32(acc, w1, _mm512_set1_epi32(av[1]));                                 \
-                acc = _mm512_dpbusd_epi32(acc, w2, _mm512_set1_epi32(av[2]));                                 \
-                acc = _mm512_dpbusd_epi32(acc, w3, _mm512_set1_epi32(av[3]));                                 \
-                acc = _mm512_dpbusd_epi32(acc, w4, _mm512_set1_epi32(av[4]));                                 \
-                acc = _mm512_dpbusd_epi32(acc, w5, _mm512_set1_epi32(av[5]));                                 \
-                acc = _mm512_dpbusd_epi32(acc, w6, _mm512_set1_epi32(av[6]));                                 \
-                acc = _mm512_dpbusd_epi32(acc, w7, _mm512_set1_epi32(av[7]));                                 \
+                av[t] = (const k_u32a *)(const void *)(a + t * n + b * QG);                                   \
+                acc[t] = _mm512_set1_epi32(bias[t * K_PB + b]);                                               \
+            }                                                                                                 \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w0, _mm512_set1_epi32(av[t][0]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w1, _mm512_set1_epi32(av[t][1]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w2, _mm512_set1_epi32(av[t][2]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w3, _mm512_set1_epi32(av[t][3]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w4, _mm512_set1_epi32(av[t][4]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w5, _mm512_set1_epi32(av[t][5]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w6, _mm512_set1_epi32(av[t][6]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w7, _mm512_set1_epi32(av[t][7]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+            {                                                                                                 \
                 __m512 sc = _mm512_mul_ps(ws, _mm512_set1_ps(as[t * nb + b]));                                \
-                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc, f[t]);                                    \
+                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), sc, f[t]);                                 \
             }                                                                                                 \
         }                                                                                                     \
         for (int t = 0; t < N; t++)                                                                           \

@@ -372,6 +372,29 @@ static void pred_fc2_fn(void *ctx, int tid, int nt)
     s->n_list = n;
 }
 
+/* Dense decode: [*p, *p + *len) = the bytes of the neurons of the chunk
+ * after the one at c0 when they lie together, as in a bundled FFN (each
+ * neuron's gate, up and down rows side by side); else *len = 0. The gate
+ * pass over a bundle reads every third row, which the hardware prefetcher
+ * does not run ahead on, so the gate and up passes of this chunk bring
+ * the next one toward the core, half each, while they compute: the thread
+ * takes the chunks of its share in order (share_next). 1B-shaped model,
+ * --dense, 2 threads: 30.1 -> 34.1 tok/s (medians of 4 alternated runs). */
+static void chunk_ahead(const eng_ffn *f, int64_t c0, int64_t total, const uint8_t **p, int64_t *len)
+{
+    *p = NULL;
+    *len = 0;
+    int64_t a0 = c0 + ENG_DEC_CHUNK, a1 = a0 + ENG_DEC_CHUNK < total ? a0 + ENG_DEC_CHUNK : total;
+    if (a0 >= total)
+        return;
+    const uint8_t *st = f->gate.rp[a0], *en = f->down.rp[a1 - 1] + f->down.row_bytes;
+    uint64_t most = 4 * (uint64_t)(a1 - a0) * (f->gate.row_bytes + f->up.row_bytes + f->down.row_bytes);
+    if (f->up.rp[a0] > st && f->down.rp[a0] > st && en > st && (uint64_t)(en - st) <= most) {
+        *p = st;
+        *len = en - st;
+    }
+}
+
 /* Chunk c of the decode FFN: its neurons' gate, then up where the gate lets
  * the neuron fire (sparse ReLU family; else all), then the down rows of the
  * active ones into the chunk's own output. */
@@ -393,7 +416,11 @@ static void ffn_dec_chunk(const ffn_dec_job *j, eng_tls *s, int64_t c, int64_t t
         s->ps[k] = f->gate.rs[i];
         s->list[k] = i;
     }
-    pi2_k_matmul(f->gate.qt, D, n, s->pp, s->ps, e->aqs, e->aq, e->asum, 1, s->g, 1);
+    const uint8_t *ahead = NULL;
+    int64_t ahead_len = 0;
+    if (!idx)
+        chunk_ahead(f, c0, total, &ahead, &ahead_len);
+    pi2_k_matmul_pf(f->gate.qt, D, n, s->pp, s->ps, e->aqs, e->aq, e->asum, 1, s->g, 1, ahead, ahead_len / 2);
     int m = 0;
     for (int k = 0; k < n; k++) {
         if (gate_filters && !(s->g[k] > 0.0f))
@@ -405,7 +432,8 @@ static void ffn_dec_chunk(const ffn_dec_job *j, eng_tls *s, int64_t c, int64_t t
         m++;
     }
     if (m > 0)
-        pi2_k_matmul(f->up.qt, D, m, s->pp2, s->ps2, e->aqs, e->aq, e->asum, 1, s->u, 1);
+        pi2_k_matmul_pf(f->up.qt, D, m, s->pp2, s->ps2, e->aqs, e->aq, e->asum, 1, s->u, 1,
+                        ahead ? ahead + ahead_len / 2 : NULL, ahead_len - ahead_len / 2);
     /* activations and the down columns to add */
     int a = 0;
     for (int q = 0; q < m; q++) {

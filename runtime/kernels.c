@@ -535,14 +535,23 @@ PI2_T_AVX2 static void cvt_scales(const uint16_t *h, int64_t n, float *dst)
         K_T1_ROWS(acc2, acc3, wq2, wq3, sq2, sq3, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                        \
     } while (0)
 
+/* Bytes of a paced prefetch per step: len spread over steps, whole lines. */
+static inline int64_t k_pf_quota(int64_t len, int64_t steps)
+{
+    return steps > 0 ? (len + 64 * steps - 1) / (64 * steps) * 64 : len;
+}
+
 #define K_DEF_T1(name, TGT, LOADW, PROD, ADDP, FIN, GB, CSH)                                                      \
     TGT static void name(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb, const int8_t *a,     \
-                         const float *as, const int32_t *sums, const uint8_t *const wn[4], float res[4])          \
+                         const float *as, const int32_t *sums, const uint8_t *const wn[4], const uint8_t *pf2,    \
+                         int64_t pf2_len, float res[4])                                                          \
     {                                                                                                            \
         __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                \
-        int64_t b = 0, rb_ = nb * (GB), po_ = 0;                                                                 \
+        int64_t b = 0, rb_ = nb * (GB), po_ = 0, o2_ = 0, q2_ = k_pf_quota(pf2_len, nb / 8);                     \
         int pk_ = wn ? 0 : 4; /* NULL: no paced prefetch */                                                      \
         for (; b + 8 <= nb; b += 8) {                                                                            \
+            for (int64_t e_ = o2_ + q2_ < pf2_len ? o2_ + q2_ : pf2_len; o2_ < e_; o2_ += 64)                    \
+                _mm_prefetch((const char *)(pf2 + o2_), _MM_HINT_T1);                                            \
             for (int l_ = 0; l_ < 32 * (GB) && pk_ < 4; l_ += 64) {                                              \
                 _mm_prefetch((const char *)(wn[pk_] + po_), _MM_HINT_T0);                                        \
                 po_ += 64;                                                                                       \
@@ -591,7 +600,8 @@ K_DEF_T1(mm_t1_q8_avx2, PI2_T_AVX2, ld256, prod_q8_avx2, _mm256_add_epi32, fin_i
 typedef void (*k_t4_fn)(const uint8_t *const w[4], const float *wsp, int64_t kb, const int8_t *const a[4],
                         const k_tok4 *pre, float res[16]);
 typedef void (*k_t1_fn)(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb, const int8_t *a,
-                        const float *as, const int32_t *sums, const uint8_t *const wn[4], float res[4]);
+                        const float *as, const int32_t *sums, const uint8_t *const wn[4], const uint8_t *pf2,
+                        int64_t pf2_len, float res[4]);
 
 typedef struct k_mm_ops {
     k_t4_fn t4;    /* on payload rows, or (Q4) on rows unpacked by q4_unpack_rows */
@@ -637,8 +647,10 @@ PI2_T_AVX2 static void pair_scales(const uint16_t *h, int64_t kb, float *dst)
  * stream of lines lets the L2 streamer run ahead of the software
  * prefetches (0.6 -> 0.8 of the read bandwidth from DRAM, Zen 3). */
 static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_t *const *wp,
-                         const uint16_t *const *ws, const float *as, const int8_t *a, const int32_t *sums, float *out)
+                         const uint16_t *const *ws, const float *as, const int8_t *a, const int32_t *sums, float *out,
+                         const uint8_t *pf, int64_t pf_len)
 {
+    int64_t tiles = (nrows + 3) / 4;
     for (int r0 = 0; r0 < nrows; r0 += 4) {
         const uint8_t *w[4], *wn[4];
         const uint16_t *s[4];
@@ -665,8 +677,11 @@ static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_
         if (!seq)
             for (int k = 0; k < 4; k++)
                 _mm_prefetch((const char *)wn[k], _MM_HINT_T0);
+        /* this tile's share of the caller's range, whole lines */
+        int64_t i = r0 / 4, p0 = pf_len * i / tiles / 64 * 64;
+        int64_t p1 = i + 1 == tiles ? pf_len : pf_len * (i + 1) / tiles / 64 * 64;
         float res[4];
-        op->t1(w, s, nb, a, as, sums, seq ? wn : NULL, res);
+        op->t1(w, s, nb, a, as, sums, seq ? wn : NULL, pf ? pf + p0 : NULL, pf ? p1 - p0 : 0, res);
         for (int k = 0; k < 4 && r0 + k < nrows; k++)
             out[r0 + k] = res[k];
     }
@@ -727,7 +742,8 @@ static void mm_groups(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *c
 }
 
 static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
-                    const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
+                    const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo,
+                    const uint8_t *pf, int64_t pf_len)
 {
     int64_t nb = n / QG;
     /* Groups of 4 tokens, the last one padded when 2 or 3 tokens are left;
@@ -737,7 +753,8 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
     if (grouped > 0)
         mm_groups(op, n, nrows, wp, ws, ascales, aq, asums, grouped, out, ldo);
     for (int t = grouped; t < T; t++)
-        mm_one_token(op, nb, nrows, wp, ws, ascales + t * nb, aq + t * n, asums + t * nb, out + t * ldo);
+        mm_one_token(op, nb, nrows, wp, ws, ascales + t * nb, aq + t * n, asums + t * nb, out + t * ldo,
+                     t == grouped ? pf : NULL, t == grouped ? pf_len : 0);
 }
 
 /* ---- matmul on AVX-512 VNNI, one token: 4 rows x 16 blocks ----
@@ -851,7 +868,7 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
 #define K_DEF_T1W(name, STEP, GB, ORD)                                                                        \
     PI2_T_AVX512 static void name(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb,          \
                                   const int8_t *a, const float *as, const int32_t *sums,                      \
-                                  const uint8_t *const wn[4], float res[4])                                   \
+                                  const uint8_t *const wn[4], const uint8_t *pf2, int64_t pf2_len, float res[4]) \
     {                                                                                                        \
         const __m512i m4 = _mm512_set1_epi8(0x0f), x80 = _mm512_set1_epi8(-128);                             \
         const __m512i ilo = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13);                                     \
@@ -859,9 +876,11 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
         const __m512i ord = ORD;                                                                             \
         (void)m4, (void)x80, (void)ilo, (void)ihi;                                                           \
         __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                            \
-        int64_t b = 0, rb_ = nb * (GB), po_ = 0;                                                             \
+        int64_t b = 0, rb_ = nb * (GB), po_ = 0, o2_ = 0, q2_ = k_pf_quota(pf2_len, nb / 16);                \
         int pk_ = wn ? 0 : 4; /* NULL: no paced prefetch */                                                  \
         for (; b + 16 <= nb; b += 16) {                                                                      \
+            for (int64_t e_ = o2_ + q2_ < pf2_len ? o2_ + q2_ : pf2_len; o2_ < e_; o2_ += 64)                \
+                _mm_prefetch((const char *)(pf2 + o2_), _MM_HINT_T1);                                        \
             for (int l_ = 0; l_ < 64 * (GB) && pk_ < 4; l_ += 64) {                                          \
                 _mm_prefetch((const char *)(wn[pk_] + po_), _MM_HINT_T0);                                    \
                 po_ += 64;                                                                                   \
@@ -2504,9 +2523,9 @@ void pi2_k_act_quantize(const float *x, int64_t ldx, int T, int64_t n, float *sc
     pi2_k_act_quantize_isa(pi2_q_get_isa(), x, ldx, T, n, scales, q, sums);
 }
 
-void pi2_k_matmul_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
-                      const uint16_t *const *ws, const float *ascales, const int8_t *aq, const int32_t *asums,
-                      int T, float *out, int64_t ldo)
+static void matmul(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                   const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo,
+                   const void *pf, int64_t pf_len)
 {
     assert(n % QG == 0 && nrows >= 0 && T >= 1 && T <= PI2_K_MAX_T);
     if (nrows == 0)
@@ -2530,20 +2549,36 @@ void pi2_k_matmul_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uin
         }
     }
     if (op) {
-        mm_simd(op, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+        mm_simd(op, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, pf, pf_len > 0 ? pf_len : 0);
         return;
     }
 #else
     (void)isa;
     (void)asums;
+    (void)pf;
+    (void)pf_len;
 #endif
     matmul_scalar(wt, n, nrows, wp, ws, ascales, aq, T, out, ldo);
+}
+
+void pi2_k_matmul_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
+                      const uint16_t *const *ws, const float *ascales, const int8_t *aq, const int32_t *asums,
+                      int T, float *out, int64_t ldo)
+{
+    matmul(isa, wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, NULL, 0);
 }
 
 void pi2_k_matmul(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
                   const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
 {
-    pi2_k_matmul_isa(pi2_q_get_isa(), wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+    matmul(pi2_q_get_isa(), wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, NULL, 0);
+}
+
+void pi2_k_matmul_pf(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                     const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo,
+                     const void *pf, int64_t pf_len)
+{
+    matmul(pi2_q_get_isa(), wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, pf, pf_len);
 }
 
 void pi2_k_axpy_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef,

@@ -58,6 +58,18 @@ void pi2_k_matmul_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uin
                       const uint16_t *const *ws, const float *ascales, const int8_t *aq, const int32_t *asums,
                       int T, float *out, int64_t ldo);
 
+/* pi2_k_matmul that also brings [pf, pf + pf_len) toward the core (L2)
+ * when it runs one token at a time (T < 4: the first token's pass), the
+ * prefetches spread evenly over its row tiles so that they stream from
+ * memory while the tiles compute. For rows the caller reads next that the
+ * hardware prefetcher does not run ahead on: dense decode passes the next
+ * chunk's neuron bundles, whose gate rows sit between up and down rows.
+ * Batches ignore it. A prefetch never faults: any range is safe, and the
+ * results are those of pi2_k_matmul, bit for bit. */
+void pi2_k_matmul_pf(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                     const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo,
+                     const void *pf, int64_t pf_len);
+
 /* out[0..n) += sum_r coef[r] * dequant(row r) for r < nrows (Q4 or Q8
  * rows as above, or f32): the down projection as an exact float
  * accumulation of the active neurons' columns (stored as rows); decode

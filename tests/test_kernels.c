@@ -456,6 +456,44 @@ static void test_matmul_dispatch(void **state)
     wrows_free(&w);
 }
 
+/* pi2_k_matmul_pf: the same bits as pi2_k_matmul on every path and token
+ * count, whatever the prefetch range (none, shorter than a line, ragged,
+ * longer than the rows, a reversed span, covering the weights). */
+static void test_matmul_pf(void **state)
+{
+    (void)state;
+    pi2_rng r;
+    pi2_rng_seed(&r, 43);
+    for (int q = 0; q < 2; q++) {
+        pi2_qtype t = q ? PI2_QT_Q8 : PI2_QT_Q4;
+        wrows w = wrows_new(&r, t, 544, 23, W_QUANTIZED);
+        acts a = acts_new(&r, 5, 544, A_MIXED);
+        size_t bl = 1 << 16;
+        uint8_t *buf = xmalloc(bl, 1);
+        memset(buf, 7, bl);
+        const void *pf[] = {NULL, buf, buf + 100, buf, w.wp[3]};
+        int64_t len[] = {0, 40, 12345, (int64_t)bl, -64};
+        for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+            if (!pi2_q_isa_supported((pi2_isa)i))
+                continue;
+            assert_int_equal(pi2_q_set_isa((pi2_isa)i), 0);
+            for (int T = 1; T <= 5; T++)
+                for (size_t k = 0; k < sizeof len / sizeof len[0]; k++) {
+                    float got[5 * 23], ref[5 * 23];
+                    pi2_k_matmul(t, w.n, w.nrows, w.wp, w.ws, a.as, a.aq, a.sums, T, ref, 23);
+                    pi2_k_matmul_pf(t, w.n, w.nrows, w.wp, w.ws, a.as, a.aq, a.sums, T, got, 23, pf[k], len[k]);
+                    CHECK(memcmp(got, ref, (size_t)T * 23 * sizeof(float)) == 0,
+                          "%s q%d T=%d range %zu: pi2_k_matmul_pf differs from pi2_k_matmul",
+                          pi2_q_isa_name((pi2_isa)i), q ? 8 : 4, T, k);
+                }
+        }
+        assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
+        free(buf);
+        acts_free(&a);
+        wrows_free(&w);
+    }
+}
+
 /* ---- axpy ---- */
 
 /* out0 + sum_r coef_r * dequant(row r) in double, and the scale of the
@@ -974,6 +1012,7 @@ int main(void)
         cmocka_unit_test(test_matmul_avx2),
         cmocka_unit_test(test_matmul_avx512),
         cmocka_unit_test(test_matmul_dispatch),
+        cmocka_unit_test(test_matmul_pf),
         cmocka_unit_test(test_axpy_scalar),
         cmocka_unit_test(test_axpy_avx2),
         cmocka_unit_test(test_axpy_avx512),

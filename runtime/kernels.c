@@ -430,7 +430,8 @@ PI2_T_AVX2 static void cvt_scales(const uint16_t *h, int64_t n, float *dst)
  *     last nb % 8 blocks run once more from zero-padded copies.
  *     res[k] = the dot of row k. Each step also prefetches the next 4*8
  *     blocks' worth of lines of rows wn[0..4), wn[0] first to its end,
- *     then wn[1], ... (see mm_one_token). */
+ *     then wn[1], ... (see mm_one_token), and into L2 an equal share per
+ *     step of [pf2, pf2 + pf2_len) (the caller's range, pi2_k_matmul_pf). */
 
 #define K_PAIR(x, y, ADDP) ADDP(_mm256_blend_epi32((x), (y), 0xf0), _mm256_permute2x128_si256((x), (y), 0x21))
 

@@ -64,7 +64,7 @@ typedef struct mm_job {
     const pi2_engine *e;
 } mm_job;
 
-static void mm_rows(const mm_job *j, const mm_task *k, int64_t b, int64_t en)
+static void mm_rows(const mm_job *j, const mm_task *k, int64_t b, int64_t en, const uint8_t *pf, int64_t pf_len)
 {
     const eng_mat *m = k->m;
     if (m->qt == PI2_QT_F32) {
@@ -73,8 +73,8 @@ static void mm_rows(const mm_job *j, const mm_task *k, int64_t b, int64_t en)
                         k->out + t * k->ldo + b);
         return;
     }
-    pi2_k_matmul(m->qt, m->cols, (int)(en - b), m->rp + b, m->rs + b, j->e->aqs, j->e->aq, j->e->asum, j->T,
-                 k->out + b, k->ldo);
+    pi2_k_matmul_pf(m->qt, m->cols, (int)(en - b), m->rp + b, m->rs + b, j->e->aqs, j->e->aq, j->e->asum, j->T,
+                    k->out + b, k->ldo, pf, pf_len);
 }
 
 enum {
@@ -90,16 +90,48 @@ static int64_t mm_total(const mm_job *j)
     return total;
 }
 
-/* Rows [b, en) of the job's matrices taken end to end. */
-static void mm_range(const mm_job *j, int64_t b, int64_t en)
+/* Rows [b, en) of the job's matrices taken end to end; the first matrix
+ * met also prefetches [pf, pf + pf_len). */
+static void mm_range(const mm_job *j, int64_t b, int64_t en, const uint8_t *pf, int64_t pf_len)
 {
     int64_t base = 0;
     for (int i = 0; i < j->n && b < en; i++) {
         int64_t r = j->t[i].m->rows;
         int64_t lo = b > base ? b : base, hi = en < base + r ? en : base + r;
-        if (lo < hi)
-            mm_rows(j, &j->t[i], lo - base, hi - base);
+        if (lo < hi) {
+            mm_rows(j, &j->t[i], lo - base, hi - base, pf, pf_len);
+            pf = NULL;
+            pf_len = 0;
+        }
         base += r;
+    }
+}
+
+/* Decode: [*p, *p + *len) = the payload of unit u's rows when they lie
+ * together in one quantized matrix, else *len = 0. The unit after the one
+ * a thread computes is usually its next (share_next), and its rows are
+ * read into L2 while this one computes (pi2_k_matmul_pf). 1B-shaped model,
+ * 2 threads, alternated runs: sparse decode 47.5 -> 54.7 tok/s (medians of
+ * 10, 9 pairs faster), --dense 28.3 -> 35.1 (8 pairs, all faster). */
+static void unit_ahead(const mm_job *j, int64_t u, const uint8_t **p, int64_t *len)
+{
+    int64_t a0 = u * MM_UNIT, base = 0;
+    *p = NULL;
+    *len = 0;
+    for (int i = 0; i < j->n; i++) {
+        const eng_mat *m = j->t[i].m;
+        if (a0 < base + m->rows) {
+            int64_t r0 = a0 - base, r1 = r0 + MM_UNIT < m->rows ? r0 + MM_UNIT : m->rows;
+            if (m->qt == PI2_QT_F32)
+                return;
+            const uint8_t *st = m->rp[r0], *en = m->rp[r1 - 1] + m->row_bytes;
+            if (en > st && (uint64_t)(en - st) <= (uint64_t)(r1 - r0 + 1) * m->row_bytes) {
+                *p = st;
+                *len = en - st;
+            }
+            return;
+        }
+        base += m->rows;
     }
 }
 
@@ -111,11 +143,15 @@ static void mm_fn(void *ctx, int tid, int nt)
     int64_t total = mm_total(j), b, en;
     if (j->T >= MM_BATCH_T) {
         pi2_pool_split(total, GRAIN, tid, nt, &b, &en);
-        mm_range(j, b, en);
+        mm_range(j, b, en, NULL, 0);
         return;
     }
-    for (int64_t u; (u = share_next(j->e->mm_rng, tid, nt)) >= 0;)
-        mm_range(j, u * MM_UNIT, (u + 1) * MM_UNIT < total ? (u + 1) * MM_UNIT : total);
+    for (int64_t u; (u = share_next(j->e->mm_rng, tid, nt)) >= 0;) {
+        const uint8_t *pf = NULL;
+        int64_t pf_len = 0;
+        unit_ahead(j, u + 1, &pf, &pf_len);
+        mm_range(j, u * MM_UNIT, (u + 1) * MM_UNIT < total ? (u + 1) * MM_UNIT : total, pf, pf_len);
+    }
 }
 
 /* Quantize x [T][ldx] (n values each) into the engine's activation buffers. */

@@ -376,21 +376,45 @@ typedef struct ffn_dec_job {
     uint32_t n0;     /* predictor: score neurons [n0, n_ff) only */
 } ffn_dec_job;
 
+/* Q8 rows [b, en) of a predictor matrix (payload rows of rb bytes from q,
+ * nb scales each from s) against the quantized vector (as, aq, asum) of
+ * n values, 64 rows per call, each prefetching the next 64 (the rows lie
+ * together): out[r - b]. */
+static void pred_rows(const uint8_t *q, const uint16_t *s, int64_t n, int64_t b, int64_t en, const float *as,
+                      const int8_t *aq, const int32_t *asum, float *out)
+{
+    enum { R = 64 };
+    const uint8_t *wp[R];
+    const uint16_t *ws[R];
+    int64_t nb = n / PI2_Q_GROUP;
+    for (int64_t r0 = b; r0 < en; r0 += R) {
+        int m = (int)(en - r0 < R ? en - r0 : R);
+        for (int k = 0; k < m; k++) {
+            wp[k] = q + (r0 + k) * n;
+            ws[k] = s + (r0 + k) * nb;
+        }
+        int64_t next = en - (r0 + m) < R ? en - (r0 + m) : R;
+        pi2_k_matmul_pf(PI2_QT_Q8, n, m, wp, ws, as, aq, asum, 1, out + (r0 - b), m, q + (r0 + m) * n, next * n);
+    }
+}
+
 static void pred_fc1_fn(void *ctx, int tid, int nt)
 {
     ffn_dec_job *j = ctx;
     const eng_ffn *f = j->f;
-    int64_t D = j->e->d.hidden, b, en;
+    pi2_engine *e = j->e;
+    int64_t b, en;
     pi2_pool_split(f->rank, 8, tid, nt, &b, &en);
     if (b < en)
-        pi2_k_sgemv(f->fc1 + b * D, D, D, (int)(en - b), j->x, j->e->ph + b);
+        pred_rows(f->q1, f->s1, e->d.hidden, b, en, e->pxs, e->pxq, e->pxsum, e->ph + b);
 }
 
 static void pred_fc2_fn(void *ctx, int tid, int nt)
 {
     ffn_dec_job *j = ctx;
     const eng_ffn *f = j->f;
-    eng_tls *s = &j->e->tls[tid];
+    pi2_engine *e = j->e;
+    eng_tls *s = &e->tls[tid];
     int64_t b, en;
     pi2_pool_split(f->n_ff - j->n0, 64, tid, nt, &b, &en);
     b += j->n0;
@@ -398,8 +422,8 @@ static void pred_fc2_fn(void *ctx, int tid, int nt)
     s->n_list = 0;
     if (b >= en)
         return;
-    float *sc = j->e->scores_all;
-    pi2_k_sgemv(f->fc2 + b * f->rank, f->rank, f->rank, (int)(en - b), j->e->ph, sc + b);
+    float *sc = e->scores_all;
+    pred_rows(f->q2, f->s2, f->rank_p, b, en, e->phs, e->phq, e->phsum, sc + b);
     float thr = f->threshold;
     uint32_t n = 0;
     for (int64_t i = b; i < en; i++)
@@ -561,16 +585,19 @@ static void dec_reduce_fn(void *ctx, int tid, int nt)
 uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel)
 {
     ffn_dec_job j = {e, f, x, FFN_PRED, 0, n0 < f->n_ff ? n0 : f->n_ff};
+    int64_t D = e->d.hidden;
+    pi2_k_act_quantize(x, D, 1, D, e->pxs, e->pxq, e->pxsum);
     pi2_pool_run(e->pool, pred_fc1_fn, &j);
-    for (int r = 0; r < f->rank; r++)
-        e->ph[r] = e->ph[r] > 0.0f ? e->ph[r] : 0.0f;
+    for (int r = 0; r < f->rank_p; r++)
+        e->ph[r] = r < f->rank && e->ph[r] > 0.0f ? e->ph[r] : 0.0f;
+    pi2_k_act_quantize(e->ph, f->rank_p, 1, f->rank_p, e->phs, e->phq, e->phsum);
     pi2_pool_run(e->pool, pred_fc2_fn, &j);
     uint32_t n = 0;
     for (int t = 0; t < e->threads; t++) {
         memcpy(sel + n, e->tls[t].list, e->tls[t].n_list * sizeof(uint32_t));
         n += e->tls[t].n_list;
     }
-    e->st.weight_bytes += (uint64_t)f->rank * ((uint64_t)e->d.hidden + (f->n_ff - j.n0)) * 4;
+    e->st.weight_bytes += (uint64_t)f->rank * (uint64_t)(D + D / 16) + (uint64_t)(f->n_ff - j.n0) * (uint64_t)(f->rank_p + f->rank_p / 16);
     return n;
 }
 

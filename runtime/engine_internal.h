@@ -36,6 +36,12 @@ typedef struct eng_ffn {
     float threshold;
     const float *fc1; /* [rank][hidden] */
     const float *fc2; /* [n_ff][rank] */
+    /* the same as Q8 rows, quantized at open (eng_pred_quantize), which
+     * decode runs: a third of the bytes */
+    int rank_p;                /* rank rounded up to 32 (zero columns) */
+    uint8_t *pq;               /* owns all four */
+    const uint8_t *q1, *q2;    /* fc1 [rank][hidden], fc2 [n_ff][rank_p] payloads */
+    const uint16_t *s1, *s2;   /* their scales */
     bool has_silu_thr;
     float silu_thr;
 } eng_ffn;
@@ -94,7 +100,10 @@ struct pi2_engine {
     float *aqs;   /* activation scales [T][max_in/32] */
     int8_t *aq;   /* [T][max_in] */
     int32_t *asum;
-    float *ph;    /* predictor hidden [max rank] */
+    float *ph;    /* predictor hidden [max rank_p] */
+    float *pxs, *phs;      /* predictor inputs quantized: x [hidden], hidden [max rank_p] */
+    int8_t *pxq, *phq;
+    int32_t *pxsum, *phsum;
     float *router_logits;
     int *chosen;      /* [T][top-k] experts per token */
     uint32_t *sel;    /* [n_ff] predicted neurons, all threads */
@@ -119,6 +128,7 @@ struct pi2_engine {
     struct eng_ofl *ofl;
     uint8_t *res;        /* the resident region [0, res_bytes) of the file, read into memory */
     uint64_t res_bytes;
+    uint64_t res_released; /* bytes of it given back (the f32 predictors, once quantized) */
     uint64_t buf_bytes;  /* activation and thread buffers (KV cache excluded) */
     int plan_ctx;        /* KV positions the memory plan holds */
 };

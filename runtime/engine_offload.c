@@ -568,7 +568,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     uint64_t index = (uint64_t)n_caches * x->n_ffn * (uint64_t)d->n_ff * 4;
     uint64_t kv = 2ull * (uint64_t)d->n_layers * (uint64_t)e->ctx * (uint64_t)d->n_kv_heads * d->head_dim * 4 +
                   (uint64_t)e->threads * (uint64_t)e->ctx * PI2_K_MAX_T * 4;
-    uint64_t fixed = e->res_bytes + kv + e->buf_bytes + mine + index + OFL_OVERHEAD;
+    uint64_t fixed = e->res_bytes - e->res_released + kv + e->buf_bytes + mine + index + OFL_OVERHEAD;
     /* smallest caches: one chunk of each part kind */
     int kinds[2] = {x->two_phase ? P_GATE : P_FULL, P_UD};
     /* the smallest cache: a chunk of neurons, or an eighth of an FFN, so a
@@ -586,7 +586,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     pi2_engine_offload_info *in = &x->info;
     in->on = true;
     in->mem_limit = o->mem_limit;
-    in->resident = e->res_bytes;
+    in->resident = e->res_bytes - e->res_released;
     in->kv = kv;
     in->buffers = e->buf_bytes + mine + index;
     in->overhead = overhead;
@@ -597,7 +597,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
                            "%s: --mem-limit %.0f MB cannot hold the resident part: it needs at least %.0f MB "
                            "(resident weights %.0f MB, KV cache %.0f MB for %d positions, buffers %.0f MB, "
                            "overhead %.0f MB, smallest neuron cache %.1f MB)",
-                           e->path, mb(o->mem_limit), mb(in->minimum) + 1, mb(e->res_bytes), mb(kv), e->ctx,
+                           e->path, mb(o->mem_limit), mb(in->minimum) + 1, mb(in->resident), mb(kv), e->ctx,
                            mb(in->buffers), mb(overhead), mb(min_cache));
     uint64_t per_depth = x->staging_bytes + sizeof(ofl_req) + sizeof(void *);
     uint64_t hot_total = 0;

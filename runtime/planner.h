@@ -33,7 +33,7 @@
  * ---- Cost model (pi2_plan_predict) ----
  * Per decode token, per layer l (FFN f), with t compute threads, depth d:
  *   C_l   attention weights / gemv_q8(t) + KV reads / mem_bw(t)
- *         + predictor bytes / sgemv(t)
+ *         + predictor bytes (Q8 rows) / gemv_q8(t)
  *         + sel_f * gather(R) + fired_f * (gather(R) + down(R))   (ns/row)
  *   IO_l  reads_f(H, G) at request size s, all submitted at once: below
  *         one read n * latency(s, 1); up to the deepest probed depth

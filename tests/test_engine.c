@@ -339,6 +339,76 @@ static void test_sparse_vs_dense(void **state)
     }
 }
 
+/* Decode runs the predictor as Q8 rows (eng_pred_quantize): its picks are
+ * those of the f32 predictor in the container except where a score lies
+ * within the quantization error of the threshold, on every layer and
+ * expert of the predictor models. */
+static void test_predict_q8(void **state)
+{
+    (void)state;
+    const kind ks[] = {K_DRELU, K_RELU_Q8, K_MOE};
+    for (size_t m = 0; m < sizeof ks / sizeof *ks; m++) {
+        pi2_engine *eng = open_model(g_pi2[ks[m]], 2, false);
+        const pi2_model_desc *d = pi2_engine_desc(eng);
+        int64_t D = d->hidden;
+        int E = pi2_desc_is_moe(d) ? d->n_experts : 1;
+        float *x = malloc(sizeof(float) * (size_t)D), *sc = malloc(sizeof(float) * (size_t)d->n_ff);
+        uint32_t *sel = malloc(sizeof(uint32_t) * (size_t)d->n_ff);
+        uint8_t *picked = malloc((size_t)d->n_ff);
+        pi2_rng r;
+        pi2_rng_seed(&r, 11);
+        uint64_t total = 0, differ = 0, agree_picks = 0, f32_picks = 0;
+        for (int l = 0; l < d->n_layers; l++)
+            for (int ex = 0; ex < E; ex++)
+                for (int rep = 0; rep < 4; rep++) {
+                    const eng_ffn *f = &eng->layers[l].ffn[ex];
+                    assert_true(f->has_pred && f->rank_p % 32 == 0 && f->rank_p >= f->rank);
+                    for (int64_t i = 0; i < D; i++)
+                        x[i] = (float)(2 * pi2_rng_uniform(&r) - 1);
+                    float h[1024];
+                    assert_true(f->rank <= 1024);
+                    for (int k = 0; k < f->rank; k++) {
+                        double a = 0;
+                        for (int64_t i = 0; i < D; i++)
+                            a += (double)f->fc1[k * D + i] * x[i];
+                        h[k] = a > 0 ? (float)a : 0.0f;
+                    }
+                    double smax = 0;
+                    for (uint32_t i = 0; i < f->n_ff; i++) {
+                        double a = 0;
+                        for (int k = 0; k < f->rank; k++)
+                            a += (double)f->fc2[(int64_t)i * f->rank + k] * h[k];
+                        sc[i] = (float)a;
+                        smax = fmax(smax, fabs(a));
+                    }
+                    uint32_t n = eng_predict(eng, f, x, sel);
+                    memset(picked, 0, f->n_ff);
+                    for (uint32_t i = 0; i < n; i++)
+                        picked[sel[i]] = 1;
+                    for (uint32_t i = 0; i < f->n_ff; i++) {
+                        bool want = sc[i] >= f->threshold;
+                        total++;
+                        f32_picks += want;
+                        agree_picks += want && picked[i];
+                        if (want != (bool)picked[i]) {
+                            differ++;
+                            assert_true(fabs(sc[i] - f->threshold) <= 0.03 * smax);
+                        }
+                    }
+                }
+        fprintf(stderr, "  %s: q8 predictor picks %.4f of the f32 picks, %llu of %llu neurons differ\n",
+                kind_name[ks[m]], (double)agree_picks / (double)f32_picks, (unsigned long long)differ,
+                (unsigned long long)total);
+        assert_true(differ * 100 <= total);
+        assert_true((double)agree_picks >= 0.98 * (double)f32_picks);
+        free(x);
+        free(sc);
+        free(sel);
+        free(picked);
+        pi2_engine_close(eng);
+    }
+}
+
 /* Read-ahead scores only the neurons not held in memory: the picks from
  * neuron n0 on are exactly the full predictor's picks at or past n0, in
  * the same order, for every layer and cut, on 1 and 3 threads. */
@@ -670,6 +740,7 @@ int main(void)
         cmocka_unit_test_teardown(test_prefill_vs_decode, reset_isa),
         cmocka_unit_test_teardown(test_sparse_vs_dense, reset_isa),
         cmocka_unit_test_teardown(test_predict_from, reset_isa),
+        cmocka_unit_test_teardown(test_predict_q8, reset_isa),
         cmocka_unit_test(test_top_k),
         cmocka_unit_test_teardown(test_sum_rows, reset_isa),
         cmocka_unit_test_teardown(test_threads_and_isa, reset_isa),

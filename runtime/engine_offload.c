@@ -796,6 +796,18 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     }
     for (int b = 0; b < OFL_NWIN; b++)
         x->s_ready[b] = -1;
+    /* every decode and prefill read lands in these: pinned once for the
+     * ring rather than at each read */
+    void *fb[1 + OFL_NWIN];
+    size_t fl[1 + OFL_NWIN];
+    fb[0] = x->staging;
+    fl[0] = (size_t)x->depth * x->staging_bytes;
+    for (int b = 0; b < OFL_NWIN; b++) {
+        fb[1 + b] = x->wbuf[b];
+        fl[1 + b] = (size_t)x->wbuf_bytes;
+    }
+    if (pi2_io_backend_used(x->io) == PI2_IO_URING && !pi2_io_register(x->io, fb, fl, 1 + OFL_NWIN) && !x->note[0])
+        snprintf(x->note, sizeof x->note, "buffers not registered with the ring (locked-memory limit?): each read pins its pages");
     e->plan_ctx = e->ctx;
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->cv_io, NULL);

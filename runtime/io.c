@@ -60,6 +60,8 @@ struct pi2_io {
     bool ring_ok;
     pi2_io_req **instant; /* completed without a read (injected errors) */
     int n_instant;
+    struct iovec fixed[PI2_IO_MAX_FIXED]; /* registered buffers (pi2_io_register) */
+    int n_fixed;
 
     /* pread */
     pthread_t *th;
@@ -315,8 +317,37 @@ static void uring_queue(pi2_io *io, pi2_io_req *r)
         io->instant[io->n_instant++] = r;
         return;
     }
-    io_uring_prep_read(sqe, io->fd, (uint8_t *)r->buf + r->done, want, r->off + r->done);
+    uint8_t *dst = (uint8_t *)r->buf + r->done;
+    int k = 0;
+    while (k < io->n_fixed && !(dst >= (uint8_t *)io->fixed[k].iov_base &&
+                                 (size_t)(dst - (uint8_t *)io->fixed[k].iov_base) + want <= io->fixed[k].iov_len))
+        k++;
+    if (k < io->n_fixed)
+        io_uring_prep_read_fixed(sqe, io->fd, dst, want, r->off + r->done, k);
+    else
+        io_uring_prep_read(sqe, io->fd, dst, want, r->off + r->done);
     io_uring_sqe_set_data(sqe, r);
+}
+
+bool pi2_io_register(pi2_io *io, void *const *bufs, const size_t *lens, int n)
+{
+    if (!io->ring_ok || io->inflight > 0 || n < 1 || n > PI2_IO_MAX_FIXED)
+        return false;
+    if (io->n_fixed > 0) {
+        io_uring_unregister_buffers(&io->ring);
+        io->n_fixed = 0;
+    }
+    struct iovec v[PI2_IO_MAX_FIXED];
+    for (int i = 0; i < n; i++) {
+        if (!bufs[i] || lens[i] == 0)
+            return false;
+        v[i] = (struct iovec){.iov_base = bufs[i], .iov_len = lens[i]};
+    }
+    if (io_uring_register_buffers(&io->ring, v, (unsigned)n) != 0)
+        return false;
+    memcpy(io->fixed, v, sizeof(struct iovec) * (size_t)n);
+    io->n_fixed = n;
+    return true;
 }
 
 int pi2_io_submit(pi2_io *io, pi2_io_req *const *reqs, int n, pi2_err *err)

@@ -63,6 +63,16 @@ void pi2_io_defaults(pi2_io_opts *o);
 int pi2_io_open(pi2_io **out, const char *path, const pi2_io_opts *o, pi2_err *err);
 /* Waits for requests in flight, then closes. NULL is a no-op. */
 void pi2_io_close(pi2_io *io);
+/* Register n (1 .. PI2_IO_MAX_FIXED) buffers [bufs[i], bufs[i] + lens[i])
+ * with the ring, replacing any registered before: a later read wholly
+ * inside one of them goes as a fixed-buffer read, whose pages the kernel
+ * pinned once instead of at every read (8 KiB random O_DIRECT reads at
+ * depth 32 here: 7.2 -> 6.1 us of CPU a read, 4 alternated runs). Advisory:
+ * false when nothing was registered (pread backend, reads in flight, the
+ * locked-memory limit, an old kernel), and reads work the same either way.
+ * The buffers must stay allocated until pi2_io_close or the next call. */
+enum { PI2_IO_MAX_FIXED = 8 };
+bool pi2_io_register(pi2_io *io, void *const *bufs, const size_t *lens, int n);
 pi2_io_backend pi2_io_backend_used(const pi2_io *io);
 /* Why the backend is what it is (e.g. "io_uring unavailable: ...");
  * empty when the requested one was used. */

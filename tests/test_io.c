@@ -73,8 +73,10 @@ static pi2_io *open_io(pi2_io_backend b)
 }
 
 /* 40 random aligned reads, at most 16 in flight; every byte checked.
- * Returns the number of failed requests; the first error goes to err. */
-static int random_reads(pi2_io *io, uint64_t seed, pi2_err *err)
+ * Read i lands in arena + i * 64 KiB when arena is given, else in a buffer
+ * of its own. Returns the number of failed requests; the first error goes
+ * to err. */
+static int random_reads(pi2_io *io, uint64_t seed, uint8_t *arena, pi2_err *err)
 {
     pi2_rng r;
     pi2_rng_seed(&r, seed);
@@ -83,7 +85,10 @@ static int random_reads(pi2_io *io, uint64_t seed, pi2_err *err)
     for (int i = 0; i < N; i++) {
         uint32_t len = (uint32_t)(1 + pi2_rng_u64(&r) % 16) * PI2_IO_ALIGN;
         uint64_t off = pi2_rng_u64(&r) % ((FILE_BYTES - len) / PI2_IO_ALIGN + 1) * PI2_IO_ALIGN;
-        req[i] = (pi2_io_req){.off = off, .len = len, .buf = pi2_io_alloc_buf(len), .user = &req[i]};
+        req[i] = (pi2_io_req){.off = off, .len = len, .buf = arena ? arena + (size_t)i * 65536 : pi2_io_alloc_buf(len),
+                              .user = &req[i]};
+        if (arena)
+            memset(req[i].buf, 0, len);
         assert_non_null(req[i].buf);
     }
     int next = 0, reaped = 0, failed = 0;
@@ -111,7 +116,7 @@ static int random_reads(pi2_io *io, uint64_t seed, pi2_err *err)
         reaped += got;
     }
     assert_int_equal(pi2_io_inflight(io), 0);
-    for (int i = 0; i < N; i++)
+    for (int i = 0; i < N && !arena; i++)
         pi2_io_free_buf(req[i].buf);
     return failed;
 }
@@ -123,7 +128,7 @@ static void test_reads(void **state)
         pi2_io *io = open_io((pi2_io_backend)b);
         assert_int_equal(pi2_io_backend_used(io), b);
         pi2_err e = {0};
-        assert_int_equal(random_reads(io, 7 + (uint64_t)b, &e), 0);
+        assert_int_equal(random_reads(io, 7 + (uint64_t)b, NULL, &e), 0);
         assert_int_equal(e.code, 0);
         /* the synchronous helper */
         uint8_t *buf = pi2_io_alloc_buf(8192);
@@ -143,10 +148,56 @@ static void test_short_reads(void **state)
         pi2_io *io = open_io((pi2_io_backend)b);
         pi2_io_inject(PI2_IO_FAULT_SHORT, 0, 3, 25);
         pi2_err e = {0};
-        assert_int_equal(random_reads(io, 9, &e), 0); /* retried: every byte still right */
+        assert_int_equal(random_reads(io, 9, NULL, &e), 0); /* retried: every byte still right */
         pi2_io_inject(PI2_IO_FAULT_NONE, 0, 0, 0);
         pi2_io_close(io);
     }
+}
+
+/* Registered buffers: reads inside them go as fixed-buffer reads, reads
+ * straddling their end or outside them as plain ones, every byte right,
+ * short reads retried; nothing registers on the pread backend or with
+ * reads in flight, and a second registration replaces the first. */
+static void test_fixed_buffers(void **state)
+{
+    (void)state;
+    size_t len = 40 * 65536;
+    uint8_t *arena = pi2_io_alloc_buf(len), *other = pi2_io_alloc_buf(8192);
+    assert_non_null(arena);
+    pi2_io *io = open_io(PI2_IO_PREAD);
+    void *bufs[2] = {arena, other};
+    size_t lens[2] = {len / 2, 8192}; /* reads 20 .. 39 are not inside a registered buffer */
+    assert_false(pi2_io_register(io, bufs, lens, 2));
+    pi2_io_close(io);
+    io = open_io(PI2_IO_URING);
+    assert_false(pi2_io_register(io, bufs, lens, 0));
+    assert_false(pi2_io_register(io, bufs, lens, PI2_IO_MAX_FIXED + 1));
+    if (!pi2_io_register(io, bufs, lens, 2)) {
+        pi2_io_close(io);
+        pi2_io_free_buf(arena);
+        pi2_io_free_buf(other);
+        skip(); /* the locked-memory limit: the reads are the plain ones tested above */
+    }
+    pi2_err e = {0};
+    assert_int_equal(random_reads(io, 21, arena, &e), 0);
+    pi2_io_inject(PI2_IO_FAULT_SHORT, 0, 2, 30);
+    assert_int_equal(random_reads(io, 23, arena, &e), 0);
+    pi2_io_inject(PI2_IO_FAULT_NONE, 0, 0, 0);
+    assert_int_equal(pi2_io_read(io, other, 4096 * 5, 8192, &e), 0);
+    for (int j = 0; j < 8192; j++)
+        assert_int_equal(other[j], pattern(4096 * 5 + (uint64_t)j));
+    /* in flight: no registration */
+    pi2_io_req r = {.off = 0, .len = 4096, .buf = arena}, *rp = &r, *d[1];
+    assert_int_equal(pi2_io_submit(io, &rp, 1, &e), 0);
+    assert_false(pi2_io_register(io, bufs, lens, 1));
+    assert_int_equal(pi2_io_wait(io, 1, d, 1, &e), 1);
+    assert_int_equal(r.result, 4096);
+    lens[0] = len; /* now the whole arena */
+    assert_true(pi2_io_register(io, bufs, lens, 1));
+    assert_int_equal(random_reads(io, 25, arena, &e), 0);
+    pi2_io_close(io);
+    pi2_io_free_buf(arena);
+    pi2_io_free_buf(other);
 }
 
 static void test_eio(void **state)
@@ -156,7 +207,7 @@ static void test_eio(void **state)
         pi2_io *io = open_io((pi2_io_backend)b);
         pi2_io_inject(PI2_IO_FAULT_ERRNO, EIO, 5, 2);
         pi2_err e = {0};
-        assert_int_equal(random_reads(io, 11, &e), 2);
+        assert_int_equal(random_reads(io, 11, NULL, &e), 2);
         assert_int_equal(e.code, PI2_EIO);
         assert_non_null(strstr(e.msg, g_path));
         assert_non_null(strstr(e.msg, "offset"));
@@ -174,7 +225,7 @@ static void test_no_uring(void **state)
     assert_int_equal(pi2_io_backend_used(io), PI2_IO_PREAD);
     assert_non_null(strstr(pi2_io_backend_note(io), "io_uring unavailable"));
     pi2_err e = {0};
-    assert_int_equal(random_reads(io, 13, &e), 0);
+    assert_int_equal(random_reads(io, 13, NULL, &e), 0);
     pi2_io_close(io);
     pi2_io_opts o;
     pi2_io_defaults(&o);
@@ -380,6 +431,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_reads, clear_faults),
         cmocka_unit_test_teardown(test_short_reads, clear_faults),
+        cmocka_unit_test_teardown(test_fixed_buffers, clear_faults),
         cmocka_unit_test_teardown(test_eio, clear_faults),
         cmocka_unit_test_teardown(test_no_uring, clear_faults),
         cmocka_unit_test_teardown(test_truncated_and_replaced, clear_faults),

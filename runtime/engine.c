@@ -100,39 +100,95 @@ static void release_res(pi2_engine *e, const void *p, uint64_t n)
  * a tenth of the bytes, at a fifth of the rate of the int8 kernels.
  * The picks move only where a score is within the quantization error of
  * the threshold (test_predict_q8). */
-static int pred_quantize(pi2_engine *e, eng_ffn *f, pi2_err *err)
+static int pred_alloc(pi2_engine *e, eng_ffn *f, pi2_err *err)
 {
     int64_t D = e->d.hidden, R = f->rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP, N = f->n_ff;
     size_t b1 = (size_t)(R * D), b2 = (size_t)(N * Rp), c1 = (size_t)(R * (D / PI2_Q_GROUP)),
            c2 = (size_t)(N * (Rp / PI2_Q_GROUP));
-    float *row = malloc(sizeof(float) * (size_t)Rp);
-    f->pq = acc_alloc(e, b1 + b2 + 2 * (c1 + c2), 1);
-    if (!row || !f->pq) {
-        free(row);
+    if (!(f->pq = acc_alloc(e, b1 + b2 + 2 * (c1 + c2), 1)))
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the predictor of layer %d", e->path, f->layer);
-    }
     f->rank_p = (int)Rp;
-    uint16_t *s1 = (uint16_t *)(void *)(f->pq + b1 + b2), *s2 = s1 + c1;
+    uint16_t *s1 = (uint16_t *)(void *)(f->pq + b1 + b2);
     f->q1 = f->pq;
     f->q2 = f->pq + b1;
     f->s1 = s1;
-    f->s2 = s2;
+    f->s2 = s1 + c1;
+    return 0;
+}
+
+/* Quantize f's predictor into its Q8 copy: 0, PI2_ENOMEM or PI2_ERANGE. */
+static int pred_fill(const pi2_engine *e, eng_ffn *f)
+{
+    int64_t D = e->d.hidden, R = f->rank, Rp = f->rank_p, N = f->n_ff;
+    float *row = malloc(sizeof(float) * (size_t)Rp);
+    if (!row)
+        return PI2_ENOMEM;
+    uint8_t *q1 = f->pq, *q2 = f->pq + (f->q2 - f->q1);
+    uint16_t *s1 = (uint16_t *)(void *)(f->pq + ((const uint8_t *)f->s1 - f->q1)), *s2 = s1 + (f->s2 - f->s1);
     int rc = 0;
     for (int64_t r = 0; r < R && !rc; r++)
-        rc = pi2_q_quantize_row(PI2_QT_Q8, f->fc1 + r * D, D, s1 + r * (D / PI2_Q_GROUP), f->pq + r * D);
+        rc = pi2_q_quantize_row(PI2_QT_Q8, f->fc1 + r * D, D, s1 + r * (D / PI2_Q_GROUP), q1 + r * D);
+    memset(row + R, 0, sizeof(float) * (size_t)(Rp - R));
     for (int64_t i = 0; i < N && !rc; i++) {
         memcpy(row, f->fc2 + i * R, sizeof(float) * (size_t)R);
-        memset(row + R, 0, sizeof(float) * (size_t)(Rp - R));
-        rc = pi2_q_quantize_row(PI2_QT_Q8, row, Rp, s2 + i * (Rp / PI2_Q_GROUP), f->pq + b1 + i * Rp);
+        rc = pi2_q_quantize_row(PI2_QT_Q8, row, Rp, s2 + i * (Rp / PI2_Q_GROUP), q2 + i * Rp);
     }
     free(row);
-    if (rc)
-        return pi2_err_set(err, PI2_EFORMAT, "%s: the predictor of layer %d holds a value that cannot be quantized "
-                                             "(not finite, or beyond fp16 scales)",
-                           e->path, f->layer);
-    if (e->res) { /* offloading: the f32 copy in the resident region is not read again; its memory goes to the cache */
+    return rc ? PI2_ERANGE : 0;
+}
+
+typedef struct pred_job {
+    pi2_engine *e;
+    eng_ffn **f; /* the FFNs with a predictor */
+    int n;
+    atomic_int next;
+    int *rc; /* [n] */
+} pred_job;
+
+static void pred_fn(void *ctx, int tid, int nt)
+{
+    (void)tid;
+    (void)nt;
+    pred_job *j = ctx;
+    for (int k; (k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n;)
+        j->rc[k] = pred_fill(j->e, j->f[k]);
+}
+
+/* Every predictor's Q8 copy, the FFNs shared out over the pool; then,
+ * offloading, the f32 copies' pages given back (the resident region is
+ * read into memory the engine owns, and decode reads only the copy). */
+static int pred_quantize_all(pi2_engine *e, pi2_err *err)
+{
+    int E = pi2_desc_is_moe(&e->d) ? e->d.n_experts : 1, n = 0;
+    pred_job j = {.e = e};
+    j.f = pi2_malloc_array((size_t)e->d.n_layers * (size_t)E, sizeof *j.f);
+    j.rc = pi2_calloc_array((size_t)e->d.n_layers * (size_t)E, sizeof *j.rc);
+    if (!j.f || !j.rc) {
+        free(j.f);
+        free(j.rc);
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", e->path);
+    }
+    for (int l = 0; l < e->d.n_layers; l++)
+        for (int x = 0; x < E; x++)
+            if (e->layers[l].ffn[x].has_pred)
+                j.f[n++] = &e->layers[l].ffn[x];
+    j.n = n;
+    atomic_init(&j.next, 0);
+    if (n > 0)
+        pi2_pool_run(e->pool, pred_fn, &j);
+    int rc = 0;
+    for (int k = 0; k < n && !rc; k++)
+        if (j.rc[k] == PI2_ENOMEM)
+            rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory quantizing the predictors", e->path);
+        else if (j.rc[k])
+            rc = pi2_err_set(err, PI2_EFORMAT,
+                             "%s: the predictor of layer %d holds a value that cannot be quantized (not finite, or "
+                             "beyond fp16 scales)",
+                             e->path, j.f[k]->layer);
+    for (int k = 0; k < n && !rc && e->res; k++) {
+        eng_ffn *f = j.f[k];
         const uint8_t *p1 = (const uint8_t *)f->fc1, *p2 = (const uint8_t *)f->fc2;
-        uint64_t n1 = (uint64_t)(R * D) * 4, n2 = (uint64_t)(N * R) * 4;
+        uint64_t n1 = (uint64_t)f->rank * (uint64_t)e->d.hidden * 4, n2 = (uint64_t)f->n_ff * (uint64_t)f->rank * 4;
         if (p1 + n1 == p2) /* side by side, as bundled: one range */
             release_res(e, p1, n1 + n2);
         else {
@@ -141,7 +197,9 @@ static int pred_quantize(pi2_engine *e, eng_ffn *f, pi2_err *err)
         }
         f->fc1 = f->fc2 = NULL;
     }
-    return 0;
+    free(j.f);
+    free(j.rc);
+    return rc;
 }
 
 /* A contiguous (non-FFN) matrix of role/layer, expected [rows, cols]. */
@@ -267,7 +325,7 @@ static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *e
         f->fc2 = (const float *)(const void *)member(e, p->fc2, (uint64_t)p->rank * bf->neurons * 4, err);
         if (!f->fc2)
             return err->code;
-        if (pred_quantize(e, f, err))
+        if (pred_alloc(e, f, err))
             return err->code;
     } else if (e->mode == PI2_MF_SPARSE_THRESHOLD) {
         if (!ml || !ml->has_silu_threshold)
@@ -539,6 +597,8 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     e->dense_bytes = db;
 
     if ((rc = pi2_pool_create(&e->pool, e->threads, err)) != 0)
+        goto fail;
+    if ((rc = pred_quantize_all(e, err)) != 0)
         goto fail;
     if ((rc = alloc_state(e, err)) != 0)
         goto fail;

@@ -376,10 +376,10 @@ typedef struct ffn_dec_job {
     uint32_t n0;     /* predictor: score neurons [n0, n_ff) only */
 } ffn_dec_job;
 
-/* Q8 rows [b, en) of a predictor matrix (payload rows of rb bytes from q,
- * nb scales each from s) against the quantized vector (as, aq, asum) of
- * n values, 64 rows per call, each prefetching the next 64 (the rows lie
- * together): out[r - b]. */
+/* Q8 rows [b, en) of a predictor matrix (rows of n values, n bytes each
+ * from q, n / 32 scales each from s) against the quantized vector (as, aq,
+ * asum) of n values, 64 rows per call, each prefetching the next 64 (the
+ * rows lie together): out[r - b]. */
 static void pred_rows(const uint8_t *q, const uint16_t *s, int64_t n, int64_t b, int64_t en, const float *as,
                       const int8_t *aq, const int32_t *asum, float *out)
 {

@@ -597,7 +597,8 @@ uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint3
         memcpy(sel + n, e->tls[t].list, e->tls[t].n_list * sizeof(uint32_t));
         n += e->tls[t].n_list;
     }
-    e->st.weight_bytes += (uint64_t)f->rank * (uint64_t)(D + D / 16) + (uint64_t)(f->n_ff - j.n0) * (uint64_t)(f->rank_p + f->rank_p / 16);
+    e->st.weight_bytes += (uint64_t)f->rank * (uint64_t)(D + D / 16) +
+                          (uint64_t)(f->n_ff - j.n0) * (uint64_t)(f->rank_p + f->rank_p / 16);
     return n;
 }
 

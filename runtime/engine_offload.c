@@ -807,7 +807,8 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         fl[1 + b] = (size_t)x->wbuf_bytes;
     }
     if (pi2_io_backend_used(x->io) == PI2_IO_URING && !pi2_io_register(x->io, fb, fl, 1 + OFL_NWIN) && !x->note[0])
-        snprintf(x->note, sizeof x->note, "buffers not registered with the ring (locked-memory limit?): each read pins its pages");
+        snprintf(x->note, sizeof x->note,
+                 "buffers not registered with the ring (locked-memory limit?): each read pins its pages");
     e->plan_ctx = e->ctx;
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->cv_io, NULL);

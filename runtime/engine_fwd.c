@@ -370,7 +370,6 @@ void eng_down_rows(pi2_qtype qt, int64_t D, int a, const float *coef, const uint
 typedef struct ffn_dec_job {
     pi2_engine *e;
     const eng_ffn *f;
-    const float *x;  /* normed input (D) */
     int mode;        /* 0 dense, 1 predictor, 2 threshold */
     uint32_t n_sel;  /* predictor: e->sel[0..n_sel) */
     uint32_t n0;     /* predictor: score neurons [n0, n_ff) only */
@@ -584,7 +583,7 @@ static void dec_reduce_fn(void *ctx, int tid, int nt)
 
 uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel)
 {
-    ffn_dec_job j = {e, f, x, FFN_PRED, 0, n0 < f->n_ff ? n0 : f->n_ff};
+    ffn_dec_job j = {e, f, FFN_PRED, 0, n0 < f->n_ff ? n0 : f->n_ff};
     int64_t D = e->d.hidden;
     pi2_k_act_quantize(x, D, 1, D, e->pxs, e->pxq, e->pxsum);
     pi2_pool_run(e->pool, pred_fc1_fn, &j);
@@ -612,7 +611,7 @@ uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *
 static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *out, bool accumulate, float w,
                       pi2_err *err)
 {
-    ffn_dec_job j = {e, f, x, FFN_DENSE, 0, 0};
+    ffn_dec_job j = {e, f, FFN_DENSE, 0, 0};
     if (!e->dense && f->has_pred) {
         j.mode = FFN_PRED;
         j.n_sel = eng_predict(e, f, x, e->sel);

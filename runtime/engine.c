@@ -108,11 +108,10 @@ static int pred_alloc(pi2_engine *e, eng_ffn *f, pi2_err *err)
     if (!(f->pq = acc_alloc(e, b1 + b2 + 2 * (c1 + c2), 1)))
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the predictor of layer %d", e->path, f->layer);
     f->rank_p = (int)Rp;
-    uint16_t *s1 = (uint16_t *)(void *)(f->pq + b1 + b2);
     f->q1 = f->pq;
     f->q2 = f->pq + b1;
-    f->s1 = s1;
-    f->s2 = s1 + c1;
+    f->s1 = (uint16_t *)(void *)(f->pq + b1 + b2);
+    f->s2 = f->s1 + c1;
     return 0;
 }
 
@@ -123,15 +122,13 @@ static int pred_fill(const pi2_engine *e, eng_ffn *f)
     float *row = malloc(sizeof(float) * (size_t)Rp);
     if (!row)
         return PI2_ENOMEM;
-    uint8_t *q1 = f->pq, *q2 = f->pq + (f->q2 - f->q1);
-    uint16_t *s1 = (uint16_t *)(void *)(f->pq + ((const uint8_t *)f->s1 - f->q1)), *s2 = s1 + (f->s2 - f->s1);
     int rc = 0;
     for (int64_t r = 0; r < R && !rc; r++)
-        rc = pi2_q_quantize_row(PI2_QT_Q8, f->fc1 + r * D, D, s1 + r * (D / PI2_Q_GROUP), q1 + r * D);
+        rc = pi2_q_quantize_row(PI2_QT_Q8, f->fc1 + r * D, D, f->s1 + r * (D / PI2_Q_GROUP), f->q1 + r * D);
     memset(row + R, 0, sizeof(float) * (size_t)(Rp - R));
     for (int64_t i = 0; i < N && !rc; i++) {
         memcpy(row, f->fc2 + i * R, sizeof(float) * (size_t)R);
-        rc = pi2_q_quantize_row(PI2_QT_Q8, row, Rp, s2 + i * (Rp / PI2_Q_GROUP), q2 + i * Rp);
+        rc = pi2_q_quantize_row(PI2_QT_Q8, row, Rp, f->s2 + i * (Rp / PI2_Q_GROUP), f->q2 + i * Rp);
     }
     free(row);
     return rc ? PI2_ERANGE : 0;
@@ -182,9 +179,9 @@ static int pred_quantize_all(pi2_engine *e, pi2_err *err)
             rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory quantizing the predictors", e->path);
         else if (j.rc[k])
             rc = pi2_err_set(err, PI2_EFORMAT,
-                             "%s: the predictor of layer %d holds a value that cannot be quantized (not finite, or "
-                             "beyond fp16 scales)",
-                             e->path, j.f[k]->layer);
+                             "%s: the predictor of layer %d (expert %d) holds a value that cannot be quantized (not "
+                             "finite, or beyond fp16 scales)",
+                             e->path, j.f[k]->layer, j.f[k]->expert);
     for (int k = 0; k < n && !rc && e->res; k++) {
         eng_ffn *f = j.f[k];
         const uint8_t *p1 = (const uint8_t *)f->fc1, *p2 = (const uint8_t *)f->fc2;
@@ -403,7 +400,8 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
     e->tls = calloc((size_t)e->tls_n, sizeof *e->tls);
     e->buf_bytes += (uint64_t)e->tls_n * sizeof *e->tls;
     if (!e->x || !e->xb || !e->xb2 || !e->q || !e->att || !e->aqs || !e->aq || !e->asum ||
-        !e->ph || !e->phs || !e->phq || !e->phsum || !e->pxs || !e->pxq || !e->pxsum || !e->router_logits || !e->chosen || !e->sel || !e->scores_all || !e->dec_out || !e->dec_rng ||
+        !e->ph || !e->phs || !e->phq || !e->phsum || !e->pxs || !e->pxq || !e->pxsum || !e->router_logits ||
+        !e->chosen || !e->sel || !e->scores_all || !e->dec_out || !e->dec_rng ||
         !e->mm_rng || !e->moe_x || !e->moe_out || !e->moe_w || !e->moe_tok || !e->moe_wk || !e->moe_prev || !e->moe_guess || !e->rope_cs || !e->rope_sn || !e->tls)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the KV cache (%d positions) and buffers", e->path,
                            e->ctx);

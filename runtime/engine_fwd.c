@@ -397,6 +397,12 @@ static void pred_rows(const uint8_t *q, const uint16_t *s, int64_t n, int64_t b,
     }
 }
 
+/* Bytes of one Q8 row of n values, scales included. */
+static uint64_t q8_row_bytes(int64_t n)
+{
+    return pi2_q_payload_row_bytes(PI2_QT_Q8, n) + 2 * pi2_q_scale_row_count(PI2_QT_Q8, n);
+}
+
 static void pred_fc1_fn(void *ctx, int tid, int nt)
 {
     ffn_dec_job *j = ctx;
@@ -596,8 +602,7 @@ uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint3
         memcpy(sel + n, e->tls[t].list, e->tls[t].n_list * sizeof(uint32_t));
         n += e->tls[t].n_list;
     }
-    e->st.weight_bytes += (uint64_t)f->rank * (uint64_t)(D + D / 16) +
-                          (uint64_t)(f->n_ff - j.n0) * (uint64_t)(f->rank_p + f->rank_p / 16);
+    e->st.weight_bytes += (uint64_t)f->rank * q8_row_bytes(D) + (uint64_t)(f->n_ff - j.n0) * q8_row_bytes(f->rank_p);
     return n;
 }
 

@@ -36,12 +36,12 @@ typedef struct eng_ffn {
     float threshold;
     const float *fc1; /* [rank][hidden] */
     const float *fc2; /* [n_ff][rank] */
-    /* the same as Q8 rows, quantized at open (eng_pred_quantize), which
-     * decode runs: a third of the bytes */
-    int rank_p;                /* rank rounded up to 32 (zero columns) */
-    uint8_t *pq;               /* owns all four */
-    const uint8_t *q1, *q2;    /* fc1 [rank][hidden], fc2 [n_ff][rank_p] payloads */
-    const uint16_t *s1, *s2;   /* their scales */
+    /* the same as Q8 rows, made at open (engine.c, pred_quantize_all),
+     * which decode runs: a third of the bytes */
+    int rank_p;          /* rank rounded up to 32 (zero columns) */
+    uint8_t *pq;         /* one allocation, holding all four */
+    uint8_t *q1, *q2;    /* fc1 [rank][hidden], fc2 [n_ff][rank_p] payloads */
+    uint16_t *s1, *s2;   /* their scales */
     bool has_silu_thr;
     float silu_thr;
 } eng_ffn;

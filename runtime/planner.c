@@ -215,8 +215,11 @@ int pi2_mprof_build(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundle_layo
         mp->ffn_total += (uint64_t)b->groups * b->slot_bytes;
         const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
         if (ml && ml->has_predictor) { /* decode runs it as Q8 rows, fc2's padded to 32 columns */
-            uint64_t R = (uint64_t)ml->predictor.rank, Rp = (R + 31) / 32 * 32;
-            F->pred_bytes = R * ((uint64_t)d->hidden + d->hidden / 16) + (uint64_t)b->neurons * (Rp + Rp / 16);
+            int64_t R = ml->predictor.rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
+            uint64_t r1 = pi2_q_payload_row_bytes(PI2_QT_Q8, d->hidden) +
+                          2 * pi2_q_scale_row_count(PI2_QT_Q8, d->hidden),
+                     r2 = pi2_q_payload_row_bytes(PI2_QT_Q8, Rp) + 2 * pi2_q_scale_row_count(PI2_QT_Q8, Rp);
+            F->pred_bytes = (uint64_t)R * r1 + (uint64_t)b->neurons * r2;
         }
         F->p = pi2_calloc_array(b->groups, sizeof *F->p);
         F->n = pi2_calloc_array(b->groups, sizeof *F->n);

@@ -183,7 +183,7 @@ typedef struct hw_tls {
     const uint8_t *pp[HW_CHUNK];
     const uint16_t *ps[HW_CHUNK];
     float *out; /* [HW_OUT] */
-    double fig;
+    double fig, t0, t1; /* a probe's rate and when it ran */
     char pad[64];
 } hw_tls;
 
@@ -226,10 +226,16 @@ static void job_fn(void *ctx, int tid, int nt)
     switch (b->kind) {
     case J_BW: {
         size_t per = b->wbytes / (size_t)nt / 4096 * 4096;
+        t->t0 = pi2_now();
         t->fig = pi2_k_probe_read_bw(b->w + (size_t)tid * per, per, b->seconds);
+        t->t1 = pi2_now();
         return;
     }
-    case J_PEAK: t->fig = pi2_k_probe_int8_peak(b->isa, b->seconds); return;
+    case J_PEAK:
+        t->t0 = pi2_now();
+        t->fig = pi2_k_probe_int8_peak(b->isa, b->seconds);
+        t->t1 = pi2_now();
+        return;
     default: break;
     }
     pi2_pool_split(b->jrows, HW_GRAIN, tid, nt, &lo, &hi);
@@ -310,16 +316,19 @@ static int64_t run_jobs(hw_bench *b, double seconds, int64_t count, double *el)
     return k;
 }
 
-/* Per-thread probe summed over threads. */
+/* Per-thread probes combined over the span they ran in. */
 static double run_probe(hw_bench *b, jkind kind, double seconds)
 {
     b->kind = kind;
     b->seconds = seconds;
     pi2_pool_run(b->pool, job_fn, b);
-    double sum = 0;
-    for (int i = 0; i < b->nt; i++)
-        sum += b->tls[i].fig;
-    return sum;
+    double rate[PI2_HW_MAX_THREADS], t0[PI2_HW_MAX_THREADS], t1[PI2_HW_MAX_THREADS];
+    for (int i = 0; i < b->nt; i++) {
+        rate[i] = b->tls[i].fig;
+        t0[i] = b->tls[i].t0;
+        t1[i] = b->tls[i].t1;
+    }
+    return pi2_k_probe_combine(rate, t0, t1, b->nt);
 }
 
 /* Jobs per second of the current job: the best of HW_SLICES slices of

@@ -2927,6 +2927,17 @@ static uint64_t read_pass_scalar(const uint8_t *p, size_t n)
     return s0 + s1 + s2 + s3;
 }
 
+double pi2_k_probe_combine(const double *rate, const double *t0, const double *t1, int n)
+{
+    double work = 0.0, lo = 0.0, hi = 0.0;
+    for (int i = 0; i < n; i++) {
+        work += rate[i] * (t1[i] - t0[i]);
+        lo = i == 0 || t0[i] < lo ? t0[i] : lo;
+        hi = i == 0 || t1[i] > hi ? t1[i] : hi;
+    }
+    return hi > lo ? work / (hi - lo) : 0.0;
+}
+
 double pi2_k_probe_read_bw(const void *buf, size_t n, double seconds)
 {
     if (n == 0)

@@ -168,7 +168,15 @@ double pi2_k_probe_int8_peak(pi2_isa isa, double seconds);
 
 /* Read bandwidth in bytes/s of one thread streaming over buf[0..n) (wide
  * loads summed so nothing is optimised away), repeated for about
- * `seconds`. Callers run one per thread on disjoint buffers and add. */
+ * `seconds`. Callers run one per thread on disjoint buffers and combine
+ * the rates with pi2_k_probe_combine. */
 double pi2_k_probe_read_bw(const void *buf, size_t n, double seconds);
+
+/* The machine's rate from n threads' probes: thread i measured rate[i]
+ * between the clock readings t0[i] and t1[i]. The work they did over the
+ * span from the first start to the last end, so threads the scheduler ran
+ * one after the other count once, not n times (a sum of per-thread rates
+ * read 60 GB/s on a 33 GB/s machine when the two ran in turn). */
+double pi2_k_probe_combine(const double *rate, const double *t0, const double *t1, int n);
 
 #endif

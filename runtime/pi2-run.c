@@ -954,8 +954,8 @@ out:
 typedef struct probe_job {
     const uint8_t *buf;
     size_t per;
-    double bw[256];
-    double peak[256];
+    double fig[256];
+    double t0[256], t1[256];
     bool do_peak;
 } probe_job;
 
@@ -1026,7 +1026,7 @@ static int run_hw_probe(const run_opts *o)
         probe_job *j;
         int i;
     } args[64];
-    double bw1 = pi2_k_probe_read_bw(buf, per, 0.5);
+    double bw1 = pi2_k_probe_read_bw(buf, per, 0.5), bw = 0, peak = 0;
     for (int pass = 0; pass < 2; pass++) {
         pj.do_peak = pass == 1;
         for (int i = 0; i < nt; i++) {
@@ -1036,11 +1036,7 @@ static int run_hw_probe(const run_opts *o)
         }
         for (int i = 0; i < nt; i++)
             pthread_join(th[i], NULL);
-    }
-    double bw = 0, peak = 0;
-    for (int i = 0; i < nt; i++) {
-        bw += pj.bw[i];
-        peak += pj.peak[i];
+        *(pass == 1 ? &peak : &bw) = pi2_k_probe_combine(pj.fig, pj.t0, pj.t1, nt);
     }
     printf("{\"isa\":\"%s\",\"threads\":%d,\"int8_macs_per_s_1t\":%.4g,\"int8_macs_per_s\":%.4g,"
            "\"read_bytes_per_s_1t\":%.4g,\"read_bytes_per_s\":%.4g}\n",
@@ -1056,10 +1052,12 @@ static void *probe_thread(void *arg)
         int i;
     } *a = arg;
     probe_job *j = a->j;
+    j->t0[a->i] = pi2_now();
     if (j->do_peak)
-        j->peak[a->i] = pi2_k_probe_int8_peak(pi2_q_get_isa(), 0.3);
+        j->fig[a->i] = pi2_k_probe_int8_peak(pi2_q_get_isa(), 0.3);
     else
-        j->bw[a->i] = pi2_k_probe_read_bw(j->buf + (size_t)a->i * j->per, j->per, 0.5);
+        j->fig[a->i] = pi2_k_probe_read_bw(j->buf + (size_t)a->i * j->per, j->per, 0.5);
+    j->t1[a->i] = pi2_now();
     return NULL;
 }
 

@@ -1004,6 +1004,24 @@ static void test_probes(void **state)
     free(buf);
 }
 
+/* Threads' rates combine over the span they ran in: side by side they
+ * add, one after the other they count once. */
+static void test_probe_combine(void **state)
+{
+    (void)state;
+    const double rate[2] = {30e9, 30e9};
+    const double t0[2] = {1.0, 1.0}, t1[2] = {1.5, 1.5};
+    const double s0[2] = {1.0, 1.5}, s1[2] = {1.5, 2.0};
+    const double h0[2] = {1.0, 1.25}, h1[2] = {1.5, 1.75};
+    CHECK(fabs(pi2_k_probe_combine(rate, t0, t1, 2) - 60e9) < 1e3, "together: %g", pi2_k_probe_combine(rate, t0, t1, 2));
+    CHECK(fabs(pi2_k_probe_combine(rate, s0, s1, 2) - 30e9) < 1e3, "in turn: %g", pi2_k_probe_combine(rate, s0, s1, 2));
+    CHECK(fabs(pi2_k_probe_combine(rate, h0, h1, 2) - 40e9) < 1e3, "half overlap: %g",
+          pi2_k_probe_combine(rate, h0, h1, 2));
+    CHECK(fabs(pi2_k_probe_combine(rate, t0, t1, 1) - 30e9) < 1e3, "one thread");
+    CHECK(pi2_k_probe_combine(rate, t0, t0, 2) == 0.0, "no time");
+    CHECK(pi2_k_probe_combine(rate, t0, t1, 0) == 0.0, "no threads");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1026,6 +1044,7 @@ int main(void)
         cmocka_unit_test(test_sgemv_t),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_probes),
+        cmocka_unit_test(test_probe_combine),
     };
     return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);
 }

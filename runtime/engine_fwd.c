@@ -160,6 +160,24 @@ static void quant_in(pi2_engine *e, const float *x, int64_t ldx, int T, int64_t 
     pi2_k_act_quantize(x, ldx, T, n, e->aqs, e->aq, e->asum);
 }
 
+/* Prefill FFNs whose gate and up rows are Q4 take the superblock GEMM on
+ * AVX-512 VNNI (pi2_k_matmul_sb): one multiply and FMA per 8 blocks
+ * instead of per block. */
+static bool ffn_sb(const eng_ffn *f)
+{
+    return f->gate.qt == PI2_QT_Q4 && f->up.qt == PI2_QT_Q4 && pi2_q_get_isa() == PI2_ISA_AVX512;
+}
+
+/* Quantize a prefill FFN's input x [T][D] for its gate and up kernels. */
+static void quant_ffn_in(pi2_engine *e, const eng_ffn *f, const float *x, int T)
+{
+    int64_t D = e->d.hidden;
+    if (ffn_sb(f))
+        pi2_k_act_quantize_sb(x, D, T, D, e->aqs, e->aq, e->asum);
+    else
+        quant_in(e, x, D, T, D);
+}
+
 static void run_mm(pi2_engine *e, mm_job *j)
 {
     if (j->T < MM_BATCH_T)
@@ -310,7 +328,7 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
      * pi2_k_down_rows: requantizing them costs a whole Q8 step, which moved
      * the tinystories golden tokens. Elsewhere the GEMM's twin would be
      * slower than pi2_k_down_rows' SIMD paths. */
-    bool gemm = f->down.qt == PI2_QT_Q4 && pi2_q_get_isa() == PI2_ISA_AVX512;
+    bool gemm = f->down.qt == PI2_QT_Q4 && pi2_q_get_isa() == PI2_ISA_AVX512, sb = ffn_sb(f);
     /* tile k = neurons [k * ENG_TILE, (k + 1) * ENG_TILE) (within the
      * range) runs on thread k % nt: a range cut at tile boundaries (the
      * offloading prefill's windows) gives each thread the same tiles in
@@ -321,8 +339,14 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
         int64_t c = tk * ENG_TILE > j->n0 ? tk * ENG_TILE : j->n0;
         int64_t en = (tk + 1) * ENG_TILE < j->n1 ? (tk + 1) * ENG_TILE : j->n1;
         int nc = (int)(en - c);
-        pi2_k_matmul(f->gate.qt, D, nc, f->gate.rp + c, f->gate.rs + c, e->aqs, e->aq, e->asum, T, s->gt, ENG_TILE);
-        pi2_k_matmul(f->up.qt, D, nc, f->up.rp + c, f->up.rs + c, e->aqs, e->aq, e->asum, T, s->ut, ENG_TILE);
+        if (sb) {
+            pi2_k_matmul_sb(D, nc, f->gate.rp + c, f->gate.rs + c, e->aqs, e->aq, e->asum, T, s->gt, ENG_TILE);
+            pi2_k_matmul_sb(D, nc, f->up.rp + c, f->up.rs + c, e->aqs, e->aq, e->asum, T, s->ut, ENG_TILE);
+        } else {
+            pi2_k_matmul(f->gate.qt, D, nc, f->gate.rp + c, f->gate.rs + c, e->aqs, e->aq, e->asum, T, s->gt,
+                         ENG_TILE);
+            pi2_k_matmul(f->up.qt, D, nc, f->up.rp + c, f->up.rs + c, e->aqs, e->aq, e->asum, T, s->ut, ENG_TILE);
+        }
         for (int t = 0; t < T; t++)
             for (int k = 0; k < nc; k++)
                 s->gt[t * ENG_TILE + k] = act_fn(e->d.act, s->gt[t * ENG_TILE + k], s->ut[t * ENG_TILE + k]);
@@ -691,9 +715,11 @@ static int ffn_block(pi2_engine *e, int l, int T, int pos, bool decode, pi2_err 
     int64_t D = d->hidden;
     int rc;
     if (!pi2_desc_is_moe(d)) {
-        quant_in(e, e->xb, D, T, D);
-        if (decode)
+        if (decode) {
+            quant_in(e, e->xb, D, T, D);
             return ffn_decode(e, &L->ffn[0], e->xb, e->xb2, false, 0.0f, err);
+        }
+        quant_ffn_in(e, &L->ffn[0], e->xb, T);
         return ffn_prefill(e, &L->ffn[0], T, e->xb2, false, 0.0f, err);
     }
     int k = d->n_experts_used;
@@ -727,7 +753,7 @@ static int ffn_block(pi2_engine *e, int l, int T, int pos, bool decode, pi2_err 
                 return rc;
             continue;
         }
-        quant_in(e, e->moe_x, D, n, D);
+        quant_ffn_in(e, &L->ffn[x], e->moe_x, n);
         if ((rc = ffn_prefill(e, &L->ffn[x], n, e->moe_out, false, 0.0f, err)) != 0)
             return rc;
         for (int i = 0; i < n; i++) {

@@ -119,6 +119,8 @@ static void act_quantize_scalar(const float *x, int64_t ldx, int T, int64_t n, f
     }
 }
 
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
 /* ---- scalar twins ---- */
 
 static void matmul_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
@@ -197,6 +199,10 @@ static void gemm_coefs(pi2_isa isa, const float *coef, int64_t ldc, int T, int r
                        int32_t *su)
 {
     int Rf = R / K_GR * K_GR, G = (R + K_GR - 1) / K_GR, Rp = G * K_GR;
+    if (Rf == R) { /* whole groups: the tokens in one call, the layouts agree */
+        pi2_k_act_quantize_isa(isa, coef + r0, ldc, T, R, as, aq, su);
+        return;
+    }
     for (int t = 0; t < T; t++) {
         const float *c = coef + t * ldc + r0;
         if (Rf > 0)
@@ -262,6 +268,95 @@ static void gemm_scalar(pi2_qtype wt, int64_t n, int nrows, const float *coef, i
                     }
                     out[t * ldo + b * QG + j] += acc;
                 }
+        }
+    }
+}
+
+/* ---- prefill gate/up of Q4 rows: superblock GEMM (pi2_k_matmul_sb) ----
+ *
+ * The twin of kernels.h's algorithm, shared helpers first. A superblock is
+ * K_SB blocks (256 values; the row's last may be shorter); chunks of K_PB
+ * blocks (the panels') hold whole superblocks. */
+enum {
+    K_PB = 64, /* blocks per panel chunk: weights 32 KiB */
+    K_SB = 8   /* blocks per superblock */
+};
+#define K_KONE 4096.0f /* a superblock's largest block scale as an int16 factor */
+
+/* One superblock's factors from the block scales d[0..m): k[b] and *D. */
+static void sb_factors(const float *d, int m, int32_t *k, float *D)
+{
+    float mx = 0.0f;
+    for (int b = 0; b < m; b++)
+        mx = fmaxf(mx, fabsf(d[b]));
+    bool ok = mx >= K_DMIN;
+    float inv = ok ? K_KONE / mx : 0.0f;
+    *D = ok ? mx * 0x1p-12f : 0.0f;
+    for (int b = 0; b < m; b++) {
+        float q = rintf(d[b] * inv);
+        k[b] = q > K_KONE ? (int32_t)K_KONE : q < -K_KONE ? -(int32_t)K_KONE : q == q ? (int32_t)q : 0;
+    }
+}
+
+static void act_sb_scalar(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q, int32_t *sums)
+{
+    int64_t nb = n / QG, ns = (nb + K_SB - 1) / K_SB;
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (int64_t)t * ldx;
+        int8_t *qt = q + (int64_t)t * n;
+        for (int64_t s = 0; s < ns; s++) {
+            int64_t j0 = s * K_SB * QG, j1 = min64(j0 + K_SB * QG, n);
+            float m = 0.0f;
+            for (int64_t j = j0; j < j1; j++)
+                m = fmaxf(m, fabsf(xt[j]));
+            bool ok = m >= K_DMIN;
+            float inv = ok ? 127.0f / m : 0.0f;
+            scales[(int64_t)t * ns + s] = ok ? m / 127.0f : 0.0f;
+            for (int64_t j = j0; j < j1; j++) {
+                float r = rintf(xt[j] * inv);
+                qt[j] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r == r ? (int)r : 0);
+            }
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t s = 0;
+            for (int j = 0; j < QG; j++)
+                s += qt[b * QG + j];
+            sums[(int64_t)t * nb + b] = s;
+        }
+    }
+}
+
+static void matmul_sb_scalar(int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                             const float *ascales, const int8_t *aq, int T, float *out, int64_t ldo)
+{
+    int64_t nb = n / QG, ns = (nb + K_SB - 1) / K_SB;
+    for (int r = 0; r < nrows; r++) {
+        int32_t k[K_PB];
+        float D[K_PB / K_SB], d[K_PB];
+        for (int64_t b0 = 0; b0 < nb; b0 += K_PB) {
+            int64_t kb = min64(K_PB, nb - b0);
+            for (int64_t b = 0; b < kb; b++)
+                d[b] = pi2_f16_to_f32(ws[r][b0 + b]);
+            for (int64_t s0 = 0; s0 < kb; s0 += K_SB)
+                sb_factors(d + s0, (int)min64(K_SB, kb - s0), k + s0, &D[s0 / K_SB]);
+            for (int t = 0; t < T; t++) {
+                const int8_t *a = aq + (int64_t)t * n;
+                float acc = 0.0f;
+                for (int64_t s0 = 0; s0 < kb; s0 += K_SB) {
+                    int32_t S = 0;
+                    for (int64_t b = s0; b < min64(s0 + K_SB, kb); b++) {
+                        const uint8_t *p = wp[r] + (b0 + b) * PI2_Q4_GROUP_BYTES;
+                        int32_t blk = 0;
+                        for (int j = 0; j < 16; j++)
+                            blk += ((p[j] & 0x0f) - 8) * a[(b0 + b) * QG + j] +
+                                   ((p[j] >> 4) - 8) * a[(b0 + b) * QG + 16 + j];
+                        S += k[b] * blk;
+                    }
+                    acc = fmaf((float)S, D[s0 / K_SB] * ascales[(int64_t)t * ns + (b0 + s0) / K_SB], acc);
+                }
+                float *o = out + (int64_t)t * ldo + r;
+                *o = b0 == 0 ? acc : *o + acc;
+            }
         }
     }
 }
@@ -339,6 +434,10 @@ static pi2_isa isa_pick(pi2_isa isa) { return isa_ok(isa) ? isa : PI2_ISA_SCALAR
 #define PI2_T_AVX2 __attribute__((target("avx2,fma,f16c")))
 /* VL: 256-bit vpdpbusd and EVEX forms of 256-bit moves (see quant.c). */
 #define PI2_T_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+/* The panel kernels stay functions of their own: inlined into their
+ * callers' loops, the register allocation of those got worse (the down
+ * GEMM lost 15%). */
+#define K_NOINLINE __attribute__((noinline))
 
 /* Per (token group of 4, pair of blocks b, b + 1): the tokens' activation
  * scales and int32 offsets (corr * sum of the block's q; see the products
@@ -612,7 +711,6 @@ typedef struct k_mm_ops {
     int64_t gb;   /* payload bytes per block */
 } k_mm_ops;
 
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* dst[b * 32 ..] = the nibbles of Q4 block b of p, b < kb: a row tile is
  * unpacked once per chunk and then read by every token group. */
@@ -946,7 +1044,6 @@ static const k_mm_ops MM_Q8_VNNI = {NULL, NULL, mm_t1w_q8_vnni, 128, PI2_Q8_GROU
 typedef int32_t k_u32a __attribute__((may_alias, aligned(1)));
 
 enum {
-    K_PB = 64,        /* blocks per panel chunk: weights 32 KiB */
     K_PANEL_MIN_T = 4 /* fewer tokens take the 4 x 4 tiles / decode path */
 };
 
@@ -974,14 +1071,13 @@ PI2_T_AVX512 static inline void panel_t16(const uint8_t *const p[16], int64_t of
     out[3] = _mm512_unpackhi_epi64(a1, b1);
 }
 
-/* Panel of rows p[0..16) (payload at the chunk start), kb blocks; the
- * scales s[0..16) at the chunk start. */
-PI2_T_AVX512 static void panel_pack(pi2_qtype wt, const uint8_t *const p[16], const uint16_t *const s[16], int64_t kb,
-                                    k_panel *P)
+/* The weights of panel rows p[0..16) (payload at the chunk start), kb
+ * blocks, into w ([block][group][lane][4 bytes]). */
+PI2_T_AVX512 static void panel_pack_w(pi2_qtype wt, const uint8_t *const p[16], int64_t kb, uint8_t *w)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f), x80 = _mm512_set1_epi8(-128);
     for (int64_t b = 0; b < kb; b++) {
-        __m512i *d = (__m512i *)(void *)(P->w + b * 512), t[4];
+        __m512i *d = (__m512i *)(void *)(w + b * 512), t[4];
         if (wt == PI2_QT_Q4) {
             panel_t16(p, b * PI2_Q4_GROUP_BYTES, t);
             for (int m = 0; m < 4; m++) {
@@ -996,6 +1092,14 @@ PI2_T_AVX512 static void panel_pack(pi2_qtype wt, const uint8_t *const p[16], co
             }
         }
     }
+}
+
+/* Panel of rows p[0..16) (payload at the chunk start), kb blocks; the
+ * scales s[0..16) at the chunk start. */
+PI2_T_AVX512 static void panel_pack(pi2_qtype wt, const uint8_t *const p[16], const uint16_t *const s[16], int64_t kb,
+                                    k_panel *P)
+{
+    panel_pack_w(wt, p, kb, P->w);
     float tmp[16 * K_PB];
     for (int i = 0; i < 16; i++)
         cvt_scales(s[4 * (i % 4) + i / 4], kb, tmp + i * K_PB);
@@ -1009,7 +1113,7 @@ PI2_T_AVX512 static void panel_pack(pi2_qtype wt, const uint8_t *const p[16], co
  * as: its scales, stride nb; bias: k_pbias rows, stride K_PB) against a
  * panel of kb blocks: res[t] lane i = the chunk's dot of lane i's row. */
 #define K_PANEL_TOK(N)                                                                                        \
-    PI2_T_AVX512 static void panel_tok##N(const k_panel *P, int64_t kb, const int8_t *a, int64_t n,               \
+    PI2_T_AVX512 K_NOINLINE static void panel_tok##N(const k_panel *P, int64_t kb, const int8_t *a, int64_t n,               \
                                           const float *as, int64_t nb, const int32_t *bias, __m512 res[N])     \
     {                                                                                                         \
         __m512 f[N];                                                                                          \
@@ -1059,6 +1163,78 @@ K_PANEL_TOK(8)
 K_PANEL_TOK(4)
 K_PANEL_TOK(2)
 K_PANEL_TOK(1)
+
+/* The same with one scale per token and block for all 16 lanes, given:
+ * sc[t * K_PB + b] (the down GEMM's D * sigma, computed once per token
+ * and group instead of once per token, group and lane vector). */
+#define K_PANEL_TOKS(N)                                                                                        \
+    PI2_T_AVX512 K_NOINLINE static void panel_toks##N(const k_panel *P, int64_t kb, const int8_t *a, int64_t n,              \
+                                           const float *sc, const int32_t *bias, __m512 res[N])                \
+    {                                                                                                         \
+        __m512 f[N];                                                                                          \
+        for (int t = 0; t < N; t++)                                                                           \
+            f[t] = _mm512_setzero_ps();                                                                       \
+        for (int64_t b = 0; b < kb; b++) {                                                                    \
+            const __m512i *wb = (const __m512i *)(const void *)(P->w + b * 512);                            \
+            __m512i w0 = _mm512_load_si512(wb), w1 = _mm512_load_si512(wb + 1);                               \
+            __m512i w2 = _mm512_load_si512(wb + 2), w3 = _mm512_load_si512(wb + 3);                           \
+            __m512i w4 = _mm512_load_si512(wb + 4), w5 = _mm512_load_si512(wb + 5);                           \
+            __m512i w6 = _mm512_load_si512(wb + 6), w7 = _mm512_load_si512(wb + 7);                           \
+            __m512i acc[N];                                                                                   \
+            const k_u32a *av[N];                                                                              \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+            {                                                                                                 \
+                av[t] = (const k_u32a *)(const void *)(a + t * n + b * QG);                                   \
+                acc[t] = _mm512_set1_epi32(bias[t * K_PB + b]);                                               \
+            }                                                                                                 \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w0, _mm512_set1_epi32(av[t][0]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w1, _mm512_set1_epi32(av[t][1]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w2, _mm512_set1_epi32(av[t][2]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w3, _mm512_set1_epi32(av[t][3]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w4, _mm512_set1_epi32(av[t][4]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w5, _mm512_set1_epi32(av[t][5]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w6, _mm512_set1_epi32(av[t][6]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w7, _mm512_set1_epi32(av[t][7]));                       \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+            {                                                                                                 \
+                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_set1_ps(sc[t * K_PB + b]), f[t]);   \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int t = 0; t < N; t++)                                                                           \
+            res[t] = f[t];                                                                                    \
+    }
+
+K_PANEL_TOKS(8)
+K_PANEL_TOKS(4)
+K_PANEL_TOKS(2)
+K_PANEL_TOKS(1)
+
+/* panel_tokens for panel_toks##N (sc: token t0's at sc + t0 * K_PB). */
+PI2_T_AVX512 static int panel_tokens_s(const k_panel *P, int64_t kb, const int8_t *a, int64_t n, const float *sc,
+                                       const int32_t *bias, int t0, int T, __m512 res[8])
+{
+    int N = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
+    a += t0 * n;
+    sc += t0 * K_PB;
+    bias += t0 * K_PB;
+    if (N == 8)
+        panel_toks8(P, kb, a, n, sc, bias, res);
+    else if (N == 4)
+        panel_toks4(P, kb, a, n, sc, bias, res);
+    else if (N == 2)
+        panel_toks2(P, kb, a, n, sc, bias, res);
+    else
+        panel_toks1(P, kb, a, n, sc, bias, res);
+    return N;
+}
 
 /* The next group of tokens from t0 of T (8, then 4, 2, 1) against a
  * panel, as panel_tok##N; returns N. */
@@ -1918,9 +2094,6 @@ PI2_T_AVX512 static void gemm_pack(pi2_qtype wt, const uint8_t *const *w, int G,
             _mm512_store_si512(P[0].w + g * 512 + q * 64, gemm_quad(lo));
             _mm512_store_si512(P[1].w + g * 512 + q * 64, gemm_quad(hi));
         }
-        __m512 d = _mm512_set1_ps(F->D[g][lb]);
-        _mm512_store_ps(P[0].s + g * 16, d);
-        _mm512_store_ps(P[1].s + g * 16, d);
     }
 }
 
@@ -1932,6 +2105,7 @@ PI2_T_AVX512 static void gemm_vnni(pi2_qtype wt, int64_t n, int nrows, const flo
     int8_t aq[PI2_K_MAX_T * K_GC * K_GR];
     float as[PI2_K_MAX_T * K_GC];
     int32_t su[PI2_K_MAX_T * K_GC], bias[PI2_K_MAX_T * K_PB];
+    float sc[PI2_K_MAX_T * K_PB]; /* per token and group: D * sigma of the output block */
     static_assert((int)K_GC <= (int)K_PB, "a row chunk's groups fit a panel");
     k_gfac F;
     k_panel P[2];
@@ -1949,16 +2123,226 @@ PI2_T_AVX512 static void gemm_vnni(pi2_qtype wt, int64_t n, int nrows, const flo
             gemm_factors(qmax, ws + r0, R, G, bw, kbw, &F);
             for (int lb = 0; lb < kbw; lb++) {
                 gemm_pack(wt, w, G, bw + lb, lb, &F, P);
+                for (int t = 0; t < T; t++)
+                    for (int g = 0; g < G; g++)
+                        sc[t * K_PB + g] = F.D[g][lb] * as[t * G + g];
                 for (int h = 0; h < 2; h++)
                     for (int t0 = 0; t0 < T;) {
                         __m512 res[8];
-                        int N = panel_tokens(&P[h], G, aq, Rp, as, G, bias, t0, T, res);
+                        int N = panel_tokens_s(&P[h], G, aq, Rp, sc, bias, t0, T, res);
                         for (int j = 0; j < N; j++) {
                             float *o = out + (t0 + j) * ldo + (bw + lb) * QG + 16 * h;
                             _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), res[j]));
                         }
                         t0 += N;
                     }
+            }
+        }
+    }
+}
+
+/* ---- prefill gate/up of Q4 rows on AVX-512 VNNI: superblock panels ----
+ *
+ * The panels' weights as mm_panels packs them (panel_pack_w); instead of
+ * a float scale per block, an int16 factor per block and lane (k_sbp.k,
+ * the high half zero) and a float scale per superblock and lane (k_sbp.d).
+ * Per token and block: the accumulator starts at -8 * sum(a) (|.| <=
+ * 32 * 8 * 127, an int16), 8 vpdpbusd, then one vpdpwssd adds it times the
+ * block's factors into the superblock's int32 sum; per superblock one
+ * cvt, one multiply and one FMA. Against mm_panels' multiply and FMA per
+ * block, which contend with vpdpbusd for the same pipes, this leaves
+ * ~8/9 of the issue slots to vpdpbusd instead of ~8/10.2. */
+typedef struct k_sbp {
+    _Alignas(64) uint8_t w[K_PB * 8 * 64]; /* [block][group][lane][4 bytes] */
+    _Alignas(64) int32_t k[K_PB * 16];     /* [block][lane] */
+    _Alignas(64) float d[K_PB / K_SB * 16]; /* [superblock][lane] */
+} k_sbp;
+
+/* The factors of rows s[0..16) (scales at the chunk start; lane order as
+ * panel_pack), kb blocks. */
+PI2_T_AVX512 static void sb_pack_scales(const uint16_t *const s[16], int64_t kb, k_sbp *P)
+{
+    float tmp[16 * K_PB];
+    for (int i = 0; i < 16; i++)
+        cvt_scales(s[4 * (i % 4) + i / 4], kb, tmp + i * K_PB);
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(K_PB));
+    const __m512 dmin = _mm512_set1_ps(K_DMIN), one = _mm512_set1_ps(K_KONE), lsb = _mm512_set1_ps(0x1p-12f);
+    const __m512i lo16 = _mm512_set1_epi32(0xffff);
+    for (int64_t s0 = 0; s0 < kb; s0 += K_SB) {
+        int m = (int)min64(K_SB, kb - s0);
+        __m512 d[K_SB], mx = _mm512_setzero_ps();
+        for (int b = 0; b < m; b++) {
+            d[b] = _mm512_i32gather_ps(idx, tmp + s0 + b, 4);
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(d[b]));
+        }
+        __mmask16 ok = _mm512_cmp_ps_mask(mx, dmin, _CMP_GE_OQ);
+        __m512 inv = _mm512_maskz_div_ps(ok, one, mx);
+        _mm512_store_ps(P->d + s0 / K_SB * 16, _mm512_maskz_mul_ps(ok, mx, lsb));
+        for (int b = 0; b < m; b++)
+            _mm512_store_si512(P->k + (s0 + b) * 16,
+                               _mm512_and_si512(_mm512_cvtps_epi32(_mm512_mul_ps(d[b], inv)), lo16));
+    }
+}
+
+/* N tokens (a: token 0's activations at the chunk start, token stride n;
+ * as: its superblock scales, stride ns; bias: -8 * block sums, stride
+ * K_PB) against a panel of kb blocks: res[t] lane i = the chunk's sum. */
+#define K_SB_TOK(N)                                                                                           \
+    PI2_T_AVX512 K_NOINLINE static void sb_tok##N(const k_sbp *P, int64_t kb, const int8_t *a, int64_t n, const float *as, \
+                                       int64_t ns, const int32_t *bias, __m512 res[N])                         \
+    {                                                                                                         \
+        __m512 f[N];                                                                                          \
+        for (int t = 0; t < N; t++)                                                                           \
+            f[t] = _mm512_setzero_ps();                                                                       \
+        for (int64_t s0 = 0; s0 < kb; s0 += K_SB) {                                                           \
+            __m512i S[N];                                                                                     \
+            for (int t = 0; t < N; t++)                                                                       \
+                S[t] = _mm512_setzero_si512();                                                                \
+            int64_t e = min64(kb, s0 + K_SB);                                                                 \
+            for (int64_t b = s0; b < e; b++) {                                                                \
+                const __m512i *wb = (const __m512i *)(const void *)(P->w + b * 512);                        \
+                __m512i w0 = _mm512_load_si512(wb), w1 = _mm512_load_si512(wb + 1);                           \
+                __m512i w2 = _mm512_load_si512(wb + 2), w3 = _mm512_load_si512(wb + 3);                       \
+                __m512i w4 = _mm512_load_si512(wb + 4), w5 = _mm512_load_si512(wb + 5);                       \
+                __m512i w6 = _mm512_load_si512(wb + 6), w7 = _mm512_load_si512(wb + 7);                       \
+                __m512i acc[N];                                                                               \
+                const k_u32a *av[N];                                                                          \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
+                {                                                                                             \
+                    av[t] = (const k_u32a *)(const void *)(a + t * n + b * QG);                               \
+                    acc[t] = _mm512_set1_epi32(bias[t * K_PB + b]);                                           \
+                }                                                                                             \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
+                    acc[t] = _mm512_dpbusd_epi32(acc[t], w0, _mm512_set1_epi32(av[t][0]));                   \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
+                    acc[t] = _mm512_dpbusd_epi32(acc[t], w1, _mm512_set1_epi32(av[t][1]));                   \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
+                    acc[t] = _mm512_dpbusd_epi32(acc[t], w2, _mm512_set1_epi32(av[t][2]));                   \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
+                    acc[t] = _mm512_dpbusd_epi32(acc[t], w3, _mm512_set1_epi32(av[t][3]));                   \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
+                    acc[t] = _mm512_dpbusd_epi32(acc[t], w4, _mm512_set1_epi32(av[t][4]));                   \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
+                    acc[t] = _mm512_dpbusd_epi32(acc[t], w5, _mm512_set1_epi32(av[t][5]));                   \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
+                    acc[t] = _mm512_dpbusd_epi32(acc[t], w6, _mm512_set1_epi32(av[t][6]));                   \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
+                    acc[t] = _mm512_dpbusd_epi32(acc[t], w7, _mm512_set1_epi32(av[t][7]));                   \
+                __m512i kv = _mm512_load_si512(P->k + b * 16);                                                \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
+                    S[t] = _mm512_dpwssd_epi32(S[t], acc[t], kv);                                             \
+            }                                                                                                 \
+            __m512 dv = _mm512_load_ps(P->d + s0 / K_SB * 16);                                                \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+            {                                                                                                 \
+                __m512 sc = _mm512_mul_ps(dv, _mm512_set1_ps(as[t * ns + s0 / K_SB]));                        \
+                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[t]), sc, f[t]);                                   \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int t = 0; t < N; t++)                                                                           \
+            res[t] = f[t];                                                                                    \
+    }
+
+K_SB_TOK(8)
+K_SB_TOK(4)
+K_SB_TOK(2)
+K_SB_TOK(1)
+
+/* pi2_k_matmul_sb on the panels: as mm_panels (chunks of K_PB blocks, row
+ * panels of 16, token groups of 8, 4, 2, 1; the next panel's rows
+ * prefetched a share per token group). */
+PI2_T_AVX512 static void mm_sb_panels(int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                                      const float *ascales, const int8_t *aq, const int32_t *asums, int T,
+                                      float *out, int64_t ldo)
+{
+    int64_t nb = n / QG, ns = (nb + K_SB - 1) / K_SB, gb = PI2_Q4_GROUP_BYTES;
+    k_sbp P;
+    int32_t bias[PI2_K_MAX_T * K_PB];
+    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (int64_t b0 = 0; b0 < nb; b0 += K_PB) {
+        int64_t kb = min64(K_PB, nb - b0);
+        for (int t = 0; t < T; t++)
+            for (int64_t b = 0; b < kb; b++)
+                bias[t * K_PB + b] = -8 * asums[t * nb + b0 + b];
+        for (int r0 = 0; r0 < nrows; r0 += 16) {
+            int m = nrows - r0 < 16 ? nrows - r0 : 16;
+            const uint8_t *p[16];
+            const uint16_t *s[16];
+            for (int k = 0; k < 16; k++) {
+                int r = r0 + (k < m ? k : m - 1);
+                p[k] = wp[r] + b0 * gb;
+                s[k] = ws[r] + b0;
+            }
+            panel_pack_w(PI2_QT_Q4, p, kb, P.w);
+            sb_pack_scales(s, kb, &P);
+            int64_t lines = (kb * gb + 63) / 64, pf = 0, npf = 16 * lines;
+            int nk = nrows - r0 - 16 < 16 ? nrows - r0 - 16 : 16, ngrp = (T + 7) / 8;
+            if (nk <= 0)
+                npf = 0;
+            __mmask16 keep = (__mmask16)((1u << m) - 1u);
+            for (int t0 = 0; t0 < T;) {
+                for (int64_t e = npf * (t0 / 8 + 1) / ngrp; pf < e; pf++) {
+                    int k = (int)(pf % 16);
+                    if (k < nk)
+                        _mm_prefetch((const char *)(wp[r0 + 16 + k] + b0 * gb + pf / 16 * 64), _MM_HINT_T1);
+                }
+                __m512 res[8];
+                int N = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
+                const int8_t *a = aq + t0 * n + b0 * QG;
+                const float *as = ascales + t0 * ns + b0 / K_SB;
+                const int32_t *bi = bias + t0 * K_PB;
+                if (N == 8)
+                    sb_tok8(&P, kb, a, n, as, ns, bi, res);
+                else if (N == 4)
+                    sb_tok4(&P, kb, a, n, as, ns, bi, res);
+                else if (N == 2)
+                    sb_tok2(&P, kb, a, n, as, ns, bi, res);
+                else
+                    sb_tok1(&P, kb, a, n, as, ns, bi, res);
+                for (int j = 0; j < N; j++) {
+                    float *o = out + (t0 + j) * ldo + r0;
+                    __m512 v = _mm512_permutexvar_ps(perm, res[j]);
+                    if (b0 > 0)
+                        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, o));
+                    _mm512_mask_storeu_ps(o, keep, v);
+                }
+                t0 += N;
+            }
+        }
+    }
+}
+
+/* Activations per superblock: the scalar twin's operations on 16 lanes. */
+PI2_T_AVX512 static void act_sb_avx512(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
+                                       int32_t *sums)
+{
+    int64_t nb = n / QG, ns = (nb + K_SB - 1) / K_SB;
+    const __m512 dmin = _mm512_set1_ps(K_DMIN), c127 = _mm512_set1_ps(127.0f);
+    const __m512i c127i = _mm512_set1_epi32(127);
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (int64_t)t * ldx;
+        int8_t *qt = q + (int64_t)t * n;
+        for (int64_t s = 0; s < ns; s++) {
+            int64_t j0 = s * K_SB * QG, nv = (min64(j0 + K_SB * QG, n) - j0) / 16;
+            __m512 v[K_SB * 2], mx = _mm512_setzero_ps();
+            for (int64_t i = 0; i < nv; i++) {
+                v[i] = _mm512_loadu_ps(xt + j0 + 16 * i);
+                mx = _mm512_max_ps(mx, _mm512_abs_ps(v[i]));
+            }
+            __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+            __mmask16 ok = _mm512_cmp_ps_mask(m, dmin, _CMP_GE_OQ);
+            __m512 inv = _mm512_maskz_div_ps(ok, c127, m);
+            scales[(int64_t)t * ns + s] = _mm512_cvtss_f32(_mm512_maskz_div_ps(ok, m, c127));
+            __m512i prev = _mm512_setzero_si512();
+            for (int64_t i = 0; i < nv; i++) {
+                /* the clamp only matters for values that are not finite */
+                __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], inv));
+                qi = _mm512_max_epi32(_mm512_min_epi32(qi, c127i), _mm512_sub_epi32(_mm512_setzero_si512(), c127i));
+                _mm_storeu_si128((__m128i *)(void *)(qt + j0 + 16 * i), _mm512_cvtepi32_epi8(qi));
+                if (i % 2 == 1)
+                    sums[(int64_t)t * nb + (j0 + 16 * i) / QG] = _mm512_reduce_add_epi32(_mm512_add_epi32(prev, qi));
+                prev = qi;
             }
         }
     }
@@ -2671,6 +3055,50 @@ void pi2_k_down_gemm(pi2_qtype wt, int64_t n, int nrows, const float *coef, int6
                      const uint16_t *const *ws, int T, float *out, int64_t ldo)
 {
     pi2_k_down_gemm_isa(pi2_q_get_isa(), wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
+}
+
+void pi2_k_act_quantize_sb_isa(pi2_isa isa, const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
+                               int32_t *sums)
+{
+    assert(n % QG == 0 && T >= 0);
+#ifdef PI2_K_X86
+    if (isa_pick(isa) == PI2_ISA_AVX512) {
+        act_sb_avx512(x, ldx, T, n, scales, q, sums);
+        return;
+    }
+#else
+    (void)isa;
+#endif
+    act_sb_scalar(x, ldx, T, n, scales, q, sums);
+}
+
+void pi2_k_act_quantize_sb(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q, int32_t *sums)
+{
+    pi2_k_act_quantize_sb_isa(pi2_q_get_isa(), x, ldx, T, n, scales, q, sums);
+}
+
+void pi2_k_matmul_sb_isa(pi2_isa isa, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                         const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
+{
+    assert(n % QG == 0 && nrows >= 0 && T >= 1 && T <= PI2_K_MAX_T);
+    if (nrows == 0)
+        return;
+#ifdef PI2_K_X86
+    if (isa_pick(isa) == PI2_ISA_AVX512) {
+        mm_sb_panels(n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+        return;
+    }
+#else
+    (void)isa;
+#endif
+    (void)asums;
+    matmul_sb_scalar(n, nrows, wp, ws, ascales, aq, T, out, ldo);
+}
+
+void pi2_k_matmul_sb(int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws, const float *ascales,
+                     const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
+{
+    pi2_k_matmul_sb_isa(pi2_q_get_isa(), n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
 }
 
 void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,

@@ -137,6 +137,35 @@ void pi2_k_down_gemm(pi2_qtype wt, int64_t n, int nrows, const float *coef, int6
 void pi2_k_down_gemm_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
                          const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo);
 
+/* Prefill's gate and up projections of Q4 rows on AVX-512 VNNI (the
+ * engine's choice there; every ISA runs it, elsewhere as the twin):
+ * out[t * ldo + r] = dot(row r, activation t), as pi2_k_matmul, with the
+ * activations and the weights' block scales coarser so the float work per
+ * block goes:
+ *   - pi2_k_act_quantize_sb quantizes each token per superblock of 8
+ *     blocks (256 values; a row's last superblock may be shorter) as
+ *     pi2_q8act_quantize does per block: m = max |x|; if m < 2^-100 the
+ *     superblock is 0 with scale 0, else sigma = m / 127 and cq =
+ *     rint(x * (127 / m)); scales[T][ns], ns = ceil(n / 256); q[T][n];
+ *     sums[T][n / 32] of cq per 32-block;
+ *   - per row and superblock the block scales d_b become int16 factors of
+ *     one scale: m = max_b |d_b|; if m < 2^-100 the superblock contributes
+ *     nothing, else D = m / 4096 and k_b = rint(d_b * (4096 / m)), |k_b| <=
+ *     4096 (the scale's rounding: half a part in k_b);
+ *   - S = sum_b k_b * sum_j (wq_j - 8) * cq_j exactly; per chunk of 64
+ *     blocks and token acc = 0, then acc = fma((float)S, D * sigma, acc)
+ *     over the chunk's superblocks in order; out = acc (later chunks: out +
+ *     acc).
+ * Every path gives bit-identical results for finite activations and
+ * scales (otherwise unspecified, never undefined behaviour). */
+void pi2_k_act_quantize_sb(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q, int32_t *sums);
+void pi2_k_act_quantize_sb_isa(pi2_isa isa, const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
+                               int32_t *sums);
+void pi2_k_matmul_sb(int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws, const float *ascales,
+                     const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo);
+void pi2_k_matmul_sb_isa(pi2_isa isa, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                         const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo);
+
 /* dst[r * n + j] = dequant(row r)[j] for r < nrows: dequantize rows into
  * a float tile (prefill's down projection feeds it to sgemm). */
 void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,

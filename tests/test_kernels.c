@@ -818,6 +818,167 @@ static void test_gemm_avx512(void **state)
     gemm_suite(PI2_ISA_AVX512);
 }
 
+/* ---- prefill gate/up superblock GEMM: the twin against double, SIMD bit-exact ---- */
+
+/* T tokens of n values for the superblock kernels: Gaussian, scales over
+ * many octaves, zero and tiny stretches (kind as acts_new). */
+static void sb_inputs(pi2_rng *r, float *x, int T, int64_t n, int64_t ldx, int kind)
+{
+    for (int t = 0; t < T; t++)
+        for (int64_t j = 0; j < ldx; j++) {
+            int64_t b = j / PI2_Q_GROUP;
+            double v = pi2_rng_normal(r);
+            if (kind == A_FULL)
+                v = (b % 3 == 0) ? 1.0 : (b % 3 == 1) ? -1.0 : ((j & 1) ? 3.0 : -3.0);
+            else if (kind == A_MIXED)
+                v = (j / 256 % 5 == 3) ? 0.0 : (b % 7 == 5) ? v * 1e-32 : ldexp(v, (int)(b * 5 % 41) - 20);
+            x[t * ldx + j] = j < n ? (float)v : NAN; /* past n: never read */
+        }
+}
+
+/* Per superblock: scale m / 127 (0 below 2^-100, with q 0), q within half
+ * a step of x / scale, block sums exact; the SIMD path bit-identical. */
+static void test_act_quantize_sb(void **state)
+{
+    (void)state;
+    pi2_rng r;
+    pi2_rng_seed(&r, 77);
+    bool simd = pi2_q_isa_supported(PI2_ISA_AVX512);
+    long checked = 0;
+    for (int it = 0; it < 30; it++) {
+        int T = (int)rand_int(&r, 1, 9);
+        int64_t n = it < 6 ? 32 * (int64_t)(it + 7) : 32 * rand_int(&r, 1, 80), ldx = n + 16 * rand_int(&r, 0, 2);
+        int64_t nb = n / 32, ns = (nb + 7) / 8;
+        float *x = xmalloc((size_t)(T * ldx), sizeof(float));
+        sb_inputs(&r, x, T, n, ldx, it % 3);
+        float *s1 = xmalloc((size_t)(T * ns), sizeof(float)), *s2 = xmalloc((size_t)(T * ns), sizeof(float));
+        int8_t *q1 = xmalloc((size_t)(T * n), 1), *q2 = xmalloc((size_t)(T * n), 1);
+        int32_t *u1 = xmalloc((size_t)(T * nb), sizeof(int32_t)), *u2 = xmalloc((size_t)(T * nb), sizeof(int32_t));
+        pi2_k_act_quantize_sb_isa(PI2_ISA_SCALAR, x, ldx, T, n, s1, q1, u1);
+        for (int t = 0; t < T; t++) {
+            for (int64_t s = 0; s < ns; s++) {
+                int64_t j0 = s * 256, j1 = j0 + 256 < n ? j0 + 256 : n;
+                float m = 0;
+                for (int64_t j = j0; j < j1; j++)
+                    m = fmaxf(m, fabsf(x[t * ldx + j]));
+                float sc = s1[t * ns + s];
+                CHECK(m < 0x1p-100f ? sc == 0.0f : sc == m / 127.0f, "n=%lld t=%d sb %lld: scale %g for max %g",
+                      (long long)n, t, (long long)s, sc, m);
+                for (int64_t j = j0; j < j1; j++) {
+                    int q = q1[t * n + j];
+                    CHECK(q >= -127 && q <= 127, "q %d", q);
+                    if (sc == 0.0f)
+                        CHECK(q == 0, "q %d in a zero superblock", q);
+                    else
+                        CHECK(fabs(x[t * ldx + j] / sc - q) <= 0.5 + 1e-4, "n=%lld j=%lld: x %g, q %d, scale %g",
+                              (long long)n, (long long)j, x[t * ldx + j], q, sc);
+                }
+            }
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t sum = 0;
+                for (int j = 0; j < 32; j++)
+                    sum += q1[t * n + b * 32 + j];
+                CHECK(u1[t * nb + b] == sum, "block sum %d vs %d", u1[t * nb + b], sum);
+            }
+        }
+        if (simd) {
+            pi2_k_act_quantize_sb_isa(PI2_ISA_AVX512, x, ldx, T, n, s2, q2, u2);
+            CHECK(memcmp(s1, s2, (size_t)(T * ns) * sizeof(float)) == 0, "n=%lld: AVX-512 scales differ", (long long)n);
+            CHECK(memcmp(q1, q2, (size_t)(T * n)) == 0, "n=%lld: AVX-512 q differ", (long long)n);
+            CHECK(memcmp(u1, u2, (size_t)(T * nb) * sizeof(int32_t)) == 0, "n=%lld: AVX-512 sums differ", (long long)n);
+        }
+        checked += T * n;
+        free(x);
+        free(s1);
+        free(s2);
+        free(q1);
+        free(q2);
+        free(u1);
+        free(u2);
+    }
+    print_message("kernels: superblock activations: %ld values checked%s\n", checked,
+                  simd ? ", AVX-512 bit-identical" : " (no AVX-512 here: scalar only)");
+}
+
+/* The twin against double: per row and superblock, each block's factor
+ * is within half a part (D / 2) of its scale, so the output is within
+ * sum_b (D_s / 2) * |sum_j wq_j cq_j| * sigma_s of the exact product of
+ * the quantized activations, plus float rounding over the superblocks'
+ * FMAs; a superblock whose scales are all below 2^-100 adds nothing. */
+static void sb_check_double(const wrows *w, const float *as, const int8_t *aq, int T, const float *got, int64_t ldo)
+{
+    int64_t n = w->n, nb = n / 32, ns = (nb + 7) / 8;
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < w->nrows; r++) {
+            double ref = 0, qerr = 0, mag = 0;
+            for (int64_t s = 0; s < ns; s++) {
+                float m = 0;
+                for (int64_t b = 8 * s; b < nb && b < 8 * s + 8; b++)
+                    m = fmaxf(m, fabsf(pi2_f16_to_f32(w->ws[r][b])));
+                double sig = as[t * ns + s], D = m * 0x1p-12;
+                for (int64_t b = 8 * s; b < nb && b < 8 * s + 8; b++) {
+                    int64_t blk = 0;
+                    for (int j = 0; j < 32; j++)
+                        blk += (int64_t)wq_at(w->t, w->wp[r], b * 32 + j) * aq[t * n + b * 32 + j];
+                    double v = (double)pi2_f16_to_f32(w->ws[r][b]) * (double)blk * sig;
+                    ref += v;
+                    mag += fabs(v);
+                    qerr += m < 0x1p-100f ? fabs(v) : D / 2 * fabs((double)blk) * sig;
+                }
+            }
+            double tol = qerr * (1 + 0x1p-16) + (ns + 4) * 0x1p-24 * (mag + qerr) + 1e-300;
+            double v = got[t * ldo + r];
+            CHECK(fabs(v - ref) <= tol, "sb matmul n=%lld row %d t=%d: %.9g vs double %.9g (tol %g)", (long long)n, r,
+                  t, v, ref, tol);
+        }
+}
+
+static void test_matmul_sb(void **state)
+{
+    (void)state;
+    pi2_rng r;
+    pi2_rng_seed(&r, 131);
+    bool simd = pi2_q_isa_supported(PI2_ISA_AVX512);
+    static const int Ts[] = {1, 2, 3, 5, 8, 9, 16, 17, 33, PI2_K_MAX_T};
+    long compared = 0;
+    for (int it = 0; it < 30; it++) {
+        int64_t n = it < 6 ? 32 * (int64_t)(it + 5) : it < 10 ? 2048 + 32 : 32 * rand_int(&r, 1, 80);
+        int nrows = it % 4 == 0 ? (int)rand_int(&r, 1, 17) : (int)rand_int(&r, 1, 70);
+        int T = it < 20 ? Ts[it % 10] : (int)rand_int(&r, 1, PI2_K_MAX_T);
+        int64_t nb = n / 32, ns = (nb + 7) / 8, ldo = nrows + rand_int(&r, 0, 5);
+        wrows w = wrows_new(&r, PI2_QT_Q4, n, nrows, it % 3);
+        float *x = xmalloc((size_t)(T * n), sizeof(float));
+        sb_inputs(&r, x, T, n, n, (it / 3) % 3);
+        float *as = xmalloc((size_t)(T * ns), sizeof(float));
+        int8_t *aq = xmalloc((size_t)(T * n), 1);
+        int32_t *su = xmalloc((size_t)(T * nb), sizeof(int32_t));
+        pi2_k_act_quantize_sb(x, n, T, n, as, aq, su);
+        float *o1 = xmalloc((size_t)(T * ldo), sizeof(float)), *o2 = xmalloc((size_t)(T * ldo), sizeof(float));
+        for (int64_t i = 0; i < T * ldo; i++)
+            o1[i] = o2[i] = -7.0f; /* overwritten (between rows: kept) */
+        pi2_k_matmul_sb_isa(PI2_ISA_SCALAR, n, nrows, w.wp, w.ws, as, aq, su, T, o1, ldo);
+        sb_check_double(&w, as, aq, T, o1, ldo);
+        if (simd) {
+            pi2_k_matmul_sb_isa(PI2_ISA_AVX512, n, nrows, w.wp, w.ws, as, aq, su, T, o2, ldo);
+            CHECK(memcmp(o1, o2, (size_t)(T * ldo) * sizeof(float)) == 0,
+                  "n=%lld rows=%d T=%d: AVX-512 differs from the twin", (long long)n, nrows, T);
+        }
+        for (int t = 0; t < T; t++)
+            for (int64_t i = nrows; i < ldo; i++)
+                CHECK(o1[t * ldo + i] == -7.0f && o2[t * ldo + i] == -7.0f, "wrote past the rows");
+        compared += (long)T * nrows;
+        wrows_free(&w);
+        free(x);
+        free(as);
+        free(aq);
+        free(su);
+        free(o1);
+        free(o2);
+    }
+    print_message("kernels: superblock matmul: %ld outputs against double%s\n", compared,
+                  simd ? ", AVX-512 bit-identical to the twin" : " (no AVX-512 here: twin only)");
+}
+
 /* ---- dequant: exact on every path ---- */
 
 static void test_dequant(void **state)
@@ -1045,6 +1206,8 @@ int main(void)
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_probes),
         cmocka_unit_test(test_probe_combine),
+        cmocka_unit_test(test_act_quantize_sb),
+        cmocka_unit_test(test_matmul_sb),
     };
     return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);
 }

@@ -154,10 +154,12 @@ static void mm_fn(void *ctx, int tid, int nt)
     }
 }
 
-/* Quantize x [T][ldx] (n values each) into the engine's activation buffers. */
-static void quant_in(pi2_engine *e, const float *x, int64_t ldx, int T, int64_t n)
+/* Quantize x [T][ldx] (n values each) into the engine's activation
+ * buffers from token t0 on. */
+static void quant_in(pi2_engine *e, const float *x, int64_t ldx, int T, int64_t n, int t0)
 {
-    pi2_k_act_quantize(x, ldx, T, n, e->aqs, e->aq, e->asum);
+    int64_t nb = n / PI2_Q_GROUP;
+    pi2_k_act_quantize(x, ldx, T, n, e->aqs + t0 * nb, e->aq + t0 * n, e->asum + t0 * nb);
 }
 
 /* Prefill FFNs whose gate and up rows are Q4 take the superblock GEMM on
@@ -168,14 +170,15 @@ static bool ffn_sb(const eng_ffn *f)
     return f->gate.qt == PI2_QT_Q4 && f->up.qt == PI2_QT_Q4 && pi2_q_get_isa() == PI2_ISA_AVX512;
 }
 
-/* Quantize a prefill FFN's input x [T][D] for its gate and up kernels. */
-static void quant_ffn_in(pi2_engine *e, const eng_ffn *f, const float *x, int T)
+/* Quantize tokens [t0, t1) of a prefill FFN's input x [T][D] for its gate
+ * and up kernels. */
+static void quant_ffn_rows(pi2_engine *e, const eng_ffn *f, const float *x, int t0, int t1)
 {
-    int64_t D = e->d.hidden;
+    int64_t D = e->d.hidden, nb = D / PI2_Q_GROUP, ns = (nb + 7) / 8;
     if (ffn_sb(f))
-        pi2_k_act_quantize_sb(x, D, T, D, e->aqs, e->aq, e->asum);
+        pi2_k_act_quantize_sb(x + t0 * D, D, t1 - t0, D, e->aqs + t0 * ns, e->aq + t0 * D, e->asum + t0 * nb);
     else
-        quant_in(e, x, D, T, D);
+        quant_in(e, x + t0 * D, D, t1 - t0, D, t0);
 }
 
 static void run_mm(pi2_engine *e, mm_job *j)
@@ -221,6 +224,73 @@ static inline float act_fn(pi2_act a, float g, float u)
 }
 
 float eng_act(pi2_act a, float g, float u) { return act_fn(a, g, u); }
+
+/* ---- per-token work of a batch, the tokens shared between threads ---- */
+
+enum { PAR_MIN_T = 8 /* fewer tokens: on the calling thread */ };
+
+typedef enum tok_kind { TOK_NORM_Q, TOK_ROPE, TOK_QUANT, TOK_RES_NORM, TOK_FFN_Q, TOK_RES } tok_kind;
+
+typedef struct tok_job {
+    pi2_engine *e;
+    tok_kind kind;
+    int T;
+    const float *w;     /* TOK_NORM_Q, TOK_RES_NORM: the norm's weights */
+    const float *src;   /* TOK_QUANT, TOK_FFN_Q: rows to quantize */
+    int64_t n;          /* TOK_QUANT: their length */
+    const eng_ffn *f;   /* TOK_FFN_Q */
+    float *kc;          /* TOK_ROPE: the layer's new key rows */
+    int64_t qd, kvd, hd;
+} tok_job;
+
+static void tok_range(const tok_job *j, int t0, int t1)
+{
+    pi2_engine *e = j->e;
+    int64_t D = e->d.hidden, half = j->hd / 2;
+    float eps = e->d.rms_eps;
+    switch (j->kind) {
+    case TOK_RES_NORM:
+    case TOK_RES:
+        for (int64_t i = (int64_t)t0 * D; i < (int64_t)t1 * D; i++)
+            e->x[i] += e->xb2[i];
+        if (j->kind == TOK_RES)
+            return;
+        /* fall through */
+    case TOK_NORM_Q:
+        for (int t = t0; t < t1; t++)
+            eng_rmsnorm(e->xb + t * D, e->x + t * D, j->w, (int)D, eps);
+        if (j->kind == TOK_NORM_Q)
+            quant_in(e, e->xb + t0 * D, D, t1 - t0, D, t0);
+        return;
+    case TOK_ROPE:
+        for (int t = t0; t < t1; t++) {
+            rope(e->q + t * j->qd, (int)e->d.n_heads, (int)j->hd, e->rope_cs + t * half, e->rope_sn + t * half);
+            rope(j->kc + t * j->kvd, (int)e->d.n_kv_heads, (int)j->hd, e->rope_cs + t * half, e->rope_sn + t * half);
+        }
+        return;
+    case TOK_QUANT: quant_in(e, j->src + t0 * j->n, j->n, t1 - t0, j->n, t0); return;
+    case TOK_FFN_Q: quant_ffn_rows(e, j->f, j->src, t0, t1); return;
+    }
+}
+
+static void tok_fn(void *ctx, int tid, int nt)
+{
+    const tok_job *j = ctx;
+    int64_t b, en;
+    pi2_pool_split(j->T, 1, tid, nt, &b, &en);
+    if (b < en)
+        tok_range(j, (int)b, (int)en);
+}
+
+/* The job's per-token work for all T tokens (each token's result is the
+ * same whichever thread computes it). */
+static void run_tok(tok_job *j)
+{
+    if (j->T < PAR_MIN_T)
+        tok_range(j, 0, j->T);
+    else
+        pi2_pool_run(j->e->pool, tok_fn, j);
+}
 
 /* ---- attention ---- */
 
@@ -716,10 +786,11 @@ static int ffn_block(pi2_engine *e, int l, int T, int pos, bool decode, pi2_err 
     int rc;
     if (!pi2_desc_is_moe(d)) {
         if (decode) {
-            quant_in(e, e->xb, D, T, D);
+            quant_in(e, e->xb, D, T, D, 0);
             return ffn_decode(e, &L->ffn[0], e->xb, e->xb2, false, 0.0f, err);
         }
-        quant_ffn_in(e, &L->ffn[0], e->xb, T);
+        tok_job q = {.e = e, .kind = TOK_FFN_Q, .T = T, .src = e->xb, .f = &L->ffn[0]};
+        run_tok(&q);
         return ffn_prefill(e, &L->ffn[0], T, e->xb2, false, 0.0f, err);
     }
     int k = d->n_experts_used;
@@ -732,7 +803,7 @@ static int ffn_block(pi2_engine *e, int l, int T, int pos, bool decode, pi2_err 
         e->moe_guess[(size_t)l * k + r] = -1;
     memset(e->xb2, 0, (size_t)T * (size_t)D * sizeof(float));
     if (decode) {
-        quant_in(e, e->xb, D, 1, D);
+        quant_in(e, e->xb, D, 1, D, 0);
         for (int r = 0; r < k; r++)
             if ((rc = ffn_decode(e, &L->ffn[e->chosen[r]], e->xb, e->xb2, true, e->moe_wk[r], err)) != 0)
                 return rc;
@@ -753,7 +824,8 @@ static int ffn_block(pi2_engine *e, int l, int T, int pos, bool decode, pi2_err 
                 return rc;
             continue;
         }
-        quant_ffn_in(e, &L->ffn[x], e->moe_x, n);
+        tok_job q = {.e = e, .kind = TOK_FFN_Q, .T = n, .src = e->moe_x, .f = &L->ffn[x]};
+        run_tok(&q);
         if ((rc = ffn_prefill(e, &L->ffn[x], n, e->moe_out, false, 0.0f, err)) != 0)
             return rc;
         for (int i = 0; i < n; i++) {
@@ -822,7 +894,7 @@ static void run_head(pi2_engine *e, float *logits)
         run_mm(e, &hj);
         return;
     }
-    quant_in(e, e->xb, D, 1, D);
+    quant_in(e, e->xb, D, 1, D, 0);
     run_mm(e, &hj);
     float *rest = e->xb2;
     for (int64_t i = 0; i < D; i++)
@@ -878,28 +950,27 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
             eng_ofl_readahead(e, l, e->x);
         float *kc = e->kc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
         float *vc = e->vc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
-        for (int t = 0; t < T; t++)
-            eng_rmsnorm(e->xb + t * D, e->x + t * D, L->attn_norm, (int)D, d->rms_eps);
-        quant_in(e, e->xb, D, T, D);
+        tok_job tj = {.e = e, .kind = TOK_NORM_Q, .T = T, .w = L->attn_norm, .kc = kc, .qd = qd, .kvd = kvd, .hd = hd};
+        run_tok(&tj);
         mm_job j = {.n = 3, .T = T, .xf = e->xb, .ldx = D, .e = e};
         j.t[0] = (mm_task){&L->q, e->q, qd};
         j.t[1] = (mm_task){&L->k, kc, kvd};
         j.t[2] = (mm_task){&L->v, vc, kvd};
         run_mm(e, &j);
-        for (int t = 0; t < T; t++) {
-            rope(e->q + t * qd, (int)nh, (int)hd, e->rope_cs + t * half, e->rope_sn + t * half);
-            rope(kc + t * kvd, (int)nkv, (int)hd, e->rope_cs + t * half, e->rope_sn + t * half);
-        }
+        tj.kind = TOK_ROPE;
+        run_tok(&tj);
         attn_job aj = {e, l, T, pos};
         pi2_pool_run(e->pool, attn_fn, &aj);
-        quant_in(e, e->att, qd, T, qd);
+        tj.kind = TOK_QUANT;
+        tj.src = e->att;
+        tj.n = qd;
+        run_tok(&tj);
         mm_job oj = {.n = 1, .T = T, .xf = e->att, .ldx = qd, .e = e};
         oj.t[0] = (mm_task){&L->o, e->xb2, D};
         run_mm(e, &oj);
-        for (int64_t i = 0; i < (int64_t)T * D; i++)
-            e->x[i] += e->xb2[i];
-        for (int t = 0; t < T; t++)
-            eng_rmsnorm(e->xb + t * D, e->x + t * D, L->ffn_norm, (int)D, d->rms_eps);
+        tj.kind = TOK_RES_NORM;
+        tj.w = L->ffn_norm;
+        run_tok(&tj);
         if ((rc = ffn_block(e, l, T, pos, decode, err)) != 0) {
             if (e->ofl && !decode)
                 eng_ofl_stream_end(e);
@@ -907,8 +978,8 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
             e->moe_prev_pos = -1;
             return rc;
         }
-        for (int64_t i = 0; i < (int64_t)T * D; i++)
-            e->x[i] += e->xb2[i];
+        tj.kind = TOK_RES;
+        run_tok(&tj);
         if (decode) {
             bytes += (uint64_t)L->q.rows * L->q.row_bytes + (uint64_t)L->k.rows * L->k.row_bytes +
                      (uint64_t)L->v.rows * L->v.row_bytes + (uint64_t)L->o.rows * L->o.row_bytes;

@@ -218,6 +218,13 @@ static inline void put_row(const hw_bench *b, hw_tls *t, int k, int64_t r)
     t->ps[k] = b->s + (size_t)r * (size_t)(b->n / 32);
 }
 
+/* Batches of Q4 rows on AVX-512 VNNI: the superblock GEMM, as the engine's
+ * prefill runs its gate and up projections. */
+static bool hw_sb(const hw_bench *b)
+{
+    return b->kind == J_MATMUL && b->qt == PI2_QT_Q4 && b->isa == PI2_ISA_AVX512;
+}
+
 static void job_fn(void *ctx, int tid, int nt)
 {
     hw_bench *b = ctx;
@@ -246,7 +253,10 @@ static void job_fn(void *ctx, int tid, int nt)
         case J_MATMUL:
             for (int k = 0; k < m; k++)
                 put_row(b, t, k, b->r0 + c + k);
-            pi2_k_matmul(b->qt, b->n, m, t->pp, t->ps, b->ascale, b->aq, b->asum, b->T, t->out, HW_CHUNK);
+            if (hw_sb(b))
+                pi2_k_matmul_sb(b->n, m, t->pp, t->ps, b->ascale, b->aq, b->asum, b->T, t->out, HW_CHUNK);
+            else
+                pi2_k_matmul(b->qt, b->n, m, t->pp, t->ps, b->ascale, b->aq, b->asum, b->T, t->out, HW_CHUNK);
             break;
         case J_SGEMV:
             pi2_k_sgemv((const float *)(const void *)b->w + (size_t)(b->r0 + c) * (size_t)b->n, b->n, b->n, m, b->x,
@@ -294,7 +304,10 @@ static void set_job(hw_bench *b, jkind kind, pi2_qtype qt, int64_t n, int T, int
         b->rb = pi2_q_payload_row_bytes(qt, n);
         int64_t by_w = (int64_t)(b->wbytes / b->rb), by_s = (int64_t)(b->ns / (size_t)(n / 32));
         b->rows = by_w < by_s ? by_w : by_s;
-        pi2_k_act_quantize(b->x, n, T, n, b->ascale, b->aq, b->asum);
+        if (hw_sb(b))
+            pi2_k_act_quantize_sb(b->x, n, T, n, b->ascale, b->aq, b->asum);
+        else
+            pi2_k_act_quantize(b->x, n, T, n, b->ascale, b->aq, b->asum);
     }
     b->jrows = jrows < b->rows ? jrows : b->rows;
 }

@@ -1113,8 +1113,8 @@ PI2_T_AVX512 static void panel_pack(pi2_qtype wt, const uint8_t *const p[16], co
  * as: its scales, stride nb; bias: k_pbias rows, stride K_PB) against a
  * panel of kb blocks: res[t] lane i = the chunk's dot of lane i's row. */
 #define K_PANEL_TOK(N)                                                                                        \
-    PI2_T_AVX512 K_NOINLINE static void panel_tok##N(const k_panel *P, int64_t kb, const int8_t *a, int64_t n,               \
-                                          const float *as, int64_t nb, const int32_t *bias, __m512 res[N])     \
+    PI2_T_AVX512 K_NOINLINE static void panel_tok##N(const k_panel *P, int64_t kb, const int8_t *a,           \
+        int64_t n, const float *as, int64_t nb, const int32_t *bias, __m512 res[N])                           \
     {                                                                                                         \
         __m512 f[N];                                                                                          \
         for (int t = 0; t < N; t++)                                                                           \
@@ -1168,8 +1168,8 @@ K_PANEL_TOK(1)
  * sc[t * K_PB + b] (the down GEMM's D * sigma, computed once per token
  * and group instead of once per token, group and lane vector). */
 #define K_PANEL_TOKS(N)                                                                                        \
-    PI2_T_AVX512 K_NOINLINE static void panel_toks##N(const k_panel *P, int64_t kb, const int8_t *a, int64_t n,              \
-                                           const float *sc, const int32_t *bias, __m512 res[N])                \
+    PI2_T_AVX512 K_NOINLINE static void panel_toks##N(const k_panel *P, int64_t kb, const int8_t *a,          \
+        int64_t n, const float *sc, const int32_t *bias, __m512 res[N])                                       \
     {                                                                                                         \
         __m512 f[N];                                                                                          \
         for (int t = 0; t < N; t++)                                                                           \
@@ -2189,8 +2189,8 @@ PI2_T_AVX512 static void sb_pack_scales(const uint16_t *const s[16], int64_t kb,
  * as: its superblock scales, stride ns; bias: -8 * block sums, stride
  * K_PB) against a panel of kb blocks: res[t] lane i = the chunk's sum. */
 #define K_SB_TOK(N)                                                                                           \
-    PI2_T_AVX512 K_NOINLINE static void sb_tok##N(const k_sbp *P, int64_t kb, const int8_t *a, int64_t n, const float *as, \
-                                       int64_t ns, const int32_t *bias, __m512 res[N])                         \
+    PI2_T_AVX512 K_NOINLINE static void sb_tok##N(const k_sbp *P, int64_t kb, const int8_t *a, int64_t n,     \
+        const float *as, int64_t ns, const int32_t *bias, __m512 res[N])                                      \
     {                                                                                                         \
         __m512 f[N];                                                                                          \
         for (int t = 0; t < N; t++)                                                                           \

@@ -17,7 +17,9 @@
  * ---- Numerics ----
  * Every kernel computes each block's int32 dot exactly and scales it by
  * (float)(wscale_b * ascale_b); only the float accumulation order differs
- * between ISA paths. A SIMD result differs from the scalar twin by at most
+ * between ISA paths. The prefill GEMMs (pi2_k_matmul_sb, pi2_k_down_gemm)
+ * trade a bounded rounding of the scales for fewer float operations; their
+ * comments give the arithmetic, which every ISA path follows bit for bit. A SIMD result differs from the scalar twin by at most
  * (n/32 + 8) * 2^-23 * sum_b |block_b * scale_b| (checked by the tests).
  *
  * ---- ISA ----

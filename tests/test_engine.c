@@ -13,6 +13,8 @@
 #include "bundle/bundle.h"
 #include "convert/convert.h"
 #include "convert/synth.h"
+#include "formats/hfconfig.h"
+#include "formats/safetensors.h"
 #include "formats/quant.h"
 #include "runtime/engine.h"
 #include "runtime/engine_internal.h"
@@ -733,6 +735,72 @@ static void test_golden_tinystories_drelu(void **state)
     golden("tinystories-656k-drelu", PI2_QT_Q8, false); /* report only: not required */
 }
 
+/* ---- a predictor whose Q8 copy cannot be made: a clear error at open ---- */
+
+/* Set the first element of F32 tensor `name` of the model in dir to v, in
+ * its safetensors file (at the offset the file's header gives). */
+static void patch_first_f32(const char *dir, const char *name, float v)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (access(path, R_OK) != 0)
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    pi2_st *st = NULL;
+    pi2_err e = {0};
+    assert_int_equal(pi2_st_open(&st, path, &e), 0);
+    const pi2_st_tensor *t = pi2_st_find(st, name);
+    assert_non_null(t);
+    assert_int_equal(t->dtype, PI2_DT_F32);
+    FILE *f = fopen(t->file, "r+b");
+    assert_non_null(f);
+    uint8_t hl[8];
+    assert_int_equal(fread(hl, 1, 8, f), 8);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | hl[i];
+    assert_true(n > 0 && n < (1u << 24));
+    char *hdr = malloc((size_t)n);
+    assert_non_null(hdr);
+    assert_int_equal(fread(hdr, 1, (size_t)n, f), (size_t)n);
+    json_t *root = json_loadb(hdr, (size_t)n, 0, NULL);
+    assert_non_null(root);
+    json_t *off = json_array_get(json_object_get(json_object_get(root, name), "data_offsets"), 0);
+    assert_true(json_is_integer(off));
+    assert_int_equal(fseek(f, (long)(8 + n + (uint64_t)json_integer_value(off)), SEEK_SET), 0);
+    assert_int_equal(fwrite(&v, sizeof v, 1, f), 1);
+    assert_int_equal(fclose(f), 0);
+    json_decref(root);
+    free(hdr);
+    pi2_st_close(st);
+}
+
+/* One weight of layer 1's fc1 at 1e9: finite, so conversion and bundling
+ * take it, but its row's Q8 scale (1e9 / 127) is past fp16. */
+static void test_predictor_unquantizable(void **state)
+{
+    (void)state;
+    pi2_err e = {0};
+    char src[256], out[1300], name[256];
+    snprintf(src, sizeof src, "%s/bigpred", g_dir);
+    pi2_synth_opts so;
+    assert_int_equal(pi2_synth_preset("small", &so, &e), 0);
+    so.threads = 2;
+    so.desc.n_layers = 2;
+    so.predictors = true;
+    assert_int_equal(pi2_synth_write(src, &so, NULL, NULL, &e), 0);
+    assert_true(pi2_tensor_name(name, sizeof name, &so.desc, PI2_T_PRED_FC1, 1, 0));
+    patch_first_f32(src, name, 1e9f);
+    int rc = pi2t_convert_bundle(src, g_dir, "bigpred", PI2_QT_Q4, 0, g_key, out, sizeof out, &e);
+    assert_int_equal(rc, 0);
+    rc = try_open(out, g_pubkey, false, &e);
+    fprintf(stderr, "  predictor past fp16: %s\n", e.msg);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(e.msg, out));
+    assert_non_null(strstr(e.msg, "predictor"));
+    assert_non_null(strstr(e.msg, "layer 1"));
+    assert_null(strchr(e.msg, '\n'));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -746,6 +814,7 @@ int main(void)
         cmocka_unit_test_teardown(test_threads_and_isa, reset_isa),
         cmocka_unit_test_teardown(test_trust, reset_isa),
         cmocka_unit_test_teardown(test_bad_calls, reset_isa),
+        cmocka_unit_test_teardown(test_predictor_unquantizable, reset_isa),
         cmocka_unit_test_teardown(test_golden_tinystories, reset_isa),
         cmocka_unit_test_teardown(test_golden_tinystories_drelu, reset_isa),
     };

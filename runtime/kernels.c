@@ -1109,6 +1109,29 @@ PI2_T_AVX512 static void panel_pack(pi2_qtype wt, const uint8_t *const p[16], co
         _mm512_store_ps(P->s + b * 16, _mm512_i32gather_ps(idx, tmp + b, 4));
 }
 
+/* In a panel kernel's block loop (a, n, bias in scope): __m512i acc[N] =
+ * the exact sums of block b of the panel weights W for N tokens, each
+ * starting at its bias, then the 8 vpdpbusd rounds with the token's 4
+ * activation bytes broadcast. */
+#define K_DP_ROUND(N, j)                                                                                      \
+    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                                       \
+        acc[t] = _mm512_dpbusd_epi32(acc[t], w##j, _mm512_set1_epi32(av[t][j]));
+#define K_PANEL_DOTS(N, W, b)                                                                                 \
+    const __m512i *wb = (const __m512i *)(const void *)((W) + (b) * 512);                                    \
+    __m512i w0 = _mm512_load_si512(wb), w1 = _mm512_load_si512(wb + 1);                                       \
+    __m512i w2 = _mm512_load_si512(wb + 2), w3 = _mm512_load_si512(wb + 3);                                   \
+    __m512i w4 = _mm512_load_si512(wb + 4), w5 = _mm512_load_si512(wb + 5);                                   \
+    __m512i w6 = _mm512_load_si512(wb + 6), w7 = _mm512_load_si512(wb + 7);                                   \
+    __m512i acc[N];                                                                                           \
+    const k_u32a *av[N];                                                                                      \
+    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                                       \
+    {                                                                                                         \
+        av[t] = (const k_u32a *)(const void *)(a + t * n + (b) * QG);                                         \
+        acc[t] = _mm512_set1_epi32(bias[t * K_PB + (b)]);                                                     \
+    }                                                                                                         \
+    K_DP_ROUND(N, 0) K_DP_ROUND(N, 1) K_DP_ROUND(N, 2) K_DP_ROUND(N, 3)                                       \
+    K_DP_ROUND(N, 4) K_DP_ROUND(N, 5) K_DP_ROUND(N, 6) K_DP_ROUND(N, 7)
+
 /* N tokens (a: token 0's activations at the chunk start, token stride n;
  * as: its scales, stride nb; bias: k_pbias rows, stride K_PB) against a
  * panel of kb blocks: res[t] lane i = the chunk's dot of lane i's row. */
@@ -1120,35 +1143,8 @@ PI2_T_AVX512 static void panel_pack(pi2_qtype wt, const uint8_t *const p[16], co
         for (int t = 0; t < N; t++)                                                                           \
             f[t] = _mm512_setzero_ps();                                                                       \
         for (int64_t b = 0; b < kb; b++) {                                                                    \
-            const __m512i *wb = (const __m512i *)(const void *)(P->w + b * 512);                            \
-            __m512i w0 = _mm512_load_si512(wb), w1 = _mm512_load_si512(wb + 1);                               \
-            __m512i w2 = _mm512_load_si512(wb + 2), w3 = _mm512_load_si512(wb + 3);                           \
-            __m512i w4 = _mm512_load_si512(wb + 4), w5 = _mm512_load_si512(wb + 5);                           \
-            __m512i w6 = _mm512_load_si512(wb + 6), w7 = _mm512_load_si512(wb + 7);                           \
+            K_PANEL_DOTS(N, P->w, b);                                                                         \
             __m512 ws = _mm512_load_ps(P->s + b * 16);                                                        \
-            __m512i acc[N];                                                                                   \
-            const k_u32a *av[N];                                                                              \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-            {                                                                                                 \
-                av[t] = (const k_u32a *)(const void *)(a + t * n + b * QG);                                   \
-                acc[t] = _mm512_set1_epi32(bias[t * K_PB + b]);                                               \
-            }                                                                                                 \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w0, _mm512_set1_epi32(av[t][0]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w1, _mm512_set1_epi32(av[t][1]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w2, _mm512_set1_epi32(av[t][2]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w3, _mm512_set1_epi32(av[t][3]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w4, _mm512_set1_epi32(av[t][4]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w5, _mm512_set1_epi32(av[t][5]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w6, _mm512_set1_epi32(av[t][6]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w7, _mm512_set1_epi32(av[t][7]));                       \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
             {                                                                                                 \
                 __m512 sc = _mm512_mul_ps(ws, _mm512_set1_ps(as[t * nb + b]));                                \
@@ -1175,34 +1171,7 @@ K_PANEL_TOK(1)
         for (int t = 0; t < N; t++)                                                                           \
             f[t] = _mm512_setzero_ps();                                                                       \
         for (int64_t b = 0; b < kb; b++) {                                                                    \
-            const __m512i *wb = (const __m512i *)(const void *)(P->w + b * 512);                            \
-            __m512i w0 = _mm512_load_si512(wb), w1 = _mm512_load_si512(wb + 1);                               \
-            __m512i w2 = _mm512_load_si512(wb + 2), w3 = _mm512_load_si512(wb + 3);                           \
-            __m512i w4 = _mm512_load_si512(wb + 4), w5 = _mm512_load_si512(wb + 5);                           \
-            __m512i w6 = _mm512_load_si512(wb + 6), w7 = _mm512_load_si512(wb + 7);                           \
-            __m512i acc[N];                                                                                   \
-            const k_u32a *av[N];                                                                              \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-            {                                                                                                 \
-                av[t] = (const k_u32a *)(const void *)(a + t * n + b * QG);                                   \
-                acc[t] = _mm512_set1_epi32(bias[t * K_PB + b]);                                               \
-            }                                                                                                 \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w0, _mm512_set1_epi32(av[t][0]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w1, _mm512_set1_epi32(av[t][1]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w2, _mm512_set1_epi32(av[t][2]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w3, _mm512_set1_epi32(av[t][3]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w4, _mm512_set1_epi32(av[t][4]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w5, _mm512_set1_epi32(av[t][5]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w6, _mm512_set1_epi32(av[t][6]));                       \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-                acc[t] = _mm512_dpbusd_epi32(acc[t], w7, _mm512_set1_epi32(av[t][7]));                       \
+            K_PANEL_DOTS(N, P->w, b);                                                                         \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
             {                                                                                                 \
                 f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_set1_ps(sc[t * K_PB + b]), f[t]);   \
@@ -2201,34 +2170,7 @@ PI2_T_AVX512 static void sb_pack_scales(const uint16_t *const s[16], int64_t kb,
                 S[t] = _mm512_setzero_si512();                                                                \
             int64_t e = min64(kb, s0 + K_SB);                                                                 \
             for (int64_t b = s0; b < e; b++) {                                                                \
-                const __m512i *wb = (const __m512i *)(const void *)(P->w + b * 512);                        \
-                __m512i w0 = _mm512_load_si512(wb), w1 = _mm512_load_si512(wb + 1);                           \
-                __m512i w2 = _mm512_load_si512(wb + 2), w3 = _mm512_load_si512(wb + 3);                       \
-                __m512i w4 = _mm512_load_si512(wb + 4), w5 = _mm512_load_si512(wb + 5);                       \
-                __m512i w6 = _mm512_load_si512(wb + 6), w7 = _mm512_load_si512(wb + 7);                       \
-                __m512i acc[N];                                                                               \
-                const k_u32a *av[N];                                                                          \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
-                {                                                                                             \
-                    av[t] = (const k_u32a *)(const void *)(a + t * n + b * QG);                               \
-                    acc[t] = _mm512_set1_epi32(bias[t * K_PB + b]);                                           \
-                }                                                                                             \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
-                    acc[t] = _mm512_dpbusd_epi32(acc[t], w0, _mm512_set1_epi32(av[t][0]));                   \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
-                    acc[t] = _mm512_dpbusd_epi32(acc[t], w1, _mm512_set1_epi32(av[t][1]));                   \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
-                    acc[t] = _mm512_dpbusd_epi32(acc[t], w2, _mm512_set1_epi32(av[t][2]));                   \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
-                    acc[t] = _mm512_dpbusd_epi32(acc[t], w3, _mm512_set1_epi32(av[t][3]));                   \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
-                    acc[t] = _mm512_dpbusd_epi32(acc[t], w4, _mm512_set1_epi32(av[t][4]));                   \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
-                    acc[t] = _mm512_dpbusd_epi32(acc[t], w5, _mm512_set1_epi32(av[t][5]));                   \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
-                    acc[t] = _mm512_dpbusd_epi32(acc[t], w6, _mm512_set1_epi32(av[t][6]));                   \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
-                    acc[t] = _mm512_dpbusd_epi32(acc[t], w7, _mm512_set1_epi32(av[t][7]));                   \
+                K_PANEL_DOTS(N, P->w, b);                                                                     \
                 __m512i kv = _mm512_load_si512(P->k + b * 16);                                                \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
                     S[t] = _mm512_dpwssd_epi32(S[t], acc[t], kv);                                             \

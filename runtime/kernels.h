@@ -206,8 +206,8 @@ double pi2_k_probe_read_bw(const void *buf, size_t n, double seconds);
 /* The machine's rate from n threads' probes: thread i measured rate[i]
  * between the clock readings t0[i] and t1[i]. The work they did over the
  * span from the first start to the last end, so threads the scheduler ran
- * one after the other count once, not n times (a sum of per-thread rates
- * read 60 GB/s on a 33 GB/s machine when the two ran in turn). */
+ * one after the other count once, where a plain sum of their rates would
+ * count them as if they had run side by side. */
 double pi2_k_probe_combine(const double *rate, const double *t0, const double *t1, int n);
 
 #endif

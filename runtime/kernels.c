@@ -434,9 +434,10 @@ static pi2_isa isa_pick(pi2_isa isa) { return isa_ok(isa) ? isa : PI2_ISA_SCALAR
 #define PI2_T_AVX2 __attribute__((target("avx2,fma,f16c")))
 /* VL: 256-bit vpdpbusd and EVEX forms of 256-bit moves (see quant.c). */
 #define PI2_T_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-/* The panel kernels stay functions of their own: inlined into their
- * callers' loops, the register allocation of those got worse (the down
- * GEMM lost 15%). */
+/* The panel kernels stay functions of their own, as they were while each
+ * had several callers: GCC inlines one with a single caller into that
+ * caller's loops, and the alternated runs here could not tell whether
+ * that costs or gains. */
 #define K_NOINLINE __attribute__((noinline))
 
 /* Per (token group of 4, pair of blocks b, b + 1): the tokens' activation

@@ -174,7 +174,7 @@ static bool ffn_sb(const eng_ffn *f)
  * and up kernels. */
 static void quant_ffn_rows(pi2_engine *e, const eng_ffn *f, const float *x, int t0, int t1)
 {
-    int64_t D = e->d.hidden, nb = D / PI2_Q_GROUP, ns = (nb + 7) / 8;
+    int64_t D = e->d.hidden, nb = D / PI2_Q_GROUP, ns = (D + PI2_K_SB - 1) / PI2_K_SB;
     if (ffn_sb(f))
         pi2_k_act_quantize_sb(x + t0 * D, D, t1 - t0, D, e->aqs + t0 * ns, e->aq + t0 * D, e->asum + t0 * nb);
     else

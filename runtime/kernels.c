@@ -279,7 +279,7 @@ static void gemm_scalar(pi2_qtype wt, int64_t n, int nrows, const float *coef, i
  * blocks (the panels') hold whole superblocks. */
 enum {
     K_PB = 64, /* blocks per panel chunk: weights 32 KiB */
-    K_SB = 8   /* blocks per superblock */
+    K_SB = PI2_K_SB / QG /* blocks per superblock */
 };
 #define K_KONE 4096.0f /* a superblock's largest block scale as an int16 factor */
 

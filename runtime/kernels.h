@@ -160,6 +160,7 @@ void pi2_k_down_gemm_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
  *     acc).
  * Every path gives bit-identical results for finite activations and
  * scales (otherwise unspecified, never undefined behaviour). */
+#define PI2_K_SB 256 /* values per superblock (8 blocks) */
 void pi2_k_act_quantize_sb(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q, int32_t *sums);
 void pi2_k_act_quantize_sb_isa(pi2_isa isa, const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
                                int32_t *sums);

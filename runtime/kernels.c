@@ -1050,7 +1050,11 @@ enum {
 
 typedef struct k_panel {
     _Alignas(64) uint8_t w[K_PB * 8 * 64]; /* [block][group][lane][4 bytes] */
-    _Alignas(64) float s[K_PB * 16];       /* [block][lane] */
+    union {
+        _Alignas(64) float s[K_PB * 16];  /* [block][lane] scales */
+        _Alignas(64) int32_t k[K_PB * 16]; /* superblock panels: [block][lane] int16 factors */
+    };
+    _Alignas(64) float d[K_PB / K_SB * 16]; /* superblock panels: [superblock][lane] scales */
 } k_panel;
 
 /* The 4x4 dword transpose of 16 rows' 16-byte pieces p[0..16): out[m]
@@ -1138,7 +1142,7 @@ PI2_T_AVX512 static void panel_pack(pi2_qtype wt, const uint8_t *const p[16], co
  * panel of kb blocks: res[t] lane i = the chunk's dot of lane i's row. */
 #define K_PANEL_TOK(N)                                                                                        \
     PI2_T_AVX512 K_NOINLINE static void panel_tok##N(const k_panel *P, int64_t kb, const int8_t *a,           \
-        int64_t n, const float *as, int64_t nb, const int32_t *bias, __m512 res[N])                           \
+        int64_t n, const float *as, int64_t nb, const int32_t *bias, __m512 *res)                             \
     {                                                                                                         \
         __m512 f[N];                                                                                          \
         for (int t = 0; t < N; t++)                                                                           \
@@ -1162,11 +1166,11 @@ K_PANEL_TOK(2)
 K_PANEL_TOK(1)
 
 /* The same with one scale per token and block for all 16 lanes, given:
- * sc[t * K_PB + b] (the down GEMM's D * sigma, computed once per token
- * and group instead of once per token, group and lane vector). */
+ * sc[t * ss + b] (the down GEMM's D * sigma, computed once per token and
+ * group instead of once per token, group and lane vector). */
 #define K_PANEL_TOKS(N)                                                                                        \
     PI2_T_AVX512 K_NOINLINE static void panel_toks##N(const k_panel *P, int64_t kb, const int8_t *a,          \
-        int64_t n, const float *sc, const int32_t *bias, __m512 res[N])                                       \
+        int64_t n, const float *sc, int64_t ss, const int32_t *bias, __m512 *res)                             \
     {                                                                                                         \
         __m512 f[N];                                                                                          \
         for (int t = 0; t < N; t++)                                                                           \
@@ -1175,7 +1179,7 @@ K_PANEL_TOK(1)
             K_PANEL_DOTS(N, P->w, b);                                                                         \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
             {                                                                                                 \
-                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_set1_ps(sc[t * K_PB + b]), f[t]);   \
+                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_set1_ps(sc[t * ss + b]), f[t]);      \
             }                                                                                                 \
         }                                                                                                     \
         for (int t = 0; t < N; t++)                                                                           \
@@ -1187,53 +1191,111 @@ K_PANEL_TOKS(4)
 K_PANEL_TOKS(2)
 K_PANEL_TOKS(1)
 
-/* panel_tokens for panel_toks##N (sc: token t0's at sc + t0 * K_PB). */
-PI2_T_AVX512 static int panel_tokens_s(const k_panel *P, int64_t kb, const int8_t *a, int64_t n, const float *sc,
-                                       const int32_t *bias, int t0, int T, __m512 res[8])
+/* ---- prefill gate/up of Q4 rows on AVX-512 VNNI: superblock panels ----
+ *
+ * The panels' weights as mm_panels packs them (panel_pack_w); instead of
+ * a float scale per block, an int16 factor per block and lane (k_panel.k,
+ * the high half zero) and a float scale per superblock and lane (k_panel.d).
+ * Per token and block: the accumulator starts at -8 * sum(a) (|.| <=
+ * 32 * 8 * 127, an int16), 8 vpdpbusd, then one vpdpwssd adds it times the
+ * block's factors into the superblock's int32 sum; per superblock one
+ * cvt, one multiply and one FMA. mm_panels' multiply and FMA per block
+ * contend with vpdpbusd for the same pipes (a cvt and a float add do
+ * not): with the panel in cache, 0.83 of the int8 peak against 0.75
+ * (vpdpbusd alone: 0.96); on the 1B-shaped model's FFN rows from memory,
+ * 147-153 -> 158-166 G MAC/s on one thread. */
+/* The factors of rows s[0..16) (scales at the chunk start; lane order as
+ * panel_pack), kb blocks. */
+PI2_T_AVX512 static void sb_pack_scales(const uint16_t *const s[16], int64_t kb, k_panel *P)
 {
-    int N = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
-    a += t0 * n;
-    sc += t0 * K_PB;
-    bias += t0 * K_PB;
-    if (N == 8)
-        panel_toks8(P, kb, a, n, sc, bias, res);
-    else if (N == 4)
-        panel_toks4(P, kb, a, n, sc, bias, res);
-    else if (N == 2)
-        panel_toks2(P, kb, a, n, sc, bias, res);
-    else
-        panel_toks1(P, kb, a, n, sc, bias, res);
-    return N;
+    float tmp[16 * K_PB];
+    for (int i = 0; i < 16; i++)
+        cvt_scales(s[4 * (i % 4) + i / 4], kb, tmp + i * K_PB);
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(K_PB));
+    const __m512 dmin = _mm512_set1_ps(K_DMIN), one = _mm512_set1_ps(K_KONE), lsb = _mm512_set1_ps(0x1p-12f);
+    const __m512i lo16 = _mm512_set1_epi32(0xffff);
+    for (int64_t s0 = 0; s0 < kb; s0 += K_SB) {
+        int m = (int)min64(K_SB, kb - s0);
+        __m512 d[K_SB], mx = _mm512_setzero_ps();
+        for (int b = 0; b < m; b++) {
+            d[b] = _mm512_i32gather_ps(idx, tmp + s0 + b, 4);
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(d[b]));
+        }
+        __mmask16 ok = _mm512_cmp_ps_mask(mx, dmin, _CMP_GE_OQ);
+        __m512 inv = _mm512_maskz_div_ps(ok, one, mx);
+        _mm512_store_ps(P->d + s0 / K_SB * 16, _mm512_maskz_mul_ps(ok, mx, lsb));
+        for (int b = 0; b < m; b++)
+            _mm512_store_si512(P->k + (s0 + b) * 16,
+                               _mm512_and_si512(_mm512_cvtps_epi32(_mm512_mul_ps(d[b], inv)), lo16));
+    }
 }
+
+/* N tokens (a: token 0's activations at the chunk start, token stride n;
+ * as: its superblock scales, stride ns; bias: -8 * block sums, stride
+ * K_PB) against a panel of kb blocks: res[t] lane i = the chunk's sum. */
+#define K_SB_TOK(N)                                                                                           \
+    PI2_T_AVX512 K_NOINLINE static void sb_tok##N(const k_panel *P, int64_t kb, const int8_t *a, int64_t n,   \
+        const float *as, int64_t ns, const int32_t *bias, __m512 *res)                                        \
+    {                                                                                                         \
+        __m512 f[N];                                                                                          \
+        for (int t = 0; t < N; t++)                                                                           \
+            f[t] = _mm512_setzero_ps();                                                                       \
+        for (int64_t s0 = 0; s0 < kb; s0 += K_SB) {                                                           \
+            __m512i S[N];                                                                                     \
+            for (int t = 0; t < N; t++)                                                                       \
+                S[t] = _mm512_setzero_si512();                                                                \
+            int64_t e = min64(kb, s0 + K_SB);                                                                 \
+            for (int64_t b = s0; b < e; b++) {                                                                \
+                K_PANEL_DOTS(N, P->w, b);                                                                     \
+                __m512i kv = _mm512_load_si512(P->k + b * 16);                                                \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
+                    S[t] = _mm512_dpwssd_epi32(S[t], acc[t], kv);                                             \
+            }                                                                                                 \
+            __m512 dv = _mm512_load_ps(P->d + s0 / K_SB * 16);                                                \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+            {                                                                                                 \
+                __m512 sc = _mm512_mul_ps(dv, _mm512_set1_ps(as[t * ns + s0 / K_SB]));                        \
+                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[t]), sc, f[t]);                                   \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int t = 0; t < N; t++)                                                                           \
+            res[t] = f[t];                                                                                    \
+    }
+
+K_SB_TOK(8)
+K_SB_TOK(4)
+K_SB_TOK(2)
+K_SB_TOK(1)
+
+/* The panel kernels of one family (panel_tok, panel_toks, sb_tok) for 8,
+ * 4, 2 and 1 tokens; sc: per token scales, ss apart. */
+typedef void k_tok_fn(const k_panel *P, int64_t kb, const int8_t *a, int64_t n, const float *sc, int64_t ss,
+                      const int32_t *bias, __m512 *res);
+static k_tok_fn *const K_TOK[4] = {panel_tok8, panel_tok4, panel_tok2, panel_tok1};
+static k_tok_fn *const K_TOKS[4] = {panel_toks8, panel_toks4, panel_toks2, panel_toks1};
+static k_tok_fn *const K_SB_TOKS[4] = {sb_tok8, sb_tok4, sb_tok2, sb_tok1};
 
 /* The next group of tokens from t0 of T (8, then 4, 2, 1) against a
- * panel, as panel_tok##N; returns N. */
-PI2_T_AVX512 static int panel_tokens(const k_panel *P, int64_t kb, const int8_t *a, int64_t n, const float *as,
-                                     int64_t nb, const int32_t *bias, int t0, int T, __m512 res[8])
+ * panel, by the family's kernel for that many; returns N. */
+static int panel_tokens(k_tok_fn *const fam[4], const k_panel *P, int64_t kb, const int8_t *a, int64_t n,
+                        const float *sc, int64_t ss, const int32_t *bias, int t0, int T, __m512 res[8])
 {
     int N = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
-    a += t0 * n;
-    as += t0 * nb;
-    bias += t0 * K_PB;
-    if (N == 8)
-        panel_tok8(P, kb, a, n, as, nb, bias, res);
-    else if (N == 4)
-        panel_tok4(P, kb, a, n, as, nb, bias, res);
-    else if (N == 2)
-        panel_tok2(P, kb, a, n, as, nb, bias, res);
-    else
-        panel_tok1(P, kb, a, n, as, nb, bias, res);
+    fam[N == 8 ? 0 : N == 4 ? 1 : N == 2 ? 2 : 3](P, kb, a + t0 * n, n, sc + t0 * ss, ss, bias + t0 * K_PB, res);
     return N;
 }
 
-/* All of pi2_k_matmul on the panels: block chunks of K_PB, in them row
- * panels of 16 (the last one repeats its last row; those lanes are not
- * stored), in them tokens in groups of 8 (then 4, 2, 1). */
-PI2_T_AVX512 static void mm_panels(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
+/* All of pi2_k_matmul (sb: pi2_k_matmul_sb, Q4) on the panels: block
+ * chunks of K_PB, in them row panels of 16 (the last one repeats its last
+ * row; those lanes are not stored), in them tokens in groups of 8 (then
+ * 4, 2, 1). */
+PI2_T_AVX512 static void mm_panels(pi2_qtype wt, bool sb, int64_t n, int nrows, const uint8_t *const *wp,
                                    const uint16_t *const *ws, const float *ascales, const int8_t *aq,
                                    const int32_t *asums, int T, float *out, int64_t ldo)
 {
     int64_t nb = n / QG, gb = wt == PI2_QT_Q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES;
+    int64_t ss = sb ? (nb + K_SB - 1) / K_SB : nb; /* activation scales per token */
     int32_t corr = wt == PI2_QT_Q4 ? 8 : 128;
     k_panel P;
     int32_t bias[PI2_K_MAX_T * K_PB];
@@ -1253,7 +1315,12 @@ PI2_T_AVX512 static void mm_panels(pi2_qtype wt, int64_t n, int nrows, const uin
                 p[k] = wp[r] + b0 * gb;
                 s[k] = ws[r] + b0;
             }
-            panel_pack(wt, p, s, kb, &P);
+            if (sb) {
+                panel_pack_w(wt, p, kb, P.w);
+                sb_pack_scales(s, kb, &P);
+            } else {
+                panel_pack(wt, p, s, kb, &P);
+            }
             /* the next panel's rows into L2 while this one computes, a
              * share per token group: its pack met them cold, 16 streams at
              * once (~30% of the time) */
@@ -1269,7 +1336,8 @@ PI2_T_AVX512 static void mm_panels(pi2_qtype wt, int64_t n, int nrows, const uin
                         _mm_prefetch((const char *)(wp[r0 + 16 + k] + b0 * gb + pf / 16 * 64), _MM_HINT_T1);
                 }
                 __m512 res[8];
-                int N = panel_tokens(&P, kb, aq + b0 * QG, n, ascales + b0, nb, bias, t0, T, res);
+                int N = panel_tokens(sb ? K_SB_TOKS : K_TOK, &P, kb, aq + b0 * QG, n,
+                                     ascales + (sb ? b0 / K_SB : b0), ss, bias, t0, T, res);
                 for (int j = 0; j < N; j++) {
                     float *o = out + (t0 + j) * ldo + r0;
                     __m512 v = _mm512_permutexvar_ps(perm, res[j]);
@@ -2099,160 +2167,13 @@ PI2_T_AVX512 static void gemm_vnni(pi2_qtype wt, int64_t n, int nrows, const flo
                 for (int h = 0; h < 2; h++)
                     for (int t0 = 0; t0 < T;) {
                         __m512 res[8];
-                        int N = panel_tokens_s(&P[h], G, aq, Rp, sc, bias, t0, T, res);
+                        int N = panel_tokens(K_TOKS, &P[h], G, aq, Rp, sc, K_PB, bias, t0, T, res);
                         for (int j = 0; j < N; j++) {
                             float *o = out + (t0 + j) * ldo + (bw + lb) * QG + 16 * h;
                             _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), res[j]));
                         }
                         t0 += N;
                     }
-            }
-        }
-    }
-}
-
-/* ---- prefill gate/up of Q4 rows on AVX-512 VNNI: superblock panels ----
- *
- * The panels' weights as mm_panels packs them (panel_pack_w); instead of
- * a float scale per block, an int16 factor per block and lane (k_sbp.k,
- * the high half zero) and a float scale per superblock and lane (k_sbp.d).
- * Per token and block: the accumulator starts at -8 * sum(a) (|.| <=
- * 32 * 8 * 127, an int16), 8 vpdpbusd, then one vpdpwssd adds it times the
- * block's factors into the superblock's int32 sum; per superblock one
- * cvt, one multiply and one FMA. mm_panels' multiply and FMA per block
- * contend with vpdpbusd for the same pipes (a cvt and a float add do
- * not): with the panel in cache, 0.83 of the int8 peak against 0.75
- * (vpdpbusd alone: 0.96); on the 1B-shaped model's FFN rows from memory,
- * 147-153 -> 158-166 G MAC/s on one thread. */
-typedef struct k_sbp {
-    _Alignas(64) uint8_t w[K_PB * 8 * 64]; /* [block][group][lane][4 bytes] */
-    _Alignas(64) int32_t k[K_PB * 16];     /* [block][lane] */
-    _Alignas(64) float d[K_PB / K_SB * 16]; /* [superblock][lane] */
-} k_sbp;
-
-/* The factors of rows s[0..16) (scales at the chunk start; lane order as
- * panel_pack), kb blocks. */
-PI2_T_AVX512 static void sb_pack_scales(const uint16_t *const s[16], int64_t kb, k_sbp *P)
-{
-    float tmp[16 * K_PB];
-    for (int i = 0; i < 16; i++)
-        cvt_scales(s[4 * (i % 4) + i / 4], kb, tmp + i * K_PB);
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(K_PB));
-    const __m512 dmin = _mm512_set1_ps(K_DMIN), one = _mm512_set1_ps(K_KONE), lsb = _mm512_set1_ps(0x1p-12f);
-    const __m512i lo16 = _mm512_set1_epi32(0xffff);
-    for (int64_t s0 = 0; s0 < kb; s0 += K_SB) {
-        int m = (int)min64(K_SB, kb - s0);
-        __m512 d[K_SB], mx = _mm512_setzero_ps();
-        for (int b = 0; b < m; b++) {
-            d[b] = _mm512_i32gather_ps(idx, tmp + s0 + b, 4);
-            mx = _mm512_max_ps(mx, _mm512_abs_ps(d[b]));
-        }
-        __mmask16 ok = _mm512_cmp_ps_mask(mx, dmin, _CMP_GE_OQ);
-        __m512 inv = _mm512_maskz_div_ps(ok, one, mx);
-        _mm512_store_ps(P->d + s0 / K_SB * 16, _mm512_maskz_mul_ps(ok, mx, lsb));
-        for (int b = 0; b < m; b++)
-            _mm512_store_si512(P->k + (s0 + b) * 16,
-                               _mm512_and_si512(_mm512_cvtps_epi32(_mm512_mul_ps(d[b], inv)), lo16));
-    }
-}
-
-/* N tokens (a: token 0's activations at the chunk start, token stride n;
- * as: its superblock scales, stride ns; bias: -8 * block sums, stride
- * K_PB) against a panel of kb blocks: res[t] lane i = the chunk's sum. */
-#define K_SB_TOK(N)                                                                                           \
-    PI2_T_AVX512 K_NOINLINE static void sb_tok##N(const k_sbp *P, int64_t kb, const int8_t *a, int64_t n,     \
-        const float *as, int64_t ns, const int32_t *bias, __m512 res[N])                                      \
-    {                                                                                                         \
-        __m512 f[N];                                                                                          \
-        for (int t = 0; t < N; t++)                                                                           \
-            f[t] = _mm512_setzero_ps();                                                                       \
-        for (int64_t s0 = 0; s0 < kb; s0 += K_SB) {                                                           \
-            __m512i S[N];                                                                                     \
-            for (int t = 0; t < N; t++)                                                                       \
-                S[t] = _mm512_setzero_si512();                                                                \
-            int64_t e = min64(kb, s0 + K_SB);                                                                 \
-            for (int64_t b = s0; b < e; b++) {                                                                \
-                K_PANEL_DOTS(N, P->w, b);                                                                     \
-                __m512i kv = _mm512_load_si512(P->k + b * 16);                                                \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
-                    S[t] = _mm512_dpwssd_epi32(S[t], acc[t], kv);                                             \
-            }                                                                                                 \
-            __m512 dv = _mm512_load_ps(P->d + s0 / K_SB * 16);                                                \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
-            {                                                                                                 \
-                __m512 sc = _mm512_mul_ps(dv, _mm512_set1_ps(as[t * ns + s0 / K_SB]));                        \
-                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[t]), sc, f[t]);                                   \
-            }                                                                                                 \
-        }                                                                                                     \
-        for (int t = 0; t < N; t++)                                                                           \
-            res[t] = f[t];                                                                                    \
-    }
-
-K_SB_TOK(8)
-K_SB_TOK(4)
-K_SB_TOK(2)
-K_SB_TOK(1)
-
-/* pi2_k_matmul_sb on the panels: as mm_panels (chunks of K_PB blocks, row
- * panels of 16, token groups of 8, 4, 2, 1; the next panel's rows
- * prefetched a share per token group). */
-PI2_T_AVX512 static void mm_sb_panels(int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
-                                      const float *ascales, const int8_t *aq, const int32_t *asums, int T,
-                                      float *out, int64_t ldo)
-{
-    int64_t nb = n / QG, ns = (nb + K_SB - 1) / K_SB, gb = PI2_Q4_GROUP_BYTES;
-    k_sbp P;
-    int32_t bias[PI2_K_MAX_T * K_PB];
-    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    for (int64_t b0 = 0; b0 < nb; b0 += K_PB) {
-        int64_t kb = min64(K_PB, nb - b0);
-        for (int t = 0; t < T; t++)
-            for (int64_t b = 0; b < kb; b++)
-                bias[t * K_PB + b] = -8 * asums[t * nb + b0 + b];
-        for (int r0 = 0; r0 < nrows; r0 += 16) {
-            int m = nrows - r0 < 16 ? nrows - r0 : 16;
-            const uint8_t *p[16];
-            const uint16_t *s[16];
-            for (int k = 0; k < 16; k++) {
-                int r = r0 + (k < m ? k : m - 1);
-                p[k] = wp[r] + b0 * gb;
-                s[k] = ws[r] + b0;
-            }
-            panel_pack_w(PI2_QT_Q4, p, kb, P.w);
-            sb_pack_scales(s, kb, &P);
-            int64_t lines = (kb * gb + 63) / 64, pf = 0, npf = 16 * lines;
-            int nk = nrows - r0 - 16 < 16 ? nrows - r0 - 16 : 16, ngrp = (T + 7) / 8;
-            if (nk <= 0)
-                npf = 0;
-            __mmask16 keep = (__mmask16)((1u << m) - 1u);
-            for (int t0 = 0; t0 < T;) {
-                for (int64_t e = npf * (t0 / 8 + 1) / ngrp; pf < e; pf++) {
-                    int k = (int)(pf % 16);
-                    if (k < nk)
-                        _mm_prefetch((const char *)(wp[r0 + 16 + k] + b0 * gb + pf / 16 * 64), _MM_HINT_T1);
-                }
-                __m512 res[8];
-                int N = T - t0 >= 8 ? 8 : T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
-                const int8_t *a = aq + t0 * n + b0 * QG;
-                const float *as = ascales + t0 * ns + b0 / K_SB;
-                const int32_t *bi = bias + t0 * K_PB;
-                if (N == 8)
-                    sb_tok8(&P, kb, a, n, as, ns, bi, res);
-                else if (N == 4)
-                    sb_tok4(&P, kb, a, n, as, ns, bi, res);
-                else if (N == 2)
-                    sb_tok2(&P, kb, a, n, as, ns, bi, res);
-                else
-                    sb_tok1(&P, kb, a, n, as, ns, bi, res);
-                for (int j = 0; j < N; j++) {
-                    float *o = out + (t0 + j) * ldo + r0;
-                    __m512 v = _mm512_permutexvar_ps(perm, res[j]);
-                    if (b0 > 0)
-                        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, o));
-                    _mm512_mask_storeu_ps(o, keep, v);
-                }
-                t0 += N;
             }
         }
     }
@@ -2874,7 +2795,7 @@ static void matmul(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_
     }
     if (op == &MM_Q4_VNNI || op == &MM_Q8_VNNI) {
         if (T >= K_PANEL_MIN_T) {
-            mm_panels(wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+            mm_panels(wt, false, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
             return;
         }
     }
@@ -3030,7 +2951,7 @@ void pi2_k_matmul_sb_isa(pi2_isa isa, int64_t n, int nrows, const uint8_t *const
         return;
 #ifdef PI2_K_X86
     if (isa_pick(isa) == PI2_ISA_AVX512) {
-        mm_sb_panels(n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+        mm_panels(PI2_QT_Q4, true, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
         return;
     }
 #else

@@ -1036,7 +1036,11 @@ static int run_hw_probe(const run_opts *o)
         }
         for (int i = 0; i < nt; i++)
             pthread_join(th[i], NULL);
-        *(pass == 1 ? &peak : &bw) = pi2_k_probe_combine(pj.fig, pj.t0, pj.t1, nt);
+        double rate = pi2_k_probe_combine(pj.fig, pj.t0, pj.t1, nt);
+        if (pj.do_peak)
+            peak = rate;
+        else
+            bw = rate;
     }
     printf("{\"isa\":\"%s\",\"threads\":%d,\"int8_macs_per_s_1t\":%.4g,\"int8_macs_per_s\":%.4g,"
            "\"read_bytes_per_s_1t\":%.4g,\"read_bytes_per_s\":%.4g}\n",

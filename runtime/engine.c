@@ -411,11 +411,11 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
         eng_tls *s = &e->tls[t];
         size_t ff = (size_t)d->n_ff;
         s->part = acc_alloc(e, T * D, sizeof(float));
-        s->g = acc_alloc(e, ff, sizeof(float));
+        s->g = acc_alloc(e, 2 * ff, sizeof(float)); /* dense decode: gate and up results side by side */
         s->u = acc_alloc(e, ff, sizeof(float));
         s->coef = acc_alloc(e, ff, sizeof(float));
-        s->pp = acc_alloc(e, ff, sizeof *s->pp);
-        s->ps = acc_alloc(e, ff, sizeof *s->ps);
+        s->pp = acc_alloc(e, 2 * ff, sizeof *s->pp);
+        s->ps = acc_alloc(e, 2 * ff, sizeof *s->ps);
         s->pp2 = acc_alloc(e, ff, sizeof *s->pp2);
         s->ps2 = acc_alloc(e, ff, sizeof *s->ps2);
         s->gt = acc_alloc(e, T * ENG_TILE, sizeof(float));

@@ -56,9 +56,9 @@ typedef struct eng_layer {
 /* Per-thread scratch. */
 typedef struct eng_tls {
     float *part;     /* partial FFN output [PI2_K_MAX_T][hidden] */
-    float *g, *u;    /* [n_ff] gate / up results (decode) */
+    float *g, *u;    /* [2 n_ff] (dense decode: gate and up side by side), [n_ff] gate / up results (decode) */
     float *coef;     /* [n_ff] */
-    const uint8_t **pp, **pp2; /* [n_ff] row pointer scratch */
+    const uint8_t **pp, **pp2; /* [2 n_ff], [n_ff] row pointer scratch */
     const uint16_t **ps, **ps2;
     float *gt, *ut;  /* [PI2_K_MAX_T][TILE] prefill gate / up tile */
     uint32_t *list, *list2; /* [n_ff] neurons (decode) */

@@ -157,9 +157,11 @@ void eng_sum_rows(float *out, const float *base, int64_t stride, const uint32_t 
 /* out[0..D) += the down columns of the a neurons in wp / ws with
  * coefficients coef, in that order: the int8 down projection of Q4 / Q8
  * rows (pi2_k_down_rows, groups of 16 in list order), the float axpy of
- * others. Decode in memory and offloaded run the same groups. */
+ * others. Decode in memory and offloaded run the same groups. Q4 / Q8
+ * rows also bring [pf, pf + pf_len) toward the core (pi2_k_down_rows_pf;
+ * NULL: nothing). */
 void eng_down_rows(pi2_qtype qt, int64_t D, int a, const float *coef, const uint8_t *const *wp,
-                   const uint16_t *const *ws, float *out);
+                   const uint16_t *const *ws, float *out, const uint8_t *pf, int64_t pf_len);
 /* Dense prefill of neurons [n0, n1) for T tokens whose input is quantized
  * in the activation buffers, added to each thread's partial output (zeroed
  * first when `first`). */

@@ -1518,7 +1518,7 @@ static void chunk_down(eng_ofl *x, eng_tls *s, uint32_t c, int a)
     if (a > 0) {
         float *part = x->parts + (size_t)c * (size_t)D;
         memset(part, 0, (size_t)D * sizeof(float));
-        eng_down_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, part);
+        eng_down_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, part, NULL, 0);
         x->ch[c].has_out = true;
     }
     s->active += (uint64_t)a;

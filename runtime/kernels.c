@@ -2331,7 +2331,7 @@ PI2_T_AVX512 static inline __attribute__((always_inline)) void d1_step(bool q4, 
 }
 
 PI2_T_AVX512 static void down_one512(pi2_qtype wt, int64_t n, int nrows, const float *coef, const uint8_t *const *wp,
-                                     const uint16_t *const *ws, float *out)
+                                     const uint16_t *const *ws, float *out, const uint8_t *pf, int64_t pf_len)
 {
     bool q4 = wt == PI2_QT_Q4;
     int64_t nb = n / QG, gb = q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES;
@@ -2340,6 +2340,11 @@ PI2_T_AVX512 static void down_one512(pi2_qtype wt, int64_t n, int nrows, const f
     _Alignas(64) uint8_t pad[K_DG][64];
     float cp[K_DG], dR[K_DG * K_DKB]; /* one group: down_prep512 with T = G = 1 */
     k_qent e;
+    /* the caller's range, in equal shares of whole lines per 16-block window */
+    int64_t n_win = 0, i_win = 0, pf_o = 0;
+    for (int64_t c0 = 0; c0 < nb; c0 += K_D1_KB)
+        n_win += (min64(K_D1_KB, nb - c0) + 15) / 16;
+    n_win *= (nrows + K_DG - 1) / K_DG;
     for (int64_t c0 = 0; c0 < nb; c0 += K_D1_KB) {
         int64_t kb = min64(K_D1_KB, nb - c0);
         for (int64_t b = 0; b < kb; b += bps)
@@ -2370,6 +2375,8 @@ PI2_T_AVX512 static void down_one512(pi2_qtype wt, int64_t n, int nrows, const f
                 }
                 for (int k = 0; k < Rn; k++) /* the next group's scales for this window */
                     _mm_prefetch((const char *)(ws[rn0 + k] + c0 + w0), _MM_HINT_T0);
+                for (int64_t e1 = pf_len * ++i_win / n_win / 64 * 64; pf && pf_o < e1; pf_o += 64)
+                    _mm_prefetch((const char *)(pf + pf_o), _MM_HINT_T1);
                 down_prep512(wt, 1, 1, cp, dR, 0, &e);
                 for (int64_t b = w0; b < w0 + wk; b += bps) {
                     int64_t off = b * gb;
@@ -2861,8 +2868,9 @@ void pi2_k_axpy_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, cons
     pi2_k_axpy_rows_isa(pi2_q_get_isa(), wt, n, nrows, coef, wp, ws, out);
 }
 
-void pi2_k_down_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
-                         const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo)
+static void down_rows(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
+                      const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo,
+                      const uint8_t *pf, int64_t pf_len)
 {
     assert((wt == PI2_QT_Q4 || wt == PI2_QT_Q8) && n % QG == 0 && nrows >= 0 && T >= 1 && T <= PI2_K_MAX_T);
     if (nrows == 0)
@@ -2875,7 +2883,7 @@ void pi2_k_down_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
             return;
         }
         if (T == 1) {
-            down_one512(wt, n, nrows, coef, wp, ws, out);
+            down_one512(wt, n, nrows, coef, wp, ws, out, pf, pf_len);
             return;
         }
         down_simd(wt == PI2_QT_Q4 ? down_tok_q4_vnni : down_tok_q8_vnni,
@@ -2889,15 +2897,27 @@ void pi2_k_down_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
         break;
     }
 #else
-    (void)isa;
+    (void)isa, (void)pf, (void)pf_len;
 #endif
     down_scalar(wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
+}
+
+void pi2_k_down_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
+                         const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo)
+{
+    down_rows(isa, wt, n, nrows, coef, ldc, wp, ws, T, out, ldo, NULL, 0);
 }
 
 void pi2_k_down_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc, const uint8_t *const *wp,
                      const uint16_t *const *ws, int T, float *out, int64_t ldo)
 {
-    pi2_k_down_rows_isa(pi2_q_get_isa(), wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
+    down_rows(pi2_q_get_isa(), wt, n, nrows, coef, ldc, wp, ws, T, out, ldo, NULL, 0);
+}
+
+void pi2_k_down_rows_pf(pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc, const uint8_t *const *wp,
+                        const uint16_t *const *ws, int T, float *out, int64_t ldo, const void *pf, int64_t pf_len)
+{
+    down_rows(pi2_q_get_isa(), wt, n, nrows, coef, ldc, wp, ws, T, out, ldo, pf, pf_len);
 }
 
 void pi2_k_down_gemm_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,

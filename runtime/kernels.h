@@ -111,6 +111,11 @@ void pi2_k_down_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, int6
                      const uint16_t *const *ws, int T, float *out, int64_t ldo);
 void pi2_k_down_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
                          const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo);
+/* pi2_k_down_rows, also bringing [pf, pf + pf_len) toward the core while
+ * it computes (one token on AVX-512 VNNI; elsewhere the range is left
+ * alone): the results are those of pi2_k_down_rows, bit for bit. */
+void pi2_k_down_rows_pf(pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc, const uint8_t *const *wp,
+                        const uint16_t *const *ws, int T, float *out, int64_t ldo, const void *pf, int64_t pf_len);
 
 /* The same product as pi2_k_down_rows (out[t * ldo + j] += sum_r
  * coef[t * ldc + r] * dequant(row r)[j], 1 <= T <= PI2_K_MAX_T) as an

@@ -494,6 +494,59 @@ static void test_matmul_pf(void **state)
     }
 }
 
+/* pi2_k_down_rows_pf: the same bits as pi2_k_down_rows on every path and
+ * token count, whatever the prefetch range, over ragged row groups and
+ * more than one column chunk of the one-token kernel. */
+static void test_down_rows_pf(void **state)
+{
+    (void)state;
+    pi2_rng r;
+    pi2_rng_seed(&r, 47);
+    for (int q = 0; q < 2; q++) {
+        pi2_qtype t = q ? PI2_QT_Q8 : PI2_QT_Q4;
+        for (int shape = 0; shape < 2; shape++) {
+            int64_t n = shape ? 4160 : 544;
+            int nrows = shape ? 37 : 23;
+            wrows w = wrows_new(&r, t, n, nrows, W_QUANTIZED);
+            float *coef = xmalloc((size_t)3 * (size_t)nrows, sizeof(float));
+            for (int i = 0; i < 3 * nrows; i++)
+                coef[i] = (float)pi2_rng_normal(&r);
+            float *init = xmalloc((size_t)3 * (size_t)n, sizeof(float));
+            for (int64_t i = 0; i < 3 * n; i++)
+                init[i] = (float)pi2_rng_normal(&r);
+            float *got = xmalloc((size_t)3 * (size_t)n, sizeof(float));
+            float *ref = xmalloc((size_t)3 * (size_t)n, sizeof(float));
+            size_t bl = 1 << 16;
+            uint8_t *buf = xmalloc(bl, 1);
+            memset(buf, 7, bl);
+            const void *pf[] = {NULL, buf, buf + 100, buf, w.wp[3]};
+            int64_t len[] = {0, 40, 12345, (int64_t)bl, 64 * 1024};
+            for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+                if (!pi2_q_isa_supported((pi2_isa)i))
+                    continue;
+                assert_int_equal(pi2_q_set_isa((pi2_isa)i), 0);
+                for (int T = 1; T <= 3; T++)
+                    for (size_t k = 0; k < sizeof len / sizeof len[0]; k++) {
+                        memcpy(ref, init, (size_t)T * (size_t)n * sizeof(float));
+                        memcpy(got, init, (size_t)T * (size_t)n * sizeof(float));
+                        pi2_k_down_rows(t, n, nrows, coef, nrows, w.wp, w.ws, T, ref, n);
+                        pi2_k_down_rows_pf(t, n, nrows, coef, nrows, w.wp, w.ws, T, got, n, pf[k], len[k]);
+                        CHECK(memcmp(got, ref, (size_t)T * (size_t)n * sizeof(float)) == 0,
+                              "%s q%d n=%lld T=%d range %zu: pi2_k_down_rows_pf differs from pi2_k_down_rows",
+                              pi2_q_isa_name((pi2_isa)i), q ? 8 : 4, (long long)n, T, k);
+                    }
+            }
+            assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
+            free(buf);
+            free(got);
+            free(ref);
+            free(init);
+            free(coef);
+            wrows_free(&w);
+        }
+    }
+}
+
 /* ---- axpy ---- */
 
 /* out0 + sum_r coef_r * dequant(row r) in double, and the scale of the
@@ -1192,6 +1245,7 @@ int main(void)
         cmocka_unit_test(test_matmul_avx512),
         cmocka_unit_test(test_matmul_dispatch),
         cmocka_unit_test(test_matmul_pf),
+        cmocka_unit_test(test_down_rows_pf),
         cmocka_unit_test(test_axpy_scalar),
         cmocka_unit_test(test_axpy_avx2),
         cmocka_unit_test(test_axpy_avx512),

@@ -96,6 +96,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define PI2_K_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -429,11 +430,33 @@ static bool isa_ok(pi2_isa isa)
 /* The path a forced call runs: `isa` if supported, else scalar. */
 static pi2_isa isa_pick(pi2_isa isa) { return isa_ok(isa) ? isa : PI2_ISA_SCALAR; }
 
+/* GFNI, for the AVX-512 Q4 one-token kernel: -1 until first asked, then 0
+ * or 1 (pi2_k_set_gfni turns it off and on). */
+static _Atomic int g_gfni = -1;
+
+static bool gfni_supported(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 8 & 1);
+}
+
+static bool k_gfni(void)
+{
+    int g = atomic_load_explicit(&g_gfni, memory_order_relaxed);
+    if (g < 0) {
+        g = gfni_supported();
+        atomic_store_explicit(&g_gfni, g, memory_order_relaxed);
+    }
+    return g;
+}
+
 /* ---- x86 building blocks ---- */
 
 #define PI2_T_AVX2 __attribute__((target("avx2,fma,f16c")))
 /* VL: 256-bit vpdpbusd and EVEX forms of 256-bit moves (see quant.c). */
 #define PI2_T_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+/* The same with GFNI (k_gfni): AVX-512 CPUs have it from Ice Lake and Zen 4 on. */
+#define PI2_T_AVX512G __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")))
 /* The panel kernels stay functions of their own, as they were while each
  * had several callers: GCC inlines one with a single caller into that
  * caller's loops, and the alternated runs here could not tell whether
@@ -704,10 +727,15 @@ typedef void (*k_t1_fn)(const uint8_t *const w[4], const uint16_t *const s[4], i
                         const float *as, const int32_t *sums, const uint8_t *const wn[4], const uint8_t *pf2,
                         int64_t pf2_len, float res[4]);
 
+enum { K_SPLIT_MAX = 8192 }; /* values of a split activation copy (stack) */
+
 typedef struct k_mm_ops {
     k_t4_fn t4;    /* on payload rows, or (Q4) on rows unpacked by q4_unpack_rows */
     k_t4_fn t4raw; /* Q4 on payload rows, for few token groups (NULL: t4 is) */
     k_t1_fn t1;
+    k_t1_fn t1s;   /* t1 on activations rearranged by split (NULL: none) */
+    k_t1_fn t1sg;  /* t1s with GFNI (k_gfni) */
+    void (*split)(const int8_t *a, int64_t nb, int8_t *dst);
     int32_t corr; /* k_tok4 offset: corr * sum(a) per block */
     int64_t gb;   /* payload bytes per block */
 } k_mm_ops;
@@ -751,6 +779,15 @@ static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_
                          const uint8_t *pf, int64_t pf_len)
 {
     int64_t tiles = (nrows + 3) / 4;
+    /* the activations rearranged once for all the rows (up to a stack
+     * buffer's worth; rows of more values take t1) */
+    _Alignas(64) int8_t split[K_SPLIT_MAX];
+    k_t1_fn t1 = op->t1;
+    if (op->t1s && nb * QG <= K_SPLIT_MAX) {
+        op->split(a, nb, split);
+        a = split;
+        t1 = op->t1sg && k_gfni() ? op->t1sg : op->t1s;
+    }
     for (int r0 = 0; r0 < nrows; r0 += 4) {
         const uint8_t *w[4], *wn[4];
         const uint16_t *s[4];
@@ -781,7 +818,7 @@ static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_
         int64_t i = r0 / 4, p0 = pf_len * i / tiles / 64 * 64;
         int64_t p1 = i + 1 == tiles ? pf_len : pf_len * (i + 1) / tiles / 64 * 64;
         float res[4];
-        op->t1(w, s, nb, a, as, sums, seq ? wn : NULL, pf ? pf + p0 : NULL, pf ? p1 - p0 : 0, res);
+        t1(w, s, nb, a, as, sums, seq ? wn : NULL, pf ? pf + p0 : NULL, pf ? p1 - p0 : 0, res);
         for (int k = 0; k < 4 && r0 + k < nrows; k++)
             out[r0 + k] = res[k];
     }
@@ -865,9 +902,12 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
  * blocks (or 2 Q8 blocks) of a row, so each vpdpbusd covers 128 (64) of
  * its values, and a 128-bit lane holds one block (Q4; Q8: half a block).
  * Q4's nibbles split in place (low: elements 0-15 of each lane's block,
- * high: 16-31), so a step gathers the activations to match: per 4 blocks
- * one qword permute for the 0-15 halves and one for 16-31, shared by the
- * 4 rows. Per row and 16 blocks the 4 (Q8: 8) product vectors fold
+ * high: 16-31), so the activations are gathered to match: per 4 blocks
+ * one qword permute for the 0-15 halves and one for 16-31, done once per
+ * call for all its rows (k_split_a, rows of up to K_SPLIT_MAX values; else
+ * per step, shared by the 4 rows; one thread, Q4 rows in L2: 28.5 ->
+ * 31.8 GB/s), and with GFNI one affine map takes the high nibbles (33.4
+ * GB/s, the same binary with it off 31.8). Per row and 16 blocks the 4 (Q8: 8) product vectors fold
  * (unpack + add, K_FOLD4; Q8 then adds lane pairs) into one vector of 16
  * exact block dots, which one vpermd puts in block order; then the offset
  * subtract, one cvt, one multiply of 16 weight scales by the activation
@@ -892,18 +932,22 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32((d), corr)), _mm512_mul_ps(sv_, asv), acc); \
     } while (0)
 
-/* Q4 row at wq (16 blocks): fold order is lane L, dword i = block 4i + L. */
-#define K_T1W_Q4_V(x, i) \
-    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512((x), m4), alo##i), \
-                        _mm512_and_si512(_mm512_srli_epi16((x), 4), m4), ahi##i)
+/* The high nibbles of x's bytes: a shift and a mask, or (GFNI) one
+ * affine map of each byte whose matrix moves bits 4-7 to 0-3. */
+#define K_HI_SHIFT(x) _mm512_and_si512(_mm512_srli_epi16((x), 4), m4)
+#define K_HI_GFNI(x) _mm512_gf2p8affine_epi64_epi8((x), _mm512_set1_epi64(0x1020408000000000LL), 0)
 
-#define K_T1W_Q4_ROW(acc, wq, sq)                                                                            \
+/* Q4 row at wq (16 blocks): fold order is lane L, dword i = block 4i + L. */
+#define K_T1W_Q4_V(x, i, HI) \
+    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512((x), m4), alo##i), HI(x), ahi##i)
+
+#define K_T1W_Q4_ROW(acc, wq, sq, HI)                                                                        \
     do {                                                                                                     \
         __m512i x0_ = _mm512_loadu_si512((const void *)(wq)), x1_ = _mm512_loadu_si512((const void *)((wq) + 64)); \
         __m512i x2_ = _mm512_loadu_si512((const void *)((wq) + 128));                                        \
         __m512i x3_ = _mm512_loadu_si512((const void *)((wq) + 192));                                        \
-        __m512i v0_ = K_T1W_Q4_V(x0_, 0), v1_ = K_T1W_Q4_V(x1_, 1);                                          \
-        __m512i v2_ = K_T1W_Q4_V(x2_, 2), v3_ = K_T1W_Q4_V(x3_, 3);                                          \
+        __m512i v0_ = K_T1W_Q4_V(x0_, 0, HI), v1_ = K_T1W_Q4_V(x1_, 1, HI);                                  \
+        __m512i v2_ = K_T1W_Q4_V(x2_, 2, HI), v3_ = K_T1W_Q4_V(x3_, 3, HI);                                  \
         __m512i d_ = _mm512_permutexvar_epi32(ord, K_FOLD4(v0_, v1_, v2_, v3_));                             \
         K_T1W_FIN(acc, d_, sq);                                                                              \
     } while (0)
@@ -942,11 +986,35 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
         K_T1W_AQ4(3, ab);                                                                                    \
         __m512 asv = _mm512_loadu_ps((asb));                                                                 \
         __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(sb)), 3);                         \
-        K_T1W_Q4_ROW(acc0, w0, s0);                                                                          \
-        K_T1W_Q4_ROW(acc1, w1, s1);                                                                          \
-        K_T1W_Q4_ROW(acc2, w2, s2);                                                                          \
-        K_T1W_Q4_ROW(acc3, w3, s3);                                                                          \
+        K_T1W_Q4_ROW(acc0, w0, s0, K_HI_SHIFT);                                                              \
+        K_T1W_Q4_ROW(acc1, w1, s1, K_HI_SHIFT);                                                              \
+        K_T1W_Q4_ROW(acc2, w2, s2, K_HI_SHIFT);                                                              \
+        K_T1W_Q4_ROW(acc3, w3, s3, K_HI_SHIFT);                                                              \
     } while (0)
+
+/* The same step on activations already split (k_split_a): per 4 blocks
+ * their elements 0-15, then 16-31; HI as above. */
+#define K_T1W_AQ4S(i, ab)                                                                                    \
+    __m512i alo##i = _mm512_loadu_si512((const void *)((ab) + 128 * (i)));                                    \
+    __m512i ahi##i = _mm512_loadu_si512((const void *)((ab) + 128 * (i) + 64))
+
+#define K_T1W_STEP_Q4S_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, HI)                                     \
+    do {                                                                                                     \
+        K_T1W_AQ4S(0, ab);                                                                                   \
+        K_T1W_AQ4S(1, ab);                                                                                   \
+        K_T1W_AQ4S(2, ab);                                                                                   \
+        K_T1W_AQ4S(3, ab);                                                                                   \
+        __m512 asv = _mm512_loadu_ps((asb));                                                                 \
+        __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(sb)), 3);                         \
+        K_T1W_Q4_ROW(acc0, w0, s0, HI);                                                                      \
+        K_T1W_Q4_ROW(acc1, w1, s1, HI);                                                                      \
+        K_T1W_Q4_ROW(acc2, w2, s2, HI);                                                                      \
+        K_T1W_Q4_ROW(acc3, w3, s3, HI);                                                                      \
+    } while (0)
+#define K_T1W_STEP_Q4S(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3) \
+    K_T1W_STEP_Q4S_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, K_HI_SHIFT)
+#define K_T1W_STEP_Q4SG(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3) \
+    K_T1W_STEP_Q4S_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, K_HI_GFNI)
 
 #define K_T1W_STEP_Q8(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3)                                           \
     do {                                                                                                     \
@@ -965,8 +1033,8 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
         K_T1W_Q8_ROW(acc3, w3, s3);                                                                          \
     } while (0)
 
-#define K_DEF_T1W(name, STEP, GB, ORD)                                                                        \
-    PI2_T_AVX512 static void name(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb,          \
+#define K_DEF_T1W(name, TGT, STEP, GB, ORD, AR)                                                                     \
+    TGT static void name(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb,                   \
                                   const int8_t *a, const float *as, const int32_t *sums,                      \
                                   const uint8_t *const wn[4], const uint8_t *pf2, int64_t pf2_len, float res[4]) \
     {                                                                                                        \
@@ -999,7 +1067,7 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
             int32_t tsum[16] = {0};                                                                          \
             uint8_t tw[4][16 * (GB)] = {{0}};                                                                \
             uint16_t tsc[4][16] = {{0}};                                                                     \
-            memcpy(ta, a + b * QG, (size_t)m * QG);                                                          \
+            memcpy(ta, a + b * QG, (size_t)((m + (AR) - 1) / (AR) * (AR)) * QG);                             \
             memcpy(tas, as + b, (size_t)m * sizeof(float));                                                  \
             memcpy(tsum, sums + b, (size_t)m * sizeof(int32_t));                                             \
             for (int k = 0; k < 4; k++) {                                                                    \
@@ -1016,17 +1084,43 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
 
 /* ORD[p] = the fold position of block p: Q4 4 * (p % 4) + p / 4; Q8 see
  * K_T1W_Q8_ROW. */
-K_DEF_T1W(mm_t1w_q4_vnni, K_T1W_STEP_Q4, PI2_Q4_GROUP_BYTES,
-          _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15))
-K_DEF_T1W(mm_t1w_q8_vnni, K_T1W_STEP_Q8, PI2_Q8_GROUP_BYTES,
-          _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15))
+#define K_ORD_Q4 _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)
+K_DEF_T1W(mm_t1w_q4_vnni, PI2_T_AVX512, K_T1W_STEP_Q4, PI2_Q4_GROUP_BYTES, K_ORD_Q4, 1)
+K_DEF_T1W(mm_t1w_q4s_vnni, PI2_T_AVX512, K_T1W_STEP_Q4S, PI2_Q4_GROUP_BYTES, K_ORD_Q4, 4)
+K_DEF_T1W(mm_t1w_q4sg_vnni, PI2_T_AVX512G, K_T1W_STEP_Q4SG, PI2_Q4_GROUP_BYTES, K_ORD_Q4, 4)
+K_DEF_T1W(mm_t1w_q8_vnni, PI2_T_AVX512, K_T1W_STEP_Q8, PI2_Q8_GROUP_BYTES,
+          _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), 1)
 
-static const k_mm_ops MM_Q4_AVX2 = {mm_t4_q4_avx2, mm_t4_q4raw_avx2, mm_t1_q4_avx2, 8, PI2_Q4_GROUP_BYTES};
-static const k_mm_ops MM_Q8_AVX2 = {mm_t4_q8_avx2, NULL, mm_t1_q8_avx2, 0, PI2_Q8_GROUP_BYTES};
+/* dst = a's n / 32 blocks split per 4 (the last group zero-padded): their
+ * elements 0-15, then 16-31, as K_T1W_STEP_Q4S reads them. */
+PI2_T_AVX512 static void k_split_a(const int8_t *a, int64_t nb, int8_t *dst)
+{
+    const __m512i ilo = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13);
+    const __m512i ihi = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
+    for (int64_t b = 0; b < nb; b += 4) {
+        __m512i y0, y1;
+        if (b + 4 <= nb) {
+            y0 = _mm512_loadu_si512((const void *)(a + b * QG));
+            y1 = _mm512_loadu_si512((const void *)(a + b * QG + 64));
+        } else {
+            _Alignas(64) int8_t t[4 * QG] = {0};
+            memcpy(t, a + b * QG, (size_t)(nb - b) * QG);
+            y0 = _mm512_load_si512((const void *)t);
+            y1 = _mm512_load_si512((const void *)(t + 64));
+        }
+        _mm512_storeu_si512((void *)(dst + b * QG), _mm512_permutex2var_epi64(y0, ilo, y1));
+        _mm512_storeu_si512((void *)(dst + b * QG + 64), _mm512_permutex2var_epi64(y0, ihi, y1));
+    }
+}
+
+static const k_mm_ops MM_Q4_AVX2 = {mm_t4_q4_avx2, mm_t4_q4raw_avx2, mm_t1_q4_avx2, NULL, NULL, NULL, 8,
+                                    PI2_Q4_GROUP_BYTES};
+static const k_mm_ops MM_Q8_AVX2 = {mm_t4_q8_avx2, NULL, mm_t1_q8_avx2, NULL, NULL, NULL, 0, PI2_Q8_GROUP_BYTES};
 /* VNNI: 4+ tokens take the 512-bit panels (mm_panels), fewer run one token
  * at a time, so no 4-token tiles */
-static const k_mm_ops MM_Q4_VNNI = {NULL, NULL, mm_t1w_q4_vnni, 8, PI2_Q4_GROUP_BYTES};
-static const k_mm_ops MM_Q8_VNNI = {NULL, NULL, mm_t1w_q8_vnni, 128, PI2_Q8_GROUP_BYTES};
+static const k_mm_ops MM_Q4_VNNI = {NULL, NULL, mm_t1w_q4_vnni, mm_t1w_q4s_vnni, mm_t1w_q4sg_vnni, k_split_a, 8,
+                                    PI2_Q4_GROUP_BYTES};
+static const k_mm_ops MM_Q8_VNNI = {NULL, NULL, mm_t1w_q8_vnni, NULL, NULL, NULL, 128, PI2_Q8_GROUP_BYTES};
 
 /* ---- matmul, AVX-512 VNNI panels (prefill) ----
  *
@@ -2774,6 +2868,18 @@ void pi2_k_act_quantize_isa(pi2_isa isa, const float *x, int64_t ldx, int T, int
     (void)isa;
 #endif
     act_quantize_scalar(x, ldx, T, n, scales, q, sums);
+}
+
+int pi2_k_set_gfni(bool on)
+{
+#ifdef PI2_K_X86
+    if (on && !gfni_supported())
+        return -1;
+    atomic_store_explicit(&g_gfni, on, memory_order_relaxed);
+    return 0;
+#else
+    return on ? -1 : 0;
+#endif
 }
 
 void pi2_k_act_quantize(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q, int32_t *sums)

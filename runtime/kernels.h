@@ -35,6 +35,7 @@
 
 #include "formats/quant.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Largest T the matmul kernels accept in one call (callers loop over
@@ -59,6 +60,12 @@ void pi2_k_matmul(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, 
 void pi2_k_matmul_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
                       const uint16_t *const *ws, const float *ascales, const int8_t *aq, const int32_t *asums,
                       int T, float *out, int64_t ldo);
+
+/* Whether the AVX-512 VNNI one-token Q4 matmul may take the high nibbles
+ * with GFNI (one instruction for a shift and a mask; the default where
+ * the CPU has it). The results are the same bits either way: tests turn
+ * it off to compare. -1 (nothing changed) when `on` and the CPU lacks it. */
+int pi2_k_set_gfni(bool on);
 
 /* pi2_k_matmul that also brings [pf, pf + pf_len) toward the core (L2)
  * when it runs one token at a time (T < 4: the first token's pass), the

@@ -368,7 +368,8 @@ static void matmul_suite(pi2_isa isa)
         skip();
     pi2_rng r;
     pi2_rng_seed(&r, 31 + (uint64_t)isa);
-    static const int64_t shapes[] = {32, 64, 96, 128, 160, 224, 2048 + 32};
+    /* 8192 + 32: past the one-token kernel's split activation copy */
+    static const int64_t shapes[] = {32, 64, 96, 128, 160, 224, 2048 + 32, 8192 + 32};
     int compared = 0;
     for (size_t k = 0; k < 2; k++) {
         pi2_qtype t = QTYPES[k];
@@ -412,7 +413,7 @@ static void matmul_suite(pi2_isa isa)
         }
     }
     print_message("kernels: %s matmul verified against scalar: %d outputs (q4, q8; n = 32..%d; T = 1..%d)\n",
-                  pi2_q_isa_name(isa), compared, 80 * 32, PI2_K_MAX_T);
+                  pi2_q_isa_name(isa), compared, 8192 + 32, PI2_K_MAX_T);
 }
 
 static void test_matmul_avx2(void **state)
@@ -454,6 +455,41 @@ static void test_matmul_dispatch(void **state)
     assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
     acts_free(&a);
     wrows_free(&w);
+}
+
+/* The AVX-512 one-token Q4 matmul with GFNI (high nibbles by an affine
+ * map) and without (shift and mask): the same bits, over ragged blocks,
+ * ragged row tiles and the largest split activation copy. */
+static void test_matmul_gfni(void **state)
+{
+    (void)state;
+    if (!isa_or_skip(PI2_ISA_AVX512, "matmul (GFNI)"))
+        skip();
+    if (pi2_k_set_gfni(true) != 0) {
+        print_message("kernels: GFNI matmul NOT exercised: this CPU does not support it\n");
+        skip();
+    }
+    assert_int_equal(pi2_q_set_isa(PI2_ISA_AVX512), 0);
+    pi2_rng r;
+    pi2_rng_seed(&r, 53);
+    static const int64_t shapes[] = {32, 544, 2048 + 32, 8192};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int64_t n = shapes[si];
+        for (int kind = W_RANDOM; kind <= W_EXTREME; kind++) {
+            wrows w = wrows_new(&r, PI2_QT_Q4, n, 9, kind);
+            acts a = acts_new(&r, 1, n, kind == W_EXTREME ? A_FULL : A_MIXED);
+            float on[9], off[9];
+            assert_int_equal(pi2_k_set_gfni(true), 0);
+            pi2_k_matmul(PI2_QT_Q4, n, 9, w.wp, w.ws, a.as, a.aq, a.sums, 1, on, 1);
+            assert_int_equal(pi2_k_set_gfni(false), 0);
+            pi2_k_matmul(PI2_QT_Q4, n, 9, w.wp, w.ws, a.as, a.aq, a.sums, 1, off, 1);
+            CHECK(memcmp(on, off, sizeof on) == 0, "n=%lld kind %d: the GFNI matmul differs", (long long)n, kind);
+            acts_free(&a);
+            wrows_free(&w);
+        }
+    }
+    assert_int_equal(pi2_k_set_gfni(true), 0);
+    assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
 }
 
 /* pi2_k_matmul_pf: the same bits as pi2_k_matmul on every path and token
@@ -1244,6 +1280,7 @@ int main(void)
         cmocka_unit_test(test_matmul_avx2),
         cmocka_unit_test(test_matmul_avx512),
         cmocka_unit_test(test_matmul_dispatch),
+        cmocka_unit_test(test_matmul_gfni),
         cmocka_unit_test(test_matmul_pf),
         cmocka_unit_test(test_down_rows_pf),
         cmocka_unit_test(test_axpy_scalar),

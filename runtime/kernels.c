@@ -978,32 +978,19 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
         ahi##i = _mm512_permutex2var_epi64(y0_, ihi, y1_);                                                   \
     } while (0)
 
-#define K_T1W_STEP_Q4(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3)                                           \
-    do {                                                                                                     \
-        K_T1W_AQ4(0, ab);                                                                                    \
-        K_T1W_AQ4(1, ab);                                                                                    \
-        K_T1W_AQ4(2, ab);                                                                                    \
-        K_T1W_AQ4(3, ab);                                                                                    \
-        __m512 asv = _mm512_loadu_ps((asb));                                                                 \
-        __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(sb)), 3);                         \
-        K_T1W_Q4_ROW(acc0, w0, s0, K_HI_SHIFT);                                                              \
-        K_T1W_Q4_ROW(acc1, w1, s1, K_HI_SHIFT);                                                              \
-        K_T1W_Q4_ROW(acc2, w2, s2, K_HI_SHIFT);                                                              \
-        K_T1W_Q4_ROW(acc3, w3, s3, K_HI_SHIFT);                                                              \
-    } while (0)
-
-/* The same step on activations already split (k_split_a): per 4 blocks
- * their elements 0-15, then 16-31; HI as above. */
+/* Activations split beforehand (k_split_a): per 4 blocks their elements
+ * 0-15, then 16-31. */
 #define K_T1W_AQ4S(i, ab)                                                                                    \
     __m512i alo##i = _mm512_loadu_si512((const void *)((ab) + 128 * (i)));                                    \
     __m512i ahi##i = _mm512_loadu_si512((const void *)((ab) + 128 * (i) + 64))
 
-#define K_T1W_STEP_Q4S_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, HI)                                     \
+/* The Q4 step, its activations gathered by AQ and high nibbles taken by HI. */
+#define K_T1W_STEP_Q4_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, AQ, HI)                                  \
     do {                                                                                                     \
-        K_T1W_AQ4S(0, ab);                                                                                   \
-        K_T1W_AQ4S(1, ab);                                                                                   \
-        K_T1W_AQ4S(2, ab);                                                                                   \
-        K_T1W_AQ4S(3, ab);                                                                                   \
+        AQ(0, ab);                                                                                           \
+        AQ(1, ab);                                                                                           \
+        AQ(2, ab);                                                                                           \
+        AQ(3, ab);                                                                                           \
         __m512 asv = _mm512_loadu_ps((asb));                                                                 \
         __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(sb)), 3);                         \
         K_T1W_Q4_ROW(acc0, w0, s0, HI);                                                                      \
@@ -1011,10 +998,12 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
         K_T1W_Q4_ROW(acc2, w2, s2, HI);                                                                      \
         K_T1W_Q4_ROW(acc3, w3, s3, HI);                                                                      \
     } while (0)
+#define K_T1W_STEP_Q4(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3) \
+    K_T1W_STEP_Q4_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, K_T1W_AQ4, K_HI_SHIFT)
 #define K_T1W_STEP_Q4S(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3) \
-    K_T1W_STEP_Q4S_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, K_HI_SHIFT)
+    K_T1W_STEP_Q4_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, K_T1W_AQ4S, K_HI_SHIFT)
 #define K_T1W_STEP_Q4SG(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3) \
-    K_T1W_STEP_Q4S_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, K_HI_GFNI)
+    K_T1W_STEP_Q4_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, K_T1W_AQ4S, K_HI_GFNI)
 
 #define K_T1W_STEP_Q8(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3)                                           \
     do {                                                                                                     \

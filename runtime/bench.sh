@@ -91,8 +91,10 @@ say "  bytes read per token: sparse $(echo "$s_bytes" | awk '{printf "%.0f", $1/
 say "--dense decode: $(echo "$d_bw" | awk '{printf "%.2f", $1/1e9}') GB/s of weights+KV = $r_bw x memory read bandwidth ($(echo "$bw" | awk '{printf "%.2f", $1/1e9}') GB/s)   [target >= 0.8]"
 # each --dense run against the better of the two probes around it (the
 # VM's bandwidth moves between spells; the line above takes the best of all)
-paired=$(echo "$pairs" | awk -v b="$d_bytes" -v k="$d_kv" 'NF == 3 { m = $2 > $3 ? $2 : $3; if (m > 0) printf "%.2f\n", $1 * (b + k) / m }')
-say "  each --dense run against the better probe around it: $(echo "$paired" | tr '\n' ' ')(median $(echo "$paired" | median) x)"
+paired=$(echo "$pairs" | awk -v b="$d_bytes" -v k="$d_kv" \
+    'NF == 3 { m = $2 > $3 ? $2 : $3; if (m > 0) printf "%.2f\n", $1 * (b + k) / m }')
+r_paired=$(echo "$paired" | median)
+say "  each --dense run against the better probe around it: $(echo "$paired" | tr '\n' ' ')(median $r_paired x)"
 say "prefill: $pp tok/s = $(echo "$pp_macs" | awk '{printf "%.1f", $1/1e9}') G int8 MAC/s = $r_pp x int8 dot peak ($(echo "$peak" | awk '{printf "%.1f", $1/1e9}') G MAC/s)   [target >= 0.6]"
 say ""
 say "== perplexity on the decode path, sparse vs --dense (text: 256 tokens the model samples at temperature 0.8, top-k 40)"
@@ -106,7 +108,7 @@ ppl_d=$(echo "$pd" | sed -n 's/^perplexity \([0-9.]*\).*/\1/p')
 ppl_r=$(echo "$ppl_s $ppl_d" | awk '{printf "%+.3f", 100 * ($1 / $2 - 1)}')
 say "sparse perplexity $ppl_s vs dense $ppl_d: $ppl_r%   [target within 1%]"
 printf '{"sparse_tg_tok_s": %s, "dense_tg_tok_s": %s, "sparse_vs_dense": %s, "dense_bw_GBps": %s, "dense_vs_mem_bw": %s, "dense_vs_mem_bw_paired": %s, "pp_tok_s": %s, "pp_vs_int8_peak": %s, "ppl_sparse": %s, "ppl_dense": %s}\n' \
-    "$s_tg" "$d_tg" "$r_sparse" "$(echo "$d_bw" | awk '{printf "%.3f", $1/1e9}')" "$r_bw" "$(echo "$paired" | median)" "$pp" "$r_pp" "$ppl_s" "$ppl_d" >"$W/runtime.json"
+    "$s_tg" "$d_tg" "$r_sparse" "$(echo "$d_bw" | awk '{printf "%.3f", $1/1e9}')" "$r_bw" "$r_paired" "$pp" "$r_pp" "$ppl_s" "$ppl_d" >"$W/runtime.json"
 say ""
 say "== offloading and the planner on the 1B-shaped model: predicted vs measured (runtime/bench_offload.sh)"
 POINTS="0 25 50 75" BUILD=$B THREADS=$TH sh runtime/bench_offload.sh "$M.pi2" "$W/bench.pub" "$W" rt-1b

@@ -573,7 +573,7 @@ static void ffn_dec_chunk(const ffn_dec_job *j, eng_tls *s, int64_t c, int64_t t
     int n = (int)(total - c0 < ENG_DEC_CHUNK ? total - c0 : ENG_DEC_CHUNK), m = 0;
     const uint8_t *ahead = NULL;
     int64_t ahead_len = 0, pf_gu = 0;
-    if (!idx && f->gate.qt == f->up.qt) {
+    if (!idx) {
         /* every neuron in order, each with its up row: one pass over the
          * gate and up rows side by side (g0 u0 g1 u1 ...: 2 of every 3
          * rows of a bundle) instead of a gate pass and an up pass over
@@ -599,7 +599,7 @@ static void ffn_dec_chunk(const ffn_dec_job *j, eng_tls *s, int64_t c, int64_t t
         m = n;
     } else {
         for (int k = 0; k < n; k++) {
-            uint32_t i = idx ? idx[c0 + k] : (uint32_t)(c0 + k);
+            uint32_t i = idx[c0 + k];
             s->pp[k] = f->gate.rp[i];
             s->ps[k] = f->gate.rs[i];
             s->list[k] = i;

@@ -907,14 +907,15 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
  * call for all its rows (k_split_a, rows of up to K_SPLIT_MAX values; else
  * per step, shared by the 4 rows; one thread, Q4 rows in L2: 28.5 ->
  * 31.8 GB/s), and with GFNI one affine map takes the high nibbles (33.4
- * GB/s, the same binary with it off 31.8). Per row and 16 blocks the 4 (Q8: 8) product vectors fold
- * (unpack + add, K_FOLD4; Q8 then adds lane pairs) into one vector of 16
- * exact block dots, which one vpermd puts in block order; then the offset
- * subtract, one cvt, one multiply of 16 weight scales by the activation
- * scales and one FMA. About 0.14 (Q8: 0.1) instructions per byte. Each
- * lane accumulates nb / 16 terms, then 16 lanes are summed: within
- * kernels.h's bound. The last nb % 16 blocks run once more from
- * zero-padded copies; prefetching as in the 256-bit t1. */
+ * GB/s, the same binary with it off 31.8). Per row and 16 blocks the 4
+ * (Q8: 8) product vectors fold (unpack + add, K_FOLD4; Q8 then adds lane
+ * pairs) into one vector of 16 exact block dots, which one vpermd puts in
+ * block order; then the offset subtract, one cvt, one multiply of 16
+ * weight scales by the activation scales and one FMA. About 0.14 (Q8:
+ * 0.1) instructions per byte. Each lane accumulates nb / 16 terms, then
+ * 16 lanes are summed: within kernels.h's bound. The last nb % 16 blocks
+ * run once more from zero-padded copies (split activations: their whole
+ * last group of 4 blocks); prefetching as in the 256-bit t1. */
 
 /* Lane L of result dword i = the sum of v_i's 4 dwords of lane L. */
 #define K_FOLD4(v0, v1, v2, v3)                                                                              \

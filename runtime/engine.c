@@ -410,7 +410,7 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
     for (int t = 0; t < e->tls_n; t++) {
         eng_tls *s = &e->tls[t];
         size_t ff = (size_t)d->n_ff;
-        s->part = acc_alloc(e, T * D, sizeof(float));
+        s->part = acc_alloc(e, T * ENG_PART_LD(D), sizeof(float));
         s->g = acc_alloc(e, 2 * ff, sizeof(float)); /* dense decode: gate and up results side by side */
         s->u = acc_alloc(e, ff, sizeof(float));
         s->coef = acc_alloc(e, ff, sizeof(float));

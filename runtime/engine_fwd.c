@@ -225,6 +225,27 @@ static inline float act_fn(pi2_act a, float g, float u)
 
 float eng_act(pi2_act a, float g, float u) { return act_fn(a, g, u); }
 
+/* g[k] = act(g[k], u[k]) for k < n, act_fn's results: for ReLU and dReLU
+ * the product is computed either way and kept by a bit mask (+0 where the
+ * gate is closed), so the compiler's cheap vectorizer takes the loops. */
+void eng_act_rows(pi2_act a, float *restrict g, const float *restrict u, int64_t n)
+{
+    int64_t k = 0;
+    if (a == PI2_ACT_RELU || a == PI2_ACT_DRELU) {
+        bool dr = a == PI2_ACT_DRELU;
+        for (; k + 8 <= n; k += 8)
+            for (int i = 0; i < 8; i++) {
+                float m = g[k + i] * u[k + i];
+                uint32_t b;
+                memcpy(&b, &m, sizeof b);
+                b &= -(uint32_t)((g[k + i] > 0.0f) & (!dr | (u[k + i] > 0.0f)));
+                memcpy(&g[k + i], &b, sizeof b);
+            }
+    }
+    for (; k < n; k++)
+        g[k] = act_fn(a, g[k], u[k]);
+}
+
 /* ---- per-token work of a batch, the tokens shared between threads ---- */
 
 enum { PAR_MIN_T = 8 /* fewer tokens: on the calling thread */ };
@@ -361,14 +382,18 @@ typedef struct reduce_job {
 static void reduce_fn(void *ctx, int tid, int nt)
 {
     reduce_job *j = ctx;
-    int64_t n = (int64_t)j->T * j->D, b, en;
+    int64_t D = j->D, n = (int64_t)j->T * D, b, en;
     pi2_pool_split(n, 64, tid, nt, &b, &en);
     int threads = j->e->threads;
-    for (int64_t i = b; i < en; i++) {
-        float s = 0.0f;
-        for (int t = 0; t < threads; t++)
-            s += j->e->tls[t].part[i];
-        j->out[i] = j->accumulate ? j->out[i] + j->w * s : s;
+    for (int64_t i = b; i < en;) { /* row pieces: the parts' rows are ENG_PART_LD(D) apart */
+        int64_t c = i % D, m = en - i < D - c ? en - i : D - c, p = i / D * ENG_PART_LD(D) + c;
+        for (int64_t k = 0; k < m; k++) {
+            float s = 0.0f;
+            for (int t = 0; t < threads; t++)
+                s += j->e->tls[t].part[p + k];
+            j->out[i + k] = j->accumulate ? j->out[i + k] + j->w * s : s;
+        }
+        i += m;
     }
 }
 
@@ -391,7 +416,7 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
     int T = j->T;
     int64_t D = e->d.hidden;
     if (j->first)
-        memset(s->part, 0, (size_t)T * (size_t)D * sizeof(float));
+        memset(s->part, 0, (size_t)T * (size_t)ENG_PART_LD(D) * sizeof(float));
     /* the down projection: Q4 rows on AVX-512 VNNI take the requantized
      * GEMM (1.5x the per-block int8 down of decode at 256 rows and 64
      * tokens; its weight rounding is 1/31.75 of a Q4 step). Q8 rows keep
@@ -418,12 +443,11 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
             pi2_k_matmul(f->up.qt, D, nc, f->up.rp + c, f->up.rs + c, e->aqs, e->aq, e->asum, T, s->ut, ENG_TILE);
         }
         for (int t = 0; t < T; t++)
-            for (int k = 0; k < nc; k++)
-                s->gt[t * ENG_TILE + k] = act_fn(e->d.act, s->gt[t * ENG_TILE + k], s->ut[t * ENG_TILE + k]);
+            eng_act_rows(e->d.act, s->gt + t * ENG_TILE, s->ut + t * ENG_TILE, nc);
         if (gemm)
-            pi2_k_down_gemm(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, D);
+            pi2_k_down_gemm(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, ENG_PART_LD(D));
         else
-            pi2_k_down_rows(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, D);
+            pi2_k_down_rows(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, ENG_PART_LD(D));
     }
 }
 

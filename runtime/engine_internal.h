@@ -9,6 +9,10 @@
 #include "runtime/pool.h"
 
 #define ENG_TILE 256 /* prefill FFN tile (neurons): gate, up, then their down rows */
+/* Row stride (floats) of the partial FFN outputs: one cache line past the
+ * hidden size, so the down GEMM's per-token stores to one column strip do
+ * not all fall in the same cache sets (a multiple of 4 KiB would). */
+#define ENG_PART_LD(D) ((D) + 16)
 /* Neurons per step of the decode FFN: their gate, up and down rows are read
  * one after the other while they are close (a bundle keeps a neuron's rows
  * adjacent), so the three passes share cache lines. */
@@ -55,7 +59,7 @@ typedef struct eng_layer {
 
 /* Per-thread scratch. */
 typedef struct eng_tls {
-    float *part;     /* partial FFN output [PI2_K_MAX_T][hidden] */
+    float *part;     /* partial FFN output [PI2_K_MAX_T][ENG_PART_LD(hidden)] */
     float *g, *u;    /* [2 n_ff] (dense decode: gate and up side by side), [n_ff] gate / up results (decode) */
     float *coef;     /* [n_ff] */
     const uint8_t **pp, **pp2; /* [2 n_ff], [n_ff] row pointer scratch */
@@ -142,6 +146,8 @@ void eng_top_k(const float *v, int64_t n, int k, int32_t *top);
 /* FFN pieces the offloading module drives (engine_fwd.c). */
 enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };
 float eng_act(pi2_act a, float g, float u);
+/* g[k] = eng_act(a, g[k], u[k]) for k < n, bit for bit (g and u apart). */
+void eng_act_rows(pi2_act a, float *restrict g, const float *restrict u, int64_t n);
 void eng_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 /* Predictor of FFN f on input x (D floats): the predicted neurons, in
  * bundled order, into sel; returns their count. */

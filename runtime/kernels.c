@@ -2219,6 +2219,45 @@ PI2_T_AVX512 static void gemm_pack(pi2_qtype wt, const uint8_t *const *w, int G,
     }
 }
 
+/* All T tokens against one panel of gemm_vnni (G groups), each token's
+ * 16 results added to its 16 outputs out[t * ldo ..]: the 8-token groups
+ * in this loop (panel_toks8's operations; one call per panel, the outputs
+ * read and written here), the rest by panel_tokens. */
+PI2_T_AVX512 K_NOINLINE static void gemm_tokens(const k_panel *P, int G, const int8_t *aq, int64_t Rp,
+                                                const float *sc, const int32_t *bias0, int T, float *out,
+                                                int64_t ldo)
+{
+    int t0 = 0;
+    for (; t0 + 8 <= T; t0 += 8) {
+        const int8_t *a = aq + t0 * Rp;
+        const int32_t *bias = bias0 + t0 * K_PB;
+        const float *st = sc + t0 * K_PB;
+        int64_t n = Rp;
+        __m512 f[8];
+        for (int t = 0; t < 8; t++)
+            f[t] = _mm512_setzero_ps();
+        for (int b = 0; b < G; b++) {
+            K_PANEL_DOTS(8, P->w, b);
+            _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
+                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_set1_ps(st[t * K_PB + b]), f[t]);
+        }
+        _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)
+        {
+            float *o = out + (t0 + t) * ldo;
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), f[t]));
+        }
+    }
+    while (t0 < T) {
+        __m512 res[8];
+        int N = panel_tokens(K_TOKS, P, G, aq, Rp, sc, K_PB, bias0, t0, T, res);
+        for (int j = 0; j < N; j++) {
+            float *o = out + (t0 + j) * ldo;
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), res[j]));
+        }
+        t0 += N;
+    }
+}
+
 PI2_T_AVX512 static void gemm_vnni(pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
                                    const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo)
 {
@@ -2231,6 +2270,7 @@ PI2_T_AVX512 static void gemm_vnni(pi2_qtype wt, int64_t n, int nrows, const flo
     static_assert((int)K_GC <= (int)K_PB, "a row chunk's groups fit a panel");
     k_gfac F;
     k_panel P[2];
+    float dcol[16 * K_GC] = {0}; /* [output block in window][group] */
     for (int r0 = 0; r0 < nrows; r0 += K_GC * K_GR) {
         int R = nrows - r0 < K_GC * K_GR ? nrows - r0 : K_GC * K_GR, G = (R + K_GR - 1) / K_GR, Rp = G * K_GR;
         gemm_coefs(PI2_ISA_AVX512, coef, ldc, T, r0, R, aq, as, su);
@@ -2243,21 +2283,23 @@ PI2_T_AVX512 static void gemm_vnni(pi2_qtype wt, int64_t n, int nrows, const flo
         for (int64_t bw = 0; bw < nb; bw += 16) {
             int kbw = (int)min64(16, nb - bw);
             gemm_factors(qmax, ws + r0, R, G, bw, kbw, &F);
+            for (int g = 0; g < G; g++) /* D by output block, then group */
+                for (int lb = 0; lb < kbw; lb++)
+                    dcol[lb * K_GC + g] = F.D[g][lb];
             for (int lb = 0; lb < kbw; lb++) {
                 gemm_pack(wt, w, G, bw + lb, lb, &F, P);
+                __m512 Dv = _mm512_loadu_ps(dcol + lb * K_GC);
+                __mmask16 gm = (__mmask16)((1u << G) - 1u);
                 for (int t = 0; t < T; t++)
-                    for (int g = 0; g < G; g++)
-                        sc[t * K_PB + g] = F.D[g][lb] * as[t * G + g];
-                for (int h = 0; h < 2; h++)
-                    for (int t0 = 0; t0 < T;) {
-                        __m512 res[8];
-                        int N = panel_tokens(K_TOKS, &P[h], G, aq, Rp, sc, K_PB, bias, t0, T, res);
-                        for (int j = 0; j < N; j++) {
-                            float *o = out + (t0 + j) * ldo + (bw + lb) * QG + 16 * h;
-                            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), res[j]));
-                        }
-                        t0 += N;
+                    _mm512_mask_storeu_ps(sc + t * K_PB, gm,
+                                          _mm512_mul_ps(Dv, _mm512_maskz_loadu_ps(gm, as + t * G)));
+                if (bw + lb + 1 < nb) /* the next output block's strip, token-strided */
+                    for (int t = 0; t < T; t++) {
+                        _mm_prefetch((const char *)(out + t * ldo + (bw + lb + 1) * QG), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(out + t * ldo + (bw + lb + 1) * QG + 16), _MM_HINT_T0);
                     }
+                for (int h = 0; h < 2; h++)
+                    gemm_tokens(&P[h], G, aq, Rp, sc, bias, T, out + (bw + lb) * QG + 16 * h, ldo);
             }
         }
     }

@@ -519,6 +519,30 @@ static void test_sum_rows(void **state)
     free(base);
 }
 
+/* The vectorized activation rows give eng_act's bits, special values
+ * included (closed gates are +0, NaN gates close, NaN ups pass open gates). */
+static void test_act_rows(void **state)
+{
+    (void)state;
+    enum { N = 203 };
+    const float sp[] = {0.0f, -0.0f, 1.0f, -1.0f, 0x1p-140f, -0x1p-140f, INFINITY, -INFINITY, NAN, 3e38f};
+    enum { NS = sizeof sp / sizeof *sp };
+    float g[N], u[N], want[N];
+    pi2_rng r;
+    pi2_rng_seed(&r, 23);
+    const pi2_act acts[] = {PI2_ACT_RELU, PI2_ACT_DRELU, PI2_ACT_SILU};
+    for (size_t a = 0; a < sizeof acts / sizeof *acts; a++)
+        for (int n = 0; n <= N; n += n < 20 ? 1 : 61) {
+            for (int i = 0; i < N; i++) {
+                g[i] = i < NS * NS ? sp[i % NS] : (float)(pi2_rng_uniform(&r) * 8 - 4);
+                u[i] = i < NS * NS ? sp[i / NS % NS] : (float)(pi2_rng_uniform(&r) * 8 - 4);
+                want[i] = i < n ? eng_act(acts[a], g[i], u[i]) : g[i];
+            }
+            eng_act_rows(acts[a], g, u, n);
+            assert_memory_equal(g, want, sizeof g);
+        }
+}
+
 /* ---- thread counts and kernel paths ---- */
 
 /* Logits after n tokens: the first `batch` as one prefill, the rest one at
@@ -811,6 +835,7 @@ int main(void)
         cmocka_unit_test_teardown(test_predict_q8, reset_isa),
         cmocka_unit_test(test_top_k),
         cmocka_unit_test_teardown(test_sum_rows, reset_isa),
+        cmocka_unit_test(test_act_rows),
         cmocka_unit_test_teardown(test_threads_and_isa, reset_isa),
         cmocka_unit_test_teardown(test_trust, reset_isa),
         cmocka_unit_test_teardown(test_bad_calls, reset_isa),

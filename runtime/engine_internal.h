@@ -148,7 +148,7 @@ enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };
 float eng_act(pi2_act a, float g, float u);
 /* g[k] = eng_act(a, g[k], u[k]) for k < n, bit for bit (g and u apart). */
 void eng_act_rows(pi2_act a, float *restrict g, const float *restrict u, int64_t n);
-void eng_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+void eng_rmsnorm(float *restrict out, const float *restrict x, const float *restrict w, int n, float eps);
 /* Predictor of FFN f on input x (D floats): the predicted neurons, in
  * bundled order, into sel; returns their count. */
 uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *sel);

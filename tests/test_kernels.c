@@ -9,6 +9,8 @@
 #include "runtime/kernels.h"
 
 #include <math.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* Fail with a formatted message (cmocka's assert_true only shows the text). */
 #define CHECK(cond, ...)                              \
@@ -490,6 +492,101 @@ static void test_matmul_gfni(void **state)
     }
     assert_int_equal(pi2_k_set_gfni(true), 0);
     assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
+}
+
+/* len bytes of src copied to the end of a page whose next page is not
+ * mapped (a read past them faults); *map and *maplen to unmap. */
+static void *guard_copy(const void *src, size_t len, void **map, size_t *maplen)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), span = (len + pg - 1) / pg * pg;
+    uint8_t *m = mmap(NULL, span + pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    assert_int_equal(mprotect(m + span, pg, PROT_NONE), 0);
+    *map = m;
+    *maplen = span + pg;
+    memcpy(m + span - len, src, len);
+    return m + span - len;
+}
+
+/* One token against rows of fewer than 16 blocks (a predictor's second
+ * layer) on AVX-512 VNNI: the rows and activations padded with zero blocks
+ * to 16 give the same bits through the full 16-block step, Q4 with and
+ * without GFNI and Q8, for ragged row counts and with a prefetch range.
+ * Each row and its scales end where an unmapped page begins: the short
+ * path's loads stop at the row. */
+static void test_matmul_short(void **state)
+{
+    (void)state;
+    if (!isa_or_skip(PI2_ISA_AVX512, "matmul (short rows)"))
+        skip();
+    assert_int_equal(pi2_q_set_isa(PI2_ISA_AVX512), 0);
+    pi2_rng r;
+    pi2_rng_seed(&r, 59);
+    static const int nbs[] = {1, 2, 3, 4, 5, 8, 12, 15};
+    static const int rows[] = {1, 3, 9, 37};
+    long compared = 0;
+    for (int q = 0; q < 2; q++)
+        for (size_t bi = 0; bi < sizeof nbs / sizeof *nbs; bi++)
+            for (size_t ri = 0; ri < sizeof rows / sizeof *rows; ri++) {
+                pi2_qtype t = q ? PI2_QT_Q8 : PI2_QT_Q4;
+                int64_t nb = nbs[bi], n = nb * PI2_Q_GROUP, N = 16 * PI2_Q_GROUP;
+                int nr = rows[ri], kind = (int)(bi + ri) % 3;
+                wrows w = wrows_new(&r, t, n, nr, kind);
+                acts a = acts_new(&r, 1, n, kind == W_EXTREME ? A_FULL : A_MIXED);
+                size_t rb = pi2_q_payload_row_bytes(t, n), RB = pi2_q_payload_row_bytes(t, N);
+                uint8_t *pay = calloc((size_t)nr, RB);
+                uint16_t *sc = calloc((size_t)nr * 16, sizeof(uint16_t));
+                const uint8_t **wp = xmalloc((size_t)nr, sizeof *wp);
+                const uint16_t **ws = xmalloc((size_t)nr, sizeof *ws);
+                for (int k = 0; k < nr; k++) {
+                    memcpy(pay + (size_t)k * RB, w.wp[k], rb);
+                    memcpy(sc + (size_t)k * 16, w.ws[k], (size_t)nb * sizeof(uint16_t));
+                    wp[k] = pay + (size_t)k * RB;
+                    ws[k] = sc + (size_t)k * 16;
+                }
+                int8_t aq[16 * PI2_Q_GROUP] = {0};
+                float as[16] = {0};
+                int32_t sums[16] = {0};
+                memcpy(aq, a.aq, (size_t)n);
+                memcpy(as, a.as, (size_t)nb * sizeof(float));
+                memcpy(sums, a.sums, (size_t)nb * sizeof(int32_t));
+                /* the short rows, each against a guard page */
+                const uint8_t **gp = xmalloc((size_t)nr, sizeof *gp);
+                const uint16_t **gs = xmalloc((size_t)nr, sizeof *gs);
+                void *maps[2 * 37];
+                size_t lens[2 * 37];
+                for (int k = 0; k < nr; k++) {
+                    gp[k] = guard_copy(w.wp[k], rb, &maps[2 * k], &lens[2 * k]);
+                    gs[k] = guard_copy(w.ws[k], (size_t)nb * sizeof(uint16_t), &maps[2 * k + 1], &lens[2 * k + 1]);
+                }
+                float want[37], got[37];
+                for (int g = 0; g < (q ? 1 : 2); g++) {
+                    pi2_k_set_gfni(g == 0);
+                    pi2_k_matmul(t, N, nr, wp, ws, as, aq, sums, 1, want, 1);
+                    pi2_k_matmul(t, n, nr, gp, gs, a.as, a.aq, a.sums, 1, got, 1);
+                    CHECK(memcmp(want, got, (size_t)nr * sizeof(float)) == 0,
+                          "%s nb=%lld rows=%d gfni %d: short rows differ from the padded step", pi2_q_type_name(t),
+                          (long long)nb, nr, g == 0);
+                    pi2_k_matmul_pf(t, n, nr, gp, gs, a.as, a.aq, a.sums, 1, got, 1, pay, (int64_t)(nr * RB));
+                    CHECK(memcmp(want, got, (size_t)nr * sizeof(float)) == 0,
+                          "%s nb=%lld rows=%d: the prefetching short rows differ", pi2_q_type_name(t), (long long)nb, nr);
+                    compared += 2 * nr;
+                }
+                for (int k = 0; k < 2 * nr; k++)
+                    munmap(maps[k], lens[k]);
+                free(gp);
+                free(gs);
+                free(pay);
+                free(sc);
+                free(wp);
+                free(ws);
+                acts_free(&a);
+                wrows_free(&w);
+            }
+    pi2_k_set_gfni(true);
+    assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
+    print_message("kernels: short rows (1..15 blocks, one token) bit-identical to the padded 16-block step: %ld outputs\n",
+                  compared);
 }
 
 /* pi2_k_matmul_pf: the same bits as pi2_k_matmul on every path and token
@@ -1281,6 +1378,7 @@ int main(void)
         cmocka_unit_test(test_matmul_avx512),
         cmocka_unit_test(test_matmul_dispatch),
         cmocka_unit_test(test_matmul_gfni),
+        cmocka_unit_test(test_matmul_short),
         cmocka_unit_test(test_matmul_pf),
         cmocka_unit_test(test_down_rows_pf),
         cmocka_unit_test(test_axpy_scalar),

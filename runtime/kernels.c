@@ -1040,6 +1040,28 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
         K_T1W_Q8_ROW(acc3, w3, s3);                                                                          \
     } while (0)
 
+/* The sum of 16 lanes in a fixed tree: halves, quarters, then pairs (the
+ * order GCC's _mm512_reduce_add_ps takes, written out so that the narrow
+ * rows below can take its subtrees: a row in lanes 0-7 (0-3) of an
+ * otherwise zero vector sums as k_sum8 (k_sum4) of those lanes; no lane
+ * is ever -0, the accumulators starting at +0). */
+PI2_T_AVX512 static inline float k_sum4(__m128 x)
+{
+    __m128 w = _mm_add_ps(x, _mm_shuffle_ps(x, x, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(w) + _mm_cvtss_f32(_mm_shuffle_ps(w, w, 1));
+}
+
+PI2_T_AVX512 static inline float k_sum8(__m256 x)
+{
+    return k_sum4(_mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x)));
+}
+
+PI2_T_AVX512 static inline float k_sum16(__m512 x)
+{
+    return k_sum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)),
+                                _mm512_castps512_ps256(x)));
+}
+
 #define K_DEF_T1W(name, TGT, STEP, GB, ORD, AR)                                                                     \
     TGT static void name(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb,                   \
                                   const int8_t *a, const float *as, const int32_t *sums,                      \
@@ -1083,10 +1105,10 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
             }                                                                                                \
             STEP(ta, tas, tsum, tw[0], tw[1], tw[2], tw[3], tsc[0], tsc[1], tsc[2], tsc[3]);                 \
         }                                                                                                    \
-        res[0] = _mm512_reduce_add_ps(acc0);                                                                 \
-        res[1] = _mm512_reduce_add_ps(acc1);                                                                 \
-        res[2] = _mm512_reduce_add_ps(acc2);                                                                 \
-        res[3] = _mm512_reduce_add_ps(acc3);                                                                 \
+        res[0] = k_sum16(acc0);                                                                              \
+        res[1] = k_sum16(acc1);                                                                              \
+        res[2] = k_sum16(acc2);                                                                              \
+        res[3] = k_sum16(acc3);                                                                              \
     }
 
 /* ORD[p] = the fold position of block p: Q4 4 * (p % 4) + p / 4; Q8 see
@@ -1131,7 +1153,7 @@ PI2_T_AVX512 static void k_split_a(const int8_t *a, int64_t nb, int8_t *dst)
  * same arithmetic, so the same sums. One thread, 5632 Q8 rows of 128
  * values in L2: 6.0 -> 12.8 GB/s (rows of 2048: 39); the 1B-shaped model's
  * sparse decode, 2 threads: 63.1 -> 66.4 tok/s (medians of 8 alternated
- * runs). The step still spends 16 blocks' work on a row of 4. */
+ * runs). Q8 rows of up to 8 blocks then took the narrow steps below. */
 #define K_DEF_T1W_SHORT(name, TGT, GB, ORD, SH, ACTS, ROW)                                                   \
     TGT static void name(int64_t nb, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,           \
                          const float *as, const int8_t *a, const int32_t *sums, float *out, const uint8_t *pf,  \
@@ -1176,8 +1198,7 @@ PI2_T_AVX512 static void k_split_a(const int8_t *a, int64_t nb, int8_t *dst)
             ROW(acc1, w[1], s[1]);                                                                           \
             ROW(acc2, w[2], s[2]);                                                                           \
             ROW(acc3, w[3], s[3]);                                                                           \
-            float res[4] = {_mm512_reduce_add_ps(acc0), _mm512_reduce_add_ps(acc1), _mm512_reduce_add_ps(acc2), \
-                            _mm512_reduce_add_ps(acc3)};                                                     \
+            float res[4] = {k_sum16(acc0), k_sum16(acc1), k_sum16(acc2), k_sum16(acc3)};                     \
             for (int k = 0; k < 4 && r0 + k < nrows; k++)                                                    \
                 out[r0 + k] = res[k];                                                                        \
         }                                                                                                    \
@@ -1211,6 +1232,112 @@ K_DEF_T1W_SHORT(mm_short_q4_vnni, PI2_T_AVX512, PI2_Q4_GROUP_BYTES, K_ORD_Q4, 3,
 K_DEF_T1W_SHORT(mm_short_q4g_vnni, PI2_T_AVX512G, PI2_Q4_GROUP_BYTES, K_ORD_Q4, 3, K_SHORT_ACTS_Q4,
                 K_SHORT_ROW_Q4G)
 
+/* Q8 rows of at most 8 (4) blocks, each padded to nbp = 8 (4): one step
+ * holds 16 / nbp rows side by side, its 8 loads and 16 scales split among
+ * them, the activations repeated for each; a tile is 4 such steps. Every
+ * lane sees the operations of the 16-block step over the row padded with
+ * zero blocks, and a row's lanes sum in that step's subtree: the same
+ * bits (test_matmul_short). One thread in L2: the 1B-shaped model's
+ * predictor, 5632 rows of 128 values, 12.8 -> 30.7 GB/s; rows of 256
+ * values 25.8 -> 34.8. Its sparse decode, 2 threads: 69.5 -> 72.6 tok/s
+ * (medians of 8 alternated runs). */
+#define K_LD_ROWS(p, j) _mm512_maskz_loadu_epi8(wm_[j], (const void *)((p)[j] + 64 * ((j) % jp)))
+#define K_LDS_READY(s) (s)
+PI2_T_AVX512 static inline __attribute__((always_inline)) void
+narrow_q8(const int nbp, int64_t nb, int nrows, const uint8_t *const *wp, const uint16_t *const *ws, const float *as,
+          const int8_t *a, const int32_t *sums, float *out, const uint8_t *pf, int64_t pf_len)
+{
+    const __m512i x80 = _mm512_set1_epi8(-128);
+    const __m512i ord = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+    const int rps = 16 / nbp, jp = nbp / 2; /* rows per step, loads per row */
+    _Alignas(64) int8_t ta[8 * QG] = {0};
+    float tas[16];
+    int32_t tsum[16];
+    memcpy(ta, a, (size_t)nb * QG);
+    for (int p = 0; p < 16; p++) {
+        tas[p] = p % nbp < nb ? as[p % nbp] : 0.0f;
+        tsum[p] = p % nbp < nb ? sums[p % nbp] : 0;
+    }
+    __mmask64 wm_[8];
+    for (int j = 0; j < 8; j++) {
+        int64_t left = nb * PI2_Q8_GROUP_BYTES - 64 * (j % jp);
+        wm_[j] = left <= 0 ? 0 : left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;
+    }
+    const __mmask8 sm = (__mmask8)((1u << nb) - 1u);
+    __m512i av0 = _mm512_load_si512((const void *)ta), av1 = _mm512_load_si512((const void *)(ta + 64 * (1 % jp)));
+    __m512i av2 = _mm512_load_si512((const void *)(ta + 64 * (2 % jp)));
+    __m512i av3 = _mm512_load_si512((const void *)(ta + 64 * (3 % jp)));
+    __m512i av4 = av0, av5 = av1, av6 = av2, av7 = av3;
+    __m512 asv = _mm512_loadu_ps(tas);
+    __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)tsum), 7);
+    int per = 4 * rps; /* rows per tile */
+    int64_t tiles = (nrows + per - 1) / per;
+    for (int r0 = 0; r0 < nrows; r0 += per) {
+        const uint8_t *rp[4][8];
+        __m256i sv[4];
+        for (int v = 0; v < 4; v++) {
+            __m128i q[4];
+            for (int i = 0; i < rps; i++) {
+                int r = r0 + v * rps + i < nrows ? r0 + v * rps + i : nrows - 1;
+                for (int j = i * jp; j < (i + 1) * jp; j++)
+                    rp[v][j] = wp[r];
+                q[i] = _mm_maskz_loadu_epi16(sm, (const void *)ws[r]);
+                int rn = r + per < nrows ? r + per : nrows - 1; /* the next tile's row */
+                _mm_prefetch((const char *)wp[rn], _MM_HINT_T0);
+            }
+            sv[v] = rps == 2 ? _mm256_set_m128i(q[1], q[0])
+                             : _mm256_set_m128i(_mm_unpacklo_epi64(q[2], q[3]), _mm_unpacklo_epi64(q[0], q[1]));
+        }
+        if (pf) { /* this tile's share of the caller's range, whole lines */
+            int64_t i = r0 / per, p0 = pf_len * i / tiles / 64 * 64;
+            int64_t p1 = i + 1 == tiles ? pf_len : pf_len * (i + 1) / tiles / 64 * 64;
+            for (int64_t o = p0; o < p1; o += 64)
+                _mm_prefetch((const char *)(pf + o), _MM_HINT_T1);
+        }
+        __m512 acc[4];
+        for (int v = 0; v < 4; v++) {
+            acc[v] = _mm512_setzero_ps();
+            K_T1W_Q8_ROW_(acc[v], rp[v], sv[v], K_LD_ROWS, K_LDS_READY);
+        }
+        for (int v = 0; v < 4; v++)
+            for (int i = 0; i < rps && r0 + v * rps + i < nrows; i++) {
+                float r;
+                if (rps == 2)
+                    r = k_sum8(i ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[v]), 1))
+                                 : _mm512_castps512_ps256(acc[v]));
+                else
+                    r = k_sum4(i == 0   ? _mm512_castps512_ps128(acc[v])
+                               : i == 1 ? _mm512_extractf32x4_ps(acc[v], 1)
+                               : i == 2 ? _mm512_extractf32x4_ps(acc[v], 2)
+                                        : _mm512_extractf32x4_ps(acc[v], 3));
+                out[r0 + v * rps + i] = r;
+            }
+    }
+}
+
+PI2_T_AVX512 static void mm_narrow4_q8_vnni(int64_t nb, int nrows, const uint8_t *const *wp,
+                                           const uint16_t *const *ws, const float *as, const int8_t *a,
+                                           const int32_t *sums, float *out, const uint8_t *pf, int64_t pf_len)
+{
+    narrow_q8(4, nb, nrows, wp, ws, as, a, sums, out, pf, pf_len);
+}
+
+PI2_T_AVX512 static void mm_narrow8_q8_vnni(int64_t nb, int nrows, const uint8_t *const *wp,
+                                           const uint16_t *const *ws, const float *as, const int8_t *a,
+                                           const int32_t *sums, float *out, const uint8_t *pf, int64_t pf_len)
+{
+    narrow_q8(8, nb, nrows, wp, ws, as, a, sums, out, pf, pf_len);
+}
+
+/* Q8 rows of fewer than 16 blocks: up to 4 or 8 narrow, else the masked step. */
+static void mm_short_q8(int64_t nb, int nrows, const uint8_t *const *wp, const uint16_t *const *ws, const float *as,
+                        const int8_t *a, const int32_t *sums, float *out, const uint8_t *pf, int64_t pf_len)
+{
+    (nb <= 4   ? mm_narrow4_q8_vnni
+     : nb <= 8 ? mm_narrow8_q8_vnni
+               : mm_short_q8_vnni)(nb, nrows, wp, ws, as, a, sums, out, pf, pf_len);
+}
+
 static const k_mm_ops MM_Q4_AVX2 = {mm_t4_q4_avx2, mm_t4_q4raw_avx2, mm_t1_q4_avx2, NULL, NULL, NULL, 8,
                                     PI2_Q4_GROUP_BYTES, NULL, NULL};
 static const k_mm_ops MM_Q8_AVX2 = {mm_t4_q8_avx2, NULL, mm_t1_q8_avx2, NULL, NULL, NULL, 0, PI2_Q8_GROUP_BYTES,
@@ -1220,7 +1347,7 @@ static const k_mm_ops MM_Q8_AVX2 = {mm_t4_q8_avx2, NULL, mm_t1_q8_avx2, NULL, NU
 static const k_mm_ops MM_Q4_VNNI = {NULL, NULL, mm_t1w_q4_vnni, mm_t1w_q4s_vnni, mm_t1w_q4sg_vnni, k_split_a, 8,
                                     PI2_Q4_GROUP_BYTES, mm_short_q4_vnni, mm_short_q4g_vnni};
 static const k_mm_ops MM_Q8_VNNI = {NULL, NULL, mm_t1w_q8_vnni, NULL, NULL, NULL, 128, PI2_Q8_GROUP_BYTES,
-                                    mm_short_q8_vnni, NULL};
+                                    mm_short_q8, NULL};
 
 /* ---- matmul, AVX-512 VNNI panels (prefill) ----
  *

@@ -1023,15 +1023,19 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
 #define K_T1W_STEP_Q4SG(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3) \
     K_T1W_STEP_Q4_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, K_T1W_AQ4S, K_HI_GFNI)
 
+/* The Q8 step's 8 activation vectors (16 blocks at ab). */
+#define K_T1W_AQ8(ab)                                                                                        \
+    __m512i av0 = _mm512_loadu_si512((const void *)(ab)), av1 = _mm512_loadu_si512((const void *)((ab) + 64)); \
+    __m512i av2 = _mm512_loadu_si512((const void *)((ab) + 128));                                            \
+    __m512i av3 = _mm512_loadu_si512((const void *)((ab) + 192));                                            \
+    __m512i av4 = _mm512_loadu_si512((const void *)((ab) + 256));                                            \
+    __m512i av5 = _mm512_loadu_si512((const void *)((ab) + 320));                                            \
+    __m512i av6 = _mm512_loadu_si512((const void *)((ab) + 384));                                            \
+    __m512i av7 = _mm512_loadu_si512((const void *)((ab) + 448))
+
 #define K_T1W_STEP_Q8(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3)                                           \
     do {                                                                                                     \
-        __m512i av0 = _mm512_loadu_si512((const void *)(ab)), av1 = _mm512_loadu_si512((const void *)((ab) + 64)); \
-        __m512i av2 = _mm512_loadu_si512((const void *)((ab) + 128));                                        \
-        __m512i av3 = _mm512_loadu_si512((const void *)((ab) + 192));                                        \
-        __m512i av4 = _mm512_loadu_si512((const void *)((ab) + 256));                                        \
-        __m512i av5 = _mm512_loadu_si512((const void *)((ab) + 320));                                        \
-        __m512i av6 = _mm512_loadu_si512((const void *)((ab) + 384));                                        \
-        __m512i av7 = _mm512_loadu_si512((const void *)((ab) + 448));                                        \
+        K_T1W_AQ8(ab);                                                                                       \
         __m512 asv = _mm512_loadu_ps((asb));                                                                 \
         __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(sb)), 7);                         \
         K_T1W_Q8_ROW(acc0, w0, s0);                                                                          \
@@ -1206,14 +1210,7 @@ PI2_T_AVX512 static void k_split_a(const int8_t *a, int64_t nb, int8_t *dst)
 
 /* the activation vectors of the one step: Q8 as they are, Q4 split per 4
  * blocks as k_split_a leaves them */
-#define K_SHORT_ACTS_Q8(ta)                                                                                  \
-    __m512i av0 = _mm512_load_si512((const void *)(ta)), av1 = _mm512_load_si512((const void *)((ta) + 64));  \
-    __m512i av2 = _mm512_load_si512((const void *)((ta) + 128));                                             \
-    __m512i av3 = _mm512_load_si512((const void *)((ta) + 192));                                             \
-    __m512i av4 = _mm512_load_si512((const void *)((ta) + 256));                                             \
-    __m512i av5 = _mm512_load_si512((const void *)((ta) + 320));                                             \
-    __m512i av6 = _mm512_load_si512((const void *)((ta) + 384));                                             \
-    __m512i av7 = _mm512_load_si512((const void *)((ta) + 448))
+#define K_SHORT_ACTS_Q8(ta) K_T1W_AQ8(ta)
 #define K_SHORT_ACTS_Q4(ta)                                                                                  \
     _Alignas(64) int8_t sp_[16 * QG];                                                                        \
     k_split_a((ta), 16, sp_);                                                                                \

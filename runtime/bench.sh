@@ -120,8 +120,12 @@ ppl_s=$(echo "$ps" | sed -n 's/^perplexity \([0-9.]*\).*/\1/p')
 ppl_d=$(echo "$pd" | sed -n 's/^perplexity \([0-9.]*\).*/\1/p')
 ppl_r=$(echo "$ppl_s $ppl_d" | awk '{printf "%+.3f", 100 * ($1 / $2 - 1)}')
 say "sparse perplexity $ppl_s vs dense $ppl_d: $ppl_r%   [target within 1%]"
-printf '{"sparse_tg_tok_s": %s, "dense_tg_tok_s": %s, "sparse_vs_dense": %s, "dense_bw_GBps": %s, "dense_vs_mem_bw": %s, "dense_vs_mem_bw_paired": %s, "pp_tok_s": %s, "pp_vs_int8_peak": %s, "pp_vs_int8_peak_paired": %s, "ppl_sparse": %s, "ppl_dense": %s}\n' \
-    "$s_tg" "$d_tg" "$r_sparse" "$(echo "$d_bw" | awk '{printf "%.3f", $1/1e9}')" "$r_bw" "$r_paired" "$pp" "$r_pp" "$r_pppaired" "$ppl_s" "$ppl_d" >"$W/runtime.json"
+fmt='{"sparse_tg_tok_s": %s, "dense_tg_tok_s": %s, "sparse_vs_dense": %s, "dense_bw_GBps": %s, '
+fmt="$fmt"'"dense_vs_mem_bw": %s, "dense_vs_mem_bw_paired": %s, "pp_tok_s": %s, "pp_vs_int8_peak": %s, '
+fmt="$fmt"'"pp_vs_int8_peak_paired": %s, "ppl_sparse": %s, "ppl_dense": %s}\n'
+# shellcheck disable=SC2059
+printf "$fmt" "$s_tg" "$d_tg" "$r_sparse" "$(echo "$d_bw" | awk '{printf "%.3f", $1/1e9}')" "$r_bw" "$r_paired" \
+    "$pp" "$r_pp" "$r_pppaired" "$ppl_s" "$ppl_d" >"$W/runtime.json"
 say ""
 say "== offloading and the planner on the 1B-shaped model: predicted vs measured (runtime/bench_offload.sh)"
 POINTS="0 25 50 75" BUILD=$B THREADS=$TH sh runtime/bench_offload.sh "$M.pi2" "$W/bench.pub" "$W" rt-1b

@@ -471,10 +471,11 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
         }
         for (int t = 0; t < T; t++)
             eng_act_rows(e->d.act, s->gt + t * ENG_TILE, s->ut + t * ENG_TILE, nc);
+        int64_t ld = ENG_PART_LD(D);
         if (gemm)
-            pi2_k_down_gemm(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, ENG_PART_LD(D));
+            pi2_k_down_gemm(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, ld);
         else
-            pi2_k_down_rows(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, ENG_PART_LD(D));
+            pi2_k_down_rows(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, ld);
     }
 }
 

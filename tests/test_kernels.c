@@ -569,7 +569,8 @@ static void test_matmul_short(void **state)
                           (long long)nb, nr, g == 0);
                     pi2_k_matmul_pf(t, n, nr, gp, gs, a.as, a.aq, a.sums, 1, got, 1, pay, (int64_t)(nr * RB));
                     CHECK(memcmp(want, got, (size_t)nr * sizeof(float)) == 0,
-                          "%s nb=%lld rows=%d: the prefetching short rows differ", pi2_q_type_name(t), (long long)nb, nr);
+                          "%s nb=%lld rows=%d: the prefetching short rows differ", pi2_q_type_name(t),
+                          (long long)nb, nr);
                     compared += 2 * nr;
                 }
                 for (int k = 0; k < 2 * nr; k++)
@@ -585,8 +586,8 @@ static void test_matmul_short(void **state)
             }
     pi2_k_set_gfni(true);
     assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
-    print_message("kernels: short rows (1..15 blocks, one token) bit-identical to the padded 16-block step: %ld outputs\n",
-                  compared);
+    print_message("kernels: short rows (1..15 blocks, one token) bit-identical to the padded 16-block step: "
+                  "%ld outputs\n", compared);
 }
 
 /* pi2_k_matmul_pf: the same bits as pi2_k_matmul on every path and token

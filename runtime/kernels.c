@@ -729,6 +729,11 @@ typedef void (*k_t1_fn)(const uint8_t *const w[4], const uint16_t *const s[4], i
 
 enum { K_SPLIT_MAX = 8192 }; /* values of a split activation copy (stack) */
 
+/* One token against nrows rows of nb < 16 blocks: out[r] (mm_one_token's
+ * contract, the caller's prefetch range included). */
+typedef void k_short_fn(int64_t nb, int nrows, const uint8_t *const *wp, const uint16_t *const *ws, const float *as,
+                        const int8_t *a, const int32_t *sums, float *out, const uint8_t *pf, int64_t pf_len);
+
 typedef struct k_mm_ops {
     k_t4_fn t4;    /* on payload rows, or (Q4) on rows unpacked by q4_unpack_rows */
     k_t4_fn t4raw; /* Q4 on payload rows, for few token groups (NULL: t4 is) */
@@ -738,11 +743,7 @@ typedef struct k_mm_ops {
     void (*split)(const int8_t *a, int64_t nb, int8_t *dst);
     int32_t corr; /* k_tok4 offset: corr * sum(a) per block */
     int64_t gb;   /* payload bytes per block */
-    /* one token, rows of fewer than 16 blocks (NULL: t1's tail); GFNI */
-    void (*t1short)(int64_t nb, int nrows, const uint8_t *const *wp, const uint16_t *const *ws, const float *as,
-                    const int8_t *a, const int32_t *sums, float *out, const uint8_t *pf, int64_t pf_len);
-    void (*t1shortg)(int64_t nb, int nrows, const uint8_t *const *wp, const uint16_t *const *ws, const float *as,
-                     const int8_t *a, const int32_t *sums, float *out, const uint8_t *pf, int64_t pf_len);
+    k_short_fn *t1short, *t1shortg; /* one token, rows of under 16 blocks (NULL: t1's tail); with GFNI */
 } k_mm_ops;
 
 

@@ -659,6 +659,25 @@ PI2_T_AVX2 static void cvt_scales(const uint16_t *h, int64_t n, float *dst)
         K_T1_ROWS(acc2, acc3, wq2, wq3, sq2, sq3, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                        \
     } while (0)
 
+/* Tile i of `tiles`' share [p0, p1) of a caller's prefetch range of len
+ * bytes: whole lines, the last tile taking the rest. */
+static inline void k_pf_share(int64_t len, int64_t i, int64_t tiles, int64_t *p0, int64_t *p1)
+{
+    *p0 = len * i / tiles / 64 * 64;
+    *p1 = i + 1 == tiles ? len : len * (i + 1) / tiles / 64 * 64;
+}
+
+/* Tile i's share of [pf, pf + len) toward L2 (pf NULL: nothing). */
+static inline void k_pf_tile(const uint8_t *pf, int64_t len, int64_t i, int64_t tiles)
+{
+    if (!pf)
+        return;
+    int64_t p0, p1;
+    k_pf_share(len, i, tiles, &p0, &p1);
+    for (int64_t o = p0; o < p1; o += 64)
+        _mm_prefetch((const char *)(pf + o), _MM_HINT_T1);
+}
+
 /* Bytes of a paced prefetch per step: len spread over steps, whole lines. */
 static inline int64_t k_pf_quota(int64_t len, int64_t steps)
 {
@@ -824,9 +843,9 @@ static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_
         if (!seq)
             for (int k = 0; k < 4; k++)
                 _mm_prefetch((const char *)wn[k], _MM_HINT_T0);
-        /* this tile's share of the caller's range, whole lines */
-        int64_t i = r0 / 4, p0 = pf_len * i / tiles / 64 * 64;
-        int64_t p1 = i + 1 == tiles ? pf_len : pf_len * (i + 1) / tiles / 64 * 64;
+        /* this tile's share of the caller's range */
+        int64_t p0, p1;
+        k_pf_share(pf_len, r0 / 4, tiles, &p0, &p1);
         float res[4];
         t1(w, s, nb, a, as, sums, seq ? wn : NULL, pf ? pf + p0 : NULL, pf ? p1 - p0 : 0, res);
         for (int k = 0; k < 4 && r0 + k < nrows; k++)
@@ -1192,12 +1211,7 @@ PI2_T_AVX512 static void k_split_a(const int8_t *a, int64_t nb, int8_t *dst)
                 s[k] = ws[r];                                                                                \
                 _mm_prefetch((const char *)wp[rn], _MM_HINT_T0);                                             \
             }                                                                                                \
-            if (pf) { /* this tile's share of the caller's range, whole lines */                             \
-                int64_t i = r0 / 4, p0 = pf_len * i / tiles / 64 * 64;                                       \
-                int64_t p1 = i + 1 == tiles ? pf_len : pf_len * (i + 1) / tiles / 64 * 64;                   \
-                for (int64_t o = p0; o < p1; o += 64)                                                        \
-                    _mm_prefetch((const char *)(pf + o), _MM_HINT_T1);                                       \
-            }                                                                                                \
+            k_pf_tile(pf, pf_len, r0 / 4, tiles);                                                            \
             __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                        \
             ROW(acc0, w[0], s[0]);                                                                           \
             ROW(acc1, w[1], s[1]);                                                                           \
@@ -1286,12 +1300,7 @@ narrow_q8(const int nbp, int64_t nb, int nrows, const uint8_t *const *wp, const 
             sv[v] = rps == 2 ? _mm256_set_m128i(q[1], q[0])
                              : _mm256_set_m128i(_mm_unpacklo_epi64(q[2], q[3]), _mm_unpacklo_epi64(q[0], q[1]));
         }
-        if (pf) { /* this tile's share of the caller's range, whole lines */
-            int64_t i = r0 / per, p0 = pf_len * i / tiles / 64 * 64;
-            int64_t p1 = i + 1 == tiles ? pf_len : pf_len * (i + 1) / tiles / 64 * 64;
-            for (int64_t o = p0; o < p1; o += 64)
-                _mm_prefetch((const char *)(pf + o), _MM_HINT_T1);
-        }
+        k_pf_tile(pf, pf_len, r0 / per, tiles);
         __m512 acc[4];
         for (int v = 0; v < 4; v++) {
             acc[v] = _mm512_setzero_ps();

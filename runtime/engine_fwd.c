@@ -18,7 +18,7 @@
  * offloading I/O thread and interrupts take time from one compute thread
  * at a time; with fixed halves the other waited for it at every step. */
 
-static void share_init(_Atomic uint64_t *rng, int nt, int64_t n)
+void eng_share_init(_Atomic uint64_t *rng, int nt, int64_t n)
 {
     for (int t = 0; t < nt; t++)
         atomic_store_explicit(&rng[t], (uint64_t)(n * t / nt) << 32 | (uint64_t)(n * (t + 1) / nt),
@@ -41,7 +41,7 @@ static int64_t share_take(_Atomic uint64_t *r, bool front)
 }
 
 /* The next unit for thread tid: its own first, then the others' last. */
-static int64_t share_next(_Atomic uint64_t *rng, int tid, int nt)
+int64_t eng_share_next(_Atomic uint64_t *rng, int tid, int nt)
 {
     int64_t u = share_take(&rng[tid], true);
     for (int k = 1; k < nt && u < 0; k++)
@@ -109,7 +109,7 @@ static void mm_range(const mm_job *j, int64_t b, int64_t en, const uint8_t *pf, 
 
 /* Decode: [*p, *p + *len) = the payload of unit u's rows when they lie
  * together in one quantized matrix, else *len = 0. The unit after the one
- * a thread computes is usually its next (share_next), and its rows are
+ * a thread computes is usually its next (eng_share_next), and its rows are
  * read into L2 while this one computes (pi2_k_matmul_pf). 1B-shaped model,
  * 2 threads, alternated runs: sparse decode 47.5 -> 54.7 tok/s (medians of
  * 10, 9 pairs faster), --dense 28.3 -> 35.1 (8 pairs, all faster). */
@@ -146,7 +146,7 @@ static void mm_fn(void *ctx, int tid, int nt)
         mm_range(j, b, en, NULL, 0);
         return;
     }
-    for (int64_t u; (u = share_next(j->e->mm_rng, tid, nt)) >= 0;) {
+    for (int64_t u; (u = eng_share_next(j->e->mm_rng, tid, nt)) >= 0;) {
         const uint8_t *pf = NULL;
         int64_t pf_len = 0;
         unit_ahead(j, u + 1, &pf, &pf_len);
@@ -183,9 +183,12 @@ static void quant_ffn_rows(pi2_engine *e, const eng_ffn *f, const float *x, int 
 
 static void run_mm(pi2_engine *e, mm_job *j)
 {
-    if (j->T < MM_BATCH_T)
-        share_init(e->mm_rng, e->threads, (mm_total(j) + MM_UNIT - 1) / MM_UNIT);
-    pi2_pool_run(e->pool, mm_fn, j);
+    if (j->T < MM_BATCH_T) {
+        eng_share_init(e->mm_rng, e->threads, (mm_total(j) + MM_UNIT - 1) / MM_UNIT);
+        pi2_pool_run_shared(e->pool, mm_fn, j);
+    } else {
+        pi2_pool_run(e->pool, mm_fn, j);
+    }
 }
 
 /* ---- small helpers ---- */
@@ -349,9 +352,14 @@ static void attn_fn(void *ctx, int tid, int nt)
     const float *vc = e->vc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
     float scale = 1.0f / sqrtf((float)hd);
     float *S = e->tls[tid].scores; /* [T][L] */
-    int64_t hb, he;
-    pi2_pool_split(nh, 1, tid, nt, &hb, &he);
-    for (int64_t h = hb; h < he; h++) {
+    int64_t hb = 0, he = 0;
+    if (T >= ATTN_GEMM_MIN_T)
+        pi2_pool_split(nh, 1, tid, nt, &hb, &he);
+    for (int64_t h = hb;; h++) {
+        if (T < ATTN_GEMM_MIN_T) /* decode: heads shared out */
+            h = eng_share_next(e->sh_rng, tid, nt);
+        if (h < 0 || (T >= ATTN_GEMM_MIN_T && h >= he))
+            break;
         int64_t kh = h / group;
         const float *Q = e->q + h * hd, *K = kc + kh * hd, *V = vc + kh * hd;
         if (T < ATTN_GEMM_MIN_T) {
@@ -519,6 +527,7 @@ typedef struct ffn_dec_job {
     int mode;        /* 0 dense, 1 predictor, 2 threshold */
     uint32_t n_sel;  /* predictor: e->sel[0..n_sel) */
     uint32_t n0;     /* predictor: score neurons [n0, n_ff) only */
+    uint32_t *sel;   /* predictor: where the picks go */
 } ffn_dec_job;
 
 /* Q8 rows [b, en) of a predictor matrix (rows of n values, n bytes each
@@ -549,15 +558,19 @@ static uint64_t q8_row_bytes(int64_t n)
     return pi2_q_payload_row_bytes(PI2_QT_Q8, n) + 2 * pi2_q_scale_row_count(PI2_QT_Q8, n);
 }
 
+/* The predictor's two layers run as shared jobs (pi2_pool_run_shared):
+ * fc1 in units of 8 rows, fc2 in units of ENG_PRED_UNIT neurons, each
+ * unit's picks written at its own place in the output list and packed in
+ * unit order after, so the list is in neuron order whoever ran what. */
 static void pred_fc1_fn(void *ctx, int tid, int nt)
 {
     ffn_dec_job *j = ctx;
     const eng_ffn *f = j->f;
     pi2_engine *e = j->e;
-    int64_t b, en;
-    pi2_pool_split(f->rank, 8, tid, nt, &b, &en);
-    if (b < en)
+    for (int64_t u; (u = eng_share_next(e->sh_rng, tid, nt)) >= 0;) {
+        int64_t b = u * 8, en = b + 8 < f->rank ? b + 8 : f->rank;
         pred_rows(f->q1, f->s1, e->d.hidden, b, en, e->pxs, e->pxq, e->pxsum, e->ph + b);
+    }
 }
 
 static void pred_fc2_fn(void *ctx, int tid, int nt)
@@ -565,22 +578,16 @@ static void pred_fc2_fn(void *ctx, int tid, int nt)
     ffn_dec_job *j = ctx;
     const eng_ffn *f = j->f;
     pi2_engine *e = j->e;
-    eng_tls *s = &e->tls[tid];
-    int64_t b, en;
-    pi2_pool_split(f->n_ff - j->n0, 64, tid, nt, &b, &en);
-    b += j->n0;
-    en += j->n0;
-    s->n_list = 0;
-    if (b >= en)
-        return;
-    float *sc = e->scores_all;
-    pred_rows(f->q2, f->s2, f->rank_p, b, en, e->phs, e->phq, e->phsum, sc + b);
-    float thr = f->threshold;
-    uint32_t n = 0;
-    for (int64_t i = b; i < en; i++)
-        if (sc[i] >= thr)
-            s->list[n++] = (uint32_t)i;
-    s->n_list = n;
+    float *sc = e->scores_all, thr = f->threshold;
+    for (int64_t u; (u = eng_share_next(e->sh_rng, tid, nt)) >= 0;) {
+        int64_t b = j->n0 + u * ENG_PRED_UNIT, en = b + ENG_PRED_UNIT < f->n_ff ? b + ENG_PRED_UNIT : f->n_ff;
+        pred_rows(f->q2, f->s2, f->rank_p, b, en, e->phs, e->phq, e->phsum, sc + b);
+        uint32_t n = 0, *list = j->sel + u * ENG_PRED_UNIT;
+        for (int64_t i = b; i < en; i++)
+            if (sc[i] >= thr)
+                list[n++] = (uint32_t)i;
+        e->pred_n[u] = n;
+    }
 }
 
 /* Dense decode: [*p, *p + *len) = the bytes of the neurons of the chunk
@@ -590,7 +597,7 @@ static void pred_fc2_fn(void *ctx, int tid, int nt)
  * hardware prefetcher does not run ahead over, so this chunk's passes
  * bring the next chunk toward the core while they compute (the gate and
  * up pass two thirds, the down pass the rest): the thread takes the
- * chunks of its share in order (share_next). 1B-shaped model, --dense, 2
+ * chunks of its share in order (eng_share_next). 1B-shaped model, --dense, 2
  * threads: 30.1 -> 34.1 tok/s (medians of 4 alternated runs); the down
  * pass's third, 33.1 -> 34.3 (medians of 8, 7 faster). */
 static void chunk_ahead(const eng_ffn *f, int64_t c0, int64_t total, const uint8_t **p, int64_t *len)
@@ -706,13 +713,20 @@ static void ffn_dec_fn(void *ctx, int tid, int nt)
     pi2_engine *e = j->e;
     eng_tls *s = &e->tls[tid];
     int64_t total = j->mode == FFN_PRED ? j->n_sel : j->f->n_ff;
-    s->predicted = s->active = s->bytes = 0;
     uint64_t n_up = 0, n_down = 0;
-    for (int64_t c; (c = share_next(e->dec_rng, tid, nt)) >= 0;)
+    for (int64_t c; (c = eng_share_next(e->dec_rng, tid, nt)) >= 0;)
         ffn_dec_chunk(j, s, c, total, &n_up, &n_down);
     const eng_ffn *f = j->f;
     s->active = n_down;
     s->bytes = s->predicted * f->gate.row_bytes + n_up * f->up.row_bytes + n_down * f->down.row_bytes;
+}
+
+/* Zero the per-thread counts of a decode FFN job (a thread that skips a
+ * shared job leaves its own untouched). */
+static void tls_counts_zero(pi2_engine *e)
+{
+    for (int t = 0; t < e->threads; t++)
+        e->tls[t].predicted = e->tls[t].active = e->tls[t].bytes = 0;
 }
 
 typedef struct dec_reduce_job {
@@ -752,25 +766,30 @@ void eng_sum_rows(float *out, const float *base, int64_t stride, const uint32_t 
 static void dec_reduce_fn(void *ctx, int tid, int nt)
 {
     dec_reduce_job *j = ctx;
-    int64_t D = j->e->d.hidden, b, en;
-    pi2_pool_split(D, 64, tid, nt, &b, &en);
-    eng_sum_rows(j->out, j->e->dec_out, D, NULL, j->chunks, b, en, j->accumulate, j->w);
+    int64_t D = j->e->d.hidden;
+    for (int64_t u; (u = eng_share_next(j->e->sh_rng, tid, nt)) >= 0;) {
+        int64_t b = u * ENG_SUM_UNIT, en = b + ENG_SUM_UNIT < D ? b + ENG_SUM_UNIT : D;
+        eng_sum_rows(j->out, j->e->dec_out, D, NULL, j->chunks, b, en, j->accumulate, j->w);
+    }
 }
 
 uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel)
 {
-    ffn_dec_job j = {e, f, FFN_PRED, 0, n0 < f->n_ff ? n0 : f->n_ff};
+    ffn_dec_job j = {e, f, FFN_PRED, 0, n0 < f->n_ff ? n0 : f->n_ff, sel};
     int64_t D = e->d.hidden;
     pi2_k_act_quantize(x, D, 1, D, e->pxs, e->pxq, e->pxsum);
-    pi2_pool_run(e->pool, pred_fc1_fn, &j);
+    eng_share_init(e->sh_rng, e->threads, (f->rank + 7) / 8);
+    pi2_pool_run_shared(e->pool, pred_fc1_fn, &j);
     for (int r = 0; r < f->rank_p; r++)
         e->ph[r] = r < f->rank && e->ph[r] > 0.0f ? e->ph[r] : 0.0f;
     pi2_k_act_quantize(e->ph, f->rank_p, 1, f->rank_p, e->phs, e->phq, e->phsum);
-    pi2_pool_run(e->pool, pred_fc2_fn, &j);
+    int64_t units = (f->n_ff - j.n0 + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT;
+    eng_share_init(e->sh_rng, e->threads, units);
+    pi2_pool_run_shared(e->pool, pred_fc2_fn, &j);
     uint32_t n = 0;
-    for (int t = 0; t < e->threads; t++) {
-        memcpy(sel + n, e->tls[t].list, e->tls[t].n_list * sizeof(uint32_t));
-        n += e->tls[t].n_list;
+    for (int64_t u = 0; u < units; u++) { /* pack the units' lists (each starts at or after its place) */
+        memmove(sel + n, sel + u * ENG_PRED_UNIT, e->pred_n[u] * sizeof(uint32_t));
+        n += e->pred_n[u];
     }
     e->st.weight_bytes += (uint64_t)f->rank * q8_row_bytes(D) + (uint64_t)(f->n_ff - j.n0) * q8_row_bytes(f->rank_p);
     return n;
@@ -786,7 +805,7 @@ uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *
 static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *out, bool accumulate, float w,
                       pi2_err *err)
 {
-    ffn_dec_job j = {e, f, FFN_DENSE, 0, 0};
+    ffn_dec_job j = {e, f, FFN_DENSE, 0, 0, NULL};
     if (!e->dense && f->has_pred) {
         j.mode = FFN_PRED;
         j.n_sel = eng_predict(e, f, x, e->sel);
@@ -796,8 +815,9 @@ static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *ou
     if (e->ofl)
         return eng_ofl_ffn_decode(e, f, j.n_sel, j.mode, out, accumulate, w, err);
     int64_t total = j.mode == FFN_PRED ? j.n_sel : f->n_ff, chunks = (total + ENG_DEC_CHUNK - 1) / ENG_DEC_CHUNK;
-    share_init(e->dec_rng, e->threads, chunks);
-    pi2_pool_run(e->pool, ffn_dec_fn, &j);
+    eng_share_init(e->dec_rng, e->threads, chunks);
+    tls_counts_zero(e);
+    pi2_pool_run_shared(e->pool, ffn_dec_fn, &j);
     e->st.ffn_evals++;
     e->st.neurons += f->n_ff;
     for (int t = 0; t < e->threads; t++) {
@@ -806,7 +826,8 @@ static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *ou
         e->st.weight_bytes += e->tls[t].bytes;
     }
     dec_reduce_job r = {e, chunks, out, w, accumulate};
-    pi2_pool_run(e->pool, dec_reduce_fn, &r);
+    eng_share_init(e->sh_rng, e->threads, (e->d.hidden + ENG_SUM_UNIT - 1) / ENG_SUM_UNIT);
+    pi2_pool_run_shared(e->pool, dec_reduce_fn, &r);
     return 0;
 }
 
@@ -1036,7 +1057,12 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
         tj.kind = TOK_ROPE;
         run_tok(&tj);
         attn_job aj = {e, l, T, pos};
-        pi2_pool_run(e->pool, attn_fn, &aj);
+        if (T < ATTN_GEMM_MIN_T) {
+            eng_share_init(e->sh_rng, e->threads, d->n_heads);
+            pi2_pool_run_shared(e->pool, attn_fn, &aj);
+        } else {
+            pi2_pool_run(e->pool, attn_fn, &aj);
+        }
         tj.kind = TOK_QUANT;
         tj.src = e->att;
         tj.n = qd;

@@ -17,6 +17,8 @@
  * one after the other while they are close (a bundle keeps a neuron's rows
  * adjacent), so the three passes share cache lines. */
 #define ENG_DEC_CHUNK 128
+#define ENG_PRED_UNIT 512 /* neurons per unit of a decode predictor's second layer */
+#define ENG_SUM_UNIT 256  /* columns per unit of a decode reduce */
 
 /* A matrix held in the mapping: quantized rows (row pointer tables) or
  * f32 rows. */
@@ -66,7 +68,6 @@ typedef struct eng_tls {
     const uint16_t **ps, **ps2;
     float *gt, *ut;  /* [PI2_K_MAX_T][TILE] prefill gate / up tile */
     uint32_t *list, *list2; /* [n_ff] neurons (decode) */
-    uint32_t n_list;
     uint64_t predicted, active, bytes;
     double wait;     /* offloading: seconds idle waiting for reads */
     float *scores;   /* attention scores [PI2_K_MAX_T][ctx] */
@@ -115,6 +116,8 @@ struct pi2_engine {
     float *dec_out;    /* [ceil(n_ff / ENG_DEC_CHUNK)][hidden] each decode FFN chunk's own output */
     _Atomic uint64_t *dec_rng; /* [tls_n] decode FFN chunks left to each thread: first << 32 | end */
     _Atomic uint64_t *mm_rng;  /* [tls_n] the same for decode matmul rows */
+    _Atomic uint64_t *sh_rng;  /* [tls_n] the same for the other shared decode jobs (one at a time) */
+    uint32_t *pred_n;          /* [ceil(n_ff / ENG_PRED_UNIT)] picks of each predictor unit */
     float *moe_x, *moe_out, *moe_w; /* gathered tokens of one expert */
     int *moe_tok;
     float *moe_wk;    /* [T][top-k] routing weights */
@@ -155,6 +158,12 @@ uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *
 /* The same picks among neurons [n0, n_ff) only (fc2 rows below n0 are not
  * read): read-ahead wants only what is not held in memory. */
 uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel);
+/* Work shared out with locality (decode jobs run with
+ * pi2_pool_run_shared): units [0, n) in one contiguous range per thread
+ * (rng[t]); eng_share_next gives thread tid the front of its own range,
+ * then the back of the others', and -1 when all are taken. */
+void eng_share_init(_Atomic uint64_t *rng, int nt, int64_t n);
+int64_t eng_share_next(_Atomic uint64_t *rng, int tid, int nt);
 /* out[i], i in [b, en): the sum over r < n of base[row_r * stride + i]
  * (row_r = rows[r], or r when rows is NULL), in that order from 0;
  * accumulate: out[i] += w * sum. */

@@ -1679,9 +1679,11 @@ static void reduce_fn(void *ctx, int tid, int nt)
 {
     ofl_reduce *r = ctx;
     eng_ofl *x = r->x;
-    int64_t D = x->e->d.hidden, b, en;
-    pi2_pool_split(D, 64, tid, nt, &b, &en);
-    eng_sum_rows(r->out, x->parts, D, x->out_rows, x->n_out, b, en, r->accumulate, r->w);
+    int64_t D = x->e->d.hidden;
+    for (int64_t u; (u = eng_share_next(x->e->sh_rng, tid, nt)) >= 0;) {
+        int64_t b = u * ENG_SUM_UNIT, en = b + ENG_SUM_UNIT < D ? b + ENG_SUM_UNIT : D;
+        eng_sum_rows(r->out, x->parts, D, x->out_rows, x->n_out, b, en, r->accumulate, r->w);
+    }
 }
 
 /* After a failed job, no read in flight: drop reservations and holds. */
@@ -1748,7 +1750,7 @@ int eng_ofl_ffn_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode
     }
     admit(x);
     pthread_mutex_unlock(&x->mu);
-    pi2_pool_run(e->pool, compute_fn, x);
+    pi2_pool_run_shared(e->pool, compute_fn, x);
     pthread_mutex_lock(&x->mu);
     while (x->n_sub > 0) /* failed: wait for the reads in flight */
         pthread_cond_wait(&x->cv_compute, &x->mu);
@@ -1772,7 +1774,8 @@ int eng_ofl_ffn_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode
         if (x->ch[c].has_out)
             x->out_rows[x->n_out++] = c;
     ofl_reduce r = {x, out, accumulate, w};
-    pi2_pool_run(e->pool, reduce_fn, &r);
+    eng_share_init(e->sh_rng, e->threads, (e->d.hidden + ENG_SUM_UNIT - 1) / ENG_SUM_UNIT);
+    pi2_pool_run_shared(e->pool, reduce_fn, &r);
     return 0;
 }
 

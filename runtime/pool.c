@@ -1,5 +1,9 @@
 /* Thread pool: a generation counter announces a job, a countdown reports
- * its end; workers spin on the counter for a short while, then sleep. */
+ * its end; workers spin on the counter for a short while, then sleep.
+ * Each worker claims the job it runs (claim[tid] = its generation, by
+ * compare-and-swap); for a shared job the caller, once its own call has
+ * returned, claims the job for every worker that has not, and those
+ * workers skip it. Exactly one of the two swaps succeeds. */
 #include "runtime/pool.h"
 
 #include <errno.h>
@@ -31,9 +35,25 @@ struct pi2_pool {
     atomic_int pending;  /* workers still in the current job */
     atomic_int sleepers; /* workers waiting on `wake` */
     atomic_bool stop;
+    _Atomic unsigned *claim; /* [n], cache lines apart: the last job each worker took or was skipped for */
     pi2_pool_fn fn;
     void *ctx;
 };
+
+enum { CLAIM_STRIDE = 64 / sizeof(unsigned) };
+
+/* Take job g for worker tid (true), or find it, or a later one, taken
+ * for it (false). Claims only move forward: a worker that read a job's
+ * generation and then lost its CPU until the caller had skipped it and
+ * moved on must not take that old job (it would run the current job's
+ * function once too often). */
+static bool claim_job(pi2_pool *p, int tid, unsigned g)
+{
+    _Atomic unsigned *c = &p->claim[tid * CLAIM_STRIDE];
+    unsigned v = atomic_load_explicit(c, memory_order_acquire);
+    return (int)(v - g) < 0 &&
+           atomic_compare_exchange_strong_explicit(c, &v, g, memory_order_acq_rel, memory_order_acquire);
+}
 
 typedef struct worker_arg {
     pi2_pool *p;
@@ -67,19 +87,23 @@ static void *worker(void *arg)
         seen = wait_gen(p, seen);
         if (atomic_load_explicit(&p->stop, memory_order_acquire))
             return NULL;
+        if (!claim_job(p, wa.tid, seen)) /* skipped: the caller finished the shared job */
+            continue;
         p->fn(p->ctx, wa.tid, p->n);
         atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
     }
 }
 
-static void announce(pi2_pool *p)
+/* Bump the generation and wake the sleepers; returns the new generation. */
+static unsigned announce(pi2_pool *p)
 {
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_acq_rel);
+    unsigned g = atomic_fetch_add_explicit(&p->gen, 1, memory_order_acq_rel) + 1;
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
     }
+    return g;
 }
 
 int pi2_pool_create(pi2_pool **out, int n, pi2_err *err)
@@ -88,11 +112,16 @@ int pi2_pool_create(pi2_pool **out, int n, pi2_err *err)
     if (n < 1 || n > 256)
         return pi2_err_set(err, PI2_ERANGE, "threads: %d is out of range (1..256)", n);
     pi2_pool *p = calloc(1, sizeof *p);
-    if (!p || !(p->threads = calloc((size_t)n, sizeof *p->threads))) {
+    if (!p || !(p->threads = calloc((size_t)n, sizeof *p->threads)) ||
+        !(p->claim = aligned_alloc(64, (size_t)n * CLAIM_STRIDE * sizeof *p->claim))) {
+        if (p)
+            free(p->threads);
         free(p);
         return pi2_err_set(err, PI2_ENOMEM, "threads: out of memory");
     }
     p->n = n;
+    for (int i = 0; i < n * CLAIM_STRIDE; i++)
+        atomic_init(&p->claim[i], 0u);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     for (int i = 1; i < n; i++) {
@@ -120,18 +149,19 @@ void pi2_pool_free(pi2_pool *p)
     if (!p)
         return;
     atomic_store(&p->stop, true);
-    announce(p);
+    (void)announce(p);
     for (int i = 1; i <= p->started; i++)
         pthread_join(p->threads[i], NULL);
     pthread_cond_destroy(&p->wake);
     pthread_mutex_destroy(&p->mu);
     free(p->threads);
+    free((void *)p->claim);
     free(p);
 }
 
 int pi2_pool_size(const pi2_pool *p) { return p->n; }
 
-void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx)
+static void run(pi2_pool *p, pi2_pool_fn fn, void *ctx, bool shared)
 {
     if (p->n == 1) {
         fn(ctx, 0, 1);
@@ -140,8 +170,12 @@ void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx)
     p->fn = fn;
     p->ctx = ctx;
     atomic_store_explicit(&p->pending, p->n - 1, memory_order_release);
-    announce(p);
+    unsigned g = announce(p);
     fn(ctx, 0, p->n);
+    if (shared) /* the work is all taken: skip the workers that have not started */
+        for (int t = 1; t < p->n; t++)
+            if (claim_job(p, t, g))
+                atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
     /* Spin while the workers finish; past SPIN_ROUNDS, yield the CPU so a
      * preempted worker (a busy or oversubscribed machine) can run. */
     for (long i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
@@ -151,6 +185,10 @@ void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx)
             sched_yield();
     }
 }
+
+void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx) { run(p, fn, ctx, false); }
+
+void pi2_pool_run_shared(pi2_pool *p, pi2_pool_fn fn, void *ctx) { run(p, fn, ctx, true); }
 
 bool pi2_cpus_split(int n, pi2_cpus *out)
 {

@@ -30,6 +30,15 @@ void pi2_pool_free(pi2_pool *p);
 int pi2_pool_size(const pi2_pool *p);
 /* Run fn on every thread and wait (see above). */
 void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx);
+/* The same for a job whose work the calls share out dynamically, so that
+ * any call returns only once no work is left to take: when the caller's
+ * own call returns, a worker that has not started the job yet skips it,
+ * and this returns as soon as the workers that did start have finished.
+ * A worker the kernel has not scheduled (another task holds its CPU) then
+ * costs nothing instead of the whole job's wait. fn may be called on any
+ * subset of the threads that includes the caller: per-thread results must
+ * be initialized by whoever calls this, not by fn. */
+void pi2_pool_run_shared(pi2_pool *p, pi2_pool_fn fn, void *ctx);
 
 /* CPU placement for a pool and one I/O thread (Linux affinity masks).
  * When the calling thread's allowed CPUs outnumber the pool's threads,

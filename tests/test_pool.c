@@ -1,6 +1,8 @@
 /* runtime/pool: every thread runs each job exactly once, jobs do not
- * overlap, static partitions cover a range exactly once, and the pool
- * survives many short jobs, idle sleeps and bad sizes. */
+ * overlap, static partitions cover a range exactly once, shared jobs
+ * finish every unit before returning and go on without a worker that
+ * cannot run, and the pool survives many short jobs, idle sleeps and bad
+ * sizes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +13,8 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <time.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +119,126 @@ static void test_after_idle(void **state)
     pi2_pool_free(p);
 }
 
+/* A shared job: units taken from one counter, each marked done only
+ * after a short spin, so a worker is often still in its last unit when
+ * the caller runs out. */
+typedef struct shared_job {
+    atomic_int next, calls, by[8];
+    int n;
+    atomic_int done[64];
+} shared_job;
+
+static void shared_fn(void *ctx, int tid, int nt)
+{
+    (void)nt;
+    shared_job *j = ctx;
+    atomic_fetch_add(&j->calls, 1);
+    for (int u; (u = atomic_fetch_add(&j->next, 1)) < j->n;) {
+        for (volatile int k = 0; k < 200 * (u % 5); k++)
+            ;
+        atomic_fetch_add(&j->done[u], 1);
+        atomic_fetch_add(&j->by[tid], 1);
+    }
+}
+
+static void run_shared_once(pi2_pool *p, int n, shared_job *j)
+{
+    memset(j, 0, sizeof *j);
+    j->n = n;
+    pi2_pool_run_shared(p, shared_fn, j);
+    for (int u = 0; u < n; u++) /* every unit finished before the call returned */
+        assert_int_equal(atomic_load(&j->done[u]), 1);
+    assert_true(atomic_load(&j->calls) >= 1 && atomic_load(&j->calls) <= pi2_pool_size(p));
+}
+
+/* Shared jobs of 0..63 units, interleaved with plain ones: every unit runs
+ * exactly once and is done when the call returns; plain jobs still run on
+ * every thread after workers skipped shared ones. */
+static void test_shared(void **state)
+{
+    (void)state;
+    for (int n = 1; n <= 4; n++) {
+        pi2_pool *p = NULL;
+        pi2_err e = {0};
+        assert_int_equal(pi2_pool_create(&p, n, &e), 0);
+        for (int it = 0; it < 3000; it++) {
+            shared_job j;
+            run_shared_once(p, it % 64, &j);
+            if (it % 7 == 0) {
+                job c;
+                memset(&c, 0, sizeof c);
+                pi2_pool_run(p, count_fn, &c);
+                for (int t = 0; t < n; t++)
+                    assert_int_equal(atomic_load(&c.seen[t]), 1);
+            }
+        }
+        pi2_pool_free(p);
+    }
+}
+
+/* A worker that cannot run (held in a signal handler, as if another task
+ * held its CPU) does not hold up shared jobs: the caller does every unit.
+ * Released, it takes part again. */
+static pthread_t g_worker;
+static atomic_int g_held, g_release;
+
+static void worker_fn(void *ctx, int tid, int nt)
+{
+    (void)ctx;
+    (void)nt;
+    if (tid == 1)
+        g_worker = pthread_self();
+}
+
+static void hold_handler(int sig)
+{
+    (void)sig;
+    atomic_store(&g_held, 1);
+    struct timespec ms = {0, 1000000};
+    while (!atomic_load(&g_release))
+        nanosleep(&ms, NULL);
+}
+
+static void test_shared_stalled_worker(void **state)
+{
+    (void)state;
+    pi2_pool *p = NULL;
+    pi2_err e = {0};
+    assert_int_equal(pi2_pool_create(&p, 2, &e), 0);
+    pi2_pool_run(p, worker_fn, NULL);
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = hold_handler;
+    sigemptyset(&sa.sa_mask);
+    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+    atomic_store(&g_held, 0);
+    atomic_store(&g_release, 0);
+    assert_int_equal(pthread_kill(g_worker, SIGUSR1), 0);
+    for (int i = 0; i < 2000 && !atomic_load(&g_held); i++)
+        usleep(1000);
+    if (atomic_load(&g_held)) {
+        for (int it = 0; it < 200; it++) {
+            shared_job j;
+            run_shared_once(p, 1 + it % 63, &j);
+            assert_int_equal(atomic_load(&j.calls), 1); /* the caller alone */
+            assert_int_equal(atomic_load(&j.by[0]), j.n);
+        }
+    } else {
+        print_message("the held worker never ran its signal handler here: the stall is not checked\n");
+    }
+    atomic_store(&g_release, 1);
+    for (int it = 0; it < 50; it++) {
+        job c;
+        memset(&c, 0, sizeof c);
+        pi2_pool_run(p, count_fn, &c);
+        assert_int_equal(atomic_load(&c.seen[1]), 1);
+        shared_job j;
+        run_shared_once(p, 63, &j);
+    }
+    sigaction(SIGUSR1, &old, NULL);
+    pi2_pool_free(p);
+}
+
 /* Each thread's CPU mask, taken inside a job. */
 static cpu_set_t g_masks[8];
 static void mask_fn(void *ctx, int tid, int nt)
@@ -216,6 +340,8 @@ int main(void)
         cmocka_unit_test(test_each_thread_once),
         cmocka_unit_test(test_partitions),
         cmocka_unit_test(test_after_idle),
+        cmocka_unit_test(test_shared),
+        cmocka_unit_test(test_shared_stalled_worker),
         cmocka_unit_test(test_bad_sizes),
         cmocka_unit_test(test_cpus),
         cmocka_unit_test(test_raise_priority),

@@ -616,9 +616,10 @@ int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err)
     bool big = params >= 100000000u;
     int tokens = o->calib_tokens > 0 ? o->calib_tokens : big ? 4096 : MAX_TRACE;
     int len = SEQ_LEN, batch = BATCH_SEQ;
-    if (big) { /* 64 sequences a step; as few steps as the token budget allows */
-        batch = 64;
-        len = tokens / batch;
+    if (big) { /* 64 training sequences a step (their held-out eighth riding
+                  along in the same steps); as few steps as the token budget allows */
+        batch = 64 + 64 / 8;
+        len = tokens / 64;
         len = len < 8 ? 8 : len > 64 ? 64 : len;
     }
     if (len > d->max_pos)

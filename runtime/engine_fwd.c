@@ -49,6 +49,12 @@ int64_t eng_share_next(_Atomic uint64_t *rng, int tid, int nt)
     return u;
 }
 
+void eng_run_units(pi2_engine *e, int64_t units, pi2_pool_fn fn, void *ctx)
+{
+    eng_share_init(e->sh_rng, e->threads, units);
+    pi2_pool_run_shared(e->pool, fn, ctx);
+}
+
 typedef struct mm_task {
     const eng_mat *m;
     float *out;
@@ -341,49 +347,55 @@ enum { ENG_HEAD_TOP = 64 };    /* logits that get the head's second term (run_he
  * each row's visible prefix, O = S V. Decode (T < ATTN_GEMM_MIN_T): each
  * token's scores over its visible prefix and the weighted sum of V rows
  * directly (a BLAS call per head cost ~25x the arithmetic at this size). */
-static void attn_fn(void *ctx, int tid, int nt)
+/* Head h of the job (S: the thread's scores). */
+static void attn_head(const attn_job *j, int64_t h, float *S)
 {
-    attn_job *j = ctx;
     pi2_engine *e = j->e;
     const pi2_model_desc *d = &e->d;
     int hd = d->head_dim, nh = d->n_heads, group = nh / d->n_kv_heads, T = j->T, L = j->pos + T;
-    int64_t qd = (int64_t)nh * hd, kvd = (int64_t)d->n_kv_heads * hd;
+    int64_t qd = (int64_t)nh * hd, kvd = (int64_t)d->n_kv_heads * hd, kh = h / group;
     const float *kc = e->kc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
     const float *vc = e->vc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
     float scale = 1.0f / sqrtf((float)hd);
-    float *S = e->tls[tid].scores; /* [T][L] */
-    int64_t hb = 0, he = 0;
-    if (T >= ATTN_GEMM_MIN_T)
-        pi2_pool_split(nh, 1, tid, nt, &hb, &he);
-    for (int64_t h = hb;; h++) {
-        if (T < ATTN_GEMM_MIN_T) /* decode: heads shared out */
-            h = eng_share_next(e->sh_rng, tid, nt);
-        if (h < 0 || (T >= ATTN_GEMM_MIN_T && h >= he))
-            break;
-        int64_t kh = h / group;
-        const float *Q = e->q + h * hd, *K = kc + kh * hd, *V = vc + kh * hd;
-        if (T < ATTN_GEMM_MIN_T) {
-            for (int t = 0; t < T; t++) {
-                int vis = j->pos + t + 1;
-                pi2_k_sgemv(K, kvd, hd, vis, Q + t * qd, S);
-                for (int s2 = 0; s2 < vis; s2++)
-                    S[s2] *= scale;
-                pi2_k_softmax(S, vis);
-                pi2_k_sgemv_t(V, kvd, hd, vis, S, e->att + t * qd + h * hd);
-            }
-            continue;
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, L, hd, scale, Q, (int)qd, K, (int)kvd, 0.0f, S, L);
+    const float *Q = e->q + h * hd, *K = kc + kh * hd, *V = vc + kh * hd;
+    if (T < ATTN_GEMM_MIN_T) {
         for (int t = 0; t < T; t++) {
-            float *row = S + (size_t)t * (size_t)L;
             int vis = j->pos + t + 1;
-            pi2_k_softmax(row, vis);
-            for (int s = vis; s < L; s++)
-                row[s] = 0.0f;
+            pi2_k_sgemv(K, kvd, hd, vis, Q + t * qd, S);
+            for (int s2 = 0; s2 < vis; s2++)
+                S[s2] *= scale;
+            pi2_k_softmax(S, vis);
+            pi2_k_sgemv_t(V, kvd, hd, vis, S, e->att + t * qd + h * hd);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, L, 1.0f, S, L, V, (int)kvd, 0.0f,
-                    e->att + h * hd, (int)qd);
+        return;
     }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, L, hd, scale, Q, (int)qd, K, (int)kvd, 0.0f, S, L);
+    for (int t = 0; t < T; t++) {
+        float *row = S + (size_t)t * (size_t)L;
+        int vis = j->pos + t + 1;
+        pi2_k_softmax(row, vis);
+        for (int s = vis; s < L; s++)
+            row[s] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, L, 1.0f, S, L, V, (int)kvd, 0.0f, e->att + h * hd,
+                (int)qd);
+}
+
+/* Batches: each thread its static share of the heads; decode: the heads
+ * shared out (eng_run_units). */
+static void attn_fn(void *ctx, int tid, int nt)
+{
+    const attn_job *j = ctx;
+    float *S = j->e->tls[tid].scores; /* [T][L] */
+    if (j->T < ATTN_GEMM_MIN_T) {
+        for (int64_t h; (h = eng_share_next(j->e->sh_rng, tid, nt)) >= 0;)
+            attn_head(j, h, S);
+        return;
+    }
+    int64_t hb, he;
+    pi2_pool_split(j->e->d.n_heads, 1, tid, nt, &hb, &he);
+    for (int64_t h = hb; h < he; h++)
+        attn_head(j, h, S);
 }
 
 /* ---- FFN: reduce per-thread partial outputs ---- */
@@ -778,14 +790,12 @@ uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint3
     ffn_dec_job j = {e, f, FFN_PRED, 0, n0 < f->n_ff ? n0 : f->n_ff, sel};
     int64_t D = e->d.hidden;
     pi2_k_act_quantize(x, D, 1, D, e->pxs, e->pxq, e->pxsum);
-    eng_share_init(e->sh_rng, e->threads, (f->rank + 7) / 8);
-    pi2_pool_run_shared(e->pool, pred_fc1_fn, &j);
+    eng_run_units(e, (f->rank + 7) / 8, pred_fc1_fn, &j);
     for (int r = 0; r < f->rank_p; r++)
         e->ph[r] = r < f->rank && e->ph[r] > 0.0f ? e->ph[r] : 0.0f;
     pi2_k_act_quantize(e->ph, f->rank_p, 1, f->rank_p, e->phs, e->phq, e->phsum);
     int64_t units = (f->n_ff - j.n0 + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT;
-    eng_share_init(e->sh_rng, e->threads, units);
-    pi2_pool_run_shared(e->pool, pred_fc2_fn, &j);
+    eng_run_units(e, units, pred_fc2_fn, &j);
     uint32_t n = 0;
     for (int64_t u = 0; u < units; u++) { /* pack the units' lists (each starts at or after its place) */
         memmove(sel + n, sel + u * ENG_PRED_UNIT, e->pred_n[u] * sizeof(uint32_t));
@@ -826,8 +836,7 @@ static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *ou
         e->st.weight_bytes += e->tls[t].bytes;
     }
     dec_reduce_job r = {e, chunks, out, w, accumulate};
-    eng_share_init(e->sh_rng, e->threads, (e->d.hidden + ENG_SUM_UNIT - 1) / ENG_SUM_UNIT);
-    pi2_pool_run_shared(e->pool, dec_reduce_fn, &r);
+    eng_run_units(e, (e->d.hidden + ENG_SUM_UNIT - 1) / ENG_SUM_UNIT, dec_reduce_fn, &r);
     return 0;
 }
 
@@ -1057,12 +1066,10 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
         tj.kind = TOK_ROPE;
         run_tok(&tj);
         attn_job aj = {e, l, T, pos};
-        if (T < ATTN_GEMM_MIN_T) {
-            eng_share_init(e->sh_rng, e->threads, d->n_heads);
-            pi2_pool_run_shared(e->pool, attn_fn, &aj);
-        } else {
+        if (T < ATTN_GEMM_MIN_T)
+            eng_run_units(e, d->n_heads, attn_fn, &aj);
+        else
             pi2_pool_run(e->pool, attn_fn, &aj);
-        }
         tj.kind = TOK_QUANT;
         tj.src = e->att;
         tj.n = qd;

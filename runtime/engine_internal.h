@@ -164,6 +164,9 @@ uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint3
  * then the back of the others', and -1 when all are taken. */
 void eng_share_init(_Atomic uint64_t *rng, int nt, int64_t n);
 int64_t eng_share_next(_Atomic uint64_t *rng, int tid, int nt);
+/* Run fn as a shared job over `units` units taken from e->sh_rng (decode
+ * jobs other than the matmuls and FFN chunks, one at a time). */
+void eng_run_units(pi2_engine *e, int64_t units, pi2_pool_fn fn, void *ctx);
 /* out[i], i in [b, en): the sum over r < n of base[row_r * stride + i]
  * (row_r = rows[r], or r when rows is NULL), in that order from 0;
  * accumulate: out[i] += w * sum. */

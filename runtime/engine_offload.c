@@ -1774,8 +1774,7 @@ int eng_ofl_ffn_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode
         if (x->ch[c].has_out)
             x->out_rows[x->n_out++] = c;
     ofl_reduce r = {x, out, accumulate, w};
-    eng_share_init(e->sh_rng, e->threads, (e->d.hidden + ENG_SUM_UNIT - 1) / ENG_SUM_UNIT);
-    pi2_pool_run_shared(e->pool, reduce_fn, &r);
+    eng_run_units(e, (e->d.hidden + ENG_SUM_UNIT - 1) / ENG_SUM_UNIT, reduce_fn, &r);
     return 0;
 }
 

@@ -17,6 +17,8 @@ say() { printf '%s\n' "$*"; }
 # jget KEY < json-line: the number after "KEY":
 jget() { sed -n "s/.*\"$1\":\([-0-9.e+]*\).*/\1/p"; }
 ratio() { echo "$1 $2" | awk '{ if ($2 > 0) printf "%.2f", $1 / $2; else print "nan" }'; }
+# scaled NUM DIV FMT: NUM / DIV printed with FMT
+scaled() { echo "$1 $2" | awk -v f="$3" '{ printf f, $1 / $2 }'; }
 
 M="$W/rt-1b"
 if [ ! -f "$M.pi2" ]; then
@@ -97,15 +99,17 @@ r_bw=$(ratio "$d_bw" "$bw")
 r_pp=$(ratio "$pp_macs" "$peak")
 say ""
 say "decode, predicted sparsity: $s_tg tok/s = $r_sparse x --dense decode ($d_tg tok/s)   [target >= 1.6]"
-say "  bytes read per token: sparse $(echo "$s_bytes" | awk '{printf "%.0f", $1/1e6}') MB, dense $(echo "$d_bytes" | awk '{printf "%.0f", $1/1e6}') MB"
-say "--dense decode: $(echo "$d_bw" | awk '{printf "%.2f", $1/1e9}') GB/s of weights+KV = $r_bw x memory read bandwidth ($(echo "$bw" | awk '{printf "%.2f", $1/1e9}') GB/s)   [target >= 0.8]"
+say "  bytes read per token: sparse $(scaled "$s_bytes" 1e6 %.0f) MB, dense $(scaled "$d_bytes" 1e6 %.0f) MB"
+say "--dense decode: $(scaled "$d_bw" 1e9 %.2f) GB/s of weights+KV = $r_bw x memory read bandwidth" \
+    "($(scaled "$bw" 1e9 %.2f) GB/s)   [target >= 0.8]"
 # each --dense run against the better of the two probes around it (the
 # VM's bandwidth moves between spells; the line above takes the best of all)
 paired=$(echo "$pairs" | awk -v b="$d_bytes" -v k="$d_kv" \
     'NF == 3 { m = $2 > $3 ? $2 : $3; if (m > 0) printf "%.2f\n", $1 * (b + k) / m }')
 r_paired=$(echo "$paired" | median)
 say "  each --dense run against the better probe around it: $(echo "$paired" | tr '\n' ' ')(median $r_paired x)"
-say "prefill: $pp tok/s = $(echo "$pp_macs" | awk '{printf "%.1f", $1/1e9}') G int8 MAC/s = $r_pp x int8 dot peak ($(echo "$peak" | awk '{printf "%.1f", $1/1e9}') G MAC/s)   [target >= 0.6]"
+say "prefill: $pp tok/s = $(scaled "$pp_macs" 1e9 %.1f) G int8 MAC/s = $r_pp x int8 dot peak" \
+    "($(scaled "$peak" 1e9 %.1f) G MAC/s)   [target >= 0.6]"
 # each prefill (the sparse and the --dense run's) against the better int8
 # probe around it: this VM's compute speed also moves between spells
 pppaired=$(echo "$pppairs" | awk -v k="$macs" \
@@ -113,8 +117,10 @@ pppaired=$(echo "$pppairs" | awk -v k="$macs" \
 r_pppaired=$(echo "$pppaired" | median)
 say "  each prefill against the better probe around it: $(echo "$pppaired" | tr '\n' ' ')(median $r_pppaired x)"
 say ""
-say "== perplexity on the decode path, sparse vs --dense (text: 256 tokens the model samples at temperature 0.8, top-k 40)"
-"$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" -t "$TH" -p "Once upon a time" -n 256 --temp 0.8 --top-k 40 --seed 5 >"$W/rt-text.txt"
+say "== perplexity on the decode path, sparse vs --dense" \
+    "(text: 256 tokens the model samples at temperature 0.8, top-k 40)"
+"$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" -t "$TH" -p "Once upon a time" -n 256 --temp 0.8 --top-k 40 --seed 5 \
+    >"$W/rt-text.txt"
 ps=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" -t "$TH" --ppl "$W/rt-text.txt")
 pd=$("$B/pi2-run" "$M.pi2" --pubkey "$W/bench.pub" -t "$TH" --ppl "$W/rt-text.txt" --dense)
 say "sparse: $ps"

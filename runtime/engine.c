@@ -383,9 +383,7 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
     e->sel = acc_alloc(e, (size_t)d->n_ff, sizeof(uint32_t));
     e->scores_all = acc_alloc(e, (size_t)d->n_ff, sizeof(float));
     e->dec_out = acc_alloc(e, ((size_t)d->n_ff + ENG_DEC_CHUNK - 1) / ENG_DEC_CHUNK * D, sizeof(float));
-    e->dec_rng = acc_alloc(e, (size_t)e->threads, sizeof *e->dec_rng);
-    e->mm_rng = acc_alloc(e, (size_t)e->threads, sizeof *e->mm_rng);
-    e->sh_rng = acc_alloc(e, (size_t)e->threads, sizeof *e->sh_rng);
+    e->share_rng = acc_alloc(e, (size_t)e->threads, sizeof *e->share_rng);
     e->pred_n = acc_alloc(e, ((size_t)d->n_ff + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT, sizeof *e->pred_n);
     e->moe_x = acc_alloc(e, T * D, sizeof(float));
     e->moe_out = acc_alloc(e, T * D, sizeof(float));
@@ -403,8 +401,9 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
     e->buf_bytes += (uint64_t)e->tls_n * sizeof *e->tls;
     if (!e->x || !e->xb || !e->xb2 || !e->q || !e->att || !e->aqs || !e->aq || !e->asum ||
         !e->ph || !e->phs || !e->phq || !e->phsum || !e->pxs || !e->pxq || !e->pxsum || !e->router_logits ||
-        !e->chosen || !e->sel || !e->scores_all || !e->dec_out || !e->dec_rng ||
-        !e->mm_rng || !e->sh_rng || !e->pred_n || !e->moe_x || !e->moe_out || !e->moe_w || !e->moe_tok || !e->moe_wk || !e->moe_prev || !e->moe_guess || !e->rope_cs || !e->rope_sn || !e->tls)
+        !e->chosen || !e->sel || !e->scores_all || !e->dec_out || !e->share_rng ||
+        !e->pred_n || !e->moe_x || !e->moe_out || !e->moe_w || !e->moe_tok || !e->moe_wk || !e->moe_prev ||
+        !e->moe_guess || !e->rope_cs || !e->rope_sn || !e->tls)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the KV cache (%d positions) and buffers", e->path,
                            e->ctx);
     for (size_t i = 0; i < (size_t)d->n_layers * K; i++)
@@ -697,9 +696,7 @@ void pi2_engine_close(pi2_engine *e)
     free(e->sel);
     free(e->scores_all);
     free(e->dec_out);
-    free((void *)e->dec_rng);
-    free((void *)e->mm_rng);
-    free((void *)e->sh_rng);
+    free((void *)e->share_rng);
     free(e->pred_n);
     free(e->moe_x);
     free(e->moe_out);

@@ -18,7 +18,7 @@
  * offloading I/O thread and interrupts take time from one compute thread
  * at a time; with fixed halves the other waited for it at every step. */
 
-void eng_share_init(_Atomic uint64_t *rng, int nt, int64_t n)
+static void share_init(_Atomic uint64_t *rng, int nt, int64_t n)
 {
     for (int t = 0; t < nt; t++)
         atomic_store_explicit(&rng[t], (uint64_t)(n * t / nt) << 32 | (uint64_t)(n * (t + 1) / nt),
@@ -41,8 +41,9 @@ static int64_t share_take(_Atomic uint64_t *r, bool front)
 }
 
 /* The next unit for thread tid: its own first, then the others' last. */
-int64_t eng_share_next(_Atomic uint64_t *rng, int tid, int nt)
+int64_t eng_share_next(const pi2_engine *e, int tid, int nt)
 {
+    _Atomic uint64_t *rng = e->share_rng;
     int64_t u = share_take(&rng[tid], true);
     for (int k = 1; k < nt && u < 0; k++)
         u = share_take(&rng[(tid + k) % nt], false);
@@ -51,7 +52,7 @@ int64_t eng_share_next(_Atomic uint64_t *rng, int tid, int nt)
 
 void eng_run_units(pi2_engine *e, int64_t units, pi2_pool_fn fn, void *ctx)
 {
-    eng_share_init(e->sh_rng, e->threads, units);
+    share_init(e->share_rng, e->threads, units);
     pi2_pool_run_shared(e->pool, fn, ctx);
 }
 
@@ -152,7 +153,7 @@ static void mm_fn(void *ctx, int tid, int nt)
         mm_range(j, b, en, NULL, 0);
         return;
     }
-    for (int64_t u; (u = eng_share_next(j->e->mm_rng, tid, nt)) >= 0;) {
+    for (int64_t u; (u = eng_share_next(j->e, tid, nt)) >= 0;) {
         const uint8_t *pf = NULL;
         int64_t pf_len = 0;
         unit_ahead(j, u + 1, &pf, &pf_len);
@@ -190,8 +191,7 @@ static void quant_ffn_rows(pi2_engine *e, const eng_ffn *f, const float *x, int 
 static void run_mm(pi2_engine *e, mm_job *j)
 {
     if (j->T < MM_BATCH_T) {
-        eng_share_init(e->mm_rng, e->threads, (mm_total(j) + MM_UNIT - 1) / MM_UNIT);
-        pi2_pool_run_shared(e->pool, mm_fn, j);
+        eng_run_units(e, (mm_total(j) + MM_UNIT - 1) / MM_UNIT, mm_fn, j);
     } else {
         pi2_pool_run(e->pool, mm_fn, j);
     }
@@ -388,7 +388,7 @@ static void attn_fn(void *ctx, int tid, int nt)
     const attn_job *j = ctx;
     float *S = j->e->tls[tid].scores; /* [T][L] */
     if (j->T < ATTN_GEMM_MIN_T) {
-        for (int64_t h; (h = eng_share_next(j->e->sh_rng, tid, nt)) >= 0;)
+        for (int64_t h; (h = eng_share_next(j->e, tid, nt)) >= 0;)
             attn_head(j, h, S);
         return;
     }
@@ -579,7 +579,7 @@ static void pred_fc1_fn(void *ctx, int tid, int nt)
     ffn_dec_job *j = ctx;
     const eng_ffn *f = j->f;
     pi2_engine *e = j->e;
-    for (int64_t u; (u = eng_share_next(e->sh_rng, tid, nt)) >= 0;) {
+    for (int64_t u; (u = eng_share_next(e, tid, nt)) >= 0;) {
         int64_t b = u * 8, en = b + 8 < f->rank ? b + 8 : f->rank;
         pred_rows(f->q1, f->s1, e->d.hidden, b, en, e->pxs, e->pxq, e->pxsum, e->ph + b);
     }
@@ -591,7 +591,7 @@ static void pred_fc2_fn(void *ctx, int tid, int nt)
     const eng_ffn *f = j->f;
     pi2_engine *e = j->e;
     float *sc = e->scores_all, thr = f->threshold;
-    for (int64_t u; (u = eng_share_next(e->sh_rng, tid, nt)) >= 0;) {
+    for (int64_t u; (u = eng_share_next(e, tid, nt)) >= 0;) {
         int64_t b = j->n0 + u * ENG_PRED_UNIT, en = b + ENG_PRED_UNIT < f->n_ff ? b + ENG_PRED_UNIT : f->n_ff;
         pred_rows(f->q2, f->s2, f->rank_p, b, en, e->phs, e->phq, e->phsum, sc + b);
         uint32_t n = 0, *list = j->sel + u * ENG_PRED_UNIT;
@@ -726,7 +726,7 @@ static void ffn_dec_fn(void *ctx, int tid, int nt)
     eng_tls *s = &e->tls[tid];
     int64_t total = j->mode == FFN_PRED ? j->n_sel : j->f->n_ff;
     uint64_t n_up = 0, n_down = 0;
-    for (int64_t c; (c = eng_share_next(e->dec_rng, tid, nt)) >= 0;)
+    for (int64_t c; (c = eng_share_next(e, tid, nt)) >= 0;)
         ffn_dec_chunk(j, s, c, total, &n_up, &n_down);
     const eng_ffn *f = j->f;
     s->active = n_down;
@@ -779,7 +779,7 @@ static void dec_reduce_fn(void *ctx, int tid, int nt)
 {
     dec_reduce_job *j = ctx;
     int64_t D = j->e->d.hidden;
-    for (int64_t u; (u = eng_share_next(j->e->sh_rng, tid, nt)) >= 0;) {
+    for (int64_t u; (u = eng_share_next(j->e, tid, nt)) >= 0;) {
         int64_t b = u * ENG_SUM_UNIT, en = b + ENG_SUM_UNIT < D ? b + ENG_SUM_UNIT : D;
         eng_sum_rows(j->out, j->e->dec_out, D, NULL, j->chunks, b, en, j->accumulate, j->w);
     }
@@ -825,9 +825,8 @@ static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *ou
     if (e->ofl)
         return eng_ofl_ffn_decode(e, f, j.n_sel, j.mode, out, accumulate, w, err);
     int64_t total = j.mode == FFN_PRED ? j.n_sel : f->n_ff, chunks = (total + ENG_DEC_CHUNK - 1) / ENG_DEC_CHUNK;
-    eng_share_init(e->dec_rng, e->threads, chunks);
     tls_counts_zero(e);
-    pi2_pool_run_shared(e->pool, ffn_dec_fn, &j);
+    eng_run_units(e, chunks, ffn_dec_fn, &j);
     e->st.ffn_evals++;
     e->st.neurons += f->n_ff;
     for (int t = 0; t < e->threads; t++) {

@@ -114,9 +114,8 @@ struct pi2_engine {
     uint32_t *sel;    /* [n_ff] predicted neurons, all threads */
     float *scores_all; /* [n_ff] predictor scores */
     float *dec_out;    /* [ceil(n_ff / ENG_DEC_CHUNK)][hidden] each decode FFN chunk's own output */
-    _Atomic uint64_t *dec_rng; /* [tls_n] decode FFN chunks left to each thread: first << 32 | end */
-    _Atomic uint64_t *mm_rng;  /* [tls_n] the same for decode matmul rows */
-    _Atomic uint64_t *sh_rng;  /* [tls_n] the same for the other shared decode jobs (one at a time) */
+    _Atomic uint64_t *share_rng; /* [tls_n] the units of the running shared job left to each thread:
+                                    first << 32 | end (jobs run one at a time) */
     uint32_t *pred_n;          /* [ceil(n_ff / ENG_PRED_UNIT)] picks of each predictor unit */
     float *moe_x, *moe_out, *moe_w; /* gathered tokens of one expert */
     int *moe_tok;
@@ -158,15 +157,13 @@ uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *
 /* The same picks among neurons [n0, n_ff) only (fc2 rows below n0 are not
  * read): read-ahead wants only what is not held in memory. */
 uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel);
-/* Work shared out with locality (decode jobs run with
- * pi2_pool_run_shared): units [0, n) in one contiguous range per thread
- * (rng[t]); eng_share_next gives thread tid the front of its own range,
- * then the back of the others', and -1 when all are taken. */
-void eng_share_init(_Atomic uint64_t *rng, int nt, int64_t n);
-int64_t eng_share_next(_Atomic uint64_t *rng, int tid, int nt);
-/* Run fn as a shared job over `units` units taken from e->sh_rng (decode
- * jobs other than the matmuls and FFN chunks, one at a time). */
+/* Work shared out with locality: eng_run_units runs fn as a shared job
+ * (pi2_pool_run_shared) over units [0, units), cut into one contiguous
+ * range per thread; inside fn, eng_share_next gives thread tid the front
+ * of its own range, then the back of the others', and -1 when all are
+ * taken. Every decode job runs this way. */
 void eng_run_units(pi2_engine *e, int64_t units, pi2_pool_fn fn, void *ctx);
+int64_t eng_share_next(const pi2_engine *e, int tid, int nt);
 /* out[i], i in [b, en): the sum over r < n of base[row_r * stride + i]
  * (row_r = rows[r], or r when rows is NULL), in that order from 0;
  * accumulate: out[i] += w * sum. */

@@ -1680,7 +1680,7 @@ static void reduce_fn(void *ctx, int tid, int nt)
     ofl_reduce *r = ctx;
     eng_ofl *x = r->x;
     int64_t D = x->e->d.hidden;
-    for (int64_t u; (u = eng_share_next(x->e->sh_rng, tid, nt)) >= 0;) {
+    for (int64_t u; (u = eng_share_next(x->e, tid, nt)) >= 0;) {
         int64_t b = u * ENG_SUM_UNIT, en = b + ENG_SUM_UNIT < D ? b + ENG_SUM_UNIT : D;
         eng_sum_rows(r->out, x->parts, D, x->out_rows, x->n_out, b, en, r->accumulate, r->w);
     }

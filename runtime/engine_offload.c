@@ -1895,9 +1895,12 @@ int eng_ofl_ffn_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err) { return ffn
 void pi2_engine_offload_info_get(const pi2_engine *e, pi2_engine_offload_info *out)
 {
     memset(out, 0, sizeof *out);
-    const eng_ofl *x = e->ofl;
+    eng_ofl *x = e->ofl;
     if (!x)
         return;
+    /* the I/O thread counts the reads ahead that land after a step */
+    if (x->th_started)
+        pthread_mutex_lock(&x->mu);
     *out = x->info;
     out->parts = x->c_parts;
     out->parts_hot = x->c_hot;
@@ -1909,6 +1912,8 @@ void pi2_engine_offload_info_get(const pi2_engine *e, pi2_engine_offload_info *o
     out->prefetch_waits = x->c_pfwait;
     out->io_wait_s = x->c_wait;
     out->prefill_bytes_read = x->c_pre_bytes;
+    if (x->th_started)
+        pthread_mutex_unlock(&x->mu);
 }
 
 void eng_ofl_stats_reset(pi2_engine *e)

@@ -518,9 +518,30 @@ static int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
 typedef struct gen_stats {
     double *lat; /* per generated token, seconds */
     size_t n_lat;
+    double *reads; /* offloading: per generated token, reads from flash */
+    size_t n_reads;
     double t_prefill;
     int n_prefill;
 } gen_stats;
+
+/* Reads from flash so far (0: all in memory). */
+static uint64_t reads_so_far(const pi2_engine *e)
+{
+    pi2_engine_offload_info in;
+    pi2_engine_offload_info_get(e, &in);
+    return in.reads;
+}
+
+/* Reads per token: P50, P90 and the most of v[n] (sorted here). A few
+ * tokens whose neurons lie outside the hot set can read several times the
+ * mean: the mean alone hides them. */
+static void reads_pcts(double *v, size_t n, double out[3])
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    out[0] = pct(v, n, 50);
+    out[1] = pct(v, n, 90);
+    out[2] = n ? v[n - 1] : 0.0;
+}
 
 static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *f)
 {
@@ -591,6 +612,12 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
             in.parts ? 100.0 * (double)in.parts_read / (double)in.parts : 0.0, (double)in.parts / tok,
             (double)in.bytes_read / tok / 1e6, (double)in.reads / tok, (double)in.parts_prefetched / tok,
             tsum > 0 ? 100.0 * in.io_wait_s / tsum : 0.0, prio, in.hot_locked ? " | hot segment locked" : "");
+    if (g->n_reads > 0) {
+        double rp[3];
+        reads_pcts(g->reads, g->n_reads, rp);
+        fprintf(f, "offload: reads per token P50 %.0f, P90 %.0f, most %.0f (%zu tokens)\n", rp[0], rp[1], rp[2],
+                g->n_reads);
+    }
     if (in.plan)
         fprintf(f,
                 "plan: %s | %d threads, I/O depth %d%s, gates kept for %.0f MB more | predicted %.2f tok/s decode "
@@ -603,9 +630,23 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
         fprintf(f, "plan: fixed split (%s)\n", g_hw_note[0] ? g_hw_note : "--no-plan");
 }
 
+/* The engine's step; offloading: each step's reads into g. */
+typedef struct eng_step_ctx {
+    pi2_engine *e;
+    gen_stats *g;
+    uint64_t reads; /* counted before this step */
+} eng_step_ctx;
+
 static int eng_step(void *ctx, int32_t token, int pos, float *logits, pi2_err *err)
 {
-    return pi2_engine_decode(ctx, token, pos, logits, err);
+    eng_step_ctx *c = ctx;
+    int rc = pi2_engine_decode(c->e, token, pos, logits, err);
+    if (rc == 0 && c->g->reads) {
+        uint64_t now = reads_so_far(c->e);
+        c->g->reads[c->g->n_reads++] = (double)(now - c->reads);
+        c->reads = now;
+    }
+    return rc;
 }
 
 static int run_generate(const run_opts *o)
@@ -664,7 +705,10 @@ static int run_generate(const run_opts *o)
         goto out;
     logits = pi2_malloc_array((size_t)d->vocab, sizeof *logits);
     g.lat = pi2_malloc_array((size_t)o->n_predict + 1, sizeof *g.lat);
-    if (!logits || !g.lat) {
+    bool ofl = o->mem_limit > 0;
+    if (ofl)
+        g.reads = pi2_malloc_array((size_t)o->n_predict + 1, sizeof *g.reads);
+    if (!logits || !g.lat || (ofl && !g.reads)) {
         rc = pi2_err_set(&err, PI2_ENOMEM, "out of memory");
         goto out;
     }
@@ -684,7 +728,8 @@ static int run_generate(const run_opts *o)
     fputs(o->prompt, stdout);
     fflush(stdout);
     long long n_sampled = 0;
-    if ((rc = generate_loop(o, d, smp, ts, logits, pos, eng_step, e, g.lat, &g.n_lat, &n_sampled, &err)) != 0)
+    eng_step_ctx sc = {e, &g, reads_so_far(e)};
+    if ((rc = generate_loop(o, d, smp, ts, logits, pos, eng_step, &sc, g.lat, &g.n_lat, &n_sampled, &err)) != 0)
         goto out;
     if (o->stats)
         print_stats(e, &g, t_load, stderr);
@@ -700,6 +745,7 @@ out:
     if (rc)
         fail(&err);
     free(g.lat);
+    free(g.reads);
     free(logits);
     free(ids);
     pi2_tok_stream_free(ts);
@@ -765,7 +811,7 @@ static int run_bench(const run_opts *o)
     pi2_engine *e = NULL;
     int32_t *ids = NULL, *prompt = NULL;
     float *logits = NULL;
-    double *lat = NULL;
+    double *lat = NULL, *rds = NULL;
     size_t n_ids = 0;
     int rc, status = 1;
     int pp = (int)o->bench_pp, tg = (int)o->bench_tg;
@@ -787,7 +833,8 @@ static int run_bench(const run_opts *o)
     prompt = pi2_malloc_array((size_t)pp, sizeof *prompt);
     logits = pi2_malloc_array((size_t)d->vocab, sizeof *logits);
     lat = pi2_malloc_array((size_t)tg + 1, sizeof *lat);
-    if (!prompt || !logits || !lat || n_ids == 0) {
+    rds = pi2_malloc_array((size_t)tg + 1, sizeof *rds);
+    if (!prompt || !logits || !lat || !rds || n_ids == 0) {
         rc = pi2_err_set(&err, n_ids == 0 ? PI2_EFORMAT : PI2_ENOMEM,
                          n_ids == 0 ? "the tokenizer produced no tokens for the bench text" : "out of memory");
         goto out;
@@ -805,19 +852,24 @@ static int run_bench(const run_opts *o)
     pi2_engine_stats_reset(e);
     int next = pi2_argmax(logits, d->vocab);
     double tot = 0;
+    uint64_t r0 = reads_so_far(e);
     for (int i = 0; i < tg; i++) {
         double s = pi2_now();
         if ((rc = pi2_engine_decode(e, next, pp + i, logits, &err)) != 0)
             goto out;
         lat[i] = pi2_now() - s;
         tot += lat[i];
+        uint64_t r1 = reads_so_far(e);
+        rds[i] = (double)(r1 - r0);
+        r0 = r1;
         next = pi2_argmax(logits, d->vocab);
     }
     pi2_engine_offload_info in;
     pi2_engine_offload_info_get(e, &in);
     char ofl[2048] = "";
     if (in.on) {
-        double ntok = tg > 0 ? tg : 1;
+        double ntok = tg > 0 ? tg : 1, rp[3];
+        reads_pcts(rds, (size_t)tg, rp);
         snprintf(ofl, sizeof ofl,
                  ",\"mem_limit\":%llu,\"minimum_bytes\":%llu,\"planned_bytes\":%llu,\"footprint_bytes\":%llu,\"resident_bytes\":%llu,"
                  "\"hot_bytes\":%llu,\"cache_bytes\":%llu,\"ffn_bytes\":%llu,\"offloaded\":%.4f,\"hit_rate\":%.5f,"
@@ -826,7 +878,7 @@ static int run_bench(const run_opts *o)
                  "\"parts_per_token\":%.0f,\"parts_read_per_token\":%.1f,\"prefetched_per_token\":%.1f,"
                  "\"prefetch_waits_per_token\":%.1f,\"plan\":\"%s\",\"plan_threads\":%d,\"plan_io_depth\":%d,"
                  "\"gate_first\":%s,\"gate_hot_bytes\":%llu,\"predicted_tok_s\":%.3f,\"predicted_hit_rate\":%.4f,"
-                 "\"predicted_prefill_tok_s\":%.2f",
+                 "\"predicted_prefill_tok_s\":%.2f,\"reads_p50\":%.0f,\"reads_p90\":%.0f,\"reads_max\":%.0f",
                  (unsigned long long)in.mem_limit, (unsigned long long)in.minimum, (unsigned long long)in.planned,
                  (unsigned long long)pi2_engine_footprint(e), (unsigned long long)in.resident,
                  (unsigned long long)in.hot, (unsigned long long)in.cache, (unsigned long long)in.ffn_total,
@@ -838,7 +890,8 @@ static int run_bench(const run_opts *o)
                  (double)in.parts_read / ntok, (double)in.parts_prefetched / ntok, (double)in.prefetch_waits / ntok,
                  in.plan_source, in.threads, in.io_depth, in.gate_first ? "true" : "false",
                  (unsigned long long)in.gate_hot, in.plan ? in.plan->pred.decode_tok_s : 0.0,
-                 in.plan ? in.plan->pred.hit_rate : 0.0, in.plan ? in.plan->pred.prefill_tok_s : 0.0);
+                 in.plan ? in.plan->pred.hit_rate : 0.0, in.plan ? in.plan->pred.prefill_tok_s : 0.0, rp[0], rp[1],
+                 rp[2]);
     }
     if (in.on && tot > 0)
         learn(e, tg / tot, (size_t)tg);
@@ -877,6 +930,7 @@ out:
     free(prompt);
     free(logits);
     free(lat);
+    free(rds);
     pi2_engine_close(e);
     return status;
 }

@@ -12,6 +12,8 @@ export PI2_HW_PROFILE="$T/no-hw-profile.json"
 ok()   { pass=$((pass + 1)); }
 bad()  { fail=$((fail + 1)); echo "FAIL: $*"; }
 skp()  { skip=$((skip + 1)); echo "skip: $*"; }
+# jget KEY < json-line: the number after "KEY":
+jget() { sed -n "s/.*\"$1\":\([-0-9.e+]*\).*/\1/p"; }
 
 # expect_error NAME PATTERN CMD...: non-zero exit below 128 (no crash), exactly
 # one line on stderr, matching PATTERN, and nothing on stdout.
@@ -214,11 +216,15 @@ min=$(sed -n 's/.*needs at least \([0-9]*\) MB.*/\1/p' "$T/err")
 [ -n "$min" ] && ok || { bad "no minimum in the --mem-limit 1M message"; cat "$T/err"; }
 expect_error "run mem-limit too small" "cannot hold the resident part" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1M
 c=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 --mem-limit "${min:-1}M" --hot-share 0 --io pread --stats 2>"$T/err")
-[ -n "$c" ] && [ "$c" = "$b" ] && grep -q "reads: pread" "$T/err" && ok \
+[ -n "$c" ] && [ "$c" = "$b" ] && grep -q "reads: pread" "$T/err" && grep -q "reads per token P50 [0-9]" "$T/err" && ok \
     || { bad "pi2-run at the minimum limit: '$c' vs '$b'"; cat "$T/err"; }
 "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" --bench --bench-pp 16 --bench-tg 8 --mem-limit "${min:-1}M" >"$T/out" 2>"$T/err" \
     && grep -q '"hit_rate":' "$T/out" && grep -q '"read_bytes_per_token":' "$T/out" && ok \
     || { bad "pi2-run --bench --mem-limit JSON"; cat "$T/out" "$T/err"; }
+# reads per token: the percentiles in order, the mean within their range
+echo "$(jget reads_p50 <"$T/out") $(jget reads_p90 <"$T/out") $(jget reads_max <"$T/out") \
+    $(jget reads_per_token <"$T/out")" | awk 'NF == 4 && $1 <= $2 && $2 <= $3 && $4 <= $3 { f = 1 }
+    END { exit !f }' && ok || { bad "--bench --mem-limit reads percentiles"; cat "$T/out"; }
 expect_error "run bad mem-limit" "--mem-limit" "$B/pi2-run" "$T/b.pi2" --mem-limit 12Q
 expect_error "run zero mem-limit" "--mem-limit" "$B/pi2-run" "$T/b.pi2" --mem-limit 0
 expect_error "run bad hot-share" "--hot-share" "$B/pi2-run" "$T/b.pi2" --hot-share 2
@@ -291,6 +297,10 @@ elif [ -w /sys/fs/cgroup/memory ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_
     else
         bad "run under a ${cap}-byte cgroup cap: exit $rc, peak ${peak:-?}"; cat "$T/err"
     fi
+    # --stats: the reads per token spread, in order and some read
+    sed -n 's/.*reads per token P50 \([0-9]*\), P90 \([0-9]*\), most \([0-9]*\) .*/\1 \2 \3/p' "$T/err" |
+        awk 'NF == 3 && $1 <= $2 && $2 <= $3 && $3 > 0 { f = 1 } END { exit !f }' && ok \
+        || { bad "cgroup run: no reads per token spread in --stats"; cat "$T/err"; }
 else
     skp "cgroup v1 memory controller not writable: run-under-a-cap test"
 fi

@@ -381,12 +381,55 @@ static void attn_head(const attn_job *j, int64_t h, float *S)
                 (int)qd);
 }
 
+enum { ATTN_HEADS_UNIT = 4 }; /* one token: heads of one KV head per unit, at most */
+
+/* One token (decode): unit u = heads [h0, h0 + G) of KV head kh, up to
+ * ATTN_HEADS_UNIT of them: their scores one head after the other (K stays
+ * in cache for the next; scoring 16-key blocks for every head in turn was
+ * slower, the prefetcher losing the stream), then the V rows weighted for
+ * all of them in one pass (pi2_k_sgemv_t_group: each row read once, and
+ * 16 FMA chains instead of one head's 4 waiting on their latency). The
+ * same bits as attn_head. 1B-shaped model, 512-token prompt, 128
+ * generated, 2 threads: 65.8 -> 68.2 tok/s (medians of 6 alternated runs). */
+static int64_t attn_units(const pi2_model_desc *d)
+{
+    int group = d->n_heads / d->n_kv_heads;
+    return (int64_t)d->n_kv_heads * ((group + ATTN_HEADS_UNIT - 1) / ATTN_HEADS_UNIT);
+}
+
+static void attn_unit(const attn_job *j, int64_t u, float *S)
+{
+    pi2_engine *e = j->e;
+    const pi2_model_desc *d = &e->d;
+    int hd = d->head_dim, group = d->n_heads / d->n_kv_heads, per = (group + ATTN_HEADS_UNIT - 1) / ATTN_HEADS_UNIT;
+    int64_t kh = u / per, h0 = kh * group + (u % per) * ATTN_HEADS_UNIT, kvd = (int64_t)d->n_kv_heads * hd;
+    int G = (int)((kh + 1) * group - h0 < ATTN_HEADS_UNIT ? (kh + 1) * group - h0 : ATTN_HEADS_UNIT);
+    int vis = j->pos + 1;
+    const float *kc = e->kc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
+    const float *vc = e->vc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
+    const float *K = kc + kh * hd, *V = vc + kh * hd, *Q = e->q + h0 * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int g = 0; g < G; g++) {
+        float *row = S + g * vis;
+        pi2_k_sgemv(K, kvd, hd, vis, Q + g * hd, row);
+        for (int s2 = 0; s2 < vis; s2++)
+            row[s2] *= scale;
+        pi2_k_softmax(row, vis);
+    }
+    pi2_k_sgemv_t_group(V, kvd, hd, vis, S, vis, G, e->att + h0 * hd, hd);
+}
+
 /* Batches: each thread its static share of the heads; decode: the heads
- * shared out (eng_run_units). */
+ * shared out (eng_run_units), a token alone by KV head (attn_unit). */
 static void attn_fn(void *ctx, int tid, int nt)
 {
     const attn_job *j = ctx;
     float *S = j->e->tls[tid].scores; /* [T][L] */
+    if (j->T == 1) {
+        for (int64_t u; (u = eng_share_next(j->e, tid, nt)) >= 0;)
+            attn_unit(j, u, S);
+        return;
+    }
     if (j->T < ATTN_GEMM_MIN_T) {
         for (int64_t h; (h = eng_share_next(j->e, tid, nt)) >= 0;)
             attn_head(j, h, S);
@@ -1066,7 +1109,7 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
         run_tok(&tj);
         attn_job aj = {e, l, T, pos};
         if (T < ATTN_GEMM_MIN_T)
-            eng_run_units(e, d->n_heads, attn_fn, &aj);
+            eng_run_units(e, T == 1 ? attn_units(d) : d->n_heads, attn_fn, &aj);
         else
             pi2_pool_run(e->pool, attn_fn, &aj);
         tj.kind = TOK_QUANT;

@@ -3499,6 +3499,52 @@ PI2_T_AVX512 static void sgemv_t_avx512(const float *W, int64_t ldw, int64_t n, 
     }
 }
 
+/* Up to 4 weight vectors c + g * ldc against the same rows: for each row,
+ * its 64 columns are loaded once and every vector's FMA chain advances, in
+ * row order from zero as sgemv_t_avx512 runs each alone (the same bits);
+ * 4 x 4 independent chains also keep the FMA units busy, where one
+ * vector's 4 wait on each other's latency. */
+PI2_T_AVX512 static void sgemv_t4_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *c,
+                                         int64_t ldc, int G, float *out, int64_t ldo)
+{
+    int64_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        __m512 a[4][4];
+        for (int g = 0; g < 4; g++)
+            for (int q = 0; q < 4; q++)
+                a[g][q] = _mm512_setzero_ps();
+        for (int r = 0; r < nrows; r++) {
+            const float *w = W + (int64_t)r * ldw + j;
+            __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+            __m512 w2 = _mm512_loadu_ps(w + 32), w3 = _mm512_loadu_ps(w + 48);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                if (g >= G)
+                    break;
+                __m512 cr = _mm512_set1_ps(c[g * ldc + r]);
+                a[g][0] = _mm512_fmadd_ps(cr, w0, a[g][0]);
+                a[g][1] = _mm512_fmadd_ps(cr, w1, a[g][1]);
+                a[g][2] = _mm512_fmadd_ps(cr, w2, a[g][2]);
+                a[g][3] = _mm512_fmadd_ps(cr, w3, a[g][3]);
+            }
+        }
+        for (int g = 0; g < G; g++)
+            for (int q = 0; q < 4; q++)
+                _mm512_storeu_ps(out + g * ldo + j + 16 * q, a[g][q]);
+    }
+    for (; j < n; j += 16) { /* masked: lanes past n are neither read nor written */
+        __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int r = 0; r < nrows; r++) {
+            __m512 w = _mm512_maskz_loadu_ps(m, W + (int64_t)r * ldw + j);
+            for (int g = 0; g < G; g++)
+                a[g] = _mm512_fmadd_ps(_mm512_set1_ps(c[g * ldc + r]), w, a[g]);
+        }
+        for (int g = 0; g < G; g++)
+            _mm512_mask_storeu_ps(out + g * ldo + j, m, a[g]);
+    }
+}
+
 void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
 {
 #ifdef PI2_K_X86
@@ -3555,6 +3601,26 @@ void pi2_k_sgemv_t_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int 
     (void)isa;
 #endif
     sgemv_t_scalar(W, ldw, n, nrows, c, out);
+}
+
+void pi2_k_sgemv_t_group_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c,
+                             int64_t ldc, int G, float *out, int64_t ldo)
+{
+#ifdef PI2_K_X86
+    if (isa_pick(isa) == PI2_ISA_AVX512) {
+        for (int g0 = 0; g0 < G; g0 += 4)
+            sgemv_t4_avx512(W, ldw, n, nrows, c + g0 * ldc, ldc, G - g0 < 4 ? G - g0 : 4, out + g0 * ldo, ldo);
+        return;
+    }
+#endif
+    for (int g = 0; g < G; g++)
+        pi2_k_sgemv_t_isa(isa, W, ldw, n, nrows, c + g * ldc, out + g * ldo);
+}
+
+void pi2_k_sgemv_t_group(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, int64_t ldc, int G,
+                         float *out, int64_t ldo)
+{
+    pi2_k_sgemv_t_group_isa(pi2_q_get_isa(), W, ldw, n, nrows, c, ldc, G, out, ldo);
 }
 
 void pi2_k_sgemv_t(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)

@@ -201,6 +201,13 @@ void pi2_k_softmax_isa(pi2_isa isa, float *x, int64_t n);
  * rows weighted and added, in row order (attention's weighted sum of V). */
 void pi2_k_sgemv_t(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out);
 void pi2_k_sgemv_t_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out);
+/* pi2_k_sgemv_t for G weight vectors (c + g * ldc) against the same rows,
+ * into out + g * ldo: the same bits as G calls, each row read once for up
+ * to 4 of them (attention's heads that share a KV head). */
+void pi2_k_sgemv_t_group(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, int64_t ldc, int G,
+                         float *out, int64_t ldo);
+void pi2_k_sgemv_t_group_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c,
+                             int64_t ldc, int G, float *out, int64_t ldo);
 
 /* ---- probes (benchmarks and the planner's hardware profile) ---- */
 

@@ -50,6 +50,8 @@ static int make_model(kind k, pi2_err *e)
         so.desc.arch = PI2_ARCH_LLAMA;
         so.desc.act = k == K_SILU ? PI2_ACT_SILU : PI2_ACT_RELU;
     }
+    if (k == K_RELU_Q8) /* one KV head for all: decode attention splits its heads into units of 4 */
+        so.desc.n_kv_heads = 1;
     if (k == K_MOE) {
         so.desc.arch = PI2_ARCH_TURBOSPARSE_MIXTRAL;
         so.desc.n_experts = 4;

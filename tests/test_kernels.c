@@ -1332,6 +1332,44 @@ static void test_sgemv_t(void **state)
             sgemv_t_suite((pi2_isa)i);
 }
 
+/* pi2_k_sgemv_t_group: the bits of one pi2_k_sgemv_t per vector, on every
+ * path, for 1..9 vectors (more than one group of 4, ragged), ragged widths
+ * and strides; nothing written between or past the outputs. */
+static void test_sgemv_t_group(void **state)
+{
+    (void)state;
+    pi2_rng r;
+    pi2_rng_seed(&r, 79);
+    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+        if (!isa_or_skip((pi2_isa)i, "sgemv_t_group"))
+            continue;
+        for (int it = 0; it < 60; it++) {
+            int64_t n = it < 20 ? (it % 4 + 1) * 32 : rand_int(&r, 1, 200);
+            int nrows = it % 9 == 0 ? 0 : (int)rand_int(&r, 1, 300), G = 1 + it % 9;
+            int64_t ldw = n + rand_int(&r, 0, 3), ldc = nrows + rand_int(&r, 0, 5), ldo = n + rand_int(&r, 1, 4);
+            float *W = xmalloc((size_t)(nrows * ldw) + 1, sizeof(float));
+            float *c = xmalloc((size_t)(G * ldc) + 1, sizeof(float));
+            float *got = xmalloc((size_t)(G * ldo), sizeof(float)), *ref = xmalloc((size_t)(G * ldo), sizeof(float));
+            for (int64_t k = 0; k < nrows * ldw; k++)
+                W[k] = (float)pi2_rng_normal(&r);
+            for (int64_t k = 0; k < G * ldc; k++)
+                c[k] = (float)pi2_rng_normal(&r);
+            for (int64_t k = 0; k < G * ldo; k++)
+                got[k] = ref[k] = 777.0f;
+            for (int g = 0; g < G; g++)
+                pi2_k_sgemv_t_isa((pi2_isa)i, W, ldw, n, nrows, c + g * ldc, ref + g * ldo);
+            pi2_k_sgemv_t_group_isa((pi2_isa)i, W, ldw, n, nrows, c, ldc, G, got, ldo);
+            CHECK(memcmp(got, ref, (size_t)(G * ldo) * sizeof(float)) == 0,
+                  "%s sgemv_t_group n=%lld rows %d G=%d: differs from one call per vector",
+                  pi2_q_isa_name((pi2_isa)i), (long long)n, nrows, G);
+            free(W);
+            free(c);
+            free(got);
+            free(ref);
+        }
+    }
+}
+
 /* ---- probes ---- */
 
 static void test_probes(void **state)
@@ -1393,6 +1431,7 @@ int main(void)
         cmocka_unit_test(test_dequant),
         cmocka_unit_test(test_sgemv),
         cmocka_unit_test(test_sgemv_t),
+        cmocka_unit_test(test_sgemv_t_group),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_probes),
         cmocka_unit_test(test_probe_combine),

@@ -342,12 +342,12 @@ typedef struct attn_job {
 enum { ATTN_GEMM_MIN_T = 4 }; /* fewer tokens: per-token dot products, not sgemm */
 enum { ENG_HEAD_TOP = 64 };    /* logits that get the head's second term (run_head) */
 
-/* Causal attention of T tokens at positions pos.. for this thread's heads.
- * Batches: two sgemm per head, S = Q K^T (T x L, L = pos + T), softmax over
- * each row's visible prefix, O = S V. Decode (T < ATTN_GEMM_MIN_T): each
- * token's scores over its visible prefix and the weighted sum of V rows
- * directly (a BLAS call per head cost ~25x the arithmetic at this size). */
-/* Head h of the job (S: the thread's scores). */
+/* Causal attention of T tokens at positions pos.. Batches: two sgemm per
+ * head, S = Q K^T (T x L, L = pos + T), softmax over each row's visible
+ * prefix, O = S V (attn_head, each thread its heads); decode (T <
+ * ATTN_GEMM_MIN_T): each token's scores and weighted V rows directly
+ * (attn_unit). */
+/* Head h of a batch (S: the thread's scores). */
 static void attn_head(const attn_job *j, int64_t h, float *S)
 {
     pi2_engine *e = j->e;
@@ -358,17 +358,6 @@ static void attn_head(const attn_job *j, int64_t h, float *S)
     const float *vc = e->vc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
     float scale = 1.0f / sqrtf((float)hd);
     const float *Q = e->q + h * hd, *K = kc + kh * hd, *V = vc + kh * hd;
-    if (T < ATTN_GEMM_MIN_T) {
-        for (int t = 0; t < T; t++) {
-            int vis = j->pos + t + 1;
-            pi2_k_sgemv(K, kvd, hd, vis, Q + t * qd, S);
-            for (int s2 = 0; s2 < vis; s2++)
-                S[s2] *= scale;
-            pi2_k_softmax(S, vis);
-            pi2_k_sgemv_t(V, kvd, hd, vis, S, e->att + t * qd + h * hd);
-        }
-        return;
-    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, L, hd, scale, Q, (int)qd, K, (int)kvd, 0.0f, S, L);
     for (int t = 0; t < T; t++) {
         float *row = S + (size_t)t * (size_t)L;
@@ -381,16 +370,18 @@ static void attn_head(const attn_job *j, int64_t h, float *S)
                 (int)qd);
 }
 
-enum { ATTN_HEADS_UNIT = 4 }; /* one token: heads of one KV head per unit, at most */
+enum { ATTN_HEADS_UNIT = 4 }; /* decode: heads of one KV head per unit, at most */
 
-/* One token (decode): unit u = heads [h0, h0 + G) of KV head kh, up to
- * ATTN_HEADS_UNIT of them: their scores one head after the other (K stays
- * in cache for the next; scoring 16-key blocks for every head in turn was
- * slower, the prefetcher losing the stream), then the V rows weighted for
- * all of them in one pass (pi2_k_sgemv_t_group: each row read once, and
- * 16 FMA chains instead of one head's 4 waiting on their latency). The
- * same bits as attn_head. 1B-shaped model, 512-token prompt, 128
- * generated, 2 threads: 65.8 -> 68.2 tok/s (medians of 6 alternated runs). */
+/* Decode (T < ATTN_GEMM_MIN_T): unit u = heads [h0, h0 + G) of KV head
+ * kh, up to ATTN_HEADS_UNIT of them. Per token, their scores over its
+ * visible prefix one head after the other (K stays in cache for the next;
+ * scoring 16-key blocks for every head in turn was slower, the prefetcher
+ * losing the stream), then the V rows weighted for all of them in one pass
+ * (pi2_k_sgemv_t_group: each row read once, and 16 FMA chains instead of
+ * one head's 4 waiting on their latency); a BLAS call per head cost ~25x
+ * the arithmetic at this size. 1B-shaped model, 512-token prompt, 128
+ * generated, 2 threads: 65.8 -> 68.2 tok/s against a unit per head
+ * (medians of 6 alternated runs), the same bits. */
 static int64_t attn_units(const pi2_model_desc *d)
 {
     int group = d->n_heads / d->n_kv_heads;
@@ -404,35 +395,34 @@ static void attn_unit(const attn_job *j, int64_t u, float *S)
     int hd = d->head_dim, group = d->n_heads / d->n_kv_heads, per = (group + ATTN_HEADS_UNIT - 1) / ATTN_HEADS_UNIT;
     int64_t kh = u / per, h0 = kh * group + (u % per) * ATTN_HEADS_UNIT, kvd = (int64_t)d->n_kv_heads * hd;
     int G = (int)((kh + 1) * group - h0 < ATTN_HEADS_UNIT ? (kh + 1) * group - h0 : ATTN_HEADS_UNIT);
-    int vis = j->pos + 1;
+    int64_t qd = (int64_t)d->n_heads * hd;
     const float *kc = e->kc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
     const float *vc = e->vc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
-    const float *K = kc + kh * hd, *V = vc + kh * hd, *Q = e->q + h0 * hd;
+    const float *K = kc + kh * hd, *V = vc + kh * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    for (int g = 0; g < G; g++) {
-        float *row = S + g * vis;
-        pi2_k_sgemv(K, kvd, hd, vis, Q + g * hd, row);
-        for (int s2 = 0; s2 < vis; s2++)
-            row[s2] *= scale;
-        pi2_k_softmax(row, vis);
+    for (int t = 0; t < j->T; t++) {
+        int vis = j->pos + t + 1;
+        const float *Q = e->q + t * qd + h0 * hd;
+        for (int g = 0; g < G; g++) {
+            float *row = S + g * vis;
+            pi2_k_sgemv(K, kvd, hd, vis, Q + g * hd, row);
+            for (int s2 = 0; s2 < vis; s2++)
+                row[s2] *= scale;
+            pi2_k_softmax(row, vis);
+        }
+        pi2_k_sgemv_t_group(V, kvd, hd, vis, S, vis, G, e->att + t * qd + h0 * hd, hd);
     }
-    pi2_k_sgemv_t_group(V, kvd, hd, vis, S, vis, G, e->att + h0 * hd, hd);
 }
 
-/* Batches: each thread its static share of the heads; decode: the heads
- * shared out (eng_run_units), a token alone by KV head (attn_unit). */
+/* Batches: each thread its static share of the heads; decode: the units
+ * of heads that share a KV head shared out (eng_run_units). */
 static void attn_fn(void *ctx, int tid, int nt)
 {
     const attn_job *j = ctx;
     float *S = j->e->tls[tid].scores; /* [T][L] */
-    if (j->T == 1) {
+    if (j->T < ATTN_GEMM_MIN_T) {
         for (int64_t u; (u = eng_share_next(j->e, tid, nt)) >= 0;)
             attn_unit(j, u, S);
-        return;
-    }
-    if (j->T < ATTN_GEMM_MIN_T) {
-        for (int64_t h; (h = eng_share_next(j->e, tid, nt)) >= 0;)
-            attn_head(j, h, S);
         return;
     }
     int64_t hb, he;
@@ -1109,7 +1099,7 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
         run_tok(&tj);
         attn_job aj = {e, l, T, pos};
         if (T < ATTN_GEMM_MIN_T)
-            eng_run_units(e, T == 1 ? attn_units(d) : d->n_heads, attn_fn, &aj);
+            eng_run_units(e, attn_units(d), attn_fn, &aj);
         else
             pi2_pool_run(e->pool, attn_fn, &aj);
         tj.kind = TOK_QUANT;

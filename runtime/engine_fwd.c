@@ -342,12 +342,10 @@ typedef struct attn_job {
 enum { ATTN_GEMM_MIN_T = 4 }; /* fewer tokens: per-token dot products, not sgemm */
 enum { ENG_HEAD_TOP = 64 };    /* logits that get the head's second term (run_head) */
 
-/* Causal attention of T tokens at positions pos.. Batches: two sgemm per
- * head, S = Q K^T (T x L, L = pos + T), softmax over each row's visible
- * prefix, O = S V (attn_head, each thread its heads); decode (T <
- * ATTN_GEMM_MIN_T): each token's scores and weighted V rows directly
- * (attn_unit). */
-/* Head h of a batch (S: the thread's scores). */
+/* Causal attention of T tokens at positions pos.., head h of a batch (S:
+ * the thread's scores): two sgemm, S = Q K^T (T x L, L = pos + T), softmax
+ * over each row's visible prefix, O = S V. Decode (T < ATTN_GEMM_MIN_T)
+ * takes attn_unit below. */
 static void attn_head(const attn_job *j, int64_t h, float *S)
 {
     pi2_engine *e = j->e;

@@ -1921,9 +1921,13 @@ void eng_ofl_stats_reset(pi2_engine *e)
     eng_ofl *x = e->ofl;
     if (!x)
         return;
+    if (x->th_started) /* as pi2_engine_offload_info_get: reads ahead may still land */
+        pthread_mutex_lock(&x->mu);
     x->c_parts = x->c_hot = x->c_hit = x->c_read = x->c_reads = x->c_bytes = x->c_pre_bytes = 0;
     x->c_pf = x->c_pfwait = 0;
     x->c_wait = 0;
+    if (x->th_started)
+        pthread_mutex_unlock(&x->mu);
 }
 
 uint64_t pi2_engine_footprint(const pi2_engine *e)

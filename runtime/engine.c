@@ -483,6 +483,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     e->mf = pi2_bundle_manifest(e->b);
     e->bl = pi2_bundle_layout_get(e->b);
     e->threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    e->ahead = eng_l2_ahead(sysconf(_SC_LEVEL2_CACHE_SIZE));
     if (e->threads < 1)
         e->threads = 1;
     if (e->threads > 256)

@@ -114,6 +114,8 @@ static void mm_range(const mm_job *j, int64_t b, int64_t en, const uint8_t *pf, 
     }
 }
 
+bool eng_l2_ahead(long l2_bytes) { return l2_bytes <= 0 || l2_bytes >= ENG_AHEAD_MIN_L2; }
+
 /* Decode: [*p, *p + *len) = the payload of unit u's rows when they lie
  * together in one quantized matrix, else *len = 0. The unit after the one
  * a thread computes is usually its next (eng_share_next), and its rows are
@@ -156,7 +158,8 @@ static void mm_fn(void *ctx, int tid, int nt)
     for (int64_t u; (u = eng_share_next(j->e, tid, nt)) >= 0;) {
         const uint8_t *pf = NULL;
         int64_t pf_len = 0;
-        unit_ahead(j, u + 1, &pf, &pf_len);
+        if (j->e->ahead)
+            unit_ahead(j, u + 1, &pf, &pf_len);
         mm_range(j, u * MM_UNIT, (u + 1) * MM_UNIT < total ? (u + 1) * MM_UNIT : total, pf, pf_len);
     }
 }
@@ -682,7 +685,8 @@ static void ffn_dec_chunk(const ffn_dec_job *j, eng_tls *s, int64_t c, int64_t t
          * every third row. 1B-shaped model, --dense, 2 threads: 35.6 ->
          * 38.5 tok/s (medians of 8 alternated runs, 7 faster); one thread
          * over a bundled matrix: 13 -> 15 GB/s */
-        chunk_ahead(f, c0, total, &ahead, &ahead_len);
+        if (e->ahead)
+            chunk_ahead(f, c0, total, &ahead, &ahead_len);
         for (int k = 0; k < n; k++) {
             uint32_t i = (uint32_t)(c0 + k);
             s->pp[2 * k] = f->gate.rp[i];

@@ -549,9 +549,13 @@ static void test_act_rows(void **state)
 
 /* Logits after n tokens: the first `batch` as one prefill, the rest one at
  * a time (decode). */
-static void run_logits(const char *path, int threads, bool dense, float *out, int n, int batch)
+/* ahead: 0 or 1 sets the engine's L2 read-ahead of decode, -1 leaves the
+ * one its open chose. */
+static void run_logits_ahead(const char *path, int threads, bool dense, float *out, int n, int batch, int ahead)
 {
     pi2_engine *eng = open_model(path, threads, dense);
+    if (ahead >= 0)
+        eng->ahead = ahead == 1;
     const pi2_model_desc *d = pi2_engine_desc(eng);
     int32_t ids[48];
     make_seq(ids, n, d->vocab, 3);
@@ -561,6 +565,34 @@ static void run_logits(const char *path, int threads, bool dense, float *out, in
     for (int i = batch; i < n; i++)
         assert_int_equal(pi2_engine_decode(eng, ids[i], i, out, &e), 0);
     pi2_engine_close(eng);
+}
+
+static void run_logits(const char *path, int threads, bool dense, float *out, int n, int batch)
+{
+    run_logits_ahead(path, threads, dense, out, n, batch, -1);
+}
+
+/* The L2 read-ahead of decode is taken where the L2 is unknown or large
+ * enough, and moves no bit of the results (it only prefetches). */
+static void test_l2_ahead(void **state)
+{
+    (void)state;
+    assert_true(eng_l2_ahead(0));
+    assert_true(eng_l2_ahead(-1));
+    assert_false(eng_l2_ahead(512L << 10));
+    assert_true(eng_l2_ahead(ENG_AHEAD_MIN_L2));
+    assert_true(eng_l2_ahead(2L << 20));
+    for (int k = 0; k < K_COUNT; k++) {
+        int V = 2048;
+        float *a = calloc(V, sizeof(float)), *b = calloc(V, sizeof(float));
+        for (int dense = 0; dense < 2; dense++) {
+            run_logits_ahead(g_pi2[k], 2, dense, a, 24, 0, 1);
+            run_logits_ahead(g_pi2[k], 2, dense, b, 24, 0, 0);
+            assert_memory_equal(a, b, (size_t)V * sizeof(float));
+        }
+        free(a);
+        free(b);
+    }
 }
 
 static void test_threads_and_isa(void **state)
@@ -839,6 +871,7 @@ int main(void)
         cmocka_unit_test_teardown(test_sum_rows, reset_isa),
         cmocka_unit_test(test_act_rows),
         cmocka_unit_test_teardown(test_threads_and_isa, reset_isa),
+        cmocka_unit_test_teardown(test_l2_ahead, reset_isa),
         cmocka_unit_test_teardown(test_trust, reset_isa),
         cmocka_unit_test_teardown(test_bad_calls, reset_isa),
         cmocka_unit_test_teardown(test_predictor_unquantizable, reset_isa),

@@ -73,6 +73,19 @@ struct pi2_io {
     bool stop;
 };
 
+/* A ring whose completions' task work runs when the reader next enters
+ * the kernel, where it waits for them anyway, rather than interrupting it
+ * wherever it is (COOP_TASKRUN, Linux 5.19); every wait here asks for at
+ * least one completion, so none is left unseen. Older kernels: without.
+ * 1B-shaped model, 75% of its FFN out of memory under a cgroup cap (3100
+ * reads a token): 8.98 -> 9.55 tok/s, medians of 4 alternated runs, all
+ * faster; at 50% (810 reads) 25.4 vs 25.0, the same within the noise. */
+static int ring_init(unsigned depth, struct io_uring *ring)
+{
+    int r = io_uring_queue_init(depth, ring, IORING_SETUP_COOP_TASKRUN);
+    return r == -EINVAL ? io_uring_queue_init(depth, ring, 0) : r;
+}
+
 const char *pi2_io_backend_name(pi2_io_backend b)
 {
     return b == PI2_IO_URING ? "io_uring" : b == PI2_IO_PREAD ? "pread" : "auto";
@@ -263,7 +276,7 @@ int pi2_io_open(pi2_io **out, const char *path, const pi2_io_opts *o, pi2_err *e
     io->size = st.st_size;
     int rc = 0;
     if (o->backend != PI2_IO_PREAD) {
-        int r = atomic_load(&g_fault) == PI2_IO_FAULT_NO_URING ? -ENOSYS : io_uring_queue_init((unsigned)o->depth, &io->ring, 0);
+        int r = atomic_load(&g_fault) == PI2_IO_FAULT_NO_URING ? -ENOSYS : ring_init((unsigned)o->depth, &io->ring);
         if (r == 0) {
             io->ring_ok = true;
             io->used = PI2_IO_URING;

@@ -165,21 +165,21 @@ uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint3
  * taken. Every decode job runs this way. */
 void eng_run_units(pi2_engine *e, int64_t units, pi2_pool_fn fn, void *ctx);
 int64_t eng_share_next(const pi2_engine *e, int tid, int nt);
-/* out[i], i in [b, en): the sum over r < n of base[row_r * stride + i]
- * (row_r = rows[r], or r when rows is NULL), in that order from 0;
- * accumulate: out[i] += w * sum. */
 /* Whether decode prefetches the next unit of rows (matmuls) or chunk of
  * neurons (--dense FFN) into L2 while it computes the current one, for an
  * L2 of l2_bytes per core (<= 0: unknown). The two must fit beside each
  * other. Kept where the L2 is unknown or 1 MiB and up: where it was added,
  * it made sparse decode of the 1B-shaped model 15% faster and --dense 24%
- * (unit_ahead, chunk_ahead); on a 512 KiB L2 (Zen 3), where a --dense
+ * (unit_ahead's figures); on a 512 KiB L2 (Zen 3), where a --dense
  * chunk alone takes 384 KiB, sparse decode was 5.4% and 5.0% faster
  * without it (medians of 6 and 8 alternated runs, 5 and 7 faster), --dense
  * 4.7% and 1.3% (8 runs, 6 faster; 6 runs, 3). */
 bool eng_l2_ahead(long l2_bytes);
 #define ENG_AHEAD_MIN_L2 (1L << 20)
 
+/* out[i], i in [b, en): the sum over r < n of base[row_r * stride + i]
+ * (row_r = rows[r], or r when rows is NULL), in that order from 0;
+ * accumulate: out[i] += w * sum. */
 void eng_sum_rows(float *out, const float *base, int64_t stride, const uint32_t *rows, int64_t n, int64_t b, int64_t en,
                   bool accumulate, float w);
 /* out[0..D) += the down columns of the a neurons in wp / ws with

@@ -1363,8 +1363,8 @@ static void mm_short_q8(int64_t nb, int nrows, const uint8_t *const *wp, const u
  * token's and one FMA, as the t4 tiles do per block: the sums are the same
  * exact integers. The block's 8 weight vectors stay in registers for 4
  * tokens. 256 rows x 2048 values, one thread: 0.58-0.62 -> 0.73-0.85 of
- * the probe's rate at 128 tokens, 0.61-0.68 -> 0.64-0.72 at 32, even at
- * 16. Q8 rows keep the tiles: as two nibble passes (w = 16 h + l) they
+ * the probe's rate at 128 tokens, 0.61-0.68 -> 0.64-0.72 at 32, about
+ * the same at 16. Q8 rows keep the tiles: as two nibble passes (w = 16 h + l) they
  * came out slower (0.40-0.43 against 0.43-0.47). */
 
 enum {

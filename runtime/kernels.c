@@ -687,6 +687,24 @@ static inline int64_t k_pf_quota(int64_t len, int64_t steps)
     return steps > 0 ? (len + 64 * steps - 1) / (64 * steps) * 64 : len;
 }
 
+/* A panel GEMM's pack meets its rows cold, R row streams at once, so while
+ * one panel of R rows computes, the next panel's rows (the R after row r0,
+ * fewer at the end) go toward L2 over the chunk at byte offset off, `lines`
+ * lines a row, a share per token group: up to group `done` of ngrp; *pf
+ * counts the lines issued. */
+static inline void k_panel_pf(const uint8_t *const *wp, int r0, int R, int nrows, int64_t off, int64_t lines,
+                              int64_t done, int64_t ngrp, int64_t *pf)
+{
+    int nk = nrows - r0 - R < R ? nrows - r0 - R : R;
+    if (nk <= 0)
+        return;
+    for (int64_t e = R * lines * done / ngrp; *pf < e; (*pf)++) {
+        int k = (int)(*pf % R);
+        if (k < nk)
+            _mm_prefetch((const char *)(wp[r0 + R + k] + off + *pf / R * 64), _MM_HINT_T1);
+    }
+}
+
 #define K_DEF_T1(name, TGT, LOADW, PROD, ADDP, FIN, GB, CSH)                                                      \
     TGT static void name(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb, const int8_t *a,     \
                          const float *as, const int32_t *sums, const uint8_t *const wn[4], const uint8_t *pf2,    \
@@ -1469,18 +1487,9 @@ PI2_T_AVX2 static void mm_panels_avx2(int64_t n, int nrows, const uint8_t *const
                 s[k] = ws[r] + b0;
             }
             p2_pack(p, s, kb, &P);
-            /* the next panel's rows into L2 while this one computes, a
-             * share per token group (as mm_panels does) */
-            int64_t lines = (kb * gb + 63) / 64, pf = 0, npf = 8 * lines;
-            int nk = nrows - r0 - 8 < 8 ? nrows - r0 - 8 : 8, ngrp = (T + 3) / 4;
-            if (nk <= 0)
-                npf = 0;
+            int64_t lines = (kb * gb + 63) / 64, pf = 0;
             for (int t0 = 0; t0 < T;) {
-                for (int64_t e = npf * (t0 / 4 + 1) / ngrp; pf < e; pf++) {
-                    int k = (int)(pf % 8);
-                    if (k < nk)
-                        _mm_prefetch((const char *)(wp[r0 + 8 + k] + b0 * gb + pf / 8 * 64), _MM_HINT_T1);
-                }
+                k_panel_pf(wp, r0, 8, nrows, b0 * gb, lines, t0 / 4 + 1, (T + 3) / 4, &pf);
                 int N = T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
                 __m256 res[4];
                 (N == 4 ? p2_tok4 : N == 2 ? p2_tok2 : p2_tok1)(&P, kb, aq + t0 * n + b0 * QG, n,
@@ -1804,20 +1813,12 @@ PI2_T_AVX512 static void mm_panels(pi2_qtype wt, bool sb, int64_t n, int nrows, 
             } else {
                 panel_pack(wt, p, s, kb, &P);
             }
-            /* the next panel's rows into L2 while this one computes, a
-             * share per token group: its pack met them cold, 16 streams at
-             * once (~30% of the time) */
-            int64_t lines = (kb * gb + 63) / 64, pf = 0, npf = 16 * lines;
-            int nk = nrows - r0 - 16 < 16 ? nrows - r0 - 16 : 16, ngrp = (T + 7) / 8;
-            if (nk <= 0)
-                npf = 0;
+            /* the next panel's rows (its pack met them cold: ~30% of the
+             * time) */
+            int64_t lines = (kb * gb + 63) / 64, pf = 0;
             __mmask16 keep = (__mmask16)((1u << m) - 1u);
             for (int t0 = 0; t0 < T;) {
-                for (int64_t e = npf * (t0 / 8 + 1) / ngrp; pf < e; pf++) {
-                    int k = (int)(pf % 16);
-                    if (k < nk)
-                        _mm_prefetch((const char *)(wp[r0 + 16 + k] + b0 * gb + pf / 16 * 64), _MM_HINT_T1);
-                }
+                k_panel_pf(wp, r0, 16, nrows, b0 * gb, lines, t0 / 8 + 1, (T + 7) / 8, &pf);
                 __m512 res[8];
                 int N = panel_tokens(sb ? K_SB_TOKS : K_TOK, &P, kb, aq + b0 * QG, n,
                                      ascales + (sb ? b0 / K_SB : b0), ss, bias, t0, T, res);

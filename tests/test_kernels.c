@@ -378,7 +378,8 @@ static void matmul_suite(pi2_isa isa)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0] + 3; si++) {
             int64_t n = si < sizeof shapes / sizeof shapes[0] ? shapes[si] : 32 * rand_int(&r, 1, 80);
             bool big = n > 1024;
-            /* rows past 16 and 32: the AVX-512 panels of 16 rows, ragged */
+            /* rows past 8, 16 and 32: the AVX2 panels of 8 rows (16+ tokens) and
+             * the AVX-512 panels of 16, ragged */
             int nrows = big ? (int)rand_int(&r, 1, 20) : (int)rand_int(&r, 1, 50);
             /* 1. integer logic exactly: unit scales, arbitrary bytes and q */
             wrows w = wrows_new(&r, t, n, nrows, W_RANDOM);

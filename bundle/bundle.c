@@ -288,12 +288,14 @@ static int plan(bctx *b, pi2_err *err)
         const pi2_ctr_section *s;
         if ((rc = in_section(&b->in, e->predictor.fc1, &s, err)))
             break;
-        if (s->size != (uint64_t)e->predictor.rank * (uint64_t)d->hidden * 4)
-            return pi2_err_set(err, PI2_ESHAPE, "%s: member %s holds %llu bytes, expected f32 [%d, %d]", b->in.path,
-                               s->name, (unsigned long long)s->size, e->predictor.rank, d->hidden);
+        uint64_t el = pi2_mf_pred_elem(e->predictor.dtype);
+        if (s->size != (uint64_t)e->predictor.rank * (uint64_t)d->hidden * el)
+            return pi2_err_set(err, PI2_ESHAPE, "%s: member %s holds %llu bytes, expected %s [%d, %d]", b->in.path,
+                               s->name, (unsigned long long)s->size, el == 2 ? "f16" : "f32", e->predictor.rank,
+                               d->hidden);
         rc = plan_copy(b, e->predictor.fc1, err);
         if (rc == 0)
-            rc = plan_rows(b, J_ROWS, e->predictor.fc2, f, (uint64_t)d->n_ff, (uint64_t)e->predictor.rank * 4, err);
+            rc = plan_rows(b, J_ROWS, e->predictor.fc2, f, (uint64_t)d->n_ff, (uint64_t)e->predictor.rank * el, err);
     }
     for (size_t i = 0; i < m->n_profile && rc == 0; i++) {
         const pi2_mf_profile *p = &m->profile[i];

@@ -612,13 +612,13 @@ static int check_tensors(lctx *c, const pi2_bundle_layout *l)
         char w[64];
         snprintf(w, sizeof w, "sparsity.per_layer[%zu]", i);
         const pi2_ctr_section *f1 = lookup(c, e->predictor.fc1), *f2 = lookup(c, e->predictor.fc2);
-        uint64_t r = (uint64_t)e->predictor.rank;
+        uint64_t r = (uint64_t)e->predictor.rank, el = pi2_mf_pred_elem(e->predictor.dtype);
         if (!f1 || !f2)
             return fail(c, PI2_ENOTFOUND, w, "predictor member not in sections");
-        if (f1->size != r * (uint64_t)d->hidden * 4 || f2->size != (uint64_t)d->n_ff * r * 4)
+        if (f1->size != r * (uint64_t)d->hidden * el || f2->size != (uint64_t)d->n_ff * r * el)
             return fail(c, PI2_ESHAPE, w, "predictor members hold %llu and %llu bytes, expected %llu and %llu",
                         (unsigned long long)f1->size, (unsigned long long)f2->size,
-                        (unsigned long long)(r * (uint64_t)d->hidden * 4), (unsigned long long)(d->n_ff * r * 4));
+                        (unsigned long long)(r * (uint64_t)d->hidden * el), (unsigned long long)(d->n_ff * r * el));
     }
     return 0;
 }

@@ -50,6 +50,7 @@ struct pi2_calib_state {
     float *kn, *vn;        /* (rows, kv*hd) new keys and values */
     float *g, *u;          /* (rows, max(ff, head_rows)): activations or head block; (rows, ff) */
     float *xe, *ye;        /* (rows, d) MoE: gathered inputs, expert outputs */
+    float *x0, *re;        /* (rows, d) MoE: the residual before the layer's experts; its gathered rows */
     int32_t *rows;         /* (rows) dense: identity; MoE: one expert's rows */
     int *route;            /* (rows, k) MoE expert ids */
     double *route_w;       /* (rows, k) MoE mixing weights */
@@ -297,6 +298,8 @@ static void free_scratch(pi2_calib_state *s)
     free(s->u);
     free(s->xe);
     free(s->ye);
+    free(s->x0);
+    free(s->re);
     free(s->rows);
     free(s->route);
     free(s->route_w);
@@ -304,7 +307,7 @@ static void free_scratch(pi2_calib_state *s)
     free(s->lse_m);
     free(s->lse_s);
     free(s->tgt);
-    s->x = s->xb = s->q = s->att = s->kn = s->vn = s->g = s->u = s->xe = s->ye = NULL;
+    s->x = s->xb = s->q = s->att = s->kn = s->vn = s->g = s->u = s->xe = s->ye = s->x0 = s->re = NULL;
     s->rows = NULL;
     s->route = NULL;
     s->route_w = s->ew = s->lse_m = s->lse_s = s->tgt = NULL;
@@ -347,10 +350,12 @@ static int ensure_scratch(pi2_calib_state *s, size_t n, size_t sc, pi2_err *err)
     if (ok && moe) {
         s->xe = pi2_malloc_array(n, D * sizeof(float));
         s->ye = pi2_malloc_array(n, D * sizeof(float));
+        s->x0 = pi2_malloc_array(n, D * sizeof(float));
+        s->re = pi2_malloc_array(n, D * sizeof(float));
         s->route = pi2_malloc_array(n, k * sizeof(int));
         s->route_w = pi2_malloc_array(n, k * sizeof(double));
         s->ew = pi2_malloc_array(n, sizeof(double));
-        ok = s->xe && s->ye && s->route && s->route_w && s->ew;
+        ok = s->xe && s->ye && s->x0 && s->re && s->route && s->route_w && s->ew;
     }
     if (!ok) {
         free_scratch(s);
@@ -536,10 +541,11 @@ static int attention(pi2_calib_state *s, int l, int n_new, pi2_err *err)
     return 0;
 }
 
-/* One FFN (dense, or expert e) over n rows X (n, d): s->g (n, ff) gets
- * the activations; then out (n, d) = beta * out + A down^T. */
-static int ffn_rows(pi2_calib_state *s, int l, int e, int n, const int32_t *rows, const float *X, float *out,
-                    float beta, pi2_err *err)
+/* One FFN (dense, or expert e) over n rows X (n, d), the norm of the
+ * residual rows R: s->g (n, ff) gets the activations; then out (n, d) =
+ * beta * out + A down^T. */
+static int ffn_rows(pi2_calib_state *s, int l, int e, int n, const int32_t *rows, const float *X, const float *R,
+                    float *out, float beta, pi2_err *err)
 {
     int D = s->D, ff = s->ff;
     float *w;
@@ -553,7 +559,7 @@ static int ffn_rows(pi2_calib_state *s, int l, int e, int n, const int32_t *rows
     act_job aj = { s->d->act, s->g, s->u, ff };
     par_for(n_threads(s), n, 1 + (1 << 15) / ff, act_part, &aj);
     if (s->o.ffn)
-        s->o.ffn(s->o.ffn_ctx, l, e, n, rows, X, s->g);
+        s->o.ffn(s->o.ffn_ctx, l, e, n, rows, X, R, s->g);
     if ((rc = load_matrix(s, PI2_T_DOWN, l, e, &w, err)))
         return rc;
     gemm_nt(n, D, ff, 1.0f, s->g, ff, w, ff, beta, out, D); /* (n, d) */
@@ -596,6 +602,8 @@ static int ffn_moe(pi2_calib_state *s, int l, int N, pi2_err *err)
         for (int j = 0; j < k; j++)
             s->route_w[(size_t)r * k + j] = exp((double)lg[ch[j]] - lg[ch[0]]) / sum;
     }
+    if (s->o.ffn) /* the hook's residual rows: as before any expert of this layer added to it */
+        memcpy(s->x0, s->x, sizeof(float) * (size_t)N * (size_t)D);
     for (int e = 0; e < ne; e++) {
         int n = 0;
         for (int r = 0; r < N; r++)
@@ -604,11 +612,13 @@ static int ffn_moe(pi2_calib_state *s, int l, int N, pi2_err *err)
                     s->rows[n] = r;
                     s->ew[n] = s->route_w[(size_t)r * k + j];
                     memcpy(s->xe + (size_t)n * D, s->xb + (size_t)r * D, sizeof(float) * (size_t)D);
+                    if (s->o.ffn)
+                        memcpy(s->re + (size_t)n * D, s->x0 + (size_t)r * D, sizeof(float) * (size_t)D);
                     n++;
                 }
         if (n == 0)
             continue;
-        if ((rc = ffn_rows(s, l, e, n, s->rows, s->xe, s->ye, 0.0f, err)))
+        if ((rc = ffn_rows(s, l, e, n, s->rows, s->xe, s->re, s->ye, 0.0f, err)))
             return rc;
         for (int i = 0; i < n; i++) {
             float *xr = s->x + (size_t)s->rows[i] * D;
@@ -731,7 +741,7 @@ static int run(pi2_calib_state *s, const int32_t *tokens, int n_new, float *logi
         } else {
             for (int r = 0; r < N; r++)
                 s->rows[r] = r;
-            rc = ffn_rows(s, l, 0, N, s->rows, s->xb, s->x, 1.0f, err); /* x += ffn(xb) */
+            rc = ffn_rows(s, l, 0, N, s->rows, s->xb, s->x, s->x, 1.0f, err); /* x += ffn(xb) */
         }
     }
 

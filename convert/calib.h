@@ -67,6 +67,9 @@ typedef void (*pi2_calib_weight_fn)(void *ctx, pi2_tname t, int layer, int exper
 /* FFN hook, once per layer per forward call (MoE: once per expert that got
  * at least one row, with only its rows, experts in index order):
  *   X     [n, d]     the FFN input after RMSNorm (read-only)
+ *   R     [n, d]     the residual stream the norm was applied to (after
+ *                    attention, before the FFN; read-only): what
+ *                    PowerInfer-convention predictors read
  *   A     [n, n_ff]  activations fed to the down projection; modifiable:
  *                    zeroed entries are skipped neurons (sparse quality),
  *                    and the values can be recorded as traces
@@ -74,7 +77,7 @@ typedef void (*pi2_calib_weight_fn)(void *ctx, pi2_tname t, int layer, int exper
  *                    ascending. For dense layers rows[i] == i.
  * Pointers are valid only during the call. */
 typedef void (*pi2_calib_ffn_fn)(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X,
-                                 float *A);
+                                 const float *R, float *A);
 
 typedef struct pi2_calib_opts {
     int threads; /* OpenBLAS and conversion threads; <= 0: all online CPUs */

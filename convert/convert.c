@@ -2,6 +2,7 @@
 #include "convert/convert_internal.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@ void pi2_convert_defaults(pi2_convert_opts *o)
     o->q_ffn = PI2_QT_Q4;
     o->q_other = PI2_QT_Q8;
     o->recall = 0.99;
+    o->pred_input = -1;
     o->silu_sparsity = 0.5;
     o->seed = 1;
 }
@@ -45,6 +47,7 @@ void conv_progress(pi2_conv *c, const char *what)
     if (now - c->last_progress < 0.25)
         return;
     c->last_progress = now;
+    c->progress_shown = true;
     double el = now - c->t0;
     fprintf(stderr, "\r  %s %5.1f%%  %.2f / %.2f GB read  %.0f MB/s   ", what,
             c->bytes_total ? 100.0 * c->bytes_read / c->bytes_total : 0.0, c->bytes_read / 1e9,
@@ -59,13 +62,42 @@ void conv_stage_progress(pi2_conv *c, const char *what, int done, int total)
     if (now - c->last_progress < 0.25 && done < total)
         return;
     c->last_progress = now;
+    c->progress_shown = true;
     fprintf(stderr, "\r  %s %d/%d   %*s", what, done, total, 20, "");
 }
 
 static void progress_done(pi2_conv *c)
 {
-    if (c->tty)
+    if (c->tty && c->progress_shown)
         fprintf(stderr, "\r%*s\r", 72, "");
+    c->progress_shown = false;
+}
+
+void conv_report(pi2_conv *c, const char *fmt, ...)
+{
+    if (!c->report)
+        return;
+    progress_done(c);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(c->report, fmt, ap);
+    va_end(ap);
+    fflush(c->report);
+}
+
+void conv_stage(pi2_conv *c, const char *fmt, ...)
+{
+    if (c->o->quiet)
+        return;
+    progress_done(c);
+    if (c->report)
+        fflush(c->report);
+    fprintf(stderr, "pi2-convert: [%.0f s] ", pi2_now() - c->t0);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
 }
 
 /* The manifest's tensor list from what stage 1 recorded. */
@@ -115,10 +147,31 @@ static int fill_manifest(pi2_conv *c, pi2_err *err)
     return 0;
 }
 
+/* What the model is, as its tensors and config tell (model_type alone does
+ * not: Bamboo-base and TurboSparse-Mistral are both "bamboo", and only
+ * the second ships predictors in its checkpoint). */
+static void describe_family(const pi2_conv *c, char *buf, size_t cap)
+{
+    const pi2_model_desc *d = c->desc;
+    const conv_psrc *p = &c->psrc;
+    const char *fam = d->arch == PI2_ARCH_TURBOSPARSE_MIXTRAL                       ? "TurboSparse-Mixtral"
+                      : d->arch == PI2_ARCH_BAMBOO && p->kind && !strcmp(p->kind, "checkpoint") ? "TurboSparse-Mistral"
+                      : d->arch == PI2_ARCH_BAMBOO                                 ? "Bamboo"
+                      : d->act == PI2_ACT_RELU                                     ? "ReLU Llama (ReluLLaMA-style ReGLU)"
+                      : d->act == PI2_ACT_SILU && d->n_experts > 0                 ? "Mixtral (SiLU)"
+                      : d->act == PI2_ACT_SILU                                     ? "Llama/Mistral (SiLU)"
+                                                                                   : "sparse Llama";
+    snprintf(buf, cap, "%s: model_type %s, %s FFN, hidden %d, ffn %d, %d layers, %d experts, vocab %d; predictors %s%s%.512s",
+             fam, pi2_arch_name(d->arch), pi2_act_name(d->act), d->hidden, d->n_ff, d->n_layers, d->n_experts,
+             d->vocab, p->kind ? p->kind : c->o->train_predictors ? "to be trained" : "none",
+             p->kind ? " " : "", p->kind ? p->path : "");
+}
+
 int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err)
 {
     pi2_conv c = {0};
     c.o = o;
+    c.report = report;
     c.t0 = pi2_now();
     c.tty = !o->quiet && isatty(2);
     c.ppl[0] = c.ppl[1] = c.ppl[2] = NAN;
@@ -146,6 +199,9 @@ int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err)
         rc = pi2_err_set(err, PI2_EFORMAT, "%s: no usable BOS token for calibration sequences", o->model_dir);
         goto out;
     }
+    /* every input checked before the first long stage */
+    if ((rc = conv_pred_find(&c, err)) != 0 || (rc = conv_calib_text_load(&c, err)) != 0)
+        goto out;
     if (!(c.mf = pi2_manifest_new())) {
         rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
         goto out;
@@ -154,16 +210,21 @@ int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err)
         goto out;
     if ((rc = pi2_ctr_writer_add(c.w, "tokenizer.json", tokjson, toklen, err)) != 0)
         goto out;
+    char family[1024];
+    describe_family(&c, family, sizeof family);
+    conv_report(&c, "model: %s\n", family);
+    conv_stage(&c, "quantizing %zu tensors (%.2f GB; ffn %s, other %s)", pi2_st_count(c.st), c.bytes_total / 1e9,
+               pi2_q_type_name(o->q_ffn), pi2_q_type_name(o->q_other));
+    double t_w = pi2_now();
     if ((rc = conv_write_weights(&c, err)) != 0)
         goto out;
-    progress_done(&c);
-    double t_q = pi2_now() - c.t0;
-    if (report)
-        fprintf(report, "quantized %zu tensors (ffn %s, other %s): %.2f GB read in %.1f s (%.0f MB/s)\n",
-                c.n_tensors, pi2_q_type_name(o->q_ffn), pi2_q_type_name(o->q_other), c.bytes_read / 1e9, t_q,
+    double t_q = pi2_now() - t_w;
+    conv_report(&c, "quantized %zu tensors (ffn %s, other %s): %.2f GB read in %.1f s (%.0f MB/s)\n", c.n_tensors,
+                pi2_q_type_name(o->q_ffn), pi2_q_type_name(o->q_other), c.bytes_read / 1e9, t_q,
                 t_q > 0 ? c.bytes_read / t_q / 1e6 : 0.0);
-    if ((rc = conv_calibrate(&c, report, err)) != 0)
+    if ((rc = conv_calibrate(&c, err)) != 0)
         goto out;
+    conv_stage(&c, "writing %s", o->out_path);
     progress_done(&c);
     size_t ns = 0;
     const pi2_ctr_section *secs = pi2_ctr_writer_sections(c.w, &ns);
@@ -176,6 +237,7 @@ out:
     progress_done(&c);
     pi2_ctr_writer_free(c.w);
     conv_calib_free(&c);
+    conv_pred_close(&c);
     pi2_manifest_free(c.mf);
     pi2_tok_free(c.tok);
     free(c.tensors);

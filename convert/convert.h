@@ -8,8 +8,9 @@
  *                             transposed ([n_ff, hidden]) so each neuron's
  *                             down column is a contiguous row
  *   w/<hf name>.f32           f32 tensors (norms, MoE router)
- *   p/<layer>.<expert>.fc1    predictor fc1, f32 [rank, hidden]
- *   p/<layer>.<expert>.fc2    predictor fc2, f32 [n_ff, rank]
+ *   p/<layer>.<expert>.fc1    predictor fc1, f16 [rank, hidden]
+ *   p/<layer>.<expert>.fc2    predictor fc2, f16 [n_ff, rank]
+ *                             (the manifest records the vector each reads)
  *   profile/<l>.<e>.freq      f32 [n_ff] per-neuron activation frequency
  *   profile/<l>.<e>.bits      bits of sampled calibration tokens: the neurons the
  *                             predictor selects (with predictors), else the
@@ -23,6 +24,7 @@
 
 #include "formats/common.h"
 #include "formats/quant.h"
+#include "predictor/train.h"
 
 #include <stdio.h>
 
@@ -32,7 +34,12 @@ typedef struct pi2_convert_opts {
     pi2_qtype q_ffn;          /* PI2_QT_Q4 (default) or PI2_QT_Q8 */
     pi2_qtype q_other;        /* attention, embeddings, head: PI2_QT_Q8 (default) or PI2_QT_Q4 */
     bool train_predictors;    /* train when the checkpoint has none */
-    const char *predictors_dir; /* import predictors from this safetensors dir */
+    const char *predictors_dir; /* import predictors from this file or directory (safetensors file,
+                                   dir or index; PowerInfer repo of model_{L}.pt + config.json) */
+    int pred_input;           /* what predictors read: -1 = default (published ones: prenorm; trained:
+                                 PI2_CONV_TRAIN_INPUT), else a pi2_pred_input */
+    bool recall_set;          /* --recall given: calibrate imported predictors' thresholds to it too
+                                 (else they keep the published threshold) */
     const char *calib_path;   /* calibration text; NULL = text the model generates itself */
     int calib_tokens;         /* calibration tokens (0 = default) */
     double recall;            /* target recall of the predictor thresholds (0.99) */
@@ -42,6 +49,10 @@ typedef struct pi2_convert_opts {
     bool quiet;               /* no progress lines */
     bool per_layer;           /* report: per-layer activation profile too */
 } pi2_convert_opts;
+
+/* The input trained predictors read unless told otherwise (see
+ * runtime/PERF.md for the measurement behind the choice). */
+#define PI2_CONV_TRAIN_INPUT PI2_PRED_IN_NORMED
 
 /* Defaults for every field but the paths. */
 void pi2_convert_defaults(pi2_convert_opts *o);

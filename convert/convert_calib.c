@@ -24,38 +24,67 @@ static size_t ffn_index(const pi2_model_desc *d, int layer, int expert)
 
 /* ---- calibration tokens ---- */
 
-/* Fill c->calib with n_seq sequences of len tokens, each starting at BOS. */
-static int calib_from_text(pi2_conv *c, int len, int want_seq, pi2_err *err)
+/* Calibration tokens, sequence length and sequences per batched step.
+ * Default: as many tokens as a trace holds on small models, 4096 on large
+ * ones (the calibration run costs a full forward per token). Large models
+ * generate their own text in short sequences, many at a time: each decode
+ * step streams every weight once, whatever the batch. */
+static void calib_shape(const pi2_conv *c, int *tokens, int *len, int *batch)
 {
+    uint64_t params = 0;
+    for (size_t i = 0; i < pi2_st_count(c->st); i++)
+        params += pi2_st_at(c->st, i)->nelem;
+    bool big = params >= 100000000u;
+    *tokens = c->o->calib_tokens > 0 ? c->o->calib_tokens : big ? 4096 : MAX_TRACE;
+    *len = SEQ_LEN;
+    *batch = BATCH_SEQ;
+    if (big) { /* 64 training sequences a step (their held-out eighth riding
+                  along in the same steps); as few steps as the token budget allows */
+        *batch = 64 + 64 / 8;
+        *len = *tokens / 64;
+        *len = *len < 8 ? 8 : *len > 64 ? 64 : *len;
+    }
+    if (*len > c->desc->max_pos)
+        *len = c->desc->max_pos;
+}
+
+int conv_calib_text_load(pi2_conv *c, pi2_err *err)
+{
+    if (!c->o->calib_path)
+        return 0;
     char *text = NULL;
     size_t n = 0;
-    int32_t *ids = NULL;
-    size_t nids = 0;
     int rc = pi2_read_file(c->o->calib_path, 256u << 20, &text, &n, err);
     if (rc)
         return rc;
-    rc = pi2_tok_encode(c->tok, text, n, &ids, &nids, err);
+    rc = pi2_tok_encode(c->tok, text, n, &c->calib_ids, &c->n_calib_ids, err);
     free(text);
-    if (rc)
-        return rc;
+    int tokens, len, batch;
+    calib_shape(c, &tokens, &len, &batch);
+    if (rc == 0 && c->n_calib_ids < 2 * (size_t)(len - 1))
+        rc = pi2_err_set(err, PI2_EINVAL, "%s: calibration text too short: %zu tokens, need at least %d",
+                         c->o->calib_path, c->n_calib_ids, 2 * (len - 1));
+    return rc;
+}
+
+/* Fill c->calib with n_seq sequences of len tokens, each starting at BOS,
+ * from the tokenized --calib text. */
+static int calib_from_text(pi2_conv *c, int len, int want_seq, pi2_err *err)
+{
+    size_t nids = c->n_calib_ids;
     int per = len - 1; /* BOS + per tokens of text */
     int have = (int)(nids / (size_t)per);
-    if (have < 2) {
-        free(ids);
+    if (have < 2)
         return pi2_err_set(err, PI2_EINVAL, "%s: calibration text too short: %zu tokens, need at least %d",
                            c->o->calib_path, nids, 2 * per);
-    }
     c->n_seq = have < want_seq ? have : want_seq;
     c->calib = pi2_malloc_array((size_t)c->n_seq * len, sizeof *c->calib);
-    if (!c->calib) {
-        free(ids);
+    if (!c->calib)
         return pi2_err_set(err, PI2_ENOMEM, "out of memory for calibration tokens");
-    }
     for (int q = 0; q < c->n_seq; q++) {
         c->calib[(size_t)q * len] = c->bos;
-        memcpy(c->calib + (size_t)q * len + 1, ids + (size_t)q * per, (size_t)per * sizeof *ids);
+        memcpy(c->calib + (size_t)q * len + 1, c->calib_ids + (size_t)q * per, (size_t)per * sizeof *c->calib);
     }
-    free(ids);
     return 0;
 }
 
@@ -94,7 +123,8 @@ static int abs_quantile(const float *A, size_t n, double q, float *out, pi2_err 
     return 0;
 }
 
-static void on_ffn_trace(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X, float *A)
+static void on_ffn_trace(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X, const float *R,
+                         float *A)
 {
     trace_ctx *t = ctx;
     pi2_conv *c = t->c;
@@ -119,7 +149,7 @@ static void on_ffn_trace(void *ctx, int layer, int expert, int n, const int32_t 
             cnt[j] += fabsf(a[j]) > min_abs;
         c->tokens[fi]++;
         if (pi2_trace_count(c->traces[fi]) < MAX_TRACE) {
-            t->rc = pi2_trace_add(c->traces[fi], X + (size_t)i * d->hidden, a, min_abs, t->err);
+            t->rc = pi2_trace_add(c->traces[fi], conv_pred_in(c, X, R) + (size_t)i * d->hidden, a, min_abs, t->err);
             if (t->rc)
                 return;
         }
@@ -208,119 +238,115 @@ static int collect_traces(pi2_conv *c, int len, pi2_err *err)
 
 /* ---- predictors ---- */
 
-static int import_one(pi2_conv *c, const pi2_st *src, const char *srcname, int layer, int expert,
-                      pi2_predictor **out, pi2_err *err)
+/* The published threshold as the runtime compares (score >= threshold):
+ * the smallest float above it, so a neuron fires when score > published. */
+static float published_threshold(const pi2_conv *c)
 {
-    const pi2_model_desc *d = c->desc;
-    char n1[128], n2[128];
-    pi2_tensor_name(n1, sizeof n1, d, PI2_T_PRED_FC1, layer, expert);
-    pi2_tensor_name(n2, sizeof n2, d, PI2_T_PRED_FC2, layer, expert);
-    const pi2_st_tensor *f1 = pi2_st_find(src, n1), *f2 = pi2_st_find(src, n2);
-    if (!f1 || !f2)
-        return pi2_err_set(err, PI2_ENOTFOUND, "%s: predictor tensor %s missing", srcname, f1 ? n2 : n1);
-    if (f1->ndim != 2 || f2->ndim != 2 || f1->shape[1] != d->hidden || f2->shape[0] != d->n_ff ||
-        f2->shape[1] != f1->shape[0] || f1->shape[0] < 1 || f1->shape[0] > PI2_PRED_MAX_DIM)
-        return pi2_err_set(err, PI2_ESHAPE,
-                           "%s: predictor shapes do not match the model: %s is [%lld, %lld], %s is [%lld, %lld]; "
-                           "expected [r, %d] and [%d, r]",
-                           srcname, n1, (long long)f1->shape[0], (long long)(f1->ndim > 1 ? f1->shape[1] : 0), n2,
-                           (long long)f2->shape[0], (long long)(f2->ndim > 1 ? f2->shape[1] : 0), d->hidden,
-                           d->n_ff);
-    int r = (int)f1->shape[0];
-    float *w1 = pi2_malloc_array(f1->nelem, sizeof(float)), *w2 = pi2_malloc_array(f2->nelem, sizeof(float));
-    int rc;
-    if (!w1 || !w2)
-        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory importing predictors");
-    else if ((rc = pi2_st_to_f32(f1, w1, f1->nelem, err)) == 0 && (rc = pi2_st_to_f32(f2, w2, f2->nelem, err)) == 0)
-        rc = pi2_pred_create(out, d->hidden, d->n_ff, r, w1, w2, 0.0f, err);
-    free(w1);
-    free(w2);
+    return nextafterf((float)c->psrc.threshold, INFINITY);
+}
+
+/* One FFN's imported predictor: read, kept as stored (fp16), then its
+ * threshold (published, or calibrated to --recall) and quality measured on
+ * the traces with the stored weights. */
+static int import_ffn(pi2_conv *c, int l, int e, size_t fi, pi2_err *err)
+{
+    pi2_trace *tr = c->traces[fi];
+    pi2_predictor *p = NULL, *q = NULL;
+    int rc = conv_pred_import(c, l, e, &p, err);
+    if (rc == 0)
+        rc = conv_pred_store(c, fi, p, err);
+    if (rc == 0)
+        rc = conv_pred_expand(c, fi, &q, err);
+    if (rc == 0)
+        rc = pi2_pred_set_threshold(q, published_threshold(c));
+    if (rc == 0 && c->o->recall_set && pi2_trace_count(tr) > 0 && pi2_trace_active_frac(tr) > 0)
+        rc = pi2_pred_calibrate(q, tr, c->o->recall, err);
+    if (rc == 0 && pi2_trace_count(tr) > 0)
+        rc = pi2_pred_eval(q, tr, &c->reports[fi], err);
+    if (rc == 0)
+        c->preds[fi].threshold = pi2_pred_threshold(q);
+    pi2_pred_free(p);
+    pi2_pred_free(q);
     return rc;
 }
 
-static int predictors(pi2_conv *c, FILE *report, pi2_err *err)
+static int train_ffn(pi2_conv *c, int l, int e, size_t fi, pi2_err *err)
+{
+    const pi2_model_desc *d = c->desc;
+    pi2_trace *tr = c->traces[fi];
+    if (pi2_trace_count(tr) < 2 || pi2_trace_active_frac(tr) == 0.0)
+        return pi2_err_set(err, PI2_EINVAL,
+                           "layer %d expert %d: too few calibration samples with active neurons (%zu) "
+                           "to train a predictor; give more --calib-tokens",
+                           l, e, pi2_trace_count(tr));
+    pi2_pred_train_opts to;
+    pi2_pred_train_defaults(&to);
+    to.target_recall = c->o->recall;
+    to.seed = c->o->seed + fi;
+    to.threads = c->threads;
+    /* Small models need rank comparable to their width to reach
+     * the recall target at a low predicted-active share. */
+    to.rank_min = 2 * d->hidden < 256 ? 2 * d->hidden : 256;
+    to.epochs = 30;
+    to.patience = 3;
+    pi2_predictor *p = NULL;
+    int rc = pi2_pred_train(tr, &to, &p, &c->reports[fi], err);
+    if (rc == 0)
+        rc = conv_pred_store(c, fi, p, err);
+    pi2_pred_free(p);
+    return rc;
+}
+
+static int predictors(pi2_conv *c, pi2_err *err)
 {
     const pi2_model_desc *d = c->desc;
     const pi2_convert_opts *o = c->o;
     size_t nf = nffn(d);
     int E = d->n_experts > 0 ? d->n_experts : 1;
-    char n1[128];
-    pi2_tensor_name(n1, sizeof n1, d, PI2_T_PRED_FC1, 0, 0);
-    pi2_st *ext = NULL;
-    const pi2_st *src = NULL;
-    const char *srcname = NULL;
-    int rc = 0;
-    if (pi2_st_find(c->st, n1)) {
-        src = c->st;
-        srcname = o->model_dir;
-    } else if (o->predictors_dir) {
-        if ((rc = pi2_st_open(&ext, o->predictors_dir, err)) != 0)
-            return rc;
-        src = ext;
-        srcname = o->predictors_dir;
-    } else if (!o->train_predictors) {
+    bool import = c->psrc.kind != NULL;
+    if (!import && !o->train_predictors) {
         c->pred_source = "none";
         return 0;
     }
     c->preds = pi2_calloc_array(nf, sizeof *c->preds);
     c->reports = pi2_calloc_array(nf, sizeof *c->reports);
-    if (!c->preds || !c->reports) {
-        pi2_st_close(ext);
+    if (!c->preds || !c->reports)
         return pi2_err_set(err, PI2_ENOMEM, "out of memory for predictors");
+    c->pred_source = import ? "imported" : "trained";
+    conv_stage(c, "%s predictors (%s input)", import ? "importing" : "training", pi2_pred_input_name(c->pred_input));
+    if (import) {
+        conv_report(c, "predictors imported from %s (%s), reading the %s residual; threshold: ", c->psrc.path,
+                    c->psrc.kind, c->pred_input == PI2_PRED_IN_PRENORM ? "pre-norm" : "normed (not the published)");
+        if (o->recall_set)
+            conv_report(c, "calibrated to recall %.3f\n", o->recall);
+        else
+            conv_report(c, "published (score > %g%s; --recall R calibrates)\n", c->psrc.threshold,
+                        c->psrc.repo_threshold ? ", the repo's sparse_threshold" : "");
+    } else {
+        conv_report(c, "predictors trained on the %s input, target recall %.3f:\n",
+                    c->pred_input == PI2_PRED_IN_PRENORM ? "pre-norm" : "normed", o->recall);
     }
-    c->pred_source = src ? "imported" : "trained";
-    if (report)
-        fprintf(report, "predictors (%s, target recall %.3f):\n", c->pred_source, o->recall);
+    int rc = 0;
     for (int l = 0; rc == 0 && l < d->n_layers; l++)
         for (int e = 0; rc == 0 && e < E; e++) {
             size_t fi = ffn_index(d, l, e);
-            pi2_trace *tr = c->traces[fi];
-            if (pi2_trace_count(tr) < 2 || pi2_trace_active_frac(tr) == 0.0) {
-                if (!src) {
-                    rc = pi2_err_set(err, PI2_EINVAL,
-                                     "layer %d expert %d: too few calibration samples with active neurons (%zu) "
-                                     "to train a predictor; give more --calib-tokens",
-                                     l, e, pi2_trace_count(tr));
-                    break;
-                }
-            }
-            if (src) {
-                rc = import_one(c, src, srcname, l, e, &c->preds[fi], err);
-                if (rc == 0 && pi2_trace_count(tr) > 0)
-                    rc = pi2_pred_calibrate(c->preds[fi], tr, o->recall, err);
-                if (rc == 0 && pi2_trace_count(tr) > 0)
-                    rc = pi2_pred_eval(c->preds[fi], tr, &c->reports[fi], err);
-            } else {
-                pi2_pred_train_opts to;
-                pi2_pred_train_defaults(&to);
-                to.target_recall = o->recall;
-                to.seed = o->seed + fi;
-                to.threads = c->threads;
-                /* Small models need rank comparable to their width to reach
-                 * the recall target at a low predicted-active share. */
-                to.rank_min = 2 * d->hidden < 256 ? 2 * d->hidden : 256;
-                to.epochs = 30;
-                to.patience = 3;
-                rc = pi2_pred_train(tr, &to, &c->preds[fi], &c->reports[fi], err);
-            }
+            rc = import ? import_ffn(c, l, e, fi, err) : train_ffn(c, l, e, fi, err);
             if (rc)
                 break;
             const pi2_pred_report *r = &c->reports[fi];
-            if (report) {
-                fprintf(report, "  layer %2d", l);
-                if (d->n_experts > 0)
-                    fprintf(report, " expert %d", e);
-                fprintf(report,
-                        ": rank %4d  recall %.4f  precision %.3f  predicted active %.3f  true active %.3f  %.1f MB (q8)",
-                        pi2_pred_rank(c->preds[fi]), r->recall, r->precision, r->pred_active_frac,
-                        r->true_active_frac, r->bytes_q8 / 1e6);
-                if (!src)
-                    fprintf(report, "  trained in %.1f s", r->seconds);
-                fputc('\n', report);
-            }
+            char ex[32] = "";
+            if (d->n_experts > 0)
+                snprintf(ex, sizeof ex, " expert %d", e);
+            conv_report(c,
+                        "  layer %2d%s: rank %4d  recall %.4f  precision %.3f  predicted active %.3f  true active "
+                        "%.3f  %.1f MB (q8)",
+                        l, ex, c->preds[fi].rank, r->recall, r->precision, r->pred_active_frac, r->true_active_frac,
+                        pi2_pred_bytes_q8(d->hidden, d->n_ff, c->preds[fi].rank) / 1e6);
+            if (!import)
+                conv_report(c, "  trained in %.1f s", r->seconds);
+            conv_report(c, "\n");
             conv_stage_progress(c, "predictors", (int)fi + 1, (int)nf);
         }
-    pi2_st_close(ext);
     return rc;
 }
 
@@ -386,7 +412,8 @@ static void on_weight_q(void *ctx, pi2_tname t, int layer, int expert, float *w,
     q->rc = qdq_rows(qt, w, rows, cols, q->err);
 }
 
-static void on_ffn_sparse(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X, float *A)
+static void on_ffn_sparse(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X,
+                          const float *R, float *A)
 {
     q_ctx *q = ctx;
     pi2_conv *c = q->c;
@@ -398,26 +425,30 @@ static void on_ffn_sparse(void *ctx, int layer, int expert, int n, const int32_t
     if (q->rc)
         return;
     uint64_t *bits = malloc(W * sizeof *bits);
-    if (!bits) {
+    pi2_predictor *p = NULL; /* the stored predictor, one FFN at a time */
+    if (!bits || (c->preds && conv_pred_expand(c, fi, &p, q->err) != 0)) {
         q->rc = pi2_err_set(q->err, PI2_ENOMEM, "out of memory measuring sparse quality");
+        free(bits);
         return;
     }
+    const float *in = conv_pred_in(c, X, R);
     for (int i = 0; i < n && q->rc == 0; i++) {
         float *a = A + (size_t)i * F;
-        if (c->preds && pi2_pred_predict(c->preds[fi], X + (size_t)i * d->hidden, bits) < 0) {
+        if (p && pi2_pred_predict(p, in + (size_t)i * d->hidden, bits) < 0) {
             q->rc = pi2_err_set(q->err, PI2_ENOMEM, "out of memory measuring sparse quality");
             break;
         }
         for (int j = 0; j < F; j++) {
-            bool keep = c->preds ? (bits[j / 64] >> (j % 64)) & 1 : fabsf(a[j]) > c->silu_thr[fi];
+            bool keep = p ? (bits[j / 64] >> (j % 64)) & 1 : fabsf(a[j]) > c->silu_thr[fi];
             if (!keep)
                 a[j] = 0.0f;
         }
     }
+    pi2_pred_free(p);
     free(bits);
 }
 
-static int quality(pi2_conv *c, int len, FILE *report, pi2_err *err)
+static int quality(pi2_conv *c, int len, pi2_err *err)
 {
     int held = c->n_held;
     const int32_t *toks = c->calib + (size_t)(c->n_seq - held) * len;
@@ -460,14 +491,12 @@ static int quality(pi2_conv *c, int len, FILE *report, pi2_err *err)
     c->ppl[0] = exp(nll[0] / n);
     c->ppl[1] = exp(nll[1] / n);
     c->ppl[2] = sparse_mode ? exp(nll[2] / n) : NAN;
-    if (report) {
-        fprintf(report, "quality on %.0f held-out tokens: perplexity fp32 %.4f | quantized dense %.4f (%+.2f%%)", n,
+    conv_report(c, "quality on %.0f held-out tokens: perplexity fp32 %.4f | quantized dense %.4f (%+.2f%%)", n,
                 c->ppl[0], c->ppl[1], 100.0 * (c->ppl[1] / c->ppl[0] - 1));
-        if (sparse_mode)
-            fprintf(report, " | quantized + %s sparsity %.4f (%+.2f%%)", c->preds ? "predicted" : "threshold",
-                    c->ppl[2], 100.0 * (c->ppl[2] / c->ppl[0] - 1));
-        fprintf(report, "\n");
-    }
+    if (sparse_mode)
+        conv_report(c, " | quantized + %s sparsity %.4f (%+.2f%%)", c->preds ? "predicted" : "threshold", c->ppl[2],
+                    100.0 * (c->ppl[2] / c->ppl[0] - 1));
+    conv_report(c, "\n");
     return 0;
 }
 
@@ -527,15 +556,18 @@ static int write_profile(pi2_conv *c, pi2_err *err)
                 /* with predictors, the sets the runtime will select (what it
                  * reads and caches); else the activations */
                 uint64_t *sel = c->preds ? pi2_malloc_array(W, sizeof *sel) : NULL;
+                pi2_predictor *pr = NULL;
                 if (c->preds && !sel)
                     rc = pi2_err_set(err, PI2_ENOMEM, "out of memory for the profile");
+                if (rc == 0 && c->preds)
+                    rc = conv_pred_expand(c, fi, &pr, err);
                 snprintf(p.bits, sizeof p.bits, "profile/%d.%d.bits", l, e);
                 if (rc == 0)
                     rc = pi2_ctr_writer_begin(c->w, p.bits, nb * W * 8, err);
                 for (size_t i = 0; rc == 0 && i < nb; i++) {
                     const uint64_t *row = pi2_trace_bits(c->traces[fi], i);
                     if (sel) {
-                        if (pi2_pred_predict(c->preds[fi], pi2_trace_x(c->traces[fi], i), sel) < 0) {
+                        if (pi2_pred_predict(pr, pi2_trace_x(c->traces[fi], i), sel) < 0) {
                             rc = pi2_err_set(err, PI2_ENOMEM, "out of memory for the profile");
                             break;
                         }
@@ -544,6 +576,7 @@ static int write_profile(pi2_conv *c, pi2_err *err)
                     rc = pi2_ctr_writer_data(c->w, row, W * 8, err);
                 }
                 free(sel);
+                pi2_pred_free(pr);
                 if (rc == 0)
                     rc = pi2_ctr_writer_end(c->w, err);
                 p.bit_samples = nb;
@@ -581,20 +614,21 @@ static int write_sparsity(pi2_conv *c, pi2_err *err)
                 ml.silu_threshold = c->silu_thr[fi];
             }
             if (c->preds) {
-                const pi2_predictor *p = c->preds[fi];
-                int r = pi2_pred_rank(p);
+                const conv_pred *p = &c->preds[fi];
+                int r = p->rank;
                 ml.has_predictor = true;
                 ml.predictor.rank = r;
-                ml.predictor.threshold = pi2_pred_threshold(p);
+                ml.predictor.threshold = p->threshold;
                 ml.predictor.imported = strcmp(c->pred_source, "imported") == 0;
+                ml.predictor.input = c->pred_input;
+                ml.predictor.dtype = PI2_MF_PRED_F16;
                 ml.predictor.report = c->reports[fi];
                 snprintf(ml.predictor.fc1, sizeof ml.predictor.fc1, "p/%d.%d.fc1", l, e);
                 snprintf(ml.predictor.fc2, sizeof ml.predictor.fc2, "p/%d.%d.fc2", l, e);
-                rc = pi2_ctr_writer_add(c->w, ml.predictor.fc1, pi2_pred_fc1(p),
-                                        (size_t)r * d->hidden * sizeof(float), err);
+                rc = pi2_ctr_writer_add(c->w, ml.predictor.fc1, p->fc1, (size_t)r * d->hidden * sizeof *p->fc1, err);
                 if (rc == 0)
-                    rc = pi2_ctr_writer_add(c->w, ml.predictor.fc2, pi2_pred_fc2(p),
-                                            (size_t)d->n_ff * r * sizeof(float), err);
+                    rc = pi2_ctr_writer_add(c->w, ml.predictor.fc2, p->fc2, (size_t)d->n_ff * r * sizeof *p->fc2,
+                                            err);
             }
             if (rc == 0)
                 rc = pi2_manifest_add_layer(mf, &ml, err);
@@ -602,33 +636,19 @@ static int write_sparsity(pi2_conv *c, pi2_err *err)
     return rc;
 }
 
-int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err)
+int conv_calibrate(pi2_conv *c, pi2_err *err)
 {
     const pi2_model_desc *d = c->desc;
     const pi2_convert_opts *o = c->o;
-    /* Default: as many tokens as a trace holds on small models, 4096 on large
-     * ones (the calibration run costs a full forward per token). Large models
-     * generate their own text in short sequences, many at a time: each decode
-     * step streams every weight once, whatever the batch. */
-    uint64_t params = 0;
-    for (size_t i = 0; i < pi2_st_count(c->st); i++)
-        params += pi2_st_at(c->st, i)->nelem;
-    bool big = params >= 100000000u;
-    int tokens = o->calib_tokens > 0 ? o->calib_tokens : big ? 4096 : MAX_TRACE;
-    int len = SEQ_LEN, batch = BATCH_SEQ;
-    if (big) { /* 64 training sequences a step (their held-out eighth riding
-                  along in the same steps); as few steps as the token budget allows */
-        batch = 64 + 64 / 8;
-        len = tokens / 64;
-        len = len < 8 ? 8 : len > 64 ? 64 : len;
-    }
-    if (len > d->max_pos)
-        len = d->max_pos;
+    int tokens, len, batch;
+    calib_shape(c, &tokens, &len, &batch);
     int n_train = (tokens + len - 1) / len;
     if (n_train < 2)
         n_train = 2;
     int n_held = n_train / 8 > 0 ? n_train / 8 : 1;
     c->silu = d->act == PI2_ACT_SILU;
+    conv_stage(c, "calibration run: %d sequences of %d tokens (%s)", n_train + n_held, len,
+               o->calib_path ? o->calib_path : "text the model generates");
     double t0 = pi2_now();
     int rc = traces_alloc(c, err);
     if (rc)
@@ -642,25 +662,23 @@ int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err)
     } else if ((rc = calib_generate(c, len, n_train + n_held, n_held, batch, err)) != 0) {
         return rc;
     }
-    if (report)
-        fprintf(report, "calibration: %d sequences x %d tokens (%s), %d held out for quality\n",
+    conv_report(c, "calibration: %d sequences x %d tokens (%s), %d held out for quality\n",
                 c->n_seq - c->n_held, len, o->calib_path ? o->calib_path : "self-generated", c->n_held);
     double t1 = pi2_now();
-    if (report)
-        fprintf(report, "calibration run: %.1f s\n", t1 - t0);
-    if ((rc = predictors(c, report, err)) != 0)
+    conv_report(c, "calibration run: %.1f s\n", t1 - t0);
+    if ((rc = predictors(c, err)) != 0)
         return rc;
-    if (report && !c->preds)
-        fprintf(report, "predictors: none in the checkpoint and --train-predictors not given%s\n",
+    if (!c->preds)
+        conv_report(c, "predictors: none in the checkpoint or beside it, no --predictors, no --train-predictors%s\n",
                 c->silu ? "; sparsity by the calibrated threshold" : "; the runtime will run dense");
     if ((rc = write_sparsity(c, err)) != 0 || (rc = write_profile(c, err)) != 0)
         return rc;
-    if (report && c->silu) {
-        fprintf(report, "SiLU sparsity: per-layer |act| thresholds dropping %.0f%% of activations:",
-                100 * o->silu_sparsity);
+    if (c->silu) {
+        conv_report(c, "SiLU sparsity: per-layer |act| thresholds dropping %.0f%% of activations:",
+                    100 * o->silu_sparsity);
         for (size_t i = 0; i < nffn(d) && i < 8; i++)
-            fprintf(report, " %.4g", c->silu_thr[i]);
-        fprintf(report, "%s\n", nffn(d) > 8 ? " ..." : "");
+            conv_report(c, " %.4g", c->silu_thr[i]);
+        conv_report(c, "%s\n", nffn(d) > 8 ? " ..." : "");
     }
     c->mf->profile_tokens = c->tokens[0]; /* dense: layer 0's tokens; MoE: its routing choices / top-k */
     if (d->n_experts > 0) {
@@ -669,21 +687,22 @@ int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err)
             routed += c->tokens[ffn_index(d, 0, e)];
         c->mf->profile_tokens = routed / (uint64_t)d->n_experts_used;
     }
-    if (report && o->per_layer) {
-        fprintf(report, "activation profile (per layer%s):\n", d->n_experts > 0 ? " and expert" : "");
+    if (o->per_layer) {
+        conv_report(c, "activation profile (per layer%s):\n", d->n_experts > 0 ? " and expert" : "");
         for (size_t i = 0; i < c->mf->n_profile; i++) {
             const pi2_mf_profile *p = &c->mf->profile[i];
-            fprintf(report, "  layer %2d", p->layer);
+            conv_report(c, "  layer %2d", p->layer);
             if (p->expert >= 0)
-                fprintf(report, " expert %d", p->expert);
-            fprintf(report, ": active %.3f  hot share (fire > 50%%) %.3f  top-10%% neurons carry %.2f of activations",
+                conv_report(c, " expert %d", p->expert);
+            conv_report(c, ": active %.3f  hot share (fire > 50%%) %.3f  top-10%% neurons carry %.2f of activations",
                     p->active_frac, p->hot_share, p->top10_share);
             if (p->expert >= 0 && !isnan(p->route_share))
-                fprintf(report, "  routed %.3f", p->route_share);
-            fputc('\n', report);
+                conv_report(c, "  routed %.3f", p->route_share);
+            conv_report(c, "\n");
         }
     }
-    return quality(c, len, report, err);
+    conv_stage(c, "measuring quality (fp32, quantized dense%s)", c->preds || c->silu ? ", quantized sparse" : "");
+    return quality(c, len, err);
 }
 
 void conv_calib_free(pi2_conv *c)
@@ -691,8 +710,11 @@ void conv_calib_free(pi2_conv *c)
     size_t nf = c->desc ? nffn(c->desc) : 0;
     for (size_t i = 0; c->traces && i < nf; i++)
         pi2_trace_free(c->traces[i]);
-    for (size_t i = 0; c->preds && i < nf; i++)
-        pi2_pred_free(c->preds[i]);
+    for (size_t i = 0; c->preds && i < nf; i++) {
+        free(c->preds[i].fc1);
+        free(c->preds[i].fc2);
+    }
+    free(c->calib_ids);
     free(c->traces);
     free(c->preds);
     free(c->reports);

@@ -24,6 +24,26 @@ typedef struct conv_tensor {
     char payload[PI2_CTR_NAME_MAX], scales[PI2_CTR_NAME_MAX];
 } conv_tensor;
 
+/* Where imported predictors come from (convert_pred.c). */
+typedef struct conv_psrc {
+    const char *kind;   /* "checkpoint", "safetensors", "PowerInfer repo"; NULL: none */
+    char path[4096];    /* the file or directory, for messages and the report */
+    const pi2_st *st;   /* a tensor set under the checkpoint's names (TurboSparse) */
+    pi2_st *own;        /* st when opened here */
+    pi2_st **layer;     /* PowerInfer repo: model_{L}.pt of each layer ("fc1.weight", "fc2.weight") */
+    int n_layer;
+    double threshold;   /* published threshold: a neuron fires when its score > threshold */
+    bool repo_threshold; /* threshold from the repo's config.json (sparse_threshold) */
+} conv_psrc;
+
+/* A predictor as the converted model stores it: fp16 weights. */
+typedef struct conv_pred {
+    int rank;
+    float threshold;
+    uint16_t *fc1; /* [rank, hidden] */
+    uint16_t *fc2; /* [n_ff, rank] */
+} conv_pred;
+
 typedef struct pi2_conv {
     const pi2_convert_opts *o;
     pi2_ref_model *m;
@@ -33,6 +53,8 @@ typedef struct pi2_conv {
     int threads;
     /* progress */
     bool tty;
+    bool progress_shown; /* a progress line is on the terminal (cleared before any other line) */
+    FILE *report;        /* the summary's stream, or NULL */
     double t0, last_progress;
     uint64_t bytes_read, bytes_total;
     /* converted tensors */
@@ -50,20 +72,54 @@ typedef struct pi2_conv {
     bool silu;             /* SiLU model: threshold mode */
     float *silu_thr;       /* [ffn] |act| threshold */
     bool *silu_set;
-    pi2_predictor **preds; /* [ffn] or NULL */
+    conv_psrc psrc;        /* imported predictors' source (kind NULL: none) */
+    pi2_pred_input pred_input; /* what the predictors read, and so what traces record */
+    conv_pred *preds;      /* [ffn] or NULL */
     pi2_pred_report *reports;
     const char *pred_source;
+    int32_t *calib_ids;    /* --calib text, tokenized before the first long stage */
+    size_t n_calib_ids;
     uint64_t quality_tokens;
     double ppl[3];         /* fp32, quantized dense, quantized sparse */
 } pi2_conv;
 
 /* Stages 2-4 (convert_calib.c): calibration text, traces, predictors,
  * profile and sparsity members, quality; fills c->mf's sparsity/profile. */
-int conv_calibrate(pi2_conv *c, FILE *report, pi2_err *err);
+int conv_calibrate(pi2_conv *c, pi2_err *err);
+/* Read and tokenize the --calib text (if any) into c->calib_ids, checking
+ * it is long enough: before the first long stage. */
+int conv_calib_text_load(pi2_conv *c, pi2_err *err);
 void conv_calib_free(pi2_conv *c);
 
 /* Progress of a counted stage on a terminal. */
 void conv_stage_progress(pi2_conv *c, const char *what, int done, int total);
+
+/* A report line (printf-style) to c->report, flushed at once so a
+ * redirected report grows as the conversion goes; a progress line on the
+ * terminal is cleared first. No-op without a report stream. */
+void conv_report(pi2_conv *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* One line on stderr as a stage starts (unless quiet), terminal or not. */
+void conv_stage(pi2_conv *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Predictor sources (convert_pred.c). conv_pred_find: resolve where
+ * imported predictors come from (--predictors PATH, the checkpoint, files
+ * beside the weights) and check every layer's tensors, before any long
+ * stage; sets c->psrc and c->pred_input. conv_pred_import: one FFN's
+ * predictor from it, as f32 (threshold 0). conv_pred_close frees the
+ * source. */
+int conv_pred_find(pi2_conv *c, pi2_err *err);
+int conv_pred_import(pi2_conv *c, int layer, int expert, pi2_predictor **out, pi2_err *err);
+void conv_pred_close(pi2_conv *c);
+/* Keep p as FFN fi's stored predictor (fp16; PI2_ERANGE for a weight past
+ * fp16, naming it); conv_pred_expand: a new f32 predictor from the stored
+ * one (what the runtime reads), caller frees. */
+int conv_pred_store(pi2_conv *c, size_t fi, const pi2_predictor *p, pi2_err *err);
+int conv_pred_expand(const pi2_conv *c, size_t fi, pi2_predictor **out, pi2_err *err);
+/* The vector c's predictors read, of X (normed FFN input) and R (residual). */
+static inline const float *conv_pred_in(const pi2_conv *c, const float *X, const float *R)
+{
+    return c->pred_input == PI2_PRED_IN_PRENORM ? R : X;
+}
 
 /* Stage 1 (convert_weights.c): every weight tensor, quantized, into c->w. */
 int conv_write_weights(pi2_conv *c, pi2_err *err);

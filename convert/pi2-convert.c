@@ -68,11 +68,21 @@ static void usage(FILE *f)
             "  -o, --output OUT        converted model file to write\n"
             "  --quant q4|q8           FFN weights (default q4)\n"
             "  --other-quant q8|q4     attention, embeddings, output head (default q8)\n"
-            "  --train-predictors      train predictors when the checkpoint has none\n"
-            "  --predictors DIR        import predictors from a safetensors dir (TurboSparse names)\n"
+            "  --train-predictors      train predictors when the model comes with none\n"
+            "  --predictors PATH       import predictors: a safetensors file or dir (the checkpoint's\n"
+            "                          predictor names), or a PowerInfer repo dir (model_{L}.pt files,\n"
+            "                          config.json with an optional sparse_threshold). Without it, the\n"
+            "                          checkpoint's own predictors are used, else predictor files beside\n"
+            "                          the weights (predictor.safetensors, predictor/, model_0.pt, ...)\n"
+            "  --predictor-input prenorm|normed\n"
+            "                          the vector predictors read: the residual before the FFN's norm\n"
+            "                          (the published convention: the default for imported ones) or\n"
+            "                          the normed FFN input (the default for trained ones)\n"
             "  --calib FILE            calibration text (default: text the model generates itself)\n"
             "  --calib-tokens N        calibration tokens (default 4096)\n"
-            "  --recall R              target recall of predictor thresholds (default 0.99)\n"
+            "  --recall R              target recall of trained predictors' thresholds (default 0.99);\n"
+            "                          given, it also calibrates imported ones (else they keep the\n"
+            "                          published threshold: a neuron fires when its score is > 0)\n"
             "  --sparsity S            SiLU models: share of neurons the threshold mode drops (default 0.5)\n"
             "  --threads N             threads (default: all cores)\n"
             "  --seed S                seed for calibration text and training (default 1)\n"
@@ -86,7 +96,8 @@ static void usage(FILE *f)
 
 static int cmd_convert(int argc, char **argv)
 {
-    enum { O_QUANT = 256, O_OQUANT, O_TRAIN, O_PRED, O_CALIB, O_CTOK, O_RECALL, O_SPARSITY, O_THREADS, O_SEED, O_PERLAYER };
+    enum { O_QUANT = 256, O_OQUANT, O_TRAIN, O_PRED, O_CALIB, O_CTOK, O_RECALL, O_SPARSITY, O_THREADS, O_SEED, O_PERLAYER,
+           O_PIN };
     static const struct option opts[] = {
         {"output", required_argument, 0, 'o'},       {"per-layer", no_argument, 0, O_PERLAYER},       {"quant", required_argument, 0, O_QUANT},
         {"other-quant", required_argument, 0, O_OQUANT}, {"train-predictors", no_argument, 0, O_TRAIN},
@@ -94,6 +105,7 @@ static int cmd_convert(int argc, char **argv)
         {"calib-tokens", required_argument, 0, O_CTOK}, {"recall", required_argument, 0, O_RECALL},
         {"sparsity", required_argument, 0, O_SPARSITY}, {"threads", required_argument, 0, O_THREADS},
         {"seed", required_argument, 0, O_SEED},       {"quiet", no_argument, 0, 'q'},
+        {"predictor-input", required_argument, 0, O_PIN},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     pi2_convert_opts o;
     pi2_convert_defaults(&o);
@@ -118,7 +130,19 @@ static int cmd_convert(int argc, char **argv)
         case O_PRED: o.predictors_dir = optarg; break;
         case O_CALIB: o.calib_path = optarg; break;
         case O_CTOK: rc = pi2_parse_int("--calib-tokens", optarg, 64, 1 << 22, &v, &err); o.calib_tokens = (int)v; break;
-        case O_RECALL: rc = pi2_parse_double("--recall", optarg, 0.5, 1.0, &dv, &err); o.recall = dv; break;
+        case O_RECALL:
+            rc = pi2_parse_double("--recall", optarg, 0.5, 1.0, &dv, &err);
+            o.recall = dv;
+            o.recall_set = true;
+            break;
+        case O_PIN:
+            if (strcmp(optarg, "prenorm") == 0)
+                o.pred_input = PI2_PRED_IN_PRENORM;
+            else if (strcmp(optarg, "normed") == 0)
+                o.pred_input = PI2_PRED_IN_NORMED;
+            else
+                rc = pi2_err_set(&err, PI2_EINVAL, "--predictor-input '%s': expected prenorm or normed", optarg);
+            break;
         case O_SPARSITY: rc = pi2_parse_double("--sparsity", optarg, 0.0, 0.99, &dv, &err); o.silu_sparsity = dv; break;
         case O_THREADS: rc = pi2_parse_int("--threads", optarg, 1, 256, &v, &err); o.threads = (int)v; break;
         case O_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, &err); o.seed = (uint64_t)v; break;

@@ -7,6 +7,8 @@
  * models, converters) get the same checks before they are written. */
 #include "formats/hfconfig.h"
 
+#include "formats/jsonutil.h"
+
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -620,4 +622,36 @@ bool pi2_tensor_name(char *buf, size_t cap, const pi2_model_desc *d, pi2_tname t
     n = snprintf(buf, cap, "model.layers.%d.%s", layer, part);
 done:
     return n >= 0 && (size_t)n < cap;
+}
+
+/* ---- predictor repositories ---- */
+
+int pi2_pred_repo_config_read(const char *path, double *threshold, bool *found, pi2_err *err)
+{
+    *found = false;
+    *threshold = 0.0;
+    char *text;
+    size_t len;
+    int rc = pi2_read_file(path, PI2_CFG_MAX_BYTES, &text, &len, err);
+    if (rc)
+        return rc;
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    free(text);
+    if (!root || !json_is_object(root)) {
+        json_decref(root);
+        return pi2_err_set(err, PI2_EFORMAT, "%s: %s", path, root ? "not a JSON object" : "not valid JSON");
+    }
+    json_t *v = get(root, "sparse_threshold");
+    if (v && !json_is_number(v))
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: sparse_threshold is %s, expected a number", path,
+                         pi2_json_type_name(v));
+    else if (v && !isfinite(json_number_value(v)))
+        rc = pi2_err_set(err, PI2_ERANGE, "%s: sparse_threshold is not finite", path);
+    else if (v) {
+        *threshold = json_number_value(v);
+        *found = true;
+    }
+    json_decref(root);
+    return rc;
 }

@@ -102,6 +102,12 @@ const char *pi2_act_name(pi2_act a);   /* "silu", "relu", "drelu"; "unknown" if 
 const char *pi2_arch_class(pi2_arch a);
 bool pi2_desc_is_moe(const pi2_model_desc *d);
 
+/* A PowerInfer predictor repository's config.json (beside its model_{L}.pt
+ * files): *threshold = its "sparse_threshold" (*found true) or 0 when the key
+ * is absent or null; other keys are ignored. PI2_EFORMAT (not a JSON object,
+ * a threshold that is not a number), PI2_ERANGE (not finite), read errors. */
+int pi2_pred_repo_config_read(const char *path, double *threshold, bool *found, pi2_err *err);
+
 /* HF tensor names. `layer` and `expert` are ignored where they do not apply. */
 typedef enum pi2_tname {
     PI2_T_EMBED,      /* model.embed_tokens.weight        [vocab, d] */

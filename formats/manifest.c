@@ -25,6 +25,8 @@ static const char *const role_names[] = { "embed", "out_norm", "lm_head", "attn_
 #define N_ROLES (sizeof role_names / sizeof role_names[0])
 static_assert(PI2_T_ROUTER + 1 == N_ROLES, "role table follows pi2_tname");
 
+size_t pi2_mf_pred_elem(pi2_mf_pdtype dt) { return dt == PI2_MF_PRED_F16 ? 2 : 4; }
+
 const char *pi2_manifest_role_name(pi2_tname role)
 {
     return (unsigned)role < N_ROLES ? role_names[role] : "?";
@@ -824,17 +826,22 @@ static int parse_report(pctx *c, json_t *e, const char *w, pi2_pred_report *r)
 
 static int parse_predictor(pctx *c, json_t *e, const char *w, pi2_mf_predictor *p)
 {
-    static const char *const keys[] = { "rank", "threshold", "imported", "fc1", "fc2", "report" };
+    static const char *const keys[] = { "rank", "threshold", "imported", "input", "dtype", "fc1", "fc2", "report" };
+    static const char *const inputs[] = { "normed", "prenorm" }, *const dtypes[] = { "f32", "f16" };
     char wr[120];
     json_t *rep;
-    int rc;
+    int rc, in = PI2_PRED_IN_NORMED, dt = PI2_MF_PRED_F32;
     if ((rc = CHECK_KEYS(c, e, w, keys)) || (rc = get_i32(c, e, w, "rank", 1, PI2_PRED_MAX_DIM, &p->rank)) ||
         (rc = get_float(c, e, w, "threshold", -FLT_MAX, FLT_MAX, &p->threshold)) ||
         (rc = get_bool(c, e, w, "imported", &p->imported)) ||
+        (json_object_get(e, "input") && (rc = get_enum(c, e, w, "input", inputs, 2, "normed or prenorm", &in))) ||
+        (json_object_get(e, "dtype") && (rc = get_enum(c, e, w, "dtype", dtypes, 2, "f32 or f16", &dt))) ||
         (rc = get_member(c, e, w, "fc1", false, true, p->fc1, NULL)) ||
         (rc = get_member(c, e, w, "fc2", false, true, p->fc2, NULL)) ||
         (rc = get_obj(c, e, w, "report", false, &rep)))
         return rc;
+    p->input = (pi2_pred_input)in;
+    p->dtype = (pi2_mf_pdtype)dt;
     snprintf(wr, sizeof wr, "%s.report", w);
     return parse_report(c, rep, wr, &p->report);
 }
@@ -1361,6 +1368,8 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
             put(b, po, "rank", jint(p->rank));
             put(b, po, "threshold", jfloat(p->threshold));
             put(b, po, "imported", json_boolean(p->imported));
+            put(b, po, "input", json_string(pi2_pred_input_name(p->input)));
+            put(b, po, "dtype", json_string(p->dtype == PI2_MF_PRED_F16 ? "f16" : "f32"));
             put(b, po, "fc1", json_string(p->fc1));
             put(b, po, "fc2", json_string(p->fc2));
             put(b, po, "report", build_report(b, &p->report));

@@ -37,8 +37,10 @@
  *                 "threshold_sparsity": number in [0, 1] or null,
  *                 "per_layer": [ { "layer": int, "expert": int,
  *                                  "predictor": null | { "rank", "threshold",
- *                                      "imported": bool, "fc1": member,
- *                                      "fc2": member,
+ *                                      "imported": bool,
+ *                                      "input": "normed" | "prenorm",
+ *                                      "dtype": "f32" | "f16",
+ *                                      "fc1": member, "fc2": member,
  *                                      "report": { every pi2_pred_report field
  *                                                  under its C name } },
  *                                  "silu_threshold": number (optional) }, ... ] },
@@ -55,8 +57,9 @@
  *   "sections": [ { "name": member, "offset": int, "size": int,
  *                   "sha256": 64 lowercase hex digits }, ... ]
  * }
- * Every key is required except "silu_threshold", "bits_selected", "route_share" and the three
- * "ppl_*" keys;
+ * Every key is required except "silu_threshold", "bits_selected", "route_share", the three
+ * "ppl_*" keys and the predictor's "input" and "dtype" (absent in containers
+ * written before them: "normed" and "f32");
  * unknown keys are refused (inside "config" and "bundle", the rules of
  * their own readers apply). Numbers are JSON integers where the C field is
  * an integer; reals are written in their shortest round-trip form (float
@@ -95,8 +98,10 @@
  *                predictor object and recall_target in every entry; mode
  *                "threshold" a silu_threshold (>= 0) in every entry and
  *                threshold_sparsity. Predictor rank in [1, PI2_PRED_MAX_DIM];
- *                fc1/fc2 members must exist (their encoding is the
- *                converter's business). Report fractions in [0, 1] or null,
+ *                fc1/fc2 members must exist; they hold fc1 [rank, d] and
+ *                fc2 [n_ff, rank] row-major in "dtype" (f16: IEEE half,
+ *                LE), the sizes the bundle reader checks. "input" is the
+ *                vector the predictor reads (predictor/train.h). Report fractions in [0, 1] or null,
  *                losses, pos_weight and seconds >= 0 or null (NaN).
  *   profile      fractions in [0, 1]; the freq member holds float32 [n_ff]
  *                (per-neuron activation frequency), exactly n_ff * 4 bytes;
@@ -180,10 +185,18 @@ typedef struct pi2_mf_tensor {
     char scales[PI2_CTR_NAME_MAX]; /* "" for f32 */
 } pi2_mf_tensor;
 
+/* Element type of the predictor members. */
+typedef enum pi2_mf_pdtype {
+    PI2_MF_PRED_F32 = 0,
+    PI2_MF_PRED_F16 = 1,
+} pi2_mf_pdtype;
+
 typedef struct pi2_mf_predictor {
     int rank;
     float threshold;
-    bool imported; /* shipped in the checkpoint (TurboSparse), not trained */
+    bool imported;        /* published with the model (checkpoint or predictor repo), not trained */
+    pi2_pred_input input; /* the vector it reads */
+    pi2_mf_pdtype dtype;  /* of the fc1/fc2 members */
     char fc1[PI2_CTR_NAME_MAX];
     char fc2[PI2_CTR_NAME_MAX];
     pi2_pred_report report;
@@ -278,6 +291,9 @@ int pi2_manifest_to_json(const pi2_manifest *m, char **text, size_t *len, pi2_er
  * "manifest.json". On success the caller owns *out (pi2_manifest_free); on
  * error *out is NULL. */
 int pi2_manifest_parse(const char *text, size_t len, const char *name, pi2_manifest **out, pi2_err *err);
+
+/* Bytes of one predictor weight in its members: 4 (f32) or 2 (f16). */
+size_t pi2_mf_pred_elem(pi2_mf_pdtype dt);
 
 /* The tensor with this role, layer and expert (-1 where n/a); NULL if absent. */
 const pi2_mf_tensor *pi2_manifest_find_tensor(const pi2_manifest *m, pi2_tname role, int layer, int expert);

@@ -190,6 +190,11 @@ double pi2_trace_active_frac(const pi2_trace *t)
 
 /* ============================== predictors ============================== */
 
+const char *pi2_pred_input_name(pi2_pred_input in)
+{
+    return in == PI2_PRED_IN_NORMED ? "normed" : in == PI2_PRED_IN_PRENORM ? "prenorm" : "?";
+}
+
 struct pi2_predictor {
     int d, n_ff, rank;
     float threshold;

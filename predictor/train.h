@@ -1,11 +1,15 @@
 /* Activation predictors: traces, training, calibration, evaluation.
  *
  * A predictor for one FFN layer (or one MoE expert) is a bias-free MLP
- *     score = fc2 · relu(fc1 · x)        x: d floats (FFN input after RMSNorm)
+ *     score = fc2 · relu(fc1 · x)        x: d floats, the predictor's input
  *     fc1 [rank, d], fc2 [n_ff, rank]    row-major fp32, as in PyTorch
  * and neuron i is predicted active when score_i >= threshold (one threshold
  * per layer). These are the shapes of the `predictor.fc{1,2}.weight` tensors
  * TurboSparse checkpoints ship, so an imported predictor is used as is.
+ * Which vector x is (pi2_pred_input) is part of the model: a predictor run
+ * on the other one picks other neurons, since the norm's weight differs per
+ * dimension (the score's sign is the same for any positive scale of x:
+ * the MLP has no bias and relu is positively homogeneous).
  *
  * Trace: the training data of one layer, collected from the reference
  * forward's FFN hook: N samples, each the FFN input x (d floats) and the truth
@@ -45,6 +49,20 @@
 #include "formats/common.h"
 
 #define PI2_PRED_MAX_DIM (1 << 20) /* cap on d, n_ff and rank */
+
+/* The vector a predictor reads (manifest key "input"):
+ *   PI2_PRED_IN_NORMED   the FFN's input, after post_attention_layernorm
+ *   PI2_PRED_IN_PRENORM  the residual stream after attention, BEFORE that
+ *                        norm: the PowerInfer convention, which every
+ *                        published predictor (TurboSparse in-checkpoint,
+ *                        Bamboo / ProSparse / ReluLLaMA repos) follows */
+typedef enum pi2_pred_input {
+    PI2_PRED_IN_NORMED = 0,
+    PI2_PRED_IN_PRENORM = 1,
+} pi2_pred_input;
+
+/* "normed" / "prenorm"; "?" for anything else. */
+const char *pi2_pred_input_name(pi2_pred_input in);
 
 /* ---- traces ---- */
 

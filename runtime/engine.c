@@ -119,15 +119,20 @@ static int pred_alloc(pi2_engine *e, eng_ffn *f, pi2_err *err)
 static int pred_fill(const pi2_engine *e, eng_ffn *f)
 {
     int64_t D = e->d.hidden, R = f->rank, Rp = f->rank_p, N = f->n_ff;
-    float *row = malloc(sizeof(float) * (size_t)Rp);
+    int64_t W = D > Rp ? D : Rp;
+    float *row = malloc(sizeof(float) * (size_t)W);
     if (!row)
         return PI2_ENOMEM;
     int rc = 0;
-    for (int64_t r = 0; r < R && !rc; r++)
-        rc = pi2_q_quantize_row(PI2_QT_Q8, f->fc1 + r * D, D, f->s1 + r * (D / PI2_Q_GROUP), f->q1 + r * D);
+    for (int64_t r = 0; r < R && !rc; r++) {
+        for (int64_t k = 0; k < D; k++)
+            row[k] = eng_pred_w(f, f->fc1, (size_t)(r * D + k));
+        rc = pi2_q_quantize_row(PI2_QT_Q8, row, D, f->s1 + r * (D / PI2_Q_GROUP), f->q1 + r * D);
+    }
     memset(row + R, 0, sizeof(float) * (size_t)(Rp - R));
     for (int64_t i = 0; i < N && !rc; i++) {
-        memcpy(row, f->fc2 + i * R, sizeof(float) * (size_t)R);
+        for (int64_t k = 0; k < R; k++)
+            row[k] = eng_pred_w(f, f->fc2, (size_t)(i * R + k));
         rc = pi2_q_quantize_row(PI2_QT_Q8, row, Rp, f->s2 + i * (Rp / PI2_Q_GROUP), f->q2 + i * Rp);
     }
     free(row);
@@ -185,7 +190,8 @@ static int pred_quantize_all(pi2_engine *e, pi2_err *err)
     for (int k = 0; k < n && !rc && e->res; k++) {
         eng_ffn *f = j.f[k];
         const uint8_t *p1 = (const uint8_t *)f->fc1, *p2 = (const uint8_t *)f->fc2;
-        uint64_t n1 = (uint64_t)f->rank * (uint64_t)e->d.hidden * 4, n2 = (uint64_t)f->n_ff * (uint64_t)f->rank * 4;
+        uint64_t el = f->pred_f16 ? 2 : 4, n1 = (uint64_t)f->rank * (uint64_t)e->d.hidden * el,
+                 n2 = (uint64_t)f->n_ff * (uint64_t)f->rank * el;
         if (p1 + n1 == p2) /* side by side, as bundled: one range */
             release_res(e, p1, n1 + n2);
         else {
@@ -313,13 +319,16 @@ static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *e
         if (!ml || !ml->has_predictor)
             return pi2_err_set(err, PI2_ENOTFOUND, "%s: no predictor for layer %d", e->path, layer);
         const pi2_mf_predictor *p = &ml->predictor;
+        uint64_t el = pi2_mf_pred_elem(p->dtype);
         f->has_pred = true;
+        f->pred_prenorm = p->input == PI2_PRED_IN_PRENORM;
+        f->pred_f16 = p->dtype == PI2_MF_PRED_F16;
         f->rank = p->rank;
         f->threshold = p->threshold;
-        f->fc1 = (const float *)(const void *)member(e, p->fc1, (uint64_t)p->rank * d->hidden * 4, err);
+        f->fc1 = member(e, p->fc1, (uint64_t)p->rank * d->hidden * el, err);
         if (!f->fc1)
             return err->code;
-        f->fc2 = (const float *)(const void *)member(e, p->fc2, (uint64_t)p->rank * bf->neurons * 4, err);
+        f->fc2 = member(e, p->fc2, (uint64_t)p->rank * bf->neurons * el, err);
         if (!f->fc2)
             return err->code;
         if (pred_alloc(e, f, err))

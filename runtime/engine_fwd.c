@@ -845,15 +845,17 @@ uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *
     return eng_predict_from(e, f, x, 0, sel);
 }
 
-/* Decode FFN for the token whose normed input is e->xb (quantized in the
- * activation buffers); out = FFN(x) (accumulate: out += w * FFN(x)). */
+/* Decode FFN for the token whose normed input is x = e->xb (quantized in
+ * the activation buffers) and whose residual before the norm is e->x;
+ * out = FFN(x) (accumulate: out += w * FFN(x)). The predictor reads the
+ * vector its manifest entry names. */
 static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *out, bool accumulate, float w,
                       pi2_err *err)
 {
     ffn_dec_job j = {e, f, FFN_DENSE, 0, 0, NULL};
     if (!e->dense && f->has_pred) {
         j.mode = FFN_PRED;
-        j.n_sel = eng_predict(e, f, x, e->sel);
+        j.n_sel = eng_predict(e, f, f->pred_prenorm ? e->x : x, e->sel);
     } else if (!e->dense && f->has_silu_thr) {
         j.mode = FFN_THRESH;
     }

@@ -8,6 +8,8 @@
 #include "runtime/kernels.h"
 #include "runtime/pool.h"
 
+#include <string.h>
+
 #define ENG_TILE 256 /* prefill FFN tile (neurons): gate, up, then their down rows */
 /* Row stride (floats) of the partial FFN outputs: one cache line past the
  * hidden size, so the down GEMM's per-token stores to one column strip do
@@ -38,10 +40,12 @@ typedef struct eng_ffn {
     eng_mat gate, up, down; /* rows = neurons; down rows are down columns */
     /* predictor (bundled order) */
     bool has_pred;
+    bool pred_prenorm; /* it reads the residual before the FFN's norm (else the normed input) */
+    bool pred_f16;     /* fc1/fc2 hold fp16 (else f32) */
     int rank;
     float threshold;
-    const float *fc1; /* [rank][hidden] */
-    const float *fc2; /* [n_ff][rank] */
+    const void *fc1; /* [rank][hidden], as stored (eng_pred_w) */
+    const void *fc2; /* [n_ff][rank] */
     /* the same as Q8 rows, made at open (engine.c, pred_quantize_all),
      * which decode runs: a third of the bytes */
     int rank_p;          /* rank rounded up to 32 (zero columns) */
@@ -51,6 +55,19 @@ typedef struct eng_ffn {
     bool has_silu_thr;
     float silu_thr;
 } eng_ffn;
+
+/* Weight i of a stored predictor matrix (fc1 or fc2 of f) as f32. */
+static inline float eng_pred_w(const eng_ffn *f, const void *m, size_t i)
+{
+    if (f->pred_f16) {
+        uint16_t h;
+        memcpy(&h, (const uint8_t *)m + 2 * i, 2);
+        return pi2_f16_to_f32(h);
+    }
+    float v;
+    memcpy(&v, (const uint8_t *)m + 4 * i, 4);
+    return v;
+}
 
 typedef struct eng_layer {
     const float *attn_norm, *ffn_norm; /* [hidden] */

@@ -428,6 +428,8 @@ void pi2_ref_state_set_hook(pi2_ref_state *s, pi2_ref_ffn_hook hook, void *ctx)
     s->hook_ctx = ctx;
 }
 
+const float *pi2_ref_state_residual(const pi2_ref_state *s) { return s->x; }
+
 /* ---- forward ---- */
 
 /* One FFN (the dense one, or expert e): out = down(act(gate x, up x)). */

@@ -49,6 +49,10 @@ typedef void (*pi2_ref_ffn_hook)(void *ctx, int layer, int expert, const float *
 int pi2_ref_state_create(pi2_ref_state **out, const pi2_ref_model *m, int max_seq, pi2_err *err);
 void pi2_ref_state_free(pi2_ref_state *s);
 void pi2_ref_state_set_hook(pi2_ref_state *s, pi2_ref_ffn_hook hook, void *ctx);
+/* During an FFN hook: the residual stream (d floats) whose norm is the
+ * hook's x, i.e. after attention and before the FFN's RMSNorm: the input
+ * of PowerInfer-convention predictors. */
+const float *pi2_ref_state_residual(const pi2_ref_state *s);
 
 /* Run token `token` at position `pos` (0-based, positions must be fed in
  * order from 0 and < max_seq) and write vocab logits. PI2_ERANGE for a bad

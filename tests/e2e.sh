@@ -72,7 +72,7 @@ b=$("$B/pi2-run" --reference "$T/tiny" -p "x" -n 16 --temp 1 --seed 5 2>/dev/nul
 
 # --- convert the generated model, export it back, run the quantized reference ---
 "$B/pi2-convert" "$T/tiny" -o "$T/tiny.pi2c" --train-predictors --calib-tokens 2048 -q >"$T/out" 2>"$T/err" \
-    && grep -q "predictors (trained" "$T/out" && grep -q "quality on" "$T/out" && ok \
+    && grep -q "predictors trained on the normed input" "$T/out" && grep -q "quality on" "$T/out" && ok \
     || { bad "convert tiny with training"; cat "$T/out" "$T/err"; }
 tar tvf "$T/tiny.pi2c" 2>/dev/null | grep -q "manifest.json" && ok || bad "tar does not list manifest.json"
 expect_ok "export" "$B/pi2-convert" export "$T/tiny.pi2c" -o "$T/tiny-q"
@@ -241,7 +241,7 @@ expect_error "run offload tampered ffn" "ffn/1.0" "$B/pi2-run" "$T/bt.pi2" --pub
 "$B/pi2-convert" synth --preset moe --hidden 256 --ff 1024 --layers 2 --heads 4 --kv-heads 2 --vocab 512 --dtype f32 \
     -o "$T/moe" >/dev/null 2>"$T/err" \
     && "$B/pi2-convert" "$T/moe" -o "$T/moe.pi2c" --calib-tokens 128 -q >"$T/out" 2>"$T/err" \
-    && grep -q "predictors (imported" "$T/out" \
+    && grep -q "predictors imported from" "$T/out" \
     && "$B/pi2-bundle" "$T/moe.pi2c" -o "$T/moe.pi2" --key "$T/k.pem" -q >/dev/null 2>"$T/err" \
     && ok || { bad "moe: synth, convert (imported predictors) and bundle"; cat "$T/out" "$T/err"; }
 a=$("$B/pi2-run" "$T/moe.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 --stats 2>"$T/err")

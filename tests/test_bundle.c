@@ -754,7 +754,7 @@ static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint
         if (cl->has_predictor) {
             const pi2_ctr_member *a = member(cc, cl->predictor.fc1), *z = member(bc, bl->predictor.fc1);
             assert_memory_equal(a->data, z->data, (size_t)a->size);
-            size_t row = (size_t)cl->predictor.rank * 4;
+            size_t row = (size_t)cl->predictor.rank * pi2_mf_pred_elem(cl->predictor.dtype);
             a = member(cc, cl->predictor.fc2);
             z = member(bc, bl->predictor.fc2);
             for (uint32_t i = 0; i < f->neurons; i++)

@@ -268,6 +268,9 @@ typedef struct hook_rec {
     float *x, *a;       /* reference: [HB][HL][layers][experts][d or ff] */
     unsigned char *ref_seen, *cal_seen; /* [HB][HL][layers][experts] */
     double err_x, err_a;
+    double err_r; /* R against X: rmsnorm(R) * ffn_norm should give X */
+    const pi2_ref_model *m;
+    float eps;
     int calls;
 } hook_rec;
 
@@ -285,11 +288,20 @@ static void ref_hook(void *ctx, int layer, int expert, const float *x, const flo
     h->ref_seen[i]++;
 }
 
-static void cal_hook(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X, float *A)
+static void cal_hook(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X, const float *R,
+                     float *A)
 {
     hook_rec *h = ctx;
     h->calls++;
+    const pi2_st_tensor *nw = pi2_ref_weight(h->m, PI2_T_FFN_NORM, layer, 0);
     for (int r = 0; r < n; r++) {
+        const float *rr = R + (size_t)r * h->d;
+        double ss = 0;
+        for (int j = 0; j < h->d; j++)
+            ss += (double)rr[j] * rr[j];
+        double inv = 1.0 / sqrt(ss / h->d + h->eps);
+        for (int j = 0; j < h->d; j++)
+            h->err_r = fmax(h->err_r, fabs(rr[j] * inv * pi2_st_get_f32(nw, (size_t)j) - X[(size_t)r * h->d + j]));
         if (r > 0)
             assert_true(rows[r] > rows[r - 1]);
         int q = rows[r] / h->n_new, p = h->base + rows[r] % h->n_new;
@@ -308,7 +320,7 @@ static void check_hook(const char *dir, const char *name)
     pi2_ref_model *m = open_ref(dir);
     const pi2_model_desc *d = pi2_ref_desc(m);
     hook_rec h = { .d = d->hidden, .ff = d->n_ff, .n_layers = d->n_layers,
-                   .n_exp = pi2_desc_is_moe(d) ? d->n_experts : 1 };
+                   .n_exp = pi2_desc_is_moe(d) ? d->n_experts : 1, .m = m, .eps = d->rms_eps };
     size_t n_slots = (size_t)HB * HL * h.n_layers * h.n_exp;
     h.x = calloc(n_slots * h.d, sizeof(float));
     h.a = calloc(n_slots * h.ff, sizeof(float));
@@ -343,7 +355,9 @@ static void check_hook(const char *dir, const char *name)
                      h.cal_seen[i]);
     if (!(h.err_x < 1e-4 && h.err_a < TOL))
         fail_msg("%s: hook X error %g, A error %g", name, h.err_x, h.err_a);
-    print_message("%s: hook max error X %.3g, A %.3g\n", name, h.err_x, h.err_a);
+    if (!(h.err_r < 1e-4)) /* R is the residual the FFN's norm read (the PowerInfer predictors' input) */
+        fail_msg("%s: hook R is not the pre-norm residual of X: error %g", name, h.err_r);
+    print_message("%s: hook max error X %.3g, A %.3g, norm(R) vs X %.3g\n", name, h.err_x, h.err_a, h.err_r);
     pi2_calib_state_free(s);
     free(tok);
     free(ref);
@@ -427,12 +441,14 @@ typedef struct zero_ctx {
     bool all;
 } zero_ctx;
 
-static void zero_hook(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X, float *A)
+static void zero_hook(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X, const float *R,
+                      float *A)
 {
     (void)layer;
     (void)expert;
     (void)rows;
     (void)X;
+    (void)R;
     zero_ctx *z = ctx;
     z->calls++;
     for (int r = 0; r < n; r++)

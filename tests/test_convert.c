@@ -103,6 +103,19 @@ static void make_synth(const char *dir, bool wide, bool predictors)
 }
 
 
+/* A stored predictor member holds the source tensor's values as fp16,
+ * bit for bit what pi2_f32_to_f16 makes of them. */
+static void expect_f16_of(const pi2_ctr_member *m, const pi2_st_tensor *t)
+{
+    assert_int_equal(m->size, t->nelem * 2);
+    for (size_t i = 0; i < t->nelem; i++) {
+        uint16_t h;
+        memcpy(&h, m->data + 2 * i, 2);
+        if (h != pi2_f32_to_f16(pi2_st_get_f32(t, i)))
+            fail_msg("%s[%zu]: stored %04x, expected the fp16 of %g", t->name, i, h, (double)pi2_st_get_f32(t, i));
+    }
+}
+
 /* The predictor entries of a converted model: recall at the target and a
  * predicted-active share at most twice the true one, in every layer. */
 static void check_predictors(const pi2_ctr *c, const pi2_manifest *mf, bool imported, const char *tag)
@@ -135,8 +148,11 @@ static void check_predictors(const pi2_ctr *c, const pi2_manifest *mf, bool impo
         if (!(r->pred_active_frac <= 2.0 * r->true_active_frac))
             fail_msg("%s layer %d: predicted active %.4f more than twice the true %.4f", tag, l,
                      r->pred_active_frac, r->true_active_frac);
-        assert_int_equal(member(c, p->fc1)->size, (uint64_t)p->rank * (uint64_t)d->hidden * 4);
-        assert_int_equal(member(c, p->fc2)->size, (uint64_t)d->n_ff * (uint64_t)p->rank * 4);
+        /* stored as fp16; published predictors read the pre-norm residual */
+        assert_int_equal(p->dtype, PI2_MF_PRED_F16);
+        assert_int_equal(p->input, imported ? PI2_PRED_IN_PRENORM : PI2_CONV_TRAIN_INPUT);
+        assert_int_equal(member(c, p->fc1)->size, (uint64_t)p->rank * (uint64_t)d->hidden * 2);
+        assert_int_equal(member(c, p->fc2)->size, (uint64_t)d->n_ff * (uint64_t)p->rank * 2);
     }
 }
 
@@ -228,6 +244,8 @@ static void seqs_free(seqs *q)
 
 typedef struct unseen_ctx {
     pi2_predictor *p[UNSEEN_MAX_LAYERS];
+    pi2_pred_input input[UNSEEN_MAX_LAYERS];
+    const pi2_ref_state *s; /* for the residual (pre-norm predictors) */
     int n_ff;
     uint64_t *bits;
     long long true_pos[UNSEEN_MAX_LAYERS], active[UNSEEN_MAX_LAYERS], predicted[UNSEEN_MAX_LAYERS],
@@ -238,7 +256,8 @@ static void unseen_hook(void *ctx, int layer, int expert, const float *x, const 
 {
     unseen_ctx *u = ctx;
     (void)expert;
-    assert_true(pi2_pred_predict(u->p[layer], x, u->bits) >= 0);
+    const float *in = u->input[layer] == PI2_PRED_IN_PRENORM ? pi2_ref_state_residual(u->s) : x;
+    assert_true(pi2_pred_predict(u->p[layer], in, u->bits) >= 0);
     for (int i = 0; i < u->n_ff; i++) {
         bool pred = (u->bits[i / 64] >> (i % 64)) & 1, truth = act[i] != 0.0f;
         u->true_pos[layer] += pred && truth;
@@ -246,6 +265,24 @@ static void unseen_hook(void *ctx, int layer, int expert, const float *x, const 
         u->predicted[layer] += pred;
     }
     u->entries[layer] += u->n_ff;
+}
+
+/* A predictor member's weights as f32 (caller frees). */
+static float *pred_f32(const pi2_ctr_member *m, pi2_mf_pdtype dt)
+{
+    size_t el = pi2_mf_pred_elem(dt), n = (size_t)m->size / el;
+    float *w = malloc(n * sizeof *w);
+    assert_non_null(w);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        if (el == 2) {
+            memcpy(&h, m->data + 2 * i, 2);
+            w[i] = pi2_f16_to_f32(h);
+        } else {
+            memcpy(&w[i], m->data + 4 * i, 4);
+        }
+    }
+    return w;
 }
 
 static void check_unseen(const char *model_dir, const pi2_ctr *c, const pi2_manifest *mf, const seqs *q,
@@ -259,10 +296,12 @@ static void check_unseen(const char *model_dir, const pi2_ctr *c, const pi2_mani
     assert_non_null(u.bits);
     for (int l = 0; l < d->n_layers; l++) {
         const pi2_mf_predictor *p = &mf->layers[l].predictor;
-        const float *fc1 = (const float *)(const void *)member(c, p->fc1)->data; /* 4 KiB-aligned members */
-        const float *fc2 = (const float *)(const void *)member(c, p->fc2)->data;
+        float *fc1 = pred_f32(member(c, p->fc1), p->dtype), *fc2 = pred_f32(member(c, p->fc2), p->dtype);
         if (pi2_pred_create(&u.p[l], d->hidden, d->n_ff, p->rank, fc1, fc2, p->threshold, &e))
             fail_msg("%s", e.msg);
+        u.input[l] = p->input;
+        free(fc1);
+        free(fc2);
     }
     pi2_ref_model *m = NULL;
     if (pi2_ref_open(&m, model_dir, &e))
@@ -278,6 +317,7 @@ static void check_unseen(const char *model_dir, const pi2_ctr *c, const pi2_mani
         pi2_ref_state *s = NULL;
         assert_int_equal(pi2_ref_state_create(&s, m, (int)q->len[k], &e), 0);
         pi2_ref_state_set_hook(s, unseen_hook, &u);
+        u.s = s;
         for (size_t i = 0; i < q->len[k]; i++) {
             assert_int_equal(pi2_ref_forward(m, s, q->tok[k][i], (int)i, logits, &e), 0);
             if (smp && i + 1 < q->len[k])
@@ -555,7 +595,27 @@ static void test_import_synth(void **state)
     make_synth(model, true, true);
     pi2_convert_opts o;
     opts_for(&o, model, out, 2048);
-    convert_ok(&o, stderr); /* no train_predictors: the shipped ones are imported */
+    /* no train_predictors: the shipped ones are imported; first with their
+     * published threshold (a neuron fires when its score is > 0) */
+    convert_ok(&o, stderr);
+    {
+        pi2_ctr *c0 = NULL;
+        pi2_manifest *m0 = NULL;
+        open_converted(out, &c0, &m0);
+        for (int l = 0; l < m0->config.n_layers; l++) {
+            const pi2_mf_predictor *p = &m0->layers[l].predictor;
+            assert_true(p->threshold == nextafterf(0.0f, INFINITY));
+            assert_true(p->imported && p->input == PI2_PRED_IN_PRENORM);
+            fprintf(stderr, "  synth imported, published threshold, layer %d: recall %.4f precision %.3f\n", l,
+                    p->report.recall, p->report.precision);
+            assert_true(p->report.n_eval > 0 && p->report.recall > 0.85); /* reported, and the planted ones are good */
+        }
+        pi2_manifest_free(m0);
+        pi2_ctr_close(c0);
+    }
+    /* then calibrated to the target recall (--recall given) */
+    o.recall_set = true;
+    convert_ok(&o, stderr);
     pi2_ctr *c = NULL;
     pi2_manifest *mf = NULL;
     open_converted(out, &c, &mf);
@@ -584,11 +644,8 @@ static void test_import_synth(void **state)
         assert_non_null(f2);
         assert_int_equal(f1->dtype, PI2_DT_F32);
         assert_int_equal(p->rank, f1->shape[0]);
-        const pi2_ctr_member *m1 = member(c, p->fc1), *m2 = member(c, p->fc2);
-        assert_int_equal(m1->size, f1->nbytes);
-        assert_int_equal(m2->size, f2->nbytes);
-        assert_memory_equal(m1->data, f1->data, f1->nbytes);
-        assert_memory_equal(m2->data, f2->data, f2->nbytes);
+        expect_f16_of(member(c, p->fc1), f1);
+        expect_f16_of(member(c, p->fc2), f2);
     }
     pi2_st_close(st);
     pi2_manifest_free(mf);
@@ -632,11 +689,10 @@ static void check_moe(const char *model, const char *out, bool imported)
             const pi2_ctr_member *m1 = member(c, L->predictor.fc1);
             if (imported) {
                 assert_non_null(f1);
-                assert_int_equal(m1->size, f1->nbytes);
-                assert_memory_equal(m1->data, f1->data, f1->nbytes);
+                expect_f16_of(m1, f1);
             } else {
                 assert_null(f1);
-                assert_int_equal(m1->size, (uint64_t)L->predictor.rank * (uint64_t)d->hidden * 4);
+                assert_int_equal(m1->size, (uint64_t)L->predictor.rank * (uint64_t)d->hidden * 2);
             }
         }
         if (fabs(share - 1) > 1e-9)
@@ -673,6 +729,7 @@ static void test_moe_predictors(void **state)
         pi2_convert_opts o;
         opts_for(&o, model, out, 2048);
         o.train_predictors = !shipped;
+        o.recall_set = true; /* imported ones too: calibrated to the target */
         convert_ok(&o, NULL);
         check_moe(model, out, shipped);
     }

@@ -805,7 +805,8 @@ static bool skip_subtree(const char *path)
 
 static bool optional_key(const char *key)
 {
-    return strcmp(key, "silu_threshold") == 0 || strcmp(key, "route_share") == 0 || strncmp(key, "ppl_", 4) == 0;
+    return strcmp(key, "silu_threshold") == 0 || strcmp(key, "route_share") == 0 || strncmp(key, "ppl_", 4) == 0 ||
+           strcmp(key, "input") == 0 || strcmp(key, "dtype") == 0; /* predictor: absent in older manifests */
 }
 
 /* Remove every required key of every object, one at a time. */

@@ -41,6 +41,8 @@ static void usage_synth(FILE *f)
             "  --hot F            share of hot neurons that fire for most tokens (default 0.03)\n"
             "  --rank R           rank of the planted activation structure (default min(32, hidden/4))\n"
             "  --predictors       also write predictors under the TurboSparse tensor names\n"
+            "  --norm-spread S    FFN norm weights exp(S * N(0,1)) with gate/up compensated: the\n"
+            "                     planted predictors then read the pre-norm residual (default 0)\n"
             "  --tied             tie the output head to the embeddings (stored once)\n"
             "  --seed S           seed (default 1); the same seed gives the same bytes\n"
             "  --shard-size SIZE  shard limit, e.g. 4G (default 4G)\n"
@@ -195,7 +197,7 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total)
 static int cmd_synth(int argc, char **argv)
 {
     enum { O_PRESET = 256, O_HIDDEN, O_FF, O_LAYERS, O_HEADS, O_KV, O_VOCAB, O_EXPERTS, O_EUSED, O_ACT, O_DTYPE,
-           O_ACTIVE, O_HOT, O_RANK, O_PRED, O_TIED, O_SEED, O_SHARD, O_THREADS };
+           O_ACTIVE, O_HOT, O_RANK, O_PRED, O_TIED, O_SEED, O_SHARD, O_THREADS, O_NSPREAD };
     static const struct option opts[] = {
         {"preset", required_argument, 0, O_PRESET}, {"output", required_argument, 0, 'o'},
         {"hidden", required_argument, 0, O_HIDDEN}, {"ff", required_argument, 0, O_FF},
@@ -207,6 +209,7 @@ static int cmd_synth(int argc, char **argv)
         {"rank", required_argument, 0, O_RANK},     {"predictors", no_argument, 0, O_PRED},
         {"tied", no_argument, 0, O_TIED},           {"seed", required_argument, 0, O_SEED},
         {"shard-size", required_argument, 0, O_SHARD}, {"threads", required_argument, 0, O_THREADS},
+        {"norm-spread", required_argument, 0, O_NSPREAD},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
     /* The preset comes first so the other flags override it, whatever the order. */
     const char *preset = NULL, *out = NULL;
@@ -258,6 +261,7 @@ static int cmd_synth(int argc, char **argv)
         case O_HOT: rc = pi2_parse_double("--hot", optarg, 0, 0.5, &dv, &err); o.hot_frac = dv; break;
         case O_RANK: rc = pi2_parse_int("--rank", optarg, 1, 4096, &v, &err); o.plant_rank = (int)v; break;
         case O_PRED: o.predictors = true; break;
+        case O_NSPREAD: rc = pi2_parse_double("--norm-spread", optarg, 0, 2, &dv, &err); o.norm_spread = dv; break;
         case O_TIED: d->tie_embeddings = true; break;
         case O_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, &err); o.seed = (uint64_t)v; break;
         case O_SHARD: {

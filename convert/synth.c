@@ -131,7 +131,7 @@ static double probit(double p)
 /* Tensor kinds, also hash domains. */
 enum {
     K_EMBED = 1, K_EMBED_H, K_NORM, K_Q, K_K, K_V, K_O, K_GATE, K_UP, K_DOWN, K_ROUTER, K_FC1, K_FC2,
-    K_HEAD, K_DIR, K_PLANT_A, K_PLANT_F, K_PLANT_HOT,
+    K_HEAD, K_DIR, K_PLANT_A, K_PLANT_F, K_PLANT_HOT, K_NORM_W,
 };
 
 /* Planted parameters of one FFN (layer, expert). */
@@ -260,6 +260,7 @@ static int plant_make(gen *g, int layer, int expert, pi2_err *err)
 
 typedef struct tdesc {
     char name[128];
+    pi2_tname role;
     int kind, layer, expert;
     int64_t rows, cols; /* cols == 0 for 1-D */
     uint64_t bytes;
@@ -273,6 +274,7 @@ static int add_t(tdesc *t, size_t *n, const pi2_model_desc *d, const pi2_synth_o
     memset(x, 0, sizeof *x);
     if (!pi2_tensor_name(x->name, sizeof x->name, d, tn, layer, expert))
         return PI2_ERANGE;
+    x->role = tn;
     x->kind = kind;
     x->layer = layer;
     x->expert = expert;
@@ -349,6 +351,17 @@ uint64_t pi2_synth_weight_bytes(const pi2_synth_opts *o)
 
 /* ---- row generation ---- */
 
+/* Weight j of layer l's FFN norm: 1, or with norm_spread s > 0,
+ * exp(s * N(0, 1)) kept in [1/4, 4]. */
+static float ffn_norm_w(const gen *g, int layer, int64_t j)
+{
+    double s = g->o->norm_spread;
+    if (!(s > 0))
+        return 1.0f;
+    double w = exp(s * hnorm(key(g->o->seed, K_NORM_W, (uint64_t)layer, (uint64_t)j)));
+    return (float)(w < 0.25 ? 0.25 : w > 4 ? 4 : w);
+}
+
 /* Fill out[cols] with row `row` of tensor t, as f32. */
 static void gen_row(const gen *g, const tdesc *t, int64_t row, float *out)
 {
@@ -403,6 +416,9 @@ static void gen_row(const gen *g, const tdesc *t, int64_t row, float *out)
         const float *a = p->a + (size_t)row * r;
         for (int k = 0; k < r; k++)
             axpy(out, a[k], g->V + (size_t)k * D, D);
+        if (g->o->norm_spread > 0) /* the FFN norm's weight multiplies the input back */
+            for (int j = 0; j < D; j++)
+                out[j] /= ffn_norm_w(g, t->layer, j);
         return;
     }
     case K_DOWN: {
@@ -511,8 +527,8 @@ static int write_tensor(writer_ctx *w, pi2_st_writer *sw, const tdesc *t, pi2_er
         int64_t r1 = r0 + rows_per < nrows ? r0 + rows_per : nrows;
         if (t->kind == K_NORM) {
             for (int64_t r = r0; r < r1; r++) {
-                float one = 1.0f;
-                memcpy(w->buf + (size_t)(r - r0) * 4, &one, 4);
+                float v = t->role == PI2_T_FFN_NORM ? ffn_norm_w(w->g, t->layer, r) : 1.0f;
+                memcpy(w->buf + (size_t)(r - r0) * 4, &v, 4);
             }
         } else {
             int T = w->threads;
@@ -568,6 +584,12 @@ static int validate_opts(const pi2_synth_opts *o, pi2_err *err)
         return pi2_err_set(err, PI2_EINVAL, "generator: layer gain %g must be in (0, 1]", o->layer_gain);
     if (o->desc.vocab < 300)
         return pi2_err_set(err, PI2_EINVAL, "generator: vocabulary %d too small (need >= 300)", o->desc.vocab);
+    int tv = o->tok_vocab > 0 ? o->tok_vocab : o->desc.vocab;
+    if (tv < 300 || o->n_tok_added < 0 || tv + o->n_tok_added > o->desc.vocab)
+        return pi2_err_set(err, PI2_EINVAL, "generator: tokenizer of %d + %d ids does not fit the vocabulary of %d",
+                           tv, o->n_tok_added, o->desc.vocab);
+    if (!(o->norm_spread >= 0 && o->norm_spread <= 2))
+        return pi2_err_set(err, PI2_EINVAL, "generator: norm spread %g must be in [0, 2]", o->norm_spread);
     if (o->desc.arch == PI2_ARCH_TURBOSPARSE_MIXTRAL || o->desc.arch == PI2_ARCH_BAMBOO) {
         if (o->desc.act != PI2_ACT_DRELU)
             return pi2_err_set(err, PI2_EINVAL, "generator: %s models use dReLU", pi2_arch_name(o->desc.arch));
@@ -605,7 +627,8 @@ int pi2_synth_write(const char *dir, const pi2_synth_opts *o, pi2_synth_progress
     if (rc)
         goto fail;
     pi2_path_join(path, sizeof path, tmp, "tokenizer.json");
-    rc = pi2_tok_write_synthetic(path, o->desc.vocab, o->seed, err);
+    rc = pi2_tok_write_synthetic_added(path, o->tok_vocab > 0 ? o->tok_vocab : o->desc.vocab, o->n_tok_added,
+                                       o->tok_added, o->seed, err);
     if (rc)
         goto fail;
 

@@ -20,6 +20,11 @@
  * gate fires. Down columns are random with a per-layer scale that keeps each
  * layer's output RMS at `layer_gain` of the residual, so the residual stream
  * stays stable through any depth. Attention and head weights are random.
+ * With norm_spread, the FFN norm's weight w varies per dimension and gate
+ * and up rows are divided by it: the FFN's function is unchanged, the
+ * planted predictors (rows v_k, -v_k, u) read the pre-norm residual as
+ * published predictors do (their scores' signs do not change with the
+ * residual's scale), and fed the normed input instead they lose recall.
  * Every element comes from a counter-based hash of (seed, tensor, row, col):
  * generation is streamed row block by row block on all threads, never
  * holding a tensor in memory.
@@ -38,6 +43,15 @@ typedef struct pi2_synth_opts {
     int plant_rank;        /* r; 0 = min(32, hidden/4) */
     double layer_gain;     /* RMS of each sublayer's output relative to the stream (0.25) */
     bool predictors;       /* also write planted predictors under the TurboSparse names */
+    double norm_spread;    /* > 0: FFN norm weights exp(spread * N(0,1)) (in [1/4, 4]), gate and
+                              up rows divided by them, so the FFN computes the same but the
+                              normed input differs from the residual per dimension: the
+                              planted predictors then fit the pre-norm residual only, as
+                              published (PowerInfer) ones do; 0: unit norms */
+    int tok_vocab;         /* tokenizer's base vocabulary; 0 = desc.vocab (rows past the tokenizer's
+                              ids are padding, as in published checkpoints) */
+    int n_tok_added;       /* special tokens added after it (ids tok_vocab ..) */
+    const char *const *tok_added;
     uint64_t seed;
     uint64_t shard_bytes;  /* shard size limit; 0 = 4 GiB */
     int threads;           /* 0 = all cores */

@@ -2217,6 +2217,17 @@ static int json_escape(sbuf *b, const char *s, size_t n)
 
 int pi2_tok_write_synthetic(const char *path, int vocab_size, uint64_t seed, pi2_err *err)
 {
+    return pi2_tok_write_synthetic_added(path, vocab_size, 0, NULL, seed, err);
+}
+
+int pi2_tok_write_synthetic_added(const char *path, int vocab_size, int n_added, const char *const *added,
+                                  uint64_t seed, pi2_err *err)
+{
+    if (n_added < 0 || n_added > 1024 || (n_added > 0 && !added))
+        return pi2_err_set(err, PI2_EINVAL, "%s: %d added tokens (0..1024)", path, n_added);
+    for (int i = 0; i < n_added; i++)
+        if (!added[i] || !added[i][0] || strlen(added[i]) > 64)
+            return pi2_err_set(err, PI2_EINVAL, "%s: added token %d is empty or longer than 64 bytes", path, i);
     if (!path)
         return pi2_err_set(err, PI2_EINVAL, "synthetic tokenizer: no path");
     if (vocab_size < 300 || (unsigned)vocab_size > TOK_MAX_VOCAB)
@@ -2358,8 +2369,19 @@ int pi2_tok_write_synthetic(const char *path, int vocab_size, uint64_t seed, pi2
         snprintf(line, sizeof line,
                  "    {\"id\": %d, \"content\": \"%s\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
                  "\"normalized\": false, \"special\": true}%s\n",
-                 i, specials[i], i < 2 ? "," : "");
+                 i, specials[i], i < 2 || n_added > 0 ? "," : "");
         rc = sb_puts(&js, line);
+    }
+    for (int i = 0; !rc && i < n_added; i++) {
+        char line[200];
+        snprintf(line, sizeof line, "    {\"id\": %zu, \"content\": \"", V + (size_t)i);
+        if (!(rc = sb_puts(&js, line)) && !(rc = json_escape(&js, added[i], strlen(added[i])))) {
+            snprintf(line, sizeof line,
+                     "\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, "
+                     "\"special\": true}%s\n",
+                     i + 1 < n_added ? "," : "");
+            rc = sb_puts(&js, line);
+        }
     }
     if (!rc)
         rc = sb_puts(&js,

@@ -132,5 +132,12 @@ int pi2_tok_stream_flush(pi2_tok_stream *s, const char **bytes, size_t *len, pi2
  * size outside 300..4194304, I/O errors from the atomic writer (nothing is
  * left at `path` on failure). */
 int pi2_tok_write_synthetic(const char *path, int vocab_size, uint64_t seed, pi2_err *err);
+/* The same with n_added (0..1024) more special added tokens after the
+ * vocabulary, ids vocab_size .. vocab_size + n_added - 1, listed in
+ * "added_tokens" only (as HF writes tokens added to a trained vocabulary,
+ * e.g. ChatML's <|im_end|> = 32000, <|im_start|> = 32001 after a Llama
+ * vocabulary of 32000). PI2_EINVAL also for an empty or over-64-byte one. */
+int pi2_tok_write_synthetic_added(const char *path, int vocab_size, int n_added, const char *const *added,
+                                  uint64_t seed, pi2_err *err);
 
 #endif

@@ -433,6 +433,7 @@ static void test_round_trip_llama(void **state)
     assert_non_null(strstr(t, "\"threshold_sparsity\": null,"));
     assert_non_null(strstr(t, "\"heldout_loss\": null"));
     assert_non_null(strstr(t, "\"bundle\": null,"));
+    assert_non_null(strstr(t, "\"imported\": false,\n          \"input\": \"normed\",\n          \"dtype\": \"f32\","));
     const char *head = "{\n  \"format\": \"pi2\",\n  \"version\": 1,\n  \"kind\": \"converted\",\n";
     assert_true(strncmp(t, head, strlen(head)) == 0);
     assert_non_null(strstr(t, "{\"name\": \"model.layers.1.mlp.down_proj.weight\", \"layer\": 1, \"expert\": -1, "
@@ -443,6 +444,15 @@ static void test_round_trip_llama(void **state)
                 strstr(t, "\"tensors\"") < strstr(t, "\"sparsity\"") &&
                 strstr(t, "\"quality\"") < strstr(t, "\"bundle\"") &&
                 strstr(t, "\"bundle\"") < strstr(t, "\"sections\""));
+    free(t);
+    /* the vector a predictor reads and its members' encoding survive a round trip */
+    for (size_t i = 0; i < m->n_layers; i++) {
+        m->layers[i].predictor.input = PI2_PRED_IN_PRENORM;
+        m->layers[i].predictor.dtype = PI2_MF_PRED_F16;
+    }
+    round_trip(m);
+    t = to_json(m, &len);
+    assert_non_null(strstr(t, "\"input\": \"prenorm\",\n          \"dtype\": \"f16\","));
     free(t);
     pi2_manifest_free(m);
 }
@@ -1026,6 +1036,9 @@ static const edit k_edits[] = {
     { "sparsity.per_layer.0.predictor.report.epochs", "-1", PI2_ERANGE, "report.epochs" },
     { "sparsity.per_layer.0.predictor.report.seconds", "-1", PI2_ERANGE, "report.seconds" },
     { "sparsity.per_layer.0.predictor.report.zzz", "1", PI2_EFORMAT, "report.zzz: unknown key" },
+    { "sparsity.per_layer.0.predictor.input", "\"postnorm\"", PI2_EUNSUPPORTED, "predictor.input: unknown value" },
+    { "sparsity.per_layer.0.predictor.input", "1", PI2_EFORMAT, "predictor.input: expected a string" },
+    { "sparsity.per_layer.0.predictor.dtype", "\"q3\"", PI2_EUNSUPPORTED, "predictor.dtype: unknown value" },
     /* profile */
     { "profile.tokens", "-1", PI2_ERANGE, "profile.tokens: -1 is out of range (must be >= 0)" },
     { "profile.per_layer.0.active_frac", "-0.1", PI2_ERANGE, "profile.per_layer[0].active_frac" },

@@ -20,6 +20,8 @@
  * gate fires. Down columns are random with a per-layer scale that keeps each
  * layer's output RMS at `layer_gain` of the residual, so the residual stream
  * stays stable through any depth. Attention and head weights are random.
+ * FATReLU (desc.act_param = t) uses the same plant: a neuron fires when its
+ * gate exceeds t, so its frequency is a little under the planted one.
  * Every element comes from a counter-based hash of (seed, tensor, row, col):
  * generation is streamed row block by row block on all threads, never
  * holding a tensor in memory.
@@ -41,6 +43,10 @@ typedef struct pi2_synth_opts {
     uint64_t seed;
     uint64_t shard_bytes;  /* shard size limit; 0 = 4 GiB */
     int threads;           /* 0 = all cores */
+    int n_tokens;          /* ids the tokenizer defines, in [300, vocab]; 0 = vocab. Fewer: a padded
+                              vocabulary (TurboSparse-Mistral: 32002 of 32064), whose embedding and
+                              head rows past them point along u, so that unmasked they would win
+                              every step (a test of the masking) */
 } pi2_synth_opts;
 
 /* Fill *o with a preset: "tiny", "small", "1b", "7b" or "moe". */

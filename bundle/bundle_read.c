@@ -384,6 +384,57 @@ static void minmax(double x, double *lo, double *hi, double *sum)
     *sum += x;
 }
 
+/* A token's text for a one-line report: quoted, quotes, backslashes and
+ * control bytes escaped, at most ~40 bytes. */
+static void put_piece(FILE *out, const char *p)
+{
+    fputc('"', out);
+    for (int n = 0; p && *p && n < 40; p++, n++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"' || c == '\\')
+            fprintf(out, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(out, "\\x%02x", c);
+        else
+            fputc(c, out);
+    }
+    fputc('"', out);
+}
+
+/* End of turn and vocabulary: every id that ends generation with its text
+ * from the container's tokenizer, and the padded rows past the tokenizer. */
+static void inspect_tokens(const pi2_bundle *b, FILE *out)
+{
+    const pi2_model_desc *d = &b->mf->config;
+    const pi2_ctr_member *tm = pi2_ctr_find(b->ctr, b->mf->tokenizer);
+    pi2_tok *tok = NULL;
+    pi2_err sub = { 0 };
+    if (tm)
+        pi2_tok_load_mem(&tok, (const char *)tm->data, (size_t)tm->size, b->mf->tokenizer, &sub);
+    fprintf(out, "tokens:     end of turn");
+    for (int k = 0; k < d->n_eos; k++) {
+        fprintf(out, "%s %d ", k ? "," : "", d->eos_ids[k]);
+        put_piece(out, tok ? pi2_tok_piece(tok, d->eos_ids[k]) : NULL);
+    }
+    if (d->n_eos == 0)
+        fprintf(out, " none");
+    if (d->bos_id >= 0) {
+        fprintf(out, "; BOS %d ", d->bos_id);
+        put_piece(out, tok ? pi2_tok_piece(tok, d->bos_id) : NULL);
+        fprintf(out, " ends it too");
+    }
+    if (tok) {
+        int n = pi2_tok_vocab_size(tok);
+        fprintf(out, "; tokenizer %d of %d ids", n, d->vocab);
+        if (n < d->vocab)
+            fprintf(out, " (%d padded rows, never output)", d->vocab - n);
+    } else {
+        fprintf(out, "; tokenizer unreadable: %s", tm ? sub.msg : "no member");
+    }
+    fputc('\n', out);
+    pi2_tok_free(tok);
+}
+
 int pi2_bundle_inspect(const pi2_bundle *b, FILE *out, pi2_err *err)
 {
     const pi2_manifest *m = b->mf;
@@ -405,7 +456,13 @@ int pi2_bundle_inspect(const pi2_bundle *b, FILE *out, pi2_err *err)
             pi2_act_name(d->act), d->hidden, d->n_ff, d->n_layers, d->n_heads, d->n_kv_heads, d->vocab);
     if (pi2_desc_is_moe(d))
         fprintf(out, ", %d experts (top %d)", d->n_experts, d->n_experts_used);
-    fprintf(out, "\nquant:      ffn %s, other %s, groups of %d, fp16 scales (resident)\n", pi2_q_type_name(m->quant_ffn),
+    if (d->act == PI2_ACT_FATRELU)
+        fprintf(out, ", gate threshold %g", (double)d->act_param);
+    if (d->rope.type != PI2_ROPE_DEFAULT)
+        fprintf(out, ", rope %s x%g", pi2_rope_type_name(d->rope.type), d->rope.factor);
+    fputc('\n', out);
+    inspect_tokens(b, out);
+    fprintf(out, "quant:      ffn %s, other %s, groups of %d, fp16 scales (resident)\n", pi2_q_type_name(m->quant_ffn),
             pi2_q_type_name(m->quant_other), PI2_Q_GROUP);
     uint64_t total = 0, hot = 0, cold = 0;
     for (size_t i = 0; i < m->n_sections; i++)

@@ -8,10 +8,12 @@
  * mirrors runtime/reference.c line for line where rounding matters:
  *   - RMSNorm: x * (1/sqrt(mean(x^2) + eps)) in double, rounded to float,
  *     then * weight;
- *   - RoPE: angle (float)pos * inv_freq[i] in float32, cosf/sinf (tabled
- *     per position, the same values), rotate_half pairing i with i + hd/2;
- *   - activations: SiLU in double rounded to float, then * up; ReGLU and
- *     dReLU with the reference's comparisons;
+ *   - RoPE: the inverse frequencies of pi2_rope_inv_freq (the config's
+ *     rope_scaling; dynamic NTK's per position), angle (float)pos *
+ *     inv_freq[i] in float32, cosf/sinf (tabled per position, the same
+ *     values), rotate_half pairing i with i + hd/2;
+ *   - activations: SiLU in double rounded to float, then * up; ReGLU,
+ *     FATReLU and dReLU with the reference's comparisons;
  *   - MoE: router logits with double accumulation rounded to float, top-k by
  *     repeated argmax with strict '>' (ties -> lower index), weights =
  *     softmax over the selected logits in double.
@@ -247,6 +249,7 @@ static void rope_row(const pi2_calib_state *s, float *v, int n_heads, int pos)
 
 typedef struct act_job {
     pi2_act act;
+    float t;        /* FATReLU's gate threshold */
     float *g;       /* (n, ff): gate in, activations out */
     const float *u; /* (n, ff) */
     int ff;
@@ -271,6 +274,10 @@ static void act_part(void *ctx, int tid, int64_t i0, int64_t i1)
         case PI2_ACT_DRELU:
             for (int i = 0; i < j->ff; i++)
                 g[i] = g[i] > 0.0f && u[i] > 0.0f ? g[i] * u[i] : 0.0f;
+            break;
+        case PI2_ACT_FATRELU:
+            for (int i = 0; i < j->ff; i++)
+                g[i] = g[i] > j->t ? g[i] * u[i] : 0.0f;
             break;
         }
     }
@@ -382,9 +389,9 @@ int pi2_calib_state_create(pi2_calib_state **out, const pi2_ref_model *m, int n_
     const pi2_model_desc *d = pi2_ref_desc(m);
     if (n_seq < 1)
         return pi2_err_set(err, PI2_EINVAL, "calib: n_seq %d must be at least 1", n_seq);
-    if (max_len < 1 || max_len > d->max_pos)
-        return pi2_err_set(err, PI2_ERANGE, "calib: max_len %d out of range [1, %d] (max_position_embeddings)",
-                           max_len, d->max_pos);
+    if (max_len < 1 || max_len > pi2_desc_max_ctx(d))
+        return pi2_err_set(err, PI2_ERANGE, "calib: max_len %d out of range [1, %d] (the model's positions)",
+                           max_len, pi2_desc_max_ctx(d));
     if ((int64_t)n_seq * max_len > INT32_MAX)
         return pi2_err_set(err, PI2_ERANGE, "calib: %d sequences x %d positions is too many rows", n_seq, max_len);
     size_t kvd = (size_t)d->n_kv_heads * (size_t)d->head_dim, cache;
@@ -426,21 +433,31 @@ int pi2_calib_state_create(pi2_calib_state **out, const pi2_ref_model *m, int n_
     s->last = pi2_malloc_array((size_t)n_seq, (size_t)d->vocab * sizeof(float));
     s->rope_cos = pi2_malloc_array((size_t)max_len, half * sizeof(float));
     s->rope_sin = pi2_malloc_array((size_t)max_len, half * sizeof(float));
+    float *inv0 = pi2_malloc_array(half, 2 * sizeof(float)), *inv = inv0 ? inv0 + half : NULL;
     if ((cache && (!s->k_cache || !s->v_cache)) || !s->w || !s->norm || !s->last || !s->rope_cos ||
-        !s->rope_sin) {
+        !s->rope_sin || !inv0) {
+        free(inv0);
         pi2_calib_state_free(s);
         return pi2_err_set(err, PI2_ENOMEM, "calib: out of memory for %d x %d positions (KV cache %zu MiB)", n_seq,
                            max_len, 2 * cache >> 20);
     }
-    /* As the reference: inv_freq = 1 / theta^(2i/hd) and angle = pos * inv_freq, all float32. */
-    for (size_t i = 0; i < half; i++) {
-        float inv_freq = 1.0f / powf((float)d->rope_theta, (float)(2 * i) / (float)d->head_dim);
-        for (int p = 0; p < max_len; p++) {
-            float angle = (float)p * inv_freq;
+    /* As the reference: the inverse frequencies of the config's RoPE
+     * (pi2_rope_inv_freq; dynamic NTK's depend on the position) and
+     * angle = pos * inv_freq, all float32. */
+    pi2_rope_inv_freq(d, 0, inv0);
+    for (int p = 0; p < max_len; p++) {
+        const float *f = inv0;
+        if (pi2_rope_varies(d, p)) {
+            pi2_rope_inv_freq(d, p, inv);
+            f = inv;
+        }
+        for (size_t i = 0; i < half; i++) {
+            float angle = (float)p * f[i];
             s->rope_cos[(size_t)p * half + i] = cosf(angle);
             s->rope_sin[(size_t)p * half + i] = sinf(angle);
         }
     }
+    free(inv0);
     *out = s;
     return 0;
 }
@@ -556,7 +573,7 @@ static int ffn_rows(pi2_calib_state *s, int l, int e, int n, const int32_t *rows
     if ((rc = load_matrix(s, PI2_T_UP, l, e, &w, err)))
         return rc;
     gemm_nt(n, ff, D, 1.0f, X, D, w, D, 0.0f, s->u, ff); /* (n, ff) */
-    act_job aj = { s->d->act, s->g, s->u, ff };
+    act_job aj = { s->d->act, pi2_desc_gate_threshold(s->d), s->g, s->u, ff };
     par_for(n_threads(s), n, 1 + (1 << 15) / ff, act_part, &aj);
     if (s->o.ffn)
         s->o.ffn(s->o.ffn_ctx, l, e, n, rows, X, R, s->g);
@@ -818,6 +835,7 @@ int pi2_calib_generate(pi2_calib_state *s, const int32_t *prompt, int n_prompt, 
             for (int i = 0; i < s->d->n_eos; i++)
                 if (s->d->eos_ids[i] >= 0 && s->d->eos_ids[i] < V)
                     lg[s->d->eos_ids[i]] = -INFINITY;
+            pi2_logits_mask_padding(lg, V, pi2_ref_n_tokens(s->m)); /* rows past the tokenizer */
             tok[q] = pi2_sampler_next(smp[q], lg);
             out[(size_t)q * len + t] = tok[q];
         }

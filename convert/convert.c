@@ -157,6 +157,7 @@ static void describe_family(const pi2_conv *c, char *buf, size_t cap)
     const char *fam = d->arch == PI2_ARCH_TURBOSPARSE_MIXTRAL                       ? "TurboSparse-Mixtral"
                       : d->arch == PI2_ARCH_BAMBOO && p->kind && !strcmp(p->kind, "checkpoint") ? "TurboSparse-Mistral"
                       : d->arch == PI2_ARCH_BAMBOO                                 ? "Bamboo"
+                      : d->arch == PI2_ARCH_SPARSELLAMA || d->act == PI2_ACT_FATRELU ? "ProSparse-style FATReLU Llama"
                       : d->act == PI2_ACT_RELU                                     ? "ReLU Llama (ReluLLaMA-style ReGLU)"
                       : d->act == PI2_ACT_SILU && d->n_experts > 0                 ? "Mixtral (SiLU)"
                       : d->act == PI2_ACT_SILU                                     ? "Llama/Mistral (SiLU)"

@@ -33,9 +33,14 @@ static void usage_synth(FILE *f)
             "  --heads N          attention heads\n"
             "  --kv-heads N       key/value heads (must divide --heads)\n"
             "  --vocab N          vocabulary size (>= 300)\n"
+            "  --tokenizer-size N ids the tokenizer defines (300..--vocab; default all): fewer makes a\n"
+            "                     padded vocabulary, as TurboSparse-Mistral's 32002 of 32064, whose\n"
+            "                     padding rows would win every step if they were not masked\n"
             "  --experts N        experts per layer (0 = dense)\n"
             "  --experts-used K   experts chosen per token (top-k)\n"
-            "  --act A            drelu (bamboo / turbosparsemixtral) | relu (ReGLU) | silu (SwiGLU)\n"
+            "  --act A            drelu (bamboo / turbosparsemixtral) | relu (ReGLU) | silu (SwiGLU) |\n"
+            "                     fatrelu (ProSparse's sparsellama; mixtral with --experts)\n"
+            "  --act-param T      fatrelu's threshold: a neuron fires when its gate exceeds T (default 0.01)\n"
             "  --dtype T          f32 | f16 | bf16\n"
             "  --active F         mean share of FFN neurons active per token (default 0.10)\n"
             "  --hot F            share of hot neurons that fire for most tokens (default 0.03)\n"
@@ -51,7 +56,8 @@ static void usage_synth(FILE *f)
             "\n"
             "example:\n"
             "  pi2-convert synth --preset tiny -o /tmp/tiny\n"
-            "  pi2-convert synth --preset 7b --layers 4 -o /tmp/7b-4layers\n");
+            "  pi2-convert synth --preset 7b --layers 4 -o /tmp/7b-4layers\n"
+            "  pi2-convert synth --preset tiny --act fatrelu --act-param 0.05 -o /tmp/prosparse\n");
 }
 
 static void usage(FILE *f)
@@ -197,7 +203,7 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total)
 static int cmd_synth(int argc, char **argv)
 {
     enum { O_PRESET = 256, O_HIDDEN, O_FF, O_LAYERS, O_HEADS, O_KV, O_VOCAB, O_EXPERTS, O_EUSED, O_ACT, O_DTYPE,
-           O_ACTIVE, O_HOT, O_RANK, O_PRED, O_TIED, O_SEED, O_SHARD, O_THREADS, O_NSPREAD };
+           O_ACTIVE, O_HOT, O_RANK, O_PRED, O_TIED, O_SEED, O_SHARD, O_THREADS, O_NSPREAD, O_ACTP, O_TOKS };
     static const struct option opts[] = {
         {"preset", required_argument, 0, O_PRESET}, {"output", required_argument, 0, 'o'},
         {"hidden", required_argument, 0, O_HIDDEN}, {"ff", required_argument, 0, O_FF},
@@ -210,6 +216,7 @@ static int cmd_synth(int argc, char **argv)
         {"tied", no_argument, 0, O_TIED},           {"seed", required_argument, 0, O_SEED},
         {"shard-size", required_argument, 0, O_SHARD}, {"threads", required_argument, 0, O_THREADS},
         {"norm-spread", required_argument, 0, O_NSPREAD},
+        {"act-param", required_argument, 0, O_ACTP}, {"tokenizer-size", required_argument, 0, O_TOKS},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
     /* The preset comes first so the other flags override it, whatever the order. */
     const char *preset = NULL, *out = NULL;
@@ -232,6 +239,7 @@ static int cmd_synth(int argc, char **argv)
     if (pi2_synth_preset(preset, &o, &err))
         return die("synth", &err, 2);
     const char *act = NULL;
+    double act_param = -1;
     optind = 1;
     int c;
     long long v;
@@ -251,6 +259,8 @@ static int cmd_synth(int argc, char **argv)
         case O_EXPERTS: rc = pi2_parse_int("--experts", optarg, 0, 256, &v, &err); d->n_experts = (int)v; break;
         case O_EUSED: rc = pi2_parse_int("--experts-used", optarg, 1, 256, &v, &err); d->n_experts_used = (int)v; break;
         case O_ACT: act = optarg; break;
+        case O_ACTP: rc = pi2_parse_double("--act-param", optarg, 0, 1e3, &act_param, &err); break;
+        case O_TOKS: rc = pi2_parse_int("--tokenizer-size", optarg, 300, 1 << 20, &v, &err); o.n_tokens = (int)v; break;
         case O_DTYPE:
             if (strcmp(optarg, "f32") == 0) o.dtype = PI2_DT_F32;
             else if (strcmp(optarg, "f16") == 0) o.dtype = PI2_DT_F16;
@@ -293,15 +303,24 @@ static int cmd_synth(int argc, char **argv)
     if (!moe)
         d->n_experts_used = 0;
     if (!act)
-        act = d->act == PI2_ACT_SILU ? "silu" : d->act == PI2_ACT_RELU ? "relu" : "drelu";
+        act = pi2_act_name(d->act);
+    d->act_param = 0.0f;
     if (strcmp(act, "drelu") == 0) {
         d->act = PI2_ACT_DRELU;
         d->arch = moe ? PI2_ARCH_TURBOSPARSE_MIXTRAL : PI2_ARCH_BAMBOO;
     } else if (strcmp(act, "relu") == 0 || strcmp(act, "silu") == 0) {
         d->act = act[0] == 'r' ? PI2_ACT_RELU : PI2_ACT_SILU;
         d->arch = moe ? PI2_ARCH_MIXTRAL : PI2_ARCH_LLAMA;
+    } else if (strcmp(act, "fatrelu") == 0) {
+        d->act = PI2_ACT_FATRELU;
+        d->act_param = act_param >= 0 ? (float)act_param : 0.01f; /* ProSparse's */
+        d->arch = moe ? PI2_ARCH_MIXTRAL : PI2_ARCH_SPARSELLAMA;
     } else {
-        fprintf(stderr, "pi2-convert synth: --act '%s': expected drelu, relu or silu\n", act);
+        fprintf(stderr, "pi2-convert synth: --act '%s': expected drelu, relu, silu or fatrelu\n", act);
+        return 2;
+    }
+    if (act_param >= 0 && d->act != PI2_ACT_FATRELU) {
+        fprintf(stderr, "pi2-convert synth: --act-param is fatrelu's threshold; give --act fatrelu\n");
         return 2;
     }
     d->head_dim = d->n_heads > 0 ? d->hidden / d->n_heads : 0;
@@ -312,9 +331,14 @@ static int cmd_synth(int argc, char **argv)
 
     uint64_t total = pi2_synth_weight_bytes(&o);
     progress_state ps = {isatty(2), pi2_now(), 0};
-    printf("pi2-convert synth: %s, %s (%s), hidden %d, ffn %d, %d layers, %d experts, vocab %d, %s, %.2f GB\n",
-            preset, pi2_arch_name(d->arch), pi2_act_name(d->act), d->hidden, d->n_ff, d->n_layers, d->n_experts,
-            d->vocab, pi2_dtype_name(o.dtype), total / 1e9);
+    char act_txt[48], vocab_txt[48];
+    snprintf(act_txt, sizeof act_txt, d->act == PI2_ACT_FATRELU ? "%s, threshold %g" : "%s", pi2_act_name(d->act),
+             (double)d->act_param);
+    snprintf(vocab_txt, sizeof vocab_txt, o.n_tokens > 0 && o.n_tokens < d->vocab ? "%d (%d tokens)" : "%d",
+             d->vocab, o.n_tokens);
+    printf("pi2-convert synth: %s, %s (%s), hidden %d, ffn %d, %d layers, %d experts, vocab %s, %s, %.2f GB\n",
+            preset, pi2_arch_name(d->arch), act_txt, d->hidden, d->n_ff, d->n_layers, d->n_experts, vocab_txt,
+            pi2_dtype_name(o.dtype), total / 1e9);
     fflush(stdout);
     if (pi2_synth_write(out, &o, on_progress, &ps, &err))
         return die(NULL, &err, 1);

@@ -152,6 +152,7 @@ typedef struct gen {
     float *u;  /* [d] */
     float *V;  /* [r, d] */
     double c, sigma_h, sigma_n, rho;
+    int64_t n_tokens; /* ids the tokenizer defines; rows of the embedding and head past them are padding */
     plant pl;  /* current FFN's plant (valid when pl.a) */
 } gen;
 
@@ -169,8 +170,8 @@ static void plant_free(plant *p)
     memset(p, 0, sizeof *p);
 }
 
-/* E[act^2] for gate g ~ N(mu, sd^2), up = g + 0.5. */
-static double act_moment(pi2_act act, double mu, double sd)
+/* E[act^2] for gate g ~ N(mu, sd^2), up = g + 0.5; t: FATReLU's threshold. */
+static double act_moment(pi2_act act, double t, double mu, double sd)
 {
     double sum = 0, step = 0.1;
     for (int k = -60; k <= 60; k++) {
@@ -179,7 +180,7 @@ static double act_moment(pi2_act act, double mu, double sd)
         if (act == PI2_ACT_SILU)
             a = x / (1 + exp(-x)) * (x + 0.5);
         else
-            a = x > 0 ? x * (x + 0.5) : 0;
+            a = x > (act == PI2_ACT_FATRELU ? t : 0) ? x * (x + 0.5) : 0;
         sum += w * a * a;
     }
     return sum * step / sqrt(2 * M_PI);
@@ -238,7 +239,7 @@ static int plant_make(gen *g, int layer, int expert, pi2_err *err)
             den = 0.25 * cl * cl;
         double b = -z / sqrt(den);
         p->b[i] = (float)b;
-        moment += act_moment(o->desc.act, b * cl, sqrt(1.0 + b * b * vu));
+        moment += act_moment(o->desc.act, o->desc.act_param, b * cl, sqrt(1.0 + b * b * vu));
         float *ai = p->a + (size_t)i * r;
         double n2 = 0;
         for (int k = 0; k < r; k++) {
@@ -371,6 +372,15 @@ static void gen_row(const gen *g, const tdesc *t, int64_t row, float *out)
     int D = d->hidden, r = g->r;
     uint64_t lk = (uint64_t)t->layer << 16 | (uint64_t)t->expert;
     uint64_t rk = (uint64_t)row;
+    if ((t->kind == K_EMBED || t->kind == K_HEAD) && row >= g->n_tokens) {
+        /* padding past the tokenizer: along the bias direction every normed
+         * stream shares, so unmasked these rows would win every step (tied:
+         * above the embeddings' own c u, which every head row carries) */
+        float k = d->tie_embeddings ? (float)(4.0 * g->c + 10.0) : 10.0f;
+        for (int j = 0; j < D; j++)
+            out[j] = k * g->u[j];
+        return;
+    }
     switch (t->kind) {
     case K_NORM:
         out[0] = 1.0f;
@@ -584,10 +594,12 @@ static int validate_opts(const pi2_synth_opts *o, pi2_err *err)
         return pi2_err_set(err, PI2_EINVAL, "generator: layer gain %g must be in (0, 1]", o->layer_gain);
     if (o->desc.vocab < 300)
         return pi2_err_set(err, PI2_EINVAL, "generator: vocabulary %d too small (need >= 300)", o->desc.vocab);
-    int tv = o->tok_vocab > 0 ? o->tok_vocab : o->desc.vocab;
-    if (tv < 300 || o->n_tok_added < 0 || tv + o->n_tok_added > o->desc.vocab)
-        return pi2_err_set(err, PI2_EINVAL, "generator: tokenizer of %d + %d ids does not fit the vocabulary of %d",
-                           tv, o->n_tok_added, o->desc.vocab);
+    if (o->n_tokens != 0 && (o->n_tokens < 300 || o->n_tokens > o->desc.vocab))
+        return pi2_err_set(err, PI2_EINVAL, "generator: tokenizer size %d must be in [300, vocab %d]", o->n_tokens,
+                           o->desc.vocab);
+    if (o->n_tok_added < 0 || (o->n_tokens > 0 ? o->n_tokens : o->desc.vocab) + o->n_tok_added > o->desc.vocab)
+        return pi2_err_set(err, PI2_EINVAL, "generator: %d tokens added after the tokenizer do not fit the vocabulary of %d",
+                           o->n_tok_added, o->desc.vocab);
     if (!(o->norm_spread >= 0 && o->norm_spread <= 2))
         return pi2_err_set(err, PI2_EINVAL, "generator: norm spread %g must be in [0, 2]", o->norm_spread);
     if (o->desc.arch == PI2_ARCH_TURBOSPARSE_MIXTRAL || o->desc.arch == PI2_ARCH_BAMBOO) {
@@ -627,8 +639,8 @@ int pi2_synth_write(const char *dir, const pi2_synth_opts *o, pi2_synth_progress
     if (rc)
         goto fail;
     pi2_path_join(path, sizeof path, tmp, "tokenizer.json");
-    rc = pi2_tok_write_synthetic_added(path, o->tok_vocab > 0 ? o->tok_vocab : o->desc.vocab, o->n_tok_added,
-                                       o->tok_added, o->seed, err);
+    int n_tokens = o->n_tokens > 0 ? o->n_tokens : o->desc.vocab;
+    rc = pi2_tok_write_synthetic_added(path, n_tokens, o->n_tok_added, o->tok_added, o->seed, err);
     if (rc)
         goto fail;
 
@@ -653,6 +665,7 @@ int pi2_synth_write(const char *dir, const pi2_synth_opts *o, pi2_synth_progress
     g.sigma_h = sqrt(0.5 * D / g.r);
     g.sigma_n = 0.5;
     g.rho = o->layer_gain;
+    g.n_tokens = n_tokens + o->n_tok_added;
 
     /* shards */
     uint64_t limit = o->shard_bytes ? o->shard_bytes : (4ull << 30);

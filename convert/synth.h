@@ -25,6 +25,8 @@
  * planted predictors (rows v_k, -v_k, u) read the pre-norm residual as
  * published predictors do (their scores' signs do not change with the
  * residual's scale), and fed the normed input instead they lose recall.
+ * FATReLU (desc.act_param = t) uses the same plant: a neuron fires when its
+ * gate exceeds t, so its frequency is a little under the planted one.
  * Every element comes from a counter-based hash of (seed, tensor, row, col):
  * generation is streamed row block by row block on all threads, never
  * holding a tensor in memory.
@@ -48,13 +50,16 @@ typedef struct pi2_synth_opts {
                               normed input differs from the residual per dimension: the
                               planted predictors then fit the pre-norm residual only, as
                               published (PowerInfer) ones do; 0: unit norms */
-    int tok_vocab;         /* tokenizer's base vocabulary; 0 = desc.vocab (rows past the tokenizer's
-                              ids are padding, as in published checkpoints) */
-    int n_tok_added;       /* special tokens added after it (ids tok_vocab ..) */
-    const char *const *tok_added;
     uint64_t seed;
     uint64_t shard_bytes;  /* shard size limit; 0 = 4 GiB */
     int threads;           /* 0 = all cores */
+    int n_tokens;          /* ids the tokenizer defines, in [300, vocab]; 0 = vocab. Fewer: a padded
+                              vocabulary (TurboSparse-Mistral: 32002 of 32064), whose embedding and
+                              head rows past them point along u, so that unmasked they would win
+                              every step (a test of the masking) */
+    int n_tok_added;       /* special tokens the tokenizer adds after those (ids n_tokens ..; ChatML's
+                              <|im_end|>, <|im_start|>), real rows; padding starts past them */
+    const char *const *tok_added;
 } pi2_synth_opts;
 
 /* Fill *o with a preset: "tiny", "small", "1b", "7b" or "moe". */

@@ -9,12 +9,14 @@
 
 #include "formats/jsonutil.h"
 
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const struct {
     pi2_arch arch;
@@ -26,6 +28,7 @@ static const struct {
     { PI2_ARCH_MIXTRAL, "mixtral", "MixtralForCausalLM" },
     { PI2_ARCH_BAMBOO, "bamboo", "BambooForCausalLM" },
     { PI2_ARCH_TURBOSPARSE_MIXTRAL, "turbosparsemixtral", "TurboSparseMixtralForCausalLM" },
+    { PI2_ARCH_SPARSELLAMA, "sparsellama", "SparseLlamaForCausalLM" },
 };
 #define N_ARCH (sizeof arch_table / sizeof arch_table[0])
 
@@ -51,6 +54,18 @@ const char *pi2_act_name(pi2_act a)
     case PI2_ACT_SILU: return "silu";
     case PI2_ACT_RELU: return "relu";
     case PI2_ACT_DRELU: return "drelu";
+    case PI2_ACT_FATRELU: return "fatrelu";
+    }
+    return "unknown";
+}
+
+const char *pi2_rope_type_name(pi2_rope_type t)
+{
+    switch (t) {
+    case PI2_ROPE_DEFAULT: return "default";
+    case PI2_ROPE_LINEAR: return "linear";
+    case PI2_ROPE_DYNAMIC: return "dynamic";
+    case PI2_ROPE_LLAMA3: return "llama3";
     }
     return "unknown";
 }
@@ -77,6 +92,37 @@ static int check_range(const char *name, const char *key, long long v, long long
     return 0;
 }
 
+static int validate_rope(const pi2_model_desc *d, const char *name, pi2_err *err)
+{
+    const pi2_rope_scaling *r = &d->rope;
+    if (r->type != PI2_ROPE_DEFAULT && r->type != PI2_ROPE_LINEAR && r->type != PI2_ROPE_DYNAMIC &&
+        r->type != PI2_ROPE_LLAMA3)
+        return pi2_err_set(err, PI2_EINVAL, "%s: invalid rope scaling type %d", name, (int)r->type);
+    bool l3 = r->type == PI2_ROPE_LLAMA3;
+    if ((r->type == PI2_ROPE_DEFAULT && r->factor != 0) ||
+        (!l3 && (r->low_freq_factor != 0 || r->high_freq_factor != 0 || r->orig_max_pos != 0)))
+        return pi2_err_set(err, PI2_EINVAL, "%s: rope_scaling fields set that type %s does not use", name,
+                           pi2_rope_type_name(r->type));
+    if (r->type == PI2_ROPE_DEFAULT)
+        return 0;
+    if (!(r->factor >= 1.0 && r->factor <= PI2_ROPE_MAX_FACTOR))
+        return pi2_err_set(err, PI2_ERANGE, "%s: rope_scaling.factor %g out of range [1, %g]", name, r->factor,
+                           PI2_ROPE_MAX_FACTOR);
+    if (r->type == PI2_ROPE_DYNAMIC && d->head_dim <= 2)
+        return pi2_err_set(err, PI2_ERANGE, "%s: dynamic rope_scaling needs head_dim > 2 (the base's exponent is "
+                           "hd / (hd - 2)), not %d", name, d->head_dim);
+    if (!l3)
+        return 0;
+    if (!(r->low_freq_factor > 0 && isfinite(r->low_freq_factor)))
+        return pi2_err_set(err, PI2_ERANGE, "%s: rope_scaling.low_freq_factor %g must be positive", name,
+                           r->low_freq_factor);
+    if (!(r->high_freq_factor > r->low_freq_factor && isfinite(r->high_freq_factor)))
+        return pi2_err_set(err, PI2_ERANGE, "%s: rope_scaling.high_freq_factor %g must exceed low_freq_factor %g",
+                           name, r->high_freq_factor, r->low_freq_factor);
+    return check_range(name, "rope_scaling.original_max_position_embeddings", r->orig_max_pos, 1, PI2_CFG_MAX_DIM,
+                       err);
+}
+
 int pi2_config_validate(const pi2_model_desc *d, const char *name, pi2_err *err)
 {
     int rc;
@@ -86,8 +132,14 @@ int pi2_config_validate(const pi2_model_desc *d, const char *name, pi2_err *err)
         return pi2_err_set(err, PI2_EINVAL, "%s: no model description", name);
     if (!arch_valid(d->arch))
         return pi2_err_set(err, PI2_EINVAL, "%s: invalid arch value %d", name, (int)d->arch);
-    if (d->act != PI2_ACT_SILU && d->act != PI2_ACT_RELU && d->act != PI2_ACT_DRELU)
+    if (d->act != PI2_ACT_SILU && d->act != PI2_ACT_RELU && d->act != PI2_ACT_DRELU && d->act != PI2_ACT_FATRELU)
         return pi2_err_set(err, PI2_EINVAL, "%s: invalid act value %d", name, (int)d->act);
+    if (d->act == PI2_ACT_FATRELU && !(d->act_param >= 0.0f && isfinite(d->act_param)))
+        return pi2_err_set(err, PI2_ERANGE, "%s: hidden_act_param %g must be a finite threshold >= 0", name,
+                           (double)d->act_param);
+    if (d->act != PI2_ACT_FATRELU && d->act_param != 0.0f)
+        return pi2_err_set(err, PI2_EINVAL, "%s: act_param %g given for hidden_act %s (FATReLU only)", name,
+                           (double)d->act_param, pi2_act_name(d->act));
     if (arch_is_drelu(d->arch) && d->act != PI2_ACT_DRELU)
         return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: model_type %s needs the dReLU activation, not %s", name,
                            pi2_arch_name(d->arch), pi2_act_name(d->act));
@@ -117,6 +169,8 @@ int pi2_config_validate(const pi2_model_desc *d, const char *name, pi2_err *err)
         return pi2_err_set(err, PI2_ERANGE, "%s: rope_theta %g must be positive", name, d->rope_theta);
     if (!(d->rms_eps > 0.0f && d->rms_eps < 1.0f))
         return pi2_err_set(err, PI2_ERANGE, "%s: rms_norm_eps %g out of range (0, 1)", name, (double)d->rms_eps);
+    if ((rc = validate_rope(d, name, err)))
+        return rc;
 
     if (arch_is_moe(d->arch)) {
         if ((rc = check_range(name, "num_local_experts", d->n_experts, 1, PI2_CFG_MAX_EXPERTS, err)) ||
@@ -238,8 +292,78 @@ static int parse_eos(json_t *o, pi2_model_desc *d, const char *name, pi2_err *er
         json_int_t x = json_integer_value(e);
         if (x < 0 || x > 0x7fffffff)
             return pi2_err_set(err, PI2_ERANGE, "%s: eos_token_id %lld out of range", name, (long long)x);
-        d->eos_ids[d->n_eos++] = (int)x;
+        bool seen = false;
+        for (int k = 0; k < d->n_eos; k++)
+            seen = seen || d->eos_ids[k] == (int)x;
+        if (!seen)
+            d->eos_ids[d->n_eos++] = (int)x;
     }
+    return 0;
+}
+
+/* A required number inside rope_scaling. */
+static int rope_num(json_t *o, const char *key, double *out, const char *name, pi2_err *err)
+{
+    json_t *v = get(o, key);
+    if (!v)
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: rope_scaling.%s is missing", name, key);
+    if (!json_is_number(v))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: rope_scaling.%s must be a number", name, key);
+    *out = json_number_value(v);
+    return 0;
+}
+
+/* rope_scaling: null, or {"rope_type" (or "type"): ..., factors}. Ranges
+ * are checked by pi2_config_validate. */
+static int parse_rope(json_t *root, pi2_model_desc *d, const char *name, pi2_err *err)
+{
+    memset(&d->rope, 0, sizeof d->rope);
+    json_t *o = get(root, "rope_scaling");
+    if (!o)
+        return 0;
+    if (!json_is_object(o))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: rope_scaling must be an object or null", name);
+    json_t *rt = get(o, "rope_type"), *ty = get(o, "type");
+    if (!rt && !ty)
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: rope_scaling has no rope_type (or type)", name);
+    if ((rt && !json_is_string(rt)) || (ty && !json_is_string(ty)))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: rope_scaling.%s must be a string", name,
+                           rt && !json_is_string(rt) ? "rope_type" : "type");
+    if (rt && ty && strcmp(json_string_value(rt), json_string_value(ty)) != 0)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: rope_scaling.rope_type \"%.32s\" and type \"%.32s\" disagree",
+                           name, json_string_value(rt), json_string_value(ty));
+    const char *t = json_string_value(rt ? rt : ty);
+    pi2_rope_scaling *r = &d->rope;
+    if (strcmp(t, "default") == 0)
+        return 0;
+    if (strcmp(t, "linear") == 0)
+        r->type = PI2_ROPE_LINEAR;
+    else if (strcmp(t, "dynamic") == 0)
+        r->type = PI2_ROPE_DYNAMIC;
+    else if (strcmp(t, "llama3") == 0)
+        r->type = PI2_ROPE_LLAMA3;
+    else
+        return pi2_err_set(err, PI2_EUNSUPPORTED,
+                           "%s: rope_scaling type \"%.64s\" is not supported (pi2 runs linear, dynamic and llama3)",
+                           name, t);
+    int rc = rope_num(o, "factor", &r->factor, name, err);
+    if (rc || r->type != PI2_ROPE_LLAMA3)
+        return rc;
+    if ((rc = rope_num(o, "low_freq_factor", &r->low_freq_factor, name, err)) ||
+        (rc = rope_num(o, "high_freq_factor", &r->high_freq_factor, name, err)))
+        return rc;
+    json_t *om = get(o, "original_max_position_embeddings");
+    if (!om)
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: rope_scaling.original_max_position_embeddings is missing", name);
+    if (!json_is_integer(om))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: rope_scaling.original_max_position_embeddings must be an integer",
+                           name);
+    json_int_t x = json_integer_value(om);
+    if (x < 1 || x > PI2_CFG_MAX_DIM)
+        return pi2_err_set(err, PI2_ERANGE,
+                           "%s: rope_scaling.original_max_position_embeddings %lld out of range [1, %d]", name,
+                           (long long)x, PI2_CFG_MAX_DIM);
+    r->orig_max_pos = (int)x;
     return 0;
 }
 
@@ -282,16 +406,30 @@ static int parse_object(json_t *root, pi2_model_desc *out, const char *name, pi2
 
     if ((rc = get_string(root, "hidden_act", &s, name, err)))
         return rc;
-    bool silu = strcmp(s, "silu") == 0, relu = strcmp(s, "relu") == 0;
-    if (!silu && !relu)
-        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: unsupported hidden_act \"%.64s\" (silu or relu)", name, s);
+    bool silu = strcmp(s, "silu") == 0, relu = strcmp(s, "relu") == 0, fat = strcmp(s, "fatrelu") == 0;
+    if (!silu && !relu && !fat)
+        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: unsupported hidden_act \"%.64s\" (silu, relu or fatrelu)",
+                           name, s);
     if (arch_is_drelu(d.arch)) {
         if (!relu)
             return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: model_type %s needs hidden_act relu, not \"%.64s\"",
                                name, pi2_arch_name(d.arch), s);
         d.act = PI2_ACT_DRELU;
     } else {
-        d.act = silu ? PI2_ACT_SILU : PI2_ACT_RELU;
+        d.act = silu ? PI2_ACT_SILU : relu ? PI2_ACT_RELU : PI2_ACT_FATRELU;
+    }
+    if (fat) {
+        /* FATReLU's threshold: required, there is no default to assume. */
+        json_t *t = get(root, "hidden_act_param");
+        if (!t)
+            return pi2_err_set(err, PI2_ENOTFOUND, "%s: hidden_act fatrelu needs hidden_act_param (its threshold)",
+                               name);
+        if (!json_is_number(t))
+            return pi2_err_set(err, PI2_EFORMAT, "%s: hidden_act_param must be a number", name);
+        double tv = json_number_value(t);
+        if (!(tv >= 0 && tv <= FLT_MAX))
+            return pi2_err_set(err, PI2_ERANGE, "%s: hidden_act_param %g must be a finite threshold >= 0", name, tv);
+        d.act_param = (float)tv;
     }
 
     if ((rc = get_int(root, "hidden_size", true, 0, &d.hidden, name, err)) ||
@@ -332,8 +470,8 @@ static int parse_object(json_t *root, pi2_model_desc *out, const char *name, pi2
         return pi2_err_set(err, PI2_ERANGE, "%s: rms_norm_eps %g out of range (0, 1)", name, eps);
     d.rms_eps = (float)eps;
 
-    if (get(root, "rope_scaling"))
-        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: rope_scaling is not supported (must be null)", name);
+    if ((rc = parse_rope(root, &d, name, err)))
+        return rc;
     if ((rc = reject_true(root, "attention_bias", name, err)) || (rc = reject_true(root, "mlp_bias", name, err)))
         return rc;
 
@@ -392,6 +530,212 @@ int pi2_config_read(const char *path, pi2_model_desc *out, pi2_err *err)
     rc = pi2_config_parse(text, len, path, out, err);
     free(text);
     return rc;
+}
+
+/* ---- end of turn from every file of a model directory ---- */
+
+/* Add id to d's end-of-turn ids unless there; `file` for messages. */
+static int add_eos(pi2_model_desc *d, long long id, const char *file, const char *key, pi2_err *err)
+{
+    if (id < 0 || id >= d->vocab)
+        return pi2_err_set(err, PI2_ERANGE, "%s: %s %lld outside the vocabulary [0, %d)", file, key, id, d->vocab);
+    for (int k = 0; k < d->n_eos; k++)
+        if (d->eos_ids[k] == id)
+            return 0;
+    if (d->n_eos == PI2_MAX_EOS)
+        return pi2_err_set(err, PI2_ERANGE, "%s: %s %lld makes more than %d end-of-turn ids", file, key, id,
+                           PI2_MAX_EOS);
+    d->eos_ids[d->n_eos++] = (int)id;
+    return 0;
+}
+
+/* Parse the JSON object in dir/fname into *root (NULL, not an error, when
+ * the file does not exist); path receives the file's path. flags: jansson
+ * decoding flags besides JSON_REJECT_DUPLICATES. */
+static int load_optional(const char *dir, const char *fname, size_t cap, size_t flags, char *path, size_t pcap,
+                         json_t **root, pi2_err *err)
+{
+    *root = NULL;
+    if (!pi2_path_join(path, pcap, dir, fname))
+        return pi2_err_set(err, PI2_ERANGE, "%s: path too long", dir);
+    char *text = NULL;
+    size_t len = 0;
+    pi2_err sub = { 0 };
+    int rc = pi2_read_file(path, cap, &text, &len, &sub);
+    if (rc == PI2_ENOTFOUND)
+        return 0;
+    if (rc)
+        return pi2_err_set(err, rc, "%s", sub.msg);
+    json_error_t je;
+    json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES | flags, &je);
+    free(text);
+    if (!o)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: invalid JSON at line %d column %d: %s", path, je.line, je.column,
+                           je.text);
+    if (!json_is_object(o)) {
+        json_decref(o);
+        return pi2_err_set(err, PI2_EFORMAT, "%s: top level is not a JSON object", path);
+    }
+    *root = o;
+    return 0;
+}
+
+#define PI2_TOKCFG_MAX_BYTES (16u << 20) /* tokenizer_config.json: chat templates, added tokens */
+
+int pi2_config_merge_eos(const char *dir, const pi2_tok *tok, pi2_model_desc *d, pi2_err *err)
+{
+    if (!dir || !d)
+        return pi2_err_set(err, PI2_EINVAL, "config: NULL argument");
+    pi2_model_desc m = *d;
+    char path[4200];
+    json_t *o = NULL;
+    int rc = load_optional(dir, "generation_config.json", PI2_CFG_MAX_BYTES, 0, path, sizeof path, &o, err);
+    if (rc)
+        return rc;
+    if (o) {
+        json_t *v = get(o, "eos_token_id");
+        if (v && json_is_integer(v)) {
+            rc = add_eos(&m, (long long)json_integer_value(v), path, "eos_token_id", err);
+        } else if (v && json_is_array(v)) {
+            for (size_t i = 0; i < json_array_size(v) && !rc; i++) {
+                json_t *e = json_array_get(v, i);
+                rc = json_is_integer(e) ? add_eos(&m, (long long)json_integer_value(e), path, "eos_token_id", err)
+                                        : pi2_err_set(err, PI2_EFORMAT,
+                                                      "%s: eos_token_id must be an integer or a list of integers",
+                                                      path);
+            }
+        } else if (v) {
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: eos_token_id must be an integer or a list of integers", path);
+        }
+        json_decref(o);
+        if (rc)
+            return rc;
+    }
+    /* integers as reals: HF writes model_max_length as 1e30 spelled out,
+     * past any integer type, and only eos_token is read here */
+    if ((rc = load_optional(dir, "tokenizer_config.json", PI2_TOKCFG_MAX_BYTES, JSON_DECODE_INT_AS_REAL, path,
+                            sizeof path, &o, err)))
+        return rc;
+    if (o) {
+        /* a string, or an AddedToken object whose content is the token */
+        json_t *v = get(o, "eos_token");
+        if (v && json_is_object(v))
+            v = json_object_get(v, "content");
+        const char *content = v && json_is_string(v) ? json_string_value(v) : NULL;
+        if (get(o, "eos_token") && !content)
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: eos_token must be a string or an object with a string content",
+                             path);
+        else if (content && tok) {
+            int id = pi2_tok_find(tok, content);
+            rc = id >= 0 ? add_eos(&m, id, path, "eos_token", err)
+                         : pi2_err_set(err, PI2_ENOTFOUND, "%s: eos_token \"%.64s\" is not a token of tokenizer.json",
+                                       path, content);
+        }
+        json_decref(o);
+        if (rc)
+            return rc;
+    }
+    *d = m;
+    return 0;
+}
+
+int pi2_config_read_model(const char *dir, pi2_model_desc *out, int *n_tokens, pi2_err *err)
+{
+    if (n_tokens)
+        *n_tokens = 0;
+    if (!dir || !out)
+        return pi2_err_set(err, PI2_EINVAL, "config: NULL argument");
+    pi2_model_desc d;
+    int rc = pi2_config_read(dir, &d, err);
+    if (rc || !pi2_is_dir(dir)) {
+        if (rc == 0)
+            *out = d;
+        return rc;
+    }
+    char path[4200];
+    if (!pi2_path_join(path, sizeof path, dir, "tokenizer.json"))
+        return pi2_err_set(err, PI2_ERANGE, "%s: path too long", dir);
+    pi2_tok *tok = NULL;
+    if (access(path, F_OK) == 0 && (rc = pi2_tok_load(&tok, path, err)) != 0)
+        return rc;
+    if (tok && pi2_tok_vocab_size(tok) > d.vocab)
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: %d tokens, more than the model's vocab_size %d", path,
+                         pi2_tok_vocab_size(tok), d.vocab);
+    if (rc == 0)
+        rc = pi2_config_merge_eos(dir, tok, &d, err);
+    if (rc == 0) {
+        *out = d;
+        if (n_tokens)
+            *n_tokens = tok ? pi2_tok_vocab_size(tok) : 0;
+    }
+    pi2_tok_free(tok);
+    return rc;
+}
+
+bool pi2_desc_is_end(const pi2_model_desc *d, int id)
+{
+    if (!d || id < 0)
+        return false;
+    if (id == d->bos_id)
+        return true;
+    for (int k = 0; k < d->n_eos; k++)
+        if (id == d->eos_ids[k])
+            return true;
+    return false;
+}
+
+/* ---- model math the config implies ---- */
+
+float pi2_desc_gate_threshold(const pi2_model_desc *d) { return d->act == PI2_ACT_FATRELU ? d->act_param : 0.0f; }
+
+int pi2_desc_max_ctx(const pi2_model_desc *d)
+{
+    if (d->rope.type != PI2_ROPE_DYNAMIC)
+        return d->max_pos;
+    double n = fmin(floor(d->rope.factor * d->max_pos), PI2_CFG_MAX_DIM);
+    return n > d->max_pos ? (int)n : d->max_pos;
+}
+
+bool pi2_rope_varies(const pi2_model_desc *d, int pos)
+{
+    return d->rope.type == PI2_ROPE_DYNAMIC && (long long)pos + 1 > d->max_pos;
+}
+
+/* Each step rounds to float32 where HF's torch code holds a float32 tensor
+ * and in double where it computes on Python floats. */
+void pi2_rope_inv_freq(const pi2_model_desc *d, int pos, float *inv_freq)
+{
+    const pi2_rope_scaling *r = &d->rope;
+    int hd = d->head_dim, half = hd / 2;
+    double base = d->rope_theta;
+    if (pi2_rope_varies(d, pos)) {
+        /* dynamic NTK: base * ((f * L / M) - (f - 1)) ** (hd / (hd - 2)), L the length so far */
+        double f = r->factor, L = (double)pos + 1.0, M = d->max_pos;
+        base = base * pow(f * L / M - (f - 1.0), (double)hd / (double)(hd - 2));
+    }
+    for (int i = 0; i < half; i++)
+        inv_freq[i] = 1.0f / powf((float)base, (float)(2 * i) / (float)hd);
+    if (r->type == PI2_ROPE_LINEAR) {
+        for (int i = 0; i < half; i++)
+            inv_freq[i] = inv_freq[i] / (float)r->factor;
+    } else if (r->type == PI2_ROPE_LLAMA3) {
+        /* wavelengths above orig/low: divided by factor; below orig/high:
+         * kept; between: (1 - s) * inv / factor + s * inv with
+         * s = (orig / wavelen - low) / (high - low) */
+        float factor = (float)r->factor, low = (float)r->low_freq_factor;
+        float low_wl = (float)(r->orig_max_pos / r->low_freq_factor);
+        float high_wl = (float)(r->orig_max_pos / r->high_freq_factor);
+        float span = (float)(r->high_freq_factor - r->low_freq_factor), orig = (float)r->orig_max_pos;
+        for (int i = 0; i < half; i++) {
+            float inv = inv_freq[i], wl = (float)(2.0 * M_PI) / inv;
+            float il = wl > low_wl ? inv / factor : inv;
+            if (!(wl < high_wl) && !(wl > low_wl)) {
+                float sm = (orig / wl - low) / span;
+                il = (1.0f - sm) * il / factor + sm * il;
+            }
+            inv_freq[i] = il;
+        }
+    }
 }
 
 /* ---- writing ---- */
@@ -504,7 +848,13 @@ int pi2_config_format(const pi2_model_desc *d, const char *torch_dtype, char **o
         sb_add(&b, "  ],\n");
     }
     sb_add(&b, "  \"head_dim\": %d,\n", d->head_dim);
-    sb_add(&b, "  \"hidden_act\": \"%s\",\n", d->act == PI2_ACT_SILU ? "silu" : "relu");
+    sb_add(&b, "  \"hidden_act\": \"%s\",\n",
+           d->act == PI2_ACT_SILU ? "silu" : d->act == PI2_ACT_FATRELU ? "fatrelu" : "relu");
+    if (d->act == PI2_ACT_FATRELU) {
+        char t[40];
+        fmt_real(t, sizeof t, float_as_short_double(d->act_param));
+        sb_add(&b, "  \"hidden_act_param\": %s,\n", t);
+    }
     sb_add(&b, "  \"hidden_size\": %d,\n", d->hidden);
     sb_add(&b, "  \"intermediate_size\": %d,\n", d->n_ff);
     sb_add(&b, "  \"max_position_embeddings\": %d,\n", d->max_pos);
@@ -518,7 +868,22 @@ int pi2_config_format(const pi2_model_desc *d, const char *torch_dtype, char **o
     if (moe)
         sb_add(&b, "  \"num_local_experts\": %d,\n", d->n_experts);
     sb_add(&b, "  \"rms_norm_eps\": %s,\n", eps);
-    sb_add(&b, "  \"rope_scaling\": null,\n");
+    if (d->rope.type == PI2_ROPE_DEFAULT) {
+        sb_add(&b, "  \"rope_scaling\": null,\n");
+    } else {
+        char f[40];
+        const pi2_rope_scaling *r = &d->rope;
+        fmt_real(f, sizeof f, r->factor);
+        sb_add(&b, "  \"rope_scaling\": {\n    \"factor\": %s,\n", f);
+        if (r->type == PI2_ROPE_LLAMA3) {
+            char hi[40], lo[40];
+            fmt_real(hi, sizeof hi, r->high_freq_factor);
+            fmt_real(lo, sizeof lo, r->low_freq_factor);
+            sb_add(&b, "    \"high_freq_factor\": %s,\n    \"low_freq_factor\": %s,\n", hi, lo);
+            sb_add(&b, "    \"original_max_position_embeddings\": %d,\n", r->orig_max_pos);
+        }
+        sb_add(&b, "    \"rope_type\": \"%s\"\n  },\n", pi2_rope_type_name(r->type));
+    }
     sb_add(&b, "  \"rope_theta\": %s,\n", theta);
     sb_add(&b, "  \"tie_word_embeddings\": %s,\n", d->tie_embeddings ? "true" : "false");
     if (torch_dtype)

@@ -586,12 +586,11 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
             if ((rc = bind_ffn(e, &L->ffn[x], l, x, err)) != 0)
                 goto fail;
     }
-    if (!(e->inv_freq = pi2_malloc_array((size_t)d->head_dim / 2, sizeof(float)))) {
+    if (!(e->inv_freq = pi2_malloc_array((size_t)d->head_dim, sizeof(float)))) {
         rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
         goto fail;
     }
-    for (int i = 0; i < d->head_dim / 2; i++)
-        e->inv_freq[i] = 1.0f / powf((float)d->rope_theta, (float)(2 * i) / (float)d->head_dim);
+    pi2_rope_inv_freq(d, 0, e->inv_freq); /* the reference's, rope_scaling included */
 
     /* dense decode bytes per token */
     uint64_t db = (uint64_t)e->head.rows * e->head.row_bytes + (uint64_t)D * 2; /* + embedding row */
@@ -611,8 +610,8 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         goto fail;
     if ((rc = alloc_state(e, err)) != 0)
         goto fail;
-    int ctx0 = o->ctx > 0 ? o->ctx : 512; /* a larger request is clamped to the model's positions */
-    if ((rc = pi2_engine_set_ctx(e, ctx0 < d->max_pos ? ctx0 : d->max_pos, err)) != 0)
+    int ctx0 = o->ctx > 0 ? o->ctx : 512, ctx_max = pi2_desc_max_ctx(d); /* larger: clamped to the model's */
+    if ((rc = pi2_engine_set_ctx(e, ctx0 < ctx_max ? ctx0 : ctx_max, err)) != 0)
         goto fail;
     double macs = 0;
     for (int l = 0; l < d->n_layers; l++) {
@@ -754,9 +753,9 @@ double pi2_engine_prefill_macs(const pi2_engine *e) { return e->prefill_macs; }
 int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err)
 {
     const pi2_model_desc *d = &e->d;
-    if (ctx < 1 || ctx > d->max_pos)
+    if (ctx < 1 || ctx > pi2_desc_max_ctx(d))
         return pi2_err_set(err, PI2_ERANGE, "%s: context of %d positions is out of range (1..%d)", e->path, ctx,
-                           d->max_pos);
+                           pi2_desc_max_ctx(d));
     if (e->ofl && e->plan_ctx > 0 && ctx > e->plan_ctx)
         return pi2_err_set(err, PI2_ERANGE,
                            "%s: a context of %d positions exceeds the %d the memory plan was made for; give --ctx %d "

@@ -21,7 +21,8 @@
  *
  * ---- Forward ----
  * Per layer: RMSNorm -> Q, K, V (int8 matmul over quantized rows) -> RoPE
- * (HF rotate_half) -> causal GQA attention over the f32 KV cache -> O ->
+ * (HF rotate_half, the config's rope_scaling as the reference computes it)
+ * -> causal GQA attention over the f32 KV cache -> O ->
  * residual -> RMSNorm -> FFN (dense; or MoE: router, top-k experts, softmax
  * over the selected logits) -> residual; final RMSNorm and the output head.
  *
@@ -34,7 +35,8 @@
  *   predictor mode   scores = fc2 . relu(fc1 . x); neurons with score >=
  *                    threshold are "predicted"; only their gate rows are
  *                    read; up rows only where the gate lets the neuron
- *                    fire (ReGLU / dReLU: gate > 0); the output is the sum of
+ *                    fire (ReGLU / dReLU: gate > 0; FATReLU: gate > its
+ *                    threshold t); the output is the sum of
  *                    the active neurons' down columns (the int8 down kernel,
  *                    groups of 16 active columns) - inactive
  *                    neurons' weights are never touched;
@@ -147,7 +149,8 @@ uint64_t pi2_engine_dense_bytes(const pi2_engine *e);
 /* Multiply-accumulates per prompt token in the weight matmuls of prefill
  * (attention projections and FFNs; not attention scores or the head). */
 double pi2_engine_prefill_macs(const pi2_engine *e);
-/* Resize the KV cache to ctx positions (1..max_pos); the cache is emptied.
+/* Resize the KV cache to ctx positions (1..pi2_desc_max_ctx: max_pos, more
+ * with dynamic NTK scaling); the cache is emptied.
  * PI2_ERANGE, PI2_ENOMEM (the old cache is kept). */
 int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err);
 

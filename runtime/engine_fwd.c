@@ -235,37 +235,52 @@ static void rope(float *v, int n_heads, int hd, const float *cs, const float *sn
     }
 }
 
-static inline float act_fn(pi2_act a, float g, float u)
+/* t: FATReLU's threshold (pi2_desc_gate_threshold; the gate must exceed it). */
+static inline float act_fn(pi2_act a, float g, float u, float t)
 {
     switch (a) {
     case PI2_ACT_SILU: return g / (1.0f + expf(-g)) * u;
     case PI2_ACT_RELU: return g > 0.0f ? g * u : 0.0f;
     case PI2_ACT_DRELU: return g > 0.0f && u > 0.0f ? g * u : 0.0f;
+    case PI2_ACT_FATRELU: return g > t ? g * u : 0.0f;
     }
     return 0.0f;
 }
 
-float eng_act(pi2_act a, float g, float u) { return act_fn(a, g, u); }
-
-/* g[k] = act(g[k], u[k]) for k < n, act_fn's results: for ReLU and dReLU
+/* g[k] = act(g[k], u[k]) for k < n, act_fn's results: for the ReLU family
  * the product is computed either way and kept by a bit mask (+0 where the
- * gate is closed), so the compiler's cheap vectorizer takes the loops. */
-void eng_act_rows(pi2_act a, float *restrict g, const float *restrict u, int64_t n)
+ * gate is closed), so the compiler's cheap vectorizer takes the loops.
+ * Out of line: eng_act runs the same code for its one value, so a NaN's
+ * sign (which operand a multiply passes on) cannot differ between the two. */
+__attribute__((noinline)) static void act_rows(pi2_act a, float t, float *restrict g, const float *restrict u,
+                                               int64_t n)
 {
     int64_t k = 0;
-    if (a == PI2_ACT_RELU || a == PI2_ACT_DRELU) {
+    if (a == PI2_ACT_RELU || a == PI2_ACT_DRELU || a == PI2_ACT_FATRELU) {
         bool dr = a == PI2_ACT_DRELU;
+        float thr = a == PI2_ACT_FATRELU ? t : 0.0f;
         for (; k + 8 <= n; k += 8)
             for (int i = 0; i < 8; i++) {
                 float m = g[k + i] * u[k + i];
                 uint32_t b;
                 memcpy(&b, &m, sizeof b);
-                b &= -(uint32_t)((g[k + i] > 0.0f) & (!dr | (u[k + i] > 0.0f)));
+                b &= -(uint32_t)((g[k + i] > thr) & (!dr | (u[k + i] > 0.0f)));
                 memcpy(&g[k + i], &b, sizeof b);
             }
     }
     for (; k < n; k++)
-        g[k] = act_fn(a, g[k], u[k]);
+        g[k] = act_fn(a, g[k], u[k], t);
+}
+
+float eng_act(pi2_act a, float g, float u, float t)
+{
+    act_rows(a, t, &g, &u, 1);
+    return g;
+}
+
+void eng_act_rows(pi2_act a, float *restrict g, const float *restrict u, int64_t n, float t)
+{
+    act_rows(a, t, g, u, n);
 }
 
 /* ---- per-token work of a batch, the tokens shared between threads ---- */
@@ -524,7 +539,7 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
             pi2_k_matmul(f->up.qt, D, nc, f->up.rp + c, f->up.rs + c, e->aqs, e->aq, e->asum, T, s->ut, ENG_TILE);
         }
         for (int t = 0; t < T; t++)
-            eng_act_rows(e->d.act, s->gt + t * ENG_TILE, s->ut + t * ENG_TILE, nc);
+            eng_act_rows(e->d.act, s->gt + t * ENG_TILE, s->ut + t * ENG_TILE, nc, e->d.act_param);
         int64_t ld = ENG_PART_LD(D);
         if (gemm)
             pi2_k_down_gemm(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, ld);
@@ -671,6 +686,7 @@ static void ffn_dec_chunk(const ffn_dec_job *j, eng_tls *s, int64_t c, int64_t t
     const eng_ffn *f = j->f;
     int64_t D = e->d.hidden, c0 = c * ENG_DEC_CHUNK;
     pi2_act act = e->d.act;
+    float t = e->d.act_param, gt = pi2_desc_gate_threshold(&e->d);
     const uint32_t *idx = j->mode == FFN_PRED ? e->sel : NULL;
     bool gate_filters = j->mode == FFN_PRED && act != PI2_ACT_SILU;
     float *out = e->dec_out + c * D;
@@ -712,7 +728,7 @@ static void ffn_dec_chunk(const ffn_dec_job *j, eng_tls *s, int64_t c, int64_t t
         }
         pi2_k_matmul(f->gate.qt, D, n, s->pp, s->ps, e->aqs, e->aq, e->asum, 1, s->g, 1);
         for (int k = 0; k < n; k++) {
-            if (gate_filters && !(s->g[k] > 0.0f))
+            if (gate_filters && !(s->g[k] > gt))
                 continue;
             uint32_t i = s->list[k];
             s->pp2[m] = f->up.rp[i];
@@ -727,7 +743,7 @@ static void ffn_dec_chunk(const ffn_dec_job *j, eng_tls *s, int64_t c, int64_t t
     int a = 0;
     for (int q = 0; q < m; q++) {
         int k = (int)s->list2[q];
-        float v = act_fn(act, s->g[k], s->u[q]);
+        float v = act_fn(act, s->g[k], s->u[q], t);
         if (j->mode == FFN_THRESH && !(fabsf(v) >= f->silu_thr))
             continue;
         if (j->mode != FFN_DENSE && v == 0.0f)
@@ -1076,12 +1092,18 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
     for (int t = 0; t < T; t++)
         pi2_q_dequantize_row(e->embed.qt, e->embed.rs[tokens[t]], e->embed.rp[tokens[t]], D, e->x + t * D);
     int64_t half = hd / 2;
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t++) {
+        const float *f = e->inv_freq; /* the reference's: dynamic NTK past max_pos per position */
+        if (pi2_rope_varies(d, pos + t)) {
+            pi2_rope_inv_freq(d, pos + t, e->inv_freq + half);
+            f = e->inv_freq + half;
+        }
         for (int64_t i = 0; i < half; i++) {
-            float angle = (float)(pos + t) * e->inv_freq[i];
+            float angle = (float)(pos + t) * f[i];
             e->rope_cs[t * half + i] = cosf(angle);
             e->rope_sn[t * half + i] = sinf(angle);
         }
+    }
     uint64_t bytes = 0;
     for (int l = 0; l < d->n_layers; l++) {
         const eng_layer *L = &e->layers[l];

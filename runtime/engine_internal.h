@@ -111,7 +111,7 @@ struct pi2_engine {
     bool head_shared; /* tied: head uses embed's tables */
     const float *out_norm;
     eng_layer *layers;
-    float *inv_freq; /* [head_dim/2] */
+    float *inv_freq; /* [head_dim]: RoPE's at position 0, then dynamic NTK's at the current one */
     uint64_t dense_bytes;
     double prefill_macs;
 
@@ -165,9 +165,11 @@ void eng_top_k(const float *v, int64_t n, int k, int32_t *top);
 
 /* FFN pieces the offloading module drives (engine_fwd.c). */
 enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };
-float eng_act(pi2_act a, float g, float u);
-/* g[k] = eng_act(a, g[k], u[k]) for k < n, bit for bit (g and u apart). */
-void eng_act_rows(pi2_act a, float *restrict g, const float *restrict u, int64_t n);
+/* act(g, u) of the FFN's activation; t is FATReLU's threshold (act_param;
+ * ignored by the other acts). */
+float eng_act(pi2_act a, float g, float u, float t);
+/* g[k] = eng_act(a, g[k], u[k], t) for k < n, bit for bit (g and u apart). */
+void eng_act_rows(pi2_act a, float *restrict g, const float *restrict u, int64_t n, float t);
 void eng_rmsnorm(float *restrict out, const float *restrict x, const float *restrict w, int n, float eps);
 /* Predictor of FFN f on input x (D floats): the predicted neurons, in
  * bundled order, into sel; returns their count. */

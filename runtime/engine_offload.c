@@ -1542,12 +1542,14 @@ static uint8_t run_gates(eng_ofl *x, eng_tls *s, uint32_t c)
     pi2_k_matmul(f->gate.qt, D, n, s->pp, s->ps, e->aqs, e->aq, e->asum, 1, s->g, 1);
     s->predicted += (uint64_t)n;
     s->bytes += (uint64_t)n * f->gate.row_bytes;
+    /* the ReLU family: the gate alone decides (FATReLU: above its threshold) */
     bool filter = act != PI2_ACT_SILU;
+    float gt = pi2_desc_gate_threshold(&e->d);
     if (x->two_phase) {
         uint32_t nf = 0;
         for (int q = 0; q < n; q++) {
             x->gval[C->k0 + (uint32_t)q] = s->g[q];
-            if (s->g[q] > 0.0f)
+            if (s->g[q] > gt)
                 x->fired[C->k0 + nf++] = C->k0 + (uint32_t)q;
         }
         C->n_fired = nf;
@@ -1555,7 +1557,7 @@ static uint8_t run_gates(eng_ofl *x, eng_tls *s, uint32_t c)
     }
     int m = 0;
     for (int q = 0; q < n; q++) {
-        if (filter && !(s->g[q] > 0.0f))
+        if (filter && !(s->g[q] > gt))
             continue;
         uint32_t i = x->sel[C->k0 + (uint32_t)q];
         s->pp2[m] = f->up.rp[i];
@@ -1568,7 +1570,7 @@ static uint8_t run_gates(eng_ofl *x, eng_tls *s, uint32_t c)
     int a = 0;
     for (int r = 0; r < m; r++) {
         int q = (int)s->list2[r];
-        float v = eng_act(act, s->g[q], s->u[r]);
+        float v = eng_act(act, s->g[q], s->u[r], e->d.act_param);
         if (x->mode == FFN_THRESH && !(fabsf(v) >= f->silu_thr))
             continue;
         if (v == 0.0f)
@@ -1601,7 +1603,7 @@ static void run_updown(eng_ofl *x, eng_tls *s, uint32_t c)
     int a = 0;
     for (int r = 0; r < nf; r++) {
         uint32_t k = x->fired[C->k0 + (uint32_t)r], i = x->sel[k];
-        float v = eng_act(e->d.act, x->gval[k], s->u[r]);
+        float v = eng_act(e->d.act, x->gval[k], s->u[r], e->d.act_param);
         if (v == 0.0f)
             continue;
         s->pp2[a] = f->down.rp[i];

@@ -35,7 +35,8 @@ static void usage(FILE *f)
             "Text streams to stdout as it is generated; greedy decoding unless --temp is given.\n"
             "\n"
             "  -p, --prompt T     prompt text (default: empty, generation starts after BOS)\n"
-            "  -n, --n-predict N  tokens to generate (default 64); stops earlier at EOS\n"
+            "  -n, --n-predict N  tokens to generate (default 64); stops earlier at an end of turn\n"
+            "                     (the model's EOS ids, with its generation and tokenizer configs') or BOS\n"
             "  -t, --threads N    compute threads (default: all cores)\n"
             "  --temp T           sampling temperature (default 0 = greedy)\n"
             "  --top-k K          keep the K most likely tokens (default 0 = all)\n"
@@ -118,14 +119,6 @@ static int fail(const pi2_err *e)
     return 1;
 }
 
-static bool is_eos(const pi2_model_desc *d, int id)
-{
-    for (int k = 0; k < d->n_eos; k++)
-        if (id == d->eos_ids[k])
-            return true;
-    return false;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -144,25 +137,29 @@ static double pct(const double *v, size_t n, double p)
 /* One forward step of whichever model runs: token at pos -> logits. */
 typedef int (*step_fn)(void *ctx, int32_t token, int pos, float *logits, pi2_err *err);
 
-/* The generation loop shared by both paths: sample from logits, stop at
- * EOS or after n tokens, stream the text UTF-8-safely to stdout, and run
+/* The generation loop shared by both paths: sample from logits (rows
+ * past the tokenizer's ids masked: a padded vocabulary's are never valid
+ * output), stop at an end of turn (every end-of-turn id the model
+ * declares, or BOS: llama2.c-derived models end a story by starting the
+ * next) or after n tokens, stream the text UTF-8-safely to stdout, and run
  * the next step. lat[i] (when non-NULL) gets each step's seconds, *n_lat
- * their count; *sampled the number of tokens sampled (EOS included). */
-static int generate_loop(const run_opts *o, const pi2_model_desc *d, pi2_sampler *smp, pi2_tok_stream *ts,
-                         float *logits, int pos, step_fn step, void *ctx, double *lat, size_t *n_lat,
-                         long long *sampled, pi2_err *err)
+ * their count; *sampled the number of tokens sampled (the end included). */
+static int generate_loop(const run_opts *o, const pi2_model_desc *d, const pi2_tok *tok, pi2_sampler *smp,
+                         pi2_tok_stream *ts, float *logits, int pos, step_fn step, void *ctx, double *lat,
+                         size_t *n_lat, long long *sampled, pi2_err *err)
 {
-    int rc;
+    int rc, n_valid = pi2_tok_vocab_size(tok);
     if (o->show_ids)
         fprintf(stderr, "generated ids:");
     *sampled = 0;
     for (long long n_gen = 0; n_gen < o->n_predict;) {
+        pi2_logits_mask_padding(logits, d->vocab, n_valid);
         int next = pi2_sampler_next(smp, logits);
         n_gen++;
         *sampled = n_gen;
         if (o->show_ids)
             fprintf(stderr, " %d", next);
-        if (is_eos(d, next))
+        if (pi2_desc_is_end(d, next))
             break;
         const char *bytes;
         size_t len;
@@ -252,10 +249,10 @@ static int run_reference(const run_opts *o)
         goto out;
     int bos = d->bos_id >= 0 ? d->bos_id : pi2_tok_bos(tok);
     long long n_ctx = (long long)n_ids + (bos >= 0) + n_predict;
-    if (n_ctx > d->max_pos) {
+    if (n_ctx > pi2_desc_max_ctx(d)) {
         rc = pi2_err_set(&err, PI2_ERANGE,
                          "prompt (%zu tokens) plus -n %lld exceeds the model's %d positions; use a smaller -n", n_ids,
-                         n_predict, d->max_pos);
+                         n_predict, pi2_desc_max_ctx(d));
         goto out;
     }
     if ((rc = pi2_ref_state_create(&st, m, (int)(n_ctx > 0 ? n_ctx : 1), &err)) != 0 ||
@@ -295,7 +292,7 @@ static int run_reference(const run_opts *o)
     ref_ctx rc_ctx = {m, st};
     size_t n_steps = 0;
     long long n_gen = 0;
-    if ((rc = generate_loop(o, d, smp, ts, logits, pos, ref_step, &rc_ctx, NULL, &n_steps, &n_gen, &err)) != 0)
+    if ((rc = generate_loop(o, d, tok, smp, ts, logits, pos, ref_step, &rc_ctx, NULL, &n_steps, &n_gen, &err)) != 0)
         goto out;
     if (o->stats) {
         double t_gen = pi2_now() - t2;
@@ -679,15 +676,15 @@ static int run_generate(const run_opts *o)
     }
     if (o->ctx == 0) { /* the tokenizer lives in the container: size the cache now */
         long long want = (long long)n_pre + o->n_predict;
-        if (want > d->max_pos)
-            want = d->max_pos;
+        if (want > pi2_desc_max_ctx(d))
+            want = pi2_desc_max_ctx(d);
         if ((rc = pi2_engine_set_ctx(e, (int)(want > 0 ? want : 1), &err)) != 0)
             goto out;
     }
     if ((long long)n_pre + o->n_predict > pi2_engine_ctx(e)) {
         rc = pi2_err_set(&err, PI2_ERANGE, "prompt (%zu tokens) plus -n %lld exceeds the context of %d positions%s",
                          n_pre, o->n_predict, pi2_engine_ctx(e),
-                         pi2_engine_ctx(e) < d->max_pos ? "; raise --ctx" : "; use a smaller -n");
+                         pi2_engine_ctx(e) < pi2_desc_max_ctx(d) ? "; raise --ctx" : "; use a smaller -n");
         goto out;
     }
     int32_t *all = realloc(ids, (n_pre + 1) * sizeof *all);
@@ -729,7 +726,7 @@ static int run_generate(const run_opts *o)
     fflush(stdout);
     long long n_sampled = 0;
     eng_step_ctx sc = {e, &g, reads_so_far(e)};
-    if ((rc = generate_loop(o, d, smp, ts, logits, pos, eng_step, &sc, g.lat, &g.n_lat, &n_sampled, &err)) != 0)
+    if ((rc = generate_loop(o, d, tok, smp, ts, logits, pos, eng_step, &sc, g.lat, &g.n_lat, &n_sampled, &err)) != 0)
         goto out;
     if (o->stats)
         print_stats(e, &g, t_load, stderr);
@@ -820,9 +817,9 @@ static int run_bench(const run_opts *o)
         goto out;
     double t_load = pi2_now() - t0;
     const pi2_model_desc *d = pi2_engine_desc(e);
-    if (pp + tg > d->max_pos) {
+    if (pp + tg > pi2_desc_max_ctx(d)) {
         rc = pi2_err_set(&err, PI2_ERANGE, "--bench-pp %d plus --bench-tg %d exceeds the model's %d positions", pp, tg,
-                         d->max_pos);
+                         pi2_desc_max_ctx(d));
         goto out;
     }
     if (pi2_engine_ctx(e) < pp + tg && (rc = pi2_engine_set_ctx(e, pp + tg, &err)) != 0)
@@ -850,7 +847,8 @@ static int run_bench(const run_opts *o)
         goto out;
     double t_pp = pi2_now() - t1;
     pi2_engine_stats_reset(e);
-    int next = pi2_argmax(logits, d->vocab);
+    int n_valid = pi2_tok_vocab_size(tok); /* a padded vocabulary's rows past it are never output */
+    int next = pi2_argmax(logits, n_valid);
     double tot = 0;
     uint64_t r0 = reads_so_far(e);
     for (int i = 0; i < tg; i++) {
@@ -862,7 +860,7 @@ static int run_bench(const run_opts *o)
         uint64_t r1 = reads_so_far(e);
         rds[i] = (double)(r1 - r0);
         r0 = r1;
-        next = pi2_argmax(logits, d->vocab);
+        next = pi2_argmax(logits, n_valid);
     }
     pi2_engine_offload_info in;
     pi2_engine_offload_info_get(e, &in);
@@ -950,7 +948,7 @@ static int run_ppl(const run_opts *o)
         goto out;
     const pi2_model_desc *d = pi2_engine_desc(e);
     if (o->ctx == 0) {
-        long long want = o->ppl_tokens + 1 < d->max_pos ? o->ppl_tokens + 1 : d->max_pos;
+        long long want = o->ppl_tokens + 1 < pi2_desc_max_ctx(d) ? o->ppl_tokens + 1 : pi2_desc_max_ctx(d);
         if ((rc = pi2_engine_set_ctx(e, (int)want, &err)) != 0)
             goto out;
     }

@@ -8,7 +8,9 @@
  *   - RMSNorm: x * (1/sqrt(mean(x^2) + eps)) rounded to float, then * weight.
  *   - RoPE: inv_freq = 1 / theta^(2i/hd) and the angle pos*inv_freq computed
  *     in float32 with float cos/sin, as HF's LlamaRotaryEmbedding does; the
- *     rotate_half layout pairs element i with i + hd/2.
+ *     rotate_half layout pairs element i with i + hd/2. rope_scaling
+ *     (linear, dynamic NTK, llama3) changes inv_freq as HF's
+ *     modeling_rope_utils does (pi2_rope_inv_freq; dynamic per position).
  *   - MoE routing: top-k of the router logits (ties -> lower index), weights
  *     = softmax over the k selected logits, which equals Mixtral's softmax
  *     over all experts renormalised over the top-k.
@@ -39,7 +41,8 @@ struct pi2_ref_model {
     const pi2_st_tensor *head;     /* (vocab, d); the embedding when tied */
     ref_layer *layers;
     const pi2_st_tensor **ffn; /* backing store of the per-expert pointers: layers*n_exp*3 */
-    float *inv_freq;           /* (hd/2) */
+    float *inv_freq;           /* (hd/2) at position 0 */
+    int n_tokens;              /* ids the tokenizer defines; 0 without tokenizer.json */
 };
 
 struct pi2_ref_state {
@@ -58,6 +61,7 @@ struct pi2_ref_state {
     float *exp_out;      /* (d) one expert's output */
     float *router;       /* (experts) */
     int *chosen;         /* (experts_used) */
+    float *inv_freq;     /* (hd/2) dynamic NTK: this position's */
     pi2_ref_ffn_hook hook;
     void *hook_ctx;
 };
@@ -166,12 +170,14 @@ static void rope(float *v, int n_heads, int hd, int pos, const float *inv_freq)
     }
 }
 
-static float act_fn(pi2_act a, float g, float u)
+/* t: FATReLU's threshold (the gate must exceed it). */
+static float act_fn(pi2_act a, float t, float g, float u)
 {
     switch (a) {
     case PI2_ACT_SILU: return (float)(g / (1.0 + exp(-(double)g))) * u;
     case PI2_ACT_RELU: return g > 0.0f ? g * u : 0.0f;
     case PI2_ACT_DRELU: return g > 0.0f && u > 0.0f ? g * u : 0.0f;
+    case PI2_ACT_FATRELU: return g > t ? g * u : 0.0f;
     }
     return 0.0f;
 }
@@ -269,7 +275,7 @@ int pi2_ref_open(pi2_ref_model **out, const char *hf_dir, pi2_err *err)
         free(m);
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", hf_dir);
     }
-    int rc = pi2_config_read(hf_dir, &m->d, err);
+    int rc = pi2_config_read_model(hf_dir, &m->d, &m->n_tokens, err);
     if (rc == 0)
         rc = pi2_st_open(&m->st, hf_dir, err);
     if (rc) {
@@ -293,9 +299,9 @@ int pi2_ref_open(pi2_ref_model **out, const char *hf_dir, pi2_err *err)
         m->layers[l].up = base + m->n_exp;
         m->layers[l].down = base + 2 * (size_t)m->n_exp;
     }
-    /* HF: inv_freq = 1.0 / (base ** (arange(0, hd, 2).float() / hd)), all float32. */
-    for (int i = 0; i < d->head_dim / 2; i++)
-        m->inv_freq[i] = 1.0f / powf((float)d->rope_theta, (float)(2 * i) / (float)d->head_dim);
+    /* HF: inv_freq = 1.0 / (base ** (arange(0, hd, 2).float() / hd)), all
+     * float32, then the rope_scaling rule (formats/hfconfig.h). */
+    pi2_rope_inv_freq(d, 0, m->inv_freq);
     if ((rc = bind_tensors(m, err))) {
         pi2_ref_close(m);
         return rc;
@@ -318,6 +324,7 @@ void pi2_ref_close(pi2_ref_model *m)
 
 const pi2_model_desc *pi2_ref_desc(const pi2_ref_model *m) { return m ? &m->d : NULL; }
 const pi2_st *pi2_ref_tensors(const pi2_ref_model *m) { return m ? m->st : NULL; }
+int pi2_ref_n_tokens(const pi2_ref_model *m) { return m ? m->n_tokens : 0; }
 
 const pi2_st_tensor *pi2_ref_weight(const pi2_ref_model *m, pi2_tname t, int layer, int expert)
 {
@@ -360,9 +367,9 @@ int pi2_ref_state_create(pi2_ref_state **out, const pi2_ref_model *m, int max_se
         return pi2_err_set(err, PI2_EINVAL, "reference: NULL argument");
     *out = NULL;
     const pi2_model_desc *d = &m->d;
-    if (max_seq < 1 || max_seq > d->max_pos)
-        return pi2_err_set(err, PI2_ERANGE, "%s: max_seq %d out of range [1, %d] (max_position_embeddings)", m->dir,
-                           max_seq, d->max_pos);
+    if (max_seq < 1 || max_seq > pi2_desc_max_ctx(d))
+        return pi2_err_set(err, PI2_ERANGE, "%s: max_seq %d out of range [1, %d] (the model's positions)", m->dir,
+                           max_seq, pi2_desc_max_ctx(d));
     size_t kvd = (size_t)d->n_kv_heads * (size_t)d->head_dim, qd = (size_t)d->n_heads * (size_t)d->head_dim;
     size_t cache;
     bool ok = pi2_mul_size((size_t)d->n_layers, (size_t)max_seq, &cache) && pi2_mul_size(cache, kvd, &cache);
@@ -389,7 +396,8 @@ int pi2_ref_state_create(pi2_ref_state **out, const pi2_ref_model *m, int max_se
     s->act = pi2_malloc_array(ff, sizeof(float));
     s->router = pi2_malloc_array(ne, sizeof(float));
     s->chosen = pi2_malloc_array(ne, sizeof(int));
-    if (!s->k_cache || !s->v_cache || !s->x || !s->xb || !s->xb2 || !s->exp_out || !s->q || !s->att ||
+    s->inv_freq = pi2_malloc_array((size_t)d->head_dim / 2, sizeof(float));
+    if (!s->inv_freq || !s->k_cache || !s->v_cache || !s->x || !s->xb || !s->xb2 || !s->exp_out || !s->q || !s->att ||
         !s->scores || !s->g || !s->u || !s->act || !s->router || !s->chosen) {
         pi2_ref_state_free(s);
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the KV cache and scratch (%d positions)", m->dir,
@@ -417,6 +425,7 @@ void pi2_ref_state_free(pi2_ref_state *s)
     free(s->act);
     free(s->router);
     free(s->chosen);
+    free(s->inv_freq);
     free(s);
 }
 
@@ -441,7 +450,7 @@ static void ffn_one(const pi2_ref_model *m, pi2_ref_state *s, int l, int e, cons
     matvec(s->g, L->gate[e], x, ff, D); /* (ff) */
     matvec(s->u, L->up[e], x, ff, D);   /* (ff) */
     for (int i = 0; i < ff; i++)
-        s->act[i] = act_fn(d->act, s->g[i], s->u[i]);
+        s->act[i] = act_fn(d->act, d->act_param, s->g[i], s->u[i]);
     if (s->hook)
         s->hook(s->hook_ctx, l, e, x, s->act);
     matvec(out, L->down[e], s->act, D, ff); /* (d) */
@@ -496,6 +505,11 @@ int pi2_ref_forward(const pi2_ref_model *m, pi2_ref_state *s, int token, int pos
     int qd = nh * hd, kvd = nkv * hd, group = nh / nkv;
     double scale = 1.0 / sqrt((double)hd);
     float *x = s->x; /* (d) */
+    const float *inv_freq = m->inv_freq; /* (hd/2) */
+    if (pi2_rope_varies(d, pos)) {       /* dynamic NTK past max_position_embeddings */
+        pi2_rope_inv_freq(d, pos, s->inv_freq);
+        inv_freq = s->inv_freq;
+    }
 
     row_get(m->embed, (size_t)token * (size_t)D, D, x);
 
@@ -511,8 +525,8 @@ int pi2_ref_forward(const pi2_ref_model *m, pi2_ref_state *s, int token, int pos
         matvec(s->q, L->q, s->xb, qd, D);  /* (heads, hd) */
         matvec(k_now, L->k, s->xb, kvd, D); /* (kv, hd) straight into the cache */
         matvec(v_now, L->v, s->xb, kvd, D); /* (kv, hd) */
-        rope(s->q, nh, hd, pos, m->inv_freq);
-        rope(k_now, nkv, hd, pos, m->inv_freq);
+        rope(s->q, nh, hd, pos, inv_freq);
+        rope(k_now, nkv, hd, pos, inv_freq);
 
         for (int h = 0; h < nh; h++) {
             const float *qh = s->q + (size_t)h * hd; /* (hd) */

@@ -56,6 +56,14 @@ int pi2_argmax(const float *x, int n)
     return best;
 }
 
+void pi2_logits_mask_padding(float *logits, int vocab, int n_valid)
+{
+    if (n_valid <= 0)
+        return;
+    for (int i = n_valid; i < vocab; i++)
+        logits[i] = -INFINITY;
+}
+
 static int cand_desc(const void *a, const void *b)
 {
     const struct cand *x = a, *y = b;

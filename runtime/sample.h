@@ -30,5 +30,10 @@ void pi2_sampler_free(pi2_sampler *s);
 int pi2_sampler_next(pi2_sampler *s, const float *logits);
 /* Index of the largest logit (lowest index on ties). */
 int pi2_argmax(const float *x, int n);
+/* A padded vocabulary: the rows of the embedding and head past the
+ * tokenizer's last id (TurboSparse-Mistral: 32002 of 32064) are never valid
+ * output. Sets logits[i] = -inf for n_valid <= i < vocab; no-op when
+ * n_valid <= 0 (not known) or n_valid >= vocab. */
+void pi2_logits_mask_padding(float *logits, int vocab, int n_valid);
 
 #endif

@@ -49,6 +49,10 @@ expect_error "synth no output" "-o DIR is required" "$B/pi2-convert" synth --pre
 expect_error "synth bad int" "--layers 'x'" "$B/pi2-convert" synth --preset tiny --layers x -o "$T/x"
 expect_error "synth bad active" "--active" "$B/pi2-convert" synth --preset tiny --active 2 -o "$T/x"
 expect_error "synth bad act" "--act 'gelu'" "$B/pi2-convert" synth --preset tiny --act gelu -o "$T/x"
+expect_error "synth act-param without fatrelu" "--act fatrelu" "$B/pi2-convert" synth --preset tiny --act relu --act-param 0.1 -o "$T/x"
+expect_error "synth bad act-param" "--act-param" "$B/pi2-convert" synth --preset tiny --act fatrelu --act-param -1 -o "$T/x"
+expect_error "synth tokenizer over vocab" "tokenizer size" "$B/pi2-convert" synth --preset tiny --tokenizer-size 600 -o "$T/x"
+expect_error "synth bad tokenizer size" "--tokenizer-size" "$B/pi2-convert" synth --preset tiny --tokenizer-size 10 -o "$T/x"
 expect_error "synth bad heads" "num_key_value_heads" "$B/pi2-convert" synth --preset tiny --kv-heads 3 -o "$T/x"
 [ -e "$T/x" ] && bad "failed synth left $T/x" || ok
 
@@ -252,6 +256,77 @@ min=$(sed -n 's/.*needs at least \([0-9]*\) MB.*/\1/p' "$T/err")
 b=$("$B/pi2-run" "$T/moe.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 --mem-limit "${min:-1}M" --hot-share 0 --stats 2>"$T/err")
 [ -n "$b" ] && [ "$a" = "$b" ] && grep -q "guessed" "$T/err" && ok \
     || { bad "moe: at the smallest limit ${min:-?} MB: '$b' vs '$a'"; cat "$T/err"; }
+
+# --- the published families: ProSparse's FATReLU (sparsellama) and a padded
+# vocabulary (TurboSparse-Mistral's 32002 ids of 32064), as a user runs them ---
+"$B/pi2-convert" synth --preset tiny --act fatrelu --act-param 0.05 --predictors -o "$T/fat" >"$T/out" 2>"$T/err" \
+    && grep -q "sparsellama (fatrelu, threshold 0.05)" "$T/out" && grep -q '"hidden_act": "fatrelu"' "$T/fat/config.json" \
+    && grep -q '"hidden_act_param": 0.05,' "$T/fat/config.json" \
+    && "$B/pi2-convert" "$T/fat" -o "$T/fat.pi2c" --calib-tokens 256 -q >"$T/out" 2>"$T/err" \
+    && grep -q "predictors imported from" "$T/out" \
+    && "$B/pi2-bundle" "$T/fat.pi2c" -o "$T/fat.pi2" --key "$T/k.pem" -q >/dev/null 2>"$T/err" \
+    && ok || { bad "fatrelu: synth, convert and bundle"; cat "$T/out" "$T/err"; }
+"$B/pi2-bundle" inspect "$T/fat.pi2" >"$T/out" 2>"$T/err" && grep -q "^model: *sparsellama (fatrelu).*gate threshold 0.05" "$T/out" \
+    && grep -q "^layout: *one-phase" "$T/out" && ok || { bad "fatrelu: inspect"; cat "$T/out" "$T/err"; }
+"$B/pi2-run" --reference "$T/fat" -p "hello world" -n 12 --stats >"$T/out" 2>"$T/err" \
+    && grep -q "^hello world" "$T/out" && grep -q "(fatrelu)" "$T/err" && ok || { bad "fatrelu: reference run"; cat "$T/err"; }
+a=$("$B/pi2-run" "$T/fat.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 --stats 2>"$T/err")
+[ -n "$a" ] && grep -q "FFN (sparse, predictor)" "$T/err" && ok || { bad "fatrelu: sparse run"; cat "$T/err"; }
+"$B/pi2-run" "$T/fat.pi2" --pubkey "$T/k.pub" -p hi -n 2 --mem-limit 1M 2>"$T/err" >/dev/null
+fmin=$(sed -n 's/.*needs at least \([0-9]*\) MB.*/\1/p' "$T/err")
+b=$("$B/pi2-run" "$T/fat.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 --mem-limit "${fmin:-1}M" --hot-share 0 --stats 2>"$T/err")
+[ -n "$b" ] && [ "$a" = "$b" ] && grep -q "hit rate" "$T/err" && ok \
+    || { bad "fatrelu: offloaded at ${fmin:-?} MB: '$b' vs '$a'"; cat "$T/err"; }
+
+# padded: 400 tokenizer ids, 512 head rows whose padding would win every step unmasked
+"$B/pi2-convert" synth --preset tiny --tokenizer-size 400 --predictors -o "$T/pad" >"$T/out" 2>"$T/err" \
+    && grep -q "vocab 512 (400 tokens)" "$T/out" \
+    && "$B/pi2-convert" "$T/pad" -o "$T/pad.pi2c" --calib-tokens 256 -q >/dev/null 2>"$T/err" \
+    && "$B/pi2-bundle" "$T/pad.pi2c" -o "$T/pad.pi2" --key "$T/k.pem" -q >/dev/null 2>"$T/err" \
+    && ok || { bad "padded: synth, convert and bundle"; cat "$T/out" "$T/err"; }
+"$B/pi2-bundle" inspect "$T/pad.pi2" 2>/dev/null | grep -q "^tokens: .*tokenizer 400 of 512 ids (112 padded rows, never output)" \
+    && ok || bad "padded: inspect does not show the padding"
+# generated ids: some, all below 400 (reference, engine in memory, offloaded; greedy and sampled)
+ids_ok() { # FILE: the "generated ids:" line of --ids has ids, all < 400
+    sed -n 's/^generated ids://p' "$1" | tr ' ' '\n' | awk 'NF { n++; if ($1 >= 400) bad = 1 } END { exit !(n > 0 && !bad) }'
+}
+for run in "--reference $T/pad" "$T/pad.pi2 --pubkey $T/k.pub" "$T/pad.pi2 --pubkey $T/k.pub --temp 1 --seed 3" \
+    "$T/pad.pi2 --pubkey $T/k.pub --dense" "$T/pad.pi2 --pubkey $T/k.pub --mem-limit 4G"; do
+    # shellcheck disable=SC2086
+    "$B/pi2-run" $run -p "hello world" -n 16 --ids >"$T/out" 2>"$T/err" && ids_ok "$T/err" && [ -s "$T/out" ] && ok \
+        || { bad "padded: pi2-run $run generated padding ids"; cat "$T/err"; }
+done
+"$B/pi2-run" "$T/pad.pi2" --pubkey "$T/k.pub" --bench --bench-pp 16 --bench-tg 8 >/dev/null 2>"$T/err" && ok \
+    || { bad "padded: --bench"; cat "$T/err"; }
+
+# end of turn from every file: generation_config.json's list and tokenizer_config.json's
+# eos_token (the byte token <0x41>, id 68) join config.json's 2 in the model, the
+# converted and bundled manifests; generation stops at the first of them it meets
+"$B/pi2-run" --reference "$T/tiny" -p "hello world" -n 8 --ids >/dev/null 2>"$T/err"
+third=$(sed -n 's/^generated ids: *//p' "$T/err" | awk '{ print $3 }')
+mkdir "$T/eot" && cp "$T/tiny/config.json" "$T/tiny/tokenizer.json" "$T/tiny/model.safetensors" "$T/eot/"
+printf '{"bos_token_id": 1, "eos_token_id": [2, %s]}\n' "${third:-5}" >"$T/eot/generation_config.json"
+printf '{"eos_token": {"content": "<0x41>", "lstrip": false}, "model_max_length": 1000000000000000019884624838656}\n' \
+    >"$T/eot/tokenizer_config.json"
+"$B/pi2-run" --reference "$T/eot" -p "hello world" -n 8 --ids >/dev/null 2>"$T/err"
+n=$(sed -n 's/^generated ids: *//p' "$T/err" | wc -w)
+[ -n "$third" ] && [ "$n" -eq 3 ] && ok || { bad "end of turn: the reference did not stop at id ${third:-?} ($n ids)"; cat "$T/err"; }
+"$B/pi2-convert" "$T/eot" -o "$T/eot.pi2c" --calib-tokens 256 -q >/dev/null 2>"$T/err" \
+    && "$B/pi2-bundle" "$T/eot.pi2c" -o "$T/eot.pi2" --key "$T/k.pem" -q >/dev/null 2>"$T/err" \
+    && "$B/pi2-bundle" inspect "$T/eot.pi2" >"$T/out" 2>"$T/err" \
+    && grep -q "^tokens: *end of turn 2 \"</s>\", ${third:-x} \"[^\"]*\", 68 \"<0x41>\"; BOS 1 \"<s>\" ends it too" "$T/out" \
+    && ok || { bad "end of turn: the bundle does not carry every id"; cat "$T/out" "$T/err"; }
+"$B/pi2-run" "$T/eot.pi2" --pubkey "$T/k.pub" --dense -p "hello world" -n 8 --ids >/dev/null 2>"$T/err"
+n=$(sed -n 's/^generated ids: *//p' "$T/err" | wc -w)
+[ "$n" -eq 3 ] && ok || { bad "end of turn: the bundled model did not stop at id ${third:-?} ($n ids)"; cat "$T/err"; }
+echo '{"eos_token_id": "</s>"}' >"$T/eot/generation_config.json"
+expect_error "run bad generation_config" "generation_config.json: eos_token_id must be" "$B/pi2-run" --reference "$T/eot" -p hi
+expect_error "convert bad generation_config" "generation_config.json" "$B/pi2-convert" "$T/eot" -o "$T/eot2.pi2c" -q
+echo '{}' >"$T/eot/generation_config.json"
+echo '{"eos_token": "<|im_end|>"}' >"$T/eot/tokenizer_config.json"
+expect_error "run unknown eos_token" "tokenizer_config.json: eos_token \"<|im_end|>\" is not a token" \
+    "$B/pi2-run" --reference "$T/eot" -p hi
+[ -e "$T/eot2.pi2c" ] && bad "a failed convert left eot2.pi2c" || ok
 
 # A model bigger than a real cgroup v1 memory cap, run to completion under
 # it (RSS and page cache charged); skipped where no memory cgroup can be made.

@@ -863,6 +863,9 @@ static void test_inspect(void **state)
         assert_int_equal(pi2_bundle_inspect(b, f, &e), 0);
         fclose(f);
         assert_non_null(strstr(buf, "bamboo (drelu)"));
+        /* end of turn with its text from the container's tokenizer; BOS ends it too */
+        assert_non_null(strstr(buf, "\ntokens:     end of turn 2 \"</s>\"; BOS 1 \"<s>\" ends it too; tokenizer "));
+        assert_null(strstr(buf, "padded rows"));
         assert_non_null(strstr(buf, "two-phase"));
         assert_non_null(strstr(buf, "predictors: 2"));
         assert_non_null(strstr(buf, "profile:"));

@@ -18,8 +18,10 @@
 #define TOL 1e-3
 
 /* Generated models, made once for the whole run. */
-enum { M_DRELU, M_RELU, M_SILU, M_MOE, M_MOE_SILU, N_GEN };
-static const char *const gen_name[N_GEN] = { "drelu", "reglu", "silu", "moe-drelu-top2", "moe-silu-top2" };
+enum { M_DRELU, M_RELU, M_SILU, M_MOE, M_MOE_SILU, M_FATRELU, M_LINEAR, M_DYNAMIC, M_LLAMA3, M_PADDED, N_GEN };
+static const char *const gen_name[N_GEN] = { "drelu", "reglu", "silu", "moe-drelu-top2", "moe-silu-top2",
+                                             "fatrelu", "rope-linear", "rope-dynamic", "rope-llama3",
+                                             "padded-vocab" };
 static char g_tmp[64];
 static char g_dir[N_GEN][128];
 static double g_max_err; /* largest logit error seen against the reference */
@@ -66,6 +68,30 @@ static int make_models(void **state)
             d->n_experts = 4;
             d->n_experts_used = 2;
             o.dtype = PI2_DT_BF16;
+            break;
+        case M_FATRELU: /* a threshold that cuts many gates */
+            d->arch = PI2_ARCH_SPARSELLAMA;
+            d->act = PI2_ACT_FATRELU;
+            d->act_param = 0.3f;
+            break;
+        case M_LINEAR:
+            d->arch = PI2_ARCH_LLAMA;
+            d->act = PI2_ACT_SILU;
+            d->rope = (pi2_rope_scaling){ .type = PI2_ROPE_LINEAR, .factor = 4.0 };
+            break;
+        case M_DYNAMIC: /* past max_position_embeddings within the 24 positions checked */
+            d->max_pos = 16;
+            d->rope = (pi2_rope_scaling){ .type = PI2_ROPE_DYNAMIC, .factor = 2.0 };
+            break;
+        case M_LLAMA3: /* hd 16, theta 1e4: wavelengths 6.3 (kept), 20 and 63 (blended), 199.. (divided) */
+            d->arch = PI2_ARCH_LLAMA;
+            d->act = PI2_ACT_RELU;
+            d->rope = (pi2_rope_scaling){ .type = PI2_ROPE_LLAMA3, .factor = 8.0, .low_freq_factor = 1.0,
+                                          .high_freq_factor = 4.0, .orig_max_pos = 64 };
+            break;
+        case M_PADDED: /* 300 tokens, 340 head rows whose padding would win */
+            d->vocab = 340;
+            o.n_tokens = 300;
             break;
         }
         snprintf(g_dir[i], sizeof g_dir[i], "%s/%s", g_tmp, gen_name[i]);
@@ -679,6 +705,59 @@ static void test_generate(void **state)
     pi2_ref_close(m);
 }
 
+/* A padded vocabulary: the generated text never holds an id past the
+ * tokenizer's, though unmasked those rows would win every step; greedy
+ * generation follows the reference's masked argmax. */
+static void test_generate_padded(void **state)
+{
+    (void)state;
+    enum { B = 3, L = 24 };
+    pi2_ref_model *m = open_ref(g_dir[M_PADDED]);
+    const pi2_model_desc *d = pi2_ref_desc(m);
+    int V = d->vocab, nt = pi2_ref_n_tokens(m);
+    assert_int_equal(nt, 300);
+    assert_int_equal(V, 340);
+    pi2_calib_state *s = make_state(m, B, L, NULL);
+    int32_t prompt[B], out[B * L];
+    for (int q = 0; q < B; q++)
+        prompt[q] = d->bos_id;
+    pi2_err e = { 0 };
+    for (int greedy = 0; greedy < 2; greedy++) {
+        pi2_sample_opts so = { .temperature = greedy ? 0.0f : 1.0f, .top_p = 1.0f, .seed = 9 };
+        assert_int_equal(pi2_calib_generate(s, prompt, 1, L, &so, out, &e), 0);
+        for (int i = 0; i < B * L; i++)
+            assert_true(out[i] >= 0 && out[i] < nt);
+    }
+    /* out holds the greedy text: the reference's masked argmax at each step,
+     * where the unmasked one is padding */
+    pi2_ref_state *rs = NULL;
+    assert_int_equal(pi2_ref_state_create(&rs, m, L, &e), 0);
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    assert_non_null(lg);
+    int checked = 0;
+    for (int p = 0; p + 1 < L; p++) {
+        assert_int_equal(pi2_ref_forward(m, rs, out[p], p, lg, &e), 0);
+        assert_true(pi2_argmax(lg, V) >= nt);
+        for (int k = 0; k < d->n_eos; k++)
+            lg[d->eos_ids[k]] = -INFINITY;
+        pi2_logits_mask_padding(lg, V, nt);
+        int best = pi2_argmax(lg, V);
+        float second = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if (i != best && lg[i] > second)
+                second = lg[i];
+        if (lg[best] - second < 1e-2)
+            break;
+        assert_int_equal(out[p + 1], best);
+        checked++;
+    }
+    assert_true(checked > 5);
+    free(lg);
+    pi2_ref_state_free(rs);
+    pi2_calib_state_free(s);
+    pi2_ref_close(m);
+}
+
 /* ---- errors ---- */
 
 static void test_errors(void **state)
@@ -695,6 +774,12 @@ static void test_errors(void **state)
     assert_int_equal(pi2_calib_state_create(&s, m, -3, 8, NULL, &e), PI2_EINVAL);
     assert_int_equal(pi2_calib_state_create(&s, m, 2, 0, NULL, NULL), PI2_ERANGE);
     assert_int_equal(pi2_calib_state_create(&s, m, 2, d->max_pos + 1, NULL, NULL), PI2_ERANGE);
+    pi2_ref_model *md = open_ref(g_dir[M_DYNAMIC]); /* dynamic NTK: factor 2 x 16 positions */
+    assert_int_equal(pi2_calib_state_create(&s, md, 2, 33, NULL, NULL), PI2_ERANGE);
+    assert_int_equal(pi2_calib_state_create(&s, md, 2, 32, NULL, NULL), 0);
+    pi2_calib_state_free(s);
+    s = NULL;
+    pi2_ref_close(md);
     assert_int_equal(pi2_calib_state_create(&s, NULL, 2, 8, NULL, NULL), PI2_EINVAL);
     assert_int_equal(pi2_calib_state_create(NULL, m, 2, 8, NULL, NULL), PI2_EINVAL);
     assert_int_equal(pi2_calib_state_create(&s, m, 1 << 30, 100, NULL, NULL), PI2_ERANGE); /* rows overflow */
@@ -789,6 +874,7 @@ int main(void)
         cmocka_unit_test(test_shared_silu),   cmocka_unit_test(test_shared_drelu), cmocka_unit_test(test_generated),
         cmocka_unit_test(test_hook_dense),    cmocka_unit_test(test_hook_moe),     cmocka_unit_test(test_zeroing_dense),
         cmocka_unit_test(test_zeroing_moe),   cmocka_unit_test(test_nll),          cmocka_unit_test(test_generate),
+        cmocka_unit_test(test_generate_padded),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_ref_weight),
     };
     return cmocka_run_group_tests(tests, make_models, drop_models);

@@ -19,6 +19,7 @@
 #include "runtime/engine.h"
 #include "runtime/engine_internal.h"
 #include "runtime/reference.h"
+#include "runtime/sample.h"
 #include "tests/testjson.h"
 #include "tests/testmodel.h"
 #include "tests/testutil.h"
@@ -36,6 +37,12 @@ static const char *const kind_name[K_COUNT] = {"drelu", "relu-q8", "silu", "moe"
 static char g_dir[64];
 static char g_src[K_COUNT][128], g_conv[K_COUNT][128], g_pi2[K_COUNT][128], g_exp[K_COUNT][128];
 static char g_unsigned[128], g_priv[128], g_pub[128], g_priv2[128], g_pub2[128];
+
+/* The published families' model math: tiny models of each, converted,
+ * exported (the quantized reference) and bundled. */
+typedef enum fam { F_FATRELU, F_LINEAR, F_DYNAMIC, F_LLAMA3, F_PADDED, F_COUNT } fam;
+static const char *const fam_name[F_COUNT] = {"fatrelu", "rope-linear", "rope-dynamic", "rope-llama3", "padded"};
+static char f_src[F_COUNT][128], f_pi2[F_COUNT][128], f_exp[F_COUNT][128], f_plain[F_COUNT][128];
 static pi2_sign_key *g_key, *g_pubkey, *g_pubkey2;
 
 static int make_model(kind k, pi2_err *e)
@@ -81,6 +88,89 @@ static int make_model(kind k, pi2_err *e)
     return pi2_bundle_create(&bo, NULL, e) ? -1 : 0;
 }
 
+/* A family fixture; f_plain: the export with rope_scaling null and
+ * FATReLU's threshold 0 (what a runtime that ignored them would compute;
+ * dynamic: over as many positions). */
+static int make_family(fam f, pi2_err *e)
+{
+    pi2_synth_opts so;
+    if (pi2_synth_preset("tiny", &so, e))
+        return -1;
+    so.threads = 2;
+    so.seed = 40 + (uint64_t)f;
+    so.desc.max_pos = 64;
+    so.layer_gain = 0.4; /* FFNs that matter */
+    pi2_model_desc *d = &so.desc;
+    switch (f) {
+    case F_FATRELU: /* ProSparse, with a threshold that cuts many gates */
+        d->arch = PI2_ARCH_SPARSELLAMA;
+        d->act = PI2_ACT_FATRELU;
+        d->act_param = 0.5f;
+        so.predictors = true;
+        so.active_frac = 0.3;
+        break;
+    case F_LINEAR:
+        d->arch = PI2_ARCH_LLAMA;
+        d->act = PI2_ACT_SILU;
+        d->rope = (pi2_rope_scaling){.type = PI2_ROPE_LINEAR, .factor = 4.0};
+        break;
+    case F_DYNAMIC: /* 32 positions, 64 with the scaling */
+        d->max_pos = 32;
+        d->rope = (pi2_rope_scaling){.type = PI2_ROPE_DYNAMIC, .factor = 2.0};
+        so.predictors = true;
+        break;
+    case F_LLAMA3:
+        d->arch = PI2_ARCH_LLAMA;
+        d->act = PI2_ACT_RELU;
+        d->rope = (pi2_rope_scaling){.type = PI2_ROPE_LLAMA3, .factor = 8.0, .low_freq_factor = 1.0,
+                                     .high_freq_factor = 4.0, .orig_max_pos = 16};
+        so.predictors = true;
+        break;
+    case F_PADDED: /* 400 tokens, 512 head rows whose padding would win */
+        so.n_tokens = 400;
+        so.predictors = true;
+        break;
+    default: return -1;
+    }
+    if (pi2_synth_write(f_src[f], &so, NULL, NULL, e))
+        return -1;
+    char conv[160];
+    snprintf(conv, sizeof conv, "%s/%s.pi2c", g_dir, fam_name[f]);
+    pi2_convert_opts co;
+    pi2_convert_defaults(&co);
+    co.model_dir = f_src[f];
+    co.out_path = conv;
+    co.calib_tokens = 256;
+    co.quiet = true;
+    co.threads = 1;
+    if (pi2_convert(&co, NULL, e) || pi2_convert_export(conv, f_exp[f], e))
+        return -1;
+    /* the plain twin: the same weights with rope_scaling null */
+    char cmd[1400], path[700];
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", f_exp[f], f_plain[f]);
+    if (system(cmd) != 0)
+        return pi2_err_set(e, PI2_EIO, "%s", cmd), -1;
+    pi2_model_desc pd;
+    snprintf(path, sizeof path, "%s/config.json", f_plain[f]);
+    if (pi2_config_read(path, &pd, e))
+        return -1;
+    pd.max_pos = pi2_desc_max_ctx(&pd); /* dynamic: as many positions, unscaled */
+    pd.rope = (pi2_rope_scaling){0};
+    if (pd.act == PI2_ACT_FATRELU) { /* FATReLU without its threshold: ReGLU */
+        pd.act = PI2_ACT_RELU;
+        pd.act_param = 0.0f;
+    }
+    if (pi2_config_write(path, &pd, e))
+        return -1;
+    pi2_bundle_opts bo;
+    pi2_bundle_defaults(&bo);
+    bo.in_path = conv;
+    bo.out_path = f_pi2[f];
+    bo.key = g_key;
+    bo.quiet = true;
+    return pi2_bundle_create(&bo, NULL, e) ? -1 : 0;
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -102,6 +192,14 @@ static int group_setup(void **state)
         snprintf(g_exp[k], sizeof g_exp[k], "%s/%s.q", g_dir, kind_name[k]);
         if (make_model((kind)k, &e))
             return fprintf(stderr, "%s: %s\n", kind_name[k], e.msg), -1;
+    }
+    for (int f = 0; f < F_COUNT; f++) {
+        snprintf(f_src[f], sizeof f_src[f], "%s/%s", g_dir, fam_name[f]);
+        snprintf(f_pi2[f], sizeof f_pi2[f], "%s/%s.pi2", g_dir, fam_name[f]);
+        snprintf(f_exp[f], sizeof f_exp[f], "%s/%s.q", g_dir, fam_name[f]);
+        snprintf(f_plain[f], sizeof f_plain[f], "%s/%s.plain", g_dir, fam_name[f]);
+        if (make_family((fam)f, &e))
+            return fprintf(stderr, "%s: %s\n", fam_name[f], e.msg), -1;
     }
     snprintf(g_unsigned, sizeof g_unsigned, "%s/unsigned.pi2", g_dir);
     pi2_bundle_opts bo;
@@ -532,16 +630,28 @@ static void test_act_rows(void **state)
     float g[N], u[N], want[N];
     pi2_rng r;
     pi2_rng_seed(&r, 23);
-    const pi2_act acts[] = {PI2_ACT_RELU, PI2_ACT_DRELU, PI2_ACT_SILU};
+    /* FATReLU with thresholds 0 (ReGLU), 0.5 (gates of [-4, 4] either side),
+     * a tiny one and +inf (every gate closed; NaN gates too) */
+    const struct { pi2_act act; float t; } acts[] = {
+        {PI2_ACT_RELU, 0}, {PI2_ACT_DRELU, 0}, {PI2_ACT_SILU, 0}, {PI2_ACT_FATRELU, 0},
+        {PI2_ACT_FATRELU, 0.5f}, {PI2_ACT_FATRELU, 0x1p-140f}, {PI2_ACT_FATRELU, INFINITY},
+        {PI2_ACT_RELU, 0.5f}, /* t is FATReLU's only */
+    };
     for (size_t a = 0; a < sizeof acts / sizeof *acts; a++)
         for (int n = 0; n <= N; n += n < 20 ? 1 : 61) {
+            int open = 0;
             for (int i = 0; i < N; i++) {
                 g[i] = i < NS * NS ? sp[i % NS] : (float)(pi2_rng_uniform(&r) * 8 - 4);
                 u[i] = i < NS * NS ? sp[i / NS % NS] : (float)(pi2_rng_uniform(&r) * 8 - 4);
-                want[i] = i < n ? eng_act(acts[a], g[i], u[i]) : g[i];
+                want[i] = i < n ? eng_act(acts[a].act, g[i], u[i], acts[a].t) : g[i];
+                if (acts[a].act == PI2_ACT_FATRELU && i < n) /* the scalar twin is the definition */
+                    assert_true(g[i] > acts[a].t ? want[i] == g[i] * u[i] || isnan(want[i]) : want[i] == 0.0f);
+                open += i < n && want[i] != 0.0f;
             }
-            eng_act_rows(acts[a], g, u, n);
+            eng_act_rows(acts[a].act, g, u, n, acts[a].t);
             assert_memory_equal(g, want, sizeof g);
+            if (acts[a].act == PI2_ACT_FATRELU && isinf(acts[a].t))
+                assert_int_equal(open, 0);
         }
 }
 
@@ -737,6 +847,158 @@ static void test_bad_calls(void **state)
     pi2_engine_close(eng);
 }
 
+/* ---- the families: the runtime gives the reference's greedy tokens ---- */
+
+typedef struct greedy_run {
+    int checked;           /* steps compared (not near ties) */
+    double worst;          /* max |logit diff| / max |logit| against the reference, every position */
+    double worst_plain;    /* the same against the plain twin (f_plain) */
+} greedy_run;
+
+/* Greedy decoding from a prompt of `np` tokens for `ng` steps on the engine
+ * (dense or sparse) and on the quantized reference side by side, both fed
+ * the engine's token: the tokens must agree at every step but those where
+ * the reference's top-2 margin is under 3% of its logit scale (a near tie
+ * that int8 activations may flip). Padded rows are masked on both sides. */
+static greedy_run greedy_vs_reference(fam f, bool dense, int np, int ng)
+{
+    greedy_run g = {0};
+    pi2_engine *eng = open_model(f_pi2[f], 2, dense);
+    const pi2_model_desc *d = pi2_engine_desc(eng);
+    int V = d->vocab, nt = pi2_tok_vocab_size(pi2_engine_tokenizer(eng));
+    pi2_err e = {0};
+    pi2_ref_model *m = NULL, *mp = NULL;
+    pi2_ref_state *st = NULL, *sp = NULL;
+    assert_int_equal(pi2_ref_open(&m, f_exp[f], &e), 0);
+    assert_int_equal(pi2_ref_n_tokens(m), nt);
+    assert_int_equal(pi2_ref_open(&mp, f_plain[f], &e), 0);
+    assert_true(np + ng <= pi2_engine_ctx(eng));
+    assert_int_equal(pi2_ref_state_create(&st, m, np + ng, &e), 0);
+    assert_int_equal(pi2_ref_state_create(&sp, mp, np + ng, &e), 0);
+    float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V), *c = malloc(sizeof(float) * V);
+    int32_t ids[256];
+    assert_true(np + ng <= 256);
+    make_seq(ids, np, nt, 300 + (uint64_t)f);
+    assert_int_equal(pi2_engine_prefill(eng, ids, np, 0, a, &e), 0);
+    for (int i = 0; i < np; i++) {
+        assert_int_equal(pi2_ref_forward(m, st, ids[i], i, b, &e), 0);
+        assert_int_equal(pi2_ref_forward(mp, sp, ids[i], i, c, &e), 0);
+    }
+    for (int p = np; p < np + ng; p++) {
+        double scale = max_abs(b, nt);
+        g.worst = fmax(g.worst, max_diff(a, b, nt) / scale);
+        g.worst_plain = fmax(g.worst_plain, max_diff(a, c, nt) / scale);
+        pi2_logits_mask_padding(a, V, nt);
+        pi2_logits_mask_padding(b, V, nt);
+        int want = pi2_argmax(b, V), got = pi2_argmax(a, V);
+        assert_true(got < nt);
+        float second = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if (i != want && b[i] > second)
+                second = b[i];
+        if (!(b[want] - second < 0.03 * scale)) {
+            if (got != want)
+                fail_msg("%s %s step %d: engine token %d, reference %d (margin %.3f of scale %.2f)", fam_name[f],
+                         dense ? "dense" : "sparse", p - np, got, want, (double)(b[want] - second), scale);
+            g.checked++;
+        }
+        ids[p] = got;
+        if (p + 1 == np + ng)
+            break;
+        assert_int_equal(pi2_engine_decode(eng, got, p, a, &e), 0);
+        assert_int_equal(pi2_ref_forward(m, st, got, p, b, &e), 0);
+        assert_int_equal(pi2_ref_forward(mp, sp, got, p, c, &e), 0);
+    }
+    fprintf(stderr, "  %s %s: %d/%d greedy tokens checked as the reference's, logits within %.2e (plain twin %.2e)\n",
+            fam_name[f], dense ? "dense" : "sparse", g.checked, ng, g.worst, g.worst_plain);
+    free(a);
+    free(b);
+    free(c);
+    pi2_ref_state_free(st);
+    pi2_ref_state_free(sp);
+    pi2_ref_close(m);
+    pi2_ref_close(mp);
+    pi2_engine_close(eng);
+    return g;
+}
+
+/* FATReLU (ProSparse): dense and sparse decode follow the reference, whose
+ * activation cuts the gates at the threshold; the sparse one reads fewer
+ * bytes than dense. */
+static void test_family_fatrelu(void **state)
+{
+    (void)state;
+    pi2_engine *eng = open_model(f_pi2[F_FATRELU], 2, false);
+    const pi2_model_desc *d = pi2_engine_desc(eng);
+    assert_int_equal(d->arch, PI2_ARCH_SPARSELLAMA);
+    assert_int_equal(d->act, PI2_ACT_FATRELU);
+    assert_true(d->act_param == 0.5f);
+    assert_true(pi2_desc_gate_threshold(d) == 0.5f);
+    assert_string_equal(pi2_engine_sparsity(eng), "predictor");
+    pi2_engine_close(eng);
+    for (int dense = 1; dense >= 0; dense--) {
+        greedy_run g = greedy_vs_reference(F_FATRELU, dense, 8, 40);
+        assert_true(g.checked >= 10);
+        assert_true(g.worst < (dense ? 0.03 : 0.1));
+        assert_true(g.worst_plain > 2 * g.worst); /* the threshold is really applied */
+    }
+}
+
+/* rope_scaling linear, dynamic (decoding past max_position_embeddings) and
+ * llama3: the engine's logits follow the scaled reference and not the plain
+ * one, and its greedy tokens are the reference's. */
+static void test_family_rope(void **state)
+{
+    (void)state;
+    const fam fs[] = {F_LINEAR, F_DYNAMIC, F_LLAMA3};
+    for (size_t i = 0; i < sizeof fs / sizeof *fs; i++) {
+        pi2_engine *eng = open_model(f_pi2[fs[i]], 2, true);
+        const pi2_model_desc *d = pi2_engine_desc(eng);
+        assert_int_equal(d->rope.type, fs[i] == F_LINEAR ? PI2_ROPE_LINEAR
+                                       : fs[i] == F_DYNAMIC ? PI2_ROPE_DYNAMIC : PI2_ROPE_LLAMA3);
+        /* dynamic: the context goes past max_position_embeddings, to factor x it */
+        assert_int_equal(pi2_engine_ctx(eng), 64); /* dynamic: 2 x its 32 positions */
+        pi2_err e = {0};
+        if (fs[i] == F_DYNAMIC) {
+            assert_int_equal(pi2_engine_set_ctx(eng, 65, &e), PI2_ERANGE);
+            assert_int_equal(pi2_engine_set_ctx(eng, 64, &e), 0);
+        }
+        pi2_engine_close(eng);
+        int np = 6, ng = fs[i] == F_DYNAMIC ? 58 : 50;
+        greedy_run g = greedy_vs_reference(fs[i], true, np, ng);
+        assert_true(g.checked >= 10);
+        assert_true(g.worst < 0.03);
+        assert_true(g.worst_plain > 3 * g.worst); /* the scaling is really applied */
+        if (fs[i] != F_LINEAR) {
+            greedy_run s = greedy_vs_reference(fs[i], false, np, ng); /* sparse decode too */
+            assert_true(s.checked >= 5);
+        }
+    }
+}
+
+/* A padded vocabulary: the engine's logits of the padding rows win every
+ * step (the fixture plants them so), and masked greedy decoding is the
+ * reference's masked one. */
+static void test_family_padded(void **state)
+{
+    (void)state;
+    pi2_engine *eng = open_model(f_pi2[F_PADDED], 2, true);
+    const pi2_model_desc *d = pi2_engine_desc(eng);
+    assert_int_equal(d->vocab, 512);
+    assert_int_equal(pi2_tok_vocab_size(pi2_engine_tokenizer(eng)), 400);
+    float *lg = malloc(sizeof(float) * d->vocab);
+    int32_t ids[4] = {1, 10, 20, 30};
+    pi2_err e = {0};
+    assert_int_equal(pi2_engine_prefill(eng, ids, 4, 0, lg, &e), 0);
+    assert_true(pi2_argmax(lg, d->vocab) >= 400);
+    free(lg);
+    pi2_engine_close(eng);
+    for (int dense = 1; dense >= 0; dense--) {
+        greedy_run g = greedy_vs_reference(F_PADDED, dense, 4, 40);
+        assert_true(g.checked >= 10);
+    }
+}
+
 /* ---- golden: tinystories-656k at q8, dense ---- */
 
 static void golden(const char *name, pi2_qtype qffn, bool must_agree)
@@ -875,6 +1137,9 @@ int main(void)
         cmocka_unit_test_teardown(test_trust, reset_isa),
         cmocka_unit_test_teardown(test_bad_calls, reset_isa),
         cmocka_unit_test_teardown(test_predictor_unquantizable, reset_isa),
+        cmocka_unit_test_teardown(test_family_fatrelu, reset_isa),
+        cmocka_unit_test_teardown(test_family_rope, reset_isa),
+        cmocka_unit_test_teardown(test_family_padded, reset_isa),
         cmocka_unit_test_teardown(test_golden_tinystories, reset_isa),
         cmocka_unit_test_teardown(test_golden_tinystories_drelu, reset_isa),
     };

@@ -591,9 +591,10 @@ static void pos0_logits(const pi2_st *st, const pi2_model_desc *d, int token, do
             mv(g, tn(st, d, PI2_T_GATE, l, e), xb, ff, D);
             mv(u, tn(st, d, PI2_T_UP, l, e), xb, ff, D);
             for (int i = 0; i < ff; i++)
-                g[i] = d->act == PI2_ACT_SILU ? g[i] / (1 + exp(-g[i])) * u[i]
-                       : d->act == PI2_ACT_RELU ? (g[i] > 0 ? g[i] * u[i] : 0)
-                                                : (g[i] > 0 && u[i] > 0 ? g[i] * u[i] : 0);
+                g[i] = d->act == PI2_ACT_SILU      ? g[i] / (1 + exp(-g[i])) * u[i]
+                       : d->act == PI2_ACT_RELU    ? (g[i] > 0 ? g[i] * u[i] : 0)
+                       : d->act == PI2_ACT_FATRELU ? (g[i] > d->act_param ? g[i] * u[i] : 0)
+                                                   : (g[i] > 0 && u[i] > 0 ? g[i] * u[i] : 0);
             mv(y, tn(st, d, PI2_T_DOWN, l, e), g, D, ff);
             for (int i = 0; i < D; i++)
                 mix[i] += w[e] * y[i];
@@ -617,9 +618,13 @@ static void test_position0_oracle(void **state)
         { PI2_ARCH_MIXTRAL, PI2_ACT_SILU, 2, 8, 2, false, true, 0 }, /* ties: experts 0, 1 at 1/2 each */
         { PI2_ARCH_LLAMA, PI2_ACT_RELU, 0, 8, 4, false, false, 0 },
         { PI2_ARCH_LLAMA, PI2_ACT_SILU, 0, 8, 2, true, false, 1e-3f }, /* mean(x^2) ~ eps */
+        { PI2_ARCH_SPARSELLAMA, PI2_ACT_FATRELU, 0, 8, 2, false, false, 0 },
+        { PI2_ARCH_MIXTRAL, PI2_ACT_FATRELU, 2, 8, 2, false, false, 0 },
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         pi2_model_desc d = tiny_desc(cases[c].arch, cases[c].act);
+        if (cases[c].act == PI2_ACT_FATRELU)
+            d.act_param = 0.3f;
         if (cases[c].k)
             d.n_experts_used = cases[c].k;
         d.head_dim = cases[c].hd;
@@ -656,7 +661,7 @@ static void test_position0_oracle(void **state)
 typedef struct act_ctx {
     const pi2_st *st;
     const pi2_model_desc *d;
-    int calls;
+    int calls, cut;
     double max_err;
 } act_ctx;
 
@@ -675,10 +680,13 @@ static void act_hook(void *vctx, int layer, int expert, const float *x, const fl
             gv += (double)pi2_st_get_f32(g, (size_t)i * d->hidden + j) * x[j];
             uv += (double)pi2_st_get_f32(u, (size_t)i * d->hidden + j) * x[j];
         }
-        double want = d->act == PI2_ACT_SILU ? gv / (1 + exp(-gv)) * uv
-                      : d->act == PI2_ACT_RELU ? (gv > 0 ? gv * uv : 0)
-                                               : (gv > 0 && uv > 0 ? gv * uv : 0);
-        if (want == 0)
+        double want = d->act == PI2_ACT_SILU      ? gv / (1 + exp(-gv)) * uv
+                      : d->act == PI2_ACT_RELU    ? (gv > 0 ? gv * uv : 0)
+                      : d->act == PI2_ACT_FATRELU ? (gv > d->act_param ? gv * uv : 0)
+                                                  : (gv > 0 && uv > 0 ? gv * uv : 0);
+        /* FATReLU: gates just below the threshold are what separates it from ReGLU */
+        c->cut += d->act == PI2_ACT_FATRELU && gv > 0 && gv <= d->act_param;
+        if (want == 0 && fabs(gv - d->act_param) > 1e-5) /* away from the edge, where float and double may differ */
             assert_true(act[i] == 0.0f);
         c->max_err = fmax(c->max_err, fabs(want - act[i]));
     }
@@ -690,13 +698,16 @@ static void test_activations(void **state)
     (void)state;
     char tmp[64], dir[128];
     pi2t_tmpdir(tmp, sizeof tmp);
-    static const struct { pi2_arch arch; pi2_act act; } cases[] = {
-        { PI2_ARCH_LLAMA, PI2_ACT_SILU },
-        { PI2_ARCH_MISTRAL, PI2_ACT_RELU },
-        { PI2_ARCH_BAMBOO, PI2_ACT_DRELU },
+    static const struct { pi2_arch arch; pi2_act act; float t; } cases[] = {
+        { PI2_ARCH_LLAMA, PI2_ACT_SILU, 0 },
+        { PI2_ARCH_MISTRAL, PI2_ACT_RELU, 0 },
+        { PI2_ARCH_BAMBOO, PI2_ACT_DRELU, 0 },
+        { PI2_ARCH_SPARSELLAMA, PI2_ACT_FATRELU, 0.25f },
+        { PI2_ARCH_LLAMA, PI2_ACT_FATRELU, 0.01f },
     };
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         pi2_model_desc d = tiny_desc(cases[i].arch, cases[i].act);
+        d.act_param = cases[i].t;
         d.head_dim = 12; /* heads*hd = 48 != hidden 32 */
         d.n_kv_heads = 1;
         build_opts o = { .dt = PI2_DT_F32, .seed = 5 };
@@ -709,9 +720,195 @@ static void test_activations(void **state)
         float *l = run_seq(dir, act_hook, &c);
         assert_int_equal(c.calls, SEQ_LEN * d.n_layers);
         assert_true(c.max_err < 1e-5);
+        if (d.act == PI2_ACT_FATRELU)
+            assert_true(c.cut > (d.act_param > 0.1f ? 50 : 0)); /* the threshold cut real gates */
         free(l);
         pi2_ref_close(m);
     }
+    pi2t_rmtree(tmp);
+}
+
+/* FATReLU with threshold 0 is ReGLU, bit for bit; a threshold changes the
+ * logits (ProSparse's 0.01 a little, 0.3 a lot). */
+static void test_fatrelu_vs_relu(void **state)
+{
+    (void)state;
+    char tmp[64], dir[128];
+    pi2t_tmpdir(tmp, sizeof tmp);
+    static const struct { pi2_arch arch; pi2_act act; float t; } v[] = {
+        { PI2_ARCH_LLAMA, PI2_ACT_RELU, 0 },
+        { PI2_ARCH_SPARSELLAMA, PI2_ACT_FATRELU, 0 },
+        { PI2_ARCH_SPARSELLAMA, PI2_ACT_FATRELU, 0.01f },
+        { PI2_ARCH_SPARSELLAMA, PI2_ACT_FATRELU, 0.3f },
+    };
+    float *l[4];
+    for (int i = 0; i < 4; i++) {
+        pi2_model_desc d = tiny_desc(v[i].arch, v[i].act);
+        d.act_param = v[i].t;
+        build_opts o = { .dt = PI2_DT_F32, .seed = 31 }; /* the same weights: names do not depend on the arch */
+        snprintf(dir, sizeof dir, "%s/v%d", tmp, i);
+        build_model(dir, &d, &o);
+        l[i] = run_seq(dir, NULL, NULL);
+    }
+    size_t n = (size_t)64 * SEQ_LEN;
+    assert_true(max_diff(l[0], l[1], n) == 0);
+    double small = max_diff(l[0], l[2], n), big = max_diff(l[0], l[3], n);
+    if (!(small > 0 && big > 10 * small && big > 0.05))
+        fail_msg("fatrelu 0.01 moved the logits by %g, 0.3 by %g", small, big);
+    for (int i = 0; i < 4; i++)
+        free(l[i]);
+    pi2t_rmtree(tmp);
+}
+
+/* ---- RoPE scaling: an independent double-precision forward ---- */
+
+/* The inverse frequency of pair i at position pos, straight from the
+ * formulas of formats/hfconfig.h (HF's modeling_rope_utils) in double. */
+static double oracle_inv_freq(const pi2_model_desc *d, int pos, int i)
+{
+    const pi2_rope_scaling *r = &d->rope;
+    double hd = d->head_dim, base = d->rope_theta;
+    if (r->type == PI2_ROPE_DYNAMIC && pos + 1 > d->max_pos)
+        base *= pow(r->factor * (pos + 1) / d->max_pos - (r->factor - 1), hd / (hd - 2));
+    double f = pow(base, -2.0 * i / hd);
+    if (r->type == PI2_ROPE_LINEAR)
+        return f / r->factor;
+    if (r->type == PI2_ROPE_LLAMA3) {
+        double wl = 2 * M_PI / f, lo = r->orig_max_pos / r->low_freq_factor,
+               hi = r->orig_max_pos / r->high_freq_factor;
+        if (wl < hi)
+            return f;
+        if (wl > lo)
+            return f / r->factor;
+        double sm = (r->orig_max_pos / wl - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+        return (1 - sm) * f / r->factor + sm * f;
+    }
+    return f;
+}
+
+/* Dense model, tokens[0..n): the last position's logits, everything in
+ * double, RoPE (rotate_half) with oracle_inv_freq. */
+static void seq_oracle(const pi2_st *st, const pi2_model_desc *d, const int *tok, int n, double *logits)
+{
+    enum { MAXD = 64, MAXT = 16 };
+    int D = d->hidden, hd = d->head_dim, kvd = d->n_kv_heads * hd, qd = d->n_heads * hd, ff = d->n_ff;
+    int group = d->n_heads / d->n_kv_heads;
+    assert_true(D <= MAXD && qd <= MAXD && ff <= MAXD && n <= MAXT && !pi2_desc_is_moe(d));
+    static double K[4][MAXT][MAXD], V[4][MAXT][MAXD];
+    assert_true(d->n_layers <= 4);
+    double x[MAXD], xb[MAXD], q[MAXD], att[MAXD], o[MAXD], g[MAXD], u[MAXD], y[MAXD], sc[MAXT];
+    const pi2_st_tensor *emb = tn(st, d, PI2_T_EMBED, 0, 0);
+    for (int p = 0; p < n; p++) {
+        for (int i = 0; i < D; i++)
+            x[i] = pi2_st_get_f32(emb, (size_t)tok[p] * D + i);
+        for (int l = 0; l < d->n_layers; l++) {
+            norm(xb, x, tn(st, d, PI2_T_ATTN_NORM, l, 0), D, d->rms_eps);
+            mv(q, tn(st, d, PI2_T_Q, l, 0), xb, qd, D);
+            mv(K[l][p], tn(st, d, PI2_T_K, l, 0), xb, kvd, D);
+            mv(V[l][p], tn(st, d, PI2_T_V, l, 0), xb, kvd, D);
+            for (int i = 0; i < hd / 2; i++) {
+                double a = p * oracle_inv_freq(d, p, i), c = cos(a), sn = sin(a);
+                for (int h = 0; h < d->n_heads; h++) {
+                    double *v = q + h * hd, x1 = v[i], x2 = v[i + hd / 2];
+                    v[i] = x1 * c - x2 * sn;
+                    v[i + hd / 2] = x2 * c + x1 * sn;
+                }
+                for (int h = 0; h < d->n_kv_heads; h++) {
+                    double *v = K[l][p] + h * hd, x1 = v[i], x2 = v[i + hd / 2];
+                    v[i] = x1 * c - x2 * sn;
+                    v[i + hd / 2] = x2 * c + x1 * sn;
+                }
+            }
+            for (int h = 0; h < d->n_heads; h++) {
+                int kh = h / group;
+                double mx = -INFINITY, sum = 0;
+                for (int t = 0; t <= p; t++) {
+                    sc[t] = 0;
+                    for (int i = 0; i < hd; i++)
+                        sc[t] += q[h * hd + i] * K[l][t][kh * hd + i];
+                    sc[t] /= sqrt((double)hd);
+                    mx = fmax(mx, sc[t]);
+                }
+                for (int t = 0; t <= p; t++)
+                    sum += sc[t] = exp(sc[t] - mx);
+                for (int i = 0; i < hd; i++) {
+                    att[h * hd + i] = 0;
+                    for (int t = 0; t <= p; t++)
+                        att[h * hd + i] += sc[t] / sum * V[l][t][kh * hd + i];
+                }
+            }
+            mv(o, tn(st, d, PI2_T_O, l, 0), att, D, qd);
+            for (int i = 0; i < D; i++)
+                x[i] += o[i];
+            norm(xb, x, tn(st, d, PI2_T_FFN_NORM, l, 0), D, d->rms_eps);
+            mv(g, tn(st, d, PI2_T_GATE, l, 0), xb, ff, D);
+            mv(u, tn(st, d, PI2_T_UP, l, 0), xb, ff, D);
+            for (int i = 0; i < ff; i++)
+                g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+            mv(y, tn(st, d, PI2_T_DOWN, l, 0), g, D, ff);
+            for (int i = 0; i < D; i++)
+                x[i] += y[i];
+        }
+    }
+    norm(xb, x, tn(st, d, PI2_T_OUT_NORM, 0, 0), D, d->rms_eps);
+    mv(logits, tn(st, d, PI2_T_LM_HEAD, 0, 0), xb, d->vocab, D);
+}
+
+/* Each rope_scaling type against the oracle at every position, dynamic
+ * past max_position_embeddings (4, factor 2: 8 positions); the scaled
+ * models' logits differ from the default's where they should, and the
+ * dynamic model equals the default one up to max_position_embeddings. */
+static void test_rope_scaling(void **state)
+{
+    (void)state;
+    char tmp[64], dir[128];
+    pi2t_tmpdir(tmp, sizeof tmp);
+    enum { N = 8 };
+    static const int toks[N] = { 1, 17, 5, 63, 0, 42, 17, 9 };
+    const pi2_rope_scaling types[] = {
+        { .type = PI2_ROPE_DEFAULT },
+        { .type = PI2_ROPE_LINEAR, .factor = 4.0 },
+        { .type = PI2_ROPE_DYNAMIC, .factor = 2.0 },
+        { .type = PI2_ROPE_LLAMA3, .factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0, .orig_max_pos = 64 },
+        { .type = PI2_ROPE_LLAMA3, .factor = 1.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0, .orig_max_pos = 64 },
+    };
+    enum { NT = sizeof types / sizeof types[0] };
+    static float got[NT][N][64];
+    for (int k = 0; k < NT; k++) {
+        pi2_model_desc d = tiny_desc(PI2_ARCH_LLAMA, PI2_ACT_SILU);
+        d.max_pos = 4;
+        d.rope = types[k];
+        build_opts o = { .dt = PI2_DT_F32, .seed = 77 }; /* the same weights for every type */
+        snprintf(dir, sizeof dir, "%s/r%d", tmp, k);
+        build_model(dir, &d, &o);
+        pi2_err e = { 0 };
+        pi2_ref_model *m = NULL;
+        pi2_ref_state *s = NULL;
+        assert_int_equal(pi2_ref_open(&m, dir, &e), 0);
+        assert_int_equal(pi2_ref_desc(m)->rope.type, d.rope.type);
+        int ctx = d.rope.type == PI2_ROPE_DYNAMIC ? N : d.max_pos;
+        pi2_err_clear(&e);
+        assert_int_equal(pi2_ref_state_create(&s, m, ctx + 1, &e), PI2_ERANGE);
+        assert_int_equal(pi2_ref_state_create(&s, m, ctx, &e), 0);
+        double want[64];
+        for (int p = 0; p < ctx; p++) {
+            assert_int_equal(pi2_ref_forward(m, s, toks[p], p, got[k][p], &e), 0);
+            seq_oracle(pi2_ref_tensors(m), &d, toks, p + 1, want);
+            for (int i = 0; i < d.vocab; i++)
+                if (!(fabs(got[k][p][i] - want[i]) < 1e-4 * (1 + fabs(want[i]))))
+                    fail_msg("rope %s position %d: logit %d is %.6f, oracle %.6f", pi2_rope_type_name(d.rope.type), p,
+                             i, (double)got[k][p][i], want[i]);
+        }
+        pi2_ref_state_free(s);
+        pi2_ref_close(m);
+    }
+    /* position 0 does not rotate; later ones see the scaling */
+    assert_true(max_diff(got[0][0], got[1][0], 64) == 0);
+    assert_true(max_diff(got[0][3], got[1][3], 64) > 1e-3);
+    assert_true(max_diff(got[0][3], got[3][3], 64) > 1e-3);
+    for (int p = 0; p < 4; p++) /* dynamic: the default model up to max_position_embeddings */
+        assert_true(max_diff(got[0][p], got[2][p], 64) == 0);
+    assert_true(max_diff(got[0][3], got[4][3], 64) < 1e-5); /* llama3 with factor 1 is the default */
     pi2t_rmtree(tmp);
 }
 
@@ -952,6 +1149,8 @@ int main(void)
         cmocka_unit_test(test_moe_top1_output),
         cmocka_unit_test(test_position0_oracle),
         cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_fatrelu_vs_relu),
+        cmocka_unit_test(test_rope_scaling),
         cmocka_unit_test(test_heads_and_shards),
         cmocka_unit_test(test_half_storage),
         cmocka_unit_test(test_rewind),

@@ -4,6 +4,7 @@
 
 #include "convert/synth.h"
 #include "runtime/reference.h"
+#include "runtime/sample.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -193,6 +194,100 @@ static void test_other_sparsity_and_act(void **state)
     pi2t_rmtree(tmp);
 }
 
+/* FATReLU (ProSparse's sparsellama): reads back as written; neurons fire
+ * when the gate exceeds the threshold, a little under the planted share. */
+static void test_fatrelu(void **state)
+{
+    (void)state;
+    char tmp[64], dir[128];
+    pi2t_tmpdir(tmp, sizeof tmp);
+    snprintf(dir, sizeof dir, "%s/m", tmp);
+    pi2_synth_opts o;
+    gen_opts(&o);
+    o.desc.arch = PI2_ARCH_SPARSELLAMA;
+    o.desc.act = PI2_ACT_FATRELU;
+    o.desc.act_param = 0.05f;
+    pi2_err err = {0};
+    assert_int_equal(pi2_synth_write(dir, &o, NULL, NULL, &err), 0);
+    pi2_model_desc d;
+    assert_int_equal(pi2_config_read(dir, &d, &err), 0);
+    assert_int_equal(d.arch, PI2_ARCH_SPARSELLAMA);
+    assert_int_equal(d.act, PI2_ACT_FATRELU);
+    assert_true(d.act_param == 0.05f);
+    acc a;
+    measure(dir, &a, 200, false);
+    for (int l = 0; l < a.layers; l++) {
+        double frac = a.active[l] / a.tokens[l];
+        fprintf(stderr, "fatrelu layer %d: active %.3f (asked 0.10, gate > 0.05)\n", l, frac);
+        assert_true(frac > 0.06 && frac < 0.13);
+    }
+    free(a.count);
+    /* fatrelu is not bamboo's */
+    o.desc.arch = PI2_ARCH_BAMBOO;
+    snprintf(dir, sizeof dir, "%s/b", tmp);
+    pi2_err_clear(&err);
+    assert_int_equal(pi2_synth_write(dir, &o, NULL, NULL, &err), PI2_EUNSUPPORTED);
+    pi2t_rmtree(tmp);
+}
+
+/* A padded vocabulary: the tokenizer defines n_tokens ids, the head has
+ * vocab rows, and the padding rows win every step unless masked. */
+static void test_padded_vocab(void **state)
+{
+    (void)state;
+    char tmp[64], dir[128];
+    pi2t_tmpdir(tmp, sizeof tmp);
+    for (int tied = 0; tied < 2; tied++) {
+        snprintf(dir, sizeof dir, "%s/m%d", tmp, tied);
+        pi2_synth_opts o;
+        gen_opts(&o);
+        o.n_tokens = 450;
+        o.desc.tie_embeddings = tied;
+        pi2_err err = {0};
+        assert_int_equal(pi2_synth_write(dir, &o, NULL, NULL, &err), 0);
+        pi2_ref_model *m = NULL;
+        assert_int_equal(pi2_ref_open(&m, dir, &err), 0);
+        const pi2_model_desc *d = pi2_ref_desc(m);
+        assert_int_equal(d->vocab, 512);
+        assert_int_equal(pi2_ref_n_tokens(m), 450);
+        pi2_ref_state *s = NULL;
+        assert_int_equal(pi2_ref_state_create(&s, m, 24, &err), 0);
+        float lg[512];
+        int tok = 1;
+        for (int p = 0; p < 24; p++) {
+            assert_int_equal(pi2_ref_forward(m, s, tok, p, lg, &err), 0);
+            assert_true(pi2_argmax(lg, 512) >= 450); /* unmasked, the padding wins */
+            pi2_logits_mask_padding(lg, 512, 450);
+            tok = pi2_argmax(lg, 512);
+            assert_true(tok < 450 && isfinite(lg[tok]));
+            for (int i = 450; i < 512; i++)
+                assert_true(lg[i] == -INFINITY);
+        }
+        pi2_ref_state_free(s);
+        pi2_ref_close(m);
+    }
+    /* the mask's no-op cases */
+    float x[4] = {1, 2, 3, 4};
+    pi2_logits_mask_padding(x, 4, 0);
+    pi2_logits_mask_padding(x, 4, 4);
+    pi2_logits_mask_padding(x, 4, 9);
+    assert_true(x[0] == 1 && x[3] == 4);
+    pi2_logits_mask_padding(x, 4, 3);
+    assert_true(x[2] == 3 && x[3] == -INFINITY);
+    /* the tokenizer size: at least 300 (the synthetic tokenizer's least), at most vocab */
+    pi2_synth_opts o;
+    gen_opts(&o);
+    pi2_err err = {0};
+    snprintf(dir, sizeof dir, "%s/bad", tmp);
+    o.n_tokens = 299;
+    assert_int_equal(pi2_synth_write(dir, &o, NULL, NULL, &err), PI2_EINVAL);
+    o.n_tokens = 513;
+    pi2_err_clear(&err);
+    assert_int_equal(pi2_synth_write(dir, &o, NULL, NULL, &err), PI2_EINVAL);
+    assert_non_null(strstr(err.msg, "tokenizer size"));
+    pi2t_rmtree(tmp);
+}
+
 static long dir_count(const char *dir, const char *suffix)
 {
     DIR *d = opendir(dir);
@@ -293,6 +388,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_planted_statistics),
         cmocka_unit_test(test_other_sparsity_and_act),
+        cmocka_unit_test(test_fatrelu),
+        cmocka_unit_test(test_padded_vocab),
         cmocka_unit_test(test_sharded_and_deterministic),
         cmocka_unit_test(test_bad_options_and_disk_full),
         cmocka_unit_test(test_weight_bytes),

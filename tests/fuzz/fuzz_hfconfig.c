@@ -1,5 +1,7 @@
 /* Fuzz target: config.json reader (pi2_config_parse), and on success the
- * round trip through pi2_config_format and a second parse. */
+ * round trip through pi2_config_format and a second parse (every field,
+ * FATReLU's threshold and rope_scaling included), and the RoPE frequencies
+ * at the last position the model runs. */
 #include "formats/hfconfig.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -27,8 +29,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (pi2_config_parse(text, len, "config.json (formatted)", &d2, &err) != 0 || d2.arch != d.arch ||
                 d2.act != d.act || d2.hidden != d.hidden || d2.n_ff != d.n_ff || d2.n_layers != d.n_layers ||
                 d2.n_heads != d.n_heads || d2.n_kv_heads != d.n_kv_heads || d2.head_dim != d.head_dim ||
-                d2.vocab != d.vocab || d2.n_experts != d.n_experts || d2.n_eos != d.n_eos)
+                d2.vocab != d.vocab || d2.n_experts != d.n_experts || d2.n_eos != d.n_eos ||
+                d2.act_param != d.act_param || d2.rope.type != d.rope.type || d2.rope.factor != d.rope.factor ||
+                d2.rope.low_freq_factor != d.rope.low_freq_factor ||
+                d2.rope.high_freq_factor != d.rope.high_freq_factor || d2.rope.orig_max_pos != d.rope.orig_max_pos)
                 abort();
+            for (int i = 0; i < d.n_eos; i++)
+                if (d2.eos_ids[i] != d.eos_ids[i])
+                    abort();
+            /* the model math the config implies stays finite */
+            float inv[64];
+            if (d.head_dim <= 128) {
+                int ctx = pi2_desc_max_ctx(&d);
+                if (ctx < d.max_pos)
+                    abort();
+                pi2_rope_inv_freq(&d, ctx - 1, inv);
+                for (int i = 0; i < d.head_dim / 2; i++)
+                    if (!(inv[i] >= 0.0f)) /* NaN too */
+                        abort();
+            }
             free(text);
         }
     }

@@ -44,6 +44,16 @@ seed hfconfig golden.json "$GOLD/config.json"
 seed hfconfig tiny.json "$T/tiny/config.json"
 seed hfconfig mini.json "$T/mini/config.json"
 seed hfconfig moe.json "$T/moe/config.json"
+seed hfconfig turbosparse.json "$SHARED/published-formats/turbosparse-mistral-instruct/config.json"
+"$B/pi2-convert" synth --preset tiny --act fatrelu --vocab 300 -o "$T/fat" >/dev/null
+seed hfconfig prosparse.json "$T/fat/config.json"
+# rope_scaling in each accepted form (the llama3 one as Llama 3.1 publishes it)
+for r in '{"type": "linear", "factor": 2.0}' '{"rope_type": "dynamic", "factor": 4.0}' \
+    '{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}'; do
+    n=$(printf '%s' "$r" | sed 's/.*ype": "\([a-z0-9]*\)".*/\1/')
+    sed "s/\"rope_scaling\": null/\"rope_scaling\": $r/" "$T/fat/config.json" >"$T/rope-$n.json"
+    seed hfconfig "rope-$n.json" "$T/rope-$n.json"
+done
 
 # --- safetensors ---
 "$G" st-trim "$GOLD/model.safetensors" "$T/golden8.safetensors" 8

@@ -650,8 +650,10 @@ static int pk_tuple(pk *k, size_t from, size_t n, pv *out)
     int rc = pk_spend(k, n ? n : 1);
     if (rc != 0)
         return rc;
-    if (n && pi2_grow(&k->kids, &k->kidcap, k->nkids + n - 1, sizeof *k->kids, 256) != 0)
-        return pk_nomem(k);
+    /* pi2_grow doubles once per call: a tuple may need several */
+    while (k->kidcap < k->nkids + n)
+        if (pi2_grow(&k->kids, &k->kidcap, k->kidcap, sizeof *k->kids, 256) != 0)
+            return pk_nomem(k);
     if (n)
         memcpy(k->kids + k->nkids, k->st + from, n * sizeof *k->kids);
     *out = (pv){ .kind = PV_TUPLE, .n = (uint32_t)n, .u = k->nkids };
@@ -695,7 +697,8 @@ static int64_t pk_member(const pk *k, const char *a, const uint8_t *b, size_t bl
     memcpy(q, k->prefix, k->plen);
     q[k->plen] = '/';
     memcpy(q + k->plen + 1, a, alen);
-    memcpy(q + k->plen + 1 + alen, b, blen);
+    if (blen)
+        memcpy(q + k->plen + 1 + alen, b, blen);
     size_t qlen = k->plen + 1 + alen + blen;
     size_t lo = 0, hi = k->nm;
     while (lo < hi) {

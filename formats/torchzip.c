@@ -1820,7 +1820,7 @@ typedef struct wt {
 /* data.pkl for an OrderedDict of tensors, storage i = tensor i. */
 static int pb_state_dict(pb *b, const wt *t, size_t n)
 {
-    enum { NONE_YET = UINT32_MAX };
+    const uint32_t NONE_YET = UINT32_MAX; /* memo index of what is not memoized yet */
     uint32_t m_rebuild = NONE_YET, m_storage = NONE_YET, m_cpu = NONE_YET, m_type[8];
     for (size_t i = 0; i < 8; i++)
         m_type[i] = NONE_YET;

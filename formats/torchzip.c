@@ -906,7 +906,7 @@ static int pk_reduce(pk *k, pv fn, pv args, pv *out)
         return pk_fail(k, PI2_EUNSUPPORTED, "REDUCE of a %s", kind_name[fn.kind]);
     if (args.kind != PV_TUPLE)
         return pk_fail(k, PI2_EFORMAT, "REDUCE arguments are a %s, not a tuple", kind_name[args.kind]);
-    const pv *a = k->kids + args.u;
+    const pv *a = args.n ? k->kids + args.u : NULL; /* no items stored yet for () */
     switch (fn.g) {
     case G_ODICT:
         if (args.n != 0)

@@ -10,12 +10,18 @@
  * open-addressing hash table over all shards (also how a tensor present in
  * two shards is caught).
  *
+ * PyTorch zips (pytorch_model-*.bin, model_{L}.pt) are recognised by their
+ * first bytes and parsed by formats/torchzip.c into the same views; the
+ * shard then owns the names block it returns. Everything else about shards,
+ * lookup and conversion is shared.
+ *
  * Writer: tensors are declared first so the header (with every data offset)
  * can be written before the first data byte; data is then streamed through
  * a pi2_afile, so nothing but the header lives in memory and the target path
  * only ever holds a complete file.
  */
 #include "formats/safetensors.h"
+#include "formats/torchzip.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -214,12 +220,48 @@ static int parse_entry(const char *path, const char *name, json_t *v, size_t dle
     return 0;
 }
 
-/* Parse one safetensors image into shard `sh` (already appended to st),
- * appending its tensors and metadata to st. On failure st may hold a partial
- * shard; the caller closes it. */
+/* A PyTorch zip image into shard `sh`: its views and names come whole from
+ * torchzip; the shard owns the names. */
+static int parse_torch(pi2_st *st, st_shard *sh, const uint8_t *buf, size_t len, pi2_err *err)
+{
+    pi2_st_tensor *t;
+    size_t n;
+    int rc = pi2_tz_parse(buf, len, sh->path, &t, &n, &sh->arena, err);
+    if (rc != 0)
+        return rc;
+    if (n > PI2_ST_MAX_TENSORS - st->n) {
+        free(t);
+        return pi2_err_set(err, PI2_ERANGE, "%s: too many tensors (%zu, limit %u)", sh->path, st->n + n,
+                           (unsigned)PI2_ST_MAX_TENSORS);
+    }
+    pi2_st_tensor *nt = realloc(st->t, (st->n + n ? st->n + n : 1) * sizeof *nt);
+    if (!nt) {
+        free(t);
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", sh->path);
+    }
+    st->t = nt;
+    if (n)
+        memcpy(st->t + st->n, t, n * sizeof *t);
+    st->n += n;
+    free(t);
+    return 0;
+}
+
+/* Parse one safetensors image (or PyTorch zip) into shard `sh` (already
+ * appended to st), appending its tensors and metadata to st. On failure st
+ * may hold a partial shard; the caller closes it. */
 static int parse_image(pi2_st *st, st_shard *sh, const uint8_t *buf, size_t len, pi2_err *err)
 {
     const char *path = sh->path;
+    if (pi2_tz_is_zip(buf, len))
+        return parse_torch(st, sh, buf, len, err);
+    /* torch.save before 1.6 (or with _use_new_zipfile_serialization=False):
+     * a pickle that starts with its magic number as a 10-byte LONG1 */
+    static const uint8_t legacy[4] = { 0x80, 0x02, 0x8a, 0x0a };
+    if (len >= sizeof legacy && memcmp(buf, legacy, sizeof legacy) == 0)
+        return pi2_err_set(err, PI2_EUNSUPPORTED,
+                           "%s: legacy PyTorch file (torch.save before 1.6): pi2 reads the zip format and safetensors",
+                           path);
     pi2_cursor c = { buf, len };
     uint64_t hlen;
     if (!pi2_cursor_u64le(&c, &hlen))
@@ -574,19 +616,27 @@ int pi2_st_open(pi2_st **out, const char *path, pi2_err *err)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
     int rc;
     if (pi2_is_dir(path)) {
-        char *idx = join_alloc(path, "model.safetensors.index.json");
-        char *one = join_alloc(path, "model.safetensors");
-        if (!idx || !one)
+        /* in this order: the first present is read */
+        static const char *const files[] = { "model.safetensors.index.json", "model.safetensors",
+                                             "pytorch_model.bin.index.json", "pytorch_model.bin" };
+        char *f = NULL;
+        bool found = false;
+        for (size_t i = 0; i < sizeof files / sizeof files[0] && !found; i++) {
+            free(f);
+            if (!(f = join_alloc(path, files[i])))
+                break;
+            found = is_file(f);
+        }
+        if (!f)
             rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
-        else if (is_file(idx))
-            rc = open_index(st, idx, err);
-        else if (is_file(one))
-            rc = open_file(st, one, err);
-        else
+        else if (!found)
             rc = pi2_err_set(err, PI2_ENOTFOUND,
-                             "%s: directory holds neither model.safetensors.index.json nor model.safetensors", path);
-        free(idx);
-        free(one);
+                             "%s: directory holds none of model.safetensors.index.json, model.safetensors, "
+                             "pytorch_model.bin.index.json, pytorch_model.bin",
+                             path);
+        else
+            rc = ends_with(f, ".json") ? open_index(st, f, err) : open_file(st, f, err);
+        free(f);
         /* open_index builds the table itself (it needs it to check the map) */
         if (rc == 0 && !st->slots)
             rc = build_hash(st, err);

@@ -1,4 +1,5 @@
-/* safetensors reader (mmap, single file or sharded) and streaming writer.
+/* Tensor checkpoint reader (safetensors and PyTorch zip files, mmap, single
+ * file or sharded) and streaming safetensors writer.
  *
  * File layout (https://huggingface.co/docs/safetensors):
  *   u64 LE  N            header length in bytes (capped at PI2_ST_MAX_HEADER)
@@ -35,6 +36,16 @@
  *   PI2_ENOTFOUND    missing file or shard, directory with neither file
  *   PI2_EIO/ENOMEM   open/map/allocation failures
  *
+ * PyTorch zip files (torch.save since 1.6: pytorch_model-*.bin shards,
+ * model_{L}.pt predictors) are read too: a file whose first bytes are a zip
+ * signature ("PK\3\4", "PK\5\6") is parsed by formats/torchzip.h into the
+ * same views, with data pointing into the mapping (nothing is copied or
+ * executed; the pickle is interpreted by a restricted machine). Its layout,
+ * rules and error codes (PI2_EFORMAT, PI2_EUNSUPPORTED, PI2_ERANGE as above:
+ * malformed or lying, refused, over a limit) are in torchzip.h. Such files
+ * have no __metadata__. A legacy torch.save file (a bare pickle, before 1.6)
+ * is PI2_EUNSUPPORTED.
+ *
  * Sharded models: "model.safetensors.index.json" = {"metadata": {...},
  * "weight_map": {"<tensor>": "<shard file>", ...}}. Every tensor named in the
  * map must be found in its shard; shard names must be plain file names in the
@@ -42,7 +53,9 @@
  * in file-name order; a tensor stored in a shard but absent from the map is
  * still loaded (it is part of that file); one mapped to shard A but stored in
  * B is an error. The index's own "metadata" is not exposed (pi2_st_metadata
- * reads the shards' __metadata__).
+ * reads the shards' __metadata__). "pytorch_model.bin.index.json" has the
+ * same shape and is read the same way; its shards (.bin) may be either
+ * format, as may those of any index.
  */
 #ifndef PI2_SAFETENSORS_H
 #define PI2_SAFETENSORS_H
@@ -84,20 +97,24 @@ typedef struct pi2_st_tensor {
 
 typedef struct pi2_st pi2_st;
 
-/* Open `path`: a .safetensors file, a model.safetensors.index.json, or a
- * directory holding either (the index wins when both exist). The files are
- * mapped read-only; on success the caller owns *out (pi2_st_close). */
+/* Open `path`: a .safetensors or PyTorch zip file, an index (*.json), or a
+ * directory holding one of, looked up in this order, model.safetensors.index.json,
+ * model.safetensors, pytorch_model.bin.index.json, pytorch_model.bin (the
+ * first present is read; PI2_ENOTFOUND if none is). The files are mapped
+ * read-only; on success the caller owns *out (pi2_st_close). */
 int pi2_st_open(pi2_st **out, const char *path, pi2_err *err);
 
-/* Parse an in-memory safetensors image (not copied: `buf` must outlive the
- * result). `name` is used in messages. For tests and fuzzing. */
+/* Parse an in-memory safetensors or PyTorch zip image (not copied: `buf`
+ * must outlive the result). `name` is used in messages. For tests and
+ * fuzzing. */
 int pi2_st_open_buffer(pi2_st **out, const void *buf, size_t len, const char *name, pi2_err *err);
 
 /* NULL is a no-op. */
 void pi2_st_close(pi2_st *st);
 
 size_t pi2_st_count(const pi2_st *st);
-/* i < count; order: by shard, then by offset. */
+/* i < count; order: by shard, then by offset (a PyTorch zip's tensors in
+ * its state dict's order). */
 const pi2_st_tensor *pi2_st_at(const pi2_st *st, size_t i);
 /* NULL if absent. */
 const pi2_st_tensor *pi2_st_find(const pi2_st *st, const char *name);

@@ -410,7 +410,8 @@ static void test_open_errors(void **state)
     pi2t_tmpdir(dir, sizeof dir);
     snprintf(p, sizeof p, "%s/nope.safetensors", dir);
     expect_open_fail(p, PI2_ENOTFOUND, "nope.safetensors: cannot open");
-    expect_open_fail(dir, PI2_ENOTFOUND, "neither model.safetensors.index.json nor model.safetensors");
+    expect_open_fail(dir, PI2_ENOTFOUND, "none of model.safetensors.index.json, model.safetensors, "
+                                         "pytorch_model.bin.index.json, pytorch_model.bin");
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     pi2t_write(p, "", 0);
     expect_open_fail(dir, PI2_EFORMAT, "file is 0 bytes, shorter than the 8-byte header length");

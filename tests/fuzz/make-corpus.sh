@@ -14,7 +14,7 @@ make --no-print-directory all "$B/fuzz/gen-seeds" >/dev/null
 G=$B/fuzz/gen-seeds
 T=$(mktemp -d "${TMPDIR:-/tmp}/pi2corpus.XXXXXX")
 trap 'rm -rf "$T"' EXIT
-for t in safetensors hfconfig tokenizer manifest container; do
+for t in safetensors hfconfig tokenizer manifest container torchzip; do
     rm -rf "$C/$t"; mkdir -p "$C/$t"
 done
 
@@ -118,6 +118,56 @@ mut bad-typeflag 156 '5'
 mut prefix-set 345 'x'
 mut trailing-garbage 16383 'z'
 head -c 6144 "$T/c1.pi2" >"$C/container/truncated"
+
+# --- torchzip: whole zips, and bare pickles (fuzz_torchzip wraps those in a
+# zip whose storages hold 24, 64, 0 and 256 bytes: the "four" tensors) ---
+"$G" tz "$T/four.pt" four
+"$G" tz "$T/all.pt" all
+"$G" tz "$T/model_0.pt" pred
+"$G" tz-pkl "$T/four.pt" "$T/four.pkl"
+seed torchzip zip-four "$T/four.pt"
+seed torchzip zip-all-dtypes "$T/all.pt"
+seed torchzip zip-predictor "$T/model_0.pt"
+seed torchzip pkl-four "$T/four.pkl"
+head -c 700 "$T/four.pt" >"$C/torchzip/zip-truncated"
+# refused on purpose: os.system("ls"), an INST opcode
+printf '\200\002cos\nsystem\nq\000X\002\000\000\000lsq\001\205q\002Rq\003.' >"$C/torchzip/pkl-os-system"
+printf '\200\002(ios\nsystem\n.' >"$C/torchzip/pkl-inst"
+if command -v python3 >/dev/null 2>&1; then
+    # Python's own pickler on the "four" state dict as module.state_dict()
+    # returns it (OrderedDict, _metadata by BUILD), protocols 2 and 4, torch
+    # stood in for by stub modules so that no torch is needed.
+    python3 - "$C/torchzip" <<'PY'
+import collections, pickle, sys, types
+torch, utils = types.ModuleType("torch"), types.ModuleType("torch._utils")
+torch._utils = utils
+sys.modules["torch"], sys.modules["torch._utils"] = torch, utils
+for name in ("FloatStorage", "HalfStorage", "BFloat16Storage", "ByteStorage"):
+    setattr(torch, name, type(name, (), {"__module__": "torch"}))
+def _rebuild_tensor_v2(*args): pass
+_rebuild_tensor_v2.__module__ = "torch._utils"
+utils._rebuild_tensor_v2 = _rebuild_tensor_v2
+class Storage:
+    def __init__(self, kind, key, numel): self.kind, self.key, self.numel = kind, key, numel
+class Tensor:
+    def __init__(self, storage, size, stride): self.args = (storage, 0, size, stride, False, collections.OrderedDict())
+    def __reduce_ex__(self, proto): return (_rebuild_tensor_v2, self.args)
+class Pickler(pickle.Pickler):
+    def persistent_id(self, obj):
+        if isinstance(obj, Storage):
+            return ("storage", getattr(torch, obj.kind), obj.key, "cpu", obj.numel)
+        return None
+sd = collections.OrderedDict()
+sd["a.f32"] = Tensor(Storage("FloatStorage", "0", 6), (2, 3), (3, 1))
+sd["b.f16"] = Tensor(Storage("HalfStorage", "1", 32), (4, 8), (8, 1))
+sd["c.bf16"] = Tensor(Storage("BFloat16Storage", "2", 0), (0, 5), (5, 1))
+sd["d.u8"] = Tensor(Storage("ByteStorage", "3", 256), (16, 16), (16, 1))
+sd._metadata = collections.OrderedDict([("", {"version": 1}), ("d", {"version": 2})])
+for proto in (2, 4):
+    with open("%s/pkl-python-state-dict-p%d" % (sys.argv[1], proto), "wb") as f:
+        Pickler(f, protocol=proto).dump(sd)
+PY
+fi
 
 du -sh "$C"
 for t in "$C"/*; do echo "$(basename "$t"): $(ls "$t" | wc -l) seeds"; done

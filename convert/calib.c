@@ -658,6 +658,9 @@ static int head(pi2_calib_state *s, int n_new, float *logits, const int32_t *tok
     int D = s->D, V = s->d->vocab, N = s->n_seq * n_new;
     bool nll = tokens != NULL;
     int rows = logits || nll ? N : s->n_seq;
+    int n_valid = pi2_ref_n_tokens(s->m); /* a padded vocabulary's rows past it are never output */
+    if (n_valid <= 0 || n_valid > V)
+        n_valid = V;
     if (nll)
         for (int r = 0; r < N; r++) {
             s->lse_m[r] = -INFINITY;
@@ -683,18 +686,19 @@ static int head(pi2_calib_state *s, int n_new, float *logits, const int32_t *tok
         }
         float *C = s->g; /* (N, nb) */
         gemm_nt(N, nb, D, 1.0f, s->xb, D, s->w, D, 0.0f, C, nb);
+        int nv = n_valid - c0 < nb ? n_valid - c0 : nb; /* columns the log-softmax counts */
         for (int r = 0; r < N; r++) {
             const float *cr = C + (size_t)r * nb;
             int i = r % n_new, sq = r / n_new;
             if (i == n_new - 1)
                 memcpy(s->last + (size_t)sq * V + c0, cr, sizeof(float) * (size_t)nb);
-            if (i == n_new - 1)
-                continue; /* no next token to predict */
+            if (i == n_new - 1 || nv <= 0)
+                continue; /* no next token to predict, or padding only */
             float mx = cr[0];
-            for (int c = 1; c < nb; c++)
+            for (int c = 1; c < nv; c++)
                 mx = cr[c] > mx ? cr[c] : mx;
             double sum = 0.0;
-            for (int c = 0; c < nb; c++)
+            for (int c = 0; c < nv; c++)
                 sum += exp((double)cr[c] - mx);
             double m0 = s->lse_m[r], m1 = mx > m0 ? mx : m0;
             s->lse_s[r] = s->lse_s[r] * exp(m0 - m1) + sum * exp(mx - m1);

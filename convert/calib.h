@@ -118,7 +118,9 @@ const float *pi2_calib_logits(const pi2_calib_state *s);
 
 /* Perplexity helper: reset, run tokens [n_seq][len] (len in [1, max_len]) as
  * one prefill and write nll[q] = sum over i < len-1 of
- * -log softmax(logits at position i)[tokens[q][i+1]] (natural log, double),
+ * -log softmax(logits at position i)[tokens[q][i+1]] (natural log, double;
+ * the softmax over the ids the tokenizer defines: a padded vocabulary's
+ * rows past them are never output, so they are not counted),
  * i.e. len-1 predictions per sequence; perplexity is exp(sum nll / (n_seq *
  * (len-1))). The full logits are never stored: the head is applied block by
  * block with an online log-sum-exp. The callbacks run as in a forward call

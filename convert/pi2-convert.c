@@ -1,6 +1,7 @@
 /* pi2-convert: Hugging Face model dir -> converted model; and `synth`, the
  * model generator for tests, demos and benchmarks. */
 #include "convert/convert.h"
+#include "convert/family.h"
 #include "convert/synth.h"
 
 #include <getopt.h>
@@ -20,6 +21,7 @@ static void usage_synth(FILE *f)
 {
     fprintf(f,
             "usage: pi2-convert synth --preset NAME -o DIR [options]\n"
+            "       pi2-convert synth --family NAME -o DIR [--seed S]\n"
             "\n"
             "Write a Hugging Face model directory (config.json, tokenizer.json, safetensors,\n"
             "sharded with an index past --shard-size) whose FFNs have planted, predictable\n"
@@ -54,8 +56,18 @@ static void usage_synth(FILE *f)
             "  --threads N        generator threads (default: all cores)\n"
             "  -h, --help         this help\n"
             "\n"
+            "--family writes a tiny replica of a published sparse checkpoint instead: its files as\n"
+            "published (config fields, tensor names and dtypes, shards, predictor files, tokenizer\n"
+            "and generation configs, padded vocabulary) around a planted-sparsity model of a few MB:\n"
+            "  turbosparse-mistral  bamboo, predictors in the checkpoint, ChatML, vocab 32064\n"
+            "  turbosparse-mixtral  8 experts, predictors per expert in the checkpoint, vocab 57024\n"
+            "  bamboo               bamboo; predictors in DIR-predictor/model_{L}.pt (+ config.json)\n"
+            "  prosparse            sparsellama, FATReLU 0.01; predictors in DIR-predictor/\n"
+            "  relullama            llama + relu, float32 pytorch_model-*.bin shards; DIR-predictor/\n"
+            "\n"
             "example:\n"
             "  pi2-convert synth --preset tiny -o /tmp/tiny\n"
+            "  pi2-convert synth --family bamboo -o /tmp/bamboo   # and /tmp/bamboo-predictor\n"
             "  pi2-convert synth --preset 7b --layers 4 -o /tmp/7b-4layers\n"
             "  pi2-convert synth --preset tiny --act fatrelu --act-param 0.05 -o /tmp/prosparse\n");
 }
@@ -200,6 +212,35 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total)
 }
 
 
+/* pi2-convert synth --family NAME -o DIR [--seed S] */
+static int synth_family(int argc, char **argv, const char *fam)
+{
+    const char *out = NULL;
+    long long seed = 1;
+    pi2_err err = {0};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--family") == 0 && i + 1 < argc) {
+            i++;
+        } else if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) && i + 1 < argc) {
+            out = argv[++i];
+        } else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
+            if (pi2_parse_int("--seed", argv[++i], 0, INT64_MAX, &seed, &err))
+                return die("synth", &err, 2);
+        } else {
+            fprintf(stderr, "pi2-convert synth: --family takes only -o DIR and --seed S; '%s' is not one\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!out) {
+        fprintf(stderr, "pi2-convert synth: -o DIR is required; see --help\n");
+        return 2;
+    }
+    if (pi2_family_write(out, fam, (uint64_t)seed, 0, &err))
+        return die("synth", &err, strstr(err.msg, "unknown family") ? 2 : 1);
+    printf("wrote %s (a tiny %s replica)\n", out, fam);
+    return 0;
+}
+
 static int cmd_synth(int argc, char **argv)
 {
     enum { O_PRESET = 256, O_HIDDEN, O_FF, O_LAYERS, O_HEADS, O_KV, O_VOCAB, O_EXPERTS, O_EUSED, O_ACT, O_DTYPE,
@@ -219,9 +260,11 @@ static int cmd_synth(int argc, char **argv)
         {"act-param", required_argument, 0, O_ACTP}, {"tokenizer-size", required_argument, 0, O_TOKS},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
     /* The preset comes first so the other flags override it, whatever the order. */
-    const char *preset = NULL, *out = NULL;
+    const char *preset = NULL, *out = NULL, *fam = NULL;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--preset") == 0 && i + 1 < argc)
+        if (strcmp(argv[i], "--family") == 0 && i + 1 < argc)
+            fam = argv[i + 1];
+        else if (strcmp(argv[i], "--preset") == 0 && i + 1 < argc)
             preset = argv[i + 1];
         else if (strncmp(argv[i], "--preset=", 9) == 0)
             preset = argv[i] + 9;
@@ -232,6 +275,8 @@ static int cmd_synth(int argc, char **argv)
     }
     pi2_err err = {0};
     pi2_synth_opts o;
+    if (fam)
+        return synth_family(argc, argv, fam);
     if (!preset) {
         fprintf(stderr, "pi2-convert synth: --preset is required (tiny, small, 1b, 7b, moe); see --help\n");
         return 2;

@@ -973,13 +973,16 @@ static int run_ppl(const run_opts *o)
     int32_t cur = bos >= 0 ? bos : ids[0];
     size_t first = bos >= 0 ? 0 : 1;
     double t0 = pi2_now();
+    int n_valid = pi2_tok_vocab_size(pi2_engine_tokenizer(e)); /* padding rows past it are never output */
+    if (n_valid <= 0 || n_valid > d->vocab)
+        n_valid = d->vocab;
     for (size_t i = first; i < n; i++) {
         if ((rc = pi2_engine_decode(e, cur, pos++, logits, &err)) != 0)
             goto out;
         double mx = -INFINITY, s = 0;
-        for (int v = 0; v < d->vocab; v++)
+        for (int v = 0; v < n_valid; v++)
             mx = logits[v] > mx ? logits[v] : mx;
-        for (int v = 0; v < d->vocab; v++)
+        for (int v = 0; v < n_valid; v++)
             s += exp((double)logits[v] - mx);
         nll += log(s) + mx - logits[ids[i]];
         scored++;

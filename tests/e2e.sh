@@ -380,6 +380,37 @@ else
     skp "cgroup v1 memory controller not writable: run-under-a-cap test"
 fi
 
+# --- published checkpoints as they are laid out (tiny replicas): predictors in the checkpoint,
+# in a PowerInfer repository given with --predictors, or beside the weights; PyTorch .bin shards;
+# one line per stage on stderr and the report on stdout, redirected to files ---
+for fam in turbosparse-mistral bamboo relullama; do
+    pred=""
+    case $fam in bamboo | relullama) pred="--predictors $T/fam-$fam-predictor" ;; esac
+    # shellcheck disable=SC2086
+    "$B/pi2-convert" synth --family $fam -o "$T/fam-$fam" >/dev/null 2>"$T/err" \
+        && "$B/pi2-convert" "$T/fam-$fam" -o "$T/fam-$fam.pi2c" $pred --calib-tokens 512 >"$T/out" 2>"$T/err" \
+        && grep -q "^model: " "$T/out" && grep -q "reading the pre-norm residual" "$T/out" && grep -q "^quality on" "$T/out" \
+        && grep -q "^pi2-convert: \[.*\] quantizing" "$T/err" && grep -q "^pi2-convert: \[.*\] importing predictors" "$T/err" \
+        && "$B/pi2-bundle" "$T/fam-$fam.pi2c" -o "$T/fam-$fam.pi2" --key "$T/k.pem" -q >/dev/null 2>"$T/err" \
+        && "$B/pi2-bundle" inspect "$T/fam-$fam.pi2" 2>"$T/err" | grep -q "reading the pre-norm residual; stored f16" \
+        && [ -n "$("$B/pi2-run" "$T/fam-$fam.pi2" --pubkey "$T/k.pub" -p "hello world" -n 8 2>"$T/err")" ] \
+        && ok || { bad "family $fam: synth, convert, bundle, run"; cat "$T/out" "$T/err"; }
+done
+"$B/pi2-convert" "$T/fam-turbosparse-mistral" -o "$T/x.pi2c" --calib-tokens 256 2>/dev/null | grep -q "^model: TurboSparse-Mistral" \
+    && ok || bad "TurboSparse-Mistral not recognised by its tensors"
+# Bamboo-base without its predictors: no silent dense model when the repository lies beside it
+cp -r "$T/fam-bamboo-predictor" "$T/fam-bamboo/predictor"
+"$B/pi2-convert" "$T/fam-bamboo" -o "$T/x.pi2c" --calib-tokens 256 2>/dev/null | grep -q "predictors imported from .*/predictor (PowerInfer repo)" \
+    && ok || bad "predictors beside the weights were not used"
+rm "$T/fam-bamboo/predictor/model_1.pt"
+expect_error "broken predictors beside the weights" "beside the weights cannot be used" \
+    "$B/pi2-convert" "$T/fam-bamboo" -o "$T/x2.pi2c" -q
+[ -e "$T/x2.pi2c" ] && bad "a refused conversion left its output" || ok
+mkdir -p "$T/nopred"
+expect_error "predictors dir with nothing" "no predictors here" "$B/pi2-convert" "$T/fam-bamboo" -o "$T/x2.pi2c" \
+    --predictors "$T/nopred" -q
+expect_error "predictor input" "--predictor-input" "$B/pi2-convert" "$T/fam-bamboo" -o "$T/x2.pi2c" --predictor-input mid
+
 # --- hardware profile: pi2-run --profile-hw (always measures; the file is rewritten) ---
 mkdir -p "$T/hwdev"
 for run in 1 2; do

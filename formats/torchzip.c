@@ -529,6 +529,11 @@ typedef struct ptens {
     uint64_t offset; /* elements into the storage */
 } ptens;
 
+/* the heap bound stated in torchzip.h */
+_Static_assert(sizeof(pv) == 16 && sizeof(pitem) <= 40 && sizeof(pdict) <= 40 && sizeof(pstor) <= 40 &&
+                   sizeof(ptens) <= 88,
+               "pickle object sizes as torchzip.h states them");
+
 static const struct {
     const char *name;
     pi2_dtype dt;

@@ -1156,6 +1156,19 @@ static void test_lying_pickles(void **state)
         tp_op(p, 'N');
     TPS(p, "ts.");
     expect_pkl_fail(dir, p, 0, NULL, PI2_EUNSUPPORTED, "entry 't' is a tuple, not a tensor");
+    /* the budgets: dict items, memo entries */
+    p = tp_new();
+    TPS(p, "\x80\x02}");
+    for (unsigned i = 0; i < PI2_TZ_MAX_OBJECTS; i++)
+        TPS(p, "NNs");
+    tp_op(p, '.');
+    expect_pkl_fail(dir, p, 0, NULL, PI2_ERANGE, "more than 4194304 pickle objects");
+    p = tp_new();
+    TPS(p, "\x80\x04}");
+    for (unsigned i = 0; i <= PI2_TZ_MAX_MEMO; i++)
+        tp_op(p, 0x94);
+    tp_op(p, '.');
+    expect_pkl_fail(dir, p, 0, NULL, PI2_ERANGE, "more than 4194304 memo entries");
     p = tp_new();
     TPS(p, "\x80\x02}N.");
     expect_pkl_fail(dir, p, 0, NULL, PI2_EFORMAT, "STOP with 2 values on the stack, not 1");

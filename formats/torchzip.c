@@ -103,7 +103,7 @@ enum {
     SIG_LFH = 0x04034b50u, SIG_CDH = 0x02014b50u, SIG_EOCD = 0x06054b50u,
     SIG_EOCD64 = 0x06064b50u, SIG_LOC64 = 0x07064b50u, SIG_DD = 0x08074b50u,
     LFH_LEN = 30, CDH_LEN = 46, EOCD_LEN = 22, EOCD64_LEN = 56, LOC64_LEN = 20,
-    ZIP64_ID = 0x0001, PAD_ID = 0x4246, /* "FB" */
+    ZIP64_ID = 0x0001,
     FLAG_ENCRYPTED = 0x0001, FLAG_DESCRIPTOR = 0x0008, FLAG_STRONG = 0x0040, FLAG_UTF8 = 0x0800,
 };
 #define U16_SAT 0xffffu
@@ -528,6 +528,11 @@ typedef struct ptens {
     size_t nelem;
     uint64_t offset; /* elements into the storage */
 } ptens;
+
+/* the heap bound stated in torchzip.h */
+_Static_assert(sizeof(pv) == 16 && sizeof(pitem) <= 40 && sizeof(pdict) <= 40 && sizeof(pstor) <= 40 &&
+                   sizeof(ptens) <= 88,
+               "pickle object sizes as torchzip.h states them");
 
 static const struct {
     const char *name;

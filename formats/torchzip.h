@@ -57,7 +57,7 @@
  * seekable reader takes a member's name from the local header even when the
  * central directory names it otherwise (so pi2 and torch, which goes by the
  * central directory, could read the same bytes as different tensors), and
- * tells stored from deflated members only in its format name. The zip
+ * reports the compression method only inside its format name string. The zip
  * records above are fixed-size and simple to check completely through the
  * bounded cursor, as container.c does for ustar headers. Its writer cannot
  * emit torch's padding records either.
@@ -146,7 +146,11 @@
  *                    size overflowing
  *   PI2_ENOMEM       allocation failed
  * The caps bound the work and memory of a hostile file: every pickle object
- * costs at least one byte of data.pkl and at most 40 bytes of heap.
+ * costs at least one byte of data.pkl and at most 40 bytes of heap (a tensor
+ * 88), a memo entry or stack value 16, so the interpreter never holds more
+ * than about 250 MB, whatever the file. A genuine state dict spends about 20
+ * objects and 8 memo entries per tensor: the caps admit some 200 thousand
+ * tensors per file (published shards hold a few thousand).
  */
 #ifndef PI2_TORCHZIP_H
 #define PI2_TORCHZIP_H
@@ -157,8 +161,8 @@
 #define PI2_TZ_MAX_NAME 4096u                     /* longest zip member name (bytes) */
 #define PI2_TZ_MAX_MEMBERS (PI2_ST_MAX_TENSORS + 64u)
 #define PI2_TZ_MAX_PICKLE (64u << 20)             /* data.pkl bytes */
-#define PI2_TZ_MAX_OBJECTS (1u << 24)             /* tuples, tuple items, dicts, dict items, storages, tensors */
-#define PI2_TZ_MAX_MEMO (1u << 23)                /* memo entries */
+#define PI2_TZ_MAX_OBJECTS (1u << 22)             /* tuples, tuple items, dicts, dict items, storages, tensors */
+#define PI2_TZ_MAX_MEMO (1u << 22)                /* memo entries */
 #define PI2_TZ_MAX_STACK (1u << 16)               /* values on the stack */
 #define PI2_TZ_MAX_MARKS 64                       /* open MARKs (nesting) */
 #define PI2_TZ_MAX_STR (1u << 16)                 /* bytes of one string */

@@ -405,7 +405,8 @@ static void test_write_from_memory(void **state)
         fc1[i] = pi2_f32_to_f16((float)i * 0.25f);
     for (size_t i = 0; i < 15; i++)
         fc2[i] = pi2_f32_to_f16(-(float)i);
-    pi2_tz_item it[2] = { { "fc1.weight", PI2_DT_F16, 2, { 3, 8 }, fc1 }, { "fc2.weight", PI2_DT_F16, 2, { 5, 3 }, fc2 } };
+    pi2_tz_item it[2] = { { "fc1.weight", PI2_DT_F16, 2, { 3, 8 }, fc1 },
+                          { "fc2.weight", PI2_DT_F16, 2, { 5, 3 }, fc2 } };
     pi2_err e = { 0 };
     assert_int_equal(pi2_tz_write(path, 2, it, &e), 0);
     size_t len;
@@ -413,6 +414,26 @@ static void test_write_from_memory(void **state)
     assert_non_null(memmem(img, len, "model_7/data.pkl", 16));
     assert_non_null(memmem(img, len, "model_7/data/1", 14));
     assert_non_null(memmem(img, len, "model_7/version", 15));
+    /* the module's own entry point: views into the buffer, names apart */
+    pi2_st_tensor *tv;
+    size_t nt;
+    char *names;
+    assert_true(pi2_tz_is_zip(img, len));
+    assert_int_equal(pi2_tz_parse(img, len, "m7", &tv, &nt, &names, &e), 0);
+    assert_int_equal(nt, 2);
+    assert_string_equal(tv[1].name, "fc2.weight");
+    assert_string_equal(tv[1].file, "m7");
+    assert_true((const uint8_t *)tv[1].data > img && (const uint8_t *)tv[1].data + tv[1].nbytes <= img + len);
+    free(tv);
+    free(names);
+    pi2_err_clear(&e);
+    assert_int_equal(pi2_tz_parse(img, len, "m7", NULL, &nt, &names, &e), PI2_EINVAL);
+    assert_int_equal(pi2_tz_parse(NULL, 0, "m7", &tv, &nt, &names, NULL), PI2_EFORMAT);
+    assert_null(tv);
+    assert_null(names);
+    assert_int_equal(nt, 0);
+    assert_false(pi2_tz_is_zip(img, 3));
+    assert_false(pi2_tz_is_zip("PK\1\2", 4));
     free(img);
     pi2_st *st = open_ok(path);
     const pi2_st_tensor *t = pi2_st_find(st, "fc1.weight");
@@ -513,7 +534,8 @@ static void test_sharded_bin_index(void **state)
     assert_null(pi2_st_find(st, "from.bin"));
     pi2_st_close(st);
     /* an index mixing both formats */
-    const char *mixed_names[2] = { "from.bin", "from.st" }, *mixed_files[2] = { "pytorch_model.bin", "model.safetensors" };
+    const char *mixed_names[2] = { "from.bin", "from.st" };
+    const char *mixed_files[2] = { "pytorch_model.bin", "model.safetensors" };
     snprintf(path, sizeof path, "%s/mixed.index.json", d2);
     assert_int_equal(pi2_st_write_index(path, 2, mixed_names, mixed_files, 16, &e), 0);
     st = open_ok(path);
@@ -1156,6 +1178,19 @@ static void test_lying_pickles(void **state)
         tp_op(p, 'N');
     TPS(p, "ts.");
     expect_pkl_fail(dir, p, 0, NULL, PI2_EUNSUPPORTED, "entry 't' is a tuple, not a tensor");
+    /* the budgets: dict items, memo entries */
+    p = tp_new();
+    TPS(p, "\x80\x02}");
+    for (unsigned i = 0; i < PI2_TZ_MAX_OBJECTS; i++)
+        TPS(p, "NNs");
+    tp_op(p, '.');
+    expect_pkl_fail(dir, p, 0, NULL, PI2_ERANGE, "more than 4194304 pickle objects");
+    p = tp_new();
+    TPS(p, "\x80\x04}");
+    for (unsigned i = 0; i <= PI2_TZ_MAX_MEMO; i++)
+        tp_op(p, 0x94);
+    tp_op(p, '.');
+    expect_pkl_fail(dir, p, 0, NULL, PI2_ERANGE, "more than 4194304 memo entries");
     p = tp_new();
     TPS(p, "\x80\x02}N.");
     expect_pkl_fail(dir, p, 0, NULL, PI2_EFORMAT, "STOP with 2 values on the stack, not 1");
@@ -1369,8 +1404,8 @@ static void test_truncated_and_corrupt_zip(void **state)
     free(g);
 
     /* a legacy torch.save file */
-    static const uint8_t legacy[] = { 0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19,
-                                      '.' };
+    static const uint8_t legacy[] = { 0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
+                                      0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, '.' };
     expect_img_fail(legacy, sizeof legacy, PI2_EUNSUPPORTED, "legacy PyTorch file");
     pi2t_rmtree(dir);
 }

@@ -304,15 +304,12 @@ static int predictors(pi2_conv *c, pi2_err *err)
     size_t nf = nffn(d);
     int E = d->n_experts > 0 ? d->n_experts : 1;
     bool import = c->psrc.kind != NULL;
-    if (!import && !o->train_predictors) {
-        c->pred_source = "none";
+    if (!import && !o->train_predictors)
         return 0;
-    }
     c->preds = pi2_calloc_array(nf, sizeof *c->preds);
     c->reports = pi2_calloc_array(nf, sizeof *c->reports);
     if (!c->preds || !c->reports)
         return pi2_err_set(err, PI2_ENOMEM, "out of memory for predictors");
-    c->pred_source = import ? "imported" : "trained";
     conv_stage(c, "%s predictors (%s input)", import ? "importing" : "training", pi2_pred_input_name(c->pred_input));
     if (import) {
         conv_report(c, "predictors imported from %s (%s), reading the %s residual; threshold: ", c->psrc.path,
@@ -619,7 +616,7 @@ static int write_sparsity(pi2_conv *c, pi2_err *err)
                 ml.has_predictor = true;
                 ml.predictor.rank = r;
                 ml.predictor.threshold = p->threshold;
-                ml.predictor.imported = strcmp(c->pred_source, "imported") == 0;
+                ml.predictor.imported = c->psrc.kind != NULL;
                 ml.predictor.input = c->pred_input;
                 ml.predictor.dtype = PI2_MF_PRED_F16;
                 ml.predictor.report = c->reports[fi];

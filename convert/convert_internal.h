@@ -76,7 +76,6 @@ typedef struct pi2_conv {
     pi2_pred_input pred_input; /* what the predictors read, and so what traces record */
     conv_pred *preds;      /* [ffn] or NULL */
     pi2_pred_report *reports;
-    const char *pred_source;
     int32_t *calib_ids;    /* --calib text, tokenized before the first long stage */
     size_t n_calib_ids;
     uint64_t quality_tokens;

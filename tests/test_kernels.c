@@ -732,7 +732,7 @@ static void axpy_suite(pi2_isa isa, bool scalar_vs_double)
         pi2_k_axpy_rows_isa(PI2_ISA_SCALAR, t, n, nrows, coef, w.wp, w.ws, ref);
         axpy_ref(&w, coef, out0, dref, scale);
         for (int64_t j = 0; j < n; j++) {
-            /* documented in kernels.c: (3m + 8) * 2^-24 * (|out| + Q sum |c d|) */
+            /* documented in runtime/kernels/down.c: (3m + 8) * 2^-24 * (|out| + Q sum |c d|) */
             double tol = (3.0 * active + 8) * 0x1p-24 * scale[j];
             CHECK(fabs((double)got[j] - (double)ref[j]) <= tol,
                   "%s axpy %s n=%lld rows=%d (active %d) j=%lld: %.9g vs scalar %.9g (tol %g)",

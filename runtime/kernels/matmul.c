@@ -1,0 +1,490 @@
+/* The matmul family (pi2_k_matmul, contract in kernels.h): the scalar
+ * twin and the AVX2 tiles here, the AVX-512 VNNI one-token kernels in
+ * matmul_avx512.c, batches on the prefill panels (panels.c).
+ *
+ * ---- matmul: why it is shaped like this ----
+ * One 32-block of one row against one token is 32 MACs, which vpmaddubsw +
+ * vpmaddwd (or one vpdpbusd) do in one instruction pair; what costs is
+ * everything around it: unpacking nibbles, reducing the product lanes,
+ * converting to float, forming the combined scale and the FMA. So:
+ *   - Prefill tiles are 4 rows x 4 tokens. The tokens' activation blocks
+ *     are shared by the rows; a row's block is unpacked once per tile, or,
+ *     when 3+ token groups share a row tile, once per call into a stack
+ *     buffer (q4_unpack_rows) that every group then reads.
+ *   - A (row, block)'s 4 per-token products are folded by unpack + add into
+ *     one vector [t0 t1 t2 t3 | t0 t1 t2 t3] (one 128-bit half per half
+ *     block), and two blocks' folds are completed into [block b: t0..t3 |
+ *     block b+1: t0..t3] with vpblendd + vperm2i128 + add. So each lane is
+ *     one exact integer block dot and the float stage (cvt, scale multiply,
+ *     FMA) runs once per 8 dots. For Q4 on AVX2 all of that runs on the
+ *     int16 vpmaddubsw output (|pair| <= 2*15*127; a block's half sums stay
+ *     below 2^15), and a single vpmaddwd per 8 dots widens it.
+ *   - Decode (T = 1) is 4 rows x 1 token, folding 8 consecutive blocks the
+ *     same way (lanes are blocks: scales load as 8 contiguous fp16 and 8
+ *     contiguous floats). Batches under 4 tokens and a lone 4k+1-th token
+ *     run as decode; 2 or 3 left-over tokens form a padded group.
+ *   - Q4's (q - 8) offset is applied as 8 * sum(a) per block in int32, from
+ *     the sums pi2_k_act_quantize writes. Q8 on AVX2 uses the sign trick
+ *     (|w| unsigned x sign(a, w)); on VNNI it multiplies (w + 128) unsigned
+ *     by a and subtracts 128 * sum(a), so no per-token sign operation.
+ *   - Per (token group, block pair) scale and offset vectors are gathered
+ *     once per call into a stack table (k_tok4); blocks are processed in
+ *     chunks that keep that table at 32 KiB, and each chunk's partial dot
+ *     is added into out. Rows and tokens past the end of a tile repeat the
+ *     last valid row/token and their results are dropped.
+ *   - Two rows are interleaved statement by statement: each row's block is
+ *     a ~25-cycle dependency chain, and one row at a time in program order
+ *     fills the out-of-order window with waiting instructions.
+ * Each lane accumulates at most nb/2 terms (plus the chunk and final
+ * additions), within kernels.h's bound. */
+#include "runtime/kernels/internal.h"
+
+static void matmul_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                          const float *ascales, const int8_t *aq, int T, float *out, int64_t ldo)
+{
+    int64_t nb = n / QG;
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < nrows; r++)
+            out[t * ldo + r] = pi2_q_dot_q8act_scalar(wt, ws[r], wp[r], ascales + t * nb, aq + t * n, n);
+}
+
+#ifdef PI2_K_X86
+
+enum {
+    K_PREP_CAP = 512, /* k_tok4 entries on the stack: 32 KiB */
+    K_CHUNK_MAX = 64  /* blocks per chunk (4-row tables: scales 4 KiB, nibbles 8 KiB) */
+};
+
+/* Per-(weight block, activation block) products for the tiles below, as
+ * 32-bit lanes [e0 e1 e2 e3 | e4 e5 e6 e7] (ei: the sum over bytes 4i..4i+3)
+ * that the tiles fold with unpack + add (ADDP) and finish (FIN):
+ *   AVX2 Q4  vpmaddubsw of nibbles u and a: int16 pairs (|pair| <= 2*15*127),
+ *            folded as int16 and widened once by vpmaddwd(1) (FIN);
+ *   AVX2 Q8  |w| x sign(a, w) (pairs <= 2*128*127 cannot saturate), widened
+ *            per product;
+ *   (VNNI takes the 512-bit paths below.) */
+PI2_T_AVX2 static inline __m256i prod_q8_avx2(__m256i w, __m256i a)
+{
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+PI2_T_AVX2 static inline __m256i fin_madd1(__m256i x) { return _mm256_madd_epi16(x, _mm256_set1_epi16(1)); }
+PI2_T_AVX2 static inline __m256i fin_id(__m256i x) { return x; }
+
+/* res[0..4) = the two 128-bit halves of v added. */
+PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
+{
+    _mm_storeu_ps(res, _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+}
+
+/* ---- matmul tiles ----
+ *
+ * Products of one row with 4 activation blocks are folded (unpack + add) into
+ * [x0 x1 x2 x3 | x0 x1 x2 x3]: lane i of each 128-bit half sums product i's
+ * lanes of that half. Two such folds X, Y are then completed (K_PAIR)
+ * into [X.lo + X.hi | Y.hi + Y.lo], one vpblendd, one vperm2i128 and one
+ * add, so every lane holds one block's exact integer dot (for Q4 on AVX2
+ * still as two int16 halves, which FIN adds). The float stage then runs
+ * once per 8 (row, block, token) dots.
+ *
+ * t4: 4 rows x 4 tokens; the pair of blocks (b, b + 1) gives lanes
+ *     [b: t0..t3 | b + 1: t0..t3]. w[k]: row k's blocks at the chunk start
+ *     (Q4: unpacked nibbles, 32 bytes per block); wsp[k * 8 * kp + 8 * p]:
+ *     its scales for pair p as [d_b x4 | d_b+1 x4]; a[j]: token j's int8
+ *     activations at the chunk start; pre[p]: the tokens' scales and
+ *     offsets for pair p. An odd last block pairs with zeros.
+ *     res[k * 4 + j] = the chunk's dot of row k with token j.
+ * t1: 4 rows x 1 token, 8 blocks per step (lanes are blocks b..b+7); the
+ *     last nb % 8 blocks run once more from zero-padded copies.
+ *     res[k] = the dot of row k. Each step also prefetches the next 4*8
+ *     blocks' worth of lines of rows wn[0..4), wn[0] first to its end,
+ *     then wn[1], ... (see mm_one_token), and into L2 an equal share per
+ *     step of [pf2, pf2 + pf2_len) (the caller's range, pi2_k_matmul_pf). */
+
+#define K_PAIR(x, y, ADDP) ADDP(_mm256_blend_epi32((x), (y), 0xf0), _mm256_permute2x128_si256((x), (y), 0x21))
+
+/* Rows kx, ky of t4 (interleaved) against the 4 tokens' block blk: folds
+ * into vx, vy. */
+#define K_T4_BLOCK(vx, vy, kx, ky, blk, LOADW, PROD, ADDP, GB)                                          \
+    do {                                                                                               \
+        __m256i a0_ = ld256(a[0] + (blk) * QG), a1_ = ld256(a[1] + (blk) * QG);                        \
+        __m256i ux_ = LOADW(w[kx] + (blk) * (GB)), uy_ = LOADW(w[ky] + (blk) * (GB));                  \
+        __m256i px0_ = PROD(ux_, a0_), py0_ = PROD(uy_, a0_), px1_ = PROD(ux_, a1_), py1_ = PROD(uy_, a1_); \
+        __m256i sx01_ = ADDP(_mm256_unpacklo_epi32(px0_, px1_), _mm256_unpackhi_epi32(px0_, px1_));    \
+        __m256i sy01_ = ADDP(_mm256_unpacklo_epi32(py0_, py1_), _mm256_unpackhi_epi32(py0_, py1_));    \
+        __m256i a2_ = ld256(a[2] + (blk) * QG), a3_ = ld256(a[3] + (blk) * QG);                        \
+        __m256i px2_ = PROD(ux_, a2_), py2_ = PROD(uy_, a2_), px3_ = PROD(ux_, a3_), py3_ = PROD(uy_, a3_); \
+        __m256i sx23_ = ADDP(_mm256_unpacklo_epi32(px2_, px3_), _mm256_unpackhi_epi32(px2_, px3_));    \
+        __m256i sy23_ = ADDP(_mm256_unpacklo_epi32(py2_, py3_), _mm256_unpackhi_epi32(py2_, py3_));    \
+        vx = ADDP(_mm256_unpacklo_epi64(sx01_, sx23_), _mm256_unpackhi_epi64(sx01_, sx23_));           \
+        vy = ADDP(_mm256_unpacklo_epi64(sy01_, sy23_), _mm256_unpackhi_epi64(sy01_, sy23_));           \
+    } while (0)
+
+/* Rows kx, ky against pair p (blocks 2p and, if TWO, 2p + 1). */
+#define K_T4_ROWS(accx, accy, kx, ky, p, TWO, LOADW, PROD, ADDP, FIN, GB, CORR)                        \
+    do {                                                                                               \
+        __m256i xb_, yb_, xc_ = _mm256_setzero_si256(), yc_ = xc_;                                     \
+        K_T4_BLOCK(xb_, yb_, kx, ky, 2 * (p), LOADW, PROD, ADDP, GB);                                  \
+        if (TWO)                                                                                       \
+            K_T4_BLOCK(xc_, yc_, kx, ky, 2 * (p) + 1, LOADW, PROD, ADDP, GB);                          \
+        __m256i dx_ = FIN(K_PAIR(xb_, xc_, ADDP)), dy_ = FIN(K_PAIR(yb_, yc_, ADDP));                  \
+        if (CORR) {                                                                                    \
+            __m256i c_ = ld256(pre[p].corr);                                                           \
+            dx_ = _mm256_sub_epi32(dx_, c_);                                                           \
+            dy_ = _mm256_sub_epi32(dy_, c_);                                                           \
+        }                                                                                              \
+        __m256 as_ = _mm256_loadu_ps(pre[p].as);                                                       \
+        __m256 sx_ = _mm256_mul_ps(_mm256_loadu_ps(wsp + (kx) * 8 * kp + 8 * (p)), as_);               \
+        __m256 sy_ = _mm256_mul_ps(_mm256_loadu_ps(wsp + (ky) * 8 * kp + 8 * (p)), as_);               \
+        accx = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dx_), sx_, accx);                                    \
+        accy = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dy_), sy_, accy);                                    \
+    } while (0)
+
+#define K_DEF_T4(name, TGT, LOADW, PROD, ADDP, FIN, GB, CORR)                                                     \
+    TGT static void name(const uint8_t *const w[4], const float *wsp, int64_t kb, const int8_t *const a[4],      \
+                         const k_tok4 *pre, float res[16])                                                       \
+    {                                                                                                            \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                \
+        int64_t kp = (kb + 1) / 2, p = 0;                                                                        \
+        for (; p < kb / 2; p++) {                                                                                \
+            K_T4_ROWS(acc0, acc1, 0, 1, p, 1, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
+            K_T4_ROWS(acc2, acc3, 2, 3, p, 1, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
+        }                                                                                                        \
+        if (p < kp) {                                                                                            \
+            K_T4_ROWS(acc0, acc1, 0, 1, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
+            K_T4_ROWS(acc2, acc3, 2, 3, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
+        }                                                                                                        \
+        fold_store4(acc0, res);                                                                                  \
+        fold_store4(acc1, res + 4);                                                                              \
+        fold_store4(acc2, res + 8);                                                                              \
+        fold_store4(acc3, res + 12);                                                                             \
+    }
+
+/* Rows x, y of t1 against 4 blocks (activations at ab): folds into vx, vy. */
+#define K_T1_QUAD(vx, vy, wx, wy, ab, LOADW, PROD, ADDP, GB)                                            \
+    do {                                                                                               \
+        __m256i a0_ = ld256((ab)), a1_ = ld256((ab) + QG), a2_ = ld256((ab) + 2 * QG), a3_ = ld256((ab) + 3 * QG); \
+        __m256i px0_ = PROD(LOADW((wx)), a0_), py0_ = PROD(LOADW((wy)), a0_);                          \
+        __m256i px1_ = PROD(LOADW((wx) + (GB)), a1_), py1_ = PROD(LOADW((wy) + (GB)), a1_);            \
+        __m256i sx01_ = ADDP(_mm256_unpacklo_epi32(px0_, px1_), _mm256_unpackhi_epi32(px0_, px1_));    \
+        __m256i sy01_ = ADDP(_mm256_unpacklo_epi32(py0_, py1_), _mm256_unpackhi_epi32(py0_, py1_));    \
+        __m256i px2_ = PROD(LOADW((wx) + 2 * (GB)), a2_), py2_ = PROD(LOADW((wy) + 2 * (GB)), a2_);    \
+        __m256i px3_ = PROD(LOADW((wx) + 3 * (GB)), a3_), py3_ = PROD(LOADW((wy) + 3 * (GB)), a3_);    \
+        __m256i sx23_ = ADDP(_mm256_unpacklo_epi32(px2_, px3_), _mm256_unpackhi_epi32(px2_, px3_));    \
+        __m256i sy23_ = ADDP(_mm256_unpacklo_epi32(py2_, py3_), _mm256_unpackhi_epi32(py2_, py3_));    \
+        vx = ADDP(_mm256_unpacklo_epi64(sx01_, sx23_), _mm256_unpackhi_epi64(sx01_, sx23_));           \
+        vy = ADDP(_mm256_unpacklo_epi64(sy01_, sy23_), _mm256_unpackhi_epi64(sy01_, sy23_));           \
+    } while (0)
+
+/* Rows x, y of t1 against 8 blocks: weights at wx, wy, fp16 scales at sx,
+ * sy; activations at ab, their scales asv and offsets corr (registers). */
+#define K_T1_ROWS(accx, accy, wx, wy, sx, sy, ab, LOADW, PROD, ADDP, FIN, GB, CSH)                     \
+    do {                                                                                               \
+        __m256i xa_, ya_, xb_, yb_;                                                                    \
+        K_T1_QUAD(xa_, ya_, (wx), (wy), (ab), LOADW, PROD, ADDP, GB);                                  \
+        K_T1_QUAD(xb_, yb_, (wx) + 4 * (GB), (wy) + 4 * (GB), (ab) + 4 * QG, LOADW, PROD, ADDP, GB);   \
+        __m256i dx_ = FIN(K_PAIR(xa_, xb_, ADDP)), dy_ = FIN(K_PAIR(ya_, yb_, ADDP));                  \
+        if ((CSH) > 0) {                                                                               \
+            dx_ = _mm256_sub_epi32(dx_, corr);                                                         \
+            dy_ = _mm256_sub_epi32(dy_, corr);                                                         \
+        }                                                                                              \
+        __m256 sx_ = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sx)));            \
+        __m256 sy_ = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sy)));            \
+        accx = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dx_), _mm256_mul_ps(sx_, asv), accx);                \
+        accy = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dy_), _mm256_mul_ps(sy_, asv), accy);                \
+    } while (0)
+
+/* The 8-block step for all 4 rows: activations at ab, scales at asb, sums
+ * at sb; rows wq_k, scales sq_k. */
+#define K_T1_STEP(ab, asb, sb, wq0, wq1, wq2, wq3, sq0, sq1, sq2, sq3, LOADW, PROD, ADDP, FIN, GB, CSH)         \
+    do {                                                                                                       \
+        __m256 asv = _mm256_loadu_ps((asb));                                                                   \
+        __m256i corr = _mm256_slli_epi32(ld256((sb)), (CSH));                                                  \
+        K_T1_ROWS(acc0, acc1, wq0, wq1, sq0, sq1, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                        \
+        K_T1_ROWS(acc2, acc3, wq2, wq3, sq2, sq3, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                        \
+    } while (0)
+
+#define K_DEF_T1(name, TGT, LOADW, PROD, ADDP, FIN, GB, CSH)                                                      \
+    TGT static void name(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb, const int8_t *a,     \
+                         const float *as, const int32_t *sums, const uint8_t *const wn[4], const uint8_t *pf2,    \
+                         int64_t pf2_len, float res[4])                                                          \
+    {                                                                                                            \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                \
+        int64_t b = 0, rb_ = nb * (GB), po_ = 0, o2_ = 0, q2_ = k_pf_quota(pf2_len, nb / 8);                     \
+        int pk_ = wn ? 0 : 4; /* NULL: no paced prefetch */                                                      \
+        for (; b + 8 <= nb; b += 8) {                                                                            \
+            for (int64_t e_ = o2_ + q2_ < pf2_len ? o2_ + q2_ : pf2_len; o2_ < e_; o2_ += 64)                    \
+                _mm_prefetch((const char *)(pf2 + o2_), _MM_HINT_T1);                                            \
+            for (int l_ = 0; l_ < 32 * (GB) && pk_ < 4; l_ += 64) {                                              \
+                _mm_prefetch((const char *)(wn[pk_] + po_), _MM_HINT_T0);                                        \
+                po_ += 64;                                                                                       \
+                if (po_ >= rb_) {                                                                                \
+                    po_ = 0;                                                                                     \
+                    pk_++;                                                                                       \
+                }                                                                                                \
+            }                                                                                                    \
+            K_T1_STEP(a + b * QG, as + b, sums + b, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),            \
+                      w[3] + b * (GB), s[0] + b, s[1] + b, s[2] + b, s[3] + b, LOADW, PROD, ADDP, FIN, GB, CSH);  \
+        }                                                                                                        \
+        if (b < nb) { /* 1..7 blocks left: zero-padded copies contribute 0 * 0 */                                \
+            int64_t m = nb - b;                                                                                  \
+            int8_t ta[8 * QG] = {0};                                                                             \
+            float tas[8] = {0};                                                                                  \
+            int32_t tsum[8] = {0};                                                                               \
+            uint8_t tw[4][8 * (GB)] = {{0}};                                                                     \
+            uint16_t tsc[4][8] = {{0}};                                                                          \
+            memcpy(ta, a + b * QG, (size_t)m * QG);                                                              \
+            memcpy(tas, as + b, (size_t)m * sizeof(float));                                                      \
+            memcpy(tsum, sums + b, (size_t)m * sizeof(int32_t));                                                 \
+            for (int k = 0; k < 4; k++) {                                                                        \
+                memcpy(tw[k], w[k] + b * (GB), (size_t)m * (GB));                                                \
+                memcpy(tsc[k], s[k] + b, (size_t)m * sizeof(uint16_t));                                          \
+            }                                                                                                    \
+            K_T1_STEP(ta, tas, tsum, tw[0], tw[1], tw[2], tw[3], tsc[0], tsc[1], tsc[2], tsc[3], LOADW, PROD,    \
+                      ADDP, FIN, GB, CSH);                                                                       \
+        }                                                                                                        \
+        res[0] = hsum8(acc0);                                                                                    \
+        res[1] = hsum8(acc1);                                                                                    \
+        res[2] = hsum8(acc2);                                                                                    \
+        res[3] = hsum8(acc3);                                                                                    \
+    }
+
+/* Offsets (see the products above): Q4 subtracts 8 * sum(a) (t1 shift 3),
+ * VNNI Q8 128 * sum(a) (shift 7), AVX2 Q8 nothing. t4's Q4 tiles read
+ * nibbles unpacked by q4_unpack_rows (32 bytes per block). */
+K_DEF_T4(mm_t4_q4_avx2, PI2_T_AVX2, ld256, _mm256_maddubs_epi16, _mm256_add_epi16, fin_madd1, QG, 1)
+K_DEF_T4(mm_t4_q4raw_avx2, PI2_T_AVX2, q4_nibbles, _mm256_maddubs_epi16, _mm256_add_epi16, fin_madd1,
+         PI2_Q4_GROUP_BYTES, 1)
+K_DEF_T4(mm_t4_q8_avx2, PI2_T_AVX2, ld256, prod_q8_avx2, _mm256_add_epi32, fin_id, PI2_Q8_GROUP_BYTES, 0)
+K_DEF_T1(mm_t1_q4_avx2, PI2_T_AVX2, q4_nibbles, _mm256_maddubs_epi16, _mm256_add_epi16, fin_madd1,
+         PI2_Q4_GROUP_BYTES, 3)
+K_DEF_T1(mm_t1_q8_avx2, PI2_T_AVX2, ld256, prod_q8_avx2, _mm256_add_epi32, fin_id, PI2_Q8_GROUP_BYTES, 0)
+
+enum { K_SPLIT_MAX = 8192 }; /* values of a split activation copy (stack) */
+
+/* dst[b * 32 ..] = the nibbles of Q4 block b of p, b < kb: a row tile is
+ * unpacked once per chunk and then read by every token group. */
+PI2_T_AVX2 static void q4_unpack_rows(const uint8_t *p, int64_t kb, uint8_t *dst)
+{
+    for (int64_t b = 0; b < kb; b++)
+        _mm256_storeu_si256((__m256i *)(void *)(dst + b * QG), q4_nibbles(p + b * PI2_Q4_GROUP_BYTES));
+}
+
+/* dst[8p .. 8p + 8) = [d_2p x4 | d_2p+1 x4] for the fp16 scales h[0..kb)
+ * (d_kb = 0 when kb is odd). */
+PI2_T_AVX2 static void pair_scales(const uint16_t *h, int64_t kb, float *dst)
+{
+    int64_t b = 0;
+    for (; b + 8 <= kb; b += 8) {
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(h + b)));
+        for (int k = 0; k < 4; k++) {
+            __m256i idx = _mm256_set_epi32(2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k, 2 * k, 2 * k, 2 * k);
+            _mm256_storeu_ps(dst + 4 * b + 8 * k, _mm256_permutevar8x32_ps(d, idx));
+        }
+    }
+    for (; b < kb; b += 2) {
+        float lo = _cvtsh_ss(h[b]), hi = b + 1 < kb ? _cvtsh_ss(h[b + 1]) : 0.0f;
+        _mm256_storeu_ps(dst + 4 * b, _mm256_set_m128(_mm_set1_ps(hi), _mm_set1_ps(lo)));
+    }
+}
+
+/* Rows [0, nrows) against one token: out[r] (stride 1). Decode streams
+ * the weights once: while a row tile computes, t1 prefetches the next
+ * tile's rows at the same pace (the hardware prefetcher alone left the
+ * 4 interleaved row streams at a third of the read bandwidth), one row
+ * after the other rather than interleaved like the loads: an ascending
+ * stream of lines lets the L2 streamer run ahead of the software
+ * prefetches (0.6 -> 0.8 of the read bandwidth from DRAM, Zen 3). */
+static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_t *const *wp,
+                         const uint16_t *const *ws, const float *as, const int8_t *a, const int32_t *sums, float *out,
+                         const uint8_t *pf, int64_t pf_len)
+{
+    if (nb < 16 && op->t1short) {
+        (op->t1shortg && pi2_ki_gfni() ? op->t1shortg : op->t1short)(nb, nrows, wp, ws, as, a, sums, out, pf, pf_len);
+        return;
+    }
+    int64_t tiles = (nrows + 3) / 4;
+    /* the activations rearranged once for all the rows (up to a stack
+     * buffer's worth; rows of more values take t1) */
+    _Alignas(64) int8_t split[K_SPLIT_MAX];
+    k_t1_fn t1 = op->t1;
+    if (op->t1s && nb * QG <= K_SPLIT_MAX) {
+        op->split(a, nb, split);
+        a = split;
+        t1 = op->t1sg && pi2_ki_gfni() ? op->t1sg : op->t1s;
+    }
+    for (int r0 = 0; r0 < nrows; r0 += 4) {
+        const uint8_t *w[4], *wn[4];
+        const uint16_t *s[4];
+        /* this tile and the next close together and ascending (a
+         * matrix's rows, every gate row of a bundle: gaps of a few rows),
+         * or gathered (the predicted neurons) */
+        bool seq = true;
+        for (int k = 0; k < 4; k++) {
+            int r = r0 + k < nrows ? r0 + k : nrows - 1, rn = r0 + 4 + k < nrows ? r0 + 4 + k : nrows - 1;
+            w[k] = wp[r];
+            s[k] = ws[r];
+            wn[k] = wp[rn];
+        }
+        for (int r = r0; r + 1 < nrows && r < r0 + 7; r++) {
+            uintptr_t gap = (uintptr_t)wp[r + 1] - (uintptr_t)wp[r]; /* wraps when descending */
+            seq = seq && gap <= (uintptr_t)(4 * nb * op->gb);
+        }
+        /* Gathered rows take one prefetch of each next row's first line:
+         * the hardware streams the rest of a row once it starts, and paced
+         * prefetches of whole rows held the miss buffers the demand loads
+         * needed (12.8% of a 7B FFN's gate rows: 7.5 -> 12 GB/s on one
+         * thread); rows close together keep the paced prefetch (every gate
+         * row of a bundle: 4-7% slower dense decode without it) */
+        if (!seq)
+            for (int k = 0; k < 4; k++)
+                _mm_prefetch((const char *)wn[k], _MM_HINT_T0);
+        /* this tile's share of the caller's range */
+        int64_t p0, p1;
+        k_pf_share(pf_len, r0 / 4, tiles, &p0, &p1);
+        float res[4];
+        t1(w, s, nb, a, as, sums, seq ? wn : NULL, pf ? pf + p0 : NULL, pf ? p1 - p0 : 0, res);
+        for (int k = 0; k < 4 && r0 + k < nrows; k++)
+            out[r0 + k] = res[k];
+    }
+}
+
+/* Tokens [0, T) in groups of 4 (T >= 2; the last group repeats token T-1). */
+static void mm_groups(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                      const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
+{
+    int64_t nb = n / QG;
+    int ng = (T + 3) / 4;
+    int64_t kc = min64(2 * (K_PREP_CAP / ng), K_CHUNK_MAX); /* even */
+    /* Q4: unpack each row tile once when 3+ token groups share it */
+    bool unpack = op->t4raw && ng >= 3;
+    k_t4_fn t4 = op->t4raw && !unpack ? op->t4raw : op->t4;
+    k_tok4 pre[K_PREP_CAP];
+    float wsp[4 * 4 * K_CHUNK_MAX];
+    uint8_t wu[4 * K_CHUNK_MAX * QG];
+    for (int64_t b0 = 0; b0 < nb; b0 += kc) {
+        int64_t kb = min64(kc, nb - b0), kp = (kb + 1) / 2;
+        for (int g = 0; g < ng; g++)
+            for (int j = 0; j < 4; j++) {
+                int t = 4 * g + j < T ? 4 * g + j : T - 1;
+                for (int64_t b = 0; b < 2 * kp; b++) {
+                    k_tok4 *e = &pre[g * kp + b / 2];
+                    int i = 4 * (int)(b & 1) + j;
+                    e->as[i] = b < kb ? ascales[t * nb + b0 + b] : 0.0f;
+                    e->corr[i] = b < kb ? op->corr * asums[t * nb + b0 + b] : 0;
+                }
+            }
+        for (int r0 = 0; r0 < nrows; r0 += 4) {
+            const uint8_t *w[4];
+            for (int k = 0; k < 4; k++) {
+                int r = r0 + k < nrows ? r0 + k : nrows - 1;
+                w[k] = wp[r] + b0 * op->gb;
+                if (unpack) {
+                    q4_unpack_rows(w[k], kb, wu + k * kb * QG);
+                    w[k] = wu + k * kb * QG;
+                }
+                pair_scales(ws[r] + b0, kb, wsp + k * 8 * kp);
+            }
+            for (int g = 0; g < ng; g++) {
+                const int8_t *a[4];
+                for (int j = 0; j < 4; j++) {
+                    int t = 4 * g + j < T ? 4 * g + j : T - 1;
+                    a[j] = aq + t * n + b0 * QG;
+                }
+                float res[16];
+                t4(w, wsp, kb, a, pre + g * kp, res);
+                for (int k = 0; k < 4 && r0 + k < nrows; k++)
+                    for (int j = 0; j < 4 && 4 * g + j < T; j++) {
+                        float *o = out + (4 * g + j) * ldo + r0 + k;
+                        *o = b0 == 0 ? res[4 * k + j] : *o + res[4 * k + j];
+                    }
+            }
+        }
+    }
+}
+
+static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                    const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo,
+                    const uint8_t *pf, int64_t pf_len)
+{
+    int64_t nb = n / QG;
+    /* Groups of 4 tokens, the last one padded when 2 or 3 tokens are left;
+     * a lone last token, and batches under 4 tokens, run as decode (a
+     * padded group would spend 2-4x the work). */
+    int grouped = T < 4 ? 0 : T % 4 == 1 ? T - 1 : T;
+    if (grouped > 0)
+        mm_groups(op, n, nrows, wp, ws, ascales, aq, asums, grouped, out, ldo);
+    for (int t = grouped; t < T; t++)
+        mm_one_token(op, nb, nrows, wp, ws, ascales + t * nb, aq + t * n, asums + t * nb, out + t * ldo,
+                     t == grouped ? pf : NULL, t == grouped ? pf_len : 0);
+}
+
+static const k_mm_ops MM_Q4_AVX2 = {mm_t4_q4_avx2, mm_t4_q4raw_avx2, mm_t1_q4_avx2, NULL, NULL, NULL, 8,
+                                    PI2_Q4_GROUP_BYTES, NULL, NULL};
+static const k_mm_ops MM_Q8_AVX2 = {mm_t4_q8_avx2, NULL, mm_t1_q8_avx2, NULL, NULL, NULL, 0, PI2_Q8_GROUP_BYTES,
+                                    NULL, NULL};
+
+#endif /* PI2_K_X86 */
+
+static void matmul(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                   const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo,
+                   const void *pf, int64_t pf_len)
+{
+    assert(n % QG == 0 && nrows >= 0 && T >= 1 && T <= PI2_K_MAX_T);
+    if (nrows == 0)
+        return;
+#ifdef PI2_K_X86
+    const k_mm_ops *op = NULL;
+    switch (pi2_ki_isa_pick(isa)) {
+    case PI2_ISA_AVX512:
+        op = wt == PI2_QT_Q4 ? &pi2_ki_mm_q4_vnni : wt == PI2_QT_Q8 ? &pi2_ki_mm_q8_vnni : NULL;
+        break;
+    case PI2_ISA_AVX2:
+        op = wt == PI2_QT_Q4 ? &MM_Q4_AVX2 : wt == PI2_QT_Q8 ? &MM_Q8_AVX2 : NULL;
+        break;
+    case PI2_ISA_SCALAR:
+        break;
+    }
+    if (op == &pi2_ki_mm_q4_vnni || op == &pi2_ki_mm_q8_vnni) {
+        if (T >= K_PANEL_MIN_T) {
+            pi2_ki_mm_panels(wt, false, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+            return;
+        }
+    }
+    if (op == &MM_Q4_AVX2 && T >= K_P2_MIN_T) {
+        pi2_ki_mm_panels_avx2(n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+        return;
+    }
+    if (op) {
+        mm_simd(op, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, pf, pf_len > 0 ? pf_len : 0);
+        return;
+    }
+#else
+    (void)isa;
+    (void)asums;
+    (void)pf;
+    (void)pf_len;
+#endif
+    matmul_scalar(wt, n, nrows, wp, ws, ascales, aq, T, out, ldo);
+}
+
+void pi2_k_matmul_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
+                      const uint16_t *const *ws, const float *ascales, const int8_t *aq, const int32_t *asums,
+                      int T, float *out, int64_t ldo)
+{
+    matmul(isa, wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, NULL, 0);
+}
+
+void pi2_k_matmul(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                  const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
+{
+    matmul(pi2_q_get_isa(), wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, NULL, 0);
+}
+
+void pi2_k_matmul_pf(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                     const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo,
+                     const void *pf, int64_t pf_len)
+{
+    matmul(pi2_q_get_isa(), wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, pf, pf_len);
+}

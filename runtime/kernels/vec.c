@@ -1,0 +1,612 @@
+/* Vector ops: activation quantization (pi2_k_act_quantize), dequantized
+ * rows, the f32 GEMV pair (pi2_k_sgemv, pi2_k_sgemv_t), softmax; each with
+ * its scalar twin.
+ *
+ * ---- activation quantization ----
+ * Prefill quantizes each layer's inputs on one thread between the
+ * parallel matmuls; on AVX-512 it runs vectorized (bit-identical). */
+#include "runtime/kernels/internal.h"
+
+/* ---- activations ---- */
+
+static void act_quantize_scalar(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
+                                int32_t *sums)
+{
+    int64_t nb = n / QG;
+    for (int t = 0; t < T; t++) {
+        int8_t *qt = q + (int64_t)t * n;
+        pi2_q8act_quantize(x + (int64_t)t * ldx, n, scales + (int64_t)t * nb, qt);
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t s = 0;
+            for (int j = 0; j < QG; j++)
+                s += qt[b * QG + j];
+            sums[(int64_t)t * nb + b] = s;
+        }
+    }
+}
+
+static void dequant_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                           float *dst)
+{
+    for (int r = 0; r < nrows; r++)
+        pi2_q_dequantize_row(wt, ws[r], wp[r], n, dst + (int64_t)r * n);
+}
+
+static void sgemv_scalar(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
+{
+    for (int r = 0; r < nrows; r++) {
+        const float *w = W + (int64_t)r * ldw;
+        float s = 0.0f;
+        for (int64_t j = 0; j < n; j++)
+            s += w[j] * x[j];
+        out[r] = s;
+    }
+}
+
+static void softmax_scalar(float *x, int64_t n)
+{
+    float mx = -INFINITY, sum = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    float inv = 1.0f / sum;
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= inv;
+}
+
+static void sgemv_t_scalar(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+{
+    for (int64_t j = 0; j < n; j++)
+        out[j] = 0.0f;
+    for (int r = 0; r < nrows; r++) {
+        const float *w = W + (int64_t)r * ldw;
+        for (int64_t j = 0; j < n; j++)
+            out[j] += c[r] * w[j];
+    }
+}
+
+#ifdef PI2_K_X86
+
+/* ---- activations on AVX-512 ----
+ *
+ * pi2_q8act_quantize's operations per block, 16 lanes at a time: the same
+ * max, the same scalar 127 / amax and amax / 127, one multiply and a
+ * round-to-nearest-even convert per value (rintf in the default rounding
+ * mode), the same clamp; so bit-identical. Prefill quantizes every
+ * layer's inputs on one thread: the scalar loop cost as much as a tenth
+ * of the batch's matmul time. */
+PI2_T_AVX512 static void act_quantize_avx512(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
+                                             int32_t *sums)
+{
+    int64_t nb = n / QG;
+    const __m512 fmax = _mm512_set1_ps(FLT_MAX);
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    for (int t = 0; t < T; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + (int64_t)t * ldx + b * QG;
+            int8_t *qb = q + (int64_t)t * n + b * QG;
+            int64_t i = (int64_t)t * nb + b;
+            __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+            __m512 a0 = _mm512_abs_ps(x0), a1 = _mm512_abs_ps(x1);
+            bool bad = (__mmask16)(_mm512_cmp_ps_mask(a0, fmax, _CMP_LE_OQ) & _mm512_cmp_ps_mask(a1, fmax, _CMP_LE_OQ)) !=
+                       (__mmask16)0xffff; /* NaN or inf */
+            float amax = bad ? 0.0f : _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+            if (bad || amax < 0x1p-100f) {
+                scales[i] = bad ? NAN : 0.0f;
+                memset(qb, 0, QG);
+                sums[i] = 0;
+                continue;
+            }
+            float id = 127.0f / amax;
+            scales[i] = amax / 127.0f;
+            __m512 iv = _mm512_set1_ps(id);
+            __m512i r0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x0, iv)), lo), hi);
+            __m512i r1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x1, iv)), lo), hi);
+            _mm_storeu_si128((__m128i *)(void *)qb, _mm512_cvtepi32_epi8(r0));
+            _mm_storeu_si128((__m128i *)(void *)(qb + 16), _mm512_cvtepi32_epi8(r1));
+            sums[i] = _mm512_reduce_add_epi32(_mm512_add_epi32(r0, r1));
+        }
+}
+
+/* ---- dequant (exact: (q - 8) * d and q * d are exact floats) ---- */
+
+PI2_T_AVX2 static void dequant_avx2(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
+                                    const uint16_t *const *ws, float *dst)
+{
+    const __m256i m4 = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
+    int64_t nb = n / QG;
+    for (int r = 0; r < nrows; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            float *o = dst + (int64_t)r * n + b * QG;
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(ws[r][b]));
+            if (wt == PI2_QT_Q4) {
+                const uint8_t *p = wp[r] + b * PI2_Q4_GROUP_BYTES;
+                __m256i x0 = ld_u8x8(p), x1 = ld_u8x8(p + 8);
+                __m256i q0 = _mm256_sub_epi32(_mm256_and_si256(x0, m4), eight);
+                __m256i q1 = _mm256_sub_epi32(_mm256_and_si256(x1, m4), eight);
+                __m256i q2 = _mm256_sub_epi32(_mm256_srli_epi32(x0, 4), eight);
+                __m256i q3 = _mm256_sub_epi32(_mm256_srli_epi32(x1, 4), eight);
+                _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(q0), d));
+                _mm256_storeu_ps(o + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(q1), d));
+                _mm256_storeu_ps(o + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(q2), d));
+                _mm256_storeu_ps(o + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(q3), d));
+            } else {
+                const uint8_t *p = wp[r] + b * PI2_Q8_GROUP_BYTES;
+                for (int k = 0; k < 4; k++)
+                    _mm256_storeu_ps(o + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(ld_i8x8(p + 8 * k)), d));
+            }
+        }
+    }
+}
+
+PI2_T_AVX512 static void dequant_avx512(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
+                                        const uint16_t *const *ws, float *dst)
+{
+    const __m512i m4 = _mm512_set1_epi32(0x0f), eight = _mm512_set1_epi32(8);
+    int64_t nb = n / QG;
+    for (int r = 0; r < nrows; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            float *o = dst + (int64_t)r * n + b * QG;
+            __m512 d = _mm512_set1_ps(_cvtsh_ss(ws[r][b]));
+            if (wt == PI2_QT_Q4) {
+                const uint8_t *p = wp[r] + b * PI2_Q4_GROUP_BYTES;
+                __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+                __m512i lo = _mm512_sub_epi32(_mm512_and_si512(x, m4), eight);
+                __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(x, 4), eight);
+                _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
+                _mm512_storeu_ps(o + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+            } else {
+                const uint8_t *p = wp[r] + b * PI2_Q8_GROUP_BYTES;
+                __m512i x0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+                __m512i x1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
+                _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_cvtepi32_ps(x0), d));
+                _mm512_storeu_ps(o + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(x1), d));
+            }
+        }
+    }
+}
+
+/* ---- sgemv: 4 rows at a time, two accumulators per row ---- */
+
+PI2_T_AVX2 static void sgemv_avx2(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
+{
+    int r = 0;
+    for (; r + 4 <= nrows; r += 4) {
+        const float *w0 = W + (int64_t)r * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) {
+            __m256 x0 = _mm256_loadu_ps(x + j), x1 = _mm256_loadu_ps(x + j + 8);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + j), x0, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + j), x0, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + j), x0, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + j), x0, a3);
+            b0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + j + 8), x1, b0);
+            b1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + j + 8), x1, b1);
+            b2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + j + 8), x1, b2);
+            b3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + j + 8), x1, b3);
+        }
+        if (j + 8 <= n) {
+            __m256 x0 = _mm256_loadu_ps(x + j);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + j), x0, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + j), x0, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + j), x0, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + j), x0, a3);
+            j += 8;
+        }
+        float s0 = hsum8(_mm256_add_ps(a0, b0)), s1 = hsum8(_mm256_add_ps(a1, b1));
+        float s2 = hsum8(_mm256_add_ps(a2, b2)), s3 = hsum8(_mm256_add_ps(a3, b3));
+        for (; j < n; j++) {
+            s0 += w0[j] * x[j];
+            s1 += w1[j] * x[j];
+            s2 += w2[j] * x[j];
+            s3 += w3[j] * x[j];
+        }
+        out[r] = s0;
+        out[r + 1] = s1;
+        out[r + 2] = s2;
+        out[r + 3] = s3;
+    }
+    for (; r < nrows; r++) {
+        const float *w = W + (int64_t)r * ldw;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), _mm256_loadu_ps(x + j), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j + 8), _mm256_loadu_ps(x + j + 8), a1);
+        }
+        if (j + 8 <= n) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), _mm256_loadu_ps(x + j), a0);
+            j += 8;
+        }
+        float s = hsum8(_mm256_add_ps(a0, a1));
+        for (; j < n; j++)
+            s += w[j] * x[j];
+        out[r] = s;
+    }
+}
+
+/* Lane L of the result, dword i = the sum of v_i's 4 floats in lane L. */
+PI2_T_AVX512 static inline __m512 fold4_ps(__m512 v0, __m512 v1, __m512 v2, __m512 v3)
+{
+    __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1));
+    __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(v2, v3), _mm512_unpackhi_ps(v2, v3));
+    __m512d a = _mm512_castps_pd(s01), b = _mm512_castps_pd(s23);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+}
+
+/* 16 short rows at once (the predictor's second layer: rows of its rank,
+ * 64 floats): one accumulator per row, then 4 folds and a 4 x 4 transpose
+ * of 128-bit lanes sum all 16 at ~3 instructions a row, where a
+ * horizontal sum per row took ~8 (one thread, 5632 rows: 2.4x the read
+ * speed at 64 floats, 1.5x at 65). */
+PI2_T_AVX512 static void sgemv16_avx512(const float *W, int64_t ldw, int64_t n, const float *x, float *out)
+{
+    __m512 a[16];
+    for (int i = 0; i < 16; i++)
+        a[i] = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 xv = _mm512_loadu_ps(x + j);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++)
+            a[i] = _mm512_fmadd_ps(_mm512_loadu_ps(W + i * ldw + j), xv, a[i]);
+    }
+    /* the last n % 16 columns a column at a time (gathered across the 16
+     * rows: masked loads, one per row, ran at half the speed) */
+    __m512 tail = _mm512_setzero_ps();
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)ldw));
+    for (; j < n; j++)
+        tail = _mm512_fmadd_ps(_mm512_i32gather_ps(idx, W + j, 4), _mm512_set1_ps(x[j]), tail);
+    __m512 f0 = fold4_ps(a[0], a[1], a[2], a[3]), f1 = fold4_ps(a[4], a[5], a[6], a[7]);
+    __m512 f2 = fold4_ps(a[8], a[9], a[10], a[11]), f3 = fold4_ps(a[12], a[13], a[14], a[15]);
+    /* f_q lane L dword i: row 4q + i over lane L; transposed, lane q of g[L] */
+    __m512 g[4];
+    lanes_t4(f0, f1, f2, f3, g);
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(g[0], g[1]), _mm512_add_ps(g[2], g[3])), tail));
+}
+
+/* The same with 16 floats per register; the n % 16 tail is a masked load
+ * (masked-off elements are not read). */
+PI2_T_AVX512 static void sgemv_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
+{
+    int64_t nfull = n & ~(int64_t)15;
+    __mmask16 tail = (__mmask16)((1u << (n & 15)) - 1u);
+    int r = 0;
+    if (n <= 256 && ldw <= INT32_MAX / 16)
+        for (; r + 16 <= nrows; r += 16)
+            sgemv16_avx512(W + (int64_t)r * ldw, ldw, n, x, out + r);
+    for (; r + 4 <= nrows; r += 4) {
+        const float *w0 = W + (int64_t)r * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        int64_t j = 0;
+        for (; j + 32 <= nfull; j += 32) {
+            __m512 x0 = _mm512_loadu_ps(x + j), x1 = _mm512_loadu_ps(x + j + 16);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + j), x0, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + j), x0, a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + j), x0, a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + j), x0, a3);
+            b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + j + 16), x1, b0);
+            b1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + j + 16), x1, b1);
+            b2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + j + 16), x1, b2);
+            b3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + j + 16), x1, b3);
+        }
+        if (j < nfull) { /* one more full 16 */
+            __m512 x0 = _mm512_loadu_ps(x + j);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + j), x0, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + j), x0, a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + j), x0, a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + j), x0, a3);
+        }
+        if (tail) {
+            __m512 xt = _mm512_maskz_loadu_ps(tail, x + nfull);
+            b0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w0 + nfull), xt, b0);
+            b1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w1 + nfull), xt, b1);
+            b2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w2 + nfull), xt, b2);
+            b3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w3 + nfull), xt, b3);
+        }
+        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, b0));
+        out[r + 1] = _mm512_reduce_add_ps(_mm512_add_ps(a1, b1));
+        out[r + 2] = _mm512_reduce_add_ps(_mm512_add_ps(a2, b2));
+        out[r + 3] = _mm512_reduce_add_ps(_mm512_add_ps(a3, b3));
+    }
+    for (; r < nrows; r++) {
+        const float *w = W + (int64_t)r * ldw;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+        int64_t j = 0;
+        for (; j + 32 <= nfull; j += 32) {
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j), _mm512_loadu_ps(x + j), a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j + 16), _mm512_loadu_ps(x + j + 16), a1);
+        }
+        if (j < nfull)
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j), _mm512_loadu_ps(x + j), a0);
+        if (tail)
+            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w + nfull), _mm512_maskz_loadu_ps(tail, x + nfull), a1);
+        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    }
+}
+
+/* ---- softmax: exp(x) = 2^k * p(r), x = k ln2 + r, |r| <= ln2 / 2, p the
+ * degree-6 Taylor polynomial (relative error < 2e-7); x below -87.3
+ * (after the max is subtracted) is taken as -87.3: 1.2e-38, nothing next
+ * to the max's 1 ---- */
+
+PI2_T_AVX512 static inline __m512 exp_avx512(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x); /* ln2 high part (exact k * hi) */
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860682030941723e-06f), r);  /* ln2 low part */
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
+}
+
+PI2_T_AVX512 static void softmax_avx512(float *x, int64_t n)
+{
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
+    __mmask16 tail = (__mmask16)((1u << (n - i)) - 1u);
+    if (tail)
+        mv = _mm512_mask_max_ps(mv, tail, mv, _mm512_maskz_loadu_ps(tail, x + i));
+    __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv)), sv = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 v = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mx));
+        _mm512_storeu_ps(x + i, v);
+        sv = _mm512_add_ps(sv, v);
+    }
+    if (tail) {
+        __m512 v = _mm512_maskz_mov_ps(tail, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + i), mx)));
+        _mm512_mask_storeu_ps(x + i, tail, v);
+        sv = _mm512_add_ps(sv, v);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sv));
+    for (i = 0; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+    if (tail)
+        _mm512_mask_storeu_ps(x + i, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), inv));
+}
+
+/* ---- sgemv_t: columns of up to 64 floats, rows in order ---- */
+
+PI2_T_AVX2 static void sgemv_t_avx2(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+{
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int r = 0; r < nrows; r++) {
+            const float *w = W + (int64_t)r * ldw + j;
+            __m256 cr = _mm256_set1_ps(c[r]);
+            a0 = _mm256_fmadd_ps(cr, _mm256_loadu_ps(w), a0);
+            a1 = _mm256_fmadd_ps(cr, _mm256_loadu_ps(w + 8), a1);
+            a2 = _mm256_fmadd_ps(cr, _mm256_loadu_ps(w + 16), a2);
+            a3 = _mm256_fmadd_ps(cr, _mm256_loadu_ps(w + 24), a3);
+        }
+        _mm256_storeu_ps(out + j, a0);
+        _mm256_storeu_ps(out + j + 8, a1);
+        _mm256_storeu_ps(out + j + 16, a2);
+        _mm256_storeu_ps(out + j + 24, a3);
+    }
+    for (; j + 8 <= n; j += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (int r = 0; r < nrows; r++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(c[r]), _mm256_loadu_ps(W + (int64_t)r * ldw + j), a);
+        _mm256_storeu_ps(out + j, a);
+    }
+    for (; j < n; j++) {
+        float a = 0.0f;
+        for (int r = 0; r < nrows; r++)
+            a = fmaf(c[r], W[(int64_t)r * ldw + j], a);
+        out[j] = a;
+    }
+}
+
+PI2_T_AVX512 static void sgemv_t_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+{
+    int64_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int r = 0; r < nrows; r++) {
+            const float *w = W + (int64_t)r * ldw + j;
+            __m512 cr = _mm512_set1_ps(c[r]);
+            a0 = _mm512_fmadd_ps(cr, _mm512_loadu_ps(w), a0);
+            a1 = _mm512_fmadd_ps(cr, _mm512_loadu_ps(w + 16), a1);
+            a2 = _mm512_fmadd_ps(cr, _mm512_loadu_ps(w + 32), a2);
+            a3 = _mm512_fmadd_ps(cr, _mm512_loadu_ps(w + 48), a3);
+        }
+        _mm512_storeu_ps(out + j, a0);
+        _mm512_storeu_ps(out + j + 16, a1);
+        _mm512_storeu_ps(out + j + 32, a2);
+        _mm512_storeu_ps(out + j + 48, a3);
+    }
+    for (; j < n; j += 16) { /* masked: lanes past n are neither read nor written */
+        __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        __m512 a = _mm512_setzero_ps();
+        for (int r = 0; r < nrows; r++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(c[r]), _mm512_maskz_loadu_ps(m, W + (int64_t)r * ldw + j), a);
+        _mm512_mask_storeu_ps(out + j, m, a);
+    }
+}
+
+/* Up to 4 weight vectors c + g * ldc against the same rows: for each row,
+ * its 64 columns are loaded once and every vector's FMA chain advances, in
+ * row order from zero as sgemv_t_avx512 runs each alone (the same bits);
+ * 4 x 4 independent chains also keep the FMA units busy, where one
+ * vector's 4 wait on each other's latency. */
+PI2_T_AVX512 static void sgemv_t4_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *c,
+                                         int64_t ldc, int G, float *out, int64_t ldo)
+{
+    int64_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        __m512 a[4][4];
+        for (int g = 0; g < 4; g++)
+            for (int q = 0; q < 4; q++)
+                a[g][q] = _mm512_setzero_ps();
+        for (int r = 0; r < nrows; r++) {
+            const float *w = W + (int64_t)r * ldw + j;
+            __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+            __m512 w2 = _mm512_loadu_ps(w + 32), w3 = _mm512_loadu_ps(w + 48);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                if (g >= G)
+                    break;
+                __m512 cr = _mm512_set1_ps(c[g * ldc + r]);
+                a[g][0] = _mm512_fmadd_ps(cr, w0, a[g][0]);
+                a[g][1] = _mm512_fmadd_ps(cr, w1, a[g][1]);
+                a[g][2] = _mm512_fmadd_ps(cr, w2, a[g][2]);
+                a[g][3] = _mm512_fmadd_ps(cr, w3, a[g][3]);
+            }
+        }
+        for (int g = 0; g < G; g++)
+            for (int q = 0; q < 4; q++)
+                _mm512_storeu_ps(out + g * ldo + j + 16 * q, a[g][q]);
+    }
+    for (; j < n; j += 16) { /* masked: lanes past n are neither read nor written */
+        __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int r = 0; r < nrows; r++) {
+            __m512 w = _mm512_maskz_loadu_ps(m, W + (int64_t)r * ldw + j);
+            for (int g = 0; g < G; g++)
+                a[g] = _mm512_fmadd_ps(_mm512_set1_ps(c[g * ldc + r]), w, a[g]);
+        }
+        for (int g = 0; g < G; g++)
+            _mm512_mask_storeu_ps(out + g * ldo + j, m, a[g]);
+    }
+}
+
+#endif /* PI2_K_X86 */
+
+void pi2_k_act_quantize_isa(pi2_isa isa, const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
+                            int32_t *sums)
+{
+    assert(n % QG == 0 && T >= 0);
+#ifdef PI2_K_X86
+    if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
+        act_quantize_avx512(x, ldx, T, n, scales, q, sums);
+        return;
+    }
+#else
+    (void)isa;
+#endif
+    act_quantize_scalar(x, ldx, T, n, scales, q, sums);
+}
+
+void pi2_k_act_quantize(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q, int32_t *sums)
+{
+    pi2_k_act_quantize_isa(pi2_q_get_isa(), x, ldx, T, n, scales, q, sums);
+}
+
+void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                        float *dst)
+{
+#ifdef PI2_K_X86
+    if (wt == PI2_QT_Q4 || wt == PI2_QT_Q8) {
+        switch (pi2_q_get_isa()) {
+        case PI2_ISA_AVX512:
+            dequant_avx512(wt, n, nrows, wp, ws, dst);
+            return;
+        case PI2_ISA_AVX2:
+            dequant_avx2(wt, n, nrows, wp, ws, dst);
+            return;
+        case PI2_ISA_SCALAR:
+            break;
+        }
+    }
+#endif
+    dequant_scalar(wt, n, nrows, wp, ws, dst);
+}
+
+void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
+{
+#ifdef PI2_K_X86
+    switch (pi2_ki_isa_pick(isa)) {
+    case PI2_ISA_AVX512:
+        sgemv_avx512(W, ldw, n, nrows, x, out);
+        return;
+    case PI2_ISA_AVX2:
+        sgemv_avx2(W, ldw, n, nrows, x, out);
+        return;
+    case PI2_ISA_SCALAR:
+        break;
+    }
+#else
+    (void)isa;
+#endif
+    sgemv_scalar(W, ldw, n, nrows, x, out);
+}
+
+void pi2_k_sgemv(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
+{
+    pi2_k_sgemv_isa(pi2_q_get_isa(), W, ldw, n, nrows, x, out);
+}
+
+void pi2_k_softmax_isa(pi2_isa isa, float *x, int64_t n)
+{
+#ifdef PI2_K_X86
+    if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
+        softmax_avx512(x, n);
+        return;
+    }
+#else
+    (void)isa;
+#endif
+    softmax_scalar(x, n);
+}
+
+void pi2_k_softmax(float *x, int64_t n) { pi2_k_softmax_isa(pi2_q_get_isa(), x, n); }
+
+void pi2_k_sgemv_t_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+{
+#ifdef PI2_K_X86
+    switch (pi2_ki_isa_pick(isa)) {
+    case PI2_ISA_AVX512:
+        sgemv_t_avx512(W, ldw, n, nrows, c, out);
+        return;
+    case PI2_ISA_AVX2:
+        sgemv_t_avx2(W, ldw, n, nrows, c, out);
+        return;
+    case PI2_ISA_SCALAR:
+        break;
+    }
+#else
+    (void)isa;
+#endif
+    sgemv_t_scalar(W, ldw, n, nrows, c, out);
+}
+
+void pi2_k_sgemv_t_group_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c,
+                             int64_t ldc, int G, float *out, int64_t ldo)
+{
+#ifdef PI2_K_X86
+    if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
+        for (int g0 = 0; g0 < G; g0 += 4)
+            sgemv_t4_avx512(W, ldw, n, nrows, c + g0 * ldc, ldc, G - g0 < 4 ? G - g0 : 4, out + g0 * ldo, ldo);
+        return;
+    }
+#endif
+    for (int g = 0; g < G; g++)
+        pi2_k_sgemv_t_isa(isa, W, ldw, n, nrows, c + g * ldc, out + g * ldo);
+}
+
+void pi2_k_sgemv_t_group(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, int64_t ldc, int G,
+                         float *out, int64_t ldo)
+{
+    pi2_k_sgemv_t_group_isa(pi2_q_get_isa(), W, ldw, n, nrows, c, ldc, G, out, ldo);
+}
+
+void pi2_k_sgemv_t(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+{
+    pi2_k_sgemv_t_isa(pi2_q_get_isa(), W, ldw, n, nrows, c, out);
+}

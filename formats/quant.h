@@ -68,20 +68,10 @@
  * round half to even, what SIMD conversions do). The weight-activation dot
  * product is, block by block,
  *     sum_b  (int32 sum_j wq_j * aq_j) * (float)(wscale_b * ascale_b)
- * (Q4's wq_j is q - 8). The scalar reference sums the terms in double and
- * rounds once at the end. The AVX2 and AVX-512 VNNI kernels compute the
- * same int32 block sums exactly and accumulate in float over interleaved
- * accumulators (each lane sums n/128 terms); they differ from the
- * reference by at most (n/128 + 10) * 2^-24 * sum_j |w_j * a_j|, over the
- * dequantized weights and activations.
- *
- * ---- ISA dispatch ----
- *
- * pi2_q_dot_q8act runs the best kernel this CPU supports (AVX-512 VNNI, then
- * AVX2, then scalar), chosen once at first use. pi2_q_set_isa forces a path
- * for the whole process (tests, a tool's --isa flag); call it before compute
- * threads start. The SIMD kernels are compiled with target attributes, so
- * the library builds with plain -O2 and runs on CPUs without them.
+ * (Q4's wq_j is q - 8). The scalar reference here sums the terms in double
+ * and rounds once at the end. The fast kernels (AVX2, AVX-512 VNNI), their
+ * instruction-set selection and their error bounds against this reference
+ * are the runtime's: runtime/kernels.h.
  */
 #ifndef PI2_QUANT_H
 #define PI2_QUANT_H
@@ -154,34 +144,12 @@ float pi2_q_error_bound(pi2_qtype t, uint16_t scale);
 void pi2_q8act_quantize(const float *x, int64_t n, float *scales, int8_t *q);
 
 /* Dot product of one weight row (type wt, n values) with quantized
- * activations; n a multiple of 32 that passed pi2_q_check_cols; aq values in
- * [-127, 127] (as pi2_q8act_quantize writes). For F32 rows wscales is unused
- * and each block contributes (sum_j w_j * aq_j) * ascale. Runs the kernel
- * selected by pi2_q_get_isa(). */
-float pi2_q_dot_q8act(pi2_qtype wt, const uint16_t *wscales, const uint8_t *wpayload, const float *ascales,
-                      const int8_t *aq, int64_t n);
-/* The scalar reference twin (plain loops). */
+ * activations, the scalar reference (plain loops, summed in double; the
+ * runtime's kernels are tested against it); n a multiple of 32 that passed
+ * pi2_q_check_cols; aq values in [-127, 127] (as pi2_q8act_quantize
+ * writes). For F32 rows wscales is unused and each block contributes
+ * (sum_j w_j * aq_j) * ascale. */
 float pi2_q_dot_q8act_scalar(pi2_qtype wt, const uint16_t *wscales, const uint8_t *wpayload,
                              const float *ascales, const int8_t *aq, int64_t n);
-
-/* ---- instruction-set selection ---- */
-typedef enum pi2_isa {
-    PI2_ISA_SCALAR = 0,
-    PI2_ISA_AVX2 = 1,   /* AVX2 + FMA */
-    PI2_ISA_AVX512 = 2, /* AVX-512 F + BW + VL + VNNI */
-} pi2_isa;
-
-/* "scalar", "avx2", "avx512vnni"; "?" outside the enum. */
-const char *pi2_q_isa_name(pi2_isa isa);
-/* Whether this CPU (and OS) can run the kernels of `isa`. */
-bool pi2_q_isa_supported(pi2_isa isa);
-/* The best supported path. */
-pi2_isa pi2_q_isa_best(void);
-/* Force the path pi2_q_dot_q8act uses, process-wide. PI2_EUNSUPPORTED if
- * this CPU cannot run it, PI2_EINVAL outside the enum; the path is unchanged
- * on error. */
-int pi2_q_set_isa(pi2_isa isa);
-/* The path pi2_q_dot_q8act uses now (pi2_q_isa_best() until set). */
-pi2_isa pi2_q_get_isa(void);
 
 #endif

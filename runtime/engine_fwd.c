@@ -177,7 +177,7 @@ static void quant_in(pi2_engine *e, const float *x, int64_t ldx, int T, int64_t 
  * instead of per block. */
 static bool ffn_sb(const eng_ffn *f)
 {
-    return f->gate.qt == PI2_QT_Q4 && f->up.qt == PI2_QT_Q4 && pi2_q_get_isa() == PI2_ISA_AVX512;
+    return f->gate.qt == PI2_QT_Q4 && f->up.qt == PI2_QT_Q4 && pi2_k_get_isa() == PI2_ISA_AVX512;
 }
 
 /* Quantize tokens [t0, t1) of a prefill FFN's input x [T][D] for its gate
@@ -519,7 +519,7 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
      * pi2_k_down_rows: requantizing them costs a whole Q8 step, which moved
      * the tinystories golden tokens. Elsewhere the GEMM's twin would be
      * slower than pi2_k_down_rows' SIMD paths. */
-    bool gemm = f->down.qt == PI2_QT_Q4 && pi2_q_get_isa() == PI2_ISA_AVX512, sb = ffn_sb(f);
+    bool gemm = f->down.qt == PI2_QT_Q4 && pi2_k_get_isa() == PI2_ISA_AVX512, sb = ffn_sb(f);
     /* tile k = neurons [k * ENG_TILE, (k + 1) * ENG_TILE) (within the
      * range) runs on thread k % nt: a range cut at tile boundaries (the
      * offloading prefill's windows) gives each thread the same tiles in

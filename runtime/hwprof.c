@@ -110,7 +110,7 @@ void pi2_hwprof_cpu_name(char *dst, size_t cap)
     fclose(f);
 }
 
-static const char *isa_now(void) { return pi2_q_isa_name(pi2_q_get_isa()); }
+static const char *isa_now(void) { return pi2_k_isa_name(pi2_k_get_isa()); }
 
 /* Largest cache of the highest level (bytes), 0 when unknown. */
 static uint64_t llc_bytes(void)
@@ -623,7 +623,7 @@ static int bench_init(hw_bench *b, pi2_err *err)
     wb = wb < ((size_t)64 << 20) ? ((size_t)64 << 20) : wb > ((size_t)256 << 20) ? ((size_t)256 << 20) : wb;
     b->wbytes = wb;
     b->ns = wb / 16; /* Q4 rows of 4096 need 2 scale bytes per 64 payload bytes */
-    b->isa = pi2_q_get_isa();
+    b->isa = pi2_k_get_isa();
     b->w = malloc(wb);
     b->s = pi2_malloc_array(b->ns, sizeof *b->s);
     b->idx = pi2_malloc_array(HW_NIDX, sizeof *b->idx);

@@ -23,9 +23,12 @@
  * (n/32 + 8) * 2^-23 * sum_b |block_b * scale_b| (checked by the tests).
  *
  * ---- ISA ----
- * The path is the one formats/quant.h selected (pi2_q_get_isa): AVX-512
- * VNNI, AVX2, or scalar; the *_isa variants force one (tests, probes). SIMD
- * code is compiled with target attributes, so the binaries run anywhere.
+ * The path is the process's one ISA state, kept here (pi2_k_get_isa):
+ * AVX-512 VNNI, AVX2, or scalar, the best this CPU runs unless
+ * pi2_k_set_isa forced one (a tool's --isa flag, tests); the *_isa
+ * variants force one per call (tests, probes). SIMD code is compiled with
+ * target attributes, so the library builds with plain -O2 and runs on CPUs
+ * without them.
  *
  * Buffers need no particular alignment. Nothing here allocates, and
  * nothing is thread-shared: callers partition rows between threads.
@@ -37,6 +40,27 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+
+/* ---- instruction-set selection ---- */
+typedef enum pi2_isa {
+    PI2_ISA_SCALAR = 0,
+    PI2_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
+    PI2_ISA_AVX512 = 2, /* AVX-512 F + BW + VL + VNNI */
+} pi2_isa;
+
+/* "scalar", "avx2", "avx512vnni"; "?" outside the enum. */
+const char *pi2_k_isa_name(pi2_isa isa);
+/* Whether this CPU (and OS) can run the kernels of `isa` (cpuid once). */
+bool pi2_k_isa_supported(pi2_isa isa);
+/* The best supported path. */
+pi2_isa pi2_k_isa_best(void);
+/* Force the path every kernel without an `isa` argument takes,
+ * process-wide; call it before compute threads start. PI2_EUNSUPPORTED if
+ * this CPU cannot run it, PI2_EINVAL outside the enum; the path is
+ * unchanged on error. */
+int pi2_k_set_isa(pi2_isa isa);
+/* The path the kernels take now (pi2_k_isa_best() until set). */
+pi2_isa pi2_k_get_isa(void);
 
 /* Largest T the matmul kernels accept in one call (callers loop over
  * larger batches). */

@@ -570,7 +570,7 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
         fputc('\n', f);
     }
     fprintf(f, "threads %d | kernels %s | peak RSS %.1f MB | %s\n", pi2_engine_threads(e),
-            pi2_q_isa_name(pi2_q_get_isa()), (double)pi2_peak_rss() / 1048576.0, pi2_engine_signature(e));
+            pi2_k_isa_name(pi2_k_get_isa()), (double)pi2_peak_rss() / 1048576.0, pi2_engine_signature(e));
     pi2_engine_offload_info in;
     pi2_engine_offload_info_get(e, &in);
     if (!in.on) {
@@ -915,7 +915,7 @@ static int run_bench(const run_opts *o)
            "\"weight_bytes_per_token\":%.0f,\"kv_bytes_per_token\":%.0f,\"dense_bytes_per_token\":%llu,"
            "\"prefill_macs_per_token\":%.0f,\"load_s\":%.3f,\"peak_rss_mb\":%.1f%s%s%s}\n",
            o->model, pi2_engine_dense(e) ? "dense" : pi2_engine_sparsity(e), pi2_engine_threads(e),
-           pi2_q_isa_name(pi2_q_get_isa()), pp, t_pp, pp / t_pp, tg, tot, tg / tot, 1e3 * tot / tg,
+           pi2_k_isa_name(pi2_k_get_isa()), pp, t_pp, pp / t_pp, tg, tot, tg / tot, 1e3 * tot / tg,
            1e3 * pct(lat, (size_t)tg, 50), 1e3 * pct(lat, (size_t)tg, 90), 1e3 * pct(lat, (size_t)tg, 99),
            (double)st.predicted / nn, (double)st.active / nn, (double)st.weight_bytes / nt, (double)st.kv_bytes / nt,
            (unsigned long long)pi2_engine_dense_bytes(e), pi2_engine_prefill_macs(e), t_load,
@@ -1058,7 +1058,7 @@ static int run_hw_probe(const run_opts *o)
         nt = 1;
     if (nt > 64)
         nt = 64;
-    pi2_isa isa = pi2_q_get_isa();
+    pi2_isa isa = pi2_k_get_isa();
     double peak1 = pi2_k_probe_int8_peak(isa, 0.3);
     size_t per = (size_t)256 << 20;
     uint8_t *buf = malloc(per * (size_t)nt);
@@ -1099,7 +1099,7 @@ static int run_hw_probe(const run_opts *o)
     }
     printf("{\"isa\":\"%s\",\"threads\":%d,\"int8_macs_per_s_1t\":%.4g,\"int8_macs_per_s\":%.4g,"
            "\"read_bytes_per_s_1t\":%.4g,\"read_bytes_per_s\":%.4g}\n",
-           pi2_q_isa_name(isa), nt, peak1, peak, bw1, bw);
+           pi2_k_isa_name(isa), nt, peak1, peak, bw1, bw);
     free(buf);
     return 0;
 }
@@ -1113,7 +1113,7 @@ static void *probe_thread(void *arg)
     probe_job *j = a->j;
     j->t0[a->i] = pi2_now();
     if (j->do_peak)
-        j->fig[a->i] = pi2_k_probe_int8_peak(pi2_q_get_isa(), 0.3);
+        j->fig[a->i] = pi2_k_probe_int8_peak(pi2_k_get_isa(), 0.3);
     else
         j->fig[a->i] = pi2_k_probe_read_bw(j->buf + (size_t)a->i * j->per, j->per, 0.5);
     j->t1[a->i] = pi2_now();
@@ -1236,7 +1236,7 @@ int main(int argc, char **argv)
                                                               : (pi2_isa)-1;
             if ((int)isa < 0)
                 rc = pi2_err_set(&err, PI2_EINVAL, "--isa: '%s' is not one of scalar, avx2, avx512vnni", optarg);
-            else if (pi2_q_set_isa(isa) != 0)
+            else if (pi2_k_set_isa(isa) != 0)
                 rc = pi2_err_set(&err, PI2_EUNSUPPORTED, "--isa %s: this CPU does not support it", optarg);
             break;
         }

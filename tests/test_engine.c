@@ -227,7 +227,7 @@ static int group_teardown(void **state)
 static int reset_isa(void **state)
 {
     (void)state;
-    pi2_q_set_isa(pi2_q_isa_best());
+    pi2_k_set_isa(pi2_k_isa_best());
     return 0;
 }
 
@@ -713,12 +713,12 @@ static void test_threads_and_isa(void **state)
         float *a = calloc(V, sizeof(float)), *b = calloc(V, sizeof(float)), *c = calloc(V, sizeof(float));
         run_logits(g_pi2[k], 1, false, a, 48, 24);
         run_logits(g_pi2[k], 3, false, b, 48, 24);
-        assert_int_equal(pi2_q_set_isa(PI2_ISA_SCALAR), 0);
+        assert_int_equal(pi2_k_set_isa(PI2_ISA_SCALAR), 0);
         run_logits(g_pi2[k], 2, false, c, 48, 24);
-        pi2_q_set_isa(pi2_q_isa_best());
+        pi2_k_set_isa(pi2_k_isa_best());
         double r1 = max_diff(a, b, V) / max_abs(a, V), r2 = max_diff(a, c, V) / max_abs(a, V);
         fprintf(stderr, "  %s: 1 vs 3 threads rel %.2e, %s vs scalar rel %.2e\n", kind_name[k], r1,
-                pi2_q_isa_name(pi2_q_isa_best()), r2);
+                pi2_k_isa_name(pi2_k_isa_best()), r2);
         assert_true(r1 < 1e-4); /* same groups and order whatever the thread count */
         assert_true(r2 < 2e-2); /* kernel float order differs: see test_prefill_vs_decode */
         /* decode alone: each FFN chunk's output is summed in chunk order,

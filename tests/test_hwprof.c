@@ -50,7 +50,7 @@ static void make_profile(pi2_hwprof *p, const char *dir, int threads)
 {
     memset(p, 0, sizeof *p);
     pi2_hwprof_cpu_name(p->cpu, sizeof p->cpu);
-    snprintf(p->isa, sizeof p->isa, "%s", pi2_q_isa_name(pi2_q_get_isa()));
+    snprintf(p->isa, sizeof p->isa, "%s", pi2_k_isa_name(pi2_k_get_isa()));
     snprintf(p->device, sizeof p->device, "%s", dir);
     snprintf(p->io_backend, sizeof p->io_backend, "io_uring");
     snprintf(p->measured_at, sizeof p->measured_at, "2025-03-01T12:34:56Z");
@@ -444,7 +444,7 @@ static void test_matches(void **state)
     snprintf(q.cpu, sizeof q.cpu, "Some Other CPU");
     assert_false(pi2_hwprof_matches(&q, &o));
     q = p;
-    snprintf(q.isa, sizeof q.isa, "%s", pi2_q_get_isa() == PI2_ISA_SCALAR ? "avx2" : "scalar");
+    snprintf(q.isa, sizeof q.isa, "%s", pi2_k_get_isa() == PI2_ISA_SCALAR ? "avx2" : "scalar");
     assert_false(pi2_hwprof_matches(&q, &o));
     q = p;
     q.dev ^= 1;
@@ -580,7 +580,7 @@ static void test_measure(void **state)
     char cpu[128];
     pi2_hwprof_cpu_name(cpu, sizeof cpu);
     assert_string_equal(p.cpu, cpu);
-    assert_string_equal(p.isa, pi2_q_isa_name(pi2_q_get_isa()));
+    assert_string_equal(p.isa, pi2_k_isa_name(pi2_k_get_isa()));
     assert_string_equal(p.device, dev);
     assert_int_equal(p.threads, 1);
     struct stat st;

@@ -229,7 +229,7 @@ static void test_act_quantize(void **state)
         for (int t = 0; t < T; t++) {
             pi2_q8act_quantize(x + t * ldx, n, as0, q0);
             CHECK(memcmp(as + t * nb, as0, (size_t)nb * sizeof(float)) == 0, "scales differ (%s, token %d, n=%lld)",
-                  pi2_q_isa_name(isa), t, (long long)n);
+                  pi2_k_isa_name(isa), t, (long long)n);
             CHECK(memcmp(q + t * n, q0, (size_t)n) == 0, "q differ (token %d, n=%lld)", t, (long long)n);
             for (int64_t b = 0; b < nb; b++) {
                 int32_t s = 0;
@@ -324,13 +324,13 @@ static int compare_matmul(pi2_isa isa, const wrows *w, const acts *a, int T, boo
         for (int64_t c = 0; c < ldo; c++) {
             float g = got[t * ldo + c], e = ref[t * ldo + c];
             if (c >= w->nrows) {
-                CHECK(g == -12345.0f, "%s %s %s: wrote outside the window (t=%d col %lld)", pi2_q_isa_name(isa),
+                CHECK(g == -12345.0f, "%s %s %s: wrote outside the window (t=%d col %lld)", pi2_k_isa_name(isa),
                       pi2_q_type_name(w->t), what, t, (long long)c);
                 continue;
             }
             if (exact) {
                 CHECK(g == e, "%s %s %s n=%lld rows=%d T=%d: row %lld token %d: %.9g != scalar %.9g",
-                      pi2_q_isa_name(isa), pi2_q_type_name(w->t), what, (long long)w->n, w->nrows, T, (long long)c, t,
+                      pi2_k_isa_name(isa), pi2_q_type_name(w->t), what, (long long)w->n, w->nrows, T, (long long)c, t,
                       (double)g, (double)e);
                 continue;
             }
@@ -339,7 +339,7 @@ static int compare_matmul(pi2_isa isa, const wrows *w, const acts *a, int T, boo
             double tol = ((double)w->n / 32 + 8) * 0x1p-23 * mag;
             CHECK(fabs((double)g - (double)e) <= tol || (isnan(g) && isnan(e)),
                   "%s %s %s n=%lld rows=%d T=%d: row %lld token %d: %.9g vs scalar %.9g (bound %g)",
-                  pi2_q_isa_name(isa), pi2_q_type_name(w->t), what, (long long)w->n, w->nrows, T, (long long)c, t,
+                  pi2_k_isa_name(isa), pi2_q_type_name(w->t), what, (long long)w->n, w->nrows, T, (long long)c, t,
                   (double)g, (double)e, tol);
         }
     }
@@ -357,9 +357,9 @@ static void set_unit_scales(wrows *w)
 
 static bool isa_or_skip(pi2_isa isa, const char *what)
 {
-    if (pi2_q_isa_supported(isa))
+    if (pi2_k_isa_supported(isa))
         return true;
-    print_message("kernels: %s %s kernels NOT exercised: this CPU does not support them\n", pi2_q_isa_name(isa),
+    print_message("kernels: %s %s kernels NOT exercised: this CPU does not support them\n", pi2_k_isa_name(isa),
                   what);
     return false;
 }
@@ -416,7 +416,7 @@ static void matmul_suite(pi2_isa isa)
         }
     }
     print_message("kernels: %s matmul verified against scalar: %d outputs (q4, q8; n = 32..%d; T = 1..%d)\n",
-                  pi2_q_isa_name(isa), compared, 8192 + 32, PI2_K_MAX_T);
+                  pi2_k_isa_name(isa), compared, 8192 + 32, PI2_K_MAX_T);
 }
 
 static void test_matmul_avx2(void **state)
@@ -431,7 +431,41 @@ static void test_matmul_avx512(void **state)
     matmul_suite(PI2_ISA_AVX512);
 }
 
-/* pi2_k_matmul follows pi2_q_set_isa; a forced unsupported path runs the
+/* The one ISA state: the best path until set, a forced path kept until
+ * the next call, and errors leave it alone. */
+static void test_isa_state(void **state)
+{
+    (void)state;
+    pi2_isa best = pi2_k_isa_best();
+    assert_true(pi2_k_isa_supported(PI2_ISA_SCALAR));
+    assert_true(pi2_k_isa_supported(best));
+    assert_int_equal(pi2_k_get_isa(), best);
+    /* best is the highest supported */
+    for (int i = (int)best + 1; i <= (int)PI2_ISA_AVX512; i++)
+        assert_false(pi2_k_isa_supported((pi2_isa)i));
+    assert_false(pi2_k_isa_supported((pi2_isa)42));
+    print_message("kernels: isa best=%s; avx2 %s; avx512vnni %s\n", pi2_k_isa_name(best),
+                  pi2_k_isa_supported(PI2_ISA_AVX2) ? "supported" : "NOT supported",
+                  pi2_k_isa_supported(PI2_ISA_AVX512) ? "supported" : "NOT supported (its kernels cannot run here)");
+    assert_string_equal(pi2_k_isa_name(PI2_ISA_SCALAR), "scalar");
+    assert_string_equal(pi2_k_isa_name(PI2_ISA_AVX2), "avx2");
+    assert_string_equal(pi2_k_isa_name(PI2_ISA_AVX512), "avx512vnni");
+    assert_string_equal(pi2_k_isa_name((pi2_isa)9), "?");
+    assert_int_equal(pi2_k_set_isa(PI2_ISA_SCALAR), 0);
+    assert_int_equal(pi2_k_get_isa(), PI2_ISA_SCALAR);
+    assert_int_equal(pi2_k_set_isa((pi2_isa)42), PI2_EINVAL);
+    assert_int_equal(pi2_k_get_isa(), PI2_ISA_SCALAR);
+    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+        if (!pi2_k_isa_supported((pi2_isa)i)) {
+            assert_int_equal(pi2_k_set_isa((pi2_isa)i), PI2_EUNSUPPORTED);
+            assert_int_equal(pi2_k_get_isa(), PI2_ISA_SCALAR); /* unchanged */
+        }
+    }
+    assert_int_equal(pi2_k_set_isa(best), 0);
+    assert_int_equal(pi2_k_get_isa(), best);
+}
+
+/* pi2_k_matmul follows pi2_k_set_isa; a forced unsupported path runs the
  * scalar twin. */
 static void test_matmul_dispatch(void **state)
 {
@@ -444,18 +478,18 @@ static void test_matmul_dispatch(void **state)
     for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
         pi2_isa isa = (pi2_isa)i;
         pi2_k_matmul_isa(isa, w.t, w.n, w.nrows, w.wp, w.ws, a.as, a.aq, a.sums, 5, ref, 6);
-        if (pi2_q_isa_supported(isa)) {
-            assert_int_equal(pi2_q_set_isa(isa), 0);
+        if (pi2_k_isa_supported(isa)) {
+            assert_int_equal(pi2_k_set_isa(isa), 0);
             pi2_k_matmul(w.t, w.n, w.nrows, w.wp, w.ws, a.as, a.aq, a.sums, 5, got, 6);
             CHECK(memcmp(got, ref, sizeof got) == 0, "pi2_k_matmul under %s differs from the forced path",
-                  pi2_q_isa_name(isa));
+                  pi2_k_isa_name(isa));
         } else {
             pi2_k_matmul_isa(PI2_ISA_SCALAR, w.t, w.n, w.nrows, w.wp, w.ws, a.as, a.aq, a.sums, 5, got, 6);
             CHECK(memcmp(got, ref, sizeof got) == 0, "unsupported %s did not fall back to scalar",
-                  pi2_q_isa_name(isa));
+                  pi2_k_isa_name(isa));
         }
     }
-    assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
+    assert_int_equal(pi2_k_set_isa(pi2_k_isa_best()), 0);
     acts_free(&a);
     wrows_free(&w);
 }
@@ -472,7 +506,7 @@ static void test_matmul_gfni(void **state)
         print_message("kernels: GFNI matmul NOT exercised: this CPU does not support it\n");
         skip();
     }
-    assert_int_equal(pi2_q_set_isa(PI2_ISA_AVX512), 0);
+    assert_int_equal(pi2_k_set_isa(PI2_ISA_AVX512), 0);
     pi2_rng r;
     pi2_rng_seed(&r, 53);
     static const int64_t shapes[] = {32, 544, 2048 + 32, 8192};
@@ -492,7 +526,7 @@ static void test_matmul_gfni(void **state)
         }
     }
     assert_int_equal(pi2_k_set_gfni(true), 0);
-    assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
+    assert_int_equal(pi2_k_set_isa(pi2_k_isa_best()), 0);
 }
 
 /* len bytes of src copied to the end of a page whose next page is not
@@ -520,7 +554,7 @@ static void test_matmul_short(void **state)
     (void)state;
     if (!isa_or_skip(PI2_ISA_AVX512, "matmul (short rows)"))
         skip();
-    assert_int_equal(pi2_q_set_isa(PI2_ISA_AVX512), 0);
+    assert_int_equal(pi2_k_set_isa(PI2_ISA_AVX512), 0);
     pi2_rng r;
     pi2_rng_seed(&r, 59);
     static const int nbs[] = {1, 2, 3, 4, 5, 8, 12, 15};
@@ -586,7 +620,7 @@ static void test_matmul_short(void **state)
                 wrows_free(&w);
             }
     pi2_k_set_gfni(true);
-    assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
+    assert_int_equal(pi2_k_set_isa(pi2_k_isa_best()), 0);
     print_message("kernels: short rows (1..15 blocks, one token) bit-identical to the padded 16-block step: "
                   "%ld outputs\n", compared);
 }
@@ -609,9 +643,9 @@ static void test_matmul_pf(void **state)
         const void *pf[] = {NULL, buf, buf + 100, buf, w.wp[3]};
         int64_t len[] = {0, 40, 12345, (int64_t)bl, -64};
         for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
-            if (!pi2_q_isa_supported((pi2_isa)i))
+            if (!pi2_k_isa_supported((pi2_isa)i))
                 continue;
-            assert_int_equal(pi2_q_set_isa((pi2_isa)i), 0);
+            assert_int_equal(pi2_k_set_isa((pi2_isa)i), 0);
             for (int T = 1; T <= 5; T++)
                 for (size_t k = 0; k < sizeof len / sizeof len[0]; k++) {
                     float got[5 * 23], ref[5 * 23];
@@ -619,10 +653,10 @@ static void test_matmul_pf(void **state)
                     pi2_k_matmul_pf(t, w.n, w.nrows, w.wp, w.ws, a.as, a.aq, a.sums, T, got, 23, pf[k], len[k]);
                     CHECK(memcmp(got, ref, (size_t)T * 23 * sizeof(float)) == 0,
                           "%s q%d T=%d range %zu: pi2_k_matmul_pf differs from pi2_k_matmul",
-                          pi2_q_isa_name((pi2_isa)i), q ? 8 : 4, T, k);
+                          pi2_k_isa_name((pi2_isa)i), q ? 8 : 4, T, k);
                 }
         }
-        assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
+        assert_int_equal(pi2_k_set_isa(pi2_k_isa_best()), 0);
         free(buf);
         acts_free(&a);
         wrows_free(&w);
@@ -657,9 +691,9 @@ static void test_down_rows_pf(void **state)
             const void *pf[] = {NULL, buf, buf + 100, buf, w.wp[3]};
             int64_t len[] = {0, 40, 12345, (int64_t)bl, 64 * 1024};
             for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
-                if (!pi2_q_isa_supported((pi2_isa)i))
+                if (!pi2_k_isa_supported((pi2_isa)i))
                     continue;
-                assert_int_equal(pi2_q_set_isa((pi2_isa)i), 0);
+                assert_int_equal(pi2_k_set_isa((pi2_isa)i), 0);
                 for (int T = 1; T <= 3; T++)
                     for (size_t k = 0; k < sizeof len / sizeof len[0]; k++) {
                         memcpy(ref, init, (size_t)T * (size_t)n * sizeof(float));
@@ -668,10 +702,10 @@ static void test_down_rows_pf(void **state)
                         pi2_k_down_rows_pf(t, n, nrows, coef, nrows, w.wp, w.ws, T, got, n, pf[k], len[k]);
                         CHECK(memcmp(got, ref, (size_t)T * (size_t)n * sizeof(float)) == 0,
                               "%s q%d n=%lld T=%d range %zu: pi2_k_down_rows_pf differs from pi2_k_down_rows",
-                              pi2_q_isa_name((pi2_isa)i), q ? 8 : 4, (long long)n, T, k);
+                              pi2_k_isa_name((pi2_isa)i), q ? 8 : 4, (long long)n, T, k);
                     }
             }
-            assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
+            assert_int_equal(pi2_k_set_isa(pi2_k_isa_best()), 0);
             free(buf);
             free(got);
             free(ref);
@@ -736,7 +770,7 @@ static void axpy_suite(pi2_isa isa, bool scalar_vs_double)
             double tol = (3.0 * active + 8) * 0x1p-24 * scale[j];
             CHECK(fabs((double)got[j] - (double)ref[j]) <= tol,
                   "%s axpy %s n=%lld rows=%d (active %d) j=%lld: %.9g vs scalar %.9g (tol %g)",
-                  pi2_q_isa_name(isa), pi2_q_type_name(t), (long long)n, nrows, active, (long long)j, (double)got[j],
+                  pi2_k_isa_name(isa), pi2_q_type_name(t), (long long)n, nrows, active, (long long)j, (double)got[j],
                   (double)ref[j], tol);
             if (scalar_vs_double) /* the scalar twin: one rounding per row and element */
                 CHECK(fabs((double)ref[j] - dref[j]) <= (2.0 * active + 2) * 0x1p-24 * scale[j],
@@ -754,7 +788,7 @@ static void axpy_suite(pi2_isa isa, bool scalar_vs_double)
         free(scale);
         wrows_free(&w);
     }
-    print_message("kernels: %s axpy verified: %d outputs\n", pi2_q_isa_name(isa), checked);
+    print_message("kernels: %s axpy verified: %d outputs\n", pi2_k_isa_name(isa), checked);
 }
 
 static void test_axpy_scalar(void **state)
@@ -868,7 +902,7 @@ static long down_case(pi2_rng *r, pi2_isa isa, const char *what, down_fn fn, dow
         for (size_t i = 0; i < no; i++) {
             bool pad = (int64_t)(i % (size_t)ldo) >= n;
             CHECK(pad ? isnan(got[i]) : memcmp(&got[i], &ref[i], sizeof(float)) == 0,
-                  "%s %s %s n=%lld rows=%d T=%d: out[%zu] = %.9g, scalar twin %.9g", pi2_q_isa_name(isa), what,
+                  "%s %s %s n=%lld rows=%d T=%d: out[%zu] = %.9g, scalar twin %.9g", pi2_k_isa_name(isa), what,
                   pi2_q_type_name(t), (long long)n, nrows, T, i, (double)got[i], (double)ref[i]);
         }
     }
@@ -880,7 +914,7 @@ static long down_case(pi2_rng *r, pi2_isa isa, const char *what, down_fn fn, dow
         fn(isa, t, n, nrows, coef, ldc, w.wp, w.ws, T, got, ldo);
         for (size_t i = 0; i < no; i++)
             CHECK(memcmp(&got[i], &out0[i], sizeof(float)) == 0 || (isnan(got[i]) && isnan(out0[i])),
-                  "%s %s with zero coefficients changed out[%zu]", pi2_q_isa_name(isa), what, i);
+                  "%s %s with zero coefficients changed out[%zu]", pi2_k_isa_name(isa), what, i);
     }
     free(coef);
     free(out0);
@@ -906,7 +940,7 @@ static void down_suite(pi2_isa isa)
         compared += down_case(&r, isa, "down", pi2_k_down_rows_isa, down_check_double, t, n, nrows, T, it % 3, true);
     }
     print_message("kernels: %s down verified against %s: %ld outputs (q4, q8; n = 32..%d; T = 1..%d)\n",
-                  pi2_q_isa_name(isa), isa == PI2_ISA_SCALAR ? "double" : "scalar (bit-exact)", compared, 2048 + 32,
+                  pi2_k_isa_name(isa), isa == PI2_ISA_SCALAR ? "double" : "scalar (bit-exact)", compared, 2048 + 32,
                   PI2_K_MAX_T);
 }
 
@@ -988,7 +1022,7 @@ static void gemm_suite(pi2_isa isa)
                               false);
     }
     print_message("kernels: %s down gemm verified against %s: %ld outputs (q4, q8; n = 32..%d; rows 1..1100; T = 1..%d)\n",
-                  pi2_q_isa_name(isa), isa == PI2_ISA_SCALAR ? "double" : "scalar (bit-exact)", compared, 2048 + 32,
+                  pi2_k_isa_name(isa), isa == PI2_ISA_SCALAR ? "double" : "scalar (bit-exact)", compared, 2048 + 32,
                   PI2_K_MAX_T);
 }
 
@@ -1031,7 +1065,7 @@ static void test_act_quantize_sb(void **state)
     (void)state;
     pi2_rng r;
     pi2_rng_seed(&r, 77);
-    bool simd = pi2_q_isa_supported(PI2_ISA_AVX512);
+    bool simd = pi2_k_isa_supported(PI2_ISA_AVX512);
     long checked = 0;
     for (int it = 0; it < 30; it++) {
         int T = (int)rand_int(&r, 1, 9);
@@ -1126,7 +1160,7 @@ static void test_matmul_sb(void **state)
     (void)state;
     pi2_rng r;
     pi2_rng_seed(&r, 131);
-    bool simd = pi2_q_isa_supported(PI2_ISA_AVX512);
+    bool simd = pi2_k_isa_supported(PI2_ISA_AVX512);
     static const int Ts[] = {1, 2, 3, 5, 8, 9, 16, 17, 33, PI2_K_MAX_T};
     long compared = 0;
     for (int it = 0; it < 30; it++) {
@@ -1179,7 +1213,7 @@ static void test_dequant(void **state)
         pi2_isa isa = (pi2_isa)i;
         if (!isa_or_skip(isa, "dequant"))
             continue;
-        assert_int_equal(pi2_q_set_isa(isa), 0);
+        assert_int_equal(pi2_k_set_isa(isa), 0);
         paths++;
         for (int it = 0; it < 16; it++) {
             pi2_qtype t = QTYPES[it & 1];
@@ -1191,14 +1225,14 @@ static void test_dequant(void **state)
             for (int k = 0; k < nrows; k++) {
                 pi2_q_dequantize_row(t, w.ws[k], w.wp[k], n, ref);
                 CHECK(memcmp(got + k * n, ref, (size_t)n * sizeof(float)) == 0, "%s dequant %s n=%lld row %d differs",
-                      pi2_q_isa_name(isa), pi2_q_type_name(t), (long long)n, k);
+                      pi2_k_isa_name(isa), pi2_q_type_name(t), (long long)n, k);
             }
             free(got);
             free(ref);
             wrows_free(&w);
         }
     }
-    assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
+    assert_int_equal(pi2_k_set_isa(pi2_k_isa_best()), 0);
     assert_true(paths >= 1);
 }
 
@@ -1228,7 +1262,7 @@ static void sgemv_suite(pi2_isa isa)
             }
             double tol = ((double)n + 2) * 0x1p-24 * mag; /* any summation order */
             CHECK(fabs((double)out[k] - ref) <= tol, "%s sgemv n=%lld row %d: %.9g vs double %.9g (tol %g)",
-                  pi2_q_isa_name(isa), (long long)n, k, (double)out[k], ref, tol);
+                  pi2_k_isa_name(isa), (long long)n, k, (double)out[k], ref, tol);
         }
         free(W);
         free(x);
@@ -1271,9 +1305,9 @@ static void softmax_suite(pi2_isa isa)
             /* x - max rounds in float: exp's relative error grows with it */
             double want = ref[i] / sum, tol = (((double)n + 16) * 0x1p-24 + arg[i] * 0x1p-23) * want + 1e-30;
             CHECK(fabs((double)x[i] - want) <= tol, "%s softmax n=%lld [%lld]: %.9g vs double %.9g",
-                  pi2_q_isa_name(isa), (long long)n, (long long)i, (double)x[i], want);
+                  pi2_k_isa_name(isa), (long long)n, (long long)i, (double)x[i], want);
         }
-        CHECK(x[n] == 7.0f, "%s softmax n=%lld wrote past the end", pi2_q_isa_name(isa), (long long)n);
+        CHECK(x[n] == 7.0f, "%s softmax n=%lld wrote past the end", pi2_k_isa_name(isa), (long long)n);
         free(x);
         free(ref);
         free(arg);
@@ -1316,9 +1350,9 @@ static void sgemv_t_suite(pi2_isa isa)
             }
             double tol = ((double)nrows + 2) * 0x1p-24 * mag;
             CHECK(fabs((double)out[j] - ref) <= tol, "%s sgemv_t n=%lld rows %d col %lld: %.9g vs double %.9g",
-                  pi2_q_isa_name(isa), (long long)n, nrows, (long long)j, (double)out[j], ref);
+                  pi2_k_isa_name(isa), (long long)n, nrows, (long long)j, (double)out[j], ref);
         }
-        CHECK(out[n] == 12345.0f, "%s sgemv_t n=%lld wrote past the end", pi2_q_isa_name(isa), (long long)n);
+        CHECK(out[n] == 12345.0f, "%s sgemv_t n=%lld wrote past the end", pi2_k_isa_name(isa), (long long)n);
         free(W);
         free(c);
         free(out);
@@ -1362,7 +1396,7 @@ static void test_sgemv_t_group(void **state)
             pi2_k_sgemv_t_group_isa((pi2_isa)i, W, ldw, n, nrows, c, ldc, G, got, ldo);
             CHECK(memcmp(got, ref, (size_t)(G * ldo) * sizeof(float)) == 0,
                   "%s sgemv_t_group n=%lld rows %d G=%d: differs from one call per vector",
-                  pi2_q_isa_name((pi2_isa)i), (long long)n, nrows, G);
+                  pi2_k_isa_name((pi2_isa)i), (long long)n, nrows, G);
             free(W);
             free(c);
             free(got);
@@ -1378,7 +1412,7 @@ static void test_probes(void **state)
     (void)state;
     for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
         double p = pi2_k_probe_int8_peak((pi2_isa)i, 0.02);
-        CHECK(p > 1e6 && isfinite(p), "int8 peak %s: %g MAC/s", pi2_q_isa_name((pi2_isa)i), p);
+        CHECK(p > 1e6 && isfinite(p), "int8 peak %s: %g MAC/s", pi2_k_isa_name((pi2_isa)i), p);
     }
     static const size_t sizes[] = {1, 31, 1000, 4096 + 7};
     uint8_t *buf = xmalloc(4096 + 7, 1);
@@ -1412,6 +1446,7 @@ static void test_probe_combine(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_isa_state),
         cmocka_unit_test(test_act_quantize),
         cmocka_unit_test(test_matmul_scalar_reference),
         cmocka_unit_test(test_matmul_avx2),

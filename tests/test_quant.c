@@ -1,6 +1,6 @@
 /* quant: Q4/Q8 layout, round-trip bounds, idempotence, activation
- * quantization, reference dot product, and every SIMD kernel this CPU can
- * run against the scalar twin. */
+ * quantization and the reference dot product (the SIMD kernels are tested
+ * against it in test_kernels.c). */
 #include "tests/testutil.h"
 
 #include "formats/common.h"
@@ -207,7 +207,6 @@ static void test_type_names(void **state)
     assert_non_null(strstr(err.msg, "'Q4'"));
     assert_non_null(strstr(err.msg, "f32, q8 or q4"));
     assert_int_equal(pi2_q_type_parse(NULL, &t, NULL), PI2_EUNSUPPORTED);
-    assert_string_equal(pi2_q_isa_name(PI2_ISA_AVX512), "avx512vnni");
 }
 
 static void test_shapes_and_bad_cols(void **state)
@@ -486,7 +485,6 @@ static void test_f32_passthrough(void **state)
         ref += (double)x[j] * aq[j] * as[j / 32];
     float got = pi2_q_dot_q8act_scalar(PI2_QT_F32, NULL, p, as, aq, 64);
     assert_true(fabs(got - ref) <= 1e-5 * fabs(ref));
-    assert_true(pi2_q_dot_q8act(PI2_QT_F32, NULL, p, as, aq, 64) == got); /* F32 always runs the scalar twin */
 }
 
 static void test_q8act(void **state)
@@ -651,179 +649,6 @@ static void test_axpy(void **state)
     free(o0);
 }
 
-static void test_isa_dispatch(void **state)
-{
-    (void)state;
-    pi2_isa best = pi2_q_isa_best();
-    assert_true(pi2_q_isa_supported(PI2_ISA_SCALAR));
-    assert_true(pi2_q_isa_supported(best));
-    assert_int_equal(pi2_q_get_isa(), best);
-    /* best is the highest supported */
-    for (int i = (int)best + 1; i <= (int)PI2_ISA_AVX512; i++)
-        assert_false(pi2_q_isa_supported((pi2_isa)i));
-    print_message("quant: isa best=%s; avx2 %s; avx512vnni %s\n", pi2_q_isa_name(best),
-                  pi2_q_isa_supported(PI2_ISA_AVX2) ? "supported" : "NOT supported",
-                  pi2_q_isa_supported(PI2_ISA_AVX512) ? "supported" : "NOT supported (its kernels cannot run here)");
-    assert_int_equal(pi2_q_set_isa(PI2_ISA_SCALAR), 0);
-    assert_int_equal(pi2_q_get_isa(), PI2_ISA_SCALAR);
-    assert_int_equal(pi2_q_set_isa((pi2_isa)42), PI2_EINVAL);
-    assert_int_equal(pi2_q_get_isa(), PI2_ISA_SCALAR);
-    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
-        if (!pi2_q_isa_supported((pi2_isa)i)) {
-            assert_int_equal(pi2_q_set_isa((pi2_isa)i), PI2_EUNSUPPORTED);
-            assert_int_equal(pi2_q_get_isa(), PI2_ISA_SCALAR); /* unchanged */
-        }
-    }
-    assert_int_equal(pi2_q_set_isa(best), 0);
-    assert_int_equal(pi2_q_get_isa(), best);
-}
-
-/* ---- SIMD kernels against the scalar twin ---- */
-
-static float dot_isa(pi2_isa isa, const qrow *w, const float *as, const int8_t *aq)
-{
-    assert_int_equal(pi2_q_set_isa(isa), 0);
-    float v = pi2_q_dot_q8act(w->t, w->scales, w->payload, as, aq, w->cols);
-    assert_int_equal(pi2_q_set_isa(PI2_ISA_SCALAR), 0);
-    return v;
-}
-
-/* sum_j |w_j * a_j| over dequantized values: the scale float rounding of
- * any summation order is relative to */
-static double dot_mag(const qrow *w, const float *as, const int8_t *aq)
-{
-    double m;
-    dot_ref(w, as, aq, &m);
-    return m;
-}
-
-/* Compare one row under `isa` with the scalar twin: exactly when every
- * partial sum is an integer below 2^24 (unit scales), else within the
- * documented bound and 1e-5 of sum_j |w_j a_j|. */
-static void compare_row(pi2_isa isa, const qrow *w, const float *as, const int8_t *aq, bool exact, const char *what)
-{
-    float ref = pi2_q_dot_q8act_scalar(w->t, w->scales, w->payload, as, aq, w->cols);
-    float got = dot_isa(isa, w, as, aq);
-    if (exact) {
-        CHECK(got == ref, "%s %s %s n=%lld: %.9g != scalar %.9g", pi2_q_isa_name(isa), pi2_q_type_name(w->t), what,
-              (long long)w->cols, (double)got, (double)ref);
-    } else {
-        double mag = dot_mag(w, as, aq);
-        double doc = ((double)w->cols / 128 + 10) * 0x1p-24 * mag; /* the bound quant.h documents */
-        CHECK(fabs((double)got - (double)ref) <= doc, "%s %s %s n=%lld: %.9g vs scalar %.9g (documented bound %g)",
-              pi2_q_isa_name(isa), pi2_q_type_name(w->t), what, (long long)w->cols, (double)got, (double)ref, doc);
-        CHECK(fabs((double)got - (double)ref) <= 1e-5 * mag, "%s %s %s n=%lld: %.9g vs scalar %.9g (mag %g)",
-              pi2_q_isa_name(isa), pi2_q_type_name(w->t), what, (long long)w->cols, (double)got, (double)ref, mag);
-    }
-}
-
-static void fill_unit_scales(qrow *w, float *as)
-{
-    for (int64_t b = 0; b < w->cols / 32; b++) {
-        w->scales[b] = 0x3c00;
-        as[b] = 1.0f;
-    }
-}
-
-static void simd_suite(pi2_isa isa)
-{
-    if (!pi2_q_isa_supported(isa)) {
-        print_message("quant: %s kernels NOT exercised: this CPU does not support them\n", pi2_q_isa_name(isa));
-        assert_int_equal(pi2_q_set_isa(isa), PI2_EUNSUPPORTED);
-        skip();
-    }
-    pi2_rng r;
-    pi2_rng_seed(&r, 4242 + (uint64_t)isa);
-    int64_t shapes[24] = {32, 64, 96, 128, 160, 224, 1024, 4096 + 32, 4096 + 96, 11008, 14336};
-    size_t nshapes = 11;
-    while (nshapes < sizeof shapes / sizeof shapes[0])
-        shapes[nshapes++] = 32 * rand_int(&r, 1, 300);
-    int rows = 0;
-    for (size_t k = 0; k < 2; k++) {
-        pi2_qtype t = QTYPES[k];
-        for (size_t si = 0; si < nshapes; si++) {
-            int64_t n = shapes[si], nb = n / 32;
-            qrow w = qrow_new(t, n);
-            float *as = pi2_malloc_array((size_t)nb, sizeof(float));
-            int8_t *aq = pi2_malloc_array((size_t)n, 1);
-            float *x = pi2_malloc_array((size_t)n, sizeof(float));
-            assert_true(as && aq && x);
-            size_t pb = pi2_q_payload_row_bytes(t, n);
-
-            /* 1. random payload bytes (every nibble, and -128 for Q8) and
-             * activations: the int32 part block by block, exactly (a one-
-             * or two-block slice with unit scales is an exact integer) */
-            for (size_t i = 0; i < pb; i++)
-                w.payload[i] = (uint8_t)pi2_rng_u64(&r);
-            for (int64_t j = 0; j < n; j++)
-                aq[j] = (int8_t)rand_int(&r, -127, 127);
-            fill_unit_scales(&w, as);
-            for (int64_t b = 0; b < nb; b++) {
-                int64_t len = (b + 2 <= nb && (b & 1) == 0) ? 2 : 1; /* pairs and singles */
-                qrow s = {t, 32 * len, w.scales + b, w.payload + (size_t)b * (pb / (size_t)nb)};
-                compare_row(isa, &s, as + b, aq + 32 * b, true, "block");
-                b += len - 1;
-            }
-            /* whole row exactly when sum |w a| < 2^24 guarantees exact float sums */
-            double bound = (t == PI2_QT_Q4 ? 8.0 : 128.0) * 127.0 * (double)n;
-            if (bound < 0x1p24)
-                compare_row(isa, &w, as, aq, true, "row");
-
-            /* 2. random scales (signed, subnormal to large) */
-            for (int64_t b = 0; b < nb; b++) {
-                w.scales[b] = pi2_f32_to_f16((float)ldexp(pi2_rng_normal(&r), (int)rand_int(&r, -26, 10)));
-                as[b] = (float)ldexp(pi2_rng_uniform(&r), (int)rand_int(&r, -20, 5));
-            }
-            compare_row(isa, &w, as, aq, false, "random scales");
-
-            /* 3. a realistic row: quantized gaussian weights, q8act activations */
-            gen_row(&r, D_MIXED, t, x, n);
-            assert_int_equal(pi2_q_quantize_row(t, x, n, w.scales, w.payload), 0);
-            gen_row(&r, D_GAUSS, t, x, n);
-            pi2_q8act_quantize(x, n, as, aq);
-            compare_row(isa, &w, as, aq, false, "quantized");
-
-            /* 4. extremes: every byte pattern at the ends of the ranges */
-            static const uint8_t pats[] = {0x00, 0x80, 0xff, 0x7f, 0x81, 0x08, 0xf0};
-            static const int apats[] = {127, -127, 0, 1};
-            for (size_t pi = 0; pi < sizeof pats; pi++) {
-                for (size_t ai = 0; ai < 5; ai++) {
-                    memset(w.payload, pats[pi], pb);
-                    for (int64_t j = 0; j < n; j++)
-                        aq[j] = (int8_t)(ai < 4 ? apats[ai] : (j & 1 ? 127 : -127));
-                    fill_unit_scales(&w, as);
-                    compare_row(isa, &w, as, aq, bound < 0x1p24, "extreme unit scales");
-                    for (int64_t b = 0; b < nb; b++) {
-                        w.scales[b] = (b & 1) ? 0x7bff : 0x0001; /* fp16 max and min subnormal */
-                        as[b] = (b % 3) ? 1e6f : 1e-6f;
-                    }
-                    compare_row(isa, &w, as, aq, false, "extreme scales");
-                }
-            }
-            rows++;
-            qrow_free(&w);
-            free(as);
-            free(aq);
-            free(x);
-        }
-    }
-    assert_int_equal(pi2_q_set_isa(pi2_q_isa_best()), 0);
-    print_message("quant: %s kernels verified against scalar: %d rows (q4 and q8 x %zu shapes, n = 32..14336)\n",
-                  pi2_q_isa_name(isa), rows, nshapes);
-}
-
-static void test_simd_avx2(void **state)
-{
-    (void)state;
-    simd_suite(PI2_ISA_AVX2);
-}
-
-static void test_simd_avx512(void **state)
-{
-    (void)state;
-    simd_suite(PI2_ISA_AVX512);
-}
-
 /* Every element's q is exactly round(x / D) (half away from zero, in
  * double) for the stored scale D, clamped: the quantizer's fast float path
  * must fall back to the exact one at near ties. Rows are built with many
@@ -887,9 +712,6 @@ int main(void)
         cmocka_unit_test(test_dot_reference),
         cmocka_unit_test(test_rounding_exact),
         cmocka_unit_test(test_axpy),
-        cmocka_unit_test(test_isa_dispatch),
-        cmocka_unit_test(test_simd_avx2),
-        cmocka_unit_test(test_simd_avx512),
     };
     return cmocka_run_group_tests_name("quant", tests, NULL, NULL);
 }

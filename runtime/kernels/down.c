@@ -587,7 +587,7 @@ void pi2_k_axpy_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
 void pi2_k_axpy_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, const uint8_t *const *wp,
                      const uint16_t *const *ws, float *out)
 {
-    pi2_k_axpy_rows_isa(pi2_q_get_isa(), wt, n, nrows, coef, wp, ws, out);
+    pi2_k_axpy_rows_isa(pi2_k_get_isa(), wt, n, nrows, coef, wp, ws, out);
 }
 
 static void down_rows(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
@@ -633,11 +633,11 @@ void pi2_k_down_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
 void pi2_k_down_rows(pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc, const uint8_t *const *wp,
                      const uint16_t *const *ws, int T, float *out, int64_t ldo)
 {
-    down_rows(pi2_q_get_isa(), wt, n, nrows, coef, ldc, wp, ws, T, out, ldo, NULL, 0);
+    down_rows(pi2_k_get_isa(), wt, n, nrows, coef, ldc, wp, ws, T, out, ldo, NULL, 0);
 }
 
 void pi2_k_down_rows_pf(pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc, const uint8_t *const *wp,
                         const uint16_t *const *ws, int T, float *out, int64_t ldo, const void *pf, int64_t pf_len)
 {
-    down_rows(pi2_q_get_isa(), wt, n, nrows, coef, ldc, wp, ws, T, out, ldo, pf, pf_len);
+    down_rows(pi2_k_get_isa(), wt, n, nrows, coef, ldc, wp, ws, T, out, ldo, pf, pf_len);
 }

@@ -295,5 +295,5 @@ void pi2_k_down_gemm_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
 void pi2_k_down_gemm(pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc, const uint8_t *const *wp,
                      const uint16_t *const *ws, int T, float *out, int64_t ldo)
 {
-    pi2_k_down_gemm_isa(pi2_q_get_isa(), wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
+    pi2_k_down_gemm_isa(pi2_k_get_isa(), wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
 }

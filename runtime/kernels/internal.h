@@ -5,7 +5,8 @@
  * Each kernel has a scalar twin (plain loops; for the quantized rows they
  * are formats/quant.c's own reference loops), kept in the file of its
  * family, and x86 SIMD variants compiled with target attributes and
- * picked per call from the ISA state (isa.c) or the forced `isa`.
+ * picked per call from the one ISA state (isa.c: pi2_k_get_isa) or the
+ * forced `isa`.
  *
  * ---- Forced ISA ----
  * The *_isa variants run the path asked for when this CPU supports it and
@@ -79,8 +80,6 @@ enum {
 
 /* ---- ISA state (isa.c) ---- */
 
-/* Whether pi2_isa `isa` runs here (cached cpuid). */
-bool pi2_ki_isa_ok(pi2_isa isa);
 /* The path a forced call runs: `isa` if supported, else scalar. */
 pi2_isa pi2_ki_isa_pick(pi2_isa isa);
 /* Whether the AVX-512 Q4 one-token kernels take the high nibbles by GFNI. */
@@ -89,9 +88,11 @@ bool pi2_ki_gfni(void);
 /* ---- x86 building blocks ---- */
 
 #define PI2_T_AVX2 __attribute__((target("avx2,fma,f16c")))
-/* VL: 256-bit vpdpbusd and EVEX forms of 256-bit moves (see quant.c). */
+/* avx512vl too: with BW enabled the compiler may pick EVEX forms of 256-bit
+ * moves (vmovdqu16 ymm), which need VL, and 256-bit vpdpbusd is VL. Every
+ * VNNI CPU has VL. */
 #define PI2_T_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-/* The same with GFNI (k_gfni): AVX-512 CPUs have it from Ice Lake and Zen 4 on. */
+/* The same with GFNI (pi2_ki_gfni): AVX-512 CPUs have it from Ice Lake and Zen 4 on. */
 #define PI2_T_AVX512G __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")))
 /* The panel kernels stay functions of their own, as they were while each
  * had several callers: GCC inlines one with a single caller into that
@@ -224,7 +225,7 @@ typedef struct k_mm_ops {
     k_t4_fn t4raw; /* Q4 on payload rows, for few token groups (NULL: t4 is) */
     k_t1_fn t1;
     k_t1_fn t1s;   /* t1 on activations rearranged by split (NULL: none) */
-    k_t1_fn t1sg;  /* t1s with GFNI (k_gfni) */
+    k_t1_fn t1sg;  /* t1s with GFNI (pi2_ki_gfni) */
     void (*split)(const int8_t *a, int64_t nb, int8_t *dst);
     int32_t corr; /* k_tok4 offset: corr * sum(a) per block */
     int64_t gb;   /* payload bytes per block */

@@ -479,12 +479,12 @@ void pi2_k_matmul_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uin
 void pi2_k_matmul(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
                   const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
 {
-    matmul(pi2_q_get_isa(), wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, NULL, 0);
+    matmul(pi2_k_get_isa(), wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, NULL, 0);
 }
 
 void pi2_k_matmul_pf(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
                      const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo,
                      const void *pf, int64_t pf_len)
 {
-    matmul(pi2_q_get_isa(), wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, pf, pf_len);
+    matmul(pi2_k_get_isa(), wt, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, pf, pf_len);
 }

@@ -579,7 +579,7 @@ void pi2_k_act_quantize_sb_isa(pi2_isa isa, const float *x, int64_t ldx, int T, 
 
 void pi2_k_act_quantize_sb(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q, int32_t *sums)
 {
-    pi2_k_act_quantize_sb_isa(pi2_q_get_isa(), x, ldx, T, n, scales, q, sums);
+    pi2_k_act_quantize_sb_isa(pi2_k_get_isa(), x, ldx, T, n, scales, q, sums);
 }
 
 void pi2_k_matmul_sb_isa(pi2_isa isa, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
@@ -603,5 +603,5 @@ void pi2_k_matmul_sb_isa(pi2_isa isa, int64_t n, int nrows, const uint8_t *const
 void pi2_k_matmul_sb(int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws, const float *ascales,
                      const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
 {
-    pi2_k_matmul_sb_isa(pi2_q_get_isa(), n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+    pi2_k_matmul_sb_isa(pi2_k_get_isa(), n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
 }

@@ -177,7 +177,7 @@ double pi2_k_probe_read_bw(const void *buf, size_t n, double seconds)
         return 0.0;
     volatile uint64_t sink = 0;
 #ifdef PI2_K_X86
-    bool avx2 = pi2_ki_isa_ok(PI2_ISA_AVX2);
+    bool avx2 = pi2_k_isa_supported(PI2_ISA_AVX2);
 #endif
     size_t reps = n >= (1u << 20) ? 1 : (1u << 20) / n; /* passes between clock reads */
     uint64_t passes = 0;

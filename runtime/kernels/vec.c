@@ -505,7 +505,7 @@ void pi2_k_act_quantize_isa(pi2_isa isa, const float *x, int64_t ldx, int T, int
 
 void pi2_k_act_quantize(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q, int32_t *sums)
 {
-    pi2_k_act_quantize_isa(pi2_q_get_isa(), x, ldx, T, n, scales, q, sums);
+    pi2_k_act_quantize_isa(pi2_k_get_isa(), x, ldx, T, n, scales, q, sums);
 }
 
 void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
@@ -513,7 +513,7 @@ void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const
 {
 #ifdef PI2_K_X86
     if (wt == PI2_QT_Q4 || wt == PI2_QT_Q8) {
-        switch (pi2_q_get_isa()) {
+        switch (pi2_k_get_isa()) {
         case PI2_ISA_AVX512:
             dequant_avx512(wt, n, nrows, wp, ws, dst);
             return;
@@ -549,7 +549,7 @@ void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nr
 
 void pi2_k_sgemv(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
 {
-    pi2_k_sgemv_isa(pi2_q_get_isa(), W, ldw, n, nrows, x, out);
+    pi2_k_sgemv_isa(pi2_k_get_isa(), W, ldw, n, nrows, x, out);
 }
 
 void pi2_k_softmax_isa(pi2_isa isa, float *x, int64_t n)
@@ -565,7 +565,7 @@ void pi2_k_softmax_isa(pi2_isa isa, float *x, int64_t n)
     softmax_scalar(x, n);
 }
 
-void pi2_k_softmax(float *x, int64_t n) { pi2_k_softmax_isa(pi2_q_get_isa(), x, n); }
+void pi2_k_softmax(float *x, int64_t n) { pi2_k_softmax_isa(pi2_k_get_isa(), x, n); }
 
 void pi2_k_sgemv_t_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
 {
@@ -603,10 +603,10 @@ void pi2_k_sgemv_t_group_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n
 void pi2_k_sgemv_t_group(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, int64_t ldc, int G,
                          float *out, int64_t ldo)
 {
-    pi2_k_sgemv_t_group_isa(pi2_q_get_isa(), W, ldw, n, nrows, c, ldc, G, out, ldo);
+    pi2_k_sgemv_t_group_isa(pi2_k_get_isa(), W, ldw, n, nrows, c, ldc, G, out, ldo);
 }
 
 void pi2_k_sgemv_t(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
 {
-    pi2_k_sgemv_t_isa(pi2_q_get_isa(), W, ldw, n, nrows, c, out);
+    pi2_k_sgemv_t_isa(pi2_k_get_isa(), W, ldw, n, nrows, c, out);
 }

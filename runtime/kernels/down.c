@@ -246,10 +246,10 @@ static void axpy_simd(k_axpy_fn fn, pi2_qtype wt, int64_t n, int nrows, const fl
  * are bit-identical. Rows past the last chunk's end repeat one of its
  * rows with coefficient 0 (so no branches on row count). One token reads
  * the payload rows directly instead of going through wb, one group per
- * chunk (16 row streams rather than 64: 6.8 -> 9.3 GB/s per thread on a
- * bundle's interleaved down rows). The coefficient
- * tables are built 8 blocks at a time (lanes are blocks), so the
- * divisions and the max run once per 8 groups. Next chunk's rows are
+ * chunk: 16 row streams rather than 64, which the prefetchers keep up
+ * with on a bundle's interleaved down rows. The coefficient tables are
+ * built 8 blocks at a time (lanes are blocks), so the divisions and the
+ * max run once per 8 groups. Next chunk's rows are
  * prefetched at the pace the current chunk is read (64 row streams are
  * too many for the hardware prefetcher alone). */
 

@@ -25,8 +25,8 @@
  * repacked (2 KiB per block for 64 rows) and then serve every token, one
  * token at a time over the window so its table entries (6 cache lines per
  * block) and outputs stay in L1: visiting every token per block fetched
- * them all again for each block (0.28 -> 0.34 of the int8 peak). out is
- * loaded and stored once per (token, block, row chunk). */
+ * them all again for each block. out is loaded and stored once per
+ * (token, block, row chunk). */
 
 enum {
     K_QTAB = PI2_K_MAX_T * (K_DRC / K_DG) /* k_qent entries on the stack (192 KiB): T * G */
@@ -327,7 +327,7 @@ PI2_T_AVX512 void pi2_ki_down_one512(pi2_qtype wt, int64_t n, int nrows, const f
                 for (int k = 0; k < K_DG; k++) {
                     float *d = dR + k * K_DKB;
                     int64_t done = 0;
-                    if (k < R && wk == 16) { /* one conversion: a call per row cost 6% here */
+                    if (k < R && wk == 16) { /* one conversion, not a call per row */
                         const uint16_t *h = ws[r0 + k] + c0 + w0;
                         _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)h)));
                         continue;

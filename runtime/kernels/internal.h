@@ -95,9 +95,8 @@ bool pi2_ki_gfni(void);
 /* The same with GFNI (pi2_ki_gfni): AVX-512 CPUs have it from Ice Lake and Zen 4 on. */
 #define PI2_T_AVX512G __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")))
 /* The panel kernels stay functions of their own, as they were while each
- * had several callers: GCC inlines one with a single caller into that
- * caller's loops, and the alternated runs here could not tell whether
- * that costs or gains. */
+ * had several callers: GCC would inline one with a single caller into
+ * that caller's loops, and nothing showed that to gain (runtime/PERF.md). */
 #define K_NOINLINE __attribute__((noinline))
 
 /* A 4-byte load from any address. */

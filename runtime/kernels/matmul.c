@@ -295,7 +295,7 @@ PI2_T_AVX2 static void pair_scales(const uint16_t *h, int64_t kb, float *dst)
  * 4 interleaved row streams at a third of the read bandwidth), one row
  * after the other rather than interleaved like the loads: an ascending
  * stream of lines lets the L2 streamer run ahead of the software
- * prefetches (0.6 -> 0.8 of the read bandwidth from DRAM, Zen 3). */
+ * prefetches. */
 static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_t *const *wp,
                          const uint16_t *const *ws, const float *as, const int8_t *a, const int32_t *sums, float *out,
                          const uint8_t *pf, int64_t pf_len)
@@ -334,9 +334,8 @@ static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_
         /* Gathered rows take one prefetch of each next row's first line:
          * the hardware streams the rest of a row once it starts, and paced
          * prefetches of whole rows held the miss buffers the demand loads
-         * needed (12.8% of a 7B FFN's gate rows: 7.5 -> 12 GB/s on one
-         * thread); rows close together keep the paced prefetch (every gate
-         * row of a bundle: 4-7% slower dense decode without it) */
+         * needed; rows close together (every gate row of a bundle) keep
+         * the paced prefetch, which dense decode needs */
         if (!seq)
             for (int k = 0; k < 4; k++)
                 _mm_prefetch((const char *)wn[k], _MM_HINT_T0);

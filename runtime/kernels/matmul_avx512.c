@@ -15,9 +15,8 @@
  * high: 16-31), so the activations are gathered to match: per 4 blocks
  * one qword permute for the 0-15 halves and one for 16-31, done once per
  * call for all its rows (k_split_a, rows of up to K_SPLIT_MAX values; else
- * per step, shared by the 4 rows; one thread, Q4 rows in L2: 28.5 ->
- * 31.8 GB/s), and with GFNI one affine map takes the high nibbles (33.4
- * GB/s, the same binary with it off 31.8). Per row and 16 blocks the 4
+ * per step, shared by the 4 rows), and with GFNI one affine map takes the
+ * high nibbles instead of a shift and a mask. Per row and 16 blocks the 4
  * (Q8: 8) product vectors fold (unpack + add, K_FOLD4; Q8 then adds lane
  * pairs) into one vector of 16 exact block dots, which one vpermd puts in
  * block order; then the offset subtract, one cvt, one multiply of 16
@@ -255,10 +254,8 @@ PI2_T_AVX512 static void k_split_a(const int8_t *a, int64_t nb, int8_t *dst)
  * zeroed buffers and ran a 16-block step. Here the activations are padded
  * (and split) once per call and each tile runs the same step with its
  * weights and scales masked to the row at the load: the same inputs to the
- * same arithmetic, so the same sums. One thread, 5632 Q8 rows of 128
- * values in L2: 6.0 -> 12.8 GB/s (rows of 2048: 39); the 1B-shaped model's
- * sparse decode, 2 threads: 63.1 -> 66.4 tok/s (medians of 8 alternated
- * runs). Q8 rows of up to 8 blocks then took the narrow steps below. */
+ * same arithmetic, so the same sums, without the per-tile copies. Q8 rows
+ * of up to 8 blocks take the narrow steps below. */
 #define K_DEF_T1W_SHORT(name, TGT, GB, ORD, SH, ACTS, ROW)                                                   \
     TGT static void name(int64_t nb, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,           \
                          const float *as, const int8_t *a, const int32_t *sums, float *out, const uint8_t *pf,  \
@@ -330,10 +327,8 @@ K_DEF_T1W_SHORT(mm_short_q4g_vnni, PI2_T_AVX512G, PI2_Q4_GROUP_BYTES, K_ORD_Q4, 
  * them, the activations repeated for each; a tile is 4 such steps. Every
  * lane sees the operations of the 16-block step over the row padded with
  * zero blocks, and a row's lanes sum in that step's subtree: the same
- * bits (test_matmul_short). One thread in L2: the 1B-shaped model's
- * predictor, 5632 rows of 128 values, 12.8 -> 30.7 GB/s; rows of 256
- * values 25.8 -> 34.8. Its sparse decode, 2 threads: 69.5 -> 72.6 tok/s
- * (medians of 8 alternated runs). */
+ * bits (test_matmul_short), with 2 or 4 rows' worth of work per step
+ * instead of one. */
 #define K_LD_ROWS(p, j) _mm512_maskz_loadu_epi8(wm_[j], (const void *)((p)[j] + 64 * ((j) % jp)))
 #define K_LDS_READY(s) (s)
 PI2_T_AVX512 static inline __attribute__((always_inline)) void

@@ -122,10 +122,9 @@ static void matmul_sb_scalar(int64_t n, int nrows, const uint8_t *const *wp, con
  * 8 * sum(a), one cvt, one multiply of the panel's 8 scales by the
  * token's and one FMA, as the t4 tiles do per block: the sums are the same
  * exact integers. The block's 8 weight vectors stay in registers for 4
- * tokens. 256 rows x 2048 values, one thread: 0.58-0.62 -> 0.73-0.85 of
- * the probe's rate at 128 tokens, 0.61-0.68 -> 0.64-0.72 at 32, about
- * the same at 16. Q8 rows keep the tiles: as two nibble passes (w = 16 h + l) they
- * came out slower (0.40-0.43 against 0.43-0.47). */
+ * tokens. Under 16 tokens the packing does not pay (K_P2_MIN_T). Q8 rows
+ * keep the tiles: as two nibble passes (w = 16 h + l) they came out
+ * slower. */
 
 enum {
     K_P2_W = K_PB * 8 /* ymm of weights in a panel: 64 blocks x 8 groups */
@@ -387,9 +386,8 @@ K_PANEL_TOKS(1)
  * block's factors into the superblock's int32 sum; per superblock one
  * cvt, one multiply and one FMA. mm_panels' multiply and FMA per block
  * contend with vpdpbusd for the same pipes (a cvt and a float add do
- * not): with the panel in cache, 0.83 of the int8 peak against 0.75
- * (vpdpbusd alone: 0.96); on the 1B-shaped model's FFN rows from memory,
- * 147-153 -> 158-166 G MAC/s on one thread. */
+ * not), so moving them to once per superblock leaves vpdpbusd more of
+ * the cycles. */
 /* The factors of rows s[0..16) (scales at the chunk start; lane order as
  * panel_pack), kb blocks. */
 PI2_T_AVX512 static void sb_pack_scales(const uint16_t *const s[16], int64_t kb, k_panel *P)
@@ -503,8 +501,7 @@ PI2_T_AVX512 void pi2_ki_mm_panels(pi2_qtype wt, bool sb, int64_t n, int nrows, 
             } else {
                 panel_pack(wt, p, s, kb, &P);
             }
-            /* the next panel's rows (its pack met them cold: ~30% of the
-             * time) */
+            /* the next panel's rows (its pack would meet them cold) */
             int64_t lines = (kb * gb + 63) / 64, pf = 0;
             __mmask16 keep = (__mmask16)((1u << m) - 1u);
             for (int t0 = 0; t0 < T;) {

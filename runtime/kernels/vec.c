@@ -76,8 +76,8 @@ static void sgemv_t_scalar(const float *W, int64_t ldw, int64_t n, int nrows, co
  * max, the same scalar 127 / amax and amax / 127, one multiply and a
  * round-to-nearest-even convert per value (rintf in the default rounding
  * mode), the same clamp; so bit-identical. Prefill quantizes every
- * layer's inputs on one thread: the scalar loop cost as much as a tenth
- * of the batch's matmul time. */
+ * layer's inputs on one thread between the parallel matmuls, so this
+ * serial step has to be short. */
 PI2_T_AVX512 static void act_quantize_avx512(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
                                              int32_t *sums)
 {
@@ -241,8 +241,7 @@ PI2_T_AVX512 static inline __m512 fold4_ps(__m512 v0, __m512 v1, __m512 v2, __m5
 /* 16 short rows at once (the predictor's second layer: rows of its rank,
  * 64 floats): one accumulator per row, then 4 folds and a 4 x 4 transpose
  * of 128-bit lanes sum all 16 at ~3 instructions a row, where a
- * horizontal sum per row took ~8 (one thread, 5632 rows: 2.4x the read
- * speed at 64 floats, 1.5x at 65). */
+ * horizontal sum per row takes ~8. */
 PI2_T_AVX512 static void sgemv16_avx512(const float *W, int64_t ldw, int64_t n, const float *x, float *out)
 {
     __m512 a[16];
@@ -255,8 +254,8 @@ PI2_T_AVX512 static void sgemv16_avx512(const float *W, int64_t ldw, int64_t n, 
         for (int i = 0; i < 16; i++)
             a[i] = _mm512_fmadd_ps(_mm512_loadu_ps(W + i * ldw + j), xv, a[i]);
     }
-    /* the last n % 16 columns a column at a time (gathered across the 16
-     * rows: masked loads, one per row, ran at half the speed) */
+    /* the last n % 16 columns a column at a time, gathered across the 16
+     * rows (one gather per column rather than a masked load per row) */
     __m512 tail = _mm512_setzero_ps();
     const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                            _mm512_set1_epi32((int)ldw));

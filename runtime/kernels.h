@@ -30,6 +30,10 @@
  * target attributes, so the library builds with plain -O2 and runs on CPUs
  * without them.
  *
+ * The code is in runtime/kernels/, a file per op family, each kernel's
+ * scalar twin next to its SIMD paths (runtime/kernels/internal.h lists
+ * them).
+ *
  * Buffers need no particular alignment. Nothing here allocates, and
  * nothing is thread-shared: callers partition rows between threads.
  */

@@ -1,7 +1,8 @@
-/* kernels: activation quantization against pi2_q8act_quantize, the scalar
- * twins against double-precision dequantize-and-dot, and every SIMD kernel
- * this CPU can run against its scalar twin on ragged shapes (rows, tokens,
- * blocks), shuffled separately allocated rows, and extreme values. */
+/* kernels: the one ISA state, activation quantization against
+ * pi2_q8act_quantize, the scalar twins against double-precision
+ * dequantize-and-dot, and every SIMD kernel this CPU can run against its
+ * scalar twin on ragged shapes (rows, tokens, blocks), shuffled separately
+ * allocated rows, and extreme values. */
 #include "tests/testutil.h"
 
 #include "formats/common.h"

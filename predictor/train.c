@@ -190,11 +190,6 @@ double pi2_trace_active_frac(const pi2_trace *t)
 
 /* ============================== predictors ============================== */
 
-const char *pi2_pred_input_name(pi2_pred_input in)
-{
-    return in == PI2_PRED_IN_NORMED ? "normed" : in == PI2_PRED_IN_PRENORM ? "prenorm" : "?";
-}
-
 struct pi2_predictor {
     int d, n_ff, rank;
     float threshold;
@@ -277,17 +272,6 @@ int pi2_pred_set_threshold(pi2_predictor *p, float threshold)
         return PI2_EINVAL;
     p->threshold = threshold;
     return 0;
-}
-
-uint64_t pi2_pred_bytes_f32(int d, int n_ff, int rank)
-{
-    return ((uint64_t)rank * (uint64_t)d + (uint64_t)n_ff * (uint64_t)rank) * 4u;
-}
-
-uint64_t pi2_pred_bytes_q8(int d, int n_ff, int rank)
-{
-    uint64_t g1 = ((uint64_t)d + 31) / 32, g2 = ((uint64_t)rank + 31) / 32;
-    return ((uint64_t)rank * g1 + (uint64_t)n_ff * g2) * 34u;
 }
 
 int pi2_pred_score(const pi2_predictor *p, const float *x, float *scores)

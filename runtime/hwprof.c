@@ -29,7 +29,7 @@
 #include "formats/jsonutil.h"
 #include "runtime/io.h"
 #include "runtime/kernels.h"
-#include "runtime/pool.h"
+#include "formats/pool.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -557,7 +557,7 @@ static int measure_threads(hw_bench *b, int t, double pt, pi2_io *io, uint64_t f
         return pi2_err_set(err, PI2_ENOMEM, "hardware profile: out of memory for read buffers");
     }
     /* placed as the offloading engine places its threads: the reader on
-     * the CPUs the compute threads leave free, if any (runtime/pool.h) */
+     * the CPUs the compute threads leave free, if any (formats/pool.h) */
     pi2_cpus cpus;
     bool pinned = pi2_cpus_split(t, &cpus) && pi2_pool_pin(b->pool, &cpus.pool);
     pthread_attr_t attr;

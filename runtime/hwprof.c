@@ -573,6 +573,8 @@ static int measure_threads(hw_bench *b, int t, double pt, pi2_io *io, uint64_t f
     rc = read_n(io, fsize, HW_OVL_SIZE, HW_OVL_DEPTH, n_reads, buf, &rd.seed, err);
     ti = pi2_now() - t0;
     if (rc == 0) {
+        /* A thread of its own, not the pool: it is the I/O side whose
+         * overlap with the compute jobs this step measures. */
         pthread_t th;
         t0 = pi2_now();
         int e = pthread_create(&th, attr_ok ? &attr : NULL, rd_main, &rd);

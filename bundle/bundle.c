@@ -8,6 +8,7 @@
  * while the main thread lays out and writes the current job. */
 #include "bundle/bundle.h"
 #include "bundle/order.h"
+#include "formats/pool.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -564,6 +565,8 @@ static int run_jobs(bctx *b, pi2_err *err)
     uint8_t *chunk = malloc(cap);
     if (!chunk)
         return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    /* A thread of its own, not the pool: the loader reads ahead of the
+     * writer for the whole run, handing buffers over under b->mu. */
     pthread_t tid;
     if (pthread_create(&tid, NULL, loader_main, b) != 0) {
         free(chunk);
@@ -650,8 +653,10 @@ static int order_one(bctx *b, ffn_state *s, pi2_err *err)
     return rc;
 }
 
-static void *order_worker(void *arg)
+static void order_worker(void *arg, int tid, int nthreads)
 {
+    (void)tid;
+    (void)nthreads;
     order_pool *p = arg;
     for (;;) {
         pthread_mutex_lock(&p->mu);
@@ -671,7 +676,6 @@ static void *order_worker(void *arg)
             pthread_mutex_unlock(&p->mu);
         }
     }
-    return NULL;
 }
 
 static int order_all(bctx *b, pi2_err *err)
@@ -684,14 +688,15 @@ static int order_all(bctx *b, pi2_err *err)
         T = MAX_THREADS;
     if ((size_t)T > b->n_ffn)
         T = (int)b->n_ffn;
-    pthread_t tid[MAX_THREADS];
-    bool started[MAX_THREADS] = { false };
-    for (int k = 1; k < T; k++)
-        started[k] = pthread_create(&tid[k], NULL, order_worker, &p) == 0;
-    order_worker(&p);
-    for (int k = 1; k < T; k++)
-        if (started[k])
-            pthread_join(tid[k], NULL);
+    /* the layers are taken from a shared counter: any thread may take any */
+    pi2_pool *pool = NULL;
+    if (T > 1 && pi2_pool_create(&pool, T, NULL) != 0)
+        pool = NULL;
+    if (pool)
+        pi2_pool_run_shared(pool, order_worker, &p);
+    else
+        order_worker(&p, 0, 1);
+    pi2_pool_free(pool);
     pthread_mutex_destroy(&p.mu);
     if (p.rc)
         return pi2_err_set(err, p.rc, "%s", p.err.msg);

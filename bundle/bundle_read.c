@@ -1,6 +1,7 @@
 /* pi2 bundle reader: open, check the signature and structure, verify
  * digests, look up neurons, print a summary. See bundle/bundle.h. */
 #include "bundle/bundle.h"
+#include "formats/pool.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -284,8 +285,10 @@ static int verify_in_copy(const vjob *v, const pi2_ctr_section *s, pi2_err *e)
     return 0;
 }
 
-static void *verify_worker(void *arg)
+static void verify_worker(void *arg, int tid, int nthreads)
 {
+    (void)tid;
+    (void)nthreads;
     vjob *v = arg;
     for (;;) {
         pthread_mutex_lock(&v->mu);
@@ -311,7 +314,6 @@ static void *verify_worker(void *arg)
         }
         pthread_mutex_unlock(&v->mu);
     }
-    return NULL;
 }
 
 /* The sections v.b's check covers, hashed on two threads. */
@@ -331,11 +333,15 @@ static int verify_run(vjob v, bool resident_only, uint64_t *done, pi2_err *err)
     }
     v.first_bad = v.n;
     pthread_mutex_init(&v.mu, NULL);
-    pthread_t tid;
-    bool two = sysconf(_SC_NPROCESSORS_ONLN) > 1 && pthread_create(&tid, NULL, verify_worker, &v) == 0;
-    verify_worker(&v);
-    if (two)
-        pthread_join(tid, NULL);
+    /* sections are taken from a shared counter: any thread may take any */
+    pi2_pool *pool = NULL;
+    if (sysconf(_SC_NPROCESSORS_ONLN) > 1 && pi2_pool_create(&pool, 2, NULL) != 0)
+        pool = NULL;
+    if (pool)
+        pi2_pool_run_shared(pool, verify_worker, &v);
+    else
+        verify_worker(&v, 0, 1);
+    pi2_pool_free(pool);
     pthread_mutex_destroy(&v.mu);
     free(v.idx);
     if (done)

@@ -194,7 +194,6 @@ const pi2_bl_ffn *pi2_bl_find(const pi2_bundle_layout *l, int layer, int expert)
 
 /* ---- writer ---- */
 
-static json_t *jnum(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 static json_t *ju(uint64_t x) { return json_integer((json_int_t)x); }
 
 static json_t *pair(uint64_t a, uint64_t b)
@@ -218,8 +217,8 @@ int pi2_bl_to_json(const pi2_bundle_layout *l, char **text, pi2_err *err)
         ok &= json_object_set_new(o, "align", ju(PI2_BL_ALIGN)) == 0;
         ok &= json_object_set_new(o, "row_bytes", ju(l->row_bytes)) == 0;
         ok &= json_object_set_new(o, "two_phase", json_boolean(l->two_phase)) == 0;
-        ok &= json_object_set_new(hr, "min_freq", jnum(l->hot_min_freq)) == 0;
-        ok &= json_object_set_new(hr, "share", jnum(l->hot_share)) == 0;
+        ok &= json_object_set_new(hr, "min_freq", pi2_json_num(l->hot_min_freq)) == 0;
+        ok &= json_object_set_new(hr, "share", pi2_json_num(l->hot_share)) == 0;
         ok &= json_object_set(o, "hot_rule", hr) == 0;
         ok &= json_object_set_new(o, "signer", json_string(l->signer)) == 0;
         for (size_t i = 0; ok && i < l->n_resident; i++)
@@ -246,8 +245,8 @@ int pi2_bl_to_json(const pi2_bundle_layout *l, char **text, pi2_err *err)
             ok &= json_object_set_new(e, "hot_neurons", ju(f->hot_neurons)) == 0;
             ok &= json_object_set_new(e, "hot", pair(f->hot_offset, f->hot_size)) == 0;
             ok &= json_object_set_new(e, "cold", pair(f->cold_offset, f->cold_size)) == 0;
-            ok &= json_object_set_new(e, "read_efficiency", jnum(f->read_eff)) == 0;
-            ok &= json_object_set_new(e, "read_efficiency_freq", jnum(f->read_eff_freq)) == 0;
+            ok &= json_object_set_new(e, "read_efficiency", pi2_json_num(f->read_eff)) == 0;
+            ok &= json_object_set_new(e, "read_efficiency_freq", pi2_json_num(f->read_eff_freq)) == 0;
             ok &= json_array_append_new(ffn, e) == 0;
         }
         ok &= json_object_set(o, "ffn", ffn) == 0;

@@ -22,9 +22,10 @@
  * the causal mask applied between them. */
 #include "convert/calib.h"
 
+#include "formats/pool.h"
+
 #include <cblas.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -61,35 +62,39 @@ struct pi2_calib_state {
     double *tgt;           /* (rows) NLL: the target's logit */
     float *scores;         /* (scores_cap) attention scores of one (sequence, head) */
     size_t scores_cap;
+    pi2_pool *pool;        /* compute threads, started on first use; NULL: the caller alone */
+    bool pool_tried;
 };
 
 /* ---- threads: a static partition of [0, n) over up to nt threads ---- */
 
 typedef void (*par_fn)(void *ctx, int tid, int64_t i0, int64_t i1);
 
-typedef struct par_arg {
+typedef struct par_job {
     par_fn fn;
     void *ctx;
-    int tid;
-    int64_t i0, i1;
-} par_arg;
+    int nt;
+    int64_t n;
+} par_job;
 
-static void *par_main(void *p)
+static void par_main(void *p, int tid, int nthreads)
 {
-    par_arg *a = p;
-    a->fn(a->ctx, a->tid, a->i0, a->i1);
-    return NULL;
+    par_job *j = p;
+    for (int t = tid; t < j->nt; t += nthreads)
+        j->fn(j->ctx, t, j->n * t / j->nt, j->n * (t + 1) / j->nt);
 }
 
-/* Run fn over [0, n) on at most nt threads (the caller's included), each
- * range at least min_chunk long. A thread that cannot be started runs its
- * range on the caller instead. */
-static void par_for(int nt, int64_t n, int64_t min_chunk, par_fn fn, void *ctx)
+static int n_threads(const pi2_calib_state *s);
+
+/* Run fn over [0, n) as ranges t = 0 .. nt-1 with nt at most the state's
+ * thread count, each range at least min_chunk long, on the state's pool.
+ * Range t is [n*t/nt, n*(t+1)/nt) whichever thread runs it; without a pool
+ * (threads could not be started) the caller runs them all. */
+static void par_for(pi2_calib_state *s, int64_t n, int64_t min_chunk, par_fn fn, void *ctx)
 {
+    int nt = n_threads(s);
     if (min_chunk < 1)
         min_chunk = 1;
-    if (nt > MAX_THREADS)
-        nt = MAX_THREADS;
     if ((int64_t)nt > n / min_chunk)
         nt = (int)(n / min_chunk);
     if (nt <= 1) {
@@ -97,20 +102,16 @@ static void par_for(int nt, int64_t n, int64_t min_chunk, par_fn fn, void *ctx)
             fn(ctx, 0, 0, n);
         return;
     }
-    par_arg a[MAX_THREADS];
-    pthread_t th[MAX_THREADS];
-    bool started[MAX_THREADS] = { false };
-    for (int t = 0; t < nt; t++)
-        a[t] = (par_arg){ fn, ctx, t, n * t / nt, n * (t + 1) / nt };
-    for (int t = 1; t < nt; t++)
-        started[t] = pthread_create(&th[t], NULL, par_main, &a[t]) == 0;
-    fn(ctx, 0, a[0].i0, a[0].i1);
-    for (int t = 1; t < nt; t++) {
-        if (started[t])
-            pthread_join(th[t], NULL);
-        else
-            fn(ctx, t, a[t].i0, a[t].i1);
+    if (!s->pool_tried) {
+        s->pool_tried = true;
+        if (pi2_pool_create(&s->pool, n_threads(s), NULL) != 0)
+            s->pool = NULL;
     }
+    par_job j = { fn, ctx, nt, n };
+    if (s->pool)
+        pi2_pool_run(s->pool, par_main, &j);
+    else
+        par_main(&j, 0, 1);
 }
 
 static int n_threads(const pi2_calib_state *s)
@@ -183,7 +184,7 @@ static int convert_rows(pi2_calib_state *s, const pi2_st_tensor *t, int64_t r0, 
     j->r0 = r0;
     j->out = out;
     int64_t min_rows = (1 << 18) / (t->shape[1] > 0 ? t->shape[1] : 1) + 1; /* ~1 MiB of f32 per thread */
-    par_for(n_threads(s), n, min_rows, conv_part, j);
+    par_for(s, n, min_rows, conv_part, j);
     int rc = 0;
     for (int t2 = 0; t2 < MAX_THREADS && !rc; t2++)
         if ((rc = j->rc[t2]))
@@ -475,6 +476,7 @@ void pi2_calib_state_free(pi2_calib_state *s)
     free(s->last);
     free(s->rope_cos);
     free(s->rope_sin);
+    pi2_pool_free(s->pool);
     free(s);
 }
 
@@ -574,7 +576,7 @@ static int ffn_rows(pi2_calib_state *s, int l, int e, int n, const int32_t *rows
         return rc;
     gemm_nt(n, ff, D, 1.0f, X, D, w, D, 0.0f, s->u, ff); /* (n, ff) */
     act_job aj = { s->d->act, pi2_desc_gate_threshold(s->d), s->g, s->u, ff };
-    par_for(n_threads(s), n, 1 + (1 << 15) / ff, act_part, &aj);
+    par_for(s, n, 1 + (1 << 15) / ff, act_part, &aj);
     if (s->o.ffn)
         s->o.ffn(s->o.ffn_ctx, l, e, n, rows, X, R, s->g);
     if ((rc = load_matrix(s, PI2_T_DOWN, l, e, &w, err)))

@@ -2,7 +2,8 @@
  * the container, quantized row by row (see convert.h for member names). */
 #include "convert/convert_internal.h"
 
-#include <pthread.h>
+#include "formats/pool.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,9 +49,8 @@ typedef struct qjob {
 
 #define TBLOCK 64 /* neurons per transposed tile */
 
-static void *qjob_run(void *arg)
+static void qjob_run(qjob *j)
 {
-    qjob *j = arg;
     size_t pb = pi2_q_payload_row_bytes(j->qt, j->cols), sc = pi2_q_scale_row_count(j->qt, j->cols);
     for (int64_t r0 = j->r0; r0 < j->r1 && j->rc == 0; r0 += (j->transposed ? TBLOCK : 1)) {
         int64_t nb = 1;
@@ -74,7 +74,19 @@ static void *qjob_run(void *arg)
                                        j->payload + (size_t)(r - j->r0) * pb);
         }
     }
-    return NULL;
+}
+
+/* One chunk's jobs, job k on thread k % nthreads of the pool. */
+typedef struct qjobs {
+    qjob *jobs;
+    int n;
+} qjobs;
+
+static void qjobs_run(void *arg, int tid, int nthreads)
+{
+    qjobs *q = arg;
+    for (int k = tid; k < q->n; k += nthreads)
+        qjob_run(&q->jobs[k]);
 }
 
 #define QMAX_THREADS 16
@@ -110,6 +122,9 @@ static int write_tensor(pi2_conv *c, const pi2_st_tensor *t, const char *hfname,
     uint8_t *buf = pi2_malloc_array((size_t)chunk, pb);
     int T = c->threads < QMAX_THREADS ? c->threads : QMAX_THREADS;
     float *scratch[QMAX_THREADS] = {0}, *tile[QMAX_THREADS] = {0};
+    pi2_pool *pool = NULL; /* NULL: every job on the caller */
+    if (T > 1 && pi2_pool_create(&pool, T, NULL) != 0)
+        pool = NULL;
     bool ok = (scales || !sc) && buf;
     for (int k = 0; k < T && ok; k++) {
         ok = (scratch[k] = pi2_malloc_array((size_t)cols, sizeof(float))) != NULL;
@@ -125,22 +140,16 @@ static int write_tensor(pi2_conv *c, const pi2_st_tensor *t, const char *hfname,
         int64_t r1 = r0 + chunk < rows ? r0 + chunk : rows;
         int n = T < r1 - r0 ? T : (int)(r1 - r0);
         qjob jobs[QMAX_THREADS];
-        pthread_t tid[QMAX_THREADS];
-        bool started[QMAX_THREADS] = {false};
         for (int k = 0; k < n; k++) {
             int64_t a = r0 + (r1 - r0) * k / n, b = r0 + (r1 - r0) * (k + 1) / n;
             jobs[k] = (qjob){t, qt, transposed, cols, src_cols, a, b, sc ? scales + (size_t)a * sc : NULL,
                              buf + (size_t)(a - r0) * pb, scratch[k], tile[k], 0};
         }
-        for (int k = 1; k < n; k++) {
-            started[k] = pthread_create(&tid[k], NULL, qjob_run, &jobs[k]) == 0;
-            if (!started[k])
-                qjob_run(&jobs[k]);
-        }
-        qjob_run(&jobs[0]);
-        for (int k = 1; k < n; k++)
-            if (started[k])
-                pthread_join(tid[k], NULL);
+        qjobs q = { jobs, n };
+        if (pool)
+            pi2_pool_run(pool, qjobs_run, &q);
+        else
+            qjobs_run(&q, 0, 1);
         for (int k = 0; k < n && rc == 0; k++)
             if (jobs[k].rc)
                 rc = pi2_err_set(err, jobs[k].rc, "%s: cannot quantize (non-finite value or scale out of range)",
@@ -159,6 +168,7 @@ static int write_tensor(pi2_conv *c, const pi2_st_tensor *t, const char *hfname,
                                 err);
     pi2_st_release(t);
 out:
+    pi2_pool_free(pool);
     for (int k = 0; k < T; k++) {
         free(scratch[k]);
         free(tile[k]);

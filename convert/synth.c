@@ -3,11 +3,11 @@
  * RMS 1 per coordinate. */
 #include "convert/synth.h"
 
+#include "formats/pool.h"
 #include "formats/tokenizer.h"
 
 #include <errno.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -490,16 +490,27 @@ typedef struct job {
     float *scratch;
 } job;
 
-static void *job_run(void *arg)
+static void job_run(job *j)
 {
-    job *j = arg;
     int64_t cols = j->t->cols ? j->t->cols : 1;
     size_t rb = (size_t)cols * pi2_dtype_size(j->dt);
     for (int64_t r = j->r0; r < j->r1; r++) {
         gen_row(j->g, j->t, r, j->scratch);
         store_row(j->scratch, cols, j->dt, j->dst + (size_t)(r - j->r0) * rb);
     }
-    return NULL;
+}
+
+/* One chunk's jobs, job k on thread k % nthreads of the pool. */
+typedef struct jobs_arg {
+    job *jobs;
+    int n;
+} jobs_arg;
+
+static void jobs_run(void *arg, int tid, int nthreads)
+{
+    jobs_arg *a = arg;
+    for (int k = tid; k < a->n; k += nthreads)
+        job_run(&a->jobs[k]);
 }
 
 #define MAX_THREADS 64
@@ -510,6 +521,7 @@ typedef struct writer_ctx {
     uint8_t *buf;
     size_t buf_cap;
     float *scratch[MAX_THREADS];
+    pi2_pool *pool; /* NULL: every job on the caller */
     uint64_t done, total;
     pi2_synth_progress progress;
     void *pctx;
@@ -545,21 +557,15 @@ static int write_tensor(writer_ctx *w, pi2_st_writer *sw, const tdesc *t, pi2_er
             if (r1 - r0 < T)
                 T = (int)(r1 - r0);
             job jobs[MAX_THREADS];
-            pthread_t tid[MAX_THREADS];
-            bool started[MAX_THREADS] = {false};
             for (int k = 0; k < T; k++) {
                 int64_t a = r0 + (r1 - r0) * k / T, b = r0 + (r1 - r0) * (k + 1) / T;
                 jobs[k] = (job){g, t, dt, a, b, w->buf + (size_t)(a - r0) * rb, w->scratch[k]};
             }
-            for (int k = 1; k < T; k++) {
-                started[k] = pthread_create(&tid[k], NULL, job_run, &jobs[k]) == 0;
-                if (!started[k])
-                    job_run(&jobs[k]); /* no thread: do the share here */
-            }
-            job_run(&jobs[0]);
-            for (int k = 1; k < T; k++)
-                if (started[k])
-                    pthread_join(tid[k], NULL);
+            jobs_arg ja = { jobs, T };
+            if (w->pool)
+                pi2_pool_run(w->pool, jobs_run, &ja);
+            else
+                jobs_run(&ja, 0, 1);
         }
         size_t n = (size_t)(r1 - r0) * rb;
         int rc = pi2_st_writer_write(sw, w->buf, n, err);
@@ -705,6 +711,8 @@ int pi2_synth_write(const char *dir, const pi2_synth_opts *o, pi2_synth_progress
         rc = pi2_err_set(err, PI2_ENOMEM, "generator: out of memory");
         goto fail;
     }
+    if (w.threads > 1 && pi2_pool_create(&w.pool, w.threads, NULL) != 0)
+        w.pool = NULL;
 
     names = pi2_calloc_array(nt, sizeof *names);
     files = pi2_calloc_array(nt, sizeof *files);
@@ -766,6 +774,7 @@ done:
             free(files[i]);
     free(files);
     free(names);
+    pi2_pool_free(w.pool);
     for (int k = 0; k < MAX_THREADS; k++)
         free(w.scratch[k]);
     free(w.buf);

@@ -776,28 +776,6 @@ static void sb_add(sbuf *b, const char *fmt, ...)
     }
 }
 
-/* Shortest decimal that reads back as the same double, spelled as Python's
- * repr (and so HF's json.dumps) does: fixed notation for exponents in
- * [-4, 16), always with a '.' or an exponent so it stays a float. */
-static void fmt_real(char *buf, size_t cap, double v)
-{
-    int prec = 1;
-    for (; prec < 17; prec++) {
-        snprintf(buf, cap, "%.*e", prec - 1, v);
-        if (strtod(buf, NULL) == v)
-            break;
-    }
-    snprintf(buf, cap, "%.*e", prec - 1, v);
-    const char *e = strchr(buf, 'e');
-    int exp = e ? atoi(e + 1) : 0;
-    if (exp >= -4 && exp < 16) {
-        int decimals = prec - 1 - exp;
-        snprintf(buf, cap, "%.*f", decimals > 0 ? decimals : 0, v);
-        if (!strchr(buf, '.'))
-            strncat(buf, ".0", cap - strlen(buf) - 1);
-    }
-}
-
 /* The double whose shortest decimal form reads back as float f, so that
  * 1e-6f is written "1e-06" rather than "9.99999997e-07". */
 static double float_as_short_double(float f)
@@ -824,8 +802,8 @@ int pi2_config_format(const pi2_model_desc *d, const char *torch_dtype, char **o
         return pi2_err_set(err, PI2_EINVAL, "config: torch_dtype \"%.32s\" is not float32, float16 or bfloat16",
                            torch_dtype);
     char theta[40], eps[40];
-    fmt_real(theta, sizeof theta, d->rope_theta);
-    fmt_real(eps, sizeof eps, float_as_short_double(d->rms_eps));
+    pi2_json_fmt_real(theta, sizeof theta, d->rope_theta);
+    pi2_json_fmt_real(eps, sizeof eps, float_as_short_double(d->rms_eps));
     bool moe = arch_is_moe(d->arch);
 
     /* Keys in sorted order, two-space indent: what HF's save_pretrained
@@ -852,7 +830,7 @@ int pi2_config_format(const pi2_model_desc *d, const char *torch_dtype, char **o
            d->act == PI2_ACT_SILU ? "silu" : d->act == PI2_ACT_FATRELU ? "fatrelu" : "relu");
     if (d->act == PI2_ACT_FATRELU) {
         char t[40];
-        fmt_real(t, sizeof t, float_as_short_double(d->act_param));
+        pi2_json_fmt_real(t, sizeof t, float_as_short_double(d->act_param));
         sb_add(&b, "  \"hidden_act_param\": %s,\n", t);
     }
     sb_add(&b, "  \"hidden_size\": %d,\n", d->hidden);
@@ -873,12 +851,12 @@ int pi2_config_format(const pi2_model_desc *d, const char *torch_dtype, char **o
     } else {
         char f[40];
         const pi2_rope_scaling *r = &d->rope;
-        fmt_real(f, sizeof f, r->factor);
+        pi2_json_fmt_real(f, sizeof f, r->factor);
         sb_add(&b, "  \"rope_scaling\": {\n    \"factor\": %s,\n", f);
         if (r->type == PI2_ROPE_LLAMA3) {
             char hi[40], lo[40];
-            fmt_real(hi, sizeof hi, r->high_freq_factor);
-            fmt_real(lo, sizeof lo, r->low_freq_factor);
+            pi2_json_fmt_real(hi, sizeof hi, r->high_freq_factor);
+            pi2_json_fmt_real(lo, sizeof lo, r->low_freq_factor);
             sb_add(&b, "    \"high_freq_factor\": %s,\n    \"low_freq_factor\": %s,\n", hi, lo);
             sb_add(&b, "    \"original_max_position_embeddings\": %d,\n", r->orig_max_pos);
         }

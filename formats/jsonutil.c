@@ -1,5 +1,7 @@
 #include "formats/jsonutil.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +19,27 @@ const char *pi2_json_type_name(const json_t *v)
     }
     return "?";
 }
+
+void pi2_json_fmt_real(char *buf, size_t cap, double v)
+{
+    int prec = 1;
+    for (; prec < 17; prec++) {
+        snprintf(buf, cap, "%.*e", prec - 1, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    snprintf(buf, cap, "%.*e", prec - 1, v);
+    const char *e = strchr(buf, 'e');
+    int exp = e ? atoi(e + 1) : 0;
+    if (exp >= -4 && exp < 16) {
+        int decimals = prec - 1 - exp;
+        snprintf(buf, cap, "%.*f", decimals > 0 ? decimals : 0, v);
+        if (!strchr(buf, '.'))
+            strncat(buf, ".0", cap - strlen(buf) - 1);
+    }
+}
+
+json_t *pi2_json_num(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
 void pi2_sb_put(pi2_sbuf *b, const char *s, size_t n)
 {

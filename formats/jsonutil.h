@@ -11,6 +11,15 @@
  * "null": the JSON type of v as the error messages name it. */
 const char *pi2_json_type_name(const json_t *v);
 
+/* Shortest decimal that reads back as the same double, spelled as Python's
+ * repr (and so HF's json.dumps) does (10000.0, 0.95, 1e-05): fixed notation
+ * for exponents in [-4, 16), always with a '.' or an exponent so it stays a
+ * JSON real. The one real printer of the hand-written JSON emitters. */
+void pi2_json_fmt_real(char *buf, size_t cap, double v);
+
+/* json_real(x) for a finite x, JSON null otherwise (NaN and Inf are not JSON). */
+json_t *pi2_json_num(double x);
+
 /* Growing text buffer for the JSON writers (kept NUL-terminated); after an
  * allocation failure every call is a no-op and `failed` stays set. */
 typedef struct pi2_sbuf {

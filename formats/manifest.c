@@ -1144,28 +1144,6 @@ static void emit_string(pi2_sbuf *b, const char *s, size_t n)
     pi2_sb_put(b, "\"", 1);
 }
 
-/* Shortest decimal that reads back as v, as Python's repr writes it
- * (10000.0, 0.95, 1e-05): plain notation for exponents in [-4, 16), always
- * with a '.' or an exponent so it stays a JSON real. */
-static void fmt_double(char *buf, size_t cap, double v)
-{
-    int p = 1;
-    for (; p < 17; p++) {
-        snprintf(buf, cap, "%.*e", p - 1, v);
-        if (strtod(buf, NULL) == v)
-            break;
-    }
-    snprintf(buf, cap, "%.*e", p - 1, v);
-    const char *e = strchr(buf, 'e');
-    int exp = e ? atoi(e + 1) : 0;
-    if (exp >= -4 && exp < 16) {
-        int decimals = p - 1 - exp;
-        snprintf(buf, cap, "%.*f", decimals > 0 ? decimals : 0, v);
-        if (!strchr(buf, '.'))
-            strncat(buf, ".0", cap - strlen(buf) - 1);
-    }
-}
-
 static bool all_scalar(json_t *v)
 {
     if (json_is_object(v)) {
@@ -1241,7 +1219,7 @@ static void emit(pi2_sbuf *b, json_t *v, int depth)
         pi2_sb_str(b, num);
         return;
     case JSON_REAL:
-        fmt_double(num, sizeof num, json_real_value(v));
+        pi2_json_fmt_real(num, sizeof num, json_real_value(v));
         pi2_sb_str(b, num);
         return;
     case JSON_TRUE: pi2_sb_str(b, "true"); return;
@@ -1270,10 +1248,6 @@ static void push(jb *b, json_t *a, json_t *v, const char *what)
         b->bad = what;
 }
 
-/* Finite doubles as reals, anything else as null (the reader then says
- * whether null is allowed there). */
-static json_t *jnum(double x) { return isfinite(x) ? json_real(x) : json_null(); }
-
 /* The double whose shortest form reads back as f (0.3f is written 0.3). */
 static json_t *jfloat(float f)
 {
@@ -1297,10 +1271,10 @@ static json_t *build_report(jb *b, const pi2_pred_report *r)
     json_t *o = json_object();
     put(b, o, "rank", jint(r->rank));
     put(b, o, "threshold", jfloat(r->threshold));
-    put(b, o, "recall", jnum(r->recall));
-    put(b, o, "precision", jnum(r->precision));
-    put(b, o, "pred_active_frac", jnum(r->pred_active_frac));
-    put(b, o, "true_active_frac", jnum(r->true_active_frac));
+    put(b, o, "recall", pi2_json_num(r->recall));
+    put(b, o, "precision", pi2_json_num(r->precision));
+    put(b, o, "pred_active_frac", pi2_json_num(r->pred_active_frac));
+    put(b, o, "true_active_frac", pi2_json_num(r->true_active_frac));
     put(b, o, "bytes_f32", ju64(r->bytes_f32));
     put(b, o, "bytes_q8", ju64(r->bytes_q8));
     put(b, o, "n_eval", ju64(r->n_eval));
@@ -1308,10 +1282,10 @@ static json_t *build_report(jb *b, const pi2_pred_report *r)
     put(b, o, "epochs", jint(r->epochs));
     put(b, o, "early_stopped", json_boolean(r->early_stopped));
     put(b, o, "best_epoch", jint(r->best_epoch));
-    put(b, o, "pos_weight", jnum(r->pos_weight));
-    put(b, o, "train_loss", jnum(r->train_loss));
-    put(b, o, "heldout_loss", jnum(r->heldout_loss));
-    put(b, o, "seconds", jnum(r->seconds));
+    put(b, o, "pos_weight", pi2_json_num(r->pos_weight));
+    put(b, o, "train_loss", pi2_json_num(r->train_loss));
+    put(b, o, "heldout_loss", pi2_json_num(r->heldout_loss));
+    put(b, o, "seconds", pi2_json_num(r->seconds));
     return o;
 }
 
@@ -1354,8 +1328,8 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
 
     json_t *sp = json_object();
     put(b, sp, "mode", json_string(pi2_manifest_mode_name(m->sparsity_mode)));
-    put(b, sp, "recall_target", jnum(m->recall_target));
-    put(b, sp, "threshold_sparsity", jnum(m->threshold_sparsity));
+    put(b, sp, "recall_target", pi2_json_num(m->recall_target));
+    put(b, sp, "threshold_sparsity", pi2_json_num(m->threshold_sparsity));
     json_t *pl = json_array();
     for (size_t i = 0; i < m->n_layers; i++) {
         const pi2_mf_layer *l = &m->layers[i];
@@ -1392,16 +1366,16 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
         json_t *o = json_object();
         put(b, o, "layer", jint(p->layer));
         put(b, o, "expert", jint(p->expert));
-        put(b, o, "active_frac", jnum(p->active_frac));
-        put(b, o, "hot_share", jnum(p->hot_share));
-        put(b, o, "top10_share", jnum(p->top10_share));
+        put(b, o, "active_frac", pi2_json_num(p->active_frac));
+        put(b, o, "hot_share", pi2_json_num(p->hot_share));
+        put(b, o, "top10_share", pi2_json_num(p->top10_share));
         put(b, o, "freq", json_string(p->freq));
         put(b, o, "bits", json_string(p->bits));
         put(b, o, "bit_samples", ju64(p->bit_samples));
         if (p->bits_selected)
             put(b, o, "bits_selected", json_true());
         if (p->expert >= 0 && !isnan(p->route_share))
-            put(b, o, "route_share", jnum(p->route_share));
+            put(b, o, "route_share", pi2_json_num(p->route_share));
         push(b, ppl, o, "profile.per_layer");
     }
     put(b, pr, "per_layer", ppl);
@@ -1409,9 +1383,9 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
 
     json_t *qu = json_object();
     put(b, qu, "tokens", ju64(m->quality_tokens));
-    put(b, qu, "ppl_ref", jnum(m->ppl_ref));
-    put(b, qu, "ppl_q_dense", jnum(m->ppl_q_dense));
-    put(b, qu, "ppl_q_sparse", jnum(m->ppl_q_sparse));
+    put(b, qu, "ppl_ref", pi2_json_num(m->ppl_ref));
+    put(b, qu, "ppl_q_dense", pi2_json_num(m->ppl_q_dense));
+    put(b, qu, "ppl_q_sparse", pi2_json_num(m->ppl_q_sparse));
     put(b, root, "quality", qu);
 
     put(b, root, "bundle", bundle ? bundle : json_null());

@@ -151,7 +151,7 @@
 #include "formats/container.h"
 #include "formats/hfconfig.h"
 #include "formats/quant.h"
-#include "predictor/train.h"
+#include "formats/predictor_fmt.h"
 
 #define PI2_MF_VERSION 1
 #define PI2_MF_NAME "manifest.json"

@@ -10,9 +10,10 @@
  */
 #include "predictor/train.h"
 
+#include "formats/pool.h"
+
 #include <cblas.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,11 +191,6 @@ double pi2_trace_active_frac(const pi2_trace *t)
 
 /* ============================== predictors ============================== */
 
-const char *pi2_pred_input_name(pi2_pred_input in)
-{
-    return in == PI2_PRED_IN_NORMED ? "normed" : in == PI2_PRED_IN_PRENORM ? "prenorm" : "?";
-}
-
 struct pi2_predictor {
     int d, n_ff, rank;
     float threshold;
@@ -279,17 +275,6 @@ int pi2_pred_set_threshold(pi2_predictor *p, float threshold)
     return 0;
 }
 
-uint64_t pi2_pred_bytes_f32(int d, int n_ff, int rank)
-{
-    return ((uint64_t)rank * (uint64_t)d + (uint64_t)n_ff * (uint64_t)rank) * 4u;
-}
-
-uint64_t pi2_pred_bytes_q8(int d, int n_ff, int rank)
-{
-    uint64_t g1 = ((uint64_t)d + 31) / 32, g2 = ((uint64_t)rank + 31) / 32;
-    return ((uint64_t)rank * g1 + (uint64_t)n_ff * g2) * 34u;
-}
-
 int pi2_pred_score(const pi2_predictor *p, const float *x, float *scores)
 {
     int d = p->d, r = p->rank;
@@ -352,115 +337,52 @@ int pi2_pred_choose_rank(int d, int n_ff, double active_frac, int min_rank, int 
 
 /* ============================== thread pool ============================== */
 
-/* Fixed workers; run(fn, ntasks) gives task t to thread t % nthreads (the
- * caller is thread 0) and returns when all tasks are done. Which thread runs
- * a task never changes its result. */
+/* Tasks over the compute pool (formats/pool.h): run(fn, ntasks) gives task t
+ * to thread t % nthreads (the caller is thread 0) and returns when all tasks
+ * are done. Which thread runs a task never changes its result, so a pool
+ * that could not be started (pp NULL) runs every task on the caller. */
 typedef void (*task_fn)(void *ctx, int task);
 
 typedef struct pool {
-    int nthreads; /* including the caller */
-    pthread_t th[MAX_THREADS];
-    pthread_mutex_t mu;
-    pthread_cond_t start, done;
-    uint64_t gen;
-    int busy;
-    bool quit;
+    pi2_pool *pp; /* NULL: everything on the caller */
+} pool;
+
+typedef struct task_job {
     task_fn fn;
     void *ctx;
     int ntasks;
-} pool;
+} task_job;
 
-typedef struct worker_arg {
-    pool *p;
-    int id;
-} worker_arg;
-
-static void pool_tasks(pool *p, int id)
+static void pool_tasks(void *arg, int tid, int nthreads)
 {
-    for (int t = id; t < p->ntasks; t += p->nthreads)
-        p->fn(p->ctx, t);
+    task_job *j = arg;
+    for (int t = tid; t < j->ntasks; t += nthreads)
+        j->fn(j->ctx, t);
 }
 
-static void *pool_worker(void *arg)
-{
-    worker_arg *a = arg;
-    pool *p = a->p;
-    int id = a->id;
-    free(a);
-    uint64_t seen = 0;
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        while (!p->quit && p->gen == seen)
-            pthread_cond_wait(&p->start, &p->mu);
-        if (p->quit)
-            break;
-        seen = p->gen;
-        pthread_mutex_unlock(&p->mu);
-        pool_tasks(p, id);
-        pthread_mutex_lock(&p->mu);
-        if (--p->busy == 0)
-            pthread_cond_signal(&p->done);
-    }
-    pthread_mutex_unlock(&p->mu);
-    return NULL;
-}
-
-/* Start up to n-1 workers; fewer if thread creation fails (the results do
- * not depend on the count). Never fails. */
+/* Up to n threads, the caller included; never fails (the results do not
+ * depend on the count). */
 static void pool_init(pool *p, int n)
 {
-    memset(p, 0, sizeof *p);
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->start, NULL);
-    pthread_cond_init(&p->done, NULL);
-    p->nthreads = 1;
-    for (int i = 1; i < n && i < MAX_THREADS; i++) {
-        worker_arg *a = malloc(sizeof *a);
-        if (!a)
-            break;
-        a->p = p;
-        a->id = i;
-        if (pthread_create(&p->th[i], NULL, pool_worker, a) != 0) {
-            free(a);
-            break;
-        }
-        p->nthreads = i + 1;
-    }
+    p->pp = NULL;
+    if (n > 1 && pi2_pool_create(&p->pp, n, NULL) != 0)
+        p->pp = NULL;
 }
 
 static void pool_run(pool *p, task_fn fn, void *ctx, int ntasks)
 {
-    if (!p || p->nthreads == 1) {
-        for (int t = 0; t < ntasks; t++)
-            fn(ctx, t);
+    task_job j = { fn, ctx, ntasks };
+    if (!p || !p->pp) {
+        pool_tasks(&j, 0, 1);
         return;
     }
-    pthread_mutex_lock(&p->mu);
-    p->fn = fn;
-    p->ctx = ctx;
-    p->ntasks = ntasks;
-    p->busy = p->nthreads - 1;
-    p->gen++;
-    pthread_cond_broadcast(&p->start);
-    pthread_mutex_unlock(&p->mu);
-    pool_tasks(p, 0);
-    pthread_mutex_lock(&p->mu);
-    while (p->busy > 0)
-        pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    pi2_pool_run(p->pp, pool_tasks, &j);
 }
 
 static void pool_destroy(pool *p)
 {
-    pthread_mutex_lock(&p->mu);
-    p->quit = true;
-    pthread_cond_broadcast(&p->start);
-    pthread_mutex_unlock(&p->mu);
-    for (int i = 1; i < p->nthreads; i++)
-        pthread_join(p->th[i], NULL);
-    pthread_cond_destroy(&p->start);
-    pthread_cond_destroy(&p->done);
-    pthread_mutex_destroy(&p->mu);
+    pi2_pool_free(p->pp);
+    p->pp = NULL;
 }
 
 /* ============================ batched compute ============================ */

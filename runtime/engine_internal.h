@@ -6,7 +6,7 @@
 #include "bundle/bundle.h"
 #include "runtime/engine.h"
 #include "runtime/kernels.h"
-#include "runtime/pool.h"
+#include "formats/pool.h"
 
 #include <string.h>
 

@@ -823,7 +823,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         pthread_cond_wait(&x->cv_compute, &x->mu);
     pthread_mutex_unlock(&x->mu);
     /* a CPU of its own for the I/O thread when the compute threads leave
-     * one free (runtime/pool.h); the caller's mask comes back at close */
+     * one free (formats/pool.h); the caller's mask comes back at close */
     if (pi2_cpus_split(e->threads, &x->cpus) && pi2_thread_pin(x->th, &x->cpus.io)) {
         pi2_pool_pin(e->pool, &x->cpus.pool);
         x->pinned = true;

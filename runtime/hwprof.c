@@ -29,7 +29,7 @@
 #include "formats/jsonutil.h"
 #include "runtime/io.h"
 #include "runtime/kernels.h"
-#include "runtime/pool.h"
+#include "formats/pool.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -557,7 +557,7 @@ static int measure_threads(hw_bench *b, int t, double pt, pi2_io *io, uint64_t f
         return pi2_err_set(err, PI2_ENOMEM, "hardware profile: out of memory for read buffers");
     }
     /* placed as the offloading engine places its threads: the reader on
-     * the CPUs the compute threads leave free, if any (runtime/pool.h) */
+     * the CPUs the compute threads leave free, if any (formats/pool.h) */
     pi2_cpus cpus;
     bool pinned = pi2_cpus_split(t, &cpus) && pi2_pool_pin(b->pool, &cpus.pool);
     pthread_attr_t attr;
@@ -573,6 +573,8 @@ static int measure_threads(hw_bench *b, int t, double pt, pi2_io *io, uint64_t f
     rc = read_n(io, fsize, HW_OVL_SIZE, HW_OVL_DEPTH, n_reads, buf, &rd.seed, err);
     ti = pi2_now() - t0;
     if (rc == 0) {
+        /* A thread of its own, not the pool: it is the I/O side whose
+         * overlap with the compute jobs this step measures. */
         pthread_t th;
         t0 = pi2_now();
         int e = pthread_create(&th, attr_ok ? &attr : NULL, rd_main, &rd);
@@ -1122,14 +1124,11 @@ static void jset(json_t *o, const char *k, json_t *v, bool *ok)
         *ok = false;
 }
 
-/* A real, or null for a non-finite value (the reader then names it). */
-static json_t *jnum(double x) { return isfinite(x) ? json_real(x) : json_null(); }
-
 static json_t *jpair(const double x[PI2_HW_NLEN], bool *ok)
 {
     json_t *a = json_array();
     for (int i = 0; a && i < PI2_HW_NLEN; i++)
-        if (json_array_append_new(a, jnum(x[i])) != 0)
+        if (json_array_append_new(a, pi2_json_num(x[i])) != 0)
             *ok = false;
     if (!a)
         *ok = false;
@@ -1151,7 +1150,7 @@ static json_t *build(const pi2_hwprof *p, bool *ok)
     jset(root, "dev", json_integer((json_int_t)p->dev), ok);
     jset(root, "io_backend", json_string(p->io_backend), ok);
     jset(root, "measured_at", json_string(p->measured_at), ok);
-    jset(root, "seconds", jnum(p->seconds), ok);
+    jset(root, "seconds", pi2_json_num(p->seconds), ok);
     json_t *ca = json_array();
     int nt = p->threads < 0 ? 0 : p->threads > PI2_HW_MAX_THREADS ? PI2_HW_MAX_THREADS : p->threads;
     for (int t = 0; ca && t < nt; t++) {
@@ -1162,18 +1161,18 @@ static json_t *build(const pi2_hwprof *p, bool *ok)
             break;
         }
         jset(e, "threads", json_integer(t + 1), ok);
-        jset(e, "mem_bw", jnum(c->mem_bw), ok);
-        jset(e, "int8_peak", jnum(c->int8_peak), ok);
-        jset(e, "gemv_q8", jnum(c->gemv_q8), ok);
-        jset(e, "gemv_q4", jnum(c->gemv_q4), ok);
-        jset(e, "matmul_q8", jnum(c->matmul_q8), ok);
-        jset(e, "matmul_q4", jnum(c->matmul_q4), ok);
-        jset(e, "sgemv", jnum(c->sgemv), ok);
+        jset(e, "mem_bw", pi2_json_num(c->mem_bw), ok);
+        jset(e, "int8_peak", pi2_json_num(c->int8_peak), ok);
+        jset(e, "gemv_q8", pi2_json_num(c->gemv_q8), ok);
+        jset(e, "gemv_q4", pi2_json_num(c->gemv_q4), ok);
+        jset(e, "matmul_q8", pi2_json_num(c->matmul_q8), ok);
+        jset(e, "matmul_q4", pi2_json_num(c->matmul_q4), ok);
+        jset(e, "sgemv", pi2_json_num(c->sgemv), ok);
         jset(e, "gather_q8_ns", jpair(c->gather_q8_ns, ok), ok);
         jset(e, "gather_q4_ns", jpair(c->gather_q4_ns, ok), ok);
         jset(e, "down_q8_ns", jpair(c->down_q8_ns, ok), ok);
         jset(e, "down_q4_ns", jpair(c->down_q4_ns, ok), ok);
-        jset(e, "overlap", jnum(c->overlap), ok);
+        jset(e, "overlap", pi2_json_num(c->overlap), ok);
         if (json_array_append_new(ca, e) != 0)
             *ok = false;
     }
@@ -1188,15 +1187,15 @@ static json_t *build(const pi2_hwprof *p, bool *ok)
             }
             jset(e, "size", json_integer(PI2_HW_IO_SIZES[s]), ok);
             jset(e, "depth", json_integer(PI2_HW_IO_DEPTHS[d]), ok);
-            jset(e, "iops", jnum(p->io[s][d].iops), ok);
-            jset(e, "bytes_per_s", jnum(p->io[s][d].bytes_per_s), ok);
-            jset(e, "lat_us", jnum(p->io[s][d].lat_us), ok);
+            jset(e, "iops", pi2_json_num(p->io[s][d].iops), ok);
+            jset(e, "bytes_per_s", pi2_json_num(p->io[s][d].bytes_per_s), ok);
+            jset(e, "lat_us", pi2_json_num(p->io[s][d].lat_us), ok);
             if (json_array_append_new(ra, e) != 0)
                 *ok = false;
         }
     if (st) {
         jset(st, "random", ra, ok);
-        jset(st, "seq_bps", jnum(p->seq_bps), ok);
+        jset(st, "seq_bps", pi2_json_num(p->seq_bps), ok);
     } else {
         json_decref(ra);
     }

@@ -19,7 +19,7 @@
 #include "runtime/engine.h"
 #include "runtime/io.h"
 #include "runtime/planner.h"
-#include "runtime/pool.h"
+#include "formats/pool.h"
 #include "tests/testhw.h"
 #include "tests/testjson.h"
 #include "tests/testmodel.h"

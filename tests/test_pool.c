@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "runtime/pool.h"
+#include "formats/pool.h"
 
 #include <pthread.h>
 #include <sched.h>

@@ -4,7 +4,7 @@
  * compare-and-swap); for a shared job the caller, once its own call has
  * returned, claims the job for every worker that has not, and those
  * workers skip it. Exactly one of the two swaps succeeds. */
-#include "runtime/pool.h"
+#include "formats/pool.h"
 
 #include <errno.h>
 #include <pthread.h>

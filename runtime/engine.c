@@ -1,5 +1,6 @@
 /* pi2 engine: open a bundled container and build the model in place. */
 #include "runtime/engine_internal.h"
+#include "runtime/ffn.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -391,7 +392,7 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
     e->chosen = acc_alloc(e, (size_t)(E > 0 ? E : 1) * T, sizeof(int));
     e->sel = acc_alloc(e, (size_t)d->n_ff, sizeof(uint32_t));
     e->scores_all = acc_alloc(e, (size_t)d->n_ff, sizeof(float));
-    e->dec_out = acc_alloc(e, ((size_t)d->n_ff + ENG_DEC_CHUNK - 1) / ENG_DEC_CHUNK * D, sizeof(float));
+    e->dec_out = acc_alloc(e, ((size_t)d->n_ff + FFN_CHUNK - 1) / FFN_CHUNK * D, sizeof(float));
     e->share_rng = acc_alloc(e, (size_t)e->threads, sizeof *e->share_rng);
     e->pred_n = acc_alloc(e, ((size_t)d->n_ff + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT, sizeof *e->pred_n);
     e->moe_x = acc_alloc(e, T * D, sizeof(float));

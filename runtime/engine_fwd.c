@@ -1,5 +1,6 @@
 /* pi2 engine: the forward pass (prefill batches and sparse decode). */
 #include "runtime/engine_internal.h"
+#include "runtime/ffn.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -589,6 +590,7 @@ typedef struct ffn_dec_job {
     uint32_t n_sel;  /* predictor: e->sel[0..n_sel) */
     uint32_t n0;     /* predictor: score neurons [n0, n_ff) only */
     uint32_t *sel;   /* predictor: where the picks go */
+    ffn_dec dec;     /* what its chunks share */
 } ffn_dec_job;
 
 /* Q8 rows [b, en) of a predictor matrix (rows of n values, n bytes each
@@ -665,7 +667,7 @@ static void chunk_ahead(const eng_ffn *f, int64_t c0, int64_t total, const uint8
 {
     *p = NULL;
     *len = 0;
-    int64_t a0 = c0 + ENG_DEC_CHUNK, a1 = a0 + ENG_DEC_CHUNK < total ? a0 + ENG_DEC_CHUNK : total;
+    int64_t a0 = c0 + FFN_CHUNK, a1 = a0 + FFN_CHUNK < total ? a0 + FFN_CHUNK : total;
     if (a0 >= total)
         return;
     const uint8_t *st = f->gate.rp[a0], *en = f->down.rp[a1 - 1] + f->down.row_bytes;
@@ -676,92 +678,22 @@ static void chunk_ahead(const eng_ffn *f, int64_t c0, int64_t total, const uint8
     }
 }
 
-/* Chunk c of the decode FFN: its neurons' gate, then up where the gate lets
- * the neuron fire (sparse ReLU family; else all), then the down rows of the
- * active ones into the chunk's own output. */
+/* Chunk c of the decode FFN (runtime/ffn.c), into the chunk's own output. */
 static void ffn_dec_chunk(const ffn_dec_job *j, eng_tls *s, int64_t c, int64_t total, uint64_t *n_up,
                           uint64_t *n_down)
 {
     pi2_engine *e = j->e;
-    const eng_ffn *f = j->f;
-    int64_t D = e->d.hidden, c0 = c * ENG_DEC_CHUNK;
-    pi2_act act = e->d.act;
-    float t = e->d.act_param, gt = pi2_desc_gate_threshold(&e->d);
-    const uint32_t *idx = j->mode == FFN_PRED ? e->sel : NULL;
-    bool gate_filters = j->mode == FFN_PRED && act != PI2_ACT_SILU;
-    float *out = e->dec_out + c * D;
-    memset(out, 0, (size_t)D * sizeof(float));
-    int n = (int)(total - c0 < ENG_DEC_CHUNK ? total - c0 : ENG_DEC_CHUNK), m = 0;
+    int64_t c0 = c * FFN_CHUNK;
+    int n = (int)(total - c0 < FFN_CHUNK ? total - c0 : FFN_CHUNK);
+    const uint32_t *idx = j->mode == FFN_PRED ? e->sel + c0 : NULL;
     const uint8_t *ahead = NULL;
-    int64_t ahead_len = 0, pf_gu = 0;
-    if (!idx) {
-        /* every neuron in order, each with its up row: one pass over the
-         * gate and up rows side by side (g0 u0 g1 u1 ...: 2 of every 3
-         * rows of a bundle) instead of a gate pass and an up pass over
-         * every third row. 1B-shaped model, --dense, 2 threads: 35.6 ->
-         * 38.5 tok/s (medians of 8 alternated runs, 7 faster); one thread
-         * over a bundled matrix: 13 -> 15 GB/s */
-        if (e->ahead)
-            chunk_ahead(f, c0, total, &ahead, &ahead_len);
-        for (int k = 0; k < n; k++) {
-            uint32_t i = (uint32_t)(c0 + k);
-            s->pp[2 * k] = f->gate.rp[i];
-            s->ps[2 * k] = f->gate.rs[i];
-            s->pp[2 * k + 1] = f->up.rp[i];
-            s->ps[2 * k + 1] = f->up.rs[i];
-            s->list[k] = i;
-            s->list2[k] = (uint32_t)k;
-        }
-        pf_gu = ahead_len / 3 * 2 / 64 * 64; /* the down pass brings the rest */
-        pi2_k_matmul_pf(f->gate.qt, D, 2 * n, s->pp, s->ps, e->aqs, e->aq, e->asum, 1, s->g, 1, ahead, pf_gu);
-        for (int k = 0; k < n; k++)
-            s->u[k] = s->g[2 * k + 1];
-        for (int k = 0; k < n; k++)
-            s->g[k] = s->g[2 * k];
-        m = n;
-    } else {
-        for (int k = 0; k < n; k++) {
-            uint32_t i = idx[c0 + k];
-            s->pp[k] = f->gate.rp[i];
-            s->ps[k] = f->gate.rs[i];
-            s->list[k] = i;
-        }
-        pi2_k_matmul(f->gate.qt, D, n, s->pp, s->ps, e->aqs, e->aq, e->asum, 1, s->g, 1);
-        for (int k = 0; k < n; k++) {
-            if (gate_filters && !(s->g[k] > gt))
-                continue;
-            uint32_t i = s->list[k];
-            s->pp2[m] = f->up.rp[i];
-            s->ps2[m] = f->up.rs[i];
-            s->list2[m] = (uint32_t)k;
-            m++;
-        }
-        if (m > 0)
-            pi2_k_matmul(f->up.qt, D, m, s->pp2, s->ps2, e->aqs, e->aq, e->asum, 1, s->u, 1);
-    }
-    /* activations and the down columns to add */
-    int a = 0;
-    for (int q = 0; q < m; q++) {
-        int k = (int)s->list2[q];
-        float v = act_fn(act, s->g[k], s->u[q], t);
-        if (j->mode == FFN_THRESH && !(fabsf(v) >= f->silu_thr))
-            continue;
-        if (j->mode != FFN_DENSE && v == 0.0f)
-            continue;
-        uint32_t i = s->list[k];
-        s->pp2[a] = f->down.rp[i];
-        s->ps2[a] = f->down.rs[i];
-        s->coef[a] = v;
-        a++;
-    }
-    /* int8 down projection; dense: over whole aligned groups of 16 neurons
-     * (the same groups as prefill's); sparse: groups of 16 active columns
-     * (gathered from all over: twice the float axpy's speed) */
-    if (a > 0)
-        eng_down_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, out, ahead ? ahead + pf_gu : NULL, ahead_len - pf_gu);
-    s->predicted += (uint64_t)n;
-    *n_up += (uint64_t)m;
-    *n_down += (uint64_t)a;
+    int64_t ahead_len = 0;
+    if (!idx && e->ahead)
+        chunk_ahead(j->f, c0, total, &ahead, &ahead_len);
+    ffn_counts k = ffn_chunk(&j->dec, s, idx, (uint32_t)c0, n, e->dec_out + c * j->dec.D, ahead, ahead_len);
+    s->predicted += (uint64_t)k.gate;
+    *n_up += (uint64_t)k.up;
+    *n_down += (uint64_t)k.down;
 }
 
 /* The decode FFN's chunks, shared out as above: a static split also left
@@ -838,7 +770,7 @@ static void dec_reduce_fn(void *ctx, int tid, int nt)
 
 uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel)
 {
-    ffn_dec_job j = {e, f, FFN_PRED, 0, n0 < f->n_ff ? n0 : f->n_ff, sel};
+    ffn_dec_job j = {.e = e, .f = f, .mode = FFN_PRED, .n0 = n0 < f->n_ff ? n0 : f->n_ff, .sel = sel};
     int64_t D = e->d.hidden;
     pi2_k_act_quantize(x, D, 1, D, e->pxs, e->pxq, e->pxsum);
     eng_run_units(e, (f->rank + 7) / 8, pred_fc1_fn, &j);
@@ -868,7 +800,7 @@ uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *
 static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *out, bool accumulate, float w,
                       pi2_err *err)
 {
-    ffn_dec_job j = {e, f, FFN_DENSE, 0, 0, NULL};
+    ffn_dec_job j = {.e = e, .f = f, .mode = FFN_DENSE};
     if (!e->dense && f->has_pred) {
         j.mode = FFN_PRED;
         j.n_sel = eng_predict(e, f, f->pred_prenorm ? e->x : x, e->sel);
@@ -877,7 +809,8 @@ static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *ou
     }
     if (e->ofl)
         return eng_ofl_ffn_decode(e, f, j.n_sel, j.mode, out, accumulate, w, err);
-    int64_t total = j.mode == FFN_PRED ? j.n_sel : f->n_ff, chunks = (total + ENG_DEC_CHUNK - 1) / ENG_DEC_CHUNK;
+    j.dec = ffn_dec_of(e, f, j.mode);
+    int64_t total = j.mode == FFN_PRED ? j.n_sel : f->n_ff, chunks = (total + FFN_CHUNK - 1) / FFN_CHUNK;
     tls_counts_zero(e);
     eng_run_units(e, chunks, ffn_dec_fn, &j);
     e->st.ffn_evals++;

@@ -15,10 +15,6 @@
  * hidden size, so the down GEMM's per-token stores to one column strip do
  * not all fall in the same cache sets (a multiple of 4 KiB would). */
 #define ENG_PART_LD(D) ((D) + 16)
-/* Neurons per step of the decode FFN: their gate, up and down rows are read
- * one after the other while they are close (a bundle keeps a neuron's rows
- * adjacent), so the three passes share cache lines. */
-#define ENG_DEC_CHUNK 128
 #define ENG_PRED_UNIT 512 /* neurons per unit of a decode predictor's second layer */
 #define ENG_SUM_UNIT 256  /* columns per unit of a decode reduce */
 
@@ -131,7 +127,7 @@ struct pi2_engine {
     int *chosen;      /* [T][top-k] experts per token */
     uint32_t *sel;    /* [n_ff] predicted neurons, all threads */
     float *scores_all; /* [n_ff] predictor scores */
-    float *dec_out;    /* [ceil(n_ff / ENG_DEC_CHUNK)][hidden] each decode FFN chunk's own output */
+    float *dec_out;    /* [ceil(n_ff / FFN_CHUNK)][hidden] each decode FFN chunk's own output */
     _Atomic uint64_t *share_rng; /* [tls_n] the units of the running shared job left to each thread:
                                     first << 32 | end (jobs run one at a time) */
     uint32_t *pred_n;          /* [ceil(n_ff / ENG_PRED_UNIT)] picks of each predictor unit */

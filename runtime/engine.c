@@ -1,6 +1,7 @@
 /* pi2 engine: open a bundled container and build the model in place. */
 #include "runtime/engine_internal.h"
 #include "runtime/ffn.h"
+#include "runtime/ffn_source.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -622,9 +623,11 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     }
     e->prefill_macs = macs;
     openblas_set_num_threads(1); /* our pool does the threading */
+    e->ffn = &eng_ffn_memory;
     if (o->mem_limit > 0) {
         if ((rc = eng_ofl_open(e, o, err)) != 0)
             goto fail;
+        e->ffn = &eng_ffn_flash;
     } else if (o->preload) {
         touch_job tj = {.c = pi2_bundle_container(e->b)};
         pi2_pool_run(e->pool, touch_fn, &tj);

@@ -1,6 +1,7 @@
 /* pi2 engine: the forward pass (prefill batches and sparse decode). */
 #include "runtime/engine_internal.h"
 #include "runtime/ffn.h"
+#include "runtime/ffn_source.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -563,10 +564,9 @@ void eng_ffn_reduce(pi2_engine *e, int T, float *out, bool accumulate, float w)
     pi2_pool_run(e->pool, reduce_fn, &r);
 }
 
-static int ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err)
+static int mem_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err)
 {
-    if (e->ofl)
-        return eng_ofl_ffn_prefill(e, f, T, out, accumulate, w, err);
+    (void)err;
     eng_ffn_prefill_range(e, f, T, 0, f->n_ff, true);
     eng_ffn_reduce(e, T, out, accumulate, w);
     return 0;
@@ -793,23 +793,12 @@ uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *
     return eng_predict_from(e, f, x, 0, sel);
 }
 
-/* Decode FFN for the token whose normed input is x = e->xb (quantized in
- * the activation buffers) and whose residual before the norm is e->x;
- * out = FFN(x) (accumulate: out += w * FFN(x)). The predictor reads the
- * vector its manifest entry names. */
-static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *out, bool accumulate, float w,
+/* The memory source's decode: the chunks shared out, then reduced. */
+static int mem_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate, float w,
                       pi2_err *err)
 {
-    ffn_dec_job j = {.e = e, .f = f, .mode = FFN_DENSE};
-    if (!e->dense && f->has_pred) {
-        j.mode = FFN_PRED;
-        j.n_sel = eng_predict(e, f, f->pred_prenorm ? e->x : x, e->sel);
-    } else if (!e->dense && f->has_silu_thr) {
-        j.mode = FFN_THRESH;
-    }
-    if (e->ofl)
-        return eng_ofl_ffn_decode(e, f, j.n_sel, j.mode, out, accumulate, w, err);
-    j.dec = ffn_dec_of(e, f, j.mode);
+    (void)err;
+    ffn_dec_job j = {.e = e, .f = f, .mode = mode, .n_sel = n_sel, .dec = ffn_dec_of(e, f, mode)};
     int64_t total = j.mode == FFN_PRED ? j.n_sel : f->n_ff, chunks = (total + FFN_CHUNK - 1) / FFN_CHUNK;
     tls_counts_zero(e);
     eng_run_units(e, chunks, ffn_dec_fn, &j);
@@ -823,6 +812,49 @@ static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *ou
     dec_reduce_job r = {e, chunks, out, w, accumulate};
     eng_run_units(e, (e->d.hidden + ENG_SUM_UNIT - 1) / ENG_SUM_UNIT, dec_reduce_fn, &r);
     return 0;
+}
+
+static int mem_begin_pass(pi2_engine *e, bool decode, pi2_err *err)
+{
+    (void)e, (void)decode, (void)err;
+    return 0;
+}
+
+static void mem_layer_ahead(pi2_engine *e, int l, const float *x) { (void)e, (void)l, (void)x; }
+
+static int mem_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err)
+{
+    (void)e, (void)f, (void)err;
+    return 0;
+}
+
+static void mem_end_pass(pi2_engine *e, bool decode) { (void)e, (void)decode; }
+
+const ffn_source eng_ffn_memory = {
+    .begin_pass = mem_begin_pass,
+    .layer_ahead = mem_layer_ahead,
+    .decode = mem_decode,
+    .prefill = mem_prefill,
+    .skip = mem_skip,
+    .end_pass = mem_end_pass,
+};
+
+/* Decode FFN for the token whose normed input is x = e->xb (quantized in
+ * the activation buffers) and whose residual before the norm is e->x;
+ * out = FFN(x) (accumulate: out += w * FFN(x)). The predictor reads the
+ * vector its manifest entry names. */
+static int ffn_decode(pi2_engine *e, const eng_ffn *f, const float *x, float *out, bool accumulate, float w,
+                      pi2_err *err)
+{
+    int mode = FFN_DENSE;
+    uint32_t n_sel = 0;
+    if (!e->dense && f->has_pred) {
+        mode = FFN_PRED;
+        n_sel = eng_predict(e, f, f->pred_prenorm ? e->x : x, e->sel);
+    } else if (!e->dense && f->has_silu_thr) {
+        mode = FFN_THRESH;
+    }
+    return e->ffn->decode(e, f, n_sel, mode, out, accumulate, w, err);
 }
 
 /* ---- MoE ---- */
@@ -882,7 +914,7 @@ static int ffn_block(pi2_engine *e, int l, int T, int pos, bool decode, pi2_err 
         }
         tok_job q = {.e = e, .kind = TOK_FFN_Q, .T = T, .src = e->xb, .f = &L->ffn[0]};
         run_tok(&q);
-        return ffn_prefill(e, &L->ffn[0], T, e->xb2, false, 0.0f, err);
+        return e->ffn->prefill(e, &L->ffn[0], T, e->xb2, false, 0.0f, err);
     }
     int k = d->n_experts_used;
     for (int t = 0; t < T; t++)
@@ -911,13 +943,13 @@ static int ffn_block(pi2_engine *e, int l, int T, int pos, bool decode, pi2_err 
                     n++;
                 }
         if (n == 0) {
-            if (e->ofl && (rc = eng_ofl_ffn_skip(e, &L->ffn[x], err)) != 0)
+            if ((rc = e->ffn->skip(e, &L->ffn[x], err)) != 0)
                 return rc;
             continue;
         }
         tok_job q = {.e = e, .kind = TOK_FFN_Q, .T = n, .src = e->moe_x, .f = &L->ffn[x]};
         run_tok(&q);
-        if ((rc = ffn_prefill(e, &L->ffn[x], n, e->moe_out, false, 0.0f, err)) != 0)
+        if ((rc = e->ffn->prefill(e, &L->ffn[x], n, e->moe_out, false, 0.0f, err)) != 0)
             return rc;
         for (int i = 0; i < n; i++) {
             float *o = e->xb2 + (size_t)e->moe_tok[i] * D;
@@ -1020,7 +1052,7 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
     int64_t qd = nh * hd, kvd = nkv * hd;
     e->n_pos = pos; /* rewind */
     int rc;
-    if (e->ofl && !decode && (rc = eng_ofl_stream_begin(e, err)) != 0)
+    if ((rc = e->ffn->begin_pass(e, decode, err)) != 0)
         return rc;
     for (int t = 0; t < T; t++)
         pi2_q_dequantize_row(e->embed.qt, e->embed.rs[tokens[t]], e->embed.rp[tokens[t]], D, e->x + t * D);
@@ -1040,11 +1072,8 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
     uint64_t bytes = 0;
     for (int l = 0; l < d->n_layers; l++) {
         const eng_layer *L = &e->layers[l];
-        /* offloading: read the neurons this layer's FFN will likely need
-         * while its attention computes (predicted from the residual before
-         * attention) */
-        if (decode && e->ofl && !e->dense)
-            eng_ofl_readahead(e, l, e->x);
+        if (decode) /* the FFN's source may start fetching while the attention computes */
+            e->ffn->layer_ahead(e, l, e->x);
         float *kc = e->kc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
         float *vc = e->vc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
         tok_job tj = {.e = e, .kind = TOK_NORM_Q, .T = T, .w = L->attn_norm, .kc = kc, .qd = qd, .kvd = kvd, .hd = hd};
@@ -1072,8 +1101,7 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
         tj.w = L->ffn_norm;
         run_tok(&tj);
         if ((rc = ffn_block(e, l, T, pos, decode, err)) != 0) {
-            if (e->ofl && !decode)
-                eng_ofl_stream_end(e);
+            e->ffn->end_pass(e, decode);
             e->n_pos = pos; /* this step's cache entries are incomplete */
             e->moe_prev_pos = -1;
             return rc;
@@ -1088,8 +1116,7 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
                 bytes += (uint64_t)d->n_experts * (uint64_t)D * 4;
         }
     }
-    if (e->ofl && !decode)
-        eng_ofl_stream_end(e);
+    e->ffn->end_pass(e, decode);
     e->n_pos = pos + T;
     e->moe_prev_pos = pos + T - 1;
     if (logits) {

@@ -144,6 +144,8 @@ struct pi2_engine {
 
     pi2_engine_stats st;
 
+    /* where the FFNs are computed (runtime/ffn_source.h): memory or flash */
+    const struct ffn_source *ffn;
     /* offloading (engine_offload.c); NULL / 0 when everything is in memory */
     struct eng_ofl *ofl;
     uint8_t *res;        /* the resident region [0, res_bytes) of the file, read into memory */
@@ -216,21 +218,7 @@ void eng_ffn_reduce(pi2_engine *e, int T, float *out, bool accumulate, float w);
 int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
 int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
 void eng_ofl_close(pi2_engine *e);
-/* Decode FFN of n_sel neurons e->sel[0..n_sel) (mode FFN_*), into out. */
-int eng_ofl_ffn_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate,
-                       float w, pi2_err *err);
-/* Prefill: a stream of every FFN's flash windows, in layer / expert order,
- * read ahead while earlier ones compute. Every FFN is either computed or
- * skipped, in order. */
-int eng_ofl_stream_begin(pi2_engine *e, pi2_err *err);
-int eng_ofl_ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err);
-int eng_ofl_ffn_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err);
-void eng_ofl_stream_end(pi2_engine *e);
 void eng_ofl_stats_reset(pi2_engine *e);
-/* Decode, before layer l's attention: predict its FFN's neurons from the
- * residual x (MoE: route x to guess the experts first, into
- * e->moe_guess[l]) and start reading the missing ones. */
-void eng_ofl_readahead(pi2_engine *e, int l, const float *x);
 /* Router logits of x (D floats) -> chosen[top-k] experts (largest first,
  * lower index on ties) and their softmax weights wts[top-k]. */
 void eng_route(const pi2_engine *e, const float *router, const float *x, int *chosen, float *wts);

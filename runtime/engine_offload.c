@@ -2,6 +2,7 @@
 #include "runtime/engine_offload.h"
 #include "runtime/engine_internal.h"
 #include "runtime/ffn.h"
+#include "runtime/ffn_source.h"
 #include "runtime/io.h"
 #include "runtime/ncache.h"
 #include "runtime/planner.h"
@@ -1323,9 +1324,14 @@ static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
     pthread_mutex_unlock(&x->mu);
 }
 
-void eng_ofl_readahead(pi2_engine *e, int l, const float *xres)
+/* Decode, before layer l's attention: predict its FFN's neurons from the
+ * residual xres (MoE: route it to guess the experts first, into
+ * e->moe_guess[l]) and start reading the missing ones. */
+static void flash_layer_ahead(pi2_engine *e, int l, const float *xres)
 {
     eng_ofl *x = e->ofl;
+    if (e->dense)
+        return;
     const pi2_model_desc *d = &e->d;
     const eng_layer *L = &e->layers[l];
     if (!x->read_ahead)
@@ -1646,8 +1652,9 @@ static void job_cleanup(eng_ofl *x)
     }
 }
 
-int eng_ofl_ffn_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate,
-                       float w, pi2_err *err)
+/* Decode FFN of n_sel neurons e->sel[0..n_sel) (mode FFN_*), into out. */
+static int flash_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate,
+                        float w, pi2_err *err)
 {
     eng_ofl *x = e->ofl;
     int rc = pi2_io_check_size(x->io, err);
@@ -1718,7 +1725,7 @@ int eng_ofl_ffn_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode
 
 /* ---------------- prefill stream (main thread side) ---------------- */
 
-void eng_ofl_stream_end(pi2_engine *e)
+static void stream_end(pi2_engine *e)
 {
     eng_ofl *x = e->ofl;
     pthread_mutex_lock(&x->mu);
@@ -1732,13 +1739,16 @@ void eng_ofl_stream_end(pi2_engine *e)
     pthread_mutex_unlock(&x->mu);
 }
 
-int eng_ofl_stream_begin(pi2_engine *e, pi2_err *err)
+/* Prefill: a stream of every FFN's flash windows, in layer / expert order,
+ * read ahead while earlier ones compute. Every FFN is either computed or
+ * skipped, in order. */
+static int stream_begin(pi2_engine *e, pi2_err *err)
 {
     eng_ofl *x = e->ofl;
     int rc = pi2_io_check_size(x->io, err);
     if (rc)
         return rc;
-    eng_ofl_stream_end(e); /* a previous step that did not end */
+    stream_end(e); /* a previous step that did not end */
     pthread_mutex_lock(&x->mu);
     while (x->pf_sub > 0) /* a prefetch of the last decode step still reading */
         pthread_cond_wait(&x->cv_compute, &x->mu);
@@ -1817,7 +1827,7 @@ static int ffn_windows(pi2_engine *e, const eng_ffn *f, int T, pi2_err *err)
     return 0;
 }
 
-int eng_ofl_ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err)
+static int flash_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err)
 {
     int rc = ffn_windows(e, f, T, err);
     if (rc)
@@ -1826,7 +1836,24 @@ int eng_ofl_ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool
     return 0;
 }
 
-int eng_ofl_ffn_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err) { return ffn_windows(e, f, 0, err); }
+static int flash_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err) { return ffn_windows(e, f, 0, err); }
+
+static int flash_begin_pass(pi2_engine *e, bool decode, pi2_err *err) { return decode ? 0 : stream_begin(e, err); }
+
+static void flash_end_pass(pi2_engine *e, bool decode)
+{
+    if (!decode)
+        stream_end(e);
+}
+
+const ffn_source eng_ffn_flash = {
+    .begin_pass = flash_begin_pass,
+    .layer_ahead = flash_layer_ahead,
+    .decode = flash_decode,
+    .prefill = flash_prefill,
+    .skip = flash_skip,
+    .end_pass = flash_end_pass,
+};
 
 /* ---------------- reports ---------------- */
 

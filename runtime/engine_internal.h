@@ -1,5 +1,5 @@
 /* Internals shared by the engine's load (engine.c) and forward
- * (engine_fwd.c). Not part of the public API. */
+ * (forward.c). Not part of the public API. */
 #ifndef PI2_ENGINE_INTERNAL_H
 #define PI2_ENGINE_INTERNAL_H
 
@@ -155,13 +155,13 @@ struct pi2_engine {
     int plan_ctx;        /* KV positions the memory plan holds */
 };
 
-/* Forward entry points (engine_fwd.c). */
+/* Forward entry points (forward.c). */
 int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decode, float *logits, pi2_err *err);
 /* The indices of the k largest of v[0..n) (1 <= k <= n) into top[], in no
  * particular order (the output head's candidates). */
 void eng_top_k(const float *v, int64_t n, int k, int32_t *top);
 
-/* FFN pieces the offloading module drives (engine_fwd.c). */
+/* FFN pieces the offloading module drives (forward.c). */
 enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };
 /* act(g, u) of the FFN's activation; t is FATReLU's threshold (act_param;
  * ignored by the other acts). */

@@ -1,5 +1,5 @@
 /* Where the forward pass gets its FFNs computed: the one seam between the
- * forward (runtime/engine_fwd.c) and the place the FFN weights live. Not
+ * forward (runtime/forward.c) and the place the FFN weights live. Not
  * part of the public API.
  *
  * Two sources, chosen when the engine opens: memory (every weight in the
@@ -41,7 +41,7 @@ typedef struct ffn_source {
     void (*end_pass)(pi2_engine *e, bool decode);
 } ffn_source;
 
-/* Every weight in memory (runtime/engine_fwd.c). */
+/* Every weight in memory (runtime/forward.c). */
 extern const ffn_source eng_ffn_memory;
 /* The offloader's (runtime/engine_offload.c). */
 extern const ffn_source eng_ffn_flash;

@@ -1,5 +1,6 @@
-/* Internals shared by the engine's load (engine.c) and forward
- * (forward.c). Not part of the public API. */
+/* Internals shared by the engine's load (engine.c), forward (forward.c),
+ * FFN (ffn.c, ffn_memory.c, engine_offload.c), predictor (predict.c) and
+ * MoE routing (moe.c). Not part of the public API. */
 #ifndef PI2_ENGINE_INTERNAL_H
 #define PI2_ENGINE_INTERNAL_H
 
@@ -161,7 +162,7 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
  * particular order (the output head's candidates). */
 void eng_top_k(const float *v, int64_t n, int k, int32_t *top);
 
-/* FFN pieces the offloading module drives (forward.c). */
+/* The FFN job modes and small math (forward.c). */
 enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };
 /* act(g, u) of the FFN's activation; t is FATReLU's threshold (act_param;
  * ignored by the other acts). */
@@ -169,13 +170,13 @@ float eng_act(pi2_act a, float g, float u, float t);
 /* g[k] = eng_act(a, g[k], u[k], t) for k < n, bit for bit (g and u apart). */
 void eng_act_rows(pi2_act a, float *restrict g, const float *restrict u, int64_t n, float t);
 void eng_rmsnorm(float *restrict out, const float *restrict x, const float *restrict w, int n, float eps);
-/* Predictor of FFN f on input x (D floats): the predicted neurons, in
+/* Predictor (predict.c) of FFN f on input x (D floats): the predicted neurons, in
  * bundled order, into sel; returns their count. */
 uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *sel);
 /* The same picks among neurons [n0, n_ff) only (fc2 rows below n0 are not
  * read): read-ahead wants only what is not held in memory. */
 uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel);
-/* Work shared out with locality: eng_run_units runs fn as a shared job
+/* Work shared out with locality (forward.c): eng_run_units runs fn as a shared job
  * (pi2_pool_run_shared) over units [0, units), cut into one contiguous
  * range per thread; inside fn, eng_share_next gives thread tid the front
  * of its own range, then the back of the others', and -1 when all are
@@ -194,6 +195,7 @@ int64_t eng_share_next(const pi2_engine *e, int tid, int nt);
 bool eng_l2_ahead(long l2_bytes);
 #define ENG_AHEAD_MIN_L2 (1L << 20)
 
+/* FFN computation both sources run (ffn.c). */
 /* out[i], i in [b, en): the sum over r < n of base[row_r * stride + i]
  * (row_r = rows[r], or r when rows is NULL), in that order from 0;
  * accumulate: out[i] += w * sum. */
@@ -219,7 +221,7 @@ int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
 int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
 void eng_ofl_close(pi2_engine *e);
 void eng_ofl_stats_reset(pi2_engine *e);
-/* Router logits of x (D floats) -> chosen[top-k] experts (largest first,
+/* MoE (moe.c): router logits of x (D floats) -> chosen[top-k] experts (largest first,
  * lower index on ties) and their softmax weights wts[top-k]. */
 void eng_route(const pi2_engine *e, const float *router, const float *x, int *chosen, float *wts);
 

@@ -41,7 +41,7 @@ typedef struct ffn_source {
     void (*end_pass)(pi2_engine *e, bool decode);
 } ffn_source;
 
-/* Every weight in memory (runtime/forward.c). */
+/* Every weight in memory (runtime/ffn_memory.c). */
 extern const ffn_source eng_ffn_memory;
 /* The offloader's (runtime/engine_offload.c). */
 extern const ffn_source eng_ffn_flash;

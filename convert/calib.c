@@ -21,6 +21,7 @@
  * cache (scores for the whole block, then probabilities times values), with
  * the causal mask applied between them. */
 #include "convert/calib.h"
+#include "runtime/moe.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -601,23 +602,8 @@ static int ffn_moe(pi2_calib_state *s, int l, int N, pi2_err *err)
                 acc += (double)we[j] * xr[j];
             lg[e] = (float)acc;
         }
-        int *ch = s->route + (size_t)r * k;
-        for (int j = 0; j < k; j++) { /* top-k by repeated argmax; strict '>' keeps the lower index */
-            int best = -1;
-            for (int e = 0; e < ne; e++) {
-                bool taken = false;
-                for (int t = 0; t < j; t++)
-                    taken = taken || ch[t] == e;
-                if (!taken && (best < 0 || lg[e] > lg[best]))
-                    best = e;
-            }
-            ch[j] = best;
-        }
-        double sum = 0.0;
-        for (int j = 0; j < k; j++)
-            sum += exp((double)lg[ch[j]] - lg[ch[0]]);
-        for (int j = 0; j < k; j++)
-            s->route_w[(size_t)r * k + j] = exp((double)lg[ch[j]] - lg[ch[0]]) / sum;
+        /* the reference's routing (runtime/moe.h) */
+        pi2_moe_route(lg, ne, k, s->route + (size_t)r * k, s->route_w + (size_t)r * k);
     }
     if (s->o.ffn) /* the hook's residual rows: as before any expert of this layer added to it */
         memcpy(s->x0, s->x, sizeof(float) * (size_t)N * (size_t)D);

@@ -17,6 +17,7 @@
  * Everything else (attention scores, softmax, SiLU) is computed in double
  * and rounded to float when stored. */
 #include "runtime/reference.h"
+#include "runtime/moe.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -462,29 +463,15 @@ static void ffn_moe(const pi2_ref_model *m, pi2_ref_state *s, int l, const float
     const pi2_model_desc *d = &m->d;
     int D = d->hidden, ne = d->n_experts, k = d->n_experts_used;
     matvec(s->router, m->layers[l].router, x, ne, D); /* (experts) */
-    /* Top-k by repeated argmax; strict '>' keeps the lower index on ties. */
-    for (int r = 0; r < k; r++) {
-        int best = -1;
-        for (int e = 0; e < ne; e++) {
-            bool taken = false;
-            for (int t = 0; t < r; t++)
-                taken = taken || s->chosen[t] == e;
-            if (!taken && (best < 0 || s->router[e] > s->router[best]))
-                best = e;
-        }
-        s->chosen[r] = best;
-    }
-    /* Softmax over the selected logits; chosen[0] holds the maximum. */
-    double sum = 0.0;
-    for (int r = 0; r < k; r++)
-        sum += exp((double)s->router[s->chosen[r]] - s->router[s->chosen[0]]);
+    /* top-k, lower index on ties; softmax over the chosen (runtime/moe.h) */
+    double w[PI2_CFG_MAX_EXPERTS];
+    pi2_moe_route(s->router, ne, k, s->chosen, w);
     for (int i = 0; i < D; i++)
         out[i] = 0.0f;
     for (int r = 0; r < k; r++) {
-        double w = exp((double)s->router[s->chosen[r]] - s->router[s->chosen[0]]) / sum;
         ffn_one(m, s, l, s->chosen[r], x, s->exp_out);
         for (int i = 0; i < D; i++)
-            out[i] += (float)(w * s->exp_out[i]);
+            out[i] += (float)(w[r] * s->exp_out[i]);
     }
 }
 

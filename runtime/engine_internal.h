@@ -158,18 +158,9 @@ struct pi2_engine {
 
 /* Forward entry points (forward.c). */
 int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decode, float *logits, pi2_err *err);
-/* The indices of the k largest of v[0..n) (1 <= k <= n) into top[], in no
- * particular order (the output head's candidates). */
-void eng_top_k(const float *v, int64_t n, int k, int32_t *top);
 
-/* The FFN job modes and small math (forward.c). */
+/* The FFN job modes. */
 enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };
-/* act(g, u) of the FFN's activation; t is FATReLU's threshold (act_param;
- * ignored by the other acts). */
-float eng_act(pi2_act a, float g, float u, float t);
-/* g[k] = eng_act(a, g[k], u[k], t) for k < n, bit for bit (g and u apart). */
-void eng_act_rows(pi2_act a, float *restrict g, const float *restrict u, int64_t n, float t);
-void eng_rmsnorm(float *restrict out, const float *restrict x, const float *restrict w, int n, float eps);
 /* Predictor (predict.c) of FFN f on input x (D floats): the predicted neurons, in
  * bundled order, into sel; returns their count. */
 uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *sel);

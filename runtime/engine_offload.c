@@ -1,6 +1,7 @@
 /* pi2 engine: flash offloading (design: runtime/engine_offload.h). */
 #include "runtime/engine_offload.h"
 #include "runtime/engine_internal.h"
+#include "runtime/mathops.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
 #include "runtime/io.h"
@@ -1343,7 +1344,7 @@ static void flash_layer_ahead(pi2_engine *e, int l, const float *xres)
         cold = x->ghot_n[fi] < x->bl[fi]->neurons;
     if (!cold)
         return;
-    eng_rmsnorm(x->pf_in, xres, L->ffn_norm, d->hidden, d->rms_eps);
+    pi2_op_rmsnorm(x->pf_in, xres, L->ffn_norm, d->hidden, d->rms_eps);
     if (!pi2_desc_is_moe(d)) {
         if (L->ffn[0].has_pred)
             prefetch_ffn(e, &L->ffn[0]);

@@ -1,5 +1,6 @@
 /* pi2 engine: the FFN's computation, both sources' (contract: runtime/ffn.h). */
 #include "runtime/ffn.h"
+#include "runtime/mathops.h"
 
 #include <math.h>
 #include <string.h>
@@ -38,7 +39,7 @@ static int chunk_down(const ffn_dec *d, eng_tls *s, const uint32_t *idx, uint32_
     int a = 0;
     for (int r = 0; r < m; r++) {
         uint32_t k = pick ? pick[r] : (uint32_t)r;
-        float v = eng_act(d->act, g[k], s->u[r], d->act_param);
+        float v = pi2_op_act(d->act, g[k], s->u[r], d->act_param);
         if (d->mode == FFN_THRESH && !(fabsf(v) >= f->silu_thr))
             continue;
         if (!keep_zeros && v == 0.0f)
@@ -240,7 +241,7 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
             pi2_k_matmul(f->up.qt, D, nc, f->up.rp + c, f->up.rs + c, e->aqs, e->aq, e->asum, T, s->ut, ENG_TILE);
         }
         for (int t = 0; t < T; t++)
-            eng_act_rows(e->d.act, s->gt + t * ENG_TILE, s->ut + t * ENG_TILE, nc, e->d.act_param);
+            pi2_op_act_rows(e->d.act, s->gt + t * ENG_TILE, s->ut + t * ENG_TILE, nc, e->d.act_param);
         int64_t ld = ENG_PART_LD(D);
         if (gemm)
             pi2_k_down_gemm(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, ld);

@@ -2,6 +2,7 @@
 #include "runtime/engine_internal.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
+#include "runtime/mathops.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -194,89 +195,6 @@ static void run_mm(pi2_engine *e, mm_job *j)
     }
 }
 
-/* ---- small helpers ---- */
-
-void eng_rmsnorm(float *restrict out, const float *restrict x, const float *restrict w, int n, float eps)
-{
-    /* the sum of squares in 8 double chains (one chain waited on each
-     * add's latency), runs of a constant 8 so the loops vectorize */
-    double s8[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++)
-            s8[k] += (double)x[i + k] * x[i + k];
-    double ss = ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
-    for (int k = i; k < n; k++)
-        ss += (double)x[k] * x[k];
-    float inv = (float)(1.0 / sqrt(ss / n + eps));
-    for (i = 0; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++)
-            out[i + k] = x[i + k] * inv * w[i + k];
-    for (; i < n; i++)
-        out[i] = x[i] * inv * w[i];
-}
-
-static void rope(float *v, int n_heads, int hd, const float *cs, const float *sn)
-{
-    int half = hd / 2;
-    for (int h = 0; h < n_heads; h++) {
-        float *x = v + (size_t)h * hd;
-        for (int i = 0; i < half; i++) {
-            float x1 = x[i], x2 = x[i + half];
-            x[i] = x1 * cs[i] - x2 * sn[i];
-            x[i + half] = x2 * cs[i] + x1 * sn[i];
-        }
-    }
-}
-
-/* t: FATReLU's threshold (pi2_desc_gate_threshold; the gate must exceed it). */
-static inline float act_fn(pi2_act a, float g, float u, float t)
-{
-    switch (a) {
-    case PI2_ACT_SILU: return g / (1.0f + expf(-g)) * u;
-    case PI2_ACT_RELU: return g > 0.0f ? g * u : 0.0f;
-    case PI2_ACT_DRELU: return g > 0.0f && u > 0.0f ? g * u : 0.0f;
-    case PI2_ACT_FATRELU: return g > t ? g * u : 0.0f;
-    }
-    return 0.0f;
-}
-
-/* g[k] = act(g[k], u[k]) for k < n, act_fn's results: for the ReLU family
- * the product is computed either way and kept by a bit mask (+0 where the
- * gate is closed), so the compiler's cheap vectorizer takes the loops.
- * Out of line: eng_act runs the same code for its one value, so a NaN's
- * sign (which operand a multiply passes on) cannot differ between the two. */
-__attribute__((noinline)) static void act_rows(pi2_act a, float t, float *restrict g, const float *restrict u,
-                                               int64_t n)
-{
-    int64_t k = 0;
-    if (a == PI2_ACT_RELU || a == PI2_ACT_DRELU || a == PI2_ACT_FATRELU) {
-        bool dr = a == PI2_ACT_DRELU;
-        float thr = a == PI2_ACT_FATRELU ? t : 0.0f;
-        for (; k + 8 <= n; k += 8)
-            for (int i = 0; i < 8; i++) {
-                float m = g[k + i] * u[k + i];
-                uint32_t b;
-                memcpy(&b, &m, sizeof b);
-                b &= -(uint32_t)((g[k + i] > thr) & (!dr | (u[k + i] > 0.0f)));
-                memcpy(&g[k + i], &b, sizeof b);
-            }
-    }
-    for (; k < n; k++)
-        g[k] = act_fn(a, g[k], u[k], t);
-}
-
-float eng_act(pi2_act a, float g, float u, float t)
-{
-    act_rows(a, t, &g, &u, 1);
-    return g;
-}
-
-void eng_act_rows(pi2_act a, float *restrict g, const float *restrict u, int64_t n, float t)
-{
-    act_rows(a, t, g, u, n);
-}
-
 /* ---- per-token work of a batch, the tokens shared between threads ---- */
 
 enum { PAR_MIN_T = 8 /* fewer tokens: on the calling thread */ };
@@ -310,14 +228,14 @@ static void tok_range(const tok_job *j, int t0, int t1)
         /* fall through */
     case TOK_NORM_Q:
         for (int t = t0; t < t1; t++)
-            eng_rmsnorm(e->xb + t * D, e->x + t * D, j->w, (int)D, eps);
+            pi2_op_rmsnorm(e->xb + t * D, e->x + t * D, j->w, (int)D, eps);
         if (j->kind == TOK_NORM_Q)
             quant_in(e, e->xb + t0 * D, D, t1 - t0, D, t0);
         return;
     case TOK_ROPE:
         for (int t = t0; t < t1; t++) {
-            rope(e->q + t * j->qd, (int)e->d.n_heads, (int)j->hd, e->rope_cs + t * half, e->rope_sn + t * half);
-            rope(j->kc + t * j->kvd, (int)e->d.n_kv_heads, (int)j->hd, e->rope_cs + t * half, e->rope_sn + t * half);
+            pi2_op_rope(e->q + t * j->qd, (int)e->d.n_heads, (int)j->hd, e->rope_cs + t * half, e->rope_sn + t * half);
+            pi2_op_rope(j->kc + t * j->kvd, (int)e->d.n_kv_heads, (int)j->hd, e->rope_cs + t * half, e->rope_sn + t * half);
         }
         return;
     case TOK_QUANT: quant_in(e, j->src + t0 * j->n, j->n, t1 - t0, j->n, t0); return;
@@ -543,40 +461,6 @@ static int ffn_block(pi2_engine *e, int l, int T, int pos, bool decode, pi2_err 
 
 /* ---- the forward pass ---- */
 
-/* A min-heap of the best so far: most values are rejected by one compare
- * with its root. */
-void eng_top_k(const float *v, int64_t n, int k, int32_t *top)
-{
-    int m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (m == k && !(v[i] > v[top[0]]))
-            continue;
-        int c;
-        if (m < k) { /* sift up */
-            c = m++;
-            while (c > 0 && v[i] < v[top[(c - 1) / 2]]) {
-                top[c] = top[(c - 1) / 2];
-                c = (c - 1) / 2;
-            }
-        } else { /* replace the root, sift down */
-            c = 0;
-            for (;;) {
-                int l = 2 * c + 1, r = l + 1, s = c;
-                float sv = v[i];
-                if (l < m && v[top[l]] < sv)
-                    s = l, sv = v[top[l]];
-                if (r < m && v[top[r]] < sv)
-                    s = r;
-                if (s == c)
-                    break;
-                top[c] = top[s];
-                c = s;
-            }
-        }
-        top[c] = (int32_t)i;
-    }
-}
-
 /* logits = head x for x = e->xb (D values). The int8 quantization of x
  * puts its rounding straight into every logit: on tinystories-656k at q8
  * it moved them by up to 0.06 and flipped a greedy step the fp32 model
@@ -608,7 +492,7 @@ static void run_head(pi2_engine *e, float *logits)
     const uint8_t *rp[ENG_HEAD_TOP];
     const uint16_t *rs[ENG_HEAD_TOP];
     float add[ENG_HEAD_TOP];
-    eng_top_k(logits, d->vocab, k, top);
+    pi2_op_top_k(logits, d->vocab, k, top);
     for (int i = 0; i < k; i++) {
         rp[i] = e->head.rp[top[i]];
         rs[i] = e->head.rs[top[i]];
@@ -701,7 +585,7 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
     e->moe_prev_pos = pos + T - 1;
     if (logits) {
         const float *last = e->x + (T - 1) * D;
-        eng_rmsnorm(e->xb, last, e->out_norm, (int)D, d->rms_eps);
+        pi2_op_rmsnorm(e->xb, last, e->out_norm, (int)D, d->rms_eps);
         run_head(e, logits);
         if (decode)
             bytes += (uint64_t)e->head.rows * e->head.row_bytes;

@@ -18,6 +18,7 @@
 #include "formats/quant.h"
 #include "runtime/engine.h"
 #include "runtime/engine_internal.h"
+#include "runtime/mathops.h"
 #include "runtime/reference.h"
 #include "runtime/sample.h"
 #include "tests/testjson.h"
@@ -553,7 +554,7 @@ static void test_predict_from(void **state)
 /* The decode sums over column tiles: every output bit-for-bit the plain
  * element-by-element sum in row order, over whole tiles and a ragged tail,
  * with a row list and without, set and accumulated. */
-/* eng_top_k against a sort, on random values with ties, k from 1 to n. */
+/* pi2_op_top_k against a sort, on random values with ties, k from 1 to n. */
 static int cmp_desc(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
@@ -575,7 +576,7 @@ static void test_top_k(void **state)
         memcpy(sorted, v, sizeof(float) * (size_t)n);
         qsort(sorted, (size_t)n, sizeof(float), cmp_desc);
         memset(top, -1, sizeof top);
-        eng_top_k(v, n, k, top);
+        pi2_op_top_k(v, n, k, top);
         bool seen[N] = {false};
         float picked[N];
         for (int i = 0; i < k; i++) {
@@ -619,7 +620,7 @@ static void test_sum_rows(void **state)
     free(base);
 }
 
-/* The vectorized activation rows give eng_act's bits, special values
+/* The vectorized activation rows give pi2_op_act's bits, special values
  * included (closed gates are +0, NaN gates close, NaN ups pass open gates). */
 static void test_act_rows(void **state)
 {
@@ -643,12 +644,12 @@ static void test_act_rows(void **state)
             for (int i = 0; i < N; i++) {
                 g[i] = i < NS * NS ? sp[i % NS] : (float)(pi2_rng_uniform(&r) * 8 - 4);
                 u[i] = i < NS * NS ? sp[i / NS % NS] : (float)(pi2_rng_uniform(&r) * 8 - 4);
-                want[i] = i < n ? eng_act(acts[a].act, g[i], u[i], acts[a].t) : g[i];
+                want[i] = i < n ? pi2_op_act(acts[a].act, g[i], u[i], acts[a].t) : g[i];
                 if (acts[a].act == PI2_ACT_FATRELU && i < n) /* the scalar twin is the definition */
                     assert_true(g[i] > acts[a].t ? want[i] == g[i] * u[i] || isnan(want[i]) : want[i] == 0.0f);
                 open += i < n && want[i] != 0.0f;
             }
-            eng_act_rows(acts[a].act, g, u, n, acts[a].t);
+            pi2_op_act_rows(acts[a].act, g, u, n, acts[a].t);
             assert_memory_equal(g, want, sizeof g);
             if (acts[a].act == PI2_ACT_FATRELU && isinf(acts[a].t))
                 assert_int_equal(open, 0);

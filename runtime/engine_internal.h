@@ -1,5 +1,5 @@
 /* Internals shared by the engine's load (engine.c), forward (forward.c),
- * FFN (ffn.c, ffn_memory.c, engine_offload.c), predictor (predict.c) and
+ * FFN (ffn.c, ffn_memory.c, offload/offload.c), predictor (predict.c) and
  * MoE routing (moe.c). Not part of the public API. */
 #ifndef PI2_ENGINE_INTERNAL_H
 #define PI2_ENGINE_INTERNAL_H
@@ -147,7 +147,7 @@ struct pi2_engine {
 
     /* where the FFNs are computed (runtime/ffn_source.h): memory or flash */
     const struct ffn_source *ffn;
-    /* offloading (engine_offload.c); NULL / 0 when everything is in memory */
+    /* offloading (runtime/offload/offload.c); NULL / 0 when everything is in memory */
     struct eng_ofl *ofl;
     uint8_t *res;        /* the resident region [0, res_bytes) of the file, read into memory */
     uint64_t res_bytes;
@@ -207,7 +207,7 @@ void eng_ffn_prefill_range(pi2_engine *e, const eng_ffn *f, int T, uint32_t n0, 
 /* out [T][D] = sum of the threads' partial outputs (accumulate: out += w *). */
 void eng_ffn_reduce(pi2_engine *e, int T, float *out, bool accumulate, float w);
 
-/* Offloading (engine_offload.c; the design is described in engine_offload.h). */
+/* Offloading (runtime/offload/offload.c; the design is described in runtime/offload/offload.h). */
 int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
 int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
 void eng_ofl_close(pi2_engine *e);

@@ -43,7 +43,7 @@ typedef struct ffn_source {
 
 /* Every weight in memory (runtime/ffn_memory.c). */
 extern const ffn_source eng_ffn_memory;
-/* The offloader's (runtime/engine_offload.c). */
+/* The offloader's (runtime/offload/offload.c). */
 extern const ffn_source eng_ffn_flash;
 
 #endif

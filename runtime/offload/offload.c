@@ -1,11 +1,11 @@
-/* pi2 engine: flash offloading (design: runtime/engine_offload.h). */
-#include "runtime/engine_offload.h"
+/* pi2 engine: flash offloading (design: runtime/offload/offload.h). */
+#include "runtime/offload/offload.h"
 #include "runtime/engine_internal.h"
 #include "runtime/mathops.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
-#include "runtime/io.h"
-#include "runtime/ncache.h"
+#include "runtime/offload/io.h"
+#include "runtime/offload/ncache.h"
 #include "runtime/planner.h"
 
 #include <errno.h>

@@ -480,6 +480,38 @@ static void verify_ffn(void *arg)
     k->rc = rc;
 }
 
+/* The fixed split, run when there is no plan: what the limit leaves past
+ * the fixed costs (budget) holds every FFN whole when it can, else the
+ * --hot-share (default half) of what the smallest caches leave is shared
+ * equally between the FFNs, each keeping its first whole groups of
+ * neurons in memory. Sets each FFN's hot segment (gates included: one
+ * part); returns the hot bytes. One function, so the planner can take it
+ * over. */
+static uint64_t ofl_fixed_split(const pi2_engine_opts *o, eng_ofl *x, uint64_t budget, uint64_t ffn_total,
+                                uint64_t min_cache)
+{
+    uint64_t hot_budget;
+    if (budget >= ffn_total + min_cache) {
+        hot_budget = ffn_total;
+    } else {
+        double share = o->hot_share >= 0 && o->hot_share <= 1 ? o->hot_share : 0.5;
+        hot_budget = (uint64_t)((double)(budget - min_cache) * share);
+    }
+    uint64_t per = hot_budget / x->n_ffn, hot_total = 0;
+    for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
+        const pi2_bl_ffn *b = x->bl[fi];
+        uint64_t H = hot_budget >= ffn_total ? b->groups : per / b->slot_bytes;
+        if (H > b->groups)
+            H = b->groups;
+        x->hot_len[fi] = H * b->slot_bytes;
+        uint64_t hn = H * b->group;
+        x->hot_n[fi] = (uint32_t)(hn < b->neurons ? hn : b->neurons);
+        x->ghot_n[fi] = x->hot_n[fi];
+        hot_total += x->hot_len[fi];
+    }
+    return hot_total;
+}
+
 /* The fixed split as a plan, predicted with the hardware profile. */
 static void ofl_predict_fixed(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x)
 {
@@ -635,29 +667,11 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         }
     }
     uint64_t budget = o->mem_limit - fixed;
-    uint64_t hot_budget;
-    if (x->plan.n_ffn > 0) {
-        hot_budget = hot_total;
-    } else if (budget >= ffn_total + min_cache) {
-        hot_budget = ffn_total;
-    } else {
-        double share = o->hot_share >= 0 && o->hot_share <= 1 ? o->hot_share : 0.5;
-        hot_budget = (uint64_t)((double)(budget - min_cache) * share);
+    if (x->plan.n_ffn == 0) {
+        hot_total += ofl_fixed_split(o, x, budget, ffn_total, min_cache);
+        if (o->hw)
+            ofl_predict_fixed(e, o, x);
     }
-    uint64_t per = hot_budget / x->n_ffn;
-    for (uint32_t fi = 0; x->plan.n_ffn == 0 && fi < x->n_ffn; fi++) {
-        const pi2_bl_ffn *b = x->bl[fi];
-        uint64_t H = hot_budget >= ffn_total ? b->groups : per / b->slot_bytes;
-        if (H > b->groups)
-            H = b->groups;
-        x->hot_len[fi] = H * b->slot_bytes;
-        uint64_t hn = H * b->group;
-        x->hot_n[fi] = (uint32_t)(hn < b->neurons ? hn : b->neurons);
-        x->ghot_n[fi] = x->hot_n[fi];
-        hot_total += x->hot_len[fi];
-    }
-    if (x->plan.n_ffn == 0 && o->hw)
-        ofl_predict_fixed(e, o, x);
     in->plan = x->plan.n_ffn > 0 ? &x->plan : NULL;
     in->threads = e->threads;
     in->io_depth = x->depth;

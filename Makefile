@@ -29,7 +29,7 @@ LDLIBS  := -larchive -lcrypto -lopenblas -ljansson -luring -lm -lpthread
 
 TOOLS     := pi2-convert pi2-bundle pi2-run
 TOOL_SRC  := convert/pi2-convert.c bundle/pi2-bundle.c runtime/pi2-run.c
-LIB_SRC   := $(filter-out $(TOOL_SRC),$(wildcard formats/*.c convert/*.c bundle/*.c predictor/*.c runtime/*.c runtime/kernels/*.c))
+LIB_SRC   := $(filter-out $(TOOL_SRC),$(wildcard formats/*.c convert/*.c bundle/*.c predictor/*.c runtime/*.c runtime/kernels/*.c runtime/offload/*.c))
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)

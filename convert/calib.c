@@ -21,6 +21,8 @@
  * cache (scores for the whole block, then probabilities times values), with
  * the causal mask applied between them. */
 #include "convert/calib.h"
+#include "runtime/mathops.h"
+#include "runtime/moe.h"
 
 #include "formats/pool.h"
 
@@ -222,30 +224,11 @@ static int load_norm(pi2_calib_state *s, pi2_tname t, int layer, pi2_err *err)
 
 /* ---- row kernels ---- */
 
-/* out = x / sqrt(mean(x^2) + eps) * w for one row of n floats. */
-static void rmsnorm_row(float *out, const float *x, const float *w, int n, float eps)
-{
-    double ss = 0.0;
-    for (int i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
-    double inv = 1.0 / sqrt(ss / n + eps);
-    for (int i = 0; i < n; i++)
-        out[i] = (float)(x[i] * inv) * w[i];
-}
-
 /* In-place RoPE on n_heads vectors of hd floats at position pos. */
 static void rope_row(const pi2_calib_state *s, float *v, int n_heads, int pos)
 {
-    int hd = s->hd, half = hd / 2;
-    const float *cs = s->rope_cos + (size_t)pos * (size_t)half, *sn = s->rope_sin + (size_t)pos * (size_t)half;
-    for (int h = 0; h < n_heads; h++) {
-        float *x = v + (size_t)h * (size_t)hd;
-        for (int i = 0; i < half; i++) {
-            float x1 = x[i], x2 = x[i + half];
-            x[i] = x1 * cs[i] - x2 * sn[i];
-            x[i + half] = x2 * cs[i] + x1 * sn[i];
-        }
-    }
+    size_t half = (size_t)s->hd / 2;
+    pi2_op_rope(v, n_heads, s->hd, s->rope_cos + (size_t)pos * half, s->rope_sin + (size_t)pos * half);
 }
 
 typedef struct act_job {
@@ -263,24 +246,7 @@ static void act_part(void *ctx, int tid, int64_t i0, int64_t i1)
     for (int64_t r = i0; r < i1; r++) {
         float *g = j->g + (size_t)r * (size_t)j->ff;
         const float *u = j->u + (size_t)r * (size_t)j->ff;
-        switch (j->act) {
-        case PI2_ACT_SILU:
-            for (int i = 0; i < j->ff; i++)
-                g[i] = (float)(g[i] / (1.0 + exp(-(double)g[i]))) * u[i];
-            break;
-        case PI2_ACT_RELU:
-            for (int i = 0; i < j->ff; i++)
-                g[i] = g[i] > 0.0f ? g[i] * u[i] : 0.0f;
-            break;
-        case PI2_ACT_DRELU:
-            for (int i = 0; i < j->ff; i++)
-                g[i] = g[i] > 0.0f && u[i] > 0.0f ? g[i] * u[i] : 0.0f;
-            break;
-        case PI2_ACT_FATRELU:
-            for (int i = 0; i < j->ff; i++)
-                g[i] = g[i] > j->t ? g[i] * u[i] : 0.0f;
-            break;
-        }
+        pi2_op_act_rows_exact(j->act, g, u, j->ff, j->t); /* the reference's */
     }
 }
 
@@ -603,23 +569,8 @@ static int ffn_moe(pi2_calib_state *s, int l, int N, pi2_err *err)
                 acc += (double)we[j] * xr[j];
             lg[e] = (float)acc;
         }
-        int *ch = s->route + (size_t)r * k;
-        for (int j = 0; j < k; j++) { /* top-k by repeated argmax; strict '>' keeps the lower index */
-            int best = -1;
-            for (int e = 0; e < ne; e++) {
-                bool taken = false;
-                for (int t = 0; t < j; t++)
-                    taken = taken || ch[t] == e;
-                if (!taken && (best < 0 || lg[e] > lg[best]))
-                    best = e;
-            }
-            ch[j] = best;
-        }
-        double sum = 0.0;
-        for (int j = 0; j < k; j++)
-            sum += exp((double)lg[ch[j]] - lg[ch[0]]);
-        for (int j = 0; j < k; j++)
-            s->route_w[(size_t)r * k + j] = exp((double)lg[ch[j]] - lg[ch[0]]) / sum;
+        /* the reference's routing (runtime/moe.h) */
+        pi2_moe_route(lg, ne, k, s->route + (size_t)r * k, s->route_w + (size_t)r * k);
     }
     if (s->o.ffn) /* the hook's residual rows: as before any expert of this layer added to it */
         memcpy(s->x0, s->x, sizeof(float) * (size_t)N * (size_t)D);
@@ -754,11 +705,11 @@ static int run(pi2_calib_state *s, const int32_t *tokens, int n_new, float *logi
         if ((rc = load_norm(s, PI2_T_ATTN_NORM, l, err)))
             break;
         for (int r = 0; r < N; r++)
-            rmsnorm_row(s->xb + (size_t)r * D, s->x + (size_t)r * D, s->norm, D, d->rms_eps);
+            pi2_op_rmsnorm_exact(s->xb + (size_t)r * D, s->x + (size_t)r * D, s->norm, D, d->rms_eps);
         if ((rc = attention(s, l, n_new, err)) || (rc = load_norm(s, PI2_T_FFN_NORM, l, err)))
             break;
         for (int r = 0; r < N; r++)
-            rmsnorm_row(s->xb + (size_t)r * D, s->x + (size_t)r * D, s->norm, D, d->rms_eps);
+            pi2_op_rmsnorm_exact(s->xb + (size_t)r * D, s->x + (size_t)r * D, s->norm, D, d->rms_eps);
         if (pi2_desc_is_moe(d)) {
             rc = ffn_moe(s, l, N, err);
         } else {
@@ -771,10 +722,10 @@ static int run(pi2_calib_state *s, const int32_t *tokens, int n_new, float *logi
     if (!rc && !(rc = load_norm(s, PI2_T_OUT_NORM, 0, err))) {
         if (logits || nll) {
             for (int r = 0; r < N; r++)
-                rmsnorm_row(s->xb + (size_t)r * D, s->x + (size_t)r * D, s->norm, D, d->rms_eps);
+                pi2_op_rmsnorm_exact(s->xb + (size_t)r * D, s->x + (size_t)r * D, s->norm, D, d->rms_eps);
         } else {
             for (int sq = 0; sq < s->n_seq; sq++) /* only each sequence's last row, compacted */
-                rmsnorm_row(s->xb + (size_t)sq * D, s->x + ((size_t)sq * n_new + n_new - 1) * D, s->norm, D,
+                pi2_op_rmsnorm_exact(s->xb + (size_t)sq * D, s->x + ((size_t)sq * n_new + n_new - 1) * D, s->norm, D,
                             d->rms_eps);
         }
         rc = head(s, n_new, logits, nll ? tokens : NULL, err);

@@ -1,5 +1,7 @@
 /* pi2 engine: open a bundled container and build the model in place. */
 #include "runtime/engine_internal.h"
+#include "runtime/ffn.h"
+#include "runtime/ffn_source.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -391,7 +393,7 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
     e->chosen = acc_alloc(e, (size_t)(E > 0 ? E : 1) * T, sizeof(int));
     e->sel = acc_alloc(e, (size_t)d->n_ff, sizeof(uint32_t));
     e->scores_all = acc_alloc(e, (size_t)d->n_ff, sizeof(float));
-    e->dec_out = acc_alloc(e, ((size_t)d->n_ff + ENG_DEC_CHUNK - 1) / ENG_DEC_CHUNK * D, sizeof(float));
+    e->dec_out = acc_alloc(e, ((size_t)d->n_ff + FFN_CHUNK - 1) / FFN_CHUNK * D, sizeof(float));
     e->share_rng = acc_alloc(e, (size_t)e->threads, sizeof *e->share_rng);
     e->pred_n = acc_alloc(e, ((size_t)d->n_ff + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT, sizeof *e->pred_n);
     e->moe_x = acc_alloc(e, T * D, sizeof(float));
@@ -621,9 +623,11 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     }
     e->prefill_macs = macs;
     openblas_set_num_threads(1); /* our pool does the threading */
+    e->ffn = &eng_ffn_memory;
     if (o->mem_limit > 0) {
         if ((rc = eng_ofl_open(e, o, err)) != 0)
             goto fail;
+        e->ffn = &eng_ffn_flash;
     } else if (o->preload) {
         touch_job tj = {.c = pi2_bundle_container(e->b)};
         pi2_pool_run(e->pool, touch_fn, &tj);

@@ -78,7 +78,7 @@ typedef struct pi2_engine_opts {
     bool dense;                 /* start in dense mode */
     /* Offloading (0: everything in memory). The process's footprint, RSS
      * plus the page cache it causes, is planned to stay under mem_limit:
-     * see runtime/engine_offload.h. */
+     * see runtime/offload/offload.h. */
     uint64_t mem_limit;         /* bytes */
     double hot_share;           /* share of the FFN budget for the hot segment (default 1) */
     int io_backend;             /* pi2_io_backend (default auto) */
@@ -166,7 +166,7 @@ void pi2_engine_stats_get(const pi2_engine *e, pi2_engine_stats *out);
 /* Resets the offloading counters too. */
 void pi2_engine_stats_reset(pi2_engine *e);
 
-/* Offloading plan and counters (runtime/engine_offload.h). */
+/* Offloading plan and counters (runtime/offload/offload.h). */
 typedef struct pi2_engine_offload_info {
     bool on;                 /* false: everything in memory, the rest is zero */
     uint64_t mem_limit;      /* bytes asked for */

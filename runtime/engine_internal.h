@@ -1,5 +1,6 @@
-/* Internals shared by the engine's load (engine.c) and forward
- * (engine_fwd.c). Not part of the public API. */
+/* Internals shared by the engine's load (engine.c), forward (forward.c),
+ * FFN (ffn.c, ffn_memory.c, offload/offload.c), predictor (predict.c) and
+ * MoE routing (moe.c). Not part of the public API. */
 #ifndef PI2_ENGINE_INTERNAL_H
 #define PI2_ENGINE_INTERNAL_H
 
@@ -15,10 +16,6 @@
  * hidden size, so the down GEMM's per-token stores to one column strip do
  * not all fall in the same cache sets (a multiple of 4 KiB would). */
 #define ENG_PART_LD(D) ((D) + 16)
-/* Neurons per step of the decode FFN: their gate, up and down rows are read
- * one after the other while they are close (a bundle keeps a neuron's rows
- * adjacent), so the three passes share cache lines. */
-#define ENG_DEC_CHUNK 128
 #define ENG_PRED_UNIT 512 /* neurons per unit of a decode predictor's second layer */
 #define ENG_SUM_UNIT 256  /* columns per unit of a decode reduce */
 
@@ -131,7 +128,7 @@ struct pi2_engine {
     int *chosen;      /* [T][top-k] experts per token */
     uint32_t *sel;    /* [n_ff] predicted neurons, all threads */
     float *scores_all; /* [n_ff] predictor scores */
-    float *dec_out;    /* [ceil(n_ff / ENG_DEC_CHUNK)][hidden] each decode FFN chunk's own output */
+    float *dec_out;    /* [ceil(n_ff / FFN_CHUNK)][hidden] each decode FFN chunk's own output */
     _Atomic uint64_t *share_rng; /* [tls_n] the units of the running shared job left to each thread:
                                     first << 32 | end (jobs run one at a time) */
     uint32_t *pred_n;          /* [ceil(n_ff / ENG_PRED_UNIT)] picks of each predictor unit */
@@ -148,7 +145,9 @@ struct pi2_engine {
 
     pi2_engine_stats st;
 
-    /* offloading (engine_offload.c); NULL / 0 when everything is in memory */
+    /* where the FFNs are computed (runtime/ffn_source.h): memory or flash */
+    const struct ffn_source *ffn;
+    /* offloading (runtime/offload/offload.c); NULL / 0 when everything is in memory */
     struct eng_ofl *ofl;
     uint8_t *res;        /* the resident region [0, res_bytes) of the file, read into memory */
     uint64_t res_bytes;
@@ -157,27 +156,18 @@ struct pi2_engine {
     int plan_ctx;        /* KV positions the memory plan holds */
 };
 
-/* Forward entry points (engine_fwd.c). */
+/* Forward entry points (forward.c). */
 int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decode, float *logits, pi2_err *err);
-/* The indices of the k largest of v[0..n) (1 <= k <= n) into top[], in no
- * particular order (the output head's candidates). */
-void eng_top_k(const float *v, int64_t n, int k, int32_t *top);
 
-/* FFN pieces the offloading module drives (engine_fwd.c). */
+/* The FFN job modes. */
 enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };
-/* act(g, u) of the FFN's activation; t is FATReLU's threshold (act_param;
- * ignored by the other acts). */
-float eng_act(pi2_act a, float g, float u, float t);
-/* g[k] = eng_act(a, g[k], u[k], t) for k < n, bit for bit (g and u apart). */
-void eng_act_rows(pi2_act a, float *restrict g, const float *restrict u, int64_t n, float t);
-void eng_rmsnorm(float *restrict out, const float *restrict x, const float *restrict w, int n, float eps);
-/* Predictor of FFN f on input x (D floats): the predicted neurons, in
+/* Predictor (predict.c) of FFN f on input x (D floats): the predicted neurons, in
  * bundled order, into sel; returns their count. */
 uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *sel);
 /* The same picks among neurons [n0, n_ff) only (fc2 rows below n0 are not
  * read): read-ahead wants only what is not held in memory. */
 uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel);
-/* Work shared out with locality: eng_run_units runs fn as a shared job
+/* Work shared out with locality (forward.c): eng_run_units runs fn as a shared job
  * (pi2_pool_run_shared) over units [0, units), cut into one contiguous
  * range per thread; inside fn, eng_share_next gives thread tid the front
  * of its own range, then the back of the others', and -1 when all are
@@ -196,6 +186,7 @@ int64_t eng_share_next(const pi2_engine *e, int tid, int nt);
 bool eng_l2_ahead(long l2_bytes);
 #define ENG_AHEAD_MIN_L2 (1L << 20)
 
+/* FFN computation both sources run (ffn.c). */
 /* out[i], i in [b, en): the sum over r < n of base[row_r * stride + i]
  * (row_r = rows[r], or r when rows is NULL), in that order from 0;
  * accumulate: out[i] += w * sum. */
@@ -216,26 +207,12 @@ void eng_ffn_prefill_range(pi2_engine *e, const eng_ffn *f, int T, uint32_t n0, 
 /* out [T][D] = sum of the threads' partial outputs (accumulate: out += w *). */
 void eng_ffn_reduce(pi2_engine *e, int T, float *out, bool accumulate, float w);
 
-/* Offloading (engine_offload.c; the design is described in engine_offload.h). */
+/* Offloading (runtime/offload/offload.c; the design is described in runtime/offload/offload.h). */
 int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
 int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
 void eng_ofl_close(pi2_engine *e);
-/* Decode FFN of n_sel neurons e->sel[0..n_sel) (mode FFN_*), into out. */
-int eng_ofl_ffn_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate,
-                       float w, pi2_err *err);
-/* Prefill: a stream of every FFN's flash windows, in layer / expert order,
- * read ahead while earlier ones compute. Every FFN is either computed or
- * skipped, in order. */
-int eng_ofl_stream_begin(pi2_engine *e, pi2_err *err);
-int eng_ofl_ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err);
-int eng_ofl_ffn_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err);
-void eng_ofl_stream_end(pi2_engine *e);
 void eng_ofl_stats_reset(pi2_engine *e);
-/* Decode, before layer l's attention: predict its FFN's neurons from the
- * residual x (MoE: route x to guess the experts first, into
- * e->moe_guess[l]) and start reading the missing ones. */
-void eng_ofl_readahead(pi2_engine *e, int l, const float *x);
-/* Router logits of x (D floats) -> chosen[top-k] experts (largest first,
+/* MoE (moe.c): router logits of x (D floats) -> chosen[top-k] experts (largest first,
  * lower index on ties) and their softmax weights wts[top-k]. */
 void eng_route(const pi2_engine *e, const float *router, const float *x, int *chosen, float *wts);
 

@@ -27,7 +27,7 @@
  * parses its own output with the reader, so the checks live in one place. */
 #include "runtime/hwprof.h"
 #include "formats/jsonutil.h"
-#include "runtime/io.h"
+#include "runtime/offload/io.h"
 #include "runtime/kernels.h"
 #include "formats/pool.h"
 

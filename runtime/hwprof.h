@@ -30,7 +30,7 @@
  *                 clamp((Tc + Ti - Tb) / min(Tc, Ti), 0, 1): 1 = fully
  *                 hidden, 0 = serialised.
  * Storage, on a scratch file of `file_mb` MiB written (and fsynced) in
- * device_dir and removed after, every read O_DIRECT through runtime/io.h:
+ * device_dir and removed after, every read O_DIRECT through runtime/offload/io.h:
  *   io[s][d]      random reads of PI2_HW_IO_SIZES[s] bytes at depth
  *                 PI2_HW_IO_DEPTHS[d] (one I/O thread, io_uring or the pread
  *                 fallback): IOPS, bytes/s, mean latency;

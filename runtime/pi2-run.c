@@ -3,7 +3,7 @@
 #include "formats/tokenizer.h"
 #include "runtime/engine.h"
 #include "runtime/hwprof.h"
-#include "runtime/io.h"
+#include "runtime/offload/io.h"
 #include "runtime/kernels.h"
 #include "runtime/planner.h"
 #include "runtime/reference.h"

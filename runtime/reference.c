@@ -17,6 +17,8 @@
  * Everything else (attention scores, softmax, SiLU) is computed in double
  * and rounded to float when stored. */
 #include "runtime/reference.h"
+#include "runtime/mathops.h"
+#include "runtime/moe.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -62,6 +64,8 @@ struct pi2_ref_state {
     float *router;       /* (experts) */
     int *chosen;         /* (experts_used) */
     float *inv_freq;     /* (hd/2) dynamic NTK: this position's */
+    float *rope_cs, *rope_sn; /* (hd/2) this position's rotation */
+    float *normw;        /* (d) a norm's weights as f32 */
     pi2_ref_ffn_hook hook;
     void *hook_ctx;
 };
@@ -143,43 +147,13 @@ static void matvec(float *out, const pi2_st_tensor *w, const float *x, int rows,
     pi2_st_release(w);
 }
 
-/* out = x / sqrt(mean(x^2) + eps) * w; x, out, w (n). */
-static void rmsnorm(float *out, const float *x, const pi2_st_tensor *w, int n, float eps)
+/* out = x / sqrt(mean(x^2) + eps) * w in double (pi2_op_rmsnorm_exact);
+ * x, out, w (n), w read into s->normw first. */
+static void rmsnorm(pi2_ref_state *s, float *out, const float *x, const pi2_st_tensor *w, int n, float eps)
 {
-    double ss = 0.0;
     for (int i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
-    double inv = 1.0 / sqrt(ss / n + eps);
-    for (int i = 0; i < n; i++)
-        out[i] = (float)(x[i] * inv) * pi2_st_get_f32(w, (size_t)i);
-}
-
-/* In-place RoPE on n_heads vectors of hd floats at position pos. */
-static void rope(float *v, int n_heads, int hd, int pos, const float *inv_freq)
-{
-    int half = hd / 2;
-    for (int i = 0; i < half; i++) {
-        float angle = (float)pos * inv_freq[i];
-        float c = cosf(angle), s = sinf(angle);
-        for (int h = 0; h < n_heads; h++) {
-            float *x = v + (size_t)h * hd;
-            float x1 = x[i], x2 = x[i + half];
-            x[i] = x1 * c - x2 * s;
-            x[i + half] = x2 * c + x1 * s;
-        }
-    }
-}
-
-/* t: FATReLU's threshold (the gate must exceed it). */
-static float act_fn(pi2_act a, float t, float g, float u)
-{
-    switch (a) {
-    case PI2_ACT_SILU: return (float)(g / (1.0 + exp(-(double)g))) * u;
-    case PI2_ACT_RELU: return g > 0.0f ? g * u : 0.0f;
-    case PI2_ACT_DRELU: return g > 0.0f && u > 0.0f ? g * u : 0.0f;
-    case PI2_ACT_FATRELU: return g > t ? g * u : 0.0f;
-    }
-    return 0.0f;
+        s->normw[i] = pi2_st_get_f32(w, (size_t)i);
+    pi2_op_rmsnorm_exact(out, x, s->normw, n, eps);
 }
 
 /* ---- open ---- */
@@ -397,7 +371,10 @@ int pi2_ref_state_create(pi2_ref_state **out, const pi2_ref_model *m, int max_se
     s->router = pi2_malloc_array(ne, sizeof(float));
     s->chosen = pi2_malloc_array(ne, sizeof(int));
     s->inv_freq = pi2_malloc_array((size_t)d->head_dim / 2, sizeof(float));
-    if (!s->inv_freq || !s->k_cache || !s->v_cache || !s->x || !s->xb || !s->xb2 || !s->exp_out || !s->q || !s->att ||
+    s->rope_cs = pi2_malloc_array((size_t)d->head_dim / 2, sizeof(float));
+    s->rope_sn = pi2_malloc_array((size_t)d->head_dim / 2, sizeof(float));
+    s->normw = pi2_malloc_array(D, sizeof(float));
+    if (!s->inv_freq || !s->rope_cs || !s->rope_sn || !s->normw || !s->k_cache || !s->v_cache || !s->x || !s->xb || !s->xb2 || !s->exp_out || !s->q || !s->att ||
         !s->scores || !s->g || !s->u || !s->act || !s->router || !s->chosen) {
         pi2_ref_state_free(s);
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the KV cache and scratch (%d positions)", m->dir,
@@ -426,6 +403,9 @@ void pi2_ref_state_free(pi2_ref_state *s)
     free(s->router);
     free(s->chosen);
     free(s->inv_freq);
+    free(s->rope_cs);
+    free(s->rope_sn);
+    free(s->normw);
     free(s);
 }
 
@@ -450,7 +430,7 @@ static void ffn_one(const pi2_ref_model *m, pi2_ref_state *s, int l, int e, cons
     matvec(s->g, L->gate[e], x, ff, D); /* (ff) */
     matvec(s->u, L->up[e], x, ff, D);   /* (ff) */
     for (int i = 0; i < ff; i++)
-        s->act[i] = act_fn(d->act, d->act_param, s->g[i], s->u[i]);
+        s->act[i] = pi2_op_act_exact(d->act, s->g[i], s->u[i], d->act_param);
     if (s->hook)
         s->hook(s->hook_ctx, l, e, x, s->act);
     matvec(out, L->down[e], s->act, D, ff); /* (d) */
@@ -462,29 +442,15 @@ static void ffn_moe(const pi2_ref_model *m, pi2_ref_state *s, int l, const float
     const pi2_model_desc *d = &m->d;
     int D = d->hidden, ne = d->n_experts, k = d->n_experts_used;
     matvec(s->router, m->layers[l].router, x, ne, D); /* (experts) */
-    /* Top-k by repeated argmax; strict '>' keeps the lower index on ties. */
-    for (int r = 0; r < k; r++) {
-        int best = -1;
-        for (int e = 0; e < ne; e++) {
-            bool taken = false;
-            for (int t = 0; t < r; t++)
-                taken = taken || s->chosen[t] == e;
-            if (!taken && (best < 0 || s->router[e] > s->router[best]))
-                best = e;
-        }
-        s->chosen[r] = best;
-    }
-    /* Softmax over the selected logits; chosen[0] holds the maximum. */
-    double sum = 0.0;
-    for (int r = 0; r < k; r++)
-        sum += exp((double)s->router[s->chosen[r]] - s->router[s->chosen[0]]);
+    /* top-k, lower index on ties; softmax over the chosen (runtime/moe.h) */
+    double w[PI2_CFG_MAX_EXPERTS];
+    pi2_moe_route(s->router, ne, k, s->chosen, w);
     for (int i = 0; i < D; i++)
         out[i] = 0.0f;
     for (int r = 0; r < k; r++) {
-        double w = exp((double)s->router[s->chosen[r]] - s->router[s->chosen[0]]) / sum;
         ffn_one(m, s, l, s->chosen[r], x, s->exp_out);
         for (int i = 0; i < D; i++)
-            out[i] += (float)(w * s->exp_out[i]);
+            out[i] += (float)(w[r] * s->exp_out[i]);
     }
 }
 
@@ -510,6 +476,11 @@ int pi2_ref_forward(const pi2_ref_model *m, pi2_ref_state *s, int token, int pos
         pi2_rope_inv_freq(d, pos, s->inv_freq);
         inv_freq = s->inv_freq;
     }
+    for (int i = 0; i < hd / 2; i++) { /* RoPE's rotation at pos: angle (float)pos * inv_freq[i] */
+        float angle = (float)pos * inv_freq[i];
+        s->rope_cs[i] = cosf(angle);
+        s->rope_sn[i] = sinf(angle);
+    }
 
     row_get(m->embed, (size_t)token * (size_t)D, D, x);
 
@@ -521,12 +492,12 @@ int pi2_ref_forward(const pi2_ref_model *m, pi2_ref_state *s, int token, int pos
         float *v_now = vc + (size_t)pos * (size_t)kvd;
 
         /* attention */
-        rmsnorm(s->xb, x, L->attn_norm, D, d->rms_eps);
+        rmsnorm(s, s->xb, x, L->attn_norm, D, d->rms_eps);
         matvec(s->q, L->q, s->xb, qd, D);  /* (heads, hd) */
         matvec(k_now, L->k, s->xb, kvd, D); /* (kv, hd) straight into the cache */
         matvec(v_now, L->v, s->xb, kvd, D); /* (kv, hd) */
-        rope(s->q, nh, hd, pos, inv_freq);
-        rope(k_now, nkv, hd, pos, inv_freq);
+        pi2_op_rope(s->q, nh, hd, s->rope_cs, s->rope_sn);
+        pi2_op_rope(k_now, nkv, hd, s->rope_cs, s->rope_sn);
 
         for (int h = 0; h < nh; h++) {
             const float *qh = s->q + (size_t)h * hd; /* (hd) */
@@ -559,7 +530,7 @@ int pi2_ref_forward(const pi2_ref_model *m, pi2_ref_state *s, int token, int pos
             x[i] += s->xb2[i];
 
         /* FFN */
-        rmsnorm(s->xb, x, L->ffn_norm, D, d->rms_eps);
+        rmsnorm(s, s->xb, x, L->ffn_norm, D, d->rms_eps);
         if (pi2_desc_is_moe(d))
             ffn_moe(m, s, l, s->xb, s->xb2);
         else
@@ -568,7 +539,7 @@ int pi2_ref_forward(const pi2_ref_model *m, pi2_ref_state *s, int token, int pos
             x[i] += s->xb2[i];
     }
 
-    rmsnorm(s->xb, x, m->out_norm, D, d->rms_eps);
+    rmsnorm(s, s->xb, x, m->out_norm, D, d->rms_eps);
     matvec(logits, m->head, s->xb, d->vocab, D); /* (vocab) */
     s->n_pos = pos + 1;
     return 0;

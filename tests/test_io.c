@@ -7,7 +7,7 @@
 
 #include <cmocka.h>
 
-#include "runtime/io.h"
+#include "runtime/offload/io.h"
 #include "tests/testutil.h"
 
 #include <errno.h>

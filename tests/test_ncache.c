@@ -7,7 +7,7 @@
 
 #include <cmocka.h>
 
-#include "runtime/ncache.h"
+#include "runtime/offload/ncache.h"
 
 #include <stdint.h>
 #include <stdlib.h>

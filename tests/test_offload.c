@@ -1,4 +1,4 @@
-/* Flash offloading (runtime/engine_offload.h): generated models of every
+/* Flash offloading (runtime/offload/offload.h): generated models of every
  * FFN kind (dReLU two-phase, ReGLU q8 and SwiGLU one-phase, MoE) run with a
  * generous and a tiny memory limit must give bit-identical logits and the
  * same tokens, bit-identical to the all-in-memory engine too (--dense
@@ -17,7 +17,7 @@
 #include "convert/convert.h"
 #include "convert/synth.h"
 #include "runtime/engine.h"
-#include "runtime/io.h"
+#include "runtime/offload/io.h"
 #include "runtime/planner.h"
 #include "formats/pool.h"
 #include "tests/testhw.h"

@@ -1,8 +1,11 @@
-/* pi2 engine: flash offloading (design: runtime/engine_offload.h). */
-#include "runtime/engine_offload.h"
+/* pi2 engine: flash offloading (design: runtime/offload/offload.h). */
+#include "runtime/offload/offload.h"
 #include "runtime/engine_internal.h"
-#include "runtime/io.h"
-#include "runtime/ncache.h"
+#include "runtime/mathops.h"
+#include "runtime/ffn.h"
+#include "runtime/ffn_source.h"
+#include "runtime/offload/io.h"
+#include "runtime/offload/ncache.h"
 #include "runtime/planner.h"
 
 #include <errno.h>
@@ -17,7 +20,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define OFL_CHUNK 128                /* neurons per decode chunk */
 #define OFL_SEQ_REQ (1u << 20)       /* sequential read size */
 #define OFL_SEQ_DEPTH 8              /* sequential reads in flight */
 #define OFL_WINDOW (4u << 20)        /* prefill window, bytes (whole slots) */
@@ -112,7 +114,7 @@ typedef struct eng_ofl {
      * I/O thread's copy into slots it reserved. */
     const eng_ffn *f;
     uint32_t fi;
-    int mode;
+    ffn_dec dec;            /* what the job's chunks share */
     const uint32_t *sel;
     uint32_t n_sel, n_ch, next_admit, n_done;
     uint32_t max_ch;
@@ -478,6 +480,38 @@ static void verify_ffn(void *arg)
     k->rc = rc;
 }
 
+/* The fixed split, run when there is no plan: what the limit leaves past
+ * the fixed costs (budget) holds every FFN whole when it can, else the
+ * --hot-share (default half) of what the smallest caches leave is shared
+ * equally between the FFNs, each keeping its first whole groups of
+ * neurons in memory. Sets each FFN's hot segment (gates included: one
+ * part); returns the hot bytes. One function, so the planner can take it
+ * over. */
+static uint64_t ofl_fixed_split(const pi2_engine_opts *o, eng_ofl *x, uint64_t budget, uint64_t ffn_total,
+                                uint64_t min_cache)
+{
+    uint64_t hot_budget;
+    if (budget >= ffn_total + min_cache) {
+        hot_budget = ffn_total;
+    } else {
+        double share = o->hot_share >= 0 && o->hot_share <= 1 ? o->hot_share : 0.5;
+        hot_budget = (uint64_t)((double)(budget - min_cache) * share);
+    }
+    uint64_t per = hot_budget / x->n_ffn, hot_total = 0;
+    for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
+        const pi2_bl_ffn *b = x->bl[fi];
+        uint64_t H = hot_budget >= ffn_total ? b->groups : per / b->slot_bytes;
+        if (H > b->groups)
+            H = b->groups;
+        x->hot_len[fi] = H * b->slot_bytes;
+        uint64_t hn = H * b->group;
+        x->hot_n[fi] = (uint32_t)(hn < b->neurons ? hn : b->neurons);
+        x->ghot_n[fi] = x->hot_n[fi];
+        hot_total += x->hot_len[fi];
+    }
+    return hot_total;
+}
+
 /* The fixed split as a plan, predicted with the hardware profile. */
 static void ofl_predict_fixed(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x)
 {
@@ -541,7 +575,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     }
     /* buffers of this module */
     uint32_t max_sel = (uint32_t)d->n_ff;
-    x->max_ch = (max_sel + OFL_CHUNK - 1) / OFL_CHUNK;
+    x->max_ch = (max_sel + FFN_CHUNK - 1) / FFN_CHUNK;
     x->staging_bytes = (size_t)x->S; /* a two-phase gate read may reach into the up+down part */
     x->win_groups = (uint32_t)(OFL_WINDOW / x->S > 0 ? OFL_WINDOW / x->S : 1);
     /* windows of whole prefill tiles (ENG_TILE neurons, a power of two):
@@ -573,7 +607,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     int kinds[2] = {x->two_phase ? P_GATE : P_FULL, P_UD};
     /* the smallest cache: a chunk of neurons, or an eighth of an FFN, so a
      * layer's misses can be in flight together */
-    uint64_t min_slots = (uint64_t)d->n_ff / 8 > OFL_CHUNK ? (uint64_t)d->n_ff / 8 : OFL_CHUNK;
+    uint64_t min_slots = (uint64_t)d->n_ff / 8 > FFN_CHUNK ? (uint64_t)d->n_ff / 8 : FFN_CHUNK;
     uint64_t min_cache = 0;
     for (int k = 0; k < n_caches; k++)
         min_cache += min_slots * (stride_of(part_unit(x, kinds[k])) + 32);
@@ -633,29 +667,11 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         }
     }
     uint64_t budget = o->mem_limit - fixed;
-    uint64_t hot_budget;
-    if (x->plan.n_ffn > 0) {
-        hot_budget = hot_total;
-    } else if (budget >= ffn_total + min_cache) {
-        hot_budget = ffn_total;
-    } else {
-        double share = o->hot_share >= 0 && o->hot_share <= 1 ? o->hot_share : 0.5;
-        hot_budget = (uint64_t)((double)(budget - min_cache) * share);
+    if (x->plan.n_ffn == 0) {
+        hot_total += ofl_fixed_split(o, x, budget, ffn_total, min_cache);
+        if (o->hw)
+            ofl_predict_fixed(e, o, x);
     }
-    uint64_t per = hot_budget / x->n_ffn;
-    for (uint32_t fi = 0; x->plan.n_ffn == 0 && fi < x->n_ffn; fi++) {
-        const pi2_bl_ffn *b = x->bl[fi];
-        uint64_t H = hot_budget >= ffn_total ? b->groups : per / b->slot_bytes;
-        if (H > b->groups)
-            H = b->groups;
-        x->hot_len[fi] = H * b->slot_bytes;
-        uint64_t hn = H * b->group;
-        x->hot_n[fi] = (uint32_t)(hn < b->neurons ? hn : b->neurons);
-        x->ghot_n[fi] = x->hot_n[fi];
-        hot_total += x->hot_len[fi];
-    }
-    if (x->plan.n_ffn == 0 && o->hw)
-        ofl_predict_fixed(e, o, x);
     in->plan = x->plan.n_ffn > 0 ? &x->plan : NULL;
     in->threads = e->threads;
     in->io_depth = x->depth;
@@ -1267,7 +1283,7 @@ static void pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
         }
         x->flag[k] |= F_GHELD;
         set_ptr(x->f, x->two_phase ? P_GATE : P_FULL, i, buf, x->R);
-        uint32_t c = k / OFL_CHUNK;
+        uint32_t c = k / FFN_CHUNK;
         if (--x->ch[c].pending == 0)
             make_ready(x, c);
     }
@@ -1323,9 +1339,14 @@ static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
     pthread_mutex_unlock(&x->mu);
 }
 
-void eng_ofl_readahead(pi2_engine *e, int l, const float *xres)
+/* Decode, before layer l's attention: predict its FFN's neurons from the
+ * residual xres (MoE: route it to guess the experts first, into
+ * e->moe_guess[l]) and start reading the missing ones. */
+static void flash_layer_ahead(pi2_engine *e, int l, const float *xres)
 {
     eng_ofl *x = e->ofl;
+    if (e->dense)
+        return;
     const pi2_model_desc *d = &e->d;
     const eng_layer *L = &e->layers[l];
     if (!x->read_ahead)
@@ -1337,7 +1358,7 @@ void eng_ofl_readahead(pi2_engine *e, int l, const float *xres)
         cold = x->ghot_n[fi] < x->bl[fi]->neurons;
     if (!cold)
         return;
-    eng_rmsnorm(x->pf_in, xres, L->ffn_norm, d->hidden, d->rms_eps);
+    pi2_op_rmsnorm(x->pf_in, xres, L->ffn_norm, d->hidden, d->rms_eps);
     if (!pi2_desc_is_moe(d)) {
         if (L->ffn[0].has_pred)
             prefetch_ffn(e, &L->ffn[0]);
@@ -1509,110 +1530,46 @@ static void *io_main(void *arg)
 
 /* ---------------- compute side of a decode job ---------------- */
 
-/* The down columns of the a active neurons gathered in s->pp2 / ps2 / coef,
- * added in that order into chunk c's own partial output. */
-static void chunk_down(eng_ofl *x, eng_tls *s, uint32_t c, int a)
-{
-    const eng_ffn *f = x->f;
-    int64_t D = x->e->d.hidden;
-    if (a > 0) {
-        float *part = x->parts + (size_t)c * (size_t)D;
-        memset(part, 0, (size_t)D * sizeof(float));
-        eng_down_rows(f->down.qt, D, a, s->coef, s->pp2, s->ps2, part, NULL, 0);
-        x->ch[c].has_out = true;
-    }
-    s->active += (uint64_t)a;
-    s->bytes += (uint64_t)a * f->down.row_bytes;
-}
-
-/* One-phase chunk, or the gate step of a two-phase chunk. */
+/* One-phase chunk, or the gate step of a two-phase chunk (runtime/ffn.c). */
 static uint8_t run_gates(eng_ofl *x, eng_tls *s, uint32_t c)
 {
-    pi2_engine *e = x->e;
     const eng_ffn *f = x->f;
     ofl_chunk *C = &x->ch[c];
-    int64_t D = e->d.hidden;
-    pi2_act act = e->d.act;
     int n = (int)(C->k1 - C->k0);
-    for (int q = 0; q < n; q++) {
-        uint32_t i = x->sel[C->k0 + (uint32_t)q];
-        s->pp[q] = f->gate.rp[i];
-        s->ps[q] = f->gate.rs[i];
-    }
-    pi2_k_matmul(f->gate.qt, D, n, s->pp, s->ps, e->aqs, e->aq, e->asum, 1, s->g, 1);
-    s->predicted += (uint64_t)n;
-    s->bytes += (uint64_t)n * f->gate.row_bytes;
-    /* the ReLU family: the gate alone decides (FATReLU: above its threshold) */
-    bool filter = act != PI2_ACT_SILU;
-    float gt = pi2_desc_gate_threshold(&e->d);
+    const uint32_t *idx = x->sel + C->k0;
     if (x->two_phase) {
+        ffn_chunk_gate(&x->dec, s, idx, n);
+        s->predicted += (uint64_t)n;
+        s->bytes += (uint64_t)n * f->gate.row_bytes;
         uint32_t nf = 0;
         for (int q = 0; q < n; q++) {
             x->gval[C->k0 + (uint32_t)q] = s->g[q];
-            if (s->g[q] > gt)
+            if (s->g[q] > x->dec.gate_thr)
                 x->fired[C->k0 + nf++] = C->k0 + (uint32_t)q;
         }
         C->n_fired = nf;
         return nf ? M_UD : M_DONE;
     }
-    int m = 0;
-    for (int q = 0; q < n; q++) {
-        if (filter && !(s->g[q] > gt))
-            continue;
-        uint32_t i = x->sel[C->k0 + (uint32_t)q];
-        s->pp2[m] = f->up.rp[i];
-        s->ps2[m] = f->up.rs[i];
-        s->list2[m] = (uint32_t)q;
-        m++;
-    }
-    if (m > 0)
-        pi2_k_matmul(f->up.qt, D, m, s->pp2, s->ps2, e->aqs, e->aq, e->asum, 1, s->u, 1);
-    int a = 0;
-    for (int r = 0; r < m; r++) {
-        int q = (int)s->list2[r];
-        float v = eng_act(act, s->g[q], s->u[r], e->d.act_param);
-        if (x->mode == FFN_THRESH && !(fabsf(v) >= f->silu_thr))
-            continue;
-        if (v == 0.0f)
-            continue;
-        uint32_t i = x->sel[C->k0 + (uint32_t)q];
-        s->pp2[a] = f->down.rp[i];
-        s->ps2[a] = f->down.rs[i];
-        s->coef[a] = v;
-        a++;
-    }
-    chunk_down(x, s, c, a);
-    s->bytes += (uint64_t)m * f->up.row_bytes;
+    ffn_counts k = ffn_chunk(&x->dec, s, idx, 0, n, x->parts + (size_t)c * (size_t)x->dec.D, NULL, 0);
+    C->has_out = k.down > 0;
+    s->predicted += (uint64_t)k.gate;
+    s->active += (uint64_t)k.down;
+    s->bytes += (uint64_t)k.gate * f->gate.row_bytes + (uint64_t)k.up * f->up.row_bytes +
+                (uint64_t)k.down * f->down.row_bytes;
     return M_DONE;
 }
 
 /* The up+down step of a two-phase chunk: its fired neurons. */
 static void run_updown(eng_ofl *x, eng_tls *s, uint32_t c)
 {
-    pi2_engine *e = x->e;
     const eng_ffn *f = x->f;
     ofl_chunk *C = &x->ch[c];
-    int64_t D = e->d.hidden;
     int nf = (int)C->n_fired;
-    for (int r = 0; r < nf; r++) {
-        uint32_t i = x->sel[x->fired[C->k0 + (uint32_t)r]];
-        s->pp[r] = f->up.rp[i];
-        s->ps[r] = f->up.rs[i];
-    }
-    pi2_k_matmul(f->up.qt, D, nf, s->pp, s->ps, e->aqs, e->aq, e->asum, 1, s->u, 1);
-    int a = 0;
-    for (int r = 0; r < nf; r++) {
-        uint32_t k = x->fired[C->k0 + (uint32_t)r], i = x->sel[k];
-        float v = eng_act(e->d.act, x->gval[k], s->u[r], e->d.act_param);
-        if (v == 0.0f)
-            continue;
-        s->pp2[a] = f->down.rp[i];
-        s->ps2[a] = f->down.rs[i];
-        s->coef[a] = v;
-        a++;
-    }
-    chunk_down(x, s, c, a);
-    s->bytes += (uint64_t)nf * f->up.row_bytes;
+    int a = ffn_chunk_updown(&x->dec, s, x->sel, x->gval, x->fired + C->k0, nf,
+                             x->parts + (size_t)c * (size_t)x->dec.D);
+    C->has_out = a > 0;
+    s->active += (uint64_t)a;
+    s->bytes += (uint64_t)a * f->down.row_bytes + (uint64_t)nf * f->up.row_bytes;
 }
 
 static void compute_fn(void *ctx, int tid, int nt)
@@ -1710,8 +1667,9 @@ static void job_cleanup(eng_ofl *x)
     }
 }
 
-int eng_ofl_ffn_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate,
-                       float w, pi2_err *err)
+/* Decode FFN of n_sel neurons e->sel[0..n_sel) (mode FFN_*), into out. */
+static int flash_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate,
+                        float w, pi2_err *err)
 {
     eng_ofl *x = e->ofl;
     int rc = pi2_io_check_size(x->io, err);
@@ -1737,18 +1695,18 @@ int eng_ofl_ffn_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode
     pthread_mutex_lock(&x->mu);
     x->f = f;
     x->fi = ffn_index(x, f);
-    x->mode = mode;
+    x->dec = ffn_dec_of(e, f, mode);
     x->sel = e->sel;
     x->n_sel = n_sel;
-    x->n_ch = (n_sel + OFL_CHUNK - 1) / OFL_CHUNK;
+    x->n_ch = (n_sel + FFN_CHUNK - 1) / FFN_CHUNK;
     x->next_admit = x->n_done = x->running = 0;
     x->ud_head = x->ud_n = 0;
     x->ready_head = x->ready_n = 0;
     x->fail = x->finished = false;
     memset(x->flag, 0, n_sel);
     for (uint32_t c = 0; c < x->n_ch; c++) {
-        uint32_t k1 = (c + 1) * OFL_CHUNK;
-        x->ch[c] = (ofl_chunk){.k0 = c * OFL_CHUNK, .k1 = k1 < n_sel ? k1 : n_sel, .state = CH_WAIT};
+        uint32_t k1 = (c + 1) * FFN_CHUNK;
+        x->ch[c] = (ofl_chunk){.k0 = c * FFN_CHUNK, .k1 = k1 < n_sel ? k1 : n_sel, .state = CH_WAIT};
     }
     admit(x);
     pthread_mutex_unlock(&x->mu);
@@ -1782,7 +1740,7 @@ int eng_ofl_ffn_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode
 
 /* ---------------- prefill stream (main thread side) ---------------- */
 
-void eng_ofl_stream_end(pi2_engine *e)
+static void stream_end(pi2_engine *e)
 {
     eng_ofl *x = e->ofl;
     pthread_mutex_lock(&x->mu);
@@ -1796,13 +1754,16 @@ void eng_ofl_stream_end(pi2_engine *e)
     pthread_mutex_unlock(&x->mu);
 }
 
-int eng_ofl_stream_begin(pi2_engine *e, pi2_err *err)
+/* Prefill: a stream of every FFN's flash windows, in layer / expert order,
+ * read ahead while earlier ones compute. Every FFN is either computed or
+ * skipped, in order. */
+static int stream_begin(pi2_engine *e, pi2_err *err)
 {
     eng_ofl *x = e->ofl;
     int rc = pi2_io_check_size(x->io, err);
     if (rc)
         return rc;
-    eng_ofl_stream_end(e); /* a previous step that did not end */
+    stream_end(e); /* a previous step that did not end */
     pthread_mutex_lock(&x->mu);
     while (x->pf_sub > 0) /* a prefetch of the last decode step still reading */
         pthread_cond_wait(&x->cv_compute, &x->mu);
@@ -1881,7 +1842,7 @@ static int ffn_windows(pi2_engine *e, const eng_ffn *f, int T, pi2_err *err)
     return 0;
 }
 
-int eng_ofl_ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err)
+static int flash_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err)
 {
     int rc = ffn_windows(e, f, T, err);
     if (rc)
@@ -1890,7 +1851,24 @@ int eng_ofl_ffn_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool
     return 0;
 }
 
-int eng_ofl_ffn_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err) { return ffn_windows(e, f, 0, err); }
+static int flash_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err) { return ffn_windows(e, f, 0, err); }
+
+static int flash_begin_pass(pi2_engine *e, bool decode, pi2_err *err) { return decode ? 0 : stream_begin(e, err); }
+
+static void flash_end_pass(pi2_engine *e, bool decode)
+{
+    if (!decode)
+        stream_end(e);
+}
+
+const ffn_source eng_ffn_flash = {
+    .begin_pass = flash_begin_pass,
+    .layer_ahead = flash_layer_ahead,
+    .decode = flash_decode,
+    .prefill = flash_prefill,
+    .skip = flash_skip,
+    .end_pass = flash_end_pass,
+};
 
 /* ---------------- reports ---------------- */
 

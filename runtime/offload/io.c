@@ -1,5 +1,5 @@
 /* Direct reads: io_uring (liburing) or a pread thread pool. */
-#include "runtime/io.h"
+#include "runtime/offload/io.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 /* Neuron cache: per-FFN slot indexes, an LRU list of committed unpinned
  * entries, a free list. */
-#include "runtime/ncache.h"
+#include "runtime/offload/ncache.h"
 
 #include <stdlib.h>
 #include <string.h>

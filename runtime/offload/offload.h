@@ -54,7 +54,7 @@
  * follow the plan's depth.
  *
  * ---- Neuron cache ----
- * Global LRU caches (runtime/ncache.h) of neuron parts, keyed (FFN, neuron):
+ * Global LRU caches (runtime/offload/ncache.h) of neuron parts, keyed (FFN, neuron):
  * one-phase layouts (ReGLU, SwiGLU) cache whole neurons (gate|up|down rows);
  * two-phase layouts (dReLU) cache gates and up+down pairs apart (40% / 60%
  * of the cache budget), so up/down are read only for neurons whose gate fired.
@@ -87,7 +87,7 @@
  * ---- Decode FFN: the I/O-compute pipeline ----
  * The selected neurons (predictor, or all in dense / threshold mode) are cut
  * into chunks of 128 in bundled order. One I/O thread owns the caches and the
- * reader (runtime/io.h, io_uring or pread threads); the compute threads (the
+ * reader (runtime/offload/io.h, io_uring or pread threads); the compute threads (the
  * pool) take ready chunks from a queue. When the compute threads leave an
  * allowed CPU free, the I/O thread is pinned to the free CPUs and the
  * compute threads (the calling thread too, until close) to the others

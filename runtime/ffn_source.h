@@ -1,0 +1,49 @@
+/* Where the forward pass gets its FFNs computed: the one seam between the
+ * forward (runtime/forward.c) and the place the FFN weights live. Not
+ * part of the public API.
+ *
+ * Two sources, chosen when the engine opens: memory (every weight in the
+ * mapping or the resident region) and flash (the offloader: hot neurons in
+ * memory, the rest read from the bundle as they are needed). The forward
+ * calls them in this order for a pass:
+ *
+ *   begin_pass
+ *   for each layer:  [decode] layer_ahead, attention,
+ *                    then each FFN of the layer in layer / expert order:
+ *                    decode, prefill, or (prefill, an expert no token
+ *                    chose) skip
+ *   end_pass         (also when a layer failed)
+ *
+ * The decode of a source computes the FFN bit for bit as the other does
+ * (both run runtime/ffn.h's chunk). */
+#ifndef PI2_FFN_SOURCE_H
+#define PI2_FFN_SOURCE_H
+
+#include "runtime/engine_internal.h"
+
+typedef struct ffn_source {
+    /* A pass of the forward begins (decode: one token). */
+    int (*begin_pass)(pi2_engine *e, bool decode, pi2_err *err);
+    /* Decode, before layer l's attention, its residual x [hidden]: a
+     * chance to start fetching what layer l's FFN will likely need. */
+    void (*layer_ahead)(pi2_engine *e, int l, const float *x);
+    /* out [hidden] = FFN f of the token whose input is quantized in the
+     * engine's activation buffers (accumulate: out += w * FFN), over the
+     * neurons of `mode`: FFN_PRED the n_sel in e->sel, else every neuron. */
+    int (*decode)(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate, float w,
+                  pi2_err *err);
+    /* out [T][hidden] = FFN f of T tokens, dense, their input quantized by
+     * the forward (accumulate: out += w * FFN). */
+    int (*prefill)(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err);
+    /* Prefill: FFN f is not computed this pass. */
+    int (*skip)(pi2_engine *e, const eng_ffn *f, pi2_err *err);
+    /* The pass is over. */
+    void (*end_pass)(pi2_engine *e, bool decode);
+} ffn_source;
+
+/* Every weight in memory (runtime/ffn_memory.c). */
+extern const ffn_source eng_ffn_memory;
+/* The offloader's (runtime/offload/offload.c). */
+extern const ffn_source eng_ffn_flash;
+
+#endif

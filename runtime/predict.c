@@ -1,0 +1,97 @@
+/* pi2 engine: the runtime predictor (decode): which neurons of an FFN
+ * will fire for the token, from its Q8 copy of the predictor. */
+#include "runtime/engine_internal.h"
+
+#include <string.h>
+
+typedef struct pred_job {
+    pi2_engine *e;
+    const eng_ffn *f;
+    uint32_t n0;     /* score neurons [n0, n_ff) only */
+    uint32_t *sel;   /* where the picks go */
+} pred_job;
+
+/* Q8 rows [b, en) of a predictor matrix (rows of n values, n bytes each
+ * from q, n / 32 scales each from s) against the quantized vector (as, aq,
+ * asum) of n values, 64 rows per call, each prefetching the next 64 (the
+ * rows lie together): out[r - b]. */
+static void pred_rows(const uint8_t *q, const uint16_t *s, int64_t n, int64_t b, int64_t en, const float *as,
+                      const int8_t *aq, const int32_t *asum, float *out)
+{
+    enum { R = 64 };
+    const uint8_t *wp[R];
+    const uint16_t *ws[R];
+    int64_t nb = n / PI2_Q_GROUP;
+    for (int64_t r0 = b; r0 < en; r0 += R) {
+        int m = (int)(en - r0 < R ? en - r0 : R);
+        for (int k = 0; k < m; k++) {
+            wp[k] = q + (r0 + k) * n;
+            ws[k] = s + (r0 + k) * nb;
+        }
+        int64_t next = en - (r0 + m) < R ? en - (r0 + m) : R;
+        pi2_k_matmul_pf(PI2_QT_Q8, n, m, wp, ws, as, aq, asum, 1, out + (r0 - b), m, q + (r0 + m) * n, next * n);
+    }
+}
+
+/* Bytes of one Q8 row of n values, scales included. */
+static uint64_t q8_row_bytes(int64_t n)
+{
+    return pi2_q_payload_row_bytes(PI2_QT_Q8, n) + 2 * pi2_q_scale_row_count(PI2_QT_Q8, n);
+}
+
+/* The predictor's two layers run as shared jobs (pi2_pool_run_shared):
+ * fc1 in units of 8 rows, fc2 in units of ENG_PRED_UNIT neurons, each
+ * unit's picks written at its own place in the output list and packed in
+ * unit order after, so the list is in neuron order whoever ran what. */
+static void pred_fc1_fn(void *ctx, int tid, int nt)
+{
+    pred_job *j = ctx;
+    const eng_ffn *f = j->f;
+    pi2_engine *e = j->e;
+    for (int64_t u; (u = eng_share_next(e, tid, nt)) >= 0;) {
+        int64_t b = u * 8, en = b + 8 < f->rank ? b + 8 : f->rank;
+        pred_rows(f->q1, f->s1, e->d.hidden, b, en, e->pxs, e->pxq, e->pxsum, e->ph + b);
+    }
+}
+
+static void pred_fc2_fn(void *ctx, int tid, int nt)
+{
+    pred_job *j = ctx;
+    const eng_ffn *f = j->f;
+    pi2_engine *e = j->e;
+    float *sc = e->scores_all, thr = f->threshold;
+    for (int64_t u; (u = eng_share_next(e, tid, nt)) >= 0;) {
+        int64_t b = j->n0 + u * ENG_PRED_UNIT, en = b + ENG_PRED_UNIT < f->n_ff ? b + ENG_PRED_UNIT : f->n_ff;
+        pred_rows(f->q2, f->s2, f->rank_p, b, en, e->phs, e->phq, e->phsum, sc + b);
+        uint32_t n = 0, *list = j->sel + u * ENG_PRED_UNIT;
+        for (int64_t i = b; i < en; i++)
+            if (sc[i] >= thr)
+                list[n++] = (uint32_t)i;
+        e->pred_n[u] = n;
+    }
+}
+
+uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel)
+{
+    pred_job j = {.e = e, .f = f, .n0 = n0 < f->n_ff ? n0 : f->n_ff, .sel = sel};
+    int64_t D = e->d.hidden;
+    pi2_k_act_quantize(x, D, 1, D, e->pxs, e->pxq, e->pxsum);
+    eng_run_units(e, (f->rank + 7) / 8, pred_fc1_fn, &j);
+    for (int r = 0; r < f->rank_p; r++)
+        e->ph[r] = r < f->rank && e->ph[r] > 0.0f ? e->ph[r] : 0.0f;
+    pi2_k_act_quantize(e->ph, f->rank_p, 1, f->rank_p, e->phs, e->phq, e->phsum);
+    int64_t units = (f->n_ff - j.n0 + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT;
+    eng_run_units(e, units, pred_fc2_fn, &j);
+    uint32_t n = 0;
+    for (int64_t u = 0; u < units; u++) { /* pack the units' lists (each starts at or after its place) */
+        memmove(sel + n, sel + u * ENG_PRED_UNIT, e->pred_n[u] * sizeof(uint32_t));
+        n += e->pred_n[u];
+    }
+    e->st.weight_bytes += (uint64_t)f->rank * q8_row_bytes(D) + (uint64_t)(f->n_ff - j.n0) * q8_row_bytes(f->rank_p);
+    return n;
+}
+
+uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *sel)
+{
+    return eng_predict_from(e, f, x, 0, sel);
+}

@@ -1,6 +1,8 @@
 # pi2 — build, test, demo. See README.md.
 #   make            build the library and the three tools into build/
-#   make test       unit + end-to-end tests (installs missing Debian -dev packages when root)
+#   make test       unit + end-to-end tests (installs missing Debian -dev packages when root);
+#                   each test binary under TEST_TIMEOUT seconds (600), TEST_JOBS unit binaries at once (2)
+#   make unit       the cmocka unit tests only (no fuzz replay, no end-to-end)
 #   make san-test   the same tests built with ASan + UBSan into build-san/, then the
 #                   threaded tests (pool, I/O, engine, hardware profile) with TSan into build-tsan/
 #   make demo       make a model, convert, run: the main job end to end
@@ -38,7 +40,7 @@ LIB       := $(BUILD)/libpi2.a
 FUZZ_TGT  := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_REPLAY := $(FUZZ_TGT:%=$(BUILD)/fuzz/replay-%)
 
-.PHONY: all test san san-test tsan-test demo bench deps clean fuzz fuzz-build
+.PHONY: all test unit san san-test tsan-test demo bench deps clean fuzz fuzz-build
 all: $(TOOLS:%=$(BUILD)/%)
 
 deps:
@@ -74,6 +76,10 @@ $(BUILD)/fuzz/gen-seeds: $(BUILD)/obj/tests/fuzz/gen_seeds.o $(LIB)
 test: deps
 	@$(MAKE) --no-print-directory all $(TEST_BIN) $(FUZZ_REPLAY)
 	@BUILD=$(BUILD) PI2_SHARED=$(SHARED) sh tests/run.sh $(TEST_BIN)
+
+unit: deps
+	@$(MAKE) --no-print-directory $(TEST_BIN)
+	@BUILD=$(BUILD) PI2_SHARED=$(SHARED) PI2_UNIT_ONLY=1 sh tests/run.sh $(TEST_BIN)
 
 san:
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT="-O1 -g" all

@@ -21,12 +21,16 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: pi2-run MODEL.pi2 [-p TEXT] [-n N] [-t N] [sampling options] [--stats]\n"
-            "       pi2-run MODEL.pi2 --bench [--bench-pp N] [--bench-tg N] [-t N] [--dense]\n"
-            "       pi2-run MODEL.pi2 --ppl TEXTFILE [--dense]\n"
-            "       pi2-run --reference HF_DIR [-p TEXT] [-n N] [sampling options]\n"
-            "       pi2-run --hw-probe [-t N]\n"
-            "       pi2-run --profile-hw [MODEL.pi2] [--device-path DIR] [--hw-profile FILE] [-t N]\n"
+            "usage: pi2-run [generate] MODEL.pi2 [-p TEXT] [-n N] [-t N] [sampling options] [--stats]\n"
+            "       pi2-run generate --reference HF_DIR [-p TEXT] [-n N] [sampling options]\n"
+            "       pi2-run bench MODEL.pi2 [--bench-pp N] [--bench-tg N] [-t N] [--dense]\n"
+            "       pi2-run ppl MODEL.pi2 TEXTFILE [--ppl-tokens N] [--dense]\n"
+            "       pi2-run plan MODEL.pi2 --mem-limit SIZE [--min-speed X] [--no-plan]\n"
+            "       pi2-run probe hw [-t N]\n"
+            "       pi2-run probe io FILE\n"
+            "       pi2-run probe profile [MODEL.pi2] [--device-path DIR] [--hw-profile FILE] [-t N]\n"
+            "(the older forms --bench, --ppl FILE, --plan-only, --hw-probe, --io-probe FILE and\n"
+            "--profile-hw select the same subcommands)\n"
             "\n"
             "Generate text with a bundled, signed model (pi2-bundle output). The container is\n"
             "memory-mapped and checked at load: its signature, then the SHA-256 of every member.\n"
@@ -91,14 +95,22 @@ static void usage(FILE *f)
             "\n"
             "examples:\n"
             "  pi2-run model.pi2 --pubkey pub.pem -p \"Once upon a time\" -n 48 --stats\n"
-            "  pi2-run model.pi2 --pubkey pub.pem --bench -t 2\n"
+            "  pi2-run bench model.pi2 --pubkey pub.pem -t 2\n"
             "  pi2-run model.pi2 --pubkey pub.pem --mem-limit 3G -p \"Once upon a time\" --stats\n"
-            "  pi2-run --profile-hw model.pi2 -t 2\n"
-            "  pi2-run model.pi2 --pubkey pub.pem --plan-only --mem-limit 3G --min-speed 5 > plan.json\n"
+            "  pi2-run probe profile model.pi2 -t 2\n"
+            "  pi2-run plan model.pi2 --pubkey pub.pem --mem-limit 3G --min-speed 5 > plan.json\n"
             "  pi2-run --reference ../shared/models/tinystories-656k -p \"Once upon a time, there was a\" -n 48\n");
 }
 
+/* What a run learns on the way, owned by main and reached through run_opts. */
+typedef struct run_state {
+    char hw_note[4400];   /* why there is no hardware profile (for --stats and plan), or "" */
+    pi2_plan_cal cal;     /* the model's learned planning factors */
+    char cal_path[4400];  /* and where they live ("": none) */
+} run_state;
+
 typedef struct run_opts {
+    run_state *st;
     const char *model, *ref, *prompt, *pubkey, *ppl, *io_probe, *device_path, *hw_profile, *plan_file;
     long long n_predict;
     int threads, ctx;
@@ -355,12 +367,6 @@ static int load_pubkey(const run_opts *o, pi2_sign_key **key, char *where, size_
     return pi2_sign_key_load_public(key, path, err);
 }
 
-/* Open the engine with the CLI's trust rules and friendly messages. */
-/* Why there is no hardware profile (for --stats and --plan-only), or "". */
-static char g_hw_note[4400];
-/* The model's learned planning factors and where they live ("" : none). */
-static pi2_plan_cal g_cal;
-static char g_cal_path[4400];
 
 /* Calibration file of this model: next to the hardware profile, named by
  * the container's identity (device, inode, size, mtime), so a rebuilt
@@ -397,26 +403,26 @@ static bool cal_path(const run_opts *o, char *buf, size_t n)
 
 /* After a run of at least 8 decode tokens under a plan: fold what it
  * measured into the model's factors. */
-static void learn(pi2_engine *e, double tok_s, size_t tokens)
+static void learn(const run_opts *o, pi2_engine *e, double tok_s, size_t tokens)
 {
     pi2_engine_offload_info in;
     pi2_engine_offload_info_get(e, &in);
-    if (!in.on || !in.plan || tokens < 8 || !g_cal_path[0] || pi2_engine_dense(e))
+    if (!in.on || !in.plan || tokens < 8 || !o->st->cal_path[0] || pi2_engine_dense(e))
         return;
-    pi2_plan_cal_update(&g_cal, in.plan, tok_s, (double)in.reads / (double)tokens);
+    pi2_plan_cal_update(&o->st->cal, in.plan, tok_s, (double)in.reads / (double)tokens);
     pi2_err err = {0};
-    if (pi2_plan_cal_save(&g_cal, g_cal_path, &err) != 0)
+    if (pi2_plan_cal_save(&o->st->cal, o->st->cal_path, &err) != 0)
         fprintf(stderr, "pi2-run: could not save the model's calibration: %s\n", err.msg);
 }
 
 /* The cached hardware profile for the model's device (--hw-profile FILE, or
  * the default path); *out NULL (not an error) when there is none, noted in
- * g_hw_note. A corrupt profile file is an error. */
+ * o->st->hw_note. A corrupt profile file is an error. */
 static int load_hw(const run_opts *o, pi2_hwprof **out, pi2_err *err)
 {
     char dir[4096] = ".";
     *out = NULL;
-    g_hw_note[0] = 0;
+    o->st->hw_note[0] = 0;
     if (o->device_path)
         snprintf(dir, sizeof dir, "%s", o->device_path);
     else if (strrchr(o->model, '/')) {
@@ -436,7 +442,7 @@ static int load_hw(const run_opts *o, pi2_hwprof **out, pi2_err *err)
     pi2_err e2 = {0};
     int rc = pi2_hwprof_get(&ho, o->hw_profile, false, p, &measured, &e2);
     if (rc == PI2_ENOTFOUND) {
-        snprintf(g_hw_note, sizeof g_hw_note, "%s", e2.msg);
+        snprintf(o->st->hw_note, sizeof o->st->hw_note, "%s", e2.msg);
         free(p);
         return 0;
     }
@@ -482,17 +488,17 @@ static int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
             eo.plan = &plan;
         if (rc == 0 && (rc = load_hw(o, &hw, err)) == 0)
             eo.hw = hw;
-        if (rc == 0 && hw && cal_path(o, g_cal_path, sizeof g_cal_path)) {
+        if (rc == 0 && hw && cal_path(o, o->st->cal_path, sizeof o->st->cal_path)) {
             pi2_err ce = {0};
-            int cr = pi2_plan_cal_load(g_cal_path, &g_cal, &ce);
+            int cr = pi2_plan_cal_load(o->st->cal_path, &o->st->cal, &ce);
             if (cr && cr != PI2_ENOTFOUND)
                 fprintf(stderr, "pi2-run: %s (ignored; the next run rewrites it)\n", ce.msg);
             if (cr)
-                pi2_plan_cal_defaults(&g_cal);
-            eo.cal = &g_cal;
+                pi2_plan_cal_defaults(&o->st->cal);
+            eo.cal = &o->st->cal;
         }
         if (rc == 0 && !hw && o->min_speed > 0)
-            rc = pi2_err_set(err, PI2_EINVAL, "--min-speed needs a hardware profile: %s", g_hw_note);
+            rc = pi2_err_set(err, PI2_EINVAL, "--min-speed needs a hardware profile: %s", o->st->hw_note);
     }
     if (rc == 0)
         rc = pi2_engine_open(e, &eo, err);
@@ -540,7 +546,7 @@ static void reads_pcts(double *v, size_t n, double out[3])
     out[2] = n ? v[n - 1] : 0.0;
 }
 
-static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *f)
+static void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_load, FILE *f)
 {
     pi2_engine_stats st;
     pi2_engine_stats_get(e, &st);
@@ -622,9 +628,9 @@ static void print_stats(pi2_engine *e, const gen_stats *g, double t_load, FILE *
                 "calibrated by %d earlier runs\n",
                 in.plan_source, in.threads, in.io_depth, in.gate_first ? ", gate-first" : "", in.gate_hot / 1048576.0,
                 in.plan->pred.decode_tok_s, in.plan->pred.decode_ms, in.plan->pred.compute_ms, in.plan->pred.io_ms,
-                in.plan->pred.head_ms, in.plan->pred.prefill_tok_s, 100.0 * in.plan->pred.hit_rate, g_cal.runs);
+                in.plan->pred.head_ms, in.plan->pred.prefill_tok_s, 100.0 * in.plan->pred.hit_rate, o->st->cal.runs);
     else
-        fprintf(f, "plan: fixed split (%s)\n", g_hw_note[0] ? g_hw_note : "--no-plan");
+        fprintf(f, "plan: fixed split (%s)\n", o->st->hw_note[0] ? o->st->hw_note : "--no-plan");
 }
 
 /* The engine's step; offloading: each step's reads into g. */
@@ -729,13 +735,13 @@ static int run_generate(const run_opts *o)
     if ((rc = generate_loop(o, d, tok, smp, ts, logits, pos, eng_step, &sc, g.lat, &g.n_lat, &n_sampled, &err)) != 0)
         goto out;
     if (o->stats)
-        print_stats(e, &g, t_load, stderr);
+        print_stats(o, e, &g, t_load, stderr);
     {
         double tot = 0;
         for (size_t i = 0; i < g.n_lat; i++)
             tot += g.lat[i];
         if (tot > 0)
-            learn(e, (double)g.n_lat / tot, g.n_lat);
+            learn(o, e, (double)g.n_lat / tot, g.n_lat);
     }
     status = 0;
 out:
@@ -757,7 +763,7 @@ static int run_plan(const run_opts *o)
     pi2_err err = {0};
     pi2_engine *e = NULL;
     if (!o->mem_limit) {
-        fprintf(stderr, "pi2-run: --plan-only needs --mem-limit SIZE\n");
+        fprintf(stderr, "pi2-run: plan needs --mem-limit SIZE\n");
         return 2;
     }
     long long ctx = o->ctx > 0 ? o->ctx
@@ -790,7 +796,7 @@ static int run_plan(const run_opts *o)
         free(pj);
     } else {
         printf("{\"model\":\"%s\",\"source\":\"%s\",\"note\":\"%s\",\"memory\":%s}\n", o->model, in.plan_source,
-               g_hw_note, mem);
+               o->st->hw_note, mem);
     }
     pi2_engine_close(e);
     return 0;
@@ -892,7 +898,7 @@ static int run_bench(const run_opts *o)
                  rp[2]);
     }
     if (in.on && tot > 0)
-        learn(e, tg / tot, (size_t)tg);
+        learn(o, e, tg / tot, (size_t)tg);
     qsort(lat, (size_t)tg, sizeof *lat, cmp_double);
     pi2_engine_stats st;
     pi2_engine_stats_get(e, &st);
@@ -1168,6 +1174,52 @@ static int run_profile_hw(const run_opts *o, int nargs, char **args)
     return rc ? fail(&err) : 0;
 }
 
+/* Subcommands, in the order of run_mode. */
+typedef enum { RUN_NONE, RUN_GENERATE, RUN_BENCH, RUN_PPL, RUN_PLAN, RUN_PROBE } run_mode;
+static const char *const mode_names[] = {"generate", "bench", "ppl", "plan", "probe"};
+
+/* Turn a subcommand and its positional arguments (argv[*optind..]) into the
+ * options the older flag forms set: bench = --bench, ppl MODEL TEXT = --ppl
+ * TEXT, plan = --plan-only, probe hw|io FILE|profile [MODEL] = --hw-probe,
+ * --io-probe FILE, --profile-hw. 0, or the exit status of a usage error. */
+static int apply_mode(run_mode mode, run_opts *o, int *argc, char **argv, int *optind_)
+{
+    int i = *optind_, n = *argc - i;
+    switch (mode) {
+    case RUN_NONE:
+    case RUN_GENERATE: break;
+    case RUN_BENCH: o->bench = true; break;
+    case RUN_PLAN: o->plan_only = true; break;
+    case RUN_PPL:
+        if (!o->ppl) {
+            if (n < 2) {
+                fprintf(stderr, "pi2-run: usage: pi2-run ppl MODEL.pi2 TEXTFILE (see --help)\n");
+                return 2;
+            }
+            o->ppl = argv[i + 1];
+            argv[i + 1] = argv[*argc - 1];
+            (*argc)--;
+        }
+        break;
+    case RUN_PROBE: {
+        const char *kind = n > 0 ? argv[i] : "";
+        if (strcmp(kind, "hw") == 0 && n == 1)
+            o->hw_probe = true;
+        else if (strcmp(kind, "io") == 0 && n == 2)
+            o->io_probe = argv[i + 1];
+        else if (strcmp(kind, "profile") == 0 && n <= 2)
+            o->profile_hw = true;
+        else {
+            fprintf(stderr, "pi2-run: usage: pi2-run probe hw | io FILE | profile [MODEL.pi2] (see --help)\n");
+            return 2;
+        }
+        (*optind_)++;
+        break;
+    }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     enum {
@@ -1201,6 +1253,8 @@ int main(int argc, char **argv)
     run_opts o = {.prompt = "", .n_predict = 64, .verify_ffn = true, .bench_pp = 128, .bench_tg = 64,
                   .hot_share = 1.0, .io_depth = 64,
                   .ppl_tokens = 512, .so = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 1}};
+    run_state st = {0};
+    o.st = &st;
     long long v;
     double dv;
     pi2_err err = {0};
@@ -1208,6 +1262,15 @@ int main(int argc, char **argv)
     if (argc < 2) {
         usage(stderr);
         return 2;
+    }
+    /* The subcommand, when given (none: generate, or the mode a flag names). */
+    run_mode mode = RUN_NONE;
+    for (int i = 0; i < (int)(sizeof mode_names / sizeof *mode_names); i++)
+        if (strcmp(argv[1], mode_names[i]) == 0)
+            mode = (run_mode)(i + 1);
+    if (mode != RUN_NONE) {
+        argv[1] = argv[0];
+        argv++, argc--;
     }
     while (rc == 0 && (c = getopt_long(argc, argv, "p:n:t:h", opts, NULL)) != -1) {
         switch (c) {
@@ -1283,6 +1346,8 @@ int main(int argc, char **argv)
         fail(&err);
         return 2;
     }
+    if (mode != RUN_NONE && (rc = apply_mode(mode, &o, &argc, argv, &optind)) != 0)
+        return rc;
     if (o.hw_probe)
         return run_hw_probe(&o);
     if (o.profile_hw)

@@ -31,6 +31,9 @@ LDLIBS  := -larchive -lcrypto -lopenblas -ljansson -luring -lm -lpthread
 
 TOOLS     := pi2-convert pi2-bundle pi2-run
 TOOL_SRC  := convert/pi2-convert.c bundle/pi2-bundle.c runtime/pi2-run.c
+# pi2-run's subcommands: part of the tool, not of the library.
+CLI_SRC   := $(wildcard runtime/cli/*.c)
+CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 LIB_SRC   := $(filter-out $(TOOL_SRC),$(wildcard formats/*.c convert/*.c bundle/*.c predictor/*.c runtime/*.c))
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC  := $(wildcard tests/test_*.c)
@@ -58,7 +61,7 @@ $(BUILD)/pi2-convert: $(BUILD)/obj/convert/pi2-convert.o $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/pi2-bundle: $(BUILD)/obj/bundle/pi2-bundle.o $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
-$(BUILD)/pi2-run: $(BUILD)/obj/runtime/pi2-run.o $(LIB)
+$(BUILD)/pi2-run: $(BUILD)/obj/runtime/pi2-run.o $(CLI_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB)
@@ -144,5 +147,5 @@ fuzz: fuzz-build
 clean:
 	rm -rf build build-san build-tsan build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(TOOL_SRC:%.c=$(BUILD)/obj/%.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TOOL_SRC:%.c=$(BUILD)/obj/%.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
 -include $(wildcard $(BUILD)/obj/tests/fuzz/*.d $(FUZZ_BUILD)/obj/*/*.d $(FUZZ_BUILD)/obj/tests/fuzz/*.d)

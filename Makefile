@@ -1,6 +1,8 @@
 # pi2 — build, test, demo. See README.md.
 #   make            build the library and the three tools into build/
-#   make test       unit + end-to-end tests (installs missing Debian -dev packages when root)
+#   make test       unit + end-to-end tests (installs missing Debian -dev packages when root);
+#                   each test binary under TEST_TIMEOUT seconds (600), TEST_JOBS unit binaries at once (2)
+#   make unit       the cmocka unit tests only (no fuzz replay, no end-to-end)
 #   make san-test   the same tests built with ASan + UBSan into build-san/, then the
 #                   threaded tests (pool, I/O, engine, hardware profile) with TSan into build-tsan/
 #   make demo       make a model, convert, run: the main job end to end
@@ -29,6 +31,9 @@ LDLIBS  := -larchive -lcrypto -lopenblas -ljansson -luring -lm -lpthread
 
 TOOLS     := pi2-convert pi2-bundle pi2-run
 TOOL_SRC  := convert/pi2-convert.c bundle/pi2-bundle.c runtime/pi2-run.c
+# pi2-run's subcommands: part of the tool, not of the library.
+CLI_SRC   := $(wildcard runtime/cli/*.c)
+CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 LIB_SRC   := $(filter-out $(TOOL_SRC),$(wildcard formats/*.c convert/*.c bundle/*.c predictor/*.c runtime/*.c runtime/kernels/*.c runtime/offload/*.c))
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC  := $(wildcard tests/test_*.c)
@@ -38,7 +43,7 @@ LIB       := $(BUILD)/libpi2.a
 FUZZ_TGT  := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_REPLAY := $(FUZZ_TGT:%=$(BUILD)/fuzz/replay-%)
 
-.PHONY: all test san san-test tsan-test demo bench deps clean fuzz fuzz-build
+.PHONY: all test unit san san-test tsan-test demo bench deps clean fuzz fuzz-build
 all: $(TOOLS:%=$(BUILD)/%)
 
 deps:
@@ -56,7 +61,7 @@ $(BUILD)/pi2-convert: $(BUILD)/obj/convert/pi2-convert.o $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/pi2-bundle: $(BUILD)/obj/bundle/pi2-bundle.o $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
-$(BUILD)/pi2-run: $(BUILD)/obj/runtime/pi2-run.o $(LIB)
+$(BUILD)/pi2-run: $(BUILD)/obj/runtime/pi2-run.o $(CLI_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB)
@@ -74,6 +79,10 @@ $(BUILD)/fuzz/gen-seeds: $(BUILD)/obj/tests/fuzz/gen_seeds.o $(LIB)
 test: deps
 	@$(MAKE) --no-print-directory all $(TEST_BIN) $(FUZZ_REPLAY)
 	@BUILD=$(BUILD) PI2_SHARED=$(SHARED) sh tests/run.sh $(TEST_BIN)
+
+unit: deps
+	@$(MAKE) --no-print-directory $(TEST_BIN)
+	@BUILD=$(BUILD) PI2_SHARED=$(SHARED) PI2_UNIT_ONLY=1 sh tests/run.sh $(TEST_BIN)
 
 san:
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT="-O1 -g" all
@@ -138,5 +147,5 @@ fuzz: fuzz-build
 clean:
 	rm -rf build build-san build-tsan build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(TOOL_SRC:%.c=$(BUILD)/obj/%.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TOOL_SRC:%.c=$(BUILD)/obj/%.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
 -include $(wildcard $(BUILD)/obj/tests/fuzz/*.d $(FUZZ_BUILD)/obj/*/*.d $(FUZZ_BUILD)/obj/tests/fuzz/*.d)

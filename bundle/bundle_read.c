@@ -78,8 +78,7 @@ static int check_signature(pi2_bundle *b, const pi2_ctr_member *mj, const pi2_ct
     const char *p = b->path;
     if (!ms) {
         if (!o->allow_unsigned)
-            return pi2_err_set(err, PI2_ESIG, "%s: unsigned container (no %s); refusing it without an explicit "
-                                              "allow-unsigned", p, PI2_MF_SIG_NAME);
+            return pi2_err_set(err, PI2_ESIG, "%s: the container is unsigned (no %s)", p, PI2_MF_SIG_NAME);
         b->sig = PI2_BUNDLE_SIG_UNSIGNED;
         return 0;
     }

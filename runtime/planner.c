@@ -635,7 +635,7 @@ int pi2_plan_fixed(const pi2_mprof *mp, const pi2_plan_mem *mem, uint64_t mem_li
     uint64_t fixed = mem->fixed + mem->per_depth * 64, mc = min_cache(mp, mem);
     if (mem_limit < fixed + mc) {
         pi2_plan_free(out);
-        return pi2_err_set(err, PI2_ENOMEM, "plan: --mem-limit %.0f MB cannot hold the resident part (%.0f MB)",
+        return pi2_err_set(err, PI2_ENOMEM, "plan: a memory limit of %.0f MB cannot hold the resident part (%.0f MB)",
                            mem_limit / 1e6, (fixed + mc) / 1e6);
     }
     uint64_t budget = mem_limit - fixed;
@@ -857,7 +857,7 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
         return rc;
     }
     if (!any)
-        return pi2_err_set(err, PI2_ENOMEM, "plan: --mem-limit %.0f MB cannot hold the resident part (%.0f MB)",
+        return pi2_err_set(err, PI2_ENOMEM, "plan: a memory limit of %.0f MB cannot hold the resident part (%.0f MB)",
                            o->mem_limit / 1e6, (mem->fixed + mem->per_depth * 16 + mc) / 1e6);
     pi2_plan_predict(mp, hw, out, o->prompt);
     /* keep the fixed split unless the search predicts a clear gain: the
@@ -899,12 +899,12 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
         pi2_plan_free(out);
         if (reach)
             return pi2_err_set(err, PI2_ERANGE,
-                               "plan: infeasible: at --mem-limit %.0f MB the best plan decodes %.2f tok/s, below "
-                               "--min-speed %.2f; about %.0f MB would reach it",
+                               "plan: infeasible: at a memory limit of %.0f MB the best plan decodes %.2f tok/s, below "
+                               "the minimum speed %.2f; about %.0f MB would reach it",
                                o->mem_limit / 1e6, got, o->min_speed, hi / 1e6);
         return pi2_err_set(err, PI2_ERANGE,
-                           "plan: infeasible: at --mem-limit %.0f MB the best plan decodes %.2f tok/s, below "
-                           "--min-speed %.2f, and no memory limit reaches it on this machine (compute-bound)",
+                           "plan: infeasible: at a memory limit of %.0f MB the best plan decodes %.2f tok/s, below "
+                           "the minimum speed %.2f, and no memory limit reaches it on this machine (compute-bound)",
                            o->mem_limit / 1e6, got, o->min_speed);
     }
     return 0;

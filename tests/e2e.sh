@@ -192,6 +192,19 @@ PI2_PUBKEY="$T/k.pub" "$B/pi2-run" "$T/b.pi2" -p "hi" -n 2 >/dev/null 2>"$T/err"
 head -c 3000 "$T/tiny/tokenizer.json" | tr -c 'a-z ' ' ' >"$T/text.txt"
 "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" --ppl "$T/text.txt" --ppl-tokens 64 >"$T/out" 2>"$T/err" \
     && grep -q "^perplexity" "$T/out" && ok || { bad "pi2-run --ppl"; cat "$T/out" "$T/err"; }
+# the subcommand forms run the same modes as the older flags
+"$B/pi2-run" ppl "$T/b.pi2" "$T/text.txt" --pubkey "$T/k.pub" --ppl-tokens 64 >"$T/out2" 2>"$T/err" \
+    && [ "$(cut -d'(' -f1 "$T/out")" = "$(cut -d'(' -f1 "$T/out2")" ] && ok \
+    || { bad "pi2-run ppl MODEL FILE"; cat "$T/out2" "$T/err"; }
+"$B/pi2-run" bench "$T/b.pi2" --pubkey "$T/k.pub" --bench-pp 16 --bench-tg 8 -t 2 >"$T/out" 2>"$T/err" \
+    && grep -q '^{"model":.*"pp":16,.*"tg":8,' "$T/out" && ok || { bad "pi2-run bench"; cat "$T/out" "$T/err"; }
+a=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hi" -n 4 2>/dev/null)
+b=$("$B/pi2-run" generate "$T/b.pi2" --pubkey "$T/k.pub" -p "hi" -n 4 2>/dev/null)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "pi2-run generate '$b' differs from '$a'"
+"$B/pi2-run" probe hw -t 1 >"$T/out" 2>"$T/err" && grep -q '"int8_macs_per_s"' "$T/out" && ok \
+    || { bad "pi2-run probe hw"; cat "$T/out" "$T/err"; }
+expect_error "probe without a kind" "probe hw | io FILE" "$B/pi2-run" probe
+expect_error "ppl without a text" "ppl MODEL.pi2 TEXTFILE" "$B/pi2-run" ppl "$T/b.pi2"
 expect_error "run signed without key" "--pubkey" env -u PI2_PUBKEY HOME="$T" "$B/pi2-run" "$T/b.pi2" -p hi
 expect_error "run wrong key" "another key" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k2.pub" -p hi
 expect_error "run unsigned" "--trust-unsigned" "$B/pi2-run" "$T/u.pi2" -p hi
@@ -438,6 +451,9 @@ lim=$(( ${min:-1} + 2 ))M
     && grep -q '"source":"planned' "$T/plan.json" && grep -q '"hot_groups":\[' "$T/plan.json" \
     && grep -q '"decode_tok_s":' "$T/plan.json" && grep -q '"memory":{' "$T/plan.json" && ok \
     || { bad "pi2-run --plan-only with a hardware profile"; cat "$T/plan.json" "$T/err"; }
+# shellcheck disable=SC2086
+"$B/pi2-run" plan "$T/b.pi2" $P --mem-limit "$lim" -p "hello world" -n 16 >"$T/plan2.json" 2>"$T/err" \
+    && cmp -s "$T/plan.json" "$T/plan2.json" && ok || { bad "pi2-run plan differs from --plan-only"; cat "$T/err"; }
 # shellcheck disable=SC2086
 p1=$("$B/pi2-run" "$T/b.pi2" $P --mem-limit "$lim" -p "hello world" -n 16 --plan "$T/plan.json" --stats 2>"$T/err")
 grep -q "plan: given" "$T/err" && grep -q "predicted" "$T/err" && [ -n "$p1" ] && ok \

@@ -1,0 +1,87 @@
+/* pi2-run's subcommands (runtime/cli/run_*.c) and what they share.
+ *
+ * main (runtime/pi2-run.c) parses the command line into one run_opts and
+ * hands it to one subcommand; nothing lives at file scope. What a run learns
+ * on the way (the hardware-profile note, the model's calibration) sits in a
+ * run_state that main owns and run_opts points to.
+ *
+ * Every run_* function returns the tool's exit status (0, 1 on a failure
+ * already printed, 2 on a usage error). */
+#ifndef PI2_CLI_RUN_H
+#define PI2_CLI_RUN_H
+
+#include "formats/tokenizer.h"
+#include "runtime/engine.h"
+#include "runtime/hwprof.h"
+#include "runtime/offload/io.h"
+#include "runtime/kernels.h"
+#include "runtime/planner.h"
+#include "runtime/reference.h"
+#include "runtime/sample.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* What a run learns on the way, owned by main and reached through run_opts. */
+typedef struct run_state {
+    char hw_note[4400];   /* why there is no hardware profile (for --stats and plan), or "" */
+    pi2_plan_cal cal;     /* the model's learned planning factors */
+    char cal_path[4400];  /* and where they live ("": none) */
+} run_state;
+
+typedef struct run_opts {
+    run_state *st;
+    const char *model, *ref, *prompt, *pubkey, *ppl, *io_probe, *device_path, *hw_profile, *plan_file;
+    long long n_predict;
+    int threads, ctx;
+    bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe, no_mlock, plan_only, gate_first;
+    bool no_read_ahead;
+    bool profile_hw, no_plan;
+    double profile_seconds, min_speed;
+    uint64_t mem_limit;
+    double hot_share;
+    int io_backend, io_depth;
+    long long bench_pp, bench_tg, ppl_tokens;
+    pi2_sample_opts so;
+} run_opts;
+
+/* One forward step of whichever model runs: token at pos -> logits. */
+typedef int (*step_fn)(void *ctx, int32_t token, int pos, float *logits, pi2_err *err);
+
+typedef struct gen_stats {
+    double *lat; /* per generated token, seconds */
+    size_t n_lat;
+    double *reads; /* offloading: per generated token, reads from flash */
+    size_t n_reads;
+    double t_prefill;
+    int n_prefill;
+} gen_stats;
+
+/* run_common.c */
+int fail(const pi2_err *e); /* prints "pi2-run: MSG", returns 1 */
+int cmp_double(const void *a, const void *b);
+double pct(const double *v, size_t n, double p);
+int generate_loop(const run_opts *o, const pi2_model_desc *d, const pi2_tok *tok, pi2_sampler *smp,
+                  pi2_tok_stream *ts, float *logits, int pos, step_fn step, void *ctx, double *lat, size_t *n_lat,
+                  long long *sampled, pi2_err *err);
+
+/* run_engine.c */
+int load_hw(const run_opts *o, pi2_hwprof **out, pi2_err *err);
+int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err);
+void learn(const run_opts *o, pi2_engine *e, double tok_s, size_t tokens);
+uint64_t reads_so_far(const pi2_engine *e);
+void reads_pcts(double *v, size_t n, double out[3]);
+void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_load, FILE *f);
+
+/* the subcommands */
+int run_generate(const run_opts *o);
+int run_reference(const run_opts *o);
+int run_bench(const run_opts *o);
+int run_ppl(const run_opts *o);
+int run_plan(const run_opts *o);
+int run_hw_probe(const run_opts *o);
+int run_io_probe(const run_opts *o);
+int run_profile_hw(const run_opts *o, int nargs, char **args);
+
+#endif

@@ -1,0 +1,80 @@
+/* pi2-run: what the subcommands share: messages, percentiles, the generation loop. */
+#include "runtime/cli/run.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int fail(const pi2_err *e)
+{
+    fprintf(stderr, "pi2-run: %s\n", e->msg);
+    return 1;
+}
+
+int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Percentile p (0..100) of sorted v[n], nearest rank. */
+double pct(const double *v, size_t n, double p)
+{
+    if (n == 0)
+        return 0.0;
+    size_t k = (size_t)ceil(p / 100.0 * (double)n);
+    return v[k > 0 ? k - 1 : 0];
+}
+
+/* The generation loop shared by both paths: sample from logits (rows
+ * past the tokenizer's ids masked: a padded vocabulary's are never valid
+ * output), stop at an end of turn (every end-of-turn id the model
+ * declares, or BOS: llama2.c-derived models end a story by starting the
+ * next) or after n tokens, stream the text UTF-8-safely to stdout, and run
+ * the next step. lat[i] (when non-NULL) gets each step's seconds, *n_lat
+ * their count; *sampled the number of tokens sampled (the end included). */
+int generate_loop(const run_opts *o, const pi2_model_desc *d, const pi2_tok *tok, pi2_sampler *smp,
+                         pi2_tok_stream *ts, float *logits, int pos, step_fn step, void *ctx, double *lat,
+                         size_t *n_lat, long long *sampled, pi2_err *err)
+{
+    int rc, n_valid = pi2_tok_vocab_size(tok);
+    if (o->show_ids)
+        fprintf(stderr, "generated ids:");
+    *sampled = 0;
+    for (long long n_gen = 0; n_gen < o->n_predict;) {
+        pi2_logits_mask_padding(logits, d->vocab, n_valid);
+        int next = pi2_sampler_next(smp, logits);
+        n_gen++;
+        *sampled = n_gen;
+        if (o->show_ids)
+            fprintf(stderr, " %d", next);
+        if (pi2_desc_is_end(d, next))
+            break;
+        const char *bytes;
+        size_t len;
+        if ((rc = pi2_tok_stream_push(ts, next, &bytes, &len, err)) != 0)
+            return rc;
+        fwrite(bytes, 1, len, stdout);
+        fflush(stdout);
+        if (n_gen == o->n_predict)
+            break;
+        double t0 = pi2_now();
+        if ((rc = step(ctx, next, pos++, logits, err)) != 0)
+            return rc;
+        if (lat)
+            lat[(*n_lat)++] = pi2_now() - t0;
+    }
+    const char *bytes;
+    size_t len;
+    if ((rc = pi2_tok_stream_flush(ts, &bytes, &len, err)) != 0)
+        return rc;
+    fwrite(bytes, 1, len, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (o->show_ids)
+        fprintf(stderr, "\n");
+    return 0;
+}

@@ -16,9 +16,9 @@ void pi2_engine_defaults(pi2_engine_opts *o)
     memset(o, 0, sizeof *o);
     o->verify_ffn = true;
     o->preload = true;
-    o->hot_share = 1.0;
-    o->lock_hot = true;
-    o->io_depth = 64;
+    o->offload.hot_share = 1.0;
+    o->offload.lock_hot = true;
+    o->offload.io_depth = 64;
 }
 
 static int unsupported(const pi2_engine *e, pi2_err *err, const char *what)
@@ -476,7 +476,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
      * cut the TLB misses of streaming them every token (1B-shaped model,
      * file read afresh: decode +20%, load 0.9 -> 0.4 s; 7B-shaped: 2.2x) */
     pi2_bundle_open_opts bo = {
-        .pubkey = o->pubkey, .allow_unsigned = o->trust_unsigned, .huge_pages = o->mem_limit == 0};
+        .pubkey = o->pubkey, .allow_unsigned = o->trust_unsigned, .huge_pages = o->offload.mem_limit == 0};
     if ((rc = pi2_bundle_open(&e->b, o->path, &bo, err)) != 0) {
         /* A converted (not yet bundled) model fails the signature step
          * first; say what it is instead. */
@@ -499,7 +499,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         e->threads = 1;
     if (e->threads > 256)
         e->threads = 256;
-    if (o->mem_limit > 0) {
+    if (o->offload.mem_limit > 0) {
         /* offloading: resident members read with O_DIRECT and hashed there */
         if ((rc = eng_ofl_load_resident(e, o, err)) != 0)
             goto fail;
@@ -624,7 +624,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     e->prefill_macs = macs;
     openblas_set_num_threads(1); /* our pool does the threading */
     e->ffn = &eng_ffn_memory;
-    if (o->mem_limit > 0) {
+    if (o->offload.mem_limit > 0) {
         if ((rc = eng_ofl_open(e, o, err)) != 0)
             goto fail;
         e->ffn = &eng_ffn_flash;

@@ -67,15 +67,9 @@
 #include "formats/sign.h"
 #include "formats/tokenizer.h"
 
-typedef struct pi2_engine_opts {
-    const char *path;           /* model.pi2 */
-    const pi2_sign_key *pubkey; /* key the container must be signed with ... */
-    bool trust_unsigned;        /* ... or accept an unsigned container */
-    bool verify_ffn;            /* also hash the FFN payloads (default true) */
-    int threads;                /* compute threads (default 0: all cores) */
-    int ctx;                    /* KV cache positions (0: 512), at most the model's (see set_ctx) */
-    bool preload;               /* touch every page at load (default true) */
-    bool dense;                 /* start in dense mode */
+/* Offloading and its plan: one part of the engine's options, read by
+ * runtime/offload/ and the planner only. */
+typedef struct pi2_offload_opts {
     /* Offloading (0: everything in memory). The process's footprint, RSS
      * plus the page cache it causes, is planned to stay under mem_limit:
      * see runtime/offload/offload.h. */
@@ -100,6 +94,18 @@ typedef struct pi2_engine_opts {
     bool fixed_split;
     double min_speed;           /* tok/s the plan must reach (0: none): PI2_ERANGE otherwise */
     int plan_prompt;            /* prompt tokens for the predicted prefill figure (0: 128) */
+} pi2_offload_opts;
+
+typedef struct pi2_engine_opts {
+    const char *path;           /* model.pi2 */
+    const pi2_sign_key *pubkey; /* key the container must be signed with ... */
+    bool trust_unsigned;        /* ... or accept an unsigned container */
+    bool verify_ffn;            /* also hash the FFN payloads (default true) */
+    int threads;                /* compute threads (default 0: all cores) */
+    int ctx;                    /* KV cache positions (0: 512), at most the model's (see set_ctx) */
+    bool preload;               /* touch every page at load (default true) */
+    bool dense;                 /* start in dense mode */
+    pi2_offload_opts offload; /* mem_limit 0: everything in memory */
 } pi2_engine_opts;
 
 /* Counters since the last pi2_engine_stats_reset (decode only, per FFN

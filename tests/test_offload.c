@@ -123,14 +123,14 @@ static pi2_engine *try_open(const char *path, uint64_t limit, double hot_share, 
 {
     pi2_engine_opts o;
     pi2_engine_defaults(&o);
-    o.gate_first = g_gate_first;
+    o.offload.gate_first = g_gate_first;
     o.path = path;
     o.pubkey = g_pubkey;
     o.threads = 2;
     o.ctx = CTX;
     o.dense = dense;
-    o.mem_limit = limit;
-    o.hot_share = hot_share;
+    o.offload.mem_limit = limit;
+    o.offload.hot_share = hot_share;
     pi2_engine *eng = NULL;
     *rc = pi2_engine_open(&eng, &o, err);
     return eng;
@@ -369,10 +369,10 @@ static void test_limits_and_readers(void **state)
             o.pubkey = g_pubkey;
             o.threads = 2;
             o.ctx = CTX;
-            o.mem_limit = minimum + (uint64_t)(i + 1) * (1u << 20) / 4;
-            o.hot_share = shares[i];
-            o.io_backend = be;
-            o.io_depth = i == 0 ? 1 : 64;
+            o.offload.mem_limit = minimum + (uint64_t)(i + 1) * (1u << 20) / 4;
+            o.offload.hot_share = shares[i];
+            o.offload.io_backend = be;
+            o.offload.io_depth = i == 0 ? 1 : 64;
             pi2_engine *eng = NULL;
             pi2_err e = {0};
             if (pi2_engine_open(&eng, &o, &e))
@@ -413,8 +413,8 @@ static void test_plan(void **state)
             o.pubkey = g_pubkey;
             o.threads = 2;
             o.ctx = CTX;
-            o.plan_only = true;
-            o.mem_limit = minimum + (step == 0 ? 0 : ffn * (uint64_t)step / 8 + 1);
+            o.offload.plan_only = true;
+            o.offload.mem_limit = minimum + (step == 0 ? 0 : ffn * (uint64_t)step / 8 + 1);
             pi2_engine *eng = NULL;
             pi2_err e = {0};
             if (pi2_engine_open(&eng, &o, &e))
@@ -428,7 +428,7 @@ static void test_plan(void **state)
             assert_true(in.hot >= last_hot);
             assert_true(in.offloaded <= last_off);
             /* all of the FFN plus the overhead's share of the limit (1/256) */
-            if (o.mem_limit >= minimum + ffn + ffn / 255 + 1)
+            if (o.offload.mem_limit >= minimum + ffn + ffn / 255 + 1)
                 assert_true(in.offloaded == 0.0 && in.hot == ffn);
             last_hot = in.hot;
             last_off = in.offloaded;
@@ -449,10 +449,10 @@ static pi2_engine *open_plan(const char *path, uint64_t limit, const pi2_plan *p
     o.pubkey = g_pubkey;
     o.threads = 2;
     o.ctx = CTX;
-    o.mem_limit = limit;
-    o.plan = plan;
-    o.hw = hw;
-    o.min_speed = min_speed;
+    o.offload.mem_limit = limit;
+    o.offload.plan = plan;
+    o.offload.hw = hw;
+    o.offload.min_speed = min_speed;
     pi2_engine *eng = NULL;
     *rc = pi2_engine_open(&eng, &o, err);
     return eng;

@@ -168,24 +168,24 @@ int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
     eo.threads = o->threads;
     eo.ctx = ctx;
     eo.dense = o->dense;
-    eo.mem_limit = o->mem_limit;
-    eo.hot_share = o->hot_share;
-    eo.io_backend = o->io_backend;
-    eo.io_depth = o->io_depth;
-    eo.lock_hot = !o->no_mlock;
-    eo.gate_first = o->gate_first;
-    eo.no_read_ahead = o->no_read_ahead;
-    eo.plan_only = o->plan_only;
+    eo.offload.mem_limit = o->mem_limit;
+    eo.offload.hot_share = o->hot_share;
+    eo.offload.io_backend = o->io_backend;
+    eo.offload.io_depth = o->io_depth;
+    eo.offload.lock_hot = !o->no_mlock;
+    eo.offload.gate_first = o->gate_first;
+    eo.offload.no_read_ahead = o->no_read_ahead;
+    eo.offload.plan_only = o->plan_only;
     pi2_hwprof *hw = NULL;
     pi2_plan plan = {0};
     if (o->mem_limit) {
-        eo.fixed_split = o->no_plan;
-        eo.min_speed = o->min_speed;
-        eo.plan_prompt = ctx > 0 ? ctx : 0;
+        eo.offload.fixed_split = o->no_plan;
+        eo.offload.min_speed = o->min_speed;
+        eo.offload.plan_prompt = ctx > 0 ? ctx : 0;
         if (o->plan_file && (rc = pi2_plan_load(o->plan_file, &plan, err)) == 0)
-            eo.plan = &plan;
+            eo.offload.plan = &plan;
         if (rc == 0 && (rc = load_hw(o, &hw, err)) == 0)
-            eo.hw = hw;
+            eo.offload.hw = hw;
         if (rc == 0 && hw && cal_path(o, o->st->cal_path, sizeof o->st->cal_path)) {
             pi2_err ce = {0};
             int cr = pi2_plan_cal_load(o->st->cal_path, &o->st->cal, &ce);
@@ -193,7 +193,7 @@ int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
                 fprintf(stderr, "pi2-run: %s (ignored; the next run rewrites it)\n", ce.msg);
             if (cr)
                 pi2_plan_cal_defaults(&o->st->cal);
-            eo.cal = &o->st->cal;
+            eo.offload.cal = &o->st->cal;
         }
         if (rc == 0 && !hw && o->min_speed > 0)
             rc = pi2_err_set(err, PI2_EINVAL, "--min-speed needs a hardware profile: %s", o->st->hw_note);

@@ -241,11 +241,11 @@ static int open_reader(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_
 {
     pi2_io_opts io;
     pi2_io_defaults(&io);
-    io.backend = (pi2_io_backend)o->io_backend;
-    io.depth = o->io_depth > 0 ? o->io_depth : 64;
+    io.backend = (pi2_io_backend)o->offload.io_backend;
+    io.depth = o->offload.io_depth > 0 ? o->offload.io_depth : 64;
     x->depth = io.depth;
-    if ((o->plan || (o->hw && !o->fixed_split)) && io.depth < 128) /* the plan picks the depth */
-        io.depth = o->plan && o->plan->io_depth > 128 ? o->plan->io_depth : 128;
+    if ((o->offload.plan || (o->offload.hw && !o->offload.fixed_split)) && io.depth < 128) /* the plan picks the depth */
+        io.depth = o->offload.plan && o->offload.plan->io_depth > 128 ? o->offload.plan->io_depth : 128;
     x->ring_depth = io.depth;
     int rc = pi2_io_open(&x->io, e->path, &io, err);
     if (rc && strstr(err->msg, "O_DIRECT")) { /* tmpfs and friends: documented fallback */
@@ -346,12 +346,12 @@ static int ofl_plan(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, const p
     int rc = pi2_mprof_build(&mp, e->mf, e->bl, e->res, e->res_bytes, e->path, err);
     if (rc)
         return rc;
-    mp.ctx = o->plan_prompt > 0 ? o->plan_prompt + 32 : 160;
-    if (o->cal)
-        mp.cal = *o->cal;
+    mp.ctx = o->offload.plan_prompt > 0 ? o->offload.plan_prompt + 32 : 160;
+    if (o->offload.cal)
+        mp.cal = *o->offload.cal;
     mp.cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (o->plan) {
-        const pi2_plan *g = o->plan;
+    if (o->offload.plan) {
+        const pi2_plan *g = o->offload.plan;
         if (g->n_ffn != x->n_ffn) {
             rc = pi2_err_set(err, PI2_ESHAPE, "%s: the plan is for %u FFNs, this model has %u", e->path, g->n_ffn,
                              x->n_ffn);
@@ -375,23 +375,23 @@ static int ofl_plan(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, const p
             x->plan = *g;
             x->plan.hot_groups = h;
             x->plan.gate_groups = gg;
-            x->plan.mem_limit = o->mem_limit;
+            x->plan.mem_limit = o->offload.mem_limit;
             memcpy(h, g->hot_groups, g->n_ffn * sizeof *h);
             memcpy(gg, g->gate_groups, g->n_ffn * sizeof *gg);
             memset(&x->plan.pred, 0, sizeof x->plan.pred);
-            if (o->hw)
-                pi2_plan_predict(&mp, o->hw, &x->plan, o->plan_prompt);
+            if (o->offload.hw)
+                pi2_plan_predict(&mp, o->offload.hw, &x->plan, o->offload.plan_prompt);
             x->info.plan_source = "given";
         }
     } else {
         pi2_plan_opts po;
         pi2_plan_opts_defaults(&po);
-        po.mem_limit = o->mem_limit;
+        po.mem_limit = o->offload.mem_limit;
         po.threads = e->threads;
         po.max_depth = x->ring_depth;
-        po.min_speed = o->min_speed;
-        po.prompt = o->plan_prompt;
-        rc = pi2_plan_solve(&mp, o->hw, pm, &po, &x->plan, err);
+        po.min_speed = o->offload.min_speed;
+        po.prompt = o->offload.plan_prompt;
+        rc = pi2_plan_solve(&mp, o->offload.hw, pm, &po, &x->plan, err);
         if (rc && err->msg[0] && strncmp(err->msg, e->path, strlen(e->path)) != 0) {
             pi2_err inner = *err;
             pi2_err_clear(err);
@@ -494,7 +494,7 @@ static uint64_t ofl_fixed_split(const pi2_engine_opts *o, eng_ofl *x, uint64_t b
     if (budget >= ffn_total + min_cache) {
         hot_budget = ffn_total;
     } else {
-        double share = o->hot_share >= 0 && o->hot_share <= 1 ? o->hot_share : 0.5;
+        double share = o->offload.hot_share >= 0 && o->offload.hot_share <= 1 ? o->offload.hot_share : 0.5;
         hot_budget = (uint64_t)((double)(budget - min_cache) * share);
     }
     uint64_t per = hot_budget / x->n_ffn, hot_total = 0;
@@ -519,18 +519,18 @@ static void ofl_predict_fixed(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *
     pi2_err er = {0};
     if (pi2_mprof_build(&mp, e->mf, e->bl, e->res, e->res_bytes, e->path, &er) != 0)
         return;
-    mp.ctx = o->plan_prompt > 0 ? o->plan_prompt + 32 : 160;
-    if (o->cal)
-        mp.cal = *o->cal;
+    mp.ctx = o->offload.plan_prompt > 0 ? o->offload.plan_prompt + 32 : 160;
+    if (o->offload.cal)
+        mp.cal = *o->offload.cal;
     mp.cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (pi2_plan_alloc(&x->plan, x->n_ffn, &er) == 0) {
-        x->plan.mem_limit = o->mem_limit;
+        x->plan.mem_limit = o->offload.mem_limit;
         x->plan.threads = e->threads;
         x->plan.io_depth = x->depth;
         x->plan.gate_first = !x->spec && x->two_phase;
         for (uint32_t i = 0; i < x->n_ffn; i++)
             x->plan.hot_groups[i] = x->plan.gate_groups[i] = (uint32_t)(x->hot_len[i] / x->bl[i]->slot_bytes);
-        pi2_plan_predict(&mp, o->hw, &x->plan, o->plan_prompt);
+        pi2_plan_predict(&mp, o->offload.hw, &x->plan, o->offload.plan_prompt);
     }
     pi2_mprof_free(&mp);
 }
@@ -543,8 +543,8 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     x->E = pi2_desc_is_moe(d) ? (uint32_t)d->n_experts : 1;
     x->n_ffn = (uint32_t)d->n_layers * x->E;
     x->two_phase = e->bl->two_phase;
-    x->spec = x->two_phase && !o->gate_first;
-    x->read_ahead = !o->no_read_ahead;
+    x->spec = x->two_phase && !o->offload.gate_first;
+    x->read_ahead = !o->offload.no_read_ahead;
     x->R = e->bl->row_bytes;
     x->bl = pi2_calloc_array(x->n_ffn, sizeof *x->bl);
     x->file_off = pi2_calloc_array(x->n_ffn, sizeof *x->file_off);
@@ -614,24 +614,24 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     /* the kernel's share of what the run can use: the limit, or everything
      * in memory when the limit is larger */
     uint64_t most = fixed + ffn_total + min_cache;
-    uint64_t overhead = OFL_OVERHEAD + (o->mem_limit < most ? o->mem_limit : most) / OFL_KERNEL_SHARE;
+    uint64_t overhead = OFL_OVERHEAD + (o->offload.mem_limit < most ? o->offload.mem_limit : most) / OFL_KERNEL_SHARE;
     uint64_t smallest = (fixed + min_cache) * OFL_KERNEL_SHARE / (OFL_KERNEL_SHARE - 1) + 1;
     fixed += overhead - OFL_OVERHEAD;
     pi2_engine_offload_info *in = &x->info;
     in->on = true;
-    in->mem_limit = o->mem_limit;
+    in->mem_limit = o->offload.mem_limit;
     in->resident = e->res_bytes - e->res_released;
     in->kv = kv;
     in->buffers = e->buf_bytes + mine + index;
     in->overhead = overhead;
     in->ffn_total = ffn_total;
     in->minimum = smallest; /* its own kernel share included */
-    if (o->mem_limit < in->minimum)
+    if (o->offload.mem_limit < in->minimum)
         return pi2_err_set(err, PI2_ENOMEM,
                            "%s: --mem-limit %.0f MB cannot hold the resident part: it needs at least %.0f MB "
                            "(resident weights %.0f MB, KV cache %.0f MB for %d positions, buffers %.0f MB, "
                            "overhead %.0f MB, smallest neuron cache %.1f MB)",
-                           e->path, mb(o->mem_limit), mb(in->minimum) + 1, mb(in->resident), mb(kv), e->ctx,
+                           e->path, mb(o->offload.mem_limit), mb(in->minimum) + 1, mb(in->resident), mb(kv), e->ctx,
                            mb(in->buffers), mb(overhead), mb(min_cache));
     uint64_t per_depth = x->staging_bytes + sizeof(ofl_req) + sizeof(void *);
     uint64_t hot_total = 0;
@@ -640,7 +640,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
                        .per_depth = per_depth,
                        .min_slots = min_slots,
                        .slot_bytes = {stride_of(part_unit(x, kinds[0])) + 32, stride_of(part_unit(x, P_UD)) + 32}};
-    if ((o->plan || (o->hw && !o->fixed_split)) && o->mem_limit >= in->minimum) {
+    if ((o->offload.plan || (o->offload.hw && !o->offload.fixed_split)) && o->offload.mem_limit >= in->minimum) {
         if ((rc = ofl_plan(e, o, x, &pm, err)) != 0)
             return rc;
         fixed = fixed - (uint64_t)x->depth * per_depth + (uint64_t)x->plan.io_depth * per_depth;
@@ -655,10 +655,10 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
             x->ghot_n[fi] = (uint32_t)(G * b->group < b->neurons ? G * b->group : b->neurons);
             hot_total += x->hot_len[fi] + x->ghot_len[fi];
         }
-        if (fixed + hot_total + min_cache > o->mem_limit)
+        if (fixed + hot_total + min_cache > o->offload.mem_limit)
             return pi2_err_set(err, PI2_ENOMEM, "%s: the plan needs %.0f MB, more than --mem-limit %.0f MB", e->path,
-                               mb(fixed + hot_total + min_cache) + 1, mb(o->mem_limit));
-        if (x->plan.threads != e->threads && x->plan.threads <= e->tls_n && !o->plan_only) {
+                               mb(fixed + hot_total + min_cache) + 1, mb(o->offload.mem_limit));
+        if (x->plan.threads != e->threads && x->plan.threads <= e->tls_n && !o->offload.plan_only) {
             pi2_pool_free(e->pool);
             e->pool = NULL;
             if ((rc = pi2_pool_create(&e->pool, x->plan.threads, err)) != 0)
@@ -666,10 +666,10 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
             e->threads = x->plan.threads;
         }
     }
-    uint64_t budget = o->mem_limit - fixed;
+    uint64_t budget = o->offload.mem_limit - fixed;
     if (x->plan.n_ffn == 0) {
         hot_total += ofl_fixed_split(o, x, budget, ffn_total, min_cache);
-        if (o->hw)
+        if (o->offload.hw)
             ofl_predict_fixed(e, o, x);
     }
     in->plan = x->plan.n_ffn > 0 ? &x->plan : NULL;
@@ -703,10 +703,10 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     in->offloaded = ffn_total ? 1.0 - (double)hot_total / (double)ffn_total : 0.0;
     in->backend = pi2_io_backend_name(pi2_io_backend_used(x->io));
     in->note = x->note;
-    if (o->plan_only)
+    if (o->offload.plan_only)
         return 0;
     /* hot segments: all allocated and faulted in first (on every thread) */
-    in->hot_locked = hot_total > 0 && o->lock_hot;
+    in->hot_locked = hot_total > 0 && o->offload.lock_hot;
     for (uint32_t fi = 0; fi < x->n_ffn; fi++)
         if (x->hot_len[fi] > 0 && !(x->hot[fi] = pi2_io_alloc_buf((size_t)x->hot_len[fi])))
             return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the hot segment (%.1f MB)", e->path,
@@ -725,7 +725,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
             continue;
         if ((rc = seq_read(x->io, x->depth, x->hot[fi], x->file_off[fi], x->hot_len[fi], NULL, err)) != 0)
             return rc;
-        if (o->lock_hot && mlock(x->hot[fi], (size_t)x->hot_len[fi]) != 0)
+        if (o->offload.lock_hot && mlock(x->hot[fi], (size_t)x->hot_len[fi]) != 0)
             in->hot_locked = false;
         for (uint32_t i = 0; i < x->hot_n[fi]; i++) {
             uint64_t off[3];
@@ -735,7 +735,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
             f->down.rp[i] = x->hot[fi] + off[2];
         }
     }
-    if ((rc = load_gate_parts(e, x, o->lock_hot, err)) != 0)
+    if ((rc = load_gate_parts(e, x, o->offload.lock_hot, err)) != 0)
         return rc;
     /* caches */
     uint32_t *neurons = pi2_malloc_array(x->n_ffn, sizeof *neurons);

@@ -18,14 +18,12 @@
  *      A (over the samples) is most similar to the union U of the group's
  *      sets so far joins it, by Jaccard similarity |A & U| / |A | U| (ties:
  *      the more frequent), so a group gains neurons that fire when it
- *      already fires and few that would make it fire more often. (On the
- *      generated models, measured on held-out samples, this raises the read
- *      efficiency below by 15-25% over plain frequency order at g = 2..16;
- *      of the scores tried, Jaccard did best.) Candidates are the
+ *      already fires and few that would make it fire more often (the read
+ *      efficiency below gains over plain frequency order: runtime/PERF.md,
+ *      "Bundler"). Candidates are the
  *      next `window` unassigned neurons in frequency order, the window sized
- *      so that a layer costs about PI2_ORDER_BUDGET word operations (on a
- *      7B-shaped layer this finds groups within 0.2% of a full search's
- *      read efficiency at a fifth of its time); at most
+ *      so that a layer costs about PI2_ORDER_BUDGET word operations (near a
+ *      full search's read efficiency at a fraction of its time); at most
  *      PI2_ORDER_MAX_SAMPLES samples are used. Members of a group are stored
  *      in frequency order. Without bits, groups are consecutive in
  *      frequency order.

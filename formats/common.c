@@ -406,8 +406,7 @@ int pi2_afile_commit(pi2_afile *f, pi2_err *err)
         rc = pi2_err_errno(err, PI2_EIO, errno, "%s: fsync failed", f->path);
     /* synced pages leave the page cache: a model just written would
      * otherwise stay cached in the writer's 4 KiB pages, and a reader that
-     * maps it could not get 2 MiB ones (decode of the 7B-shaped model at
-     * 1 tok/s instead of 13-16 on a VM with shadow paging) */
+     * maps it could not get 2 MiB ones (runtime/PERF.md, "Huge pages") */
     if (rc == 0)
         posix_fadvise(f->fd, 0, 0, POSIX_FADV_DONTNEED); /* advisory: failure is harmless */
     if (close(f->fd) != 0 && rc == 0)

@@ -116,10 +116,8 @@ int pi2_afile_open(pi2_afile **out, const char *path, pi2_err *err);
 /* Write all n bytes (retries short writes and EINTR). ENOSPC -> PI2_ENOSPC.
  * Written behind in 64 MiB windows: a window is sent to the disk once
  * written, and leaves the page cache once the next one is (the cache holds
- * ~two windows of the file, whose pages it reuses: bundling the 7B-shaped
- * model went from 19.5-20 to 11.5-13 s here, generating the 1B-shaped one
- * from 237-282 to 513-572 MB/s, where fresh memory costs a fault per page
- * under the hypervisor). */
+ * ~two windows of the file, whose pages it reuses instead of faulting in
+ * fresh memory per page; figures in runtime/PERF.md, "Bundler"). */
 int pi2_afile_write(pi2_afile *f, const void *buf, size_t n, pi2_err *err);
 /* Bytes written so far. */
 uint64_t pi2_afile_size(const pi2_afile *f);

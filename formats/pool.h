@@ -46,9 +46,7 @@ void pi2_pool_run_shared(pi2_pool *p, pi2_pool_fn fn, void *ctx);
  * the rest, and returns true; otherwise (or when the mask cannot be read)
  * false and nothing to do. Left to the scheduler, the I/O thread woke on
  * whichever CPU took the disk's interrupt and time-shared a compute
- * thread's core while the other core idled: 1 compute thread with the
- * reader pinned apart decoded the 7B-shaped model 35% faster at 90%
- * offloaded. */
+ * thread's core while the other core idled (runtime/PERF.md, "Threads"). */
 typedef struct pi2_cpus {
     cpu_set_t all, pool, io;
 } pi2_cpus;

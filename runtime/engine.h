@@ -15,9 +15,8 @@
  *    first token does not pay for page faults. When they came from a page
  *    cache that held the file in 4 KiB pages (written by a tool that left
  *    it cached) while the kernel would cache it afresh in 2 MiB ones, they
- *    are dropped and touched again, read in 2 MiB pages (pi2_ctr_rehuge):
- *    the 7B-shaped model, just bundled by a writer that left its pages
- *    cached, decoded at 0.6-1.5 tok/s instead of 13-16 on this VM.
+ *    are dropped and touched again, read in 2 MiB pages (pi2_ctr_rehuge;
+ *    what 4 KiB pages cost: runtime/PERF.md, "Huge pages").
  *
  * ---- Forward ----
  * Per layer: RMSNorm -> Q, K, V (int8 matmul over quantized rows) -> RoPE

@@ -123,8 +123,8 @@ static void matmul_sb_scalar(int64_t n, int nrows, const uint8_t *const *wp, con
  * token's and one FMA, as the t4 tiles do per block: the sums are the same
  * exact integers. The block's 8 weight vectors stay in registers for 4
  * tokens. Under 16 tokens the packing does not pay (K_P2_MIN_T). Q8 rows
- * keep the tiles: as two nibble passes (w = 16 h + l) they came out
- * slower. */
+ * keep the tiles (two nibble passes, w = 16 h + l, lost to them:
+ * runtime/PERF.md, "Kernels"). */
 
 enum {
     K_P2_W = K_PB * 8 /* ymm of weights in a panel: 64 blocks x 8 groups */

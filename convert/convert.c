@@ -1,8 +1,7 @@
 /* pi2-convert: the stages in order (see convert.h). */
-#include "convert/convert_internal.h"
+#include "convert/conv.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -16,88 +15,6 @@ void pi2_convert_defaults(pi2_convert_opts *o)
     o->pred_input = -1;
     o->silu_sparsity = 0.5;
     o->seed = 1;
-}
-
-int conv_record_tensor(pi2_conv *c, const char *name, pi2_tname role, int layer, int expert, pi2_qtype qt,
-                       int64_t rows, int64_t cols, bool transposed, const char *payload, const char *scales,
-                       pi2_err *err)
-{
-    if (pi2_grow(&c->tensors, &c->cap_tensors, c->n_tensors, sizeof *c->tensors, 64))
-        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
-    conv_tensor *t = &c->tensors[c->n_tensors++];
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->role = role;
-    t->layer = layer;
-    t->expert = expert;
-    t->qt = qt;
-    t->rows = rows;
-    t->cols = cols;
-    t->transposed = transposed;
-    snprintf(t->payload, sizeof t->payload, "%s", payload);
-    snprintf(t->scales, sizeof t->scales, "%s", scales);
-    return 0;
-}
-
-void conv_progress(pi2_conv *c, const char *what)
-{
-    if (!c->tty)
-        return;
-    double now = pi2_now();
-    if (now - c->last_progress < 0.25)
-        return;
-    c->last_progress = now;
-    c->progress_shown = true;
-    double el = now - c->t0;
-    fprintf(stderr, "\r  %s %5.1f%%  %.2f / %.2f GB read  %.0f MB/s   ", what,
-            c->bytes_total ? 100.0 * c->bytes_read / c->bytes_total : 0.0, c->bytes_read / 1e9,
-            c->bytes_total / 1e9, el > 0 ? c->bytes_read / el / 1e6 : 0.0);
-}
-
-void conv_stage_progress(pi2_conv *c, const char *what, int done, int total)
-{
-    if (!c->tty)
-        return;
-    double now = pi2_now();
-    if (now - c->last_progress < 0.25 && done < total)
-        return;
-    c->last_progress = now;
-    c->progress_shown = true;
-    fprintf(stderr, "\r  %s %d/%d   %*s", what, done, total, 20, "");
-}
-
-static void progress_done(pi2_conv *c)
-{
-    if (c->tty && c->progress_shown)
-        fprintf(stderr, "\r%*s\r", 72, "");
-    c->progress_shown = false;
-}
-
-void conv_report(pi2_conv *c, const char *fmt, ...)
-{
-    if (!c->report)
-        return;
-    progress_done(c);
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(c->report, fmt, ap);
-    va_end(ap);
-    fflush(c->report);
-}
-
-void conv_stage(pi2_conv *c, const char *fmt, ...)
-{
-    if (c->o->quiet)
-        return;
-    progress_done(c);
-    if (c->report)
-        fflush(c->report);
-    fprintf(stderr, "pi2-convert: [%.0f s] ", pi2_now() - c->t0);
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
 }
 
 /* The manifest's tensor list from what stage 1 recorded. */
@@ -226,7 +143,7 @@ int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err)
     if ((rc = conv_calibrate(&c, err)) != 0)
         goto out;
     conv_stage(&c, "writing %s", o->out_path);
-    progress_done(&c);
+    conv_progress_done(&c);
     size_t ns = 0;
     const pi2_ctr_section *secs = pi2_ctr_writer_sections(c.w, &ns);
     if ((rc = fill_manifest(&c, err)) != 0 || (rc = pi2_manifest_add_sections(c.mf, secs, ns, err)) != 0 ||
@@ -235,7 +152,7 @@ int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err)
         goto out;
     rc = pi2_ctr_writer_finish(c.w, err);
 out:
-    progress_done(&c);
+    conv_progress_done(&c);
     pi2_ctr_writer_free(c.w);
     conv_calib_free(&c);
     conv_pred_close(&c);

@@ -2,7 +2,7 @@
  * predictors (imported or trained, thresholds calibrated to a target
  * recall), SiLU threshold mode, and the quality report (perplexity of the
  * fp32 reference, quantized dense, quantized + predicted sparsity). */
-#include "convert/convert_internal.h"
+#include "convert/conv.h"
 
 #include "convert/calib.h"
 

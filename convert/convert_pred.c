@@ -22,7 +22,7 @@
  * (PowerInfer's convention) and fire a neuron when its score is above the
  * threshold; both are recorded in the manifest.
  */
-#include "convert/convert_internal.h"
+#include "convert/conv.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,6 +1,6 @@
 /* pi2-convert, stage 1: stream every weight tensor of the source model into
  * the container, quantized row by row (see convert.h for member names). */
-#include "convert/convert_internal.h"
+#include "convert/conv.h"
 
 #include "formats/pool.h"
 
@@ -221,4 +221,25 @@ int conv_write_weights(pi2_conv *c, pi2_err *err)
     if (rc == 0 && !d->tie_embeddings)
         rc = one(c, PI2_T_LM_HEAD, 0, 0, o->q_other, false, err);
     return rc;
+}
+
+int conv_record_tensor(pi2_conv *c, const char *name, pi2_tname role, int layer, int expert, pi2_qtype qt,
+                       int64_t rows, int64_t cols, bool transposed, const char *payload, const char *scales,
+                       pi2_err *err)
+{
+    if (pi2_grow(&c->tensors, &c->cap_tensors, c->n_tensors, sizeof *c->tensors, 64))
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    conv_tensor *t = &c->tensors[c->n_tensors++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->role = role;
+    t->layer = layer;
+    t->expert = expert;
+    t->qt = qt;
+    t->rows = rows;
+    t->cols = cols;
+    t->transposed = transposed;
+    snprintf(t->payload, sizeof t->payload, "%s", payload);
+    snprintf(t->scales, sizeof t->scales, "%s", scales);
+    return 0;
 }

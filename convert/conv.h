@@ -1,6 +1,9 @@
-/* Shared state of the pi2-convert stages (not a public contract). */
-#ifndef PI2_CONVERT_INTERNAL_H
-#define PI2_CONVERT_INTERNAL_H
+/* Shared state of the pi2-convert stages (not a public contract), and
+ * what the stages tell the user (conv.c). convert.c runs the stages in
+ * order; each stage's file includes this and nothing of the others',
+ * except calibration, which uses the predictor sources. */
+#ifndef PI2_CONV_H
+#define PI2_CONV_H
 
 #include "convert/convert.h"
 #include "formats/container.h"
@@ -90,7 +93,8 @@ int conv_calibrate(pi2_conv *c, pi2_err *err);
 int conv_calib_text_load(pi2_conv *c, pi2_err *err);
 void conv_calib_free(pi2_conv *c);
 
-/* Progress of a counted stage on a terminal. */
+/* What the user sees (conv.c). Progress of a counted stage on a
+ * terminal. */
 void conv_stage_progress(pi2_conv *c, const char *what, int done, int total);
 
 /* A report line (printf-style) to c->report, flushed at once so a
@@ -123,12 +127,14 @@ static inline const float *conv_pred_in(const pi2_conv *c, const float *X, const
 /* Stage 1 (convert_weights.c): every weight tensor, quantized, into c->w. */
 int conv_write_weights(pi2_conv *c, pi2_err *err);
 
-/* Append a converted tensor to c->tensors. */
+/* Append a converted tensor to c->tensors (convert_weights.c). */
 int conv_record_tensor(pi2_conv *c, const char *name, pi2_tname role, int layer, int expert, pi2_qtype qt,
                        int64_t rows, int64_t cols, bool transposed, const char *payload, const char *scales,
                        pi2_err *err);
 
-/* Progress line on a terminal (rate-limited). */
+/* Progress line on a terminal (rate-limited; conv.c); conv_progress_done
+ * clears it. */
 void conv_progress(pi2_conv *c, const char *what);
+void conv_progress_done(pi2_conv *c);
 
 #endif

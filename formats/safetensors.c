@@ -33,35 +33,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* ---- dtypes ---- */
-
-static const struct {
-    const char *name;
-    size_t size;
-} dtypes[] = {
-    [PI2_DT_F32] = { "F32", 4 }, [PI2_DT_F16] = { "F16", 2 }, [PI2_DT_BF16] = { "BF16", 2 },
-    [PI2_DT_I8] = { "I8", 1 },   [PI2_DT_U8] = { "U8", 1 },   [PI2_DT_I32] = { "I32", 4 },
-    [PI2_DT_I64] = { "I64", 8 },
-};
-#define NDTYPES (sizeof dtypes / sizeof dtypes[0])
-
-const char *pi2_dtype_name(pi2_dtype dt) { return (unsigned)dt < NDTYPES ? dtypes[dt].name : NULL; }
-
-size_t pi2_dtype_size(pi2_dtype dt) { return (unsigned)dt < NDTYPES ? dtypes[dt].size : 0; }
-
-int pi2_dtype_parse(const char *name, pi2_dtype *out)
-{
-    if (name) {
-        for (unsigned i = 0; i < NDTYPES; i++) {
-            if (strcmp(name, dtypes[i].name) == 0) {
-                *out = (pi2_dtype)i;
-                return 0;
-            }
-        }
-    }
-    return PI2_EUNSUPPORTED;
-}
-
 /* ---- message helpers ---- */
 
 /* A hostile name may be long or hold control characters; messages stay one
@@ -198,7 +169,7 @@ static int parse_entry(const char *path, const char *name, json_t *v, size_t dle
             return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': element count overflows", path, show(name).s);
     }
     e->nelem = nelem;
-    if (!pi2_mul_size(nelem, dtypes[e->dt].size, &e->nbytes))
+    if (!pi2_mul_size(nelem, pi2_dtype_size(e->dt), &e->nbytes))
         return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': byte size overflows", path, show(name).s);
     if (!json_is_array(joff) || json_array_size(joff) != 2 || get_u64(json_array_get(joff, 0), &e->begin) != 0 ||
         get_u64(json_array_get(joff, 1), &e->end) != 0)
@@ -215,7 +186,7 @@ static int parse_entry(const char *path, const char *name, json_t *v, size_t dle
         fmt_shape(sh, sizeof sh, e->ndim, e->shape);
         return pi2_err_set(err, PI2_EFORMAT,
                            "%s: tensor '%s': data_offsets span %llu bytes but %s %s needs %zu bytes", path,
-                           show(name).s, (unsigned long long)(e->end - e->begin), dtypes[e->dt].name, sh, e->nbytes);
+                           show(name).s, (unsigned long long)(e->end - e->begin), pi2_dtype_name(e->dt), sh, e->nbytes);
     }
     return 0;
 }
@@ -718,7 +689,7 @@ static inline uint32_t ld32(const uint8_t *p)
 float pi2_st_get_f32(const pi2_st_tensor *t, size_t i)
 {
     assert(t && i < t->nelem);
-    const uint8_t *p = (const uint8_t *)t->data + i * dtypes[t->dtype].size;
+    const uint8_t *p = (const uint8_t *)t->data + i * pi2_dtype_size(t->dtype);
     switch (t->dtype) {
     case PI2_DT_F32: {
         union { uint32_t u; float f; } v = { .u = ld32(p) };
@@ -856,7 +827,7 @@ int pi2_st_writer_add(pi2_st_writer *w, const char *name, pi2_dtype dt, int ndim
             return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': element count overflows", w->path, show(name).s);
     }
     uint64_t end;
-    if (!pi2_mul_size(nelem, dtypes[dt].size, &nbytes) || __builtin_add_overflow(w->total, (uint64_t)nbytes, &end) ||
+    if (!pi2_mul_size(nelem, pi2_dtype_size(dt), &nbytes) || __builtin_add_overflow(w->total, (uint64_t)nbytes, &end) ||
         end > (uint64_t)INT64_MAX)
         return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': size overflows", w->path, show(name).s);
     json_t *jsh = json_array(), *e = json_object();
@@ -864,7 +835,7 @@ int pi2_st_writer_add(pi2_st_writer *w, const char *name, pi2_dtype dt, int ndim
     for (int i = 0; ok && i < ndim; i++)
         ok = json_array_append_new(jsh, json_integer((json_int_t)shape[i])) == 0;
     json_t *off = json_pack("[II]", (json_int_t)w->total, (json_int_t)end);
-    ok = ok && off && json_object_set_new(e, "dtype", json_string(dtypes[dt].name)) == 0 &&
+    ok = ok && off && json_object_set_new(e, "dtype", json_string(pi2_dtype_name(dt))) == 0 &&
          json_object_set(e, "shape", jsh) == 0 && json_object_set(e, "data_offsets", off) == 0;
     json_decref(jsh);
     json_decref(off);

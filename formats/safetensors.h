@@ -61,40 +61,9 @@
 #define PI2_SAFETENSORS_H
 
 #include "formats/common.h"
+#include "formats/tensor.h"
 
 #define PI2_ST_MAX_HEADER (100u * 1024 * 1024) /* as the reference implementation */
-#define PI2_ST_MAX_DIMS 8
-#define PI2_ST_MAX_TENSORS (1u << 20)
-
-typedef enum pi2_dtype {
-    PI2_DT_F32,
-    PI2_DT_F16,
-    PI2_DT_BF16,
-    PI2_DT_I8,
-    PI2_DT_U8,
-    PI2_DT_I32,
-    PI2_DT_I64,
-} pi2_dtype;
-
-/* "F32", ... ; NULL for an invalid value. */
-const char *pi2_dtype_name(pi2_dtype dt);
-/* Size in bytes of one element. */
-size_t pi2_dtype_size(pi2_dtype dt);
-/* Parse a dtype name; PI2_EUNSUPPORTED if unknown. */
-int pi2_dtype_parse(const char *name, pi2_dtype *out);
-
-/* A tensor view into the mapped file. Valid until the owning pi2_st closes. */
-typedef struct pi2_st_tensor {
-    const char *name;
-    pi2_dtype dtype;
-    int ndim;
-    int64_t shape[PI2_ST_MAX_DIMS];
-    size_t nelem;
-    const void *data; /* inside the mapping; may be unaligned for its dtype */
-    size_t nbytes;
-    const char *file; /* path of the shard that holds it */
-} pi2_st_tensor;
-
 typedef struct pi2_st pi2_st;
 
 /* Open `path`: a .safetensors or PyTorch zip file, an index (*.json), or a

@@ -155,7 +155,7 @@
 #ifndef PI2_TORCHZIP_H
 #define PI2_TORCHZIP_H
 
-#include "formats/safetensors.h"
+#include "formats/tensor.h"
 
 #define PI2_TZ_ALIGN 64u                          /* storage data alignment in the file (writer) */
 #define PI2_TZ_MAX_NAME 4096u                     /* longest zip member name (bytes) */

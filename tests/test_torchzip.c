@@ -6,6 +6,7 @@
  * parameters, protocol 4, shared storages), and hostile files, each failing
  * with its exact code and a one-line message naming the file. Python's own
  * zipfile and pickle check the writer's output when /usr/bin/python3 exists. */
+#include "formats/safetensors.h"
 #include "formats/torchzip.h"
 #include "tests/testutil.h"
 

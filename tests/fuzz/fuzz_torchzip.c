@@ -6,6 +6,7 @@
  * hold 24, 64, 0 and 256 bytes, so mutations reach the pickle machine
  * without having to keep a zip consistent; the pickle seeds describe
  * F32[2, 3], F16[4, 8], BF16[0, 5] and U8[16, 16] over those storages. */
+#include "formats/safetensors.h"
 #include "formats/torchzip.h"
 #include "tests/fuzz/fuzz_util.h"
 

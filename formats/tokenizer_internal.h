@@ -1,0 +1,137 @@
+/* Internals shared by the tokenizer's files; formats/tokenizer.h is the
+ * contract. tokenizer.c holds the object, its vocab and merge tables and the
+ * small helpers below; tokenizer_load.c reads tokenizer.json into it;
+ * tokenizer_encode.c and tokenizer_decode.c run HF's pipelines on it. */
+#ifndef PI2_TOKENIZER_INTERNAL_H
+#define PI2_TOKENIZER_INTERNAL_H
+
+#include "formats/tokenizer.h"
+
+#include <string.h>
+
+/* Caps for hostile files. The largest real vocabularies are ~256K tokens
+ * with ~300K merges in files of tens of MB. */
+#define TOK_MAX_FILE ((size_t)512 << 20)
+#define TOK_MAX_VOCAB (1u << 22)
+#define TOK_MAX_MERGES (1u << 23)
+#define TOK_MAX_ADDED (1u << 20)
+#define TOK_MAX_PIECE 16384u
+#define TOK_MAX_OPS 64
+#define TOK_MAX_DEPTH 8
+#define TOK_MAX_STRIP 4096
+
+/* growable buffers */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+int sb_put(sbuf *b, const void *d, size_t n);
+int sb_puts(sbuf *b, const char *s);
+void sb_free(sbuf *b);
+
+typedef struct {
+    int32_t *p;
+    size_t n, cap;
+} ivec;
+
+int iv_push(ivec *v, int32_t x);
+
+typedef struct {
+    size_t *p;
+    size_t n, cap;
+} zvec;
+
+int zv_push(zvec *v, size_t x);
+
+/* UTF-8 */
+
+size_t u8_next(const uint8_t *s, size_t n, uint32_t *cp);
+
+/* the tokenizer object */
+
+enum { SCHEME_ALWAYS, SCHEME_FIRST, SCHEME_NEVER };
+enum { OP_PREPEND, OP_REPLACE, OP_METASPACE, OP_BYTEFALLBACK, OP_FUSE, OP_STRIP };
+
+/* One normalizer, pre-tokenizer or decoder step (Sequences are flattened:
+ * applying a Sequence is applying its members in order). */
+typedef struct {
+    int kind;
+    char *a; /* Prepend text, Replace pattern, Metaspace/Strip character */
+    size_t alen;
+    char *b; /* Replace content */
+    size_t blen;
+    int scheme;  /* Metaspace */
+    bool split;  /* Metaspace pre-tokenizer */
+    size_t start, stop; /* Strip */
+} tok_op;
+
+typedef struct {
+    char *content;
+    size_t clen;
+    char *pat; /* what is matched: content, or its normalized form */
+    size_t plen;
+    int32_t id;
+    bool special, normalized, lstrip, rstrip;
+} added_tok;
+
+/* Added tokens in a byte trie (edges in a hash table): walking it from
+ * each position finds the leftmost-longest match, as HF's Aho-Corasick
+ * (MatchKind::LeftmostLongest) does, in time bounded by the match length. */
+typedef struct {
+    uint64_t *ekey; /* (node << 8 | byte) + 1; 0 = empty */
+    uint32_t *eval; /* child node */
+    size_t emask;
+    int32_t *term; /* per node: index into added[], or -1 */
+    size_t nnodes;
+    uint8_t first[32]; /* bitmap of first bytes */
+} match_set;
+
+struct pi2_tok {
+    char *name;
+    size_t n_model, n_total; /* model vocab; plus added tokens outside it */
+    char *pdata;             /* all pieces, NUL-terminated */
+    size_t *poff;
+    uint32_t *plen;
+    int32_t *htab; /* piece -> id, -1 empty */
+    size_t hmask;
+    uint64_t *mkey; /* (left << 32 | right), UINT64_MAX empty */
+    uint32_t *mrank;
+    int32_t *mnew;
+    size_t mmask, n_merges;
+    int32_t byte_id[256];
+    char *unk_token; /* NULL when the model has none */
+    int32_t unk_id;  /* -1 when unk_token is not in the vocab */
+    bool byte_fallback, fuse_unk, ignore_merges;
+    tok_op *norm, *pre, *dec;
+    int n_norm, n_pre, n_dec;
+    bool has_decoder;
+    added_tok *added;
+    size_t n_added;
+    match_set raw_set, norm_set;
+    uint8_t *special; /* per id */
+    int32_t bos, eos;
+};
+
+uint64_t hash_bytes(const char *s, size_t n);
+uint64_t mix64(uint64_t x);
+
+static inline const char *piece_at(const pi2_tok *t, size_t id) { return t->pdata + t->poff[id]; }
+
+int32_t vocab_find(const pi2_tok *t, const char *s, size_t n);
+
+/* Model-vocab id only (what BPE sees), or -1. */
+static inline int32_t model_find(const pi2_tok *t, const char *s, size_t n)
+{
+    int32_t id = vocab_find(t, s, n);
+    return id >= 0 && (size_t)id < t->n_model ? id : -1;
+}
+
+uint32_t trie_child(const match_set *ms, uint32_t node, uint8_t b);
+
+const char *show(const char *s, size_t n, char *buf, size_t cap);
+#define SHOW(s, n) show((s), (n), (char[160]){0}, 160)
+#define SHOWZ(s) SHOW((s), strlen(s))
+
+#endif

@@ -3,6 +3,7 @@
  * streaming = whole decode, the synthetic writer, and broken files. */
 #include "tests/testutil.h"
 
+#include "convert/synth_tok.h"
 #include "formats/tokenizer.h"
 
 #include <jansson.h>

@@ -45,8 +45,6 @@ int sb_put(sbuf *b, const void *d, size_t n)
     return 0;
 }
 
-int sb_puts(sbuf *b, const char *s) { return sb_put(b, s, strlen(s)); }
-
 void sb_free(sbuf *b)
 {
     free(b->p);

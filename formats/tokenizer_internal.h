@@ -28,7 +28,6 @@ typedef struct {
 } sbuf;
 
 int sb_put(sbuf *b, const void *d, size_t n);
-int sb_puts(sbuf *b, const char *s);
 void sb_free(sbuf *b);
 
 typedef struct {

@@ -34,7 +34,7 @@ static int sb_grow(sbuf *b, size_t extra)
     return 0;
 }
 
-int sb_put(sbuf *b, const void *d, size_t n)
+int tok_sb_put(sbuf *b, const void *d, size_t n)
 {
     if (sb_grow(b, n))
         return PI2_ENOMEM;
@@ -45,22 +45,14 @@ int sb_put(sbuf *b, const void *d, size_t n)
     return 0;
 }
 
-void sb_free(sbuf *b)
+void tok_sb_free(sbuf *b)
 {
     free(b->p);
     b->p = NULL;
     b->n = b->cap = 0;
 }
 
-int iv_push(ivec *v, int32_t x)
-{
-    if (pi2_grow(&v->p, &v->cap, v->n, sizeof *v->p, 64))
-        return PI2_ENOMEM;
-    v->p[v->n++] = x;
-    return 0;
-}
-
-int zv_push(zvec *v, size_t x)
+int tok_zv_push(zvec *v, size_t x)
 {
     if (pi2_grow(&v->p, &v->cap, v->n, sizeof *v->p, 64))
         return PI2_ENOMEM;
@@ -74,7 +66,7 @@ int zv_push(zvec *v, size_t x)
 /* Length of the character at s (1..4). Invalid or truncated sequences count
  * as one byte and set *cp to UINT32_MAX. Strict like Rust's from_utf8: no
  * overlongs, no surrogates, nothing above U+10FFFF. */
-size_t u8_next(const uint8_t *s, size_t n, uint32_t *cp)
+size_t tok_u8_next(const uint8_t *s, size_t n, uint32_t *cp)
 {
     uint8_t b0 = s[0];
     *cp = UINT32_MAX;
@@ -120,7 +112,7 @@ size_t u8_next(const uint8_t *s, size_t n, uint32_t *cp)
 /* ------------------------------------------------------------------------ */
 /* the tokenizer object                                                      */
 
-uint64_t hash_bytes(const char *s, size_t n)
+uint64_t tok_hash_bytes(const char *s, size_t n)
 {
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < n; i++) {
@@ -130,7 +122,7 @@ uint64_t hash_bytes(const char *s, size_t n)
     return h ^ (h >> 31);
 }
 
-uint64_t mix64(uint64_t x)
+uint64_t tok_mix64(uint64_t x)
 {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdull;
@@ -141,11 +133,11 @@ uint64_t mix64(uint64_t x)
 }
 
 /* Any id (model or added) whose piece is exactly s[0..n), or -1. */
-int32_t vocab_find(const pi2_tok *t, const char *s, size_t n)
+int32_t tok_vocab_find(const pi2_tok *t, const char *s, size_t n)
 {
     if (!t->htab)
         return -1;
-    size_t h = (size_t)hash_bytes(s, n) & t->hmask;
+    size_t h = (size_t)tok_hash_bytes(s, n) & t->hmask;
     for (;;) {
         int32_t id = t->htab[h];
         if (id < 0)
@@ -198,7 +190,7 @@ void pi2_tok_free(pi2_tok *t)
 
 /* A file-provided string made fit for a one-line message: control bytes
  * and quotes escaped, cut (on a character boundary) after ~48 bytes. */
-const char *show(const char *s, size_t n, char *buf, size_t cap)
+const char *tok_show(const char *s, size_t n, char *buf, size_t cap)
 {
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
@@ -217,10 +209,10 @@ const char *show(const char *s, size_t n, char *buf, size_t cap)
     return buf;
 }
 
-uint32_t trie_child(const match_set *ms, uint32_t node, uint8_t b)
+uint32_t tok_trie_child(const match_set *ms, uint32_t node, uint8_t b)
 {
     uint64_t key = ((uint64_t)node << 8 | b) + 1;
-    size_t h = (size_t)mix64(key) & ms->emask;
+    size_t h = (size_t)tok_mix64(key) & ms->emask;
     for (;;) {
         if (ms->ekey[h] == 0)
             return 0; /* the root is never a child */
@@ -245,7 +237,7 @@ int pi2_tok_find(const pi2_tok *t, const char *piece)
 {
     if (!t || !piece)
         return -1;
-    return vocab_find(t, piece, strlen(piece));
+    return tok_vocab_find(t, piece, strlen(piece));
 }
 
 bool pi2_tok_is_special(const pi2_tok *t, int id)

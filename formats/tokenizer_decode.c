@@ -20,7 +20,7 @@ static bool utf8_valid(const char *s, size_t n)
     size_t i = 0;
     while (i < n) {
         uint32_t cp;
-        i += u8_next((const uint8_t *)s + i, n - i, &cp);
+        i += tok_u8_next((const uint8_t *)s + i, n - i, &cp);
         if (cp == UINT32_MAX)
             return false;
     }
@@ -57,7 +57,7 @@ static int replace_into(sbuf *out, const char *s, size_t n, const tok_op *op)
     size_t i = 0, run = 0;
     while (i < n) {
         if (n - i >= op->alen && !memcmp(s + i, op->a, op->alen)) {
-            if (sb_put(out, s + run, i - run) || sb_put(out, op->b, op->blen))
+            if (tok_sb_put(out, s + run, i - run) || tok_sb_put(out, op->b, op->blen))
                 return PI2_ENOMEM;
             i += op->alen;
             run = i;
@@ -65,7 +65,7 @@ static int replace_into(sbuf *out, const char *s, size_t n, const tok_op *op)
             i++;
         }
     }
-    return sb_put(out, s + run, n - run);
+    return tok_sb_put(out, s + run, n - run);
 }
 
 /* HF Strip on one whole token: the kept range [*a, *b). */
@@ -93,9 +93,9 @@ static int metaspace_into(sbuf *out, const char *s, size_t n, const tok_op *op, 
     size_t i = 0, run = 0;
     while (i < n) {
         if (n - i >= op->alen && !memcmp(s + i, op->a, op->alen)) {
-            if (sb_put(out, s + run, i - run))
+            if (tok_sb_put(out, s + run, i - run))
                 return PI2_ENOMEM;
-            if (!(first && op->scheme != SCHEME_NEVER) && sb_put(out, " ", 1))
+            if (!(first && op->scheme != SCHEME_NEVER) && tok_sb_put(out, " ", 1))
                 return PI2_ENOMEM;
             i += op->alen;
             run = i;
@@ -103,7 +103,7 @@ static int metaspace_into(sbuf *out, const char *s, size_t n, const tok_op *op, 
             i++;
         }
     }
-    return sb_put(out, s + run, n - run);
+    return tok_sb_put(out, s + run, n - run);
 }
 
 typedef struct {
@@ -114,7 +114,7 @@ typedef struct {
 static void tv_free(tvec *v)
 {
     for (size_t i = 0; i < v->n; i++)
-        sb_free(&v->v[i]);
+        tok_sb_free(&v->v[i]);
     free(v->v);
     v->v = NULL;
     v->n = v->cap = 0;
@@ -128,7 +128,7 @@ static int tv_push(tvec *v, const char *s, size_t n)
     sbuf *b = &v->v[v->n];
     memset(b, 0, sizeof *b);
     v->n++;
-    return sb_put(b, s, n);
+    return tok_sb_put(b, s, n);
 }
 
 static int flush_bytes(tvec *dst, sbuf *run)
@@ -170,14 +170,14 @@ static int dec_step(const tok_op *op, tvec *in, tvec *out)
     case OP_FUSE:
         if (!(rc = tv_push(out, "", 0)))
             for (size_t i = 0; !rc && i < in->n; i++)
-                rc = sb_put(&out->v[0], in->v[i].p, in->v[i].n);
+                rc = tok_sb_put(&out->v[0], in->v[i].p, in->v[i].n);
         break;
     case OP_BYTEFALLBACK: {
         sbuf run = {0};
         for (size_t i = 0; !rc && i < in->n; i++) {
             uint8_t byte;
             if (byte_token(in->v[i].p, in->v[i].n, &byte)) {
-                rc = sb_put(&run, &byte, 1);
+                rc = tok_sb_put(&run, &byte, 1);
             } else {
                 rc = flush_bytes(out, &run);
                 if (!rc)
@@ -186,7 +186,7 @@ static int dec_step(const tok_op *op, tvec *in, tvec *out)
         }
         if (!rc)
             rc = flush_bytes(out, &run);
-        sb_free(&run);
+        tok_sb_free(&run);
         break;
     }
     default:
@@ -228,16 +228,16 @@ int pi2_tok_decode_len(const pi2_tok *t, const int32_t *ids, size_t n, bool skip
     }
     for (size_t i = 0; !rc && i < cur.n; i++) {
         if (!t->has_decoder && i > 0)
-            rc = sb_put(&res, " ", 1);
+            rc = tok_sb_put(&res, " ", 1);
         if (!rc)
-            rc = sb_put(&res, cur.v[i].p, cur.v[i].n);
+            rc = tok_sb_put(&res, cur.v[i].p, cur.v[i].n);
     }
     if (!rc && !res.p)
-        rc = sb_put(&res, "", 0);
+        rc = tok_sb_put(&res, "", 0);
     tv_free(&cur);
     tv_free(&nxt);
     if (rc) {
-        sb_free(&res);
+        tok_sb_free(&res);
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory while decoding", t->name);
     }
     *out = res.p;
@@ -303,11 +303,11 @@ void pi2_tok_stream_free(pi2_tok_stream *s)
     if (!s)
         return;
     for (int k = 0; s->t && k < s->t->n_dec; k++) {
-        sb_free(&s->st[k].hold);
-        sb_free(&s->st[k].tmp);
+        tok_sb_free(&s->st[k].hold);
+        tok_sb_free(&s->st[k].tmp);
     }
     free(s->st);
-    sb_free(&s->out);
+    tok_sb_free(&s->out);
     free(s);
 }
 
@@ -336,7 +336,7 @@ static int s_tok(pi2_tok_stream *s, int k, const char *p, size_t n)
 {
     const pi2_tok *t = s->t;
     if (k == t->n_dec)
-        return sb_put(&s->out, p, n);
+        return tok_sb_put(&s->out, p, n);
     const tok_op *op = &t->dec[k];
     st_state *st = &s->st[k];
     int rc;
@@ -359,7 +359,7 @@ static int s_tok(pi2_tok_stream *s, int k, const char *p, size_t n)
     case OP_BYTEFALLBACK: {
         uint8_t byte;
         if (byte_token(p, n, &byte))
-            return sb_put(&st->hold, &byte, 1);
+            return tok_sb_put(&st->hold, &byte, 1);
         if ((rc = s_bytes(s, k)))
             return rc;
         return s_tok(s, k + 1, p, n);
@@ -379,14 +379,14 @@ static int s_chars(pi2_tok_stream *s, int k, const char *p, size_t n)
     if (n == 0)
         return 0;
     if (k == t->n_dec)
-        return sb_put(&s->out, p, n);
+        return tok_sb_put(&s->out, p, n);
     const tok_op *op = &t->dec[k];
     st_state *st = &s->st[k];
     int rc;
     switch (op->kind) {
     case OP_REPLACE: {
         /* hold back a tail that may still become a match */
-        if ((rc = sb_put(&st->hold, p, n)))
+        if ((rc = tok_sb_put(&st->hold, p, n)))
             return rc;
         sbuf *h = &st->hold;
         st->tmp.n = 0;
@@ -394,7 +394,7 @@ static int s_chars(pi2_tok_stream *s, int k, const char *p, size_t n)
         while (i < h->n) {
             size_t left = h->n - i;
             if (left >= op->alen && !memcmp(h->p + i, op->a, op->alen)) {
-                if (sb_put(&st->tmp, h->p + run, i - run) || sb_put(&st->tmp, op->b, op->blen))
+                if (tok_sb_put(&st->tmp, h->p + run, i - run) || tok_sb_put(&st->tmp, op->b, op->blen))
                     return PI2_ENOMEM;
                 i += op->alen;
                 run = i;
@@ -404,7 +404,7 @@ static int s_chars(pi2_tok_stream *s, int k, const char *p, size_t n)
                 i++;
             }
         }
-        if ((rc = sb_put(&st->tmp, h->p + run, i - run)))
+        if ((rc = tok_sb_put(&st->tmp, h->p + run, i - run)))
             return rc;
         memmove(h->p, h->p + i, h->n - i);
         h->n -= i;
@@ -419,7 +419,7 @@ static int s_chars(pi2_tok_stream *s, int k, const char *p, size_t n)
         st->tmp.n = 0;
         for (size_t i = 0; i < n;) {
             uint32_t cp;
-            size_t cl = u8_next((const uint8_t *)p + i, n - i, &cp);
+            size_t cl = tok_u8_next((const uint8_t *)p + i, n - i, &cp);
             bool is_c = cl == op->alen && !memcmp(p + i, op->a, cl);
             if (st->start_left > 0) {
                 if (is_c) {
@@ -430,21 +430,21 @@ static int s_chars(pi2_tok_stream *s, int k, const char *p, size_t n)
                 st->start_left = 0;
             }
             if (op->stop == 0) {
-                rc = sb_put(&st->tmp, p + i, cl);
+                rc = tok_sb_put(&st->tmp, p + i, cl);
             } else if (is_c) {
-                rc = sb_put(&st->hold, p + i, cl);
+                rc = tok_sb_put(&st->hold, p + i, cl);
                 if (!rc && ++st->count > op->stop) {
-                    rc = sb_put(&st->tmp, op->a, op->alen);
+                    rc = tok_sb_put(&st->tmp, op->a, op->alen);
                     memmove(st->hold.p, st->hold.p + op->alen, st->hold.n - op->alen);
                     st->hold.n -= op->alen;
                     st->count--;
                 }
             } else {
-                rc = sb_put(&st->tmp, st->hold.p ? st->hold.p : "", st->hold.n);
+                rc = tok_sb_put(&st->tmp, st->hold.p ? st->hold.p : "", st->hold.n);
                 st->hold.n = 0;
                 st->count = 0;
                 if (!rc)
-                    rc = sb_put(&st->tmp, p + i, cl);
+                    rc = tok_sb_put(&st->tmp, p + i, cl);
             }
             if (rc)
                 return rc;
@@ -457,7 +457,7 @@ static int s_chars(pi2_tok_stream *s, int k, const char *p, size_t n)
          * "<0xXX>", which is known once it is longer than 6 bytes */
         if (st->done)
             return s_chars(s, k + 1, p, n);
-        if ((rc = sb_put(&st->hold, p, n)))
+        if ((rc = tok_sb_put(&st->hold, p, n)))
             return rc;
         if (st->hold.n > 6) {
             st->done = true;
@@ -520,9 +520,9 @@ int pi2_tok_stream_push(pi2_tok_stream *s, int32_t id, const char **bytes, size_
         size_t n = t->plen[id];
         if (!t->has_decoder) {
             if (s->any)
-                rc = sb_put(&s->out, " ", 1);
+                rc = tok_sb_put(&s->out, " ", 1);
             if (!rc)
-                rc = sb_put(&s->out, p, n);
+                rc = tok_sb_put(&s->out, p, n);
             s->any = true;
         } else {
             rc = s_tok(s, 0, p, n);

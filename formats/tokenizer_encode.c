@@ -18,6 +18,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+typedef struct {
+    int32_t *p;
+    size_t n, cap;
+} ivec;
+
+static int iv_push(ivec *v, int32_t x)
+{
+    if (pi2_grow(&v->p, &v->cap, v->n, sizeof *v->p, 64))
+        return PI2_ENOMEM;
+    v->p[v->n++] = x;
+    return 0;
+}
+
 /* Rust char::is_whitespace. */
 static bool is_ws(uint32_t c)
 {
@@ -31,7 +44,7 @@ static bool merge_find(const pi2_tok *t, int32_t a, int32_t b, uint32_t *rank, i
     if (!t->mkey)
         return false;
     uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-    size_t h = (size_t)mix64(key) & t->mmask;
+    size_t h = (size_t)tok_mix64(key) & t->mmask;
     for (;;) {
         uint64_t k = t->mkey[h];
         if (k == UINT64_MAX)
@@ -74,11 +87,11 @@ typedef struct {
 static void enc_free(enc_ctx *c)
 {
     for (int i = 0; i < 2; i++) {
-        sb_free(&c->nb[i]);
+        tok_sb_free(&c->nb[i]);
         free(c->no[i].p);
     }
     for (int i = 0; i < TOK_MAX_OPS; i++) {
-        sb_free(&c->lt[i]);
+        tok_sb_free(&c->lt[i]);
         free(c->lo[i].p);
     }
     free(c->sym);
@@ -166,7 +179,7 @@ static int bpe_word(enc_ctx *c, const char *w, size_t n)
     bool has_unk = false;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t cl = u8_next((const uint8_t *)w + i, n - i, &cp);
+        size_t cl = tok_u8_next((const uint8_t *)w + i, n - i, &cp);
         int32_t id = model_find(t, w + i, cl);
         if (id >= 0) {
             if (has_unk && (rc = sym_push(c, t->unk_id)))
@@ -255,19 +268,19 @@ static int run_pretok(enc_ctx *c, int level, const char *s, size_t n, const size
     bool starts = s[0] == ' ' || (n >= op->alen && !memcmp(s, op->a, op->alen));
     bool prepend = !starts && (op->scheme == SCHEME_ALWAYS || (op->scheme == SCHEME_FIRST && orig[0] == 0));
     if (prepend) {
-        if (sb_put(b, op->a, op->alen))
+        if (tok_sb_put(b, op->a, op->alen))
             return enc_oom(c);
         for (size_t k = 0; k < op->alen; k++)
-            if (zv_push(z, orig[0]))
+            if (tok_zv_push(z, orig[0]))
                 return enc_oom(c);
     }
     for (size_t i = 0; i < n; i++) {
         const char *src = s[i] == ' ' ? op->a : s + i;
         size_t sl = s[i] == ' ' ? op->alen : 1;
-        if (sb_put(b, src, sl))
+        if (tok_sb_put(b, src, sl))
             return enc_oom(c);
         for (size_t k = 0; k < sl; k++)
-            if (zv_push(z, orig[i]))
+            if (tok_zv_push(z, orig[i]))
                 return enc_oom(c);
     }
     if (!op->split)
@@ -303,7 +316,7 @@ static bool find_added(const pi2_tok *t, const match_set *ms, const char *s, siz
         int32_t best = -1;
         size_t best_end = 0;
         for (size_t j = i; j < n; j++) {
-            node = trie_child(ms, node, (uint8_t)s[j]);
+            node = tok_trie_child(ms, node, (uint8_t)s[j]);
             if (!node)
                 break;
             if (ms->term[node] >= 0) {
@@ -331,7 +344,7 @@ static size_t ws_run_start(const char *s, size_t floor, size_t end)
         while (st > floor && i - st < 4 && ((uint8_t)s[st] & 0xC0) == 0x80)
             st--;
         uint32_t cp;
-        if (u8_next((const uint8_t *)s + st, i - st, &cp) != i - st || cp == UINT32_MAX || !is_ws(cp))
+        if (tok_u8_next((const uint8_t *)s + st, i - st, &cp) != i - st || cp == UINT32_MAX || !is_ws(cp))
             break;
         i = st;
     }
@@ -343,7 +356,7 @@ static size_t ws_run_len(const char *s, size_t n)
     size_t i = 0;
     while (i < n) {
         uint32_t cp;
-        size_t cl = u8_next((const uint8_t *)s + i, n - i, &cp);
+        size_t cl = tok_u8_next((const uint8_t *)s + i, n - i, &cp);
         if (cp == UINT32_MAX || !is_ws(cp))
             break;
         i += cl;
@@ -393,10 +406,10 @@ static int gap_normalize(enc_ctx *c, const char *s, size_t n, const size_t *orig
     sbuf *b = &c->nb[0];
     zvec *z = &c->no[0];
     b->n = z->n = 0;
-    if (sb_put(b, s, n))
+    if (tok_sb_put(b, s, n))
         return enc_oom(c);
     for (size_t i = 0; i < n; i++)
-        if (zv_push(z, orig0 + i))
+        if (tok_zv_push(z, orig0 + i))
             return enc_oom(c);
     for (int k = 0; k < t->n_norm; k++) {
         const tok_op *op = &t->norm[k];
@@ -406,26 +419,26 @@ static int gap_normalize(enc_ctx *c, const char *s, size_t n, const size_t *orig
             continue;
         db->n = dz->n = 0;
         if (op->kind == OP_PREPEND) {
-            if (sb_put(db, op->a, op->alen) || sb_put(db, sb->p, sb->n))
+            if (tok_sb_put(db, op->a, op->alen) || tok_sb_put(db, sb->p, sb->n))
                 return enc_oom(c);
             for (size_t i = 0; i < op->alen; i++)
-                if (zv_push(dz, sz->p[0]))
+                if (tok_zv_push(dz, sz->p[0]))
                     return enc_oom(c);
             for (size_t i = 0; i < sb->n; i++)
-                if (zv_push(dz, sz->p[i]))
+                if (tok_zv_push(dz, sz->p[i]))
                     return enc_oom(c);
         } else {
             size_t i = 0;
             while (i < sb->n) {
                 if (sb->n - i >= op->alen && !memcmp(sb->p + i, op->a, op->alen)) {
-                    if (sb_put(db, op->b, op->blen))
+                    if (tok_sb_put(db, op->b, op->blen))
                         return enc_oom(c);
                     for (size_t q = 0; q < op->blen; q++)
-                        if (zv_push(dz, sz->p[i]))
+                        if (tok_zv_push(dz, sz->p[i]))
                             return enc_oom(c);
                     i += op->alen;
                 } else {
-                    if (sb_put(db, sb->p + i, 1) || zv_push(dz, sz->p[i]))
+                    if (tok_sb_put(db, sb->p + i, 1) || tok_zv_push(dz, sz->p[i]))
                         return enc_oom(c);
                     i++;
                 }

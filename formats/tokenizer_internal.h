@@ -27,26 +27,19 @@ typedef struct {
     size_t n, cap;
 } sbuf;
 
-int sb_put(sbuf *b, const void *d, size_t n);
-void sb_free(sbuf *b);
-
-typedef struct {
-    int32_t *p;
-    size_t n, cap;
-} ivec;
-
-int iv_push(ivec *v, int32_t x);
+int tok_sb_put(sbuf *b, const void *d, size_t n);
+void tok_sb_free(sbuf *b);
 
 typedef struct {
     size_t *p;
     size_t n, cap;
 } zvec;
 
-int zv_push(zvec *v, size_t x);
+int tok_zv_push(zvec *v, size_t x);
 
 /* UTF-8 */
 
-size_t u8_next(const uint8_t *s, size_t n, uint32_t *cp);
+size_t tok_u8_next(const uint8_t *s, size_t n, uint32_t *cp);
 
 /* the tokenizer object */
 
@@ -113,24 +106,24 @@ struct pi2_tok {
     int32_t bos, eos;
 };
 
-uint64_t hash_bytes(const char *s, size_t n);
-uint64_t mix64(uint64_t x);
+uint64_t tok_hash_bytes(const char *s, size_t n);
+uint64_t tok_mix64(uint64_t x);
 
 static inline const char *piece_at(const pi2_tok *t, size_t id) { return t->pdata + t->poff[id]; }
 
-int32_t vocab_find(const pi2_tok *t, const char *s, size_t n);
+int32_t tok_vocab_find(const pi2_tok *t, const char *s, size_t n);
 
 /* Model-vocab id only (what BPE sees), or -1. */
 static inline int32_t model_find(const pi2_tok *t, const char *s, size_t n)
 {
-    int32_t id = vocab_find(t, s, n);
+    int32_t id = tok_vocab_find(t, s, n);
     return id >= 0 && (size_t)id < t->n_model ? id : -1;
 }
 
-uint32_t trie_child(const match_set *ms, uint32_t node, uint8_t b);
+uint32_t tok_trie_child(const match_set *ms, uint32_t node, uint8_t b);
 
-const char *show(const char *s, size_t n, char *buf, size_t cap);
-#define SHOW(s, n) show((s), (n), (char[160]){0}, 160)
+const char *tok_show(const char *s, size_t n, char *buf, size_t cap);
+#define SHOW(s, n) tok_show((s), (n), (char[160]){0}, 160)
 #define SHOWZ(s) SHOW((s), strlen(s))
 
 #endif

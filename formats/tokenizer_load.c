@@ -13,12 +13,12 @@
 static bool utf8_one_char(const char *s, size_t n)
 {
     uint32_t cp;
-    return n > 0 && u8_next((const uint8_t *)s, n, &cp) == n && cp != UINT32_MAX;
+    return n > 0 && tok_u8_next((const uint8_t *)s, n, &cp) == n && cp != UINT32_MAX;
 }
 
 static void vocab_insert(pi2_tok *t, int32_t id)
 {
-    size_t h = (size_t)hash_bytes(piece_at(t, (size_t)id), t->plen[id]) & t->hmask;
+    size_t h = (size_t)tok_hash_bytes(piece_at(t, (size_t)id), t->plen[id]) & t->hmask;
     while (t->htab[h] >= 0)
         h = (h + 1) & t->hmask;
     t->htab[h] = id;
@@ -29,7 +29,7 @@ static void vocab_insert(pi2_tok *t, int32_t id)
 static void merge_put(pi2_tok *t, int32_t a, int32_t b, uint32_t rank, int32_t nid)
 {
     uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-    size_t h = (size_t)mix64(key) & t->mmask;
+    size_t h = (size_t)tok_mix64(key) & t->mmask;
     while (t->mkey[h] != UINT64_MAX && t->mkey[h] != key)
         h = (h + 1) & t->mmask;
     t->mkey[h] = key;
@@ -290,7 +290,7 @@ static int load_vocab(pi2_tok *t, json_t *vocab, size_t cap, sbuf *arena, pi2_er
         seen[id] = 1;
         t->poff[id] = arena->n;
         t->plen[id] = (uint32_t)klen;
-        if (sb_put(arena, key, klen) || sb_put(arena, "", 1)) {
+        if (tok_sb_put(arena, key, klen) || tok_sb_put(arena, "", 1)) {
             rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
             break;
         }
@@ -358,7 +358,7 @@ static int load_merges(pi2_tok *t, json_t *merges, pi2_err *err)
         }
         int32_t ia = model_find(t, a, al), ib = model_find(t, b, bl);
         cat.n = 0;
-        if (sb_put(&cat, a, al) || sb_put(&cat, b, bl)) {
+        if (tok_sb_put(&cat, a, al) || tok_sb_put(&cat, b, bl)) {
             rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
             break;
         }
@@ -373,7 +373,7 @@ static int load_merges(pi2_tok *t, json_t *merges, pi2_err *err)
         merge_put(t, ia, ib, rank++, in);
     }
     t->n_merges = rank;
-    sb_free(&cat);
+    tok_sb_free(&cat);
     return rc;
 }
 
@@ -382,37 +382,37 @@ static int load_merges(pi2_tok *t, json_t *merges, pi2_err *err)
 static int normalize_plain(const pi2_tok *t, const char *s, size_t n, sbuf *out)
 {
     sbuf cur = {0}, nxt = {0};
-    int rc = sb_put(&cur, s, n);
+    int rc = tok_sb_put(&cur, s, n);
     for (int k = 0; !rc && k < t->n_norm; k++) {
         const tok_op *op = &t->norm[k];
         nxt.n = 0;
         if (op->kind == OP_PREPEND) {
             if (cur.n == 0)
                 continue;
-            rc = sb_put(&nxt, op->a, op->alen);
+            rc = tok_sb_put(&nxt, op->a, op->alen);
             if (!rc)
-                rc = sb_put(&nxt, cur.p, cur.n);
+                rc = tok_sb_put(&nxt, cur.p, cur.n);
         } else {
             size_t i = 0;
             while (!rc && i < cur.n) {
                 if (cur.n - i >= op->alen && !memcmp(cur.p + i, op->a, op->alen)) {
-                    rc = sb_put(&nxt, op->b, op->blen);
+                    rc = tok_sb_put(&nxt, op->b, op->blen);
                     i += op->alen;
                 } else {
-                    rc = sb_put(&nxt, cur.p + i, 1);
+                    rc = tok_sb_put(&nxt, cur.p + i, 1);
                     i++;
                 }
             }
             if (!rc && !nxt.p)
-                rc = sb_put(&nxt, "", 0);
+                rc = tok_sb_put(&nxt, "", 0);
         }
         sbuf tmp = cur;
         cur = nxt;
         nxt = tmp;
     }
-    sb_free(&nxt);
+    tok_sb_free(&nxt);
     if (rc) {
-        sb_free(&cur);
+        tok_sb_free(&cur);
         return rc;
     }
     *out = cur;
@@ -446,10 +446,10 @@ static int build_set(pi2_tok *t, match_set *ms, bool normalized, pi2_err *err)
         uint32_t node = 0;
         for (size_t k = 0; k < a->plen; k++) {
             uint8_t b = (uint8_t)a->pat[k];
-            uint32_t child = trie_child(ms, node, b);
+            uint32_t child = tok_trie_child(ms, node, b);
             if (!child) {
                 uint64_t key = ((uint64_t)node << 8 | b) + 1;
-                size_t h = (size_t)mix64(key) & ms->emask;
+                size_t h = (size_t)tok_mix64(key) & ms->emask;
                 while (ms->ekey[h])
                     h = (h + 1) & ms->emask;
                 child = (uint32_t)ms->nnodes++;
@@ -508,7 +508,7 @@ static int load_added_items(pi2_tok *t, json_t *arr, sbuf *arena, uint8_t *seen,
         }
         /* HF: a token already in the model vocab keeps its vocab id; a new one
          * gets the next id after the vocab and earlier added tokens. */
-        int32_t have = vocab_find(t, a->content, a->clen);
+        int32_t have = tok_vocab_find(t, a->content, a->clen);
         if (have >= 0 && seen[have])
             return pi2_err_set(err, PI2_EFORMAT, "%s: %s \"%s\" is listed twice", t->name, where,
                                SHOW(a->content, a->clen));
@@ -523,7 +523,7 @@ static int load_added_items(pi2_tok *t, json_t *arr, sbuf *arena, uint8_t *seen,
             size_t nid = t->n_total++;
             t->poff[nid] = arena->n;
             t->plen[nid] = (uint32_t)a->clen;
-            if (sb_put(arena, a->content, a->clen) || sb_put(arena, "", 1))
+            if (tok_sb_put(arena, a->content, a->clen) || tok_sb_put(arena, "", 1))
                 return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
             t->pdata = arena->p;
             vocab_insert(t, (int32_t)nid);
@@ -581,7 +581,7 @@ static int32_t template_bos(const pi2_tok *t, json_t *pp, int depth)
             if (v >= 0 && (uint64_t)v < t->n_total)
                 return (int32_t)v;
         }
-        return vocab_find(t, name, strlen(name));
+        return tok_vocab_find(t, name, strlen(name));
     }
     return -1;
 }
@@ -703,8 +703,8 @@ static int load_json(pi2_tok *t, json_t *root, pi2_err *err)
 
     t->bos = template_bos(t, json_object_get(root, "post_processor"), 0);
     if (t->bos < 0)
-        t->bos = vocab_find(t, "<s>", 3);
-    t->eos = vocab_find(t, "</s>", 4);
+        t->bos = tok_vocab_find(t, "<s>", 3);
+    t->eos = tok_vocab_find(t, "</s>", 4);
     if (t->eos < 0 && t->bos >= 0 && (size_t)t->bos + 1 < t->n_total && t->special[t->bos + 1] &&
         looks_like_end(piece_at(t, (size_t)t->bos + 1)))
         t->eos = t->bos + 1;

@@ -52,20 +52,41 @@ static bool byte_token(const char *s, size_t n, uint8_t *out)
     return true;
 }
 
-static int replace_into(sbuf *out, const char *s, size_t n, const tok_op *op)
+/* Append s[0..n) to out with every `pat` replaced by `with` (HF Replace with
+ * a String pattern; the Metaspace decoder is one too). With hold_tail, stop
+ * before a tail that is a prefix of pat, which more text may complete.
+ * *used: the bytes consumed. */
+static int replace_run(sbuf *out, const char *s, size_t n, const char *pat, size_t plen, const char *with,
+                       size_t wlen, bool hold_tail, size_t *used)
 {
     size_t i = 0, run = 0;
     while (i < n) {
-        if (n - i >= op->alen && !memcmp(s + i, op->a, op->alen)) {
-            if (tok_sb_put(out, s + run, i - run) || tok_sb_put(out, op->b, op->blen))
+        size_t left = n - i;
+        if (left >= plen && !memcmp(s + i, pat, plen)) {
+            if (tok_sb_put(out, s + run, i - run) || tok_sb_put(out, with, wlen))
                 return PI2_ENOMEM;
-            i += op->alen;
+            i += plen;
             run = i;
+        } else if (hold_tail && left < plen && !memcmp(s + i, pat, left)) {
+            break;
         } else {
             i++;
         }
     }
-    return tok_sb_put(out, s + run, n - run);
+    *used = i;
+    return tok_sb_put(out, s + run, i - run);
+}
+
+/* A Replace or Metaspace step on one token (`first`: the sequence's first).
+ * HF's Metaspace decoder turns the replacement character into a space, and
+ * drops it in the first token unless the prepend scheme is "never". */
+static int map_token(sbuf *out, const char *s, size_t n, const tok_op *op, bool first)
+{
+    size_t used;
+    if (op->kind == OP_REPLACE)
+        return replace_run(out, s, n, op->a, op->alen, op->b, op->blen, false, &used);
+    bool drop = first && op->scheme != SCHEME_NEVER;
+    return replace_run(out, s, n, op->a, op->alen, " ", drop ? 0 : 1, false, &used);
 }
 
 /* HF Strip on one whole token: the kept range [*a, *b). */
@@ -86,24 +107,6 @@ static void strip_range(const tok_op *op, const char *s, size_t n, size_t *a, si
     }
     *a = lo;
     *b = hi;
-}
-
-static int metaspace_into(sbuf *out, const char *s, size_t n, const tok_op *op, bool first)
-{
-    size_t i = 0, run = 0;
-    while (i < n) {
-        if (n - i >= op->alen && !memcmp(s + i, op->a, op->alen)) {
-            if (tok_sb_put(out, s + run, i - run))
-                return PI2_ENOMEM;
-            if (!(first && op->scheme != SCHEME_NEVER) && tok_sb_put(out, " ", 1))
-                return PI2_ENOMEM;
-            i += op->alen;
-            run = i;
-        } else {
-            i++;
-        }
-    }
-    return tok_sb_put(out, s + run, n - run);
 }
 
 typedef struct {
@@ -131,19 +134,27 @@ static int tv_push(tvec *v, const char *s, size_t n)
     return tok_sb_put(b, s, n);
 }
 
-static int flush_bytes(tvec *dst, sbuf *run)
+/* Where the tokens a step makes go: the next vector, or the stream's next
+ * stage. */
+typedef int (*emit_fn)(void *ctx, const char *p, size_t n);
+
+/* HF ByteFallback on a finished run of byte tokens: one token of the bytes
+ * when they are valid UTF-8, else one U+FFFD token per byte. Empties the run. */
+static int emit_byte_run(sbuf *run, emit_fn emit, void *ctx)
 {
     int rc = 0;
     if (run->n == 0)
         return 0;
     if (utf8_valid(run->p, run->n))
-        rc = tv_push(dst, run->p, run->n);
+        rc = emit(ctx, run->p, run->n);
     else
         for (size_t i = 0; !rc && i < run->n; i++)
-            rc = tv_push(dst, REPL_CHAR, 3);
+            rc = emit(ctx, REPL_CHAR, 3);
     run->n = 0;
     return rc;
 }
+
+static int tv_emit(void *v, const char *p, size_t n) { return tv_push(v, p, n); }
 
 /* One decoder step over the whole token vector (HF decode_chain). */
 static int dec_step(const tok_op *op, tvec *in, tvec *out)
@@ -151,14 +162,10 @@ static int dec_step(const tok_op *op, tvec *in, tvec *out)
     int rc = 0;
     switch (op->kind) {
     case OP_REPLACE:
-        for (size_t i = 0; !rc && i < in->n; i++)
-            if (!(rc = tv_push(out, "", 0)))
-                rc = replace_into(&out->v[out->n - 1], in->v[i].p, in->v[i].n, op);
-        break;
     case OP_METASPACE:
         for (size_t i = 0; !rc && i < in->n; i++)
             if (!(rc = tv_push(out, "", 0)))
-                rc = metaspace_into(&out->v[out->n - 1], in->v[i].p, in->v[i].n, op, i == 0);
+                rc = map_token(&out->v[out->n - 1], in->v[i].p, in->v[i].n, op, i == 0);
         break;
     case OP_STRIP:
         for (size_t i = 0; !rc && i < in->n; i++) {
@@ -179,13 +186,13 @@ static int dec_step(const tok_op *op, tvec *in, tvec *out)
             if (byte_token(in->v[i].p, in->v[i].n, &byte)) {
                 rc = tok_sb_put(&run, &byte, 1);
             } else {
-                rc = flush_bytes(out, &run);
+                rc = emit_byte_run(&run, tv_emit, out);
                 if (!rc)
                     rc = tv_push(out, in->v[i].p, in->v[i].n);
             }
         }
         if (!rc)
-            rc = flush_bytes(out, &run);
+            rc = emit_byte_run(&run, tv_emit, out);
         tok_sb_free(&run);
         break;
     }
@@ -314,21 +321,22 @@ void pi2_tok_stream_free(pi2_tok_stream *s)
 static int s_tok(pi2_tok_stream *s, int k, const char *p, size_t n);
 static int s_chars(pi2_tok_stream *s, int k, const char *p, size_t n);
 
+typedef struct {
+    pi2_tok_stream *s;
+    int k;
+} stage_ref;
+
+static int s_tok_emit(void *ref, const char *p, size_t n)
+{
+    stage_ref *r = ref;
+    return s_tok(r->s, r->k, p, n);
+}
+
 /* Emit a finished ByteFallback run of stage k to stage k+1. */
 static int s_bytes(pi2_tok_stream *s, int k)
 {
-    st_state *st = &s->st[k];
-    int rc = 0;
-    if (st->hold.n == 0)
-        return 0;
-    if (utf8_valid(st->hold.p, st->hold.n)) {
-        rc = s_tok(s, k + 1, st->hold.p, st->hold.n);
-    } else {
-        for (size_t i = 0; !rc && i < st->hold.n; i++)
-            rc = s_tok(s, k + 1, REPL_CHAR, 3);
-    }
-    st->hold.n = 0;
-    return rc;
+    stage_ref next = {s, k + 1};
+    return emit_byte_run(&s->st[k].hold, s_tok_emit, &next);
 }
 
 /* A whole token arrives at stage k (before any Fuse). */
@@ -342,13 +350,9 @@ static int s_tok(pi2_tok_stream *s, int k, const char *p, size_t n)
     int rc;
     switch (op->kind) {
     case OP_REPLACE:
-        st->tmp.n = 0;
-        if ((rc = replace_into(&st->tmp, p, n, op)))
-            return rc;
-        return s_tok(s, k + 1, st->tmp.p, st->tmp.n);
     case OP_METASPACE:
         st->tmp.n = 0;
-        if ((rc = metaspace_into(&st->tmp, p, n, op, st->count++ == 0)))
+        if ((rc = map_token(&st->tmp, p, n, op, op->kind == OP_METASPACE && st->count++ == 0)))
             return rc;
         return s_tok(s, k + 1, st->tmp.p, st->tmp.n);
     case OP_STRIP: {
@@ -371,6 +375,49 @@ static int s_tok(pi2_tok_stream *s, int k, const char *p, size_t n)
     }
 }
 
+/* HF Strip after a Fuse, on the characters as they come: up to `start`
+ * leading content characters are dropped, trailing ones (up to `stop`) held
+ * until a different character shows they are not trailing. Output in st->tmp. */
+static int strip_chars(st_state *st, const tok_op *op, const char *p, size_t n)
+{
+    int rc;
+    st->tmp.n = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t cl = tok_u8_next((const uint8_t *)p + i, n - i, &cp);
+        bool is_c = cl == op->alen && !memcmp(p + i, op->a, cl);
+        if (st->start_left > 0) {
+            if (is_c) {
+                st->start_left--;
+                i += cl;
+                continue;
+            }
+            st->start_left = 0;
+        }
+        if (op->stop == 0) {
+            rc = tok_sb_put(&st->tmp, p + i, cl);
+        } else if (is_c) {
+            rc = tok_sb_put(&st->hold, p + i, cl);
+            if (!rc && ++st->count > op->stop) {
+                rc = tok_sb_put(&st->tmp, op->a, op->alen);
+                memmove(st->hold.p, st->hold.p + op->alen, st->hold.n - op->alen);
+                st->hold.n -= op->alen;
+                st->count--;
+            }
+        } else {
+            rc = tok_sb_put(&st->tmp, st->hold.p ? st->hold.p : "", st->hold.n);
+            st->hold.n = 0;
+            st->count = 0;
+            if (!rc)
+                rc = tok_sb_put(&st->tmp, p + i, cl);
+        }
+        if (rc)
+            return rc;
+        i += cl;
+    }
+    return 0;
+}
+
 /* Characters of the single fused token arrive at stage k (after a Fuse);
  * chunks always end on a character boundary. */
 static int s_chars(pi2_tok_stream *s, int k, const char *p, size_t n)
@@ -386,72 +433,25 @@ static int s_chars(pi2_tok_stream *s, int k, const char *p, size_t n)
     switch (op->kind) {
     case OP_REPLACE: {
         /* hold back a tail that may still become a match */
-        if ((rc = tok_sb_put(&st->hold, p, n)))
-            return rc;
         sbuf *h = &st->hold;
+        size_t used;
         st->tmp.n = 0;
-        size_t i = 0, run = 0;
-        while (i < h->n) {
-            size_t left = h->n - i;
-            if (left >= op->alen && !memcmp(h->p + i, op->a, op->alen)) {
-                if (tok_sb_put(&st->tmp, h->p + run, i - run) || tok_sb_put(&st->tmp, op->b, op->blen))
-                    return PI2_ENOMEM;
-                i += op->alen;
-                run = i;
-            } else if (left < op->alen && !memcmp(h->p + i, op->a, left)) {
-                break;
-            } else {
-                i++;
-            }
-        }
-        if ((rc = tok_sb_put(&st->tmp, h->p + run, i - run)))
+        if ((rc = tok_sb_put(h, p, n)) ||
+            (rc = replace_run(&st->tmp, h->p, h->n, op->a, op->alen, op->b, op->blen, true, &used)))
             return rc;
-        memmove(h->p, h->p + i, h->n - i);
-        h->n -= i;
+        memmove(h->p, h->p + used, h->n - used);
+        h->n -= used;
         return s_chars(s, k + 1, st->tmp.p, st->tmp.n);
     }
     case OP_METASPACE:
         st->tmp.n = 0;
-        if ((rc = metaspace_into(&st->tmp, p, n, op, true)))
+        if ((rc = map_token(&st->tmp, p, n, op, true)))
             return rc;
         return s_chars(s, k + 1, st->tmp.p, st->tmp.n);
-    case OP_STRIP: {
-        st->tmp.n = 0;
-        for (size_t i = 0; i < n;) {
-            uint32_t cp;
-            size_t cl = tok_u8_next((const uint8_t *)p + i, n - i, &cp);
-            bool is_c = cl == op->alen && !memcmp(p + i, op->a, cl);
-            if (st->start_left > 0) {
-                if (is_c) {
-                    st->start_left--;
-                    i += cl;
-                    continue;
-                }
-                st->start_left = 0;
-            }
-            if (op->stop == 0) {
-                rc = tok_sb_put(&st->tmp, p + i, cl);
-            } else if (is_c) {
-                rc = tok_sb_put(&st->hold, p + i, cl);
-                if (!rc && ++st->count > op->stop) {
-                    rc = tok_sb_put(&st->tmp, op->a, op->alen);
-                    memmove(st->hold.p, st->hold.p + op->alen, st->hold.n - op->alen);
-                    st->hold.n -= op->alen;
-                    st->count--;
-                }
-            } else {
-                rc = tok_sb_put(&st->tmp, st->hold.p ? st->hold.p : "", st->hold.n);
-                st->hold.n = 0;
-                st->count = 0;
-                if (!rc)
-                    rc = tok_sb_put(&st->tmp, p + i, cl);
-            }
-            if (rc)
-                return rc;
-            i += cl;
-        }
+    case OP_STRIP:
+        if ((rc = strip_chars(st, op, p, n)))
+            return rc;
         return s_chars(s, k + 1, st->tmp.p, st->tmp.n);
-    }
     case OP_BYTEFALLBACK:
         /* the fused token is one token: a byte token only if it is exactly
          * "<0xXX>", which is known once it is longer than 6 bytes */

@@ -52,14 +52,6 @@ void tok_sb_free(sbuf *b)
     b->n = b->cap = 0;
 }
 
-int tok_zv_push(zvec *v, size_t x)
-{
-    if (pi2_grow(&v->p, &v->cap, v->n, sizeof *v->p, 64))
-        return PI2_ENOMEM;
-    v->p[v->n++] = x;
-    return 0;
-}
-
 /* ------------------------------------------------------------------------ */
 /* UTF-8                                                                     */
 

@@ -31,6 +31,23 @@ static int iv_push(ivec *v, int32_t x)
     return 0;
 }
 
+static int zv_push(zvec *v, size_t x)
+{
+    if (pi2_grow(&v->p, &v->cap, v->n, sizeof *v->p, 64))
+        return PI2_ENOMEM;
+    v->p[v->n++] = x;
+    return 0;
+}
+
+/* `count` copies of x: the offsets of bytes that all came from one byte. */
+static int zv_fill(zvec *v, size_t x, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        if (zv_push(v, x))
+            return PI2_ENOMEM;
+    return 0;
+}
+
 /* Rust char::is_whitespace. */
 static bool is_ws(uint32_t c)
 {
@@ -163,6 +180,90 @@ static bmerge heap_pop(enc_ctx *c)
     return top;
 }
 
+/* HF BPE::merge_word's first pass: a symbol for each character in the model
+ * vocab, else its byte tokens (byte_fallback), else unk (a run of unknown
+ * characters is one unk with fuse_unk), else nothing, as HF drops it. */
+static int bpe_symbols(enc_ctx *c, const char *w, size_t n)
+{
+    const pi2_tok *t = c->t;
+    int rc;
+    bool has_unk = false;
+    c->nsym = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t cl = tok_u8_next((const uint8_t *)w + i, n - i, &cp);
+        int32_t id = model_find(t, w + i, cl);
+        if (id >= 0) {
+            if (has_unk && (rc = sym_push(c, t->unk_id)))
+                return rc;
+            has_unk = false;
+            if ((rc = sym_push(c, id)))
+                return rc;
+            i += cl;
+            continue;
+        }
+        bool all = t->byte_fallback;
+        for (size_t k = 0; all && k < cl; k++)
+            all = t->byte_id[(uint8_t)w[i + k]] >= 0;
+        if (all) {
+            /* as HF: a pending unk is not flushed here */
+            for (size_t k = 0; k < cl; k++)
+                if ((rc = sym_push(c, t->byte_id[(uint8_t)w[i + k]])))
+                    return rc;
+        } else if (t->unk_token) {
+            if (t->unk_id < 0)
+                return pi2_err_set(c->err, PI2_ENOTFOUND, "%s: unk_token \"%s\" is not in the vocab", t->name,
+                                   SHOWZ(t->unk_token));
+            if (has_unk && !t->fuse_unk && (rc = sym_push(c, t->unk_id)))
+                return rc;
+            has_unk = true;
+        }
+        i += cl;
+    }
+    return has_unk ? sym_push(c, t->unk_id) : 0;
+}
+
+/* Queue the merge of symbol pos (piece `left`) with its right neighbour
+ * (piece `right`), if the model has one. */
+static int heap_candidate(enc_ctx *c, size_t pos, int32_t left, int32_t right)
+{
+    uint32_t rank;
+    int32_t nid;
+    return merge_find(c->t, left, right, &rank, &nid) ? heap_push(c, rank, (uint32_t)pos, nid) : 0;
+}
+
+/* HF Word::merge_all: apply the best-ranked merge (leftmost on ties) until
+ * none applies; merged symbols are marked dead. */
+static int bpe_merge_all(enc_ctx *c)
+{
+    int rc;
+    c->nheap = 0;
+    for (size_t k = 0; k + 1 < c->nsym; k++)
+        if ((rc = heap_candidate(c, k, c->sym[k].id, c->sym[k + 1].id)))
+            return rc;
+    while (c->nheap) {
+        bmerge top = heap_pop(c);
+        bsym *s = c->sym, *cur = &s[top.pos];
+        uint32_t rank;
+        int32_t nid;
+        if (cur->dead || cur->next < 0)
+            continue;
+        int32_t nx = cur->next;
+        if (!merge_find(c->t, cur->id, s[nx].id, &rank, &nid) || nid != top.nid)
+            continue; /* stale entry */
+        cur->id = top.nid;
+        cur->next = s[nx].next;
+        s[nx].dead = true;
+        if (cur->next >= 0)
+            s[cur->next].prev = (int32_t)top.pos;
+        if (cur->prev >= 0 && (rc = heap_candidate(c, (size_t)cur->prev, s[cur->prev].id, cur->id)))
+            return rc;
+        if (cur->next >= 0 && (rc = heap_candidate(c, top.pos, cur->id, s[cur->next].id)))
+            return rc;
+    }
+    return 0;
+}
+
 /* HF BPE::merge_word + Word::merge_all on one pre-tokenized word. */
 static int bpe_word(enc_ctx *c, const char *w, size_t n)
 {
@@ -175,76 +276,8 @@ static int bpe_word(enc_ctx *c, const char *w, size_t n)
         if (id >= 0)
             return iv_push(&c->out, id) ? enc_oom(c) : 0;
     }
-    c->nsym = 0;
-    bool has_unk = false;
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        size_t cl = tok_u8_next((const uint8_t *)w + i, n - i, &cp);
-        int32_t id = model_find(t, w + i, cl);
-        if (id >= 0) {
-            if (has_unk && (rc = sym_push(c, t->unk_id)))
-                return rc;
-            has_unk = false;
-            if ((rc = sym_push(c, id)))
-                return rc;
-        } else {
-            bool done = false;
-            if (t->byte_fallback) {
-                bool all = true;
-                for (size_t k = 0; k < cl; k++)
-                    all = all && t->byte_id[(uint8_t)w[i + k]] >= 0;
-                if (all) {
-                    /* as HF: a pending unk is not flushed here */
-                    for (size_t k = 0; k < cl; k++)
-                        if ((rc = sym_push(c, t->byte_id[(uint8_t)w[i + k]])))
-                            return rc;
-                    done = true;
-                }
-            }
-            if (!done && t->unk_token) {
-                if (t->unk_id < 0)
-                    return pi2_err_set(c->err, PI2_ENOTFOUND, "%s: unk_token \"%s\" is not in the vocab", t->name,
-                                       SHOWZ(t->unk_token));
-                if (has_unk && !t->fuse_unk && (rc = sym_push(c, t->unk_id)))
-                    return rc;
-                has_unk = true;
-            }
-            /* no unk token: HF drops the character */
-        }
-        i += cl;
-    }
-    if (has_unk && (rc = sym_push(c, t->unk_id)))
+    if ((rc = bpe_symbols(c, w, n)) || (rc = bpe_merge_all(c)))
         return rc;
-
-    bsym *s = c->sym;
-    c->nheap = 0;
-    uint32_t rank;
-    int32_t nid;
-    for (size_t k = 0; k + 1 < c->nsym; k++)
-        if (merge_find(t, s[k].id, s[k + 1].id, &rank, &nid) && (rc = heap_push(c, rank, (uint32_t)k, nid)))
-            return rc;
-    while (c->nheap) {
-        bmerge top = heap_pop(c);
-        s = c->sym;
-        bsym *cur = &s[top.pos];
-        if (cur->dead || cur->next < 0)
-            continue;
-        int32_t nx = cur->next;
-        if (!merge_find(t, cur->id, s[nx].id, &rank, &nid) || nid != top.nid)
-            continue; /* stale entry */
-        cur->id = top.nid;
-        cur->next = s[nx].next;
-        s[nx].dead = true;
-        if (cur->next >= 0)
-            s[cur->next].prev = (int32_t)top.pos;
-        if (cur->prev >= 0 && merge_find(t, s[cur->prev].id, cur->id, &rank, &nid) &&
-            (rc = heap_push(c, rank, (uint32_t)cur->prev, nid)))
-            return rc;
-        cur = &c->sym[top.pos];
-        if (cur->next >= 0 && merge_find(t, cur->id, c->sym[cur->next].id, &rank, &nid) &&
-            (rc = heap_push(c, rank, top.pos, nid)))
-            return rc;
-    }
     for (size_t k = 0; k < c->nsym; k++)
         if (!c->sym[k].dead && iv_push(&c->out, c->sym[k].id))
             return enc_oom(c);
@@ -267,21 +300,13 @@ static int run_pretok(enc_ctx *c, int level, const char *s, size_t n, const size
     /* replace ' ' first, then decide on the prefix from the result */
     bool starts = s[0] == ' ' || (n >= op->alen && !memcmp(s, op->a, op->alen));
     bool prepend = !starts && (op->scheme == SCHEME_ALWAYS || (op->scheme == SCHEME_FIRST && orig[0] == 0));
-    if (prepend) {
-        if (tok_sb_put(b, op->a, op->alen))
-            return enc_oom(c);
-        for (size_t k = 0; k < op->alen; k++)
-            if (tok_zv_push(z, orig[0]))
-                return enc_oom(c);
-    }
+    if (prepend && (tok_sb_put(b, op->a, op->alen) || zv_fill(z, orig[0], op->alen)))
+        return enc_oom(c);
     for (size_t i = 0; i < n; i++) {
         const char *src = s[i] == ' ' ? op->a : s + i;
         size_t sl = s[i] == ' ' ? op->alen : 1;
-        if (tok_sb_put(b, src, sl))
+        if (tok_sb_put(b, src, sl) || zv_fill(z, orig[i], sl))
             return enc_oom(c);
-        for (size_t k = 0; k < sl; k++)
-            if (tok_zv_push(z, orig[i]))
-                return enc_oom(c);
     }
     if (!op->split)
         return run_pretok(c, level + 1, b->p, b->n, z->p);
@@ -396,61 +421,65 @@ static int gap_pretok(enc_ctx *c, const char *s, size_t n, const size_t *orig, s
     return run_pretok(c, 0, s, n, orig);
 }
 
+/* One normalizer step from (sb, sz) into (db, dz), each output byte keeping
+ * the offset of the byte it came from. */
+static int norm_step(const tok_op *op, const sbuf *sb, const zvec *sz, sbuf *db, zvec *dz)
+{
+    db->n = dz->n = 0;
+    if (op->kind == OP_PREPEND) {
+        if (tok_sb_put(db, op->a, op->alen) || tok_sb_put(db, sb->p, sb->n) || zv_fill(dz, sz->p[0], op->alen))
+            return PI2_ENOMEM;
+        for (size_t i = 0; i < sb->n; i++)
+            if (zv_push(dz, sz->p[i]))
+                return PI2_ENOMEM;
+        return 0;
+    }
+    for (size_t i = 0; i < sb->n;) {
+        if (sb->n - i >= op->alen && !memcmp(sb->p + i, op->a, op->alen)) {
+            if (tok_sb_put(db, op->b, op->blen) || zv_fill(dz, sz->p[i], op->blen))
+                return PI2_ENOMEM;
+            i += op->alen;
+        } else {
+            if (tok_sb_put(db, sb->p + i, 1) || zv_push(dz, sz->p[i]))
+                return PI2_ENOMEM;
+            i++;
+        }
+    }
+    return 0;
+}
+
+int tok_normalize(const pi2_tok *t, sbuf nb[2], zvec no[2], const char *s, size_t n, size_t orig0)
+{
+    int cur = 0;
+    nb[0].n = no[0].n = 0;
+    if (tok_sb_put(&nb[0], s, n))
+        return PI2_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        if (zv_push(&no[0], orig0 + i))
+            return PI2_ENOMEM;
+    for (int k = 0; k < t->n_norm; k++) {
+        const tok_op *op = &t->norm[k];
+        if (op->kind == OP_PREPEND && nb[cur].n == 0)
+            continue; /* HF prepends to non-empty text only */
+        if (norm_step(op, &nb[cur], &no[cur], &nb[!cur], &no[!cur]))
+            return PI2_ENOMEM;
+        cur = !cur;
+    }
+    return cur;
+}
+
 /* Normalize one raw piece (starting at original offset orig0), then split it
  * on the normalized added tokens and pre-tokenize the rest. */
 static int gap_normalize(enc_ctx *c, const char *s, size_t n, const size_t *orig_unused, size_t orig0)
 {
     (void)orig_unused;
-    const pi2_tok *t = c->t;
-    int cur = 0;
-    sbuf *b = &c->nb[0];
-    zvec *z = &c->no[0];
-    b->n = z->n = 0;
-    if (tok_sb_put(b, s, n))
+    int cur = tok_normalize(c->t, c->nb, c->no, s, n, orig0);
+    if (cur < 0)
         return enc_oom(c);
-    for (size_t i = 0; i < n; i++)
-        if (tok_zv_push(z, orig0 + i))
-            return enc_oom(c);
-    for (int k = 0; k < t->n_norm; k++) {
-        const tok_op *op = &t->norm[k];
-        sbuf *sb = &c->nb[cur], *db = &c->nb[!cur];
-        zvec *sz = &c->no[cur], *dz = &c->no[!cur];
-        if (op->kind == OP_PREPEND && sb->n == 0)
-            continue;
-        db->n = dz->n = 0;
-        if (op->kind == OP_PREPEND) {
-            if (tok_sb_put(db, op->a, op->alen) || tok_sb_put(db, sb->p, sb->n))
-                return enc_oom(c);
-            for (size_t i = 0; i < op->alen; i++)
-                if (tok_zv_push(dz, sz->p[0]))
-                    return enc_oom(c);
-            for (size_t i = 0; i < sb->n; i++)
-                if (tok_zv_push(dz, sz->p[i]))
-                    return enc_oom(c);
-        } else {
-            size_t i = 0;
-            while (i < sb->n) {
-                if (sb->n - i >= op->alen && !memcmp(sb->p + i, op->a, op->alen)) {
-                    if (tok_sb_put(db, op->b, op->blen))
-                        return enc_oom(c);
-                    for (size_t q = 0; q < op->blen; q++)
-                        if (tok_zv_push(dz, sz->p[i]))
-                            return enc_oom(c);
-                    i += op->alen;
-                } else {
-                    if (tok_sb_put(db, sb->p + i, 1) || tok_zv_push(dz, sz->p[i]))
-                        return enc_oom(c);
-                    i++;
-                }
-            }
-        }
-        cur = !cur;
-    }
-    b = &c->nb[cur];
-    z = &c->no[cur];
+    const sbuf *b = &c->nb[cur];
     if (b->n == 0)
         return 0;
-    return split_added(c, &t->norm_set, b->p, b->n, z->p, 0, gap_pretok);
+    return split_added(c, &c->t->norm_set, b->p, b->n, c->no[cur].p, 0, gap_pretok);
 }
 
 int pi2_tok_encode(const pi2_tok *t, const char *text, size_t len, int32_t **ids, size_t *n, pi2_err *err)

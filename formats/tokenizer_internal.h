@@ -35,7 +35,6 @@ typedef struct {
     size_t n, cap;
 } zvec;
 
-int tok_zv_push(zvec *v, size_t x);
 
 /* UTF-8 */
 
@@ -121,6 +120,12 @@ static inline int32_t model_find(const pi2_tok *t, const char *s, size_t n)
 }
 
 uint32_t tok_trie_child(const match_set *ms, uint32_t node, uint8_t b);
+
+/* The normalizer steps on s[0..n), each output byte keeping the original
+ * offset of the byte it came from (orig0 + its index in s). Works in the
+ * buffer pairs nb/no (contents replaced, kept allocated for reuse); returns
+ * the index (0 or 1) of the pair holding the result, or PI2_ENOMEM. */
+int tok_normalize(const pi2_tok *t, sbuf nb[2], zvec no[2], const char *s, size_t n, size_t orig0);
 
 const char *tok_show(const char *s, size_t n, char *buf, size_t cap);
 #define SHOW(s, n) tok_show((s), (n), (char[160]){0}, 160)

@@ -381,41 +381,18 @@ static int load_merges(pi2_tok *t, json_t *merges, pi2_err *err)
  * patterns); offsets are not needed here. */
 static int normalize_plain(const pi2_tok *t, const char *s, size_t n, sbuf *out)
 {
-    sbuf cur = {0}, nxt = {0};
-    int rc = tok_sb_put(&cur, s, n);
-    for (int k = 0; !rc && k < t->n_norm; k++) {
-        const tok_op *op = &t->norm[k];
-        nxt.n = 0;
-        if (op->kind == OP_PREPEND) {
-            if (cur.n == 0)
-                continue;
-            rc = tok_sb_put(&nxt, op->a, op->alen);
-            if (!rc)
-                rc = tok_sb_put(&nxt, cur.p, cur.n);
-        } else {
-            size_t i = 0;
-            while (!rc && i < cur.n) {
-                if (cur.n - i >= op->alen && !memcmp(cur.p + i, op->a, op->alen)) {
-                    rc = tok_sb_put(&nxt, op->b, op->blen);
-                    i += op->alen;
-                } else {
-                    rc = tok_sb_put(&nxt, cur.p + i, 1);
-                    i++;
-                }
-            }
-            if (!rc && !nxt.p)
-                rc = tok_sb_put(&nxt, "", 0);
-        }
-        sbuf tmp = cur;
-        cur = nxt;
-        nxt = tmp;
+    sbuf nb[2] = {{0}};
+    zvec no[2] = {{0}};
+    int cur = tok_normalize(t, nb, no, s, n, 0);
+    free(no[0].p);
+    free(no[1].p);
+    if (cur < 0) {
+        tok_sb_free(&nb[0]);
+        tok_sb_free(&nb[1]);
+        return cur;
     }
-    tok_sb_free(&nxt);
-    if (rc) {
-        tok_sb_free(&cur);
-        return rc;
-    }
-    *out = cur;
+    tok_sb_free(&nb[!cur]);
+    *out = nb[cur];
     return 0;
 }
 

@@ -214,6 +214,51 @@ uint32_t tok_trie_child(const match_set *ms, uint32_t node, uint8_t b)
     }
 }
 
+/* The trie of the added tokens with that "normalized" flag. */
+int tok_trie_build(pi2_tok *t, match_set *ms, bool normalized, pi2_err *err)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < t->n_added; i++)
+        if (t->added[i].normalized == normalized && t->added[i].plen > 0 &&
+            !pi2_add_size(total, t->added[i].plen, &total))
+            return pi2_err_set(err, PI2_ERANGE, "%s: added tokens too long", t->name);
+    size_t cap = tok_table_cap(total);
+    ms->ekey = pi2_calloc_array(cap, sizeof *ms->ekey);
+    ms->eval = pi2_malloc_array(cap, sizeof *ms->eval);
+    ms->term = pi2_malloc_array(total + 1, sizeof *ms->term);
+    if (!ms->ekey || !ms->eval || !ms->term)
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
+    ms->emask = cap - 1;
+    ms->nnodes = 1;
+    ms->term[0] = -1;
+    for (size_t i = 0; i < t->n_added; i++) {
+        const added_tok *a = &t->added[i];
+        if (a->normalized != normalized || a->plen == 0)
+            continue;
+        uint8_t b0 = (uint8_t)a->pat[0];
+        ms->first[b0 >> 3] |= (uint8_t)(1u << (b0 & 7));
+        uint32_t node = 0;
+        for (size_t k = 0; k < a->plen; k++) {
+            uint8_t b = (uint8_t)a->pat[k];
+            uint32_t child = tok_trie_child(ms, node, b);
+            if (!child) {
+                uint64_t key = ((uint64_t)node << 8 | b) + 1;
+                size_t h = (size_t)tok_mix64(key) & ms->emask;
+                while (ms->ekey[h])
+                    h = (h + 1) & ms->emask;
+                child = (uint32_t)ms->nnodes++;
+                ms->ekey[h] = key;
+                ms->eval[h] = child;
+                ms->term[child] = -1;
+            }
+            node = child;
+        }
+        if (ms->term[node] < 0)
+            ms->term[node] = (int32_t)i;
+    }
+    return 0;
+}
+
 int pi2_tok_vocab_size(const pi2_tok *t) { return t ? (int)t->n_total : 0; }
 int pi2_tok_bos(const pi2_tok *t) { return t ? t->bos : -1; }
 int pi2_tok_eos(const pi2_tok *t) { return t ? t->eos : -1; }

@@ -119,6 +119,19 @@ static inline int32_t model_find(const pi2_tok *t, const char *s, size_t n)
     return id >= 0 && (size_t)id < t->n_model ? id : -1;
 }
 
+/* Slots of an open-addressing table for n keys: a power of two, at least 16,
+ * at most half full. */
+static inline size_t tok_table_cap(size_t n)
+{
+    size_t cap = 16;
+    while (cap < n * 2)
+        cap *= 2;
+    return cap;
+}
+
+/* Build the trie of the added tokens whose "normalized" flag is `normalized`
+ * (their patterns set); find the child of a node on byte b (0: none). */
+int tok_trie_build(pi2_tok *t, match_set *ms, bool normalized, pi2_err *err);
 uint32_t tok_trie_child(const match_set *ms, uint32_t node, uint8_t b);
 
 /* The normalizer steps on s[0..n), each output byte keeping the original

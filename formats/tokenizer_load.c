@@ -50,6 +50,22 @@ static char *memdup0(const char *s, size_t n)
 
 static const char *jtype(const json_t *j) { return pi2_json_type_name(j); }
 
+static int load_oom(const pi2_tok *t, pi2_err *err)
+{
+    return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
+}
+
+/* Append the piece of `id` to the arena (NUL-terminated). */
+static int piece_store(pi2_tok *t, sbuf *arena, size_t id, const char *s, size_t n)
+{
+    t->poff[id] = arena->n;
+    t->plen[id] = (uint32_t)n;
+    if (tok_sb_put(arena, s, n) || tok_sb_put(arena, "", 1))
+        return PI2_ENOMEM;
+    t->pdata = arena->p;
+    return 0;
+}
+
 /* Optional boolean member: absent or null -> def. */
 static int get_bool(const pi2_tok *t, json_t *obj, const char *key, bool def, bool *out, const char *where,
                     pi2_err *err)
@@ -189,7 +205,7 @@ static int parse_ops(const pi2_tok *t, json_t *j, int what, tok_op **ops, int *n
         return pi2_err_set(err, PI2_ERANGE, "%s: more than %d %s steps", t->name, TOK_MAX_OPS, where);
     tok_op *grown = realloc(*ops, (size_t)(*n + 1) * sizeof **ops);
     if (!grown)
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
+        return load_oom(t, err);
     *ops = grown;
     tok_op *op = &grown[*n];
     memset(op, 0, sizeof *op);
@@ -239,9 +255,7 @@ static int pieces_alloc(pi2_tok *t, size_t cap, pi2_err *err)
     t->poff = pi2_calloc_array(cap, sizeof *t->poff);
     t->plen = pi2_calloc_array(cap, sizeof *t->plen);
     t->special = pi2_calloc_array(cap, 1);
-    size_t hcap = 16;
-    while (hcap < cap * 2)
-        hcap *= 2;
+    size_t hcap = tok_table_cap(cap);
     t->htab = pi2_malloc_array(hcap, sizeof *t->htab);
     if (!t->poff || !t->plen || !t->special || !t->htab)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for %zu tokens", t->name, cap);
@@ -259,7 +273,7 @@ static int load_vocab(pi2_tok *t, json_t *vocab, size_t cap, sbuf *arena, pi2_er
         return rc;
     uint8_t *seen = pi2_calloc_array(n, 1);
     if (!seen)
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
+        return load_oom(t, err);
     void *it = json_object_iter(vocab);
     for (; it; it = json_object_iter_next(vocab, it)) {
         const char *key = json_object_iter_key(it);
@@ -288,13 +302,11 @@ static int load_vocab(pi2_tok *t, json_t *vocab, size_t cap, sbuf *arena, pi2_er
             break;
         }
         seen[id] = 1;
-        t->poff[id] = arena->n;
-        t->plen[id] = (uint32_t)klen;
-        if (tok_sb_put(arena, key, klen) || tok_sb_put(arena, "", 1)) {
-            rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
+        /* piece_store() sets pdata, which piece_at() in the duplicate message reads */
+        if (piece_store(t, arena, (size_t)id, key, klen)) {
+            rc = load_oom(t, err);
             break;
         }
-        t->pdata = arena->p; /* piece_at() in the duplicate message reads it */
     }
     free(seen);
     return rc;
@@ -305,9 +317,7 @@ static int load_merges(pi2_tok *t, json_t *merges, pi2_err *err)
     size_t n = json_array_size(merges);
     if (n > TOK_MAX_MERGES)
         return pi2_err_set(err, PI2_ERANGE, "%s: %zu merges (more than %u)", t->name, n, TOK_MAX_MERGES);
-    size_t cap = 16;
-    while (cap < n * 2)
-        cap *= 2;
+    size_t cap = tok_table_cap(n);
     t->mkey = pi2_malloc_array(cap, sizeof *t->mkey);
     t->mrank = pi2_malloc_array(cap, sizeof *t->mrank);
     t->mnew = pi2_malloc_array(cap, sizeof *t->mnew);
@@ -359,7 +369,7 @@ static int load_merges(pi2_tok *t, json_t *merges, pi2_err *err)
         int32_t ia = model_find(t, a, al), ib = model_find(t, b, bl);
         cat.n = 0;
         if (tok_sb_put(&cat, a, al) || tok_sb_put(&cat, b, bl)) {
-            rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
+            rc = load_oom(t, err);
             break;
         }
         int32_t in = model_find(t, cat.p, cat.n);
@@ -393,52 +403,6 @@ static int normalize_plain(const pi2_tok *t, const char *s, size_t n, sbuf *out)
     }
     tok_sb_free(&nb[!cur]);
     *out = nb[cur];
-    return 0;
-}
-
-static int build_set(pi2_tok *t, match_set *ms, bool normalized, pi2_err *err)
-{
-    size_t total = 0;
-    for (size_t i = 0; i < t->n_added; i++)
-        if (t->added[i].normalized == normalized && t->added[i].plen > 0 &&
-            !pi2_add_size(total, t->added[i].plen, &total))
-            return pi2_err_set(err, PI2_ERANGE, "%s: added tokens too long", t->name);
-    size_t cap = 16;
-    while (cap < total * 2)
-        cap *= 2;
-    ms->ekey = pi2_calloc_array(cap, sizeof *ms->ekey);
-    ms->eval = pi2_malloc_array(cap, sizeof *ms->eval);
-    ms->term = pi2_malloc_array(total + 1, sizeof *ms->term);
-    if (!ms->ekey || !ms->eval || !ms->term)
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
-    ms->emask = cap - 1;
-    ms->nnodes = 1;
-    ms->term[0] = -1;
-    for (size_t i = 0; i < t->n_added; i++) {
-        const added_tok *a = &t->added[i];
-        if (a->normalized != normalized || a->plen == 0)
-            continue;
-        uint8_t b0 = (uint8_t)a->pat[0];
-        ms->first[b0 >> 3] |= (uint8_t)(1u << (b0 & 7));
-        uint32_t node = 0;
-        for (size_t k = 0; k < a->plen; k++) {
-            uint8_t b = (uint8_t)a->pat[k];
-            uint32_t child = tok_trie_child(ms, node, b);
-            if (!child) {
-                uint64_t key = ((uint64_t)node << 8 | b) + 1;
-                size_t h = (size_t)tok_mix64(key) & ms->emask;
-                while (ms->ekey[h])
-                    h = (h + 1) & ms->emask;
-                child = (uint32_t)ms->nnodes++;
-                ms->ekey[h] = key;
-                ms->eval[h] = child;
-                ms->term[child] = -1;
-            }
-            node = child;
-        }
-        if (ms->term[node] < 0)
-            ms->term[node] = (int32_t)i;
-    }
     return 0;
 }
 
@@ -498,11 +462,8 @@ static int load_added_items(pi2_tok *t, json_t *arr, sbuf *arena, uint8_t *seen,
         seen[expect] = 1;
         if (have < 0) {
             size_t nid = t->n_total++;
-            t->poff[nid] = arena->n;
-            t->plen[nid] = (uint32_t)a->clen;
-            if (tok_sb_put(arena, a->content, a->clen) || tok_sb_put(arena, "", 1))
-                return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
-            t->pdata = arena->p;
+            if (piece_store(t, arena, nid, a->content, a->clen))
+                return load_oom(t, err);
             vocab_insert(t, (int32_t)nid);
         }
         if (a->special)
@@ -517,7 +478,7 @@ static int load_added(pi2_tok *t, json_t *arr, sbuf *arena, pi2_err *err)
     t->added = pi2_calloc_array(n, sizeof *t->added);
     uint8_t *seen = pi2_calloc_array(t->n_total + n, 1);
     int rc = t->added && seen ? load_added_items(t, arr, arena, seen, err)
-                              : pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
+                              : load_oom(t, err);
     free(seen);
     return rc;
 }
@@ -575,16 +536,11 @@ static bool looks_like_end(const char *s)
     return false;
 }
 
-static int load_json(pi2_tok *t, json_t *root, pi2_err *err)
+/* The model's options other than its tables: BPE only, without dropout or
+ * affixes; byte_fallback, fuse_unk, ignore_merges, unk_token. */
+static int load_model_opts(pi2_tok *t, json_t *model, pi2_err *err)
 {
-    sbuf arena = {0};
-    int rc = 0;
-    if (!json_is_object(root))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: top level is %s, not an object", t->name, jtype(root));
-    json_t *model = json_object_get(root, "model");
-    if (!json_is_object(model))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: no \"model\" object%s%s", t->name, model ? ", found " : "",
-                           model ? jtype(model) : "");
+    int rc;
     json_t *type = json_object_get(model, "type");
     if (type && !json_is_string(type))
         return pi2_err_set(err, PI2_EFORMAT, "%s: model \"type\" must be a string", t->name);
@@ -610,6 +566,14 @@ static int load_json(pi2_tok *t, json_t *root, pi2_err *err)
         if ((rc = get_str(t, model, "unk_token", &t->unk_token, &ul, "model", err)))
             return rc;
     }
+    return 0;
+}
+
+/* The model vocab (with room for the added tokens), its merges, the byte
+ * and unk ids, then the added tokens. The piece arena becomes t->pdata. */
+static int load_tables(pi2_tok *t, json_t *root, json_t *model, pi2_err *err)
+{
+    sbuf arena = {0};
     json_t *vocab = json_object_get(model, "vocab");
     if (!json_is_object(vocab))
         return pi2_err_set(err, PI2_EFORMAT, "%s: model has no \"vocab\" object%s%s", t->name, vocab ? ", found " : "",
@@ -624,7 +588,7 @@ static int load_json(pi2_tok *t, json_t *root, pi2_err *err)
     if (na > TOK_MAX_ADDED)
         return pi2_err_set(err, PI2_ERANGE, "%s: %zu added tokens (more than %u)", t->name, na, TOK_MAX_ADDED);
     t->n_model = t->n_total = nv;
-    rc = load_vocab(t, vocab, nv + na, &arena, err);
+    int rc = load_vocab(t, vocab, nv + na, &arena, err);
     t->pdata = arena.p;
     if (rc)
         return rc;
@@ -645,19 +609,30 @@ static int load_json(pi2_tok *t, json_t *root, pi2_err *err)
     t->unk_id = t->unk_token ? model_find(t, t->unk_token, strlen(t->unk_token)) : -1;
     rc = added ? load_added(t, added, &arena, err) : 0;
     t->pdata = arena.p; /* the arena may have moved while growing, even on failure */
-    if (rc)
-        return rc;
+    return rc;
+}
 
+/* The normalizer, pre_tokenizer and decoder steps. */
+static int load_steps(pi2_tok *t, json_t *root, pi2_err *err)
+{
     static const char *const keys[] = {"normalizer", "pre_tokenizer", "decoder"};
     tok_op **dst[] = {&t->norm, &t->pre, &t->dec};
     int *cnt[] = {&t->n_norm, &t->n_pre, &t->n_dec};
     for (int w = 0; w < 3; w++) {
         json_t *j = json_object_get(root, keys[w]);
+        int rc;
         if (w == WHAT_DEC)
             t->has_decoder = j && !json_is_null(j);
         if (j && (rc = parse_ops(t, j, w, dst[w], cnt[w], 0, err)))
             return rc;
     }
+    return 0;
+}
+
+/* What each added token is matched as (its content, or for a "normalized"
+ * one its normalized form), and the two tries they are found with. */
+static int added_patterns(pi2_tok *t, pi2_err *err)
+{
     for (size_t i = 0; i < t->n_added; i++) {
         added_tok *a = &t->added[i];
         if (a->clen == 0)
@@ -665,19 +640,23 @@ static int load_json(pi2_tok *t, json_t *root, pi2_err *err)
         if (a->normalized) {
             sbuf nb = {0};
             if (normalize_plain(t, a->content, a->clen, &nb))
-                return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
+                return load_oom(t, err);
             a->pat = nb.p;
             a->plen = nb.n;
         } else {
             a->pat = memdup0(a->content, a->clen);
             a->plen = a->clen;
             if (!a->pat)
-                return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
+                return load_oom(t, err);
         }
     }
-    if ((rc = build_set(t, &t->raw_set, false, err)) || (rc = build_set(t, &t->norm_set, true, err)))
-        return rc;
+    int rc = tok_trie_build(t, &t->raw_set, false, err);
+    return rc ? rc : tok_trie_build(t, &t->norm_set, true, err);
+}
 
+/* bos and eos by the conventions of tokenizer.h. */
+static void find_bos_eos(pi2_tok *t, json_t *root)
+{
     t->bos = template_bos(t, json_object_get(root, "post_processor"), 0);
     if (t->bos < 0)
         t->bos = tok_vocab_find(t, "<s>", 3);
@@ -685,6 +664,21 @@ static int load_json(pi2_tok *t, json_t *root, pi2_err *err)
     if (t->eos < 0 && t->bos >= 0 && (size_t)t->bos + 1 < t->n_total && t->special[t->bos + 1] &&
         looks_like_end(piece_at(t, (size_t)t->bos + 1)))
         t->eos = t->bos + 1;
+}
+
+static int load_json(pi2_tok *t, json_t *root, pi2_err *err)
+{
+    int rc;
+    if (!json_is_object(root))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: top level is %s, not an object", t->name, jtype(root));
+    json_t *model = json_object_get(root, "model");
+    if (!json_is_object(model))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: no \"model\" object%s%s", t->name, model ? ", found " : "",
+                           model ? jtype(model) : "");
+    if ((rc = load_model_opts(t, model, err)) || (rc = load_tables(t, root, model, err)) ||
+        (rc = load_steps(t, root, err)) || (rc = added_patterns(t, err)))
+        return rc;
+    find_bos_eos(t, root);
     return 0;
 }
 

@@ -308,7 +308,8 @@ static const char PIPELINE[] =
 
 static void put_json(pi2_sbuf *js, const gen_vocab *g, int n_added, const char *const *added)
 {
-    pi2_sb_str(js, "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n  \"added_tokens\": [\n");
+    pi2_sb_str(js, "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n"
+                   "  \"added_tokens\": [\n");
     for (int i = 0; i < 3; i++)
         put_added(js, (size_t)i, SPECIALS[i], i == 2 && n_added == 0);
     for (int i = 0; i < n_added; i++)

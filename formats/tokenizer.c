@@ -1,9 +1,11 @@
-/* Tokenizer: the object, its vocab and merge tables, and the helpers the
- * loader, the encoder and the decoders share.
+/* Tokenizer: the object's lifetime and accessors, the vocab lookup, the
+ * added-token trie, and the buffers, UTF-8 and message helpers the loader,
+ * the encoder and the decoders share.
  *
  * Why it is built this way:
- * - Vocab (string -> id) and merges ((left, right) -> rank, new id) are open
- *   addressing hash tables built once at load.
+ * - Vocab (string -> id), merges ((left, right) -> rank, new id) and the
+ *   trie's edges are open addressing hash tables built once at load; the
+ *   loader fills the merge table and the encoder reads it.
  */
 #include "formats/tokenizer_internal.h"
 

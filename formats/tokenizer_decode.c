@@ -506,6 +506,17 @@ static int s_flush(pi2_tok_stream *s, int k)
     return s_flush(s, k + 1);
 }
 
+/* What this push or flush gives the caller: the stream's output, or the
+ * error of a failed allocation. */
+static int stream_out(const pi2_tok_stream *s, int rc, const char **bytes, size_t *len, pi2_err *err)
+{
+    if (rc)
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory while decoding", s->t->name);
+    *bytes = s->out.p ? s->out.p : "";
+    *len = s->out.n;
+    return 0;
+}
+
 int pi2_tok_stream_push(pi2_tok_stream *s, int32_t id, const char **bytes, size_t *len, pi2_err *err)
 {
     *bytes = "";
@@ -528,11 +539,7 @@ int pi2_tok_stream_push(pi2_tok_stream *s, int32_t id, const char **bytes, size_
             rc = s_tok(s, 0, p, n);
         }
     }
-    if (rc)
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory while decoding", t->name);
-    *bytes = s->out.p ? s->out.p : "";
-    *len = s->out.n;
-    return 0;
+    return stream_out(s, rc, bytes, len, err);
 }
 
 int pi2_tok_stream_flush(pi2_tok_stream *s, const char **bytes, size_t *len, pi2_err *err)
@@ -544,9 +551,5 @@ int pi2_tok_stream_flush(pi2_tok_stream *s, const char **bytes, size_t *len, pi2
     s->out.n = 0;
     int rc = s->t->has_decoder ? s_flush(s, 0) : 0;
     stream_reset(s);
-    if (rc)
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory while decoding", s->t->name);
-    *bytes = s->out.p ? s->out.p : "";
-    *len = s->out.n;
-    return 0;
+    return stream_out(s, rc, bytes, len, err);
 }

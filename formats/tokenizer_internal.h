@@ -1,7 +1,11 @@
 /* Internals shared by the tokenizer's files; formats/tokenizer.h is the
- * contract. tokenizer.c holds the object, its vocab and merge tables and the
- * small helpers below; tokenizer_load.c reads tokenizer.json into it;
- * tokenizer_encode.c and tokenizer_decode.c run HF's pipelines on it. */
+ * contract.
+ *   tokenizer.c         the object's lifetime and accessors, the vocab
+ *                       lookup, the added-token trie, the helpers below
+ *   tokenizer_load.c    tokenizer.json into the object (vocab, merges,
+ *                       added tokens, steps, bos/eos)
+ *   tokenizer_encode.c  text to ids (and the normalizer the loader uses)
+ *   tokenizer_decode.c  ids to text, whole and streaming */
 #ifndef PI2_TOKENIZER_INTERNAL_H
 #define PI2_TOKENIZER_INTERNAL_H
 
@@ -22,22 +26,26 @@
 
 /* growable buffers */
 
+/* Bytes, kept NUL-terminated once anything was put. */
 typedef struct {
     char *p;
     size_t n, cap;
 } sbuf;
 
+/* Append d[0..n); 0 or PI2_ENOMEM (b unchanged then). */
 int tok_sb_put(sbuf *b, const void *d, size_t n);
 void tok_sb_free(sbuf *b);
 
+/* Offsets into the original text, one per byte of a normalized text. */
 typedef struct {
     size_t *p;
     size_t n, cap;
 } zvec;
 
-
 /* UTF-8 */
 
+/* Length of the character at s (1..4); invalid or truncated sequences count
+ * as one byte and set *cp to UINT32_MAX. */
 size_t tok_u8_next(const uint8_t *s, size_t n, uint32_t *cp);
 
 /* the tokenizer object */
@@ -105,11 +113,13 @@ struct pi2_tok {
     int32_t bos, eos;
 };
 
+/* Hashes of the open-addressing tables: of a piece, of an integer key. */
 uint64_t tok_hash_bytes(const char *s, size_t n);
 uint64_t tok_mix64(uint64_t x);
 
 static inline const char *piece_at(const pi2_tok *t, size_t id) { return t->pdata + t->poff[id]; }
 
+/* Any id (model or added) whose piece is exactly s[0..n), or -1. */
 int32_t tok_vocab_find(const pi2_tok *t, const char *s, size_t n);
 
 /* Model-vocab id only (what BPE sees), or -1. */
@@ -140,6 +150,8 @@ uint32_t tok_trie_child(const match_set *ms, uint32_t node, uint8_t b);
  * the index (0 or 1) of the pair holding the result, or PI2_ENOMEM. */
 int tok_normalize(const pi2_tok *t, sbuf nb[2], zvec no[2], const char *s, size_t n, size_t orig0);
 
+/* A file-provided string made fit for a one-line message (escaped, cut
+ * after ~48 bytes) in buf; SHOW gives each use its own buffer. */
 const char *tok_show(const char *s, size_t n, char *buf, size_t cap);
 #define SHOW(s, n) tok_show((s), (n), (char[160]){0}, 160)
 #define SHOWZ(s) SHOW((s), strlen(s))

@@ -3,8 +3,8 @@
  * RMS 1 per coordinate. */
 #include "convert/synth.h"
 
+#include "convert/synth_tok.h"
 #include "formats/pool.h"
-#include "formats/tokenizer.h"
 
 #include <errno.h>
 #include <math.h>

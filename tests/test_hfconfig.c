@@ -5,6 +5,7 @@
 #include <jansson.h>
 #include <math.h>
 
+#include "convert/synth_tok.h"
 #include "formats/hfconfig.h"
 
 /* A valid llama config; cases below mutate one key at a time. */

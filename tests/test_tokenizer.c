@@ -3,6 +3,7 @@
  * streaming = whole decode, the synthetic writer, and broken files. */
 #include "tests/testutil.h"
 
+#include "convert/synth_tok.h"
 #include "formats/tokenizer.h"
 
 #include <jansson.h>
@@ -298,6 +299,62 @@ static void test_synthetic(void **state)
     pi2_err_clear(&e);
     assert_int_equal(pi2_tok_write_synthetic(path, 299, 1, &e), PI2_EINVAL);
     assert_non_null(strstr(e.msg, path));
+    pi2t_rmtree(dir);
+}
+
+/* Special tokens added after the vocabulary, as ChatML's after Llama's. */
+static void test_synthetic_added(void **state)
+{
+    (void)state;
+    char dir[64], path[128];
+    pi2t_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    static const char *const added[] = {"<|im_end|>", "<|im_start|>", "q\"b\\s\n"};
+    pi2_err e = {0};
+    assert_int_equal(pi2_tok_write_synthetic_added(path, 1000, 3, added, 5, &e), 0);
+    pi2_tok *t = NULL;
+    assert_int_equal(pi2_tok_load(&t, dir, &e), 0);
+    assert_int_equal(pi2_tok_vocab_size(t), 1003);
+    for (int i = 0; i < 3; i++) {
+        assert_string_equal(pi2_tok_piece(t, 1000 + i), added[i]); /* escaped in the JSON, read back */
+        assert_true(pi2_tok_is_special(t, 1000 + i));
+    }
+    assert_int_equal(pi2_tok_eos(t), 2);
+    int32_t got[16];
+    size_t n = encode(t, "<|im_start|>hi<|im_end|>", got, 16);
+    assert_true(n >= 3);
+    assert_int_equal(got[0], 1001);
+    assert_int_equal(got[n - 1], 1000);
+    char *back = decode(t, got, n, true);
+    assert_string_equal(back, "hi");
+    free(back);
+    pi2_tok_free(t);
+    /* the vocabulary is the one written without them */
+    char p2[160], *a = NULL, *b = NULL;
+    size_t al = 0, bl = 0;
+    snprintf(p2, sizeof p2, "%s/b.json", dir);
+    assert_int_equal(pi2_tok_write_synthetic(p2, 1000, 5, &e), 0);
+    assert_int_equal(pi2_read_file(path, 1 << 26, &a, &al, &e), 0);
+    assert_int_equal(pi2_read_file(p2, 1 << 26, &b, &bl, &e), 0);
+    const char *va = strstr(a, "\"normalizer\""), *vb = strstr(b, "\"normalizer\"");
+    assert_non_null(va);
+    assert_non_null(vb);
+    assert_string_equal(va, vb);
+    free(a);
+    free(b);
+    /* bad lists */
+    static const char *const empty[] = {""};
+    static const char *const nul[] = {NULL};
+    char long_tok[80];
+    memset(long_tok, 'x', 65);
+    long_tok[65] = 0;
+    const char *const too_long[] = {long_tok};
+    assert_int_equal(pi2_tok_write_synthetic_added(p2, 1000, 1, empty, 5, &e), PI2_EINVAL);
+    assert_int_equal(pi2_tok_write_synthetic_added(p2, 1000, 1, nul, 5, &e), PI2_EINVAL);
+    assert_int_equal(pi2_tok_write_synthetic_added(p2, 1000, 1, too_long, 5, &e), PI2_EINVAL);
+    assert_int_equal(pi2_tok_write_synthetic_added(p2, 1000, 1, NULL, 5, &e), PI2_EINVAL);
+    assert_int_equal(pi2_tok_write_synthetic_added(p2, 1000, 1025, added, 5, &e), PI2_EINVAL);
+    assert_int_equal(pi2_tok_write_synthetic_added(p2, 1000, -1, added, 5, &e), PI2_EINVAL);
     pi2t_rmtree(dir);
 }
 
@@ -1210,6 +1267,7 @@ int main(void)
         cmocka_unit_test(test_golden_tinystories),
         cmocka_unit_test(test_golden_tinystories_drelu),
         cmocka_unit_test(test_synthetic),
+        cmocka_unit_test(test_synthetic_added),
         cmocka_unit_test(test_synthetic_errors),
         cmocka_unit_test(test_merges_by_rank),
         cmocka_unit_test(test_merges_pair_syntax),

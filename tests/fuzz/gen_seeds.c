@@ -13,9 +13,9 @@
  *   gen-seeds tz-pkl IN OUT      the data.pkl member of zip IN (as written
  *                                by the above: small, no zip64 fields)
  * Exit status 1 with one line on stderr on failure. */
+#include "convert/synth_tok.h"
 #include "formats/container.h"
 #include "formats/safetensors.h"
-#include "formats/tokenizer.h"
 #include "formats/torchzip.h"
 
 #include <stdio.h>

@@ -41,8 +41,6 @@ const char *pi2_jr_path(char *buf, size_t cap, const char *w, const char *k)
     return buf;
 }
 
-static const char *jtype(const json_t *v) { return v ? pi2_json_type_name(v) : "nothing"; }
-
 int pi2_jr_keys(const pi2_jr *r, json_t *o, const char *w, const char *const *keys, size_t n, bool all_required)
 {
     const char *key;
@@ -80,7 +78,7 @@ int pi2_jr_obj(const pi2_jr *r, json_t *o, const char *w, const char *k, bool nu
         return 0;
     }
     if (!json_is_object(*out))
-        return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected an object, got %s", jtype(*out));
+        return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected an object, got %s", pi2_json_type_name(*out));
     return 0;
 }
 
@@ -88,7 +86,7 @@ int pi2_jr_elem_obj(const pi2_jr *r, json_t *arr, size_t i, const char *w, json_
 {
     *out = json_array_get(arr, i);
     if (!json_is_object(*out))
-        return pi2_jr_fail(r, PI2_EFORMAT, w, NULL, "expected an object, got %s", jtype(*out));
+        return pi2_jr_fail(r, PI2_EFORMAT, w, NULL, "expected an object, got %s", pi2_json_type_name(*out));
     return 0;
 }
 
@@ -98,7 +96,7 @@ int pi2_jr_arr(const pi2_jr *r, json_t *o, const char *w, const char *k, size_t 
     if (rc)
         return rc;
     if (!json_is_array(*out))
-        return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected an array, got %s", jtype(*out));
+        return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected an array, got %s", pi2_json_type_name(*out));
     *n = json_array_size(*out);
     if (*n > max)
         return pi2_jr_fail(r, PI2_ERANGE, w, k, "%zu entries, at most %zu allowed here", *n, max);
@@ -112,7 +110,7 @@ int pi2_jr_int(const pi2_jr *r, json_t *o, const char *w, const char *k, long lo
     if (rc)
         return rc;
     if (!json_is_integer(v))
-        return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected an integer, got %s", jtype(v));
+        return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected an integer, got %s", pi2_json_type_name(v));
     long long x = json_integer_value(v);
     if (x < lo || x > hi) {
         if (hi == INT64_MAX)
@@ -155,7 +153,7 @@ int pi2_jr_real_val(const pi2_jr *r, json_t *v, const char *w, const char *k, do
         return 0;
     }
     if (!json_is_number(v))
-        return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected a finite number, got %s", jtype(v));
+        return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected a finite number, got %s", pi2_json_type_name(v));
     double x = json_number_value(v);
     bool lo_open = flags & PI2_JR_LO_OPEN, hi_open = flags & PI2_JR_HI_OPEN;
     if (!isfinite(x) || x < lo || x > hi || (lo_open && x == lo) || (hi_open && x == hi)) {
@@ -190,7 +188,7 @@ int pi2_jr_bool(const pi2_jr *r, json_t *o, const char *w, const char *k, bool *
     if (rc)
         return rc;
     if (!json_is_boolean(v))
-        return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected true or false, got %s", jtype(v));
+        return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected true or false, got %s", pi2_json_type_name(v));
     *out = json_is_true(v);
     return 0;
 }
@@ -202,7 +200,7 @@ int pi2_jr_str(const pi2_jr *r, json_t *o, const char *w, const char *k, size_t 
     if (rc)
         return rc;
     if (!json_is_string(v))
-        return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected a string, got %s", jtype(v));
+        return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected a string, got %s", pi2_json_type_name(v));
     const char *s = json_string_value(v);
     size_t n = json_string_length(v);
     if (strlen(s) != n)

@@ -8,7 +8,8 @@
 #include <stddef.h>
 
 /* "an object", "an array", "a string", "an integer", "a real", "a boolean",
- * "null": the JSON type of v as the error messages name it. */
+ * "null": the JSON type of v as the error messages name it; "nothing" for a
+ * NULL v (a member that is not there). */
 const char *pi2_json_type_name(const json_t *v);
 
 /* Shortest decimal that reads back as the same double, spelled as Python's

@@ -26,6 +26,7 @@
  * The writer prints the tree with a small emitter (one line per record) and
  * parses its own output with the reader, so the checks live in one place. */
 #include "runtime/hwprof.h"
+#include "formats/jsonread.h"
 #include "formats/jsonutil.h"
 #include "runtime/offload/io.h"
 #include "runtime/kernels.h"
@@ -33,6 +34,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
@@ -759,134 +761,29 @@ int pi2_hwprof_measure(const pi2_hwprof_opts *o, pi2_hwprof *out, pi2_err *err)
 
 /* ---------------- JSON reader ---------------- */
 
-typedef struct pctx {
-    const char *name; /* the file */
-    pi2_err *err;
-} pctx;
-
-/* "<file>: <json path>: <problem>" */
-__attribute__((format(printf, 4, 5))) static int jfail(pctx *c, int code, const char *where, const char *fmt, ...)
+/* Every member is read through formats/jsonread (c names the file and holds
+ * the error); the figures are finite and > 0, overlap a share in [0, 1]. */
+static int get_num(pi2_jr *c, json_t *o, const char *w, const char *k, bool unit, double *out)
 {
-    char msg[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return pi2_err_set(c->err, code, "%.240s: %s: %s", c->name, where && *where ? where : "top level", msg);
-}
-
-/* "w.k" (or "k" at the top) into buf. */
-static const char *jp(char *buf, size_t cap, const char *w, const char *k)
-{
-    snprintf(buf, cap, "%s%s%s", w, *w ? "." : "", k);
-    return buf;
-}
-
-/* Printable copy of untrusted text for a message. */
-static const char *clean(const char *s, char *buf, size_t cap)
-{
-    size_t i = 0;
-    for (; s[i] && i + 1 < cap; i++)
-        buf[i] = (unsigned char)s[i] < 0x20 || (unsigned char)s[i] >= 0x7f ? '?' : s[i];
-    buf[i] = 0;
-    return buf;
-}
-
-static const char *jtype(const json_t *v) { return v ? pi2_json_type_name(v) : "nothing"; }
-
-/* o must have exactly these keys. */
-static int exact_keys(pctx *c, json_t *o, const char *w, const char *const *keys, size_t n)
-{
-    const char *key;
-    json_t *val;
-    char path[160], kb[48];
-    json_object_foreach(o, key, val) {
-        size_t i = 0;
-        while (i < n && strcmp(key, keys[i]) != 0)
-            i++;
-        if (i == n)
-            return jfail(c, PI2_EFORMAT, jp(path, sizeof path, w, clean(key, kb, sizeof kb)), "unknown key");
-    }
-    for (size_t i = 0; i < n; i++)
-        if (!json_object_get(o, keys[i]))
-            return jfail(c, PI2_EFORMAT, jp(path, sizeof path, w, keys[i]), "required key is missing");
-    return 0;
-}
-#define EXACT_KEYS(c, o, w, keys) exact_keys((c), (o), (w), (keys), sizeof(keys) / sizeof((keys)[0]))
-
-static int get_int(pctx *c, json_t *o, const char *w, const char *k, long long lo, long long hi, long long *out)
-{
-    char path[160];
-    json_t *v = json_object_get(o, k);
-    if (!json_is_integer(v))
-        return jfail(c, PI2_EFORMAT, jp(path, sizeof path, w, k), "expected an integer, got %s", jtype(v));
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi)
-        return jfail(c, PI2_ERANGE, jp(path, sizeof path, w, k), "%lld is out of range [%lld, %lld]", x, lo, hi);
-    *out = x;
-    return 0;
-}
-
-/* A finite number > 0 (unit: in [0, 1] instead). */
-static int num_value(pctx *c, json_t *v, const char *path, bool unit, double *out)
-{
-    if (!json_is_number(v))
-        return jfail(c, PI2_EFORMAT, path, "expected a finite number, got %s", jtype(v));
-    double x = json_number_value(v);
-    if (unit && !(x >= 0 && x <= 1))
-        return jfail(c, PI2_ERANGE, path, "%g is out of range [0, 1]", x);
-    if (!unit && !(x > 0 && isfinite(x)))
-        return jfail(c, PI2_ERANGE, path, "%g is out of range (must be > 0)", x);
-    *out = x;
-    return 0;
-}
-
-static int get_num(pctx *c, json_t *o, const char *w, const char *k, bool unit, double *out)
-{
-    char path[160];
-    return num_value(c, json_object_get(o, k), jp(path, sizeof path, w, k), unit, out);
+    return unit ? pi2_jr_real(c, o, w, k, 0, 1, 0, out) : pi2_jr_real(c, o, w, k, 0, DBL_MAX, PI2_JR_LO_OPEN, out);
 }
 
 /* [x at PI2_HW_ROW_LENS[0], x at [1]], each > 0. */
-static int get_pair(pctx *c, json_t *o, const char *w, const char *k, double out[PI2_HW_NLEN])
+static int get_pair(pi2_jr *c, json_t *o, const char *w, const char *k, double out[PI2_HW_NLEN])
 {
-    char path[160], ep[176];
-    jp(path, sizeof path, w, k);
     json_t *a = json_object_get(o, k);
     if (!json_is_array(a))
-        return jfail(c, PI2_EFORMAT, path, "expected an array, got %s", jtype(a));
+        return pi2_jr_fail(c, PI2_EFORMAT, w, k, "expected an array, got %s", pi2_json_type_name(a));
     if (json_array_size(a) != PI2_HW_NLEN)
-        return jfail(c, PI2_EFORMAT, path, "%zu entries, expected %d (ns per row at n = %d and %d)", json_array_size(a),
-                     PI2_HW_NLEN, PI2_HW_ROW_LENS[0], PI2_HW_ROW_LENS[1]);
+        return pi2_jr_fail(c, PI2_EFORMAT, w, k, "%zu entries, expected %d (ns per row at n = %d and %d)",
+                           json_array_size(a), PI2_HW_NLEN, PI2_HW_ROW_LENS[0], PI2_HW_ROW_LENS[1]);
+    char path[176];
     for (size_t i = 0; i < PI2_HW_NLEN; i++) {
-        snprintf(ep, sizeof ep, "%s[%zu]", path, i);
-        int rc = num_value(c, json_array_get(a, i), ep, false, &out[i]);
+        snprintf(path, sizeof path, "%s%s%s[%zu]", w, *w ? "." : "", k, i);
+        int rc = pi2_jr_real_val(c, json_array_get(a, i), path, NULL, 0, DBL_MAX, PI2_JR_LO_OPEN, &out[i]);
         if (rc)
             return rc;
     }
-    return 0;
-}
-
-/* Non-empty text shorter than cap, no control characters. */
-static int get_text(pctx *c, json_t *o, const char *w, const char *k, char *dst, size_t cap)
-{
-    char path[160];
-    jp(path, sizeof path, w, k);
-    json_t *v = json_object_get(o, k);
-    if (!json_is_string(v))
-        return jfail(c, PI2_EFORMAT, path, "expected a string, got %s", jtype(v));
-    const char *s = json_string_value(v);
-    size_t n = json_string_length(v);
-    if (strlen(s) != n)
-        return jfail(c, PI2_EFORMAT, path, "string holds a NUL byte");
-    if (n == 0)
-        return jfail(c, PI2_EFORMAT, path, "empty string");
-    if (n >= cap)
-        return jfail(c, PI2_ERANGE, path, "string of %zu bytes, at most %zu allowed", n, cap - 1);
-    for (const char *q = s; *q; q++)
-        if ((unsigned char)*q < 0x20 || *q == 0x7f)
-            return jfail(c, PI2_EFORMAT, path, "string holds a control character");
-    memcpy(dst, s, n + 1);
     return 0;
 }
 
@@ -902,24 +799,22 @@ static bool utc_stamp(const char *s)
     return s[i] == 0;
 }
 
-static int parse_compute(pctx *c, json_t *e, int i, pi2_hw_compute *x)
+static int parse_compute(pi2_jr *c, json_t *arr, int i, pi2_hw_compute *x)
 {
     static const char *const keys[] = { "threads",      "mem_bw",       "int8_peak",  "gemv_q8",    "gemv_q4",
                                         "matmul_q8",    "matmul_q4",    "sgemv",      "gather_q8_ns",
                                         "gather_q4_ns", "down_q8_ns",   "down_q4_ns", "overlap" };
     char w[32];
     snprintf(w, sizeof w, "compute[%d]", i);
-    if (!json_is_object(e))
-        return jfail(c, PI2_EFORMAT, w, "expected an object, got %s", jtype(e));
+    json_t *e;
     long long t;
     int rc;
-    if ((rc = EXACT_KEYS(c, e, w, keys)) || (rc = get_int(c, e, w, "threads", 1, PI2_HW_MAX_THREADS, &t)))
+    if ((rc = pi2_jr_elem_obj(c, arr, (size_t)i, w, &e)) || (rc = PI2_JR_KEYS(c, e, w, keys, true)) ||
+        (rc = pi2_jr_int(c, e, w, "threads", 1, PI2_HW_MAX_THREADS, &t)))
         return rc;
-    if (t != i + 1) {
-        char path[64];
-        return jfail(c, PI2_EFORMAT, jp(path, sizeof path, w, "threads"), "%lld, expected %d (entries are 1..threads in order)",
-                     t, i + 1);
-    }
+    if (t != i + 1)
+        return pi2_jr_fail(c, PI2_EFORMAT, w, "threads", "%lld, expected %d (entries are 1..threads in order)", t,
+                           i + 1);
     if ((rc = get_num(c, e, w, "mem_bw", false, &x->mem_bw)) ||
         (rc = get_num(c, e, w, "int8_peak", false, &x->int8_peak)) ||
         (rc = get_num(c, e, w, "gemv_q8", false, &x->gemv_q8)) || (rc = get_num(c, e, w, "gemv_q4", false, &x->gemv_q4)) ||
@@ -933,38 +828,36 @@ static int parse_compute(pctx *c, json_t *e, int i, pi2_hw_compute *x)
     return 0;
 }
 
-static int parse_storage(pctx *c, json_t *st, pi2_hwprof *p)
+static int parse_storage(pi2_jr *c, json_t *root, pi2_hwprof *p)
 {
     static const char *const keys[] = { "random", "seq_bps" };
     static const char *const rkeys[] = { "size", "depth", "iops", "bytes_per_s", "lat_us" };
-    if (!json_is_object(st))
-        return jfail(c, PI2_EFORMAT, "storage", "expected an object, got %s", jtype(st));
-    int rc = EXACT_KEYS(c, st, "storage", keys);
-    if (rc)
+    json_t *st;
+    int rc;
+    if ((rc = pi2_jr_obj(c, root, "", "storage", false, &st)) || (rc = PI2_JR_KEYS(c, st, "storage", keys, true)))
         return rc;
     json_t *a = json_object_get(st, "random");
     if (!json_is_array(a))
-        return jfail(c, PI2_EFORMAT, "storage.random", "expected an array, got %s", jtype(a));
+        return pi2_jr_fail(c, PI2_EFORMAT, "storage", "random", "expected an array, got %s", pi2_json_type_name(a));
     if (json_array_size(a) != PI2_HW_NSIZES * PI2_HW_NDEPTHS)
-        return jfail(c, PI2_EFORMAT, "storage.random", "%zu entries, expected %d (%d sizes x %d depths)",
-                     json_array_size(a), PI2_HW_NSIZES * PI2_HW_NDEPTHS, PI2_HW_NSIZES, PI2_HW_NDEPTHS);
+        return pi2_jr_fail(c, PI2_EFORMAT, "storage", "random", "%zu entries, expected %d (%d sizes x %d depths)",
+                           json_array_size(a), PI2_HW_NSIZES * PI2_HW_NDEPTHS, PI2_HW_NSIZES, PI2_HW_NDEPTHS);
     for (int i = 0; i < PI2_HW_NSIZES * PI2_HW_NDEPTHS; i++) {
         int s = i / PI2_HW_NDEPTHS, d = i % PI2_HW_NDEPTHS;
-        char w[48], path[80];
+        char w[48];
         snprintf(w, sizeof w, "storage.random[%d]", i);
-        json_t *e = json_array_get(a, (size_t)i);
-        if (!json_is_object(e))
-            return jfail(c, PI2_EFORMAT, w, "expected an object, got %s", jtype(e));
+        json_t *e;
         long long size, depth;
-        if ((rc = EXACT_KEYS(c, e, w, rkeys)) || (rc = get_int(c, e, w, "size", 1, INT32_MAX, &size)) ||
-            (rc = get_int(c, e, w, "depth", 1, INT32_MAX, &depth)))
+        if ((rc = pi2_jr_elem_obj(c, a, (size_t)i, w, &e)) || (rc = PI2_JR_KEYS(c, e, w, rkeys, true)) ||
+            (rc = pi2_jr_int(c, e, w, "size", 1, INT32_MAX, &size)) ||
+            (rc = pi2_jr_int(c, e, w, "depth", 1, INT32_MAX, &depth)))
             return rc;
         if (size != PI2_HW_IO_SIZES[s])
-            return jfail(c, PI2_EFORMAT, jp(path, sizeof path, w, "size"), "%lld, expected %u (the grid is size-major)",
-                         size, PI2_HW_IO_SIZES[s]);
+            return pi2_jr_fail(c, PI2_EFORMAT, w, "size", "%lld, expected %u (the grid is size-major)", size,
+                               PI2_HW_IO_SIZES[s]);
         if (depth != PI2_HW_IO_DEPTHS[d])
-            return jfail(c, PI2_EFORMAT, jp(path, sizeof path, w, "depth"), "%lld, expected %d (the grid is size-major)",
-                         depth, PI2_HW_IO_DEPTHS[d]);
+            return pi2_jr_fail(c, PI2_EFORMAT, w, "depth", "%lld, expected %d (the grid is size-major)", depth,
+                               PI2_HW_IO_DEPTHS[d]);
         pi2_hw_io *x = &p->io[s][d];
         if ((rc = get_num(c, e, w, "iops", false, &x->iops)) ||
             (rc = get_num(c, e, w, "bytes_per_s", false, &x->bytes_per_s)) ||
@@ -974,47 +867,45 @@ static int parse_storage(pctx *c, json_t *st, pi2_hwprof *p)
     return get_num(c, st, "storage", "seq_bps", false, &p->seq_bps);
 }
 
-static int parse_root(pctx *c, json_t *root, pi2_hwprof *p)
+static int parse_root(pi2_jr *c, json_t *root, pi2_hwprof *p)
 {
     static const char *const keys[] = { "version",    "cpu",         "isa",     "threads", "device",  "dev",
                                         "io_backend", "measured_at", "seconds", "compute", "storage" };
     if (!json_is_object(root))
-        return jfail(c, PI2_EFORMAT, "", "expected an object, got %s", jtype(root));
+        return pi2_jr_fail(c, PI2_EFORMAT, "", NULL, "expected an object, got %s", pi2_json_type_name(root));
     long long v;
     int rc;
-    if ((rc = EXACT_KEYS(c, root, "", keys)) || (rc = get_int(c, root, "", "version", INT64_MIN, INT64_MAX, &v)))
+    if ((rc = PI2_JR_KEYS(c, root, "", keys, true)) ||
+        (rc = pi2_jr_int(c, root, "", "version", INT64_MIN, INT64_MAX, &v)))
         return rc;
     if (v != PI2_HW_VERSION)
-        return jfail(c, PI2_EFORMAT, "version", "%lld is not supported (this build reads %d)", v, PI2_HW_VERSION);
-    if ((rc = get_text(c, root, "", "cpu", p->cpu, sizeof p->cpu)) ||
-        (rc = get_text(c, root, "", "isa", p->isa, sizeof p->isa)) ||
-        (rc = get_int(c, root, "", "threads", 1, PI2_HW_MAX_THREADS, &v)))
-        return rc;
-    p->threads = (int)v;
-    if ((rc = get_text(c, root, "", "device", p->device, sizeof p->device)) ||
-        (rc = get_int(c, root, "", "dev", 0, INT64_MAX, &v)))
-        return rc;
-    p->dev = (uint64_t)v;
-    if ((rc = get_text(c, root, "", "io_backend", p->io_backend, sizeof p->io_backend)) ||
-        (rc = get_text(c, root, "", "measured_at", p->measured_at, sizeof p->measured_at)))
+        return pi2_jr_fail(c, PI2_EFORMAT, "", "version", "%lld is not supported (this build reads %d)", v,
+                           PI2_HW_VERSION);
+    if ((rc = pi2_jr_text(c, root, "", "cpu", p->cpu, sizeof p->cpu)) ||
+        (rc = pi2_jr_text(c, root, "", "isa", p->isa, sizeof p->isa)) ||
+        (rc = pi2_jr_i32(c, root, "", "threads", 1, PI2_HW_MAX_THREADS, &p->threads)) ||
+        (rc = pi2_jr_text(c, root, "", "device", p->device, sizeof p->device)) ||
+        (rc = pi2_jr_u64(c, root, "", "dev", INT64_MAX, &p->dev)) ||
+        (rc = pi2_jr_text(c, root, "", "io_backend", p->io_backend, sizeof p->io_backend)) ||
+        (rc = pi2_jr_text(c, root, "", "measured_at", p->measured_at, sizeof p->measured_at)))
         return rc;
     if (!utc_stamp(p->measured_at)) {
         char b[40];
-        return jfail(c, PI2_EFORMAT, "measured_at", "\"%s\" is not a UTC time like 2025-01-31T12:00:00Z",
-                     clean(p->measured_at, b, sizeof b));
+        return pi2_jr_fail(c, PI2_EFORMAT, "", "measured_at", "\"%s\" is not a UTC time like 2025-01-31T12:00:00Z",
+                           pi2_jr_clean(p->measured_at, b, sizeof b));
     }
     if ((rc = get_num(c, root, "", "seconds", false, &p->seconds)))
         return rc;
     json_t *a = json_object_get(root, "compute");
     if (!json_is_array(a))
-        return jfail(c, PI2_EFORMAT, "compute", "expected an array, got %s", jtype(a));
+        return pi2_jr_fail(c, PI2_EFORMAT, "", "compute", "expected an array, got %s", pi2_json_type_name(a));
     if (json_array_size(a) != (size_t)p->threads)
-        return jfail(c, PI2_EFORMAT, "compute", "%zu entries, expected one per thread count 1..%d", json_array_size(a),
-                     p->threads);
+        return pi2_jr_fail(c, PI2_EFORMAT, "", "compute", "%zu entries, expected one per thread count 1..%d",
+                           json_array_size(a), p->threads);
     for (int i = 0; i < p->threads; i++)
-        if ((rc = parse_compute(c, json_array_get(a, (size_t)i), i, &p->compute[i])))
+        if ((rc = parse_compute(c, a, i, &p->compute[i])))
             return rc;
-    return parse_storage(c, json_object_get(root, "storage"), p);
+    return parse_storage(c, root, p);
 }
 
 static int parse_text(const char *text, size_t len, const char *name, pi2_hwprof *out, pi2_err *err)
@@ -1024,10 +915,10 @@ static int parse_text(const char *text, size_t len, const char *name, pi2_hwprof
     if (!root) {
         char b[100];
         return pi2_err_set(err, PI2_EFORMAT, "%.240s: not valid JSON at line %d column %d: %s", name, je.line,
-                           je.column, clean(je.text, b, sizeof b));
+                           je.column, pi2_jr_clean(je.text, b, sizeof b));
     }
     pi2_hwprof *p = calloc(1, sizeof *p);
-    pctx c = { name, err };
+    pi2_jr c = { name, err };
     int rc = p ? parse_root(&c, root, p) : pi2_err_set(err, PI2_ENOMEM, "%.240s: out of memory", name);
     json_decref(root);
     if (rc == 0)

@@ -751,19 +751,6 @@ static void sb_add(sbuf *b, const char *fmt, ...)
     }
 }
 
-/* The double whose shortest decimal form reads back as float f, so that
- * 1e-6f is written "1e-06" rather than "9.99999997e-07". */
-static double float_as_short_double(float f)
-{
-    char buf[32];
-    for (int prec = 1; prec <= 9; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, (double)f);
-        if (strtof(buf, NULL) == f)
-            return strtod(buf, NULL);
-    }
-    return (double)f;
-}
-
 int pi2_config_format(const pi2_model_desc *d, const char *torch_dtype, char **out, size_t *len, pi2_err *err)
 {
     *out = NULL;
@@ -778,7 +765,7 @@ int pi2_config_format(const pi2_model_desc *d, const char *torch_dtype, char **o
                            torch_dtype);
     char theta[40], eps[40];
     pi2_json_fmt_real(theta, sizeof theta, d->rope_theta);
-    pi2_json_fmt_real(eps, sizeof eps, float_as_short_double(d->rms_eps));
+    pi2_json_fmt_real(eps, sizeof eps, pi2_json_float_value(d->rms_eps));
     bool moe = arch_is_moe(d->arch);
 
     /* Keys in sorted order, two-space indent: what HF's save_pretrained
@@ -805,7 +792,7 @@ int pi2_config_format(const pi2_model_desc *d, const char *torch_dtype, char **o
            d->act == PI2_ACT_SILU ? "silu" : d->act == PI2_ACT_FATRELU ? "fatrelu" : "relu");
     if (d->act == PI2_ACT_FATRELU) {
         char t[40];
-        pi2_json_fmt_real(t, sizeof t, float_as_short_double(d->act_param));
+        pi2_json_fmt_real(t, sizeof t, pi2_json_float_value(d->act_param));
         sb_add(&b, "  \"hidden_act_param\": %s,\n", t);
     }
     sb_add(&b, "  \"hidden_size\": %d,\n", d->hidden);

@@ -1033,21 +1033,6 @@ static void push(jb *b, json_t *a, json_t *v, const char *what)
         b->bad = what;
 }
 
-/* The double whose shortest form reads back as f (0.3f is written 0.3). */
-static json_t *jfloat(float f)
-{
-    if (!isfinite(f))
-        return json_null();
-    char buf[40];
-    for (int p = 1; p <= 9; p++) {
-        snprintf(buf, sizeof buf, "%.*g", p, (double)f);
-        double d = strtod(buf, NULL);
-        if ((float)d == f)
-            return json_real(d);
-    }
-    return json_real((double)f);
-}
-
 static json_t *jint(long long x) { return json_integer((json_int_t)x); }
 static json_t *ju64(uint64_t x) { return json_integer(x > (uint64_t)INT64_MAX ? -1 : (json_int_t)x); }
 
@@ -1055,7 +1040,7 @@ static json_t *build_report(jb *b, const pi2_pred_report *r)
 {
     json_t *o = json_object();
     put(b, o, "rank", jint(r->rank));
-    put(b, o, "threshold", jfloat(r->threshold));
+    put(b, o, "threshold", pi2_json_float(r->threshold));
     put(b, o, "recall", pi2_json_num(r->recall));
     put(b, o, "precision", pi2_json_num(r->precision));
     put(b, o, "pred_active_frac", pi2_json_num(r->pred_active_frac));
@@ -1125,7 +1110,7 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
             const pi2_mf_predictor *p = &l->predictor;
             json_t *po = json_object();
             put(b, po, "rank", jint(p->rank));
-            put(b, po, "threshold", jfloat(p->threshold));
+            put(b, po, "threshold", pi2_json_float(p->threshold));
             put(b, po, "imported", json_boolean(p->imported));
             put(b, po, "input", json_string(pi2_pred_input_name(p->input)));
             put(b, po, "dtype", json_string(p->dtype == PI2_MF_PRED_F16 ? "f16" : "f32"));
@@ -1137,7 +1122,7 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
             put(b, o, "predictor", json_null());
         }
         if (l->has_silu_threshold)
-            put(b, o, "silu_threshold", jfloat(l->silu_threshold));
+            put(b, o, "silu_threshold", pi2_json_float(l->silu_threshold));
         push(b, pl, o, "sparsity.per_layer");
     }
     put(b, sp, "per_layer", pl);

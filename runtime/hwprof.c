@@ -531,9 +531,9 @@ int pi2_hwprof_get(const pi2_hwprof_opts *o, const char *path, bool measure, pi2
 
 /* Grid size s at grid depth d, throughput the best of the depths up to d:
  * a deeper queue can do what a shallower one does (the reader need not fill
- * it), so a dip measured at a deeper depth is the probe's noise. Taken as
- * it was, a 16 KiB depth-32 reading 18% above depth 64 made the planner pick
- * depth 32, which decoded 9-11% slower (reads come in bursts of a layer). */
+ * it), so a dip measured at a deeper depth is the probe's noise, and taken
+ * as it is it would steer the planner to the shallower depth (runtime/PERF.md,
+ * "Hardware profile"). */
 static pi2_hw_io io_env(const pi2_hwprof *p, int s, int d)
 {
     pi2_hw_io r = p->io[s][d];

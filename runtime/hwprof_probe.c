@@ -446,8 +446,8 @@ static int write_scratch(const char *dir, uint64_t bytes, char *path, size_t cap
     int fd = mkostemp(path, O_CLOEXEC);
     if (fd < 0)
         return pi2_err_set(err, PI2_EIO, "%.400s: cannot create the scratch file: %s", path, strerror(errno));
-    /* direct writes: several times faster than through the page cache, and
-     * they leave nothing cached for the reads (buffered where refused) */
+    /* direct writes: faster than through the page cache (runtime/PERF.md),
+     * and they leave nothing cached for the reads (buffered where refused) */
     int fl = fcntl(fd, F_GETFL);
     bool direct = fl >= 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0;
     uint64_t *buf = pi2_io_alloc_buf(HW_FILE_CHUNK);

@@ -641,6 +641,46 @@ static int bench_init(hw_bench *b, pi2_err *err)
     return 0;
 }
 
+/* The storage grid and the sequential figure into p. */
+static int measure_storage(pi2_io *io, uint64_t fsize, double pt, pi2_hwprof *p, pi2_err *err)
+{
+    int rc = 0;
+    for (int s = 0; s < PI2_HW_NSIZES && rc == 0; s++)
+        for (int d = 0; d < PI2_HW_NDEPTHS && rc == 0; d++) {
+            pi2_io_bench_result r;
+            if ((rc = pi2_io_bench(io, PI2_HW_IO_SIZES[s], PI2_HW_IO_DEPTHS[d], false, pt, &r, err)) == 0)
+                p->io[s][d] = (pi2_hw_io){ r.iops, r.bytes_per_s, r.lat_us };
+        }
+    pi2_io_bench_result sq;
+    if (rc == 0 && (rc = pi2_io_bench(io, 1u << 20 < fsize ? 1u << 20 : (uint32_t)fsize, 8, true, 2 * pt, &sq, err)) == 0)
+        p->seq_bps = sq.bytes_per_s;
+    return rc;
+}
+
+/* Every figure of p rounded for the JSON (see tidy). */
+static void tidy_profile(pi2_hwprof *p)
+{
+    for (int t = 0; t < p->threads; t++) {
+        pi2_hw_compute *c = &p->compute[t];
+        double *f[] = { &c->mem_bw, &c->int8_peak, &c->gemv_q8, &c->gemv_q4, &c->matmul_q8, &c->matmul_q4, &c->sgemv,
+                        &c->overlap };
+        for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+            *f[i] = tidy(*f[i]);
+        for (int l = 0; l < PI2_HW_NLEN; l++) {
+            c->gather_q8_ns[l] = tidy(c->gather_q8_ns[l]);
+            c->gather_q4_ns[l] = tidy(c->gather_q4_ns[l]);
+            c->down_q8_ns[l] = tidy(c->down_q8_ns[l]);
+            c->down_q4_ns[l] = tidy(c->down_q4_ns[l]);
+        }
+    }
+    for (int s = 0; s < PI2_HW_NSIZES; s++)
+        for (int d = 0; d < PI2_HW_NDEPTHS; d++) {
+            pi2_hw_io *x = &p->io[s][d];
+            *x = (pi2_hw_io){ tidy(x->iops), tidy(x->bytes_per_s), tidy(x->lat_us) };
+        }
+    p->seq_bps = tidy(p->seq_bps);
+}
+
 int pi2_hwprof_measure(const pi2_hwprof_opts *o, pi2_hwprof *out, pi2_err *err)
 {
     pi2_hwprof_opts def = { 0 };
@@ -697,15 +737,7 @@ int pi2_hwprof_measure(const pi2_hwprof_opts *o, pi2_hwprof *out, pi2_err *err)
     snprintf(p.io_backend, sizeof p.io_backend, "%s", pi2_io_backend_name(pi2_io_backend_used(io)));
 
     pi2_hw_logf(o->log, "storage: random reads of 4K..256K at depths 1..64 (%s), %.2f s each", p.io_backend, pt);
-    for (int s = 0; s < PI2_HW_NSIZES && rc == 0; s++)
-        for (int d = 0; d < PI2_HW_NDEPTHS && rc == 0; d++) {
-            pi2_io_bench_result r;
-            if ((rc = pi2_io_bench(io, PI2_HW_IO_SIZES[s], PI2_HW_IO_DEPTHS[d], false, pt, &r, err)) == 0)
-                p.io[s][d] = (pi2_hw_io){ r.iops, r.bytes_per_s, r.lat_us };
-        }
-    pi2_io_bench_result sq;
-    if (rc == 0 && (rc = pi2_io_bench(io, 1u << 20 < fsize ? 1u << 20 : (uint32_t)fsize, 8, true, 2 * pt, &sq, err)) == 0)
-        p.seq_bps = sq.bytes_per_s;
+    rc = measure_storage(io, fsize, pt, &p, err);
 
     hw_bench b;
     memset(&b, 0, sizeof b);
@@ -719,25 +751,7 @@ int pi2_hwprof_measure(const pi2_hwprof_opts *o, pi2_hwprof *out, pi2_err *err)
     pi2_io_close(io);
     if (rc)
         return rc;
-    for (int t = 0; t < threads; t++) {
-        pi2_hw_compute *c = &p.compute[t];
-        double *f[] = { &c->mem_bw, &c->int8_peak, &c->gemv_q8, &c->gemv_q4, &c->matmul_q8, &c->matmul_q4, &c->sgemv,
-                        &c->overlap };
-        for (size_t i = 0; i < sizeof f / sizeof *f; i++)
-            *f[i] = tidy(*f[i]);
-        for (int l = 0; l < PI2_HW_NLEN; l++) {
-            c->gather_q8_ns[l] = tidy(c->gather_q8_ns[l]);
-            c->gather_q4_ns[l] = tidy(c->gather_q4_ns[l]);
-            c->down_q8_ns[l] = tidy(c->down_q8_ns[l]);
-            c->down_q4_ns[l] = tidy(c->down_q4_ns[l]);
-        }
-    }
-    for (int s = 0; s < PI2_HW_NSIZES; s++)
-        for (int d = 0; d < PI2_HW_NDEPTHS; d++) {
-            pi2_hw_io *x = &p.io[s][d];
-            *x = (pi2_hw_io){ tidy(x->iops), tidy(x->bytes_per_s), tidy(x->lat_us) };
-        }
-    p.seq_bps = tidy(p.seq_bps);
+    tidy_profile(&p);
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);

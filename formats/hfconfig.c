@@ -1,18 +1,20 @@
-/* Hugging Face config.json <-> pi2_model_desc, and HF tensor names.
+/* Hugging Face config.json -> pi2_model_desc (the writer is hfconfig_write.c), and HF tensor names.
  *
  * Parsing is strict on types (a size must be a JSON integer, a flag a JSON
  * boolean) because a config that a Python reader would coerce silently is
  * usually a sign of a hand-edited or hostile file. Range and consistency
  * checks live in pi2_config_validate so descriptions built in code (test
- * models, converters) get the same checks before they are written. */
+ * models, converters) get the same checks before they are written. Keys are
+ * read through formats/jsonread ("<file>: <key>: <problem>"); HF's defaults
+ * for absent or null keys are applied here. */
 #include "formats/hfconfig.h"
 
+#include "formats/jsonread.h"
 #include "formats/jsonutil.h"
 
 #include <float.h>
 #include <jansson.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,60 +205,49 @@ static json_t *get(json_t *o, const char *key)
     return v && !json_is_null(v) ? v : NULL;
 }
 
-/* Integer key. Absent/null: PI2_ENOTFOUND if required, else *out = dflt. */
-static int get_int(json_t *o, const char *key, bool required, int dflt, int *out, const char *name, pi2_err *err)
+/* HF's convention: a key that is absent or null takes its default. The
+ * readers below apply it, then read through formats/jsonread. */
+static int missing(pi2_jr *r, const char *w, const char *key)
 {
-    json_t *v = get(o, key);
-    if (!v) {
-        if (required)
-            return pi2_err_set(err, PI2_ENOTFOUND, "%s: required key %s is missing", name, key);
+    return pi2_jr_fail(r, PI2_ENOTFOUND, w, key, "required key is missing");
+}
+
+/* Integer key in the int range. Absent/null: missing if required, else
+ * *out = dflt. */
+static int get_int(pi2_jr *r, json_t *o, const char *key, bool required, int dflt, int *out)
+{
+    if (!get(o, key)) {
+        *out = dflt;
+        return required ? missing(r, "", key) : 0;
+    }
+    return pi2_jr_i32(r, o, "", key, -(long long)INT32_MAX, INT32_MAX, out);
+}
+
+/* Number key in [lo, hi] (flags of pi2_jr_real); absent/null: dflt. */
+static int get_real(pi2_jr *r, json_t *o, const char *w, const char *key, double dflt, double lo, double hi,
+                    unsigned flags, double *out)
+{
+    if (!get(o, key)) {
         *out = dflt;
         return 0;
     }
-    if (!json_is_integer(v))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %s must be an integer", name, key);
-    json_int_t x = json_integer_value(v);
-    if (x < -(json_int_t)0x7fffffff || x > (json_int_t)0x7fffffff)
-        return pi2_err_set(err, PI2_ERANGE, "%s: %s %lld out of range", name, key, (long long)x);
-    *out = (int)x;
-    return 0;
+    return pi2_jr_real(r, o, w, key, lo, hi, flags, out);
 }
 
-static int get_real(json_t *o, const char *key, double dflt, double *out, const char *name, pi2_err *err)
+static int get_bool(pi2_jr *r, json_t *o, const char *key, bool dflt, bool *out)
 {
-    json_t *v = get(o, key);
-    if (!v) {
+    if (!get(o, key)) {
         *out = dflt;
         return 0;
     }
-    if (!json_is_number(v))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %s must be a number", name, key);
-    *out = json_number_value(v);
-    return 0;
+    return pi2_jr_bool(r, o, "", key, out);
 }
 
-static int get_bool(json_t *o, const char *key, bool dflt, bool *out, const char *name, pi2_err *err)
+static int get_string(pi2_jr *r, json_t *o, const char *key, const char **out)
 {
-    json_t *v = get(o, key);
-    if (!v) {
-        *out = dflt;
-        return 0;
-    }
-    if (!json_is_boolean(v))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %s must be true or false", name, key);
-    *out = json_is_true(v);
-    return 0;
-}
-
-static int get_string(json_t *o, const char *key, const char **out, const char *name, pi2_err *err)
-{
-    json_t *v = get(o, key);
-    if (!v)
-        return pi2_err_set(err, PI2_ENOTFOUND, "%s: required key %s is missing", name, key);
-    if (!json_is_string(v))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %s must be a string", name, key);
-    *out = json_string_value(v);
-    return 0;
+    if (!get(o, key))
+        return missing(r, "", key);
+    return pi2_jr_str(r, o, "", key, SIZE_MAX, out);
 }
 
 static int parse_eos(json_t *o, pi2_model_desc *d, const char *name, pi2_err *err)
@@ -301,38 +292,37 @@ static int parse_eos(json_t *o, pi2_model_desc *d, const char *name, pi2_err *er
     return 0;
 }
 
-/* A required number inside rope_scaling. */
-static int rope_num(json_t *o, const char *key, double *out, const char *name, pi2_err *err)
+/* A required number inside rope_scaling (ranges: pi2_config_validate). */
+static int rope_num(pi2_jr *r, json_t *o, const char *key, double *out)
 {
-    json_t *v = get(o, key);
-    if (!v)
-        return pi2_err_set(err, PI2_ENOTFOUND, "%s: rope_scaling.%s is missing", name, key);
-    if (!json_is_number(v))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: rope_scaling.%s must be a number", name, key);
-    *out = json_number_value(v);
-    return 0;
+    if (!get(o, key))
+        return missing(r, "rope_scaling", key);
+    return pi2_jr_real(r, o, "rope_scaling", key, -DBL_MAX, DBL_MAX, 0, out);
 }
 
 /* rope_scaling: null, or {"rope_type" (or "type"): ..., factors}. Ranges
  * are checked by pi2_config_validate. */
-static int parse_rope(json_t *root, pi2_model_desc *d, const char *name, pi2_err *err)
+static int parse_rope(pi2_jr *rd, json_t *root, pi2_model_desc *d)
 {
     memset(&d->rope, 0, sizeof d->rope);
     json_t *o = get(root, "rope_scaling");
     if (!o)
         return 0;
     if (!json_is_object(o))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: rope_scaling must be an object or null", name);
+        return pi2_jr_fail(rd, PI2_EFORMAT, "", "rope_scaling", "expected an object or null, got %s",
+                           pi2_json_type_name(o));
     json_t *rt = get(o, "rope_type"), *ty = get(o, "type");
     if (!rt && !ty)
-        return pi2_err_set(err, PI2_ENOTFOUND, "%s: rope_scaling has no rope_type (or type)", name);
-    if ((rt && !json_is_string(rt)) || (ty && !json_is_string(ty)))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: rope_scaling.%s must be a string", name,
-                           rt && !json_is_string(rt) ? "rope_type" : "type");
-    if (rt && ty && strcmp(json_string_value(rt), json_string_value(ty)) != 0)
-        return pi2_err_set(err, PI2_EFORMAT, "%s: rope_scaling.rope_type \"%.32s\" and type \"%.32s\" disagree",
-                           name, json_string_value(rt), json_string_value(ty));
-    const char *t = json_string_value(rt ? rt : ty);
+        return pi2_jr_fail(rd, PI2_ENOTFOUND, "rope_scaling", "rope_type", "required key is missing (and so is type)");
+    const char *t = NULL, *t2 = NULL;
+    int rc;
+    if ((rt && (rc = pi2_jr_str(rd, o, "rope_scaling", "rope_type", SIZE_MAX, &t))) ||
+        (ty && (rc = pi2_jr_str(rd, o, "rope_scaling", "type", SIZE_MAX, &t2))))
+        return rc;
+    if (t && t2 && strcmp(t, t2) != 0)
+        return pi2_jr_fail(rd, PI2_EFORMAT, "rope_scaling", "rope_type", "\"%.32s\" and type \"%.32s\" disagree", t,
+                           t2);
+    t = t ? t : t2;
     pi2_rope_scaling *r = &d->rope;
     if (strcmp(t, "default") == 0)
         return 0;
@@ -343,39 +333,29 @@ static int parse_rope(json_t *root, pi2_model_desc *d, const char *name, pi2_err
     else if (strcmp(t, "llama3") == 0)
         r->type = PI2_ROPE_LLAMA3;
     else
-        return pi2_err_set(err, PI2_EUNSUPPORTED,
-                           "%s: rope_scaling type \"%.64s\" is not supported (pi2 runs linear, dynamic and llama3)",
-                           name, t);
-    int rc = rope_num(o, "factor", &r->factor, name, err);
+        return pi2_jr_fail(rd, PI2_EUNSUPPORTED, "rope_scaling", rt ? "rope_type" : "type",
+                           "\"%.64s\" is not supported (pi2 runs linear, dynamic and llama3)", t);
+    rc = rope_num(rd, o, "factor", &r->factor);
     if (rc || r->type != PI2_ROPE_LLAMA3)
         return rc;
-    if ((rc = rope_num(o, "low_freq_factor", &r->low_freq_factor, name, err)) ||
-        (rc = rope_num(o, "high_freq_factor", &r->high_freq_factor, name, err)))
+    if ((rc = rope_num(rd, o, "low_freq_factor", &r->low_freq_factor)) ||
+        (rc = rope_num(rd, o, "high_freq_factor", &r->high_freq_factor)))
         return rc;
-    json_t *om = get(o, "original_max_position_embeddings");
-    if (!om)
-        return pi2_err_set(err, PI2_ENOTFOUND, "%s: rope_scaling.original_max_position_embeddings is missing", name);
-    if (!json_is_integer(om))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: rope_scaling.original_max_position_embeddings must be an integer",
-                           name);
-    json_int_t x = json_integer_value(om);
-    if (x < 1 || x > PI2_CFG_MAX_DIM)
-        return pi2_err_set(err, PI2_ERANGE,
-                           "%s: rope_scaling.original_max_position_embeddings %lld out of range [1, %d]", name,
-                           (long long)x, PI2_CFG_MAX_DIM);
-    r->orig_max_pos = (int)x;
-    return 0;
+    if (!get(o, "original_max_position_embeddings"))
+        return missing(rd, "rope_scaling", "original_max_position_embeddings");
+    return pi2_jr_i32(rd, o, "rope_scaling", "original_max_position_embeddings", 1, PI2_CFG_MAX_DIM,
+                      &r->orig_max_pos);
 }
 
 /* A boolean flag we only support as false (or absent). */
-static int reject_true(json_t *o, const char *key, const char *name, pi2_err *err)
+static int reject_true(pi2_jr *r, json_t *o, const char *key)
 {
     bool b = false;
-    int rc = get_bool(o, key, false, &b, name, err);
+    int rc = get_bool(r, o, key, false, &b);
     if (rc)
         return rc;
     if (b)
-        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: %s = true is not supported", name, key);
+        return pi2_jr_fail(r, PI2_EUNSUPPORTED, "", key, "true is not supported");
     return 0;
 }
 
@@ -386,10 +366,11 @@ static int parse_object(json_t *root, pi2_model_desc *out, const char *name, pi2
     int rc;
     const char *s = NULL;
 
+    pi2_jr r = { name, err };
     if (!json_is_object(root))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: top level is not a JSON object", name);
+        return pi2_jr_fail(&r, PI2_EFORMAT, "", NULL, "expected an object, got %s", pi2_json_type_name(root));
 
-    if ((rc = get_string(root, "model_type", &s, name, err)))
+    if ((rc = get_string(&r, root, "model_type", &s)))
         return rc;
     size_t ai;
     for (ai = 0; ai < N_ARCH; ai++)
@@ -399,17 +380,17 @@ static int parse_object(json_t *root, pi2_model_desc *out, const char *name, pi2
         char known[160] = "";
         for (size_t k = 0; k < N_ARCH; k++)
             snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", k ? ", " : "", arch_table[k].type);
-        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: unsupported model_type \"%.64s\" (pi2 runs %s)", name, s,
+        return pi2_jr_fail(&r, PI2_EUNSUPPORTED, "", "model_type", "\"%.64s\" is not supported (pi2 runs %s)", s,
                            known);
     }
     d.arch = arch_table[ai].arch;
 
-    if ((rc = get_string(root, "hidden_act", &s, name, err)))
+    if ((rc = get_string(&r, root, "hidden_act", &s)))
         return rc;
     bool silu = strcmp(s, "silu") == 0, relu = strcmp(s, "relu") == 0, fat = strcmp(s, "fatrelu") == 0;
     if (!silu && !relu && !fat)
-        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: unsupported hidden_act \"%.64s\" (silu, relu or fatrelu)",
-                           name, s);
+        return pi2_jr_fail(&r, PI2_EUNSUPPORTED, "", "hidden_act",
+                           "\"%.64s\" is not supported (silu, relu or fatrelu)", s);
     if (arch_is_drelu(d.arch)) {
         if (!relu)
             return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: model_type %s needs hidden_act relu, not \"%.64s\"",
@@ -420,27 +401,22 @@ static int parse_object(json_t *root, pi2_model_desc *out, const char *name, pi2
     }
     if (fat) {
         /* FATReLU's threshold: required, there is no default to assume. */
-        json_t *t = get(root, "hidden_act_param");
-        if (!t)
-            return pi2_err_set(err, PI2_ENOTFOUND, "%s: hidden_act fatrelu needs hidden_act_param (its threshold)",
-                               name);
-        if (!json_is_number(t))
-            return pi2_err_set(err, PI2_EFORMAT, "%s: hidden_act_param must be a number", name);
-        double tv = json_number_value(t);
-        if (!(tv >= 0 && tv <= FLT_MAX))
-            return pi2_err_set(err, PI2_ERANGE, "%s: hidden_act_param %g must be a finite threshold >= 0", name, tv);
-        d.act_param = (float)tv;
+        if (!get(root, "hidden_act_param"))
+            return pi2_jr_fail(&r, PI2_ENOTFOUND, "", "hidden_act_param",
+                               "required by hidden_act fatrelu (its threshold)");
+        if ((rc = pi2_jr_float(&r, root, "", "hidden_act_param", 0, FLT_MAX, &d.act_param)))
+            return rc;
     }
 
-    if ((rc = get_int(root, "hidden_size", true, 0, &d.hidden, name, err)) ||
-        (rc = get_int(root, "intermediate_size", true, 0, &d.n_ff, name, err)) ||
-        (rc = get_int(root, "num_hidden_layers", true, 0, &d.n_layers, name, err)) ||
-        (rc = get_int(root, "num_attention_heads", true, 0, &d.n_heads, name, err)) ||
-        (rc = get_int(root, "vocab_size", true, 0, &d.vocab, name, err)) ||
-        (rc = get_int(root, "max_position_embeddings", true, 0, &d.max_pos, name, err)) ||
-        (rc = get_int(root, "num_key_value_heads", false, d.n_heads, &d.n_kv_heads, name, err)) ||
-        (rc = get_int(root, "head_dim", false, 0, &d.head_dim, name, err)) ||
-        (rc = get_int(root, "bos_token_id", false, 1, &d.bos_id, name, err)))
+    if ((rc = get_int(&r, root, "hidden_size", true, 0, &d.hidden)) ||
+        (rc = get_int(&r, root, "intermediate_size", true, 0, &d.n_ff)) ||
+        (rc = get_int(&r, root, "num_hidden_layers", true, 0, &d.n_layers)) ||
+        (rc = get_int(&r, root, "num_attention_heads", true, 0, &d.n_heads)) ||
+        (rc = get_int(&r, root, "vocab_size", true, 0, &d.vocab)) ||
+        (rc = get_int(&r, root, "max_position_embeddings", true, 0, &d.max_pos)) ||
+        (rc = get_int(&r, root, "num_key_value_heads", false, d.n_heads, &d.n_kv_heads)) ||
+        (rc = get_int(&r, root, "head_dim", false, 0, &d.head_dim)) ||
+        (rc = get_int(&r, root, "bos_token_id", false, 1, &d.bos_id)))
         return rc;
     if (d.bos_id < 0)
         return pi2_err_set(err, PI2_ERANGE, "%s: bos_token_id %d is negative", name, d.bos_id);
@@ -461,29 +437,27 @@ static int parse_object(json_t *root, pi2_model_desc *out, const char *name, pi2
     }
 
     double theta = 0, eps = 0;
-    if ((rc = get_real(root, "rope_theta", 10000.0, &theta, name, err)) ||
-        (rc = get_real(root, "rms_norm_eps", 1e-6, &eps, name, err)) ||
-        (rc = get_bool(root, "tie_word_embeddings", false, &d.tie_embeddings, name, err)))
+    if ((rc = get_real(&r, root, "", "rope_theta", 10000.0, -DBL_MAX, DBL_MAX, 0, &theta)) ||
+        (rc = get_real(&r, root, "", "rms_norm_eps", 1e-6, 0, 1, PI2_JR_LO_OPEN | PI2_JR_HI_OPEN, &eps)) ||
+        (rc = get_bool(&r, root, "tie_word_embeddings", false, &d.tie_embeddings)))
         return rc;
     d.rope_theta = theta;
-    if (!(eps > 0 && eps < 1))
-        return pi2_err_set(err, PI2_ERANGE, "%s: rms_norm_eps %g out of range (0, 1)", name, eps);
     d.rms_eps = (float)eps;
 
-    if ((rc = parse_rope(root, &d, name, err)))
+    if ((rc = parse_rope(&r, root, &d)))
         return rc;
-    if ((rc = reject_true(root, "attention_bias", name, err)) || (rc = reject_true(root, "mlp_bias", name, err)))
+    if ((rc = reject_true(&r, root, "attention_bias")) || (rc = reject_true(&r, root, "mlp_bias")))
         return rc;
 
     if (arch_is_moe(d.arch)) {
-        if ((rc = get_int(root, "num_local_experts", true, 0, &d.n_experts, name, err)) ||
-            (rc = get_int(root, "num_experts_per_tok", true, 0, &d.n_experts_used, name, err)))
+        if ((rc = get_int(&r, root, "num_local_experts", true, 0, &d.n_experts)) ||
+            (rc = get_int(&r, root, "num_experts_per_tok", true, 0, &d.n_experts_used)))
             return rc;
     } else {
         /* A dense type may carry the keys (some exporters copy them); one
          * expert is the dense model, more would be silently dropped. */
         int ne = 0;
-        if ((rc = get_int(root, "num_local_experts", false, 0, &ne, name, err)))
+        if ((rc = get_int(&r, root, "num_local_experts", false, 0, &ne)))
             return rc;
         if (ne > 1)
             return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: num_local_experts %d given for dense model_type %s",
@@ -738,180 +712,6 @@ void pi2_rope_inv_freq(const pi2_model_desc *d, int pos, float *inv_freq)
     }
 }
 
-/* ---- writing ---- */
-
-/* Growing text buffer; `failed` sticks after the first allocation failure. */
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool failed;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_add(sbuf *b, const char *fmt, ...)
-{
-    if (b->failed)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->failed = true;
-            return;
-        }
-        if (b->p && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t ncap = (b->cap ? b->cap * 2 : 1024) + (size_t)n;
-        char *np = realloc(b->p, ncap);
-        if (!np) {
-            b->failed = true;
-            return;
-        }
-        b->p = np;
-        b->cap = ncap;
-    }
-}
-
-/* The double whose shortest decimal form reads back as float f, so that
- * 1e-6f is written "1e-06" rather than "9.99999997e-07". */
-static double float_as_short_double(float f)
-{
-    char buf[32];
-    for (int prec = 1; prec <= 9; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, (double)f);
-        if (strtof(buf, NULL) == f)
-            return strtod(buf, NULL);
-    }
-    return (double)f;
-}
-
-int pi2_config_format(const pi2_model_desc *d, const char *torch_dtype, char **out, size_t *len, pi2_err *err)
-{
-    *out = NULL;
-    if (len)
-        *len = 0;
-    int rc = pi2_config_validate(d, "config", err);
-    if (rc)
-        return rc;
-    if (torch_dtype && strcmp(torch_dtype, "float32") != 0 && strcmp(torch_dtype, "float16") != 0 &&
-        strcmp(torch_dtype, "bfloat16") != 0)
-        return pi2_err_set(err, PI2_EINVAL, "config: torch_dtype \"%.32s\" is not float32, float16 or bfloat16",
-                           torch_dtype);
-    char theta[40], eps[40];
-    pi2_json_fmt_real(theta, sizeof theta, d->rope_theta);
-    pi2_json_fmt_real(eps, sizeof eps, float_as_short_double(d->rms_eps));
-    bool moe = arch_is_moe(d->arch);
-
-    /* Keys in sorted order, two-space indent: what HF's save_pretrained
-     * (json.dumps(indent=2, sort_keys=True)) produces. */
-    sbuf b = { 0 };
-    sb_add(&b, "{\n  \"architectures\": [\n    \"%s\"\n  ],\n", pi2_arch_class(d->arch));
-    sb_add(&b, "  \"attention_bias\": false,\n");
-    if (d->bos_id >= 0)
-        sb_add(&b, "  \"bos_token_id\": %d,\n", d->bos_id);
-    else
-        sb_add(&b, "  \"bos_token_id\": null,\n");
-    if (d->n_eos == 0) {
-        sb_add(&b, "  \"eos_token_id\": null,\n");
-    } else if (d->n_eos == 1) {
-        sb_add(&b, "  \"eos_token_id\": %d,\n", d->eos_ids[0]);
-    } else {
-        sb_add(&b, "  \"eos_token_id\": [\n");
-        for (int i = 0; i < d->n_eos; i++)
-            sb_add(&b, "    %d%s\n", d->eos_ids[i], i + 1 < d->n_eos ? "," : "");
-        sb_add(&b, "  ],\n");
-    }
-    sb_add(&b, "  \"head_dim\": %d,\n", d->head_dim);
-    sb_add(&b, "  \"hidden_act\": \"%s\",\n",
-           d->act == PI2_ACT_SILU ? "silu" : d->act == PI2_ACT_FATRELU ? "fatrelu" : "relu");
-    if (d->act == PI2_ACT_FATRELU) {
-        char t[40];
-        pi2_json_fmt_real(t, sizeof t, float_as_short_double(d->act_param));
-        sb_add(&b, "  \"hidden_act_param\": %s,\n", t);
-    }
-    sb_add(&b, "  \"hidden_size\": %d,\n", d->hidden);
-    sb_add(&b, "  \"intermediate_size\": %d,\n", d->n_ff);
-    sb_add(&b, "  \"max_position_embeddings\": %d,\n", d->max_pos);
-    sb_add(&b, "  \"mlp_bias\": false,\n");
-    sb_add(&b, "  \"model_type\": \"%s\",\n", pi2_arch_name(d->arch));
-    sb_add(&b, "  \"num_attention_heads\": %d,\n", d->n_heads);
-    if (moe)
-        sb_add(&b, "  \"num_experts_per_tok\": %d,\n", d->n_experts_used);
-    sb_add(&b, "  \"num_hidden_layers\": %d,\n", d->n_layers);
-    sb_add(&b, "  \"num_key_value_heads\": %d,\n", d->n_kv_heads);
-    if (moe)
-        sb_add(&b, "  \"num_local_experts\": %d,\n", d->n_experts);
-    sb_add(&b, "  \"rms_norm_eps\": %s,\n", eps);
-    if (d->rope.type == PI2_ROPE_DEFAULT) {
-        sb_add(&b, "  \"rope_scaling\": null,\n");
-    } else {
-        char f[40];
-        const pi2_rope_scaling *r = &d->rope;
-        pi2_json_fmt_real(f, sizeof f, r->factor);
-        sb_add(&b, "  \"rope_scaling\": {\n    \"factor\": %s,\n", f);
-        if (r->type == PI2_ROPE_LLAMA3) {
-            char hi[40], lo[40];
-            pi2_json_fmt_real(hi, sizeof hi, r->high_freq_factor);
-            pi2_json_fmt_real(lo, sizeof lo, r->low_freq_factor);
-            sb_add(&b, "    \"high_freq_factor\": %s,\n    \"low_freq_factor\": %s,\n", hi, lo);
-            sb_add(&b, "    \"original_max_position_embeddings\": %d,\n", r->orig_max_pos);
-        }
-        sb_add(&b, "    \"rope_type\": \"%s\"\n  },\n", pi2_rope_type_name(r->type));
-    }
-    sb_add(&b, "  \"rope_theta\": %s,\n", theta);
-    sb_add(&b, "  \"tie_word_embeddings\": %s,\n", d->tie_embeddings ? "true" : "false");
-    if (torch_dtype)
-        sb_add(&b, "  \"torch_dtype\": \"%s\",\n", torch_dtype);
-    sb_add(&b, "  \"use_cache\": true,\n");
-    sb_add(&b, "  \"vocab_size\": %d\n}\n", d->vocab);
-    if (b.failed) {
-        free(b.p);
-        return pi2_err_set(err, PI2_ENOMEM, "config: out of memory");
-    }
-    *out = b.p;
-    if (len)
-        *len = b.len;
-    return 0;
-}
-
-int pi2_config_write_dtype(const char *path, const pi2_model_desc *d, const char *torch_dtype, pi2_err *err)
-{
-    char buf[4096];
-    if (!path)
-        return pi2_err_set(err, PI2_EINVAL, "config: no path");
-    if (pi2_is_dir(path)) {
-        if (!pi2_path_join(buf, sizeof buf, path, "config.json"))
-            return pi2_err_set(err, PI2_ERANGE, "%s: path too long", path);
-        path = buf;
-    }
-    char *text;
-    size_t len;
-    pi2_err sub = { 0 };
-    int rc = pi2_config_format(d, torch_dtype, &text, &len, &sub);
-    if (rc)
-        return pi2_err_set(err, rc, "%s: %s", path, sub.msg);
-    pi2_afile *f;
-    rc = pi2_afile_open(&f, path, err);
-    if (rc == 0) {
-        rc = pi2_afile_write(f, text, len, err);
-        if (rc == 0)
-            rc = pi2_afile_commit(f, err);
-        else
-            pi2_afile_abort(f);
-    }
-    free(text);
-    return rc;
-}
-
-int pi2_config_write(const char *path, const pi2_model_desc *d, pi2_err *err)
-{
-    return pi2_config_write_dtype(path, d, NULL, err);
-}
-
 /* ---- tensor names ---- */
 
 bool pi2_tensor_name(char *buf, size_t cap, const pi2_model_desc *d, pi2_tname t, int layer, int expert)
@@ -985,15 +785,10 @@ int pi2_pred_repo_config_read(const char *path, double *threshold, bool *found, 
         json_decref(root);
         return pi2_err_set(err, PI2_EFORMAT, "%s: %s", path, root ? "not a JSON object" : "not valid JSON");
     }
-    json_t *v = get(root, "sparse_threshold");
-    if (v && !json_is_number(v))
-        rc = pi2_err_set(err, PI2_EFORMAT, "%s: sparse_threshold is %s, expected a number", path,
-                         pi2_json_type_name(v));
-    else if (v && !isfinite(json_number_value(v)))
-        rc = pi2_err_set(err, PI2_ERANGE, "%s: sparse_threshold is not finite", path);
-    else if (v) {
-        *threshold = json_number_value(v);
-        *found = true;
+    pi2_jr r = { path, err };
+    if (get(root, "sparse_threshold")) {
+        rc = pi2_jr_real(&r, root, "", "sparse_threshold", -DBL_MAX, DBL_MAX, 0, threshold);
+        *found = rc == 0;
     }
     json_decref(root);
     return rc;

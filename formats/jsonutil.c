@@ -7,6 +7,8 @@
 
 const char *pi2_json_type_name(const json_t *v)
 {
+    if (!v)
+        return "nothing";
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
@@ -40,6 +42,23 @@ void pi2_json_fmt_real(char *buf, size_t cap, double v)
 }
 
 json_t *pi2_json_num(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+/* Nine significant digits always read back as the float (for a finite f), so
+ * the loop ends there; the cast of strtod, not strtof, is the test because a
+ * reader parses the double first (the two can differ by double rounding). */
+double pi2_json_float_value(float f)
+{
+    char buf[40];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)f);
+        double d = strtod(buf, NULL);
+        if ((float)d == f)
+            return d;
+    }
+    return (double)f;
+}
+
+json_t *pi2_json_float(float f) { return isfinite(f) ? json_real(pi2_json_float_value(f)) : json_null(); }
 
 void pi2_sb_put(pi2_sbuf *b, const char *s, size_t n)
 {

@@ -8,7 +8,8 @@
 #include <stddef.h>
 
 /* "an object", "an array", "a string", "an integer", "a real", "a boolean",
- * "null": the JSON type of v as the error messages name it. */
+ * "null": the JSON type of v as the error messages name it; "nothing" for a
+ * NULL v (a member that is not there). */
 const char *pi2_json_type_name(const json_t *v);
 
 /* Shortest decimal that reads back as the same double, spelled as Python's
@@ -19,6 +20,19 @@ void pi2_json_fmt_real(char *buf, size_t cap, double v);
 
 /* json_real(x) for a finite x, JSON null otherwise (NaN and Inf are not JSON). */
 json_t *pi2_json_num(double x);
+
+/* The double to print for a float field: the one with the fewest significant
+ * digits (at most 9) that reads back as f the way our readers read it (JSON
+ * text -> double -> float), so 1e-6f is written 1e-06 by pi2_json_fmt_real
+ * rather than 9.99999997e-07. The two steps differ on purpose: the shortest
+ * decimal of (double)f would spell out the float's binary error, so a float
+ * field first becomes the short double here, which pi2_json_fmt_real (the
+ * shortest that round-trips a double) then prints. The one float printer:
+ * the manifest's and the config's float fields go through it. */
+double pi2_json_float_value(float f);
+
+/* json_real(pi2_json_float_value(f)) for a finite f, JSON null otherwise. */
+json_t *pi2_json_float(float f);
 
 /* Growing text buffer for the JSON writers (kept NUL-terminated); after an
  * allocation failure every call is a no-op and `failed` stays set. */

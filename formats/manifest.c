@@ -1,13 +1,8 @@
-/* pi2 manifest: builder, deterministic writer and strict reader of
- * manifest.json. See formats/manifest.h for the layout and the checks.
- *
- * Writing builds a jansson tree in a fixed key order and prints it with our
- * own emitter rather than json_dumps: we want the shortest round-trip form of
- * every real (0.95, not 0.94999999999999996) and small records on one line,
- * and the bytes must never depend on anything but the struct, because a
- * bundled manifest is signed over its exact bytes. The writer then parses its
- * own output, so the one set of checks lives in the reader. */
+/* pi2 manifest: builder and strict reader of manifest.json. See
+ * formats/manifest.h for the layout and the checks; the writer, which parses
+ * its own output with this reader, is formats/manifest_write.c. */
 #include "formats/manifest.h"
+#include "formats/jsonread.h"
 #include "formats/jsonutil.h"
 
 #include <float.h>
@@ -258,215 +253,17 @@ static bool member_name_ok(const char *s)
     }
 }
 
-/* A copy of untrusted text fit for a one-line message. */
-static const char *clean(const char *s, char *buf, size_t cap)
-{
-    size_t i = 0;
-    for (; s[i] && i + 1 < cap; i++)
-        buf[i] = (unsigned char)s[i] >= 0x20 && (unsigned char)s[i] < 0x7f ? s[i] : '?';
-    buf[i] = 0;
-    if (s[i] && cap > 4)
-        memcpy(buf + cap - 4, "...", 4);
-    return buf;
-}
-
 /* ---- reader ---- */
 
 typedef struct pctx {
-    const char *name;
-    pi2_err *err;
+    pi2_jr r; /* file name and error for the messages */
     pi2_manifest *m;
     const pi2_ctr_section **by_name; /* sections sorted by name */
     size_t n_by_name;
 } pctx;
 
 /* "<name>: <where>.<key>: <problem>"; where or key may be empty/NULL. */
-__attribute__((format(printf, 5, 6))) static int fail(pctx *c, int code, const char *where, const char *key,
-                                                      const char *fmt, ...)
-{
-    char msg[320];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    bool dot = where && *where && key && *key;
-    return pi2_err_set(c->err, code, "%.160s: %s%s%s: %s", c->name, where ? where : "", dot ? "." : "",
-                       key ? key : "", msg);
-}
-
-static const char *jtype(const json_t *v) { return pi2_json_type_name(v); }
-
-static int need(pctx *c, json_t *o, const char *w, const char *k, json_t **v)
-{
-    *v = json_object_get(o, k);
-    if (!*v)
-        return fail(c, PI2_ENOTFOUND, w, k, "required key is missing");
-    return 0;
-}
-
-static int check_keys(pctx *c, json_t *o, const char *w, const char *const *keys, size_t n)
-{
-    const char *key;
-    json_t *val;
-    json_object_foreach(o, key, val) {
-        size_t i = 0;
-        while (i < n && strcmp(key, keys[i]) != 0)
-            i++;
-        if (i == n) {
-            char buf[64];
-            return fail(c, PI2_EFORMAT, w, clean(key, buf, sizeof buf), "unknown key");
-        }
-    }
-    return 0;
-}
-#define CHECK_KEYS(c, o, w, keys) check_keys((c), (o), (w), (keys), sizeof(keys) / sizeof((keys)[0]))
-
-static int get_obj(pctx *c, json_t *o, const char *w, const char *k, bool nullable, json_t **out)
-{
-    int rc = need(c, o, w, k, out);
-    if (rc)
-        return rc;
-    if (nullable && json_is_null(*out)) {
-        *out = NULL;
-        return 0;
-    }
-    if (!json_is_object(*out))
-        return fail(c, PI2_EFORMAT, w, k, "expected an object, got %s", jtype(*out));
-    return 0;
-}
-
-static int get_arr(pctx *c, json_t *o, const char *w, const char *k, size_t max, json_t **out, size_t *n)
-{
-    int rc = need(c, o, w, k, out);
-    if (rc)
-        return rc;
-    if (!json_is_array(*out))
-        return fail(c, PI2_EFORMAT, w, k, "expected an array, got %s", jtype(*out));
-    *n = json_array_size(*out);
-    if (*n > max)
-        return fail(c, PI2_ERANGE, w, k, "%zu entries, at most %zu allowed here", *n, max);
-    return 0;
-}
-
-static int get_int(pctx *c, json_t *o, const char *w, const char *k, long long lo, long long hi, long long *out)
-{
-    json_t *v;
-    int rc = need(c, o, w, k, &v);
-    if (rc)
-        return rc;
-    if (!json_is_integer(v))
-        return fail(c, PI2_EFORMAT, w, k, "expected an integer, got %s", jtype(v));
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi) {
-        if (hi == INT64_MAX)
-            return fail(c, PI2_ERANGE, w, k, "%lld is out of range (must be >= %lld)", x, lo);
-        return fail(c, PI2_ERANGE, w, k, "%lld is out of range [%lld, %lld]", x, lo, hi);
-    }
-    *out = x;
-    return 0;
-}
-
-static int get_i32(pctx *c, json_t *o, const char *w, const char *k, long long lo, long long hi, int *out)
-{
-    long long x;
-    int rc = get_int(c, o, w, k, lo, hi, &x);
-    if (rc == 0)
-        *out = (int)x;
-    return rc;
-}
-
-static int get_u64(pctx *c, json_t *o, const char *w, const char *k, long long hi, uint64_t *out)
-{
-    long long x;
-    int rc = get_int(c, o, w, k, 0, hi, &x);
-    if (rc == 0)
-        *out = (uint64_t)x;
-    return rc;
-}
-
-/* Number in [lo, hi] (lo excluded when lo_open). A missing key is NaN when
- * optional; null is NaN when nullable. */
-static int get_num(pctx *c, json_t *o, const char *w, const char *k, double lo, double hi, bool lo_open,
-                   bool nullable, bool optional, double *out)
-{
-    json_t *v = json_object_get(o, k);
-    if (!v) {
-        if (!optional)
-            return fail(c, PI2_ENOTFOUND, w, k, "required key is missing");
-        *out = NAN;
-        return 0;
-    }
-    if (json_is_null(v) && nullable) {
-        *out = NAN;
-        return 0;
-    }
-    if (!json_is_number(v))
-        return fail(c, PI2_EFORMAT, w, k, "expected a number, got %s", jtype(v));
-    double x = json_number_value(v);
-    if (!isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
-        if (hi == DBL_MAX || hi == FLT_MAX)
-            return fail(c, PI2_ERANGE, w, k, "%g is out of range (must be %s %g)", x, lo_open ? ">" : ">=", lo);
-        return fail(c, PI2_ERANGE, w, k, "%g is out of range %c%g, %g]", x, lo_open ? '(' : '[', lo, hi);
-    }
-    *out = x;
-    return 0;
-}
-
-static int get_float(pctx *c, json_t *o, const char *w, const char *k, double lo, double hi, float *out)
-{
-    double x;
-    int rc = get_num(c, o, w, k, lo, hi, false, false, false, &x);
-    if (rc == 0)
-        *out = (float)x;
-    return rc;
-}
-
-static int get_bool(pctx *c, json_t *o, const char *w, const char *k, bool *out)
-{
-    json_t *v;
-    int rc = need(c, o, w, k, &v);
-    if (rc)
-        return rc;
-    if (!json_is_boolean(v))
-        return fail(c, PI2_EFORMAT, w, k, "expected true or false, got %s", jtype(v));
-    *out = json_is_true(v);
-    return 0;
-}
-
-/* String shorter than cap bytes without NUL bytes. */
-static int get_str(pctx *c, json_t *o, const char *w, const char *k, size_t cap, const char **out)
-{
-    json_t *v;
-    int rc = need(c, o, w, k, &v);
-    if (rc)
-        return rc;
-    if (!json_is_string(v))
-        return fail(c, PI2_EFORMAT, w, k, "expected a string, got %s", jtype(v));
-    const char *s = json_string_value(v);
-    size_t n = json_string_length(v);
-    if (strlen(s) != n)
-        return fail(c, PI2_EFORMAT, w, k, "string holds a NUL byte");
-    if (n >= cap)
-        return fail(c, PI2_ERANGE, w, k, "string of %zu bytes, at most %zu allowed", n, cap - 1);
-    *out = s;
-    return 0;
-}
-
-/* Free text: 1..cap-1 bytes, no control characters. */
-static int get_text(pctx *c, json_t *o, const char *w, const char *k, char *dst, size_t cap)
-{
-    const char *s;
-    int rc = get_str(c, o, w, k, cap, &s);
-    if (rc)
-        return rc;
-    if (!*s)
-        return fail(c, PI2_EFORMAT, w, k, "empty string");
-    for (const char *p = s; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            return fail(c, PI2_EFORMAT, w, k, "string holds a control character");
-    memcpy(dst, s, strlen(s) + 1);
-    return 0;
-}
+#define fail(c, ...) pi2_jr_fail(&(c)->r, __VA_ARGS__)
 
 static int cmp_sec_name(const void *a, const void *b)
 {
@@ -491,11 +288,11 @@ static int get_member(pctx *c, json_t *o, const char *w, const char *k, bool all
 {
     const char *s;
     json_t *v;
-    int rc = need(c, o, w, k, &v);
+    int rc = pi2_jr_need(&c->r, o, w, k, &v);
     if (rc)
         return rc;
     if (!json_is_string(v))
-        return fail(c, PI2_EFORMAT, w, k, "expected a member name string, got %s", jtype(v));
+        return fail(c, PI2_EFORMAT, w, k, "expected a member name string, got %s", pi2_json_type_name(v));
     s = json_string_value(v);
     if (sec)
         *sec = NULL;
@@ -508,7 +305,7 @@ static int get_member(pctx *c, json_t *o, const char *w, const char *k, bool all
     }
     if (strlen(s) != json_string_length(v) || !member_name_ok(s))
         return fail(c, PI2_EFORMAT, w, k, "\"%s\" is not a valid member name (1..99 printable bytes, no space)",
-                    clean(s, buf, sizeof buf));
+                    pi2_jr_clean(s, buf, sizeof buf));
     memcpy(dst, s, strlen(s) + 1);
     if (must_exist) {
         const pi2_ctr_section *hit = lookup(c, s);
@@ -517,31 +314,6 @@ static int get_member(pctx *c, json_t *o, const char *w, const char *k, bool all
         if (sec)
             *sec = hit;
     }
-    return 0;
-}
-
-/* Index of s in names[n], or PI2_EUNSUPPORTED naming the choices. */
-static int get_enum(pctx *c, json_t *o, const char *w, const char *k, const char *const *names, size_t n,
-                    const char *choices, int *out)
-{
-    const char *s;
-    int rc = get_str(c, o, w, k, 64, &s);
-    if (rc)
-        return rc;
-    for (size_t i = 0; i < n; i++)
-        if (names[i] && strcmp(s, names[i]) == 0) {
-            *out = (int)i;
-            return 0;
-        }
-    char buf[40];
-    return fail(c, PI2_EUNSUPPORTED, w, k, "unknown value \"%s\" (expected %s)", clean(s, buf, sizeof buf), choices);
-}
-
-static int elem_obj(pctx *c, json_t *arr, size_t i, const char *w, json_t **out)
-{
-    *out = json_array_get(arr, i);
-    if (!json_is_object(*out))
-        return fail(c, PI2_EFORMAT, w, NULL, "expected an object, got %s", jtype(*out));
     return 0;
 }
 
@@ -562,7 +334,7 @@ static int parse_sections(pctx *c, json_t *root)
     pi2_manifest *m = c->m;
     json_t *arr;
     size_t n;
-    int rc = get_arr(c, root, "", "sections", PI2_CTR_MAX_MEMBERS, &arr, &n);
+    int rc = pi2_jr_arr(&c->r, root, "", "sections", PI2_CTR_MAX_MEMBERS, &arr, &n);
     if (rc)
         return rc;
     m->sections = calloc(n ? n : 1, sizeof *m->sections);
@@ -576,11 +348,11 @@ static int parse_sections(pctx *c, json_t *root)
         json_t *e;
         pi2_ctr_section *s = &m->sections[i];
         const char *hex;
-        if ((rc = elem_obj(c, arr, i, w, &e)) || (rc = CHECK_KEYS(c, e, w, keys)) ||
+        if ((rc = pi2_jr_elem_obj(&c->r, arr, i, w, &e)) || (rc = PI2_JR_KEYS(&c->r, e, w, keys, false)) ||
             (rc = get_member(c, e, w, "name", false, false, s->name, NULL)) ||
-            (rc = get_u64(c, e, w, "offset", INT64_MAX, &s->offset)) ||
-            (rc = get_u64(c, e, w, "size", (long long)PI2_CTR_MAX_SIZE, &s->size)) ||
-            (rc = get_str(c, e, w, "sha256", 80, &hex)))
+            (rc = pi2_jr_u64(&c->r, e, w, "offset", INT64_MAX, &s->offset)) ||
+            (rc = pi2_jr_u64(&c->r, e, w, "size", (long long)PI2_CTR_MAX_SIZE, &s->size)) ||
+            (rc = pi2_jr_str(&c->r, e, w, "sha256", 80, &hex)))
             return rc;
         if (strcmp(s->name, PI2_MF_NAME) == 0 || strcmp(s->name, PI2_MF_SIG_NAME) == 0)
             return fail(c, PI2_EFORMAT, w, "name", "\"%s\" must not be listed in sections", s->name);
@@ -625,7 +397,7 @@ static int parse_tensor(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
     bool moe = pi2_desc_is_moe(d);
     const char *name;
     int role, qt, rc;
-    if ((rc = CHECK_KEYS(c, e, w, keys)) || (rc = get_str(c, e, w, "name", PI2_MF_TNAME_MAX, &name)))
+    if ((rc = PI2_JR_KEYS(&c->r, e, w, keys, false)) || (rc = pi2_jr_str(&c->r, e, w, "name", PI2_MF_TNAME_MAX, &name)))
         return rc;
     if (!*name)
         return fail(c, PI2_EFORMAT, w, "name", "empty tensor name");
@@ -633,13 +405,13 @@ static int parse_tensor(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
         if ((unsigned char)*p < 0x21 || (unsigned char)*p > 0x7e)
             return fail(c, PI2_EFORMAT, w, "name", "tensor name is not printable ASCII without spaces");
     memcpy(t->name, name, strlen(name) + 1);
-    if ((rc = get_enum(c, e, w, "role", role_names, N_ROLES,
+    if ((rc = pi2_jr_enum(&c->r, e, w, "role", role_names, N_ROLES,
                        "embed, out_norm, lm_head, attn_norm, ffn_norm, q, k, v, o, gate, up, down or router",
                        &role)))
         return rc;
     t->role = (pi2_tname)role;
-    if ((rc = get_i32(c, e, w, "layer", -1, d->n_layers - 1, &t->layer)) ||
-        (rc = get_i32(c, e, w, "expert", -1, (long long)d->n_experts - 1, &t->expert)))
+    if ((rc = pi2_jr_i32(&c->r, e, w, "layer", -1, d->n_layers - 1, &t->layer)) ||
+        (rc = pi2_jr_i32(&c->r, e, w, "expert", -1, (long long)d->n_experts - 1, &t->expert)))
         return rc;
     if (role_is_global(t->role) && t->layer != -1)
         return fail(c, PI2_ERANGE, w, "layer", "must be -1 for role %s", role_names[role]);
@@ -653,7 +425,7 @@ static int parse_tensor(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
     if (t->role == PI2_T_ROUTER && !moe)
         return fail(c, PI2_EFORMAT, w, "role", "router on a dense model");
 
-    if ((rc = get_enum(c, e, w, "qtype", qnames, 3, "f32, q8 or q4", &qt)))
+    if ((rc = pi2_jr_enum(&c->r, e, w, "qtype", qnames, 3, "f32, q8 or q4", &qt)))
         return rc;
     t->qtype = (pi2_qtype)qt;
     if (role_is_ffn(t->role) && t->qtype != m->quant_ffn)
@@ -663,8 +435,9 @@ static int parse_tensor(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
                     pi2_q_type_name(m->quant_other));
 
     long long rows, cols;
-    if ((rc = get_int(c, e, w, "rows", 1, INT32_MAX, &rows)) || (rc = get_int(c, e, w, "cols", 1, INT32_MAX, &cols)) ||
-        (rc = get_bool(c, e, w, "transposed", &t->transposed)))
+    if ((rc = pi2_jr_int(&c->r, e, w, "rows", 1, INT32_MAX, &rows)) ||
+        (rc = pi2_jr_int(&c->r, e, w, "cols", 1, INT32_MAX, &cols)) ||
+        (rc = pi2_jr_bool(&c->r, e, w, "transposed", &t->transposed)))
         return rc;
     t->rows = rows;
     t->cols = cols;
@@ -733,7 +506,7 @@ static int parse_tensors(pctx *c, json_t *root)
     size_t max = 3 + (size_t)d->n_layers * per_layer;
     json_t *arr;
     size_t n;
-    int rc = get_arr(c, root, "", "tensors", max, &arr, &n);
+    int rc = pi2_jr_arr(&c->r, root, "", "tensors", max, &arr, &n);
     if (rc)
         return rc;
     m->tensors = calloc(n ? n : 1, sizeof *m->tensors);
@@ -747,7 +520,7 @@ static int parse_tensors(pctx *c, json_t *root)
         char w[40];
         snprintf(w, sizeof w, "tensors[%zu]", i);
         json_t *e;
-        if ((rc = elem_obj(c, arr, i, w, &e)) || (rc = parse_tensor(c, e, w, &m->tensors[i])))
+        if ((rc = pi2_jr_elem_obj(&c->r, arr, i, w, &e)) || (rc = parse_tensor(c, e, w, &m->tensors[i])))
             break;
         m->n_tensors = i + 1;
         idx[i] = &m->tensors[i];
@@ -777,8 +550,8 @@ static int get_layer_expert(pctx *c, json_t *e, const char *w, unsigned char *se
     const pi2_model_desc *d = &c->m->config;
     bool moe = pi2_desc_is_moe(d);
     int rc;
-    if ((rc = get_i32(c, e, w, "layer", 0, d->n_layers - 1, layer)) ||
-        (rc = get_i32(c, e, w, "expert", moe ? 0 : -1, moe ? d->n_experts - 1 : -1, expert)))
+    if ((rc = pi2_jr_i32(&c->r, e, w, "layer", 0, d->n_layers - 1, layer)) ||
+        (rc = pi2_jr_i32(&c->r, e, w, "expert", moe ? 0 : -1, moe ? d->n_experts - 1 : -1, expert)))
         return rc;
     size_t slot = (size_t)*layer * (size_t)(moe ? d->n_experts : 1) + (size_t)(moe ? *expert : 0);
     if (seen[slot])
@@ -801,23 +574,24 @@ static int parse_report(pctx *c, json_t *e, const char *w, pi2_pred_report *r)
                                         "seconds" };
     uint64_t n_eval, n_train;
     int rc;
-    if ((rc = CHECK_KEYS(c, e, w, keys)) || (rc = get_i32(c, e, w, "rank", 0, PI2_PRED_MAX_DIM, &r->rank)) ||
-        (rc = get_float(c, e, w, "threshold", -FLT_MAX, FLT_MAX, &r->threshold)) ||
-        (rc = get_num(c, e, w, "recall", 0, 1, false, true, false, &r->recall)) ||
-        (rc = get_num(c, e, w, "precision", 0, 1, false, true, false, &r->precision)) ||
-        (rc = get_num(c, e, w, "pred_active_frac", 0, 1, false, true, false, &r->pred_active_frac)) ||
-        (rc = get_num(c, e, w, "true_active_frac", 0, 1, false, true, false, &r->true_active_frac)) ||
-        (rc = get_u64(c, e, w, "bytes_f32", INT64_MAX, &r->bytes_f32)) ||
-        (rc = get_u64(c, e, w, "bytes_q8", INT64_MAX, &r->bytes_q8)) ||
-        (rc = get_u64(c, e, w, "n_eval", INT64_MAX, &n_eval)) ||
-        (rc = get_u64(c, e, w, "n_train", INT64_MAX, &n_train)) ||
-        (rc = get_i32(c, e, w, "epochs", 0, INT32_MAX, &r->epochs)) ||
-        (rc = get_bool(c, e, w, "early_stopped", &r->early_stopped)) ||
-        (rc = get_i32(c, e, w, "best_epoch", 0, INT32_MAX, &r->best_epoch)) ||
-        (rc = get_num(c, e, w, "pos_weight", 0, DBL_MAX, false, true, false, &r->pos_weight)) ||
-        (rc = get_num(c, e, w, "train_loss", 0, DBL_MAX, false, true, false, &r->train_loss)) ||
-        (rc = get_num(c, e, w, "heldout_loss", 0, DBL_MAX, false, true, false, &r->heldout_loss)) ||
-        (rc = get_num(c, e, w, "seconds", 0, DBL_MAX, false, true, false, &r->seconds)))
+    if ((rc = PI2_JR_KEYS(&c->r, e, w, keys, false)) ||
+        (rc = pi2_jr_i32(&c->r, e, w, "rank", 0, PI2_PRED_MAX_DIM, &r->rank)) ||
+        (rc = pi2_jr_float(&c->r, e, w, "threshold", -FLT_MAX, FLT_MAX, &r->threshold)) ||
+        (rc = pi2_jr_real(&c->r, e, w, "recall", 0, 1, PI2_JR_NULLABLE, &r->recall)) ||
+        (rc = pi2_jr_real(&c->r, e, w, "precision", 0, 1, PI2_JR_NULLABLE, &r->precision)) ||
+        (rc = pi2_jr_real(&c->r, e, w, "pred_active_frac", 0, 1, PI2_JR_NULLABLE, &r->pred_active_frac)) ||
+        (rc = pi2_jr_real(&c->r, e, w, "true_active_frac", 0, 1, PI2_JR_NULLABLE, &r->true_active_frac)) ||
+        (rc = pi2_jr_u64(&c->r, e, w, "bytes_f32", INT64_MAX, &r->bytes_f32)) ||
+        (rc = pi2_jr_u64(&c->r, e, w, "bytes_q8", INT64_MAX, &r->bytes_q8)) ||
+        (rc = pi2_jr_u64(&c->r, e, w, "n_eval", INT64_MAX, &n_eval)) ||
+        (rc = pi2_jr_u64(&c->r, e, w, "n_train", INT64_MAX, &n_train)) ||
+        (rc = pi2_jr_i32(&c->r, e, w, "epochs", 0, INT32_MAX, &r->epochs)) ||
+        (rc = pi2_jr_bool(&c->r, e, w, "early_stopped", &r->early_stopped)) ||
+        (rc = pi2_jr_i32(&c->r, e, w, "best_epoch", 0, INT32_MAX, &r->best_epoch)) ||
+        (rc = pi2_jr_real(&c->r, e, w, "pos_weight", 0, DBL_MAX, PI2_JR_NULLABLE, &r->pos_weight)) ||
+        (rc = pi2_jr_real(&c->r, e, w, "train_loss", 0, DBL_MAX, PI2_JR_NULLABLE, &r->train_loss)) ||
+        (rc = pi2_jr_real(&c->r, e, w, "heldout_loss", 0, DBL_MAX, PI2_JR_NULLABLE, &r->heldout_loss)) ||
+        (rc = pi2_jr_real(&c->r, e, w, "seconds", 0, DBL_MAX, PI2_JR_NULLABLE, &r->seconds)))
         return rc;
     r->n_eval = (size_t)n_eval;
     r->n_train = (size_t)n_train;
@@ -831,14 +605,16 @@ static int parse_predictor(pctx *c, json_t *e, const char *w, pi2_mf_predictor *
     char wr[120];
     json_t *rep;
     int rc, in = PI2_PRED_IN_NORMED, dt = PI2_MF_PRED_F32;
-    if ((rc = CHECK_KEYS(c, e, w, keys)) || (rc = get_i32(c, e, w, "rank", 1, PI2_PRED_MAX_DIM, &p->rank)) ||
-        (rc = get_float(c, e, w, "threshold", -FLT_MAX, FLT_MAX, &p->threshold)) ||
-        (rc = get_bool(c, e, w, "imported", &p->imported)) ||
-        (json_object_get(e, "input") && (rc = get_enum(c, e, w, "input", inputs, 2, "normed or prenorm", &in))) ||
-        (json_object_get(e, "dtype") && (rc = get_enum(c, e, w, "dtype", dtypes, 2, "f32 or f16", &dt))) ||
+    if ((rc = PI2_JR_KEYS(&c->r, e, w, keys, false)) ||
+        (rc = pi2_jr_i32(&c->r, e, w, "rank", 1, PI2_PRED_MAX_DIM, &p->rank)) ||
+        (rc = pi2_jr_float(&c->r, e, w, "threshold", -FLT_MAX, FLT_MAX, &p->threshold)) ||
+        (rc = pi2_jr_bool(&c->r, e, w, "imported", &p->imported)) ||
+        (json_object_get(e, "input") &&
+         (rc = pi2_jr_enum(&c->r, e, w, "input", inputs, 2, "normed or prenorm", &in))) ||
+        (json_object_get(e, "dtype") && (rc = pi2_jr_enum(&c->r, e, w, "dtype", dtypes, 2, "f32 or f16", &dt))) ||
         (rc = get_member(c, e, w, "fc1", false, true, p->fc1, NULL)) ||
         (rc = get_member(c, e, w, "fc2", false, true, p->fc2, NULL)) ||
-        (rc = get_obj(c, e, w, "report", false, &rep)))
+        (rc = pi2_jr_obj(&c->r, e, w, "report", false, &rep)))
         return rc;
     p->input = (pi2_pred_input)in;
     p->dtype = (pi2_mf_pdtype)dt;
@@ -856,20 +632,20 @@ static int parse_sparsity(pctx *c, json_t *root)
     size_t n;
     int mode, rc;
     const char *w = "sparsity";
-    if ((rc = get_obj(c, root, "", "sparsity", false, &sp)) || (rc = CHECK_KEYS(c, sp, w, keys)) ||
-        (rc = get_enum(c, sp, w, "mode", modes, 3, "predictor, threshold or none", &mode)))
+    if ((rc = pi2_jr_obj(&c->r, root, "", "sparsity", false, &sp)) || (rc = PI2_JR_KEYS(&c->r, sp, w, keys, false)) ||
+        (rc = pi2_jr_enum(&c->r, sp, w, "mode", modes, 3, "predictor, threshold or none", &mode)))
         return rc;
     m->sparsity_mode = (pi2_mf_mode)mode;
     bool pred = mode == PI2_MF_SPARSE_PREDICTOR, thr = mode == PI2_MF_SPARSE_THRESHOLD;
-    if ((rc = get_num(c, sp, w, "recall_target", 0, 1, true, true, false, &m->recall_target)) ||
-        (rc = get_num(c, sp, w, "threshold_sparsity", 0, 1, false, true, false, &m->threshold_sparsity)))
+    if ((rc = pi2_jr_real(&c->r, sp, w, "recall_target", 0, 1, PI2_JR_LO_OPEN | PI2_JR_NULLABLE, &m->recall_target)) ||
+        (rc = pi2_jr_real(&c->r, sp, w, "threshold_sparsity", 0, 1, PI2_JR_NULLABLE, &m->threshold_sparsity)))
         return rc;
     if (pred && isnan(m->recall_target))
         return fail(c, PI2_EFORMAT, w, "recall_target", "required (a number) for mode predictor");
     if (thr && isnan(m->threshold_sparsity))
         return fail(c, PI2_EFORMAT, w, "threshold_sparsity", "required (a number) for mode threshold");
     size_t max = max_entries(&m->config);
-    if ((rc = get_arr(c, sp, w, "per_layer", max, &arr, &n)))
+    if ((rc = pi2_jr_arr(&c->r, sp, w, "per_layer", max, &arr, &n)))
         return rc;
     m->layers = calloc(n ? n : 1, sizeof *m->layers);
     unsigned char *seen = calloc(max ? max : 1, 1);
@@ -883,9 +659,9 @@ static int parse_sparsity(pctx *c, json_t *root)
         snprintf(lw, sizeof lw, "sparsity.per_layer[%zu]", i);
         pi2_mf_layer *l = &m->layers[i];
         json_t *e, *p;
-        if ((rc = elem_obj(c, arr, i, lw, &e)) || (rc = CHECK_KEYS(c, e, lw, lkeys)) ||
+        if ((rc = pi2_jr_elem_obj(&c->r, arr, i, lw, &e)) || (rc = PI2_JR_KEYS(&c->r, e, lw, lkeys, false)) ||
             (rc = get_layer_expert(c, e, lw, seen, &l->layer, &l->expert)) ||
-            (rc = get_obj(c, e, lw, "predictor", true, &p)))
+            (rc = pi2_jr_obj(&c->r, e, lw, "predictor", true, &p)))
             break;
         if (p) {
             snprintf(pw, sizeof pw, "%s.predictor", lw);
@@ -897,7 +673,7 @@ static int parse_sparsity(pctx *c, json_t *root)
             break;
         }
         double st;
-        if ((rc = get_num(c, e, lw, "silu_threshold", 0, FLT_MAX, false, true, true, &st)))
+        if ((rc = pi2_jr_real(&c->r, e, lw, "silu_threshold", 0, FLT_MAX, PI2_JR_NULLABLE | PI2_JR_OPTIONAL, &st)))
             break;
         l->has_silu_threshold = !isnan(st);
         l->silu_threshold = l->has_silu_threshold ? (float)st : 0.0f;
@@ -924,9 +700,9 @@ static int parse_profile(pctx *c, json_t *root)
     int rc;
     const char *w = "profile";
     size_t max = max_entries(d);
-    if ((rc = get_obj(c, root, "", "profile", false, &pr)) || (rc = CHECK_KEYS(c, pr, w, keys)) ||
-        (rc = get_u64(c, pr, w, "tokens", INT64_MAX, &m->profile_tokens)) ||
-        (rc = get_arr(c, pr, w, "per_layer", max, &arr, &n)))
+    if ((rc = pi2_jr_obj(&c->r, root, "", "profile", false, &pr)) || (rc = PI2_JR_KEYS(&c->r, pr, w, keys, false)) ||
+        (rc = pi2_jr_u64(&c->r, pr, w, "tokens", INT64_MAX, &m->profile_tokens)) ||
+        (rc = pi2_jr_arr(&c->r, pr, w, "per_layer", max, &arr, &n)))
         return rc;
     m->profile = calloc(n ? n : 1, sizeof *m->profile);
     unsigned char *seen = calloc(max ? max : 1, 1);
@@ -942,17 +718,17 @@ static int parse_profile(pctx *c, json_t *root)
         pi2_mf_profile *p = &m->profile[i];
         json_t *e;
         const pi2_ctr_section *fs, *bs;
-        if ((rc = elem_obj(c, arr, i, lw, &e)) || (rc = CHECK_KEYS(c, e, lw, lkeys)) ||
+        if ((rc = pi2_jr_elem_obj(&c->r, arr, i, lw, &e)) || (rc = PI2_JR_KEYS(&c->r, e, lw, lkeys, false)) ||
             (rc = get_layer_expert(c, e, lw, seen, &p->layer, &p->expert)) ||
-            (rc = get_num(c, e, lw, "active_frac", 0, 1, false, false, false, &p->active_frac)) ||
-            (rc = get_num(c, e, lw, "hot_share", 0, 1, false, false, false, &p->hot_share)) ||
-            (rc = get_num(c, e, lw, "top10_share", 0, 1, false, false, false, &p->top10_share)) ||
+            (rc = pi2_jr_real(&c->r, e, lw, "active_frac", 0, 1, 0, &p->active_frac)) ||
+            (rc = pi2_jr_real(&c->r, e, lw, "hot_share", 0, 1, 0, &p->hot_share)) ||
+            (rc = pi2_jr_real(&c->r, e, lw, "top10_share", 0, 1, 0, &p->top10_share)) ||
             (rc = get_member(c, e, lw, "freq", false, true, p->freq, &fs)) ||
-            (rc = get_u64(c, e, lw, "bit_samples", INT64_MAX, &p->bit_samples)) ||
+            (rc = pi2_jr_u64(&c->r, e, lw, "bit_samples", INT64_MAX, &p->bit_samples)) ||
             (rc = get_member(c, e, lw, "bits", true, true, p->bits, &bs)))
             break;
         p->bits_selected = false;
-        if (json_object_get(e, "bits_selected") && (rc = get_bool(c, e, lw, "bits_selected", &p->bits_selected)))
+        if (json_object_get(e, "bits_selected") && (rc = pi2_jr_bool(&c->r, e, lw, "bits_selected", &p->bits_selected)))
             break;
         p->route_share = NAN;
         if (json_object_get(e, "route_share")) {
@@ -960,7 +736,7 @@ static int parse_profile(pctx *c, json_t *root)
                 rc = fail(c, PI2_EFORMAT, lw, "route_share", "on a dense model");
                 break;
             }
-            if ((rc = get_num(c, e, lw, "route_share", 0, 1, false, false, false, &p->route_share)))
+            if ((rc = pi2_jr_real(&c->r, e, lw, "route_share", 0, 1, 0, &p->route_share)))
                 break;
         }
         if (fs->size != (uint64_t)d->n_ff * 4) {
@@ -992,11 +768,14 @@ static int parse_quality(pctx *c, json_t *root)
     json_t *q;
     const char *w = "quality";
     int rc;
-    if ((rc = get_obj(c, root, "", "quality", false, &q)) || (rc = CHECK_KEYS(c, q, w, keys)) ||
-        (rc = get_u64(c, q, w, "tokens", INT64_MAX, &m->quality_tokens)) ||
-        (rc = get_num(c, q, w, "ppl_ref", 0, DBL_MAX, true, true, true, &m->ppl_ref)) ||
-        (rc = get_num(c, q, w, "ppl_q_dense", 0, DBL_MAX, true, true, true, &m->ppl_q_dense)) ||
-        (rc = get_num(c, q, w, "ppl_q_sparse", 0, DBL_MAX, true, true, true, &m->ppl_q_sparse)))
+    if ((rc = pi2_jr_obj(&c->r, root, "", "quality", false, &q)) || (rc = PI2_JR_KEYS(&c->r, q, w, keys, false)) ||
+        (rc = pi2_jr_u64(&c->r, q, w, "tokens", INT64_MAX, &m->quality_tokens)) ||
+        (rc = pi2_jr_real(&c->r, q, w, "ppl_ref", 0, DBL_MAX, PI2_JR_LO_OPEN | PI2_JR_NULLABLE | PI2_JR_OPTIONAL,
+                          &m->ppl_ref)) ||
+        (rc = pi2_jr_real(&c->r, q, w, "ppl_q_dense", 0, DBL_MAX, PI2_JR_LO_OPEN | PI2_JR_NULLABLE | PI2_JR_OPTIONAL,
+                          &m->ppl_q_dense)) ||
+        (rc = pi2_jr_real(&c->r, q, w, "ppl_q_sparse", 0, DBL_MAX, PI2_JR_LO_OPEN | PI2_JR_NULLABLE | PI2_JR_OPTIONAL,
+                          &m->ppl_q_sparse)))
         return rc;
     return 0;
 }
@@ -1016,57 +795,57 @@ static int parse_root(pctx *c, json_t *root)
     long long version;
     const char *s;
     if (!json_is_object(root))
-        return fail(c, PI2_EFORMAT, "", "top level", "expected an object, got %s", jtype(root));
-    if ((rc = get_str(c, root, "", "format", 16, &s)))
+        return fail(c, PI2_EFORMAT, "", "top level", "expected an object, got %s", pi2_json_type_name(root));
+    if ((rc = pi2_jr_str(&c->r, root, "", "format", 16, &s)))
         return rc;
     if (strcmp(s, "pi2") != 0)
         return fail(c, PI2_EFORMAT, "", "format", "not a pi2 manifest (expected \"pi2\")");
-    if ((rc = get_int(c, root, "", "version", INT64_MIN, INT64_MAX, &version)))
+    if ((rc = pi2_jr_int(&c->r, root, "", "version", INT64_MIN, INT64_MAX, &version)))
         return rc;
     if (version != PI2_MF_VERSION)
         return fail(c, PI2_EUNSUPPORTED, "", "version", "version %lld is not supported (this build reads version %d)",
                     version, PI2_MF_VERSION);
-    if ((rc = CHECK_KEYS(c, root, "", keys)) ||
-        (rc = get_enum(c, root, "", "kind", kinds, 2, "converted or bundled", &ival)))
+    if ((rc = PI2_JR_KEYS(&c->r, root, "", keys, false)) ||
+        (rc = pi2_jr_enum(&c->r, root, "", "kind", kinds, 2, "converted or bundled", &ival)))
         return rc;
     m->kind = (pi2_mf_kind)ival;
-    if ((rc = get_text(c, root, "", "created_by", m->created_by, sizeof m->created_by)) ||
-        (rc = get_text(c, root, "", "source", m->source, sizeof m->source)))
+    if ((rc = pi2_jr_text(&c->r, root, "", "created_by", m->created_by, sizeof m->created_by)) ||
+        (rc = pi2_jr_text(&c->r, root, "", "source", m->source, sizeof m->source)))
         return rc;
 
     /* The config goes through the one config.json reader. */
     json_t *cfg;
-    if ((rc = get_obj(c, root, "", "config", false, &cfg)))
+    if ((rc = pi2_jr_obj(&c->r, root, "", "config", false, &cfg)))
         return rc;
     char *ctext = json_dumps(cfg, JSON_COMPACT);
     if (!ctext)
         return fail(c, PI2_ENOMEM, "", "config", "out of memory");
     char cname[200];
-    snprintf(cname, sizeof cname, "%.160s: config", c->name);
-    rc = pi2_config_parse(ctext, strlen(ctext), cname, &m->config, c->err);
+    snprintf(cname, sizeof cname, "%.160s: config", c->r.file);
+    rc = pi2_config_parse(ctext, strlen(ctext), cname, &m->config, c->r.err);
     free(ctext);
     if (rc)
         return rc;
 
-    if ((rc = get_enum(c, root, "", "torch_dtype", dtypes, 3, "float32, float16 or bfloat16", &ival)))
+    if ((rc = pi2_jr_enum(&c->r, root, "", "torch_dtype", dtypes, 3, "float32, float16 or bfloat16", &ival)))
         return rc;
     snprintf(m->torch_dtype, sizeof m->torch_dtype, "%s", dtypes[ival]);
 
     json_t *q;
     long long group;
     const char *qw = "quant";
-    if ((rc = get_obj(c, root, "", "quant", false, &q)) || (rc = CHECK_KEYS(c, q, qw, qkeys)) ||
-        (rc = get_enum(c, q, qw, "ffn", qnames, 3, "q4 or q8", &ival)))
+    if ((rc = pi2_jr_obj(&c->r, root, "", "quant", false, &q)) || (rc = PI2_JR_KEYS(&c->r, q, qw, qkeys, false)) ||
+        (rc = pi2_jr_enum(&c->r, q, qw, "ffn", qnames, 3, "q4 or q8", &ival)))
         return rc;
     m->quant_ffn = (pi2_qtype)ival;
-    if ((rc = get_enum(c, q, qw, "other", qnames, 3, "q8 or q4", &ival)))
+    if ((rc = pi2_jr_enum(&c->r, q, qw, "other", qnames, 3, "q8 or q4", &ival)))
         return rc;
     m->quant_other = (pi2_qtype)ival;
-    if ((rc = get_int(c, q, qw, "group", INT64_MIN, INT64_MAX, &group)))
+    if ((rc = pi2_jr_int(&c->r, q, qw, "group", INT64_MIN, INT64_MAX, &group)))
         return rc;
     if (group != PI2_Q_GROUP)
         return fail(c, PI2_EUNSUPPORTED, qw, "group", "%lld is not supported (this build uses %d)", group, PI2_Q_GROUP);
-    if ((rc = get_enum(c, q, qw, "scales", scales, 1, "f16", &ival)))
+    if ((rc = pi2_jr_enum(&c->r, q, qw, "scales", scales, 1, "f16", &ival)))
         return rc;
 
     if ((rc = parse_sections(c, root)) ||
@@ -1076,7 +855,7 @@ static int parse_root(pctx *c, json_t *root)
         return rc;
 
     json_t *b;
-    if ((rc = get_obj(c, root, "", "bundle", true, &b)))
+    if ((rc = pi2_jr_obj(&c->r, root, "", "bundle", true, &b)))
         return rc;
     if (b && m->kind == PI2_MF_CONVERTED)
         return fail(c, PI2_EFORMAT, "", "bundle", "must be null for kind converted");
@@ -1103,9 +882,9 @@ int pi2_manifest_parse(const char *text, size_t len, const char *name, pi2_manif
     if (!root) {
         char buf[100];
         return pi2_err_set(err, PI2_EFORMAT, "%.200s: not valid JSON at line %d column %d: %s", name, je.line,
-                           je.column, clean(je.text, buf, sizeof buf));
+                           je.column, pi2_jr_clean(je.text, buf, sizeof buf));
     }
-    pctx c = { .name = name, .err = err, .m = pi2_manifest_new() };
+    pctx c = { .r = { name, err }, .m = pi2_manifest_new() };
     int rc = c.m ? parse_root(&c, root) : pi2_err_set(err, PI2_ENOMEM, "%.200s: out of memory", name);
     json_decref(root);
     free(c.by_name);
@@ -1114,356 +893,5 @@ int pi2_manifest_parse(const char *text, size_t len, const char *name, pi2_manif
         return rc;
     }
     *out = c.m;
-    return 0;
-}
-
-/* ---- writer ---- */
-
-
-static void emit_string(pi2_sbuf *b, const char *s, size_t n)
-{
-    pi2_sb_put(b, "\"", 1);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        char esc[8];
-        if (ch == '"' || ch == '\\') {
-            esc[0] = '\\';
-            esc[1] = (char)ch;
-            pi2_sb_put(b, esc, 2);
-        } else if (ch == '\n') {
-            pi2_sb_str(b, "\\n");
-        } else if (ch == '\t') {
-            pi2_sb_str(b, "\\t");
-        } else if (ch < 0x20) {
-            snprintf(esc, sizeof esc, "\\u%04x", ch);
-            pi2_sb_str(b, esc);
-        } else {
-            pi2_sb_put(b, (const char *)&s[i], 1);
-        }
-    }
-    pi2_sb_put(b, "\"", 1);
-}
-
-static bool all_scalar(json_t *v)
-{
-    if (json_is_object(v)) {
-        const char *k;
-        json_t *x;
-        json_object_foreach(v, k, x) {
-            if (json_is_object(x) || json_is_array(x))
-                return false;
-        }
-        return true;
-    }
-    size_t i;
-    json_t *x;
-    json_array_foreach(v, i, x) {
-        if (json_is_object(x) || json_is_array(x))
-            return false;
-    }
-    return true;
-}
-
-/* Two-space indent; objects and arrays of scalars below the top two levels
- * on one line. */
-static void emit(pi2_sbuf *b, json_t *v, int depth)
-{
-    char num[40];
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-    case JSON_ARRAY: {
-        bool obj = json_is_object(v);
-        size_t n = obj ? json_object_size(v) : json_array_size(v);
-        if (n == 0) {
-            pi2_sb_str(b, obj ? "{}" : "[]");
-            return;
-        }
-        bool inl = depth >= 2 && all_scalar(v);
-        pi2_sb_str(b, obj ? "{" : "[");
-        size_t i = 0;
-        if (obj) {
-            const char *k;
-            json_t *x;
-            json_object_foreach(v, k, x) {
-                pi2_sb_str(b, i++ ? (inl ? ", " : ",") : "");
-                if (!inl) {
-                    pi2_sb_str(b, "\n");
-                    pi2_sb_indent(b, depth + 1);
-                }
-                emit_string(b, k, strlen(k));
-                pi2_sb_str(b, ": ");
-                emit(b, x, depth + 1);
-            }
-        } else {
-            json_t *x;
-            size_t j;
-            json_array_foreach(v, j, x) {
-                pi2_sb_str(b, i++ ? (inl ? ", " : ",") : "");
-                if (!inl) {
-                    pi2_sb_str(b, "\n");
-                    pi2_sb_indent(b, depth + 1);
-                }
-                emit(b, x, depth + 1);
-            }
-        }
-        if (!inl) {
-            pi2_sb_str(b, "\n");
-            pi2_sb_indent(b, depth);
-        }
-        pi2_sb_str(b, obj ? "}" : "]");
-        return;
-    }
-    case JSON_STRING: emit_string(b, json_string_value(v), json_string_length(v)); return;
-    case JSON_INTEGER:
-        snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-        pi2_sb_str(b, num);
-        return;
-    case JSON_REAL:
-        pi2_json_fmt_real(num, sizeof num, json_real_value(v));
-        pi2_sb_str(b, num);
-        return;
-    case JSON_TRUE: pi2_sb_str(b, "true"); return;
-    case JSON_FALSE: pi2_sb_str(b, "false"); return;
-    case JSON_NULL: pi2_sb_str(b, "null"); return;
-    }
-}
-
-/* Tree builder: the first value that cannot be made (not UTF-8, out of
- * memory) is remembered by key and the build fails. */
-typedef struct jb {
-    const char *bad;
-} jb;
-
-static json_t *put(jb *b, json_t *o, const char *k, json_t *v)
-{
-    /* json_object_set_new releases v when it fails (also for o == NULL). */
-    if ((!v || json_object_set_new(o, k, v) != 0) && !b->bad)
-        b->bad = k;
-    return o;
-}
-
-static void push(jb *b, json_t *a, json_t *v, const char *what)
-{
-    if ((!v || json_array_append_new(a, v) != 0) && !b->bad)
-        b->bad = what;
-}
-
-/* The double whose shortest form reads back as f (0.3f is written 0.3). */
-static json_t *jfloat(float f)
-{
-    if (!isfinite(f))
-        return json_null();
-    char buf[40];
-    for (int p = 1; p <= 9; p++) {
-        snprintf(buf, sizeof buf, "%.*g", p, (double)f);
-        double d = strtod(buf, NULL);
-        if ((float)d == f)
-            return json_real(d);
-    }
-    return json_real((double)f);
-}
-
-static json_t *jint(long long x) { return json_integer((json_int_t)x); }
-static json_t *ju64(uint64_t x) { return json_integer(x > (uint64_t)INT64_MAX ? -1 : (json_int_t)x); }
-
-static json_t *build_report(jb *b, const pi2_pred_report *r)
-{
-    json_t *o = json_object();
-    put(b, o, "rank", jint(r->rank));
-    put(b, o, "threshold", jfloat(r->threshold));
-    put(b, o, "recall", pi2_json_num(r->recall));
-    put(b, o, "precision", pi2_json_num(r->precision));
-    put(b, o, "pred_active_frac", pi2_json_num(r->pred_active_frac));
-    put(b, o, "true_active_frac", pi2_json_num(r->true_active_frac));
-    put(b, o, "bytes_f32", ju64(r->bytes_f32));
-    put(b, o, "bytes_q8", ju64(r->bytes_q8));
-    put(b, o, "n_eval", ju64(r->n_eval));
-    put(b, o, "n_train", ju64(r->n_train));
-    put(b, o, "epochs", jint(r->epochs));
-    put(b, o, "early_stopped", json_boolean(r->early_stopped));
-    put(b, o, "best_epoch", jint(r->best_epoch));
-    put(b, o, "pos_weight", pi2_json_num(r->pos_weight));
-    put(b, o, "train_loss", pi2_json_num(r->train_loss));
-    put(b, o, "heldout_loss", pi2_json_num(r->heldout_loss));
-    put(b, o, "seconds", pi2_json_num(r->seconds));
-    return o;
-}
-
-static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundle)
-{
-    json_t *root = json_object();
-    put(b, root, "format", json_string("pi2"));
-    put(b, root, "version", jint(PI2_MF_VERSION));
-    put(b, root, "kind", json_string(pi2_manifest_kind_name(m->kind)));
-    put(b, root, "created_by", json_string(m->created_by));
-    put(b, root, "source", json_string(m->source));
-    put(b, root, "config", config);
-    put(b, root, "torch_dtype", json_string(m->torch_dtype));
-
-    json_t *q = json_object();
-    put(b, q, "ffn", json_string(pi2_q_type_name(m->quant_ffn)));
-    put(b, q, "other", json_string(pi2_q_type_name(m->quant_other)));
-    put(b, q, "group", jint(PI2_Q_GROUP));
-    put(b, q, "scales", json_string("f16"));
-    put(b, root, "quant", q);
-    put(b, root, "tokenizer", json_string(m->tokenizer));
-
-    json_t *ts = json_array();
-    for (size_t i = 0; i < m->n_tensors; i++) {
-        const pi2_mf_tensor *t = &m->tensors[i];
-        json_t *o = json_object();
-        put(b, o, "name", json_string(t->name));
-        put(b, o, "layer", jint(t->layer));
-        put(b, o, "expert", jint(t->expert));
-        put(b, o, "role", json_string(pi2_manifest_role_name(t->role)));
-        put(b, o, "qtype", json_string(pi2_q_type_name(t->qtype)));
-        put(b, o, "rows", jint(t->rows));
-        put(b, o, "cols", jint(t->cols));
-        put(b, o, "transposed", json_boolean(t->transposed));
-        put(b, o, "payload", json_string(t->payload));
-        put(b, o, "scales", json_string(t->scales));
-        push(b, ts, o, "tensors");
-    }
-    put(b, root, "tensors", ts);
-
-    json_t *sp = json_object();
-    put(b, sp, "mode", json_string(pi2_manifest_mode_name(m->sparsity_mode)));
-    put(b, sp, "recall_target", pi2_json_num(m->recall_target));
-    put(b, sp, "threshold_sparsity", pi2_json_num(m->threshold_sparsity));
-    json_t *pl = json_array();
-    for (size_t i = 0; i < m->n_layers; i++) {
-        const pi2_mf_layer *l = &m->layers[i];
-        json_t *o = json_object();
-        put(b, o, "layer", jint(l->layer));
-        put(b, o, "expert", jint(l->expert));
-        if (l->has_predictor) {
-            const pi2_mf_predictor *p = &l->predictor;
-            json_t *po = json_object();
-            put(b, po, "rank", jint(p->rank));
-            put(b, po, "threshold", jfloat(p->threshold));
-            put(b, po, "imported", json_boolean(p->imported));
-            put(b, po, "input", json_string(pi2_pred_input_name(p->input)));
-            put(b, po, "dtype", json_string(p->dtype == PI2_MF_PRED_F16 ? "f16" : "f32"));
-            put(b, po, "fc1", json_string(p->fc1));
-            put(b, po, "fc2", json_string(p->fc2));
-            put(b, po, "report", build_report(b, &p->report));
-            put(b, o, "predictor", po);
-        } else {
-            put(b, o, "predictor", json_null());
-        }
-        if (l->has_silu_threshold)
-            put(b, o, "silu_threshold", jfloat(l->silu_threshold));
-        push(b, pl, o, "sparsity.per_layer");
-    }
-    put(b, sp, "per_layer", pl);
-    put(b, root, "sparsity", sp);
-
-    json_t *pr = json_object();
-    put(b, pr, "tokens", ju64(m->profile_tokens));
-    json_t *ppl = json_array();
-    for (size_t i = 0; i < m->n_profile; i++) {
-        const pi2_mf_profile *p = &m->profile[i];
-        json_t *o = json_object();
-        put(b, o, "layer", jint(p->layer));
-        put(b, o, "expert", jint(p->expert));
-        put(b, o, "active_frac", pi2_json_num(p->active_frac));
-        put(b, o, "hot_share", pi2_json_num(p->hot_share));
-        put(b, o, "top10_share", pi2_json_num(p->top10_share));
-        put(b, o, "freq", json_string(p->freq));
-        put(b, o, "bits", json_string(p->bits));
-        put(b, o, "bit_samples", ju64(p->bit_samples));
-        if (p->bits_selected)
-            put(b, o, "bits_selected", json_true());
-        if (p->expert >= 0 && !isnan(p->route_share))
-            put(b, o, "route_share", pi2_json_num(p->route_share));
-        push(b, ppl, o, "profile.per_layer");
-    }
-    put(b, pr, "per_layer", ppl);
-    put(b, root, "profile", pr);
-
-    json_t *qu = json_object();
-    put(b, qu, "tokens", ju64(m->quality_tokens));
-    put(b, qu, "ppl_ref", pi2_json_num(m->ppl_ref));
-    put(b, qu, "ppl_q_dense", pi2_json_num(m->ppl_q_dense));
-    put(b, qu, "ppl_q_sparse", pi2_json_num(m->ppl_q_sparse));
-    put(b, root, "quality", qu);
-
-    put(b, root, "bundle", bundle ? bundle : json_null());
-
-    json_t *ss = json_array();
-    for (size_t i = 0; i < m->n_sections; i++) {
-        const pi2_ctr_section *s = &m->sections[i];
-        char hex[PI2_SHA256_HEX_LEN];
-        pi2_sha256_hex(s->sha256, hex);
-        json_t *o = json_object();
-        put(b, o, "name", json_string(s->name));
-        put(b, o, "offset", ju64(s->offset));
-        put(b, o, "size", ju64(s->size));
-        put(b, o, "sha256", json_string(hex));
-        push(b, ss, o, "sections");
-    }
-    put(b, root, "sections", ss);
-    return root;
-}
-
-int pi2_manifest_to_json(const pi2_manifest *m, char **text, size_t *len, pi2_err *err)
-{
-    if (text)
-        *text = NULL;
-    if (len)
-        *len = 0;
-    if (!m || !text)
-        return pi2_err_set(err, PI2_EINVAL, "manifest: NULL argument");
-
-    char *ctext = NULL;
-    size_t clen = 0;
-    pi2_err sub = { 0 };
-    int rc = pi2_config_format(&m->config, NULL, &ctext, &clen, &sub);
-    if (rc)
-        return pi2_err_set(err, rc, "manifest: config: %s", sub.msg);
-    json_error_t je;
-    json_t *config = json_loadb(ctext, clen, JSON_REJECT_DUPLICATES, &je);
-    free(ctext);
-    if (!config)
-        return pi2_err_set(err, PI2_ENOMEM, "manifest: config: cannot re-read the formatted config: %s", je.text);
-
-    json_t *bundle = NULL;
-    if (m->bundle_json) {
-        bundle = json_loads(m->bundle_json, JSON_REJECT_DUPLICATES, &je);
-        if (!bundle || !json_is_object(bundle)) {
-            char buf[100];
-            json_decref(bundle);
-            json_decref(config);
-            return pi2_err_set(err, PI2_EINVAL, "manifest: bundle_json is not a JSON object%s%s",
-                               bundle ? "" : ": ", bundle ? "" : clean(je.text, buf, sizeof buf));
-        }
-    }
-
-    jb b = { 0 };
-    json_t *root = build(&b, m, config, bundle);
-    if (b.bad || !root) {
-        json_decref(root);
-        return pi2_err_set(err, PI2_EINVAL, "manifest: %s: cannot encode (not UTF-8 text, or out of memory)",
-                           b.bad ? b.bad : "top level");
-    }
-    pi2_sbuf s = { 0 };
-    emit(&s, root, 0);
-    pi2_sb_str(&s, "\n");
-    json_decref(root);
-    if (s.failed) {
-        free(s.p);
-        return pi2_err_set(err, PI2_ENOMEM, "manifest: out of memory");
-    }
-    /* Whatever we write must read back. */
-    pi2_manifest *chk = NULL;
-    rc = pi2_manifest_parse(s.p, s.len, "manifest", &chk, err);
-    pi2_manifest_free(chk);
-    if (rc) {
-        free(s.p);
-        return rc;
-    }
-    *text = s.p;
-    if (len)
-        *len = s.len;
     return 0;
 }

@@ -8,6 +8,25 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* What the plan left to the steps after it. */
+typedef struct ofl_sizes {
+    uint64_t hot_total; /* hot segments and kept gates, bytes */
+    uint64_t fixed;     /* everything but the FFN weights, bytes */
+    uint64_t index;     /* the caches' indexes, bytes (counted with the buffers) */
+    int kind;           /* the first cache's part: P_FULL or P_GATE */
+    uint32_t slots[2];  /* cache slots: whole neurons or gates, then up+down */
+    uint32_t max_sel;   /* most neurons a decode job selects */
+} ofl_sizes;
+
+/* The open's steps around the memory plan (eng_ofl_open; defined after it). */
+static int ofl_tables(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_err *err);
+static int ofl_load_hot(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, uint64_t hot_total, pi2_err *err);
+static int ofl_make_caches(eng_ofl *x, const ofl_sizes *z, pi2_err *err);
+static int ofl_alloc_job(pi2_engine *e, eng_ofl *x, uint32_t max_sel, pi2_err *err);
+static int ofl_make_windows(pi2_engine *e, eng_ofl *x, pi2_err *err);
+static void ofl_register_buffers(eng_ofl *x);
+static int ofl_start_io(pi2_engine *e, eng_ofl *x, pi2_err *err);
+
 /* ---------------- sequential reads (start-up) ---------------- */
 
 /* Read [off, off+len) into dst (4096-aligned, len a multiple of 4096), up to
@@ -338,22 +357,8 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     eng_ofl *x = e->ofl;
     const pi2_model_desc *d = &e->d;
     int rc;
-    x->E = pi2_desc_is_moe(d) ? (uint32_t)d->n_experts : 1;
-    x->n_ffn = (uint32_t)d->n_layers * x->E;
-    x->two_phase = e->bl->two_phase;
-    x->spec = x->two_phase && !o->offload.gate_first;
-    x->read_ahead = !o->offload.no_read_ahead;
-    x->R = e->bl->row_bytes;
-    x->bl = pi2_calloc_array(x->n_ffn, sizeof *x->bl);
-    x->file_off = pi2_calloc_array(x->n_ffn, sizeof *x->file_off);
-    x->hot = pi2_calloc_array(x->n_ffn, sizeof *x->hot);
-    x->hot_len = pi2_calloc_array(x->n_ffn, sizeof *x->hot_len);
-    x->hot_n = pi2_calloc_array(x->n_ffn, sizeof *x->hot_n);
-    x->ghot_n = pi2_calloc_array(x->n_ffn, sizeof *x->ghot_n);
-    x->ghot = pi2_calloc_array(x->n_ffn, sizeof *x->ghot);
-    x->ghot_len = pi2_calloc_array(x->n_ffn, sizeof *x->ghot_len);
-    if (!x->bl || !x->file_off || !x->hot || !x->hot_len || !x->hot_n || !x->ghot_n || !x->ghot || !x->ghot_len)
-        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    if ((rc = ofl_tables(e, o, x, err)) != 0)
+        return rc;
     uint64_t ffn_total = 0;
     for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
         const eng_ffn *f = ffn_at(e, x, fi);
@@ -503,6 +508,46 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     in->note = x->note;
     if (o->offload.plan_only)
         return 0;
+    ofl_sizes z = {hot_total, fixed, index, kinds[0], {slots[0], slots[1]}, max_sel};
+    if ((rc = ofl_load_hot(e, o, x, hot_total, err)) != 0 || (rc = ofl_make_caches(x, &z, err)) != 0 ||
+        (rc = ofl_alloc_job(e, x, max_sel, err)) != 0 || (rc = ofl_make_windows(e, x, err)) != 0)
+        return rc;
+    ofl_register_buffers(x);
+    e->plan_ctx = e->ctx;
+    return ofl_start_io(e, x, err);
+}
+
+/* ---- the open's steps around the plan (eng_ofl_open) ---- */
+
+/* Before the plan: the options' switches and the per-FFN tables. */
+static int ofl_tables(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    x->E = pi2_desc_is_moe(d) ? (uint32_t)d->n_experts : 1;
+    x->n_ffn = (uint32_t)d->n_layers * x->E;
+    x->two_phase = e->bl->two_phase;
+    x->spec = x->two_phase && !o->offload.gate_first;
+    x->read_ahead = !o->offload.no_read_ahead;
+    x->R = e->bl->row_bytes;
+    x->bl = pi2_calloc_array(x->n_ffn, sizeof *x->bl);
+    x->file_off = pi2_calloc_array(x->n_ffn, sizeof *x->file_off);
+    x->hot = pi2_calloc_array(x->n_ffn, sizeof *x->hot);
+    x->hot_len = pi2_calloc_array(x->n_ffn, sizeof *x->hot_len);
+    x->hot_n = pi2_calloc_array(x->n_ffn, sizeof *x->hot_n);
+    x->ghot_n = pi2_calloc_array(x->n_ffn, sizeof *x->ghot_n);
+    x->ghot = pi2_calloc_array(x->n_ffn, sizeof *x->ghot);
+    x->ghot_len = pi2_calloc_array(x->n_ffn, sizeof *x->ghot_len);
+    if (!x->bl || !x->file_off || !x->hot || !x->hot_len || !x->hot_n || !x->ghot_n || !x->ghot || !x->ghot_len)
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* The hot segments of the plan, read and (lock_hot) pinned, every other
+ * row pointer cleared; then the kept gates of two-phase plans. */
+static int ofl_load_hot(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, uint64_t hot_total, pi2_err *err)
+{
+    pi2_engine_offload_info *in = &x->info;
+    int rc;
     /* hot segments: all allocated and faulted in first (on every thread) */
     in->hot_locked = hot_total > 0 && o->offload.lock_hot;
     for (uint32_t fi = 0; fi < x->n_ffn; fi++)
@@ -533,24 +578,36 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
             f->down.rp[i] = x->hot[fi] + off[2];
         }
     }
-    if ((rc = load_gate_parts(e, x, o->offload.lock_hot, err)) != 0)
-        return rc;
-    /* caches */
+    return load_gate_parts(e, x, o->offload.lock_hot, err);
+}
+
+/* The neuron caches of the plan's slots; the footprint as allocated. */
+static int ofl_make_caches(eng_ofl *x, const ofl_sizes *z, pi2_err *err)
+{
+    pi2_engine_offload_info *in = &x->info;
+    int rc;
     uint32_t *neurons = pi2_malloc_array(x->n_ffn, sizeof *neurons);
     if (!neurons)
         return pi2_err_set(err, PI2_ENOMEM, "out of memory");
     for (uint32_t fi = 0; fi < x->n_ffn; fi++)
         neurons[fi] = x->bl[fi]->neurons;
-    rc = pi2_ncache_create(&x->cg, x->n_ffn, neurons, (size_t)part_unit(x, kinds[0]), slots[0], err);
+    rc = pi2_ncache_create(&x->cg, x->n_ffn, neurons, (size_t)part_unit(x, z->kind), z->slots[0], err);
     if (rc == 0 && x->two_phase)
-        rc = pi2_ncache_create(&x->cu, x->n_ffn, neurons, (size_t)part_unit(x, P_UD), slots[1], err);
+        rc = pi2_ncache_create(&x->cu, x->n_ffn, neurons, (size_t)part_unit(x, P_UD), z->slots[1], err);
     free(neurons);
     if (rc)
         return rc;
     /* the arena as allocated (indexes are counted with the buffers) */
-    in->cache = pi2_ncache_footprint(x->cg) + (x->cu ? pi2_ncache_footprint(x->cu) : 0) - index;
-    in->planned = fixed + hot_total + in->cache;
-    /* request pool, queues, job arrays */
+    in->cache = pi2_ncache_footprint(x->cg) + (x->cu ? pi2_ncache_footprint(x->cu) : 0) - z->index;
+    in->planned = z->fixed + z->hot_total + in->cache;
+    return 0;
+}
+
+/* The request pool, the read queue, the decode job's arrays and the
+ * read-ahead sets. */
+static int ofl_alloc_job(pi2_engine *e, eng_ofl *x, uint32_t max_sel, pi2_err *err)
+{
+    uint64_t D = (uint64_t)e->d.hidden;
     x->reqs = pi2_calloc_array((size_t)x->depth, sizeof *x->reqs);
     x->free_req = pi2_malloc_array((size_t)x->depth, sizeof *x->free_req);
     x->staging = pi2_io_alloc_buf((size_t)x->depth * x->staging_bytes);
@@ -584,6 +641,20 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     bool ok = x->reqs && x->free_req && x->staging && x->rq && x->ch && x->ud_wait && x->gslot && x->uslot &&
               x->fired && x->gval && x->flag && x->parts && x->out_rows && x->ready && x->subs && x->win_first && pf_ok &&
               x->pf_list && x->pf_in;
+    if (!ok)
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the offloading buffers", e->path);
+    for (int i = 0; i < x->depth; i++) {
+        x->reqs[i].staging = x->staging + (size_t)i * x->staging_bytes;
+        x->free_req[x->n_free++] = &x->reqs[i];
+    }
+    return 0;
+}
+
+/* The prefill stream: its buffers and its windows (every FFN's, in order,
+ * but those inside the hot segment). */
+static int ofl_make_windows(pi2_engine *e, eng_ofl *x, pi2_err *err)
+{
+    bool ok = true;
     for (int b = 0; ok && b < OFL_NWIN; b++)
         ok = (x->wbuf[b] = pi2_io_alloc_buf((size_t)x->wbuf_bytes)) != NULL;
     /* streamed prefill windows */
@@ -604,14 +675,15 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         }
     }
     x->win_first[x->n_ffn] = x->n_win;
-    for (int i = 0; i < x->depth; i++) {
-        x->reqs[i].staging = x->staging + (size_t)i * x->staging_bytes;
-        x->free_req[x->n_free++] = &x->reqs[i];
-    }
     for (int b = 0; b < OFL_NWIN; b++)
         x->s_ready[b] = -1;
-    /* every decode and prefill read lands in these: pinned once for the
-     * ring rather than at each read */
+    return 0;
+}
+
+/* Every decode and prefill read lands in the staging buffers and the
+ * stream's windows: registered once with io_uring. */
+static void ofl_register_buffers(eng_ofl *x)
+{
     void *fb[1 + OFL_NWIN];
     size_t fl[1 + OFL_NWIN];
     fb[0] = x->staging;
@@ -623,12 +695,17 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     if (pi2_io_backend_used(x->io) == PI2_IO_URING && !pi2_io_register(x->io, fb, fl, 1 + OFL_NWIN) && !x->note[0])
         snprintf(x->note, sizeof x->note,
                  "buffers not registered with the ring (locked-memory limit?): each read pins its pages");
-    e->plan_ctx = e->ctx;
+}
+
+/* The I/O thread: started, at its priority, and placed on a CPU of its
+ * own when the compute threads leave one. */
+static int ofl_start_io(pi2_engine *e, eng_ofl *x, pi2_err *err)
+{
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->cv_io, NULL);
     pthread_cond_init(&x->cv_compute, NULL);
     pthread_cond_init(&x->cv_stream, NULL);
-    if (pthread_create(&x->th, NULL, io_main, x) != 0)
+    if (pthread_create(&x->th, NULL, ofl_io_main, x) != 0)
         return pi2_err_set(err, PI2_EIO, "%s: cannot start the I/O thread", e->path);
     x->th_started = true;
     pthread_setname_np(x->th, "pi2-io"); /* as top -H and the tests see it; failure is harmless */
@@ -722,12 +799,12 @@ void eng_ofl_close(pi2_engine *e)
 
 
 const ffn_source eng_ffn_flash = {
-    .begin_pass = flash_begin_pass,
-    .layer_ahead = flash_layer_ahead,
-    .decode = flash_decode,
-    .prefill = flash_prefill,
-    .skip = flash_skip,
-    .end_pass = flash_end_pass,
+    .begin_pass = ofl_flash_begin_pass,
+    .layer_ahead = ofl_flash_layer_ahead,
+    .decode = ofl_flash_decode,
+    .prefill = ofl_flash_prefill,
+    .skip = ofl_flash_skip,
+    .end_pass = ofl_flash_end_pass,
 };
 
 /* ---------------- reports ---------------- */

@@ -222,32 +222,32 @@ typedef struct plist {
 static inline uint32_t pl_k(const plist *l, uint32_t idx) { return l->map ? l->map[idx] : idx; }
 
 /* The decode job's pipeline (pipeline.c; under mu unless said). */
-void job_fail(eng_ofl *x, const pi2_err *er);
-void rq_push(eng_ofl *x, const ofl_rd *rd);
-void make_ready(eng_ofl *x, uint32_t c);
-int queue_reads(eng_ofl *x, const plist *l, uint8_t job, uint32_t fi, uint32_t c, int part, uint32_t a,
+void ofl_job_fail(eng_ofl *x, const pi2_err *er);
+void ofl_rq_push(eng_ofl *x, const ofl_rd *rd);
+void ofl_make_ready(eng_ofl *x, uint32_t c);
+int ofl_queue_reads(eng_ofl *x, const plist *l, uint8_t job, uint32_t fi, uint32_t c, int part, uint32_t a,
                 uint32_t b);
-void admit(eng_ofl *x);
-void decode_landed(eng_ofl *x, const ofl_rd *rd);
-void decode_copy(eng_ofl *x, const ofl_req *r);
-int flash_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate, float w,
+void ofl_admit(eng_ofl *x);
+void ofl_decode_landed(eng_ofl *x, const ofl_rd *rd);
+void ofl_decode_copy(eng_ofl *x, const ofl_req *r);
+int ofl_flash_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate, float w,
                  pi2_err *err);
 
 /* Read-ahead (readahead.c). */
-void pf_copy(eng_ofl *x, const ofl_req *r);
-void pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er);
-void flash_layer_ahead(pi2_engine *e, int l, const float *xres);
+void ofl_pf_copy(eng_ofl *x, const ofl_req *r);
+void ofl_pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er);
+void ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres);
 
 /* Prefill stream (prefill_stream.c). */
-bool stream_wants(const eng_ofl *x);
-void stream_fill(eng_ofl *x);
-void stream_landed(eng_ofl *x, const ofl_req *r, const pi2_err *er);
-int flash_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err);
-int flash_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err);
-int flash_begin_pass(pi2_engine *e, bool decode, pi2_err *err);
-void flash_end_pass(pi2_engine *e, bool decode);
+bool ofl_stream_wants(const eng_ofl *x);
+void ofl_stream_fill(eng_ofl *x);
+void ofl_stream_landed(eng_ofl *x, const ofl_req *r, const pi2_err *er);
+int ofl_flash_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err);
+int ofl_flash_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err);
+int ofl_flash_begin_pass(pi2_engine *e, bool decode, pi2_err *err);
+void ofl_flash_end_pass(pi2_engine *e, bool decode);
 
 /* The I/O thread (iothread.c). */
-void *io_main(void *arg);
+void *ofl_io_main(void *arg);
 
 #endif

@@ -7,7 +7,7 @@
 
 /* ---------------- the decode job (everything here runs under mu) ---------------- */
 
-void job_fail(eng_ofl *x, const pi2_err *er)
+void ofl_job_fail(eng_ofl *x, const pi2_err *er)
 {
     if (x->fail)
         return;
@@ -19,19 +19,19 @@ void job_fail(eng_ofl *x, const pi2_err *er)
     pthread_cond_broadcast(&x->cv_compute);
 }
 
-void rq_push(eng_ofl *x, const ofl_rd *rd)
+void ofl_rq_push(eng_ofl *x, const ofl_rd *rd)
 {
     if (x->rq_n == x->rq_cap) { /* sized for the worst case: a bug */
         pi2_err er = {0};
         pi2_err_set(&er, PI2_ERANGE, "%s: internal read queue overflow", x->e->path);
-        job_fail(x, &er);
+        ofl_job_fail(x, &er);
         return;
     }
     x->rq[(x->rq_head + x->rq_n) % x->rq_cap] = *rd;
     x->rq_n++;
 }
 
-void make_ready(eng_ofl *x, uint32_t c)
+void ofl_make_ready(eng_ofl *x, uint32_t c)
 {
     ofl_chunk *C = &x->ch[c];
     C->state = C->state == CH_IO || C->state == CH_WAIT ? CH_READY : CH_UD_READY;
@@ -44,7 +44,7 @@ void make_ready(eng_ofl *x, uint32_t c)
 
 /* Queue one read per bundle group of the missing parts among list indexes
  * [a, b) of FFN fi; returns the number of reads. */
-int queue_reads(eng_ofl *x, const plist *l, uint8_t job, uint32_t fi, uint32_t c, int part, uint32_t a,
+int ofl_queue_reads(eng_ofl *x, const plist *l, uint8_t job, uint32_t fi, uint32_t c, int part, uint32_t a,
                        uint32_t b)
 {
     uint8_t miss = part == P_UD ? F_UMISS : F_GMISS;
@@ -77,7 +77,7 @@ int queue_reads(eng_ofl *x, const plist *l, uint8_t job, uint32_t fi, uint32_t c
         s1 = (s1 + PI2_IO_ALIGN - 1) / PI2_IO_ALIGN * PI2_IO_ALIGN;
         ofl_rd rd = {.win = -1, .job = job, .fi = fi, .chunk = c, .part = (uint8_t)part, .a = idx, .b = last,
                      .span = s0, .len = (uint32_t)(s1 - s0), .file_off = x->file_off[fi] + s0};
-        rq_push(x, &rd);
+        ofl_rq_push(x, &rd);
         if (job == J_PF) {
             x->pf[c].sub++;
             x->pf_sub++;
@@ -140,7 +140,7 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
         pi2_err er = {0};
         if (!pi2_ncache_reserve(cache, x->fi, x->sel[k], false, &slot[k], &er)) {
             x->flag[k] &= (uint8_t)~miss;
-            job_fail(x, &er);
+            ofl_job_fail(x, &er);
             return true;
         }
         x->c_read++;
@@ -161,9 +161,9 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
     ofl_chunk *C = &x->ch[c];
     C->state = ud ? CH_UD_IO : CH_IO;
     plist l = {x->sel, ud ? x->fired : NULL, x->flag};
-    C->pending = queue_reads(x, &l, J_DEC, x->fi, c, part, a, b) + n_wait;
+    C->pending = ofl_queue_reads(x, &l, J_DEC, x->fi, c, part, a, b) + n_wait;
     if (C->pending == 0)
-        make_ready(x, c);
+        ofl_make_ready(x, c);
     else
         pthread_cond_signal(&x->cv_io);
     return true;
@@ -171,7 +171,7 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
 
 /* Admit what the caches can take now: chunks waiting for up+down first,
  * then new chunks in order. */
-void admit(eng_ofl *x)
+void ofl_admit(eng_ofl *x)
 {
     while (!x->fail && x->ud_n > 0) {
         uint32_t c = x->ud_wait[x->ud_head];
@@ -226,11 +226,11 @@ static void chunk_step_done(eng_ofl *x, uint8_t type, uint32_t c)
             return;
         }
     }
-    admit(x);
+    ofl_admit(x);
 }
 
 /* A decode read landed (its bytes already copied into the reserved slots). */
-void decode_landed(eng_ofl *x, const ofl_rd *rd)
+void ofl_decode_landed(eng_ofl *x, const ofl_rd *rd)
 {
     x->n_sub--;
     if (x->fail) {
@@ -258,12 +258,12 @@ void decode_landed(eng_ofl *x, const ofl_rd *rd)
     x->c_bytes += rd->len;
     ofl_chunk *C = &x->ch[rd->chunk];
     if (--C->pending == 0)
-        make_ready(x, rd->chunk);
+        ofl_make_ready(x, rd->chunk);
 }
 
 /* Outside mu, in the I/O thread: copy a landed read's parts into their
  * reserved slots (only this read writes them). */
-void decode_copy(eng_ofl *x, const ofl_req *r)
+void ofl_decode_copy(eng_ofl *x, const ofl_req *r)
 {
     const ofl_rd *rd = &r->rd;
     int part = rd->part;
@@ -345,7 +345,7 @@ static void compute_fn(void *ctx, int tid, int nt)
                 pi2_err er = {0};
                 pi2_err_set(&er, PI2_ENOMEM, "%s: the neuron cache is too small for one chunk of neurons",
                             x->e->path);
-                job_fail(x, &er);
+                ofl_job_fail(x, &er);
                 break;
             }
             /* reads land every few microseconds: spin (yielding) before sleeping;
@@ -426,7 +426,7 @@ static void job_cleanup(eng_ofl *x)
 }
 
 /* Decode FFN of n_sel neurons e->sel[0..n_sel) (mode FFN_*), into out. */
-int flash_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate,
+int ofl_flash_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate,
                         float w, pi2_err *err)
 {
     eng_ofl *x = e->ofl;
@@ -466,7 +466,7 @@ int flash_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, floa
         uint32_t k1 = (c + 1) * FFN_CHUNK;
         x->ch[c] = (ofl_chunk){.k0 = c * FFN_CHUNK, .k1 = k1 < n_sel ? k1 : n_sel, .state = CH_WAIT};
     }
-    admit(x);
+    ofl_admit(x);
     pthread_mutex_unlock(&x->mu);
     pi2_pool_run_shared(e->pool, compute_fn, x);
     pthread_mutex_lock(&x->mu);

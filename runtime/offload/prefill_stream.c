@@ -3,15 +3,15 @@
 
 /* ---------------- prefill stream (under mu) ---------------- */
 
-bool stream_wants(const eng_ofl *x)
+bool ofl_stream_wants(const eng_ofl *x)
 {
     return x->s_active && !x->s_cancel && !x->s_failed && x->s_next < x->n_win &&
            x->s_next < x->s_consumed + OFL_NWIN;
 }
 
-void stream_fill(eng_ofl *x)
+void ofl_stream_fill(eng_ofl *x)
 {
-    while (stream_wants(x)) {
+    while (ofl_stream_wants(x)) {
         uint32_t w = x->s_next++, b = w % OFL_NWIN;
         const ofl_win *W = &x->win[w];
         x->s_pending[b] = 0;
@@ -19,13 +19,13 @@ void stream_fill(eng_ofl *x)
             uint32_t len = (uint32_t)(W->len - at < OFL_SEQ_REQ ? W->len - at : OFL_SEQ_REQ);
             ofl_rd rd = {.win = (int32_t)w, .len = len, .file_off = x->file_off[W->fi] + W->off + at,
                          .dst = x->wbuf[b] + at};
-            rq_push(x, &rd);
+            ofl_rq_push(x, &rd);
             x->s_pending[b]++;
         }
     }
 }
 
-void stream_landed(eng_ofl *x, const ofl_req *r, const pi2_err *er)
+void ofl_stream_landed(eng_ofl *x, const ofl_req *r, const pi2_err *er)
 {
     x->s_sub--;
     if (r->io.result < 0 && !x->s_failed) {
@@ -148,7 +148,7 @@ static int ffn_windows(pi2_engine *e, const eng_ffn *f, int T, pi2_err *err)
     return 0;
 }
 
-int flash_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err)
+int ofl_flash_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err)
 {
     int rc = ffn_windows(e, f, T, err);
     if (rc)
@@ -157,11 +157,11 @@ int flash_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accum
     return 0;
 }
 
-int flash_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err) { return ffn_windows(e, f, 0, err); }
+int ofl_flash_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err) { return ffn_windows(e, f, 0, err); }
 
-int flash_begin_pass(pi2_engine *e, bool decode, pi2_err *err) { return decode ? 0 : stream_begin(e, err); }
+int ofl_flash_begin_pass(pi2_engine *e, bool decode, pi2_err *err) { return decode ? 0 : stream_begin(e, err); }
 
-void flash_end_pass(pi2_engine *e, bool decode)
+void ofl_flash_end_pass(pi2_engine *e, bool decode)
 {
     if (!decode)
         stream_end(e);

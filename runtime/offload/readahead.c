@@ -5,7 +5,7 @@
 #include <string.h>
 
 /* Outside mu: copy a landed prefetch read into its reserved slots. */
-void pf_copy(eng_ofl *x, const ofl_req *r)
+void ofl_pf_copy(eng_ofl *x, const ofl_req *r)
 {
     const ofl_rd *rd = &r->rd;
     const struct ofl_pf *P = &x->pf[rd->chunk];
@@ -25,7 +25,7 @@ void pf_copy(eng_ofl *x, const ofl_req *r)
 
 /* A prefetch read landed (ok) or failed: its parts join the caches unheld,
  * or go to the decode positions waiting for them. */
-void pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
+void ofl_pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
 {
     struct ofl_pf *P = &x->pf[rd->chunk];
     P->sub--;
@@ -61,21 +61,21 @@ void pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
             else
                 pi2_err_set(&fe, PI2_EIO, "%s: read at offset %llu failed", x->e->path,
                             (unsigned long long)rd->file_off);
-            job_fail(x, &fe);
+            ofl_job_fail(x, &fe);
             continue;
         }
         x->flag[k] |= F_GHELD;
         set_ptr(x->f, x->two_phase ? P_GATE : P_FULL, i, buf, x->R);
         uint32_t c = k / FFN_CHUNK;
         if (--x->ch[c].pending == 0)
-            make_ready(x, c);
+            ofl_make_ready(x, c);
     }
     if (ok) {
         x->c_reads++;
         x->c_bytes += rd->len;
     }
     if (x->f && !x->fail) /* slots came free for chunks waiting to be admitted */
-        admit(x);
+        ofl_admit(x);
     if (x->pf_sub == 0)
         pthread_cond_broadcast(&x->cv_compute);
 }
@@ -117,7 +117,7 @@ static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
     }
     P->n = m;
     plist l = {P->sel, NULL, P->flag};
-    if (m > 0 && queue_reads(x, &l, J_PF, fi, (uint32_t)set, x->two_phase ? P_GATE : P_FULL, 0, m) > 0)
+    if (m > 0 && ofl_queue_reads(x, &l, J_PF, fi, (uint32_t)set, x->two_phase ? P_GATE : P_FULL, 0, m) > 0)
         pthread_cond_signal(&x->cv_io);
     pthread_mutex_unlock(&x->mu);
 }
@@ -125,7 +125,7 @@ static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
 /* Decode, before layer l's attention: predict its FFN's neurons from the
  * residual xres (MoE: route it to guess the experts first, into
  * e->moe_guess[l]) and start reading the missing ones. */
-void flash_layer_ahead(pi2_engine *e, int l, const float *xres)
+void ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres)
 {
     eng_ofl *x = e->ofl;
     if (e->dense)

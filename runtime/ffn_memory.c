@@ -3,6 +3,7 @@
 #include "runtime/engine_internal.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
+#include "runtime/units.h"
 
 #include <string.h>
 

@@ -27,6 +27,20 @@ static int ofl_make_windows(pi2_engine *e, eng_ofl *x, pi2_err *err);
 static void ofl_register_buffers(eng_ofl *x);
 static int ofl_start_io(pi2_engine *e, eng_ofl *x, pi2_err *err);
 
+/* The row tables belong to the active source (runtime/ffn_source.h);
+ * the offloader writes them here only, so where its rows point is decided
+ * in one place. */
+void ofl_set_rows(const eng_ffn *f, uint32_t i, unsigned which, const uint8_t *gate, const uint8_t *up,
+                  const uint8_t *down)
+{
+    if (which & R_GATE)
+        f->gate.rp[i] = gate;
+    if (which & R_UP)
+        f->up.rp[i] = up;
+    if (which & R_DOWN)
+        f->down.rp[i] = down;
+}
+
 /* ---------------- sequential reads (start-up) ---------------- */
 
 /* Read [off, off+len) into dst (4096-aligned, len a multiple of 4096), up to
@@ -253,7 +267,9 @@ static int load_gate_parts(pi2_engine *e, eng_ofl *x, bool lock, pi2_err *err)
             k0 += n;
         }
         for (uint32_t i = x->hot_n[fi]; rc == 0 && i < x->ghot_n[fi]; i++)
-            f->gate.rp[i] = x->ghot[fi] + (uint64_t)(i / b->group - H) * b->gate_part + (uint64_t)(i % b->group) * x->R;
+            ofl_set_rows(f, i, R_GATE,
+                         x->ghot[fi] + (uint64_t)(i / b->group - H) * b->gate_part + (uint64_t)(i % b->group) * x->R,
+                         NULL, NULL);
     }
     pi2_io_free_buf(win);
     return rc;
@@ -563,7 +579,7 @@ static int ofl_load_hot(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, uin
     for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
         const eng_ffn *f = ffn_at(e, x, fi);
         for (uint32_t i = 0; i < f->n_ff; i++)
-            f->gate.rp[i] = f->up.rp[i] = f->down.rp[i] = NULL;
+            ofl_set_rows(f, i, R_ALL, NULL, NULL, NULL);
         if (x->hot_len[fi] == 0)
             continue;
         if ((rc = seq_read(x->io, x->depth, x->hot[fi], x->file_off[fi], x->hot_len[fi], NULL, err)) != 0)
@@ -573,9 +589,7 @@ static int ofl_load_hot(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, uin
         for (uint32_t i = 0; i < x->hot_n[fi]; i++) {
             uint64_t off[3];
             pi2_bl_neuron_offsets(x->bl[fi], x->R, x->two_phase, i, off);
-            f->gate.rp[i] = x->hot[fi] + off[0];
-            f->up.rp[i] = x->hot[fi] + off[1];
-            f->down.rp[i] = x->hot[fi] + off[2];
+            ofl_set_rows(f, i, R_ALL, x->hot[fi] + off[0], x->hot[fi] + off[1], x->hot[fi] + off[2]);
         }
     }
     return load_gate_parts(e, x, o->offload.lock_hot, err);

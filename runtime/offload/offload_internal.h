@@ -189,18 +189,24 @@ static inline uint64_t part_unit(const eng_ofl *x, int part)
 }
 static inline uint64_t stride_of(uint64_t unit) { return unit % 4096 == 0 ? unit : (unit + 63) / 64 * 64; }
 
+/* Which row tables of a neuron ofl_set_rows writes. */
+enum { R_GATE = 1, R_UP = 2, R_DOWN = 4, R_ALL = 7 };
+/* The one writer of FFN f's row tables while offloading (offload.c): for
+ * neuron i, the tables named in `which` get gate, up, down (NULL: no row
+ * in memory). See runtime/ffn_source.h for who owns the tables. */
+void ofl_set_rows(const eng_ffn *f, uint32_t i, unsigned which, const uint8_t *gate, const uint8_t *up,
+                  const uint8_t *down);
+
+/* Neuron i's rows of part `part` in a cache slot's layout at buf (gate,
+ * up, down rows of R bytes, as far as the part holds them). */
 static inline void set_ptr(const eng_ffn *f, int part, uint32_t i, const uint8_t *buf, uint64_t R)
 {
-    if (part == P_FULL) {
-        f->gate.rp[i] = buf;
-        f->up.rp[i] = buf + R;
-        f->down.rp[i] = buf + 2 * R;
-    } else if (part == P_GATE) {
-        f->gate.rp[i] = buf;
-    } else {
-        f->up.rp[i] = buf;
-        f->down.rp[i] = buf + R;
-    }
+    if (part == P_FULL)
+        ofl_set_rows(f, i, R_ALL, buf, buf + R, buf + 2 * R);
+    else if (part == P_GATE)
+        ofl_set_rows(f, i, R_GATE, buf, NULL, NULL);
+    else
+        ofl_set_rows(f, i, R_UP | R_DOWN, NULL, buf, buf + R);
 }
 
 static inline uint64_t part_base(const eng_ofl *x, int part, uint32_t q)

@@ -130,10 +130,9 @@ static int ffn_windows(pi2_engine *e, const eng_ffn *f, int T, pi2_err *err)
             for (uint32_t i = n0 > x->hot_n[fi] ? n0 : x->hot_n[fi]; i < n1; i++) {
                 uint64_t off[3];
                 pi2_bl_neuron_offsets(b, x->R, x->two_phase, i, off);
-                if (i >= x->ghot_n[fi]) /* hot gates keep their memory */
-                    f->gate.rp[i] = buf + (off[0] - base);
-                f->up.rp[i] = buf + (off[1] - base);
-                f->down.rp[i] = buf + (off[2] - base);
+                bool gate = i >= x->ghot_n[fi]; /* hot gates keep their memory */
+                ofl_set_rows(f, i, gate ? R_ALL : R_UP | R_DOWN, gate ? buf + (off[0] - base) : NULL,
+                             buf + (off[1] - base), buf + (off[2] - base));
             }
         }
         if (T > 0 && n1 > n0) {

@@ -171,12 +171,9 @@ uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint3
 /* Whether decode prefetches the next unit of rows (matmuls) or chunk of
  * neurons (--dense FFN) into L2 while it computes the current one, for an
  * L2 of l2_bytes per core (<= 0: unknown). The two must fit beside each
- * other. Kept where the L2 is unknown or 1 MiB and up: where it was added,
- * it made sparse decode of the 1B-shaped model 15% faster and --dense 24%
- * (unit_ahead's figures); on a 512 KiB L2 (Zen 3), where a --dense
- * chunk alone takes 384 KiB, sparse decode was 5.4% and 5.0% faster
- * without it (medians of 6 and 8 alternated runs, 5 and 7 faster), --dense
- * 4.7% and 1.3% (8 runs, 6 faster; 6 runs, 3). */
+ * other: kept where the L2 is unknown or 1 MiB and up; on a 512 KiB L2,
+ * where a --dense chunk alone takes 384 KiB, decode was faster without it
+ * (figures: runtime/PERF.md). */
 bool eng_l2_ahead(long l2_bytes);
 #define ENG_AHEAD_MIN_L2 (1L << 20)
 

@@ -75,9 +75,8 @@ bool eng_l2_ahead(long l2_bytes) { return l2_bytes <= 0 || l2_bytes >= ENG_AHEAD
 /* Decode: [*p, *p + *len) = the payload of unit u's rows when they lie
  * together in one quantized matrix, else *len = 0. The unit after the one
  * a thread computes is usually its next (eng_share_next), and its rows are
- * read into L2 while this one computes (pi2_k_matmul_pf). 1B-shaped model,
- * 2 threads, alternated runs: sparse decode 47.5 -> 54.7 tok/s (medians of
- * 10, 9 pairs faster), --dense 28.3 -> 35.1 (8 pairs, all faster). */
+ * read into L2 while this one computes (pi2_k_matmul_pf; figures:
+ * runtime/PERF.md). */
 static void unit_ahead(const mm_job *j, int64_t u, const uint8_t **p, int64_t *len)
 {
     int64_t a0 = u * MM_UNIT, base = 0;
@@ -259,10 +258,9 @@ enum { ATTN_HEADS_UNIT = 4 }; /* decode: heads of one KV head per unit, at most 
  * scoring 16-key blocks for every head in turn was slower, the prefetcher
  * losing the stream), then the V rows weighted for all of them in one pass
  * (pi2_k_sgemv_t_group: each row read once, and 16 FMA chains instead of
- * one head's 4 waiting on their latency); a BLAS call per head cost ~25x
- * the arithmetic at this size. 1B-shaped model, 512-token prompt, 128
- * generated, 2 threads: 65.8 -> 68.2 tok/s against a unit per head
- * (medians of 6 alternated runs), the same bits. */
+ * one head's 4 waiting on their latency); a BLAS call per head cost many
+ * times the arithmetic at this size. Faster than a unit per head, with
+ * the same bits (runtime/PERF.md). */
 static int64_t attn_units(const pi2_model_desc *d)
 {
     int group = d->n_heads / d->n_kv_heads;
@@ -422,8 +420,8 @@ static int ffn_block(pi2_engine *e, int l, int T, int pos, bool decode, pi2_err 
  * left, x - s1 q1, quantized in turn and dotted with their rows, as if x
  * were quantized to about 15 bits. Those are the tokens greedy decoding,
  * top-k and top-p choose among; the rest keep the one-term logit. A
- * second term for every row (the matmul at T = 2, which reads the head
- * twice) cost 6% of the 1B-shaped model's sparse decode. */
+ * second term for every row (the matmul at T = 2) would read the head
+ * twice (its cost: runtime/PERF.md). */
 static void run_head(pi2_engine *e, float *logits)
 {
     const pi2_model_desc *d = &e->d;

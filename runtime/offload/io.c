@@ -77,9 +77,7 @@ struct pi2_io {
  * the kernel, where it waits for them anyway, rather than interrupting it
  * wherever it is (COOP_TASKRUN, Linux 5.19); every wait here asks for at
  * least one completion, so none is left unseen. Older kernels: without.
- * 1B-shaped model, 75% of its FFN out of memory under a cgroup cap (3100
- * reads a token): 8.98 -> 9.55 tok/s, medians of 4 alternated runs, all
- * faster; at 50% (810 reads) 25.4 vs 25.0, the same within the noise. */
+ * Figures: runtime/PERF.md. */
 static int ring_init(unsigned depth, struct io_uring *ring)
 {
     int r = io_uring_queue_init(depth, ring, IORING_SETUP_COOP_TASKRUN);

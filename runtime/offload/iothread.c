@@ -27,7 +27,7 @@ static int take_reads(eng_ofl *x, ofl_req **subs)
         x->rq_head = (x->rq_head + 1) % x->rq_cap;
         x->rq_n--;
         if (r->rd.win >= 0)
-            x->s_sub++;
+            x->st.sub++;
         subs[m++] = r;
     }
     return m;

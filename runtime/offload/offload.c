@@ -23,7 +23,6 @@ static int ofl_tables(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_e
 static int ofl_load_hot(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, uint64_t hot_total, pi2_err *err);
 static int ofl_make_caches(eng_ofl *x, const ofl_sizes *z, pi2_err *err);
 static int ofl_alloc_job(pi2_engine *e, eng_ofl *x, uint32_t max_sel, pi2_err *err);
-static int ofl_make_windows(pi2_engine *e, eng_ofl *x, pi2_err *err);
 static void ofl_register_buffers(eng_ofl *x);
 static int ofl_start_io(pi2_engine *e, eng_ofl *x, pi2_err *err);
 
@@ -526,7 +525,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
         return 0;
     ofl_sizes z = {hot_total, fixed, index, kinds[0], {slots[0], slots[1]}, max_sel};
     if ((rc = ofl_load_hot(e, o, x, hot_total, err)) != 0 || (rc = ofl_make_caches(x, &z, err)) != 0 ||
-        (rc = ofl_alloc_job(e, x, max_sel, err)) != 0 || (rc = ofl_make_windows(e, x, err)) != 0)
+        (rc = ofl_alloc_job(e, x, max_sel, err)) != 0 || (rc = ofl_stream_open(e, x, err)) != 0)
         return rc;
     ofl_register_buffers(x);
     e->plan_ctx = e->ctx;
@@ -622,75 +621,8 @@ static int ofl_make_caches(eng_ofl *x, const ofl_sizes *z, pi2_err *err)
 static int ofl_alloc_job(pi2_engine *e, eng_ofl *x, uint32_t max_sel, pi2_err *err)
 {
     uint64_t D = (uint64_t)e->d.hidden;
-    x->reqs = pi2_calloc_array((size_t)x->depth, sizeof *x->reqs);
-    x->free_req = pi2_malloc_array((size_t)x->depth, sizeof *x->free_req);
-    x->staging = pi2_io_alloc_buf((size_t)x->depth * x->staging_bytes);
-    x->rq = pi2_malloc_array(x->rq_cap, sizeof *x->rq);
-    x->ch = pi2_calloc_array(x->max_ch, sizeof *x->ch);
-    x->ud_wait = pi2_malloc_array(x->max_ch, sizeof *x->ud_wait);
-    x->gslot = pi2_malloc_array(max_sel, sizeof *x->gslot);
-    x->uslot = pi2_malloc_array(max_sel, sizeof *x->uslot);
-    x->fired = pi2_malloc_array(max_sel, sizeof *x->fired);
-    x->gval = pi2_malloc_array(max_sel, sizeof *x->gval);
-    x->flag = pi2_calloc_array(max_sel, 1);
-    x->parts = pi2_malloc_array((size_t)x->max_ch * D, sizeof(float));
-    x->out_rows = pi2_malloc_array(x->max_ch, sizeof *x->out_rows);
-    x->ready = pi2_malloc_array(x->ready_cap, sizeof *x->ready);
-    x->subs = pi2_malloc_array((size_t)x->depth, sizeof *x->subs);
-    x->win_first = pi2_malloc_array(x->n_ffn + 1, sizeof *x->win_first);
-    bool pf_ok = true;
-    for (int p = 0; p < OFL_PF_SETS; p++) {
-        struct ofl_pf *P = &x->pf[p];
-        P->fi = UINT32_MAX;
-        P->sel = pi2_malloc_array(max_sel, sizeof *P->sel);
-        P->gslot = pi2_malloc_array(max_sel, sizeof *P->gslot);
-        P->uslot = pi2_malloc_array(max_sel, sizeof *P->uslot);
-        P->flag = pi2_calloc_array(max_sel, 1);
-        P->pos = pi2_calloc_array(max_sel, sizeof *P->pos);
-        P->wait = pi2_calloc_array(max_sel, sizeof *P->wait);
-        pf_ok = pf_ok && P->sel && P->gslot && P->uslot && P->flag && P->pos && P->wait;
-    }
-    x->pf_list = pi2_malloc_array(max_sel, sizeof *x->pf_list);
-    x->pf_in = pi2_malloc_array((size_t)D, sizeof *x->pf_in);
-    bool ok = x->reqs && x->free_req && x->staging && x->rq && x->ch && x->ud_wait && x->gslot && x->uslot &&
-              x->fired && x->gval && x->flag && x->parts && x->out_rows && x->ready && x->subs && x->win_first && pf_ok &&
-              x->pf_list && x->pf_in;
-    if (!ok)
+    if (!ofl_job_alloc(x, max_sel, D) || !ofl_ra_alloc(x, max_sel, D))
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the offloading buffers", e->path);
-    for (int i = 0; i < x->depth; i++) {
-        x->reqs[i].staging = x->staging + (size_t)i * x->staging_bytes;
-        x->free_req[x->n_free++] = &x->reqs[i];
-    }
-    return 0;
-}
-
-/* The prefill stream: its buffers and its windows (every FFN's, in order,
- * but those inside the hot segment). */
-static int ofl_make_windows(pi2_engine *e, eng_ofl *x, pi2_err *err)
-{
-    bool ok = true;
-    for (int b = 0; ok && b < OFL_NWIN; b++)
-        ok = (x->wbuf[b] = pi2_io_alloc_buf((size_t)x->wbuf_bytes)) != NULL;
-    /* streamed prefill windows */
-    uint32_t n_win = 0;
-    for (uint32_t fi = 0; ok && fi < x->n_ffn; fi++)
-        n_win += (x->bl[fi]->groups + x->win_groups - 1) / x->win_groups;
-    ok = ok && (x->win = pi2_malloc_array(n_win ? n_win : 1, sizeof *x->win)) != NULL;
-    if (!ok)
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the offloading buffers", e->path);
-    for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
-        const pi2_bl_ffn *b = x->bl[fi];
-        x->win_first[fi] = x->n_win;
-        for (uint32_t g0 = 0; g0 < b->groups; g0 += x->win_groups) {
-            uint32_t g1 = g0 + x->win_groups < b->groups ? g0 + x->win_groups : b->groups;
-            if ((uint64_t)g1 * b->slot_bytes <= x->hot_len[fi])
-                continue; /* in the hot segment */
-            x->win[x->n_win++] = (ofl_win){fi, (uint64_t)g0 * b->slot_bytes, (uint64_t)(g1 - g0) * b->slot_bytes};
-        }
-    }
-    x->win_first[x->n_ffn] = x->n_win;
-    for (int b = 0; b < OFL_NWIN; b++)
-        x->s_ready[b] = -1;
     return 0;
 }
 
@@ -703,7 +635,7 @@ static void ofl_register_buffers(eng_ofl *x)
     fb[0] = x->staging;
     fl[0] = (size_t)x->depth * x->staging_bytes;
     for (int b = 0; b < OFL_NWIN; b++) {
-        fb[1 + b] = x->wbuf[b];
+        fb[1 + b] = x->st.buf[b];
         fl[1 + b] = (size_t)x->wbuf_bytes;
     }
     if (pi2_io_backend_used(x->io) == PI2_IO_URING && !pi2_io_register(x->io, fb, fl, 1 + OFL_NWIN) && !x->note[0])
@@ -762,8 +694,7 @@ void eng_ofl_close(pi2_engine *e)
             munlock(x->hot[fi], (size_t)x->hot_len[fi]);
         pi2_io_free_buf(x->hot[fi]);
     }
-    for (int b = 0; b < OFL_NWIN; b++)
-        pi2_io_free_buf(x->wbuf[b]);
+    ofl_stream_free(x);
     pi2_ncache_free(x->cg);
     pi2_ncache_free(x->cu);
     free(x->bl);
@@ -780,33 +711,8 @@ void eng_ofl_close(pi2_engine *e)
     free(x->ghot_len);
     free(x->ghot_n);
     pi2_plan_free(&x->plan);
-    free(x->reqs);
-    free(x->free_req);
-    pi2_io_free_buf(x->staging);
-    free(x->rq);
-    free(x->ch);
-    free(x->ud_wait);
-    free(x->gslot);
-    free(x->uslot);
-    free(x->fired);
-    free(x->gval);
-    free(x->flag);
-    free(x->parts);
-    free(x->out_rows);
-    free(x->ready);
-    free(x->subs);
-    free(x->win);
-    free(x->win_first);
-    for (int p = 0; p < OFL_PF_SETS; p++) {
-        free(x->pf[p].sel);
-        free(x->pf[p].gslot);
-        free(x->pf[p].uslot);
-        free(x->pf[p].flag);
-        free(x->pf[p].pos);
-        free(x->pf[p].wait);
-    }
-    free(x->pf_list);
-    free(x->pf_in);
+    ofl_job_free(x);
+    ofl_ra_free(x);
     free(x);
     e->ofl = NULL;
 }
@@ -833,16 +739,16 @@ void pi2_engine_offload_info_get(const pi2_engine *e, pi2_engine_offload_info *o
     if (x->th_started)
         pthread_mutex_lock(&x->mu);
     *out = x->info;
-    out->parts = x->c_parts;
-    out->parts_hot = x->c_hot;
-    out->parts_hit = x->c_hit;
-    out->parts_read = x->c_read;
-    out->reads = x->c_reads;
-    out->bytes_read = x->c_bytes;
-    out->parts_prefetched = x->c_pf;
-    out->prefetch_waits = x->c_pfwait;
-    out->io_wait_s = x->c_wait;
-    out->prefill_bytes_read = x->c_pre_bytes;
+    out->parts = x->cnt.parts;
+    out->parts_hot = x->cnt.hot;
+    out->parts_hit = x->cnt.hit;
+    out->parts_read = x->cnt.read;
+    out->reads = x->cnt.reads;
+    out->bytes_read = x->cnt.bytes;
+    out->parts_prefetched = x->cnt.pf;
+    out->prefetch_waits = x->cnt.pfwait;
+    out->io_wait_s = x->cnt.wait;
+    out->prefill_bytes_read = x->cnt.pre_bytes;
     if (x->th_started)
         pthread_mutex_unlock(&x->mu);
 }
@@ -854,9 +760,9 @@ void eng_ofl_stats_reset(pi2_engine *e)
         return;
     if (x->th_started) /* as pi2_engine_offload_info_get: reads ahead may still land */
         pthread_mutex_lock(&x->mu);
-    x->c_parts = x->c_hot = x->c_hit = x->c_read = x->c_reads = x->c_bytes = x->c_pre_bytes = 0;
-    x->c_pf = x->c_pfwait = 0;
-    x->c_wait = 0;
+    x->cnt.parts = x->cnt.hot = x->cnt.hit = x->cnt.read = x->cnt.reads = x->cnt.bytes = x->cnt.pre_bytes = 0;
+    x->cnt.pf = x->cnt.pfwait = 0;
+    x->cnt.wait = 0;
     if (x->th_started)
         pthread_mutex_unlock(&x->mu);
 }

@@ -137,42 +137,50 @@ typedef struct eng_ofl {
     bool pinned;     /* threads placed by pi2_cpus_split: restore at close */
     pi2_cpus cpus;
 
-    /* prefill stream */
-    ofl_win *win;           /* streamed windows, in consumption order */
-    uint32_t n_win;
-    uint32_t *win_first;    /* [n_ffn + 1]: first window index of each FFN in win[] */
+    /* prefill stream (under mu, but cursor). The window geometry stays
+     * with the memory plan: win_groups slots per window, wbuf_bytes each. */
     uint32_t win_groups;    /* slots per window */
-    uint8_t *wbuf[OFL_NWIN];
     uint64_t wbuf_bytes;
-    bool s_active, s_cancel, s_failed;
-    pi2_err s_err;
-    uint32_t s_next;        /* next window to read */
-    uint32_t s_consumed;    /* windows released by the main thread */
-    int32_t s_ready[OFL_NWIN];   /* window held ready in each buffer, or -1 */
-    int s_pending[OFL_NWIN];     /* reads outstanding per buffer */
-    uint32_t s_sub;         /* stream reads submitted, not landed */
-    uint32_t s_cursor;      /* main thread: next window to consume */
+    struct ofl_stream {
+        ofl_win *win;           /* streamed windows, in consumption order */
+        uint32_t n;
+        uint32_t *first;        /* [n_ffn + 1]: first window index of each FFN in win[] */
+        uint8_t *buf[OFL_NWIN];
+        bool active, cancel, failed;
+        pi2_err err;
+        uint32_t next;          /* next window to read */
+        uint32_t consumed;      /* windows released by the main thread */
+        int32_t ready[OFL_NWIN];   /* window held ready in each buffer, or -1 */
+        int pending[OFL_NWIN];     /* reads outstanding per buffer */
+        uint32_t sub;           /* stream reads submitted, not landed */
+        uint32_t cursor;        /* main thread: next window to consume */
+    } st;
 
-    /* prefetch (decode, under mu): the likely neurons of the FFN about to
-     * run, read while its attention computes; entries land in the caches
-     * unheld, or are handed to the decode positions waiting for them */
-    struct ofl_pf {
-        uint32_t fi;          /* FFN of this prefetch (UINT32_MAX: none) */
-        uint32_t *sel, n;     /* neurons being prefetched */
-        uint32_t *gslot, *uslot;
-        uint8_t *flag;
-        uint32_t *pos;        /* [n_ff]: neuron -> prefetch position + 1 while in flight */
-        uint32_t *wait;       /* [n_ff]: neuron -> decode position + 1 waiting for it */
-        uint32_t sub;         /* reads queued or in flight */
-    } pf[OFL_PF_SETS];        /* a ring, so one layer's late reads don't hold up the next */
-    int pf_cur;
-    uint32_t pf_sub;          /* reads of both */
-    float *pf_in;             /* normed residual [D] */
-    uint32_t *pf_list;        /* predictor output [n_ff] */
+    /* read-ahead (decode, under mu): the likely neurons of the FFN about
+     * to run, read while its attention computes; entries land in the
+     * caches unheld, or are handed to the decode positions waiting for
+     * them */
+    struct ofl_ra {
+        struct ofl_pf {
+            uint32_t fi;          /* FFN of this prefetch (UINT32_MAX: none) */
+            uint32_t *sel, n;     /* neurons being prefetched */
+            uint32_t *gslot, *uslot;
+            uint8_t *flag;
+            uint32_t *pos;        /* [n_ff]: neuron -> prefetch position + 1 while in flight */
+            uint32_t *wait;       /* [n_ff]: neuron -> decode position + 1 waiting for it */
+            uint32_t sub;         /* reads queued or in flight */
+        } set[OFL_PF_SETS];       /* a ring, so one layer's late reads don't hold up the next */
+        int cur;
+        uint32_t sub;             /* reads of all sets */
+        float *in;                /* normed residual [D] */
+        uint32_t *list;           /* predictor output [n_ff] */
+    } ra;
 
     /* counters (under mu) */
-    uint64_t c_parts, c_hot, c_hit, c_read, c_reads, c_bytes, c_pre_bytes, c_pf, c_pfwait;
-    double c_wait;
+    struct ofl_counts {
+        uint64_t parts, hot, hit, read, reads, bytes, pre_bytes, pf, pfwait;
+        double wait;
+    } cnt;
 } eng_ofl;
 
 static inline uint32_t ffn_index(const eng_ofl *x, const eng_ffn *f) { return (uint32_t)f->layer * x->E + (uint32_t)f->expert; }
@@ -239,12 +247,22 @@ void ofl_decode_copy(eng_ofl *x, const ofl_req *r);
 int ofl_flash_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate, float w,
                  pi2_err *err);
 
-/* Read-ahead (readahead.c). */
+/* The job's requests, queue and arrays (pipeline.c): false when out of
+ * memory (ofl_job_free frees what was made). */
+bool ofl_job_alloc(eng_ofl *x, uint32_t max_sel, uint64_t D);
+void ofl_job_free(eng_ofl *x);
+
+/* Read-ahead (readahead.c); its sets' buffers as the job's. */
+bool ofl_ra_alloc(eng_ofl *x, uint32_t max_sel, uint64_t D);
+void ofl_ra_free(eng_ofl *x);
 void ofl_pf_copy(eng_ofl *x, const ofl_req *r);
 void ofl_pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er);
 void ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres);
 
-/* Prefill stream (prefill_stream.c). */
+/* Prefill stream (prefill_stream.c). ofl_stream_open makes its buffers
+ * and windows (every FFN's, in order, but those in the hot segment). */
+int ofl_stream_open(pi2_engine *e, eng_ofl *x, pi2_err *err);
+void ofl_stream_free(eng_ofl *x);
 bool ofl_stream_wants(const eng_ofl *x);
 void ofl_stream_fill(eng_ofl *x);
 void ofl_stream_landed(eng_ofl *x, const ofl_req *r, const pi2_err *er);

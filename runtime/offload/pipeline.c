@@ -4,6 +4,7 @@
 #include "runtime/units.h"
 
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---------------- the decode job (everything here runs under mu) ---------------- */
@@ -80,8 +81,8 @@ int ofl_queue_reads(eng_ofl *x, const plist *l, uint8_t job, uint32_t fi, uint32
                      .span = s0, .len = (uint32_t)(s1 - s0), .file_off = x->file_off[fi] + s0};
         ofl_rq_push(x, &rd);
         if (job == J_PF) {
-            x->pf[c].sub++;
-            x->pf_sub++;
+            x->ra.set[c].sub++;
+            x->ra.sub++;
         } else
             x->n_sub++;
         n++;
@@ -103,13 +104,13 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
     bool ud = part == P_UD;
     uint32_t *slot = ud ? x->uslot : x->gslot;
     uint8_t held = ud ? F_UHELD : F_GHELD, miss = ud ? F_UMISS : F_GMISS;
-    x->c_parts += b - a;
-    x->c_hot += (b - a) - need;
+    x->cnt.parts += b - a;
+    x->cnt.hot += (b - a) - need;
     struct ofl_pf *pfs[OFL_PF_SETS];
     int n_pfs = 0;
     for (int p = 0; part != P_UD && p < OFL_PF_SETS; p++)
-        if (x->pf[p].fi == x->fi && x->pf[p].sub > 0)
-            pfs[n_pfs++] = &x->pf[p];
+        if (x->ra.set[p].fi == x->fi && x->ra.set[p].sub > 0)
+            pfs[n_pfs++] = &x->ra.set[p];
     int n_wait = 0;
     for (uint32_t idx = a; idx < b; idx++) { /* hits first: reserves must not evict them */
         uint32_t k = pos_at(x, part, idx), i = x->sel[k];
@@ -122,14 +123,14 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
             P->wait[i] = k + 1;
             x->flag[k] |= F_PFWAIT;
             n_wait++;
-            x->c_pfwait++;
+            x->cnt.pfwait++;
             continue;
         }
         uint8_t *buf = pi2_ncache_hold(cache, x->fi, i, &slot[k]);
         if (buf) {
             x->flag[k] |= held;
             set_ptr(x->f, part, i, buf, x->R);
-            x->c_hit++;
+            x->cnt.hit++;
         } else {
             x->flag[k] |= miss;
         }
@@ -144,7 +145,7 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
             ofl_job_fail(x, &er);
             return true;
         }
-        x->c_read++;
+        x->cnt.read++;
     }
     if (part == P_GATE && x->spec) { /* read up+down along with each missing gate: one read, one round trip */
         uint32_t want = 0;
@@ -255,8 +256,8 @@ void ofl_decode_landed(eng_ofl *x, const ofl_rd *rd)
             x->flag[k] &= (uint8_t)~F_SPEC;
         }
     }
-    x->c_reads++;
-    x->c_bytes += rd->len;
+    x->cnt.reads++;
+    x->cnt.bytes += rd->len;
     ofl_chunk *C = &x->ch[rd->chunk];
     if (--C->pending == 0)
         ofl_make_ready(x, rd->chunk);
@@ -341,7 +342,7 @@ static void compute_fn(void *ctx, int tid, int nt)
         if (x->fail || x->finished)
             break;
         if (x->ready_n == 0) {
-            if (x->running == 0 && x->rq_n == 0 && x->n_sub == 0 && x->pf_sub == 0) {
+            if (x->running == 0 && x->rq_n == 0 && x->n_sub == 0 && x->ra.sub == 0) {
                 /* nothing computing, nothing in flight, and no admission possible */
                 pi2_err er = {0};
                 pi2_err_set(&er, PI2_ENOMEM, "%s: the neuron cache is too small for one chunk of neurons",
@@ -351,7 +352,7 @@ static void compute_fn(void *ctx, int tid, int nt)
             }
             /* reads land every few microseconds: spin (yielding) before sleeping;
              * idle time counts as I/O wait when reads are outstanding */
-            double t0 = x->n_sub + x->pf_sub + x->rq_n > 0 ? pi2_now() : 0.0;
+            double t0 = x->n_sub + x->ra.sub + x->rq_n > 0 ? pi2_now() : 0.0;
             atomic_store_explicit(&x->hint, 0u, memory_order_relaxed);
             pthread_mutex_unlock(&x->mu);
             for (int i = 0; i < OFL_SPIN && atomic_load_explicit(&x->hint, memory_order_acquire) == 0; i++)
@@ -417,8 +418,8 @@ static void job_cleanup(eng_ofl *x)
             pi2_ncache_abort(x->cu, x->uslot[k]);
         if (fl & F_PFWAIT) {
             for (int p = 0; p < OFL_PF_SETS; p++)
-                if (x->pf[p].fi == x->fi)
-                    x->pf[p].wait[x->sel[k]] = 0;
+                if (x->ra.set[p].fi == x->fi)
+                    x->ra.set[p].wait[x->sel[k]] = 0;
         }
         else if (fl & F_UHELD)
             pi2_ncache_release(x->cu, x->uslot[k]);
@@ -485,7 +486,7 @@ int ofl_flash_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, 
         e->st.weight_bytes += e->tls[t].bytes;
         wait += e->tls[t].wait;
     }
-    x->c_wait += wait / e->threads;
+    x->cnt.wait += wait / e->threads;
     if (failed)
         return pi2_err_set(err, x->fail_err.code, "%s", x->fail_err.msg);
     x->n_out = 0;
@@ -495,4 +496,52 @@ int ofl_flash_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, 
     ofl_reduce r = {x, out, accumulate, w};
     eng_run_units(e, (e->d.hidden + ENG_SUM_UNIT - 1) / ENG_SUM_UNIT, reduce_fn, &r);
     return 0;
+}
+
+/* ---------------- the job's buffers ---------------- */
+
+bool ofl_job_alloc(eng_ofl *x, uint32_t max_sel, uint64_t D)
+{
+    x->reqs = pi2_calloc_array((size_t)x->depth, sizeof *x->reqs);
+    x->free_req = pi2_malloc_array((size_t)x->depth, sizeof *x->free_req);
+    x->staging = pi2_io_alloc_buf((size_t)x->depth * x->staging_bytes);
+    x->rq = pi2_malloc_array(x->rq_cap, sizeof *x->rq);
+    x->ch = pi2_calloc_array(x->max_ch, sizeof *x->ch);
+    x->ud_wait = pi2_malloc_array(x->max_ch, sizeof *x->ud_wait);
+    x->gslot = pi2_malloc_array(max_sel, sizeof *x->gslot);
+    x->uslot = pi2_malloc_array(max_sel, sizeof *x->uslot);
+    x->fired = pi2_malloc_array(max_sel, sizeof *x->fired);
+    x->gval = pi2_malloc_array(max_sel, sizeof *x->gval);
+    x->flag = pi2_calloc_array(max_sel, 1);
+    x->parts = pi2_malloc_array((size_t)x->max_ch * D, sizeof(float));
+    x->out_rows = pi2_malloc_array(x->max_ch, sizeof *x->out_rows);
+    x->ready = pi2_malloc_array(x->ready_cap, sizeof *x->ready);
+    x->subs = pi2_malloc_array((size_t)x->depth, sizeof *x->subs);
+    if (!(x->reqs && x->free_req && x->staging && x->rq && x->ch && x->ud_wait && x->gslot && x->uslot && x->fired &&
+          x->gval && x->flag && x->parts && x->out_rows && x->ready && x->subs))
+        return false;
+    for (int i = 0; i < x->depth; i++) {
+        x->reqs[i].staging = x->staging + (size_t)i * x->staging_bytes;
+        x->free_req[x->n_free++] = &x->reqs[i];
+    }
+    return true;
+}
+
+void ofl_job_free(eng_ofl *x)
+{
+    free(x->reqs);
+    free(x->free_req);
+    pi2_io_free_buf(x->staging);
+    free(x->rq);
+    free(x->ch);
+    free(x->ud_wait);
+    free(x->gslot);
+    free(x->uslot);
+    free(x->fired);
+    free(x->gval);
+    free(x->flag);
+    free(x->parts);
+    free(x->out_rows);
+    free(x->ready);
+    free(x->subs);
 }

@@ -2,13 +2,14 @@
 #include "runtime/offload/offload_internal.h"
 #include "runtime/mathops.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* Outside mu: copy a landed prefetch read into its reserved slots. */
 void ofl_pf_copy(eng_ofl *x, const ofl_req *r)
 {
     const ofl_rd *rd = &r->rd;
-    const struct ofl_pf *P = &x->pf[rd->chunk];
+    const struct ofl_pf *P = &x->ra.set[rd->chunk];
     int part = rd->part;
     uint64_t unit = part_unit(x, part), uu = part_unit(x, P_UD);
     for (uint32_t idx = rd->a; idx <= rd->b; idx++) {
@@ -27,9 +28,9 @@ void ofl_pf_copy(eng_ofl *x, const ofl_req *r)
  * or go to the decode positions waiting for them. */
 void ofl_pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
 {
-    struct ofl_pf *P = &x->pf[rd->chunk];
+    struct ofl_pf *P = &x->ra.set[rd->chunk];
     P->sub--;
-    x->pf_sub--;
+    x->ra.sub--;
     for (uint32_t idx = rd->a; idx <= rd->b; idx++) {
         uint8_t fl = P->flag[idx];
         if (!(fl & F_GMISS))
@@ -39,7 +40,7 @@ void ofl_pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
             pi2_ncache_commit(x->cg, P->gslot[idx]);
             if (fl & F_SPEC)
                 pi2_ncache_commit(x->cu, P->uslot[idx]);
-            x->c_pf++;
+            x->cnt.pf++;
         } else {
             pi2_ncache_abort(x->cg, P->gslot[idx]);
             if (fl & F_SPEC)
@@ -71,24 +72,24 @@ void ofl_pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
             ofl_make_ready(x, c);
     }
     if (ok) {
-        x->c_reads++;
-        x->c_bytes += rd->len;
+        x->cnt.reads++;
+        x->cnt.bytes += rd->len;
     }
     if (x->f && !x->fail) /* slots came free for chunks waiting to be admitted */
         ofl_admit(x);
-    if (x->pf_sub == 0)
+    if (x->ra.sub == 0)
         pthread_cond_broadcast(&x->cv_compute);
 }
 
-/* Read ahead the missing neurons FFN f's predictor picks on x->pf_in. */
+/* Read ahead the missing neurons FFN f's predictor picks on x->ra.in. */
 static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
 {
     eng_ofl *x = e->ofl;
     uint32_t fi = ffn_index(x, f), hot = x->ghot_n[fi];
-    uint32_t n = eng_predict_from(e, f, x->pf_in, hot, x->pf_list);
+    uint32_t n = eng_predict_from(e, f, x->ra.in, hot, x->ra.list);
     pthread_mutex_lock(&x->mu);
-    int set = x->pf_cur = (x->pf_cur + 1) % OFL_PF_SETS;
-    struct ofl_pf *P = &x->pf[set];
+    int set = x->ra.cur = (x->ra.cur + 1) % OFL_PF_SETS;
+    struct ofl_pf *P = &x->ra.set[set];
     while (P->sub > 0) /* the prefetch two layers back is still reading */
         pthread_cond_wait(&x->cv_compute, &x->mu);
     P->fi = fi;
@@ -96,7 +97,7 @@ static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
     uint32_t room_g = pi2_ncache_evictable(x->cg) / 2, room_u = x->cu ? pi2_ncache_evictable(x->cu) / 2 : 0;
     uint32_t m = 0;
     for (uint32_t k = 0; k < n && m < room_g; k++) {
-        uint32_t i = x->pf_list[k];
+        uint32_t i = x->ra.list[k];
         if (i < hot || pi2_ncache_contains(x->cg, fi, i))
             continue;
         pi2_err er = {0};
@@ -141,7 +142,7 @@ void ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres)
         cold = x->ghot_n[fi] < x->bl[fi]->neurons;
     if (!cold)
         return;
-    pi2_op_rmsnorm(x->pf_in, xres, L->ffn_norm, d->hidden, d->rms_eps);
+    pi2_op_rmsnorm(x->ra.in, xres, L->ffn_norm, d->hidden, d->rms_eps);
     if (!pi2_desc_is_moe(d)) {
         if (L->ffn[0].has_pred)
             prefetch_ffn(e, &L->ffn[0]);
@@ -150,8 +151,43 @@ void ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres)
     /* MoE: the router on the same input guesses the experts; their
      * predictors pick the neurons (the guess's weights are not used) */
     int k = d->n_experts_used, *g = e->moe_guess + (size_t)l * k;
-    eng_route(e, L->router, x->pf_in, g, e->moe_wk);
+    eng_route(e, L->router, x->ra.in, g, e->moe_wk);
     for (int r = 0; r < k; r++)
         if (L->ffn[g[r]].has_pred)
             prefetch_ffn(e, &L->ffn[g[r]]);
+}
+
+/* ---------------- the read-ahead's buffers ---------------- */
+
+bool ofl_ra_alloc(eng_ofl *x, uint32_t max_sel, uint64_t D)
+{
+    bool ok = true;
+    for (int p = 0; p < OFL_PF_SETS; p++) {
+        struct ofl_pf *P = &x->ra.set[p];
+        P->fi = UINT32_MAX;
+        P->sel = pi2_malloc_array(max_sel, sizeof *P->sel);
+        P->gslot = pi2_malloc_array(max_sel, sizeof *P->gslot);
+        P->uslot = pi2_malloc_array(max_sel, sizeof *P->uslot);
+        P->flag = pi2_calloc_array(max_sel, 1);
+        P->pos = pi2_calloc_array(max_sel, sizeof *P->pos);
+        P->wait = pi2_calloc_array(max_sel, sizeof *P->wait);
+        ok = ok && P->sel && P->gslot && P->uslot && P->flag && P->pos && P->wait;
+    }
+    x->ra.list = pi2_malloc_array(max_sel, sizeof *x->ra.list);
+    x->ra.in = pi2_malloc_array((size_t)D, sizeof *x->ra.in);
+    return ok && x->ra.list && x->ra.in;
+}
+
+void ofl_ra_free(eng_ofl *x)
+{
+    for (int p = 0; p < OFL_PF_SETS; p++) {
+        free(x->ra.set[p].sel);
+        free(x->ra.set[p].gslot);
+        free(x->ra.set[p].uslot);
+        free(x->ra.set[p].flag);
+        free(x->ra.set[p].pos);
+        free(x->ra.set[p].wait);
+    }
+    free(x->ra.list);
+    free(x->ra.in);
 }

@@ -13,19 +13,19 @@
 static int take_reads(eng_ofl *x, ofl_req **subs)
 {
     int m = 0;
-    while (x->rq_n > 0 && x->n_free > 0) {
-        const ofl_rd *head = &x->rq[x->rq_head];
-        if (head->win < 0 && head->job == J_DEC && x->fail) { /* the job failed: drop its reads */
-            x->rq_head = (x->rq_head + 1) % x->rq_cap;
-            x->rq_n--;
-            if (--x->n_sub == 0)
+    while (x->q.n > 0 && x->q.n_free > 0) {
+        const ofl_rd *head = &x->q.rq[x->q.head];
+        if (head->win < 0 && head->job == J_DEC && x->job.fail) { /* the job failed: drop its reads */
+            x->q.head = (x->q.head + 1) % x->rq_cap;
+            x->q.n--;
+            if (--x->job.n_sub == 0)
                 pthread_cond_broadcast(&x->cv_compute);
             continue;
         }
-        ofl_req *r = x->free_req[--x->n_free];
+        ofl_req *r = x->q.free[--x->q.n_free];
         r->rd = *head;
-        x->rq_head = (x->rq_head + 1) % x->rq_cap;
-        x->rq_n--;
+        x->q.head = (x->q.head + 1) % x->rq_cap;
+        x->q.n--;
         if (r->rd.win >= 0)
             x->st.sub++;
         subs[m++] = r;
@@ -83,9 +83,9 @@ static void decode_failed(eng_ofl *x, const ofl_req *r, const pi2_err *er)
     pi2_err fe = *er;
     if (!fe.code)
         pi2_err_set(&fe, PI2_EIO, "%s: read at offset %llu failed", x->e->path, (unsigned long long)r->rd.file_off);
-    x->n_sub--;
+    x->job.n_sub--;
     ofl_job_fail(x, &fe);
-    if (x->n_sub == 0)
+    if (x->job.n_sub == 0)
         pthread_cond_broadcast(&x->cv_compute);
 }
 
@@ -101,13 +101,13 @@ static void land(eng_ofl *x, ofl_req *r, const pi2_err *er)
         decode_failed(x, r, er);
     else
         ofl_decode_landed(x, &r->rd);
-    x->free_req[x->n_free++] = r;
+    x->q.free[x->q.n_free++] = r;
 }
 
 void *ofl_io_main(void *arg)
 {
     eng_ofl *x = arg;
-    ofl_req **subs = x->subs;
+    ofl_req **subs = x->q.subs;
     pi2_io_req *done[IO_BATCH];
     int gained = pi2_thread_raise_priority(PI2_IO_THREAD_NICE);
     pthread_mutex_lock(&x->mu);
@@ -115,7 +115,7 @@ void *ofl_io_main(void *arg)
     x->io_up = true;
     pthread_cond_broadcast(&x->cv_compute);
     for (;;) {
-        while (!x->stop && x->rq_n == 0 && pi2_io_inflight(x->io) == 0 && !ofl_stream_wants(x))
+        while (!x->stop && x->q.n == 0 && pi2_io_inflight(x->io) == 0 && !ofl_stream_wants(x))
             pthread_cond_wait(&x->cv_io, &x->mu);
         if (x->stop)
             break;

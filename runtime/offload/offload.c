@@ -632,7 +632,7 @@ static void ofl_register_buffers(eng_ofl *x)
 {
     void *fb[1 + OFL_NWIN];
     size_t fl[1 + OFL_NWIN];
-    fb[0] = x->staging;
+    fb[0] = x->q.staging;
     fl[0] = (size_t)x->depth * x->staging_bytes;
     for (int b = 0; b < OFL_NWIN; b++) {
         fb[1 + b] = x->st.buf[b];

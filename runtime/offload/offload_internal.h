@@ -94,40 +94,48 @@ typedef struct eng_ofl {
     uint32_t g;             /* neurons per group */
     pi2_ncache *cg, *cu;    /* one-phase: cg holds whole neurons; two-phase: gates, up+down */
 
-    /* reads */
-    ofl_req *reqs;
-    ofl_req **free_req;
-    int n_free;
+    /* reads (under mu). Sized by the memory plan: depth requests of
+     * staging_bytes, a queue of rq_cap reads. */
     size_t staging_bytes;
-    uint8_t *staging;
-    ofl_rd *rq;             /* FIFO of reads waiting for a request */
-    size_t rq_cap, rq_head, rq_n;
+    size_t rq_cap;
+    struct ofl_reads {
+        ofl_req *reqs;
+        ofl_req **free;         /* requests not in use */
+        int n_free;
+        uint8_t *staging;       /* [depth][staging_bytes] */
+        ofl_rd *rq;             /* FIFO of reads waiting for a request */
+        size_t head, n;
+        ofl_req **subs;         /* I/O thread: requests taken this round */
+    } q;
 
-    /* The decode job. Everything below is under mu, except the compute on a
-     * chunk a thread has taken (its positions' data is stable then) and the
-     * I/O thread's copy into slots it reserved. */
-    const eng_ffn *f;
-    uint32_t fi;
-    ffn_dec dec;            /* what the job's chunks share */
-    const uint32_t *sel;
-    uint32_t n_sel, n_ch, next_admit, n_done;
+    /* The decode job. Everything in it is under mu, except the compute on
+     * a chunk a thread has taken (its positions' data is stable then) and
+     * the I/O thread's copy into slots it reserved. Sized by the memory
+     * plan: max_ch chunks, ready_cap entries of the ready queue. */
     uint32_t max_ch;
-    ofl_chunk *ch;
-    uint32_t *ud_wait, ud_head, ud_n;
-    uint32_t *gslot, *uslot, *fired;
-    float *gval;
-    uint8_t *flag;
-    float *parts;           /* [max_ch][D] */
-    uint32_t *out_rows;     /* [max_ch] the chunks with an output, in order */
-    uint32_t n_out;
-    bool fail, finished;
-    pi2_err fail_err;
-    uint32_t running;       /* chunk steps being computed */
-    uint32_t n_sub;         /* decode reads submitted, not landed */
-    uint32_t *ready, ready_head, ready_n, ready_cap;
-    int n_sleeping;         /* compute threads waiting on cv_compute */
-    atomic_uint hint;       /* set when there is something for compute threads */
-    ofl_req **subs;         /* I/O thread: requests taken this round */
+    uint32_t ready_cap;
+    struct ofl_job {
+        const eng_ffn *f;
+        uint32_t fi;
+        ffn_dec dec;            /* what the job's chunks share */
+        const uint32_t *sel;
+        uint32_t n_sel, n_ch, next_admit, n_done;
+        ofl_chunk *ch;
+        uint32_t *ud_wait, ud_head, ud_n;
+        uint32_t *gslot, *uslot, *fired;
+        float *gval;
+        uint8_t *flag;
+        float *parts;           /* [max_ch][D] */
+        uint32_t *out_rows;     /* [max_ch] the chunks with an output, in order */
+        uint32_t n_out;
+        bool fail, finished;
+        pi2_err fail_err;
+        uint32_t running;       /* chunk steps being computed */
+        uint32_t n_sub;         /* decode reads submitted, not landed */
+        uint32_t *ready, ready_head, ready_n;
+        int n_sleeping;         /* compute threads waiting on cv_compute */
+        atomic_uint hint;       /* set when there is something for compute threads */
+    } job;
 
     pthread_mutex_t mu;
     pthread_cond_t cv_io, cv_compute, cv_stream;
@@ -183,7 +191,10 @@ typedef struct eng_ofl {
     } cnt;
 } eng_ofl;
 
-static inline uint32_t ffn_index(const eng_ofl *x, const eng_ffn *f) { return (uint32_t)f->layer * x->E + (uint32_t)f->expert; }
+static inline uint32_t ffn_index(const eng_ofl *x, const eng_ffn *f)
+{
+    return (uint32_t)f->layer * x->E + (uint32_t)f->expert;
+}
 
 static inline const eng_ffn *ffn_at(const pi2_engine *e, const eng_ofl *x, uint32_t fi)
 {
@@ -225,7 +236,10 @@ static inline uint64_t part_base(const eng_ofl *x, int part, uint32_t q)
 static inline pi2_ncache *cache_of(const eng_ofl *x, int part) { return part == P_UD ? x->cu : x->cg; }
 
 /* Positions list of a part: sel positions, or fired indexes for P_UD. */
-static inline uint32_t pos_at(const eng_ofl *x, int part, uint32_t idx) { return part == P_UD ? x->fired[idx] : idx; }
+static inline uint32_t pos_at(const eng_ofl *x, int part, uint32_t idx)
+{
+    return part == P_UD ? x->job.fired[idx] : idx;
+}
 
 /* A list of positions: neuron of index idx is sel[map ? map[idx] : idx],
  * its flags flag[...] likewise. */

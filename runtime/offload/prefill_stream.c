@@ -54,7 +54,7 @@ static void stream_end(pi2_engine *e)
     pthread_mutex_lock(&x->mu);
     if (x->st.active) {
         x->st.cancel = true;
-        x->rq_n = 0; /* only stream reads are queued during a prefill step */
+        x->q.n = 0; /* only stream reads are queued during a prefill step */
         while (x->st.sub > 0)
             pthread_cond_wait(&x->cv_stream, &x->mu);
         x->st.active = x->st.cancel = false;

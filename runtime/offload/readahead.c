@@ -50,11 +50,11 @@ void ofl_pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
         P->pos[i] = 0;
         uint32_t w = P->wait[i];
         P->wait[i] = 0;
-        if (!w || x->fail || !x->f || x->fi != P->fi)
+        if (!w || x->job.fail || !x->job.f || x->job.fi != P->fi)
             continue;
         uint32_t k = w - 1;
-        x->flag[k] &= (uint8_t)~F_PFWAIT;
-        uint8_t *buf = ok ? pi2_ncache_hold(x->cg, x->fi, i, &x->gslot[k]) : NULL;
+        x->job.flag[k] &= (uint8_t)~F_PFWAIT;
+        uint8_t *buf = ok ? pi2_ncache_hold(x->cg, x->job.fi, i, &x->job.gslot[k]) : NULL;
         if (!buf) {
             pi2_err fe = {0};
             if (er && er->code)
@@ -65,17 +65,17 @@ void ofl_pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
             ofl_job_fail(x, &fe);
             continue;
         }
-        x->flag[k] |= F_GHELD;
-        set_ptr(x->f, x->two_phase ? P_GATE : P_FULL, i, buf, x->R);
+        x->job.flag[k] |= F_GHELD;
+        set_ptr(x->job.f, x->two_phase ? P_GATE : P_FULL, i, buf, x->R);
         uint32_t c = k / FFN_CHUNK;
-        if (--x->ch[c].pending == 0)
+        if (--x->job.ch[c].pending == 0)
             ofl_make_ready(x, c);
     }
     if (ok) {
         x->cnt.reads++;
         x->cnt.bytes += rd->len;
     }
-    if (x->f && !x->fail) /* slots came free for chunks waiting to be admitted */
+    if (x->job.f && !x->job.fail) /* slots came free for chunks waiting to be admitted */
         ofl_admit(x);
     if (x->ra.sub == 0)
         pthread_cond_broadcast(&x->cv_compute);

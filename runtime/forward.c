@@ -453,22 +453,12 @@ static void run_head(pi2_engine *e, float *logits)
         logits[top[i]] += add[i];
 }
 
-int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decode, float *logits, pi2_err *err)
+/* The tokens' embeddings into e->x and the rotary tables of positions
+ * pos .. pos + T - 1. */
+static void embed_tokens(pi2_engine *e, const int32_t *tokens, int T, int pos)
 {
     const pi2_model_desc *d = &e->d;
-    for (int t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= d->vocab)
-            return pi2_err_set(err, PI2_ERANGE, "%s: token id %d out of range [0, %d)", e->path, tokens[t],
-                               d->vocab);
-    if (pos < 0 || pos > e->n_pos || pos + T > e->ctx)
-        return pi2_err_set(err, PI2_ERANGE, "%s: positions %d..%d out of range (cache holds %d of %d)", e->path, pos,
-                           pos + T - 1, e->n_pos, e->ctx);
-    int64_t D = d->hidden, hd = d->head_dim, nh = d->n_heads, nkv = d->n_kv_heads;
-    int64_t qd = nh * hd, kvd = nkv * hd;
-    e->n_pos = pos; /* rewind */
-    int rc;
-    if ((rc = e->ffn->begin_pass(e, decode, err)) != 0)
-        return rc;
+    int64_t D = d->hidden, hd = d->head_dim;
     for (int t = 0; t < T; t++)
         pi2_q_dequantize_row(e->embed.qt, e->embed.rs[tokens[t]], e->embed.rp[tokens[t]], D, e->x + t * D);
     int64_t half = hd / 2;
@@ -484,37 +474,67 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
             e->rope_sn[t * half + i] = sinf(angle);
         }
     }
+}
+
+/* Layer l's attention block for T tokens at pos: norm, q/k/v (k and v
+ * into the cache), rotary, attention, output projection, then the residual
+ * add and the FFN's norm. *tj is left for the residual add after the FFN. */
+static void attention(pi2_engine *e, int l, int T, int pos, tok_job *tj)
+{
+    const pi2_model_desc *d = &e->d;
+    const eng_layer *L = &e->layers[l];
+    int64_t D = d->hidden, hd = d->head_dim, qd = d->n_heads * hd, kvd = d->n_kv_heads * hd;
+    float *kc = e->kc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
+    float *vc = e->vc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
+    *tj = (tok_job){.e = e, .kind = TOK_NORM_Q, .T = T, .w = L->attn_norm, .kc = kc, .qd = qd, .kvd = kvd, .hd = hd};
+    run_tok(tj);
+    mm_job j = {.n = 3, .T = T, .xf = e->xb, .ldx = D, .e = e};
+    j.t[0] = (mm_task){&L->q, e->q, qd};
+    j.t[1] = (mm_task){&L->k, kc, kvd};
+    j.t[2] = (mm_task){&L->v, vc, kvd};
+    run_mm(e, &j);
+    tj->kind = TOK_ROPE;
+    run_tok(tj);
+    attn_job aj = {e, l, T, pos};
+    if (T < ATTN_GEMM_MIN_T)
+        eng_run_units(e, attn_units(d), attn_fn, &aj);
+    else
+        pi2_pool_run(e->pool, attn_fn, &aj);
+    tj->kind = TOK_QUANT;
+    tj->src = e->att;
+    tj->n = qd;
+    run_tok(tj);
+    mm_job oj = {.n = 1, .T = T, .xf = e->att, .ldx = qd, .e = e};
+    oj.t[0] = (mm_task){&L->o, e->xb2, D};
+    run_mm(e, &oj);
+    tj->kind = TOK_RES_NORM;
+    tj->w = L->ffn_norm;
+    run_tok(tj);
+}
+
+int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decode, float *logits, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= d->vocab)
+            return pi2_err_set(err, PI2_ERANGE, "%s: token id %d out of range [0, %d)", e->path, tokens[t],
+                               d->vocab);
+    if (pos < 0 || pos > e->n_pos || pos + T > e->ctx)
+        return pi2_err_set(err, PI2_ERANGE, "%s: positions %d..%d out of range (cache holds %d of %d)", e->path, pos,
+                           pos + T - 1, e->n_pos, e->ctx);
+    int64_t D = d->hidden, kvd = (int64_t)d->n_kv_heads * d->head_dim;
+    e->n_pos = pos; /* rewind */
+    int rc;
+    if ((rc = e->ffn->begin_pass(e, decode, err)) != 0)
+        return rc;
+    embed_tokens(e, tokens, T, pos);
     uint64_t bytes = 0;
     for (int l = 0; l < d->n_layers; l++) {
         const eng_layer *L = &e->layers[l];
         if (decode) /* the FFN's source may start fetching while the attention computes */
             e->ffn->layer_ahead(e, l, e->x);
-        float *kc = e->kc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
-        float *vc = e->vc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
-        tok_job tj = {.e = e, .kind = TOK_NORM_Q, .T = T, .w = L->attn_norm, .kc = kc, .qd = qd, .kvd = kvd, .hd = hd};
-        run_tok(&tj);
-        mm_job j = {.n = 3, .T = T, .xf = e->xb, .ldx = D, .e = e};
-        j.t[0] = (mm_task){&L->q, e->q, qd};
-        j.t[1] = (mm_task){&L->k, kc, kvd};
-        j.t[2] = (mm_task){&L->v, vc, kvd};
-        run_mm(e, &j);
-        tj.kind = TOK_ROPE;
-        run_tok(&tj);
-        attn_job aj = {e, l, T, pos};
-        if (T < ATTN_GEMM_MIN_T)
-            eng_run_units(e, attn_units(d), attn_fn, &aj);
-        else
-            pi2_pool_run(e->pool, attn_fn, &aj);
-        tj.kind = TOK_QUANT;
-        tj.src = e->att;
-        tj.n = qd;
-        run_tok(&tj);
-        mm_job oj = {.n = 1, .T = T, .xf = e->att, .ldx = qd, .e = e};
-        oj.t[0] = (mm_task){&L->o, e->xb2, D};
-        run_mm(e, &oj);
-        tj.kind = TOK_RES_NORM;
-        tj.w = L->ffn_norm;
-        run_tok(&tj);
+        tok_job tj;
+        attention(e, l, T, pos, &tj);
         if ((rc = ffn_block(e, l, T, pos, decode, err)) != 0) {
             e->ffn->end_pass(e, decode);
             e->n_pos = pos; /* this step's cache entries are incomplete */

@@ -473,8 +473,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     snprintf(e->path, sizeof e->path, "%s", o->path);
     int rc;
     /* in memory, the weights are used in place from the mapping: 2 MiB pages
-     * cut the TLB misses of streaming them every token (1B-shaped model,
-     * file read afresh: decode +20%, load 0.9 -> 0.4 s; 7B-shaped: 2.2x) */
+     * cut the TLB misses of streaming them every token (runtime/PERF.md) */
     pi2_bundle_open_opts bo = {
         .pubkey = o->pubkey, .allow_unsigned = o->trust_unsigned, .huge_pages = o->offload.mem_limit == 0};
     if ((rc = pi2_bundle_open(&e->b, o->path, &bo, err)) != 0) {

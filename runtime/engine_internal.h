@@ -1,5 +1,5 @@
 /* Internals shared by the engine's load (engine.c), forward (forward.c),
- * FFN (ffn.c, ffn_memory.c, offload/offload.c), predictor (predict.c) and
+ * FFN (ffn.c, ffn_memory.c, the offload/ room), predictor (predict.c) and
  * MoE routing (moe.c). Not part of the public API. */
 #ifndef PI2_ENGINE_INTERNAL_H
 #define PI2_ENGINE_INTERNAL_H
@@ -8,6 +8,7 @@
 #include "runtime/engine.h"
 #include "runtime/kernels.h"
 #include "formats/pool.h"
+#include "runtime/units.h"
 
 #include <string.h>
 
@@ -156,7 +157,7 @@ struct pi2_engine {
     int plan_ctx;        /* KV positions the memory plan holds */
 };
 
-/* Forward entry points (forward.c). */
+/* The forward pass (forward.c). */
 int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decode, float *logits, pi2_err *err);
 
 /* The FFN job modes. */
@@ -167,22 +168,12 @@ uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *
 /* The same picks among neurons [n0, n_ff) only (fc2 rows below n0 are not
  * read): read-ahead wants only what is not held in memory. */
 uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel);
-/* Work shared out with locality (forward.c): eng_run_units runs fn as a shared job
- * (pi2_pool_run_shared) over units [0, units), cut into one contiguous
- * range per thread; inside fn, eng_share_next gives thread tid the front
- * of its own range, then the back of the others', and -1 when all are
- * taken. Every decode job runs this way. */
-void eng_run_units(pi2_engine *e, int64_t units, pi2_pool_fn fn, void *ctx);
-int64_t eng_share_next(const pi2_engine *e, int tid, int nt);
 /* Whether decode prefetches the next unit of rows (matmuls) or chunk of
  * neurons (--dense FFN) into L2 while it computes the current one, for an
  * L2 of l2_bytes per core (<= 0: unknown). The two must fit beside each
- * other. Kept where the L2 is unknown or 1 MiB and up: where it was added,
- * it made sparse decode of the 1B-shaped model 15% faster and --dense 24%
- * (unit_ahead's figures); on a 512 KiB L2 (Zen 3), where a --dense
- * chunk alone takes 384 KiB, sparse decode was 5.4% and 5.0% faster
- * without it (medians of 6 and 8 alternated runs, 5 and 7 faster), --dense
- * 4.7% and 1.3% (8 runs, 6 faster; 6 runs, 3). */
+ * other: kept where the L2 is unknown or 1 MiB and up; on a 512 KiB L2,
+ * where a --dense chunk alone takes 384 KiB, decode was faster without it
+ * (figures: runtime/PERF.md). */
 bool eng_l2_ahead(long l2_bytes);
 #define ENG_AHEAD_MIN_L2 (1L << 20)
 

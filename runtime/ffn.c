@@ -216,8 +216,8 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
     if (j->first)
         memset(s->part, 0, (size_t)T * (size_t)ENG_PART_LD(D) * sizeof(float));
     /* the down projection: Q4 rows on AVX-512 VNNI take the requantized
-     * GEMM (1.5x the per-block int8 down of decode at 256 rows and 64
-     * tokens; its weight rounding is 1/31.75 of a Q4 step). Q8 rows keep
+     * GEMM (faster than the per-block int8 down of decode, runtime/PERF.md;
+     * its weight rounding is 1/31.75 of a Q4 step). Q8 rows keep
      * pi2_k_down_rows: requantizing them costs a whole Q8 step, which moved
      * the tinystories golden tokens. Elsewhere the GEMM's twin would be
      * slower than pi2_k_down_rows' SIMD paths. */

@@ -7,7 +7,9 @@
  * gate -> filter -> up -> activation -> down into its own output row, and
  * the rows are added in chunk order. Memory and flash give the same bits
  * because they cut at the same places and run this same code on each
- * chunk; only where the rows come from differs. */
+ * chunk; only where the rows come from differs: the chunk reads the row
+ * tables of d->f, which the active source keeps pointing at the rows
+ * (runtime/ffn_source.h, "Row tables"). */
 #ifndef PI2_FFN_H
 #define PI2_FFN_H
 

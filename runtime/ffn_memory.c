@@ -3,6 +3,7 @@
 #include "runtime/engine_internal.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
+#include "runtime/units.h"
 
 #include <string.h>
 
@@ -31,9 +32,7 @@ typedef struct ffn_dec_job {
  * hardware prefetcher does not run ahead over, so this chunk's passes
  * bring the next chunk toward the core while they compute (the gate and
  * up pass two thirds, the down pass the rest): the thread takes the
- * chunks of its share in order (eng_share_next). 1B-shaped model, --dense, 2
- * threads: 30.1 -> 34.1 tok/s (medians of 4 alternated runs); the down
- * pass's third, 33.1 -> 34.3 (medians of 8, 7 faster). */
+ * chunks of its share in order (eng_share_next). Figures: runtime/PERF.md. */
 static void chunk_ahead(const eng_ffn *f, int64_t c0, int64_t total, const uint8_t **p, int64_t *len)
 {
     *p = NULL;

@@ -15,7 +15,20 @@
  *   end_pass         (also when a layer failed)
  *
  * The decode of a source computes the FFN bit for bit as the other does
- * (both run runtime/ffn.h's chunk). */
+ * (both run runtime/ffn.h's chunk).
+ *
+ * Row tables. The gate, up and down row pointer tables of each FFN
+ * (eng_ffn's eng_mat.rp) belong to the active source. Memory fills them
+ * when the engine opens and never changes them. Flash points them, for
+ * each neuron, at its hot segment, a cache slot or a prefill window, as
+ * the parts arrive (all through ofl_set_rows, runtime/offload/); a pointer
+ * is good while its part is held by the running decode step, or while its
+ * window is, in prefill; the others are stale. The forward never reads the
+ * FFN tables; the chunk (runtime/ffn.h) reads them through the eng_ffn it
+ * is given. Why flash does not keep tables of its own: the chunk takes
+ * its rows through the eng_ffn, and a second set of tables (three
+ * pointers per neuron of every FFN) would be memory the plan must count
+ * for no gain. */
 #ifndef PI2_FFN_SOURCE_H
 #define PI2_FFN_SOURCE_H
 

@@ -6,58 +6,11 @@
 
 #include <cblas.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #define GRAIN 16 /* rows per partition unit */
 
 /* ---- matmul jobs: up to 3 matrices sharing one quantized input ---- */
-
-/* ---- work shared out with locality ----
- * Units [0, n) are cut into one contiguous range per thread (rng[t]: first
- * << 32 | end). A thread takes units from the front of its own range
- * (ascending: the hardware prefetcher runs on from one unit into the next)
- * and, once it is empty, from the back of the others'. On 2 cores the
- * offloading I/O thread and interrupts take time from one compute thread
- * at a time; with fixed halves the other waited for it at every step. */
-
-static void share_init(_Atomic uint64_t *rng, int nt, int64_t n)
-{
-    for (int t = 0; t < nt; t++)
-        atomic_store_explicit(&rng[t], (uint64_t)(n * t / nt) << 32 | (uint64_t)(n * (t + 1) / nt),
-                              memory_order_relaxed);
-}
-
-/* A unit of range r: from its front (the owner) or its back (another
- * thread). -1 when the range is empty. */
-static int64_t share_take(_Atomic uint64_t *r, bool front)
-{
-    uint64_t v = atomic_load_explicit(r, memory_order_relaxed);
-    for (;;) {
-        uint64_t f = v >> 32, b = v & 0xffffffffu;
-        if (f >= b)
-            return -1;
-        uint64_t nv = front ? (f + 1) << 32 | b : f << 32 | (b - 1);
-        if (atomic_compare_exchange_weak_explicit(r, &v, nv, memory_order_relaxed, memory_order_relaxed))
-            return front ? (int64_t)f : (int64_t)(b - 1);
-    }
-}
-
-/* The next unit for thread tid: its own first, then the others' last. */
-int64_t eng_share_next(const pi2_engine *e, int tid, int nt)
-{
-    _Atomic uint64_t *rng = e->share_rng;
-    int64_t u = share_take(&rng[tid], true);
-    for (int k = 1; k < nt && u < 0; k++)
-        u = share_take(&rng[(tid + k) % nt], false);
-    return u;
-}
-
-void eng_run_units(pi2_engine *e, int64_t units, pi2_pool_fn fn, void *ctx)
-{
-    share_init(e->share_rng, e->threads, units);
-    pi2_pool_run_shared(e->pool, fn, ctx);
-}
 
 typedef struct mm_task {
     const eng_mat *m;
@@ -122,9 +75,8 @@ bool eng_l2_ahead(long l2_bytes) { return l2_bytes <= 0 || l2_bytes >= ENG_AHEAD
 /* Decode: [*p, *p + *len) = the payload of unit u's rows when they lie
  * together in one quantized matrix, else *len = 0. The unit after the one
  * a thread computes is usually its next (eng_share_next), and its rows are
- * read into L2 while this one computes (pi2_k_matmul_pf). 1B-shaped model,
- * 2 threads, alternated runs: sparse decode 47.5 -> 54.7 tok/s (medians of
- * 10, 9 pairs faster), --dense 28.3 -> 35.1 (8 pairs, all faster). */
+ * read into L2 while this one computes (pi2_k_matmul_pf; figures:
+ * runtime/PERF.md). */
 static void unit_ahead(const mm_job *j, int64_t u, const uint8_t **p, int64_t *len)
 {
     int64_t a0 = u * MM_UNIT, base = 0;
@@ -306,10 +258,9 @@ enum { ATTN_HEADS_UNIT = 4 }; /* decode: heads of one KV head per unit, at most 
  * scoring 16-key blocks for every head in turn was slower, the prefetcher
  * losing the stream), then the V rows weighted for all of them in one pass
  * (pi2_k_sgemv_t_group: each row read once, and 16 FMA chains instead of
- * one head's 4 waiting on their latency); a BLAS call per head cost ~25x
- * the arithmetic at this size. 1B-shaped model, 512-token prompt, 128
- * generated, 2 threads: 65.8 -> 68.2 tok/s against a unit per head
- * (medians of 6 alternated runs), the same bits. */
+ * one head's 4 waiting on their latency); a BLAS call per head cost many
+ * times the arithmetic at this size. Faster than a unit per head, with
+ * the same bits (runtime/PERF.md). */
 static int64_t attn_units(const pi2_model_desc *d)
 {
     int group = d->n_heads / d->n_kv_heads;
@@ -469,8 +420,8 @@ static int ffn_block(pi2_engine *e, int l, int T, int pos, bool decode, pi2_err 
  * left, x - s1 q1, quantized in turn and dotted with their rows, as if x
  * were quantized to about 15 bits. Those are the tokens greedy decoding,
  * top-k and top-p choose among; the rest keep the one-term logit. A
- * second term for every row (the matmul at T = 2, which reads the head
- * twice) cost 6% of the 1B-shaped model's sparse decode. */
+ * second term for every row (the matmul at T = 2) would read the head
+ * twice (its cost: runtime/PERF.md). */
 static void run_head(pi2_engine *e, float *logits)
 {
     const pi2_model_desc *d = &e->d;
@@ -502,22 +453,12 @@ static void run_head(pi2_engine *e, float *logits)
         logits[top[i]] += add[i];
 }
 
-int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decode, float *logits, pi2_err *err)
+/* The tokens' embeddings into e->x and the rotary tables of positions
+ * pos .. pos + T - 1. */
+static void embed_tokens(pi2_engine *e, const int32_t *tokens, int T, int pos)
 {
     const pi2_model_desc *d = &e->d;
-    for (int t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= d->vocab)
-            return pi2_err_set(err, PI2_ERANGE, "%s: token id %d out of range [0, %d)", e->path, tokens[t],
-                               d->vocab);
-    if (pos < 0 || pos > e->n_pos || pos + T > e->ctx)
-        return pi2_err_set(err, PI2_ERANGE, "%s: positions %d..%d out of range (cache holds %d of %d)", e->path, pos,
-                           pos + T - 1, e->n_pos, e->ctx);
-    int64_t D = d->hidden, hd = d->head_dim, nh = d->n_heads, nkv = d->n_kv_heads;
-    int64_t qd = nh * hd, kvd = nkv * hd;
-    e->n_pos = pos; /* rewind */
-    int rc;
-    if ((rc = e->ffn->begin_pass(e, decode, err)) != 0)
-        return rc;
+    int64_t D = d->hidden, hd = d->head_dim;
     for (int t = 0; t < T; t++)
         pi2_q_dequantize_row(e->embed.qt, e->embed.rs[tokens[t]], e->embed.rp[tokens[t]], D, e->x + t * D);
     int64_t half = hd / 2;
@@ -533,37 +474,67 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
             e->rope_sn[t * half + i] = sinf(angle);
         }
     }
+}
+
+/* Layer l's attention block for T tokens at pos: norm, q/k/v (k and v
+ * into the cache), rotary, attention, output projection, then the residual
+ * add and the FFN's norm. *tj is left for the residual add after the FFN. */
+static void attention(pi2_engine *e, int l, int T, int pos, tok_job *tj)
+{
+    const pi2_model_desc *d = &e->d;
+    const eng_layer *L = &e->layers[l];
+    int64_t D = d->hidden, hd = d->head_dim, qd = d->n_heads * hd, kvd = d->n_kv_heads * hd;
+    float *kc = e->kc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
+    float *vc = e->vc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
+    *tj = (tok_job){.e = e, .kind = TOK_NORM_Q, .T = T, .w = L->attn_norm, .kc = kc, .qd = qd, .kvd = kvd, .hd = hd};
+    run_tok(tj);
+    mm_job j = {.n = 3, .T = T, .xf = e->xb, .ldx = D, .e = e};
+    j.t[0] = (mm_task){&L->q, e->q, qd};
+    j.t[1] = (mm_task){&L->k, kc, kvd};
+    j.t[2] = (mm_task){&L->v, vc, kvd};
+    run_mm(e, &j);
+    tj->kind = TOK_ROPE;
+    run_tok(tj);
+    attn_job aj = {e, l, T, pos};
+    if (T < ATTN_GEMM_MIN_T)
+        eng_run_units(e, attn_units(d), attn_fn, &aj);
+    else
+        pi2_pool_run(e->pool, attn_fn, &aj);
+    tj->kind = TOK_QUANT;
+    tj->src = e->att;
+    tj->n = qd;
+    run_tok(tj);
+    mm_job oj = {.n = 1, .T = T, .xf = e->att, .ldx = qd, .e = e};
+    oj.t[0] = (mm_task){&L->o, e->xb2, D};
+    run_mm(e, &oj);
+    tj->kind = TOK_RES_NORM;
+    tj->w = L->ffn_norm;
+    run_tok(tj);
+}
+
+int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decode, float *logits, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= d->vocab)
+            return pi2_err_set(err, PI2_ERANGE, "%s: token id %d out of range [0, %d)", e->path, tokens[t],
+                               d->vocab);
+    if (pos < 0 || pos > e->n_pos || pos + T > e->ctx)
+        return pi2_err_set(err, PI2_ERANGE, "%s: positions %d..%d out of range (cache holds %d of %d)", e->path, pos,
+                           pos + T - 1, e->n_pos, e->ctx);
+    int64_t D = d->hidden, kvd = (int64_t)d->n_kv_heads * d->head_dim;
+    e->n_pos = pos; /* rewind */
+    int rc;
+    if ((rc = e->ffn->begin_pass(e, decode, err)) != 0)
+        return rc;
+    embed_tokens(e, tokens, T, pos);
     uint64_t bytes = 0;
     for (int l = 0; l < d->n_layers; l++) {
         const eng_layer *L = &e->layers[l];
         if (decode) /* the FFN's source may start fetching while the attention computes */
             e->ffn->layer_ahead(e, l, e->x);
-        float *kc = e->kc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
-        float *vc = e->vc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
-        tok_job tj = {.e = e, .kind = TOK_NORM_Q, .T = T, .w = L->attn_norm, .kc = kc, .qd = qd, .kvd = kvd, .hd = hd};
-        run_tok(&tj);
-        mm_job j = {.n = 3, .T = T, .xf = e->xb, .ldx = D, .e = e};
-        j.t[0] = (mm_task){&L->q, e->q, qd};
-        j.t[1] = (mm_task){&L->k, kc, kvd};
-        j.t[2] = (mm_task){&L->v, vc, kvd};
-        run_mm(e, &j);
-        tj.kind = TOK_ROPE;
-        run_tok(&tj);
-        attn_job aj = {e, l, T, pos};
-        if (T < ATTN_GEMM_MIN_T)
-            eng_run_units(e, attn_units(d), attn_fn, &aj);
-        else
-            pi2_pool_run(e->pool, attn_fn, &aj);
-        tj.kind = TOK_QUANT;
-        tj.src = e->att;
-        tj.n = qd;
-        run_tok(&tj);
-        mm_job oj = {.n = 1, .T = T, .xf = e->att, .ldx = qd, .e = e};
-        oj.t[0] = (mm_task){&L->o, e->xb2, D};
-        run_mm(e, &oj);
-        tj.kind = TOK_RES_NORM;
-        tj.w = L->ffn_norm;
-        run_tok(&tj);
+        tok_job tj;
+        attention(e, l, T, pos, &tj);
         if ((rc = ffn_block(e, l, T, pos, decode, err)) != 0) {
             e->ffn->end_pass(e, decode);
             e->n_pos = pos; /* this step's cache entries are incomplete */

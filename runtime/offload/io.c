@@ -77,9 +77,7 @@ struct pi2_io {
  * the kernel, where it waits for them anyway, rather than interrupting it
  * wherever it is (COOP_TASKRUN, Linux 5.19); every wait here asks for at
  * least one completion, so none is left unseen. Older kernels: without.
- * 1B-shaped model, 75% of its FFN out of memory under a cgroup cap (3100
- * reads a token): 8.98 -> 9.55 tok/s, medians of 4 alternated runs, all
- * faster; at 50% (810 reads) 25.4 vs 25.0, the same within the noise. */
+ * Figures: runtime/PERF.md. */
 static int ring_init(unsigned depth, struct io_uring *ring)
 {
     int r = io_uring_queue_init(depth, ring, IORING_SETUP_COOP_TASKRUN);
@@ -405,6 +403,99 @@ static void fail_msg(const pi2_io *io, const pi2_io_req *r, pi2_err *err)
                     (unsigned long long)r->off, strerror(-r->result));
 }
 
+/* io_uring: up to max completions into done, at least min_done unless
+ * timeout_us (>= 0) passes first; transient failures and short reads are
+ * read again. The count, or a negative code when the ring failed. */
+static int uring_wait(pi2_io *io, int min_done, pi2_io_req **done, int max, long timeout_us, pi2_err *err)
+{
+    int got = 0;
+    while (got < max) {
+        if (io->n_instant > 0) {
+            done[got++] = io->instant[--io->n_instant];
+            io->inflight--;
+            continue;
+        }
+        struct io_uring_cqe *cqe = NULL;
+        int r;
+        if (got >= min_done) {
+            r = io_uring_peek_cqe(&io->ring, &cqe);
+        } else if (timeout_us >= 0) {
+            struct __kernel_timespec ts = {.tv_sec = timeout_us / 1000000, .tv_nsec = timeout_us % 1000000 * 1000};
+            r = io_uring_wait_cqe_timeout(&io->ring, &cqe, &ts);
+            if (r == -ETIME)
+                break;
+        } else {
+            r = io_uring_wait_cqe(&io->ring, &cqe);
+        }
+        if (r == -EINTR)
+            continue;
+        if (r < 0 || !cqe) {
+            if (got < min_done && r < 0 && r != -EAGAIN)
+                return pi2_err_set(err, PI2_EIO, "%s: io_uring wait failed: %s", io->path, strerror(-r));
+            break;
+        }
+        pi2_io_req *q = io_uring_cqe_get_data(cqe);
+        int res = cqe->res;
+        io_uring_cqe_seen(&io->ring, cqe);
+        if (res == -EINTR || res == -EAGAIN) { /* transient: read again */
+            uring_queue(io, q);
+            io_uring_submit(&io->ring);
+            continue;
+        }
+        if (res < 0) {
+            q->result = res;
+        } else if (res == 0) {
+            q->result = -ENODATA;
+        } else {
+            q->done += (uint32_t)res;
+            if (q->done < q->len) { /* short read: the rest */
+                uring_queue(io, q);
+                int s = io_uring_submit(&io->ring);
+                if (s < 0) {
+                    q->result = s;
+                } else {
+                    continue;
+                }
+            } else {
+                q->result = (int32_t)q->len;
+            }
+        }
+        done[got++] = q;
+        io->inflight--;
+    }
+    return got;
+}
+
+/* The pread threads: as uring_wait, from their done ring. */
+static int pread_wait(pi2_io *io, int min_done, pi2_io_req **done, int max, long timeout_us)
+{
+    int got = 0;
+    struct timespec until = {0};
+    if (timeout_us >= 0) {
+        clock_gettime(CLOCK_REALTIME, &until);
+        long long ns = (long long)until.tv_nsec + (long long)timeout_us * 1000;
+        until.tv_sec += (time_t)(ns / 1000000000);
+        until.tv_nsec = (long)(ns % 1000000000);
+    }
+    pthread_mutex_lock(&io->mu);
+    while (got < max) {
+        bool timed_out = false;
+        while (io->dn == 0 && got < min_done && !timed_out)
+            if (timeout_us < 0)
+                pthread_cond_wait(&io->cv_done, &io->mu);
+            else
+                timed_out = pthread_cond_timedwait(&io->cv_done, &io->mu, &until) == ETIMEDOUT;
+        if (io->dn == 0)
+            break;
+        done[got++] = io->dq[io->dh];
+        io->dh = (io->dh + 1) % io->o.depth;
+        io->dn--;
+        io->inflight--;
+    }
+    pthread_mutex_unlock(&io->mu);
+    return got;
+}
+
 /* timeout_us < 0: wait as long as it takes for min_done completions. */
 static int io_wait(pi2_io *io, int min_done, pi2_io_req **done, int max, long timeout_us, pi2_err *err)
 {
@@ -412,87 +503,10 @@ static int io_wait(pi2_io *io, int min_done, pi2_io_req **done, int max, long ti
         min_done = io->inflight;
     if (min_done > max)
         min_done = max;
-    int got = 0;
-    if (io->ring_ok) {
-        while (got < max) {
-            if (io->n_instant > 0) {
-                done[got++] = io->instant[--io->n_instant];
-                io->inflight--;
-                continue;
-            }
-            struct io_uring_cqe *cqe = NULL;
-            int r;
-            if (got >= min_done) {
-                r = io_uring_peek_cqe(&io->ring, &cqe);
-            } else if (timeout_us >= 0) {
-                struct __kernel_timespec ts = {.tv_sec = timeout_us / 1000000, .tv_nsec = timeout_us % 1000000 * 1000};
-                r = io_uring_wait_cqe_timeout(&io->ring, &cqe, &ts);
-                if (r == -ETIME)
-                    break;
-            } else {
-                r = io_uring_wait_cqe(&io->ring, &cqe);
-            }
-            if (r == -EINTR)
-                continue;
-            if (r < 0 || !cqe) {
-                if (got < min_done && r < 0 && r != -EAGAIN)
-                    return pi2_err_set(err, PI2_EIO, "%s: io_uring wait failed: %s", io->path, strerror(-r));
-                break;
-            }
-            pi2_io_req *q = io_uring_cqe_get_data(cqe);
-            int res = cqe->res;
-            io_uring_cqe_seen(&io->ring, cqe);
-            if (res == -EINTR || res == -EAGAIN) { /* transient: read again */
-                uring_queue(io, q);
-                io_uring_submit(&io->ring);
-                continue;
-            }
-            if (res < 0) {
-                q->result = res;
-            } else if (res == 0) {
-                q->result = -ENODATA;
-            } else {
-                q->done += (uint32_t)res;
-                if (q->done < q->len) { /* short read: the rest */
-                    uring_queue(io, q);
-                    int s = io_uring_submit(&io->ring);
-                    if (s < 0) {
-                        q->result = s;
-                    } else {
-                        continue;
-                    }
-                } else {
-                    q->result = (int32_t)q->len;
-                }
-            }
-            done[got++] = q;
-            io->inflight--;
-        }
-    } else {
-        struct timespec until = {0};
-        if (timeout_us >= 0) {
-            clock_gettime(CLOCK_REALTIME, &until);
-            long long ns = (long long)until.tv_nsec + (long long)timeout_us * 1000;
-            until.tv_sec += (time_t)(ns / 1000000000);
-            until.tv_nsec = (long)(ns % 1000000000);
-        }
-        pthread_mutex_lock(&io->mu);
-        while (got < max) {
-            bool timed_out = false;
-            while (io->dn == 0 && got < min_done && !timed_out)
-                if (timeout_us < 0)
-                    pthread_cond_wait(&io->cv_done, &io->mu);
-                else
-                    timed_out = pthread_cond_timedwait(&io->cv_done, &io->mu, &until) == ETIMEDOUT;
-            if (io->dn == 0)
-                break;
-            done[got++] = io->dq[io->dh];
-            io->dh = (io->dh + 1) % io->o.depth;
-            io->dn--;
-            io->inflight--;
-        }
-        pthread_mutex_unlock(&io->mu);
-    }
+    int got = io->ring_ok ? uring_wait(io, min_done, done, max, timeout_us, err)
+                          : pread_wait(io, min_done, done, max, timeout_us);
+    if (got < 0)
+        return got;
     for (int i = 0; i < got; i++)
         if (done[i]->result < 0) {
             fail_msg(io, done[i], err);
@@ -595,6 +609,23 @@ static double cpu_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The probe's next offset: in order from 0 (false past the end), or
+ * xorshift-random among the aligned slots. */
+static bool bench_next(bool sequential, uint32_t size, uint64_t fsize, uint64_t slots, uint64_t *seq, uint64_t *x,
+                       uint64_t *off)
+{
+    if (sequential) {
+        if (*seq + size > fsize)
+            return false;
+        *off = *seq;
+        *seq += size;
+        return true;
+    }
+    *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+    *off = *x % slots * PI2_IO_ALIGN;
+    return true;
+}
+
 int pi2_io_bench(pi2_io *io, uint32_t size, int depth, bool sequential, double seconds, pi2_io_bench_result *out,
                  pi2_err *err)
 {
@@ -624,17 +655,8 @@ int pi2_io_bench(pi2_io *io, uint32_t size, int depth, bool sequential, double s
     while (rc == 0 && (more || n_free < depth)) {
         while (rc == 0 && more && n_free > 0) {
             uint64_t off;
-            if (sequential) {
-                if (seq + size > fsize) {
-                    more = false;
-                    break;
-                }
-                off = seq;
-                seq += size;
-            } else {
-                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                off = x % slots * PI2_IO_ALIGN;
-            }
+            if (!(more = bench_next(sequential, size, fsize, slots, &seq, &x, &off)))
+                break;
             pi2_io_req *p = free_req[--n_free];
             p->off = off;
             if ((rc = pi2_io_submit(io, &p, 1, err)) != 0) {

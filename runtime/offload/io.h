@@ -66,8 +66,7 @@ void pi2_io_close(pi2_io *io);
 /* Register n (1 .. PI2_IO_MAX_FIXED) buffers [bufs[i], bufs[i] + lens[i])
  * with the ring, replacing any registered before: a later read wholly
  * inside one of them goes as a fixed-buffer read, whose pages the kernel
- * pinned once instead of at every read (8 KiB random O_DIRECT reads at
- * depth 32 here: 7.2 -> 6.1 us of CPU a read, 4 alternated runs). Advisory:
+ * pinned once instead of at every read (less CPU a read: runtime/PERF.md). Advisory:
  * false when nothing was registered (pread backend, reads in flight, the
  * locked-memory limit, an old kernel), and reads work the same either way.
  * The buffers must stay allocated until pi2_io_close or the next call. */

@@ -1,0 +1,193 @@
+/* pi2 offloading: read-ahead during attention (runtime/offload/offload.h). */
+#include "runtime/offload/offload_internal.h"
+#include "runtime/mathops.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Outside mu: copy a landed prefetch read into its reserved slots. */
+void ofl_pf_copy(eng_ofl *x, const ofl_req *r)
+{
+    const ofl_rd *rd = &r->rd;
+    const struct ofl_pf *P = &x->ra.set[rd->chunk];
+    int part = rd->part;
+    uint64_t unit = part_unit(x, part), uu = part_unit(x, P_UD);
+    for (uint32_t idx = rd->a; idx <= rd->b; idx++) {
+        if (!(P->flag[idx] & F_GMISS))
+            continue;
+        uint32_t i = P->sel[idx], q = i / x->g, j = i % x->g;
+        memcpy(pi2_ncache_slot_buf(x->cg, P->gslot[idx]), r->staging + (part_base(x, part, q) + j * unit - rd->span),
+               (size_t)unit);
+        if (P->flag[idx] & F_SPEC)
+            memcpy(pi2_ncache_slot_buf(x->cu, P->uslot[idx]),
+                   r->staging + (part_base(x, P_UD, q) + j * uu - rd->span), (size_t)uu);
+    }
+}
+
+/* A prefetch read landed (ok) or failed: its parts join the caches unheld,
+ * or go to the decode positions waiting for them. */
+void ofl_pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
+{
+    struct ofl_pf *P = &x->ra.set[rd->chunk];
+    P->sub--;
+    x->ra.sub--;
+    for (uint32_t idx = rd->a; idx <= rd->b; idx++) {
+        uint8_t fl = P->flag[idx];
+        if (!(fl & F_GMISS))
+            continue;
+        uint32_t i = P->sel[idx];
+        if (ok) {
+            pi2_ncache_commit(x->cg, P->gslot[idx]);
+            if (fl & F_SPEC)
+                pi2_ncache_commit(x->cu, P->uslot[idx]);
+            x->cnt.pf++;
+        } else {
+            pi2_ncache_abort(x->cg, P->gslot[idx]);
+            if (fl & F_SPEC)
+                pi2_ncache_abort(x->cu, P->uslot[idx]);
+        }
+        P->flag[idx] = 0;
+        P->pos[i] = 0;
+        uint32_t w = P->wait[i];
+        P->wait[i] = 0;
+        if (!w || x->job.fail || !x->job.f || x->job.fi != P->fi)
+            continue;
+        uint32_t k = w - 1;
+        x->job.flag[k] &= (uint8_t)~F_PFWAIT;
+        uint8_t *buf = ok ? pi2_ncache_hold(x->cg, x->job.fi, i, &x->job.gslot[k]) : NULL;
+        if (!buf) {
+            pi2_err fe = {0};
+            if (er && er->code)
+                fe = *er;
+            else
+                pi2_err_set(&fe, PI2_EIO, "%s: read at offset %llu failed", x->e->path,
+                            (unsigned long long)rd->file_off);
+            ofl_job_fail(x, &fe);
+            continue;
+        }
+        x->job.flag[k] |= F_GHELD;
+        set_ptr(x->job.f, x->two_phase ? P_GATE : P_FULL, i, buf, x->R);
+        uint32_t c = k / FFN_CHUNK;
+        if (--x->job.ch[c].pending == 0)
+            ofl_make_ready(x, c);
+    }
+    if (ok) {
+        x->cnt.reads++;
+        x->cnt.bytes += rd->len;
+    }
+    if (x->job.f && !x->job.fail) /* slots came free for chunks waiting to be admitted */
+        ofl_admit(x);
+    if (x->ra.sub == 0)
+        pthread_cond_broadcast(&x->cv_compute);
+}
+
+/* Read ahead the missing neurons FFN f's predictor picks on x->ra.in. */
+static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
+{
+    eng_ofl *x = e->ofl;
+    uint32_t fi = ffn_index(x, f), hot = x->ghot_n[fi];
+    uint32_t n = eng_predict_from(e, f, x->ra.in, hot, x->ra.list);
+    pthread_mutex_lock(&x->mu);
+    int set = x->ra.cur = (x->ra.cur + 1) % OFL_PF_SETS;
+    struct ofl_pf *P = &x->ra.set[set];
+    while (P->sub > 0) /* the prefetch two layers back is still reading */
+        pthread_cond_wait(&x->cv_compute, &x->mu);
+    P->fi = fi;
+    /* leave at least half of what can be evicted to the step itself */
+    uint32_t room_g = pi2_ncache_evictable(x->cg) / 2, room_u = x->cu ? pi2_ncache_evictable(x->cu) / 2 : 0;
+    uint32_t m = 0;
+    for (uint32_t k = 0; k < n && m < room_g; k++) {
+        uint32_t i = x->ra.list[k];
+        if (i < hot || pi2_ncache_contains(x->cg, fi, i))
+            continue;
+        pi2_err er = {0};
+        if (!pi2_ncache_reserve(x->cg, fi, i, false, &P->gslot[m], &er)) {
+            if (er.code == PI2_EINVAL) /* in flight for the other prefetch */
+                continue;
+            break;
+        }
+        P->sel[m] = i;
+        P->flag[m] = F_GMISS;
+        P->pos[i] = m + 1;
+        if (x->spec && room_u > 0 && !pi2_ncache_contains(x->cu, fi, i) &&
+            pi2_ncache_reserve(x->cu, fi, i, false, &P->uslot[m], &er)) {
+            P->flag[m] |= F_SPEC;
+            room_u--;
+        }
+        m++;
+    }
+    P->n = m;
+    plist l = {P->sel, NULL, P->flag};
+    if (m > 0 && ofl_queue_reads(x, &l, J_PF, fi, (uint32_t)set, x->two_phase ? P_GATE : P_FULL, 0, m) > 0)
+        pthread_cond_signal(&x->cv_io);
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* Decode, before layer l's attention: predict its FFN's neurons from the
+ * residual xres (MoE: route it to guess the experts first, into
+ * e->moe_guess[l]) and start reading the missing ones. */
+void ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres)
+{
+    eng_ofl *x = e->ofl;
+    if (e->dense)
+        return;
+    const pi2_model_desc *d = &e->d;
+    const eng_layer *L = &e->layers[l];
+    if (!x->read_ahead)
+        return;
+    /* nothing to read when every neuron of the layer's FFNs is in memory:
+     * the predictor (and router) would run for nothing */
+    bool cold = false;
+    for (uint32_t fi = (uint32_t)l * x->E; fi < (uint32_t)(l + 1) * x->E && !cold; fi++)
+        cold = x->ghot_n[fi] < x->bl[fi]->neurons;
+    if (!cold)
+        return;
+    pi2_op_rmsnorm(x->ra.in, xres, L->ffn_norm, d->hidden, d->rms_eps);
+    if (!pi2_desc_is_moe(d)) {
+        if (L->ffn[0].has_pred)
+            prefetch_ffn(e, &L->ffn[0]);
+        return;
+    }
+    /* MoE: the router on the same input guesses the experts; their
+     * predictors pick the neurons (the guess's weights are not used) */
+    int k = d->n_experts_used, *g = e->moe_guess + (size_t)l * k;
+    eng_route(e, L->router, x->ra.in, g, e->moe_wk);
+    for (int r = 0; r < k; r++)
+        if (L->ffn[g[r]].has_pred)
+            prefetch_ffn(e, &L->ffn[g[r]]);
+}
+
+/* ---------------- the read-ahead's buffers ---------------- */
+
+bool ofl_ra_alloc(eng_ofl *x, uint32_t max_sel, uint64_t D)
+{
+    bool ok = true;
+    for (int p = 0; p < OFL_PF_SETS; p++) {
+        struct ofl_pf *P = &x->ra.set[p];
+        P->fi = UINT32_MAX;
+        P->sel = pi2_malloc_array(max_sel, sizeof *P->sel);
+        P->gslot = pi2_malloc_array(max_sel, sizeof *P->gslot);
+        P->uslot = pi2_malloc_array(max_sel, sizeof *P->uslot);
+        P->flag = pi2_calloc_array(max_sel, 1);
+        P->pos = pi2_calloc_array(max_sel, sizeof *P->pos);
+        P->wait = pi2_calloc_array(max_sel, sizeof *P->wait);
+        ok = ok && P->sel && P->gslot && P->uslot && P->flag && P->pos && P->wait;
+    }
+    x->ra.list = pi2_malloc_array(max_sel, sizeof *x->ra.list);
+    x->ra.in = pi2_malloc_array((size_t)D, sizeof *x->ra.in);
+    return ok && x->ra.list && x->ra.in;
+}
+
+void ofl_ra_free(eng_ofl *x)
+{
+    for (int p = 0; p < OFL_PF_SETS; p++) {
+        free(x->ra.set[p].sel);
+        free(x->ra.set[p].gslot);
+        free(x->ra.set[p].uslot);
+        free(x->ra.set[p].flag);
+        free(x->ra.set[p].pos);
+        free(x->ra.set[p].wait);
+    }
+    free(x->ra.list);
+    free(x->ra.in);
+}

@@ -621,26 +621,32 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
 
 /* ---- solver ---- */
 
-int pi2_plan_fixed(const pi2_mprof *mp, const pi2_plan_mem *mem, uint64_t mem_limit, int threads, pi2_plan *out,
-                   pi2_err *err)
+int pi2_plan_fixed(const pi2_mprof *mp, const pi2_plan_mem *mem, uint64_t mem_limit, int threads, int io_depth,
+                   double hot_share, bool gate_first, pi2_plan *out, pi2_err *err)
 {
     int rc = pi2_plan_alloc(out, mp->n_ffn, err);
     if (rc)
         return rc;
     out->mem_limit = mem_limit;
     out->threads = threads;
-    out->io_depth = 64;
-    out->gate_first = false;
+    out->io_depth = io_depth;
+    out->gate_first = gate_first && mp->two_phase;
     out->fixed_split = true;
-    uint64_t fixed = mem->fixed + mem->per_depth * 64, mc = min_cache(mp, mem);
+    uint64_t fixed = mem->fixed + mem->per_depth * (uint64_t)io_depth, mc = min_cache(mp, mem);
     if (mem_limit < fixed + mc) {
         pi2_plan_free(out);
         return pi2_err_set(err, PI2_ENOMEM, "plan: a memory limit of %.0f MB cannot hold the resident part (%.0f MB)",
                            mem_limit / 1e6, (fixed + mc) / 1e6);
     }
-    uint64_t budget = mem_limit - fixed;
+    uint64_t budget = mem_limit - fixed, hot_budget;
     bool all = budget >= mp->ffn_total + mc;
-    uint64_t per = all ? 0 : (budget - mc) / mp->n_ffn;
+    if (all) {
+        hot_budget = mp->ffn_total;
+    } else {
+        double share = hot_share >= 0 && hot_share <= 1 ? hot_share : 0.5;
+        hot_budget = (uint64_t)((double)(budget - mc) * share);
+    }
+    uint64_t per = hot_budget / mp->n_ffn;
     for (uint32_t i = 0; i < mp->n_ffn; i++) {
         uint64_t H = all ? mp->ffn[i].groups : per / mp->S;
         if (H > mp->ffn[i].groups)
@@ -762,7 +768,7 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
         threads = hw->threads;
     int max_depth = o->max_depth > 0 ? o->max_depth : 128;
     if (o->fixed_only) {
-        int rc = pi2_plan_fixed(mp, mem, o->mem_limit, threads, out, err);
+        int rc = pi2_plan_fixed(mp, mem, o->mem_limit, threads, 64, 1.0, false, out, err);
         if (rc == 0)
             pi2_plan_predict(mp, hw, out, o->prompt);
         return rc;
@@ -864,7 +870,7 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
      * model's error is larger than small differences */
     pi2_plan fx;
     pi2_err fe = {0};
-    if (o->min_gain > 0 && pi2_plan_fixed(mp, mem, o->mem_limit, threads, &fx, &fe) == 0) {
+    if (o->min_gain > 0 && pi2_plan_fixed(mp, mem, o->mem_limit, threads, 64, 1.0, false, &fx, &fe) == 0) {
         pi2_plan_predict(mp, hw, &fx, o->prompt);
         if (out->pred.decode_ms >= fx.pred.decode_ms * (1 - o->min_gain)) {
             pi2_plan_free(out);

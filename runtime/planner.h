@@ -255,9 +255,17 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
  * min_speed is infeasible (message says why). */
 int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem *mem, const pi2_plan_opts *o,
                    pi2_plan *out, pi2_err *err);
-/* The fixed split the engine uses without a plan, as a plan. */
-int pi2_plan_fixed(const pi2_mprof *mp, const pi2_plan_mem *mem, uint64_t mem_limit, int threads, pi2_plan *out,
-                   pi2_err *err);
+/* The fixed split, run without a plan: what the limit leaves past the
+ * fixed costs at io_depth holds every FFN whole when it can; else
+ * hot_share (outside [0, 1]: 0.5) of what the smallest caches leave is
+ * shared equally between the FFNs, each keeping its first whole groups of
+ * neurons hot (gates included: gate groups = hot groups). The plan runs
+ * threads compute threads at io_depth, gate-first as given (two-phase
+ * models only). PI2_ENOMEM when the limit cannot hold the fixed costs and
+ * the smallest caches. The solver compares its plans with this split at
+ * hot_share 1, depth 64, no gate-first. */
+int pi2_plan_fixed(const pi2_mprof *mp, const pi2_plan_mem *mem, uint64_t mem_limit, int threads, int io_depth,
+                   double hot_share, bool gate_first, pi2_plan *out, pi2_err *err);
 
 void pi2_plan_cal_defaults(pi2_plan_cal *c);
 /* Fold one run of plan p (its predictions filled) into c: measured decode
@@ -270,6 +278,103 @@ void pi2_plan_cal_update(pi2_plan_cal *c, const pi2_plan *p, double tok_s, doubl
  * for a bad one. */
 int pi2_plan_cal_save(const pi2_plan_cal *c, const char *path, pi2_err *err);
 int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err);
+
+/* ---- Memory model (pi2_plan_memory_make) ----
+ * The offloading engine's footprint at a memory limit (runtime/offload/
+ * offload.h), from what the container says and the run's options alone:
+ * the engine plans with it before it allocates anything, pi2-run plan
+ * without opening an engine. Fixed costs:
+ *   resident  the resident region less the f32 predictors given back once
+ *             their Q8 copy is made (pi2_plan_resident);
+ *   kv        the KV cache for ctx positions, and each thread's attention
+ *             scores;
+ *   buffers   the engine's and the offloader's (pi2_engine_buffer_sizes:
+ *             the same function sizes their allocations), with the read
+ *             staging at the I/O depth, and the neuron caches' indexes;
+ *   overhead  PI2_PLAN_OVERHEAD, plus 1/PI2_PLAN_KERNEL_SHARE of what the
+ *             run can use (the limit, or everything in memory when that
+ *             is less): page tables and kernel memory charged with it.
+ * Past them: the smallest neuron cache (an eighth of an FFN's neurons, at
+ * least a decode chunk, per cache kind); `minimum` is the smallest limit
+ * holding all that, its own kernel share included. The rest goes to the
+ * hot segment and the cache: a plan given in the options (checked against
+ * the model, the threads and the reader's depth), else the solver's with
+ * a hardware profile (unless fixed_split), else the fixed split
+ * (pi2_plan_fixed at the options' hot_share, io_depth and gate_first;
+ * predicted when a hardware profile is given). The cache gets what the
+ * hot segment leaves: the smallest cache of each kind, the rest split
+ * 1 : 2 between gates and up+down on two-phase layouts (R : 2R a neuron),
+ * never more slots than neurons. */
+#define PI2_PLAN_OVERHEAD (32ull << 20) /* code, stacks, allocator slack */
+#define PI2_PLAN_KERNEL_SHARE 256
+
+struct pi2_offload_opts;
+
+/* What the engine holds besides the weights and the KV cache, as a
+ * function of the model's shape and the thread count: filled by
+ * pi2_engine_buffer_sizes (runtime/engine.h), which the engine and the
+ * offloader size their allocations with. */
+typedef struct pi2_plan_bufs {
+    uint64_t engine;        /* activations, thread scratch, row tables, predictor copies */
+    uint64_t offload;       /* the offloader's own at I/O depth 0 ... */
+    uint64_t per_depth;     /* ... plus this per read in flight */
+    uint64_t slot_bytes[2]; /* a neuron cache slot with its record: gates (whole neurons on one-phase
+                               layouts), up+down */
+    uint64_t per_pos;       /* bytes per KV position: the cache and each thread's attention scores */
+    uint32_t chunk;         /* neurons per decode chunk */
+} pi2_plan_bufs;
+
+typedef struct pi2_plan_mem_in {
+    const pi2_manifest *mf;
+    const pi2_bundle_layout *bl;
+    const char *name;               /* the container, for messages */
+    const uint8_t *base;            /* file offset 0 of (at least) the resident region: the profile the */
+    uint64_t base_len;              /* solver reads (pi2_mprof_build) */
+    uint64_t resident;              /* pi2_plan_resident */
+    pi2_plan_bufs bufs;             /* pi2_engine_buffer_sizes at `threads` */
+    int ctx;                        /* KV positions */
+    int threads;                    /* compute threads asked for (a plan may run fewer) */
+    int cores;                      /* online CPUs (0: unknown) */
+    const struct pi2_offload_opts *opts;
+} pi2_plan_mem_in;
+
+typedef struct pi2_plan_memory {
+    uint64_t mem_limit;
+    uint64_t resident, kv, buffers, overhead; /* the fixed costs, buffers with the read staging at the
+                                                 options' I/O depth (as the minimum) */
+    uint64_t fixed;                /* their sum, the staging at the plan's depth */
+    uint64_t ffn_total;            /* FFN payload bytes */
+    uint64_t index;                /* of buffers: the caches' indexes */
+    uint64_t min_cache, minimum;
+    pi2_plan_mem solver;           /* what the solver saw */
+    int ring_depth;                /* reads the reader must hold (the plan may pick up to it) */
+    pi2_plan plan;                 /* hot and gate groups per FFN, threads, I/O depth, gate-first */
+    bool predicted;                /* plan.pred holds a prediction (a hardware profile, or a plan made) */
+    const char *source;            /* "planned", "planned: the fixed split (no clear gain)", "given",
+                                      "fixed split" */
+    uint64_t hot, gate_hot;        /* bytes kept in memory (whole slots and gate parts), of them gate parts */
+    uint32_t slots[2];             /* cache slots of each kind (slot_bytes of pi2_plan_bufs) */
+    uint64_t cache;                /* their bytes */
+    uint64_t planned;              /* fixed + hot + cache (<= mem_limit) */
+    double offloaded;              /* share of FFN payload bytes not kept */
+} pi2_plan_memory;
+
+/* Resident bytes an offloading run keeps: the file before its first FFN
+ * member, less the whole pages (of page bytes) of the f32 predictors it
+ * gives back once quantized (predictor models). 0 for an inconsistent
+ * manifest. */
+uint64_t pi2_plan_resident(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t page);
+/* The memory plan at opts->mem_limit (> 0) into *out (pi2_plan_memory_free).
+ * PI2_ENOMEM when the limit is below the minimum or a given plan does not
+ * fit, PI2_ESHAPE / PI2_ERANGE for a given plan that does not fit the model
+ * or the run, PI2_ERANGE for an infeasible min_speed, PI2_EUNSUPPORTED for
+ * FFNs of different geometry; messages name the container. */
+int pi2_plan_memory_make(const pi2_plan_mem_in *in, pi2_plan_memory *out, pi2_err *err);
+/* NULL is a no-op. */
+void pi2_plan_memory_free(pi2_plan_memory *m);
+/* I/O depth the reader must hold for these options: a plan picks up to
+ * 128 (or a given plan's deeper one). */
+int pi2_plan_ring_depth(const struct pi2_offload_opts *o);
 
 int pi2_plan_save(const pi2_plan *p, const char *model, const char *path, pi2_err *err);
 int pi2_plan_load(const char *path, pi2_plan *out, pi2_err *err);

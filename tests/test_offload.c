@@ -413,7 +413,6 @@ static void test_plan(void **state)
             o.pubkey = g_pubkey;
             o.threads = 2;
             o.ctx = CTX;
-            o.offload.plan_only = true;
             o.offload.mem_limit = minimum + (step == 0 ? 0 : ffn * (uint64_t)step / 8 + 1);
             pi2_engine *eng = NULL;
             pi2_err e = {0};

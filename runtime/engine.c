@@ -849,9 +849,9 @@ int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err)
                            pi2_desc_max_ctx(d));
     if (e->ofl && e->plan_ctx > 0 && ctx > e->plan_ctx)
         return pi2_err_set(err, PI2_ERANGE,
-                           "%s: a context of %d positions exceeds the %d the memory plan was made for; give --ctx %d "
-                           "at start",
-                           e->path, ctx, e->plan_ctx, ctx);
+                           "%s: a context of %d positions exceeds the %d the memory plan was made for (the plan is "
+                           "made at open)",
+                           e->path, ctx, e->plan_ctx);
     size_t kv = (size_t)d->n_layers * (size_t)ctx * (size_t)d->n_kv_heads * (size_t)d->head_dim;
     float *kc = pi2_calloc_array(kv, sizeof(float)), *vc = pi2_calloc_array(kv, sizeof(float));
     float **sc = calloc((size_t)e->tls_n, sizeof *sc);

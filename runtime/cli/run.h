@@ -83,6 +83,9 @@ void run_engine_opts_free(run_engine_opts *r);
  * error code: err rewritten to name it. */
 void run_flag_hint(const run_opts *o, bool have_key, int rc, pi2_err *err);
 int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err);
+/* After pi2_engine_set_ctx(ctx) failed with rc: name --ctx when the memory
+ * plan is what refused it. */
+void run_ctx_hint(const run_opts *o, int rc, int ctx, pi2_err *err);
 void learn(const run_opts *o, pi2_engine *e, double tok_s, size_t tokens);
 uint64_t reads_so_far(const pi2_engine *e);
 void reads_pcts(double *v, size_t n, double out[3]);

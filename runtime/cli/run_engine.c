@@ -208,6 +208,17 @@ void run_engine_opts_free(run_engine_opts *r)
     memset(r, 0, sizeof *r);
 }
 
+/* A context the offloading engine's memory plan does not hold (PI2_ERANGE
+ * from pi2_engine_set_ctx): the flag that plans for it. */
+void run_ctx_hint(const run_opts *o, int rc, int ctx, pi2_err *err)
+{
+    if (rc != PI2_ERANGE || !o->mem_limit)
+        return;
+    pi2_err in = *err, fresh = {0};
+    *err = fresh;
+    pi2_err_set(err, rc, "%s; give --ctx %d", in.msg, ctx);
+}
+
 int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
 {
     run_engine_opts r;

@@ -83,9 +83,7 @@ static int member_at(const pi2_manifest *mf, const char *name, const uint8_t *ba
 /* Group figures of FFN F. The bundle grouped neurons by co-activation on
  * these very samples, so their joint counts flatter the grouping (with a
  * few hundred samples, in-sample co-activation is far above what new text
- * shows: measured 2.1 selected neurons per cold read in-sample vs 1.1 at
- * run time on the generated 7B-shaped model). Only the marginals carry
- * over: each neuron is selected with its sampled frequency (or its profiled
+ * shows: PERF.md, Planner). Only the marginals carry over: each neuron is selected with its sampled frequency (or its profiled
  * activation frequency without samples), independently. */
 static void group_figures(const pi2_mprof *mp, pi2_mprof_ffn *F, uint64_t ns)
 {
@@ -345,8 +343,7 @@ typedef struct cfg {
  * it, the rest go at that depth's rate. Continuous and rising in n: with
  * the time of the probed depth at or below n instead, 3 reads cost 3 at
  * depth 1 and 4 reads 4 at depth 4, a third of it, and the solver moved
- * reads into fewer layers for a gain that did not show (the 1B-shaped
- * model at 25% offloaded). */
+ * reads into fewer layers for a gain that did not show (PERF.md, Planner). */
 static double io_time(const pi2_hwprof *hw, double n, double bytes, int depth)
 {
     if (n <= 1e-9)
@@ -437,8 +434,7 @@ static double attn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t)
 /* Share of the shorter of compute and reads hidden under the other with t
  * compute threads: the hardware profile's, when the I/O thread has a core
  * of its own; none when t compute threads and the I/O thread share fewer
- * cores (measured on this engine: at 50% offloaded, 2 compute threads on
- * 2 cores hid 8% of the compute, 1 thread 57% of the reads). */
+ * cores: then little of either hides (PERF.md, Planner). */
 static double overlap_of(const pi2_mprof *mp, const pi2_hw_compute *hc, int t)
 {
     return mp->cores > 0 && t + 1 > mp->cores ? 0.0 : hc->overlap;
@@ -467,9 +463,8 @@ static double item_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uin
  * Nearly all of it when the other is much longer (84% at a third), 59%
  * when they are equal: a layer's missing parts are only read once its
  * predictor has run, and the layer ends with its last read's rows. Hiding
- * all of the shorter (a time of max(X, Y)) predicted 1 compute thread 25-34% fast
- * where its reads took about its compute (the 1B- and 7B-shaped models at
- * 75% offloaded); with this, within 10%. */
+ * all of the shorter (a time of max(X, Y)) predicted 1 compute thread too
+ * fast where its reads took about its compute (PERF.md, Planner). */
 static double hidden(double X, double Y) { return X + Y - hypot(X, Y); }
 
 /* Time of compute kC (of which kA can hide reads) and reads fIO at overlap ov. */

@@ -26,9 +26,8 @@
  * G >= H groups) leaves the reads of the groups past it; each neuron is
  * selected with its sampled frequency, independently (the bundle grouped
  * neurons on these very samples, so their joint counts overstate how many
- * neurons share a read on new text: 2.1 in-sample vs 1.1 measured on the
- * generated 7B-shaped model). The LRU cache is left out: plans leave it
- * at its smallest, where it adds little.
+ * neurons share a read on new text; runtime/PERF.md, Planner). The LRU
+ * cache is left out: plans leave it at its smallest, where it adds little.
  *
  * ---- Cost model (pi2_plan_predict) ----
  * Per decode token, per layer l (FFN f), with t compute threads, depth d:
@@ -48,22 +47,17 @@
  *         that hides under the other: nearly all of it when the other is
  *         much longer, 59% when the two are equal (a layer's missing
  *         parts are read only once its predictor has run, and the layer
- *         ends with its last read's rows; min(X, Y) here predicted 1
- *         compute thread 25-34% fast at 75% offloaded on both generated
- *         models, this within 10%);
+ *         ends with its last read's rows; hiding all of the shorter,
+ *         min(X, Y), predicted 1 compute thread too fast: PERF.md);
  *         IO_l with the learned read-ahead reads (extra x cold share, one
  *         neuron each), overlap(t) the hardware profile's when the I/O
  *         thread has a core of its own (t < cores; the profile places its
- *         reader so too), else 0: on 2 cores, 2 compute threads and the
- *         I/O thread hid 8% of the compute at 50% offloaded; A_l the
- *         compute the reads can hide under: all of C_l (the read-ahead's
- *         reads fly during the attention, the missing parts' during the
- *         predictor and the held parts' rows, and each missing part is
- *         computed as its read lands while the others fly). On the
- *         generated 7B-shaped model 1 compute thread with the reader on the
- *         other core hid nearly all reads at 50% offloaded, and at 75-90%
- *         decoded within 10% of its read time and 12-18% faster than 2
- *         threads
+ *         reader so too), else 0 (with the I/O thread sharing the cores,
+ *         little of either hides: PERF.md); A_l the compute the reads can
+ *         hide under: all of C_l (the read-ahead's reads fly during the
+ *         attention, the missing parts' during the predictor and the held
+ *         parts' rows, and each missing part is computed as its read lands
+ *         while the others fly)
  * Every FFN's time counts w_f times per token: 1 on dense models; on MoE
  * ones top-k x the expert's routing share from the profile (route_share;
  * top-k / experts when the profile has none), with the layer's attention
@@ -82,11 +76,10 @@
  * Decision variables: per FFN H (hot groups) and G (two-phase: groups whose
  * gate part is also kept, G >= H; searched only with gate_only: the cost
  * model prices an 8 KiB up+down read at the disk's 8 KiB rate, about half
- * a 24 KiB one, and so favours gate-only groups, but runs with them on the
- * generated 7B-shaped model were 5-14% slower at 25-50% offloaded: the
- * engine pays a read about the same whatever its size (its I/O thread's
- * CPU), and a fired neuron's up+down costs a second round; given plans can
- * still use them), compute threads t in 1..threads, I/O
+ * a 24 KiB one, and so favours gate-only groups, but runs with them were
+ * slower (PERF.md): the engine pays a read about the same whatever its size
+ * (its I/O thread's CPU), and a fired neuron's up+down costs a second
+ * round; given plans can still use them), compute threads t in 1..threads, I/O
  * depth d in {16, 32, 64, 128}, gate-first (two-phase). For each (t, d,
  * gate-first) the per-layer choices are discretised in steps of
  * ceil(groups / 48) groups and solved exactly as a multiple-choice knapsack
@@ -94,11 +87,10 @@
  * minimise sum_l t_l subject to sum of hot memory <= the FFN budget
  * (mem_limit minus resident, KV, buffers, overhead and the smallest neuron
  * cache). The best (t, d, gate-first) wins, unless it is predicted less
- * than min_gain (8%) faster than the fixed split (equal hot slots, all threads, depth
- * 64, up+down read with a missing gate), which is then kept: the model's
- * error is larger than such differences (on the generated 1B- and
- * 7B-shaped models, plans predicted 3-7% faster than the fixed split
- * measured 0.95-1.07 of it; those predicted 17-33% faster, 1.06-1.22). A memory limit that holds
+ * than min_gain (8%) faster than the fixed split (pi2_plan_fixed: equal hot
+ * slots, all threads, depth 64, up+down read with a missing gate), which is
+ * then kept: the model's error is larger than such differences (PERF.md,
+ * Planner). A memory limit that holds
  * every FFN payload puts everything hot. With min_speed > 0 a plan slower
  * than it is PI2_ERANGE "infeasible", naming the best speed and the memory
  * that would reach min_speed (or that none does). The search is exact for
@@ -111,7 +103,7 @@
  *   "predicted": { "decode_tok_s", "decode_ms", "prefill_tok_s",
  *                  "compute_ms", "io_ms", "head_ms", "reads_per_token",
  *                  "mb_per_token", "hit_rate", "hot_mb", "offloaded" } }
- * pi2-run --plan-only adds "source" and "memory" (the memory plan), which
+ * pi2-run plan adds "source" and "memory" (the memory plan), which
  * load accepts and ignores. Load checks keys, types and ranges (hot_groups[i] <= groups, gate_groups
  * in [hot_groups, groups]); the engine checks the plan fits the model and
  * the memory limit.
@@ -145,21 +137,18 @@ typedef struct pi2_mprof_ffn {
 /* What static profiles cannot know, learned from this model's own runs on
  * this machine (pi2_plan_cal_update):
  *   compute  a factor on the model's compute time per thread count (k_c):
- *            dispatch, imbalance and per-layer work the kernel figures miss
- *            (1.0-1.3 on the generated 7B-shaped model, 2 threads);
+ *            dispatch, imbalance and per-layer work the kernel figures miss;
  *   reads    a factor on the modelled read time per thread count (k_io):
- *            this VM's disk reads at 0.3-3x the rates the profile measured
- *            minutes earlier, and the I/O thread sharing a core with a
- *            compute thread reads slower than on a core of its own;
+ *            a disk's rates drift from those the profile measured, and the
+ *            I/O thread sharing a core with a compute thread reads slower
+ *            than on a core of its own;
  *            a thread count run little or not yet leans on (takes) the mean
  *            over all thread counts of each factor;
  *   extra    reads per token per FFN, at a cold share of 1, of neurons the
  *            read-ahead fetched (predicted from the residual before
- *            attention) that the FFN then did not select. Measured on the
- *            generated 7B-shaped model at 25/50/75% offloaded, the reads
- *            beyond the model's were 2.7K, 3.8K and 3.1K per token per unit
- *            of cold share: mispredictions spread over all neurons, so they
- *            scale with the cold share (0 until learned).
+ *            attention) that the FFN then did not select: mispredictions
+ *            spread over all neurons, so they scale with the cold share
+ *            (0 until learned; the figures are in PERF.md).
  * Each run gives k_c (with k_io as learned so far) and k_io (with k_c so
  * far) from T = k_c C + k_io IO - overlap hide(k_c A, k_io IO), each
  * weighed by how much it moves the run's time, so runs mostly in memory

@@ -455,7 +455,8 @@ static uint64_t engine_buffers(const pi2_manifest *mf, const pi2_bundle_layout *
     const pi2_model_desc *d = &mf->config;
     uint64_t T = PI2_K_MAX_T, D = (uint64_t)d->hidden, qd = (uint64_t)d->n_heads * d->head_dim,
              kvd = (uint64_t)d->n_kv_heads * d->head_dim, ff = (uint64_t)d->n_ff, f = sizeof(float), n = 0;
-    uint64_t E = pi2_desc_is_moe(d) ? (uint64_t)d->n_experts : 1, K = pi2_desc_is_moe(d) ? (uint64_t)d->n_experts_used : 1;
+    bool moe = pi2_desc_is_moe(d);
+    uint64_t E = moe ? (uint64_t)d->n_experts : 1, K = moe ? (uint64_t)d->n_experts_used : 1;
     n += rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_EMBED, -1, -1), d->vocab);
     n += rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_LM_HEAD, -1, -1), d->vocab);
     for (int l = 0; l < d->n_layers; l++)
@@ -528,6 +529,21 @@ static void touch_fn(void *ctx, int tid, int nt)
             acc += m->data[o];
     }
     atomic_fetch_add_explicit(&j->sink, acc, memory_order_relaxed);
+}
+
+/* Offloading: the memory plan (runtime/planner.h), made before anything
+ * is allocated, so the pool starts with the plan's threads. */
+static int plan_memory(pi2_engine *e, const pi2_engine_opts *o, int ctx, const pi2_plan_bufs *bufs,
+                       pi2_plan_memory *m, pi2_err *err)
+{
+    pi2_plan_mem_in in = {.mf = e->mf, .bl = e->bl, .name = e->path, .base = e->res, .base_len = e->res_bytes,
+                          .resident = pi2_plan_resident(e->mf, e->bl, (uint64_t)sysconf(_SC_PAGESIZE)),
+                          .bufs = *bufs, .ctx = ctx, .threads = e->tls_n,
+                          .cores = (int)sysconf(_SC_NPROCESSORS_ONLN), .opts = &o->offload};
+    int rc = pi2_plan_memory_make(&in, m, err);
+    if (rc == 0)
+        e->threads = m->plan.threads;
+    return rc;
 }
 
 int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
@@ -680,17 +696,9 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     if (ctx0 > ctx_max)
         ctx0 = ctx_max;
     pi2_plan_bufs bufs;
-    if ((rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, &bufs, err)) != 0)
+    if ((rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, &bufs, err)) != 0 ||
+        (o->offload.mem_limit > 0 && (rc = plan_memory(e, o, ctx0, &bufs, &mem, err)) != 0))
         goto fail;
-    if (o->offload.mem_limit > 0) { /* the memory plan, before anything is allocated: the pool runs its threads */
-        pi2_plan_mem_in mi = {.mf = e->mf, .bl = e->bl, .name = e->path, .base = e->res, .base_len = e->res_bytes,
-                              .resident = pi2_plan_resident(e->mf, e->bl, (uint64_t)sysconf(_SC_PAGESIZE)),
-                              .bufs = bufs, .ctx = ctx0, .threads = e->tls_n,
-                              .cores = (int)sysconf(_SC_NPROCESSORS_ONLN), .opts = &o->offload};
-        if ((rc = pi2_plan_memory_make(&mi, &mem, err)) != 0)
-            goto fail;
-        e->threads = mem.plan.threads;
-    }
     if ((rc = pi2_pool_create(&e->pool, e->threads, err)) != 0)
         goto fail;
     if ((rc = pred_quantize_all(e, err)) != 0)

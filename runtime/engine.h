@@ -9,8 +9,9 @@
  *    payload members are hashed too unless verify_ffn is false (they are
  *    what later flash offloading reads on demand);
  * 3. views of every tensor inside the mapping (nothing is copied but
- *    per-row pointer tables), the tokenizer, the thread pool, the KV cache
- *    for ctx positions and scratch;
+ *    per-row pointer tables), the tokenizer; offloading, the memory plan
+ *    (runtime/planner.h) before anything is allocated; the thread pool
+ *    (the plan's threads), the KV cache for ctx positions and scratch;
  * 4. optionally (preload) every page of the mapping is touched so the
  *    first token does not pay for page faults. When they came from a page
  *    cache that held the file in 4 KiB pages (written by a tool that left

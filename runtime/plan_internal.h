@@ -17,7 +17,7 @@
 typedef struct cfg {
     int t, depth;
     bool gf;
-    double k, f; /* the learned compute and read-time factors at t (cfg_make) */
+    double k, f; /* the learned compute and read-time factors at t (plan_cfg_make) */
 } cfg;
 
 /* Static-hot reads of FFN fi at (h, g) from suffix sums. */
@@ -25,15 +25,15 @@ typedef struct suffix {
     double *P, *B0, *BG, *Q, *BU; /* [groups + 1] */
 } suffix;
 
-uint64_t hot_bytes_of(const pi2_mprof *mp, uint32_t h, uint32_t g);
-uint64_t min_cache(const pi2_mprof *mp, const pi2_plan_mem *mem);
-cfg cfg_make(const pi2_mprof *mp, int t, int depth, bool gf);
-double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, double n1, double b1,
+uint64_t plan_hot_bytes_of(const pi2_mprof *mp, uint32_t h, uint32_t g);
+uint64_t plan_min_cache(const pi2_mprof *mp, const pi2_plan_mem *mem);
+cfg plan_cfg_make(const pi2_mprof *mp, int t, int depth, bool gf);
+double plan_item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, double n1, double b1,
                  double n2, double b2);
-void static_reads(const pi2_mprof *mp, const suffix *x, bool gf, uint32_t h, uint32_t g, double *n1, double *b1,
+void plan_static_reads(const pi2_mprof *mp, const suffix *x, bool gf, uint32_t h, uint32_t g, double *n1, double *b1,
                   double *n2, double *b2);
-void add_extra(const pi2_mprof *mp, double cold, double extra, double *n1, double *b1);
-double cold_share(const pi2_mprof *mp, const pi2_mprof_ffn *F, uint32_t h, uint32_t g);
-int suffix_build(const pi2_mprof_ffn *F, suffix *x);
+void plan_add_extra(const pi2_mprof *mp, double cold, double extra, double *n1, double *b1);
+double plan_cold_share(const pi2_mprof *mp, const pi2_mprof_ffn *F, uint32_t h, uint32_t g);
+int plan_suffix_build(const pi2_mprof_ffn *F, suffix *x);
 
 #endif

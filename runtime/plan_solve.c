@@ -21,7 +21,7 @@ int pi2_plan_fixed(const pi2_mprof *mp, const pi2_plan_mem *mem, uint64_t mem_li
     out->io_depth = io_depth;
     out->gate_first = gate_first && mp->two_phase;
     out->fixed_split = true;
-    uint64_t fixed = mem->fixed + mem->per_depth * (uint64_t)io_depth, mc = min_cache(mp, mem);
+    uint64_t fixed = mem->fixed + mem->per_depth * (uint64_t)io_depth, mc = plan_min_cache(mp, mem);
     if (mem_limit < fixed + mc) {
         pi2_plan_free(out);
         return pi2_err_set(err, PI2_ENOMEM, "plan: a memory limit of %.0f MB cannot hold the resident part (%.0f MB)",
@@ -58,7 +58,7 @@ static int item_build(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, u
 {
     const pi2_mprof_ffn *F = &mp->ffn[fi];
     uint32_t K = (F->groups + step - 1) / step;
-    uint64_t mu = (hot_bytes_of(mp, F->groups, F->groups) + unit - 1) / unit;
+    uint64_t mu = (plan_hot_bytes_of(mp, F->groups, F->groups) + unit - 1) / unit;
     io->m = (uint32_t)mu;
     io->cost = malloc((mu + 1) * sizeof *io->cost);
     io->h = malloc((mu + 1) * sizeof *io->h);
@@ -71,11 +71,11 @@ static int item_build(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, u
         uint32_t h = a * step < F->groups ? a * step : F->groups;
         for (uint32_t b = mp->two_phase ? a : K; b <= (mp->two_phase && !gate_only ? a : K); b++) {
             uint32_t g = mp->two_phase ? (b * step < F->groups ? b * step : F->groups) : h;
-            uint64_t u = (hot_bytes_of(mp, h, g) + unit - 1) / unit;
+            uint64_t u = (plan_hot_bytes_of(mp, h, g) + unit - 1) / unit;
             double n1, b1, n2, b2;
-            static_reads(mp, x, c->gf, h, g, &n1, &b1, &n2, &b2);
-            add_extra(mp, cold_share(mp, F, h, g), mp->cal.extra, &n1, &b1);
-            double t = item_time(mp, hw, c, fi, n1, b1, n2, b2);
+            plan_static_reads(mp, x, c->gf, h, g, &n1, &b1, &n2, &b2);
+            plan_add_extra(mp, plan_cold_share(mp, F, h, g), mp->cal.extra, &n1, &b1);
+            double t = plan_item_time(mp, hw, c, fi, n1, b1, n2, b2);
             if (t < io->cost[u]) {
                 io->cost[u] = t;
                 io->h[u] = h;
@@ -173,18 +173,18 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
     if (!sx || !it || !pick)
         rc = pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
     for (uint32_t i = 0; rc == 0 && i < n; i++)
-        if (suffix_build(&mp->ffn[i], &sx[i]) != 0)
+        if (plan_suffix_build(&mp->ffn[i], &sx[i]) != 0)
             rc = pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
     double best = INFINITY;
     bool any = false;
-    uint64_t mc = min_cache(mp, mem);
+    uint64_t mc = plan_min_cache(mp, mem);
     for (int t = 1; rc == 0 && t <= threads; t++)
         for (size_t di = 0; rc == 0 && di < sizeof DEPTHS / sizeof *DEPTHS; di++) {
             int depth = DEPTHS[di];
             if (depth > max_depth)
                 continue;
             for (int gf = 0; rc == 0 && gf <= (mp->two_phase ? 1 : 0); gf++) {
-                cfg c = cfg_make(mp, t, depth, gf != 0);
+                cfg c = plan_cfg_make(mp, t, depth, gf != 0);
                 uint64_t fixed = mem->fixed + mem->per_depth * (uint64_t)depth;
                 if (o->mem_limit < fixed + mc)
                     continue;
@@ -204,8 +204,8 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
                     tot = 0;
                     for (uint32_t i = 0; i < n; i++) {
                         double n1, b1, n2, b2;
-                        static_reads(mp, &sx[i], c.gf, mp->ffn[i].groups, mp->ffn[i].groups, &n1, &b1, &n2, &b2);
-                        tot += item_time(mp, hw, &c, i, n1, b1, n2, b2);
+                        plan_static_reads(mp, &sx[i], c.gf, mp->ffn[i].groups, mp->ffn[i].groups, &n1, &b1, &n2, &b2);
+                        tot += plan_item_time(mp, hw, &c, i, n1, b1, n2, b2);
                     }
                 } else {
                     uint32_t step = (mp->ffn[0].groups + levels - 1) / levels;

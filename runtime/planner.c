@@ -78,8 +78,9 @@ static int member_at(const pi2_manifest *mf, const char *name, const uint8_t *ba
 /* Group figures of FFN F. The bundle grouped neurons by co-activation on
  * these very samples, so their joint counts flatter the grouping (with a
  * few hundred samples, in-sample co-activation is far above what new text
- * shows: PERF.md, Planner). Only the marginals carry over: each neuron is selected with its sampled frequency (or its profiled
- * activation frequency without samples), independently. */
+ * shows: PERF.md, Planner). Only the marginals carry over: each neuron is
+ * selected with its sampled frequency (or its profiled activation
+ * frequency without samples), independently. */
 static void group_figures(const pi2_mprof *mp, pi2_mprof_ffn *F, uint64_t ns)
 {
     double *f = pi2_calloc_array(F->neurons, sizeof *f);
@@ -300,14 +301,14 @@ void pi2_plan_free(pi2_plan *p)
     memset(p, 0, sizeof *p);
 }
 
-uint64_t hot_bytes_of(const pi2_mprof *mp, uint32_t h, uint32_t g)
+uint64_t plan_hot_bytes_of(const pi2_mprof *mp, uint32_t h, uint32_t g)
 {
     return (uint64_t)h * mp->S + (mp->two_phase ? (uint64_t)(g - h) * mp->Pg : 0);
 }
 
 uint64_t pi2_plan_hot_bytes(const pi2_mprof *mp, const pi2_plan *p, uint32_t i)
 {
-    return hot_bytes_of(mp, p->hot_groups[i], p->gate_groups[i]);
+    return plan_hot_bytes_of(mp, p->hot_groups[i], p->gate_groups[i]);
 }
 
 static uint64_t plan_hot_total(const pi2_mprof *mp, const pi2_plan *p)
@@ -318,7 +319,7 @@ static uint64_t plan_hot_total(const pi2_mprof *mp, const pi2_plan *p)
     return t;
 }
 
-uint64_t min_cache(const pi2_mprof *mp, const pi2_plan_mem *mem)
+uint64_t plan_min_cache(const pi2_mprof *mp, const pi2_plan_mem *mem)
 {
     return mem->min_slots * (mem->slot_bytes[0] + (mp->two_phase ? mem->slot_bytes[1] : 0));
 }
@@ -397,7 +398,7 @@ static double cal_io(const pi2_plan_cal *c, int t)
     return cal_factor(c->s_io_w, c->s_io_wk, t);
 }
 
-cfg cfg_make(const pi2_mprof *mp, int t, int depth, bool gf)
+cfg plan_cfg_make(const pi2_mprof *mp, int t, int depth, bool gf)
 {
     return (cfg){ t, depth, gf, cal_compute(&mp->cal, t), cal_io(&mp->cal, t) };
 }
@@ -461,7 +462,7 @@ static double layer_time(double kC, double kA, double fIO, double ov) { return k
 
 /* Seconds per token of one FFN item given its reads: round 1 (n1 reads,
  * b1 bytes) and round 2. */
-double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, double n1, double b1,
+double plan_item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, double n1, double b1,
                         double n2, double b2)
 {
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c->t);
@@ -471,7 +472,7 @@ double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32
 }
 
 /* Share of FFN F's neurons whose gate (or whole neuron) is not kept. */
-double cold_share(const pi2_mprof *mp, const pi2_mprof_ffn *F, uint32_t h, uint32_t g)
+double plan_cold_share(const pi2_mprof *mp, const pi2_mprof_ffn *F, uint32_t h, uint32_t g)
 {
     uint64_t kept = (uint64_t)(mp->two_phase ? g : h) * F->group;
     return F->neurons && kept < F->neurons ? (double)(F->neurons - kept) / F->neurons : 0;
@@ -479,14 +480,14 @@ double cold_share(const pi2_mprof *mp, const pi2_mprof_ffn *F, uint32_t h, uint3
 
 /* Read-ahead reads of neurons the FFN then does not select (learned:
  * pi2_plan_cal.extra per FFN at cold share 1): one read of one neuron each. */
-void add_extra(const pi2_mprof *mp, double cold, double extra, double *n1, double *b1)
+void plan_add_extra(const pi2_mprof *mp, double cold, double extra, double *n1, double *b1)
 {
     double r = extra * cold;
     *n1 += r;
     *b1 += r * (double)span_bytes(mp, mp->two_phase ? 3 : 0, 0, 0);
 }
 
-void static_reads(const pi2_mprof *mp, const suffix *x, bool gf, uint32_t h, uint32_t g, double *n1,
+void plan_static_reads(const pi2_mprof *mp, const suffix *x, bool gf, uint32_t h, uint32_t g, double *n1,
                          double *b1, double *n2, double *b2)
 {
     if (!mp->two_phase) {
@@ -506,7 +507,7 @@ void static_reads(const pi2_mprof *mp, const suffix *x, bool gf, uint32_t h, uin
     }
 }
 
-int suffix_build(const pi2_mprof_ffn *F, suffix *x)
+int plan_suffix_build(const pi2_mprof_ffn *F, suffix *x)
 {
     size_t n = (size_t)F->groups + 1;
     x->P = calloc(5 * n, sizeof(double));
@@ -529,7 +530,7 @@ int suffix_build(const pi2_mprof_ffn *F, suffix *x)
 void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, int prompt)
 {
     size_t n = mp->n_ffn;
-    cfg c = cfg_make(mp, p->threads, p->io_depth, p->gate_first);
+    cfg c = plan_cfg_make(mp, p->threads, p->io_depth, p->gate_first);
     double total = 0, io = 0, io_cal = 0, comp = 0, reads = 0, bytes = 0, parts = 0, served = 0, raw_reads = 0,
            raw_cold = 0;
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c.t);
@@ -538,8 +539,8 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
         const pi2_mprof_ffn *F = &mp->ffn[fi];
         uint32_t h = p->hot_groups[fi], g = p->gate_groups[fi];
         suffix x;
-        if (suffix_build(F, &x) == 0) {
-            static_reads(mp, &x, p->gate_first, h, g, &n1, &b1, &n2, &b2);
+        if (plan_suffix_build(F, &x) == 0) {
+            plan_static_reads(mp, &x, p->gate_first, h, g, &n1, &b1, &n2, &b2);
             free(x.P);
         }
         {
@@ -553,11 +554,11 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
         }
         double w = F->w, C = item_compute(mp, hw, c.t, fi);
         double IO = reads_time(hw, c.depth, n1, b1, n2, b2);
-        double cold = cold_share(mp, F, h, g);
+        double cold = plan_cold_share(mp, F, h, g);
         raw_reads += w * (n1 + n2);
         raw_cold += w * cold;
-        add_extra(mp, cold, mp->cal.extra, &n1, &b1);
-        total += item_time(mp, hw, &c, fi, n1, b1, n2, b2);
+        plan_add_extra(mp, cold, mp->cal.extra, &n1, &b1);
+        total += plan_item_time(mp, hw, &c, fi, n1, b1, n2, b2);
         comp += w * C;
         io += w * IO;
         io_cal += w * c.f * reads_time(hw, c.depth, n1, b1, n2, b2);

@@ -671,7 +671,9 @@ static void agrees(const pi2_engine_opts *o)
     pi2_plan_memory m;
     pi2_err e = {0};
     if (plan_of(o, &m, &e))
-        fail_msg("plan at %llu (depth %d, share %.1f, %s): %s", (unsigned long long)o->offload.mem_limit, o->offload.io_depth, o->offload.hot_share, o->offload.hw ? (o->offload.fixed_split ? "fixed, predicted" : "solver") : "fixed", e.msg);
+        fail_msg("plan at %llu (depth %d, share %.1f, %s): %s", (unsigned long long)o->offload.mem_limit,
+                 o->offload.io_depth, o->offload.hot_share,
+                 o->offload.hw ? (o->offload.fixed_split ? "fixed, predicted" : "solver") : "fixed", e.msg);
     pi2_engine *eng = NULL;
     if (pi2_engine_open(&eng, o, &e))
         fail_msg("open at %llu: %s", (unsigned long long)o->offload.mem_limit, e.msg);

@@ -152,7 +152,6 @@ static int plan_make(const pi2_plan_mem_in *in, const pi2_mprof *geo, int depth,
         if ((rc = pi2_plan_fixed(geo, &m->solver, o->mem_limit, in->threads, depth, o->hot_share,
                                  o->gate_first, &m->plan, err)) != 0)
             return rc;
-        m->plan.fixed_split = false;
         pi2_err pe = {0};
         if (o->hw && profile(&mp, in, &pe) == 0) { /* predicted; a profile that cannot be read is no error */
             pi2_plan_predict(&mp, o->hw, &m->plan, o->plan_prompt);

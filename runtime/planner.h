@@ -338,7 +338,8 @@ typedef struct pi2_plan_memory {
     pi2_plan_mem solver;           /* what the solver saw */
     int ring_depth;                /* reads the reader must hold (the plan may pick up to it) */
     pi2_plan plan;                 /* hot and gate groups per FFN, threads, I/O depth, gate-first */
-    bool predicted;                /* plan.pred holds a prediction (a hardware profile, or a plan made) */
+    bool predicted;                /* the plan is one to show: given, made by the solver, or the fixed
+                                      split predicted with a hardware profile */
     const char *source;            /* "planned", "planned: the fixed split (no clear gain)", "given",
                                       "fixed split" */
     uint64_t hot, gate_hot;        /* bytes kept in memory (whole slots and gate parts), of them gate parts */

@@ -2,7 +2,9 @@
 #include "runtime/engine_internal.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
+#include "runtime/planner.h"
 
+#include <assert.h>
 #include <cblas.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -394,7 +396,7 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
     e->sel = acc_alloc(e, (size_t)d->n_ff, sizeof(uint32_t));
     e->scores_all = acc_alloc(e, (size_t)d->n_ff, sizeof(float));
     e->dec_out = acc_alloc(e, ((size_t)d->n_ff + FFN_CHUNK - 1) / FFN_CHUNK * D, sizeof(float));
-    e->share_rng = acc_alloc(e, (size_t)e->threads, sizeof *e->share_rng);
+    e->share_rng = acc_alloc(e, (size_t)e->tls_n, sizeof *e->share_rng);
     e->pred_n = acc_alloc(e, ((size_t)d->n_ff + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT, sizeof *e->pred_n);
     e->moe_x = acc_alloc(e, T * D, sizeof(float));
     e->moe_out = acc_alloc(e, T * D, sizeof(float));
@@ -407,7 +409,6 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
     e->moe_prev_pos = -1;
     e->rope_cs = acc_alloc(e, T * (size_t)d->head_dim / 2, sizeof(float));
     e->rope_sn = acc_alloc(e, T * (size_t)d->head_dim / 2, sizeof(float));
-    e->tls_n = e->threads;
     e->tls = calloc((size_t)e->tls_n, sizeof *e->tls);
     e->buf_bytes += (uint64_t)e->tls_n * sizeof *e->tls;
     if (!e->x || !e->xb || !e->xb2 || !e->q || !e->att || !e->aqs || !e->aq || !e->asum ||
@@ -441,6 +442,74 @@ static int alloc_state(pi2_engine *e, pi2_err *err)
     return 0;
 }
 
+/* Row tables of a bound matrix (alloc_rows): quantized ones only. */
+static uint64_t rows_bytes(const pi2_mf_tensor *t, int64_t rows)
+{
+    return t && t->qtype != PI2_QT_F32 ? (uint64_t)rows * (sizeof(const uint8_t *) + sizeof(const uint16_t *)) : 0;
+}
+
+/* What bind_mat, bind_ffn, pred_alloc and alloc_state add to buf_bytes for
+ * this model and tls threads: the engine checks its own count against it. */
+static uint64_t engine_buffers(const pi2_manifest *mf, const pi2_bundle_layout *bl, int tls)
+{
+    const pi2_model_desc *d = &mf->config;
+    uint64_t T = PI2_K_MAX_T, D = (uint64_t)d->hidden, qd = (uint64_t)d->n_heads * d->head_dim,
+             kvd = (uint64_t)d->n_kv_heads * d->head_dim, ff = (uint64_t)d->n_ff, f = sizeof(float), n = 0;
+    bool moe = pi2_desc_is_moe(d);
+    uint64_t E = moe ? (uint64_t)d->n_experts : 1, K = moe ? (uint64_t)d->n_experts_used : 1;
+    n += rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_EMBED, -1, -1), d->vocab);
+    n += rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_LM_HEAD, -1, -1), d->vocab);
+    for (int l = 0; l < d->n_layers; l++)
+        n += rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_Q, l, -1), (int64_t)qd) +
+             rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_K, l, -1), (int64_t)kvd) +
+             rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_V, l, -1), (int64_t)kvd) +
+             rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_O, l, -1), (int64_t)D);
+    int max_rank = 1;
+    for (size_t i = 0; i < bl->n_ffn; i++) {
+        const pi2_bl_ffn *b = &bl->ffn[i];
+        n += 3 * (uint64_t)b->neurons * (sizeof(const uint8_t *) + sizeof(const uint16_t *));
+        const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
+        if (mf->sparsity_mode != PI2_MF_SPARSE_PREDICTOR || !ml || !ml->has_predictor)
+            continue;
+        uint64_t R = (uint64_t)ml->predictor.rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
+        n += R * D + b->neurons * Rp + 2 * (R * (D / PI2_Q_GROUP) + b->neurons * (Rp / PI2_Q_GROUP));
+        max_rank = ml->predictor.rank > max_rank ? ml->predictor.rank : max_rank;
+    }
+    uint64_t mi = D > qd ? D : qd, mr = ((uint64_t)max_rank + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
+    uint64_t G = PI2_Q_GROUP;
+    n += T * D * f * 3 + T * mi * f + T * (qd + 2 * kvd) * f + T * qd * f; /* x, xb2, moe_x, xb, q, att */
+    n += T * mi / G * f + T * mi + T * mi / G * 4;                           /* aqs, aq, asum */
+    n += mr * f + mr / G * f + mr + mr / G * 4 + D / G * f + D + D / G * 4;  /* predictor inputs */
+    n += E * T * f + E * T * sizeof(int) + ff * 4 + ff * f + (ff + FFN_CHUNK - 1) / FFN_CHUNK * D * f;
+    n += (uint64_t)tls * sizeof(uint64_t) + (ff + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT * 4;
+    n += T * D * f + T * f + T * sizeof(int) + T * E * f + 2 * (uint64_t)d->n_layers * K * sizeof(int);
+    n += 2 * T * ((uint64_t)d->head_dim / 2) * f;
+    n += (uint64_t)tls * sizeof(eng_tls);
+    n += (uint64_t)tls * (T * ENG_PART_LD(D) * f + 2 * ff * f + 2 * ff * f + 4 * ff * sizeof(void *) +
+                          2 * ff * sizeof(void *) + 2 * T * ENG_TILE * f + 2 * ff * 4);
+    return n;
+}
+
+int pi2_engine_buffer_sizes(const pi2_manifest *mf, const pi2_bundle_layout *bl, int threads, pi2_plan_bufs *out,
+                            pi2_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (bl->n_ffn == 0)
+        return pi2_err_set(err, PI2_ESHAPE, "the bundle layout holds no FFN");
+    const pi2_model_desc *d = &mf->config;
+    eng_ofl_bufs ob;
+    eng_ofl_buffers(d, bl, &ob);
+    out->engine = engine_buffers(mf, bl, threads);
+    out->offload = ob.bytes;
+    out->per_depth = ob.per_depth;
+    out->slot_bytes[0] = ob.slot_bytes[0];
+    out->slot_bytes[1] = ob.slot_bytes[1];
+    out->per_pos = 2ull * (uint64_t)d->n_layers * (uint64_t)d->n_kv_heads * (uint64_t)d->head_dim * sizeof(float) +
+                   (uint64_t)threads * PI2_K_MAX_T * sizeof(float);
+    out->chunk = FFN_CHUNK;
+    return 0;
+}
+
 typedef struct touch_job {
     const pi2_ctr *c;
     _Atomic uint64_t sink; /* keeps the reads; one add per thread */
@@ -462,6 +531,21 @@ static void touch_fn(void *ctx, int tid, int nt)
     atomic_fetch_add_explicit(&j->sink, acc, memory_order_relaxed);
 }
 
+/* Offloading: the memory plan (runtime/planner.h), made before anything
+ * is allocated, so the pool starts with the plan's threads. */
+static int plan_memory(pi2_engine *e, const pi2_engine_opts *o, int ctx, const pi2_plan_bufs *bufs,
+                       pi2_plan_memory *m, pi2_err *err)
+{
+    pi2_plan_mem_in in = {.mf = e->mf, .bl = e->bl, .name = e->path, .base = e->res, .base_len = e->res_bytes,
+                          .resident = pi2_plan_resident(e->mf, e->bl, (uint64_t)sysconf(_SC_PAGESIZE)),
+                          .bufs = *bufs, .ctx = ctx, .threads = e->tls_n,
+                          .cores = (int)sysconf(_SC_NPROCESSORS_ONLN), .opts = &o->offload};
+    int rc = pi2_plan_memory_make(&in, m, err);
+    if (rc == 0)
+        e->threads = m->plan.threads;
+    return rc;
+}
+
 int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
 {
     *out = NULL;
@@ -472,6 +556,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         return pi2_err_set(err, PI2_ENOMEM, "out of memory");
     snprintf(e->path, sizeof e->path, "%s", o->path);
     int rc;
+    pi2_plan_memory mem = {0};
     /* in memory, the weights are used in place from the mapping: 2 MiB pages
      * cut the TLB misses of streaming them every token (runtime/PERF.md) */
     pi2_bundle_open_opts bo = {
@@ -498,6 +583,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         e->threads = 1;
     if (e->threads > 256)
         e->threads = 256;
+    e->tls_n = e->threads; /* scratch for as many as asked; a plan may run fewer */
     if (o->offload.mem_limit > 0) {
         /* offloading: resident members read with O_DIRECT and hashed there */
         if ((rc = eng_ofl_load_resident(e, o, err)) != 0)
@@ -605,14 +691,21 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     }
     e->dense_bytes = db;
 
+    int ctx0 = o->ctx > 0 ? o->ctx : 512, ctx_max = pi2_desc_max_ctx(d); /* larger: clamped to the model's */
+    if (ctx0 > ctx_max)
+        ctx0 = ctx_max;
+    pi2_plan_bufs bufs;
+    if ((rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, &bufs, err)) != 0 ||
+        (o->offload.mem_limit > 0 && (rc = plan_memory(e, o, ctx0, &bufs, &mem, err)) != 0))
+        goto fail;
     if ((rc = pi2_pool_create(&e->pool, e->threads, err)) != 0)
         goto fail;
     if ((rc = pred_quantize_all(e, err)) != 0)
         goto fail;
     if ((rc = alloc_state(e, err)) != 0)
         goto fail;
-    int ctx0 = o->ctx > 0 ? o->ctx : 512, ctx_max = pi2_desc_max_ctx(d); /* larger: clamped to the model's */
-    if ((rc = pi2_engine_set_ctx(e, ctx0 < ctx_max ? ctx0 : ctx_max, err)) != 0)
+    assert(e->buf_bytes == bufs.engine); /* the memory plan counted what was allocated */
+    if ((rc = pi2_engine_set_ctx(e, ctx0, err)) != 0)
         goto fail;
     double macs = 0;
     for (int l = 0; l < d->n_layers; l++) {
@@ -624,7 +717,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     openblas_set_num_threads(1); /* our pool does the threading */
     e->ffn = &eng_ffn_memory;
     if (o->offload.mem_limit > 0) {
-        if ((rc = eng_ofl_open(e, o, err)) != 0)
+        if ((rc = eng_ofl_open(e, o, &mem, err)) != 0)
             goto fail;
         e->ffn = &eng_ffn_flash;
     } else if (o->preload) {
@@ -634,9 +727,11 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         if ((e->rehuged = pi2_ctr_rehuge(tj.c, PI2_ENGINE_REHUGE_MIN)))
             pi2_pool_run(e->pool, touch_fn, &tj);
     }
+    pi2_plan_memory_free(&mem);
     *out = e;
     return 0;
 fail:
+    pi2_plan_memory_free(&mem);
     pi2_engine_close(e);
     return rc ? rc : PI2_EINVAL;
 }
@@ -761,9 +856,9 @@ int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err)
                            pi2_desc_max_ctx(d));
     if (e->ofl && e->plan_ctx > 0 && ctx > e->plan_ctx)
         return pi2_err_set(err, PI2_ERANGE,
-                           "%s: a context of %d positions exceeds the %d the memory plan was made for; give --ctx %d "
-                           "at start",
-                           e->path, ctx, e->plan_ctx, ctx);
+                           "%s: a context of %d positions exceeds the %d the memory plan was made for (the plan is "
+                           "made at open)",
+                           e->path, ctx, e->plan_ctx);
     size_t kv = (size_t)d->n_layers * (size_t)ctx * (size_t)d->n_kv_heads * (size_t)d->head_dim;
     float *kc = pi2_calloc_array(kv, sizeof(float)), *vc = pi2_calloc_array(kv, sizeof(float));
     float **sc = calloc((size_t)e->tls_n, sizeof *sc);

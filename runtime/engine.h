@@ -9,8 +9,9 @@
  *    payload members are hashed too unless verify_ffn is false (they are
  *    what later flash offloading reads on demand);
  * 3. views of every tensor inside the mapping (nothing is copied but
- *    per-row pointer tables), the tokenizer, the thread pool, the KV cache
- *    for ctx positions and scratch;
+ *    per-row pointer tables), the tokenizer; offloading, the memory plan
+ *    (runtime/planner.h) before anything is allocated; the thread pool
+ *    (the plan's threads), the KV cache for ctx positions and scratch;
  * 4. optionally (preload) every page of the mapping is touched so the
  *    first token does not pay for page faults. When they came from a page
  *    cache that held the file in 4 KiB pages (written by a tool that left
@@ -80,8 +81,6 @@ typedef struct pi2_offload_opts {
     bool gate_first;            /* two-phase models: read up+down only once the gate fired
                                    (default false: along with a missing gate, one read) */
     bool no_read_ahead;         /* decode: no read-ahead during attention (MoE: no expert guess) */
-    bool plan_only;             /* offloading: make the plan and stop (no payload is read;
-                                   only pi2_engine_offload_info_get and close are valid) */
     /* Planning (runtime/planner.h). With a plan, it is run as given (hot
      * and gate groups per FFN, threads, I/O depth, gate-first); else with a
      * hardware profile the solver chooses one (threads at most `threads`);
@@ -170,6 +169,17 @@ int pi2_engine_decode(pi2_engine *e, int32_t token, int pos, float *logits, pi2_
 void pi2_engine_stats_get(const pi2_engine *e, pi2_engine_stats *out);
 /* Resets the offloading counters too. */
 void pi2_engine_stats_reset(pi2_engine *e);
+
+/* What an engine opened on this model with `threads` threads holds
+ * besides its weights (pi2_plan_bufs, runtime/planner.h): a function of the
+ * model's shape alone, which the engine and the offloader size their
+ * allocations with and the memory plan counts. PI2_ESHAPE for a layout
+ * without FFNs. */
+struct pi2_manifest;
+struct pi2_bundle_layout;
+struct pi2_plan_bufs;
+int pi2_engine_buffer_sizes(const struct pi2_manifest *mf, const struct pi2_bundle_layout *bl, int threads,
+                            struct pi2_plan_bufs *out, pi2_err *err);
 
 /* Offloading plan and counters (runtime/offload/offload.h). */
 typedef struct pi2_engine_offload_info {

@@ -199,8 +199,22 @@ void eng_ffn_prefill_range(pi2_engine *e, const eng_ffn *f, int T, uint32_t n0, 
 void eng_ffn_reduce(pi2_engine *e, int T, float *out, bool accumulate, float w);
 
 /* Offloading (runtime/offload/offload.c; the design is described in runtime/offload/offload.h). */
+struct pi2_plan_memory;
+/* The offloader's own buffers for a model: their shapes, and their bytes
+ * at I/O depth 0 and per read in flight (pi2_plan_bufs). */
+typedef struct eng_ofl_bufs {
+    uint32_t max_sel, max_ch;  /* neurons and chunks a decode job can hold */
+    uint32_t win_groups;       /* slots per prefill window */
+    uint64_t staging_bytes;    /* per read in flight */
+    uint64_t wbuf_bytes;       /* per prefill window */
+    size_t rq_cap, ready_cap;  /* queued reads, ready chunks */
+    uint64_t bytes, per_depth;
+    uint64_t slot_bytes[2];    /* a cache slot with its record: gates (whole neurons one-phase), up+down */
+} eng_ofl_bufs;
+void eng_ofl_buffers(const pi2_model_desc *d, const pi2_bundle_layout *bl, eng_ofl_bufs *out);
 int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
-int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
+/* Run the memory plan m (runtime/planner.h), whose plan it takes over. */
+int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, struct pi2_plan_memory *m, pi2_err *err);
 void eng_ofl_close(pi2_engine *e);
 void eng_ofl_stats_reset(pi2_engine *e);
 /* MoE (moe.c): router logits of x (D floats) -> chosen[top-k] experts (largest first,

@@ -1,18 +1,13 @@
 /* pi2 execution planner: model profile, cost model, solver (planner.h). */
-#include "runtime/planner.h"
+#include "runtime/plan_internal.h"
 
 #include "bundle/layout.h"
-#include "formats/jsonutil.h"
 
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#define PLAN_LEVELS 48     /* per-FFN choices of hot groups (and of gate groups) */
-static const int DEPTHS[] = {16, 32, 64, 128};
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 static uint64_t align_dn(uint64_t v, uint64_t a) { return v / a * a; }
@@ -83,10 +78,9 @@ static int member_at(const pi2_manifest *mf, const char *name, const uint8_t *ba
 /* Group figures of FFN F. The bundle grouped neurons by co-activation on
  * these very samples, so their joint counts flatter the grouping (with a
  * few hundred samples, in-sample co-activation is far above what new text
- * shows: measured 2.1 selected neurons per cold read in-sample vs 1.1 at
- * run time on the generated 7B-shaped model). Only the marginals carry
- * over: each neuron is selected with its sampled frequency (or its profiled
- * activation frequency without samples), independently. */
+ * shows: PERF.md, Planner). Only the marginals carry over: each neuron is
+ * selected with its sampled frequency (or its profiled activation
+ * frequency without samples), independently. */
 static void group_figures(const pi2_mprof *mp, pi2_mprof_ffn *F, uint64_t ns)
 {
     double *f = pi2_calloc_array(F->neurons, sizeof *f);
@@ -307,14 +301,14 @@ void pi2_plan_free(pi2_plan *p)
     memset(p, 0, sizeof *p);
 }
 
-static uint64_t hot_bytes_of(const pi2_mprof *mp, uint32_t h, uint32_t g)
+uint64_t plan_hot_bytes_of(const pi2_mprof *mp, uint32_t h, uint32_t g)
 {
     return (uint64_t)h * mp->S + (mp->two_phase ? (uint64_t)(g - h) * mp->Pg : 0);
 }
 
 uint64_t pi2_plan_hot_bytes(const pi2_mprof *mp, const pi2_plan *p, uint32_t i)
 {
-    return hot_bytes_of(mp, p->hot_groups[i], p->gate_groups[i]);
+    return plan_hot_bytes_of(mp, p->hot_groups[i], p->gate_groups[i]);
 }
 
 static uint64_t plan_hot_total(const pi2_mprof *mp, const pi2_plan *p)
@@ -325,18 +319,12 @@ static uint64_t plan_hot_total(const pi2_mprof *mp, const pi2_plan *p)
     return t;
 }
 
-static uint64_t min_cache(const pi2_mprof *mp, const pi2_plan_mem *mem)
+uint64_t plan_min_cache(const pi2_mprof *mp, const pi2_plan_mem *mem)
 {
     return mem->min_slots * (mem->slot_bytes[0] + (mp->two_phase ? mem->slot_bytes[1] : 0));
 }
 
 /* ---- cost model ---- */
-
-typedef struct cfg {
-    int t, depth;
-    bool gf;
-    double k, f; /* the learned compute and read-time factors at t (cfg_make) */
-} cfg;
 
 /* Seconds for n reads of `bytes` in all submitted together, at most
  * `depth` in flight: one read takes the latency at depth 1; up to the
@@ -345,8 +333,7 @@ typedef struct cfg {
  * it, the rest go at that depth's rate. Continuous and rising in n: with
  * the time of the probed depth at or below n instead, 3 reads cost 3 at
  * depth 1 and 4 reads 4 at depth 4, a third of it, and the solver moved
- * reads into fewer layers for a gain that did not show (the 1B-shaped
- * model at 25% offloaded). */
+ * reads into fewer layers for a gain that did not show (PERF.md, Planner). */
 static double io_time(const pi2_hwprof *hw, double n, double bytes, int depth)
 {
     if (n <= 1e-9)
@@ -411,7 +398,7 @@ static double cal_io(const pi2_plan_cal *c, int t)
     return cal_factor(c->s_io_w, c->s_io_wk, t);
 }
 
-static cfg cfg_make(const pi2_mprof *mp, int t, int depth, bool gf)
+cfg plan_cfg_make(const pi2_mprof *mp, int t, int depth, bool gf)
 {
     return (cfg){ t, depth, gf, cal_compute(&mp->cal, t), cal_io(&mp->cal, t) };
 }
@@ -437,8 +424,7 @@ static double attn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t)
 /* Share of the shorter of compute and reads hidden under the other with t
  * compute threads: the hardware profile's, when the I/O thread has a core
  * of its own; none when t compute threads and the I/O thread share fewer
- * cores (measured on this engine: at 50% offloaded, 2 compute threads on
- * 2 cores hid 8% of the compute, 1 thread 57% of the reads). */
+ * cores: then little of either hides (PERF.md, Planner). */
 static double overlap_of(const pi2_mprof *mp, const pi2_hw_compute *hc, int t)
 {
     return mp->cores > 0 && t + 1 > mp->cores ? 0.0 : hc->overlap;
@@ -467,9 +453,8 @@ static double item_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uin
  * Nearly all of it when the other is much longer (84% at a third), 59%
  * when they are equal: a layer's missing parts are only read once its
  * predictor has run, and the layer ends with its last read's rows. Hiding
- * all of the shorter (a time of max(X, Y)) predicted 1 compute thread 25-34% fast
- * where its reads took about its compute (the 1B- and 7B-shaped models at
- * 75% offloaded); with this, within 10%. */
+ * all of the shorter (a time of max(X, Y)) predicted 1 compute thread too
+ * fast where its reads took about its compute (PERF.md, Planner). */
 static double hidden(double X, double Y) { return X + Y - hypot(X, Y); }
 
 /* Time of compute kC (of which kA can hide reads) and reads fIO at overlap ov. */
@@ -477,7 +462,7 @@ static double layer_time(double kC, double kA, double fIO, double ov) { return k
 
 /* Seconds per token of one FFN item given its reads: round 1 (n1 reads,
  * b1 bytes) and round 2. */
-static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, double n1, double b1,
+double plan_item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, double n1, double b1,
                         double n2, double b2)
 {
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c->t);
@@ -486,13 +471,8 @@ static double item_time(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c,
     return w * layer_time(C, C, IO, overlap_of(mp, hc, c->t));
 }
 
-/* Static-hot reads of FFN fi at (h, g) from suffix sums. */
-typedef struct suffix {
-    double *P, *B0, *BG, *Q, *BU; /* [groups + 1] */
-} suffix;
-
 /* Share of FFN F's neurons whose gate (or whole neuron) is not kept. */
-static double cold_share(const pi2_mprof *mp, const pi2_mprof_ffn *F, uint32_t h, uint32_t g)
+double plan_cold_share(const pi2_mprof *mp, const pi2_mprof_ffn *F, uint32_t h, uint32_t g)
 {
     uint64_t kept = (uint64_t)(mp->two_phase ? g : h) * F->group;
     return F->neurons && kept < F->neurons ? (double)(F->neurons - kept) / F->neurons : 0;
@@ -500,14 +480,14 @@ static double cold_share(const pi2_mprof *mp, const pi2_mprof_ffn *F, uint32_t h
 
 /* Read-ahead reads of neurons the FFN then does not select (learned:
  * pi2_plan_cal.extra per FFN at cold share 1): one read of one neuron each. */
-static void add_extra(const pi2_mprof *mp, double cold, double extra, double *n1, double *b1)
+void plan_add_extra(const pi2_mprof *mp, double cold, double extra, double *n1, double *b1)
 {
     double r = extra * cold;
     *n1 += r;
     *b1 += r * (double)span_bytes(mp, mp->two_phase ? 3 : 0, 0, 0);
 }
 
-static void static_reads(const pi2_mprof *mp, const suffix *x, bool gf, uint32_t h, uint32_t g, double *n1,
+void plan_static_reads(const pi2_mprof *mp, const suffix *x, bool gf, uint32_t h, uint32_t g, double *n1,
                          double *b1, double *n2, double *b2)
 {
     if (!mp->two_phase) {
@@ -527,7 +507,7 @@ static void static_reads(const pi2_mprof *mp, const suffix *x, bool gf, uint32_t
     }
 }
 
-static int suffix_build(const pi2_mprof_ffn *F, suffix *x)
+int plan_suffix_build(const pi2_mprof_ffn *F, suffix *x)
 {
     size_t n = (size_t)F->groups + 1;
     x->P = calloc(5 * n, sizeof(double));
@@ -550,7 +530,7 @@ static int suffix_build(const pi2_mprof_ffn *F, suffix *x)
 void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, int prompt)
 {
     size_t n = mp->n_ffn;
-    cfg c = cfg_make(mp, p->threads, p->io_depth, p->gate_first);
+    cfg c = plan_cfg_make(mp, p->threads, p->io_depth, p->gate_first);
     double total = 0, io = 0, io_cal = 0, comp = 0, reads = 0, bytes = 0, parts = 0, served = 0, raw_reads = 0,
            raw_cold = 0;
     const pi2_hw_compute *hc = pi2_hwprof_compute(hw, c.t);
@@ -559,8 +539,8 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
         const pi2_mprof_ffn *F = &mp->ffn[fi];
         uint32_t h = p->hot_groups[fi], g = p->gate_groups[fi];
         suffix x;
-        if (suffix_build(F, &x) == 0) {
-            static_reads(mp, &x, p->gate_first, h, g, &n1, &b1, &n2, &b2);
+        if (plan_suffix_build(F, &x) == 0) {
+            plan_static_reads(mp, &x, p->gate_first, h, g, &n1, &b1, &n2, &b2);
             free(x.P);
         }
         {
@@ -574,11 +554,11 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
         }
         double w = F->w, C = item_compute(mp, hw, c.t, fi);
         double IO = reads_time(hw, c.depth, n1, b1, n2, b2);
-        double cold = cold_share(mp, F, h, g);
+        double cold = plan_cold_share(mp, F, h, g);
         raw_reads += w * (n1 + n2);
         raw_cold += w * cold;
-        add_extra(mp, cold, mp->cal.extra, &n1, &b1);
-        total += item_time(mp, hw, &c, fi, n1, b1, n2, b2);
+        plan_add_extra(mp, cold, mp->cal.extra, &n1, &b1);
+        total += plan_item_time(mp, hw, &c, fi, n1, b1, n2, b2);
         comp += w * C;
         io += w * IO;
         io_cal += w * c.f * reads_time(hw, c.depth, n1, b1, n2, b2);
@@ -619,297 +599,6 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
     r->prefill_tok_s = tp > 0 ? prompt / tp : 0;
 }
 
-/* ---- solver ---- */
-
-int pi2_plan_fixed(const pi2_mprof *mp, const pi2_plan_mem *mem, uint64_t mem_limit, int threads, pi2_plan *out,
-                   pi2_err *err)
-{
-    int rc = pi2_plan_alloc(out, mp->n_ffn, err);
-    if (rc)
-        return rc;
-    out->mem_limit = mem_limit;
-    out->threads = threads;
-    out->io_depth = 64;
-    out->gate_first = false;
-    out->fixed_split = true;
-    uint64_t fixed = mem->fixed + mem->per_depth * 64, mc = min_cache(mp, mem);
-    if (mem_limit < fixed + mc) {
-        pi2_plan_free(out);
-        return pi2_err_set(err, PI2_ENOMEM, "plan: a memory limit of %.0f MB cannot hold the resident part (%.0f MB)",
-                           mem_limit / 1e6, (fixed + mc) / 1e6);
-    }
-    uint64_t budget = mem_limit - fixed;
-    bool all = budget >= mp->ffn_total + mc;
-    uint64_t per = all ? 0 : (budget - mc) / mp->n_ffn;
-    for (uint32_t i = 0; i < mp->n_ffn; i++) {
-        uint64_t H = all ? mp->ffn[i].groups : per / mp->S;
-        if (H > mp->ffn[i].groups)
-            H = mp->ffn[i].groups;
-        out->hot_groups[i] = out->gate_groups[i] = (uint32_t)H;
-    }
-    return 0;
-}
-
-/* One FFN's options at a configuration: for each memory unit count u the
- * cheapest (h, g) within u units (prefix minimum). */
-typedef struct item_opts {
-    uint32_t m;     /* units of the largest option */
-    double *cost;   /* [m + 1], INFINITY where nothing fits */
-    uint32_t *h, *g; /* [m + 1] */
-} item_opts;
-
-static int item_build(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, uint32_t fi, const suffix *x,
-                      uint32_t step, uint64_t unit, bool gate_only, item_opts *io)
-{
-    const pi2_mprof_ffn *F = &mp->ffn[fi];
-    uint32_t K = (F->groups + step - 1) / step;
-    uint64_t mu = (hot_bytes_of(mp, F->groups, F->groups) + unit - 1) / unit;
-    io->m = (uint32_t)mu;
-    io->cost = malloc((mu + 1) * sizeof *io->cost);
-    io->h = malloc((mu + 1) * sizeof *io->h);
-    io->g = malloc((mu + 1) * sizeof *io->g);
-    if (!io->cost || !io->h || !io->g)
-        return -1;
-    for (uint64_t u = 0; u <= mu; u++)
-        io->cost[u] = INFINITY;
-    for (uint32_t a = 0; a <= K; a++) {
-        uint32_t h = a * step < F->groups ? a * step : F->groups;
-        for (uint32_t b = mp->two_phase ? a : K; b <= (mp->two_phase && !gate_only ? a : K); b++) {
-            uint32_t g = mp->two_phase ? (b * step < F->groups ? b * step : F->groups) : h;
-            uint64_t u = (hot_bytes_of(mp, h, g) + unit - 1) / unit;
-            double n1, b1, n2, b2;
-            static_reads(mp, x, c->gf, h, g, &n1, &b1, &n2, &b2);
-            add_extra(mp, cold_share(mp, F, h, g), mp->cal.extra, &n1, &b1);
-            double t = item_time(mp, hw, c, fi, n1, b1, n2, b2);
-            if (t < io->cost[u]) {
-                io->cost[u] = t;
-                io->h[u] = h;
-                io->g[u] = g;
-            }
-            if (!mp->two_phase)
-                break;
-        }
-    }
-    for (uint64_t u = 1; u <= mu; u++)
-        if (io->cost[u - 1] <= io->cost[u]) {
-            io->cost[u] = io->cost[u - 1];
-            io->h[u] = io->h[u - 1];
-            io->g[u] = io->g[u - 1];
-        }
-    return 0;
-}
-
-static void item_free(item_opts *io)
-{
-    free(io->cost);
-    free(io->h);
-    free(io->g);
-}
-
-/* Exact multiple-choice knapsack over items: minimise the sum of costs
- * within B units. Writes each item's unit count into pick. */
-static double knapsack(const item_opts *it, uint32_t n, uint64_t B, uint32_t *pick, int *ok)
-{
-    double *dp = malloc((B + 1) * sizeof *dp), *nd = malloc((B + 1) * sizeof *nd);
-    uint32_t *arg = malloc((size_t)n * (B + 1) * sizeof *arg);
-    *ok = dp && nd && arg;
-    if (!*ok) {
-        free(dp);
-        free(nd);
-        free(arg);
-        return INFINITY;
-    }
-    for (uint64_t b = 0; b <= B; b++)
-        dp[b] = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t *ai = arg + (size_t)i * (B + 1);
-        for (uint64_t b = 0; b <= B; b++) {
-            double best = INFINITY;
-            uint32_t bu = 0;
-            uint64_t top = b < it[i].m ? b : it[i].m;
-            for (uint64_t u = 0; u <= top; u++) {
-                double v = dp[b - u] + it[i].cost[u];
-                if (v < best) {
-                    best = v;
-                    bu = (uint32_t)u;
-                }
-            }
-            nd[b] = best;
-            ai[b] = bu;
-        }
-        double *t = dp;
-        dp = nd;
-        nd = t;
-    }
-    double res = dp[B];
-    uint64_t b = B;
-    for (uint32_t i = n; i-- > 0;) {
-        pick[i] = arg[(size_t)i * (B + 1) + b];
-        b -= pick[i];
-    }
-    free(dp);
-    free(nd);
-    free(arg);
-    return res;
-}
-
-int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem *mem, const pi2_plan_opts *o,
-                   pi2_plan *out, pi2_err *err)
-{
-    memset(out, 0, sizeof *out);
-    int threads = o->threads < 1 ? 1 : o->threads;
-    if (threads > hw->threads)
-        threads = hw->threads;
-    int max_depth = o->max_depth > 0 ? o->max_depth : 128;
-    if (o->fixed_only) {
-        int rc = pi2_plan_fixed(mp, mem, o->mem_limit, threads, out, err);
-        if (rc == 0)
-            pi2_plan_predict(mp, hw, out, o->prompt);
-        return rc;
-    }
-    uint32_t n = mp->n_ffn;
-    uint32_t levels = n <= 32 ? PLAN_LEVELS : (uint32_t)(PLAN_LEVELS * 32 / n);
-    if (levels < 8)
-        levels = 8;
-    suffix *sx = calloc(n, sizeof *sx);
-    item_opts *it = calloc(n, sizeof *it);
-    uint32_t *pick = calloc(n, sizeof *pick);
-    int rc = 0;
-    if (!sx || !it || !pick)
-        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
-    for (uint32_t i = 0; rc == 0 && i < n; i++)
-        if (suffix_build(&mp->ffn[i], &sx[i]) != 0)
-            rc = pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
-    double best = INFINITY;
-    bool any = false;
-    uint64_t mc = min_cache(mp, mem);
-    for (int t = 1; rc == 0 && t <= threads; t++)
-        for (size_t di = 0; rc == 0 && di < sizeof DEPTHS / sizeof *DEPTHS; di++) {
-            int depth = DEPTHS[di];
-            if (depth > max_depth)
-                continue;
-            for (int gf = 0; rc == 0 && gf <= (mp->two_phase ? 1 : 0); gf++) {
-                cfg c = cfg_make(mp, t, depth, gf != 0);
-                uint64_t fixed = mem->fixed + mem->per_depth * (uint64_t)depth;
-                if (o->mem_limit < fixed + mc)
-                    continue;
-                any = true;
-                uint64_t budget = o->mem_limit - fixed - mc;
-                pi2_plan cand;
-                if ((rc = pi2_plan_alloc(&cand, n, err)) != 0)
-                    break;
-                cand.mem_limit = o->mem_limit;
-                cand.threads = t;
-                cand.io_depth = depth;
-                cand.gate_first = gf != 0;
-                double tot;
-                if (budget >= mp->ffn_total) {
-                    for (uint32_t i = 0; i < n; i++)
-                        cand.hot_groups[i] = cand.gate_groups[i] = mp->ffn[i].groups;
-                    tot = 0;
-                    for (uint32_t i = 0; i < n; i++) {
-                        double n1, b1, n2, b2;
-                        static_reads(mp, &sx[i], c.gf, mp->ffn[i].groups, mp->ffn[i].groups, &n1, &b1, &n2, &b2);
-                        tot += item_time(mp, hw, &c, i, n1, b1, n2, b2);
-                    }
-                } else {
-                    uint32_t step = (mp->ffn[0].groups + levels - 1) / levels;
-                    if (step < 1)
-                        step = 1;
-                    uint64_t unit = (uint64_t)step * (mp->two_phase ? mp->Pg : mp->S);
-                    uint64_t B = budget / unit, sum = 0;
-                    for (uint32_t i = 0; rc == 0 && i < n; i++) {
-                        item_free(&it[i]);
-                        memset(&it[i], 0, sizeof it[i]);
-                        if (item_build(mp, hw, &c, i, &sx[i], step, unit, o->gate_only, &it[i]) != 0)
-                            rc = pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
-                        sum += it[i].m;
-                    }
-                    if (B > sum)
-                        B = sum;
-                    int ok = 1;
-                    tot = rc ? INFINITY : knapsack(it, n, B, pick, &ok);
-                    if (!ok)
-                        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
-                    for (uint32_t i = 0; rc == 0 && i < n; i++) {
-                        cand.hot_groups[i] = it[i].h[pick[i]];
-                        cand.gate_groups[i] = it[i].g[pick[i]];
-                    }
-                }
-                if (rc == 0 && tot < best) {
-                    best = tot;
-                    pi2_plan_free(out);
-                    *out = cand;
-                } else {
-                    pi2_plan_free(&cand);
-                }
-            }
-        }
-    for (uint32_t i = 0; sx && i < n; i++)
-        free(sx[i].P);
-    for (uint32_t i = 0; it && i < n; i++)
-        item_free(&it[i]);
-    free(sx);
-    free(it);
-    free(pick);
-    if (rc) {
-        pi2_plan_free(out);
-        return rc;
-    }
-    if (!any)
-        return pi2_err_set(err, PI2_ENOMEM, "plan: a memory limit of %.0f MB cannot hold the resident part (%.0f MB)",
-                           o->mem_limit / 1e6, (mem->fixed + mem->per_depth * 16 + mc) / 1e6);
-    pi2_plan_predict(mp, hw, out, o->prompt);
-    /* keep the fixed split unless the search predicts a clear gain: the
-     * model's error is larger than small differences */
-    pi2_plan fx;
-    pi2_err fe = {0};
-    if (o->min_gain > 0 && pi2_plan_fixed(mp, mem, o->mem_limit, threads, &fx, &fe) == 0) {
-        pi2_plan_predict(mp, hw, &fx, o->prompt);
-        if (out->pred.decode_ms >= fx.pred.decode_ms * (1 - o->min_gain)) {
-            pi2_plan_free(out);
-            *out = fx;
-        } else {
-            pi2_plan_free(&fx);
-        }
-    }
-    if (o->min_speed > 0 && out->pred.decode_tok_s < o->min_speed) {
-        double got = out->pred.decode_tok_s;
-        /* the memory that would reach min_speed: bisect on the limit */
-        uint64_t lo = o->mem_limit, hi = mem->fixed + mem->per_depth * 128 + mc + mp->ffn_total + (64u << 20);
-        pi2_plan_opts oo = *o;
-        oo.min_speed = 0;
-        pi2_plan tp;
-        bool reach = false;
-        oo.mem_limit = hi;
-        if (hi > lo && pi2_plan_solve(mp, hw, mem, &oo, &tp, err) == 0) {
-            reach = tp.pred.decode_tok_s >= o->min_speed;
-            pi2_plan_free(&tp);
-        }
-        for (int it2 = 0; reach && it2 < 20 && hi - lo > (16u << 20); it2++) {
-            oo.mem_limit = lo + (hi - lo) / 2;
-            if (pi2_plan_solve(mp, hw, mem, &oo, &tp, err) != 0)
-                break;
-            if (tp.pred.decode_tok_s >= o->min_speed)
-                hi = oo.mem_limit;
-            else
-                lo = oo.mem_limit;
-            pi2_plan_free(&tp);
-        }
-        pi2_plan_free(out);
-        if (reach)
-            return pi2_err_set(err, PI2_ERANGE,
-                               "plan: infeasible: at a memory limit of %.0f MB the best plan decodes %.2f tok/s, below "
-                               "the minimum speed %.2f; about %.0f MB would reach it",
-                               o->mem_limit / 1e6, got, o->min_speed, hi / 1e6);
-        return pi2_err_set(err, PI2_ERANGE,
-                           "plan: infeasible: at a memory limit of %.0f MB the best plan decodes %.2f tok/s, below "
-                           "the minimum speed %.2f, and no memory limit reaches it on this machine (compute-bound)",
-                           o->mem_limit / 1e6, got, o->min_speed);
-    }
-    return 0;
-}
-
 /* ---- calibration ---- */
 
 void pi2_plan_cal_defaults(pi2_plan_cal *c)
@@ -919,15 +608,6 @@ void pi2_plan_cal_defaults(pi2_plan_cal *c)
 }
 
 #define CAL_KEEP 0.8 /* weight of the earlier runs at each new one */
-#define CAL_K_MIN 0.5 /* the factors' ranges (a file's figures may round past them by 1e-6) */
-#define CAL_K_MAX 4.0
-#define CAL_F_MIN 0.25
-#define CAL_F_MAX 4.0
-
-static bool cal_in(double sum_w, double sum_wk, double lo, double hi)
-{
-    return sum_w <= 0 || (sum_wk / sum_w >= lo * (1 - 1e-6) && sum_wk / sum_w <= hi * (1 + 1e-6));
-}
 
 /* A run's time as a function of one factor x: p = {C, A, IO, ov} with x
  * the compute factor, or {kC, kA, IO, ov} with x the read-time factor. */
@@ -996,251 +676,4 @@ void pi2_plan_cal_update(pi2_plan_cal *c, const pi2_plan *p, double tok_s, doubl
         c->extra = c->s_ex / c->n_ex;
     }
     c->runs++;
-}
-
-int pi2_plan_cal_save(const pi2_plan_cal *c, const char *path, pi2_err *err)
-{
-    char buf[4096];
-    int n = snprintf(buf, sizeof buf,
-                     "{\"version\":6,\"extra_reads\":%.9g,\"runs\":%d,\"reads_sums\":[%.9g,%.9g],\"compute_sums\":[",
-                     c->extra, c->runs, c->s_ex, c->n_ex);
-    for (int i = 0; i < PI2_HW_MAX_THREADS; i++)
-        n += snprintf(buf + n, sizeof buf - (size_t)n, "%s[%.9g,%.9g]", i ? "," : "", c->s_w[i], c->s_wk[i]);
-    n += snprintf(buf + n, sizeof buf - (size_t)n, "],\"io_sums\":[");
-    for (int i = 0; i < PI2_HW_MAX_THREADS; i++)
-        n += snprintf(buf + n, sizeof buf - (size_t)n, "%s[%.9g,%.9g]", i ? "," : "", c->s_io_w[i], c->s_io_wk[i]);
-    n += snprintf(buf + n, sizeof buf - (size_t)n, "]}\n");
-    pi2_afile *f;
-    int rc = pi2_afile_open(&f, path, err);
-    if (rc)
-        return rc;
-    if ((rc = pi2_afile_write(f, buf, (size_t)n, err)) != 0) {
-        pi2_afile_abort(f);
-        return rc;
-    }
-    return pi2_afile_commit(f, err);
-}
-
-int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err)
-{
-    pi2_plan_cal_defaults(c);
-    if (access(path, F_OK) != 0)
-        return pi2_err_set(err, PI2_ENOTFOUND, "%s: no calibration yet", path);
-    char *text;
-    size_t len;
-    int rc = pi2_read_file(path, 8192, &text, &len, err);
-    if (rc)
-        return rc;
-    json_error_t je;
-    json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-    free(text);
-    json_t *v = o ? json_object_get(o, "version") : NULL, *x = o ? json_object_get(o, "extra_reads") : NULL,
-           *r = o ? json_object_get(o, "runs") : NULL, *rs = o ? json_object_get(o, "reads_sums") : NULL,
-           *cs = o ? json_object_get(o, "compute_sums") : NULL, *is = o ? json_object_get(o, "io_sums") : NULL;
-    bool ok = o && json_is_object(o) && json_object_size(o) == 6 && json_is_integer(v) &&
-              json_integer_value(v) == 6 && json_is_number(x) && json_is_integer(r) && json_is_array(rs) &&
-              json_array_size(rs) == 2;
-    double ex[2], *sums[2][2] = { { c->s_w, c->s_wk }, { c->s_io_w, c->s_io_wk } };
-    for (size_t i = 0; ok && i < 2; i++)
-        ok = json_is_number(json_array_get(rs, i)) && (ex[i] = json_number_value(json_array_get(rs, i))) >= 0 &&
-             isfinite(ex[i]);
-    for (int s = 0; ok && s < 2; s++) { /* compute_sums, io_sums: [w, wk] per thread count */
-        json_t *a = s == 0 ? cs : is;
-        ok = json_is_array(a) && json_array_size(a) == PI2_HW_MAX_THREADS;
-        for (size_t i = 0; ok && i < PI2_HW_MAX_THREADS; i++) {
-            json_t *pair = json_array_get(a, i);
-            ok = json_is_array(pair) && json_array_size(pair) == 2;
-            for (size_t j = 0; ok && j < 2; j++)
-                ok = json_is_number(json_array_get(pair, j)) &&
-                     (sums[s][j][i] = json_number_value(json_array_get(pair, j))) >= 0 && isfinite(sums[s][j][i]);
-        }
-    }
-    if (!ok)
-        rc = pi2_err_set(err, PI2_EFORMAT, "%s: not a pi2 model calibration (version 6)", path);
-    else if (!(json_number_value(x) >= 0 && json_number_value(x) < 1e7) || json_integer_value(r) < 0 ||
-             json_integer_value(r) > 1000000)
-        rc = pi2_err_set(err, PI2_ERANGE, "%s: calibration figures out of range", path);
-    else {
-        c->extra = json_number_value(x);
-        c->runs = (int)json_integer_value(r);
-        c->s_ex = ex[0];
-        c->n_ex = ex[1];
-        for (int i = 0; i < PI2_HW_MAX_THREADS; i++)
-            if (!cal_in(c->s_w[i], c->s_wk[i], CAL_K_MIN, CAL_K_MAX) ||
-                !cal_in(c->s_io_w[i], c->s_io_wk[i], CAL_F_MIN, CAL_F_MAX))
-                rc = pi2_err_set(err, PI2_ERANGE, "%s: calibration figures out of range", path);
-    }
-    json_decref(o);
-    if (rc)
-        pi2_plan_cal_defaults(c);
-    return rc;
-}
-
-/* ---- JSON ---- */
-
-char *pi2_plan_json(const pi2_plan *p, const char *model)
-{
-    json_t *o = json_object(), *h = json_array(), *g = json_array(), *pr = json_object();
-    if (!o || !h || !g || !pr) {
-        json_decref(o);
-        json_decref(h);
-        json_decref(g);
-        json_decref(pr);
-        return NULL;
-    }
-    for (uint32_t i = 0; i < p->n_ffn; i++) {
-        json_array_append_new(h, json_integer(p->hot_groups[i]));
-        json_array_append_new(g, json_integer(p->gate_groups[i]));
-    }
-    const struct pi2_plan_pred *r = &p->pred;
-    json_object_set_new(pr, "decode_tok_s", json_real(r->decode_tok_s));
-    json_object_set_new(pr, "decode_ms", json_real(r->decode_ms));
-    json_object_set_new(pr, "prefill_tok_s", json_real(r->prefill_tok_s));
-    json_object_set_new(pr, "compute_ms", json_real(r->compute_ms));
-    json_object_set_new(pr, "io_ms", json_real(r->io_ms));
-    json_object_set_new(pr, "head_ms", json_real(r->head_ms));
-    json_object_set_new(pr, "reads_per_token", json_real(r->reads_per_token));
-    json_object_set_new(pr, "mb_per_token", json_real(r->mb_per_token));
-    json_object_set_new(pr, "hit_rate", json_real(r->hit_rate));
-    json_object_set_new(pr, "hot_mb", json_real(r->hot_mb));
-    json_object_set_new(pr, "offloaded", json_real(r->offloaded));
-    json_object_set_new(o, "version", json_integer(1));
-    json_object_set_new(o, "model", json_string(model ? model : ""));
-    json_object_set_new(o, "mem_limit", json_integer((json_int_t)p->mem_limit));
-    json_object_set_new(o, "threads", json_integer(p->threads));
-    json_object_set_new(o, "io_depth", json_integer(p->io_depth));
-    json_object_set_new(o, "gate_first", json_boolean(p->gate_first));
-    json_object_set_new(o, "hot_groups", h);
-    json_object_set_new(o, "gate_groups", g);
-    json_object_set_new(o, "predicted", pr);
-    char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
-    json_decref(o);
-    return s;
-}
-
-int pi2_plan_save(const pi2_plan *p, const char *model, const char *path, pi2_err *err)
-{
-    char *s = pi2_plan_json(p, model);
-    if (!s)
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory writing the plan", path);
-    pi2_afile *f;
-    int rc = pi2_afile_open(&f, path, err);
-    if (rc == 0) {
-        rc = pi2_afile_write(f, s, strlen(s), err);
-        if (rc == 0)
-            rc = pi2_afile_write(f, "\n", 1, err);
-        if (rc == 0)
-            rc = pi2_afile_commit(f, err);
-        else
-            pi2_afile_abort(f);
-    }
-    free(s);
-    return rc;
-}
-
-static int jfail(pi2_err *err, int code, const char *path, const char *key, const char *what)
-{
-    return pi2_err_set(err, code, "%s: plan.%s: %s", path, key, what);
-}
-
-static int jint_in(json_t *o, const char *key, long long lo, long long hi, long long *out, const char *path,
-                   pi2_err *err)
-{
-    json_t *v = json_object_get(o, key);
-    if (!v)
-        return jfail(err, PI2_ENOTFOUND, path, key, "missing");
-    if (!json_is_integer(v))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: plan.%s: %s, expected an integer", path, key,
-                           pi2_json_type_name(v));
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi)
-        return pi2_err_set(err, PI2_ERANGE, "%s: plan.%s: %lld is outside [%lld, %lld]", path, key, x, lo, hi);
-    *out = x;
-    return 0;
-}
-
-int pi2_plan_load(const char *path, pi2_plan *out, pi2_err *err)
-{
-    static const char *const keys[] = {"version",    "model",      "mem_limit",   "threads",   "io_depth", "gate_first",
-                                       "hot_groups", "gate_groups", "predicted", "source",    "memory"};
-    memset(out, 0, sizeof *out);
-    char *text;
-    size_t len;
-    int rc = pi2_read_file(path, 1u << 24, &text, &len, err);
-    if (rc)
-        return rc;
-    json_error_t je;
-    json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-    free(text);
-    if (!o)
-        return pi2_err_set(err, PI2_EFORMAT, "%s: not a plan: %s (line %d)", path, je.text, je.line);
-    if (!json_is_object(o)) {
-        rc = pi2_err_set(err, PI2_EFORMAT, "%s: not a plan: %s, expected an object", path, pi2_json_type_name(o));
-        json_decref(o);
-        return rc;
-    }
-    const char *k;
-    json_t *v;
-    json_object_foreach(o, k, v)
-    {
-        bool known = false;
-        for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
-            known = known || strcmp(k, keys[i]) == 0;
-        if (!known) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: plan: unknown key \"%s\"", path, k);
-            json_decref(o);
-            return rc;
-        }
-    }
-    long long ver, ml, th, dp;
-    json_t *h = json_object_get(o, "hot_groups"), *g = json_object_get(o, "gate_groups"),
-           *gf = json_object_get(o, "gate_first");
-    if ((rc = jint_in(o, "version", 1, 1, &ver, path, err)) ||
-        (rc = jint_in(o, "mem_limit", 1, INT64_MAX, &ml, path, err)) ||
-        (rc = jint_in(o, "threads", 1, 256, &th, path, err)) ||
-        (rc = jint_in(o, "io_depth", 1, 4096, &dp, path, err))) {
-        json_decref(o);
-        return rc;
-    }
-    if (!gf || !json_is_boolean(gf))
-        rc = jfail(err, gf ? PI2_EFORMAT : PI2_ENOTFOUND, path, "gate_first", gf ? "not a boolean" : "missing");
-    else if (!h || !json_is_array(h))
-        rc = jfail(err, h ? PI2_EFORMAT : PI2_ENOTFOUND, path, "hot_groups", h ? "not an array" : "missing");
-    else if (!g || !json_is_array(g) || json_array_size(g) != json_array_size(h))
-        rc = jfail(err, g ? PI2_ESHAPE : PI2_ENOTFOUND, path, "gate_groups",
-                   g ? "not an array as long as hot_groups" : "missing");
-    else if (json_array_size(h) == 0 || json_array_size(h) > (1u << 20))
-        rc = jfail(err, PI2_ESHAPE, path, "hot_groups", "empty or too long");
-    if (rc == 0 && (rc = pi2_plan_alloc(out, (uint32_t)json_array_size(h), err)) == 0) {
-        out->mem_limit = (uint64_t)ml;
-        out->threads = (int)th;
-        out->io_depth = (int)dp;
-        out->gate_first = json_is_true(gf);
-        for (uint32_t i = 0; rc == 0 && i < out->n_ffn; i++) {
-            json_t *a = json_array_get(h, i), *b = json_array_get(g, i);
-            if (!json_is_integer(a) || !json_is_integer(b) || json_integer_value(a) < 0 ||
-                json_integer_value(b) < json_integer_value(a) || json_integer_value(b) > UINT32_MAX)
-                rc = pi2_err_set(err, PI2_ERANGE,
-                                 "%s: plan.hot_groups[%u] / gate_groups[%u]: want integers 0 <= hot <= gate", path,
-                                 i, i);
-            else {
-                out->hot_groups[i] = (uint32_t)json_integer_value(a);
-                out->gate_groups[i] = (uint32_t)json_integer_value(b);
-            }
-        }
-        json_t *pr = json_object_get(o, "predicted");
-        if (rc == 0 && pr && json_is_object(pr)) {
-            json_t *x;
-            if ((x = json_object_get(pr, "decode_tok_s")) && json_is_number(x))
-                out->pred.decode_tok_s = json_number_value(x);
-            if ((x = json_object_get(pr, "decode_ms")) && json_is_number(x))
-                out->pred.decode_ms = json_number_value(x);
-            if ((x = json_object_get(pr, "prefill_tok_s")) && json_is_number(x))
-                out->pred.prefill_tok_s = json_number_value(x);
-        }
-        if (rc)
-            pi2_plan_free(out);
-    }
-    json_decref(o);
-    return rc;
 }

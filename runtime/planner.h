@@ -26,9 +26,8 @@
  * G >= H groups) leaves the reads of the groups past it; each neuron is
  * selected with its sampled frequency, independently (the bundle grouped
  * neurons on these very samples, so their joint counts overstate how many
- * neurons share a read on new text: 2.1 in-sample vs 1.1 measured on the
- * generated 7B-shaped model). The LRU cache is left out: plans leave it
- * at its smallest, where it adds little.
+ * neurons share a read on new text; runtime/PERF.md, Planner). The LRU
+ * cache is left out: plans leave it at its smallest, where it adds little.
  *
  * ---- Cost model (pi2_plan_predict) ----
  * Per decode token, per layer l (FFN f), with t compute threads, depth d:
@@ -48,22 +47,17 @@
  *         that hides under the other: nearly all of it when the other is
  *         much longer, 59% when the two are equal (a layer's missing
  *         parts are read only once its predictor has run, and the layer
- *         ends with its last read's rows; min(X, Y) here predicted 1
- *         compute thread 25-34% fast at 75% offloaded on both generated
- *         models, this within 10%);
+ *         ends with its last read's rows; hiding all of the shorter,
+ *         min(X, Y), predicted 1 compute thread too fast: PERF.md);
  *         IO_l with the learned read-ahead reads (extra x cold share, one
  *         neuron each), overlap(t) the hardware profile's when the I/O
  *         thread has a core of its own (t < cores; the profile places its
- *         reader so too), else 0: on 2 cores, 2 compute threads and the
- *         I/O thread hid 8% of the compute at 50% offloaded; A_l the
- *         compute the reads can hide under: all of C_l (the read-ahead's
- *         reads fly during the attention, the missing parts' during the
- *         predictor and the held parts' rows, and each missing part is
- *         computed as its read lands while the others fly). On the
- *         generated 7B-shaped model 1 compute thread with the reader on the
- *         other core hid nearly all reads at 50% offloaded, and at 75-90%
- *         decoded within 10% of its read time and 12-18% faster than 2
- *         threads
+ *         reader so too), else 0 (with the I/O thread sharing the cores,
+ *         little of either hides: PERF.md); A_l the compute the reads can
+ *         hide under: all of C_l (the read-ahead's reads fly during the
+ *         attention, the missing parts' during the predictor and the held
+ *         parts' rows, and each missing part is computed as its read lands
+ *         while the others fly)
  * Every FFN's time counts w_f times per token: 1 on dense models; on MoE
  * ones top-k x the expert's routing share from the profile (route_share;
  * top-k / experts when the profile has none), with the layer's attention
@@ -82,11 +76,10 @@
  * Decision variables: per FFN H (hot groups) and G (two-phase: groups whose
  * gate part is also kept, G >= H; searched only with gate_only: the cost
  * model prices an 8 KiB up+down read at the disk's 8 KiB rate, about half
- * a 24 KiB one, and so favours gate-only groups, but runs with them on the
- * generated 7B-shaped model were 5-14% slower at 25-50% offloaded: the
- * engine pays a read about the same whatever its size (its I/O thread's
- * CPU), and a fired neuron's up+down costs a second round; given plans can
- * still use them), compute threads t in 1..threads, I/O
+ * a 24 KiB one, and so favours gate-only groups, but runs with them were
+ * slower (PERF.md): the engine pays a read about the same whatever its size
+ * (its I/O thread's CPU), and a fired neuron's up+down costs a second
+ * round; given plans can still use them), compute threads t in 1..threads, I/O
  * depth d in {16, 32, 64, 128}, gate-first (two-phase). For each (t, d,
  * gate-first) the per-layer choices are discretised in steps of
  * ceil(groups / 48) groups and solved exactly as a multiple-choice knapsack
@@ -94,11 +87,10 @@
  * minimise sum_l t_l subject to sum of hot memory <= the FFN budget
  * (mem_limit minus resident, KV, buffers, overhead and the smallest neuron
  * cache). The best (t, d, gate-first) wins, unless it is predicted less
- * than min_gain (8%) faster than the fixed split (equal hot slots, all threads, depth
- * 64, up+down read with a missing gate), which is then kept: the model's
- * error is larger than such differences (on the generated 1B- and
- * 7B-shaped models, plans predicted 3-7% faster than the fixed split
- * measured 0.95-1.07 of it; those predicted 17-33% faster, 1.06-1.22). A memory limit that holds
+ * than min_gain (8%) faster than the fixed split (pi2_plan_fixed: equal hot
+ * slots, all threads, depth 64, up+down read with a missing gate), which is
+ * then kept: the model's error is larger than such differences (PERF.md,
+ * Planner). A memory limit that holds
  * every FFN payload puts everything hot. With min_speed > 0 a plan slower
  * than it is PI2_ERANGE "infeasible", naming the best speed and the memory
  * that would reach min_speed (or that none does). The search is exact for
@@ -111,7 +103,7 @@
  *   "predicted": { "decode_tok_s", "decode_ms", "prefill_tok_s",
  *                  "compute_ms", "io_ms", "head_ms", "reads_per_token",
  *                  "mb_per_token", "hit_rate", "hot_mb", "offloaded" } }
- * pi2-run --plan-only adds "source" and "memory" (the memory plan), which
+ * pi2-run plan adds "source" and "memory" (the memory plan), which
  * load accepts and ignores. Load checks keys, types and ranges (hot_groups[i] <= groups, gate_groups
  * in [hot_groups, groups]); the engine checks the plan fits the model and
  * the memory limit.
@@ -145,21 +137,18 @@ typedef struct pi2_mprof_ffn {
 /* What static profiles cannot know, learned from this model's own runs on
  * this machine (pi2_plan_cal_update):
  *   compute  a factor on the model's compute time per thread count (k_c):
- *            dispatch, imbalance and per-layer work the kernel figures miss
- *            (1.0-1.3 on the generated 7B-shaped model, 2 threads);
+ *            dispatch, imbalance and per-layer work the kernel figures miss;
  *   reads    a factor on the modelled read time per thread count (k_io):
- *            this VM's disk reads at 0.3-3x the rates the profile measured
- *            minutes earlier, and the I/O thread sharing a core with a
- *            compute thread reads slower than on a core of its own;
+ *            a disk's rates drift from those the profile measured, and the
+ *            I/O thread sharing a core with a compute thread reads slower
+ *            than on a core of its own;
  *            a thread count run little or not yet leans on (takes) the mean
  *            over all thread counts of each factor;
  *   extra    reads per token per FFN, at a cold share of 1, of neurons the
  *            read-ahead fetched (predicted from the residual before
- *            attention) that the FFN then did not select. Measured on the
- *            generated 7B-shaped model at 25/50/75% offloaded, the reads
- *            beyond the model's were 2.7K, 3.8K and 3.1K per token per unit
- *            of cold share: mispredictions spread over all neurons, so they
- *            scale with the cold share (0 until learned).
+ *            attention) that the FFN then did not select: mispredictions
+ *            spread over all neurons, so they scale with the cold share
+ *            (0 until learned; the figures are in PERF.md).
  * Each run gives k_c (with k_io as learned so far) and k_io (with k_c so
  * far) from T = k_c C + k_io IO - overlap hide(k_c A, k_io IO), each
  * weighed by how much it moves the run's time, so runs mostly in memory
@@ -255,9 +244,17 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
  * min_speed is infeasible (message says why). */
 int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem *mem, const pi2_plan_opts *o,
                    pi2_plan *out, pi2_err *err);
-/* The fixed split the engine uses without a plan, as a plan. */
-int pi2_plan_fixed(const pi2_mprof *mp, const pi2_plan_mem *mem, uint64_t mem_limit, int threads, pi2_plan *out,
-                   pi2_err *err);
+/* The fixed split, run without a plan: what the limit leaves past the
+ * fixed costs at io_depth holds every FFN whole when it can; else
+ * hot_share (outside [0, 1]: 0.5) of what the smallest caches leave is
+ * shared equally between the FFNs, each keeping its first whole groups of
+ * neurons hot (gates included: gate groups = hot groups). The plan runs
+ * threads compute threads at io_depth, gate-first as given (two-phase
+ * models only). PI2_ENOMEM when the limit cannot hold the fixed costs and
+ * the smallest caches. The solver compares its plans with this split at
+ * hot_share 1, depth 64, no gate-first. */
+int pi2_plan_fixed(const pi2_mprof *mp, const pi2_plan_mem *mem, uint64_t mem_limit, int threads, int io_depth,
+                   double hot_share, bool gate_first, pi2_plan *out, pi2_err *err);
 
 void pi2_plan_cal_defaults(pi2_plan_cal *c);
 /* Fold one run of plan p (its predictions filled) into c: measured decode
@@ -270,6 +267,104 @@ void pi2_plan_cal_update(pi2_plan_cal *c, const pi2_plan *p, double tok_s, doubl
  * for a bad one. */
 int pi2_plan_cal_save(const pi2_plan_cal *c, const char *path, pi2_err *err);
 int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err);
+
+/* ---- Memory model (pi2_plan_memory_make) ----
+ * The offloading engine's footprint at a memory limit (runtime/offload/
+ * offload.h), from what the container says and the run's options alone:
+ * the engine plans with it before it allocates anything, pi2-run plan
+ * without opening an engine. Fixed costs:
+ *   resident  the resident region less the f32 predictors given back once
+ *             their Q8 copy is made (pi2_plan_resident);
+ *   kv        the KV cache for ctx positions, and each thread's attention
+ *             scores;
+ *   buffers   the engine's and the offloader's (pi2_engine_buffer_sizes:
+ *             the same function sizes their allocations), with the read
+ *             staging at the I/O depth, and the neuron caches' indexes;
+ *   overhead  PI2_PLAN_OVERHEAD, plus 1/PI2_PLAN_KERNEL_SHARE of what the
+ *             run can use (the limit, or everything in memory when that
+ *             is less): page tables and kernel memory charged with it.
+ * Past them: the smallest neuron cache (an eighth of an FFN's neurons, at
+ * least a decode chunk, per cache kind); `minimum` is the smallest limit
+ * holding all that, its own kernel share included. The rest goes to the
+ * hot segment and the cache: a plan given in the options (checked against
+ * the model, the threads and the reader's depth), else the solver's with
+ * a hardware profile (unless fixed_split), else the fixed split
+ * (pi2_plan_fixed at the options' hot_share, io_depth and gate_first;
+ * predicted when a hardware profile is given). The cache gets what the
+ * hot segment leaves: the smallest cache of each kind, the rest split
+ * 1 : 2 between gates and up+down on two-phase layouts (R : 2R a neuron),
+ * never more slots than neurons. */
+#define PI2_PLAN_OVERHEAD (32ull << 20) /* code, stacks, allocator slack */
+#define PI2_PLAN_KERNEL_SHARE 256
+
+struct pi2_offload_opts;
+
+/* What the engine holds besides the weights and the KV cache, as a
+ * function of the model's shape and the thread count: filled by
+ * pi2_engine_buffer_sizes (runtime/engine.h), which the engine and the
+ * offloader size their allocations with. */
+typedef struct pi2_plan_bufs {
+    uint64_t engine;        /* activations, thread scratch, row tables, predictor copies */
+    uint64_t offload;       /* the offloader's own at I/O depth 0 ... */
+    uint64_t per_depth;     /* ... plus this per read in flight */
+    uint64_t slot_bytes[2]; /* a neuron cache slot with its record: gates (whole neurons on one-phase
+                               layouts), up+down */
+    uint64_t per_pos;       /* bytes per KV position: the cache and each thread's attention scores */
+    uint32_t chunk;         /* neurons per decode chunk */
+} pi2_plan_bufs;
+
+typedef struct pi2_plan_mem_in {
+    const pi2_manifest *mf;
+    const pi2_bundle_layout *bl;
+    const char *name;               /* the container, for messages */
+    const uint8_t *base;            /* file offset 0 of (at least) the resident region: the profile the */
+    uint64_t base_len;              /* solver reads (pi2_mprof_build) */
+    uint64_t resident;              /* pi2_plan_resident */
+    pi2_plan_bufs bufs;             /* pi2_engine_buffer_sizes at `threads` */
+    int ctx;                        /* KV positions */
+    int threads;                    /* compute threads asked for (a plan may run fewer) */
+    int cores;                      /* online CPUs (0: unknown) */
+    const struct pi2_offload_opts *opts;
+} pi2_plan_mem_in;
+
+typedef struct pi2_plan_memory {
+    uint64_t mem_limit;
+    uint64_t resident, kv, buffers, overhead; /* the fixed costs, buffers with the read staging at the
+                                                 options' I/O depth (as the minimum) */
+    uint64_t fixed;                /* their sum, the staging at the plan's depth */
+    uint64_t ffn_total;            /* FFN payload bytes */
+    uint64_t index;                /* of buffers: the caches' indexes */
+    uint64_t min_cache, minimum;
+    pi2_plan_mem solver;           /* what the solver saw */
+    int ring_depth;                /* reads the reader must hold (the plan may pick up to it) */
+    pi2_plan plan;                 /* hot and gate groups per FFN, threads, I/O depth, gate-first */
+    bool predicted;                /* the plan is one to show: given, made by the solver, or the fixed
+                                      split predicted with a hardware profile */
+    const char *source;            /* "planned", "planned: the fixed split (no clear gain)", "given",
+                                      "fixed split" */
+    uint64_t hot, gate_hot;        /* bytes kept in memory (whole slots and gate parts), of them gate parts */
+    uint32_t slots[2];             /* cache slots of each kind (slot_bytes of pi2_plan_bufs) */
+    uint64_t cache;                /* their bytes */
+    uint64_t planned;              /* fixed + hot + cache (<= mem_limit) */
+    double offloaded;              /* share of FFN payload bytes not kept */
+} pi2_plan_memory;
+
+/* Resident bytes an offloading run keeps: the file before its first FFN
+ * member, less the whole pages (of page bytes) of the f32 predictors it
+ * gives back once quantized (predictor models). 0 for an inconsistent
+ * manifest. */
+uint64_t pi2_plan_resident(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t page);
+/* The memory plan at opts->mem_limit (> 0) into *out (pi2_plan_memory_free).
+ * PI2_ENOMEM when the limit is below the minimum or a given plan does not
+ * fit, PI2_ESHAPE / PI2_ERANGE for a given plan that does not fit the model
+ * or the run, PI2_ERANGE for an infeasible min_speed, PI2_EUNSUPPORTED for
+ * FFNs of different geometry; messages name the container. */
+int pi2_plan_memory_make(const pi2_plan_mem_in *in, pi2_plan_memory *out, pi2_err *err);
+/* NULL is a no-op. */
+void pi2_plan_memory_free(pi2_plan_memory *m);
+/* I/O depth the reader must hold for these options: a plan picks up to
+ * 128 (or a given plan's deeper one). */
+int pi2_plan_ring_depth(const struct pi2_offload_opts *o);
 
 int pi2_plan_save(const pi2_plan *p, const char *model, const char *path, pi2_err *err);
 int pi2_plan_load(const char *path, pi2_plan *out, pi2_err *err);

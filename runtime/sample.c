@@ -19,11 +19,11 @@ int pi2_sampler_create(pi2_sampler **out, int vocab, const pi2_sample_opts *o, p
     if (vocab <= 0)
         return pi2_err_set(err, PI2_EINVAL, "sampler: vocabulary size %d must be positive", vocab);
     if (!(o->temperature >= 0.0f) || !isfinite(o->temperature))
-        return pi2_err_set(err, PI2_EINVAL, "--temp %g: must be a finite number >= 0", (double)o->temperature);
+        return pi2_err_set(err, PI2_EINVAL, "sampler: temperature %g must be a finite number >= 0", (double)o->temperature);
     if (o->top_k < 0)
-        return pi2_err_set(err, PI2_EINVAL, "--top-k %d: must be >= 0 (0 = no limit)", o->top_k);
+        return pi2_err_set(err, PI2_EINVAL, "sampler: top-k %d must be >= 0 (0 = no limit)", o->top_k);
     if (!(o->top_p > 0.0f && o->top_p <= 1.0f))
-        return pi2_err_set(err, PI2_EINVAL, "--top-p %g: must be in (0, 1]", (double)o->top_p);
+        return pi2_err_set(err, PI2_EINVAL, "sampler: top-p %g must be in (0, 1]", (double)o->top_p);
     pi2_sampler *s = calloc(1, sizeof *s);
     if (!s)
         return pi2_err_set(err, PI2_ENOMEM, "sampler: out of memory");

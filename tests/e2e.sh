@@ -251,6 +251,26 @@ expect_error "run offload too long" "context" "$B/pi2-run" "$T/b.pi2" --pubkey "
 cp "$T/b.pi2" "$T/bt.pi2"
 flip_byte "$T/bt.pi2" $(($(member_off "$T/bt.pi2" ffn/1.0) + 100))
 expect_error "run offload tampered ffn" "ffn/1.0" "$B/pi2-run" "$T/bt.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 4G
+# plan: from the container, no engine opened: no FFN payload is read (the
+# tampered one plans as the original), the resident members are still checked
+"$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 4G >"$T/p1.json" 2>"$T/err" \
+    && "$B/pi2-run" plan "$T/bt.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 4G 2>"$T/err" | sed 's/bt\.pi2/b.pi2/g' >"$T/p2.json" \
+    && grep -q '"source":"fixed split"' "$T/p1.json" && cmp -s "$T/p1.json" "$T/p2.json" && ok \
+    || { bad "plan: a tampered FFN payload is not read"; cat "$T/p1.json" "$T/p2.json" "$T/err"; }
+cp "$T/b.pi2" "$T/bt.pi2"
+flip_byte "$T/bt.pi2" $(($(member_off "$T/bt.pi2" tokenizer.json) + 10))
+expect_error "plan: tampered resident member" "tokenizer.json" "$B/pi2-run" plan "$T/bt.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 4G
+expect_error "plan: signed, no key" "--pubkey" "$B/pi2-run" plan "$T/b.pi2" -p hi --mem-limit 4G
+expect_error "plan: limit below the minimum" "the memory limit of 1 MB cannot hold" "$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1M
+# the fixed split follows --hot-share and --io-depth: less hot at a smaller share, the depth as asked
+pmin=$("$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1T --io-depth 8 2>/dev/null | jget minimum_bytes)
+for hs in 0 1; do
+    "$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit "$((${pmin:-0} + 40000))" --hot-share $hs \
+        --io-depth 8 >"$T/p3-$hs.json" 2>"$T/err" || cat "$T/err"
+done
+[ "$(jget hot_bytes <"$T/p3-0.json")" = 0 ] && [ "$(jget hot_bytes <"$T/p3-1.json")" -gt 0 ] \
+    && grep -q '"io_depth":8}' "$T/p3-0.json" && ok \
+    || { bad "plan: the fixed split at --hot-share 0 and 1, --io-depth 8"; cat "$T/p3-0.json" "$T/p3-1.json"; }
 
 # --- mixture of experts, as a user runs it: a small TurboSparse-Mixtral-shaped
 # model with its predictors shipped, converted (imported), bundled, run in
@@ -482,6 +502,10 @@ sed 's/"hot_groups":\[/"hot_groups":[99999,/' "$T/plan.json" >"$T/badplan.json"
 # shellcheck disable=SC2086
 expect_error "plan for another model" "FFN\|gate_groups" "$B/pi2-run" "$T/b.pi2" $P --mem-limit "$lim" -p hi \
     --plan "$T/badplan.json"
+sed 's/"threads":[0-9]*/"threads":2/' "$T/plan.json" >"$T/plan2t.json"
+# shellcheck disable=SC2086
+expect_error "plan with more threads than asked" "more than the 1 asked for" "$B/pi2-run" plan "$T/b.pi2" $P \
+    --mem-limit "$lim" -p hi --plan "$T/plan2t.json"
 printf 'not json' >"$T/badhw.json"
 expect_error "plan corrupt hardware profile" "badhw.json" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" \
     --hw-profile "$T/badhw.json" --mem-limit "$lim" -p hi

@@ -5,21 +5,29 @@
  * one more read in a batch never takes less time, a plan marked as the
  * fixed split is it);
  * infeasible minimum speeds and limits; plan JSON round trip and hostile
- * plan files. Engine runs of plans are in test_offload. */
+ * plan files; the memory model made from a container alone gives the
+ * numbers an opened engine runs with (the fixed split at several limits,
+ * hot shares, depths; a given plan; the minimum). Engine runs of plans are
+ * in test_offload. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 
 #include <cmocka.h>
 
+#include "bundle/bundle.h"
+#include "convert/synth.h"
+#include "runtime/engine.h"
 #include "runtime/planner.h"
 #include "tests/testhw.h"
+#include "tests/testmodel.h"
 #include "tests/testutil.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { NF = 3, GROUPS = 6, GROUP = 2 };
 
@@ -337,7 +345,7 @@ static void test_cost_model(void **state)
         o.threads = 2;
         if (frac >= 8)
             o.min_gain = 0; /* the exact optimum: the solver's own plans */
-        assert_int_equal(pi2_plan_fixed(&mp, &MEM, limit, 2, &f, &e), 0);
+        assert_int_equal(pi2_plan_fixed(&mp, &MEM, limit, 2, 64, 1.0, false, &f, &e), 0);
         pi2_plan_predict(&mp, &hw, &f, 128);
         assert_int_equal(pi2_plan_solve(&mp, &hw, &MEM, &o, &s, &e), 0);
         assert_true(s.pred.decode_ms <= f.pred.decode_ms * (1 + 1e-12));
@@ -617,6 +625,163 @@ static void test_plan_json(void **state)
     pi2t_rmtree(dir);
 }
 
+/* ---- the memory model against an opened engine ---- */
+
+enum { MEM_THREADS = 2, MEM_CTX = 48 };
+
+static void mem_opts(pi2_engine_opts *o, const char *path, const pi2_sign_key *pub, uint64_t limit)
+{
+    pi2_engine_defaults(o);
+    o->path = path;
+    o->pubkey = pub;
+    o->threads = MEM_THREADS;
+    o->ctx = MEM_CTX;
+    o->offload.mem_limit = limit;
+}
+
+/* The memory plan for o, from the container alone. */
+static int plan_of(const pi2_engine_opts *o, pi2_plan_memory *m, pi2_err *e)
+{
+    pi2_bundle *b = NULL;
+    pi2_bundle_open_opts bo = {.pubkey = o->pubkey};
+    int rc = pi2_bundle_open(&b, o->path, &bo, e);
+    if (rc)
+        return rc;
+    const pi2_manifest *mf = pi2_bundle_manifest(b);
+    const pi2_bundle_layout *bl = pi2_bundle_layout_get(b);
+    const pi2_ctr *c = pi2_bundle_container(b);
+    uint64_t end = UINT64_MAX;
+    for (size_t i = 0; i < bl->n_ffn; i++) {
+        uint64_t off = pi2_ctr_find(c, bl->ffn[i].ffn)->offset;
+        end = off < end ? off : end;
+    }
+    const pi2_ctr_member *m0 = pi2_ctr_at(c, 0);
+    pi2_plan_mem_in in = {.mf = mf, .bl = bl, .name = o->path, .base = m0->data - m0->offset, .base_len = end,
+                          .resident = pi2_plan_resident(mf, bl, (uint64_t)sysconf(_SC_PAGESIZE)), .ctx = MEM_CTX,
+                          .threads = MEM_THREADS, .cores = (int)sysconf(_SC_NPROCESSORS_ONLN), .opts = &o->offload};
+    if ((rc = pi2_engine_buffer_sizes(mf, bl, MEM_THREADS, &in.bufs, e)) == 0)
+        rc = pi2_plan_memory_make(&in, m, e);
+    pi2_bundle_close(b);
+    return rc;
+}
+
+/* The engine opened with o runs the memory plan made from the container. */
+static void agrees(const pi2_engine_opts *o)
+{
+    pi2_plan_memory m;
+    pi2_err e = {0};
+    if (plan_of(o, &m, &e))
+        fail_msg("plan at %llu (depth %d, share %.1f, %s): %s", (unsigned long long)o->offload.mem_limit,
+                 o->offload.io_depth, o->offload.hot_share,
+                 o->offload.hw ? (o->offload.fixed_split ? "fixed, predicted" : "solver") : "fixed", e.msg);
+    pi2_engine *eng = NULL;
+    if (pi2_engine_open(&eng, o, &e))
+        fail_msg("open at %llu: %s", (unsigned long long)o->offload.mem_limit, e.msg);
+    pi2_engine_offload_info in;
+    pi2_engine_offload_info_get(eng, &in);
+    assert_true(in.on);
+    assert_true(in.minimum == m.minimum && in.resident == m.resident && in.kv == m.kv);
+    assert_true(in.buffers == m.buffers && in.overhead == m.overhead && in.ffn_total == m.ffn_total);
+    assert_true(in.hot == m.hot && in.gate_hot == m.gate_hot && in.cache_slots == m.slots[0] + m.slots[1]);
+    /* the caches as allocated: their slot records take at most what the plan reserves */
+    assert_true(in.cache <= m.cache && in.planned == m.planned - (m.cache - in.cache));
+    assert_true(in.offloaded == m.offloaded && m.planned <= m.mem_limit);
+    assert_int_equal(in.io_depth, m.plan.io_depth);
+    assert_int_equal(in.threads, m.plan.threads);
+    assert_int_equal(pi2_engine_threads(eng), m.plan.threads);
+    assert_true(in.gate_first == m.plan.gate_first);
+    assert_string_equal(in.plan_source, m.source);
+    assert_true((in.plan != NULL) == m.predicted);
+    if (in.plan) {
+        assert_memory_equal(in.plan->hot_groups, m.plan.hot_groups, m.plan.n_ffn * sizeof(uint32_t));
+        assert_memory_equal(in.plan->gate_groups, m.plan.gate_groups, m.plan.n_ffn * sizeof(uint32_t));
+        assert_true(in.plan->pred.decode_ms == m.plan.pred.decode_ms);
+    }
+    pi2_engine_close(eng);
+    pi2_plan_memory_free(&m);
+}
+
+static void test_memory_model(void **state)
+{
+    (void)state;
+    char dir[64], priv[128], pub[128], src[160], path[2][1200];
+    pi2_err e = {0};
+    pi2_sign_key *key = NULL, *pk = NULL;
+    pi2t_tmpdir(dir, sizeof dir);
+    snprintf(priv, sizeof priv, "%s/k.pem", dir);
+    snprintf(pub, sizeof pub, "%s/k.pub", dir);
+    assert_int_equal(pi2_sign_keygen(priv, pub, &e), 0);
+    assert_int_equal(pi2_sign_key_load_private(&key, priv, &e), 0);
+    assert_int_equal(pi2_sign_key_load_public(&pk, pub, &e), 0);
+    for (int k = 0; k < 2; k++) { /* dReLU (two-phase) with predictors; MoE */
+        pi2_synth_opts so;
+        assert_int_equal(pi2_synth_preset(k == 0 ? "tiny" : "moe", &so, &e), 0);
+        so.threads = 1;
+        so.predictors = true;
+        so.desc.n_layers = 2;
+        if (k == 1) {
+            so.desc.hidden = 128;
+            so.desc.n_ff = 256;
+            so.desc.n_experts = 4;
+            so.desc.n_experts_used = 2;
+        }
+        snprintf(src, sizeof src, "%s/m%d", dir, k);
+        if (pi2_synth_write(src, &so, NULL, NULL, &e) ||
+            pi2t_convert_bundle(src, dir, k == 0 ? "drelu" : "moe", PI2_QT_Q4, 4096, key, path[k], sizeof path[k], &e))
+            fail_msg("model %d: %s", k, e.msg);
+    }
+    pi2_hwprof hw;
+    pi2t_fake_hw(&hw, MEM_THREADS);
+    for (int k = 0; k < 2; k++) {
+        pi2_engine_opts o;
+        pi2_plan_memory m;
+        uint64_t minimum[3], ffn = 0;
+        int depths[3] = {1, 64, 200};
+        for (int di = 0; di < 3; di++) { /* the minimum at each depth (its read staging) */
+            mem_opts(&o, path[k], pk, 1ull << 40);
+            o.offload.io_depth = depths[di];
+            assert_int_equal(plan_of(&o, &m, &e), 0);
+            minimum[di] = m.minimum;
+            ffn = m.ffn_total;
+            assert_true(m.hot == ffn && m.offloaded == 0.0);
+            pi2_plan_memory_free(&m);
+        }
+        assert_true(minimum[0] < minimum[1] && minimum[1] < minimum[2]);
+        /* the minimum opens; a byte less is refused, naming the limit and not a flag */
+        mem_opts(&o, path[k], pk, minimum[1] - 1);
+        pi2_engine *eng = NULL;
+        pi2_err_clear(&e);
+        assert_int_equal(pi2_engine_open(&eng, &o, &e), PI2_ENOMEM);
+        assert_non_null(strstr(e.msg, "the memory limit"));
+        assert_null(strstr(e.msg, "--"));
+        assert_true(e.msg[0] != 0); /* the same limit passes at a shallower depth */
+        mem_opts(&o, path[k], pk, minimum[1] - 1);
+        o.offload.io_depth = 1;
+        agrees(&o);
+        double shares[4] = {0.0, 0.3, 0.5, 1.0};
+        for (int step = 0; step < 5; step++)
+            for (int si = 0; si < 4; si++) {
+                int di = (step + si) % 3;
+                mem_opts(&o, path[k], pk, minimum[di] + ffn * (uint64_t)step / 4);
+                o.offload.hot_share = shares[si];
+                o.offload.io_depth = depths[di];
+                o.offload.gate_first = si == 2;
+                agrees(&o);
+                if (si == 1) { /* the fixed split predicted, and the solver's plan */
+                    o.offload.hw = &hw;
+                    o.offload.fixed_split = true;
+                    agrees(&o);
+                    o.offload.fixed_split = false;
+                    if (depths[di] > 1) /* the solver's shallowest is 16: the minimum at depth 1 is too little */
+                        agrees(&o);
+                }
+            }
+    }
+    pi2_sign_key_free(key);
+    pi2_sign_key_free(pk);
+    pi2t_rmtree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -624,6 +789,7 @@ int main(void)
         cmocka_unit_test(test_moe_routing),
         cmocka_unit_test(test_cost_model),       cmocka_unit_test(test_infeasible),
         cmocka_unit_test(test_calibration),      cmocka_unit_test(test_plan_json),
+        cmocka_unit_test(test_memory_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -64,7 +64,7 @@ static void test_bad_options(void **state)
     pi2_err err = {0};
     pi2_sample_opts o = {-1, 0, 1, 0};
     assert_int_equal(pi2_sampler_create(&s, 4, &o, &err), PI2_EINVAL);
-    assert_non_null(strstr(err.msg, "--temp"));
+    assert_non_null(strstr(err.msg, "temperature"));
     o = (pi2_sample_opts){1, -1, 1, 0};
     assert_int_equal(pi2_sampler_create(&s, 4, &o, NULL), PI2_EINVAL);
     o = (pi2_sample_opts){1, 0, 0, 0};

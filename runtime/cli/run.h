@@ -68,7 +68,24 @@ int generate_loop(const run_opts *o, const pi2_model_desc *d, const pi2_tok *tok
 
 /* run_engine.c */
 int load_hw(const run_opts *o, pi2_hwprof **out, pi2_err *err);
+/* The engine's options for a run with ctx positions, and what they point
+ * to (the key, the hardware profile, a given plan; the model's calibration
+ * lives in o->st): freed with run_engine_opts_free. */
+typedef struct run_engine_opts {
+    pi2_engine_opts eo;
+    pi2_sign_key *key;
+    pi2_hwprof *hw;
+    pi2_plan plan;
+} run_engine_opts;
+int run_opts_engine(const run_opts *o, int ctx, run_engine_opts *r, pi2_err *err);
+void run_engine_opts_free(run_engine_opts *r);
+/* The flag that fixes a refused container (a key, --trust-unsigned), by
+ * error code: err rewritten to name it. */
+void run_flag_hint(const run_opts *o, bool have_key, int rc, pi2_err *err);
 int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err);
+/* After pi2_engine_set_ctx(ctx) failed with rc: name --ctx when the memory
+ * plan is what refused it. */
+void run_ctx_hint(const run_opts *o, int rc, int ctx, pi2_err *err);
 void learn(const run_opts *o, pi2_engine *e, double tok_s, size_t tokens);
 uint64_t reads_so_far(const pi2_engine *e);
 void reads_pcts(double *v, size_t n, double out[3]);

@@ -34,8 +34,10 @@ int run_bench(const run_opts *o)
                          pi2_desc_max_ctx(d));
         goto out;
     }
-    if (pi2_engine_ctx(e) < pp + tg && (rc = pi2_engine_set_ctx(e, pp + tg, &err)) != 0)
+    if (pi2_engine_ctx(e) < pp + tg && (rc = pi2_engine_set_ctx(e, pp + tg, &err)) != 0) {
+        run_ctx_hint(o, rc, pp + tg, &err);
         goto out;
+    }
     const pi2_tok *tok = pi2_engine_tokenizer(e);
     if ((rc = pi2_tok_encode(tok, bench_text, strlen(bench_text), &ids, &n_ids, &err)) != 0)
         goto out;
@@ -161,8 +163,10 @@ int run_ppl(const run_opts *o)
     const pi2_model_desc *d = pi2_engine_desc(e);
     if (o->ctx == 0) {
         long long want = o->ppl_tokens + 1 < pi2_desc_max_ctx(d) ? o->ppl_tokens + 1 : pi2_desc_max_ctx(d);
-        if ((rc = pi2_engine_set_ctx(e, (int)want, &err)) != 0)
+        if ((rc = pi2_engine_set_ctx(e, (int)want, &err)) != 0) {
+            run_ctx_hint(o, rc, (int)want, &err);
             goto out;
+        }
     }
     const pi2_tok *tok = pi2_engine_tokenizer(e);
     if ((rc = pi2_tok_encode(tok, text, len, &ids, &n_ids, &err)) != 0)

@@ -137,7 +137,7 @@ static int container_signed(const char *path)
 /* The library says what is wrong with a refused container; the flag that
  * fixes it is the tool's to name. Chosen from the error code and what the
  * container is (signed or not), never from the message's wording. */
-static void flag_hint(const run_opts *o, bool have_key, int rc, pi2_err *err)
+void run_flag_hint(const run_opts *o, bool have_key, int rc, pi2_err *err)
 {
     int s = (rc == PI2_EINVAL && !have_key) || (rc == PI2_ESIG && !o->trust_unsigned) ? container_signed(o->model) : -1;
     pi2_err fresh = {0};
@@ -152,61 +152,84 @@ static void flag_hint(const run_opts *o, bool have_key, int rc, pi2_err *err)
                     o->model);
 }
 
-int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
+int run_opts_engine(const run_opts *o, int ctx, run_engine_opts *r, pi2_err *err)
 {
-    pi2_sign_key *key = NULL;
+    memset(r, 0, sizeof *r);
     char where[4096] = "";
-    int rc = load_pubkey(o, &key, where, sizeof where, err);
+    int rc = load_pubkey(o, &r->key, where, sizeof where, err);
     if (rc)
         return rc;
-    pi2_engine_opts eo;
-    pi2_engine_defaults(&eo);
-    eo.path = o->model;
-    eo.pubkey = key;
-    eo.trust_unsigned = o->trust_unsigned;
-    eo.verify_ffn = o->verify_ffn;
-    eo.threads = o->threads;
-    eo.ctx = ctx;
-    eo.dense = o->dense;
-    eo.offload.mem_limit = o->mem_limit;
-    eo.offload.hot_share = o->hot_share;
-    eo.offload.io_backend = o->io_backend;
-    eo.offload.io_depth = o->io_depth;
-    eo.offload.lock_hot = !o->no_mlock;
-    eo.offload.gate_first = o->gate_first;
-    eo.offload.no_read_ahead = o->no_read_ahead;
-    eo.offload.plan_only = o->plan_only;
-    pi2_hwprof *hw = NULL;
-    pi2_plan plan = {0};
+    pi2_engine_opts *eo = &r->eo;
+    pi2_engine_defaults(eo);
+    eo->path = o->model;
+    eo->pubkey = r->key;
+    eo->trust_unsigned = o->trust_unsigned;
+    eo->verify_ffn = o->verify_ffn;
+    eo->threads = o->threads;
+    eo->ctx = ctx;
+    eo->dense = o->dense;
+    eo->offload.mem_limit = o->mem_limit;
+    eo->offload.hot_share = o->hot_share;
+    eo->offload.io_backend = o->io_backend;
+    eo->offload.io_depth = o->io_depth;
+    eo->offload.lock_hot = !o->no_mlock;
+    eo->offload.gate_first = o->gate_first;
+    eo->offload.no_read_ahead = o->no_read_ahead;
     if (o->mem_limit) {
-        eo.offload.fixed_split = o->no_plan;
-        eo.offload.min_speed = o->min_speed;
-        eo.offload.plan_prompt = ctx > 0 ? ctx : 0;
-        if (o->plan_file && (rc = pi2_plan_load(o->plan_file, &plan, err)) == 0)
-            eo.offload.plan = &plan;
-        if (rc == 0 && (rc = load_hw(o, &hw, err)) == 0)
-            eo.offload.hw = hw;
-        if (rc == 0 && hw && cal_path(o, o->st->cal_path, sizeof o->st->cal_path)) {
+        eo->offload.fixed_split = o->no_plan;
+        eo->offload.min_speed = o->min_speed;
+        eo->offload.plan_prompt = ctx > 0 ? ctx : 0;
+        if (o->plan_file && (rc = pi2_plan_load(o->plan_file, &r->plan, err)) == 0)
+            eo->offload.plan = &r->plan;
+        if (rc == 0 && (rc = load_hw(o, &r->hw, err)) == 0)
+            eo->offload.hw = r->hw;
+        if (rc == 0 && r->hw && cal_path(o, o->st->cal_path, sizeof o->st->cal_path)) {
             pi2_err ce = {0};
             int cr = pi2_plan_cal_load(o->st->cal_path, &o->st->cal, &ce);
             if (cr && cr != PI2_ENOTFOUND)
                 fprintf(stderr, "pi2-run: %s (ignored; the next run rewrites it)\n", ce.msg);
             if (cr)
                 pi2_plan_cal_defaults(&o->st->cal);
-            eo.offload.cal = &o->st->cal;
+            eo->offload.cal = &o->st->cal;
         }
-        if (rc == 0 && !hw && o->min_speed > 0)
+        if (rc == 0 && !r->hw && o->min_speed > 0)
             rc = pi2_err_set(err, PI2_EINVAL, "--min-speed needs a hardware profile: %s", o->st->hw_note);
     }
-    bool opened = rc == 0; /* the error, if any, is the engine's */
-    if (rc == 0)
-        rc = pi2_engine_open(e, &eo, err);
-    free(hw);
-    pi2_plan_free(&plan);
-    bool have_key = key != NULL;
-    pi2_sign_key_free(key);
-    if (rc && opened)
-        flag_hint(o, have_key, rc, err);
+    if (rc)
+        run_engine_opts_free(r);
+    return rc;
+}
+
+void run_engine_opts_free(run_engine_opts *r)
+{
+    free(r->hw);
+    pi2_plan_free(&r->plan);
+    pi2_sign_key_free(r->key);
+    memset(r, 0, sizeof *r);
+}
+
+/* A context the offloading engine's memory plan does not hold (PI2_ERANGE
+ * from pi2_engine_set_ctx): the flag that plans for it. */
+void run_ctx_hint(const run_opts *o, int rc, int ctx, pi2_err *err)
+{
+    if (rc != PI2_ERANGE || !o->mem_limit)
+        return;
+    pi2_err in = *err, fresh = {0};
+    *err = fresh;
+    pi2_err_set(err, rc, "%s; give --ctx %d", in.msg, ctx);
+}
+
+int open_engine(const run_opts *o, int ctx, pi2_engine **e, pi2_err *err)
+{
+    run_engine_opts r;
+    int rc = run_opts_engine(o, ctx, &r, err);
+    if (rc)
+        return rc; /* the error, if any, is not the engine's */
+    rc = pi2_engine_open(e, &r.eo, err);
+    bool have_key = r.key != NULL;
+    run_engine_opts_free(&r);
+    if (rc)
+        run_flag_hint(o, have_key, rc, err);
     return rc;
 }
 

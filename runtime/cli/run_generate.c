@@ -202,8 +202,10 @@ int run_generate(const run_opts *o)
         long long want = (long long)n_pre + o->n_predict;
         if (want > pi2_desc_max_ctx(d))
             want = pi2_desc_max_ctx(d);
-        if ((rc = pi2_engine_set_ctx(e, (int)(want > 0 ? want : 1), &err)) != 0)
+        if ((rc = pi2_engine_set_ctx(e, (int)(want > 0 ? want : 1), &err)) != 0) {
+            run_ctx_hint(o, rc, (int)(want > 0 ? want : 1), &err);
             goto out;
+        }
     }
     if ((long long)n_pre + o->n_predict > pi2_engine_ctx(e)) {
         rc = pi2_err_set(&err, PI2_ERANGE, "prompt (%zu tokens) plus -n %lld exceeds the context of %d positions%s",

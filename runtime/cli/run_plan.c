@@ -1,18 +1,87 @@
-/* pi2-run plan: the memory plan at --mem-limit, as JSON. */
+/* pi2-run plan: the memory plan at --mem-limit, as JSON, made from the
+ * container (no engine is opened: nothing is allocated for the model and
+ * no FFN payload is read). */
 #include "runtime/cli/run.h"
+#include "bundle/bundle.h"
 
-#include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-/* --plan-only: the memory plan for --mem-limit, as one JSON line. */
+/* The bundle at o->model, opened and its signature checked as the engine
+ * does (a converted, not yet bundled model is named as such), and its
+ * resident members hashed. */
+static int open_bundle(const run_opts *o, const pi2_engine_opts *eo, pi2_bundle **b, pi2_err *err)
+{
+    pi2_bundle_open_opts bo = {.pubkey = eo->pubkey, .allow_unsigned = eo->trust_unsigned};
+    int rc = pi2_bundle_open(b, o->model, &bo, err);
+    if (rc) {
+        pi2_bundle *probe = NULL;
+        pi2_bundle_open_opts po = {.allow_unsigned = true, .skip_signature = true};
+        pi2_err pe = {0};
+        if (pi2_bundle_open(&probe, o->model, &po, &pe) != 0 && strstr(pe.msg, "not a bundled model")) {
+            pi2_err fresh = {0};
+            *err = fresh;
+            rc = pi2_err_set(err, pe.code, "%s", pe.msg);
+        }
+        pi2_bundle_close(probe);
+        return rc;
+    }
+    return pi2_bundle_verify(*b, true, NULL, err);
+}
+
+/* The reader the run would open, for its backend's name: opened and
+ * closed, nothing read. */
+static const char *io_backend(const run_opts *o, const pi2_engine_opts *eo)
+{
+    pi2_io_opts io;
+    pi2_io_defaults(&io);
+    io.backend = (pi2_io_backend)eo->offload.io_backend;
+    io.depth = pi2_plan_ring_depth(&eo->offload);
+    pi2_io *r = NULL;
+    pi2_err err = {0};
+    if (pi2_io_open(&r, o->model, &io, &err) != 0) { /* no direct I/O here: the documented fallback */
+        io.buffered = true;
+        pi2_err_clear(&err);
+        if (pi2_io_open(&r, o->model, &io, &err) != 0)
+            return "none";
+    }
+    const char *name = pi2_io_backend_name(pi2_io_backend_used(r));
+    pi2_io_close(r);
+    return name;
+}
+
+/* The memory plan for the run's options into *m; *threads, *ctx as run. */
+static int plan_memory(const run_opts *o, const pi2_engine_opts *eo, pi2_bundle *b, pi2_plan_memory *m,
+                       int *threads, int *ctx, pi2_err *err)
+{
+    const pi2_manifest *mf = pi2_bundle_manifest(b);
+    const pi2_bundle_layout *bl = pi2_bundle_layout_get(b);
+    const pi2_ctr *c = pi2_bundle_container(b);
+    int t = eo->threads > 0 ? eo->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    *threads = t < 1 ? 1 : t > 256 ? 256 : t;
+    int ctx0 = eo->ctx > 0 ? eo->ctx : 512, ctx_max = pi2_desc_max_ctx(&mf->config);
+    *ctx = ctx0 < ctx_max ? ctx0 : ctx_max;
+    /* the resident region, in the mapping: everything before the first FFN member */
+    uint64_t end = UINT64_MAX;
+    for (size_t i = 0; i < bl->n_ffn; i++) {
+        const pi2_ctr_member *fm = pi2_ctr_find(c, bl->ffn[i].ffn);
+        if (!fm)
+            return pi2_err_set(err, PI2_ENOTFOUND, "%s: FFN member %s is missing", o->model, bl->ffn[i].ffn);
+        end = fm->offset < end ? fm->offset : end;
+    }
+    const pi2_ctr_member *m0 = pi2_ctr_at(c, 0);
+    pi2_plan_mem_in in = {.mf = mf, .bl = bl, .name = o->model, .base = m0->data - m0->offset, .base_len = end,
+                          .resident = pi2_plan_resident(mf, bl, (uint64_t)sysconf(_SC_PAGESIZE)), .ctx = *ctx,
+                          .threads = *threads, .cores = (int)sysconf(_SC_NPROCESSORS_ONLN), .opts = &eo->offload};
+    int rc = pi2_engine_buffer_sizes(mf, bl, *threads, &in.bufs, err);
+    return rc ? rc : pi2_plan_memory_make(&in, m, err);
+}
+
+/* pi2-run plan (--plan-only): the memory plan for --mem-limit, as one JSON line. */
 int run_plan(const run_opts *o)
 {
     pi2_err err = {0};
-    pi2_engine *e = NULL;
     if (!o->mem_limit) {
         fprintf(stderr, "pi2-run: plan needs --mem-limit SIZE\n");
         return 2;
@@ -20,35 +89,46 @@ int run_plan(const run_opts *o)
     long long ctx = o->ctx > 0 ? o->ctx
                     : o->bench ? o->bench_pp + o->bench_tg
                                : (long long)strlen(o->prompt) + 4 + o->n_predict;
-    if (open_engine(o, (int)(ctx < (1 << 20) ? ctx : 1 << 20), &e, &err) != 0)
+    run_engine_opts r;
+    if (run_opts_engine(o, (int)(ctx < (1 << 20) ? ctx : 1 << 20), &r, &err) != 0)
         return fail(&err);
-    pi2_engine_offload_info in;
-    pi2_engine_offload_info_get(e, &in);
+    pi2_bundle *b = NULL;
+    pi2_plan_memory m = {0};
+    int threads = 0, ctx_run = 0, rc = open_bundle(o, &r.eo, &b, &err);
+    if (rc)
+        run_flag_hint(o, r.key != NULL, rc, &err);
+    else
+        rc = plan_memory(o, &r.eo, b, &m, &threads, &ctx_run, &err);
+    const char *io = rc ? "" : io_backend(o, &r.eo);
+    run_engine_opts_free(&r);
+    pi2_bundle_close(b);
+    if (rc)
+        return fail(&err);
     char mem[1536];
     snprintf(mem, sizeof mem,
              "{\"ctx\":%d,\"threads\":%d,\"mem_limit\":%llu,\"minimum_bytes\":%llu,"
              "\"planned_bytes\":%llu,\"resident_bytes\":%llu,\"kv_bytes\":%llu,\"buffer_bytes\":%llu,"
              "\"overhead_bytes\":%llu,\"hot_bytes\":%llu,\"gate_hot_bytes\":%llu,\"cache_bytes\":%llu,"
              "\"cache_slots\":%u,\"ffn_bytes\":%llu,\"offloaded\":%.4f,\"io\":\"%s\",\"io_depth\":%d}",
-             pi2_engine_ctx(e), pi2_engine_threads(e), (unsigned long long)in.mem_limit, (unsigned long long)in.minimum,
-             (unsigned long long)in.planned, (unsigned long long)in.resident, (unsigned long long)in.kv,
-             (unsigned long long)in.buffers, (unsigned long long)in.overhead, (unsigned long long)in.hot,
-             (unsigned long long)in.gate_hot, (unsigned long long)in.cache, in.cache_slots,
-             (unsigned long long)in.ffn_total, in.offloaded, in.backend, in.io_depth);
-    if (in.plan) { /* the plan, loadable with --plan, with the memory it makes */
-        char *pj = pi2_plan_json(in.plan, o->model);
+             ctx_run, threads, (unsigned long long)m.mem_limit, (unsigned long long)m.minimum,
+             (unsigned long long)m.planned, (unsigned long long)m.resident, (unsigned long long)m.kv,
+             (unsigned long long)m.buffers, (unsigned long long)m.overhead, (unsigned long long)m.hot,
+             (unsigned long long)m.gate_hot, (unsigned long long)m.cache, m.slots[0] + m.slots[1],
+             (unsigned long long)m.ffn_total, m.offloaded, io, m.plan.io_depth);
+    if (m.predicted) { /* the plan, loadable with --plan, with the memory it makes */
+        char *pj = pi2_plan_json(&m.plan, o->model);
         if (!pj) {
-            pi2_engine_close(e);
+            pi2_plan_memory_free(&m);
             fprintf(stderr, "pi2-run: out of memory\n");
             return 1;
         }
         size_t n = strlen(pj);
-        printf("%.*s,\"source\":\"%s\",\"memory\":%s}\n", (int)(n - 1), pj, in.plan_source, mem);
+        printf("%.*s,\"source\":\"%s\",\"memory\":%s}\n", (int)(n - 1), pj, m.source, mem);
         free(pj);
     } else {
-        printf("{\"model\":\"%s\",\"source\":\"%s\",\"note\":\"%s\",\"memory\":%s}\n", o->model, in.plan_source,
+        printf("{\"model\":\"%s\",\"source\":\"%s\",\"note\":\"%s\",\"memory\":%s}\n", o->model, m.source,
                o->st->hw_note, mem);
     }
-    pi2_engine_close(e);
+    pi2_plan_memory_free(&m);
     return 0;
 }

@@ -167,72 +167,6 @@ int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
 static double mb(uint64_t b) { return (double)b / 1048576.0; }
 
 
-/* The plan to run: the one given (checked against the model), or the
- * solver's from the hardware profile; or, for the fixed split, its
- * prediction (plan_fixed). Into x->plan. */
-static int ofl_plan(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, const pi2_plan_mem *pm, pi2_err *err)
-{
-    pi2_mprof mp;
-    int rc = pi2_mprof_build(&mp, e->mf, e->bl, e->res, e->res_bytes, e->path, err);
-    if (rc)
-        return rc;
-    mp.ctx = o->offload.plan_prompt > 0 ? o->offload.plan_prompt + 32 : 160;
-    if (o->offload.cal)
-        mp.cal = *o->offload.cal;
-    mp.cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (o->offload.plan) {
-        const pi2_plan *g = o->offload.plan;
-        if (g->n_ffn != x->n_ffn) {
-            rc = pi2_err_set(err, PI2_ESHAPE, "%s: the plan is for %u FFNs, this model has %u", e->path, g->n_ffn,
-                             x->n_ffn);
-        } else {
-            for (uint32_t i = 0; rc == 0 && i < g->n_ffn; i++)
-                if (g->gate_groups[i] > x->bl[i]->groups || g->hot_groups[i] > g->gate_groups[i] ||
-                    (!x->two_phase && g->gate_groups[i] != g->hot_groups[i]))
-                    rc = pi2_err_set(err, PI2_ESHAPE,
-                                     "%s: the plan keeps %u hot / %u gate groups of FFN %u, which has %u%s", e->path,
-                                     g->hot_groups[i], g->gate_groups[i], i, x->bl[i]->groups,
-                                     x->two_phase ? "" : " (one-phase: gate groups must equal hot groups)");
-            if (rc == 0 && g->io_depth > x->ring_depth)
-                rc = pi2_err_set(err, PI2_ERANGE, "%s: the plan's I/O depth %d exceeds the reader's %d", e->path,
-                                 g->io_depth, x->ring_depth);
-            if (rc == 0 && g->threads > e->tls_n)
-                rc = pi2_err_set(err, PI2_ERANGE, "%s: the plan runs %d threads, more than -t %d", e->path, g->threads,
-                                 e->tls_n);
-        }
-        if (rc == 0 && (rc = pi2_plan_alloc(&x->plan, g->n_ffn, err)) == 0) {
-            uint32_t *h = x->plan.hot_groups, *gg = x->plan.gate_groups;
-            x->plan = *g;
-            x->plan.hot_groups = h;
-            x->plan.gate_groups = gg;
-            x->plan.mem_limit = o->offload.mem_limit;
-            memcpy(h, g->hot_groups, g->n_ffn * sizeof *h);
-            memcpy(gg, g->gate_groups, g->n_ffn * sizeof *gg);
-            memset(&x->plan.pred, 0, sizeof x->plan.pred);
-            if (o->offload.hw)
-                pi2_plan_predict(&mp, o->offload.hw, &x->plan, o->offload.plan_prompt);
-            x->info.plan_source = "given";
-        }
-    } else {
-        pi2_plan_opts po;
-        pi2_plan_opts_defaults(&po);
-        po.mem_limit = o->offload.mem_limit;
-        po.threads = e->threads;
-        po.max_depth = x->ring_depth;
-        po.min_speed = o->offload.min_speed;
-        po.prompt = o->offload.plan_prompt;
-        rc = pi2_plan_solve(&mp, o->offload.hw, pm, &po, &x->plan, err);
-        if (rc && err->msg[0] && strncmp(err->msg, e->path, strlen(e->path)) != 0) {
-            pi2_err inner = *err;
-            pi2_err_clear(err);
-            rc = pi2_err_set(err, inner.code, "%s: %s", e->path, inner.msg);
-        }
-        x->info.plan_source = x->plan.fixed_split ? "planned: the fixed split (no clear gain)" : "planned";
-    }
-    pi2_mprof_free(&mp);
-    return rc;
-}
-
 /* Gate parts of the slots [hot groups, gate groups) of every FFN, read
  * sequentially through a window and kept (two-phase plans). */
 static int load_gate_parts(pi2_engine *e, eng_ofl *x, bool lock, pi2_err *err)
@@ -312,62 +246,43 @@ static void verify_ffn(void *arg)
     k->rc = rc;
 }
 
-/* The fixed split, run when there is no plan: what the limit leaves past
- * the fixed costs (budget) holds every FFN whole when it can, else the
- * --hot-share (default half) of what the smallest caches leave is shared
- * equally between the FFNs, each keeping its first whole groups of
- * neurons in memory. Sets each FFN's hot segment (gates included: one
- * part); returns the hot bytes. One function, so the planner can take it
- * over. */
-static uint64_t ofl_fixed_split(const pi2_engine_opts *o, eng_ofl *x, uint64_t budget, uint64_t ffn_total,
-                                uint64_t min_cache)
+/* The buffers of this module for a model (engine_internal.h): what the
+ * memory plan counts (runtime/planner.h) and eng_ofl_open allocates. */
+void eng_ofl_buffers(const pi2_model_desc *d, const pi2_bundle_layout *bl, eng_ofl_bufs *out)
 {
-    uint64_t hot_budget;
-    if (budget >= ffn_total + min_cache) {
-        hot_budget = ffn_total;
-    } else {
-        double share = o->offload.hot_share >= 0 && o->offload.hot_share <= 1 ? o->offload.hot_share : 0.5;
-        hot_budget = (uint64_t)((double)(budget - min_cache) * share);
-    }
-    uint64_t per = hot_budget / x->n_ffn, hot_total = 0;
-    for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
-        const pi2_bl_ffn *b = x->bl[fi];
-        uint64_t H = hot_budget >= ffn_total ? b->groups : per / b->slot_bytes;
-        if (H > b->groups)
-            H = b->groups;
-        x->hot_len[fi] = H * b->slot_bytes;
-        uint64_t hn = H * b->group;
-        x->hot_n[fi] = (uint32_t)(hn < b->neurons ? hn : b->neurons);
-        x->ghot_n[fi] = x->hot_n[fi];
-        hot_total += x->hot_len[fi];
-    }
-    return hot_total;
+    const pi2_bl_ffn *b0 = pi2_bl_find(bl, 0, pi2_desc_is_moe(d) ? 0 : -1);
+    if (!b0)
+        b0 = &bl->ffn[0];
+    uint64_t S = b0->slot_bytes, R = bl->row_bytes, D = (uint64_t)d->hidden;
+    uint32_t n_ffn = (uint32_t)d->n_layers * (pi2_desc_is_moe(d) ? (uint32_t)d->n_experts : 1);
+    memset(out, 0, sizeof *out);
+    out->max_sel = (uint32_t)d->n_ff;
+    out->max_ch = (out->max_sel + FFN_CHUNK - 1) / FFN_CHUNK;
+    out->staging_bytes = S; /* a two-phase gate read may reach into the up+down part */
+    out->win_groups = (uint32_t)(OFL_WINDOW / S > 0 ? OFL_WINDOW / S : 1);
+    /* windows of whole prefill tiles (ENG_TILE neurons, a power of two):
+     * the prefill FFN then runs the same tiles on the same threads in the
+     * same order as in memory, and gives the same bits */
+    uint32_t gd = ENG_TILE; /* gcd(g, ENG_TILE) */
+    while (b0->group % gd != 0)
+        gd /= 2;
+    uint32_t whole = ENG_TILE / gd; /* slots per whole number of tiles */
+    out->win_groups = out->win_groups >= whole ? out->win_groups / whole * whole : whole;
+    if (out->win_groups > b0->groups)
+        out->win_groups = b0->groups;
+    out->wbuf_bytes = (uint64_t)out->win_groups * S;
+    out->rq_cap = 2 * (size_t)out->max_sel + 4 * (size_t)(out->wbuf_bytes / OFL_SEQ_REQ + 1) * OFL_NWIN + 16;
+    out->ready_cap = 2 * out->max_ch + 4;
+    out->per_depth = out->staging_bytes + sizeof(ofl_req) + sizeof(void *);
+    uint64_t max_sel = out->max_sel, max_ch = out->max_ch;
+    out->bytes = OFL_NWIN * out->wbuf_bytes + max_ch * D * 4 + out->rq_cap * sizeof(ofl_rd) + max_sel * (4 * 4 + 1) +
+                 max_sel * (OFL_PF_SETS * (5 * 4 + 1) + 4) + D * 4 + max_ch * (sizeof(ofl_chunk) + 5 * 4 + 10) +
+                 (uint64_t)n_ffn * 64;
+    out->slot_bytes[0] = stride_of(bl->two_phase ? R : 3 * R) + 32;
+    out->slot_bytes[1] = stride_of(2 * R) + 32;
 }
 
-/* The fixed split as a plan, predicted with the hardware profile. */
-static void ofl_predict_fixed(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x)
-{
-    pi2_mprof mp;
-    pi2_err er = {0};
-    if (pi2_mprof_build(&mp, e->mf, e->bl, e->res, e->res_bytes, e->path, &er) != 0)
-        return;
-    mp.ctx = o->offload.plan_prompt > 0 ? o->offload.plan_prompt + 32 : 160;
-    if (o->offload.cal)
-        mp.cal = *o->offload.cal;
-    mp.cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (pi2_plan_alloc(&x->plan, x->n_ffn, &er) == 0) {
-        x->plan.mem_limit = o->offload.mem_limit;
-        x->plan.threads = e->threads;
-        x->plan.io_depth = x->depth;
-        x->plan.gate_first = !x->spec && x->two_phase;
-        for (uint32_t i = 0; i < x->n_ffn; i++)
-            x->plan.hot_groups[i] = x->plan.gate_groups[i] = (uint32_t)(x->hot_len[i] / x->bl[i]->slot_bytes);
-        pi2_plan_predict(&mp, o->offload.hw, &x->plan, o->offload.plan_prompt);
-    }
-    pi2_mprof_free(&mp);
-}
-
-int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
+int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_plan_memory *m, pi2_err *err)
 {
     eng_ofl *x = e->ofl;
     const pi2_model_desc *d = &e->d;
@@ -391,138 +306,57 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
             return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: FFNs of different geometry", e->path);
         }
     }
-    /* buffers of this module */
-    uint32_t max_sel = (uint32_t)d->n_ff;
-    x->max_ch = (max_sel + FFN_CHUNK - 1) / FFN_CHUNK;
-    x->staging_bytes = (size_t)x->S; /* a two-phase gate read may reach into the up+down part */
-    x->win_groups = (uint32_t)(OFL_WINDOW / x->S > 0 ? OFL_WINDOW / x->S : 1);
-    /* windows of whole prefill tiles (ENG_TILE neurons, a power of two):
-     * the prefill FFN then runs the same tiles on the same threads in the
-     * same order as in memory, and gives the same bits */
-    uint32_t gd = ENG_TILE; /* gcd(g, ENG_TILE) */
-    while (x->g % gd != 0)
-        gd /= 2;
-    uint32_t whole = ENG_TILE / gd; /* slots per whole number of tiles */
-    x->win_groups = x->win_groups >= whole ? x->win_groups / whole * whole : whole;
-    if (x->win_groups > x->bl[0]->groups)
-        x->win_groups = x->bl[0]->groups;
-    x->wbuf_bytes = (uint64_t)x->win_groups * x->S;
-    uint64_t D = (uint64_t)d->hidden;
-    x->rq_cap = 2 * (size_t)max_sel + 4 * (size_t)(x->wbuf_bytes / OFL_SEQ_REQ + 1) * OFL_NWIN + 16;
-    x->ready_cap = 2 * x->max_ch + 4;
-    uint64_t mine = (uint64_t)x->depth * (x->staging_bytes + sizeof(ofl_req) + sizeof(void *)) +
-                    OFL_NWIN * x->wbuf_bytes + (uint64_t)x->max_ch * D * 4 + x->rq_cap * sizeof(ofl_rd) +
-                    (uint64_t)max_sel * (4 * 4 + 1) + (uint64_t)max_sel * (OFL_PF_SETS * (5 * 4 + 1) + 4) + D * 4 +
-                    (uint64_t)x->max_ch * (sizeof(ofl_chunk) + 5 * 4 + 10) +
-                    (uint64_t)x->n_ffn * 64;
-    /* cache indexes: 4 bytes per neuron per cache, plus slot records */
-    int n_caches = x->two_phase ? 2 : 1;
-    uint64_t index = (uint64_t)n_caches * x->n_ffn * (uint64_t)d->n_ff * 4;
-    uint64_t kv = 2ull * (uint64_t)d->n_layers * (uint64_t)e->ctx * (uint64_t)d->n_kv_heads * d->head_dim * 4 +
-                  (uint64_t)e->threads * (uint64_t)e->ctx * PI2_K_MAX_T * 4;
-    uint64_t fixed = e->res_bytes - e->res_released + kv + e->buf_bytes + mine + index + OFL_OVERHEAD;
-    /* smallest caches: one chunk of each part kind */
+    /* buffers of this module: the shapes the memory plan counted */
+    eng_ofl_bufs bufs;
+    eng_ofl_buffers(d, e->bl, &bufs);
+    uint32_t max_sel = bufs.max_sel;
+    x->max_ch = bufs.max_ch;
+    x->staging_bytes = (size_t)bufs.staging_bytes;
+    x->win_groups = bufs.win_groups;
+    x->wbuf_bytes = bufs.wbuf_bytes;
+    x->rq_cap = bufs.rq_cap;
+    x->ready_cap = bufs.ready_cap;
     int kinds[2] = {x->two_phase ? P_GATE : P_FULL, P_UD};
-    /* the smallest cache: a chunk of neurons, or an eighth of an FFN, so a
-     * layer's misses can be in flight together */
-    uint64_t min_slots = (uint64_t)d->n_ff / 8 > FFN_CHUNK ? (uint64_t)d->n_ff / 8 : FFN_CHUNK;
-    uint64_t min_cache = 0;
-    for (int k = 0; k < n_caches; k++)
-        min_cache += min_slots * (stride_of(part_unit(x, kinds[k])) + 32);
-    /* the kernel's share of what the run can use: the limit, or everything
-     * in memory when the limit is larger */
-    uint64_t most = fixed + ffn_total + min_cache;
-    uint64_t overhead = OFL_OVERHEAD + (o->offload.mem_limit < most ? o->offload.mem_limit : most) / OFL_KERNEL_SHARE;
-    uint64_t smallest = (fixed + min_cache) * OFL_KERNEL_SHARE / (OFL_KERNEL_SHARE - 1) + 1;
-    fixed += overhead - OFL_OVERHEAD;
+    /* the plan (runtime/planner.h), run as made: its hot and gate groups,
+     * I/O depth and gate-first; the pool already runs its threads */
+    uint64_t index = m->index, fixed = m->fixed, hot_total = m->hot;
+    uint32_t slots[2] = {m->slots[0], m->slots[1]};
+    x->plan = m->plan;
+    memset(&m->plan, 0, sizeof m->plan);
+    x->depth = x->plan.io_depth;
+    x->spec = x->two_phase && !x->plan.gate_first;
+    for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
+        const pi2_bl_ffn *b = x->bl[fi];
+        uint64_t H = x->plan.hot_groups[fi], G = x->two_phase ? x->plan.gate_groups[fi] : H;
+        x->hot_len[fi] = H * b->slot_bytes;
+        x->hot_n[fi] = (uint32_t)(H * b->group < b->neurons ? H * b->group : b->neurons);
+        x->ghot_len[fi] = (G - H) * b->gate_part;
+        x->ghot_n[fi] = (uint32_t)(G * b->group < b->neurons ? G * b->group : b->neurons);
+    }
+    if (!m->predicted) /* the fixed split without a hardware profile: no plan to show */
+        pi2_plan_free(&x->plan);
     pi2_engine_offload_info *in = &x->info;
     in->on = true;
-    in->mem_limit = o->offload.mem_limit;
-    in->resident = e->res_bytes - e->res_released;
-    in->kv = kv;
-    in->buffers = e->buf_bytes + mine + index;
-    in->overhead = overhead;
-    in->ffn_total = ffn_total;
-    in->minimum = smallest; /* its own kernel share included */
-    if (o->offload.mem_limit < in->minimum)
-        return pi2_err_set(err, PI2_ENOMEM,
-                           "%s: --mem-limit %.0f MB cannot hold the resident part: it needs at least %.0f MB "
-                           "(resident weights %.0f MB, KV cache %.0f MB for %d positions, buffers %.0f MB, "
-                           "overhead %.0f MB, smallest neuron cache %.1f MB)",
-                           e->path, mb(o->offload.mem_limit), mb(in->minimum) + 1, mb(in->resident), mb(kv), e->ctx,
-                           mb(in->buffers), mb(overhead), mb(min_cache));
-    uint64_t per_depth = x->staging_bytes + sizeof(ofl_req) + sizeof(void *);
-    uint64_t hot_total = 0;
-    in->plan_source = "fixed split";
-    pi2_plan_mem pm = {.fixed = fixed - (uint64_t)x->depth * per_depth,
-                       .per_depth = per_depth,
-                       .min_slots = min_slots,
-                       .slot_bytes = {stride_of(part_unit(x, kinds[0])) + 32, stride_of(part_unit(x, P_UD)) + 32}};
-    if ((o->offload.plan || (o->offload.hw && !o->offload.fixed_split)) && o->offload.mem_limit >= in->minimum) {
-        if ((rc = ofl_plan(e, o, x, &pm, err)) != 0)
-            return rc;
-        fixed = fixed - (uint64_t)x->depth * per_depth + (uint64_t)x->plan.io_depth * per_depth;
-        x->depth = x->plan.io_depth;
-        x->spec = x->two_phase && !x->plan.gate_first;
-        for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
-            const pi2_bl_ffn *b = x->bl[fi];
-            uint64_t H = x->plan.hot_groups[fi], G = x->two_phase ? x->plan.gate_groups[fi] : H;
-            x->hot_len[fi] = H * b->slot_bytes;
-            x->hot_n[fi] = (uint32_t)(H * b->group < b->neurons ? H * b->group : b->neurons);
-            x->ghot_len[fi] = (G - H) * b->gate_part;
-            x->ghot_n[fi] = (uint32_t)(G * b->group < b->neurons ? G * b->group : b->neurons);
-            hot_total += x->hot_len[fi] + x->ghot_len[fi];
-        }
-        if (fixed + hot_total + min_cache > o->offload.mem_limit)
-            return pi2_err_set(err, PI2_ENOMEM, "%s: the plan needs %.0f MB, more than --mem-limit %.0f MB", e->path,
-                               mb(fixed + hot_total + min_cache) + 1, mb(o->offload.mem_limit));
-        if (x->plan.threads != e->threads && x->plan.threads <= e->tls_n && !o->offload.plan_only) {
-            pi2_pool_free(e->pool);
-            e->pool = NULL;
-            if ((rc = pi2_pool_create(&e->pool, x->plan.threads, err)) != 0)
-                return rc;
-            e->threads = x->plan.threads;
-        }
-    }
-    uint64_t budget = o->offload.mem_limit - fixed;
-    if (x->plan.n_ffn == 0) {
-        hot_total += ofl_fixed_split(o, x, budget, ffn_total, min_cache);
-        if (o->offload.hw)
-            ofl_predict_fixed(e, o, x);
-    }
+    in->mem_limit = m->mem_limit;
+    in->resident = m->resident;
+    in->kv = m->kv;
+    in->buffers = m->buffers;
+    in->overhead = m->overhead;
+    in->ffn_total = m->ffn_total;
+    in->minimum = m->minimum; /* its own kernel share included */
+    in->plan_source = m->source;
     in->plan = x->plan.n_ffn > 0 ? &x->plan : NULL;
     in->threads = e->threads;
     in->io_depth = x->depth;
     in->gate_first = x->two_phase && !x->spec;
-    in->gate_hot = 0;
-    for (uint32_t fi = 0; fi < x->n_ffn; fi++)
-        in->gate_hot += x->ghot_len[fi];
-    uint64_t cache_budget = budget - hot_total;
-    /* cache slots: the smallest cache of each kind, then the rest split 1 : 2
-     * between gates and up+down in two-phase layouts (R : 2R per neuron) */
-    uint32_t slots[2] = {0, 0};
-    uint64_t extra = hot_total == ffn_total || cache_budget < min_cache ? 0 : cache_budget - min_cache;
-    for (int k = 0; k < n_caches; k++) {
-        double share = n_caches == 1 ? 1.0 : (k == 0 ? 1.0 / 3 : 2.0 / 3);
-        uint64_t st = stride_of(part_unit(x, kinds[k])) + 32;
-        uint64_t n = min_slots + (uint64_t)((double)extra * share) / st;
-        if (n > (uint64_t)x->n_ffn * d->n_ff) /* more slots than neurons is waste */
-            n = (uint64_t)x->n_ffn * d->n_ff;
-        if (n > UINT32_MAX - 1)
-            n = UINT32_MAX - 1;
-        slots[k] = (uint32_t)n;
-    }
+    in->gate_hot = m->gate_hot;
     in->hot = hot_total;
-    in->cache = 0;
-    for (int k = 0; k < n_caches; k++)
-        in->cache += (uint64_t)slots[k] * (stride_of(part_unit(x, kinds[k])) + 32);
+    in->cache = m->cache;
     in->cache_slots = slots[0] + slots[1];
-    in->planned = fixed + hot_total + in->cache;
-    in->offloaded = ffn_total ? 1.0 - (double)hot_total / (double)ffn_total : 0.0;
+    in->planned = m->planned;
+    in->offloaded = m->offloaded;
     in->backend = pi2_io_backend_name(pi2_io_backend_used(x->io));
     in->note = x->note;
-    if (o->offload.plan_only)
-        return 0;
     ofl_sizes z = {hot_total, fixed, index, kinds[0], {slots[0], slots[1]}, max_sel};
     if ((rc = ofl_load_hot(e, o, x, hot_total, err)) != 0 || (rc = ofl_make_caches(x, &z, err)) != 0 ||
         (rc = ofl_alloc_job(e, x, max_sel, err)) != 0 || (rc = ofl_stream_open(e, x, err)) != 0)

@@ -1,0 +1,278 @@
+/* pi2 execution planner: the offloading engine's memory model (planner.h). */
+#include "runtime/planner.h"
+
+#include "runtime/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static double mb(uint64_t b) { return (double)b / 1048576.0; }
+
+/* Bytes of whole pages of [off, off + n). */
+static uint64_t inner_pages(uint64_t off, uint64_t n, uint64_t page)
+{
+    uint64_t a = (off + page - 1) / page * page, b = (off + n) / page * page;
+    return b > a ? b - a : 0;
+}
+
+uint64_t pi2_plan_resident(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t page)
+{
+    uint64_t end = UINT64_MAX;
+    for (size_t i = 0; i < bl->n_ffn; i++) {
+        const pi2_ctr_section *s = pi2_manifest_find_section(mf, bl->ffn[i].ffn);
+        if (!s)
+            return 0;
+        end = s->offset < end ? s->offset : end;
+    }
+    if (end == UINT64_MAX)
+        return 0;
+    if (mf->sparsity_mode != PI2_MF_SPARSE_PREDICTOR || page == 0)
+        return end;
+    /* the f32 (or f16) predictors, given back once their Q8 copy is made */
+    uint64_t released = 0;
+    for (size_t i = 0; i < bl->n_ffn; i++) {
+        const pi2_bl_ffn *b = &bl->ffn[i];
+        const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
+        if (!ml || !ml->has_predictor)
+            continue;
+        const pi2_mf_predictor *p = &ml->predictor;
+        const pi2_ctr_section *s1 = pi2_manifest_find_section(mf, p->fc1), *s2 = pi2_manifest_find_section(mf, p->fc2);
+        if (!s1 || !s2)
+            continue;
+        uint64_t el = pi2_mf_pred_elem(p->dtype), n1 = (uint64_t)p->rank * (uint64_t)mf->config.hidden * el,
+                 n2 = (uint64_t)b->neurons * (uint64_t)p->rank * el;
+        if (s1->offset + n1 == s2->offset) /* side by side, as bundled: one range */
+            released += inner_pages(s1->offset, n1 + n2, page);
+        else
+            released += inner_pages(s1->offset, n1, page) + inner_pages(s2->offset, n2, page);
+    }
+    return released < end ? end - released : 0;
+}
+
+int pi2_plan_ring_depth(const pi2_offload_opts *o)
+{
+    int depth = o->io_depth > 0 ? o->io_depth : 64;
+    if ((o->plan || (o->hw && !o->fixed_split)) && depth < 128)
+        depth = o->plan && o->plan->io_depth > 128 ? o->plan->io_depth : 128;
+    return depth;
+}
+
+void pi2_plan_memory_free(pi2_plan_memory *m)
+{
+    if (!m)
+        return;
+    pi2_plan_free(&m->plan);
+    memset(m, 0, sizeof *m);
+}
+
+/* The FFNs' geometry alone (no profile): what the fixed split needs. */
+static int geometry(pi2_mprof *mp, const pi2_plan_mem_in *in, pi2_err *err)
+{
+    const pi2_bundle_layout *bl = in->bl;
+    memset(mp, 0, sizeof *mp);
+    mp->n_ffn = (uint32_t)bl->n_ffn;
+    mp->two_phase = bl->two_phase;
+    mp->R = bl->row_bytes;
+    if (!(mp->ffn = pi2_calloc_array(bl->n_ffn ? bl->n_ffn : 1, sizeof *mp->ffn)))
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory for the model profile");
+    for (size_t i = 0; i < bl->n_ffn; i++) {
+        const pi2_bl_ffn *b = &bl->ffn[i];
+        if (i == 0) {
+            mp->S = b->slot_bytes;
+            mp->Pg = b->gate_part;
+        } else if (b->slot_bytes != mp->S || b->gate_part != mp->Pg || b->group != bl->ffn[0].group) {
+            pi2_mprof_free(mp);
+            return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: FFNs of different geometry", in->name);
+        }
+        mp->ffn[i].neurons = b->neurons;
+        mp->ffn[i].group = b->group;
+        mp->ffn[i].groups = b->groups;
+        mp->ffn_total += (uint64_t)b->groups * b->slot_bytes;
+    }
+    return 0;
+}
+
+/* The model profile the solver and the predictions read. */
+static int profile(pi2_mprof *mp, const pi2_plan_mem_in *in, pi2_err *err)
+{
+    const pi2_offload_opts *o = in->opts;
+    int rc = pi2_mprof_build(mp, in->mf, in->bl, in->base, in->base_len, in->name, err);
+    if (rc)
+        return rc;
+    mp->ctx = o->plan_prompt > 0 ? o->plan_prompt + 32 : 160;
+    if (o->cal)
+        mp->cal = *o->cal;
+    mp->cores = in->cores;
+    return 0;
+}
+
+/* A given plan, checked against the model and the run, into m->plan. */
+static int plan_given(const pi2_plan_mem_in *in, const pi2_mprof *geo, pi2_plan_memory *m, pi2_err *err)
+{
+    const pi2_plan *g = in->opts->plan;
+    int rc = 0;
+    if (g->n_ffn != geo->n_ffn)
+        return pi2_err_set(err, PI2_ESHAPE, "%s: the plan is for %u FFNs, this model has %u", in->name, g->n_ffn,
+                           geo->n_ffn);
+    for (uint32_t i = 0; rc == 0 && i < g->n_ffn; i++)
+        if (g->gate_groups[i] > geo->ffn[i].groups || g->hot_groups[i] > g->gate_groups[i] ||
+            (!geo->two_phase && g->gate_groups[i] != g->hot_groups[i]))
+            rc = pi2_err_set(err, PI2_ESHAPE, "%s: the plan keeps %u hot / %u gate groups of FFN %u, which has %u%s",
+                             in->name, g->hot_groups[i], g->gate_groups[i], i, geo->ffn[i].groups,
+                             geo->two_phase ? "" : " (one-phase: gate groups must equal hot groups)");
+    if (rc == 0 && g->io_depth > m->ring_depth)
+        rc = pi2_err_set(err, PI2_ERANGE, "%s: the plan's I/O depth %d exceeds the reader's %d", in->name,
+                         g->io_depth, m->ring_depth);
+    if (rc == 0 && g->threads > in->threads)
+        rc = pi2_err_set(err, PI2_ERANGE, "%s: the plan runs %d threads, more than the %d asked for", in->name,
+                         g->threads, in->threads);
+    if (rc == 0 && (rc = pi2_plan_alloc(&m->plan, g->n_ffn, err)) == 0) {
+        uint32_t *h = m->plan.hot_groups, *gg = m->plan.gate_groups;
+        m->plan = *g;
+        m->plan.hot_groups = h;
+        m->plan.gate_groups = gg;
+        m->plan.mem_limit = in->opts->mem_limit;
+        memcpy(h, g->hot_groups, g->n_ffn * sizeof *h);
+        memcpy(gg, g->gate_groups, g->n_ffn * sizeof *gg);
+        memset(&m->plan.pred, 0, sizeof m->plan.pred);
+        m->source = "given";
+    }
+    return rc;
+}
+
+/* The plan run: given, the solver's, or the fixed split; predicted with a
+ * hardware profile. Into m->plan. */
+static int plan_make(const pi2_plan_mem_in *in, const pi2_mprof *geo, int depth, pi2_plan_memory *m, pi2_err *err)
+{
+    const pi2_offload_opts *o = in->opts;
+    pi2_mprof mp;
+    int rc;
+    if (!o->plan && !(o->hw && !o->fixed_split)) { /* the fixed split */
+        m->source = "fixed split";
+        if ((rc = pi2_plan_fixed(geo, &m->solver, o->mem_limit, in->threads, depth, o->hot_share,
+                                 o->gate_first, &m->plan, err)) != 0)
+            return rc;
+        pi2_err pe = {0};
+        if (o->hw && profile(&mp, in, &pe) == 0) { /* predicted; a profile that cannot be read is no error */
+            pi2_plan_predict(&mp, o->hw, &m->plan, o->plan_prompt);
+            m->predicted = true;
+            pi2_mprof_free(&mp);
+        }
+        return 0;
+    }
+    if ((rc = profile(&mp, in, err)) != 0)
+        return rc;
+    if (o->plan) {
+        if ((rc = plan_given(in, geo, m, err)) == 0 && o->hw)
+            pi2_plan_predict(&mp, o->hw, &m->plan, o->plan_prompt);
+    } else {
+        pi2_plan_opts po;
+        pi2_plan_opts_defaults(&po);
+        po.mem_limit = o->mem_limit;
+        po.threads = in->threads;
+        po.max_depth = m->ring_depth;
+        po.min_speed = o->min_speed;
+        po.prompt = o->plan_prompt;
+        rc = pi2_plan_solve(&mp, o->hw, &m->solver, &po, &m->plan, err);
+        if (rc && err->msg[0] && strncmp(err->msg, in->name, strlen(in->name)) != 0) {
+            pi2_err inner = *err;
+            pi2_err_clear(err);
+            rc = pi2_err_set(err, inner.code, "%s: %s", in->name, inner.msg);
+        }
+        m->source = m->plan.fixed_split ? "planned: the fixed split (no clear gain)" : "planned";
+    }
+    m->predicted = rc == 0;
+    pi2_mprof_free(&mp);
+    return rc;
+}
+
+/* Cache slots of what the hot segment leaves (cache_budget). */
+static void cache_split(const pi2_plan_mem_in *in, uint64_t cache_budget, uint64_t min_slots, pi2_plan_memory *m)
+{
+    int n_caches = in->bl->two_phase ? 2 : 1;
+    uint64_t neurons = (uint64_t)in->bl->n_ffn * (uint64_t)in->mf->config.n_ff;
+    uint64_t extra = m->hot == m->ffn_total || cache_budget < m->min_cache ? 0 : cache_budget - m->min_cache;
+    m->cache = 0;
+    for (int k = 0; k < n_caches; k++) {
+        double share = n_caches == 1 ? 1.0 : (k == 0 ? 1.0 / 3 : 2.0 / 3);
+        uint64_t st = in->bufs.slot_bytes[k];
+        uint64_t n = min_slots + (uint64_t)((double)extra * share) / st;
+        if (n > neurons) /* more slots than neurons is waste */
+            n = neurons;
+        if (n > UINT32_MAX - 1)
+            n = UINT32_MAX - 1;
+        m->slots[k] = (uint32_t)n;
+        m->cache += n * st;
+    }
+}
+
+int pi2_plan_memory_make(const pi2_plan_mem_in *in, pi2_plan_memory *out, pi2_err *err)
+{
+    const pi2_offload_opts *o = in->opts;
+    const pi2_model_desc *d = &in->mf->config;
+    memset(out, 0, sizeof *out);
+    pi2_mprof geo;
+    int rc = geometry(&geo, in, err);
+    if (rc)
+        return rc;
+    pi2_plan_memory *m = out;
+    int depth = o->io_depth > 0 ? o->io_depth : 64;
+    m->mem_limit = o->mem_limit;
+    m->ring_depth = pi2_plan_ring_depth(o);
+    m->ffn_total = geo.ffn_total;
+    /* cache indexes: 4 bytes per neuron per cache */
+    int n_caches = geo.two_phase ? 2 : 1;
+    m->index = (uint64_t)n_caches * geo.n_ffn * (uint64_t)d->n_ff * 4;
+    uint64_t mine = in->bufs.offload + (uint64_t)depth * in->bufs.per_depth;
+    m->resident = in->resident;
+    m->kv = (uint64_t)in->ctx * in->bufs.per_pos;
+    m->buffers = in->bufs.engine + mine + m->index;
+    uint64_t fixed = m->resident + m->kv + m->buffers + PI2_PLAN_OVERHEAD;
+    /* the smallest cache: a chunk of neurons, or an eighth of an FFN, so a
+     * layer's misses can be in flight together */
+    uint64_t min_slots = (uint64_t)d->n_ff / 8 > in->bufs.chunk ? (uint64_t)d->n_ff / 8 : in->bufs.chunk;
+    for (int k = 0; k < n_caches; k++)
+        m->min_cache += min_slots * in->bufs.slot_bytes[k];
+    /* the kernel's share of what the run can use: the limit, or everything
+     * in memory when the limit is larger */
+    uint64_t most = fixed + m->ffn_total + m->min_cache;
+    m->overhead = PI2_PLAN_OVERHEAD + (o->mem_limit < most ? o->mem_limit : most) / PI2_PLAN_KERNEL_SHARE;
+    m->minimum = (fixed + m->min_cache) * PI2_PLAN_KERNEL_SHARE / (PI2_PLAN_KERNEL_SHARE - 1) + 1;
+    fixed += m->overhead - PI2_PLAN_OVERHEAD;
+    if (o->mem_limit < m->minimum) {
+        rc = pi2_err_set(err, PI2_ENOMEM,
+                         "%s: the memory limit of %.0f MB cannot hold the resident part: it needs at least %.0f MB "
+                         "(resident weights %.0f MB, KV cache %.0f MB for %d positions, buffers %.0f MB, "
+                         "overhead %.0f MB, smallest neuron cache %.1f MB)",
+                         in->name, mb(o->mem_limit), mb(m->minimum) + 1, mb(m->resident), mb(m->kv), in->ctx,
+                         mb(m->buffers), mb(m->overhead), mb(m->min_cache));
+        pi2_mprof_free(&geo);
+        return rc;
+    }
+    m->solver = (pi2_plan_mem){.fixed = fixed - (uint64_t)depth * in->bufs.per_depth,
+                               .per_depth = in->bufs.per_depth,
+                               .min_slots = min_slots,
+                               .slot_bytes = {in->bufs.slot_bytes[0], in->bufs.slot_bytes[1]}};
+    rc = plan_make(in, &geo, depth, m, err);
+    if (rc == 0) {
+        fixed = m->solver.fixed + (uint64_t)m->plan.io_depth * in->bufs.per_depth;
+        for (uint32_t i = 0; i < geo.n_ffn; i++) {
+            uint64_t gate = geo.two_phase ? (uint64_t)(m->plan.gate_groups[i] - m->plan.hot_groups[i]) * geo.Pg : 0;
+            m->hot += (uint64_t)m->plan.hot_groups[i] * geo.S + gate;
+            m->gate_hot += gate;
+        }
+        if (fixed + m->hot + m->min_cache > o->mem_limit)
+            rc = pi2_err_set(err, PI2_ENOMEM, "%s: the plan needs %.0f MB, more than the memory limit of %.0f MB",
+                             in->name, mb(fixed + m->hot + m->min_cache) + 1, mb(o->mem_limit));
+    }
+    if (rc == 0) {
+        m->fixed = fixed;
+        cache_split(in, o->mem_limit - fixed - m->hot, min_slots, m);
+        m->planned = fixed + m->hot + m->cache;
+        m->offloaded = m->ffn_total ? 1.0 - (double)m->hot / (double)m->ffn_total : 0.0;
+    }
+    pi2_mprof_free(&geo);
+    if (rc)
+        pi2_plan_memory_free(m);
+    return rc;
+}

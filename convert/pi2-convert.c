@@ -88,8 +88,8 @@ static void usage(FILE *f)
             "  -o, --output OUT        converted model file to write\n"
             "  --quant q4|q8           FFN weights (default q4)\n"
             "  --other-quant q8|q4     attention, embeddings, output head (default q8)\n"
-            "  --pred-quant f16|q8|q4  predictors as stored: q8/q4 are the rows the runtime runs,\n"
-            "                          used in place (default f16: quantized to q8 at open)\n"
+            "  --pred-quant q8|q4|f16  predictors as stored (default q8): q8/q4 are the rows the runtime\n"
+            "                          runs, used in place; f16 is quantized to q8 at open\n"
             "  --train-predictors      train predictors when the model comes with none\n"
             "  --predictors PATH       import predictors: a safetensors file or dir (the checkpoint's\n"
             "                          predictor names), or a PowerInfer repo dir (model_{L}.pt files,\n"
@@ -132,6 +132,7 @@ static int cmd_convert(int argc, char **argv)
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     pi2_convert_opts o;
     pi2_convert_defaults(&o);
+    o.q_pred = PI2_QT_Q8; /* the tool stores what the runtime runs; the library keeps f16 unless asked */
     pi2_err err = {0};
     int c, rc = 0;
     long long v;

@@ -418,7 +418,7 @@ for fam in turbosparse-mistral bamboo relullama; do
         && grep -q "^model: " "$T/out" && grep -q "reading the pre-norm residual" "$T/out" && grep -q "^quality on" "$T/out" \
         && grep -q "^pi2-convert: \[.*\] quantizing" "$T/err" && grep -q "^pi2-convert: \[.*\] importing predictors" "$T/err" \
         && "$B/pi2-bundle" "$T/fam-$fam.pi2c" -o "$T/fam-$fam.pi2" --key "$T/k.pem" -q >/dev/null 2>"$T/err" \
-        && "$B/pi2-bundle" inspect "$T/fam-$fam.pi2" 2>"$T/err" | grep -q "reading the pre-norm residual; stored f16" \
+        && "$B/pi2-bundle" inspect "$T/fam-$fam.pi2" 2>"$T/err" | grep -q "reading the pre-norm residual; stored q8" \
         && [ -n "$("$B/pi2-run" "$T/fam-$fam.pi2" --pubkey "$T/k.pub" -p "hello world" -n 8 2>"$T/err")" ] \
         && ok || { bad "family $fam: synth, convert, bundle, run"; cat "$T/out" "$T/err"; }
 done

@@ -286,6 +286,17 @@ static int plan(bctx *b, pi2_err *err)
         if (f < 0)
             return pi2_err_set(err, PI2_EFORMAT, "%s: predictor for layer %d expert %d has no FFN", b->in.path,
                                e->layer, e->expert);
+        pi2_qtype qt = pi2_mf_pred_qtype(e->predictor.dtype);
+        if (qt != PI2_QT_F32) { /* q8/q4: sizes checked at parse; fc2's payload and scales rows follow the FFN */
+            int64_t Rp = (e->predictor.rank + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
+            if ((rc = plan_copy(b, e->predictor.fc1, err)) || (rc = plan_copy(b, e->predictor.fc1_scales, err)) ||
+                (rc = plan_rows(b, J_ROWS, e->predictor.fc2, f, (uint64_t)d->n_ff, pi2_q_payload_row_bytes(qt, Rp),
+                                err)))
+                break;
+            rc = plan_rows(b, J_ROWS, e->predictor.fc2_scales, f, (uint64_t)d->n_ff,
+                           pi2_q_scale_row_count(qt, Rp) * 2, err);
+            continue;
+        }
         const pi2_ctr_section *s;
         if ((rc = in_section(&b->in, e->predictor.fc1, &s, err)))
             break;

@@ -504,7 +504,7 @@ int pi2_bundle_inspect(const pi2_bundle *b, FILE *out, pi2_err *err)
     /* predictors */
     double rlo = INFINITY, rhi = -INFINITY, rs = 0, plo = INFINITY, phi = -INFINITY, ps = 0, pa = 0;
     uint64_t bytes = 0;
-    int np = 0, imported = 0, prenorm = 0, f16 = 0;
+    int np = 0, imported = 0, prenorm = 0, ndt[4] = {0};
     for (size_t i = 0; i < m->n_layers; i++) {
         const pi2_mf_layer *e = &m->layers[i];
         if (!e->has_predictor)
@@ -512,19 +512,25 @@ int pi2_bundle_inspect(const pi2_bundle *b, FILE *out, pi2_err *err)
         np++;
         imported += e->predictor.imported;
         prenorm += e->predictor.input == PI2_PRED_IN_PRENORM;
-        f16 += e->predictor.dtype == PI2_MF_PRED_F16;
+        ndt[(unsigned)e->predictor.dtype < 4 ? e->predictor.dtype : 0]++;
         minmax(e->predictor.report.recall, &rlo, &rhi, &rs);
         minmax(e->predictor.report.precision, &plo, &phi, &ps);
         pa += isnan(e->predictor.report.pred_active_frac) ? 0 : e->predictor.report.pred_active_frac;
         bytes += e->predictor.report.bytes_q8;
     }
+    char stored[32] = "";
+    static const pi2_mf_pdtype order[4] = {PI2_MF_PRED_F16, PI2_MF_PRED_F32, PI2_MF_PRED_Q8, PI2_MF_PRED_Q4};
+    for (int k = 0; k < 4; k++) /* the dtypes present, "/"-joined: "f16", "f16/f32", "q4" */
+        if (ndt[order[k]])
+            snprintf(stored + strlen(stored), sizeof stored - strlen(stored), "%s%s", stored[0] ? "/" : "",
+                     pi2_mf_pred_dtype_name(order[k]));
     if (np)
         fprintf(out,
                 "predictors: %d (%s; reading %s; stored %s), recall %.3f..%.3f (target %g), precision %.3f..%.3f, "
                 "predicted active %.1f%%, %.2f MB as q8\n",
                 np, imported == np ? "imported" : imported ? "imported/trained" : "trained",
                 prenorm == np ? "the pre-norm residual" : prenorm ? "pre-norm / normed" : "the normed FFN input",
-                f16 == np ? "f16" : f16 ? "f16/f32" : "f32", rlo, rhi, m->recall_target, plo, phi, 100 * pa / np,
+                stored, rlo, rhi, m->recall_target, plo, phi, 100 * pa / np,
                 bytes / 1e6);
     else
         fprintf(out, "predictors: none (sparsity mode %s)\n", pi2_manifest_mode_name(m->sparsity_mode));

@@ -614,6 +614,23 @@ static int check_tensors(lctx *c, const pi2_bundle_layout *l)
         uint64_t r = (uint64_t)e->predictor.rank, el = pi2_mf_pred_elem(e->predictor.dtype);
         if (!f1 || !f2)
             return fail(c, PI2_ENOTFOUND, w, "predictor member not in sections");
+        pi2_qtype qt = pi2_mf_pred_qtype(e->predictor.dtype);
+        if (qt != PI2_QT_F32) { /* the rows decode runs, fc2's padded to rank_p */
+            const pi2_ctr_section *s1 = lookup(c, e->predictor.fc1_scales), *s2 = lookup(c, e->predictor.fc2_scales);
+            uint64_t rp = (r + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP, n = (uint64_t)d->n_ff;
+            if (!s1 || !s2)
+                return fail(c, PI2_ENOTFOUND, w, "predictor scales member not in sections");
+            if (f1->size != r * pi2_q_payload_row_bytes(qt, d->hidden) ||
+                f2->size != n * pi2_q_payload_row_bytes(qt, (int64_t)rp) ||
+                s1->size != r * pi2_q_scale_row_count(qt, d->hidden) * 2 ||
+                s2->size != n * pi2_q_scale_row_count(qt, (int64_t)rp) * 2)
+                return fail(c, PI2_ESHAPE, w, "%s predictor members hold %llu, %llu, %llu and %llu bytes, not [%llu, %d] "
+                            "and [%llu, %llu] rows", pi2_q_type_name(qt), (unsigned long long)f1->size,
+                            (unsigned long long)f2->size, (unsigned long long)s1->size,
+                            (unsigned long long)s2->size, (unsigned long long)r, d->hidden,
+                            (unsigned long long)n, (unsigned long long)rp);
+            continue;
+        }
         if (f1->size != r * (uint64_t)d->hidden * el || f2->size != (uint64_t)d->n_ff * r * el)
             return fail(c, PI2_ESHAPE, w, "predictor members hold %llu and %llu bytes, expected %llu and %llu",
                         (unsigned long long)f1->size, (unsigned long long)f2->size,

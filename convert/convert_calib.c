@@ -587,6 +587,48 @@ static int write_profile(pi2_conv *c, pi2_err *err)
     return rc;
 }
 
+/* Rows [rows, n] of f16 values m (the first `cols` of each row stored, the
+ * rest zero) as qt rows into member `name` and their scales into `sname`,
+ * quantized exactly as the engine quantizes f16 predictors at open. */
+static int write_q_rows(pi2_conv *c, pi2_qtype qt, const uint16_t *m, int64_t rows, int64_t cols, int64_t n,
+                        const char *name, const char *sname, pi2_err *err)
+{
+    size_t pb = pi2_q_payload_row_bytes(qt, n), sc = pi2_q_scale_row_count(qt, n);
+    uint8_t *q = pi2_malloc_array((size_t)rows, pb);
+    uint16_t *sv = pi2_malloc_array((size_t)rows * sc, sizeof *sv);
+    float *row = calloc((size_t)n, sizeof *row);
+    int rc = 0;
+    if (!q || !sv || !row)
+        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory quantizing a predictor");
+    for (int64_t r = 0; r < rows && rc == 0; r++) {
+        for (int64_t k = 0; k < cols; k++)
+            row[k] = pi2_f16_to_f32(m[r * cols + k]);
+        if (pi2_q_quantize_row(qt, row, n, sv + r * (int64_t)sc, q + r * (int64_t)pb))
+            rc = pi2_err_set(err, PI2_ERANGE, "%s: a value cannot be quantized", name);
+    }
+    if (rc == 0)
+        rc = pi2_ctr_writer_add(c->w, name, q, (size_t)rows * pb, err);
+    if (rc == 0)
+        rc = pi2_ctr_writer_add(c->w, sname, sv, (size_t)rows * sc * sizeof *sv, err);
+    free(q);
+    free(sv);
+    free(row);
+    return rc;
+}
+
+/* Predictor p of layer l, expert e as q8/q4 members (c->o->q_pred) in the
+ * layout decode evaluates: fc2's rows padded to rank_p. */
+static int write_pred_quant(pi2_conv *c, const conv_pred *p, pi2_mf_predictor *mp, int l, int e, pi2_err *err)
+{
+    pi2_qtype qt = c->o->q_pred;
+    int64_t D = c->desc->hidden, R = p->rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
+    mp->dtype = qt == PI2_QT_Q4 ? PI2_MF_PRED_Q4 : PI2_MF_PRED_Q8;
+    snprintf(mp->fc1_scales, sizeof mp->fc1_scales, "p/%d.%d.fc1.s", l, e);
+    snprintf(mp->fc2_scales, sizeof mp->fc2_scales, "p/%d.%d.fc2.s", l, e);
+    int rc = write_q_rows(c, qt, p->fc1, R, D, D, mp->fc1, mp->fc1_scales, err);
+    return rc ? rc : write_q_rows(c, qt, p->fc2, c->desc->n_ff, R, Rp, mp->fc2, mp->fc2_scales, err);
+}
+
 /* Predictor members and sparsity entries. */
 static int write_sparsity(pi2_conv *c, pi2_err *err)
 {
@@ -622,8 +664,12 @@ static int write_sparsity(pi2_conv *c, pi2_err *err)
                 ml.predictor.report = c->reports[fi];
                 snprintf(ml.predictor.fc1, sizeof ml.predictor.fc1, "p/%d.%d.fc1", l, e);
                 snprintf(ml.predictor.fc2, sizeof ml.predictor.fc2, "p/%d.%d.fc2", l, e);
-                rc = pi2_ctr_writer_add(c->w, ml.predictor.fc1, p->fc1, (size_t)r * d->hidden * sizeof *p->fc1, err);
-                if (rc == 0)
+                if (c->o->q_pred != PI2_QT_F32)
+                    rc = write_pred_quant(c, p, &ml.predictor, l, e, err);
+                else
+                    rc = pi2_ctr_writer_add(c->w, ml.predictor.fc1, p->fc1, (size_t)r * d->hidden * sizeof *p->fc1,
+                                            err);
+                if (rc == 0 && c->o->q_pred == PI2_QT_F32)
                     rc = pi2_ctr_writer_add(c->w, ml.predictor.fc2, p->fc2, (size_t)d->n_ff * r * sizeof *p->fc2,
                                             err);
             }

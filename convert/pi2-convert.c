@@ -88,6 +88,8 @@ static void usage(FILE *f)
             "  -o, --output OUT        converted model file to write\n"
             "  --quant q4|q8           FFN weights (default q4)\n"
             "  --other-quant q8|q4     attention, embeddings, output head (default q8)\n"
+            "  --pred-quant q8|q4|f16  predictors as stored (default q8): q8/q4 are the rows the runtime\n"
+            "                          runs, used in place; f16 is quantized to q8 at open\n"
             "  --train-predictors      train predictors when the model comes with none\n"
             "  --predictors PATH       import predictors: a safetensors file or dir (the checkpoint's\n"
             "                          predictor names), or a PowerInfer repo dir (model_{L}.pt files,\n"
@@ -116,11 +118,12 @@ static void usage(FILE *f)
 
 static int cmd_convert(int argc, char **argv)
 {
-    enum { O_QUANT = 256, O_OQUANT, O_TRAIN, O_PRED, O_CALIB, O_CTOK, O_RECALL, O_SPARSITY, O_THREADS, O_SEED, O_PERLAYER,
+    enum { O_QUANT = 256, O_OQUANT, O_PQUANT, O_TRAIN, O_PRED, O_CALIB, O_CTOK, O_RECALL, O_SPARSITY, O_THREADS, O_SEED, O_PERLAYER,
            O_PIN };
     static const struct option opts[] = {
         {"output", required_argument, 0, 'o'},       {"per-layer", no_argument, 0, O_PERLAYER},       {"quant", required_argument, 0, O_QUANT},
         {"other-quant", required_argument, 0, O_OQUANT}, {"train-predictors", no_argument, 0, O_TRAIN},
+        {"pred-quant", required_argument, 0, O_PQUANT},
         {"predictors", required_argument, 0, O_PRED}, {"calib", required_argument, 0, O_CALIB},
         {"calib-tokens", required_argument, 0, O_CTOK}, {"recall", required_argument, 0, O_RECALL},
         {"sparsity", required_argument, 0, O_SPARSITY}, {"threads", required_argument, 0, O_THREADS},
@@ -129,6 +132,7 @@ static int cmd_convert(int argc, char **argv)
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     pi2_convert_opts o;
     pi2_convert_defaults(&o);
+    o.q_pred = PI2_QT_Q8; /* the tool stores what the runtime runs; the library keeps f16 unless asked */
     pi2_err err = {0};
     int c, rc = 0;
     long long v;
@@ -145,6 +149,12 @@ static int cmd_convert(int argc, char **argv)
             rc = pi2_q_type_parse(optarg, &o.q_other, NULL);
             if (rc != 0 || o.q_other == PI2_QT_F32)
                 rc = pi2_err_set(&err, PI2_EINVAL, "--other-quant '%s': expected q8 or q4", optarg);
+            break;
+        case O_PQUANT:
+            if (!strcmp(optarg, "f16"))
+                o.q_pred = PI2_QT_F32;
+            else if (pi2_q_type_parse(optarg, &o.q_pred, NULL) != 0 || o.q_pred == PI2_QT_F32)
+                rc = pi2_err_set(&err, PI2_EINVAL, "--pred-quant '%s': expected f16, q8 or q4", optarg);
             break;
         case O_TRAIN: o.train_predictors = true; break;
         case O_PRED: o.predictors_dir = optarg; break;

@@ -20,7 +20,19 @@ static const char *const role_names[] = { "embed", "out_norm", "lm_head", "attn_
 #define N_ROLES (sizeof role_names / sizeof role_names[0])
 static_assert(PI2_T_ROUTER + 1 == N_ROLES, "role table follows pi2_tname");
 
-size_t pi2_mf_pred_elem(pi2_mf_pdtype dt) { return dt == PI2_MF_PRED_F16 ? 2 : 4; }
+size_t pi2_mf_pred_elem(pi2_mf_pdtype dt) { return dt == PI2_MF_PRED_F16 ? 2 : dt == PI2_MF_PRED_F32 ? 4 : 0; }
+
+pi2_qtype pi2_mf_pred_qtype(pi2_mf_pdtype dt)
+{
+    return dt == PI2_MF_PRED_Q8 ? PI2_QT_Q8 : dt == PI2_MF_PRED_Q4 ? PI2_QT_Q4 : PI2_QT_F32;
+}
+
+static const char *const pred_dtypes[] = { "f32", "f16", "q8", "q4" };
+
+const char *pi2_mf_pred_dtype_name(pi2_mf_pdtype dt)
+{
+    return (unsigned)dt < 4 ? pred_dtypes[dt] : "?";
+}
 
 const char *pi2_manifest_role_name(pi2_tname role)
 {
@@ -598,10 +610,50 @@ static int parse_report(pctx *c, json_t *e, const char *w, pi2_pred_report *r)
     return 0;
 }
 
+/* The scales keys of a q8/q4 predictor (refused for f32/f16) and, in a
+ * converted container, the four members' sizes. */
+static int parse_pred_scales(pctx *c, json_t *e, const char *w, pi2_mf_predictor *p)
+{
+    pi2_qtype qt = pi2_mf_pred_qtype(p->dtype);
+    static const char *const sk[2] = { "fc1_scales", "fc2_scales" };
+    char *dst[2] = { p->fc1_scales, p->fc2_scales };
+    if (qt == PI2_QT_F32) {
+        for (int k = 0; k < 2; k++)
+            if (json_object_get(e, sk[k]))
+                return fail(c, PI2_EFORMAT, w, sk[k], "only a q8 or q4 predictor has scales");
+        return 0;
+    }
+    const pi2_ctr_section *sec[2];
+    int rc;
+    for (int k = 0; k < 2; k++)
+        if ((rc = get_member(c, e, w, sk[k], false, true, dst[k], &sec[k])))
+            return rc;
+    if (c->m->kind != PI2_MF_CONVERTED)
+        return 0; /* the bundle reader checks its own layout */
+    int64_t R = p->rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP, D = c->m->config.hidden,
+            N = c->m->config.n_ff, cols[2] = { D, Rp }, rows[2] = { R, N };
+    const char *names[2] = { p->fc1, p->fc2 };
+    for (int k = 0; k < 2; k++) {
+        uint64_t pb = (uint64_t)rows[k] * pi2_q_payload_row_bytes(qt, cols[k]),
+                 sb = (uint64_t)rows[k] * pi2_q_scale_row_count(qt, cols[k]) * 2;
+        const pi2_ctr_section *ps = lookup(c, names[k]);
+        if (ps && ps->size != pb)
+            return fail(c, PI2_ESHAPE, w, k ? "fc2" : "fc1", "member \"%s\" holds %llu bytes, expected %llu for %s [%lld, %lld]",
+                        ps->name, (unsigned long long)ps->size, (unsigned long long)pb, pi2_q_type_name(qt),
+                        (long long)rows[k], (long long)cols[k]);
+        if (sec[k]->size != sb)
+            return fail(c, PI2_ESHAPE, w, sk[k], "member \"%s\" holds %llu bytes, expected %llu for %s [%lld, %lld]",
+                        sec[k]->name, (unsigned long long)sec[k]->size, (unsigned long long)sb, pi2_q_type_name(qt),
+                        (long long)rows[k], (long long)cols[k]);
+    }
+    return 0;
+}
+
 static int parse_predictor(pctx *c, json_t *e, const char *w, pi2_mf_predictor *p)
 {
-    static const char *const keys[] = { "rank", "threshold", "imported", "input", "dtype", "fc1", "fc2", "report" };
-    static const char *const inputs[] = { "normed", "prenorm" }, *const dtypes[] = { "f32", "f16" };
+    static const char *const keys[] = { "rank",       "threshold",  "imported", "input", "dtype", "fc1", "fc2",
+                                        "fc1_scales", "fc2_scales", "report" };
+    static const char *const inputs[] = { "normed", "prenorm" };
     char wr[120];
     json_t *rep;
     int rc, in = PI2_PRED_IN_NORMED, dt = PI2_MF_PRED_F32;
@@ -611,13 +663,16 @@ static int parse_predictor(pctx *c, json_t *e, const char *w, pi2_mf_predictor *
         (rc = pi2_jr_bool(&c->r, e, w, "imported", &p->imported)) ||
         (json_object_get(e, "input") &&
          (rc = pi2_jr_enum(&c->r, e, w, "input", inputs, 2, "normed or prenorm", &in))) ||
-        (json_object_get(e, "dtype") && (rc = pi2_jr_enum(&c->r, e, w, "dtype", dtypes, 2, "f32 or f16", &dt))) ||
+        (json_object_get(e, "dtype") &&
+         (rc = pi2_jr_enum(&c->r, e, w, "dtype", pred_dtypes, 4, "f32, f16, q8 or q4", &dt))) ||
         (rc = get_member(c, e, w, "fc1", false, true, p->fc1, NULL)) ||
         (rc = get_member(c, e, w, "fc2", false, true, p->fc2, NULL)) ||
         (rc = pi2_jr_obj(&c->r, e, w, "report", false, &rep)))
         return rc;
     p->input = (pi2_pred_input)in;
     p->dtype = (pi2_mf_pdtype)dt;
+    if ((rc = parse_pred_scales(c, e, w, p)))
+        return rc;
     snprintf(wr, sizeof wr, "%s.report", w);
     return parse_report(c, rep, wr, &p->report);
 }

@@ -39,8 +39,10 @@
  *                                  "predictor": null | { "rank", "threshold",
  *                                      "imported": bool,
  *                                      "input": "normed" | "prenorm",
- *                                      "dtype": "f32" | "f16",
+ *                                      "dtype": "f32" | "f16" | "q8" | "q4",
  *                                      "fc1": member, "fc2": member,
+ *                                      "fc1_scales": member,
+ *                                      "fc2_scales": member (q8/q4 only),
  *                                      "report": { every pi2_pred_report field
  *                                                  under its C name } },
  *                                  "silu_threshold": number (optional) }, ... ] },
@@ -100,7 +102,15 @@
  *                threshold_sparsity. Predictor rank in [1, PI2_PRED_MAX_DIM];
  *                fc1/fc2 members must exist; they hold fc1 [rank, d] and
  *                fc2 [n_ff, rank] row-major in "dtype" (f16: IEEE half,
- *                LE), the sizes the bundle reader checks. "input" is the
+ *                LE), the sizes the bundle reader checks. q8/q4 members
+ *                hold the rows the runtime evaluates, as the tensors do:
+ *                fc1 and fc2 the pi2_q payload of fc1 [rank, d] and fc2
+ *                [n_ff, rank_p] (rank_p = rank rounded up to 32, the extra
+ *                columns zero), fc1_scales and fc2_scales their f16 group
+ *                scales (row-major, rank_p / 32 per fc2 row); the two scales
+ *                keys are required for q8/q4 and refused otherwise, and in
+ *                a converted container all four sizes are checked (named
+ *                like the tensors': "<fc1>.s"). "input" is the
  *                vector the predictor reads (predictor/train.h). Report fractions in [0, 1] or null,
  *                losses, pos_weight and seconds >= 0 or null (NaN).
  *   profile      fractions in [0, 1]; the freq member holds float32 [n_ff]
@@ -189,6 +199,8 @@ typedef struct pi2_mf_tensor {
 typedef enum pi2_mf_pdtype {
     PI2_MF_PRED_F32 = 0,
     PI2_MF_PRED_F16 = 1,
+    PI2_MF_PRED_Q8 = 2, /* pi2_q rows and scales, as evaluated (see the layout above) */
+    PI2_MF_PRED_Q4 = 3,
 } pi2_mf_pdtype;
 
 typedef struct pi2_mf_predictor {
@@ -199,6 +211,8 @@ typedef struct pi2_mf_predictor {
     pi2_mf_pdtype dtype;  /* of the fc1/fc2 members */
     char fc1[PI2_CTR_NAME_MAX];
     char fc2[PI2_CTR_NAME_MAX];
+    char fc1_scales[PI2_CTR_NAME_MAX]; /* "" unless dtype is q8/q4 */
+    char fc2_scales[PI2_CTR_NAME_MAX];
     pi2_pred_report report;
 } pi2_mf_predictor;
 
@@ -292,8 +306,13 @@ int pi2_manifest_to_json(const pi2_manifest *m, char **text, size_t *len, pi2_er
  * error *out is NULL. */
 int pi2_manifest_parse(const char *text, size_t len, const char *name, pi2_manifest **out, pi2_err *err);
 
-/* Bytes of one predictor weight in its members: 4 (f32) or 2 (f16). */
+/* Bytes of one predictor weight in its members: 4 (f32) or 2 (f16);
+ * 0 for q8/q4, whose rows are sized by pi2_q (pi2_mf_pred_qtype). */
 size_t pi2_mf_pred_elem(pi2_mf_pdtype dt);
+/* PI2_QT_Q8 / PI2_QT_Q4 for a quantized predictor dtype, else PI2_QT_F32. */
+pi2_qtype pi2_mf_pred_qtype(pi2_mf_pdtype dt);
+/* "f32", "f16", "q8" or "q4". */
+const char *pi2_mf_pred_dtype_name(pi2_mf_pdtype dt);
 
 /* The tensor with this role, layer and expert (-1 where n/a); NULL if absent. */
 const pi2_mf_tensor *pi2_manifest_find_tensor(const pi2_manifest *m, pi2_tname role, int layer, int expert);

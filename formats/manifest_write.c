@@ -228,9 +228,13 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
             put(b, po, "threshold", pi2_json_float(p->threshold));
             put(b, po, "imported", json_boolean(p->imported));
             put(b, po, "input", json_string(pi2_pred_input_name(p->input)));
-            put(b, po, "dtype", json_string(p->dtype == PI2_MF_PRED_F16 ? "f16" : "f32"));
+            put(b, po, "dtype", json_string(pi2_mf_pred_dtype_name(p->dtype)));
             put(b, po, "fc1", json_string(p->fc1));
             put(b, po, "fc2", json_string(p->fc2));
+            if (pi2_mf_pred_qtype(p->dtype) != PI2_QT_F32) {
+                put(b, po, "fc1_scales", json_string(p->fc1_scales));
+                put(b, po, "fc2_scales", json_string(p->fc2_scales));
+            }
             put(b, po, "report", build_report(b, &p->report));
             put(b, o, "predictor", po);
         } else {

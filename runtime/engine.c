@@ -112,10 +112,29 @@ static int pred_alloc(pi2_engine *e, eng_ffn *f, pi2_err *err)
     if (!(f->pq = acc_alloc(e, b1 + b2 + 2 * (c1 + c2), 1)))
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the predictor of layer %d", e->path, f->layer);
     f->rank_p = (int)Rp;
+    f->pred_qt = PI2_QT_Q8;
     f->q1 = f->pq;
     f->q2 = f->pq + b1;
     f->s1 = (uint16_t *)(void *)(f->pq + b1 + b2);
     f->s2 = f->s1 + c1;
+    return 0;
+}
+
+/* A q8/q4 predictor (qt): its members, in the layout pred_alloc makes,
+ * used in place, so open neither copies nor quantizes them. */
+static int pred_bind(pi2_engine *e, eng_ffn *f, const pi2_mf_predictor *p, pi2_qtype qt, pi2_err *err)
+{
+    int64_t D = e->d.hidden, R = f->rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP, N = f->n_ff;
+    const uint8_t *s1, *s2;
+    f->pred_qt = qt;
+    f->rank_p = (int)Rp;
+    if (!(f->q1 = member(e, p->fc1, (uint64_t)R * pi2_q_payload_row_bytes(qt, D), err)) ||
+        !(f->q2 = member(e, p->fc2, (uint64_t)N * pi2_q_payload_row_bytes(qt, Rp), err)) ||
+        !(s1 = member(e, p->fc1_scales, (uint64_t)R * pi2_q_scale_row_count(qt, D) * 2, err)) ||
+        !(s2 = member(e, p->fc2_scales, (uint64_t)N * pi2_q_scale_row_count(qt, Rp) * 2, err)))
+        return err->code;
+    f->s1 = (const uint16_t *)(const void *)s1;
+    f->s2 = (const uint16_t *)(const void *)s2;
     return 0;
 }
 
@@ -124,6 +143,8 @@ static int pred_fill(const pi2_engine *e, eng_ffn *f)
 {
     int64_t D = e->d.hidden, R = f->rank, Rp = f->rank_p, N = f->n_ff;
     int64_t W = D > Rp ? D : Rp;
+    uint8_t *q1 = f->pq, *q2 = f->pq + R * D; /* the writable view of f's copy (pred_alloc) */
+    uint16_t *s1 = (uint16_t *)(void *)(q2 + N * Rp), *s2 = s1 + R * (D / PI2_Q_GROUP);
     float *row = malloc(sizeof(float) * (size_t)W);
     if (!row)
         return PI2_ENOMEM;
@@ -131,13 +152,13 @@ static int pred_fill(const pi2_engine *e, eng_ffn *f)
     for (int64_t r = 0; r < R && !rc; r++) {
         for (int64_t k = 0; k < D; k++)
             row[k] = eng_pred_w(f, f->fc1, (size_t)(r * D + k));
-        rc = pi2_q_quantize_row(PI2_QT_Q8, row, D, f->s1 + r * (D / PI2_Q_GROUP), f->q1 + r * D);
+        rc = pi2_q_quantize_row(PI2_QT_Q8, row, D, s1 + r * (D / PI2_Q_GROUP), q1 + r * D);
     }
     memset(row + R, 0, sizeof(float) * (size_t)(Rp - R));
     for (int64_t i = 0; i < N && !rc; i++) {
         for (int64_t k = 0; k < R; k++)
             row[k] = eng_pred_w(f, f->fc2, (size_t)(i * R + k));
-        rc = pi2_q_quantize_row(PI2_QT_Q8, row, Rp, f->s2 + i * (Rp / PI2_Q_GROUP), f->q2 + i * Rp);
+        rc = pi2_q_quantize_row(PI2_QT_Q8, row, Rp, s2 + i * (Rp / PI2_Q_GROUP), q2 + i * Rp);
     }
     free(row);
     return rc ? PI2_ERANGE : 0;
@@ -176,7 +197,7 @@ static int pred_quantize_all(pi2_engine *e, pi2_err *err)
     }
     for (int l = 0; l < e->d.n_layers; l++)
         for (int x = 0; x < E; x++)
-            if (e->layers[l].ffn[x].has_pred)
+            if (e->layers[l].ffn[x].has_pred && e->layers[l].ffn[x].pq) /* q8/q4 members are used in place */
                 j.f[n++] = &e->layers[l].ffn[x];
     j.n = n;
     atomic_init(&j.next, 0);
@@ -329,6 +350,8 @@ static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *e
         f->pred_f16 = p->dtype == PI2_MF_PRED_F16;
         f->rank = p->rank;
         f->threshold = p->threshold;
+        if (pi2_mf_pred_qtype(p->dtype) != PI2_QT_F32)
+            return pred_bind(e, f, p, pi2_mf_pred_qtype(p->dtype), err);
         f->fc1 = member(e, p->fc1, (uint64_t)p->rank * d->hidden * el, err);
         if (!f->fc1)
             return err->code;

@@ -44,12 +44,13 @@ typedef struct eng_ffn {
     float threshold;
     const void *fc1; /* [rank][hidden], as stored (eng_pred_w) */
     const void *fc2; /* [n_ff][rank] */
-    /* the same as Q8 rows, made at open (engine.c, pred_quantize_all),
-     * which decode runs: a third of the bytes */
-    int rank_p;          /* rank rounded up to 32 (zero columns) */
-    uint8_t *pq;         /* one allocation, holding all four */
-    uint8_t *q1, *q2;    /* fc1 [rank][hidden], fc2 [n_ff][rank_p] payloads */
-    uint16_t *s1, *s2;   /* their scales */
+    /* the rows decode runs: a q8/q4 predictor's members in place, or
+     * (f32/f16) Q8 rows made at open (engine.c, pred_quantize_all) */
+    pi2_qtype pred_qt;        /* PI2_QT_Q8 or PI2_QT_Q4 */
+    int rank_p;               /* rank rounded up to 32 (zero columns) */
+    uint8_t *pq;              /* the open-time copy, holding all four; NULL in place */
+    const uint8_t *q1, *q2;   /* fc1 [rank][hidden], fc2 [n_ff][rank_p] payloads */
+    const uint16_t *s1, *s2;  /* their scales */
     bool has_silu_thr;
     float silu_thr;
 } eng_ffn;

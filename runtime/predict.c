@@ -1,5 +1,5 @@
 /* pi2 engine: the runtime predictor (decode): which neurons of an FFN
- * will fire for the token, from its Q8 copy of the predictor. */
+ * will fire for the token, from its Q8 or Q4 rows of the predictor. */
 #include "runtime/engine_internal.h"
 
 #include <string.h>
@@ -15,28 +15,28 @@ typedef struct pred_job {
  * from q, n / 32 scales each from s) against the quantized vector (as, aq,
  * asum) of n values, 64 rows per call, each prefetching the next 64 (the
  * rows lie together): out[r - b]. */
-static void pred_rows(const uint8_t *q, const uint16_t *s, int64_t n, int64_t b, int64_t en, const float *as,
-                      const int8_t *aq, const int32_t *asum, float *out)
+static void pred_rows(pi2_qtype qt, const uint8_t *q, const uint16_t *s, int64_t n, int64_t b, int64_t en,
+                      const float *as, const int8_t *aq, const int32_t *asum, float *out)
 {
     enum { R = 64 };
     const uint8_t *wp[R];
     const uint16_t *ws[R];
-    int64_t nb = n / PI2_Q_GROUP;
+    int64_t nb = n / PI2_Q_GROUP, pb = (int64_t)pi2_q_payload_row_bytes(qt, n);
     for (int64_t r0 = b; r0 < en; r0 += R) {
         int m = (int)(en - r0 < R ? en - r0 : R);
         for (int k = 0; k < m; k++) {
-            wp[k] = q + (r0 + k) * n;
+            wp[k] = q + (r0 + k) * pb;
             ws[k] = s + (r0 + k) * nb;
         }
         int64_t next = en - (r0 + m) < R ? en - (r0 + m) : R;
-        pi2_k_matmul_pf(PI2_QT_Q8, n, m, wp, ws, as, aq, asum, 1, out + (r0 - b), m, q + (r0 + m) * n, next * n);
+        pi2_k_matmul_pf(qt, n, m, wp, ws, as, aq, asum, 1, out + (r0 - b), m, q + (r0 + m) * pb, next * pb);
     }
 }
 
-/* Bytes of one Q8 row of n values, scales included. */
-static uint64_t q8_row_bytes(int64_t n)
+/* Bytes of one row of n values of type qt, scales included. */
+static uint64_t q_row_bytes(pi2_qtype qt, int64_t n)
 {
-    return pi2_q_payload_row_bytes(PI2_QT_Q8, n) + 2 * pi2_q_scale_row_count(PI2_QT_Q8, n);
+    return pi2_q_payload_row_bytes(qt, n) + 2 * pi2_q_scale_row_count(qt, n);
 }
 
 /* The predictor's two layers run as shared jobs (pi2_pool_run_shared):
@@ -50,7 +50,7 @@ static void pred_fc1_fn(void *ctx, int tid, int nt)
     pi2_engine *e = j->e;
     for (int64_t u; (u = eng_share_next(e, tid, nt)) >= 0;) {
         int64_t b = u * 8, en = b + 8 < f->rank ? b + 8 : f->rank;
-        pred_rows(f->q1, f->s1, e->d.hidden, b, en, e->pxs, e->pxq, e->pxsum, e->ph + b);
+        pred_rows(f->pred_qt, f->q1, f->s1, e->d.hidden, b, en, e->pxs, e->pxq, e->pxsum, e->ph + b);
     }
 }
 
@@ -62,7 +62,7 @@ static void pred_fc2_fn(void *ctx, int tid, int nt)
     float *sc = e->scores_all, thr = f->threshold;
     for (int64_t u; (u = eng_share_next(e, tid, nt)) >= 0;) {
         int64_t b = j->n0 + u * ENG_PRED_UNIT, en = b + ENG_PRED_UNIT < f->n_ff ? b + ENG_PRED_UNIT : f->n_ff;
-        pred_rows(f->q2, f->s2, f->rank_p, b, en, e->phs, e->phq, e->phsum, sc + b);
+        pred_rows(f->pred_qt, f->q2, f->s2, f->rank_p, b, en, e->phs, e->phq, e->phsum, sc + b);
         uint32_t n = 0, *list = j->sel + u * ENG_PRED_UNIT;
         for (int64_t i = b; i < en; i++)
             if (sc[i] >= thr)
@@ -87,7 +87,8 @@ uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint3
         memmove(sel + n, sel + u * ENG_PRED_UNIT, e->pred_n[u] * sizeof(uint32_t));
         n += e->pred_n[u];
     }
-    e->st.weight_bytes += (uint64_t)f->rank * q8_row_bytes(D) + (uint64_t)(f->n_ff - j.n0) * q8_row_bytes(f->rank_p);
+    e->st.weight_bytes +=
+        (uint64_t)f->rank * q_row_bytes(f->pred_qt, D) + (uint64_t)(f->n_ff - j.n0) * q_row_bytes(f->pred_qt, f->rank_p);
     return n;
 }
 

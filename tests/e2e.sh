@@ -79,6 +79,19 @@ b=$("$B/pi2-run" --reference "$T/tiny" -p "x" -n 16 --temp 1 --seed 5 2>/dev/nul
     && grep -q "predictors trained on the normed input" "$T/out" && grep -q "quality on" "$T/out" && ok \
     || { bad "convert tiny with training"; cat "$T/out" "$T/err"; }
 tar tvf "$T/tiny.pi2c" 2>/dev/null | grep -q "manifest.json" && ok || bad "tar does not list manifest.json"
+# --- predictors stored as f16, q8 or q4: q8 generates the tokens of f16
+# (the rows the engine made at open), in memory and offloaded; q4 runs ---
+for q in f16 q8 q4; do
+    "$B/pi2-convert" "$T/tiny" -o "$T/pq-$q.pi2c" --train-predictors --calib-tokens 2048 --seed 1 --pred-quant $q \
+        -q >/dev/null 2>"$T/err" && "$B/pi2-bundle" "$T/pq-$q.pi2c" -o "$T/pq-$q.pi2" --unsigned >/dev/null 2>>"$T/err" \
+        && "$B/pi2-run" "$T/pq-$q.pi2" --trust-unsigned -p "hello world" -n 24 >"$T/pq-$q.out" 2>>"$T/err" \
+        && "$B/pi2-run" "$T/pq-$q.pi2" --trust-unsigned -p "hello world" -n 24 --mem-limit 40M >"$T/pq-$q.oout" \
+        2>>"$T/err" && ok || { bad "convert, bundle and run with --pred-quant $q"; cat "$T/err"; }
+done
+cmp -s "$T/pq-f16.out" "$T/pq-q8.out" && cmp -s "$T/pq-f16.out" "$T/pq-q8.oout" && ok \
+    || bad "--pred-quant q8 generates other tokens than f16"
+"$B/pi2-bundle" inspect "$T/pq-q4.pi2" 2>&1 | grep -q "stored q4)" && ok || bad "inspect does not show q4 predictors"
+expect_error "convert bad pred-quant" "--pred-quant 'q3'" "$B/pi2-convert" "$T/tiny" --pred-quant q3 -o "$T/x.pi2c"
 expect_ok "export" "$B/pi2-convert" export "$T/tiny.pi2c" -o "$T/tiny-q"
 "$B/pi2-run" --reference "$T/tiny-q" -p "hello" -n 8 >/dev/null 2>"$T/err" && ok || { bad "run exported"; cat "$T/err"; }
 expect_error "export existing dir" "already exists" "$B/pi2-convert" export "$T/tiny.pi2c" -o "$T/tiny-q"
@@ -425,7 +438,7 @@ for fam in turbosparse-mistral bamboo relullama; do
         && grep -q "^model: " "$T/out" && grep -q "reading the pre-norm residual" "$T/out" && grep -q "^quality on" "$T/out" \
         && grep -q "^pi2-convert: \[.*\] quantizing" "$T/err" && grep -q "^pi2-convert: \[.*\] importing predictors" "$T/err" \
         && "$B/pi2-bundle" "$T/fam-$fam.pi2c" -o "$T/fam-$fam.pi2" --key "$T/k.pem" -q >/dev/null 2>"$T/err" \
-        && "$B/pi2-bundle" inspect "$T/fam-$fam.pi2" 2>"$T/err" | grep -q "reading the pre-norm residual; stored f16" \
+        && "$B/pi2-bundle" inspect "$T/fam-$fam.pi2" 2>"$T/err" | grep -q "reading the pre-norm residual; stored q8" \
         && [ -n "$("$B/pi2-run" "$T/fam-$fam.pi2" --pubkey "$T/k.pub" -p "hello world" -n 8 2>"$T/err")" ] \
         && ok || { bad "family $fam: synth, convert, bundle, run"; cat "$T/out" "$T/err"; }
 done

@@ -346,6 +346,9 @@ static void same_manifest(const pi2_manifest *a, const pi2_manifest *b)
             assert_int_equal(x->predictor.imported, y->predictor.imported);
             assert_string_equal(x->predictor.fc1, y->predictor.fc1);
             assert_string_equal(x->predictor.fc2, y->predictor.fc2);
+            assert_int_equal(x->predictor.dtype, y->predictor.dtype);
+            assert_string_equal(x->predictor.fc1_scales, y->predictor.fc1_scales);
+            assert_string_equal(x->predictor.fc2_scales, y->predictor.fc2_scales);
             same_report(&x->predictor.report, &y->predictor.report);
         }
         assert_int_equal(x->has_silu_threshold, y->has_silu_threshold);
@@ -455,6 +458,52 @@ static void test_round_trip_llama(void **state)
     assert_non_null(strstr(t, "\"input\": \"prenorm\",\n          \"dtype\": \"f16\","));
     free(t);
     pi2_manifest_free(m);
+}
+
+/* Point every predictor of m at q8/q4 members of the sizes the runtime
+ * evaluates (fc2 rows padded to rank_p); fc1_scales of layer `bad` one byte
+ * short when bad >= 0. */
+static void set_pred_quant(pi2_manifest *m, pi2_mf_pdtype dt, int bad)
+{
+    pi2_qtype qt = pi2_mf_pred_qtype(dt);
+    int64_t D = m->config.hidden, N = m->config.n_ff;
+    for (size_t i = 0; i < m->n_layers; i++) {
+        pi2_mf_predictor *p = &m->layers[i].predictor;
+        int64_t R = p->rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
+        p->dtype = dt;
+        snprintf(p->fc1, sizeof p->fc1, "pq/%zu.%s.fc1", i, pi2_mf_pred_dtype_name(dt));
+        snprintf(p->fc2, sizeof p->fc2, "pq/%zu.%s.fc2", i, pi2_mf_pred_dtype_name(dt));
+        snprintf(p->fc1_scales, sizeof p->fc1_scales, "pq/%zu.%s.fc1.s", i, pi2_mf_pred_dtype_name(dt));
+        snprintf(p->fc2_scales, sizeof p->fc2_scales, "pq/%zu.%s.fc2.s", i, pi2_mf_pred_dtype_name(dt));
+        add_sec(m, p->fc1, (uint64_t)R * pi2_q_payload_row_bytes(qt, D));
+        add_sec(m, p->fc2, (uint64_t)N * pi2_q_payload_row_bytes(qt, Rp));
+        add_sec(m, p->fc1_scales, (uint64_t)R * pi2_q_scale_row_count(qt, D) * 2 - ((int)i == bad));
+        add_sec(m, p->fc2_scales, (uint64_t)N * pi2_q_scale_row_count(qt, Rp) * 2);
+    }
+}
+
+/* q8 and q4 predictors round-trip with their scales members; an f32 one
+ * writes no scales keys, so older manifests stay byte for byte. */
+static void test_round_trip_pred_quant(void **state)
+{
+    (void)state;
+    static const pi2_mf_pdtype dts[2] = { PI2_MF_PRED_Q8, PI2_MF_PRED_Q4 };
+    for (int k = 0; k < 2; k++) {
+        pi2_manifest *m = make(cfg_llama(), PI2_MF_CONVERTED, PI2_MF_SPARSE_PREDICTOR);
+        char *t = to_json(m, &(size_t){ 0 });
+        assert_null(strstr(t, "fc1_scales"));
+        free(t);
+        set_pred_quant(m, dts[k], -1);
+        round_trip(m);
+        size_t len;
+        t = to_json(m, &len);
+        char want[64];
+        snprintf(want, sizeof want, "\"dtype\": \"%s\",", pi2_mf_pred_dtype_name(dts[k]));
+        assert_non_null(strstr(t, want));
+        assert_non_null(strstr(t, "\"fc1_scales\": \"pq/0."));
+        free(t);
+        pi2_manifest_free(m);
+    }
 }
 
 static void test_round_trip_bamboo_bundled(void **state)
@@ -622,6 +671,16 @@ static void expect_to_json_error(pi2_manifest *m, int code, const char *needle)
     assert_int_equal(len, 0);
     assert_non_null(strstr(e.msg, "manifest"));
     assert_non_null(strstr(e.msg, needle));
+}
+
+/* A scales member one byte short: one line naming the key, sizes and shape. */
+static void test_pred_quant_bad_scales(void **state)
+{
+    (void)state;
+    pi2_manifest *m = make(cfg_llama(), PI2_MF_CONVERTED, PI2_MF_SPARSE_PREDICTOR);
+    set_pred_quant(m, PI2_MF_PRED_Q4, 1);
+    expect_to_json_error(m, PI2_ESHAPE, "sparsity.per_layer[1].predictor.fc1_scales: member \"pq/1.q4.fc1.s\" holds");
+    pi2_manifest_free(m);
 }
 
 /* The writer refuses what the reader would refuse. */
@@ -1039,6 +1098,9 @@ static const edit k_edits[] = {
     { "sparsity.per_layer.0.predictor.input", "\"postnorm\"", PI2_EUNSUPPORTED, "predictor.input: unknown value" },
     { "sparsity.per_layer.0.predictor.input", "1", PI2_EFORMAT, "predictor.input: expected a string" },
     { "sparsity.per_layer.0.predictor.dtype", "\"q3\"", PI2_EUNSUPPORTED, "predictor.dtype: unknown value" },
+    { "sparsity.per_layer.0.predictor.fc1_scales", "\"tokenizer.json\"", PI2_EFORMAT,
+      "predictor.fc1_scales: only a q8 or q4 predictor has scales" },
+    { "sparsity.per_layer.0.predictor.dtype", "\"q8\"", PI2_ENOTFOUND, "predictor.fc1_scales: required" },
     /* profile */
     { "profile.tokens", "-1", PI2_ERANGE, "profile.tokens: -1 is out of range (must be >= 0)" },
     { "profile.per_layer.0.active_frac", "-0.1", PI2_ERANGE, "profile.per_layer[0].active_frac" },
@@ -1250,6 +1312,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_llama),
         cmocka_unit_test(test_round_trip_bamboo_bundled),
+        cmocka_unit_test(test_round_trip_pred_quant),
+        cmocka_unit_test(test_pred_quant_bad_scales),
         cmocka_unit_test(test_round_trip_silu_threshold),
         cmocka_unit_test(test_round_trip_moe),
         cmocka_unit_test(test_container_round_trip),

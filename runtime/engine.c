@@ -495,8 +495,10 @@ static uint64_t engine_buffers(const pi2_manifest *mf, const pi2_bundle_layout *
         if (mf->sparsity_mode != PI2_MF_SPARSE_PREDICTOR || !ml || !ml->has_predictor)
             continue;
         uint64_t R = (uint64_t)ml->predictor.rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
-        n += R * D + b->neurons * Rp + 2 * (R * (D / PI2_Q_GROUP) + b->neurons * (Rp / PI2_Q_GROUP));
         max_rank = ml->predictor.rank > max_rank ? ml->predictor.rank : max_rank;
+        if (pi2_mf_pred_qtype(ml->predictor.dtype) != PI2_QT_F32)
+            continue; /* q8/q4 members are used in place (pred_bind): no copy */
+        n += R * D + b->neurons * Rp + 2 * (R * (D / PI2_Q_GROUP) + b->neurons * (Rp / PI2_Q_GROUP));
     }
     uint64_t mi = D > qd ? D : qd, mr = ((uint64_t)max_rank + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
     uint64_t G = PI2_Q_GROUP;

@@ -69,6 +69,27 @@ static inline void down_coefs(const float *coef, int64_t ldc, int T, int r0, int
     }
 }
 
+/* The fixed order of the matmul family's float sums (kernels.h,
+ * Numerics): per (row, token), chunks of K_MC blocks from block 0; in a
+ * chunk, 16 striped partial sums (block b into stripe b % 16, each from
+ * +0 by fma((float)dot_b, d_b * as_b, stripe) in block order), combined
+ * by k_tree16; the chunks' sums added in order to +0. No stripe is ever
+ * -0, so a stripe without blocks (+0) changes nothing it is added to. */
+enum { K_MC = 64 };
+
+/* x[0..16) summed in one fixed tree: halves, quarters, then pairs
+ * (y_j = x_j + x_j+8, z_i = y_i + y_i+4, (z_0 + z_2) + (z_1 + z_3)): the
+ * order GCC's _mm512_reduce_add_ps takes, and k_sum16's. */
+static inline float k_tree16(const float x[16])
+{
+    float y[8], z[4];
+    for (int j = 0; j < 8; j++)
+        y[j] = x[j] + x[j + 8];
+    for (int i = 0; i < 4; i++)
+        z[i] = y[i] + y[i + 4];
+    return (z[0] + z[2]) + (z[1] + z[3]);
+}
+
 /* Dispatch thresholds (tokens per call). */
 enum {
     K_PANEL_MIN_T = 4,   /* AVX-512 VNNI matmul: fewer tokens take the decode path */
@@ -121,6 +142,29 @@ PI2_T_AVX2 static inline float hsum8(__m256 v)
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* k_tree16's tree on registers: k_sum4 of 4 lanes (x_0 + x_2) + (x_1 +
+ * x_3), k_sum8 of 8 (quarters, then k_sum4), k_sum16 of 16; a row's
+ * stripes 0-7 and 8-15 in two ymm sum as k_sum8(lo + hi). */
+PI2_T_AVX2 static inline float k_sum4(__m128 x)
+{
+    __m128 w = _mm_add_ps(x, _mm_shuffle_ps(x, x, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(w) + _mm_cvtss_f32(_mm_shuffle_ps(w, w, 1));
+}
+
+PI2_T_AVX2 static inline float k_sum8(__m256 x)
+{
+    return k_sum4(_mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x)));
+}
+
+/* The sum of 16 lanes in k_tree16's order, so that narrow rows can take
+ * its subtrees: a row in lanes 0-7 (0-3) of an otherwise zero vector sums
+ * as k_sum8 (k_sum4) of those lanes, no lane ever being -0. */
+PI2_T_AVX512 static inline float k_sum16(__m512 x)
+{
+    return k_sum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)),
+                                _mm512_castps512_ps256(x)));
 }
 
 /* dst[i] = fp16 h[i] as float (exact), i < n. */

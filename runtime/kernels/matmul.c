@@ -39,13 +39,41 @@
  * additions), within kernels.h's bound. */
 #include "runtime/kernels/internal.h"
 
+/* One Q4 or Q8 row (payload p, scales s) against one token's nb blocks
+ * in the fixed order (internal.h, K_MC): the sum every path gives. */
+static float dot_fixed(pi2_qtype wt, const uint8_t *p, const uint16_t *s, const float *as, const int8_t *a, int64_t nb)
+{
+    float total = 0.0f;
+    for (int64_t b0 = 0; b0 < nb; b0 += K_MC) {
+        float x[16] = {0};
+        for (int64_t b = b0; b < min64(b0 + K_MC, nb); b++) {
+            const int8_t *ab = a + b * QG;
+            int32_t d = 0;
+            if (wt == PI2_QT_Q4) {
+                const uint8_t *pb = p + b * PI2_Q4_GROUP_BYTES;
+                for (int j = 0; j < 16; j++)
+                    d += ((pb[j] & 0x0f) - 8) * ab[j] + ((pb[j] >> 4) - 8) * ab[j + 16];
+            } else {
+                const uint8_t *pb = p + b * PI2_Q8_GROUP_BYTES;
+                for (int j = 0; j < QG; j++)
+                    d += (int8_t)pb[j] * ab[j];
+            }
+            x[b % 16] = fmaf((float)d, pi2_f16_to_f32(s[b]) * as[b], x[b % 16]);
+        }
+        total += k_tree16(x);
+    }
+    return total;
+}
+
 static void matmul_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
                           const float *ascales, const int8_t *aq, int T, float *out, int64_t ldo)
 {
     int64_t nb = n / QG;
     for (int t = 0; t < T; t++)
         for (int r = 0; r < nrows; r++)
-            out[t * ldo + r] = pi2_q_dot_q8act_scalar(wt, ws[r], wp[r], ascales + t * nb, aq + t * n, n);
+            out[t * ldo + r] = wt == PI2_QT_F32
+                                   ? pi2_q_dot_q8act_scalar(wt, ws[r], wp[r], ascales + t * nb, aq + t * n, n)
+                                   : dot_fixed(wt, wp[r], ws[r], ascales + t * nb, aq + t * n, nb);
 }
 
 #ifdef PI2_K_X86
@@ -197,12 +225,34 @@ PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
 
 /* The 8-block step for all 4 rows: activations at ab, scales at asb, sums
  * at sb; rows wq_k, scales sq_k. */
-#define K_T1_STEP(ab, asb, sb, wq0, wq1, wq2, wq3, sq0, sq1, sq2, sq3, LOADW, PROD, ADDP, FIN, GB, CSH)         \
+#define K_T1_STEP_(A0, A1, A2, A3, ab, asb, sb, wq0, wq1, wq2, wq3, sq0, sq1, sq2, sq3, LOADW, PROD, ADDP, FIN, GB, \
+                   CSH)                                                                                        \
     do {                                                                                                       \
         __m256 asv = _mm256_loadu_ps((asb));                                                                   \
         __m256i corr = _mm256_slli_epi32(ld256((sb)), (CSH));                                                  \
-        K_T1_ROWS(acc0, acc1, wq0, wq1, sq0, sq1, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                        \
-        K_T1_ROWS(acc2, acc3, wq2, wq3, sq2, sq3, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                        \
+        K_T1_ROWS(A0, A1, wq0, wq1, sq0, sq1, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                            \
+        K_T1_ROWS(A2, A3, wq2, wq3, sq2, sq3, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                            \
+    } while (0)
+/* Blocks b .. b + 7 are stripes 0-7 (acc) or 8-15 (hcc) of the fixed
+ * order (internal.h, K_MC), as b % 16 is 0 or 8. */
+#define K_T1_STEP(b, ...)                                                                                      \
+    do {                                                                                                       \
+        if ((b) % 16 == 0)                                                                                     \
+            K_T1_STEP_(acc0, acc1, acc2, acc3, __VA_ARGS__);                                                   \
+        else                                                                                                   \
+            K_T1_STEP_(hcc0, hcc1, hcc2, hcc3, __VA_ARGS__);                                                   \
+    } while (0)
+/* At block b, a chunk boundary past the first: the chunk's sums join the
+ * rows' totals, the stripes start again from +0. */
+#define K_T1_CHUNK(b)                                                                                          \
+    do {                                                                                                       \
+        if ((b) > 0 && (b) % K_MC == 0) {                                                                      \
+            r0_ += k_sum8(_mm256_add_ps(acc0, hcc0));                                                          \
+            r1_ += k_sum8(_mm256_add_ps(acc1, hcc1));                                                          \
+            r2_ += k_sum8(_mm256_add_ps(acc2, hcc2));                                                          \
+            r3_ += k_sum8(_mm256_add_ps(acc3, hcc3));                                                          \
+            acc0 = acc1 = acc2 = acc3 = hcc0 = hcc1 = hcc2 = hcc3 = _mm256_setzero_ps();                       \
+        }                                                                                                      \
     } while (0)
 
 #define K_DEF_T1(name, TGT, LOADW, PROD, ADDP, FIN, GB, CSH)                                                      \
@@ -211,9 +261,12 @@ PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
                          int64_t pf2_len, float res[4])                                                          \
     {                                                                                                            \
         __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                \
+        __m256 hcc0 = acc0, hcc1 = acc0, hcc2 = acc0, hcc3 = acc0;                                               \
+        float r0_ = 0.0f, r1_ = 0.0f, r2_ = 0.0f, r3_ = 0.0f; /* the chunks so far */                         \
         int64_t b = 0, rb_ = nb * (GB), po_ = 0, o2_ = 0, q2_ = k_pf_quota(pf2_len, nb / 8);                     \
         int pk_ = wn ? 0 : 4; /* NULL: no paced prefetch */                                                      \
         for (; b + 8 <= nb; b += 8) {                                                                            \
+            K_T1_CHUNK(b);                                                                                       \
             for (int64_t e_ = o2_ + q2_ < pf2_len ? o2_ + q2_ : pf2_len; o2_ < e_; o2_ += 64)                    \
                 _mm_prefetch((const char *)(pf2 + o2_), _MM_HINT_T1);                                            \
             for (int l_ = 0; l_ < 32 * (GB) && pk_ < 4; l_ += 64) {                                              \
@@ -224,10 +277,11 @@ PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
                     pk_++;                                                                                       \
                 }                                                                                                \
             }                                                                                                    \
-            K_T1_STEP(a + b * QG, as + b, sums + b, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),            \
+            K_T1_STEP(b, a + b * QG, as + b, sums + b, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),         \
                       w[3] + b * (GB), s[0] + b, s[1] + b, s[2] + b, s[3] + b, LOADW, PROD, ADDP, FIN, GB, CSH);  \
         }                                                                                                        \
         if (b < nb) { /* 1..7 blocks left: zero-padded copies contribute 0 * 0 */                                \
+            K_T1_CHUNK(b);                                                                                       \
             int64_t m = nb - b;                                                                                  \
             int8_t ta[8 * QG] = {0};                                                                             \
             float tas[8] = {0};                                                                                  \
@@ -241,13 +295,13 @@ PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
                 memcpy(tw[k], w[k] + b * (GB), (size_t)m * (GB));                                                \
                 memcpy(tsc[k], s[k] + b, (size_t)m * sizeof(uint16_t));                                          \
             }                                                                                                    \
-            K_T1_STEP(ta, tas, tsum, tw[0], tw[1], tw[2], tw[3], tsc[0], tsc[1], tsc[2], tsc[3], LOADW, PROD,    \
+            K_T1_STEP(b, ta, tas, tsum, tw[0], tw[1], tw[2], tw[3], tsc[0], tsc[1], tsc[2], tsc[3], LOADW, PROD, \
                       ADDP, FIN, GB, CSH);                                                                       \
         }                                                                                                        \
-        res[0] = hsum8(acc0);                                                                                    \
-        res[1] = hsum8(acc1);                                                                                    \
-        res[2] = hsum8(acc2);                                                                                    \
-        res[3] = hsum8(acc3);                                                                                    \
+        res[0] = r0_ + k_sum8(_mm256_add_ps(acc0, hcc0));                                                        \
+        res[1] = r1_ + k_sum8(_mm256_add_ps(acc1, hcc1));                                                        \
+        res[2] = r2_ + k_sum8(_mm256_add_ps(acc2, hcc2));                                                        \
+        res[3] = r3_ + k_sum8(_mm256_add_ps(acc3, hcc3));                                                        \
     }
 
 /* Offsets (see the products above): Q4 subtracts 8 * sum(a) (t1 shift 3),

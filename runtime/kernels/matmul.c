@@ -28,15 +28,17 @@
  *     (|w| unsigned x sign(a, w)); on VNNI it multiplies (w + 128) unsigned
  *     by a and subtracts 128 * sum(a), so no per-token sign operation.
  *   - Per (token group, block pair) scale and offset vectors are gathered
- *     once per call into a stack table (k_tok4); blocks are processed in
- *     chunks that keep that table at 32 KiB, and each chunk's partial dot
- *     is added into out. Rows and tokens past the end of a tile repeat the
- *     last valid row/token and their results are dropped.
+ *     into a stack table (k_tok4) per chunk of K_MC blocks and batch of
+ *     token groups (the table stays at 32 KiB), and each chunk's partial
+ *     dot is added into out. Rows and tokens past the end of a tile repeat
+ *     the last valid row/token and their results are dropped.
  *   - Two rows are interleaved statement by statement: each row's block is
  *     a ~25-cycle dependency chain, and one row at a time in program order
  *     fills the out-of-order window with waiting instructions.
- * Each lane accumulates at most nb/2 terms (plus the chunk and final
- * additions), within kernels.h's bound. */
+ * Every float sum follows the fixed order (internal.h, K_MC; kernels.h,
+ * Numerics): the tiles accumulate a block's stripe in its lane (t1: two
+ * vectors of 8 stripes; t4: a pair of stripes per vector, pairs q, q + 8,
+ * ... in turn) and sum the stripes in k_tree16's tree. */
 #include "runtime/kernels/internal.h"
 
 /* One Q4 or Q8 row (payload p, scales s) against one token's nb blocks
@@ -80,7 +82,7 @@ static void matmul_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *con
 
 enum {
     K_PREP_CAP = 512, /* k_tok4 entries on the stack: 32 KiB */
-    K_CHUNK_MAX = 64  /* blocks per chunk (4-row tables: scales 4 KiB, nibbles 8 KiB) */
+    K_CHUNK_MAX = K_MC /* blocks per chunk (4-row tables: scales 4 KiB, nibbles 8 KiB) */
 };
 
 /* Per-(weight block, activation block) products for the tiles below, as
@@ -169,24 +171,37 @@ PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
         accy = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dy_), sy_, accy);                                    \
     } while (0)
 
+/* The fixed order (internal.h, K_MC): pair p holds stripes 2p % 16 and
+ * 2p % 16 + 1, so pairs p = q, q + 8, ... accumulate stripe pair q in
+ * turn (v[q]); then k_tree16 on [stripe 2q | 2q + 1] vectors: y = v_q +
+ * v_q+4, z = y_0 + y_2 and y_1 + y_3, w = z_0 + z_1, the halves added. */
 #define K_DEF_T4(name, TGT, LOADW, PROD, ADDP, FIN, GB, CORR)                                                     \
     TGT static void name(const uint8_t *const w[4], const float *wsp, int64_t kb, const int8_t *const a[4],      \
                          const k_tok4 *pre, float res[16])                                                       \
     {                                                                                                            \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                \
-        int64_t kp = (kb + 1) / 2, p = 0;                                                                        \
-        for (; p < kb / 2; p++) {                                                                                \
-            K_T4_ROWS(acc0, acc1, 0, 1, p, 1, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
-            K_T4_ROWS(acc2, acc3, 2, 3, p, 1, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
+        __m256 v[4][8];                                                                                          \
+        int64_t kp = (kb + 1) / 2;                                                                               \
+        for (int q = 0; q < 8; q++) {                                                                            \
+            __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                            \
+            for (int64_t p = q; p < kp; p += 8) {                                                                \
+                if (2 * p + 1 < kb) {                                                                            \
+                    K_T4_ROWS(acc0, acc1, 0, 1, p, 1, LOADW, PROD, ADDP, FIN, GB, CORR);                         \
+                    K_T4_ROWS(acc2, acc3, 2, 3, p, 1, LOADW, PROD, ADDP, FIN, GB, CORR);                         \
+                } else {                                                                                         \
+                    K_T4_ROWS(acc0, acc1, 0, 1, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                         \
+                    K_T4_ROWS(acc2, acc3, 2, 3, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                         \
+                }                                                                                                \
+            }                                                                                                    \
+            v[0][q] = acc0;                                                                                      \
+            v[1][q] = acc1;                                                                                      \
+            v[2][q] = acc2;                                                                                      \
+            v[3][q] = acc3;                                                                                      \
         }                                                                                                        \
-        if (p < kp) {                                                                                            \
-            K_T4_ROWS(acc0, acc1, 0, 1, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
-            K_T4_ROWS(acc2, acc3, 2, 3, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
+        for (int k = 0; k < 4; k++) {                                                                            \
+            __m256 y0 = _mm256_add_ps(v[k][0], v[k][4]), y1 = _mm256_add_ps(v[k][1], v[k][5]);                   \
+            __m256 y2 = _mm256_add_ps(v[k][2], v[k][6]), y3 = _mm256_add_ps(v[k][3], v[k][7]);                   \
+            fold_store4(_mm256_add_ps(_mm256_add_ps(y0, y2), _mm256_add_ps(y1, y3)), res + 4 * k);               \
         }                                                                                                        \
-        fold_store4(acc0, res);                                                                                  \
-        fold_store4(acc1, res + 4);                                                                              \
-        fold_store4(acc2, res + 8);                                                                              \
-        fold_store4(acc3, res + 12);                                                                             \
     }
 
 /* Rows x, y of t1 against 4 blocks (activations at ab): folds into vx, vy. */
@@ -403,58 +418,70 @@ static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_
     }
 }
 
-/* Tokens [0, T) in groups of 4 (T >= 2; the last group repeats token T-1). */
-static void mm_groups(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
-                      const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
+/* Token groups [g0, g1) of T tokens (groups of 4, the last repeating
+ * token T-1) against every row, blocks [b0, b0 + kb) (one chunk of the
+ * fixed order: its sums join out, in chunk order). */
+static void mm_groups_chunk(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *const *wp,
+                            const uint16_t *const *ws, const float *ascales, const int8_t *aq, const int32_t *asums,
+                            int T, float *out, int64_t ldo, int64_t b0, int g0, int g1, bool unpack)
 {
-    int64_t nb = n / QG;
-    int ng = (T + 3) / 4;
-    int64_t kc = min64(2 * (K_PREP_CAP / ng), K_CHUNK_MAX); /* even */
-    /* Q4: unpack each row tile once when 3+ token groups share it */
-    bool unpack = op->t4raw && ng >= 3;
+    int64_t nb = n / QG, kb = min64(K_MC, nb - b0), kp = (kb + 1) / 2;
     k_t4_fn t4 = op->t4raw && !unpack ? op->t4raw : op->t4;
     k_tok4 pre[K_PREP_CAP];
     float wsp[4 * 4 * K_CHUNK_MAX];
     uint8_t wu[4 * K_CHUNK_MAX * QG];
-    for (int64_t b0 = 0; b0 < nb; b0 += kc) {
-        int64_t kb = min64(kc, nb - b0), kp = (kb + 1) / 2;
-        for (int g = 0; g < ng; g++)
-            for (int j = 0; j < 4; j++) {
-                int t = 4 * g + j < T ? 4 * g + j : T - 1;
-                for (int64_t b = 0; b < 2 * kp; b++) {
-                    k_tok4 *e = &pre[g * kp + b / 2];
-                    int i = 4 * (int)(b & 1) + j;
-                    e->as[i] = b < kb ? ascales[t * nb + b0 + b] : 0.0f;
-                    e->corr[i] = b < kb ? op->corr * asums[t * nb + b0 + b] : 0;
-                }
-            }
-        for (int r0 = 0; r0 < nrows; r0 += 4) {
-            const uint8_t *w[4];
-            for (int k = 0; k < 4; k++) {
-                int r = r0 + k < nrows ? r0 + k : nrows - 1;
-                w[k] = wp[r] + b0 * op->gb;
-                if (unpack) {
-                    q4_unpack_rows(w[k], kb, wu + k * kb * QG);
-                    w[k] = wu + k * kb * QG;
-                }
-                pair_scales(ws[r] + b0, kb, wsp + k * 8 * kp);
-            }
-            for (int g = 0; g < ng; g++) {
-                const int8_t *a[4];
-                for (int j = 0; j < 4; j++) {
-                    int t = 4 * g + j < T ? 4 * g + j : T - 1;
-                    a[j] = aq + t * n + b0 * QG;
-                }
-                float res[16];
-                t4(w, wsp, kb, a, pre + g * kp, res);
-                for (int k = 0; k < 4 && r0 + k < nrows; k++)
-                    for (int j = 0; j < 4 && 4 * g + j < T; j++) {
-                        float *o = out + (4 * g + j) * ldo + r0 + k;
-                        *o = b0 == 0 ? res[4 * k + j] : *o + res[4 * k + j];
-                    }
+    for (int g = g0; g < g1; g++)
+        for (int j = 0; j < 4; j++) {
+            int t = 4 * g + j < T ? 4 * g + j : T - 1;
+            for (int64_t b = 0; b < 2 * kp; b++) {
+                k_tok4 *e = &pre[(g - g0) * kp + b / 2];
+                int i = 4 * (int)(b & 1) + j;
+                e->as[i] = b < kb ? ascales[t * nb + b0 + b] : 0.0f;
+                e->corr[i] = b < kb ? op->corr * asums[t * nb + b0 + b] : 0;
             }
         }
+    for (int r0 = 0; r0 < nrows; r0 += 4) {
+        const uint8_t *w[4];
+        for (int k = 0; k < 4; k++) {
+            int r = r0 + k < nrows ? r0 + k : nrows - 1;
+            w[k] = wp[r] + b0 * op->gb;
+            if (unpack) {
+                q4_unpack_rows(w[k], kb, wu + k * kb * QG);
+                w[k] = wu + k * kb * QG;
+            }
+            pair_scales(ws[r] + b0, kb, wsp + k * 8 * kp);
+        }
+        for (int g = g0; g < g1; g++) {
+            const int8_t *a[4];
+            for (int j = 0; j < 4; j++) {
+                int t = 4 * g + j < T ? 4 * g + j : T - 1;
+                a[j] = aq + t * n + b0 * QG;
+            }
+            float res[16];
+            t4(w, wsp, kb, a, pre + (g - g0) * kp, res);
+            for (int k = 0; k < 4 && r0 + k < nrows; k++)
+                for (int j = 0; j < 4 && 4 * g + j < T; j++) {
+                    float *o = out + (4 * g + j) * ldo + r0 + k;
+                    *o = b0 == 0 ? res[4 * k + j] : *o + res[4 * k + j];
+                }
+        }
     }
+}
+
+/* Tokens [0, T) in groups of 4 (T >= 2; the last group repeats token
+ * T-1): chunks of K_MC blocks, in them the groups in batches whose
+ * tables fit the stack. */
+static void mm_groups(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                      const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
+{
+    int64_t nb = n / QG;
+    int ng = (T + 3) / 4, batch = K_PREP_CAP / (K_MC / 2);
+    /* Q4: unpack each row tile once when 3+ token groups share it */
+    bool unpack = op->t4raw && ng >= 3;
+    for (int64_t b0 = 0; b0 < nb; b0 += K_MC)
+        for (int g0 = 0; g0 < ng; g0 += batch)
+            mm_groups_chunk(op, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, b0, g0,
+                            ng - g0 < batch ? ng : g0 + batch, unpack);
 }
 
 static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,

@@ -199,7 +199,8 @@ void pi2_k_down_gemm_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
                          const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo);
 
 /* Prefill's gate and up projections of Q4 rows on AVX-512 VNNI (the
- * engine's choice there; every ISA runs it, elsewhere as the twin):
+ * engine's choice there; every ISA runs it: AVX-512 VNNI and AVX2 on
+ * their panels, scalar as the twin):
  * out[t * ldo + r] = dot(row r, activation t), as pi2_k_matmul, with the
  * activations and the weights' block scales coarser so the float work per
  * block goes:

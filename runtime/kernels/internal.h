@@ -323,10 +323,11 @@ extern k_tok_fn *const pi2_ki_tok_scaled[4];
 int pi2_ki_panel_tokens(k_tok_fn *const fam[4], const k_panel *P, int64_t kb, const int8_t *a, int64_t n,
                         const float *sc, int64_t ss, const int32_t *bias, int t0, int T, __m512 res[8]);
 
-/* pi2_k_matmul on AVX2 panels of 8 Q4 rows (T >= K_P2_MIN_T). */
-PI2_T_AVX2 void pi2_ki_mm_panels_avx2(int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
-                                      const float *ascales, const int8_t *aq, const int32_t *asums, int T,
-                                      float *out, int64_t ldo);
+/* pi2_k_matmul on AVX2 panels of 8 Q4 rows (T >= K_P2_MIN_T); sb:
+ * pi2_k_matmul_sb (any T). */
+PI2_T_AVX2 void pi2_ki_mm_panels_avx2(bool sb, int64_t n, int nrows, const uint8_t *const *wp,
+                                      const uint16_t *const *ws, const float *ascales, const int8_t *aq,
+                                      const int32_t *asums, int T, float *out, int64_t ldo);
 /* All of pi2_k_matmul (sb: pi2_k_matmul_sb, Q4) on the panels: block
  * chunks of K_PB, in them row panels of 16 (the last one repeats its last
  * row; those lanes are not stored), in them tokens in groups of 8 (then

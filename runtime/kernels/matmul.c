@@ -533,7 +533,7 @@ static void matmul(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_
         }
     }
     if (op == &MM_Q4_AVX2 && T >= K_P2_MIN_T) {
-        pi2_ki_mm_panels_avx2(n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+        pi2_ki_mm_panels_avx2(false, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
         return;
     }
     if (op) {

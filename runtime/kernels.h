@@ -28,9 +28,10 @@
  *     the tree y_j = x_j + x_j+8, z_i = y_i + y_i+4, (z_0 + z_2) + (z_1 +
  *     z_3); the chunks' sums added to +0 in order. Whatever the batch size
  *     (a token's result in a batch is its result alone).
- *   - pi2_k_sgemv: column j in stripe j % 16 by fma in column order; the
- *     stripes summed as q_L = (x_4L + x_4L+2) + (x_4L+1 + x_4L+3), then
- *     (q_0 + q_1) + (q_2 + q_3).
+ *   - pi2_k_sgemv: the columns of whole 16s, column j in stripe j % 16 by
+ *     fma in column order; the stripes summed as q_L = (x_4L + x_4L+2) +
+ *     (x_4L+1 + x_4L+3), then (q_0 + q_1) + (q_2 + q_3); plus, added last,
+ *     an fma chain over the last n % 16 columns from +0.
  *   - pi2_k_sgemv_t (and _group): each output an fma chain over the rows
  *     in order from +0.
  *   - pi2_k_softmax: one polynomial exp (vec.c, exp_fixed) on every path;

@@ -32,9 +32,11 @@ static void dequant_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *co
         pi2_q_dequantize_row(wt, ws[r], wp[r], n, dst + (int64_t)r * n);
 }
 
-/* sgemv's sum of 16 stripes: per 4 stripes (x_4L + x_4L+2) + (x_4L+1 +
- * x_4L+3), then (q_0 + q_1) + (q_2 + q_3) (the tree sgemv16_avx512's
- * folds and transpose take). */
+/* sgemv's order: the columns of whole 16s in 16 stripes (column j in
+ * stripe j % 16, by fma in column order) summed per 4 stripes as (x_4L +
+ * x_4L+2) + (x_4L+1 + x_4L+3), then (q_0 + q_1) + (q_2 + q_3) (the tree
+ * sgemv16_avx512's folds and transpose take); the last n % 16 columns an
+ * fma chain of their own from +0, added last. */
 static inline float sgemv_tree(const float x[16])
 {
     float q[4];
@@ -47,10 +49,13 @@ static void sgemv_scalar(const float *W, int64_t ldw, int64_t n, int nrows, cons
 {
     for (int r = 0; r < nrows; r++) {
         const float *w = W + (int64_t)r * ldw;
-        float s[16] = {0};
-        for (int64_t j = 0; j < n; j++)
+        float s[16] = {0}, tail = 0.0f;
+        int64_t nfull = n & ~(int64_t)15;
+        for (int64_t j = 0; j < nfull; j++)
             s[j % 16] = fmaf(w[j], x[j], s[j % 16]);
-        out[r] = sgemv_tree(s);
+        for (int64_t j = nfull; j < n; j++)
+            tail = fmaf(w[j], x[j], tail);
+        out[r] = sgemv_tree(s) + tail;
     }
 }
 
@@ -203,32 +208,21 @@ PI2_T_AVX512 static void dequant_avx512(pi2_qtype wt, int64_t n, int nrows, cons
 /* ---- sgemv: the scalar twin's 16 stripes (column j in stripe j % 16,
  * by FMA in column order) and its tree (sgemv_tree) ---- */
 
-/* Lanes i < m of 8 (maskload's mask). */
-PI2_T_AVX2 static inline __m256i lanes_below(int64_t m)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-/* A row of n columns: stripes 0-7 in a, 8-15 in b. */
+/* A row's whole 16s: stripes 0-7 in a, 8-15 in b. */
 #define K_SGEMV_ROW2(w, a, b)                                                                                \
-    do {                                                                                                     \
-        int64_t j_ = 0;                                                                                      \
-        for (; j_ + 16 <= n; j_ += 16) {                                                                     \
-            a = _mm256_fmadd_ps(_mm256_loadu_ps((w) + j_), _mm256_loadu_ps(x + j_), a);                      \
-            b = _mm256_fmadd_ps(_mm256_loadu_ps((w) + j_ + 8), _mm256_loadu_ps(x + j_ + 8), b);              \
-        }                                                                                                    \
-        if (j_ + 8 <= n) {                                                                                   \
-            a = _mm256_fmadd_ps(_mm256_loadu_ps((w) + j_), _mm256_loadu_ps(x + j_), a);                      \
-            j_ += 8;                                                                                         \
-        }                                                                                                    \
-        if (j_ < n) { /* masked: lanes past n are not read and add +0 */                                     \
-            __m256i m_ = lanes_below(n - j_);                                                                \
-            if (j_ % 16 == 0)                                                                                \
-                a = _mm256_fmadd_ps(_mm256_maskload_ps((w) + j_, m_), _mm256_maskload_ps(x + j_, m_), a);    \
-            else                                                                                             \
-                b = _mm256_fmadd_ps(_mm256_maskload_ps((w) + j_, m_), _mm256_maskload_ps(x + j_, m_), b);    \
-        }                                                                                                    \
-    } while (0)
+    for (int64_t j_ = 0; j_ + 16 <= n; j_ += 16) {                                                           \
+        a = _mm256_fmadd_ps(_mm256_loadu_ps((w) + j_), _mm256_loadu_ps(x + j_), a);                          \
+        b = _mm256_fmadd_ps(_mm256_loadu_ps((w) + j_ + 8), _mm256_loadu_ps(x + j_ + 8), b);                  \
+    }
+
+/* The fma chain of columns [j, n). */
+static inline float sgemv_tail(const float *w, const float *x, int64_t j, int64_t n)
+{
+    float t = 0.0f;
+    for (; j < n; j++)
+        t = fmaf(w[j], x[j], t);
+    return t;
+}
 
 PI2_T_AVX2 static inline float sgemv_tree2(__m256 a, __m256 b)
 {
@@ -244,14 +238,14 @@ PI2_T_AVX2 static void sgemv_avx2(const float *W, int64_t ldw, int64_t n, int nr
         __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;
         K_SGEMV_ROW2(w0, a0, b0);
         K_SGEMV_ROW2(w1, a1, b1);
-        out[r] = sgemv_tree2(a0, b0);
-        out[r + 1] = sgemv_tree2(a1, b1);
+        out[r] = sgemv_tree2(a0, b0) + sgemv_tail(w0, x, n & ~(int64_t)15, n);
+        out[r + 1] = sgemv_tree2(a1, b1) + sgemv_tail(w1, x, n & ~(int64_t)15, n);
     }
     for (; r < nrows; r++) {
         const float *w = W + (int64_t)r * ldw;
         __m256 a = _mm256_setzero_ps(), b = a;
         K_SGEMV_ROW2(w, a, b);
-        out[r] = sgemv_tree2(a, b);
+        out[r] = sgemv_tree2(a, b) + sgemv_tail(w, x, n & ~(int64_t)15, n);
     }
 }
 
@@ -280,18 +274,19 @@ PI2_T_AVX512 static void sgemv16_avx512(const float *W, int64_t ldw, int64_t n, 
         for (int i = 0; i < 16; i++)
             a[i] = _mm512_fmadd_ps(_mm512_loadu_ps(W + i * ldw + j), xv, a[i]);
     }
-    if (j < n) { /* masked: columns past n are not read and add +0 */
-        __mmask16 m = (__mmask16)((1u << (n - j)) - 1u);
-        __m512 xv = _mm512_maskz_loadu_ps(m, x + j);
-        for (int i = 0; i < 16; i++)
-            a[i] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, W + i * ldw + j), xv, a[i]);
-    }
+    /* the last n % 16 columns a column at a time, gathered across the 16
+     * rows (one gather per column rather than a masked load per row) */
+    __m512 tail = _mm512_setzero_ps();
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)ldw));
+    for (; j < n; j++)
+        tail = _mm512_fmadd_ps(_mm512_i32gather_ps(idx, W + j, 4), _mm512_set1_ps(x[j]), tail);
     __m512 f0 = fold4_ps(a[0], a[1], a[2], a[3]), f1 = fold4_ps(a[4], a[5], a[6], a[7]);
     __m512 f2 = fold4_ps(a[8], a[9], a[10], a[11]), f3 = fold4_ps(a[12], a[13], a[14], a[15]);
     /* f_q lane L dword i: row 4q + i over lane L; transposed, lane q of g[L] */
     __m512 g[4];
     lanes_t4(f0, f1, f2, f3, g);
-    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(g[0], g[1]), _mm512_add_ps(g[2], g[3])));
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(g[0], g[1]), _mm512_add_ps(g[2], g[3])), tail));
 }
 
 /* sgemv_tree of one row's 16 stripes. */
@@ -303,12 +298,10 @@ PI2_T_AVX512 static inline float sgemv_tree16(__m512 v)
     return _mm512_cvtss_f32(w) + _mm_cvtss_f32(_mm512_extractf32x4_ps(w, 2));
 }
 
-/* The other rows 4 (then 1) at a time, a stripe accumulator each; the
- * n % 16 tail is a masked load (masked-off elements are not read). */
+/* The other rows 4 (then 1) at a time, a stripe accumulator each. */
 PI2_T_AVX512 static void sgemv_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
 {
     int64_t nfull = n & ~(int64_t)15;
-    __mmask16 tail = (__mmask16)((1u << (n & 15)) - 1u);
     int r = 0;
     if (n <= 256 && ldw <= INT32_MAX / 16)
         for (; r + 16 <= nrows; r += 16)
@@ -316,34 +309,24 @@ PI2_T_AVX512 static void sgemv_avx512(const float *W, int64_t ldw, int64_t n, in
     for (; r + 4 <= nrows; r += 4) {
         const float *w0 = W + (int64_t)r * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        int64_t j = 0;
-        for (; j < nfull; j += 16) {
+        for (int64_t j = 0; j < nfull; j += 16) {
             __m512 x0 = _mm512_loadu_ps(x + j);
             a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + j), x0, a0);
             a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + j), x0, a1);
             a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + j), x0, a2);
             a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + j), x0, a3);
         }
-        if (tail) {
-            __m512 xt = _mm512_maskz_loadu_ps(tail, x + nfull);
-            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w0 + nfull), xt, a0);
-            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w1 + nfull), xt, a1);
-            a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w2 + nfull), xt, a2);
-            a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w3 + nfull), xt, a3);
-        }
-        out[r] = sgemv_tree16(a0);
-        out[r + 1] = sgemv_tree16(a1);
-        out[r + 2] = sgemv_tree16(a2);
-        out[r + 3] = sgemv_tree16(a3);
+        out[r] = sgemv_tree16(a0) + sgemv_tail(w0, x, nfull, n);
+        out[r + 1] = sgemv_tree16(a1) + sgemv_tail(w1, x, nfull, n);
+        out[r + 2] = sgemv_tree16(a2) + sgemv_tail(w2, x, nfull, n);
+        out[r + 3] = sgemv_tree16(a3) + sgemv_tail(w3, x, nfull, n);
     }
     for (; r < nrows; r++) {
         const float *w = W + (int64_t)r * ldw;
         __m512 a0 = _mm512_setzero_ps();
         for (int64_t j = 0; j < nfull; j += 16)
             a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j), _mm512_loadu_ps(x + j), a0);
-        if (tail)
-            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w + nfull), _mm512_maskz_loadu_ps(tail, x + nfull), a0);
-        out[r] = sgemv_tree16(a0);
+        out[r] = sgemv_tree16(a0) + sgemv_tail(w, x, nfull, n);
     }
 }
 

@@ -23,11 +23,14 @@
  * operations in the same order, and gives the same bits:
  *   - pi2_k_matmul: each block's int32 dot exactly, times the float
  *     d_b * as_b (one rounding); per (row, token) chunks of 64 blocks from
- *     block 0; in a chunk 16 stripes (block b in stripe b % 16), each
- *     from +0 by fma(dot_b, d_b * as_b, stripe) in block order, summed in
- *     the tree y_j = x_j + x_j+8, z_i = y_i + y_i+4, (z_0 + z_2) + (z_1 +
- *     z_3); the chunks' sums added to +0 in order. Whatever the batch size
- *     (a token's result in a batch is its result alone).
+ *     block 0, the chunks' sums added to +0 in order. In a chunk, for
+ *     calls of 1-3 tokens (decode: the one-token kernels) 16 stripes
+ *     (block b in stripe b % 16), each from +0 by fma(dot_b, d_b * as_b,
+ *     stripe) in block order, summed in the tree y_j = x_j + x_j+8, z_i =
+ *     y_i + y_i+4, (z_0 + z_2) + (z_1 + z_3); for 4+ tokens (prefill: the
+ *     panels, whose lanes are rows) one such fma chain over the chunk's
+ *     blocks in order. So a token's bits depend on whether it came in a
+ *     batch of 4+, never on the ISA.
  *   - pi2_k_sgemv: the columns of whole 16s, column j in stripe j % 16 by
  *     fma in column order; the stripes summed as q_L = (x_4L + x_4L+2) +
  *     (x_4L+1 + x_4L+3), then (q_0 + q_1) + (q_2 + q_3); plus, added last,

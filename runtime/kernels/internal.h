@@ -69,13 +69,18 @@ static inline void down_coefs(const float *coef, int64_t ldc, int T, int r0, int
     }
 }
 
-/* The fixed order of the matmul family's float sums (kernels.h,
- * Numerics): per (row, token), chunks of K_MC blocks from block 0; in a
- * chunk, 16 striped partial sums (block b into stripe b % 16, each from
- * +0 by fma((float)dot_b, d_b * as_b, stripe) in block order), combined
- * by k_tree16; the chunks' sums added in order to +0. No stripe is ever
- * -0, so a stripe without blocks (+0) changes nothing it is added to. */
+/* The fixed orders of the matmul family's float sums (kernels.h,
+ * Numerics): per (row, token), chunks of K_MC blocks from block 0; the
+ * chunks' sums added in order to +0. In a chunk, under K_BATCH_T tokens
+ * (the one-token kernels), 16 striped partial sums (block b into stripe
+ * b % 16, each from +0 by fma((float)dot_b, d_b * as_b, stripe) in block
+ * order), combined by k_tree16; from K_BATCH_T tokens (the panels), one
+ * such chain over all its blocks. No partial sum is ever -0, so one
+ * without blocks (+0) changes nothing it is added to. */
 enum { K_MC = 64 };
+/* Batches of this many tokens or more take the batch order instead: per
+ * chunk one FMA chain over its blocks in order from +0 (the panels'). */
+enum { K_BATCH_T = 4 };
 
 /* x[0..16) summed in one fixed tree: halves, quarters, then pairs
  * (y_j = x_j + x_j+8, z_i = y_i + y_i+4, (z_0 + z_2) + (z_1 + z_3)): the
@@ -92,7 +97,7 @@ static inline float k_tree16(const float x[16])
 
 /* Dispatch thresholds (tokens per call). */
 enum {
-    K_PANEL_MIN_T = 4,   /* AVX-512 VNNI matmul: fewer tokens take the decode path */
+    K_PANEL_MIN_T = K_BATCH_T, /* AVX-512 VNNI matmul: fewer tokens take the decode path */
     K_P2_MIN_T = 16,     /* AVX2 Q4 matmul: fewer tokens keep the t4 tiles: the packing would not pay */
     K_DOWN512_MIN_T = 4  /* AVX-512 VNNI down: fewer tokens take the 256-bit path */
 };

@@ -21,8 +21,8 @@
  *     below 2^15), and a single vpmaddwd per 8 dots widens it.
  *   - Decode (T = 1) is 4 rows x 1 token, folding 8 consecutive blocks the
  *     same way (lanes are blocks: scales load as 8 contiguous fp16 and 8
- *     contiguous floats). Batches under 4 tokens and a lone 4k+1-th token
- *     run as decode; 2 or 3 left-over tokens form a padded group.
+ *     contiguous floats). Batches under 4 tokens run as decode; 1 to 3
+ *     left-over tokens form a padded group.
  *   - Q4's (q - 8) offset is applied as 8 * sum(a) per block in int32, from
  *     the sums pi2_k_act_quantize writes. Q8 on AVX2 uses the sign trick
  *     (|w| unsigned x sign(a, w)); on VNNI it multiplies (w + 128) unsigned
@@ -35,19 +35,25 @@
  *   - Two rows are interleaved statement by statement: each row's block is
  *     a ~25-cycle dependency chain, and one row at a time in program order
  *     fills the out-of-order window with waiting instructions.
- * Every float sum follows the fixed order (internal.h, K_MC; kernels.h,
- * Numerics): the tiles accumulate a block's stripe in its lane (t1: two
- * vectors of 8 stripes; t4: a pair of stripes per vector, pairs q, q + 8,
- * ... in turn) and sum the stripes in k_tree16's tree. */
+ * Every float sum follows the fixed orders (internal.h, K_MC; kernels.h,
+ * Numerics): t1 accumulates a block's stripe in its lane (two vectors of
+ * 8 stripes) and sums the stripes in k_tree16's tree; t4 (4+ tokens) runs
+ * each (row, token) as one chain over the blocks in order, the two blocks
+ * of a vector one after the other into a 128-bit accumulator per row
+ * (lane = token), and a 4k+1-th token goes in a padded group rather than
+ * alone through t1, whose order is the other one. */
 #include "runtime/kernels/internal.h"
 
 /* One Q4 or Q8 row (payload p, scales s) against one token's nb blocks
- * in the fixed order (internal.h, K_MC): the sum every path gives. */
-static float dot_fixed(pi2_qtype wt, const uint8_t *p, const uint16_t *s, const float *as, const int8_t *a, int64_t nb)
+ * in the fixed order (internal.h, K_MC; batch: one chain per chunk): the
+ * sum every path gives. */
+static float dot_fixed(pi2_qtype wt, const uint8_t *p, const uint16_t *s, const float *as, const int8_t *a, int64_t nb,
+                       bool batch)
 {
     float total = 0.0f;
     for (int64_t b0 = 0; b0 < nb; b0 += K_MC) {
         float x[16] = {0};
+        int stripes = batch ? 1 : 16;
         for (int64_t b = b0; b < min64(b0 + K_MC, nb); b++) {
             const int8_t *ab = a + b * QG;
             int32_t d = 0;
@@ -60,9 +66,9 @@ static float dot_fixed(pi2_qtype wt, const uint8_t *p, const uint16_t *s, const 
                 for (int j = 0; j < QG; j++)
                     d += (int8_t)pb[j] * ab[j];
             }
-            x[b % 16] = fmaf((float)d, pi2_f16_to_f32(s[b]) * as[b], x[b % 16]);
+            x[b % stripes] = fmaf((float)d, pi2_f16_to_f32(s[b]) * as[b], x[b % stripes]);
         }
-        total += k_tree16(x);
+        total += batch ? x[0] : k_tree16(x);
     }
     return total;
 }
@@ -75,7 +81,7 @@ static void matmul_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *con
         for (int r = 0; r < nrows; r++)
             out[t * ldo + r] = wt == PI2_QT_F32
                                    ? pi2_q_dot_q8act_scalar(wt, ws[r], wp[r], ascales + t * nb, aq + t * n, n)
-                                   : dot_fixed(wt, wp[r], ws[r], ascales + t * nb, aq + t * n, nb);
+                                   : dot_fixed(wt, wp[r], ws[r], ascales + t * nb, aq + t * n, nb, T >= K_BATCH_T);
 }
 
 #ifdef PI2_K_X86
@@ -101,12 +107,6 @@ PI2_T_AVX2 static inline __m256i prod_q8_avx2(__m256i w, __m256i a)
 
 PI2_T_AVX2 static inline __m256i fin_madd1(__m256i x) { return _mm256_madd_epi16(x, _mm256_set1_epi16(1)); }
 PI2_T_AVX2 static inline __m256i fin_id(__m256i x) { return x; }
-
-/* res[0..4) = the two 128-bit halves of v added. */
-PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
-{
-    _mm_storeu_ps(res, _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
-}
 
 /* ---- matmul tiles ----
  *
@@ -167,41 +167,36 @@ PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
         __m256 as_ = _mm256_loadu_ps(pre[p].as);                                                       \
         __m256 sx_ = _mm256_mul_ps(_mm256_loadu_ps(wsp + (kx) * 8 * kp + 8 * (p)), as_);               \
         __m256 sy_ = _mm256_mul_ps(_mm256_loadu_ps(wsp + (ky) * 8 * kp + 8 * (p)), as_);               \
-        accx = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dx_), sx_, accx);                                    \
-        accy = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dy_), sy_, accy);                                    \
+        __m256 fx_ = _mm256_cvtepi32_ps(dx_), fy_ = _mm256_cvtepi32_ps(dy_);                           \
+        accx = _mm_fmadd_ps(_mm256_castps256_ps128(fx_), _mm256_castps256_ps128(sx_), accx);           \
+        accy = _mm_fmadd_ps(_mm256_castps256_ps128(fy_), _mm256_castps256_ps128(sy_), accy);           \
+        if (TWO) {                                                                                     \
+            accx = _mm_fmadd_ps(_mm256_extractf128_ps(fx_, 1), _mm256_extractf128_ps(sx_, 1), accx);   \
+            accy = _mm_fmadd_ps(_mm256_extractf128_ps(fy_, 1), _mm256_extractf128_ps(sy_, 1), accy);   \
+        }                                                                                              \
     } while (0)
 
-/* The fixed order (internal.h, K_MC): pair p holds stripes 2p % 16 and
- * 2p % 16 + 1, so pairs p = q, q + 8, ... accumulate stripe pair q in
- * turn (v[q]); then k_tree16 on [stripe 2q | 2q + 1] vectors: y = v_q +
- * v_q+4, z = y_0 + y_2 and y_1 + y_3, w = z_0 + z_1, the halves added. */
+/* The batch order (kernels.h, Numerics): per row and token one FMA chain
+ * over the chunk's blocks in order, block 2p's lanes then block 2p + 1's
+ * (128-bit accumulators, lane = token). */
 #define K_DEF_T4(name, TGT, LOADW, PROD, ADDP, FIN, GB, CORR)                                                     \
     TGT static void name(const uint8_t *const w[4], const float *wsp, int64_t kb, const int8_t *const a[4],      \
                          const k_tok4 *pre, float res[16])                                                       \
     {                                                                                                            \
-        __m256 v[4][8];                                                                                          \
-        int64_t kp = (kb + 1) / 2;                                                                               \
-        for (int q = 0; q < 8; q++) {                                                                            \
-            __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                            \
-            for (int64_t p = q; p < kp; p += 8) {                                                                \
-                if (2 * p + 1 < kb) {                                                                            \
-                    K_T4_ROWS(acc0, acc1, 0, 1, p, 1, LOADW, PROD, ADDP, FIN, GB, CORR);                         \
-                    K_T4_ROWS(acc2, acc3, 2, 3, p, 1, LOADW, PROD, ADDP, FIN, GB, CORR);                         \
-                } else {                                                                                         \
-                    K_T4_ROWS(acc0, acc1, 0, 1, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                         \
-                    K_T4_ROWS(acc2, acc3, 2, 3, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                         \
-                }                                                                                                \
-            }                                                                                                    \
-            v[0][q] = acc0;                                                                                      \
-            v[1][q] = acc1;                                                                                      \
-            v[2][q] = acc2;                                                                                      \
-            v[3][q] = acc3;                                                                                      \
+        __m128 acc0 = _mm_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                   \
+        int64_t kp = (kb + 1) / 2, p = 0;                                                                        \
+        for (; p < kb / 2; p++) {                                                                                \
+            K_T4_ROWS(acc0, acc1, 0, 1, p, 1, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
+            K_T4_ROWS(acc2, acc3, 2, 3, p, 1, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
         }                                                                                                        \
-        for (int k = 0; k < 4; k++) {                                                                            \
-            __m256 y0 = _mm256_add_ps(v[k][0], v[k][4]), y1 = _mm256_add_ps(v[k][1], v[k][5]);                   \
-            __m256 y2 = _mm256_add_ps(v[k][2], v[k][6]), y3 = _mm256_add_ps(v[k][3], v[k][7]);                   \
-            fold_store4(_mm256_add_ps(_mm256_add_ps(y0, y2), _mm256_add_ps(y1, y3)), res + 4 * k);               \
+        if (p < kp) {                                                                                            \
+            K_T4_ROWS(acc0, acc1, 0, 1, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
+            K_T4_ROWS(acc2, acc3, 2, 3, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
         }                                                                                                        \
+        _mm_storeu_ps(res, acc0);                                                                                \
+        _mm_storeu_ps(res + 4, acc1);                                                                            \
+        _mm_storeu_ps(res + 8, acc2);                                                                            \
+        _mm_storeu_ps(res + 12, acc3);                                                                           \
     }
 
 /* Rows x, y of t1 against 4 blocks (activations at ab): folds into vx, vy. */
@@ -489,10 +484,10 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
                     const uint8_t *pf, int64_t pf_len)
 {
     int64_t nb = n / QG;
-    /* Groups of 4 tokens, the last one padded when 2 or 3 tokens are left;
-     * a lone last token, and batches under 4 tokens, run as decode (a
-     * padded group would spend 2-4x the work). */
-    int grouped = T < 4 ? 0 : T % 4 == 1 ? T - 1 : T;
+    /* Groups of 4 tokens, the last one padded when 1 to 3 tokens are
+     * left; batches under 4 tokens run as decode (the orders differ:
+     * kernels.h, Numerics). */
+    int grouped = T < K_BATCH_T ? 0 : T;
     if (grouped > 0)
         mm_groups(op, n, nrows, wp, ws, ascales, aq, asums, grouped, out, ldo);
     for (int t = grouped; t < T; t++)

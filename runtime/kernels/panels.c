@@ -17,9 +17,9 @@
  * offset (8 or 128) * sum(a) starts the int32 accumulator. The float stage
  * per (16 rows, token, block) is one cvt, one multiply of the panel's
  * scale vector by the token's scale and one FMA. Each output follows the
- * fixed order (internal.h, K_MC): a panel chunk is one of its chunks, the
- * blocks run stripe by stripe (s, s + 16, ...), and the 16 stripes' vectors
- * sum in k_tree16's tree (the AVX2 panels alike). Under 4 tokens (decode) the 4 x 1 path stays: repacking would
+ * batch order (kernels.h, Numerics; internal.h, K_MC): a panel chunk is
+ * one of its chunks, its blocks one FMA chain in order (the AVX2 panels
+ * alike). Under 4 tokens (decode) the 4 x 1 path stays: repacking would
  * cost more than it saves. */
 #include "runtime/kernels/internal.h"
 
@@ -188,31 +188,26 @@ PI2_T_AVX2 static void p2_pack(const uint8_t *const p[8], const uint16_t *const 
                                                 const float *as, const int32_t *su, int64_t nb, __m256 *res)   \
     {                                                                                                          \
         const __m256i one = _mm256_set1_epi16(1);                                                              \
-        __m256 f[N], y[8][N];                                                                                  \
-        for (int s = 0; s < 16; s++) { /* stripe s: blocks s, s + 16, ... */                                   \
-            for (int t = 0; t < N; t++)                                                                        \
-                f[t] = _mm256_setzero_ps();                                                                    \
-            for (int64_t b = s; b < kb; b += 16) {                                                             \
-                const __m256i *w = (const __m256i *)(const void *)(P->w + b * 8 * 32);                         \
-                __m256 ws = _mm256_load_ps(P->s + b * 8);                                                      \
-                _Pragma("GCC unroll 4") for (int t = 0; t < N; t++)                                            \
-                {                                                                                              \
-                    const k_u32a *at = (const k_u32a *)(const void *)(a + t * n + b * QG);                     \
-                    __m256i lo = _mm256_setzero_si256();                                                       \
-                    _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++)                                        \
-                        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_load_si256(w + g),               \
-                                                                       _mm256_set1_epi32(at[g])));             \
-                    __m256i d = _mm256_sub_epi32(_mm256_madd_epi16(lo, one), _mm256_set1_epi32(8 * su[t * nb + b])); \
-                    __m256 sc = _mm256_mul_ps(ws, _mm256_set1_ps(as[t * nb + b]));                             \
-                    f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, f[t]);                                   \
-                }                                                                                              \
+        __m256 f[N];                                                                                           \
+        for (int t = 0; t < N; t++)                                                                            \
+            f[t] = _mm256_setzero_ps();                                                                        \
+        for (int64_t b = 0; b < kb; b++) {                                                                     \
+            const __m256i *w = (const __m256i *)(const void *)(P->w + b * 8 * 32);                             \
+            __m256 ws = _mm256_load_ps(P->s + b * 8);                                                          \
+            _Pragma("GCC unroll 4") for (int t = 0; t < N; t++)                                                \
+            {                                                                                                  \
+                const k_u32a *at = (const k_u32a *)(const void *)(a + t * n + b * QG);                         \
+                __m256i lo = _mm256_setzero_si256();                                                           \
+                _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++)                                            \
+                    lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_load_si256(w + g),                   \
+                                                                   _mm256_set1_epi32(at[g])));                 \
+                __m256i d = _mm256_sub_epi32(_mm256_madd_epi16(lo, one), _mm256_set1_epi32(8 * su[t * nb + b])); \
+                __m256 sc = _mm256_mul_ps(ws, _mm256_set1_ps(as[t * nb + b]));                                 \
+                f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, f[t]);                                       \
             }                                                                                                  \
-            for (int t = 0; t < N; t++)                                                                        \
-                y[s % 8][t] = s < 8 ? f[t] : _mm256_add_ps(y[s % 8][t], f[t]);                                 \
         }                                                                                                      \
-        for (int t = 0; t < N; t++) /* k_tree16 */                                                             \
-            res[t] = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(y[0][t], y[4][t]), _mm256_add_ps(y[2][t], y[6][t])), \
-                                   _mm256_add_ps(_mm256_add_ps(y[1][t], y[5][t]), _mm256_add_ps(y[3][t], y[7][t]))); \
+        for (int t = 0; t < N; t++)                                                                            \
+            res[t] = f[t];                                                                                     \
     }
 
 K_P2_TOK(4)
@@ -411,25 +406,20 @@ PI2_T_AVX512 static void panel_pack(pi2_qtype wt, const uint8_t *const p[16], co
     PI2_T_AVX512 K_NOINLINE static void panel_tok##N(const k_panel *P, int64_t kb, const int8_t *a,           \
         int64_t n, const float *as, int64_t nb, const int32_t *bias, __m512 *res)                             \
     {                                                                                                         \
-        __m512 f[N], y[8][N];                                                                                 \
-        for (int s = 0; s < 16; s++) { /* stripe s: blocks s, s + 16, ... */                                  \
-            for (int t = 0; t < N; t++)                                                                       \
-                f[t] = _mm512_setzero_ps();                                                                   \
-            for (int64_t b = s; b < kb; b += 16) {                                                            \
-                K_PANEL_DOTS(N, P->w, b);                                                                     \
-                __m512 ws = _mm512_load_ps(P->s + b * 16);                                                    \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                           \
-                {                                                                                             \
-                    __m512 sc = _mm512_mul_ps(ws, _mm512_set1_ps(as[t * nb + b]));                            \
-                    f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), sc, f[t]);                             \
-                }                                                                                             \
+        __m512 f[N];                                                                                          \
+        for (int t = 0; t < N; t++)                                                                           \
+            f[t] = _mm512_setzero_ps();                                                                       \
+        for (int64_t b = 0; b < kb; b++) {                                                                    \
+            K_PANEL_DOTS(N, P->w, b);                                                                         \
+            __m512 ws = _mm512_load_ps(P->s + b * 16);                                                        \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                               \
+            {                                                                                                 \
+                __m512 sc = _mm512_mul_ps(ws, _mm512_set1_ps(as[t * nb + b]));                                \
+                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), sc, f[t]);                                 \
             }                                                                                                 \
-            for (int t = 0; t < N; t++)                                                                       \
-                y[s % 8][t] = s < 8 ? f[t] : _mm512_add_ps(y[s % 8][t], f[t]);                                \
         }                                                                                                     \
-        for (int t = 0; t < N; t++) /* k_tree16 */                                                            \
-            res[t] = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(y[0][t], y[4][t]), _mm512_add_ps(y[2][t], y[6][t])), \
-                                   _mm512_add_ps(_mm512_add_ps(y[1][t], y[5][t]), _mm512_add_ps(y[3][t], y[7][t]))); \
+        for (int t = 0; t < N; t++)                                                                           \
+            res[t] = f[t];                                                                                    \
     }
 
 K_PANEL_TOK(8)

@@ -350,6 +350,59 @@ PI2_T_AVX512 static inline __m512 exp_avx512(__m512 x)
     return _mm512_scalef_ps(p, k);
 }
 
+/* exp_fixed on 8 lanes: 2^k built from its exponent bits (k >= -126 after
+ * the clamp: a normal float, so p * 2^k rounds once, as scalef does). */
+PI2_T_AVX2 static inline __m256 exp_avx2(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.42860682030941723e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* The twin's operations: elements i of whole 8s in stripe i % 16 (a:
+ * 0-7, b: 8-15), the last n % 8 by masked loads (lanes past n add +0). */
+PI2_T_AVX2 static void softmax_avx2(float *x, int64_t n)
+{
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    __m256 mv = _mm256_set1_ps(mx), a = _mm256_setzero_ps(), b = a;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        _mm256_storeu_ps(x + i, v);
+        if (i % 16 == 0)
+            a = _mm256_add_ps(a, v);
+        else
+            b = _mm256_add_ps(b, v);
+    }
+    if (i < n) {
+        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 v = _mm256_and_ps(exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), mv)), _mm256_castsi256_ps(m));
+        _mm256_maskstore_ps(x + i, m, v);
+        if (i % 16 == 0)
+            a = _mm256_add_ps(a, v);
+        else
+            b = _mm256_add_ps(b, v);
+    }
+    float inv = 1.0f / k_sum8(_mm256_add_ps(a, b));
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(inv)));
+    for (; i < n; i++)
+        x[i] *= inv;
+}
+
 PI2_T_AVX512 static void softmax_avx512(float *x, int64_t n)
 {
     __m512 mv = _mm512_set1_ps(-INFINITY);
@@ -555,6 +608,10 @@ void pi2_k_softmax_isa(pi2_isa isa, float *x, int64_t n)
 #ifdef PI2_K_X86
     if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
         softmax_avx512(x, n);
+        return;
+    }
+    if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX2) {
+        softmax_avx2(x, n);
         return;
     }
 #else

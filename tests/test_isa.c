@@ -11,7 +11,11 @@
  * one with trained predictors, whose gates then decide among the
  * predicted neurons; the SiLU one with trained predictors, and as
  * converted, in its threshold mode) and a generated MoE model with planted
- * predictors. */
+ * predictors, each prompt fed token by token (decode). Through prefill the
+ * comparison is asserted for Q8 FFNs and printed for the Q4 ones, which
+ * the engine runs through the superblock GEMMs on AVX-512 VNNI alone
+ * (runtime/ffn.h, ffn_sb). Selected-neuron counts are the engine's stats
+ * per decode step (predicted, active, MoE choices). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

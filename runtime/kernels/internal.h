@@ -140,15 +140,6 @@ PI2_T_AVX2 static inline __m256i q4_nibbles(const uint8_t *p)
     return _mm256_and_si256(_mm256_srlv_epi64(raw, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0f));
 }
 
-/* Sum of 8 floats. */
-PI2_T_AVX2 static inline float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* k_tree16's tree on registers: k_sum4 of 4 lanes (x_0 + x_2) + (x_1 +
  * x_3), k_sum8 of 8 (quarters, then k_sum4), k_sum16 of 16; a row's
  * stripes 0-7 and 8-15 in two ymm sum as k_sum8(lo + hi). */

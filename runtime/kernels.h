@@ -14,13 +14,36 @@
  * block instead of per element:
  *     sum_j (wq_j - 8) * aq_j = sum_j wq_j * aq_j - 8 * sum_j aq_j.
  *
- * ---- Numerics ----
- * Every kernel computes each block's int32 dot exactly and scales it by
- * (float)(wscale_b * ascale_b); only the float accumulation order differs
- * between ISA paths. The prefill GEMMs (pi2_k_matmul_sb, pi2_k_down_gemm)
- * trade a bounded rounding of the scales for fewer float operations; their
- * comments give the arithmetic, which every ISA path follows bit for bit. A SIMD result differs from the scalar twin by at most
- * (n/32 + 8) * 2^-23 * sum_b |block_b * scale_b| (checked by the tests).
+ * ---- Numerics: the same bits on every ISA ----
+ * Results that decide which neurons fire (predictor scores against their
+ * thresholds, the SiLU threshold, a ReLU gate's sign, MoE routing) and
+ * everything that feeds them must not depend on the CPU, or a model says
+ * different things on AVX2 and AVX-512 machines. So every path of a
+ * kernel (scalar twin, AVX2, AVX-512 VNNI) computes the same float
+ * operations in the same order, and gives the same bits:
+ *   - pi2_k_matmul: each block's int32 dot exactly, times the float
+ *     d_b * as_b (one rounding); per (row, token) chunks of 64 blocks from
+ *     block 0, the chunks' sums added to +0 in order. In a chunk, for
+ *     calls of 1-3 tokens (decode: the one-token kernels) 16 stripes
+ *     (block b in stripe b % 16), each from +0 by fma(dot_b, d_b * as_b,
+ *     stripe) in block order, summed in the tree y_j = x_j + x_j+8, z_i =
+ *     y_i + y_i+4, (z_0 + z_2) + (z_1 + z_3); for 4+ tokens (prefill: the
+ *     panels, whose lanes are rows) one such fma chain over the chunk's
+ *     blocks in order. So a token's bits depend on whether it came in a
+ *     batch of 4+, never on the ISA.
+ *   - pi2_k_sgemv: the columns of whole 16s, column j in stripe j % 16 by
+ *     fma in column order; the stripes summed as q_L = (x_4L + x_4L+2) +
+ *     (x_4L+1 + x_4L+3), then (q_0 + q_1) + (q_2 + q_3); plus, added last,
+ *     an fma chain over the last n % 16 columns from +0.
+ *   - pi2_k_sgemv_t (and _group): each output an fma chain over the rows
+ *     in order from +0.
+ *   - pi2_k_softmax: one polynomial exp (vec.c, exp_fixed) on every path;
+ *     the sum in 16 stripes and pi2_k_matmul's tree; x * (1 / sum).
+ *   - pi2_k_down_rows, pi2_k_down_gemm, pi2_k_matmul_sb and the activation
+ *     quantizers: integer algorithms with their float steps given below.
+ * The scalar twins use fmaf where the SIMD paths fuse. pi2_k_axpy_rows
+ * on Q4/Q8 rows (no engine path: decode sends f32 rows, which every ISA
+ * runs on the twin) still sums in an order of its own.
  *
  * ---- ISA ----
  * The path is the process's one ISA state, kept here (pi2_k_get_isa):
@@ -180,7 +203,8 @@ void pi2_k_down_gemm_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
                          const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo);
 
 /* Prefill's gate and up projections of Q4 rows on AVX-512 VNNI (the
- * engine's choice there; every ISA runs it, elsewhere as the twin):
+ * engine's choice there; every ISA runs it: AVX-512 VNNI and AVX2 on
+ * their panels, scalar as the twin):
  * out[t * ldo + r] = dot(row r, activation t), as pi2_k_matmul, with the
  * activations and the weights' block scales coarser so the float work per
  * block goes:

@@ -69,9 +69,35 @@ static inline void down_coefs(const float *coef, int64_t ldc, int T, int r0, int
     }
 }
 
+/* The fixed orders of the matmul family's float sums (kernels.h,
+ * Numerics): per (row, token), chunks of K_MC blocks from block 0; the
+ * chunks' sums added in order to +0. In a chunk, under K_BATCH_T tokens
+ * (the one-token kernels), 16 striped partial sums (block b into stripe
+ * b % 16, each from +0 by fma((float)dot_b, d_b * as_b, stripe) in block
+ * order), combined by k_tree16; from K_BATCH_T tokens (the panels), one
+ * such chain over all its blocks. No partial sum is ever -0, so one
+ * without blocks (+0) changes nothing it is added to. */
+enum { K_MC = 64 };
+/* Batches of this many tokens or more take the batch order instead: per
+ * chunk one FMA chain over its blocks in order from +0 (the panels'). */
+enum { K_BATCH_T = 4 };
+
+/* x[0..16) summed in one fixed tree: halves, quarters, then pairs
+ * (y_j = x_j + x_j+8, z_i = y_i + y_i+4, (z_0 + z_2) + (z_1 + z_3)): the
+ * order GCC's _mm512_reduce_add_ps takes, and k_sum16's. */
+static inline float k_tree16(const float x[16])
+{
+    float y[8], z[4];
+    for (int j = 0; j < 8; j++)
+        y[j] = x[j] + x[j + 8];
+    for (int i = 0; i < 4; i++)
+        z[i] = y[i] + y[i + 4];
+    return (z[0] + z[2]) + (z[1] + z[3]);
+}
+
 /* Dispatch thresholds (tokens per call). */
 enum {
-    K_PANEL_MIN_T = 4,   /* AVX-512 VNNI matmul: fewer tokens take the decode path */
+    K_PANEL_MIN_T = K_BATCH_T, /* AVX-512 VNNI matmul: fewer tokens take the decode path */
     K_P2_MIN_T = 16,     /* AVX2 Q4 matmul: fewer tokens keep the t4 tiles: the packing would not pay */
     K_DOWN512_MIN_T = 4  /* AVX-512 VNNI down: fewer tokens take the 256-bit path */
 };
@@ -114,13 +140,27 @@ PI2_T_AVX2 static inline __m256i q4_nibbles(const uint8_t *p)
     return _mm256_and_si256(_mm256_srlv_epi64(raw, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0f));
 }
 
-/* Sum of 8 floats. */
-PI2_T_AVX2 static inline float hsum8(__m256 v)
+/* k_tree16's tree on registers: k_sum4 of 4 lanes (x_0 + x_2) + (x_1 +
+ * x_3), k_sum8 of 8 (quarters, then k_sum4), k_sum16 of 16; a row's
+ * stripes 0-7 and 8-15 in two ymm sum as k_sum8(lo + hi). */
+PI2_T_AVX2 static inline float k_sum4(__m128 x)
 {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+    __m128 w = _mm_add_ps(x, _mm_shuffle_ps(x, x, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(w) + _mm_cvtss_f32(_mm_shuffle_ps(w, w, 1));
+}
+
+PI2_T_AVX2 static inline float k_sum8(__m256 x)
+{
+    return k_sum4(_mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x)));
+}
+
+/* The sum of 16 lanes in k_tree16's order, so that narrow rows can take
+ * its subtrees: a row in lanes 0-7 (0-3) of an otherwise zero vector sums
+ * as k_sum8 (k_sum4) of those lanes, no lane ever being -0. */
+PI2_T_AVX512 static inline float k_sum16(__m512 x)
+{
+    return k_sum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)),
+                                _mm512_castps512_ps256(x)));
 }
 
 /* dst[i] = fp16 h[i] as float (exact), i < n. */
@@ -279,10 +319,11 @@ extern k_tok_fn *const pi2_ki_tok_scaled[4];
 int pi2_ki_panel_tokens(k_tok_fn *const fam[4], const k_panel *P, int64_t kb, const int8_t *a, int64_t n,
                         const float *sc, int64_t ss, const int32_t *bias, int t0, int T, __m512 res[8]);
 
-/* pi2_k_matmul on AVX2 panels of 8 Q4 rows (T >= K_P2_MIN_T). */
-PI2_T_AVX2 void pi2_ki_mm_panels_avx2(int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
-                                      const float *ascales, const int8_t *aq, const int32_t *asums, int T,
-                                      float *out, int64_t ldo);
+/* pi2_k_matmul on AVX2 panels of 8 Q4 rows (T >= K_P2_MIN_T); sb:
+ * pi2_k_matmul_sb (any T). */
+PI2_T_AVX2 void pi2_ki_mm_panels_avx2(bool sb, int64_t n, int nrows, const uint8_t *const *wp,
+                                      const uint16_t *const *ws, const float *ascales, const int8_t *aq,
+                                      const int32_t *asums, int T, float *out, int64_t ldo);
 /* All of pi2_k_matmul (sb: pi2_k_matmul_sb, Q4) on the panels: block
  * chunks of K_PB, in them row panels of 16 (the last one repeats its last
  * row; those lanes are not stored), in them tokens in groups of 8 (then

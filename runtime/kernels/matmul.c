@@ -21,23 +21,57 @@
  *     below 2^15), and a single vpmaddwd per 8 dots widens it.
  *   - Decode (T = 1) is 4 rows x 1 token, folding 8 consecutive blocks the
  *     same way (lanes are blocks: scales load as 8 contiguous fp16 and 8
- *     contiguous floats). Batches under 4 tokens and a lone 4k+1-th token
- *     run as decode; 2 or 3 left-over tokens form a padded group.
+ *     contiguous floats). Batches under 4 tokens run as decode; 1 to 3
+ *     left-over tokens form a padded group.
  *   - Q4's (q - 8) offset is applied as 8 * sum(a) per block in int32, from
  *     the sums pi2_k_act_quantize writes. Q8 on AVX2 uses the sign trick
  *     (|w| unsigned x sign(a, w)); on VNNI it multiplies (w + 128) unsigned
  *     by a and subtracts 128 * sum(a), so no per-token sign operation.
  *   - Per (token group, block pair) scale and offset vectors are gathered
- *     once per call into a stack table (k_tok4); blocks are processed in
- *     chunks that keep that table at 32 KiB, and each chunk's partial dot
- *     is added into out. Rows and tokens past the end of a tile repeat the
- *     last valid row/token and their results are dropped.
+ *     into a stack table (k_tok4) per chunk of K_MC blocks and batch of
+ *     token groups (the table stays at 32 KiB), and each chunk's partial
+ *     dot is added into out. Rows and tokens past the end of a tile repeat
+ *     the last valid row/token and their results are dropped.
  *   - Two rows are interleaved statement by statement: each row's block is
  *     a ~25-cycle dependency chain, and one row at a time in program order
  *     fills the out-of-order window with waiting instructions.
- * Each lane accumulates at most nb/2 terms (plus the chunk and final
- * additions), within kernels.h's bound. */
+ * Every float sum follows the fixed orders (internal.h, K_MC; kernels.h,
+ * Numerics): t1 accumulates a block's stripe in its lane (two vectors of
+ * 8 stripes) and sums the stripes in k_tree16's tree; t4 (4+ tokens) runs
+ * each (row, token) as one chain over the blocks in order, the two blocks
+ * of a vector one after the other into a 128-bit accumulator per row
+ * (lane = token), and a 4k+1-th token goes in a padded group rather than
+ * alone through t1, whose order is the other one. */
 #include "runtime/kernels/internal.h"
+
+/* One Q4 or Q8 row (payload p, scales s) against one token's nb blocks
+ * in the fixed order (internal.h, K_MC; batch: one chain per chunk): the
+ * sum every path gives. */
+static float dot_fixed(pi2_qtype wt, const uint8_t *p, const uint16_t *s, const float *as, const int8_t *a, int64_t nb,
+                       bool batch)
+{
+    float total = 0.0f;
+    for (int64_t b0 = 0; b0 < nb; b0 += K_MC) {
+        float x[16] = {0};
+        int stripes = batch ? 1 : 16;
+        for (int64_t b = b0; b < min64(b0 + K_MC, nb); b++) {
+            const int8_t *ab = a + b * QG;
+            int32_t d = 0;
+            if (wt == PI2_QT_Q4) {
+                const uint8_t *pb = p + b * PI2_Q4_GROUP_BYTES;
+                for (int j = 0; j < 16; j++)
+                    d += ((pb[j] & 0x0f) - 8) * ab[j] + ((pb[j] >> 4) - 8) * ab[j + 16];
+            } else {
+                const uint8_t *pb = p + b * PI2_Q8_GROUP_BYTES;
+                for (int j = 0; j < QG; j++)
+                    d += (int8_t)pb[j] * ab[j];
+            }
+            x[b % stripes] = fmaf((float)d, pi2_f16_to_f32(s[b]) * as[b], x[b % stripes]);
+        }
+        total += batch ? x[0] : k_tree16(x);
+    }
+    return total;
+}
 
 static void matmul_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
                           const float *ascales, const int8_t *aq, int T, float *out, int64_t ldo)
@@ -45,14 +79,16 @@ static void matmul_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *con
     int64_t nb = n / QG;
     for (int t = 0; t < T; t++)
         for (int r = 0; r < nrows; r++)
-            out[t * ldo + r] = pi2_q_dot_q8act_scalar(wt, ws[r], wp[r], ascales + t * nb, aq + t * n, n);
+            out[t * ldo + r] = wt == PI2_QT_F32
+                                   ? pi2_q_dot_q8act_scalar(wt, ws[r], wp[r], ascales + t * nb, aq + t * n, n)
+                                   : dot_fixed(wt, wp[r], ws[r], ascales + t * nb, aq + t * n, nb, T >= K_BATCH_T);
 }
 
 #ifdef PI2_K_X86
 
 enum {
     K_PREP_CAP = 512, /* k_tok4 entries on the stack: 32 KiB */
-    K_CHUNK_MAX = 64  /* blocks per chunk (4-row tables: scales 4 KiB, nibbles 8 KiB) */
+    K_CHUNK_MAX = K_MC /* blocks per chunk (4-row tables: scales 4 KiB, nibbles 8 KiB) */
 };
 
 /* Per-(weight block, activation block) products for the tiles below, as
@@ -71,12 +107,6 @@ PI2_T_AVX2 static inline __m256i prod_q8_avx2(__m256i w, __m256i a)
 
 PI2_T_AVX2 static inline __m256i fin_madd1(__m256i x) { return _mm256_madd_epi16(x, _mm256_set1_epi16(1)); }
 PI2_T_AVX2 static inline __m256i fin_id(__m256i x) { return x; }
-
-/* res[0..4) = the two 128-bit halves of v added. */
-PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
-{
-    _mm_storeu_ps(res, _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
-}
 
 /* ---- matmul tiles ----
  *
@@ -137,15 +167,23 @@ PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
         __m256 as_ = _mm256_loadu_ps(pre[p].as);                                                       \
         __m256 sx_ = _mm256_mul_ps(_mm256_loadu_ps(wsp + (kx) * 8 * kp + 8 * (p)), as_);               \
         __m256 sy_ = _mm256_mul_ps(_mm256_loadu_ps(wsp + (ky) * 8 * kp + 8 * (p)), as_);               \
-        accx = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dx_), sx_, accx);                                    \
-        accy = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dy_), sy_, accy);                                    \
+        __m256 fx_ = _mm256_cvtepi32_ps(dx_), fy_ = _mm256_cvtepi32_ps(dy_);                           \
+        accx = _mm_fmadd_ps(_mm256_castps256_ps128(fx_), _mm256_castps256_ps128(sx_), accx);           \
+        accy = _mm_fmadd_ps(_mm256_castps256_ps128(fy_), _mm256_castps256_ps128(sy_), accy);           \
+        if (TWO) {                                                                                     \
+            accx = _mm_fmadd_ps(_mm256_extractf128_ps(fx_, 1), _mm256_extractf128_ps(sx_, 1), accx);   \
+            accy = _mm_fmadd_ps(_mm256_extractf128_ps(fy_, 1), _mm256_extractf128_ps(sy_, 1), accy);   \
+        }                                                                                              \
     } while (0)
 
+/* The batch order (kernels.h, Numerics): per row and token one FMA chain
+ * over the chunk's blocks in order, block 2p's lanes then block 2p + 1's
+ * (128-bit accumulators, lane = token). */
 #define K_DEF_T4(name, TGT, LOADW, PROD, ADDP, FIN, GB, CORR)                                                     \
     TGT static void name(const uint8_t *const w[4], const float *wsp, int64_t kb, const int8_t *const a[4],      \
                          const k_tok4 *pre, float res[16])                                                       \
     {                                                                                                            \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                \
+        __m128 acc0 = _mm_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                   \
         int64_t kp = (kb + 1) / 2, p = 0;                                                                        \
         for (; p < kb / 2; p++) {                                                                                \
             K_T4_ROWS(acc0, acc1, 0, 1, p, 1, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
@@ -155,10 +193,10 @@ PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
             K_T4_ROWS(acc0, acc1, 0, 1, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
             K_T4_ROWS(acc2, acc3, 2, 3, p, 0, LOADW, PROD, ADDP, FIN, GB, CORR);                                 \
         }                                                                                                        \
-        fold_store4(acc0, res);                                                                                  \
-        fold_store4(acc1, res + 4);                                                                              \
-        fold_store4(acc2, res + 8);                                                                              \
-        fold_store4(acc3, res + 12);                                                                             \
+        _mm_storeu_ps(res, acc0);                                                                                \
+        _mm_storeu_ps(res + 4, acc1);                                                                            \
+        _mm_storeu_ps(res + 8, acc2);                                                                            \
+        _mm_storeu_ps(res + 12, acc3);                                                                           \
     }
 
 /* Rows x, y of t1 against 4 blocks (activations at ab): folds into vx, vy. */
@@ -197,12 +235,34 @@ PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
 
 /* The 8-block step for all 4 rows: activations at ab, scales at asb, sums
  * at sb; rows wq_k, scales sq_k. */
-#define K_T1_STEP(ab, asb, sb, wq0, wq1, wq2, wq3, sq0, sq1, sq2, sq3, LOADW, PROD, ADDP, FIN, GB, CSH)         \
+#define K_T1_STEP_(A0, A1, A2, A3, ab, asb, sb, wq0, wq1, wq2, wq3, sq0, sq1, sq2, sq3, LOADW, PROD, ADDP, FIN, GB, \
+                   CSH)                                                                                        \
     do {                                                                                                       \
         __m256 asv = _mm256_loadu_ps((asb));                                                                   \
         __m256i corr = _mm256_slli_epi32(ld256((sb)), (CSH));                                                  \
-        K_T1_ROWS(acc0, acc1, wq0, wq1, sq0, sq1, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                        \
-        K_T1_ROWS(acc2, acc3, wq2, wq3, sq2, sq3, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                        \
+        K_T1_ROWS(A0, A1, wq0, wq1, sq0, sq1, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                            \
+        K_T1_ROWS(A2, A3, wq2, wq3, sq2, sq3, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                            \
+    } while (0)
+/* Blocks b .. b + 7 are stripes 0-7 (acc) or 8-15 (hcc) of the fixed
+ * order (internal.h, K_MC), as b % 16 is 0 or 8. */
+#define K_T1_STEP(b, ...)                                                                                      \
+    do {                                                                                                       \
+        if ((b) % 16 == 0)                                                                                     \
+            K_T1_STEP_(acc0, acc1, acc2, acc3, __VA_ARGS__);                                                   \
+        else                                                                                                   \
+            K_T1_STEP_(hcc0, hcc1, hcc2, hcc3, __VA_ARGS__);                                                   \
+    } while (0)
+/* At block b, a chunk boundary past the first: the chunk's sums join the
+ * rows' totals, the stripes start again from +0. */
+#define K_T1_CHUNK(b)                                                                                          \
+    do {                                                                                                       \
+        if ((b) > 0 && (b) % K_MC == 0) {                                                                      \
+            r0_ += k_sum8(_mm256_add_ps(acc0, hcc0));                                                          \
+            r1_ += k_sum8(_mm256_add_ps(acc1, hcc1));                                                          \
+            r2_ += k_sum8(_mm256_add_ps(acc2, hcc2));                                                          \
+            r3_ += k_sum8(_mm256_add_ps(acc3, hcc3));                                                          \
+            acc0 = acc1 = acc2 = acc3 = hcc0 = hcc1 = hcc2 = hcc3 = _mm256_setzero_ps();                       \
+        }                                                                                                      \
     } while (0)
 
 #define K_DEF_T1(name, TGT, LOADW, PROD, ADDP, FIN, GB, CSH)                                                      \
@@ -211,9 +271,12 @@ PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
                          int64_t pf2_len, float res[4])                                                          \
     {                                                                                                            \
         __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                \
+        __m256 hcc0 = acc0, hcc1 = acc0, hcc2 = acc0, hcc3 = acc0;                                               \
+        float r0_ = 0.0f, r1_ = 0.0f, r2_ = 0.0f, r3_ = 0.0f; /* the chunks so far */                         \
         int64_t b = 0, rb_ = nb * (GB), po_ = 0, o2_ = 0, q2_ = k_pf_quota(pf2_len, nb / 8);                     \
         int pk_ = wn ? 0 : 4; /* NULL: no paced prefetch */                                                      \
         for (; b + 8 <= nb; b += 8) {                                                                            \
+            K_T1_CHUNK(b);                                                                                       \
             for (int64_t e_ = o2_ + q2_ < pf2_len ? o2_ + q2_ : pf2_len; o2_ < e_; o2_ += 64)                    \
                 _mm_prefetch((const char *)(pf2 + o2_), _MM_HINT_T1);                                            \
             for (int l_ = 0; l_ < 32 * (GB) && pk_ < 4; l_ += 64) {                                              \
@@ -224,10 +287,11 @@ PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
                     pk_++;                                                                                       \
                 }                                                                                                \
             }                                                                                                    \
-            K_T1_STEP(a + b * QG, as + b, sums + b, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),            \
+            K_T1_STEP(b, a + b * QG, as + b, sums + b, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),         \
                       w[3] + b * (GB), s[0] + b, s[1] + b, s[2] + b, s[3] + b, LOADW, PROD, ADDP, FIN, GB, CSH);  \
         }                                                                                                        \
         if (b < nb) { /* 1..7 blocks left: zero-padded copies contribute 0 * 0 */                                \
+            K_T1_CHUNK(b);                                                                                       \
             int64_t m = nb - b;                                                                                  \
             int8_t ta[8 * QG] = {0};                                                                             \
             float tas[8] = {0};                                                                                  \
@@ -241,13 +305,13 @@ PI2_T_AVX2 static inline void fold_store4(__m256 v, float *res)
                 memcpy(tw[k], w[k] + b * (GB), (size_t)m * (GB));                                                \
                 memcpy(tsc[k], s[k] + b, (size_t)m * sizeof(uint16_t));                                          \
             }                                                                                                    \
-            K_T1_STEP(ta, tas, tsum, tw[0], tw[1], tw[2], tw[3], tsc[0], tsc[1], tsc[2], tsc[3], LOADW, PROD,    \
+            K_T1_STEP(b, ta, tas, tsum, tw[0], tw[1], tw[2], tw[3], tsc[0], tsc[1], tsc[2], tsc[3], LOADW, PROD, \
                       ADDP, FIN, GB, CSH);                                                                       \
         }                                                                                                        \
-        res[0] = hsum8(acc0);                                                                                    \
-        res[1] = hsum8(acc1);                                                                                    \
-        res[2] = hsum8(acc2);                                                                                    \
-        res[3] = hsum8(acc3);                                                                                    \
+        res[0] = r0_ + k_sum8(_mm256_add_ps(acc0, hcc0));                                                        \
+        res[1] = r1_ + k_sum8(_mm256_add_ps(acc1, hcc1));                                                        \
+        res[2] = r2_ + k_sum8(_mm256_add_ps(acc2, hcc2));                                                        \
+        res[3] = r3_ + k_sum8(_mm256_add_ps(acc3, hcc3));                                                        \
     }
 
 /* Offsets (see the products above): Q4 subtracts 8 * sum(a) (t1 shift 3),
@@ -349,58 +413,70 @@ static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_
     }
 }
 
-/* Tokens [0, T) in groups of 4 (T >= 2; the last group repeats token T-1). */
-static void mm_groups(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
-                      const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
+/* Token groups [g0, g1) of T tokens (groups of 4, the last repeating
+ * token T-1) against every row, blocks [b0, b0 + kb) (one chunk of the
+ * fixed order: its sums join out, in chunk order). */
+static void mm_groups_chunk(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *const *wp,
+                            const uint16_t *const *ws, const float *ascales, const int8_t *aq, const int32_t *asums,
+                            int T, float *out, int64_t ldo, int64_t b0, int g0, int g1, bool unpack)
 {
-    int64_t nb = n / QG;
-    int ng = (T + 3) / 4;
-    int64_t kc = min64(2 * (K_PREP_CAP / ng), K_CHUNK_MAX); /* even */
-    /* Q4: unpack each row tile once when 3+ token groups share it */
-    bool unpack = op->t4raw && ng >= 3;
+    int64_t nb = n / QG, kb = min64(K_MC, nb - b0), kp = (kb + 1) / 2;
     k_t4_fn t4 = op->t4raw && !unpack ? op->t4raw : op->t4;
     k_tok4 pre[K_PREP_CAP];
     float wsp[4 * 4 * K_CHUNK_MAX];
     uint8_t wu[4 * K_CHUNK_MAX * QG];
-    for (int64_t b0 = 0; b0 < nb; b0 += kc) {
-        int64_t kb = min64(kc, nb - b0), kp = (kb + 1) / 2;
-        for (int g = 0; g < ng; g++)
-            for (int j = 0; j < 4; j++) {
-                int t = 4 * g + j < T ? 4 * g + j : T - 1;
-                for (int64_t b = 0; b < 2 * kp; b++) {
-                    k_tok4 *e = &pre[g * kp + b / 2];
-                    int i = 4 * (int)(b & 1) + j;
-                    e->as[i] = b < kb ? ascales[t * nb + b0 + b] : 0.0f;
-                    e->corr[i] = b < kb ? op->corr * asums[t * nb + b0 + b] : 0;
-                }
-            }
-        for (int r0 = 0; r0 < nrows; r0 += 4) {
-            const uint8_t *w[4];
-            for (int k = 0; k < 4; k++) {
-                int r = r0 + k < nrows ? r0 + k : nrows - 1;
-                w[k] = wp[r] + b0 * op->gb;
-                if (unpack) {
-                    q4_unpack_rows(w[k], kb, wu + k * kb * QG);
-                    w[k] = wu + k * kb * QG;
-                }
-                pair_scales(ws[r] + b0, kb, wsp + k * 8 * kp);
-            }
-            for (int g = 0; g < ng; g++) {
-                const int8_t *a[4];
-                for (int j = 0; j < 4; j++) {
-                    int t = 4 * g + j < T ? 4 * g + j : T - 1;
-                    a[j] = aq + t * n + b0 * QG;
-                }
-                float res[16];
-                t4(w, wsp, kb, a, pre + g * kp, res);
-                for (int k = 0; k < 4 && r0 + k < nrows; k++)
-                    for (int j = 0; j < 4 && 4 * g + j < T; j++) {
-                        float *o = out + (4 * g + j) * ldo + r0 + k;
-                        *o = b0 == 0 ? res[4 * k + j] : *o + res[4 * k + j];
-                    }
+    for (int g = g0; g < g1; g++)
+        for (int j = 0; j < 4; j++) {
+            int t = 4 * g + j < T ? 4 * g + j : T - 1;
+            for (int64_t b = 0; b < 2 * kp; b++) {
+                k_tok4 *e = &pre[(g - g0) * kp + b / 2];
+                int i = 4 * (int)(b & 1) + j;
+                e->as[i] = b < kb ? ascales[t * nb + b0 + b] : 0.0f;
+                e->corr[i] = b < kb ? op->corr * asums[t * nb + b0 + b] : 0;
             }
         }
+    for (int r0 = 0; r0 < nrows; r0 += 4) {
+        const uint8_t *w[4];
+        for (int k = 0; k < 4; k++) {
+            int r = r0 + k < nrows ? r0 + k : nrows - 1;
+            w[k] = wp[r] + b0 * op->gb;
+            if (unpack) {
+                q4_unpack_rows(w[k], kb, wu + k * kb * QG);
+                w[k] = wu + k * kb * QG;
+            }
+            pair_scales(ws[r] + b0, kb, wsp + k * 8 * kp);
+        }
+        for (int g = g0; g < g1; g++) {
+            const int8_t *a[4];
+            for (int j = 0; j < 4; j++) {
+                int t = 4 * g + j < T ? 4 * g + j : T - 1;
+                a[j] = aq + t * n + b0 * QG;
+            }
+            float res[16];
+            t4(w, wsp, kb, a, pre + (g - g0) * kp, res);
+            for (int k = 0; k < 4 && r0 + k < nrows; k++)
+                for (int j = 0; j < 4 && 4 * g + j < T; j++) {
+                    float *o = out + (4 * g + j) * ldo + r0 + k;
+                    *o = b0 == 0 ? res[4 * k + j] : *o + res[4 * k + j];
+                }
+        }
     }
+}
+
+/* Tokens [0, T) in groups of 4 (T >= 2; the last group repeats token
+ * T-1): chunks of K_MC blocks, in them the groups in batches whose
+ * tables fit the stack. */
+static void mm_groups(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                      const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo)
+{
+    int64_t nb = n / QG;
+    int ng = (T + 3) / 4, batch = K_PREP_CAP / (K_MC / 2);
+    /* Q4: unpack each row tile once when 3+ token groups share it */
+    bool unpack = op->t4raw && ng >= 3;
+    for (int64_t b0 = 0; b0 < nb; b0 += K_MC)
+        for (int g0 = 0; g0 < ng; g0 += batch)
+            mm_groups_chunk(op, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo, b0, g0,
+                            ng - g0 < batch ? ng : g0 + batch, unpack);
 }
 
 static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
@@ -408,10 +484,10 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
                     const uint8_t *pf, int64_t pf_len)
 {
     int64_t nb = n / QG;
-    /* Groups of 4 tokens, the last one padded when 2 or 3 tokens are left;
-     * a lone last token, and batches under 4 tokens, run as decode (a
-     * padded group would spend 2-4x the work). */
-    int grouped = T < 4 ? 0 : T % 4 == 1 ? T - 1 : T;
+    /* Groups of 4 tokens, the last one padded when 1 to 3 tokens are
+     * left; batches under 4 tokens run as decode (the orders differ:
+     * kernels.h, Numerics). */
+    int grouped = T < K_BATCH_T ? 0 : T;
     if (grouped > 0)
         mm_groups(op, n, nrows, wp, ws, ascales, aq, asums, grouped, out, ldo);
     for (int t = grouped; t < T; t++)
@@ -452,7 +528,7 @@ static void matmul(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_
         }
     }
     if (op == &MM_Q4_AVX2 && T >= K_P2_MIN_T) {
-        pi2_ki_mm_panels_avx2(n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+        pi2_ki_mm_panels_avx2(false, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
         return;
     }
     if (op) {

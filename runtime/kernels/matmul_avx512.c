@@ -21,8 +21,10 @@
  * pairs) into one vector of 16 exact block dots, which one vpermd puts in
  * block order; then the offset subtract, one cvt, one multiply of 16
  * weight scales by the activation scales and one FMA. About 0.14 (Q8:
- * 0.1) instructions per byte. Each lane accumulates nb / 16 terms, then
- * 16 lanes are summed: within kernels.h's bound. The last nb % 16 blocks
+ * 0.1) instructions per byte. Lane L of a row's accumulator is stripe L
+ * of the fixed order (internal.h, K_MC): the FMAs run in block order, a
+ * chunk's 16 lanes sum by k_sum16 and the chunks add up in order, the bits
+ * of every other path. The last nb % 16 blocks
  * run once more from zero-padded copies (split activations: their whole
  * last group of 4 blocks); prefetching as in the 256-bit t1. */
 
@@ -144,27 +146,16 @@
         K_T1W_Q8_ROW(acc3, w3, s3);                                                                          \
     } while (0)
 
-/* The sum of 16 lanes in a fixed tree: halves, quarters, then pairs (the
- * order GCC's _mm512_reduce_add_ps takes, written out so that the narrow
- * rows below can take its subtrees: a row in lanes 0-7 (0-3) of an
- * otherwise zero vector sums as k_sum8 (k_sum4) of those lanes; no lane
- * is ever -0, the accumulators starting at +0). */
-PI2_T_AVX512 static inline float k_sum4(__m128 x)
-{
-    __m128 w = _mm_add_ps(x, _mm_shuffle_ps(x, x, _MM_SHUFFLE(1, 0, 3, 2)));
-    return _mm_cvtss_f32(w) + _mm_cvtss_f32(_mm_shuffle_ps(w, w, 1));
-}
-
-PI2_T_AVX512 static inline float k_sum8(__m256 x)
-{
-    return k_sum4(_mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x)));
-}
-
-PI2_T_AVX512 static inline float k_sum16(__m512 x)
-{
-    return k_sum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)),
-                                _mm512_castps512_ps256(x)));
-}
+#define K_T1W_CHUNK(b)                                                                                       \
+    do {                                                                                                     \
+        if ((b) > 0 && (b) % K_MC == 0) {                                                                    \
+            r0_ += k_sum16(acc0);                                                                            \
+            r1_ += k_sum16(acc1);                                                                            \
+            r2_ += k_sum16(acc2);                                                                            \
+            r3_ += k_sum16(acc3);                                                                            \
+            acc0 = acc1 = acc2 = acc3 = _mm512_setzero_ps();                                                 \
+        }                                                                                                    \
+    } while (0)
 
 #define K_DEF_T1W(name, TGT, STEP, GB, ORD, AR)                                                                     \
     TGT static void name(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb,                   \
@@ -177,9 +168,11 @@ PI2_T_AVX512 static inline float k_sum16(__m512 x)
         const __m512i ord = ORD;                                                                             \
         (void)m4, (void)x80, (void)ilo, (void)ihi;                                                           \
         __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                            \
+        float r0_ = 0.0f, r1_ = 0.0f, r2_ = 0.0f, r3_ = 0.0f; /* the chunks so far */                     \
         int64_t b = 0, rb_ = nb * (GB), po_ = 0, o2_ = 0, q2_ = k_pf_quota(pf2_len, nb / 16);                \
         int pk_ = wn ? 0 : 4; /* NULL: no paced prefetch */                                                  \
         for (; b + 16 <= nb; b += 16) {                                                                      \
+            K_T1W_CHUNK(b);                                                                                  \
             for (int64_t e_ = o2_ + q2_ < pf2_len ? o2_ + q2_ : pf2_len; o2_ < e_; o2_ += 64)                \
                 _mm_prefetch((const char *)(pf2 + o2_), _MM_HINT_T1);                                        \
             for (int l_ = 0; l_ < 64 * (GB) && pk_ < 4; l_ += 64) {                                          \
@@ -194,6 +187,7 @@ PI2_T_AVX512 static inline float k_sum16(__m512 x)
                  w[3] + b * (GB), s[0] + b, s[1] + b, s[2] + b, s[3] + b);                                   \
         }                                                                                                    \
         if (b < nb) { /* 1..15 blocks left: zero-padded copies contribute 0 * 0 */                           \
+            K_T1W_CHUNK(b);                                                                                  \
             int64_t m = nb - b;                                                                              \
             int8_t ta[16 * QG] = {0};                                                                        \
             float tas[16] = {0};                                                                             \
@@ -209,10 +203,10 @@ PI2_T_AVX512 static inline float k_sum16(__m512 x)
             }                                                                                                \
             STEP(ta, tas, tsum, tw[0], tw[1], tw[2], tw[3], tsc[0], tsc[1], tsc[2], tsc[3]);                 \
         }                                                                                                    \
-        res[0] = k_sum16(acc0);                                                                              \
-        res[1] = k_sum16(acc1);                                                                              \
-        res[2] = k_sum16(acc2);                                                                              \
-        res[3] = k_sum16(acc3);                                                                              \
+        res[0] = r0_ + k_sum16(acc0);                                                                        \
+        res[1] = r1_ + k_sum16(acc1);                                                                        \
+        res[2] = r2_ + k_sum16(acc2);                                                                        \
+        res[3] = r3_ + k_sum16(acc3);                                                                        \
     }
 
 /* ORD[p] = the fold position of block p: Q4 4 * (p % 4) + p / 4; Q8 see

@@ -16,9 +16,10 @@
  * the activations can be the broadcast memory operand as they are; the
  * offset (8 or 128) * sum(a) starts the int32 accumulator. The float stage
  * per (16 rows, token, block) is one cvt, one multiply of the panel's
- * scale vector by the token's scale and one FMA. Each output sums its
- * blocks in order (plus one add per 64-block chunk): within kernels.h's
- * bound. Under 4 tokens (decode) the 4 x 1 path stays: repacking would
+ * scale vector by the token's scale and one FMA. Each output follows the
+ * batch order (kernels.h, Numerics; internal.h, K_MC): a panel chunk is
+ * one of its chunks, its blocks one FMA chain in order (the AVX2 panels
+ * alike). Under 4 tokens (decode) the 4 x 1 path stays: repacking would
  * cost more than it saves. */
 #include "runtime/kernels/internal.h"
 
@@ -132,7 +133,11 @@ enum {
 
 typedef struct k_panel2 {
     _Alignas(32) uint8_t w[K_P2_W * 32]; /* [block][group][row][4 bytes] */
-    _Alignas(32) float s[K_PB * 8];      /* [block][row] scales */
+    union {
+        _Alignas(32) float s[K_PB * 8];   /* [block][row] scales */
+        _Alignas(32) int32_t k[K_PB * 8]; /* superblock panels: [block][row] int16 factors */
+    };
+    _Alignas(32) float d[K_PB / K_SB * 8]; /* superblock panels: [superblock][row] scales */
 } k_panel2;
 
 /* v[g] lane r = dword g of v[r] (8 x 8 dwords). */
@@ -209,11 +214,76 @@ K_P2_TOK(4)
 K_P2_TOK(2)
 K_P2_TOK(1)
 
-PI2_T_AVX2 void pi2_ki_mm_panels_avx2(int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
-                                      const float *ascales, const int8_t *aq, const int32_t *asums, int T,
-                                      float *out, int64_t ldo)
+/* ---- the superblock GEMM on AVX2 panels (pi2_k_matmul_sb) ----
+ * The twin's factors (sb_factors) per row, then per token and block the
+ * panel's 8 exact block dots as above (|dot| <= 32 * 8 * 127 fits an
+ * int16), times the block's factors by one vpmaddwd (the factor's high
+ * half zero) into the superblock's int32 sum; per superblock one cvt,
+ * one multiply and one FMA, as the twin. */
+
+/* The factors of rows s[0..8) (scales at the chunk start), kb blocks. */
+PI2_T_AVX2 static void p2_sb_scales(const uint16_t *const s[8], int64_t kb, k_panel2 *P)
 {
-    int64_t nb = n / QG, gb = PI2_Q4_GROUP_BYTES;
+    for (int r = 0; r < 8; r++) {
+        float d[K_PB], D;
+        int32_t k[K_PB];
+        cvt_scales(s[r], kb, d);
+        for (int64_t s0 = 0; s0 < kb; s0 += K_SB) {
+            sb_factors(d + s0, (int)min64(K_SB, kb - s0), k + s0, &D);
+            P->d[s0 / K_SB * 8 + r] = D;
+        }
+        for (int64_t b = 0; b < kb; b++)
+            P->k[b * 8 + r] = k[b] & 0xffff;
+    }
+}
+
+/* N tokens (a, su as p2_tok; as: the superblock scales at the chunk's
+ * first superblock, token stride ns): res[t] lane r = the chunk's sum. */
+#define K_P2_SBTOK(N)                                                                                          \
+    PI2_T_AVX2 K_NOINLINE static void p2_sbtok##N(const k_panel2 *P, int64_t kb, const int8_t *a, int64_t n,   \
+                                                  const float *as, int64_t ns, const int32_t *su, int64_t nb,  \
+                                                  __m256 *res)                                                 \
+    {                                                                                                          \
+        const __m256i one = _mm256_set1_epi16(1);                                                              \
+        __m256 f[N];                                                                                           \
+        for (int t = 0; t < N; t++)                                                                            \
+            f[t] = _mm256_setzero_ps();                                                                        \
+        for (int64_t s0 = 0; s0 < kb; s0 += K_SB) {                                                            \
+            __m256i S[N];                                                                                      \
+            for (int t = 0; t < N; t++)                                                                        \
+                S[t] = _mm256_setzero_si256();                                                                 \
+            for (int64_t b = s0; b < min64(kb, s0 + K_SB); b++) {                                              \
+                const __m256i *w = (const __m256i *)(const void *)(P->w + b * 8 * 32);                         \
+                __m256i kv = _mm256_load_si256((const __m256i *)(const void *)(P->k + b * 8));                 \
+                _Pragma("GCC unroll 4") for (int t = 0; t < N; t++)                                            \
+                {                                                                                              \
+                    const k_u32a *at = (const k_u32a *)(const void *)(a + t * n + b * QG);                     \
+                    __m256i lo = _mm256_setzero_si256();                                                       \
+                    _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++)                                        \
+                        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_load_si256(w + g),               \
+                                                                       _mm256_set1_epi32(at[g])));             \
+                    __m256i d = _mm256_sub_epi32(_mm256_madd_epi16(lo, one), _mm256_set1_epi32(8 * su[t * nb + b])); \
+                    S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(d, kv));                                   \
+                }                                                                                              \
+            }                                                                                                  \
+            __m256 dv = _mm256_load_ps(P->d + s0 / K_SB * 8);                                                  \
+            for (int t = 0; t < N; t++)                                                                        \
+                f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[t]), _mm256_mul_ps(dv, _mm256_set1_ps(as[t * ns + s0 / K_SB])), \
+                                       f[t]);                                                                  \
+        }                                                                                                      \
+        for (int t = 0; t < N; t++)                                                                            \
+            res[t] = f[t];                                                                                     \
+    }
+
+K_P2_SBTOK(4)
+K_P2_SBTOK(2)
+K_P2_SBTOK(1)
+
+PI2_T_AVX2 void pi2_ki_mm_panels_avx2(bool sb, int64_t n, int nrows, const uint8_t *const *wp,
+                                      const uint16_t *const *ws, const float *ascales, const int8_t *aq,
+                                      const int32_t *asums, int T, float *out, int64_t ldo)
+{
+    int64_t nb = n / QG, gb = PI2_Q4_GROUP_BYTES, ns = (nb + K_SB - 1) / K_SB;
     k_panel2 P;
     for (int64_t b0 = 0; b0 < nb; b0 += K_PB) {
         int64_t kb = min64(K_PB, nb - b0);
@@ -227,14 +297,21 @@ PI2_T_AVX2 void pi2_ki_mm_panels_avx2(int64_t n, int nrows, const uint8_t *const
                 s[k] = ws[r] + b0;
             }
             p2_pack(p, s, kb, &P);
+            if (sb)
+                p2_sb_scales(s, kb, &P);
             int64_t lines = (kb * gb + 63) / 64, pf = 0;
             for (int t0 = 0; t0 < T;) {
                 k_panel_pf(wp, r0, 8, nrows, b0 * gb, lines, t0 / 4 + 1, (T + 3) / 4, &pf);
                 int N = T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
                 __m256 res[4];
-                (N == 4 ? p2_tok4 : N == 2 ? p2_tok2 : p2_tok1)(&P, kb, aq + t0 * n + b0 * QG, n,
-                                                                ascales + t0 * nb + b0, asums + t0 * nb + b0, nb,
-                                                                res);
+                if (sb)
+                    (N == 4 ? p2_sbtok4 : N == 2 ? p2_sbtok2 : p2_sbtok1)(&P, kb, aq + t0 * n + b0 * QG, n,
+                                                                         ascales + t0 * ns + b0 / K_SB, ns,
+                                                                         asums + t0 * nb + b0, nb, res);
+                else
+                    (N == 4 ? p2_tok4 : N == 2 ? p2_tok2 : p2_tok1)(&P, kb, aq + t0 * n + b0 * QG, n,
+                                                                    ascales + t0 * nb + b0, asums + t0 * nb + b0,
+                                                                    nb, res);
                 for (int j = 0; j < N; j++) {
                     float *o = out + (t0 + j) * ldo + r0;
                     if (m == 8) {
@@ -588,6 +665,10 @@ void pi2_k_matmul_sb_isa(pi2_isa isa, int64_t n, int nrows, const uint8_t *const
 #ifdef PI2_K_X86
     if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
         pi2_ki_mm_panels(PI2_QT_Q4, true, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
+        return;
+    }
+    if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX2) {
+        pi2_ki_mm_panels_avx2(true, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
         return;
     }
 #else

@@ -32,27 +32,63 @@ static void dequant_scalar(pi2_qtype wt, int64_t n, int nrows, const uint8_t *co
         pi2_q_dequantize_row(wt, ws[r], wp[r], n, dst + (int64_t)r * n);
 }
 
+/* sgemv's order: the columns of whole 16s in 16 stripes (column j in
+ * stripe j % 16, by fma in column order) summed per 4 stripes as (x_4L +
+ * x_4L+2) + (x_4L+1 + x_4L+3), then (q_0 + q_1) + (q_2 + q_3) (the tree
+ * sgemv16_avx512's folds and transpose take); the last n % 16 columns an
+ * fma chain of their own from +0, added last. */
+static inline float sgemv_tree(const float x[16])
+{
+    float q[4];
+    for (int L = 0; L < 4; L++)
+        q[L] = (x[4 * L] + x[4 * L + 2]) + (x[4 * L + 1] + x[4 * L + 3]);
+    return (q[0] + q[1]) + (q[2] + q[3]);
+}
+
 static void sgemv_scalar(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
 {
     for (int r = 0; r < nrows; r++) {
         const float *w = W + (int64_t)r * ldw;
-        float s = 0.0f;
-        for (int64_t j = 0; j < n; j++)
-            s += w[j] * x[j];
-        out[r] = s;
+        float s[16] = {0}, tail = 0.0f;
+        int64_t nfull = n & ~(int64_t)15;
+        for (int64_t j = 0; j < nfull; j++)
+            s[j % 16] = fmaf(w[j], x[j], s[j % 16]);
+        for (int64_t j = nfull; j < n; j++)
+            tail = fmaf(w[j], x[j], tail);
+        out[r] = sgemv_tree(s) + tail;
     }
+}
+
+/* exp(x) for softmax (x <= 0 after the max is subtracted): x = k ln2 + r,
+ * |r| <= ln2 / 2, exp = 2^k * p(r), p the degree-6 Taylor polynomial
+ * (relative error < 2e-7); x below -87.3 is taken as -87.3 (1.2e-38,
+ * nothing next to the max's 1). Every path computes these operations. */
+static inline float exp_fixed(float x)
+{
+    x = fmaxf(x, -87.3f);
+    float k = rintf(x * 1.44269504089f);
+    float r = fmaf(-k, 0.693145751953125f, x); /* ln2 high part (exact k * hi) */
+    r = fmaf(-k, 1.42860682030941723e-06f, r);  /* ln2 low part */
+    float p = 1.0f / 720.0f;
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    return p * ldexpf(1.0f, (int)k);
 }
 
 static void softmax_scalar(float *x, int64_t n)
 {
-    float mx = -INFINITY, sum = 0.0f;
+    float mx = -INFINITY, s[16] = {0};
     for (int64_t i = 0; i < n; i++)
         mx = x[i] > mx ? x[i] : mx;
     for (int64_t i = 0; i < n; i++) {
-        x[i] = expf(x[i] - mx);
-        sum += x[i];
+        x[i] = exp_fixed(x[i] - mx);
+        s[i % 16] += x[i];
     }
-    float inv = 1.0f / sum;
+    float inv = 1.0f / k_tree16(s);
     for (int64_t i = 0; i < n; i++)
         x[i] *= inv;
 }
@@ -64,7 +100,7 @@ static void sgemv_t_scalar(const float *W, int64_t ldw, int64_t n, int nrows, co
     for (int r = 0; r < nrows; r++) {
         const float *w = W + (int64_t)r * ldw;
         for (int64_t j = 0; j < n; j++)
-            out[j] += c[r] * w[j];
+            out[j] = fmaf(c[r], w[j], out[j]);
     }
 }
 
@@ -169,63 +205,47 @@ PI2_T_AVX512 static void dequant_avx512(pi2_qtype wt, int64_t n, int nrows, cons
     }
 }
 
-/* ---- sgemv: 4 rows at a time, two accumulators per row ---- */
+/* ---- sgemv: the scalar twin's 16 stripes (column j in stripe j % 16,
+ * by FMA in column order) and its tree (sgemv_tree) ---- */
+
+/* A row's whole 16s: stripes 0-7 in a, 8-15 in b. */
+#define K_SGEMV_ROW2(w, a, b)                                                                                \
+    for (int64_t j_ = 0; j_ + 16 <= n; j_ += 16) {                                                           \
+        a = _mm256_fmadd_ps(_mm256_loadu_ps((w) + j_), _mm256_loadu_ps(x + j_), a);                          \
+        b = _mm256_fmadd_ps(_mm256_loadu_ps((w) + j_ + 8), _mm256_loadu_ps(x + j_ + 8), b);                  \
+    }
+
+/* The fma chain of columns [j, n). */
+static inline float sgemv_tail(const float *w, const float *x, int64_t j, int64_t n)
+{
+    float t = 0.0f;
+    for (; j < n; j++)
+        t = fmaf(w[j], x[j], t);
+    return t;
+}
+
+PI2_T_AVX2 static inline float sgemv_tree2(__m256 a, __m256 b)
+{
+    return (k_sum4(_mm256_castps256_ps128(a)) + k_sum4(_mm256_extractf128_ps(a, 1))) +
+           (k_sum4(_mm256_castps256_ps128(b)) + k_sum4(_mm256_extractf128_ps(b, 1)));
+}
 
 PI2_T_AVX2 static void sgemv_avx2(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
 {
     int r = 0;
-    for (; r + 4 <= nrows; r += 4) {
-        const float *w0 = W + (int64_t)r * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        int64_t j = 0;
-        for (; j + 16 <= n; j += 16) {
-            __m256 x0 = _mm256_loadu_ps(x + j), x1 = _mm256_loadu_ps(x + j + 8);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + j), x0, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + j), x0, a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + j), x0, a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + j), x0, a3);
-            b0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + j + 8), x1, b0);
-            b1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + j + 8), x1, b1);
-            b2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + j + 8), x1, b2);
-            b3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + j + 8), x1, b3);
-        }
-        if (j + 8 <= n) {
-            __m256 x0 = _mm256_loadu_ps(x + j);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + j), x0, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + j), x0, a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + j), x0, a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + j), x0, a3);
-            j += 8;
-        }
-        float s0 = hsum8(_mm256_add_ps(a0, b0)), s1 = hsum8(_mm256_add_ps(a1, b1));
-        float s2 = hsum8(_mm256_add_ps(a2, b2)), s3 = hsum8(_mm256_add_ps(a3, b3));
-        for (; j < n; j++) {
-            s0 += w0[j] * x[j];
-            s1 += w1[j] * x[j];
-            s2 += w2[j] * x[j];
-            s3 += w3[j] * x[j];
-        }
-        out[r] = s0;
-        out[r + 1] = s1;
-        out[r + 2] = s2;
-        out[r + 3] = s3;
+    for (; r + 2 <= nrows; r += 2) {
+        const float *w0 = W + (int64_t)r * ldw, *w1 = w0 + ldw;
+        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;
+        K_SGEMV_ROW2(w0, a0, b0);
+        K_SGEMV_ROW2(w1, a1, b1);
+        out[r] = sgemv_tree2(a0, b0) + sgemv_tail(w0, x, n & ~(int64_t)15, n);
+        out[r + 1] = sgemv_tree2(a1, b1) + sgemv_tail(w1, x, n & ~(int64_t)15, n);
     }
     for (; r < nrows; r++) {
         const float *w = W + (int64_t)r * ldw;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-        int64_t j = 0;
-        for (; j + 16 <= n; j += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), _mm256_loadu_ps(x + j), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j + 8), _mm256_loadu_ps(x + j + 8), a1);
-        }
-        if (j + 8 <= n) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), _mm256_loadu_ps(x + j), a0);
-            j += 8;
-        }
-        float s = hsum8(_mm256_add_ps(a0, a1));
-        for (; j < n; j++)
-            s += w[j] * x[j];
-        out[r] = s;
+        __m256 a = _mm256_setzero_ps(), b = a;
+        K_SGEMV_ROW2(w, a, b);
+        out[r] = sgemv_tree2(a, b) + sgemv_tail(w, x, n & ~(int64_t)15, n);
     }
 }
 
@@ -238,10 +258,10 @@ PI2_T_AVX512 static inline __m512 fold4_ps(__m512 v0, __m512 v1, __m512 v2, __m5
     return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
 }
 
-/* 16 short rows at once (the predictor's second layer: rows of its rank,
- * 64 floats): one accumulator per row, then 4 folds and a 4 x 4 transpose
- * of 128-bit lanes sum all 16 at ~3 instructions a row, where a
- * horizontal sum per row takes ~8. */
+/* 16 short rows at once (attention's keys: rows of a head's size): one
+ * accumulator per row (its 16 stripes), then 4 folds and a 4 x 4
+ * transpose of 128-bit lanes sum all 16 in sgemv_tree's order at ~3
+ * instructions a row, where a horizontal sum per row takes ~8. */
 PI2_T_AVX512 static void sgemv16_avx512(const float *W, int64_t ldw, int64_t n, const float *x, float *out)
 {
     __m512 a[16];
@@ -269,70 +289,49 @@ PI2_T_AVX512 static void sgemv16_avx512(const float *W, int64_t ldw, int64_t n, 
     _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(g[0], g[1]), _mm512_add_ps(g[2], g[3])), tail));
 }
 
-/* The same with 16 floats per register; the n % 16 tail is a masked load
- * (masked-off elements are not read). */
+/* sgemv_tree of one row's 16 stripes. */
+PI2_T_AVX512 static inline float sgemv_tree16(__m512 v)
+{
+    __m512 t = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+    __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1))); /* lane L: q_L */
+    __m512 w = _mm512_add_ps(u, _mm512_shuffle_f32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm512_cvtss_f32(w) + _mm_cvtss_f32(_mm512_extractf32x4_ps(w, 2));
+}
+
+/* The other rows 4 (then 1) at a time, a stripe accumulator each. */
 PI2_T_AVX512 static void sgemv_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
 {
     int64_t nfull = n & ~(int64_t)15;
-    __mmask16 tail = (__mmask16)((1u << (n & 15)) - 1u);
     int r = 0;
     if (n <= 256 && ldw <= INT32_MAX / 16)
         for (; r + 16 <= nrows; r += 16)
             sgemv16_avx512(W + (int64_t)r * ldw, ldw, n, x, out + r);
     for (; r + 4 <= nrows; r += 4) {
         const float *w0 = W + (int64_t)r * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        int64_t j = 0;
-        for (; j + 32 <= nfull; j += 32) {
-            __m512 x0 = _mm512_loadu_ps(x + j), x1 = _mm512_loadu_ps(x + j + 16);
-            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + j), x0, a0);
-            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + j), x0, a1);
-            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + j), x0, a2);
-            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + j), x0, a3);
-            b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + j + 16), x1, b0);
-            b1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + j + 16), x1, b1);
-            b2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + j + 16), x1, b2);
-            b3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + j + 16), x1, b3);
-        }
-        if (j < nfull) { /* one more full 16 */
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t j = 0; j < nfull; j += 16) {
             __m512 x0 = _mm512_loadu_ps(x + j);
             a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + j), x0, a0);
             a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + j), x0, a1);
             a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + j), x0, a2);
             a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + j), x0, a3);
         }
-        if (tail) {
-            __m512 xt = _mm512_maskz_loadu_ps(tail, x + nfull);
-            b0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w0 + nfull), xt, b0);
-            b1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w1 + nfull), xt, b1);
-            b2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w2 + nfull), xt, b2);
-            b3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w3 + nfull), xt, b3);
-        }
-        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, b0));
-        out[r + 1] = _mm512_reduce_add_ps(_mm512_add_ps(a1, b1));
-        out[r + 2] = _mm512_reduce_add_ps(_mm512_add_ps(a2, b2));
-        out[r + 3] = _mm512_reduce_add_ps(_mm512_add_ps(a3, b3));
+        out[r] = sgemv_tree16(a0) + sgemv_tail(w0, x, nfull, n);
+        out[r + 1] = sgemv_tree16(a1) + sgemv_tail(w1, x, nfull, n);
+        out[r + 2] = sgemv_tree16(a2) + sgemv_tail(w2, x, nfull, n);
+        out[r + 3] = sgemv_tree16(a3) + sgemv_tail(w3, x, nfull, n);
     }
     for (; r < nrows; r++) {
         const float *w = W + (int64_t)r * ldw;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0;
-        int64_t j = 0;
-        for (; j + 32 <= nfull; j += 32) {
+        __m512 a0 = _mm512_setzero_ps();
+        for (int64_t j = 0; j < nfull; j += 16)
             a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j), _mm512_loadu_ps(x + j), a0);
-            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j + 16), _mm512_loadu_ps(x + j + 16), a1);
-        }
-        if (j < nfull)
-            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + j), _mm512_loadu_ps(x + j), a0);
-        if (tail)
-            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w + nfull), _mm512_maskz_loadu_ps(tail, x + nfull), a1);
-        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+        out[r] = sgemv_tree16(a0) + sgemv_tail(w, x, nfull, n);
     }
 }
 
-/* ---- softmax: exp(x) = 2^k * p(r), x = k ln2 + r, |r| <= ln2 / 2, p the
- * degree-6 Taylor polynomial (relative error < 2e-7); x below -87.3
- * (after the max is subtracted) is taken as -87.3: 1.2e-38, nothing next
- * to the max's 1 ---- */
+/* ---- softmax: exp_fixed's operations on 16 lanes; the sum in 16 stripes
+ * (element i in stripe i % 16) and k_tree16's order, as the twin ---- */
 
 PI2_T_AVX512 static inline __m512 exp_avx512(__m512 x)
 {
@@ -349,6 +348,59 @@ PI2_T_AVX512 static inline __m512 exp_avx512(__m512 x)
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, k);
+}
+
+/* exp_fixed on 8 lanes: 2^k built from its exponent bits (k >= -126 after
+ * the clamp: a normal float, so p * 2^k rounds once, as scalef does). */
+PI2_T_AVX2 static inline __m256 exp_avx2(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.42860682030941723e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* The twin's operations: elements i of whole 8s in stripe i % 16 (a:
+ * 0-7, b: 8-15), the last n % 8 by masked loads (lanes past n add +0). */
+PI2_T_AVX2 static void softmax_avx2(float *x, int64_t n)
+{
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    __m256 mv = _mm256_set1_ps(mx), a = _mm256_setzero_ps(), b = a;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        _mm256_storeu_ps(x + i, v);
+        if (i % 16 == 0)
+            a = _mm256_add_ps(a, v);
+        else
+            b = _mm256_add_ps(b, v);
+    }
+    if (i < n) {
+        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 v = _mm256_and_ps(exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), mv)), _mm256_castsi256_ps(m));
+        _mm256_maskstore_ps(x + i, m, v);
+        if (i % 16 == 0)
+            a = _mm256_add_ps(a, v);
+        else
+            b = _mm256_add_ps(b, v);
+    }
+    float inv = 1.0f / k_sum8(_mm256_add_ps(a, b));
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(inv)));
+    for (; i < n; i++)
+        x[i] *= inv;
 }
 
 PI2_T_AVX512 static void softmax_avx512(float *x, int64_t n)
@@ -371,7 +423,7 @@ PI2_T_AVX512 static void softmax_avx512(float *x, int64_t n)
         _mm512_mask_storeu_ps(x + i, tail, v);
         sv = _mm512_add_ps(sv, v);
     }
-    __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sv));
+    __m512 inv = _mm512_set1_ps(1.0f / k_sum16(sv));
     for (i = 0; i + 16 <= n; i += 16)
         _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
     if (tail)
@@ -556,6 +608,10 @@ void pi2_k_softmax_isa(pi2_isa isa, float *x, int64_t n)
 #ifdef PI2_K_X86
     if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
         softmax_avx512(x, n);
+        return;
+    }
+    if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX2) {
+        softmax_avx2(x, n);
         return;
     }
 #else

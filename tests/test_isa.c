@@ -1,0 +1,283 @@
+/* The same tokens on every CPU: each test model, run in the default sparse
+ * mode on every instruction set this CPU has (scalar, AVX2, AVX-512 VNNI),
+ * gives the same greedy tokens, the same neurons selected per token (the
+ * predictor's scores against their thresholds, the SiLU threshold, the
+ * ReLU-family gate's sign, MoE routing) and the same logits, bit for bit.
+ * The kernels whose results feed those decisions compute their floats in
+ * one order on every path (runtime/kernels.h, Numerics); this runs whole
+ * models through them.
+ *
+ * Models: the two real TinyStories models of ../shared/models (the dReLU
+ * one with trained predictors, whose gates then decide among the
+ * predicted neurons; the SiLU one with trained predictors, and as
+ * converted, in its threshold mode) and a generated MoE model with planted
+ * predictors, each prompt fed token by token (decode). Through prefill the
+ * comparison is asserted for Q8 FFNs and printed for the Q4 ones, which
+ * the engine runs through the superblock GEMMs on AVX-512 VNNI alone
+ * (runtime/ffn.h, ffn_sb). Selected-neuron counts are the engine's stats
+ * per decode step (predicted, active, MoE choices). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "bundle/bundle.h"
+#include "convert/convert.h"
+#include "convert/synth.h"
+#include "formats/sign.h"
+#include "runtime/engine.h"
+#include "runtime/kernels.h"
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char g_dir[512];
+static pi2_sign_key *g_key, *g_pubkey;
+
+enum { N_PROMPT = 12, N_GEN = 40, MAX_CASES = 3 };
+
+/* One greedy run: tokens, and per step the neurons selected and the
+ * logits' hash. */
+typedef struct run {
+    int32_t tok[N_GEN];
+    uint64_t predicted[N_GEN], active[N_GEN], moe[N_GEN];
+    uint64_t lhash[N_GEN];
+} run;
+
+static uint64_t hash_bits(const float *x, int n)
+{
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *p = (const unsigned char *)x;
+    for (size_t i = 0; i < (size_t)n * sizeof(float); i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+static int convert_bundle(const char *src, const char *name, bool train, pi2_qtype q_ffn, char *out, size_t cap,
+                          pi2_err *e)
+{
+    char conv[1200];
+    snprintf(conv, sizeof conv, "%s/%s.pi2c", g_dir, name);
+    snprintf(out, cap, "%s/%s.pi2", g_dir, name);
+    pi2_convert_opts co;
+    pi2_convert_defaults(&co);
+    co.model_dir = src;
+    co.out_path = conv;
+    co.calib_tokens = 512;
+    co.quiet = true;
+    co.threads = 1;
+    co.train_predictors = train;
+    co.q_ffn = q_ffn;
+    if (pi2_convert(&co, NULL, e))
+        return e->code;
+    pi2_bundle_opts bo;
+    pi2_bundle_defaults(&bo);
+    bo.in_path = conv;
+    bo.out_path = out;
+    bo.key = g_key;
+    bo.quiet = true;
+    return pi2_bundle_create(&bo, NULL, e);
+}
+
+/* Greedy decode of prompt p on the current ISA. */
+static void greedy(const char *path, const int32_t *p, int np, bool prefill, run *r)
+{
+    pi2_engine_opts o;
+    pi2_engine_defaults(&o);
+    o.path = path;
+    o.pubkey = g_pubkey;
+    o.threads = 2;
+    o.ctx = np + N_GEN + 1;
+    pi2_err e = {0};
+    pi2_engine *eng = NULL;
+    if (pi2_engine_open(&eng, &o, &e))
+        fail_msg("open %s: %s", path, e.msg);
+    assert_false(pi2_engine_dense(eng));
+    assert_string_not_equal(pi2_engine_sparsity(eng), "none");
+    const pi2_model_desc *d = pi2_engine_desc(eng);
+    float *lg = malloc(sizeof(float) * (size_t)d->vocab);
+    assert_non_null(lg);
+    if (prefill)
+        assert_int_equal(pi2_engine_prefill(eng, p, np, 0, lg, &e), 0);
+    else
+        for (int i = 0; i < np; i++)
+            if (pi2_engine_decode(eng, p[i], i, lg, &e))
+                fail_msg("decode: %s", e.msg);
+    for (int s = 0; s < N_GEN; s++) {
+        r->tok[s] = argmax(lg, (int)d->vocab);
+        pi2_engine_stats_reset(eng);
+        if (pi2_engine_decode(eng, r->tok[s], np + s, lg, &e))
+            fail_msg("decode: %s", e.msg);
+        pi2_engine_stats st;
+        pi2_engine_stats_get(eng, &st);
+        r->predicted[s] = st.predicted;
+        r->active[s] = st.active;
+        r->moe[s] = st.moe_choices;
+        r->lhash[s] = hash_bits(lg, (int)d->vocab);
+    }
+    free(lg);
+    pi2_engine_close(eng);
+}
+
+/* Every ISA of this CPU against the first (scalar). */
+static void across_isas(const char *name, const char *path, int vocab, bool prefill, bool must)
+{
+    pi2_isa isas[3];
+    int ni = 0;
+    for (int i = PI2_ISA_SCALAR; i <= PI2_ISA_AVX512; i++)
+        if (pi2_k_isa_supported((pi2_isa)i))
+            isas[ni++] = (pi2_isa)i;
+    int bad = 0;
+    for (int c = 0; c < MAX_CASES; c++) {
+        int32_t p[N_PROMPT];
+        p[0] = 1;
+        uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(c + 1);
+        for (int i = 1; i < N_PROMPT; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            p[i] = 3 + (int32_t)((s >> 33) % (uint64_t)(vocab - 3));
+        }
+        int np = c == 0 ? 1 : N_PROMPT - 4 * (c - 1); /* BOS alone, 12, 8 tokens */
+        run r[3];
+        for (int k = 0; k < ni; k++) {
+            assert_int_equal(pi2_k_set_isa(isas[k]), 0);
+            greedy(path, p, np, prefill, &r[k]);
+        }
+        pi2_k_set_isa(pi2_k_isa_best());
+        for (int k = 1; k < ni; k++) {
+            int tok = -1, sel = -1, lh = -1;
+            for (int st = 0; st < N_GEN; st++) {
+                if (tok < 0 && r[k].tok[st] != r[0].tok[st])
+                    tok = st;
+                if (sel < 0 && (r[k].predicted[st] != r[0].predicted[st] || r[k].active[st] != r[0].active[st] ||
+                                r[k].moe[st] != r[0].moe[st]))
+                    sel = st;
+                if (lh < 0 && r[k].lhash[st] != r[0].lhash[st])
+                    lh = st;
+            }
+            fprintf(stderr, "  %s %s case %d %s vs %s: tokens %s%d, selections %s%d, logits %s%d\n", name,
+                    prefill ? "prefill" : "decode", c,
+                    pi2_k_isa_name(isas[k]), pi2_k_isa_name(isas[0]), tok < 0 ? "same" : "differ at ", tok,
+                    sel < 0 ? "same" : "differ at ", sel, lh < 0 ? "same" : "differ at ", lh);
+            bad += tok >= 0 || sel >= 0 || lh >= 0;
+        }
+    }
+    if (bad && must)
+        fail_msg("%s: %d runs differ across instruction sets", name, bad);
+}
+
+/* Through decode every model must agree; through prefill, so far only
+ * where the engine runs the same algorithm on every ISA (assert_prefill):
+ * Q4 FFNs take the superblock GEMMs on AVX-512 VNNI alone (runtime/ffn.h,
+ * ffn_sb; ffn.c's down GEMM), which round the scales differently. */
+static void shared_model(const char *model, const char *name, bool train, pi2_qtype q_ffn, bool assert_prefill)
+{
+    char dir[1024], out[1200];
+    PI2T_SHARED_MODEL(dir, model);
+    pi2_err e = {0};
+    if (convert_bundle(dir, name, train, q_ffn, out, sizeof out, &e))
+        fail_msg("%s: %s", name, e.msg);
+    across_isas(name, out, 2048, false, true);
+    across_isas(name, out, 2048, true, assert_prefill);
+}
+
+static void test_drelu(void **state)
+{
+    (void)state;
+    shared_model("tinystories-656k-drelu", "ts-drelu", true, PI2_QT_Q4, false);
+}
+
+static void test_silu_predictors(void **state)
+{
+    (void)state;
+    shared_model("tinystories-656k", "ts-pred", true, PI2_QT_Q4, false);
+}
+
+/* Q8 FFN rows: the same algorithm on every ISA through prefill too. */
+static void test_q8_prefill(void **state)
+{
+    (void)state;
+    shared_model("tinystories-656k-drelu", "ts-drelu-q8", true, PI2_QT_Q8, true);
+    shared_model("tinystories-656k", "ts-thresh-q8", false, PI2_QT_Q8, true);
+}
+
+static void test_silu_threshold(void **state)
+{
+    (void)state;
+    shared_model("tinystories-656k", "ts-thresh", false, PI2_QT_Q4, false);
+}
+
+/* A small MoE with planted predictors; hidden 320 (10 blocks) and FFN 640
+ * (20 blocks: one 16-block step and a tail) take the kernels' short-row
+ * and tail paths. */
+static void test_moe(void **state)
+{
+    (void)state;
+    pi2_err e = {0};
+    pi2_synth_opts so;
+    assert_int_equal(pi2_synth_preset("moe", &so, &e), 0);
+    so.desc.hidden = 320;
+    so.desc.n_ff = 640;
+    so.desc.n_layers = 2;
+    so.desc.n_heads = 5;
+    so.desc.n_kv_heads = 1;
+    so.desc.head_dim = 64;
+    so.desc.vocab = 1024;
+    so.desc.max_pos = 256;
+    so.desc.n_experts = 4;
+    so.dtype = PI2_DT_F32;
+    so.threads = 1;
+    char src[700], out[1200];
+    snprintf(src, sizeof src, "%s/moe", g_dir);
+    assert_int_equal(pi2_synth_write(src, &so, NULL, NULL, &e), 0);
+    if (convert_bundle(src, "moe", false, PI2_QT_Q4, out, sizeof out, &e))
+        fail_msg("moe: %s", e.msg);
+    across_isas("moe", out, 1024, false, true);
+    across_isas("moe", out, 1024, true, false);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    pi2_err e = {0};
+    char priv[600], pub[600];
+    pi2t_tmpdir(g_dir, sizeof g_dir);
+    snprintf(priv, sizeof priv, "%s/k.pem", g_dir);
+    snprintf(pub, sizeof pub, "%s/k.pub", g_dir);
+    if (pi2_sign_keygen(priv, pub, &e) || pi2_sign_key_load_private(&g_key, priv, &e) ||
+        pi2_sign_key_load_public(&g_pubkey, pub, &e))
+        return fprintf(stderr, "keys: %s\n", e.msg), -1;
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    pi2_sign_key_free(g_key);
+    pi2_sign_key_free(g_pubkey);
+    pi2t_rmtree(g_dir);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_drelu),
+        cmocka_unit_test(test_silu_predictors),
+        cmocka_unit_test(test_silu_threshold),
+        cmocka_unit_test(test_moe),
+        cmocka_unit_test(test_q8_prefill),
+    };
+    return cmocka_run_group_tests_name("isa", tests, group_setup, group_teardown);
+}

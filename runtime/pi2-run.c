@@ -142,43 +142,176 @@ static int apply_mode(run_mode mode, run_opts *o, int *argc, char **argv, int *o
     return 0;
 }
 
+enum {
+    O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS, O_DENSE, O_PUBKEY, O_TRUST, O_NOVERIFY,
+    O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE, O_MEM, O_HOT, O_IO, O_IODEPTH, O_MLOCK,
+    O_IOPROBE, O_PLAN, O_GATEFIRST, O_PROFHW, O_DEVPATH, O_HWPROF, O_PROFSEC, O_PLANFILE, O_NOPLAN, O_MINSPEED,
+    O_NORA
+};
+
+static const struct option opts[] = {
+    {"reference", required_argument, 0, O_REF},   {"prompt", required_argument, 0, 'p'},
+    {"n-predict", required_argument, 0, 'n'},     {"threads", required_argument, 0, 't'},
+    {"temp", required_argument, 0, O_TEMP},       {"top-k", required_argument, 0, O_TOPK},
+    {"top-p", required_argument, 0, O_TOPP},      {"seed", required_argument, 0, O_SEED},
+    {"stats", no_argument, 0, O_STATS},           {"ids", no_argument, 0, O_IDS},
+    {"dense", no_argument, 0, O_DENSE},           {"pubkey", required_argument, 0, O_PUBKEY},
+    {"trust-unsigned", no_argument, 0, O_TRUST},  {"no-verify-ffn", no_argument, 0, O_NOVERIFY},
+    {"ctx", required_argument, 0, O_CTX},         {"isa", required_argument, 0, O_ISA},
+    {"bench", no_argument, 0, O_BENCH},           {"bench-pp", required_argument, 0, O_BPP},
+    {"bench-tg", required_argument, 0, O_BTG},    {"ppl", required_argument, 0, O_PPL},
+    {"ppl-tokens", required_argument, 0, O_PPLN}, {"hw-probe", no_argument, 0, O_PROBE},
+    {"mem-limit", required_argument, 0, O_MEM},   {"hot-share", required_argument, 0, O_HOT},
+    {"io", required_argument, 0, O_IO},           {"io-depth", required_argument, 0, O_IODEPTH},
+    {"no-mlock", no_argument, 0, O_MLOCK},        {"gate-first", no_argument, 0, O_GATEFIRST},
+    {"io-probe", required_argument, 0, O_IOPROBE}, {"no-read-ahead", no_argument, 0, O_NORA},
+    {"profile-hw", no_argument, 0, O_PROFHW},     {"device-path", required_argument, 0, O_DEVPATH},
+    {"hw-profile", required_argument, 0, O_HWPROF}, {"profile-seconds", required_argument, 0, O_PROFSEC},
+    {"plan", required_argument, 0, O_PLANFILE},   {"no-plan", no_argument, 0, O_NOPLAN},
+    {"min-speed", required_argument, 0, O_MINSPEED},
+    {"plan-only", no_argument, 0, O_PLAN},        {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0}};
+
+static int take_isa(const char *arg, pi2_err *err)
+{
+    pi2_isa isa = strcmp(arg, "scalar") == 0       ? PI2_ISA_SCALAR
+                  : strcmp(arg, "avx2") == 0       ? PI2_ISA_AVX2
+                  : strcmp(arg, "avx512vnni") == 0 ? PI2_ISA_AVX512
+                                                   : (pi2_isa)-1;
+    if ((int)isa < 0)
+        return pi2_err_set(err, PI2_EINVAL, "--isa: '%s' is not one of scalar, avx2, avx512vnni", arg);
+    if (pi2_k_set_isa(isa) != 0)
+        return pi2_err_set(err, PI2_EUNSUPPORTED, "--isa %s: this CPU does not support it", arg);
+    return 0;
+}
+
+static int take_io(const char *arg, int *backend, pi2_err *err)
+{
+    static const char *const names[] = {"auto", "uring", "pread"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(arg, names[i]) == 0) {
+            *backend = i;
+            return 0;
+        }
+    return pi2_err_set(err, PI2_EINVAL, "--io: '%s' is not one of auto, uring, pread", arg);
+}
+
+/* One parsed option c (getopt_long's value; its argument in optarg) into o:
+ * 0 or a PI2_E* code with err filled. */
+static int take_flag(int c, run_opts *o, pi2_err *err)
+{
+    long long v;
+    double dv;
+    int rc = 0;
+    switch (c) {
+    case O_REF: o->ref = optarg; break;
+    case 'p': o->prompt = optarg; break;
+    case 'n': rc = pi2_parse_int("-n", optarg, 0, 1 << 24, &o->n_predict, err); break;
+    case 't': rc = pi2_parse_int("-t", optarg, 1, 256, &v, err); o->threads = (int)v; break;
+    case O_TEMP: rc = pi2_parse_double("--temp", optarg, 0, 1e4, &dv, err); o->so.temperature = (float)dv; break;
+    case O_TOPK: rc = pi2_parse_int("--top-k", optarg, 0, 1 << 30, &v, err); o->so.top_k = (int)v; break;
+    case O_TOPP:
+        rc = pi2_parse_double("--top-p", optarg, 1e-9, 1, &dv, err);
+        o->so.top_p = (float)dv;
+        break;
+    case O_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, err); o->so.seed = (uint64_t)v; break;
+    case O_STATS: o->stats = true; break;
+    case O_IDS: o->show_ids = true; break;
+    case O_DENSE: o->dense = true; break;
+    case O_PUBKEY: o->pubkey = optarg; break;
+    case O_TRUST: o->trust_unsigned = true; break;
+    case O_NOVERIFY: o->verify_ffn = false; break;
+    case O_CTX: rc = pi2_parse_int("--ctx", optarg, 1, 1 << 20, &v, err); o->ctx = (int)v; break;
+    case O_ISA: return take_isa(optarg, err);
+    case O_BENCH: o->bench = true; break;
+    case O_BPP: rc = pi2_parse_int("--bench-pp", optarg, 1, 1 << 16, &o->bench_pp, err); break;
+    case O_BTG: rc = pi2_parse_int("--bench-tg", optarg, 1, 1 << 16, &o->bench_tg, err); break;
+    case O_PPL: o->ppl = optarg; break;
+    case O_PPLN: rc = pi2_parse_int("--ppl-tokens", optarg, 2, 1 << 20, &o->ppl_tokens, err); break;
+    case O_PROBE: o->hw_probe = true; break;
+    case O_MEM:
+        rc = pi2_parse_size("--mem-limit", optarg, &o->mem_limit, err);
+        if (rc == 0 && o->mem_limit == 0)
+            rc = pi2_err_set(err, PI2_EINVAL, "--mem-limit: give a size above zero, e.g. 3G or 512M");
+        break;
+    case O_HOT: rc = pi2_parse_double("--hot-share", optarg, 0, 1, &o->hot_share, err); break;
+    case O_IO: return take_io(optarg, &o->io_backend, err);
+    case O_IODEPTH: rc = pi2_parse_int("--io-depth", optarg, 1, 4096, &v, err); o->io_depth = (int)v; break;
+    case O_MLOCK: o->no_mlock = true; break;
+    case O_GATEFIRST: o->gate_first = true; break;
+    case O_NORA: o->no_read_ahead = true; break;
+    case O_IOPROBE: o->io_probe = optarg; break;
+    case O_PLAN: o->plan_only = true; break;
+    case O_PROFHW: o->profile_hw = true; break;
+    case O_DEVPATH: o->device_path = optarg; break;
+    case O_HWPROF: o->hw_profile = optarg; break;
+    case O_PROFSEC: rc = pi2_parse_double("--profile-seconds", optarg, 0.001, 60, &o->profile_seconds, err); break;
+    case O_PLANFILE: o->plan_file = optarg; break;
+    case O_NOPLAN: o->no_plan = true; break;
+    case O_MINSPEED: rc = pi2_parse_double("--min-speed", optarg, 1e-6, 1e9, &o->min_speed, err); break;
+    default: rc = pi2_err_set(err, PI2_EINVAL, "unknown option; see --help");
+    }
+    return rc;
+}
+
+/* After the options: the subcommand's arguments, the checks between
+ * options, and the run they select. The exit status. */
+static int dispatch(run_opts *o, run_mode mode, int argc, char **argv, int optind_)
+{
+    int rc;
+    if (mode != RUN_NONE && (rc = apply_mode(mode, o, &argc, argv, &optind_)) != 0)
+        return rc;
+    if (o->hw_probe)
+        return run_hw_probe(o);
+    if (o->profile_hw)
+        return run_profile_hw(o, argc - optind_, argv + optind_);
+    if (o->io_probe)
+        return run_io_probe(o);
+    if (optind_ < argc)
+        o->model = argv[optind_++];
+    if (optind_ < argc) {
+        fprintf(stderr, "pi2-run: unexpected argument '%s'; see --help\n", argv[optind_]);
+        return 2;
+    }
+    if (o->ref && o->model) {
+        fprintf(stderr, "pi2-run: give either MODEL.pi2 or --reference HF_DIR, not both\n");
+        return 2;
+    }
+    if (o->ref)
+        return run_reference(o);
+    if (!o->model) {
+        fprintf(stderr, "pi2-run: no model given; usage: pi2-run MODEL.pi2 -p TEXT (see --help)\n");
+        return 2;
+    }
+    if (!o->mem_limit && (o->plan_file || o->no_plan || o->min_speed > 0)) {
+        fprintf(stderr, "pi2-run: %s plans offloading: give --mem-limit SIZE too\n",
+                o->plan_file ? "--plan" : o->no_plan ? "--no-plan" : "--min-speed");
+        return 2;
+    }
+    if (o->plan_file && o->no_plan) {
+        fprintf(stderr, "pi2-run: give either --plan FILE or --no-plan, not both\n");
+        return 2;
+    }
+    if (o->plan_only)
+        return run_plan(o);
+    if (o->bench && o->ppl) {
+        fprintf(stderr, "pi2-run: --bench and --ppl are separate runs; give one\n");
+        return 2;
+    }
+    if (o->bench)
+        return run_bench(o);
+    if (o->ppl)
+        return run_ppl(o);
+    return run_generate(o);
+}
+
 int main(int argc, char **argv)
 {
-    enum {
-        O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS, O_DENSE, O_PUBKEY, O_TRUST, O_NOVERIFY,
-        O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE, O_MEM, O_HOT, O_IO, O_IODEPTH, O_MLOCK,
-        O_IOPROBE, O_PLAN, O_GATEFIRST, O_PROFHW, O_DEVPATH, O_HWPROF, O_PROFSEC, O_PLANFILE, O_NOPLAN, O_MINSPEED,
-        O_NORA
-    };
-    static const struct option opts[] = {
-        {"reference", required_argument, 0, O_REF},   {"prompt", required_argument, 0, 'p'},
-        {"n-predict", required_argument, 0, 'n'},     {"threads", required_argument, 0, 't'},
-        {"temp", required_argument, 0, O_TEMP},       {"top-k", required_argument, 0, O_TOPK},
-        {"top-p", required_argument, 0, O_TOPP},      {"seed", required_argument, 0, O_SEED},
-        {"stats", no_argument, 0, O_STATS},           {"ids", no_argument, 0, O_IDS},
-        {"dense", no_argument, 0, O_DENSE},           {"pubkey", required_argument, 0, O_PUBKEY},
-        {"trust-unsigned", no_argument, 0, O_TRUST},  {"no-verify-ffn", no_argument, 0, O_NOVERIFY},
-        {"ctx", required_argument, 0, O_CTX},         {"isa", required_argument, 0, O_ISA},
-        {"bench", no_argument, 0, O_BENCH},           {"bench-pp", required_argument, 0, O_BPP},
-        {"bench-tg", required_argument, 0, O_BTG},    {"ppl", required_argument, 0, O_PPL},
-        {"ppl-tokens", required_argument, 0, O_PPLN}, {"hw-probe", no_argument, 0, O_PROBE},
-        {"mem-limit", required_argument, 0, O_MEM},   {"hot-share", required_argument, 0, O_HOT},
-        {"io", required_argument, 0, O_IO},           {"io-depth", required_argument, 0, O_IODEPTH},
-        {"no-mlock", no_argument, 0, O_MLOCK},        {"gate-first", no_argument, 0, O_GATEFIRST},
-        {"io-probe", required_argument, 0, O_IOPROBE}, {"no-read-ahead", no_argument, 0, O_NORA},
-        {"profile-hw", no_argument, 0, O_PROFHW},     {"device-path", required_argument, 0, O_DEVPATH},
-        {"hw-profile", required_argument, 0, O_HWPROF}, {"profile-seconds", required_argument, 0, O_PROFSEC},
-        {"plan", required_argument, 0, O_PLANFILE},   {"no-plan", no_argument, 0, O_NOPLAN},
-        {"min-speed", required_argument, 0, O_MINSPEED},
-        {"plan-only", no_argument, 0, O_PLAN},        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
     run_opts o = {.prompt = "", .n_predict = 64, .verify_ffn = true, .bench_pp = 128, .bench_tg = 64,
                   .hot_share = 1.0, .io_depth = 64,
                   .ppl_tokens = 512, .so = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 1}};
     run_state st = {0};
     o.st = &st;
-    long long v;
-    double dv;
     pi2_err err = {0};
     int c, rc = 0;
     if (argc < 2) {
@@ -195,121 +328,19 @@ int main(int argc, char **argv)
         argv++, argc--;
     }
     while (rc == 0 && (c = getopt_long(argc, argv, "p:n:t:h", opts, NULL)) != -1) {
-        switch (c) {
-        case O_REF: o.ref = optarg; break;
-        case 'p': o.prompt = optarg; break;
-        case 'n': rc = pi2_parse_int("-n", optarg, 0, 1 << 24, &o.n_predict, &err); break;
-        case 't': rc = pi2_parse_int("-t", optarg, 1, 256, &v, &err); o.threads = (int)v; break;
-        case O_TEMP: rc = pi2_parse_double("--temp", optarg, 0, 1e4, &dv, &err); o.so.temperature = (float)dv; break;
-        case O_TOPK: rc = pi2_parse_int("--top-k", optarg, 0, 1 << 30, &v, &err); o.so.top_k = (int)v; break;
-        case O_TOPP:
-            rc = pi2_parse_double("--top-p", optarg, 1e-9, 1, &dv, &err);
-            o.so.top_p = (float)dv;
-            break;
-        case O_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, &err); o.so.seed = (uint64_t)v; break;
-        case O_STATS: o.stats = true; break;
-        case O_IDS: o.show_ids = true; break;
-        case O_DENSE: o.dense = true; break;
-        case O_PUBKEY: o.pubkey = optarg; break;
-        case O_TRUST: o.trust_unsigned = true; break;
-        case O_NOVERIFY: o.verify_ffn = false; break;
-        case O_CTX: rc = pi2_parse_int("--ctx", optarg, 1, 1 << 20, &v, &err); o.ctx = (int)v; break;
-        case O_ISA: {
-            pi2_isa isa = strcmp(optarg, "scalar") == 0 ? PI2_ISA_SCALAR
-                          : strcmp(optarg, "avx2") == 0 ? PI2_ISA_AVX2
-                          : strcmp(optarg, "avx512vnni") == 0 ? PI2_ISA_AVX512
-                                                              : (pi2_isa)-1;
-            if ((int)isa < 0)
-                rc = pi2_err_set(&err, PI2_EINVAL, "--isa: '%s' is not one of scalar, avx2, avx512vnni", optarg);
-            else if (pi2_k_set_isa(isa) != 0)
-                rc = pi2_err_set(&err, PI2_EUNSUPPORTED, "--isa %s: this CPU does not support it", optarg);
-            break;
+        if (c == 'h') {
+            usage(stdout);
+            return 0;
         }
-        case O_BENCH: o.bench = true; break;
-        case O_BPP: rc = pi2_parse_int("--bench-pp", optarg, 1, 1 << 16, &o.bench_pp, &err); break;
-        case O_BTG: rc = pi2_parse_int("--bench-tg", optarg, 1, 1 << 16, &o.bench_tg, &err); break;
-        case O_PPL: o.ppl = optarg; break;
-        case O_PPLN: rc = pi2_parse_int("--ppl-tokens", optarg, 2, 1 << 20, &o.ppl_tokens, &err); break;
-        case O_PROBE: o.hw_probe = true; break;
-        case O_MEM:
-            rc = pi2_parse_size("--mem-limit", optarg, &o.mem_limit, &err);
-            if (rc == 0 && o.mem_limit == 0)
-                rc = pi2_err_set(&err, PI2_EINVAL, "--mem-limit: give a size above zero, e.g. 3G or 512M");
-            break;
-        case O_HOT: rc = pi2_parse_double("--hot-share", optarg, 0, 1, &o.hot_share, &err); break;
-        case O_IO:
-            if (strcmp(optarg, "auto") == 0)
-                o.io_backend = 0;
-            else if (strcmp(optarg, "uring") == 0)
-                o.io_backend = 1;
-            else if (strcmp(optarg, "pread") == 0)
-                o.io_backend = 2;
-            else
-                rc = pi2_err_set(&err, PI2_EINVAL, "--io: '%s' is not one of auto, uring, pread", optarg);
-            break;
-        case O_IODEPTH: rc = pi2_parse_int("--io-depth", optarg, 1, 4096, &v, &err); o.io_depth = (int)v; break;
-        case O_MLOCK: o.no_mlock = true; break;
-        case O_GATEFIRST: o.gate_first = true; break;
-        case O_NORA: o.no_read_ahead = true; break;
-        case O_IOPROBE: o.io_probe = optarg; break;
-        case O_PLAN: o.plan_only = true; break;
-        case O_PROFHW: o.profile_hw = true; break;
-        case O_DEVPATH: o.device_path = optarg; break;
-        case O_HWPROF: o.hw_profile = optarg; break;
-        case O_PROFSEC: rc = pi2_parse_double("--profile-seconds", optarg, 0.001, 60, &o.profile_seconds, &err); break;
-        case O_PLANFILE: o.plan_file = optarg; break;
-        case O_NOPLAN: o.no_plan = true; break;
-        case O_MINSPEED: rc = pi2_parse_double("--min-speed", optarg, 1e-6, 1e9, &o.min_speed, &err); break;
-        case 'h': usage(stdout); return 0;
-        default: fprintf(stderr, "pi2-run: see --help\n"); return 2;
+        if (c == '?' || c == ':') {
+            fprintf(stderr, "pi2-run: see --help\n");
+            return 2;
         }
+        rc = take_flag(c, &o, &err);
     }
     if (rc) {
         fail(&err);
         return 2;
     }
-    if (mode != RUN_NONE && (rc = apply_mode(mode, &o, &argc, argv, &optind)) != 0)
-        return rc;
-    if (o.hw_probe)
-        return run_hw_probe(&o);
-    if (o.profile_hw)
-        return run_profile_hw(&o, argc - optind, argv + optind);
-    if (o.io_probe)
-        return run_io_probe(&o);
-    if (optind < argc)
-        o.model = argv[optind++];
-    if (optind < argc) {
-        fprintf(stderr, "pi2-run: unexpected argument '%s'; see --help\n", argv[optind]);
-        return 2;
-    }
-    if (o.ref && o.model) {
-        fprintf(stderr, "pi2-run: give either MODEL.pi2 or --reference HF_DIR, not both\n");
-        return 2;
-    }
-    if (o.ref)
-        return run_reference(&o);
-    if (!o.model) {
-        fprintf(stderr, "pi2-run: no model given; usage: pi2-run MODEL.pi2 -p TEXT (see --help)\n");
-        return 2;
-    }
-    if (!o.mem_limit && (o.plan_file || o.no_plan || o.min_speed > 0)) {
-        fprintf(stderr, "pi2-run: %s plans offloading: give --mem-limit SIZE too\n",
-                o.plan_file ? "--plan" : o.no_plan ? "--no-plan" : "--min-speed");
-        return 2;
-    }
-    if (o.plan_file && o.no_plan) {
-        fprintf(stderr, "pi2-run: give either --plan FILE or --no-plan, not both\n");
-        return 2;
-    }
-    if (o.plan_only)
-        return run_plan(&o);
-    if (o.bench && o.ppl) {
-        fprintf(stderr, "pi2-run: --bench and --ppl are separate runs; give one\n");
-        return 2;
-    }
-    if (o.bench)
-        return run_bench(&o);
-    if (o.ppl)
-        return run_ppl(&o);
-    return run_generate(&o);
+    return dispatch(&o, mode, argc, argv, optind);
 }

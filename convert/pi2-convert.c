@@ -251,107 +251,79 @@ static int synth_family(int argc, char **argv, const char *fam)
     return 0;
 }
 
-static int cmd_synth(int argc, char **argv)
+enum { SY_PRESET = 256, SY_HIDDEN, SY_FF, SY_LAYERS, SY_HEADS, SY_KV, SY_VOCAB, SY_EXPERTS, SY_EUSED, SY_ACT, SY_DTYPE,
+       SY_ACTIVE, SY_HOT, SY_RANK, SY_PRED, SY_TIED, SY_SEED, SY_SHARD, SY_THREADS, SY_NSPREAD, SY_ACTP, SY_TOKS };
+
+static const struct option synth_opts[] = {
+    {"preset", required_argument, 0, SY_PRESET}, {"output", required_argument, 0, 'o'},
+    {"hidden", required_argument, 0, SY_HIDDEN}, {"ff", required_argument, 0, SY_FF},
+    {"layers", required_argument, 0, SY_LAYERS}, {"heads", required_argument, 0, SY_HEADS},
+    {"kv-heads", required_argument, 0, SY_KV},   {"vocab", required_argument, 0, SY_VOCAB},
+    {"experts", required_argument, 0, SY_EXPERTS}, {"experts-used", required_argument, 0, SY_EUSED},
+    {"act", required_argument, 0, SY_ACT},       {"dtype", required_argument, 0, SY_DTYPE},
+    {"active", required_argument, 0, SY_ACTIVE}, {"hot", required_argument, 0, SY_HOT},
+    {"rank", required_argument, 0, SY_RANK},     {"predictors", no_argument, 0, SY_PRED},
+    {"tied", no_argument, 0, SY_TIED},           {"seed", required_argument, 0, SY_SEED},
+    {"shard-size", required_argument, 0, SY_SHARD}, {"threads", required_argument, 0, SY_THREADS},
+    {"norm-spread", required_argument, 0, SY_NSPREAD},
+    {"act-param", required_argument, 0, SY_ACTP}, {"tokenizer-size", required_argument, 0, SY_TOKS},
+    {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+
+/* One synth option c into o (and the activation's name and parameter, set
+ * after the loop): 0 or a PI2_E* code with err filled. */
+static int synth_take_flag(int c, pi2_synth_opts *o, const char **out, const char **act, double *act_param,
+                           pi2_err *err)
 {
-    enum { O_PRESET = 256, O_HIDDEN, O_FF, O_LAYERS, O_HEADS, O_KV, O_VOCAB, O_EXPERTS, O_EUSED, O_ACT, O_DTYPE,
-           O_ACTIVE, O_HOT, O_RANK, O_PRED, O_TIED, O_SEED, O_SHARD, O_THREADS, O_NSPREAD, O_ACTP, O_TOKS };
-    static const struct option opts[] = {
-        {"preset", required_argument, 0, O_PRESET}, {"output", required_argument, 0, 'o'},
-        {"hidden", required_argument, 0, O_HIDDEN}, {"ff", required_argument, 0, O_FF},
-        {"layers", required_argument, 0, O_LAYERS}, {"heads", required_argument, 0, O_HEADS},
-        {"kv-heads", required_argument, 0, O_KV},   {"vocab", required_argument, 0, O_VOCAB},
-        {"experts", required_argument, 0, O_EXPERTS}, {"experts-used", required_argument, 0, O_EUSED},
-        {"act", required_argument, 0, O_ACT},       {"dtype", required_argument, 0, O_DTYPE},
-        {"active", required_argument, 0, O_ACTIVE}, {"hot", required_argument, 0, O_HOT},
-        {"rank", required_argument, 0, O_RANK},     {"predictors", no_argument, 0, O_PRED},
-        {"tied", no_argument, 0, O_TIED},           {"seed", required_argument, 0, O_SEED},
-        {"shard-size", required_argument, 0, O_SHARD}, {"threads", required_argument, 0, O_THREADS},
-        {"norm-spread", required_argument, 0, O_NSPREAD},
-        {"act-param", required_argument, 0, O_ACTP}, {"tokenizer-size", required_argument, 0, O_TOKS},
-        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
-    /* The preset comes first so the other flags override it, whatever the order. */
-    const char *preset = NULL, *out = NULL, *fam = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--family") == 0 && i + 1 < argc)
-            fam = argv[i + 1];
-        else if (strcmp(argv[i], "--preset") == 0 && i + 1 < argc)
-            preset = argv[i + 1];
-        else if (strncmp(argv[i], "--preset=", 9) == 0)
-            preset = argv[i] + 9;
-        else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            usage_synth(stdout);
-            return 0;
-        }
-    }
-    pi2_err err = {0};
-    pi2_synth_opts o;
-    if (fam)
-        return synth_family(argc, argv, fam);
-    if (!preset) {
-        fprintf(stderr, "pi2-convert synth: --preset is required (tiny, small, 1b, 7b, moe); see --help\n");
-        return 2;
-    }
-    if (pi2_synth_preset(preset, &o, &err))
-        return die("synth", &err, 2);
-    const char *act = NULL;
-    double act_param = -1;
-    optind = 1;
-    int c;
+    pi2_model_desc *d = &o->desc;
     long long v;
     double dv;
     int rc = 0;
-    pi2_model_desc *d = &o.desc;
-    while (rc == 0 && (c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
-        switch (c) {
-        case O_PRESET: break;
-        case 'o': out = optarg; break;
-        case O_HIDDEN: rc = pi2_parse_int("--hidden", optarg, 8, 1 << 16, &v, &err); d->hidden = (int)v; break;
-        case O_FF: rc = pi2_parse_int("--ff", optarg, 1, 1 << 18, &v, &err); d->n_ff = (int)v; break;
-        case O_LAYERS: rc = pi2_parse_int("--layers", optarg, 1, 1024, &v, &err); d->n_layers = (int)v; break;
-        case O_HEADS: rc = pi2_parse_int("--heads", optarg, 1, 1024, &v, &err); d->n_heads = (int)v; break;
-        case O_KV: rc = pi2_parse_int("--kv-heads", optarg, 1, 1024, &v, &err); d->n_kv_heads = (int)v; break;
-        case O_VOCAB: rc = pi2_parse_int("--vocab", optarg, 300, 1 << 20, &v, &err); d->vocab = (int)v; break;
-        case O_EXPERTS: rc = pi2_parse_int("--experts", optarg, 0, 256, &v, &err); d->n_experts = (int)v; break;
-        case O_EUSED: rc = pi2_parse_int("--experts-used", optarg, 1, 256, &v, &err); d->n_experts_used = (int)v; break;
-        case O_ACT: act = optarg; break;
-        case O_ACTP: rc = pi2_parse_double("--act-param", optarg, 0, 1e3, &act_param, &err); break;
-        case O_TOKS: rc = pi2_parse_int("--tokenizer-size", optarg, 300, 1 << 20, &v, &err); o.n_tokens = (int)v; break;
-        case O_DTYPE:
-            if (strcmp(optarg, "f32") == 0) o.dtype = PI2_DT_F32;
-            else if (strcmp(optarg, "f16") == 0) o.dtype = PI2_DT_F16;
-            else if (strcmp(optarg, "bf16") == 0) o.dtype = PI2_DT_BF16;
-            else rc = pi2_err_set(&err, PI2_EINVAL, "--dtype '%s': expected f32, f16 or bf16", optarg);
-            break;
-        case O_ACTIVE: rc = pi2_parse_double("--active", optarg, 0.001, 0.9, &dv, &err); o.active_frac = dv; break;
-        case O_HOT: rc = pi2_parse_double("--hot", optarg, 0, 0.5, &dv, &err); o.hot_frac = dv; break;
-        case O_RANK: rc = pi2_parse_int("--rank", optarg, 1, 4096, &v, &err); o.plant_rank = (int)v; break;
-        case O_PRED: o.predictors = true; break;
-        case O_NSPREAD: rc = pi2_parse_double("--norm-spread", optarg, 0, 2, &dv, &err); o.norm_spread = dv; break;
-        case O_TIED: d->tie_embeddings = true; break;
-        case O_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, &err); o.seed = (uint64_t)v; break;
-        case O_SHARD: {
-            uint64_t sz;
-            rc = pi2_parse_size("--shard-size", optarg, &sz, &err);
-            if (rc == 0 && sz < (1u << 20))
-                rc = pi2_err_set(&err, PI2_EINVAL, "--shard-size '%s': must be at least 1M", optarg);
-            o.shard_bytes = sz;
-            break;
-        }
-        case O_THREADS: rc = pi2_parse_int("--threads", optarg, 1, 64, &v, &err); o.threads = (int)v; break;
-        case 'h': usage_synth(stdout); return 0;
-        default: fprintf(stderr, "pi2-convert synth: see --help\n"); return 2;
-        }
+    switch (c) {
+    case SY_PRESET: break;
+    case 'o': *out = optarg; break;
+    case SY_HIDDEN: rc = pi2_parse_int("--hidden", optarg, 8, 1 << 16, &v, err); d->hidden = (int)v; break;
+    case SY_FF: rc = pi2_parse_int("--ff", optarg, 1, 1 << 18, &v, err); d->n_ff = (int)v; break;
+    case SY_LAYERS: rc = pi2_parse_int("--layers", optarg, 1, 1024, &v, err); d->n_layers = (int)v; break;
+    case SY_HEADS: rc = pi2_parse_int("--heads", optarg, 1, 1024, &v, err); d->n_heads = (int)v; break;
+    case SY_KV: rc = pi2_parse_int("--kv-heads", optarg, 1, 1024, &v, err); d->n_kv_heads = (int)v; break;
+    case SY_VOCAB: rc = pi2_parse_int("--vocab", optarg, 300, 1 << 20, &v, err); d->vocab = (int)v; break;
+    case SY_EXPERTS: rc = pi2_parse_int("--experts", optarg, 0, 256, &v, err); d->n_experts = (int)v; break;
+    case SY_EUSED: rc = pi2_parse_int("--experts-used", optarg, 1, 256, &v, err); d->n_experts_used = (int)v; break;
+    case SY_ACT: *act = optarg; break;
+    case SY_ACTP: rc = pi2_parse_double("--act-param", optarg, 0, 1e3, act_param, err); break;
+    case SY_TOKS: rc = pi2_parse_int("--tokenizer-size", optarg, 300, 1 << 20, &v, err); o->n_tokens = (int)v; break;
+    case SY_DTYPE:
+        if (strcmp(optarg, "f32") == 0) o->dtype = PI2_DT_F32;
+        else if (strcmp(optarg, "f16") == 0) o->dtype = PI2_DT_F16;
+        else if (strcmp(optarg, "bf16") == 0) o->dtype = PI2_DT_BF16;
+        else rc = pi2_err_set(err, PI2_EINVAL, "--dtype '%s': expected f32, f16 or bf16", optarg);
+        break;
+    case SY_ACTIVE: rc = pi2_parse_double("--active", optarg, 0.001, 0.9, &dv, err); o->active_frac = dv; break;
+    case SY_HOT: rc = pi2_parse_double("--hot", optarg, 0, 0.5, &dv, err); o->hot_frac = dv; break;
+    case SY_RANK: rc = pi2_parse_int("--rank", optarg, 1, 4096, &v, err); o->plant_rank = (int)v; break;
+    case SY_PRED: o->predictors = true; break;
+    case SY_NSPREAD: rc = pi2_parse_double("--norm-spread", optarg, 0, 2, &dv, err); o->norm_spread = dv; break;
+    case SY_TIED: d->tie_embeddings = true; break;
+    case SY_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, err); o->seed = (uint64_t)v; break;
+    case SY_SHARD: {
+        uint64_t sz;
+        rc = pi2_parse_size("--shard-size", optarg, &sz, err);
+        if (rc == 0 && sz < (1u << 20))
+            rc = pi2_err_set(err, PI2_EINVAL, "--shard-size '%s': must be at least 1M", optarg);
+        o->shard_bytes = sz;
+        break;
     }
-    if (rc)
-        return die("synth", &err, 2);
-    if (optind < argc) {
-        fprintf(stderr, "pi2-convert synth: unexpected argument '%s'; see --help\n", argv[optind]);
-        return 2;
+    case SY_THREADS: rc = pi2_parse_int("--threads", optarg, 1, 64, &v, err); o->threads = (int)v; break;
+    default: rc = pi2_err_set(err, PI2_EINVAL, "unknown option; see --help");
     }
-    if (!out) {
-        fprintf(stderr, "pi2-convert synth: -o DIR is required; see --help\n");
-        return 2;
-    }
+    return rc;
+}
+
+/* The rest of d after the options: the experts used, the activation
+ * (--act, default the preset's) and the architecture it implies, the head
+ * size. 0, or 2 after a usage message. */
+static int synth_finish_desc(pi2_model_desc *d, const char *act, double act_param)
+{
     bool moe = d->n_experts > 0;
     if (moe && d->n_experts_used == 0)
         d->n_experts_used = d->n_experts < 2 ? d->n_experts : 2;
@@ -383,6 +355,64 @@ static int cmd_synth(int argc, char **argv)
         fprintf(stderr, "pi2-convert synth: --heads %d must divide --hidden %d\n", d->n_heads, d->hidden);
         return 2;
     }
+    return 0;
+}
+
+static int cmd_synth(int argc, char **argv)
+{
+    /* The preset comes first so the other flags override it, whatever the order. */
+    const char *preset = NULL, *out = NULL, *fam = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--family") == 0 && i + 1 < argc)
+            fam = argv[i + 1];
+        else if (strcmp(argv[i], "--preset") == 0 && i + 1 < argc)
+            preset = argv[i + 1];
+        else if (strncmp(argv[i], "--preset=", 9) == 0)
+            preset = argv[i] + 9;
+        else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            usage_synth(stdout);
+            return 0;
+        }
+    }
+    pi2_err err = {0};
+    pi2_synth_opts o;
+    if (fam)
+        return synth_family(argc, argv, fam);
+    if (!preset) {
+        fprintf(stderr, "pi2-convert synth: --preset is required (tiny, small, 1b, 7b, moe); see --help\n");
+        return 2;
+    }
+    if (pi2_synth_preset(preset, &o, &err))
+        return die("synth", &err, 2);
+    const char *act = NULL;
+    double act_param = -1;
+    optind = 1;
+    int c;
+    int rc = 0;
+    pi2_model_desc *d = &o.desc;
+    while (rc == 0 && (c = getopt_long(argc, argv, "o:h", synth_opts, NULL)) != -1) {
+        if (c == 'h') {
+            usage_synth(stdout);
+            return 0;
+        }
+        if (c == '?' || c == ':') {
+            fprintf(stderr, "pi2-convert synth: see --help\n");
+            return 2;
+        }
+        rc = synth_take_flag(c, &o, &out, &act, &act_param, &err);
+    }
+    if (rc)
+        return die("synth", &err, 2);
+    if (optind < argc) {
+        fprintf(stderr, "pi2-convert synth: unexpected argument '%s'; see --help\n", argv[optind]);
+        return 2;
+    }
+    if (!out) {
+        fprintf(stderr, "pi2-convert synth: -o DIR is required; see --help\n");
+        return 2;
+    }
+    if ((rc = synth_finish_desc(d, act, act_param)) != 0)
+        return rc;
 
     uint64_t total = pi2_synth_weight_bytes(&o);
     progress_state ps = {isatty(2), pi2_now(), 0};

@@ -615,66 +615,52 @@ static int validate_opts(const pi2_synth_opts *o, pi2_err *err)
     return 0;
 }
 
-int pi2_synth_write(const char *dir, const pi2_synth_opts *o, pi2_synth_progress progress, void *pctx,
-                    pi2_err *err)
+/* config.json and tokenizer.json of the model in tmp (dir: the name in
+ * messages). */
+static int write_meta(const char *tmp, const char *dir, const pi2_synth_opts *o, pi2_err *err)
 {
-    int rc = validate_opts(o, err);
-    if (rc)
-        return rc;
-    char tmp[4096];
-    if ((rc = pi2_dir_begin(dir, tmp, sizeof tmp, err)) != 0)
-        return rc;
-
-    tdesc *t = NULL;
-    size_t nt = 0;
-    gen g = {0};
-    writer_ctx w = {0};
     char path[4200];
-    char **names = NULL, **files = NULL;
-    rc = build_table(o, &t, &nt, err);
-    if (rc)
-        goto fail;
-
-    /* config.json, tokenizer.json */
-    if (!pi2_path_join(path, sizeof path, tmp, "config.json")) {
-        rc = pi2_err_set(err, PI2_ERANGE, "%s: path too long", dir);
-        goto fail;
-    }
+    if (!pi2_path_join(path, sizeof path, tmp, "config.json"))
+        return pi2_err_set(err, PI2_ERANGE, "%s: path too long", dir);
     const char *tdn = o->dtype == PI2_DT_F32 ? "float32" : o->dtype == PI2_DT_F16 ? "float16" : "bfloat16";
-    rc = pi2_config_write_dtype(path, &o->desc, tdn, err);
+    int rc = pi2_config_write_dtype(path, &o->desc, tdn, err);
     if (rc)
-        goto fail;
+        return rc;
     pi2_path_join(path, sizeof path, tmp, "tokenizer.json");
     int n_tokens = o->n_tokens > 0 ? o->n_tokens : o->desc.vocab;
-    rc = pi2_tok_write_synthetic_added(path, n_tokens, o->n_tok_added, o->tok_added, o->seed, err);
-    if (rc)
-        goto fail;
+    return pi2_tok_write_synthetic_added(path, n_tokens, o->n_tok_added, o->tok_added, o->seed, err);
+}
 
-    /* shared directions */
-    g.o = o;
-    g.d = &o->desc;
-    g.r = plant_rank(o);
+/* The directions every layer shares (the planted structure, synth.h) and
+ * the generator's constants. */
+static int gen_init(gen *g, const pi2_synth_opts *o, pi2_err *err)
+{
+    g->o = o;
+    g->d = &o->desc;
+    g->r = plant_rank(o);
     int D = o->desc.hidden;
-    g.u = pi2_malloc_array((size_t)D, sizeof *g.u);
-    g.V = pi2_malloc_array((size_t)g.r * D, sizeof *g.V);
-    if (!g.u || !g.V) {
-        rc = pi2_err_set(err, PI2_ENOMEM, "generator: out of memory");
-        goto fail;
-    }
+    g->u = pi2_malloc_array((size_t)D, sizeof *g->u);
+    g->V = pi2_malloc_array((size_t)g->r * D, sizeof *g->V);
+    if (!g->u || !g->V)
+        return pi2_err_set(err, PI2_ENOMEM, "generator: out of memory");
     float inv = 1.0f / sqrtf((float)D);
     for (int j = 0; j < D; j++)
-        g.u[j] = (key(o->seed, K_DIR, 0, (uint64_t)j) & 1) ? inv : -inv;
-    for (int k = 0; k < g.r; k++)
+        g->u[j] = (key(o->seed, K_DIR, 0, (uint64_t)j) & 1) ? inv : -inv;
+    for (int k = 0; k < g->r; k++)
         for (int j = 0; j < D; j++)
-            g.V[(size_t)k * D + j] = (key(o->seed, K_DIR, (uint64_t)k + 1, (uint64_t)j) & 1) ? inv : -inv;
-    g.c = sqrt(0.25 * D);
-    g.sigma_h = sqrt(0.5 * D / g.r);
-    g.sigma_n = 0.5;
-    g.rho = o->layer_gain;
-    g.n_tokens = n_tokens + o->n_tok_added;
+            g->V[(size_t)k * D + j] = (key(o->seed, K_DIR, (uint64_t)k + 1, (uint64_t)j) & 1) ? inv : -inv;
+    g->c = sqrt(0.25 * D);
+    g->sigma_h = sqrt(0.5 * D / g->r);
+    g->sigma_n = 0.5;
+    g->rho = o->layer_gain;
+    g->n_tokens = (o->n_tokens > 0 ? o->n_tokens : o->desc.vocab) + o->n_tok_added;
+    return 0;
+}
 
-    /* shards */
-    uint64_t limit = o->shard_bytes ? o->shard_bytes : (4ull << 30);
+/* Each tensor's shard (a new one when the current would pass limit); the
+ * number of shards. */
+static int assign_shards(tdesc *t, size_t nt, uint64_t limit, uint64_t *total)
+{
     int nshard = 1;
     uint64_t cur = 0;
     for (size_t i = 0; i < nt; i++) {
@@ -684,86 +670,116 @@ int pi2_synth_write(const char *dir, const pi2_synth_opts *o, pi2_synth_progress
         }
         t[i].shard = nshard - 1;
         cur += t[i].bytes;
-        w.total += t[i].bytes;
+        *total += t[i].bytes;
     }
+    return nshard;
+}
 
+/* The writers' threads, output buffer and per-thread scratch rows. */
+static int writer_init(writer_ctx *w, gen *g, const pi2_synth_opts *o, pi2_synth_progress progress, void *pctx,
+                       pi2_err *err)
+{
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    w.threads = o->threads > 0 ? o->threads : (int)(ncpu > 0 ? ncpu : 1);
-    if (w.threads > MAX_THREADS)
-        w.threads = MAX_THREADS;
-    w.g = &g;
-    w.buf_cap = 8u << 20;
-    w.buf = malloc(w.buf_cap);
-    w.progress = progress;
-    w.pctx = pctx;
+    int D = o->desc.hidden;
+    w->threads = o->threads > 0 ? o->threads : (int)(ncpu > 0 ? ncpu : 1);
+    if (w->threads > MAX_THREADS)
+        w->threads = MAX_THREADS;
+    w->g = g;
+    w->buf_cap = 8u << 20;
+    w->buf = malloc(w->buf_cap);
+    w->progress = progress;
+    w->pctx = pctx;
     size_t maxcols = (size_t)(o->desc.vocab > D ? o->desc.vocab : D);
     if ((size_t)o->desc.n_ff > maxcols)
         maxcols = (size_t)o->desc.n_ff;
     if ((size_t)o->desc.n_heads * o->desc.head_dim > maxcols)
         maxcols = (size_t)o->desc.n_heads * o->desc.head_dim;
-    maxcols += 2 * (size_t)g.r + 1;
+    maxcols += 2 * (size_t)g->r + 1;
     bool scratch_ok = true;
-    for (int k = 0; k < w.threads; k++) {
-        w.scratch[k] = pi2_malloc_array(maxcols, sizeof(float));
-        scratch_ok = scratch_ok && w.scratch[k];
+    for (int k = 0; k < w->threads; k++) {
+        w->scratch[k] = pi2_malloc_array(maxcols, sizeof(float));
+        scratch_ok = scratch_ok && w->scratch[k];
     }
-    if (!w.buf || !scratch_ok) {
-        rc = pi2_err_set(err, PI2_ENOMEM, "generator: out of memory");
-        goto fail;
-    }
-    if (w.threads > 1 && pi2_pool_create(&w.pool, w.threads, NULL) != 0)
-        w.pool = NULL;
+    if (!w->buf || !scratch_ok)
+        return pi2_err_set(err, PI2_ENOMEM, "generator: out of memory");
+    if (w->threads > 1 && pi2_pool_create(&w->pool, w->threads, NULL) != 0)
+        w->pool = NULL;
+    return 0;
+}
 
+/* Shard s (fname) of nshard: its header, then its tensors from *ti on,
+ * each recorded in names/files for the index. */
+static int write_shard(writer_ctx *w, const pi2_synth_opts *o, tdesc *t, size_t nt, size_t *ti, int s,
+                       const char *tmp, const char *fname, char **names, char **files, pi2_err *err)
+{
+    char path[4200];
+    pi2_path_join(path, sizeof path, tmp, fname);
+    pi2_st_writer *sw = NULL;
+    int rc = pi2_st_writer_create(&sw, path, err);
+    if (rc)
+        return rc;
+    for (size_t i = *ti; rc == 0 && i < nt && t[i].shard == s; i++) {
+        int64_t shape[2] = {t[i].rows, t[i].cols};
+        pi2_dtype dt = t[i].kind == K_NORM ? PI2_DT_F32 : o->dtype;
+        rc = pi2_st_writer_add(sw, t[i].name, dt, t[i].cols ? 2 : 1, shape, err);
+    }
+    if (rc == 0)
+        rc = pi2_st_writer_meta(sw, "format", "pt", err);
+    for (; rc == 0 && *ti < nt && t[*ti].shard == s; (*ti)++) {
+        rc = write_tensor(w, sw, &t[*ti], err);
+        names[*ti] = t[*ti].name;
+        files[*ti] = pi2_strdup(fname);
+        if (!files[*ti] && rc == 0)
+            rc = pi2_err_set(err, PI2_ENOMEM, "generator: out of memory");
+    }
+    if (rc) {
+        pi2_st_writer_free(sw);
+        return rc;
+    }
+    return pi2_st_writer_finish(sw, err);
+}
+
+int pi2_synth_write(const char *dir, const pi2_synth_opts *o, pi2_synth_progress progress, void *pctx,
+                    pi2_err *err)
+{
+    int rc = validate_opts(o, err);
+    if (rc)
+        return rc;
+    char tmp[4096];
+    if ((rc = pi2_dir_begin(dir, tmp, sizeof tmp, err)) != 0)
+        return rc;
+    tdesc *t = NULL;
+    size_t nt = 0, ti = 0;
+    gen g = {0};
+    writer_ctx w = {0};
+    char **names = NULL, **files = NULL;
+    if ((rc = build_table(o, &t, &nt, err)) != 0 || (rc = write_meta(tmp, dir, o, err)) != 0 ||
+        (rc = gen_init(&g, o, err)) != 0)
+        goto fail;
+    int nshard = assign_shards(t, nt, o->shard_bytes ? o->shard_bytes : (4ull << 30), &w.total);
+    if ((rc = writer_init(&w, &g, o, progress, pctx, err)) != 0)
+        goto fail;
     names = pi2_calloc_array(nt, sizeof *names);
     files = pi2_calloc_array(nt, sizeof *files);
     if (!names || !files) {
         rc = pi2_err_set(err, PI2_ENOMEM, "generator: out of memory");
         goto fail;
     }
-    size_t ti = 0;
-    for (int s = 0; s < nshard; s++) {
+    for (int s = 0; rc == 0 && s < nshard; s++) {
         char fname[64];
         if (nshard == 1)
             snprintf(fname, sizeof fname, "model.safetensors");
         else
             snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, nshard);
-        pi2_path_join(path, sizeof path, tmp, fname);
-        pi2_st_writer *sw = NULL;
-        rc = pi2_st_writer_create(&sw, path, err);
-        if (rc)
-            goto fail;
-        size_t first = ti;
-        for (size_t i = first; i < nt && t[i].shard == s; i++) {
-            int64_t shape[2] = {t[i].rows, t[i].cols};
-            pi2_dtype dt = t[i].kind == K_NORM ? PI2_DT_F32 : o->dtype;
-            rc = pi2_st_writer_add(sw, t[i].name, dt, t[i].cols ? 2 : 1, shape, err);
-            if (rc) {
-                pi2_st_writer_free(sw);
-                goto fail;
-            }
-        }
-        rc = pi2_st_writer_meta(sw, "format", "pt", err);
-        for (; rc == 0 && ti < nt && t[ti].shard == s; ti++) {
-            rc = write_tensor(&w, sw, &t[ti], err);
-            names[ti] = t[ti].name;
-            files[ti] = pi2_strdup(fname);
-            if (!files[ti] && rc == 0)
-                rc = pi2_err_set(err, PI2_ENOMEM, "generator: out of memory");
-        }
-        if (rc) {
-            pi2_st_writer_free(sw);
-            goto fail;
-        }
-        rc = pi2_st_writer_finish(sw, err);
-        if (rc)
-            goto fail;
+        rc = write_shard(&w, o, t, nt, &ti, s, tmp, fname, names, files, err);
     }
-    if (nshard > 1) {
+    if (rc == 0 && nshard > 1) {
+        char path[4200];
         pi2_path_join(path, sizeof path, tmp, "model.safetensors.index.json");
         rc = pi2_st_write_index(path, nt, (const char *const *)names, (const char *const *)files, w.total, err);
-        if (rc)
-            goto fail;
     }
+    if (rc)
+        goto fail;
     rc = pi2_dir_commit(tmp, dir, err);
     goto done;
 fail:

@@ -40,6 +40,30 @@ static int ref_step(void *ctx, int32_t token, int pos, float *logits, pi2_err *e
     return pi2_ref_forward(r->m, r->st, token, pos, logits, err);
 }
 
+/* --stats of a reference run: times and, for a sparse activation, the
+ * share of FFN neurons that fired per layer. */
+static void ref_print_stats(const pi2_model_desc *d, const act_stats *as, double t_load, size_t n_prompt,
+                            double t_prefill, long long n_gen, double t_gen)
+{
+    int n_pre = (int)n_prompt;
+    fprintf(stderr,
+            "load %.3f s | prompt %d tokens in %.3f s (%.1f tok/s) | generated %lld tokens in %.3f s "
+            "(%.1f tok/s) | peak RSS %.1f MB\n",
+            t_load, n_pre, t_prefill, t_prefill > 0 ? n_pre / t_prefill : 0.0, n_gen, t_gen,
+            t_gen > 0 ? n_gen / t_gen : 0.0, pi2_peak_rss() / 1048576.0);
+    if (d->act == PI2_ACT_SILU)
+        return;
+    double mean = 0;
+    fprintf(stderr, "FFN neurons active per token:");
+    for (int l = 0; l < d->n_layers; l++) {
+        double sh = as->evals[l] ? as->share[l] / as->evals[l] : 0.0;
+        mean += sh / d->n_layers;
+        if (d->n_layers <= 8)
+            fprintf(stderr, " L%d %.1f%%", l, 100 * sh);
+    }
+    fprintf(stderr, " | mean %.1f%% of %d (%s)\n", 100 * mean, d->n_ff, pi2_act_name(d->act));
+}
+
 int run_reference(const run_opts *o)
 {
     const char *ref = o->ref, *prompt = o->prompt;
@@ -115,26 +139,8 @@ int run_reference(const run_opts *o)
     long long n_gen = 0;
     if ((rc = generate_loop(o, d, tok, smp, ts, logits, pos, ref_step, &rc_ctx, NULL, &n_steps, &n_gen, &err)) != 0)
         goto out;
-    if (o->stats) {
-        double t_gen = pi2_now() - t2;
-        int n_pre = (int)n_ids + (bos >= 0);
-        fprintf(stderr,
-                "load %.3f s | prompt %d tokens in %.3f s (%.1f tok/s) | generated %lld tokens in %.3f s "
-                "(%.1f tok/s) | peak RSS %.1f MB\n",
-                t_load, n_pre, t_prefill, t_prefill > 0 ? n_pre / t_prefill : 0.0, n_gen, t_gen,
-                t_gen > 0 ? n_gen / t_gen : 0.0, pi2_peak_rss() / 1048576.0);
-        if (d->act != PI2_ACT_SILU) {
-            double mean = 0;
-            fprintf(stderr, "FFN neurons active per token:");
-            for (int l = 0; l < d->n_layers; l++) {
-                double sh = as.evals[l] ? as.share[l] / as.evals[l] : 0.0;
-                mean += sh / d->n_layers;
-                if (d->n_layers <= 8)
-                    fprintf(stderr, " L%d %.1f%%", l, 100 * sh);
-            }
-            fprintf(stderr, " | mean %.1f%% of %d (%s)\n", 100 * mean, d->n_ff, pi2_act_name(d->act));
-        }
-    }
+    if (o->stats)
+        ref_print_stats(d, &as, t_load, n_ids + (bos >= 0), t_prefill, n_gen, pi2_now() - t2);
     status = 0;
 out:
     if (rc)
@@ -170,6 +176,56 @@ static int eng_step(void *ctx, int32_t token, int pos, float *logits, pi2_err *e
     return rc;
 }
 
+/* The prompt's ids, BOS first when the model has one (*n_pre of them),
+ * with the context sized for them and -n (when --ctx is not given). */
+static int prompt_ids(const run_opts *o, pi2_engine *e, int32_t **out, size_t *n_out, pi2_err *err)
+{
+    const pi2_model_desc *d = pi2_engine_desc(e);
+    const pi2_tok *tok = pi2_engine_tokenizer(e);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    int rc = pi2_tok_encode(tok, o->prompt, strlen(o->prompt), &ids, &n_ids, err);
+    if (rc)
+        return rc;
+    int bos = d->bos_id >= 0 ? d->bos_id : pi2_tok_bos(tok);
+    size_t n_pre = n_ids + (bos >= 0);
+    if (n_pre == 0) {
+        rc = pi2_err_set(err, PI2_EINVAL, "empty prompt and the model has no BOS token; give -p TEXT");
+        goto fail;
+    }
+    if (o->ctx == 0) { /* the tokenizer lives in the container: size the cache now */
+        long long want = (long long)n_pre + o->n_predict;
+        if (want > pi2_desc_max_ctx(d))
+            want = pi2_desc_max_ctx(d);
+        if ((rc = pi2_engine_set_ctx(e, (int)(want > 0 ? want : 1), err)) != 0) {
+            run_ctx_hint(o, rc, (int)(want > 0 ? want : 1), err);
+            goto fail;
+        }
+    }
+    if ((long long)n_pre + o->n_predict > pi2_engine_ctx(e)) {
+        rc = pi2_err_set(err, PI2_ERANGE, "prompt (%zu tokens) plus -n %lld exceeds the context of %d positions%s",
+                         n_pre, o->n_predict, pi2_engine_ctx(e),
+                         pi2_engine_ctx(e) < pi2_desc_max_ctx(d) ? "; raise --ctx" : "; use a smaller -n");
+        goto fail;
+    }
+    int32_t *all = realloc(ids, (n_pre + 1) * sizeof *all);
+    if (!all) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
+        goto fail;
+    }
+    ids = all;
+    if (bos >= 0) {
+        memmove(ids + 1, ids, n_ids * sizeof *ids);
+        ids[0] = bos;
+    }
+    *out = ids;
+    *n_out = n_pre;
+    return 0;
+fail:
+    free(ids);
+    return rc;
+}
+
 int run_generate(const run_opts *o)
 {
     pi2_err err = {0};
@@ -178,7 +234,7 @@ int run_generate(const run_opts *o)
     pi2_sampler *smp = NULL;
     int32_t *ids = NULL;
     float *logits = NULL;
-    size_t n_ids = 0;
+    size_t n_pre = 0;
     gen_stats g = {0};
     int rc, status = 1;
     double t0 = pi2_now();
@@ -190,39 +246,8 @@ int run_generate(const run_opts *o)
         goto out;
     const pi2_model_desc *d = pi2_engine_desc(e);
     const pi2_tok *tok = pi2_engine_tokenizer(e);
-    if ((rc = pi2_tok_encode(tok, o->prompt, strlen(o->prompt), &ids, &n_ids, &err)) != 0)
+    if ((rc = prompt_ids(o, e, &ids, &n_pre, &err)) != 0)
         goto out;
-    int bos = d->bos_id >= 0 ? d->bos_id : pi2_tok_bos(tok);
-    size_t n_pre = n_ids + (bos >= 0);
-    if (n_pre == 0) {
-        rc = pi2_err_set(&err, PI2_EINVAL, "empty prompt and the model has no BOS token; give -p TEXT");
-        goto out;
-    }
-    if (o->ctx == 0) { /* the tokenizer lives in the container: size the cache now */
-        long long want = (long long)n_pre + o->n_predict;
-        if (want > pi2_desc_max_ctx(d))
-            want = pi2_desc_max_ctx(d);
-        if ((rc = pi2_engine_set_ctx(e, (int)(want > 0 ? want : 1), &err)) != 0) {
-            run_ctx_hint(o, rc, (int)(want > 0 ? want : 1), &err);
-            goto out;
-        }
-    }
-    if ((long long)n_pre + o->n_predict > pi2_engine_ctx(e)) {
-        rc = pi2_err_set(&err, PI2_ERANGE, "prompt (%zu tokens) plus -n %lld exceeds the context of %d positions%s",
-                         n_pre, o->n_predict, pi2_engine_ctx(e),
-                         pi2_engine_ctx(e) < pi2_desc_max_ctx(d) ? "; raise --ctx" : "; use a smaller -n");
-        goto out;
-    }
-    int32_t *all = realloc(ids, (n_pre + 1) * sizeof *all);
-    if (!all) {
-        rc = pi2_err_set(&err, PI2_ENOMEM, "out of memory");
-        goto out;
-    }
-    ids = all;
-    if (bos >= 0) {
-        memmove(ids + 1, ids, n_ids * sizeof *ids);
-        ids[0] = bos;
-    }
     if ((rc = pi2_sampler_create(&smp, d->vocab, &o->so, &err)) != 0 ||
         (rc = pi2_tok_stream_create(&ts, tok, true, &err)) != 0)
         goto out;

@@ -440,23 +440,9 @@ static void inspect_tokens(const pi2_bundle *b, FILE *out)
     pi2_tok_free(tok);
 }
 
-int pi2_bundle_inspect(const pi2_bundle *b, FILE *out, pi2_err *err)
+/* The model line of inspect: shape, experts, activation, rope. */
+static void inspect_model(const pi2_model_desc *d, FILE *out)
 {
-    const pi2_manifest *m = b->mf;
-    const pi2_bundle_layout *l = b->lay;
-    const pi2_model_desc *d = &m->config;
-    char fp[17] = "";
-    uint8_t raw[PI2_SIGN_PUBKEY_LEN];
-    if (l->signer[0] && pi2_sha256_parse_hex(l->signer, raw, NULL) == 0)
-        pi2_bundle_key_fingerprint(raw, fp);
-    fprintf(out, "%s: bundled pi2 model (format %d), from %s\n", b->path, PI2_MF_VERSION, m->source);
-    switch (b->sig) {
-    case PI2_BUNDLE_SIG_VERIFIED: fprintf(out, "signature:  verified, Ed25519 key %s\n", fp); break;
-    case PI2_BUNDLE_SIG_UNSIGNED: fprintf(out, "signature:  UNSIGNED (nothing vouches for this file)\n"); break;
-    case PI2_BUNDLE_SIG_UNCHECKED:
-        fprintf(out, "signature:  signed by Ed25519 key %s (not checked here: pi2-bundle verify --pubkey)\n", fp);
-        break;
-    }
     fprintf(out, "model:      %s (%s), hidden %d, ffn %d, %d layers, %d heads (%d kv), vocab %d", pi2_arch_name(d->arch),
             pi2_act_name(d->act), d->hidden, d->n_ff, d->n_layers, d->n_heads, d->n_kv_heads, d->vocab);
     if (pi2_desc_is_moe(d))
@@ -466,9 +452,11 @@ int pi2_bundle_inspect(const pi2_bundle *b, FILE *out, pi2_err *err)
     if (d->rope.type != PI2_ROPE_DEFAULT)
         fprintf(out, ", rope %s x%g", pi2_rope_type_name(d->rope.type), d->rope.factor);
     fputc('\n', out);
-    inspect_tokens(b, out);
-    fprintf(out, "quant:      ffn %s, other %s, groups of %d, fp16 scales (resident)\n", pi2_q_type_name(m->quant_ffn),
-            pi2_q_type_name(m->quant_other), PI2_Q_GROUP);
+}
+
+/* The sizes, layout and order lines of inspect. */
+static void inspect_layout(const pi2_manifest *m, const pi2_bundle_layout *l, FILE *out)
+{
     uint64_t total = 0, hot = 0, cold = 0;
     for (size_t i = 0; i < m->n_sections; i++)
         total += m->sections[i].size;
@@ -501,7 +489,12 @@ int pi2_bundle_inspect(const pi2_bundle *b, FILE *out, pi2_err *err)
     if (n_eff)
         fprintf(out, "; cold read efficiency %.3f (frequency order %.3f)", eff / n_eff, eff_f / n_eff);
     fprintf(out, "\n");
-    /* predictors */
+}
+
+/* The predictors line of inspect: count, source, input, stored types,
+ * recall and precision ranges. */
+static void inspect_predictors(const pi2_manifest *m, FILE *out)
+{
     double rlo = INFINITY, rhi = -INFINITY, rs = 0, plo = INFINITY, phi = -INFINITY, ps = 0, pa = 0;
     uint64_t bytes = 0;
     int np = 0, imported = 0, prenorm = 0, ndt[4] = {0};
@@ -534,7 +527,11 @@ int pi2_bundle_inspect(const pi2_bundle *b, FILE *out, pi2_err *err)
                 bytes / 1e6);
     else
         fprintf(out, "predictors: none (sparsity mode %s)\n", pi2_manifest_mode_name(m->sparsity_mode));
-    /* profile */
+}
+
+/* The profile line of inspect. */
+static void inspect_profile(const pi2_manifest *m, FILE *out)
+{
     double alo = INFINITY, ahi = -INFINITY, as = 0, hlo = INFINITY, hhi = -INFINITY, hs = 0, ts = 0;
     for (size_t i = 0; i < m->n_profile; i++) {
         minmax(m->profile[i].active_frac, &alo, &ahi, &as);
@@ -549,5 +546,31 @@ int pi2_bundle_inspect(const pi2_bundle *b, FILE *out, pi2_err *err)
     } else {
         fprintf(out, "profile:    none\n");
     }
+}
+
+int pi2_bundle_inspect(const pi2_bundle *b, FILE *out, pi2_err *err)
+{
+    const pi2_manifest *m = b->mf;
+    const pi2_bundle_layout *l = b->lay;
+    const pi2_model_desc *d = &m->config;
+    char fp[17] = "";
+    uint8_t raw[PI2_SIGN_PUBKEY_LEN];
+    if (l->signer[0] && pi2_sha256_parse_hex(l->signer, raw, NULL) == 0)
+        pi2_bundle_key_fingerprint(raw, fp);
+    fprintf(out, "%s: bundled pi2 model (format %d), from %s\n", b->path, PI2_MF_VERSION, m->source);
+    switch (b->sig) {
+    case PI2_BUNDLE_SIG_VERIFIED: fprintf(out, "signature:  verified, Ed25519 key %s\n", fp); break;
+    case PI2_BUNDLE_SIG_UNSIGNED: fprintf(out, "signature:  UNSIGNED (nothing vouches for this file)\n"); break;
+    case PI2_BUNDLE_SIG_UNCHECKED:
+        fprintf(out, "signature:  signed by Ed25519 key %s (not checked here: pi2-bundle verify --pubkey)\n", fp);
+        break;
+    }
+    inspect_model(d, out);
+    inspect_tokens(b, out);
+    fprintf(out, "quant:      ffn %s, other %s, groups of %d, fp16 scales (resident)\n", pi2_q_type_name(m->quant_ffn),
+            pi2_q_type_name(m->quant_other), PI2_Q_GROUP);
+    inspect_layout(m, l, out);
+    inspect_predictors(m, out);
+    inspect_profile(m, out);
     return ferror(out) ? pi2_err_set(err, PI2_EIO, "inspect: write error") : 0;
 }

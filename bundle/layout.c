@@ -348,51 +348,13 @@ static int get_pair(lctx *c, json_t *o, const char *w, const char *k, uint64_t *
     return 0;
 }
 
-/* One "ffn" entry; (layer, expert) must be the idx-th of the model. */
-static int parse_ffn(lctx *c, json_t *e, size_t idx, const pi2_bundle_layout *l, pi2_bl_ffn *f)
+/* Entry f's geometry against the model and io_unit, recomputed from its
+ * group; fs and ps are its ffn and perm members, fw names it. */
+static int check_ffn_geometry(lctx *c, const char *fw, const pi2_bundle_layout *l, const pi2_bl_ffn *f,
+                              const pi2_ctr_section *fs, const pi2_ctr_section *ps)
 {
-    static const char *const keys[] = { "layer",     "expert",       "ffn",         "perm",  "order",
-                                        "neurons",   "group",        "bundle_bytes", "gate_part",
-                                        "slot_bytes", "groups",      "hot_groups",  "hot_neurons",
-                                        "hot",       "cold",         "read_efficiency", "read_efficiency_freq" };
     const pi2_model_desc *d = &c->mf->config;
-    bool moe = pi2_desc_is_moe(d);
-    int E = moe ? d->n_experts : 1;
-    char fw[40], w[48]; /* "ffn[i]" for fail(), "bundle.ffn[i]" for the JSON reader */
-    snprintf(fw, sizeof fw, "ffn[%zu]", idx);
-    snprintf(w, sizeof w, "bundle.%s", fw);
-    if (!json_is_object(e))
-        return fail(c, PI2_EFORMAT, fw, "expected an object, got %s", pi2_json_type_name(e));
-    int rc;
-    if ((rc = PI2_JR_KEYS(&c->r, e, w, keys, false)) ||
-        (rc = pi2_jr_i32(&c->r, e, w, "layer", 0, d->n_layers - 1, &f->layer)) ||
-        (rc = pi2_jr_i32(&c->r, e, w, "expert", moe ? 0 : -1, moe ? d->n_experts - 1 : -1, &f->expert)))
-        return rc;
-    int want_l = (int)(idx / (size_t)E), want_e = moe ? (int)(idx % (size_t)E) : -1;
-    if (f->layer != want_l || f->expert != want_e)
-        return fail(c, PI2_EFORMAT, fw, "layer %d expert %d out of order (expected layer %d expert %d)", f->layer,
-                     f->expert, want_l, want_e);
-    const pi2_ctr_section *fs, *ps;
-    int oi;
-    if ((rc = get_member(c, e, w, "ffn", f->ffn, &fs)) || (rc = get_member(c, e, w, "perm", f->perm, &ps)) ||
-        (rc = pi2_jr_enum(&c->r, e, w, "order", order_names, 3, "coactivation, frequency or identity", &oi)))
-        return rc;
-    f->order = (pi2_bl_order)oi;
-    if ((rc = pi2_jr_u32(&c->r, e, w, "neurons", 1, PI2_CFG_MAX_DIM, &f->neurons)) ||
-        (rc = pi2_jr_u32(&c->r, e, w, "group", 1, PI2_CFG_MAX_DIM, &f->group)) ||
-        (rc = pi2_jr_u64(&c->r, e, w, "bundle_bytes", PI2_CTR_MAX_SIZE, &f->bundle_bytes)) ||
-        (rc = pi2_jr_u64(&c->r, e, w, "gate_part", PI2_CTR_MAX_SIZE, &f->gate_part)) ||
-        (rc = pi2_jr_u64(&c->r, e, w, "slot_bytes", PI2_CTR_MAX_SIZE, &f->slot_bytes)) ||
-        (rc = pi2_jr_u32(&c->r, e, w, "groups", 1, PI2_CFG_MAX_DIM, &f->groups)) ||
-        (rc = pi2_jr_u32(&c->r, e, w, "hot_groups", 0, PI2_CFG_MAX_DIM, &f->hot_groups)) ||
-        (rc = pi2_jr_u32(&c->r, e, w, "hot_neurons", 0, PI2_CFG_MAX_DIM, &f->hot_neurons)) ||
-        (rc = get_pair(c, e, w, "hot", &f->hot_offset, &f->hot_size)) ||
-        (rc = get_pair(c, e, w, "cold", &f->cold_offset, &f->cold_size)) ||
-        (rc = pi2_jr_real(&c->r, e, w, "read_efficiency", 0, 1, PI2_JR_NULLABLE, &f->read_eff)) ||
-        (rc = pi2_jr_real(&c->r, e, w, "read_efficiency_freq", 0, 1, PI2_JR_NULLABLE, &f->read_eff_freq)))
-        return rc;
-
-    /* the geometry, recomputed from g: all values are < 2^20 * 2^21, no overflow */
+    /* all values are < 2^20 * 2^21: no overflow */
     uint64_t R = l->row_bytes, g = f->group;
     uint64_t per = l->two_phase ? 2 * R : 3 * R;
     uint64_t gate = l->two_phase ? round_up(g * R, PI2_BL_ALIGN) : 0;
@@ -441,6 +403,53 @@ static int parse_ffn(lctx *c, json_t *e, size_t idx, const pi2_bundle_layout *l,
         return fail(c, PI2_EFORMAT, fw, "ffn and perm are the same member");
     return 0;
 }
+
+/* One "ffn" entry; (layer, expert) must be the idx-th of the model. */
+static int parse_ffn(lctx *c, json_t *e, size_t idx, const pi2_bundle_layout *l, pi2_bl_ffn *f)
+{
+    static const char *const keys[] = { "layer",     "expert",       "ffn",         "perm",  "order",
+                                        "neurons",   "group",        "bundle_bytes", "gate_part",
+                                        "slot_bytes", "groups",      "hot_groups",  "hot_neurons",
+                                        "hot",       "cold",         "read_efficiency", "read_efficiency_freq" };
+    const pi2_model_desc *d = &c->mf->config;
+    bool moe = pi2_desc_is_moe(d);
+    int E = moe ? d->n_experts : 1;
+    char fw[40], w[48]; /* "ffn[i]" for fail(), "bundle.ffn[i]" for the JSON reader */
+    snprintf(fw, sizeof fw, "ffn[%zu]", idx);
+    snprintf(w, sizeof w, "bundle.%s", fw);
+    if (!json_is_object(e))
+        return fail(c, PI2_EFORMAT, fw, "expected an object, got %s", pi2_json_type_name(e));
+    int rc;
+    if ((rc = PI2_JR_KEYS(&c->r, e, w, keys, false)) ||
+        (rc = pi2_jr_i32(&c->r, e, w, "layer", 0, d->n_layers - 1, &f->layer)) ||
+        (rc = pi2_jr_i32(&c->r, e, w, "expert", moe ? 0 : -1, moe ? d->n_experts - 1 : -1, &f->expert)))
+        return rc;
+    int want_l = (int)(idx / (size_t)E), want_e = moe ? (int)(idx % (size_t)E) : -1;
+    if (f->layer != want_l || f->expert != want_e)
+        return fail(c, PI2_EFORMAT, fw, "layer %d expert %d out of order (expected layer %d expert %d)", f->layer,
+                     f->expert, want_l, want_e);
+    const pi2_ctr_section *fs, *ps;
+    int oi;
+    if ((rc = get_member(c, e, w, "ffn", f->ffn, &fs)) || (rc = get_member(c, e, w, "perm", f->perm, &ps)) ||
+        (rc = pi2_jr_enum(&c->r, e, w, "order", order_names, 3, "coactivation, frequency or identity", &oi)))
+        return rc;
+    f->order = (pi2_bl_order)oi;
+    if ((rc = pi2_jr_u32(&c->r, e, w, "neurons", 1, PI2_CFG_MAX_DIM, &f->neurons)) ||
+        (rc = pi2_jr_u32(&c->r, e, w, "group", 1, PI2_CFG_MAX_DIM, &f->group)) ||
+        (rc = pi2_jr_u64(&c->r, e, w, "bundle_bytes", PI2_CTR_MAX_SIZE, &f->bundle_bytes)) ||
+        (rc = pi2_jr_u64(&c->r, e, w, "gate_part", PI2_CTR_MAX_SIZE, &f->gate_part)) ||
+        (rc = pi2_jr_u64(&c->r, e, w, "slot_bytes", PI2_CTR_MAX_SIZE, &f->slot_bytes)) ||
+        (rc = pi2_jr_u32(&c->r, e, w, "groups", 1, PI2_CFG_MAX_DIM, &f->groups)) ||
+        (rc = pi2_jr_u32(&c->r, e, w, "hot_groups", 0, PI2_CFG_MAX_DIM, &f->hot_groups)) ||
+        (rc = pi2_jr_u32(&c->r, e, w, "hot_neurons", 0, PI2_CFG_MAX_DIM, &f->hot_neurons)) ||
+        (rc = get_pair(c, e, w, "hot", &f->hot_offset, &f->hot_size)) ||
+        (rc = get_pair(c, e, w, "cold", &f->cold_offset, &f->cold_size)) ||
+        (rc = pi2_jr_real(&c->r, e, w, "read_efficiency", 0, 1, PI2_JR_NULLABLE, &f->read_eff)) ||
+        (rc = pi2_jr_real(&c->r, e, w, "read_efficiency_freq", 0, 1, PI2_JR_NULLABLE, &f->read_eff_freq)))
+        return rc;
+    return check_ffn_geometry(c, fw, l, f, fs, ps);
+}
+
 
 /* Sizes of every tensor's members, now that the ffn members are known. */
 static int check_tensors(lctx *c, const pi2_bundle_layout *l)
@@ -567,6 +576,35 @@ static int check_members(lctx *c, json_t *root, pi2_bundle_layout *l, const char
     return 0;
 }
 
+/* The ffn entries: one per (layer, expert), in order; then the members
+ * they name against "resident" and the manifest's tensors. */
+static int parse_ffn_entries(lctx *c, json_t *root, pi2_bundle_layout *l)
+{
+    const pi2_model_desc *d = &c->mf->config;
+    int rc;
+    json_t *arr;
+    size_t na;
+    int E = pi2_desc_is_moe(d) ? d->n_experts : 1;
+    size_t nf = (size_t)d->n_layers * (size_t)E;
+    if ((rc = pi2_jr_arr(&c->r, root, "bundle", "ffn", SIZE_MAX, &arr, &na)))
+        return rc;
+    if (na != nf)
+        return fail(c, PI2_ESHAPE, "ffn", "%zu entries, expected %zu (one per layer and expert)", na, nf);
+    if (!(l->ffn = calloc(nf ? nf : 1, sizeof *l->ffn)))
+        return fail(c, PI2_ENOMEM, "ffn", "out of memory");
+    for (size_t i = 0; i < nf; i++) {
+        if ((rc = parse_ffn(c, json_array_get(arr, i), i, l, &l->ffn[i])))
+            return rc;
+        l->n_ffn = i + 1;
+    }
+    const char **names = pi2_malloc_array(2 * nf + 1, sizeof *names);
+    if (!names)
+        return fail(c, PI2_ENOMEM, "ffn", "out of memory");
+    rc = check_members(c, root, l, names);
+    free(names);
+    return rc ? rc : check_tensors(c, l);
+}
+
 static int parse_root(lctx *c, json_t *root, pi2_bundle_layout *l)
 {
     static const char *const keys[] = { "version", "io_unit", "align",    "row_bytes", "two_phase",
@@ -624,28 +662,7 @@ static int parse_root(lctx *c, json_t *root, pi2_bundle_layout *l)
     }
     memcpy(l->signer, signer, strlen(signer) + 1);
 
-    /* ffn entries: one per (layer, expert), in order */
-    json_t *arr;
-    size_t na;
-    int E = pi2_desc_is_moe(d) ? d->n_experts : 1;
-    size_t nf = (size_t)d->n_layers * (size_t)E;
-    if ((rc = pi2_jr_arr(&c->r, root, "bundle", "ffn", SIZE_MAX, &arr, &na)))
-        return rc;
-    if (na != nf)
-        return fail(c, PI2_ESHAPE, "ffn", "%zu entries, expected %zu (one per layer and expert)", na, nf);
-    if (!(l->ffn = calloc(nf ? nf : 1, sizeof *l->ffn)))
-        return fail(c, PI2_ENOMEM, "ffn", "out of memory");
-    for (size_t i = 0; i < nf; i++) {
-        if ((rc = parse_ffn(c, json_array_get(arr, i), i, l, &l->ffn[i])))
-            return rc;
-        l->n_ffn = i + 1;
-    }
-    const char **names = pi2_malloc_array(2 * nf + 1, sizeof *names);
-    if (!names)
-        return fail(c, PI2_ENOMEM, "ffn", "out of memory");
-    rc = check_members(c, root, l, names);
-    free(names);
-    return rc ? rc : check_tensors(c, l);
+    return parse_ffn_entries(c, root, l);
 }
 
 int pi2_bundle_layout_parse(const pi2_manifest *mf, const char *name, pi2_bundle_layout **out, pi2_err *err)

@@ -1,6 +1,7 @@
 /* pi2 strict JSON reader: reads one member of a parsed jansson object with
- * its type and range checked, for every JSON file pi2 reads (manifest.json,
- * hardware profiles, HF config.json, tokenizer files).
+ * its type and range checked, for every JSON file pi2 reads (manifest.json
+ * and its bundle object, hardware profiles, plans and calibrations, HF
+ * config.json, tokenizer.json, safetensors headers).
  *
  * Every failure sets one line in r->err and returns its code:
  *

@@ -1,6 +1,7 @@
 /* pi2 bundle layout: geometry, offsets, and the strict reader / writer of
  * the manifest's "bundle" object. See bundle/layout.h. */
 #include "bundle/layout.h"
+#include "formats/jsonread.h"
 #include "formats/jsonutil.h"
 
 #include <float.h>
@@ -265,13 +266,13 @@ int pi2_bl_to_json(const pi2_bundle_layout *l, char **text, pi2_err *err)
 /* ---- reader ---- */
 
 typedef struct lctx {
-    const char *name;
-    pi2_err *err;
+    pi2_jr r; /* names the manifest in messages */
     const pi2_manifest *mf;
     const pi2_ctr_section **by_name; /* sections sorted by name */
     size_t n;
 } lctx;
 
+/* "<name>: bundle.<where>: <message>", the form of the JSON reader's. */
 __attribute__((format(printf, 4, 5))) static int fail(lctx *c, int code, const char *where, const char *fmt, ...)
 {
     char msg[320];
@@ -279,126 +280,7 @@ __attribute__((format(printf, 4, 5))) static int fail(lctx *c, int code, const c
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return pi2_err_set(c->err, code, "%.160s: bundle%s%s: %s", c->name, where && *where ? "." : "",
-                       where ? where : "", msg);
-}
-
-static const char *jtype(const json_t *v) { return pi2_json_type_name(v); }
-
-/* Printable, bounded copy of untrusted text for messages. */
-static const char *clean(const char *s, char *buf, size_t cap)
-{
-    size_t i = 0;
-    for (; s[i] && i + 1 < cap; i++)
-        buf[i] = (unsigned char)s[i] >= 0x20 && (unsigned char)s[i] < 0x7f ? s[i] : '?';
-    buf[i] = 0;
-    if (s[i] && cap > 4)
-        memcpy(buf + cap - 4, "...", 4);
-    return buf;
-}
-
-/* "<where>.<key>" into buf. */
-static const char *path(char *buf, size_t cap, const char *where, const char *key)
-{
-    snprintf(buf, cap, "%s%s%s", where, *where ? "." : "", key);
-    return buf;
-}
-
-static int check_keys(lctx *c, json_t *o, const char *w, const char *const *keys, size_t n)
-{
-    const char *key;
-    json_t *val;
-    size_t seen = 0;
-    json_object_foreach(o, key, val) {
-        size_t i = 0;
-        while (i < n && strcmp(key, keys[i]) != 0)
-            i++;
-        if (i == n) {
-            char buf[64], p[200];
-            return fail(c, PI2_EFORMAT, path(p, sizeof p, w, clean(key, buf, sizeof buf)), "unknown key");
-        }
-        seen++;
-    }
-    for (size_t i = 0; seen < n && i < n; i++)
-        if (!json_object_get(o, keys[i])) {
-            char p[200];
-            return fail(c, PI2_ENOTFOUND, path(p, sizeof p, w, keys[i]), "required key is missing");
-        }
-    return 0;
-}
-#define CHECK_KEYS(c, o, w, keys) check_keys((c), (o), (w), (keys), sizeof(keys) / sizeof((keys)[0]))
-
-static int get_int(lctx *c, json_t *o, const char *w, const char *k, long long lo, long long hi, long long *out)
-{
-    char p[200];
-    json_t *v = json_object_get(o, k);
-    path(p, sizeof p, w, k);
-    if (!v)
-        return fail(c, PI2_ENOTFOUND, p, "required key is missing");
-    if (!json_is_integer(v))
-        return fail(c, PI2_EFORMAT, p, "expected an integer, got %s", jtype(v));
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi)
-        return fail(c, PI2_ERANGE, p, "%lld is out of range [%lld, %lld]", x, lo, hi);
-    *out = x;
-    return 0;
-}
-
-static int get_u64(lctx *c, json_t *o, const char *w, const char *k, uint64_t hi, uint64_t *out)
-{
-    long long x;
-    int rc = get_int(c, o, w, k, 0, (long long)hi, &x);
-    if (rc == 0)
-        *out = (uint64_t)x;
-    return rc;
-}
-
-static int get_u32(lctx *c, json_t *o, const char *w, const char *k, uint32_t lo, uint32_t hi, uint32_t *out)
-{
-    long long x;
-    int rc = get_int(c, o, w, k, lo, hi, &x);
-    if (rc == 0)
-        *out = (uint32_t)x;
-    return rc;
-}
-
-/* Number in [0, 1] or null (NaN). */
-static int get_frac(lctx *c, json_t *o, const char *w, const char *k, double *out)
-{
-    char p[200];
-    json_t *v = json_object_get(o, k);
-    path(p, sizeof p, w, k);
-    if (!v)
-        return fail(c, PI2_ENOTFOUND, p, "required key is missing");
-    if (json_is_null(v)) {
-        *out = NAN;
-        return 0;
-    }
-    if (!json_is_number(v))
-        return fail(c, PI2_EFORMAT, p, "expected a number or null, got %s", jtype(v));
-    double x = json_number_value(v);
-    if (!(x >= 0 && x <= 1))
-        return fail(c, PI2_ERANGE, p, "%g is out of range [0, 1]", x);
-    *out = x;
-    return 0;
-}
-
-static int get_string(lctx *c, json_t *o, const char *w, const char *k, size_t cap, const char **out)
-{
-    char p[200];
-    json_t *v = json_object_get(o, k);
-    path(p, sizeof p, w, k);
-    if (!v)
-        return fail(c, PI2_ENOTFOUND, p, "required key is missing");
-    if (!json_is_string(v))
-        return fail(c, PI2_EFORMAT, p, "expected a string, got %s", jtype(v));
-    const char *s = json_string_value(v);
-    if (strlen(s) != json_string_length(v))
-        return fail(c, PI2_EFORMAT, p, "string holds a NUL byte");
-    if (strlen(s) >= cap)
-        return fail(c, PI2_ERANGE, p, "string of %zu bytes, at most %zu allowed", strlen(s), cap - 1);
-    *out = s;
-    return 0;
+    return pi2_jr_fail(&c->r, code, "bundle", where, "%s", msg);
 }
 
 static int strcmp_ptr(const void *a, const void *b)
@@ -434,35 +316,91 @@ static int get_member(lctx *c, json_t *o, const char *w, const char *k, char dst
                       const pi2_ctr_section **sec)
 {
     const char *s;
-    int rc = get_string(c, o, w, k, PI2_CTR_NAME_MAX, &s);
+    int rc = pi2_jr_str(&c->r, o, w, k, PI2_CTR_NAME_MAX, &s);
     if (rc)
         return rc;
     const pi2_ctr_section *hit = lookup(c, s);
     if (!hit) {
-        char p[200], buf[72];
-        return fail(c, PI2_ENOTFOUND, path(p, sizeof p, w, k), "member \"%s\" is not in sections",
-                    clean(s, buf, sizeof buf));
+        char buf[72];
+        return pi2_jr_fail(&c->r, PI2_ENOTFOUND, w, k, "member \"%s\" is not in sections",
+                           pi2_jr_clean(s, buf, sizeof buf));
     }
     memcpy(dst, s, strlen(s) + 1);
     *sec = hit;
     return 0;
 }
 
+/* [offset, size]: two integers in [0, PI2_CTR_MAX_SIZE]. */
 static int get_pair(lctx *c, json_t *o, const char *w, const char *k, uint64_t *a, uint64_t *b)
 {
-    char p[200];
-    json_t *v = json_object_get(o, k);
-    path(p, sizeof p, w, k);
-    if (!v)
-        return fail(c, PI2_ENOTFOUND, p, "required key is missing");
+    json_t *v;
+    int rc = pi2_jr_need(&c->r, o, w, k, &v);
+    if (rc)
+        return rc;
     if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_integer(json_array_get(v, 0)) ||
         !json_is_integer(json_array_get(v, 1)))
-        return fail(c, PI2_EFORMAT, p, "expected [offset, size] (two integers)");
+        return pi2_jr_fail(&c->r, PI2_EFORMAT, w, k, "expected [offset, size] (two integers)");
     long long x = json_integer_value(json_array_get(v, 0)), y = json_integer_value(json_array_get(v, 1));
     if (x < 0 || y < 0 || (uint64_t)x > PI2_CTR_MAX_SIZE || (uint64_t)y > PI2_CTR_MAX_SIZE)
-        return fail(c, PI2_ERANGE, p, "[%lld, %lld] is out of range", x, y);
+        return pi2_jr_fail(&c->r, PI2_ERANGE, w, k, "[%lld, %lld] is out of range", x, y);
     *a = (uint64_t)x;
     *b = (uint64_t)y;
+    return 0;
+}
+
+/* Entry f's geometry against the model and io_unit, recomputed from its
+ * group; fs and ps are its ffn and perm members, fw names it. */
+static int check_ffn_geometry(lctx *c, const char *fw, const pi2_bundle_layout *l, const pi2_bl_ffn *f,
+                              const pi2_ctr_section *fs, const pi2_ctr_section *ps)
+{
+    const pi2_model_desc *d = &c->mf->config;
+    /* all values are < 2^20 * 2^21: no overflow */
+    uint64_t R = l->row_bytes, g = f->group;
+    uint64_t per = l->two_phase ? 2 * R : 3 * R;
+    uint64_t gate = l->two_phase ? round_up(g * R, PI2_BL_ALIGN) : 0;
+    uint64_t slot = gate + round_up(g * per, PI2_BL_ALIGN);
+    uint64_t groups = (f->neurons + g - 1) / g;
+    if (f->neurons != (uint32_t)d->n_ff)
+        return fail(c, PI2_ESHAPE, fw, "neurons %u, but the model's FFN has %d", f->neurons, d->n_ff);
+    if (g > f->neurons)
+        return fail(c, PI2_ESHAPE, fw, "group %u is larger than the FFN (%u neurons)", f->group, f->neurons);
+    if (g > 1 && g * per > l->io_unit)
+        return fail(c, PI2_ESHAPE, fw, "group %u: a read of %llu bytes exceeds io_unit %u", f->group,
+                     (unsigned long long)(g * per), l->io_unit);
+    if (f->bundle_bytes != per)
+        return fail(c, PI2_ESHAPE, fw, "bundle_bytes %llu, expected %llu", (unsigned long long)f->bundle_bytes,
+                     (unsigned long long)per);
+    if (f->gate_part != gate)
+        return fail(c, PI2_ESHAPE, fw, "gate_part %llu, expected %llu", (unsigned long long)f->gate_part,
+                     (unsigned long long)gate);
+    if (f->slot_bytes != slot)
+        return fail(c, PI2_ESHAPE, fw, "slot_bytes %llu, expected %llu", (unsigned long long)f->slot_bytes,
+                     (unsigned long long)slot);
+    if (f->groups != groups)
+        return fail(c, PI2_ESHAPE, fw, "groups %u, expected %llu", f->groups, (unsigned long long)groups);
+    if (f->hot_groups > f->groups)
+        return fail(c, PI2_ESHAPE, fw, "hot_groups %u exceeds groups %u", f->hot_groups, f->groups);
+    uint64_t hn = (uint64_t)f->hot_groups * g;
+    if (f->hot_neurons != (hn < f->neurons ? hn : f->neurons))
+        return fail(c, PI2_ESHAPE, fw, "hot_neurons %u, expected %llu", f->hot_neurons,
+                     (unsigned long long)(hn < f->neurons ? hn : f->neurons));
+    uint64_t hs = (uint64_t)f->hot_groups * slot, total = groups * slot;
+    if (f->hot_offset != 0 || f->hot_size != hs)
+        return fail(c, PI2_ESHAPE, fw, "hot region [%llu, %llu], expected [0, %llu]",
+                     (unsigned long long)f->hot_offset, (unsigned long long)f->hot_size, (unsigned long long)hs);
+    if (f->cold_offset != hs || f->cold_size != total - hs)
+        return fail(c, PI2_ESHAPE, fw, "cold region [%llu, %llu], expected [%llu, %llu]",
+                     (unsigned long long)f->cold_offset, (unsigned long long)f->cold_size, (unsigned long long)hs,
+                     (unsigned long long)(total - hs));
+    if (fs->size != total)
+        return fail(c, PI2_ESHAPE, fw, "member \"%s\" holds %llu bytes, expected %llu (%llu slots of %llu)",
+                    fs->name, (unsigned long long)fs->size, (unsigned long long)total, (unsigned long long)groups,
+                    (unsigned long long)slot);
+    if (ps->size != (uint64_t)f->neurons * 4)
+        return fail(c, PI2_ESHAPE, fw, "member \"%s\" holds %llu bytes, expected %llu (uint32 [%u])", ps->name,
+                     (unsigned long long)ps->size, (unsigned long long)f->neurons * 4, f->neurons);
+    if (fs == ps)
+        return fail(c, PI2_EFORMAT, fw, "ffn and perm are the same member");
     return 0;
 }
 
@@ -476,98 +414,42 @@ static int parse_ffn(lctx *c, json_t *e, size_t idx, const pi2_bundle_layout *l,
     const pi2_model_desc *d = &c->mf->config;
     bool moe = pi2_desc_is_moe(d);
     int E = moe ? d->n_experts : 1;
-    char w[48];
-    snprintf(w, sizeof w, "ffn[%zu]", idx);
+    char fw[40], w[48]; /* "ffn[i]" for fail(), "bundle.ffn[i]" for the JSON reader */
+    snprintf(fw, sizeof fw, "ffn[%zu]", idx);
+    snprintf(w, sizeof w, "bundle.%s", fw);
     if (!json_is_object(e))
-        return fail(c, PI2_EFORMAT, w, "expected an object, got %s", jtype(e));
-    long long layer, expert;
+        return fail(c, PI2_EFORMAT, fw, "expected an object, got %s", pi2_json_type_name(e));
     int rc;
-    if ((rc = CHECK_KEYS(c, e, w, keys)) || (rc = get_int(c, e, w, "layer", 0, d->n_layers - 1, &layer)) ||
-        (rc = get_int(c, e, w, "expert", moe ? 0 : -1, moe ? d->n_experts - 1 : -1, &expert)))
+    if ((rc = PI2_JR_KEYS(&c->r, e, w, keys, false)) ||
+        (rc = pi2_jr_i32(&c->r, e, w, "layer", 0, d->n_layers - 1, &f->layer)) ||
+        (rc = pi2_jr_i32(&c->r, e, w, "expert", moe ? 0 : -1, moe ? d->n_experts - 1 : -1, &f->expert)))
         return rc;
-    f->layer = (int)layer;
-    f->expert = (int)expert;
     int want_l = (int)(idx / (size_t)E), want_e = moe ? (int)(idx % (size_t)E) : -1;
     if (f->layer != want_l || f->expert != want_e)
-        return fail(c, PI2_EFORMAT, w, "layer %d expert %d out of order (expected layer %d expert %d)", f->layer,
-                    f->expert, want_l, want_e);
+        return fail(c, PI2_EFORMAT, fw, "layer %d expert %d out of order (expected layer %d expert %d)", f->layer,
+                     f->expert, want_l, want_e);
     const pi2_ctr_section *fs, *ps;
-    const char *ord;
+    int oi;
     if ((rc = get_member(c, e, w, "ffn", f->ffn, &fs)) || (rc = get_member(c, e, w, "perm", f->perm, &ps)) ||
-        (rc = get_string(c, e, w, "order", 32, &ord)))
+        (rc = pi2_jr_enum(&c->r, e, w, "order", order_names, 3, "coactivation, frequency or identity", &oi)))
         return rc;
-    size_t oi = 0;
-    while (oi < 3 && strcmp(ord, order_names[oi]) != 0)
-        oi++;
-    if (oi == 3) {
-        char buf[40], p[120];
-        return fail(c, PI2_EFORMAT, path(p, sizeof p, w, "order"),
-                    "unknown value \"%s\" (expected coactivation, frequency or identity)", clean(ord, buf, sizeof buf));
-    }
     f->order = (pi2_bl_order)oi;
-    if ((rc = get_u32(c, e, w, "neurons", 1, PI2_CFG_MAX_DIM, &f->neurons)) ||
-        (rc = get_u32(c, e, w, "group", 1, PI2_CFG_MAX_DIM, &f->group)) ||
-        (rc = get_u64(c, e, w, "bundle_bytes", PI2_CTR_MAX_SIZE, &f->bundle_bytes)) ||
-        (rc = get_u64(c, e, w, "gate_part", PI2_CTR_MAX_SIZE, &f->gate_part)) ||
-        (rc = get_u64(c, e, w, "slot_bytes", PI2_CTR_MAX_SIZE, &f->slot_bytes)) ||
-        (rc = get_u32(c, e, w, "groups", 1, PI2_CFG_MAX_DIM, &f->groups)) ||
-        (rc = get_u32(c, e, w, "hot_groups", 0, PI2_CFG_MAX_DIM, &f->hot_groups)) ||
-        (rc = get_u32(c, e, w, "hot_neurons", 0, PI2_CFG_MAX_DIM, &f->hot_neurons)) ||
+    if ((rc = pi2_jr_u32(&c->r, e, w, "neurons", 1, PI2_CFG_MAX_DIM, &f->neurons)) ||
+        (rc = pi2_jr_u32(&c->r, e, w, "group", 1, PI2_CFG_MAX_DIM, &f->group)) ||
+        (rc = pi2_jr_u64(&c->r, e, w, "bundle_bytes", PI2_CTR_MAX_SIZE, &f->bundle_bytes)) ||
+        (rc = pi2_jr_u64(&c->r, e, w, "gate_part", PI2_CTR_MAX_SIZE, &f->gate_part)) ||
+        (rc = pi2_jr_u64(&c->r, e, w, "slot_bytes", PI2_CTR_MAX_SIZE, &f->slot_bytes)) ||
+        (rc = pi2_jr_u32(&c->r, e, w, "groups", 1, PI2_CFG_MAX_DIM, &f->groups)) ||
+        (rc = pi2_jr_u32(&c->r, e, w, "hot_groups", 0, PI2_CFG_MAX_DIM, &f->hot_groups)) ||
+        (rc = pi2_jr_u32(&c->r, e, w, "hot_neurons", 0, PI2_CFG_MAX_DIM, &f->hot_neurons)) ||
         (rc = get_pair(c, e, w, "hot", &f->hot_offset, &f->hot_size)) ||
         (rc = get_pair(c, e, w, "cold", &f->cold_offset, &f->cold_size)) ||
-        (rc = get_frac(c, e, w, "read_efficiency", &f->read_eff)) ||
-        (rc = get_frac(c, e, w, "read_efficiency_freq", &f->read_eff_freq)))
+        (rc = pi2_jr_real(&c->r, e, w, "read_efficiency", 0, 1, PI2_JR_NULLABLE, &f->read_eff)) ||
+        (rc = pi2_jr_real(&c->r, e, w, "read_efficiency_freq", 0, 1, PI2_JR_NULLABLE, &f->read_eff_freq)))
         return rc;
-
-    /* the geometry, recomputed from g: all values are < 2^20 * 2^21, no overflow */
-    uint64_t R = l->row_bytes, g = f->group;
-    uint64_t per = l->two_phase ? 2 * R : 3 * R;
-    uint64_t gate = l->two_phase ? round_up(g * R, PI2_BL_ALIGN) : 0;
-    uint64_t slot = gate + round_up(g * per, PI2_BL_ALIGN);
-    uint64_t groups = (f->neurons + g - 1) / g;
-    if (f->neurons != (uint32_t)d->n_ff)
-        return fail(c, PI2_ESHAPE, w, "neurons %u, but the model's FFN has %d", f->neurons, d->n_ff);
-    if (g > f->neurons)
-        return fail(c, PI2_ESHAPE, w, "group %u is larger than the FFN (%u neurons)", f->group, f->neurons);
-    if (g > 1 && g * per > l->io_unit)
-        return fail(c, PI2_ESHAPE, w, "group %u: a read of %llu bytes exceeds io_unit %u", f->group,
-                    (unsigned long long)(g * per), l->io_unit);
-    if (f->bundle_bytes != per)
-        return fail(c, PI2_ESHAPE, w, "bundle_bytes %llu, expected %llu", (unsigned long long)f->bundle_bytes,
-                    (unsigned long long)per);
-    if (f->gate_part != gate)
-        return fail(c, PI2_ESHAPE, w, "gate_part %llu, expected %llu", (unsigned long long)f->gate_part,
-                    (unsigned long long)gate);
-    if (f->slot_bytes != slot)
-        return fail(c, PI2_ESHAPE, w, "slot_bytes %llu, expected %llu", (unsigned long long)f->slot_bytes,
-                    (unsigned long long)slot);
-    if (f->groups != groups)
-        return fail(c, PI2_ESHAPE, w, "groups %u, expected %llu", f->groups, (unsigned long long)groups);
-    if (f->hot_groups > f->groups)
-        return fail(c, PI2_ESHAPE, w, "hot_groups %u exceeds groups %u", f->hot_groups, f->groups);
-    uint64_t hn = (uint64_t)f->hot_groups * g;
-    if (f->hot_neurons != (hn < f->neurons ? hn : f->neurons))
-        return fail(c, PI2_ESHAPE, w, "hot_neurons %u, expected %llu", f->hot_neurons,
-                    (unsigned long long)(hn < f->neurons ? hn : f->neurons));
-    uint64_t hs = (uint64_t)f->hot_groups * slot, total = groups * slot;
-    if (f->hot_offset != 0 || f->hot_size != hs)
-        return fail(c, PI2_ESHAPE, w, "hot region [%llu, %llu], expected [0, %llu]",
-                    (unsigned long long)f->hot_offset, (unsigned long long)f->hot_size, (unsigned long long)hs);
-    if (f->cold_offset != hs || f->cold_size != total - hs)
-        return fail(c, PI2_ESHAPE, w, "cold region [%llu, %llu], expected [%llu, %llu]",
-                    (unsigned long long)f->cold_offset, (unsigned long long)f->cold_size, (unsigned long long)hs,
-                    (unsigned long long)(total - hs));
-    if (fs->size != total)
-        return fail(c, PI2_ESHAPE, w, "member \"%s\" holds %llu bytes, expected %llu (%llu slots of %llu)", fs->name,
-                    (unsigned long long)fs->size, (unsigned long long)total, (unsigned long long)groups,
-                    (unsigned long long)slot);
-    if (ps->size != (uint64_t)f->neurons * 4)
-        return fail(c, PI2_ESHAPE, w, "member \"%s\" holds %llu bytes, expected %llu (uint32 [%u])", ps->name,
-                    (unsigned long long)ps->size, (unsigned long long)f->neurons * 4, f->neurons);
-    if (fs == ps)
-        return fail(c, PI2_EFORMAT, w, "ffn and perm are the same member");
-    return 0;
+    return check_ffn_geometry(c, fw, l, f, fs, ps);
 }
+
 
 /* Sizes of every tensor's members, now that the ffn members are known. */
 static int check_tensors(lctx *c, const pi2_bundle_layout *l)
@@ -653,17 +535,19 @@ static int check_members(lctx *c, json_t *root, pi2_bundle_layout *l, const char
     for (size_t i = 1; i < 2 * nf; i++)
         if (strcmp(names[i], names[i - 1]) == 0) {
             char buf[72];
-            return fail(c, PI2_EFORMAT, "ffn", "member \"%s\" is used by two entries", clean(names[i], buf, sizeof buf));
+            return fail(c, PI2_EFORMAT, "ffn", "member \"%s\" is used by two entries",
+                        pi2_jr_clean(names[i], buf, sizeof buf));
         }
     /* the ffn members alone, sorted, to skip them below */
     for (size_t i = 0; i < nf; i++)
         names[i] = l->ffn[i].ffn;
     qsort(names, nf, sizeof *names, strcmp_ptr);
 
-    json_t *res = json_object_get(root, "resident");
-    if (!json_is_array(res))
-        return fail(c, PI2_EFORMAT, "resident", "expected an array, got %s", jtype(res));
-    size_t nr = json_array_size(res);
+    json_t *res;
+    size_t nr;
+    int rc = pi2_jr_arr(&c->r, root, "bundle", "resident", SIZE_MAX, &res, &nr);
+    if (rc)
+        return rc;
     if (nr + nf != m->n_sections)
         return fail(c, PI2_ESHAPE, "resident", "%zu entries, expected %zu (every section but the %zu ffn members)", nr,
                     m->n_sections >= nf ? m->n_sections - nf : 0, nf);
@@ -675,13 +559,14 @@ static int check_members(lctx *c, json_t *root, pi2_bundle_layout *l, const char
         snprintf(w, sizeof w, "resident[%zu]", i);
         json_t *s = json_array_get(res, i);
         if (!json_is_string(s) || strlen(json_string_value(s)) != json_string_length(s))
-            return fail(c, PI2_EFORMAT, w, "expected a member name string, got %s", jtype(s));
+            return fail(c, PI2_EFORMAT, w, "expected a member name string, got %s", pi2_json_type_name(s));
         const char *nm = json_string_value(s);
         while (si < m->n_sections && is_listed(names, nf, m->sections[si].name))
             si++;
         if (si >= m->n_sections || strcmp(m->sections[si].name, nm) != 0) {
             char buf[72];
-            return fail(c, PI2_EFORMAT, w, "\"%s\" is not the next non-FFN section (%s)", clean(nm, buf, sizeof buf),
+            return fail(c, PI2_EFORMAT, w, "\"%s\" is not the next non-FFN section (%s)",
+                        pi2_jr_clean(nm, buf, sizeof buf),
                         si < m->n_sections ? m->sections[si].name : "none left");
         }
         memcpy(l->resident[i], nm, strlen(nm) + 1);
@@ -691,74 +576,20 @@ static int check_members(lctx *c, json_t *root, pi2_bundle_layout *l, const char
     return 0;
 }
 
-static int parse_root(lctx *c, json_t *root, pi2_bundle_layout *l)
+/* The ffn entries: one per (layer, expert), in order; then the members
+ * they name against "resident" and the manifest's tensors. */
+static int parse_ffn_entries(lctx *c, json_t *root, pi2_bundle_layout *l)
 {
-    static const char *const keys[] = { "version", "io_unit", "align",    "row_bytes", "two_phase",
-                                        "hot_rule", "signer", "resident", "ffn" };
-    static const char *const hkeys[] = { "min_freq", "share" };
-    const pi2_manifest *m = c->mf;
-    const pi2_model_desc *d = &m->config;
-    long long v;
+    const pi2_model_desc *d = &c->mf->config;
     int rc;
-    if (!json_is_object(root))
-        return fail(c, PI2_EFORMAT, "", "expected an object, got %s", jtype(root));
-    if ((rc = CHECK_KEYS(c, root, "", keys)) || (rc = get_int(c, root, "", "version", INT64_MIN, INT64_MAX, &v)))
-        return rc;
-    if (v != PI2_BL_VERSION)
-        return fail(c, PI2_EUNSUPPORTED, "version", "%lld is not supported (this build reads %d)", v, PI2_BL_VERSION);
-    if ((rc = get_u32(c, root, "", "io_unit", PI2_BL_IO_MIN, PI2_BL_IO_MAX, &l->io_unit)))
-        return rc;
-    if (l->io_unit & (l->io_unit - 1))
-        return fail(c, PI2_ERANGE, "io_unit", "%u is not a power of two", l->io_unit);
-    if ((rc = get_int(c, root, "", "align", 0, INT32_MAX, &v)))
-        return rc;
-    if (v != PI2_BL_ALIGN)
-        return fail(c, PI2_EUNSUPPORTED, "align", "%lld (this build uses %u)", v, PI2_BL_ALIGN);
-    if ((rc = get_u64(c, root, "", "row_bytes", PI2_CTR_MAX_SIZE, &l->row_bytes)))
-        return rc;
-    if (m->quant_ffn != PI2_QT_Q4 && m->quant_ffn != PI2_QT_Q8)
-        return fail(c, PI2_EUNSUPPORTED, "row_bytes", "FFN quant %s cannot be bundled", pi2_q_type_name(m->quant_ffn));
-    uint64_t R = pi2_q_payload_row_bytes(m->quant_ffn, d->hidden);
-    if (l->row_bytes != R)
-        return fail(c, PI2_ESHAPE, "row_bytes", "%llu, expected %llu (%s rows of %d values)",
-                    (unsigned long long)l->row_bytes, (unsigned long long)R, pi2_q_type_name(m->quant_ffn), d->hidden);
-    json_t *tp = json_object_get(root, "two_phase");
-    if (!json_is_boolean(tp))
-        return fail(c, PI2_EFORMAT, "two_phase", "expected true or false, got %s", jtype(tp));
-    l->two_phase = json_is_true(tp);
-    if (l->two_phase != (d->act == PI2_ACT_DRELU))
-        return fail(c, PI2_EFORMAT, "two_phase", "%s for activation %s (two-phase is for drelu only)",
-                    l->two_phase ? "true" : "false", pi2_act_name(d->act));
-    json_t *hr = json_object_get(root, "hot_rule");
-    if (!json_is_object(hr))
-        return fail(c, PI2_EFORMAT, "hot_rule", "expected an object, got %s", jtype(hr));
-    if ((rc = CHECK_KEYS(c, hr, "hot_rule", hkeys)) ||
-        (rc = get_frac(c, hr, "hot_rule", "min_freq", &l->hot_min_freq)) ||
-        (rc = get_frac(c, hr, "hot_rule", "share", &l->hot_share)))
-        return rc;
-    if (isnan(l->hot_min_freq) == isnan(l->hot_share))
-        return fail(c, PI2_EFORMAT, "hot_rule", "exactly one of min_freq and share must be a number");
-    const char *signer;
-    if ((rc = get_string(c, root, "", "signer", PI2_SHA256_HEX_LEN, &signer)))
-        return rc;
-    if (*signer) {
-        size_t i = 0;
-        while ((signer[i] >= '0' && signer[i] <= '9') || (signer[i] >= 'a' && signer[i] <= 'f'))
-            i++;
-        if (i != 64 || signer[i])
-            return fail(c, PI2_EFORMAT, "signer", "expected \"\" or 64 lowercase hex digits");
-    }
-    memcpy(l->signer, signer, strlen(signer) + 1);
-
-    /* ffn entries: one per (layer, expert), in order */
-    json_t *arr = json_object_get(root, "ffn");
+    json_t *arr;
+    size_t na;
     int E = pi2_desc_is_moe(d) ? d->n_experts : 1;
     size_t nf = (size_t)d->n_layers * (size_t)E;
-    if (!json_is_array(arr))
-        return fail(c, PI2_EFORMAT, "ffn", "expected an array, got %s", jtype(arr));
-    if (json_array_size(arr) != nf)
-        return fail(c, PI2_ESHAPE, "ffn", "%zu entries, expected %zu (one per layer and expert)",
-                    json_array_size(arr), nf);
+    if ((rc = pi2_jr_arr(&c->r, root, "bundle", "ffn", SIZE_MAX, &arr, &na)))
+        return rc;
+    if (na != nf)
+        return fail(c, PI2_ESHAPE, "ffn", "%zu entries, expected %zu (one per layer and expert)", na, nf);
     if (!(l->ffn = calloc(nf ? nf : 1, sizeof *l->ffn)))
         return fail(c, PI2_ENOMEM, "ffn", "out of memory");
     for (size_t i = 0; i < nf; i++) {
@@ -772,6 +603,66 @@ static int parse_root(lctx *c, json_t *root, pi2_bundle_layout *l)
     rc = check_members(c, root, l, names);
     free(names);
     return rc ? rc : check_tensors(c, l);
+}
+
+static int parse_root(lctx *c, json_t *root, pi2_bundle_layout *l)
+{
+    static const char *const keys[] = { "version", "io_unit", "align",    "row_bytes", "two_phase",
+                                        "hot_rule", "signer", "resident", "ffn" };
+    static const char *const hkeys[] = { "min_freq", "share" };
+    const pi2_manifest *m = c->mf;
+    const pi2_model_desc *d = &m->config;
+    long long v;
+    int rc;
+    if (!json_is_object(root))
+        return fail(c, PI2_EFORMAT, "", "expected an object, got %s", pi2_json_type_name(root));
+    if ((rc = PI2_JR_KEYS(&c->r, root, "bundle", keys, false)) ||
+        (rc = pi2_jr_int(&c->r, root, "bundle", "version", INT64_MIN, INT64_MAX, &v)))
+        return rc;
+    if (v != PI2_BL_VERSION)
+        return fail(c, PI2_EUNSUPPORTED, "version", "%lld is not supported (this build reads %d)", v, PI2_BL_VERSION);
+    if ((rc = pi2_jr_u32(&c->r, root, "bundle", "io_unit", PI2_BL_IO_MIN, PI2_BL_IO_MAX, &l->io_unit)))
+        return rc;
+    if (l->io_unit & (l->io_unit - 1))
+        return fail(c, PI2_ERANGE, "io_unit", "%u is not a power of two", l->io_unit);
+    if ((rc = pi2_jr_int(&c->r, root, "bundle", "align", 0, INT32_MAX, &v)))
+        return rc;
+    if (v != PI2_BL_ALIGN)
+        return fail(c, PI2_EUNSUPPORTED, "align", "%lld (this build uses %u)", v, PI2_BL_ALIGN);
+    if ((rc = pi2_jr_u64(&c->r, root, "bundle", "row_bytes", PI2_CTR_MAX_SIZE, &l->row_bytes)))
+        return rc;
+    if (m->quant_ffn != PI2_QT_Q4 && m->quant_ffn != PI2_QT_Q8)
+        return fail(c, PI2_EUNSUPPORTED, "row_bytes", "FFN quant %s cannot be bundled", pi2_q_type_name(m->quant_ffn));
+    uint64_t R = pi2_q_payload_row_bytes(m->quant_ffn, d->hidden);
+    if (l->row_bytes != R)
+        return fail(c, PI2_ESHAPE, "row_bytes", "%llu, expected %llu (%s rows of %d values)",
+                    (unsigned long long)l->row_bytes, (unsigned long long)R, pi2_q_type_name(m->quant_ffn), d->hidden);
+    if ((rc = pi2_jr_bool(&c->r, root, "bundle", "two_phase", &l->two_phase)))
+        return rc;
+    if (l->two_phase != (d->act == PI2_ACT_DRELU))
+        return fail(c, PI2_EFORMAT, "two_phase", "%s for activation %s (two-phase is for drelu only)",
+                    l->two_phase ? "true" : "false", pi2_act_name(d->act));
+    json_t *hr;
+    if ((rc = pi2_jr_obj(&c->r, root, "bundle", "hot_rule", false, &hr)) ||
+        (rc = PI2_JR_KEYS(&c->r, hr, "bundle.hot_rule", hkeys, false)) ||
+        (rc = pi2_jr_real(&c->r, hr, "bundle.hot_rule", "min_freq", 0, 1, PI2_JR_NULLABLE, &l->hot_min_freq)) ||
+        (rc = pi2_jr_real(&c->r, hr, "bundle.hot_rule", "share", 0, 1, PI2_JR_NULLABLE, &l->hot_share)))
+        return rc;
+    if (isnan(l->hot_min_freq) == isnan(l->hot_share))
+        return fail(c, PI2_EFORMAT, "hot_rule", "exactly one of min_freq and share must be a number");
+    const char *signer;
+    if ((rc = pi2_jr_str(&c->r, root, "bundle", "signer", PI2_SHA256_HEX_LEN, &signer)))
+        return rc;
+    if (*signer) {
+        size_t i = 0;
+        while ((signer[i] >= '0' && signer[i] <= '9') || (signer[i] >= 'a' && signer[i] <= 'f'))
+            i++;
+        if (i != 64 || signer[i])
+            return fail(c, PI2_EFORMAT, "signer", "expected \"\" or 64 lowercase hex digits");
+    }
+    memcpy(l->signer, signer, strlen(signer) + 1);
+
+    return parse_ffn_entries(c, root, l);
 }
 
 int pi2_bundle_layout_parse(const pi2_manifest *mf, const char *name, pi2_bundle_layout **out, pi2_err *err)
@@ -792,9 +683,10 @@ int pi2_bundle_layout_parse(const pi2_manifest *mf, const char *name, pi2_bundle
     json_t *root = json_loadb(mf->bundle_json, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
         char buf[100];
-        return pi2_err_set(err, PI2_EFORMAT, "%.200s: bundle: not valid JSON: %s", name, clean(je.text, buf, sizeof buf));
+        return pi2_err_set(err, PI2_EFORMAT, "%.200s: bundle: not valid JSON: %s", name,
+                           pi2_jr_clean(je.text, buf, sizeof buf));
     }
-    lctx c = { .name = name, .err = err, .mf = mf, .n = mf->n_sections };
+    lctx c = { .r = { name, err }, .mf = mf, .n = mf->n_sections };
     pi2_bundle_layout *l = pi2_bl_new();
     c.by_name = pi2_malloc_array(mf->n_sections ? mf->n_sections : 1, sizeof *c.by_name);
     int rc = 0;

@@ -234,15 +234,6 @@ static int get_real(pi2_jr *r, json_t *o, const char *w, const char *key, double
     return pi2_jr_real(r, o, w, key, lo, hi, flags, out);
 }
 
-static int get_bool(pi2_jr *r, json_t *o, const char *key, bool dflt, bool *out)
-{
-    if (!get(o, key)) {
-        *out = dflt;
-        return 0;
-    }
-    return pi2_jr_bool(r, o, "", key, out);
-}
-
 static int get_string(pi2_jr *r, json_t *o, const char *key, const char **out)
 {
     if (!get(o, key))
@@ -250,44 +241,57 @@ static int get_string(pi2_jr *r, json_t *o, const char *key, const char **out)
     return pi2_jr_str(r, o, "", key, SIZE_MAX, out);
 }
 
-static int parse_eos(json_t *o, pi2_model_desc *d, const char *name, pi2_err *err)
+/* eos_token_id of o, present and not null: an integer or a list of at most
+ * PI2_MAX_EOS integers, each in [0, INT32_MAX], into ids[*n]. */
+static int eos_id_list(pi2_jr *r, json_t *o, int ids[PI2_MAX_EOS], int *n)
 {
-    json_t *v = json_object_get(o, "eos_token_id");
-    if (!v) { /* HF default */
+    json_t *v = json_object_get(o, "eos_token_id"), *arr = v;
+    size_t na = 1;
+    long long x;
+    int rc;
+    *n = 0;
+    if (json_is_integer(v)) {
+        if ((rc = pi2_jr_int(r, o, "", "eos_token_id", 0, INT32_MAX, &x)))
+            return rc;
+        ids[(*n)++] = (int)x;
+        return 0;
+    }
+    if (!json_is_array(v))
+        return pi2_jr_fail(r, PI2_EFORMAT, "", "eos_token_id", "expected an integer or a list of integers, got %s",
+                           pi2_json_type_name(v));
+    if ((rc = pi2_jr_arr(r, o, "", "eos_token_id", PI2_MAX_EOS, &arr, &na)))
+        return rc;
+    for (size_t i = 0; i < na; i++) {
+        char w[40];
+        snprintf(w, sizeof w, "eos_token_id[%zu]", i);
+        if ((rc = pi2_jr_int_val(r, json_array_get(arr, i), w, NULL, 0, INT32_MAX, &x)))
+            return rc;
+        ids[(*n)++] = (int)x;
+    }
+    return 0;
+}
+
+/* config.json's end-of-turn ids, without repeats; absent: HF's default 2,
+ * null: none. */
+static int parse_eos(pi2_jr *r, json_t *o, pi2_model_desc *d)
+{
+    int ids[PI2_MAX_EOS], n, rc;
+    d->n_eos = 0;
+    if (!json_object_get(o, "eos_token_id")) { /* HF default */
         d->n_eos = 1;
         d->eos_ids[0] = 2;
         return 0;
     }
-    d->n_eos = 0;
-    if (json_is_null(v))
+    if (!get(o, "eos_token_id"))
         return 0;
-    if (json_is_integer(v)) {
-        json_int_t x = json_integer_value(v);
-        if (x < 0 || x > 0x7fffffff)
-            return pi2_err_set(err, PI2_ERANGE, "%s: eos_token_id %lld out of range", name, (long long)x);
-        d->n_eos = 1;
-        d->eos_ids[0] = (int)x;
-        return 0;
-    }
-    if (!json_is_array(v))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: eos_token_id must be an integer or a list of integers", name);
-    size_t n = json_array_size(v);
-    if (n > PI2_MAX_EOS)
-        return pi2_err_set(err, PI2_ERANGE, "%s: eos_token_id has %zu values, at most %d supported", name, n,
-                           PI2_MAX_EOS);
-    for (size_t i = 0; i < n; i++) {
-        json_t *e = json_array_get(v, i);
-        if (!json_is_integer(e))
-            return pi2_err_set(err, PI2_EFORMAT, "%s: eos_token_id must be an integer or a list of integers",
-                               name);
-        json_int_t x = json_integer_value(e);
-        if (x < 0 || x > 0x7fffffff)
-            return pi2_err_set(err, PI2_ERANGE, "%s: eos_token_id %lld out of range", name, (long long)x);
+    if ((rc = eos_id_list(r, o, ids, &n)))
+        return rc;
+    for (int i = 0; i < n; i++) {
         bool seen = false;
         for (int k = 0; k < d->n_eos; k++)
-            seen = seen || d->eos_ids[k] == (int)x;
+            seen = seen || d->eos_ids[k] == ids[i];
         if (!seen)
-            d->eos_ids[d->n_eos++] = (int)x;
+            d->eos_ids[d->n_eos++] = ids[i];
     }
     return 0;
 }
@@ -351,7 +355,7 @@ static int parse_rope(pi2_jr *rd, json_t *root, pi2_model_desc *d)
 static int reject_true(pi2_jr *r, json_t *o, const char *key)
 {
     bool b = false;
-    int rc = get_bool(r, o, key, false, &b);
+    int rc = pi2_jr_bool_or(r, o, "", key, false, &b);
     if (rc)
         return rc;
     if (b)
@@ -359,18 +363,12 @@ static int reject_true(pi2_jr *r, json_t *o, const char *key)
     return 0;
 }
 
-static int parse_object(json_t *root, pi2_model_desc *out, const char *name, pi2_err *err)
+/* model_type and hidden_act (with FATReLU's threshold) into d. */
+static int parse_arch_act(pi2_jr *r, json_t *root, pi2_model_desc *d)
 {
-    pi2_model_desc d;
-    memset(&d, 0, sizeof d);
-    int rc;
     const char *s = NULL;
-
-    pi2_jr r = { name, err };
-    if (!json_is_object(root))
-        return pi2_jr_fail(&r, PI2_EFORMAT, "", NULL, "expected an object, got %s", pi2_json_type_name(root));
-
-    if ((rc = get_string(&r, root, "model_type", &s)))
+    int rc;
+    if ((rc = get_string(r, root, "model_type", &s)))
         return rc;
     size_t ai;
     for (ai = 0; ai < N_ARCH; ai++)
@@ -380,91 +378,108 @@ static int parse_object(json_t *root, pi2_model_desc *out, const char *name, pi2
         char known[160] = "";
         for (size_t k = 0; k < N_ARCH; k++)
             snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", k ? ", " : "", arch_table[k].type);
-        return pi2_jr_fail(&r, PI2_EUNSUPPORTED, "", "model_type", "\"%.64s\" is not supported (pi2 runs %s)", s,
+        return pi2_jr_fail(r, PI2_EUNSUPPORTED, "", "model_type", "\"%.64s\" is not supported (pi2 runs %s)", s,
                            known);
     }
-    d.arch = arch_table[ai].arch;
+    d->arch = arch_table[ai].arch;
 
-    if ((rc = get_string(&r, root, "hidden_act", &s)))
+    if ((rc = get_string(r, root, "hidden_act", &s)))
         return rc;
     bool silu = strcmp(s, "silu") == 0, relu = strcmp(s, "relu") == 0, fat = strcmp(s, "fatrelu") == 0;
     if (!silu && !relu && !fat)
-        return pi2_jr_fail(&r, PI2_EUNSUPPORTED, "", "hidden_act",
+        return pi2_jr_fail(r, PI2_EUNSUPPORTED, "", "hidden_act",
                            "\"%.64s\" is not supported (silu, relu or fatrelu)", s);
-    if (arch_is_drelu(d.arch)) {
+    if (arch_is_drelu(d->arch)) {
         if (!relu)
-            return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: model_type %s needs hidden_act relu, not \"%.64s\"",
-                               name, pi2_arch_name(d.arch), s);
-        d.act = PI2_ACT_DRELU;
+            return pi2_err_set(r->err, PI2_EUNSUPPORTED, "%s: model_type %s needs hidden_act relu, not \"%.64s\"",
+                               r->file, pi2_arch_name(d->arch), s);
+        d->act = PI2_ACT_DRELU;
     } else {
-        d.act = silu ? PI2_ACT_SILU : relu ? PI2_ACT_RELU : PI2_ACT_FATRELU;
+        d->act = silu ? PI2_ACT_SILU : relu ? PI2_ACT_RELU : PI2_ACT_FATRELU;
     }
-    if (fat) {
-        /* FATReLU's threshold: required, there is no default to assume. */
-        if (!get(root, "hidden_act_param"))
-            return pi2_jr_fail(&r, PI2_ENOTFOUND, "", "hidden_act_param",
-                               "required by hidden_act fatrelu (its threshold)");
-        if ((rc = pi2_jr_float(&r, root, "", "hidden_act_param", 0, FLT_MAX, &d.act_param)))
-            return rc;
-    }
+    if (!fat)
+        return 0;
+    /* FATReLU's threshold: required, there is no default to assume. */
+    if (!get(root, "hidden_act_param"))
+        return pi2_jr_fail(r, PI2_ENOTFOUND, "", "hidden_act_param", "required by hidden_act fatrelu (its threshold)");
+    return pi2_jr_float(r, root, "", "hidden_act_param", 0, FLT_MAX, &d->act_param);
+}
 
-    if ((rc = get_int(&r, root, "hidden_size", true, 0, &d.hidden)) ||
-        (rc = get_int(&r, root, "intermediate_size", true, 0, &d.n_ff)) ||
-        (rc = get_int(&r, root, "num_hidden_layers", true, 0, &d.n_layers)) ||
-        (rc = get_int(&r, root, "num_attention_heads", true, 0, &d.n_heads)) ||
-        (rc = get_int(&r, root, "vocab_size", true, 0, &d.vocab)) ||
-        (rc = get_int(&r, root, "max_position_embeddings", true, 0, &d.max_pos)) ||
-        (rc = get_int(&r, root, "num_key_value_heads", false, d.n_heads, &d.n_kv_heads)) ||
-        (rc = get_int(&r, root, "head_dim", false, 0, &d.head_dim)) ||
-        (rc = get_int(&r, root, "bos_token_id", false, 1, &d.bos_id)))
+/* The dimensions, bos and eos ids, and HF's default head_dim. */
+static int parse_dims(pi2_jr *r, json_t *root, pi2_model_desc *d)
+{
+    const char *name = r->file;
+    int rc;
+    if ((rc = get_int(r, root, "hidden_size", true, 0, &d->hidden)) ||
+        (rc = get_int(r, root, "intermediate_size", true, 0, &d->n_ff)) ||
+        (rc = get_int(r, root, "num_hidden_layers", true, 0, &d->n_layers)) ||
+        (rc = get_int(r, root, "num_attention_heads", true, 0, &d->n_heads)) ||
+        (rc = get_int(r, root, "vocab_size", true, 0, &d->vocab)) ||
+        (rc = get_int(r, root, "max_position_embeddings", true, 0, &d->max_pos)) ||
+        (rc = get_int(r, root, "num_key_value_heads", false, d->n_heads, &d->n_kv_heads)) ||
+        (rc = get_int(r, root, "head_dim", false, 0, &d->head_dim)) ||
+        (rc = get_int(r, root, "bos_token_id", false, 1, &d->bos_id)))
         return rc;
-    if (d.bos_id < 0)
-        return pi2_err_set(err, PI2_ERANGE, "%s: bos_token_id %d is negative", name, d.bos_id);
+    if (d->bos_id < 0)
+        return pi2_err_set(r->err, PI2_ERANGE, "%s: bos_token_id %d is negative", name, d->bos_id);
     if (json_object_get(root, "bos_token_id") && json_is_null(json_object_get(root, "bos_token_id")))
-        d.bos_id = -1;
-    if ((rc = parse_eos(root, &d, name, err)))
+        d->bos_id = -1;
+    if ((rc = parse_eos(r, root, d)))
         return rc;
+    if (get(root, "head_dim"))
+        return 0;
+    /* HF default head_dim = hidden / heads; needs exact division. */
+    if ((rc = check_range(name, "hidden_size", d->hidden, 1, PI2_CFG_MAX_DIM, r->err)) ||
+        (rc = check_range(name, "num_attention_heads", d->n_heads, 1, PI2_CFG_MAX_DIM, r->err)))
+        return rc;
+    if (d->hidden % d->n_heads != 0)
+        return pi2_err_set(r->err, PI2_EFORMAT, "%s: num_attention_heads %d does not divide hidden_size %d", name,
+                           d->n_heads, d->hidden);
+    d->head_dim = d->hidden / d->n_heads;
+    return 0;
+}
 
-    if (!get(root, "head_dim")) {
-        /* HF default head_dim = hidden / heads; needs exact division. */
-        if ((rc = check_range(name, "hidden_size", d.hidden, 1, PI2_CFG_MAX_DIM, err)) ||
-            (rc = check_range(name, "num_attention_heads", d.n_heads, 1, PI2_CFG_MAX_DIM, err)))
+/* The experts of a MoE type; a dense type may carry the keys (some
+ * exporters copy them): one expert is the dense model, more would be
+ * silently dropped. */
+static int parse_experts(pi2_jr *r, json_t *root, pi2_model_desc *d)
+{
+    int rc;
+    if (arch_is_moe(d->arch)) {
+        if ((rc = get_int(r, root, "num_local_experts", true, 0, &d->n_experts)) ||
+            (rc = get_int(r, root, "num_experts_per_tok", true, 0, &d->n_experts_used)))
             return rc;
-        if (d.hidden % d.n_heads != 0)
-            return pi2_err_set(err, PI2_EFORMAT, "%s: num_attention_heads %d does not divide hidden_size %d", name,
-                               d.n_heads, d.hidden);
-        d.head_dim = d.hidden / d.n_heads;
+        return 0;
     }
+    int ne = 0;
+    if ((rc = get_int(r, root, "num_local_experts", false, 0, &ne)))
+        return rc;
+    if (ne > 1)
+        return pi2_err_set(r->err, PI2_EUNSUPPORTED, "%s: num_local_experts %d given for dense model_type %s", r->file,
+                           ne, pi2_arch_name(d->arch));
+    return 0;
+}
 
+static int parse_object(json_t *root, pi2_model_desc *out, const char *name, pi2_err *err)
+{
+    pi2_model_desc d;
+    memset(&d, 0, sizeof d);
+    int rc;
+    pi2_jr r = { name, err };
+    if (!json_is_object(root))
+        return pi2_jr_fail(&r, PI2_EFORMAT, "", NULL, "expected an object, got %s", pi2_json_type_name(root));
+    if ((rc = parse_arch_act(&r, root, &d)) || (rc = parse_dims(&r, root, &d)))
+        return rc;
     double theta = 0, eps = 0;
     if ((rc = get_real(&r, root, "", "rope_theta", 10000.0, -DBL_MAX, DBL_MAX, 0, &theta)) ||
         (rc = get_real(&r, root, "", "rms_norm_eps", 1e-6, 0, 1, PI2_JR_LO_OPEN | PI2_JR_HI_OPEN, &eps)) ||
-        (rc = get_bool(&r, root, "tie_word_embeddings", false, &d.tie_embeddings)))
+        (rc = pi2_jr_bool_or(&r, root, "", "tie_word_embeddings", false, &d.tie_embeddings)))
         return rc;
     d.rope_theta = theta;
     d.rms_eps = (float)eps;
-
-    if ((rc = parse_rope(&r, root, &d)))
-        return rc;
-    if ((rc = reject_true(&r, root, "attention_bias")) || (rc = reject_true(&r, root, "mlp_bias")))
-        return rc;
-
-    if (arch_is_moe(d.arch)) {
-        if ((rc = get_int(&r, root, "num_local_experts", true, 0, &d.n_experts)) ||
-            (rc = get_int(&r, root, "num_experts_per_tok", true, 0, &d.n_experts_used)))
-            return rc;
-    } else {
-        /* A dense type may carry the keys (some exporters copy them); one
-         * expert is the dense model, more would be silently dropped. */
-        int ne = 0;
-        if ((rc = get_int(&r, root, "num_local_experts", false, 0, &ne)))
-            return rc;
-        if (ne > 1)
-            return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: num_local_experts %d given for dense model_type %s",
-                               name, ne, pi2_arch_name(d.arch));
-    }
-
-    if ((rc = pi2_config_validate(&d, name, err)))
+    if ((rc = parse_rope(&r, root, &d)) || (rc = reject_true(&r, root, "attention_bias")) ||
+        (rc = reject_true(&r, root, "mlp_bias")) || (rc = parse_experts(&r, root, &d)) ||
+        (rc = pi2_config_validate(&d, name, err)))
         return rc;
     *out = d;
     return 0;
@@ -567,20 +582,11 @@ int pi2_config_merge_eos(const char *dir, const pi2_tok *tok, pi2_model_desc *d,
     if (rc)
         return rc;
     if (o) {
-        json_t *v = get(o, "eos_token_id");
-        if (v && json_is_integer(v)) {
-            rc = add_eos(&m, (long long)json_integer_value(v), path, "eos_token_id", err);
-        } else if (v && json_is_array(v)) {
-            for (size_t i = 0; i < json_array_size(v) && !rc; i++) {
-                json_t *e = json_array_get(v, i);
-                rc = json_is_integer(e) ? add_eos(&m, (long long)json_integer_value(e), path, "eos_token_id", err)
-                                        : pi2_err_set(err, PI2_EFORMAT,
-                                                      "%s: eos_token_id must be an integer or a list of integers",
-                                                      path);
-            }
-        } else if (v) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: eos_token_id must be an integer or a list of integers", path);
-        }
+        int ids[PI2_MAX_EOS], n = 0;
+        if (get(o, "eos_token_id"))
+            rc = eos_id_list(&(pi2_jr){path, err}, o, ids, &n);
+        for (int i = 0; rc == 0 && i < n; i++)
+            rc = add_eos(&m, ids[i], path, "eos_token_id", err);
         json_decref(o);
         if (rc)
             return rc;

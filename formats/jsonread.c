@@ -103,12 +103,11 @@ int pi2_jr_arr(const pi2_jr *r, json_t *o, const char *w, const char *k, size_t 
     return 0;
 }
 
-int pi2_jr_int(const pi2_jr *r, json_t *o, const char *w, const char *k, long long lo, long long hi, long long *out)
+int pi2_jr_int_val(const pi2_jr *r, json_t *v, const char *w, const char *k, long long lo, long long hi,
+                   long long *out)
 {
-    json_t *v;
-    int rc = pi2_jr_need(r, o, w, k, &v);
-    if (rc)
-        return rc;
+    if (!v)
+        return pi2_jr_fail(r, PI2_ENOTFOUND, w, k, "required key is missing");
     if (!json_is_integer(v))
         return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected an integer, got %s", pi2_json_type_name(v));
     long long x = json_integer_value(v);
@@ -121,12 +120,26 @@ int pi2_jr_int(const pi2_jr *r, json_t *o, const char *w, const char *k, long lo
     return 0;
 }
 
+int pi2_jr_int(const pi2_jr *r, json_t *o, const char *w, const char *k, long long lo, long long hi, long long *out)
+{
+    return pi2_jr_int_val(r, json_object_get(o, k), w, k, lo, hi, out);
+}
+
 int pi2_jr_i32(const pi2_jr *r, json_t *o, const char *w, const char *k, long long lo, long long hi, int *out)
 {
     long long x;
     int rc = pi2_jr_int(r, o, w, k, lo, hi, &x);
     if (rc == 0)
         *out = (int)x;
+    return rc;
+}
+
+int pi2_jr_u32(const pi2_jr *r, json_t *o, const char *w, const char *k, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    long long x;
+    int rc = pi2_jr_int(r, o, w, k, lo, hi, &x);
+    if (rc == 0)
+        *out = (uint32_t)x;
     return rc;
 }
 
@@ -191,6 +204,16 @@ int pi2_jr_bool(const pi2_jr *r, json_t *o, const char *w, const char *k, bool *
         return pi2_jr_fail(r, PI2_EFORMAT, w, k, "expected true or false, got %s", pi2_json_type_name(v));
     *out = json_is_true(v);
     return 0;
+}
+
+int pi2_jr_bool_or(const pi2_jr *r, json_t *o, const char *w, const char *k, bool def, bool *out)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    return pi2_jr_bool(r, o, w, k, out);
 }
 
 int pi2_jr_str(const pi2_jr *r, json_t *o, const char *w, const char *k, size_t cap, const char **out)

@@ -1,6 +1,7 @@
 /* pi2 strict JSON reader: reads one member of a parsed jansson object with
- * its type and range checked, for every JSON file pi2 reads (manifest.json,
- * hardware profiles, HF config.json, tokenizer files).
+ * its type and range checked, for every JSON file pi2 reads (manifest.json
+ * and its bundle object, hardware profiles, plans and calibrations, HF
+ * config.json, tokenizer.json, safetensors headers).
  *
  * Every failure sets one line in r->err and returns its code:
  *
@@ -63,9 +64,14 @@ int pi2_jr_elem_obj(const pi2_jr *r, json_t *arr, size_t i, const char *w, json_
 int pi2_jr_arr(const pi2_jr *r, json_t *o, const char *w, const char *k, size_t max, json_t **out, size_t *n);
 
 /* An integer in [lo, hi]; the message shows "(must be >= lo)" when hi is
- * INT64_MAX. The i32 and u64 forms narrow a range that fits them. */
+ * INT64_MAX. The i32, u32 and u64 forms narrow a range that fits them.
+ * pi2_jr_int_val checks a value already fetched (v NULL when missing), e.g.
+ * an array element or an object member met while iterating. */
 int pi2_jr_int(const pi2_jr *r, json_t *o, const char *w, const char *k, long long lo, long long hi, long long *out);
+int pi2_jr_int_val(const pi2_jr *r, json_t *v, const char *w, const char *k, long long lo, long long hi,
+                   long long *out);
 int pi2_jr_i32(const pi2_jr *r, json_t *o, const char *w, const char *k, long long lo, long long hi, int *out);
+int pi2_jr_u32(const pi2_jr *r, json_t *o, const char *w, const char *k, uint32_t lo, uint32_t hi, uint32_t *out);
 int pi2_jr_u64(const pi2_jr *r, json_t *o, const char *w, const char *k, long long hi, uint64_t *out);
 
 /* Flags of pi2_jr_real. */
@@ -88,8 +94,9 @@ int pi2_jr_real_val(const pi2_jr *r, json_t *v, const char *w, const char *k, do
 /* A number in the closed [lo, hi] (within the float range), as a float. */
 int pi2_jr_float(const pi2_jr *r, json_t *o, const char *w, const char *k, double lo, double hi, float *out);
 
-/* true or false. */
+/* true or false. pi2_jr_bool_or reads an absent member or JSON null as def. */
 int pi2_jr_bool(const pi2_jr *r, json_t *o, const char *w, const char *k, bool *out);
+int pi2_jr_bool_or(const pi2_jr *r, json_t *o, const char *w, const char *k, bool def, bool *out);
 
 /* A string shorter than cap bytes, without NUL bytes. */
 int pi2_jr_str(const pi2_jr *r, json_t *o, const char *w, const char *k, size_t cap, const char **out);

@@ -399,17 +399,14 @@ static int parse_sections(pctx *c, json_t *root)
 
 /* ---- tensors ---- */
 
-static int parse_tensor(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
+/* name, role, layer and expert: who the tensor is. */
+static int tensor_ident(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
 {
-    static const char *const keys[] = { "name",  "layer", "expert",     "role",    "qtype",
-                                         "rows",  "cols",  "transposed", "payload", "scales" };
-    static const char *const qnames[] = { "f32", "q8", "q4" };
-    const pi2_manifest *m = c->m;
-    const pi2_model_desc *d = &m->config;
+    const pi2_model_desc *d = &c->m->config;
     bool moe = pi2_desc_is_moe(d);
     const char *name;
-    int role, qt, rc;
-    if ((rc = PI2_JR_KEYS(&c->r, e, w, keys, false)) || (rc = pi2_jr_str(&c->r, e, w, "name", PI2_MF_TNAME_MAX, &name)))
+    int role, rc;
+    if ((rc = pi2_jr_str(&c->r, e, w, "name", PI2_MF_TNAME_MAX, &name)))
         return rc;
     if (!*name)
         return fail(c, PI2_EFORMAT, w, "name", "empty tensor name");
@@ -436,7 +433,16 @@ static int parse_tensor(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
         return fail(c, PI2_ERANGE, w, "expert", "must be -1 for role %s", role_names[role]);
     if (t->role == PI2_T_ROUTER && !moe)
         return fail(c, PI2_EFORMAT, w, "role", "router on a dense model");
+    return 0;
+}
 
+/* qtype, rows, cols and transposed: how it is stored, against the config. */
+static int tensor_shape(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
+{
+    static const char *const qnames[] = { "f32", "q8", "q4" };
+    const pi2_manifest *m = c->m;
+    const char *role = role_names[t->role];
+    int qt, rc;
     if ((rc = pi2_jr_enum(&c->r, e, w, "qtype", qnames, 3, "f32, q8 or q4", &qt)))
         return rc;
     t->qtype = (pi2_qtype)qt;
@@ -456,7 +462,7 @@ static int parse_tensor(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
     if (t->transposed && role_is_norm(t->role))
         return fail(c, PI2_EFORMAT, w, "transposed", "a norm vector cannot be transposed");
     int64_t R, C;
-    logical_shape(d, t->role, &R, &C);
+    logical_shape(&m->config, t->role, &R, &C);
     if (t->transposed) {
         int64_t tmp = R;
         R = C;
@@ -465,32 +471,50 @@ static int parse_tensor(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
     if (t->rows != R || t->cols != C)
         return fail(c, PI2_ESHAPE, w, t->rows != R ? "rows" : "cols",
                     "stored shape [%lld, %lld] does not match the config: role %s%s is [%lld, %lld]", rows, cols,
-                    role_names[role], t->transposed ? " (transposed)" : "", (long long)R, (long long)C);
+                    role, t->transposed ? " (transposed)" : "", (long long)R, (long long)C);
     if (pi2_q_check_cols(t->qtype, t->cols, "tensor", NULL) != 0)
         return fail(c, PI2_ESHAPE, w, "cols", "%lld columns cannot be stored as %s (groups of %d)", cols,
                     qnames[qt], PI2_Q_GROUP);
+    return 0;
+}
 
+/* payload and scales: the members holding it, sized for its shape. */
+static int tensor_members(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
+{
+    const char *qn = pi2_q_type_name(t->qtype);
     const pi2_ctr_section *ps, *ss;
+    int rc;
     if ((rc = get_member(c, e, w, "payload", false, true, t->payload, &ps)) ||
         (rc = get_member(c, e, w, "scales", true, true, t->scales, &ss)))
         return rc;
     if (t->qtype == PI2_QT_F32 && t->scales[0])
         return fail(c, PI2_EFORMAT, w, "scales", "must be \"\" for an f32 tensor");
     if (t->qtype != PI2_QT_F32 && !t->scales[0])
-        return fail(c, PI2_EFORMAT, w, "scales", "a %s tensor needs a scales member", qnames[qt]);
-    if (m->kind == PI2_MF_CONVERTED) {
-        size_t pb, sb;
-        /* rows, cols < 2^31 and a row is at most 4 bytes per value: no overflow in 64 bits. */
-        pb = (size_t)t->rows * pi2_q_payload_row_bytes(t->qtype, t->cols);
-        sb = (size_t)t->rows * pi2_q_scale_row_count(t->qtype, t->cols) * 2;
-        if (ps->size != pb)
-            return fail(c, PI2_ESHAPE, w, "payload", "member \"%s\" holds %llu bytes, expected %zu for %s [%lld, %lld]",
-                        ps->name, (unsigned long long)ps->size, pb, qnames[qt], rows, cols);
-        if (ss && ss->size != sb)
-            return fail(c, PI2_ESHAPE, w, "scales", "member \"%s\" holds %llu bytes, expected %zu for %s [%lld, %lld]",
-                        ss->name, (unsigned long long)ss->size, sb, qnames[qt], rows, cols);
-    }
+        return fail(c, PI2_EFORMAT, w, "scales", "a %s tensor needs a scales member", qn);
+    if (c->m->kind != PI2_MF_CONVERTED)
+        return 0;
+    long long rows = t->rows, cols = t->cols;
+    /* rows, cols < 2^31 and a row is at most 4 bytes per value: no overflow in 64 bits. */
+    size_t pb = (size_t)t->rows * pi2_q_payload_row_bytes(t->qtype, t->cols);
+    size_t sb = (size_t)t->rows * pi2_q_scale_row_count(t->qtype, t->cols) * 2;
+    if (ps->size != pb)
+        return fail(c, PI2_ESHAPE, w, "payload", "member \"%s\" holds %llu bytes, expected %zu for %s [%lld, %lld]",
+                    ps->name, (unsigned long long)ps->size, pb, qn, rows, cols);
+    if (ss && ss->size != sb)
+        return fail(c, PI2_ESHAPE, w, "scales", "member \"%s\" holds %llu bytes, expected %zu for %s [%lld, %lld]",
+                    ss->name, (unsigned long long)ss->size, sb, qn, rows, cols);
     return 0;
+}
+
+static int parse_tensor(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
+{
+    static const char *const keys[] = { "name",  "layer", "expert",     "role",    "qtype",
+                                         "rows",  "cols",  "transposed", "payload", "scales" };
+    int rc;
+    if ((rc = PI2_JR_KEYS(&c->r, e, w, keys, false)) || (rc = tensor_ident(c, e, w, t)) ||
+        (rc = tensor_shape(c, e, w, t)))
+        return rc;
+    return tensor_members(c, e, w, t);
 }
 
 static int cmp_tensor_name(const void *a, const void *b)
@@ -835,16 +859,79 @@ static int parse_quality(pctx *c, json_t *root)
     return 0;
 }
 
+/* "config" through the one config.json reader, and torch_dtype. */
+static int parse_config(pctx *c, json_t *root)
+{
+    static const char *const dtypes[] = { "float32", "float16", "bfloat16" };
+    pi2_manifest *m = c->m;
+    json_t *cfg;
+    int rc, ival;
+    if ((rc = pi2_jr_obj(&c->r, root, "", "config", false, &cfg)))
+        return rc;
+    char *ctext = json_dumps(cfg, JSON_COMPACT);
+    if (!ctext)
+        return fail(c, PI2_ENOMEM, "", "config", "out of memory");
+    char cname[200];
+    snprintf(cname, sizeof cname, "%.160s: config", c->r.file);
+    rc = pi2_config_parse(ctext, strlen(ctext), cname, &m->config, c->r.err);
+    free(ctext);
+    if (rc)
+        return rc;
+    if ((rc = pi2_jr_enum(&c->r, root, "", "torch_dtype", dtypes, 3, "float32, float16 or bfloat16", &ival)))
+        return rc;
+    snprintf(m->torch_dtype, sizeof m->torch_dtype, "%s", dtypes[ival]);
+    return 0;
+}
+
+/* "quant": the FFN and other types, the group and the scale type. */
+static int parse_quant(pctx *c, json_t *root)
+{
+    static const char *const qkeys[] = { "ffn", "other", "group", "scales" };
+    static const char *const qnames[] = { NULL, "q8", "q4" }; /* indexed by pi2_qtype; f32 not allowed */
+    static const char *const scales[] = { "f16" };
+    pi2_manifest *m = c->m;
+    json_t *q;
+    long long group;
+    const char *qw = "quant";
+    int rc, ival;
+    if ((rc = pi2_jr_obj(&c->r, root, "", "quant", false, &q)) || (rc = PI2_JR_KEYS(&c->r, q, qw, qkeys, false)) ||
+        (rc = pi2_jr_enum(&c->r, q, qw, "ffn", qnames, 3, "q4 or q8", &ival)))
+        return rc;
+    m->quant_ffn = (pi2_qtype)ival;
+    if ((rc = pi2_jr_enum(&c->r, q, qw, "other", qnames, 3, "q8 or q4", &ival)))
+        return rc;
+    m->quant_other = (pi2_qtype)ival;
+    if ((rc = pi2_jr_int(&c->r, q, qw, "group", INT64_MIN, INT64_MAX, &group)))
+        return rc;
+    if (group != PI2_Q_GROUP)
+        return fail(c, PI2_EUNSUPPORTED, qw, "group", "%lld is not supported (this build uses %d)", group, PI2_Q_GROUP);
+    return pi2_jr_enum(&c->r, q, qw, "scales", scales, 1, "f16", &ival);
+}
+
+/* "bundle": null for kind converted, an object (kept as text for
+ * bundle/layout) for kind bundled. */
+static int parse_bundle_obj(pctx *c, json_t *root)
+{
+    pi2_manifest *m = c->m;
+    json_t *b;
+    int rc;
+    if ((rc = pi2_jr_obj(&c->r, root, "", "bundle", true, &b)))
+        return rc;
+    if (b && m->kind == PI2_MF_CONVERTED)
+        return fail(c, PI2_EFORMAT, "", "bundle", "must be null for kind converted");
+    if (!b && m->kind == PI2_MF_BUNDLED)
+        return fail(c, PI2_EFORMAT, "", "bundle", "required (an object) for kind bundled");
+    if (b && !(m->bundle_json = json_dumps(b, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17))))
+        return fail(c, PI2_ENOMEM, "", "bundle", "out of memory");
+    return 0;
+}
+
 static int parse_root(pctx *c, json_t *root)
 {
     static const char *const keys[] = { "format",   "version",   "kind",    "created_by", "source",
                                         "config",   "torch_dtype", "quant", "tokenizer",  "tensors",
                                         "sparsity", "profile",   "quality", "bundle",     "sections" };
     static const char *const kinds[] = { "converted", "bundled" };
-    static const char *const dtypes[] = { "float32", "float16", "bfloat16" };
-    static const char *const qkeys[] = { "ffn", "other", "group", "scales" };
-    static const char *const qnames[] = { NULL, "q8", "q4" }; /* indexed by pi2_qtype; f32 not allowed */
-    static const char *const scales[] = { "f16" };
     pi2_manifest *m = c->m;
     int rc, ival;
     long long version;
@@ -865,60 +952,13 @@ static int parse_root(pctx *c, json_t *root)
         return rc;
     m->kind = (pi2_mf_kind)ival;
     if ((rc = pi2_jr_text(&c->r, root, "", "created_by", m->created_by, sizeof m->created_by)) ||
-        (rc = pi2_jr_text(&c->r, root, "", "source", m->source, sizeof m->source)))
-        return rc;
-
-    /* The config goes through the one config.json reader. */
-    json_t *cfg;
-    if ((rc = pi2_jr_obj(&c->r, root, "", "config", false, &cfg)))
-        return rc;
-    char *ctext = json_dumps(cfg, JSON_COMPACT);
-    if (!ctext)
-        return fail(c, PI2_ENOMEM, "", "config", "out of memory");
-    char cname[200];
-    snprintf(cname, sizeof cname, "%.160s: config", c->r.file);
-    rc = pi2_config_parse(ctext, strlen(ctext), cname, &m->config, c->r.err);
-    free(ctext);
-    if (rc)
-        return rc;
-
-    if ((rc = pi2_jr_enum(&c->r, root, "", "torch_dtype", dtypes, 3, "float32, float16 or bfloat16", &ival)))
-        return rc;
-    snprintf(m->torch_dtype, sizeof m->torch_dtype, "%s", dtypes[ival]);
-
-    json_t *q;
-    long long group;
-    const char *qw = "quant";
-    if ((rc = pi2_jr_obj(&c->r, root, "", "quant", false, &q)) || (rc = PI2_JR_KEYS(&c->r, q, qw, qkeys, false)) ||
-        (rc = pi2_jr_enum(&c->r, q, qw, "ffn", qnames, 3, "q4 or q8", &ival)))
-        return rc;
-    m->quant_ffn = (pi2_qtype)ival;
-    if ((rc = pi2_jr_enum(&c->r, q, qw, "other", qnames, 3, "q8 or q4", &ival)))
-        return rc;
-    m->quant_other = (pi2_qtype)ival;
-    if ((rc = pi2_jr_int(&c->r, q, qw, "group", INT64_MIN, INT64_MAX, &group)))
-        return rc;
-    if (group != PI2_Q_GROUP)
-        return fail(c, PI2_EUNSUPPORTED, qw, "group", "%lld is not supported (this build uses %d)", group, PI2_Q_GROUP);
-    if ((rc = pi2_jr_enum(&c->r, q, qw, "scales", scales, 1, "f16", &ival)))
-        return rc;
-
-    if ((rc = parse_sections(c, root)) ||
+        (rc = pi2_jr_text(&c->r, root, "", "source", m->source, sizeof m->source)) ||
+        (rc = parse_config(c, root)) || (rc = parse_quant(c, root)) || (rc = parse_sections(c, root)) ||
         (rc = get_member(c, root, "", "tokenizer", false, true, m->tokenizer, NULL)) ||
         (rc = parse_tensors(c, root)) || (rc = parse_sparsity(c, root)) || (rc = parse_profile(c, root)) ||
         (rc = parse_quality(c, root)))
         return rc;
-
-    json_t *b;
-    if ((rc = pi2_jr_obj(&c->r, root, "", "bundle", true, &b)))
-        return rc;
-    if (b && m->kind == PI2_MF_CONVERTED)
-        return fail(c, PI2_EFORMAT, "", "bundle", "must be null for kind converted");
-    if (!b && m->kind == PI2_MF_BUNDLED)
-        return fail(c, PI2_EFORMAT, "", "bundle", "required (an object) for kind bundled");
-    if (b && !(m->bundle_json = json_dumps(b, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17))))
-        return fail(c, PI2_ENOMEM, "", "bundle", "out of memory");
-    return 0;
+    return parse_bundle_obj(c, root);
 }
 
 int pi2_manifest_parse(const char *text, size_t len, const char *name, pi2_manifest **out, pi2_err *err)

@@ -21,6 +21,7 @@
  * only ever holds a complete file.
  */
 #include "formats/safetensors.h"
+#include "formats/jsonread.h"
 #include "formats/torchzip.h"
 
 #include <sys/mman.h>
@@ -128,12 +129,17 @@ static int entry_cmp(const void *pa, const void *pb)
     return strcmp(a->name, b->name);
 }
 
-static int get_u64(json_t *v, uint64_t *out)
+/* Element i of array arr, an integer >= 0; where "tensor 'a': shape[1]". */
+static int get_index(const char *path, const char *name, json_t *arr, const char *key, size_t i, uint64_t *out,
+                     pi2_err *err)
 {
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
-        return -1;
-    *out = (uint64_t)json_integer_value(v);
-    return 0;
+    char where[sizeof(shown) + 48];
+    snprintf(where, sizeof where, "tensor '%s': %s[%zu]", show(name).s, key, i);
+    long long x;
+    int rc = pi2_jr_int_val(&(pi2_jr){path, err}, json_array_get(arr, i), where, NULL, 0, INT64_MAX, &x);
+    if (rc == 0)
+        *out = (uint64_t)x;
+    return rc;
 }
 
 /* Validate one header entry on its own (everything but the tiling). */
@@ -161,9 +167,9 @@ static int parse_entry(const char *path, const char *name, json_t *v, size_t dle
     size_t nelem = 1;
     for (size_t i = 0; i < nd; i++) {
         uint64_t d;
-        if (get_u64(json_array_get(jsh, i), &d) != 0)
-            return pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s': dim %zu is not a non-negative integer", path,
-                               show(name).s, i);
+        int rc = get_index(path, name, jsh, "shape", i, &d, err);
+        if (rc)
+            return rc;
         e->shape[i] = (int64_t)d;
         if (d > SIZE_MAX || !pi2_mul_size(nelem, (size_t)d, &nelem))
             return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': element count overflows", path, show(name).s);
@@ -171,10 +177,14 @@ static int parse_entry(const char *path, const char *name, json_t *v, size_t dle
     e->nelem = nelem;
     if (!pi2_mul_size(nelem, pi2_dtype_size(e->dt), &e->nbytes))
         return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': byte size overflows", path, show(name).s);
-    if (!json_is_array(joff) || json_array_size(joff) != 2 || get_u64(json_array_get(joff, 0), &e->begin) != 0 ||
-        get_u64(json_array_get(joff, 1), &e->end) != 0)
+    if (!json_is_array(joff) || json_array_size(joff) != 2)
         return pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s': %s", path, show(name).s,
                            joff ? "data_offsets is not [begin, end] of non-negative integers" : "missing data_offsets");
+    int rc = get_index(path, name, joff, "data_offsets", 0, &e->begin, err);
+    if (rc == 0)
+        rc = get_index(path, name, joff, "data_offsets", 1, &e->end, err);
+    if (rc)
+        return rc;
     if (e->begin > e->end)
         return pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s': data_offsets begin %llu > end %llu", path, show(name).s,
                            (unsigned long long)e->begin, (unsigned long long)e->end);

@@ -1,6 +1,7 @@
 /* Tokenizer: loading a Hugging Face tokenizer.json (model vocab and merges,
  * added tokens, normalizer / pre-tokenizer / decoder steps, bos and eos). */
 #include "formats/tokenizer_internal.h"
+#include "formats/jsonread.h"
 #include "formats/jsonutil.h"
 
 #include <jansson.h>
@@ -48,8 +49,6 @@ static char *memdup0(const char *s, size_t n)
     return d;
 }
 
-static const char *jtype(const json_t *j) { return pi2_json_type_name(j); }
-
 static int load_oom(const pi2_tok *t, pi2_err *err)
 {
     return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
@@ -66,167 +65,114 @@ static int piece_store(pi2_tok *t, sbuf *arena, size_t id, const char *s, size_t
     return 0;
 }
 
-/* Optional boolean member: absent or null -> def. */
-static int get_bool(const pi2_tok *t, json_t *obj, const char *key, bool def, bool *out, const char *where,
-                    pi2_err *err)
+/* String member k of o (at most TOK_MAX_PIECE bytes) copied into *out. */
+static int get_str(const pi2_tok *t, json_t *o, const char *w, const char *k, char **out, size_t *len, pi2_err *err)
 {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) {
-        *out = def;
-        return 0;
-    }
-    if (!json_is_boolean(v))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %s \"%s\" must be a boolean, not %s", t->name, where, key,
-                           jtype(v));
-    *out = json_is_true(v);
-    return 0;
+    const char *s;
+    int rc = pi2_jr_str(&(pi2_jr){t->name, err}, o, w, k, TOK_MAX_PIECE + 1, &s);
+    if (rc)
+        return rc;
+    *len = strlen(s);
+    *out = memdup0(s, *len);
+    return *out ? 0 : load_oom(t, err);
 }
 
-/* Required string member (copied). */
-static int get_str(const pi2_tok *t, json_t *obj, const char *key, char **out, size_t *len, const char *where,
-                   pi2_err *err)
-{
-    json_t *v = json_object_get(obj, key);
-    if (!v || !json_is_string(v))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %s needs a string \"%s\"%s%s", t->name, where, key,
-                           v ? ", not " : "", v ? jtype(v) : "");
-    size_t n = json_string_length(v);
-    if (n > TOK_MAX_PIECE)
-        return pi2_err_set(err, PI2_ERANGE, "%s: %s \"%s\" is longer than %u bytes", t->name, where, key,
-                           TOK_MAX_PIECE);
-    *out = memdup0(json_string_value(v), n);
-    if (!*out)
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", t->name);
-    *len = n;
-    return 0;
-}
-
-static int get_char(const pi2_tok *t, json_t *obj, const char *key, char **out, size_t *len, const char *where,
+/* A string member of exactly one character, copied. */
+static int get_char(const pi2_tok *t, json_t *o, const char *w, const char *k, char **out, size_t *len,
                     pi2_err *err)
 {
-    int rc = get_str(t, obj, key, out, len, where, err);
+    int rc = get_str(t, o, w, k, out, len, err);
     if (rc)
         return rc;
     if (!utf8_one_char(*out, *len)) {
         free(*out);
         *out = NULL;
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %s \"%s\" must be exactly one character", t->name, where, key);
+        return pi2_jr_fail(&(pi2_jr){t->name, err}, PI2_EFORMAT, w, k, "must be exactly one character");
     }
     return 0;
 }
 
-static int get_scheme(const pi2_tok *t, json_t *obj, int *scheme, const char *where, pi2_err *err)
+/* Metaspace's prepend_scheme, or for files from before it add_prefix_space
+ * alone. */
+static int get_scheme(const pi2_jr *r, json_t *o, const char *w, int *scheme)
 {
-    json_t *ps = json_object_get(obj, "prepend_scheme");
-    json_t *aps = json_object_get(obj, "add_prefix_space");
-    if (aps && !json_is_null(aps) && !json_is_boolean(aps))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %s \"add_prefix_space\" must be a boolean", t->name, where);
-    if (ps && !json_is_null(ps)) {
-        const char *s = json_string_value(ps);
-        if (!s)
-            return pi2_err_set(err, PI2_EFORMAT, "%s: %s \"prepend_scheme\" must be a string", t->name, where);
-        if (!strcmp(s, "always"))
-            *scheme = SCHEME_ALWAYS;
-        else if (!strcmp(s, "first"))
-            *scheme = SCHEME_FIRST;
-        else if (!strcmp(s, "never"))
-            *scheme = SCHEME_NEVER;
-        else
-            return pi2_err_set(err, PI2_EFORMAT, "%s: %s has unknown prepend_scheme \"%s\"", t->name, where, SHOWZ(s));
-        if (json_is_false(aps) && *scheme != SCHEME_NEVER)
-            return pi2_err_set(err, PI2_EFORMAT, "%s: %s add_prefix_space does not match declared prepend_scheme",
-                               t->name, where);
-    } else {
-        /* Files from before prepend_scheme: add_prefix_space alone decides. */
-        *scheme = json_is_false(aps) ? SCHEME_NEVER : SCHEME_ALWAYS;
+    static const char *const names[] = {[SCHEME_ALWAYS] = "always", [SCHEME_FIRST] = "first",
+                                        [SCHEME_NEVER] = "never"};
+    bool aps;
+    int rc = pi2_jr_bool_or(r, o, w, "add_prefix_space", true, &aps);
+    if (rc)
+        return rc;
+    json_t *ps = json_object_get(o, "prepend_scheme");
+    if (!ps || json_is_null(ps)) {
+        *scheme = aps ? SCHEME_ALWAYS : SCHEME_NEVER;
+        return 0;
     }
-    return 0;
-}
-
-static int get_count(const pi2_tok *t, json_t *obj, const char *key, size_t *out, const char *where, pi2_err *err)
-{
-    json_t *v = json_object_get(obj, key);
-    if (!v || !json_is_integer(v))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %s needs an integer \"%s\"", t->name, where, key);
-    json_int_t x = json_integer_value(v);
-    if (x < 0 || x > TOK_MAX_STRIP)
-        return pi2_err_set(err, PI2_ERANGE, "%s: %s \"%s\" = %lld is out of range", t->name, where, key,
-                           (long long)x);
-    *out = (size_t)x;
+    if ((rc = pi2_jr_enum(r, o, w, "prepend_scheme", names, 3, "always, first or never", scheme)))
+        return rc;
+    if (!aps && *scheme != SCHEME_NEVER)
+        return pi2_jr_fail(r, PI2_EFORMAT, w, "add_prefix_space", "false does not match prepend_scheme \"%s\"",
+                           names[*scheme]);
     return 0;
 }
 
 /* Replace {"pattern": {"String": p}, "content": c} (Regex unsupported). */
-static int get_replace(const pi2_tok *t, json_t *obj, tok_op *op, const char *where, pi2_err *err)
+static int get_replace(const pi2_tok *t, json_t *o, const char *w, tok_op *op, pi2_err *err)
 {
-    json_t *pat = json_object_get(obj, "pattern");
-    if (!json_is_object(pat))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %s needs a \"pattern\" object", t->name, where);
-    if (json_object_get(pat, "Regex"))
-        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: %s with a Regex pattern is not supported", t->name, where);
-    int rc = get_str(t, pat, "String", &op->a, &op->alen, where, err);
+    const pi2_jr r = {t->name, err};
+    json_t *pat;
+    char pw[320];
+    int rc = pi2_jr_obj(&r, o, w, "pattern", false, &pat);
     if (rc)
         return rc;
+    if (json_object_get(pat, "Regex"))
+        return pi2_jr_fail(&r, PI2_EUNSUPPORTED, w, "pattern", "a Regex pattern is not supported");
+    pi2_jr_path(pw, sizeof pw, w, "pattern");
+    if ((rc = get_str(t, pat, pw, "String", &op->a, &op->alen, err)))
+        return rc;
     if (op->alen == 0)
-        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: %s with an empty pattern is not supported", t->name, where);
-    return get_str(t, obj, "content", &op->b, &op->blen, where, err);
+        return pi2_jr_fail(&r, PI2_EUNSUPPORTED, pw, "String", "an empty pattern is not supported");
+    return get_str(t, o, w, "content", &op->b, &op->blen, err);
+}
+
+/* Strip {"content": c, "start": n, "stop": n}. */
+static int get_strip(const pi2_tok *t, json_t *o, const char *w, tok_op *op, pi2_err *err)
+{
+    const pi2_jr r = {t->name, err};
+    long long start, stop;
+    int rc = get_char(t, o, w, "content", &op->a, &op->alen, err);
+    if (rc == 0)
+        rc = pi2_jr_int(&r, o, w, "start", 0, TOK_MAX_STRIP, &start);
+    if (rc == 0)
+        rc = pi2_jr_int(&r, o, w, "stop", 0, TOK_MAX_STRIP, &stop);
+    if (rc == 0) {
+        op->start = (size_t)start;
+        op->stop = (size_t)stop;
+    }
+    return rc;
 }
 
 enum { WHAT_NORM, WHAT_PRE, WHAT_DEC };
 
-static int parse_ops(const pi2_tok *t, json_t *j, int what, tok_op **ops, int *n, int depth, pi2_err *err)
+/* The members of one step of kind `type`, at w, into op. */
+static int parse_op(const pi2_tok *t, json_t *j, int what, const char *w, const char *type, tok_op *op,
+                    pi2_err *err)
 {
-    static const char *const names[] = {"normalizer", "pre_tokenizer", "decoder"};
-    static const char *const seqkey[] = {"normalizers", "pretokenizers", "decoders"};
-    const char *where = names[what];
-    if (json_is_null(j))
-        return 0;
-    if (!json_is_object(j))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %s must be an object or null, not %s", t->name, where, jtype(j));
-    if (depth > TOK_MAX_DEPTH)
-        return pi2_err_set(err, PI2_ERANGE, "%s: %s Sequences nested deeper than %d", t->name, where,
-                           TOK_MAX_DEPTH);
-    const char *type = json_string_value(json_object_get(j, "type"));
-    if (!type)
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %s has no \"type\" string", t->name, where);
-    if (!strcmp(type, "Sequence")) {
-        json_t *arr = json_object_get(j, seqkey[what]);
-        if (!json_is_array(arr))
-            return pi2_err_set(err, PI2_EFORMAT, "%s: %s Sequence needs a \"%s\" array", t->name, where,
-                               seqkey[what]);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            int rc = parse_ops(t, json_array_get(arr, i), what, ops, n, depth + 1, err);
-            if (rc)
-                return rc;
-        }
-        return 0;
-    }
-    if (*n >= TOK_MAX_OPS)
-        return pi2_err_set(err, PI2_ERANGE, "%s: more than %d %s steps", t->name, TOK_MAX_OPS, where);
-    tok_op *grown = realloc(*ops, (size_t)(*n + 1) * sizeof **ops);
-    if (!grown)
-        return load_oom(t, err);
-    *ops = grown;
-    tok_op *op = &grown[*n];
-    memset(op, 0, sizeof *op);
-    (*n)++; /* counted now so a half-parsed op is freed with the rest */
-    char wbuf[128];
-    snprintf(wbuf, sizeof wbuf, "%s %s", where, SHOW(type, strlen(type) > 24 ? 24 : strlen(type)));
     if (what == WHAT_NORM && !strcmp(type, "Prepend")) {
         op->kind = OP_PREPEND;
-        return get_str(t, j, "prepend", &op->a, &op->alen, wbuf, err);
+        return get_str(t, j, w, "prepend", &op->a, &op->alen, err);
     }
     if (what != WHAT_PRE && !strcmp(type, "Replace")) {
         op->kind = OP_REPLACE;
-        return get_replace(t, j, op, wbuf, err);
+        return get_replace(t, j, w, op, err);
     }
+    const pi2_jr r = {t->name, err};
     if (what != WHAT_NORM && !strcmp(type, "Metaspace")) {
         op->kind = OP_METASPACE;
-        int rc = get_char(t, j, "replacement", &op->a, &op->alen, wbuf, err);
+        int rc = get_char(t, j, w, "replacement", &op->a, &op->alen, err);
         if (!rc)
-            rc = get_scheme(t, j, &op->scheme, wbuf, err);
+            rc = get_scheme(&r, j, w, &op->scheme);
         if (!rc)
-            rc = get_bool(t, j, "split", true, &op->split, wbuf, err);
+            rc = pi2_jr_bool_or(&r, j, w, "split", true, &op->split);
         return rc;
     }
     if (what == WHAT_DEC && !strcmp(type, "ByteFallback")) {
@@ -239,14 +185,51 @@ static int parse_ops(const pi2_tok *t, json_t *j, int what, tok_op **ops, int *n
     }
     if (what == WHAT_DEC && !strcmp(type, "Strip")) {
         op->kind = OP_STRIP;
-        int rc = get_char(t, j, "content", &op->a, &op->alen, wbuf, err);
-        if (!rc)
-            rc = get_count(t, j, "start", &op->start, wbuf, err);
-        if (!rc)
-            rc = get_count(t, j, "stop", &op->stop, wbuf, err);
-        return rc;
+        return get_strip(t, j, w, op, err);
     }
-    return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: %s type \"%s\" is not supported", t->name, where, SHOWZ(type));
+    return pi2_jr_fail(&r, PI2_EUNSUPPORTED, w, "type", "\"%s\" is not supported here", SHOWZ(type));
+}
+
+/* The step j at w (null: none), a Sequence flattened into its members. */
+static int parse_ops(const pi2_tok *t, json_t *j, int what, const char *w, tok_op **ops, int *n, int depth,
+                     pi2_err *err)
+{
+    static const char *const names[] = {"normalizer", "pre_tokenizer", "decoder"};
+    static const char *const seqkey[] = {"normalizers", "pretokenizers", "decoders"};
+    const pi2_jr r = {t->name, err};
+    if (json_is_null(j))
+        return 0;
+    if (!json_is_object(j))
+        return pi2_jr_fail(&r, PI2_EFORMAT, w, NULL, "expected an object or null, got %s", pi2_json_type_name(j));
+    if (depth > TOK_MAX_DEPTH)
+        return pi2_jr_fail(&r, PI2_ERANGE, w, NULL, "Sequences nested deeper than %d", TOK_MAX_DEPTH);
+    const char *type;
+    int rc = pi2_jr_str(&r, j, w, "type", TOK_MAX_PIECE + 1, &type);
+    if (rc)
+        return rc;
+    if (!strcmp(type, "Sequence")) {
+        json_t *arr;
+        size_t na;
+        if ((rc = pi2_jr_arr(&r, j, w, seqkey[what], SIZE_MAX, &arr, &na)))
+            return rc;
+        for (size_t i = 0; i < na; i++) {
+            char cw[320];
+            snprintf(cw, sizeof cw, "%s.%s[%zu]", w, seqkey[what], i);
+            if ((rc = parse_ops(t, json_array_get(arr, i), what, cw, ops, n, depth + 1, err)))
+                return rc;
+        }
+        return 0;
+    }
+    if (*n >= TOK_MAX_OPS)
+        return pi2_jr_fail(&r, PI2_ERANGE, w, NULL, "more than %d %s steps", TOK_MAX_OPS, names[what]);
+    tok_op *grown = realloc(*ops, (size_t)(*n + 1) * sizeof **ops);
+    if (!grown)
+        return load_oom(t, err);
+    *ops = grown;
+    tok_op *op = &grown[*n];
+    memset(op, 0, sizeof *op);
+    (*n)++; /* counted now so a half-parsed op is freed with the rest */
+    return parse_op(t, j, what, w, type, op, err);
 }
 
 /* Reserve piece storage for `cap` ids. */
@@ -264,6 +247,26 @@ static int pieces_alloc(pi2_tok *t, size_t cap, pi2_err *err)
     return 0;
 }
 
+/* Why vocab entry key: v is refused (seen[id]: an earlier piece has id). */
+static int vocab_refuse(const pi2_tok *t, const char *key, size_t klen, json_t *v, const uint8_t *seen, pi2_err *err)
+{
+    const pi2_jr r = {t->name, err};
+    char k[176];
+    long long id;
+    snprintf(k, sizeof k, "\"%s\"", SHOW(key, klen));
+    int rc = pi2_jr_int_val(&r, v, "model.vocab", k, 0, INT64_MAX, &id);
+    if (rc)
+        return rc;
+    if ((uint64_t)id >= t->n_model)
+        return pi2_jr_fail(&r, PI2_ERANGE, "model.vocab", k, "id %lld is out of range (ids must be 0..%zu, dense)", id,
+                           t->n_model - 1);
+    if (seen[id])
+        return pi2_jr_fail(&r, PI2_EFORMAT, "model.vocab", k, "id %lld is used twice (also by \"%s\")", id,
+                           SHOW(piece_at(t, (size_t)id), t->plen[id]));
+    return pi2_jr_fail(&r, PI2_ERANGE, "model.vocab", NULL, "the piece with id %lld is longer than %u bytes", id,
+                       TOK_MAX_PIECE);
+}
+
 /* model.vocab: {"piece": id, ...} with ids exactly 0..n-1. */
 static int load_vocab(pi2_tok *t, json_t *vocab, size_t cap, sbuf *arena, pi2_err *err)
 {
@@ -279,26 +282,9 @@ static int load_vocab(pi2_tok *t, json_t *vocab, size_t cap, sbuf *arena, pi2_er
         const char *key = json_object_iter_key(it);
         size_t klen = json_object_iter_key_len(it);
         json_t *v = json_object_iter_value(it);
-        if (!json_is_integer(v)) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: vocab entry \"%s\" has %s id, not an integer", t->name, SHOW(key, klen),
-                             jtype(v));
-            break;
-        }
-        json_int_t id = json_integer_value(v);
-        if (id < 0 || (uint64_t)id >= n) {
-            rc = pi2_err_set(err, PI2_ERANGE,
-                             "%s: vocab id %lld of \"%s\" is out of range (ids must be 0..%zu, dense)", t->name,
-                             (long long)id, SHOW(key, klen), n - 1);
-            break;
-        }
-        if (seen[id]) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: vocab id %lld is used twice (\"%s\" and \"%s\")", t->name,
-                             (long long)id, SHOW(piece_at(t, (size_t)id), t->plen[id]), SHOW(key, klen));
-            break;
-        }
-        if (klen > TOK_MAX_PIECE) {
-            rc = pi2_err_set(err, PI2_ERANGE, "%s: vocab piece with id %lld is longer than %u bytes", t->name,
-                             (long long)id, TOK_MAX_PIECE);
+        long long id = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (id < 0 || (uint64_t)id >= n || seen[id] || klen > TOK_MAX_PIECE) {
+            rc = vocab_refuse(t, key, klen, v, seen, err);
             break;
         }
         seen[id] = 1;
@@ -312,11 +298,11 @@ static int load_vocab(pi2_tok *t, json_t *vocab, size_t cap, sbuf *arena, pi2_er
     return rc;
 }
 
-static int load_merges(pi2_tok *t, json_t *merges, pi2_err *err)
+/* model.merges (n entries, at most TOK_MAX_MERGES): "a b" strings or
+ * ["a", "b"] pairs, not mixed. */
+static int load_merges(pi2_tok *t, json_t *merges, size_t n, pi2_err *err)
 {
-    size_t n = json_array_size(merges);
-    if (n > TOK_MAX_MERGES)
-        return pi2_err_set(err, PI2_ERANGE, "%s: %zu merges (more than %u)", t->name, n, TOK_MAX_MERGES);
+    const pi2_jr r = {t->name, err};
     size_t cap = tok_table_cap(n);
     t->mkey = pi2_malloc_array(cap, sizeof *t->mkey);
     t->mrank = pi2_malloc_array(cap, sizeof *t->mrank);
@@ -331,13 +317,15 @@ static int load_merges(pi2_tok *t, json_t *merges, pi2_err *err)
     uint32_t rank = 0;
     for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(merges, i);
+        char w[40]; /* named only when refused: there may be 10^5 merges */
         const char *a, *b;
         size_t al, bl;
         if (legacy) {
             /* "a b": exactly one space; "#version" lines are skipped */
             if (!json_is_string(m)) {
-                rc = pi2_err_set(err, PI2_EFORMAT, "%s: merge #%zu is %s; merges mix strings and pairs", t->name, i,
-                                 jtype(m));
+                snprintf(w, sizeof w, "model.merges[%zu]", i);
+                rc = pi2_jr_fail(&r, PI2_EFORMAT, w, NULL, "expected a \"left right\" string like merges[0], got %s",
+                                 pi2_json_type_name(m));
                 break;
             }
             const char *s = json_string_value(m);
@@ -346,8 +334,9 @@ static int load_merges(pi2_tok *t, json_t *merges, pi2_err *err)
                 continue;
             const char *sp = memchr(s, ' ', sl);
             if (!sp || memchr(sp + 1, ' ', sl - (size_t)(sp - s) - 1)) {
-                rc = pi2_err_set(err, PI2_EFORMAT, "%s: merge #%zu \"%s\" is not two tokens separated by one space",
-                                 t->name, i, SHOW(s, sl));
+                snprintf(w, sizeof w, "model.merges[%zu]", i);
+                rc = pi2_jr_fail(&r, PI2_EFORMAT, w, NULL, "\"%s\" is not two tokens separated by one space",
+                                 SHOW(s, sl));
                 break;
             }
             a = s;
@@ -357,8 +346,10 @@ static int load_merges(pi2_tok *t, json_t *merges, pi2_err *err)
         } else {
             if (!json_is_array(m) || json_array_size(m) != 2 || !json_is_string(json_array_get(m, 0)) ||
                 !json_is_string(json_array_get(m, 1))) {
-                rc = pi2_err_set(err, PI2_EFORMAT, "%s: merge #%zu is not a [\"left\", \"right\"] pair of strings",
-                                 t->name, i);
+                snprintf(w, sizeof w, "model.merges[%zu]", i);
+                rc = pi2_jr_fail(&r, PI2_EFORMAT, w, NULL,
+                                 "expected a [\"left\", \"right\"] pair of strings (all merges are pairs or "
+                                 "all strings)");
                 break;
             }
             a = json_string_value(json_array_get(m, 0));
@@ -376,8 +367,8 @@ static int load_merges(pi2_tok *t, json_t *merges, pi2_err *err)
         if (ia < 0 || ib < 0 || in < 0) {
             const char *bad = ia < 0 ? a : ib < 0 ? b : cat.p;
             size_t bad_len = ia < 0 ? al : ib < 0 ? bl : cat.n;
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: merge #%zu uses token \"%s\" which is not in the vocab",
-                             t->name, i, SHOW(bad, bad_len));
+            snprintf(w, sizeof w, "model.merges[%zu]", i);
+            rc = pi2_jr_fail(&r, PI2_EFORMAT, w, NULL, "token \"%s\" is not in the vocab", SHOW(bad, bad_len));
             break;
         }
         merge_put(t, ia, ib, rank++, in);
@@ -409,40 +400,33 @@ static int normalize_plain(const pi2_tok *t, const char *s, size_t n, sbuf *out)
 /* seen[id]: an added token already took this id (duplicates). */
 static int load_added_items(pi2_tok *t, json_t *arr, sbuf *arena, uint8_t *seen, pi2_err *err)
 {
+    const pi2_jr r = {t->name, err};
     size_t n = json_array_size(arr);
     for (size_t i = 0; i < n; i++) {
-        json_t *o = json_array_get(arr, i);
-        char where[48];
-        snprintf(where, sizeof where, "added token #%zu", i);
-        if (!json_is_object(o))
-            return pi2_err_set(err, PI2_EFORMAT, "%s: %s is %s, not an object", t->name, where, jtype(o));
-        json_t *jid = json_object_get(o, "id");
-        if (!json_is_integer(jid))
-            return pi2_err_set(err, PI2_EFORMAT, "%s: %s needs an integer \"id\"", t->name, where);
-        json_int_t id = json_integer_value(jid);
+        json_t *o;
+        char w[48];
+        snprintf(w, sizeof w, "added_tokens[%zu]", i);
+        long long id;
+        int rc;
+        if ((rc = pi2_jr_elem_obj(&r, arr, i, w, &o)) || (rc = pi2_jr_int(&r, o, w, "id", INT64_MIN, INT64_MAX, &id)))
+            return rc;
         added_tok *a = &t->added[t->n_added];
-        int rc = get_str(t, o, "content", &a->content, &a->clen, where, err);
-        if (rc)
+        if ((rc = get_str(t, o, w, "content", &a->content, &a->clen, err)))
             return rc;
         bool single_word;
-        rc = get_bool(t, o, "special", false, &a->special, where, err);
-        if (!rc)
-            rc = get_bool(t, o, "normalized", !a->special, &a->normalized, where, err);
-        if (!rc)
-            rc = get_bool(t, o, "lstrip", false, &a->lstrip, where, err);
-        if (!rc)
-            rc = get_bool(t, o, "rstrip", false, &a->rstrip, where, err);
-        if (!rc)
-            rc = get_bool(t, o, "single_word", false, &single_word, where, err);
-        if (rc) {
+        if ((rc = pi2_jr_bool_or(&r, o, w, "special", false, &a->special)) ||
+            (rc = pi2_jr_bool_or(&r, o, w, "normalized", !a->special, &a->normalized)) ||
+            (rc = pi2_jr_bool_or(&r, o, w, "lstrip", false, &a->lstrip)) ||
+            (rc = pi2_jr_bool_or(&r, o, w, "rstrip", false, &a->rstrip)) ||
+            (rc = pi2_jr_bool_or(&r, o, w, "single_word", false, &single_word))) {
             free(a->content);
             a->content = NULL;
             return rc;
         }
         t->n_added++; /* owned from here on */
         if (single_word)
-            return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: %s \"%s\" uses single_word, which is not supported",
-                               t->name, where, SHOW(a->content, a->clen));
+            return pi2_jr_fail(&r, PI2_EUNSUPPORTED, w, "single_word", "true is not supported (token \"%s\")",
+                               SHOW(a->content, a->clen));
         if (a->clen == 0) { /* HF ignores empty added tokens */
             a->plen = 0;
             continue;
@@ -451,13 +435,11 @@ static int load_added_items(pi2_tok *t, json_t *arr, sbuf *arena, uint8_t *seen,
          * gets the next id after the vocab and earlier added tokens. */
         int32_t have = tok_vocab_find(t, a->content, a->clen);
         if (have >= 0 && seen[have])
-            return pi2_err_set(err, PI2_EFORMAT, "%s: %s \"%s\" is listed twice", t->name, where,
-                               SHOW(a->content, a->clen));
+            return pi2_jr_fail(&r, PI2_EFORMAT, w, "content", "\"%s\" is listed twice", SHOW(a->content, a->clen));
         int32_t expect = have >= 0 ? have : (int32_t)t->n_total;
         if (id != expect)
-            return pi2_err_set(err, PI2_EFORMAT, "%s: %s \"%s\" has id %lld but %s %d", t->name, where,
-                               SHOW(a->content, a->clen),
-                               (long long)id, have >= 0 ? "the vocab gives it" : "the next free id is", expect);
+            return pi2_jr_fail(&r, PI2_EFORMAT, w, "id", "%lld for \"%s\", but %s %d", id, SHOW(a->content, a->clen),
+                               have >= 0 ? "the vocab gives it" : "the next free id is", expect);
         a->id = expect;
         seen[expect] = 1;
         if (have < 0) {
@@ -540,66 +522,77 @@ static bool looks_like_end(const char *s)
  * affixes; byte_fallback, fuse_unk, ignore_merges, unk_token. */
 static int load_model_opts(pi2_tok *t, json_t *model, pi2_err *err)
 {
+    const pi2_jr r = {t->name, err};
+    const char *type;
     int rc;
-    json_t *type = json_object_get(model, "type");
-    if (type && !json_is_string(type))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: model \"type\" must be a string", t->name);
-    if (type && strcmp(json_string_value(type), "BPE"))
-        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: model type \"%s\" is not supported (only BPE)", t->name,
-                           SHOW(json_string_value(type), json_string_length(type)));
+    if (json_object_get(model, "type")) {
+        if ((rc = pi2_jr_str(&r, model, "model", "type", TOK_MAX_PIECE + 1, &type)))
+            return rc;
+        if (strcmp(type, "BPE"))
+            return pi2_jr_fail(&r, PI2_EUNSUPPORTED, "model", "type", "\"%s\" is not supported (only BPE)",
+                               SHOWZ(type));
+    }
     json_t *dropout = json_object_get(model, "dropout");
     if (dropout && !json_is_null(dropout) && !(json_is_number(dropout) && json_number_value(dropout) == 0.0))
-        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: BPE dropout is not supported", t->name);
+        return pi2_jr_fail(&r, PI2_EUNSUPPORTED, "model", "dropout", "BPE dropout is not supported");
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int i = 0; i < 2; i++) {
         json_t *v = json_object_get(model, affixes[i]);
         if (v && !json_is_null(v) && !(json_is_string(v) && json_string_length(v) == 0))
-            return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: BPE %s is not supported", t->name, affixes[i]);
+            return pi2_jr_fail(&r, PI2_EUNSUPPORTED, "model", affixes[i], "BPE affixes are not supported");
     }
-    if ((rc = get_bool(t, model, "byte_fallback", false, &t->byte_fallback, "model", err)) ||
-        (rc = get_bool(t, model, "fuse_unk", false, &t->fuse_unk, "model", err)) ||
-        (rc = get_bool(t, model, "ignore_merges", false, &t->ignore_merges, "model", err)))
+    if ((rc = pi2_jr_bool_or(&r, model, "model", "byte_fallback", false, &t->byte_fallback)) ||
+        (rc = pi2_jr_bool_or(&r, model, "model", "fuse_unk", false, &t->fuse_unk)) ||
+        (rc = pi2_jr_bool_or(&r, model, "model", "ignore_merges", false, &t->ignore_merges)))
         return rc;
     json_t *unk = json_object_get(model, "unk_token");
     if (unk && !json_is_null(unk)) {
         size_t ul;
-        if ((rc = get_str(t, model, "unk_token", &t->unk_token, &ul, "model", err)))
+        if ((rc = get_str(t, model, "model", "unk_token", &t->unk_token, &ul, err)))
             return rc;
     }
     return 0;
+}
+
+/* Array k of o, absent or null read as none (*arr NULL, *n 0). */
+static int opt_arr(const pi2_jr *r, json_t *o, const char *w, const char *k, size_t max, json_t **arr, size_t *n)
+{
+    *arr = json_object_get(o, k);
+    *n = 0;
+    if (!*arr || json_is_null(*arr)) {
+        *arr = NULL;
+        return 0;
+    }
+    return pi2_jr_arr(r, o, w, k, max, arr, n);
 }
 
 /* The model vocab (with room for the added tokens), its merges, the byte
  * and unk ids, then the added tokens. The piece arena becomes t->pdata. */
 static int load_tables(pi2_tok *t, json_t *root, json_t *model, pi2_err *err)
 {
+    const pi2_jr r = {t->name, err};
     sbuf arena = {0};
-    json_t *vocab = json_object_get(model, "vocab");
-    if (!json_is_object(vocab))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: model has no \"vocab\" object%s%s", t->name, vocab ? ", found " : "",
-                           vocab ? jtype(vocab) : "");
+    json_t *vocab, *added, *merges;
+    size_t na, nm;
+    int rc;
+    if ((rc = pi2_jr_obj(&r, model, "model", "vocab", false, &vocab)))
+        return rc;
     size_t nv = json_object_size(vocab);
     if (nv > TOK_MAX_VOCAB)
-        return pi2_err_set(err, PI2_ERANGE, "%s: vocab has %zu entries (more than %u)", t->name, nv, TOK_MAX_VOCAB);
-    json_t *added = json_object_get(root, "added_tokens");
-    if (added && !json_is_null(added) && !json_is_array(added))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: \"added_tokens\" must be an array, not %s", t->name, jtype(added));
-    size_t na = json_array_size(added);
-    if (na > TOK_MAX_ADDED)
-        return pi2_err_set(err, PI2_ERANGE, "%s: %zu added tokens (more than %u)", t->name, na, TOK_MAX_ADDED);
+        return pi2_jr_fail(&r, PI2_ERANGE, "model", "vocab", "%zu entries, at most %u allowed", nv, TOK_MAX_VOCAB);
+    if ((rc = opt_arr(&r, root, "", "added_tokens", TOK_MAX_ADDED, &added, &na)))
+        return rc;
     t->n_model = t->n_total = nv;
-    int rc = load_vocab(t, vocab, nv + na, &arena, err);
+    rc = load_vocab(t, vocab, nv + na, &arena, err);
     t->pdata = arena.p;
     if (rc)
         return rc;
     if (nv == 0)
-        return pi2_err_set(err, PI2_EFORMAT, "%s: model vocab is empty", t->name);
+        return pi2_jr_fail(&r, PI2_EFORMAT, "model", "vocab", "empty");
     for (size_t id = 0; id < nv; id++)
         vocab_insert(t, (int32_t)id);
-    json_t *merges = json_object_get(model, "merges");
-    if (merges && !json_is_null(merges) && !json_is_array(merges))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: model \"merges\" must be an array, not %s", t->name, jtype(merges));
-    if ((rc = load_merges(t, merges, err)))
+    if ((rc = opt_arr(&r, model, "model", "merges", TOK_MAX_MERGES, &merges, &nm)) ||
+        (rc = load_merges(t, merges, nm, err)))
         return rc;
     for (int b = 0; b < 256; b++) {
         char code[8];
@@ -623,7 +616,7 @@ static int load_steps(pi2_tok *t, json_t *root, pi2_err *err)
         int rc;
         if (w == WHAT_DEC)
             t->has_decoder = j && !json_is_null(j);
-        if (j && (rc = parse_ops(t, j, w, dst[w], cnt[w], 0, err)))
+        if (j && (rc = parse_ops(t, j, w, keys[w], dst[w], cnt[w], 0, err)))
             return rc;
     }
     return 0;
@@ -668,15 +661,13 @@ static void find_bos_eos(pi2_tok *t, json_t *root)
 
 static int load_json(pi2_tok *t, json_t *root, pi2_err *err)
 {
+    const pi2_jr r = {t->name, err};
+    json_t *model;
     int rc;
     if (!json_is_object(root))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: top level is %s, not an object", t->name, jtype(root));
-    json_t *model = json_object_get(root, "model");
-    if (!json_is_object(model))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: no \"model\" object%s%s", t->name, model ? ", found " : "",
-                           model ? jtype(model) : "");
-    if ((rc = load_model_opts(t, model, err)) || (rc = load_tables(t, root, model, err)) ||
-        (rc = load_steps(t, root, err)) || (rc = added_patterns(t, err)))
+        return pi2_jr_fail(&r, PI2_EFORMAT, "", NULL, "expected an object, got %s", pi2_json_type_name(root));
+    if ((rc = pi2_jr_obj(&r, root, "", "model", false, &model)) || (rc = load_model_opts(t, model, err)) ||
+        (rc = load_tables(t, root, model, err)) || (rc = load_steps(t, root, err)) || (rc = added_patterns(t, err)))
         return rc;
     find_bos_eos(t, root);
     return 0;

@@ -2,8 +2,10 @@
  * (planner.h). */
 #include "runtime/plan_internal.h"
 
+#include "formats/jsonread.h"
 #include "formats/jsonutil.h"
 
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -39,6 +41,65 @@ int pi2_plan_cal_save(const pi2_plan_cal *c, const char *path, pi2_err *err)
     return pi2_afile_commit(f, err);
 }
 
+/* Array k of o holding exactly n entries. */
+static int cal_arr(const pi2_jr *r, json_t *o, const char *w, const char *k, size_t n, json_t **out)
+{
+    size_t have;
+    int rc = pi2_jr_arr(r, o, w, k, n, out, &have);
+    if (rc == 0 && have != n)
+        rc = pi2_jr_fail(r, PI2_ESHAPE, w, k, "%zu entries, expected %zu", have, n);
+    return rc;
+}
+
+/* Element i of arr, a finite number >= 0; w names arr. */
+static int cal_num(const pi2_jr *r, json_t *arr, const char *w, size_t i, double *out)
+{
+    char k[64];
+    snprintf(k, sizeof k, "%s[%zu]", w, i);
+    return pi2_jr_real_val(r, json_array_get(arr, i), k, NULL, 0, DBL_MAX, 0, out);
+}
+
+/* compute_sums or io_sums: [w, wk] per thread count into a[], b[]. */
+static int cal_sums(const pi2_jr *r, json_t *o, const char *k, double *a, double *b)
+{
+    json_t *arr, *pair;
+    int rc = cal_arr(r, o, "", k, PI2_HW_MAX_THREADS, &arr);
+    for (size_t i = 0; rc == 0 && i < PI2_HW_MAX_THREADS; i++) {
+        char w[40];
+        snprintf(w, sizeof w, "%s[%zu]", k, i);
+        pair = json_array_get(arr, i);
+        if (!json_is_array(pair) || json_array_size(pair) != 2)
+            rc = pi2_jr_fail(r, PI2_EFORMAT, w, NULL, "expected a [w, wk] pair of numbers");
+        if (rc == 0)
+            rc = cal_num(r, pair, w, 0, &a[i]);
+        if (rc == 0)
+            rc = cal_num(r, pair, w, 1, &b[i]);
+    }
+    return rc;
+}
+
+/* The members of calibration object o, checked; c is filled as it goes. */
+static int cal_read(const pi2_jr *r, json_t *o, pi2_plan_cal *c)
+{
+    static const char *const keys[] = {"version", "extra_reads", "runs", "reads_sums", "compute_sums", "io_sums"};
+    long long ver;
+    json_t *rs;
+    int rc;
+    if ((rc = PI2_JR_KEYS(r, o, "", keys, true)) || (rc = pi2_jr_int(r, o, "", "version", 6, 6, &ver)) ||
+        (rc = pi2_jr_real(r, o, "", "extra_reads", 0, 1e7, PI2_JR_HI_OPEN, &c->extra)) ||
+        (rc = pi2_jr_i32(r, o, "", "runs", 0, 1000000, &c->runs)) ||
+        (rc = cal_arr(r, o, "", "reads_sums", 2, &rs)) || (rc = cal_num(r, rs, "reads_sums", 0, &c->s_ex)) ||
+        (rc = cal_num(r, rs, "reads_sums", 1, &c->n_ex)) ||
+        (rc = cal_sums(r, o, "compute_sums", c->s_w, c->s_wk)) ||
+        (rc = cal_sums(r, o, "io_sums", c->s_io_w, c->s_io_wk)))
+        return rc;
+    for (int i = 0; i < PI2_HW_MAX_THREADS; i++)
+        if (!cal_in(c->s_w[i], c->s_wk[i], CAL_K_MIN, CAL_K_MAX) ||
+            !cal_in(c->s_io_w[i], c->s_io_wk[i], CAL_F_MIN, CAL_F_MAX))
+            return pi2_err_set(r->err, PI2_ERANGE, "%s: calibration figures out of range", r->file);
+    return 0;
+}
+
 int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err)
 {
     pi2_plan_cal_defaults(c);
@@ -52,42 +113,10 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err)
     json_error_t je;
     json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     free(text);
-    json_t *v = o ? json_object_get(o, "version") : NULL, *x = o ? json_object_get(o, "extra_reads") : NULL,
-           *r = o ? json_object_get(o, "runs") : NULL, *rs = o ? json_object_get(o, "reads_sums") : NULL,
-           *cs = o ? json_object_get(o, "compute_sums") : NULL, *is = o ? json_object_get(o, "io_sums") : NULL;
-    bool ok = o && json_is_object(o) && json_object_size(o) == 6 && json_is_integer(v) &&
-              json_integer_value(v) == 6 && json_is_number(x) && json_is_integer(r) && json_is_array(rs) &&
-              json_array_size(rs) == 2;
-    double ex[2], *sums[2][2] = { { c->s_w, c->s_wk }, { c->s_io_w, c->s_io_wk } };
-    for (size_t i = 0; ok && i < 2; i++)
-        ok = json_is_number(json_array_get(rs, i)) && (ex[i] = json_number_value(json_array_get(rs, i))) >= 0 &&
-             isfinite(ex[i]);
-    for (int s = 0; ok && s < 2; s++) { /* compute_sums, io_sums: [w, wk] per thread count */
-        json_t *a = s == 0 ? cs : is;
-        ok = json_is_array(a) && json_array_size(a) == PI2_HW_MAX_THREADS;
-        for (size_t i = 0; ok && i < PI2_HW_MAX_THREADS; i++) {
-            json_t *pair = json_array_get(a, i);
-            ok = json_is_array(pair) && json_array_size(pair) == 2;
-            for (size_t j = 0; ok && j < 2; j++)
-                ok = json_is_number(json_array_get(pair, j)) &&
-                     (sums[s][j][i] = json_number_value(json_array_get(pair, j))) >= 0 && isfinite(sums[s][j][i]);
-        }
-    }
-    if (!ok)
+    if (!json_is_object(o))
         rc = pi2_err_set(err, PI2_EFORMAT, "%s: not a pi2 model calibration (version 6)", path);
-    else if (!(json_number_value(x) >= 0 && json_number_value(x) < 1e7) || json_integer_value(r) < 0 ||
-             json_integer_value(r) > 1000000)
-        rc = pi2_err_set(err, PI2_ERANGE, "%s: calibration figures out of range", path);
-    else {
-        c->extra = json_number_value(x);
-        c->runs = (int)json_integer_value(r);
-        c->s_ex = ex[0];
-        c->n_ex = ex[1];
-        for (int i = 0; i < PI2_HW_MAX_THREADS; i++)
-            if (!cal_in(c->s_w[i], c->s_wk[i], CAL_K_MIN, CAL_K_MAX) ||
-                !cal_in(c->s_io_w[i], c->s_io_wk[i], CAL_F_MIN, CAL_F_MAX))
-                rc = pi2_err_set(err, PI2_ERANGE, "%s: calibration figures out of range", path);
-    }
+    else
+        rc = cal_read(&(pi2_jr){path, err}, o, c);
     json_decref(o);
     if (rc)
         pi2_plan_cal_defaults(c);
@@ -156,31 +185,87 @@ int pi2_plan_save(const pi2_plan *p, const char *model, const char *path, pi2_er
     return rc;
 }
 
-static int jfail(pi2_err *err, int code, const char *path, const char *key, const char *what)
+/* The groups of FFN i: integers 0 <= hot <= gate <= UINT32_MAX. */
+static int plan_group(const pi2_jr *r, json_t *h, json_t *g, uint32_t i, pi2_plan *out)
 {
-    return pi2_err_set(err, code, "%s: plan.%s: %s", path, key, what);
+    json_t *a = json_array_get(h, i), *b = json_array_get(g, i);
+    if (!json_is_integer(a) || !json_is_integer(b) || json_integer_value(a) < 0 ||
+        json_integer_value(b) < json_integer_value(a) || json_integer_value(b) > UINT32_MAX) {
+        char k[64];
+        snprintf(k, sizeof k, "hot_groups[%u] / gate_groups[%u]", i, i);
+        return pi2_jr_fail(r, PI2_ERANGE, "plan", k, "want integers 0 <= hot <= gate");
+    }
+    out->hot_groups[i] = (uint32_t)json_integer_value(a);
+    out->gate_groups[i] = (uint32_t)json_integer_value(b);
+    return 0;
 }
 
-static int jint_in(json_t *o, const char *key, long long lo, long long hi, long long *out, const char *path,
-                   pi2_err *err)
+/* hot_groups and gate_groups: arrays of one length, 1..2^20. */
+static int plan_group_arrays(const pi2_jr *r, json_t *o, json_t **h, json_t **g, size_t *n)
 {
-    json_t *v = json_object_get(o, key);
-    if (!v)
-        return jfail(err, PI2_ENOTFOUND, path, key, "missing");
-    if (!json_is_integer(v))
-        return pi2_err_set(err, PI2_EFORMAT, "%s: plan.%s: %s, expected an integer", path, key,
-                           pi2_json_type_name(v));
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi)
-        return pi2_err_set(err, PI2_ERANGE, "%s: plan.%s: %lld is outside [%lld, %lld]", path, key, x, lo, hi);
-    *out = x;
-    return 0;
+    size_t ng;
+    int rc = pi2_jr_arr(r, o, "plan", "hot_groups", SIZE_MAX, h, n);
+    if (rc == 0)
+        rc = pi2_jr_arr(r, o, "plan", "gate_groups", SIZE_MAX, g, &ng);
+    if (rc == 0 && ng != *n)
+        rc = pi2_jr_fail(r, PI2_ESHAPE, "plan", "gate_groups", "%zu entries, not as many as hot_groups (%zu)", ng,
+                         *n);
+    if (rc == 0 && (*n == 0 || *n > (1u << 20)))
+        rc = pi2_jr_fail(r, PI2_ESHAPE, "plan", "hot_groups", "%zu entries: empty or too long", *n);
+    return rc;
+}
+
+/* The optional "predicted" figures the plan was chosen by. */
+static int plan_predicted(const pi2_jr *r, json_t *o, struct pi2_plan_pred *pred)
+{
+    static const char *const keys[] = {"decode_tok_s", "decode_ms", "prefill_tok_s"};
+    double *dst[] = {&pred->decode_tok_s, &pred->decode_ms, &pred->prefill_tok_s};
+    json_t *pr = json_object_get(o, "predicted");
+    if (!pr)
+        return 0;
+    int rc = pi2_jr_obj(r, o, "plan", "predicted", false, &pr);
+    for (size_t i = 0; rc == 0 && i < sizeof keys / sizeof *keys; i++) {
+        double x;
+        rc = pi2_jr_real(r, pr, "plan.predicted", keys[i], 0, DBL_MAX, PI2_JR_OPTIONAL, &x);
+        if (rc == 0 && !isnan(x))
+            *dst[i] = x;
+    }
+    return rc;
+}
+
+/* The members of the plan object o, checked (see planner.h). */
+static int plan_read(const pi2_jr *r, json_t *o, pi2_plan *out)
+{
+    static const char *const keys[] = {"version",    "model",      "mem_limit",   "threads",   "io_depth", "gate_first",
+                                       "hot_groups", "gate_groups", "predicted", "source",    "memory"};
+    long long ver, ml;
+    int th, dp;
+    bool gf;
+    json_t *h, *g;
+    size_t n;
+    int rc;
+    if ((rc = PI2_JR_KEYS(r, o, "plan", keys, false)) || (rc = pi2_jr_int(r, o, "plan", "version", 1, 1, &ver)) ||
+        (rc = pi2_jr_int(r, o, "plan", "mem_limit", 1, INT64_MAX, &ml)) ||
+        (rc = pi2_jr_i32(r, o, "plan", "threads", 1, 256, &th)) ||
+        (rc = pi2_jr_i32(r, o, "plan", "io_depth", 1, 4096, &dp)) ||
+        (rc = pi2_jr_bool(r, o, "plan", "gate_first", &gf)) || (rc = plan_group_arrays(r, o, &h, &g, &n)) ||
+        (rc = pi2_plan_alloc(out, (uint32_t)n, r->err)))
+        return rc;
+    out->mem_limit = (uint64_t)ml;
+    out->threads = th;
+    out->io_depth = dp;
+    out->gate_first = gf;
+    for (uint32_t i = 0; rc == 0 && i < out->n_ffn; i++)
+        rc = plan_group(r, h, g, i, out);
+    if (rc == 0)
+        rc = plan_predicted(r, o, &out->pred);
+    if (rc)
+        pi2_plan_free(out);
+    return rc;
 }
 
 int pi2_plan_load(const char *path, pi2_plan *out, pi2_err *err)
 {
-    static const char *const keys[] = {"version",    "model",      "mem_limit",   "threads",   "io_depth", "gate_first",
-                                       "hot_groups", "gate_groups", "predicted", "source",    "memory"};
     memset(out, 0, sizeof *out);
     char *text;
     size_t len;
@@ -192,73 +277,10 @@ int pi2_plan_load(const char *path, pi2_plan *out, pi2_err *err)
     free(text);
     if (!o)
         return pi2_err_set(err, PI2_EFORMAT, "%s: not a plan: %s (line %d)", path, je.text, je.line);
-    if (!json_is_object(o)) {
+    if (!json_is_object(o))
         rc = pi2_err_set(err, PI2_EFORMAT, "%s: not a plan: %s, expected an object", path, pi2_json_type_name(o));
-        json_decref(o);
-        return rc;
-    }
-    const char *k;
-    json_t *v;
-    json_object_foreach(o, k, v)
-    {
-        bool known = false;
-        for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
-            known = known || strcmp(k, keys[i]) == 0;
-        if (!known) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: plan: unknown key \"%s\"", path, k);
-            json_decref(o);
-            return rc;
-        }
-    }
-    long long ver, ml, th, dp;
-    json_t *h = json_object_get(o, "hot_groups"), *g = json_object_get(o, "gate_groups"),
-           *gf = json_object_get(o, "gate_first");
-    if ((rc = jint_in(o, "version", 1, 1, &ver, path, err)) ||
-        (rc = jint_in(o, "mem_limit", 1, INT64_MAX, &ml, path, err)) ||
-        (rc = jint_in(o, "threads", 1, 256, &th, path, err)) ||
-        (rc = jint_in(o, "io_depth", 1, 4096, &dp, path, err))) {
-        json_decref(o);
-        return rc;
-    }
-    if (!gf || !json_is_boolean(gf))
-        rc = jfail(err, gf ? PI2_EFORMAT : PI2_ENOTFOUND, path, "gate_first", gf ? "not a boolean" : "missing");
-    else if (!h || !json_is_array(h))
-        rc = jfail(err, h ? PI2_EFORMAT : PI2_ENOTFOUND, path, "hot_groups", h ? "not an array" : "missing");
-    else if (!g || !json_is_array(g) || json_array_size(g) != json_array_size(h))
-        rc = jfail(err, g ? PI2_ESHAPE : PI2_ENOTFOUND, path, "gate_groups",
-                   g ? "not an array as long as hot_groups" : "missing");
-    else if (json_array_size(h) == 0 || json_array_size(h) > (1u << 20))
-        rc = jfail(err, PI2_ESHAPE, path, "hot_groups", "empty or too long");
-    if (rc == 0 && (rc = pi2_plan_alloc(out, (uint32_t)json_array_size(h), err)) == 0) {
-        out->mem_limit = (uint64_t)ml;
-        out->threads = (int)th;
-        out->io_depth = (int)dp;
-        out->gate_first = json_is_true(gf);
-        for (uint32_t i = 0; rc == 0 && i < out->n_ffn; i++) {
-            json_t *a = json_array_get(h, i), *b = json_array_get(g, i);
-            if (!json_is_integer(a) || !json_is_integer(b) || json_integer_value(a) < 0 ||
-                json_integer_value(b) < json_integer_value(a) || json_integer_value(b) > UINT32_MAX)
-                rc = pi2_err_set(err, PI2_ERANGE,
-                                 "%s: plan.hot_groups[%u] / gate_groups[%u]: want integers 0 <= hot <= gate", path,
-                                 i, i);
-            else {
-                out->hot_groups[i] = (uint32_t)json_integer_value(a);
-                out->gate_groups[i] = (uint32_t)json_integer_value(b);
-            }
-        }
-        json_t *pr = json_object_get(o, "predicted");
-        if (rc == 0 && pr && json_is_object(pr)) {
-            json_t *x;
-            if ((x = json_object_get(pr, "decode_tok_s")) && json_is_number(x))
-                out->pred.decode_tok_s = json_number_value(x);
-            if ((x = json_object_get(pr, "decode_ms")) && json_is_number(x))
-                out->pred.decode_ms = json_number_value(x);
-            if ((x = json_object_get(pr, "prefill_tok_s")) && json_is_number(x))
-                out->pred.prefill_tok_s = json_number_value(x);
-        }
-        if (rc)
-            pi2_plan_free(out);
-    }
+    else
+        rc = plan_read(&(pi2_jr){path, err}, o, out);
     json_decref(o);
     return rc;
 }

@@ -366,7 +366,7 @@ n=$(sed -n 's/^generated ids: *//p' "$T/err" | wc -w)
 n=$(sed -n 's/^generated ids: *//p' "$T/err" | wc -w)
 [ "$n" -eq 3 ] && ok || { bad "end of turn: the bundled model did not stop at id ${third:-?} ($n ids)"; cat "$T/err"; }
 echo '{"eos_token_id": "</s>"}' >"$T/eot/generation_config.json"
-expect_error "run bad generation_config" "generation_config.json: eos_token_id must be" "$B/pi2-run" --reference "$T/eot" -p hi
+expect_error "run bad generation_config" "generation_config.json: eos_token_id: expected an integer or a list" "$B/pi2-run" --reference "$T/eot" -p hi
 expect_error "convert bad generation_config" "generation_config.json" "$B/pi2-convert" "$T/eot" -o "$T/eot2.pi2c" -q
 echo '{}' >"$T/eot/generation_config.json"
 echo '{"eos_token": "<|im_end|>"}' >"$T/eot/tokenizer_config.json"

@@ -1335,7 +1335,7 @@ static void test_layout_errors(void **state)
         { "perm = ffn", PI2_ESHAPE, "uint32 [256]" },
         { "resident missing", PI2_ESHAPE, "resident" },
         { "resident order", PI2_EFORMAT, "next non-FFN section" },
-        { "order", PI2_EFORMAT, "random" },
+        { "order", PI2_EUNSUPPORTED, "order: unknown value \"random\"" },
         { "efficiency", PI2_ERANGE, "read_efficiency" },
         { "ffn order", PI2_EFORMAT, "out of order" },
         { "hot region", PI2_ESHAPE, "hot region" },

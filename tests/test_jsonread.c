@@ -95,6 +95,15 @@ static void test_numbers(void **state)
     assert_int_equal(i32, 7);
     assert_int_equal(pi2_jr_u64(&r, o, "", "i", 9, &u), 0);
     assert_int_equal(u, 7);
+    uint32_t u32;
+    assert_int_equal(pi2_jr_u32(&r, o, "", "i", 7, UINT32_MAX, &u32), 0);
+    assert_int_equal(u32, 7);
+    expect(pi2_jr_u32(&r, o, "", "z", 1, 9, &u32), &err, PI2_ERANGE, "f.json: z: 0 is out of range [1, 9]");
+    assert_int_equal(pi2_jr_int_val(&r, json_object_get(o, "i"), "a[2]", NULL, 0, 9, &x), 0);
+    assert_int_equal(x, 7);
+    expect(pi2_jr_int_val(&r, json_object_get(o, "n"), "a[2]", NULL, 0, 9, &x), &err, PI2_EFORMAT,
+           "f.json: a[2]: expected an integer, got null");
+    expect(pi2_jr_int_val(&r, NULL, "v", "k", 0, 9, &x), &err, PI2_ENOTFOUND, "f.json: v.k: required key is missing");
 
     assert_int_equal(pi2_jr_real(&r, o, "", "i", 0, 7, 0, &d), 0); /* an integer is a number */
     assert_true(d == 7.0);
@@ -133,6 +142,12 @@ static void test_strings(void **state)
     assert_int_equal(pi2_jr_bool(&r, o, "", "b", &b), 0);
     assert_true(b);
     expect(pi2_jr_bool(&r, o, "", "i", &b), &err, PI2_EFORMAT, "f.json: i: expected true or false, got an integer");
+    assert_int_equal(pi2_jr_bool_or(&r, o, "", "b", false, &b), 0);
+    assert_true(b);
+    assert_int_equal(pi2_jr_bool_or(&r, o, "", "none", true, &b), 0); /* absent: the default */
+    assert_true(b);
+    expect(pi2_jr_bool_or(&r, o, "", "i", true, &b), &err, PI2_EFORMAT,
+           "f.json: i: expected true or false, got an integer");
     assert_int_equal(pi2_jr_str(&r, o, "", "s", 3, &s), 0);
     assert_string_equal(s, "q8");
     expect(pi2_jr_str(&r, o, "", "s", 2, &s), &err, PI2_ERANGE, "f.json: s: string of 2 bytes, at most 1 allowed");

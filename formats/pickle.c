@@ -47,7 +47,7 @@ static const char *op_name(uint8_t op)
     return NULL;
 }
 
-const char *const kind_name[] = { "None", "bool", "int", "str", "global", "tuple", "list", "dict", "storage",
+const char *const pk_kind_name[] = { "None", "bool", "int", "str", "global", "tuple", "list", "dict", "storage",
                                          "tensor" };
 
 static const struct {
@@ -59,7 +59,7 @@ static const struct {
     { "LongStorage", PI2_DT_I64 },
 };
 
-const char *storage_name(pi2_dtype dt)
+const char *pk_storage_name(pi2_dtype dt)
 {
     for (size_t i = 0; i < sizeof storage_types / sizeof storage_types[0]; i++)
         if (storage_types[i].dt == dt)
@@ -91,7 +91,7 @@ static int pk_spend(pk *k, size_t n)
     return 0;
 }
 
-shown pk_str(const pk *k, pv v) { return show_n(k->p0 + v.u, v.n); }
+shown pk_str(const pk *k, pv v) { return tz_show_n(k->p0 + v.u, v.n); }
 
 static bool pk_str_is(const pk *k, pv v, const char *s)
 {
@@ -161,7 +161,7 @@ static int pk_new_dict(pk *k, bool ordered, pv *out)
 static int pk_setitem(pk *k, pv d, pv key, pv val)
 {
     if (key.kind == PV_DICT || key.kind == PV_LIST)
-        return pk_fail(k, PI2_EFORMAT, "unhashable dict key (a %s)", kind_name[key.kind]);
+        return pk_fail(k, PI2_EFORMAT, "unhashable dict key (a %s)", pk_kind_name[key.kind]);
     int rc = pk_spend(k, 1);
     if (rc != 0)
         return rc;
@@ -189,7 +189,7 @@ int64_t pk_member(const pk *k, const char *a, const uint8_t *b, size_t blen)
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         const zmem *z = &k->m[k->sorted[mid]];
-        int c = name_cmp(z->name, z->nlen, (const uint8_t *)q, qlen);
+        int c = tz_name_cmp(z->name, z->nlen, (const uint8_t *)q, qlen);
         if (c == 0)
             return k->sorted[mid];
         if (c < 0)
@@ -218,11 +218,11 @@ static int pk_global(pk *k, const uint8_t *mod, size_t ml, const uint8_t *name, 
             return pk_fail(k, PI2_EUNSUPPORTED,
                            "storage type torch.%s has no pi2 dtype (pi2 reads Float, Half, BFloat16, Char, Byte, "
                            "Int and Long storages)",
-                           show_n(name, nl).s);
+                           tz_show_n(name, nl).s);
     }
 #undef IS
     if (!out->g)
-        return pk_fail(k, PI2_EUNSUPPORTED, "refused global '%s.%s'", show_n(mod, ml).s, show_n(name, nl).s);
+        return pk_fail(k, PI2_EUNSUPPORTED, "refused global '%s.%s'", tz_show_n(mod, ml).s, tz_show_n(name, nl).s);
     return 0;
 }
 
@@ -240,16 +240,16 @@ static const char *global_name(uint8_t g)
 static int pk_storage(pk *k, pv pid, pv *out)
 {
     if (pid.kind != PV_TUPLE || pid.n == 0)
-        return pk_fail(k, PI2_EUNSUPPORTED, "persistent id is a %s, not a storage tuple", kind_name[pid.kind]);
+        return pk_fail(k, PI2_EUNSUPPORTED, "persistent id is a %s, not a storage tuple", pk_kind_name[pid.kind]);
     const pv *t = k->kids + pid.u;
     if (!pk_str_is(k, t[0], "storage"))
         return pk_fail(k, PI2_EUNSUPPORTED, "persistent id of type '%s', not 'storage'",
-                       t[0].kind == PV_STR ? pk_str(k, t[0]).s : kind_name[t[0].kind]);
+                       t[0].kind == PV_STR ? pk_str(k, t[0]).s : pk_kind_name[t[0].kind]);
     if (pid.n != 5)
         return pk_fail(k, PI2_EFORMAT, "storage persistent id has %u fields, not 5", pid.n);
     if (t[1].kind != PV_GLOBAL || t[1].g < G_STORAGE)
         return pk_fail(k, PI2_EFORMAT, "storage type is %s, not a storage class",
-                       t[1].kind == PV_GLOBAL ? global_name(t[1].g) : kind_name[t[1].kind]);
+                       t[1].kind == PV_GLOBAL ? global_name(t[1].g) : pk_kind_name[t[1].kind]);
     if (t[2].kind != PV_STR || t[3].kind != PV_STR || t[4].kind != PV_INT || (int64_t)t[4].u < 0)
         return pk_fail(k, PI2_EFORMAT, "storage persistent id is not (str, type, str key, str location, numel >= 0)");
     pi2_dtype dt = (pi2_dtype)(t[1].g - G_STORAGE);
@@ -258,25 +258,25 @@ static int pk_storage(pk *k, pv pid, pv *out)
     size_t nbytes;
     if (numel > SIZE_MAX || !pi2_mul_size((size_t)numel, pi2_dtype_size(dt), &nbytes))
         return pk_fail(k, PI2_ERANGE, "storage '%s': %llu elements of %s overflow the byte size", key.s,
-                       (unsigned long long)numel, storage_name(dt));
+                       (unsigned long long)numel, pk_storage_name(dt));
     int64_t mi = pk_member(k, "data/", k->p0 + t[2].u, t[2].n);
     if (mi < 0)
         return pk_fail(k, PI2_EFORMAT, "storage '%s': member '%s/data/%s' is missing", key.s,
-                       show_n(k->prefix, k->plen).s, key.s);
+                       tz_show_n(k->prefix, k->plen).s, key.s);
     const zmem *z = &k->m[mi];
     if (z->method != 0)
         return pk_fail(k, PI2_EUNSUPPORTED, "storage '%s': member '%s' is compressed (method %u; torch stores "
-                       "storages uncompressed)", key.s, show_n(z->name, z->nlen).s, z->method);
+                       "storages uncompressed)", key.s, tz_show_n(z->name, z->nlen).s, z->method);
     if (z->usize != nbytes)
         return pk_fail(k, PI2_EFORMAT, "storage '%s': %s of %llu elements needs %zu bytes but member '%s' holds %llu",
-                       key.s, storage_name(dt), (unsigned long long)numel, nbytes, show_n(z->name, z->nlen).s,
+                       key.s, pk_storage_name(dt), (unsigned long long)numel, nbytes, tz_show_n(z->name, z->nlen).s,
                        (unsigned long long)z->usize);
     uint32_t s = k->mem_stor[mi];
     if (s) {
         const pstor *o = &k->stors[s - 1];
         if (o->dt != dt || o->numel != numel)
             return pk_fail(k, PI2_EFORMAT, "storage '%s' declared again as %s of %llu elements (first %s of %llu)",
-                           key.s, storage_name(dt), (unsigned long long)numel, storage_name(o->dt),
+                           key.s, pk_storage_name(dt), (unsigned long long)numel, pk_storage_name(o->dt),
                            (unsigned long long)o->numel);
         *out = (pv){ .kind = PV_STORAGE, .u = s - 1 };
         return 0;
@@ -312,12 +312,12 @@ static int pk_tensor(pk *k, pv args, pv *out)
         return pk_fail(k, PI2_EFORMAT, "_rebuild_tensor_v2 takes 6 or 7 arguments, not %u", args.n);
     const pv *a = k->kids + args.u;
     if (a[0].kind != PV_STORAGE)
-        return pk_fail(k, PI2_EFORMAT, "tensor storage is a %s", kind_name[a[0].kind]);
+        return pk_fail(k, PI2_EFORMAT, "tensor storage is a %s", pk_kind_name[a[0].kind]);
     if (a[1].kind != PV_INT || (int64_t)a[1].u < 0)
         return pk_fail(k, PI2_EFORMAT, "tensor storage_offset is %s", a[1].kind == PV_INT ? "negative" : "not an int");
     if (a[2].kind != PV_TUPLE || a[3].kind != PV_TUPLE)
-        return pk_fail(k, PI2_EFORMAT, "tensor size and stride must be tuples (%s, %s)", kind_name[a[2].kind],
-                       kind_name[a[3].kind]);
+        return pk_fail(k, PI2_EFORMAT, "tensor size and stride must be tuples (%s, %s)", pk_kind_name[a[2].kind],
+                       pk_kind_name[a[3].kind]);
     uint32_t nd = a[2].n;
     if (nd > PI2_ST_MAX_DIMS)
         return pk_fail(k, PI2_ERANGE, "tensor has %u dims (limit %d)", nd, PI2_ST_MAX_DIMS);
@@ -329,7 +329,7 @@ static int pk_tensor(pk *k, pv args, pv *out)
     for (uint32_t i = 0; i < nd; i++) {
         if (size[i].kind != PV_INT || stride[i].kind != PV_INT)
             return pk_fail(k, PI2_EFORMAT, "tensor size or stride holds a %s",
-                           kind_name[size[i].kind != PV_INT ? size[i].kind : stride[i].kind]);
+                           pk_kind_name[size[i].kind != PV_INT ? size[i].kind : stride[i].kind]);
         int64_t d = (int64_t)size[i].u;
         if (d < 0)
             return pk_fail(k, PI2_EFORMAT, "negative tensor size %lld in dim %u", (long long)d, i);
@@ -356,21 +356,21 @@ static int pk_tensor(pk *k, pv args, pv *out)
         }
     }
     if (a[4].kind != PV_BOOL)
-        return pk_fail(k, PI2_EFORMAT, "tensor requires_grad is a %s, not a bool", kind_name[a[4].kind]);
+        return pk_fail(k, PI2_EFORMAT, "tensor requires_grad is a %s, not a bool", pk_kind_name[a[4].kind]);
     if (a[5].kind != PV_DICT)
-        return pk_fail(k, PI2_EFORMAT, "tensor backward_hooks is a %s, not a dict", kind_name[a[5].kind]);
+        return pk_fail(k, PI2_EFORMAT, "tensor backward_hooks is a %s, not a dict", pk_kind_name[a[5].kind]);
     if (!empty_dict(k, a[5]))
         return pk_fail(k, PI2_EUNSUPPORTED, "tensor has backward hooks");
     if (args.n == 7 && a[6].kind != PV_NONE) {
         if (a[6].kind != PV_DICT)
-            return pk_fail(k, PI2_EFORMAT, "tensor metadata is a %s, not a dict", kind_name[a[6].kind]);
+            return pk_fail(k, PI2_EFORMAT, "tensor metadata is a %s, not a dict", pk_kind_name[a[6].kind]);
         if (!empty_dict(k, a[6]))
             return pk_fail(k, PI2_EUNSUPPORTED, "tensor carries metadata (conjugate or negative bit)");
     }
     if (t.offset > s->numel || t.nelem > s->numel - t.offset) {
         const zmem *z = &k->m[s->member];
         return pk_fail(k, PI2_EFORMAT, "tensor of %zu elements at storage_offset %llu runs past the end of its storage "
-                       "'%s' (%llu elements)", t.nelem, (unsigned long long)t.offset, show_n(z->name, z->nlen).s,
+                       "'%s' (%llu elements)", t.nelem, (unsigned long long)t.offset, tz_show_n(z->name, z->nlen).s,
                        (unsigned long long)s->numel);
     }
     if (k->ntens >= PI2_ST_MAX_TENSORS)
@@ -388,9 +388,9 @@ static int pk_tensor(pk *k, pv args, pv *out)
 static int pk_reduce(pk *k, pv fn, pv args, pv *out)
 {
     if (fn.kind != PV_GLOBAL)
-        return pk_fail(k, PI2_EUNSUPPORTED, "REDUCE of a %s", kind_name[fn.kind]);
+        return pk_fail(k, PI2_EUNSUPPORTED, "REDUCE of a %s", pk_kind_name[fn.kind]);
     if (args.kind != PV_TUPLE)
-        return pk_fail(k, PI2_EFORMAT, "REDUCE arguments are a %s, not a tuple", kind_name[args.kind]);
+        return pk_fail(k, PI2_EFORMAT, "REDUCE arguments are a %s, not a tuple", pk_kind_name[args.kind]);
     const pv *a = args.n ? k->kids + args.u : NULL; /* no items stored yet for () */
     switch (fn.g) {
     case G_ODICT:
@@ -407,7 +407,7 @@ static int pk_reduce(pk *k, pv fn, pv args, pv *out)
         *out = a[0];
         return 0;
     default:
-        return pk_fail(k, PI2_EUNSUPPORTED, "REDUCE of torch.%s", storage_name((pi2_dtype)(fn.g - G_STORAGE)));
+        return pk_fail(k, PI2_EUNSUPPORTED, "REDUCE of torch.%s", pk_storage_name((pi2_dtype)(fn.g - G_STORAGE)));
     }
 }
 
@@ -590,7 +590,7 @@ int pk_run(pk *k, pv *result)
                 return pk_fail(k, PI2_ERANGE, "string of %llu bytes (limit %u)", (unsigned long long)n,
                                (unsigned)PI2_TZ_MAX_STR);
             ARG((size_t)n);
-            if (!utf8_valid(q, (size_t)n))
+            if (!tz_utf8_valid(q, (size_t)n))
                 return pk_fail(k, PI2_EFORMAT, "string is not valid UTF-8");
             v = (pv){ .kind = PV_STR, .n = (uint32_t)n, .u = (uint64_t)(q - k->p0) };
             if ((rc = pk_push(k, v)) != 0)
@@ -626,7 +626,7 @@ int pk_run(pk *k, pv *result)
                 return rc;
             pv d = k->st[k->sp - 3];
             if (d.kind != PV_DICT)
-                return pk_fail(k, PI2_EFORMAT, "SETITEM on a %s", kind_name[d.kind]);
+                return pk_fail(k, PI2_EFORMAT, "SETITEM on a %s", pk_kind_name[d.kind]);
             if ((rc = pk_setitem(k, d, k->st[k->sp - 2], k->st[k->sp - 1])) != 0)
                 return rc;
             k->sp -= 2;
@@ -642,7 +642,7 @@ int pk_run(pk *k, pv *result)
                                op == OP_SETITEMS ? "dict" : "list");
             pv d = k->st[from - 1];
             if (d.kind != (op == OP_SETITEMS ? PV_DICT : PV_LIST))
-                return pk_fail(k, PI2_EFORMAT, "%s on a %s", op_name(op), kind_name[d.kind]);
+                return pk_fail(k, PI2_EFORMAT, "%s on a %s", op_name(op), pk_kind_name[d.kind]);
             if (op == OP_SETITEMS) {
                 if (n % 2)
                     return pk_fail(k, PI2_EFORMAT, "SETITEMS with an odd number (%zu) of values", n);
@@ -657,7 +657,7 @@ int pk_run(pk *k, pv *result)
             if ((rc = pk_need(k, op, 2)) != 0)
                 return rc;
             if (k->st[k->sp - 2].kind != PV_LIST)
-                return pk_fail(k, PI2_EFORMAT, "APPEND on a %s", kind_name[k->st[k->sp - 2].kind]);
+                return pk_fail(k, PI2_EFORMAT, "APPEND on a %s", pk_kind_name[k->st[k->sp - 2].kind]);
             k->sp--;
             break;
         case OP_GLOBAL: {
@@ -673,8 +673,8 @@ int pk_run(pk *k, pv *result)
                 return rc;
             pv mod = k->st[k->sp - 2], name = k->st[k->sp - 1];
             if (mod.kind != PV_STR || name.kind != PV_STR)
-                return pk_fail(k, PI2_EFORMAT, "STACK_GLOBAL of a %s and a %s", kind_name[mod.kind],
-                               kind_name[name.kind]);
+                return pk_fail(k, PI2_EFORMAT, "STACK_GLOBAL of a %s and a %s", pk_kind_name[mod.kind],
+                               pk_kind_name[name.kind]);
             if ((rc = pk_global(k, k->p0 + mod.u, mod.n, k->p0 + name.u, name.n, &v)) != 0)
                 return rc;
             k->sp -= 2;
@@ -696,9 +696,10 @@ int pk_run(pk *k, pv *result)
             pv obj = k->st[k->sp - 2], state = k->st[k->sp - 1];
             if (obj.kind != PV_DICT || !k->dicts[obj.u].ordered)
                 return pk_fail(k, PI2_EUNSUPPORTED, "BUILD on a %s", obj.kind == PV_DICT ? "plain dict" :
-                               kind_name[obj.kind]);
+                               pk_kind_name[obj.kind]);
             if (state.kind != PV_DICT)
-                return pk_fail(k, PI2_EUNSUPPORTED, "BUILD of an OrderedDict with a %s state", kind_name[state.kind]);
+                return pk_fail(k, PI2_EUNSUPPORTED, "BUILD of an OrderedDict with a %s state",
+                               pk_kind_name[state.kind]);
             k->sp--; /* the state (a module's _metadata) is dropped */
             break;
         }

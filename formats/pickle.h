@@ -106,8 +106,8 @@ typedef struct pk {
 } pk;
 
 int pk_fail(pk *k, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-extern const char *const kind_name[];
-const char *storage_name(pi2_dtype dt);
+extern const char *const pk_kind_name[];
+const char *pk_storage_name(pi2_dtype dt);
 int pk_nomem(pk *k);
 shown pk_str(const pk *k, pv v);
 int64_t pk_member(const pk *k, const char *a, const uint8_t *b, size_t blen);

@@ -25,14 +25,15 @@ typedef struct tkey {
 static int tkey_cmp(const void *pa, const void *pb)
 {
     const tkey *a = pa, *b = pb;
-    return name_cmp(a->s, a->n, b->s, b->n);
+    return tz_name_cmp(a->s, a->n, b->s, b->n);
 }
 
 /* The top level: a dict of distinct names to tensors, into views. */
 static int pk_result(pk *k, pv top, pi2_st_tensor **out, size_t *count, char **names)
 {
     if (top.kind != PV_DICT)
-        return pk_fail(k, PI2_EUNSUPPORTED, "the pickle holds a %s, not a dict of name -> tensor", kind_name[top.kind]);
+        return pk_fail(k, PI2_EUNSUPPORTED, "the pickle holds a %s, not a dict of name -> tensor",
+                       pk_kind_name[top.kind]);
     size_t n = k->dicts[top.u].nitems;
     if (n > PI2_ST_MAX_TENSORS)
         return pk_fail(k, PI2_ERANGE, "%zu top-level entries (limit %u tensors)", n, (unsigned)PI2_ST_MAX_TENSORS);
@@ -50,7 +51,7 @@ static int pk_result(pk *k, pv top, pi2_st_tensor **out, size_t *count, char **n
         if (it->dict != top.u)
             continue;
         if (it->k.kind != PV_STR) {
-            rc = pk_fail(k, PI2_EUNSUPPORTED, "top-level key is a %s, not a name", kind_name[it->k.kind]);
+            rc = pk_fail(k, PI2_EUNSUPPORTED, "top-level key is a %s, not a name", pk_kind_name[it->k.kind]);
             goto fail;
         }
         if (memchr(k->p0 + it->k.u, 0, it->k.n)) {
@@ -59,7 +60,7 @@ static int pk_result(pk *k, pv top, pi2_st_tensor **out, size_t *count, char **n
         }
         if (it->v.kind != PV_TENSOR) {
             rc = pk_fail(k, PI2_EUNSUPPORTED, "entry '%s' is a %s, not a tensor (a checkpoint that nests its state "
-                         "dict?)", pk_str(k, it->k).s, kind_name[it->v.kind]);
+                         "dict?)", pk_str(k, it->k).s, pk_kind_name[it->v.kind]);
             goto fail;
         }
         keys[j] = (tkey){ .s = k->p0 + it->k.u, .n = it->k.n, .i = (uint32_t)i };
@@ -70,7 +71,7 @@ static int pk_result(pk *k, pv top, pi2_st_tensor **out, size_t *count, char **n
     qsort(keys, n, sizeof *keys, tkey_cmp);
     for (size_t i = 1; i < n; i++)
         if (tkey_cmp(&keys[i - 1], &keys[i]) == 0) {
-            rc = pk_fail(k, PI2_EFORMAT, "duplicate key '%s'", show_n(keys[i].s, keys[i].n).s);
+            rc = pk_fail(k, PI2_EFORMAT, "duplicate key '%s'", tz_show_n(keys[i].s, keys[i].n).s);
             goto fail;
         }
     arena = malloc(alen ? alen : 1);
@@ -126,7 +127,7 @@ static int small_member(pk *k, int64_t mi, const uint8_t **p, size_t *n)
     const zmem *z = &k->m[mi];
     if (z->method != 0)
         return pi2_err_set(k->err, PI2_EUNSUPPORTED, "%s: member '%s' is compressed (method %u)", k->path,
-                           show_n(z->name, z->nlen).s, z->method);
+                           tz_show_n(z->name, z->nlen).s, z->method);
     *p = k->img + z->off;
     *n = (size_t)z->usize;
     return 0;
@@ -149,7 +150,7 @@ int pi2_tz_parse(const void *buf, size_t len, const char *path, pi2_st_tensor **
     zmem *m = NULL;
     uint32_t *sorted = NULL;
     size_t nm;
-    int rc = zip_walk(buf, len, path, &m, &nm, &sorted, err);
+    int rc = tz_zip_walk(buf, len, path, &m, &nm, &sorted, err);
     if (rc != 0)
         return rc;
     k.m = m;
@@ -159,7 +160,7 @@ int pi2_tz_parse(const void *buf, size_t len, const char *path, pi2_st_tensor **
     const uint8_t *slash = memchr(m[0].name, '/', m[0].nlen);
     if (!slash || slash == m[0].name) {
         rc = pi2_err_set(err, PI2_EFORMAT, "%s: member '%s' is not inside an archive folder", path,
-                         show_n(m[0].name, m[0].nlen).s);
+                         tz_show_n(m[0].name, m[0].nlen).s);
         goto out;
     }
     k.prefix = m[0].name;
@@ -167,13 +168,13 @@ int pi2_tz_parse(const void *buf, size_t len, const char *path, pi2_st_tensor **
     for (size_t i = 0; i < nm; i++) {
         if (m[i].nlen <= k.plen + 1 || memcmp(m[i].name, k.prefix, k.plen + 1) != 0) {
             rc = pi2_err_set(err, PI2_EFORMAT, "%s: member '%s' is outside the archive folder '%s'", path,
-                             show_n(m[i].name, m[i].nlen).s, show_n(k.prefix, k.plen).s);
+                             tz_show_n(m[i].name, m[i].nlen).s, tz_show_n(k.prefix, k.plen).s);
             goto out;
         }
     }
     char pkl[PI2_TZ_MAX_NAME + 16];
     snprintf(pkl, sizeof pkl, "%.*s/data.pkl", (int)k.plen, (const char *)k.prefix);
-    k.pkl = show(pkl);
+    k.pkl = tz_show(pkl);
     int64_t mi = pk_member(&k, "data.pkl", NULL, 0);
     if (mi < 0) {
         rc = pi2_err_set(err, PI2_EFORMAT, "%s: no member '%s' (not a torch.save checkpoint)", path, k.pkl.s);
@@ -194,7 +195,7 @@ int pi2_tz_parse(const void *buf, size_t len, const char *path, pi2_st_tensor **
     size_t vn;
     if (vi < 0) {
         rc = pi2_err_set(err, PI2_EFORMAT, "%s: no member '%s/version' (not a torch.save checkpoint)", path,
-                         show_n(k.prefix, k.plen).s);
+                         tz_show_n(k.prefix, k.plen).s);
         goto out;
     }
     if ((rc = small_member(&k, vi, &vp, &vn)) != 0)
@@ -204,7 +205,7 @@ int pi2_tz_parse(const void *buf, size_t len, const char *path, pi2_st_tensor **
         digits++;
     if (digits == 0 || digits > 20 || vn - digits > 1 || (vn > digits && vp[digits] != '\n')) {
         rc = pi2_err_set(err, PI2_EFORMAT, "%s: member '%s' does not hold a version number", path,
-                         show_n(m[vi].name, m[vi].nlen).s);
+                         tz_show_n(m[vi].name, m[vi].nlen).s);
         goto out;
     }
     int64_t bi = pk_member(&k, "byteorder", NULL, 0);
@@ -219,7 +220,7 @@ int pi2_tz_parse(const void *buf, size_t len, const char *path, pi2_st_tensor **
         }
         if (bn != 6 || memcmp(bp, "little", 6) != 0) {
             rc = pi2_err_set(err, PI2_EFORMAT, "%s: byteorder member holds '%s', not 'little' or 'big'", path,
-                             show_n(bp, bn).s);
+                             tz_show_n(bp, bn).s);
             goto out;
         }
     }
@@ -398,7 +399,7 @@ static int pb_state_dict(pb *b, const wt *t, size_t n)
             else
                 pb_get(b, m_storage);
             if (m_type[e->dt] == NONE_YET)
-                m_type[e->dt] = pb_global(b, "torch", storage_name(e->dt));
+                m_type[e->dt] = pb_global(b, "torch", pk_storage_name(e->dt));
             else
                 pb_get(b, m_type[e->dt]);
             char key[24];
@@ -543,28 +544,28 @@ int pi2_tz_writer_add(pi2_tz_writer *w, const char *name, pi2_dtype dt, int ndim
     if (w->started)
         return pi2_err_set(err, PI2_EINVAL, "%s: adding a tensor after data was written", w->path);
     size_t nl = strlen(name);
-    if (nl == 0 || nl > PI2_TZ_MAX_STR || !utf8_valid((const uint8_t *)name, nl))
+    if (nl == 0 || nl > PI2_TZ_MAX_STR || !tz_utf8_valid((const uint8_t *)name, nl))
         return pi2_err_set(err, PI2_EINVAL, "%s: invalid tensor name '%s' (empty, too long or not UTF-8)", w->path,
-                           show(name).s);
+                           tz_show(name).s);
     if (!pi2_dtype_name(dt))
-        return pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': invalid dtype %d", w->path, show(name).s, (int)dt);
+        return pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': invalid dtype %d", w->path, tz_show(name).s, (int)dt);
     if (ndim < 0 || ndim > PI2_ST_MAX_DIMS)
-        return pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': %d dims (limit %d)", w->path, show(name).s, ndim,
+        return pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': %d dims (limit %d)", w->path, tz_show(name).s, ndim,
                            PI2_ST_MAX_DIMS);
     if (w->n >= PI2_ST_MAX_TENSORS)
         return pi2_err_set(err, PI2_ERANGE, "%s: too many tensors (limit %u)", w->path, (unsigned)PI2_ST_MAX_TENSORS);
     size_t nelem = 1, nbytes;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
-            return pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': negative dim %lld", w->path, show(name).s,
+            return pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': negative dim %lld", w->path, tz_show(name).s,
                                (long long)shape[i]);
         if ((uint64_t)shape[i] > SIZE_MAX || !pi2_mul_size(nelem, (size_t)shape[i], &nelem))
-            return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': element count overflows", w->path, show(name).s);
+            return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': element count overflows", w->path, tz_show(name).s);
     }
     uint64_t total;
     if (!pi2_mul_size(nelem, pi2_dtype_size(dt), &nbytes) || nelem > (uint64_t)INT64_MAX ||
         __builtin_add_overflow(w->total, (uint64_t)nbytes, &total) || total > (uint64_t)INT64_MAX)
-        return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': size overflows", w->path, show(name).s);
+        return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': size overflows", w->path, tz_show(name).s);
     if (w->nslots < 2 * (w->n + 1)) {
         size_t ns = w->nslots ? w->nslots * 2 : 64;
         uint32_t *s = pi2_calloc_array(ns, sizeof *s);
@@ -578,7 +579,7 @@ int pi2_tz_writer_add(pi2_tz_writer *w, const char *name, pi2_dtype dt, int ndim
     }
     size_t slot = w_slot(w, name);
     if (w->slots[slot])
-        return pi2_err_set(err, PI2_EINVAL, "%s: duplicate tensor '%s'", w->path, show(name).s);
+        return pi2_err_set(err, PI2_EINVAL, "%s: duplicate tensor '%s'", w->path, tz_show(name).s);
     if (pi2_grow(&w->t, &w->cap, w->n, sizeof *w->t, 16) != 0)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", w->path);
     wt *e = &w->t[w->n];
@@ -722,7 +723,7 @@ int pi2_tz_write(const char *path, size_t n, const pi2_tz_item *items, pi2_err *
     for (size_t i = 0; i < n && rc == 0; i++) {
         const wt *e = &w->t[i];
         if (e->nbytes && !items[i].data)
-            rc = pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': NULL data", path, show(e->name).s);
+            rc = pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': NULL data", path, tz_show(e->name).s);
         else
             rc = pi2_tz_writer_write(w, items[i].data, (size_t)e->nbytes, err);
     }
@@ -753,7 +754,7 @@ int pi2_tz_write_members(const char *path, size_t n, const char *const *names, c
         qsort(sorted, n, sizeof *sorted, cstr_cmp);
         for (size_t i = 1; i < n && rc == 0; i++)
             if (strcmp(sorted[i - 1], sorted[i]) == 0)
-                rc = pi2_err_set(err, PI2_EINVAL, "%s: duplicate member '%s'", path, show(sorted[i]).s);
+                rc = pi2_err_set(err, PI2_EINVAL, "%s: duplicate member '%s'", path, tz_show(sorted[i]).s);
     }
     free(sorted);
     if (rc != 0)

@@ -28,7 +28,7 @@ static bool take16(pi2_cursor *c, uint16_t *v)
 
 /* A name from a hostile file, shown on one short line. */
 
-shown show_n(const void *ptr, size_t len)
+shown tz_show_n(const void *ptr, size_t len)
 {
     const unsigned char *s = ptr;
     shown r;
@@ -43,9 +43,9 @@ shown show_n(const void *ptr, size_t len)
     return r;
 }
 
-shown show(const char *s) { return show_n(s, s ? strlen(s) : 0); }
+shown tz_show(const char *s) { return tz_show_n(s, s ? strlen(s) : 0); }
 
-bool utf8_valid(const uint8_t *s, size_t n)
+bool tz_utf8_valid(const uint8_t *s, size_t n)
 {
     size_t i = 0;
     while (i < n) {
@@ -119,7 +119,7 @@ static bool z64_next(pi2_cursor *c, uint64_t *v) { return pi2_cursor_u64le(c, v)
 
 static int cmp_u64(uint64_t a, uint64_t b) { return a < b ? -1 : a > b; }
 
-int name_cmp(const uint8_t *a, size_t al, const uint8_t *b, size_t bl)
+int tz_name_cmp(const uint8_t *a, size_t al, const uint8_t *b, size_t bl)
 {
     int r = memcmp(a, b, al < bl ? al : bl);
     return r ? r : cmp_u64(al, bl);
@@ -141,13 +141,13 @@ static int key_by_lho(const void *pa, const void *pb)
 static int key_by_name(const void *pa, const void *pb)
 {
     const zkey *a = pa, *b = pb;
-    return name_cmp(a->name, a->nlen, b->name, b->nlen);
+    return tz_name_cmp(a->name, a->nlen, b->name, b->nlen);
 }
 
 /* Walk the zip image; *out gets its members in central directory order and
  * *by_name their indices sorted by name (both freed by the caller). */
-int zip_walk(const uint8_t *buf, size_t len, const char *path, zmem **out, size_t *count, uint32_t **sorted,
-             pi2_err *err)
+int tz_zip_walk(const uint8_t *buf, size_t len, const char *path, zmem **out, size_t *count, uint32_t **sorted,
+                pi2_err *err)
 {
     *out = NULL;
     *count = 0;
@@ -266,7 +266,7 @@ int zip_walk(const uint8_t *buf, size_t len, const char *path, zmem **out, size_
                              nlen == 0 ? "empty name" : nlen > PI2_TZ_MAX_NAME ? "name too long" : "name holds a NUL");
             goto out;
         }
-        shown sn = show_n(name, nlen);
+        shown sn = tz_show_n(name, nlen);
         const uint8_t *z64;
         size_t z64len;
         if (!extra_records(extra, xlen, &z64, &z64len)) {
@@ -316,7 +316,7 @@ int zip_walk(const uint8_t *buf, size_t len, const char *path, zmem **out, size_
     /* Local headers: each must say what its central entry says. */
     for (size_t i = 0; i < n; i++) {
         zmem *z = &m[i];
-        shown sn = show_n(z->name, z->nlen);
+        shown sn = tz_show_n(z->name, z->nlen);
         if (z->lho > cd_off || cd_off - z->lho < LFH_LEN || rd32(buf + z->lho) != SIG_LFH) {
             rc = pi2_err_set(err, PI2_EFORMAT, "%s: member '%s': no local header at byte %llu", path, sn.s,
                              (unsigned long long)z->lho);
@@ -379,8 +379,8 @@ int zip_walk(const uint8_t *buf, size_t len, const char *path, zmem **out, size_
     for (size_t i = 1; i < n; i++) {
         const zmem *a = &m[keys[i - 1].i], *b = &m[keys[i].i];
         if (a->off + a->csize > b->lho) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: members '%s' and '%s' overlap", path, show_n(a->name, a->nlen).s,
-                             show_n(b->name, b->nlen).s);
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: members '%s' and '%s' overlap", path, tz_show_n(a->name, a->nlen).s,
+                             tz_show_n(b->name, b->nlen).s);
             goto out;
         }
     }
@@ -389,7 +389,7 @@ int zip_walk(const uint8_t *buf, size_t len, const char *path, zmem **out, size_
         idx[i] = keys[i].i;
         if (i > 0 && key_by_name(&keys[i - 1], &keys[i]) == 0) {
             rc = pi2_err_set(err, PI2_EFORMAT, "%s: two members named '%s'", path,
-                             show_n(keys[i].name, keys[i].nlen).s);
+                             tz_show_n(keys[i].name, keys[i].nlen).s);
             goto out;
         }
     }

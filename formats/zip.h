@@ -68,12 +68,12 @@ typedef struct zw {
     uint32_t crc;
 } zw;
 
-shown show_n(const void *ptr, size_t len);
-shown show(const char *s);
-bool utf8_valid(const uint8_t *s, size_t n);
-int name_cmp(const uint8_t *a, size_t al, const uint8_t *b, size_t bl);
-int zip_walk(const uint8_t *buf, size_t len, const char *path, zmem **out, size_t *count, uint32_t **sorted,
-             pi2_err *err);
+shown tz_show_n(const void *ptr, size_t len);
+shown tz_show(const char *s);
+bool tz_utf8_valid(const uint8_t *s, size_t n);
+int tz_name_cmp(const uint8_t *a, size_t al, const uint8_t *b, size_t bl);
+int tz_zip_walk(const uint8_t *buf, size_t len, const char *path, zmem **out, size_t *count, uint32_t **sorted,
+                pi2_err *err);
 void zw_release(zw *z);
 int zw_begin(zw *z, const char *name, uint64_t size, pi2_err *err);
 int zw_data(zw *z, const void *p, size_t n, pi2_err *err);

@@ -454,267 +454,343 @@ static int pk_memo_get(pk *k, uint64_t i)
     return pk_push(k, k->memo[i]);
 }
 
+/* The operand of n bytes after op. */
+static int pk_arg(pk *k, pi2_cursor *c, uint8_t op, size_t n, const uint8_t **q)
+{
+    if (!pi2_cursor_take(c, n, q))
+        return pk_fail(k, PI2_EFORMAT, "%s operand runs past the end of data.pkl", op_name(op));
+    return 0;
+}
+
+/* PROTO, FRAME, MARK: framing and the MARK stack. */
+static int pk_op_frame(pk *k, pi2_cursor *c, uint8_t op)
+{
+    const uint8_t *q;
+    int rc;
+    if (op == OP_MARK) {
+        if (k->nmarks >= PI2_TZ_MAX_MARKS)
+            return pk_fail(k, PI2_ERANGE, "more than %d nested MARKs", PI2_TZ_MAX_MARKS);
+        k->marks[k->nmarks++] = k->sp;
+        return 0;
+    }
+    if (op == OP_PROTO) {
+        if ((rc = pk_arg(k, c, op, 1, &q)) != 0)
+            return rc;
+        if (*q > 5)
+            return pk_fail(k, PI2_EUNSUPPORTED, "pickle protocol %u (known: 0-5)", *q);
+        return 0;
+    }
+    if ((rc = pk_arg(k, c, op, 8, &q)) != 0) /* FRAME */
+        return rc;
+    uint64_t fl = rd64(q);
+    if (fl > c->left)
+        return pk_fail(k, PI2_EFORMAT, "FRAME of %llu bytes runs past the end of data.pkl", (unsigned long long)fl);
+    return 0;
+}
+
+/* STOP: exactly the result left, nothing after it. */
+static int pk_op_stop(pk *k, const pi2_cursor *c, pv *result)
+{
+    if (k->nmarks)
+        return pk_fail(k, PI2_EFORMAT, "STOP with %zu open MARKs", k->nmarks);
+    if (k->sp != 1)
+        return pk_fail(k, PI2_EFORMAT, "STOP with %zu values on the stack, not 1", k->sp);
+    if (c->left)
+        return pk_fail(k, PI2_EFORMAT, "%zu bytes after STOP", c->left);
+    *result = k->st[0];
+    return 0;
+}
+
+/* LONG1: a little-endian two's complement integer of up to 8 bytes. */
+static int pk_op_long1(pk *k, pi2_cursor *c, uint8_t op)
+{
+    const uint8_t *q;
+    int rc;
+    if ((rc = pk_arg(k, c, op, 1, &q)) != 0)
+        return rc;
+    size_t n = *q;
+    if (n > 8)
+        return pk_fail(k, PI2_ERANGE, "integer of %zu bytes (limit 8)", n);
+    if ((rc = pk_arg(k, c, op, n, &q)) != 0)
+        return rc;
+    uint64_t u = 0;
+    for (size_t i = 0; i < n; i++)
+        u |= (uint64_t)q[i] << (8 * i);
+    if (n > 0 && n < 8 && (q[n - 1] & 0x80))
+        u |= ~(uint64_t)0 << (8 * n); /* sign-extend: two's complement bits */
+    return pk_push(k, (pv){ .kind = PV_INT, .u = u });
+}
+
+/* BINUNICODE, SHORT_BINUNICODE, BINUNICODE8: a UTF-8 string, kept in place. */
+static int pk_op_unicode(pk *k, pi2_cursor *c, uint8_t op)
+{
+    const uint8_t *q;
+    int rc;
+    uint64_t n;
+    if (op == OP_SHORT_BINUNICODE) {
+        if ((rc = pk_arg(k, c, op, 1, &q)) != 0)
+            return rc;
+        n = *q;
+    } else if (op == OP_BINUNICODE) {
+        if ((rc = pk_arg(k, c, op, 4, &q)) != 0)
+            return rc;
+        n = rd32(q);
+    } else {
+        if ((rc = pk_arg(k, c, op, 8, &q)) != 0)
+            return rc;
+        n = rd64(q);
+    }
+    if (n > PI2_TZ_MAX_STR)
+        return pk_fail(k, PI2_ERANGE, "string of %llu bytes (limit %u)", (unsigned long long)n,
+                       (unsigned)PI2_TZ_MAX_STR);
+    if ((rc = pk_arg(k, c, op, (size_t)n, &q)) != 0)
+        return rc;
+    if (!tz_utf8_valid(q, (size_t)n))
+        return pk_fail(k, PI2_EFORMAT, "string is not valid UTF-8");
+    return pk_push(k, (pv){ .kind = PV_STR, .n = (uint32_t)n, .u = (uint64_t)(q - k->p0) });
+}
+
+/* NONE, NEWTRUE, NEWFALSE, BININT, BININT1, BININT2: the fixed-size scalars. */
+static int pk_op_scalar(pk *k, pi2_cursor *c, uint8_t op)
+{
+    const uint8_t *q;
+    int rc;
+    switch (op) {
+    case OP_NONE:
+        return pk_push(k, (pv){ .kind = PV_NONE });
+    case OP_NEWTRUE:
+    case OP_NEWFALSE:
+        return pk_push(k, (pv){ .kind = PV_BOOL, .u = op == OP_NEWTRUE });
+    case OP_BININT:
+        if ((rc = pk_arg(k, c, op, 4, &q)) != 0)
+            return rc;
+        return pk_push(k, (pv){ .kind = PV_INT, .u = (uint64_t)((int64_t)(rd32(q) ^ 0x80000000u) - 0x80000000) });
+    case OP_BININT1:
+        if ((rc = pk_arg(k, c, op, 1, &q)) != 0)
+            return rc;
+        return pk_push(k, (pv){ .kind = PV_INT, .u = *q });
+    default: /* OP_BININT2 */
+        if ((rc = pk_arg(k, c, op, 2, &q)) != 0)
+            return rc;
+        return pk_push(k, (pv){ .kind = PV_INT, .u = rd16(q) });
+    }
+}
+
+/* BINPUT, LONG_BINPUT, MEMOIZE, BINGET, LONG_BINGET. */
+static int pk_op_memo(pk *k, pi2_cursor *c, uint8_t op)
+{
+    const uint8_t *q;
+    int rc;
+    switch (op) {
+    case OP_MEMOIZE:
+        return pk_memo_put(k, op, k->nmemo);
+    case OP_BINPUT:
+    case OP_BINGET:
+        if ((rc = pk_arg(k, c, op, 1, &q)) != 0)
+            return rc;
+        return op == OP_BINPUT ? pk_memo_put(k, op, *q) : pk_memo_get(k, *q);
+    default: /* OP_LONG_BINPUT, OP_LONG_BINGET */
+        if ((rc = pk_arg(k, c, op, 4, &q)) != 0)
+            return rc;
+        return op == OP_LONG_BINPUT ? pk_memo_put(k, op, rd32(q)) : pk_memo_get(k, rd32(q));
+    }
+}
+
+/* EMPTY_TUPLE, TUPLE, TUPLE1-3, EMPTY_LIST, EMPTY_DICT: new containers. */
+static int pk_op_new(pk *k, uint8_t op)
+{
+    pv v = { 0 };
+    int rc;
+    size_t from = 0, n = 0;
+    switch (op) {
+    case OP_EMPTY_DICT:
+        if ((rc = pk_new_dict(k, false, &v)) != 0)
+            return rc;
+        return pk_push(k, v);
+    case OP_EMPTY_LIST:
+        return pk_push(k, (pv){ .kind = PV_LIST });
+    case OP_EMPTY_TUPLE:
+        return pk_push(k, (pv){ .kind = PV_TUPLE });
+    case OP_TUPLE:
+        if ((rc = pk_pop_mark(k, op, &from, &n)) != 0 || (rc = pk_tuple(k, from, n, &v)) != 0)
+            return rc;
+        k->sp = from;
+        return pk_push(k, v);
+    default: /* OP_TUPLE1, OP_TUPLE2, OP_TUPLE3 */
+        n = (size_t)(op - OP_TUPLE1 + 1);
+        if ((rc = pk_need(k, op, n)) != 0 || (rc = pk_tuple(k, k->sp - n, n, &v)) != 0)
+            return rc;
+        k->sp -= n;
+        return pk_push(k, v);
+    }
+}
+
+/* SETITEM, SETITEMS, APPEND, APPENDS: filling dicts (lists are dropped). */
+static int pk_op_fill(pk *k, uint8_t op)
+{
+    int rc;
+    if (op == OP_SETITEM) {
+        if ((rc = pk_need(k, op, 3)) != 0)
+            return rc;
+        pv d = k->st[k->sp - 3];
+        if (d.kind != PV_DICT)
+            return pk_fail(k, PI2_EFORMAT, "SETITEM on a %s", pk_kind_name[d.kind]);
+        if ((rc = pk_setitem(k, d, k->st[k->sp - 2], k->st[k->sp - 1])) != 0)
+            return rc;
+        k->sp -= 2;
+        return 0;
+    }
+    if (op == OP_APPEND) {
+        if ((rc = pk_need(k, op, 2)) != 0)
+            return rc;
+        if (k->st[k->sp - 2].kind != PV_LIST)
+            return pk_fail(k, PI2_EFORMAT, "APPEND on a %s", pk_kind_name[k->st[k->sp - 2].kind]);
+        k->sp--;
+        return 0;
+    }
+    size_t from = 0, n = 0; /* SETITEMS, APPENDS */
+    if ((rc = pk_pop_mark(k, op, &from, &n)) != 0)
+        return rc;
+    if (from <= pk_base(k))
+        return pk_fail(k, PI2_EFORMAT, "stack underflow: %s has no %s under its MARK", op_name(op),
+                       op == OP_SETITEMS ? "dict" : "list");
+    pv d = k->st[from - 1];
+    if (d.kind != (op == OP_SETITEMS ? PV_DICT : PV_LIST))
+        return pk_fail(k, PI2_EFORMAT, "%s on a %s", op_name(op), pk_kind_name[d.kind]);
+    if (op == OP_SETITEMS) {
+        if (n % 2)
+            return pk_fail(k, PI2_EFORMAT, "SETITEMS with an odd number (%zu) of values", n);
+        for (size_t i = 0; i < n; i += 2)
+            if ((rc = pk_setitem(k, d, k->st[from + i], k->st[from + i + 1])) != 0)
+                return rc;
+    }
+    k->sp = from; /* list items are not kept: no state dict value lives in a list */
+    return 0;
+}
+
+/* GLOBAL, STACK_GLOBAL: a name from the allowed table. */
+static int pk_op_global(pk *k, pi2_cursor *c, uint8_t op)
+{
+    pv v = { 0 };
+    int rc;
+    if (op == OP_GLOBAL) {
+        const uint8_t *mod, *name;
+        size_t ml, nl;
+        if ((rc = pk_line(k, c, &mod, &ml)) != 0 || (rc = pk_line(k, c, &name, &nl)) != 0 ||
+            (rc = pk_global(k, mod, ml, name, nl, &v)) != 0)
+            return rc;
+        return pk_push(k, v);
+    }
+    if ((rc = pk_need(k, op, 2)) != 0)
+        return rc;
+    pv mod = k->st[k->sp - 2], name = k->st[k->sp - 1];
+    if (mod.kind != PV_STR || name.kind != PV_STR)
+        return pk_fail(k, PI2_EFORMAT, "STACK_GLOBAL of a %s and a %s", pk_kind_name[mod.kind],
+                       pk_kind_name[name.kind]);
+    if ((rc = pk_global(k, k->p0 + mod.u, mod.n, k->p0 + name.u, name.n, &v)) != 0)
+        return rc;
+    k->sp -= 2;
+    return pk_push(k, v);
+}
+
+/* REDUCE, BUILD, BINPERSID: the objects a state dict is made of. */
+static int pk_op_object(pk *k, uint8_t op)
+{
+    pv v = { 0 };
+    int rc;
+    if (op == OP_BINPERSID) {
+        if ((rc = pk_need(k, op, 1)) != 0 || (rc = pk_storage(k, k->st[k->sp - 1], &v)) != 0)
+            return rc;
+        k->st[k->sp - 1] = v;
+        return 0;
+    }
+    if ((rc = pk_need(k, op, 2)) != 0)
+        return rc;
+    if (op == OP_REDUCE) {
+        if ((rc = pk_reduce(k, k->st[k->sp - 2], k->st[k->sp - 1], &v)) != 0)
+            return rc;
+        k->sp -= 2;
+        return pk_push(k, v);
+    }
+    pv obj = k->st[k->sp - 2], state = k->st[k->sp - 1]; /* BUILD */
+    if (obj.kind != PV_DICT || !k->dicts[obj.u].ordered)
+        return pk_fail(k, PI2_EUNSUPPORTED, "BUILD on a %s",
+                       obj.kind == PV_DICT ? "plain dict" : pk_kind_name[obj.kind]);
+    if (state.kind != PV_DICT)
+        return pk_fail(k, PI2_EUNSUPPORTED, "BUILD of an OrderedDict with a %s state", pk_kind_name[state.kind]);
+    k->sp--; /* the state (a module's _metadata) is dropped */
+    return 0;
+}
+
+/* One opcode other than STOP, by family; the rest are refused. */
+static int pk_step(pk *k, pi2_cursor *c, uint8_t op)
+{
+    switch (op) {
+    case OP_PROTO:
+    case OP_FRAME:
+    case OP_MARK:
+        return pk_op_frame(k, c, op);
+    case OP_NONE:
+    case OP_NEWTRUE:
+    case OP_NEWFALSE:
+    case OP_BININT:
+    case OP_BININT1:
+    case OP_BININT2:
+        return pk_op_scalar(k, c, op);
+    case OP_LONG1:
+        return pk_op_long1(k, c, op);
+    case OP_BINUNICODE:
+    case OP_SHORT_BINUNICODE:
+    case OP_BINUNICODE8:
+        return pk_op_unicode(k, c, op);
+    case OP_BINPUT:
+    case OP_LONG_BINPUT:
+    case OP_MEMOIZE:
+    case OP_BINGET:
+    case OP_LONG_BINGET:
+        return pk_op_memo(k, c, op);
+    case OP_EMPTY_DICT:
+    case OP_EMPTY_LIST:
+    case OP_EMPTY_TUPLE:
+    case OP_TUPLE:
+    case OP_TUPLE1:
+    case OP_TUPLE2:
+    case OP_TUPLE3:
+        return pk_op_new(k, op);
+    case OP_SETITEM:
+    case OP_SETITEMS:
+    case OP_APPEND:
+    case OP_APPENDS:
+        return pk_op_fill(k, op);
+    case OP_GLOBAL:
+    case OP_STACK_GLOBAL:
+        return pk_op_global(k, c, op);
+    case OP_REDUCE:
+    case OP_BUILD:
+    case OP_BINPERSID:
+        return pk_op_object(k, op);
+    default: {
+        const char *nm = op_name(op);
+        return nm ? pk_fail(k, PI2_EUNSUPPORTED, "refused opcode %s (0x%02x)", nm, op)
+                  : pk_fail(k, PI2_EUNSUPPORTED, "refused opcode 0x%02x (not a pickle opcode)", op);
+    }
+    }
+}
+
 /* Run data.pkl to STOP; *result gets the value it returns. */
 int pk_run(pk *k, pv *result)
 {
     pi2_cursor c = { k->p0, k->len };
-    int rc = 0;
     for (;;) {
         k->at = k->len - c.left;
-        const uint8_t *p, *q;
+        const uint8_t *p;
         if (!pi2_cursor_take(&c, 1, &p))
             return pk_fail(k, PI2_EFORMAT, "data.pkl ends without STOP");
-        uint8_t op = *p;
-        pv v = { 0 };
-        /* operand of n bytes */
-#define ARG(n)                                                                                                   \
-    do {                                                                                                         \
-        if (!pi2_cursor_take(&c, (n), &q))                                                                       \
-            return pk_fail(k, PI2_EFORMAT, "%s operand runs past the end of data.pkl", op_name(op));             \
-    } while (0)
-        switch (op) {
-        case OP_PROTO:
-            ARG(1);
-            if (*q > 5)
-                return pk_fail(k, PI2_EUNSUPPORTED, "pickle protocol %u (known: 0-5)", *q);
-            break;
-        case OP_FRAME: {
-            ARG(8);
-            uint64_t fl = rd64(q);
-            if (fl > c.left)
-                return pk_fail(k, PI2_EFORMAT, "FRAME of %llu bytes runs past the end of data.pkl",
-                               (unsigned long long)fl);
-            break;
-        }
-        case OP_STOP:
-            if (k->nmarks)
-                return pk_fail(k, PI2_EFORMAT, "STOP with %zu open MARKs", k->nmarks);
-            if (k->sp != 1)
-                return pk_fail(k, PI2_EFORMAT, "STOP with %zu values on the stack, not 1", k->sp);
-            if (c.left)
-                return pk_fail(k, PI2_EFORMAT, "%zu bytes after STOP", c.left);
-            *result = k->st[0];
-            return 0;
-        case OP_MARK:
-            if (k->nmarks >= PI2_TZ_MAX_MARKS)
-                return pk_fail(k, PI2_ERANGE, "more than %d nested MARKs", PI2_TZ_MAX_MARKS);
-            k->marks[k->nmarks++] = k->sp;
-            break;
-        case OP_EMPTY_DICT:
-            if ((rc = pk_new_dict(k, false, &v)) != 0 || (rc = pk_push(k, v)) != 0)
-                return rc;
-            break;
-        case OP_EMPTY_LIST:
-            if ((rc = pk_push(k, (pv){ .kind = PV_LIST })) != 0)
-                return rc;
-            break;
-        case OP_EMPTY_TUPLE:
-            if ((rc = pk_push(k, (pv){ .kind = PV_TUPLE })) != 0)
-                return rc;
-            break;
-        case OP_TUPLE: {
-            size_t from = 0, n = 0;
-            if ((rc = pk_pop_mark(k, op, &from, &n)) != 0 || (rc = pk_tuple(k, from, n, &v)) != 0)
-                return rc;
-            k->sp = from;
-            if ((rc = pk_push(k, v)) != 0)
-                return rc;
-            break;
-        }
-        case OP_TUPLE1:
-        case OP_TUPLE2:
-        case OP_TUPLE3: {
-            size_t n = (size_t)(op - OP_TUPLE1 + 1);
-            if ((rc = pk_need(k, op, n)) != 0 || (rc = pk_tuple(k, k->sp - n, n, &v)) != 0)
-                return rc;
-            k->sp -= n;
-            if ((rc = pk_push(k, v)) != 0)
-                return rc;
-            break;
-        }
-        case OP_NONE:
-            if ((rc = pk_push(k, (pv){ .kind = PV_NONE })) != 0)
-                return rc;
-            break;
-        case OP_NEWTRUE:
-        case OP_NEWFALSE:
-            if ((rc = pk_push(k, (pv){ .kind = PV_BOOL, .u = op == OP_NEWTRUE })) != 0)
-                return rc;
-            break;
-        case OP_BININT:
-            ARG(4);
-            v = (pv){ .kind = PV_INT, .u = (uint64_t)((int64_t)(rd32(q) ^ 0x80000000u) - 0x80000000) };
-            if ((rc = pk_push(k, v)) != 0)
-                return rc;
-            break;
-        case OP_BININT1:
-            ARG(1);
-            if ((rc = pk_push(k, (pv){ .kind = PV_INT, .u = *q })) != 0)
-                return rc;
-            break;
-        case OP_BININT2:
-            ARG(2);
-            if ((rc = pk_push(k, (pv){ .kind = PV_INT, .u = rd16(q) })) != 0)
-                return rc;
-            break;
-        case OP_LONG1: {
-            ARG(1);
-            size_t n = *q;
-            if (n > 8)
-                return pk_fail(k, PI2_ERANGE, "integer of %zu bytes (limit 8)", n);
-            ARG(n);
-            uint64_t u = 0;
-            for (size_t i = 0; i < n; i++)
-                u |= (uint64_t)q[i] << (8 * i);
-            if (n > 0 && n < 8 && (q[n - 1] & 0x80))
-                u |= ~(uint64_t)0 << (8 * n); /* sign-extend: two's complement bits */
-            if ((rc = pk_push(k, (pv){ .kind = PV_INT, .u = u })) != 0)
-                return rc;
-            break;
-        }
-        case OP_BINUNICODE:
-        case OP_SHORT_BINUNICODE:
-        case OP_BINUNICODE8: {
-            uint64_t n;
-            if (op == OP_SHORT_BINUNICODE) {
-                ARG(1);
-                n = *q;
-            } else if (op == OP_BINUNICODE) {
-                ARG(4);
-                n = rd32(q);
-            } else {
-                ARG(8);
-                n = rd64(q);
-            }
-            if (n > PI2_TZ_MAX_STR)
-                return pk_fail(k, PI2_ERANGE, "string of %llu bytes (limit %u)", (unsigned long long)n,
-                               (unsigned)PI2_TZ_MAX_STR);
-            ARG((size_t)n);
-            if (!tz_utf8_valid(q, (size_t)n))
-                return pk_fail(k, PI2_EFORMAT, "string is not valid UTF-8");
-            v = (pv){ .kind = PV_STR, .n = (uint32_t)n, .u = (uint64_t)(q - k->p0) };
-            if ((rc = pk_push(k, v)) != 0)
-                return rc;
-            break;
-        }
-        case OP_BINPUT:
-            ARG(1);
-            if ((rc = pk_memo_put(k, op, *q)) != 0)
-                return rc;
-            break;
-        case OP_LONG_BINPUT:
-            ARG(4);
-            if ((rc = pk_memo_put(k, op, rd32(q))) != 0)
-                return rc;
-            break;
-        case OP_MEMOIZE:
-            if ((rc = pk_memo_put(k, op, k->nmemo)) != 0)
-                return rc;
-            break;
-        case OP_BINGET:
-            ARG(1);
-            if ((rc = pk_memo_get(k, *q)) != 0)
-                return rc;
-            break;
-        case OP_LONG_BINGET:
-            ARG(4);
-            if ((rc = pk_memo_get(k, rd32(q))) != 0)
-                return rc;
-            break;
-        case OP_SETITEM: {
-            if ((rc = pk_need(k, op, 3)) != 0)
-                return rc;
-            pv d = k->st[k->sp - 3];
-            if (d.kind != PV_DICT)
-                return pk_fail(k, PI2_EFORMAT, "SETITEM on a %s", pk_kind_name[d.kind]);
-            if ((rc = pk_setitem(k, d, k->st[k->sp - 2], k->st[k->sp - 1])) != 0)
-                return rc;
-            k->sp -= 2;
-            break;
-        }
-        case OP_SETITEMS:
-        case OP_APPENDS: {
-            size_t from = 0, n = 0;
-            if ((rc = pk_pop_mark(k, op, &from, &n)) != 0)
-                return rc;
-            if (from <= pk_base(k))
-                return pk_fail(k, PI2_EFORMAT, "stack underflow: %s has no %s under its MARK", op_name(op),
-                               op == OP_SETITEMS ? "dict" : "list");
-            pv d = k->st[from - 1];
-            if (d.kind != (op == OP_SETITEMS ? PV_DICT : PV_LIST))
-                return pk_fail(k, PI2_EFORMAT, "%s on a %s", op_name(op), pk_kind_name[d.kind]);
-            if (op == OP_SETITEMS) {
-                if (n % 2)
-                    return pk_fail(k, PI2_EFORMAT, "SETITEMS with an odd number (%zu) of values", n);
-                for (size_t i = 0; i < n; i += 2)
-                    if ((rc = pk_setitem(k, d, k->st[from + i], k->st[from + i + 1])) != 0)
-                        return rc;
-            }
-            k->sp = from; /* list items are not kept: no state dict value lives in a list */
-            break;
-        }
-        case OP_APPEND:
-            if ((rc = pk_need(k, op, 2)) != 0)
-                return rc;
-            if (k->st[k->sp - 2].kind != PV_LIST)
-                return pk_fail(k, PI2_EFORMAT, "APPEND on a %s", pk_kind_name[k->st[k->sp - 2].kind]);
-            k->sp--;
-            break;
-        case OP_GLOBAL: {
-            const uint8_t *mod, *name;
-            size_t ml, nl;
-            if ((rc = pk_line(k, &c, &mod, &ml)) != 0 || (rc = pk_line(k, &c, &name, &nl)) != 0 ||
-                (rc = pk_global(k, mod, ml, name, nl, &v)) != 0 || (rc = pk_push(k, v)) != 0)
-                return rc;
-            break;
-        }
-        case OP_STACK_GLOBAL: {
-            if ((rc = pk_need(k, op, 2)) != 0)
-                return rc;
-            pv mod = k->st[k->sp - 2], name = k->st[k->sp - 1];
-            if (mod.kind != PV_STR || name.kind != PV_STR)
-                return pk_fail(k, PI2_EFORMAT, "STACK_GLOBAL of a %s and a %s", pk_kind_name[mod.kind],
-                               pk_kind_name[name.kind]);
-            if ((rc = pk_global(k, k->p0 + mod.u, mod.n, k->p0 + name.u, name.n, &v)) != 0)
-                return rc;
-            k->sp -= 2;
-            if ((rc = pk_push(k, v)) != 0)
-                return rc;
-            break;
-        }
-        case OP_REDUCE:
-            if ((rc = pk_need(k, op, 2)) != 0 ||
-                (rc = pk_reduce(k, k->st[k->sp - 2], k->st[k->sp - 1], &v)) != 0)
-                return rc;
-            k->sp -= 2;
-            if ((rc = pk_push(k, v)) != 0)
-                return rc;
-            break;
-        case OP_BUILD: {
-            if ((rc = pk_need(k, op, 2)) != 0)
-                return rc;
-            pv obj = k->st[k->sp - 2], state = k->st[k->sp - 1];
-            if (obj.kind != PV_DICT || !k->dicts[obj.u].ordered)
-                return pk_fail(k, PI2_EUNSUPPORTED, "BUILD on a %s", obj.kind == PV_DICT ? "plain dict" :
-                               pk_kind_name[obj.kind]);
-            if (state.kind != PV_DICT)
-                return pk_fail(k, PI2_EUNSUPPORTED, "BUILD of an OrderedDict with a %s state",
-                               pk_kind_name[state.kind]);
-            k->sp--; /* the state (a module's _metadata) is dropped */
-            break;
-        }
-        case OP_BINPERSID:
-            if ((rc = pk_need(k, op, 1)) != 0 || (rc = pk_storage(k, k->st[k->sp - 1], &v)) != 0)
-                return rc;
-            k->st[k->sp - 1] = v;
-            break;
-        default: {
-            const char *nm = op_name(op);
-            return nm ? pk_fail(k, PI2_EUNSUPPORTED, "refused opcode %s (0x%02x)", nm, op)
-                      : pk_fail(k, PI2_EUNSUPPORTED, "refused opcode 0x%02x (not a pickle opcode)", op);
-        }
-        }
-#undef ARG
+        if (*p == OP_STOP)
+            return pk_op_stop(k, &c, result);
+        int rc = pk_step(k, &c, *p);
+        if (rc != 0)
+            return rc;
     }
 }
 

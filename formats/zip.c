@@ -144,36 +144,35 @@ static int key_by_name(const void *pa, const void *pb)
     return tz_name_cmp(a->name, a->nlen, b->name, b->nlen);
 }
 
-/* Walk the zip image; *out gets its members in central directory order and
- * *by_name their indices sorted by name (both freed by the caller). */
-int tz_zip_walk(const uint8_t *buf, size_t len, const char *path, zmem **out, size_t *count, uint32_t **sorted,
-                pi2_err *err)
+/* Where the central directory is, from the end records. */
+typedef struct zdir {
+    uint64_t n;               /* members */
+    uint64_t cd_off, cd_size; /* the central directory */
+    uint64_t cd_end;          /* where the end records start */
+} zdir;
+
+/* The end of central directory record: at pos, the comment after it
+ * ending the file; SIZE_MAX if none. */
+static size_t find_eocd(const uint8_t *buf, size_t len)
 {
-    *out = NULL;
-    *count = 0;
-    *sorted = NULL;
-    if (len < EOCD_LEN)
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %zu bytes, too short for a zip (no end of central directory)", path,
-                           len);
-    /* The end record, with its comment, ends the file. */
-    size_t lo = len - EOCD_LEN > U16_SAT ? len - EOCD_LEN - U16_SAT : 0, pos = SIZE_MAX;
+    size_t lo = len - EOCD_LEN > U16_SAT ? len - EOCD_LEN - U16_SAT : 0;
     for (size_t p = len - EOCD_LEN;; p--) {
-        if (rd32(buf + p) == SIG_EOCD && (size_t)rd16(buf + p + 20) == len - EOCD_LEN - p) {
-            pos = p;
-            break;
-        }
+        if (rd32(buf + p) == SIG_EOCD && (size_t)rd16(buf + p + 20) == len - EOCD_LEN - p)
+            return p;
         if (p == lo)
-            break;
+            return SIZE_MAX;
     }
-    if (pos == SIZE_MAX)
-        return pi2_err_set(err, PI2_EFORMAT,
-                           "%s: no zip end of central directory record at the end of the file (not a zip, or "
-                           "truncated)",
-                           path);
+}
+
+/* The fields of the end record at pos, replaced by the zip64 end record's
+ * when a zip64 locator precedes it (saturated fields must agree). */
+static int read_end_records(const uint8_t *buf, size_t pos, const char *path, uint32_t *disk, uint32_t *cd_disk,
+                            uint64_t *n_disk, zdir *d, pi2_err *err)
+{
     const uint8_t *e = buf + pos;
-    uint32_t disk = rd16(e + 4), cd_disk = rd16(e + 6);
-    uint64_t n_disk = rd16(e + 8), n = rd16(e + 10), cd_size = rd32(e + 12), cd_off = rd32(e + 16);
-    uint64_t cd_end = pos;
+    *disk = rd16(e + 4), *cd_disk = rd16(e + 6);
+    *n_disk = rd16(e + 8), d->n = rd16(e + 10), d->cd_size = rd32(e + 12), d->cd_off = rd32(e + 16);
+    d->cd_end = pos;
     if (pos >= LOC64_LEN && rd32(e - LOC64_LEN) == SIG_LOC64) {
         const uint8_t *l = e - LOC64_LEN;
         uint64_t z = rd64(l + 8), lim = pos - LOC64_LEN;
@@ -190,218 +189,247 @@ int tz_zip_walk(const uint8_t *buf, size_t len, const char *path, zmem **out, si
                                (unsigned long long)rec, (unsigned long long)(lim - z - 12));
         uint32_t d64 = rd32(r + 16), cd64 = rd32(r + 20);
         uint64_t nd64 = rd64(r + 24), n64 = rd64(r + 32), sz64 = rd64(r + 40), off64 = rd64(r + 48);
-        if ((disk != U16_SAT && disk != d64) || (cd_disk != U16_SAT && cd_disk != cd64) ||
-            (n_disk != U16_SAT && n_disk != nd64) || (n != U16_SAT && n != n64) ||
-            (cd_size != U32_SAT && cd_size != sz64) || (cd_off != U32_SAT && cd_off != off64))
+        if ((*disk != U16_SAT && *disk != d64) || (*cd_disk != U16_SAT && *cd_disk != cd64) ||
+            (*n_disk != U16_SAT && *n_disk != nd64) || (d->n != U16_SAT && d->n != n64) ||
+            (d->cd_size != U32_SAT && d->cd_size != sz64) || (d->cd_off != U32_SAT && d->cd_off != off64))
             return pi2_err_set(err, PI2_EFORMAT, "%s: zip64 end record disagrees with the end of central directory",
                                path);
-        disk = d64, cd_disk = cd64, n_disk = nd64, n = n64, cd_size = sz64, cd_off = off64;
-        cd_end = z;
-    } else if (disk == U16_SAT || cd_disk == U16_SAT || n_disk == U16_SAT || n == U16_SAT || cd_size == U32_SAT ||
-               cd_off == U32_SAT) {
+        *disk = d64, *cd_disk = cd64, *n_disk = nd64, d->n = n64, d->cd_size = sz64, d->cd_off = off64;
+        d->cd_end = z;
+    } else if (*disk == U16_SAT || *cd_disk == U16_SAT || *n_disk == U16_SAT || d->n == U16_SAT ||
+               d->cd_size == U32_SAT || d->cd_off == U32_SAT) {
         return pi2_err_set(err, PI2_EFORMAT, "%s: end of central directory has zip64 markers but no zip64 locator",
                            path);
     }
+    return 0;
+}
+
+/* The end records: a single disk, a member count within the limit, a
+ * central directory that ends where they start. */
+static int zip_end(const uint8_t *buf, size_t len, const char *path, zdir *d, pi2_err *err)
+{
+    if (len < EOCD_LEN)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: %zu bytes, too short for a zip (no end of central directory)", path,
+                           len);
+    /* The end record, with its comment, ends the file. */
+    size_t pos = find_eocd(buf, len);
+    if (pos == SIZE_MAX)
+        return pi2_err_set(err, PI2_EFORMAT,
+                           "%s: no zip end of central directory record at the end of the file (not a zip, or "
+                           "truncated)",
+                           path);
+    uint32_t disk, cd_disk;
+    uint64_t n_disk;
+    int rc = read_end_records(buf, pos, path, &disk, &cd_disk, &n_disk, d, err);
+    if (rc != 0)
+        return rc;
     if (disk != 0 || cd_disk != 0)
         return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: multi-disk zip (disk %u, directory on disk %u)", path, disk,
                            cd_disk);
-    if (n_disk != n)
+    if (n_disk != d->n)
         return pi2_err_set(err, PI2_EFORMAT, "%s: %llu members on this disk but %llu in all", path,
-                           (unsigned long long)n_disk, (unsigned long long)n);
-    if (n == 0)
+                           (unsigned long long)n_disk, (unsigned long long)d->n);
+    if (d->n == 0)
         return pi2_err_set(err, PI2_EFORMAT, "%s: the zip has no members", path);
-    if (n > PI2_TZ_MAX_MEMBERS)
-        return pi2_err_set(err, PI2_ERANGE, "%s: %llu zip members (limit %u)", path, (unsigned long long)n,
+    if (d->n > PI2_TZ_MAX_MEMBERS)
+        return pi2_err_set(err, PI2_ERANGE, "%s: %llu zip members (limit %u)", path, (unsigned long long)d->n,
                            (unsigned)PI2_TZ_MAX_MEMBERS);
-    if (cd_off > cd_end || cd_end - cd_off != cd_size)
+    if (d->cd_off > d->cd_end || d->cd_end - d->cd_off != d->cd_size)
         return pi2_err_set(err, PI2_EFORMAT,
                            "%s: central directory (%llu bytes at byte %llu) does not end where the end records start "
                            "(byte %llu)",
-                           path, (unsigned long long)cd_size, (unsigned long long)cd_off, (unsigned long long)cd_end);
-    if (n > cd_size / CDH_LEN)
+                           path, (unsigned long long)d->cd_size, (unsigned long long)d->cd_off,
+                           (unsigned long long)d->cd_end);
+    if (d->n > d->cd_size / CDH_LEN)
         return pi2_err_set(err, PI2_EFORMAT, "%s: a central directory of %llu bytes cannot hold %llu entries", path,
-                           (unsigned long long)cd_size, (unsigned long long)n);
+                           (unsigned long long)d->cd_size, (unsigned long long)d->n);
+    return 0;
+}
 
-    zmem *m = pi2_calloc_array((size_t)n, sizeof *m);
-    uint32_t *idx = pi2_malloc_array((size_t)n, sizeof *idx);
+/* The saturated fields of central entry z (and its disk, *dstart) from
+ * its zip64 record; then the entry's own checks. */
+static int central_zip64(zmem *z, const uint8_t *extra, uint16_t xlen, uint32_t dstart, const char *path,
+                         pi2_err *err)
+{
+    shown sn = tz_show_n(z->name, z->nlen);
+    const uint8_t *z64;
+    size_t z64len;
+    if (!extra_records(extra, xlen, &z64, &z64len))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: member '%s': malformed extra field in the central directory", path,
+                           sn.s);
+    pi2_cursor zc = { z64, z64len };
+    bool ok = true;
+    uint64_t v;
+    if (z->usize == U32_SAT)
+        ok = ok && z64_next(&zc, &v) && ((z->usize = v), true);
+    if (z->csize == U32_SAT)
+        ok = ok && z64_next(&zc, &v) && ((z->csize = v), true);
+    if (z->lho == U32_SAT)
+        ok = ok && z64_next(&zc, &v) && ((z->lho = v), true);
+    if (dstart == U16_SAT) {
+        uint32_t d;
+        ok = ok && pi2_cursor_u32le(&zc, &d) && ((dstart = d), true);
+    }
+    if (!ok)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: member '%s': zip64 value missing from its extra field", path, sn.s);
+    if (dstart != 0)
+        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: member '%s' starts on disk %u (multi-disk zip)", path, sn.s,
+                           dstart);
+    if (z->flags & (FLAG_ENCRYPTED | FLAG_STRONG))
+        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: member '%s' is encrypted", path, sn.s);
+    if (z->method == 0 && z->csize != z->usize)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: stored member '%s' has %llu bytes in the file but a size of %llu",
+                           path, sn.s, (unsigned long long)z->csize, (unsigned long long)z->usize);
+    return 0;
+}
+
+/* Central directory entry i, at the cursor, into *z. */
+static int central_entry(pi2_cursor *c, const zdir *d, size_t i, zmem *z, const char *path, pi2_err *err)
+{
+    size_t at = (size_t)(d->cd_off + (d->cd_size - c->left));
+    const uint8_t *p, *name, *extra, *comment;
+    if (!pi2_cursor_take(c, CDH_LEN, &p))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: central directory entry %zu (byte %zu) is truncated", path, i, at);
+    if (rd32(p) != SIG_CDH)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: central directory entry %zu (byte %zu) has a bad signature", path,
+                           i, at);
+    z->flags = rd16(p + 8);
+    z->method = rd16(p + 10);
+    z->crc = rd32(p + 16);
+    z->csize = rd32(p + 20);
+    z->usize = rd32(p + 24);
+    uint16_t nlen = rd16(p + 28), xlen = rd16(p + 30), clen = rd16(p + 32);
+    uint32_t dstart = rd16(p + 34);
+    z->lho = rd32(p + 42);
+    if (!pi2_cursor_take(c, nlen, &name) || !pi2_cursor_take(c, xlen, &extra) || !pi2_cursor_take(c, clen, &comment))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: central directory entry %zu (byte %zu) runs past the directory",
+                           path, i, at);
+    z->name = name;
+    z->nlen = nlen;
+    if (nlen == 0 || nlen > PI2_TZ_MAX_NAME || memchr(name, 0, nlen))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: central directory entry %zu: %s", path, i,
+                           nlen == 0 ? "empty name" : nlen > PI2_TZ_MAX_NAME ? "name too long" : "name holds a NUL");
+    return central_zip64(z, extra, xlen, dstart, path, err);
+}
+
+/* Member z's local header must say what its central entry says; sets
+ * z->off, where its data starts. */
+static int local_header(const uint8_t *buf, uint64_t cd_off, zmem *z, const char *path, pi2_err *err)
+{
+    shown sn = tz_show_n(z->name, z->nlen);
+    if (z->lho > cd_off || cd_off - z->lho < LFH_LEN || rd32(buf + z->lho) != SIG_LFH)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: member '%s': no local header at byte %llu", path, sn.s,
+                           (unsigned long long)z->lho);
+    const uint8_t *p = buf + z->lho;
+    uint16_t lflags = rd16(p + 6), lmethod = rd16(p + 8), lnlen = rd16(p + 26), lxlen = rd16(p + 28);
+    uint32_t lcrc = rd32(p + 14), lcs = rd32(p + 18), lus = rd32(p + 22);
+    uint64_t hdr_end = z->lho + LFH_LEN + lnlen + (uint64_t)lxlen;
+    const char *why = NULL;
+    const uint8_t *lz64 = NULL;
+    size_t lz64len = 0;
+    if (lflags != z->flags)
+        why = "flags";
+    else if (lmethod != z->method)
+        why = "compression method";
+    else if (hdr_end > cd_off)
+        why = "length (it runs into the central directory)";
+    else if (lnlen != z->nlen || memcmp(p + LFH_LEN, z->name, lnlen) != 0)
+        why = "name";
+    else if (!extra_records(p + LFH_LEN + lnlen, lxlen, &lz64, &lz64len))
+        why = "extra field (malformed)";
+    if (!why) {
+        if (z->flags & FLAG_DESCRIPTOR) {
+            /* sizes and CRC follow the data: here 0 (miniz) or the real ones */
+            if ((lcrc && lcrc != z->crc) || (lcs && lcs != (z->csize < U32_SAT ? z->csize : U32_SAT)) ||
+                (lus && lus != (z->usize < U32_SAT ? z->usize : U32_SAT)))
+                why = "CRC or sizes";
+        } else {
+            pi2_cursor zc = { lz64, lz64len };
+            uint64_t us = lus, cs = lcs;
+            bool ok = (lus != U32_SAT || z64_next(&zc, &us)) && (lcs != U32_SAT || z64_next(&zc, &cs));
+            if (!ok || lcrc != z->crc || us != z->usize || cs != z->csize)
+                why = "CRC or sizes";
+        }
+    }
+    if (why)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: member '%s': local header (byte %llu) disagrees with the central "
+                           "directory on its %s", path, sn.s, (unsigned long long)z->lho, why);
+    z->off = hdr_end;
+    if (z->csize > cd_off - hdr_end)
+        return pi2_err_set(err, PI2_EFORMAT,
+                           "%s: member '%s': %llu data bytes at byte %llu run past the central directory (byte %llu)",
+                           path, sn.s, (unsigned long long)z->csize, (unsigned long long)hdr_end,
+                           (unsigned long long)cd_off);
+    return 0;
+}
+
+/* No two members share bytes, no two share a name; idx gets the member
+ * indices sorted by name. */
+static int check_members(const zmem *m, size_t n, uint32_t *idx, const char *path, pi2_err *err)
+{
+    zkey *keys = pi2_malloc_array(n, sizeof *keys);
+    if (!keys)
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for %llu zip members", path, (unsigned long long)n);
+    int rc = 0;
+    for (size_t i = 0; i < n; i++)
+        keys[i] = (zkey){ .name = m[i].name, .lho = m[i].lho, .nlen = m[i].nlen, .i = (uint32_t)i };
+    qsort(keys, n, sizeof *keys, key_by_lho);
+    for (size_t i = 1; i < n && rc == 0; i++) {
+        const zmem *a = &m[keys[i - 1].i], *b = &m[keys[i].i];
+        if (a->off + a->csize > b->lho)
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: members '%s' and '%s' overlap", path, tz_show_n(a->name, a->nlen).s,
+                             tz_show_n(b->name, b->nlen).s);
+    }
+    if (rc == 0)
+        qsort(keys, n, sizeof *keys, key_by_name);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        idx[i] = keys[i].i;
+        if (i > 0 && key_by_name(&keys[i - 1], &keys[i]) == 0)
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: two members named '%s'", path,
+                             tz_show_n(keys[i].name, keys[i].nlen).s);
+    }
+    free(keys);
+    return rc;
+}
+
+/* Walk the zip image; *out gets its members in central directory order and
+ * *by_name their indices sorted by name (both freed by the caller). */
+int tz_zip_walk(const uint8_t *buf, size_t len, const char *path, zmem **out, size_t *count, uint32_t **sorted,
+                pi2_err *err)
+{
+    *out = NULL;
+    *count = 0;
+    *sorted = NULL;
+    zdir d = { 0 };
+    int rc = zip_end(buf, len, path, &d, err);
+    if (rc != 0)
+        return rc;
+    size_t n = (size_t)d.n;
+    zmem *m = pi2_calloc_array(n, sizeof *m);
+    uint32_t *idx = pi2_malloc_array(n, sizeof *idx);
     if (!m || !idx) {
         free(m);
         free(idx);
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for %llu zip members", path, (unsigned long long)n);
     }
-    int rc = 0;
-    zkey *keys = NULL;
-    pi2_cursor c = { buf + cd_off, (size_t)cd_size };
-    for (size_t i = 0; i < n; i++) {
-        size_t at = (size_t)(cd_off + (cd_size - c.left));
-        const uint8_t *p, *name, *extra, *comment;
-        if (!pi2_cursor_take(&c, CDH_LEN, &p)) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: central directory entry %zu (byte %zu) is truncated", path, i, at);
-            goto out;
-        }
-        if (rd32(p) != SIG_CDH) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: central directory entry %zu (byte %zu) has a bad signature", path,
-                             i, at);
-            goto out;
-        }
-        zmem *z = &m[i];
-        z->flags = rd16(p + 8);
-        z->method = rd16(p + 10);
-        z->crc = rd32(p + 16);
-        z->csize = rd32(p + 20);
-        z->usize = rd32(p + 24);
-        uint16_t nlen = rd16(p + 28), xlen = rd16(p + 30), clen = rd16(p + 32);
-        uint32_t dstart = rd16(p + 34);
-        z->lho = rd32(p + 42);
-        if (!pi2_cursor_take(&c, nlen, &name) || !pi2_cursor_take(&c, xlen, &extra) ||
-            !pi2_cursor_take(&c, clen, &comment)) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: central directory entry %zu (byte %zu) runs past the directory",
-                             path, i, at);
-            goto out;
-        }
-        z->name = name;
-        z->nlen = nlen;
-        if (nlen == 0 || nlen > PI2_TZ_MAX_NAME || memchr(name, 0, nlen)) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: central directory entry %zu: %s", path, i,
-                             nlen == 0 ? "empty name" : nlen > PI2_TZ_MAX_NAME ? "name too long" : "name holds a NUL");
-            goto out;
-        }
-        shown sn = tz_show_n(name, nlen);
-        const uint8_t *z64;
-        size_t z64len;
-        if (!extra_records(extra, xlen, &z64, &z64len)) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: member '%s': malformed extra field in the central directory",
-                             path, sn.s);
-            goto out;
-        }
-        pi2_cursor zc = { z64, z64len };
-        bool ok = true;
-        uint64_t v;
-        if (z->usize == U32_SAT)
-            ok = ok && z64_next(&zc, &v) && ((z->usize = v), true);
-        if (z->csize == U32_SAT)
-            ok = ok && z64_next(&zc, &v) && ((z->csize = v), true);
-        if (z->lho == U32_SAT)
-            ok = ok && z64_next(&zc, &v) && ((z->lho = v), true);
-        if (dstart == U16_SAT) {
-            uint32_t d;
-            ok = ok && pi2_cursor_u32le(&zc, &d) && ((dstart = d), true);
-        }
-        if (!ok) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: member '%s': zip64 value missing from its extra field", path,
-                             sn.s);
-            goto out;
-        }
-        if (dstart != 0) {
-            rc = pi2_err_set(err, PI2_EUNSUPPORTED, "%s: member '%s' starts on disk %u (multi-disk zip)", path, sn.s,
-                             dstart);
-            goto out;
-        }
-        if (z->flags & (FLAG_ENCRYPTED | FLAG_STRONG)) {
-            rc = pi2_err_set(err, PI2_EUNSUPPORTED, "%s: member '%s' is encrypted", path, sn.s);
-            goto out;
-        }
-        if (z->method == 0 && z->csize != z->usize) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: stored member '%s' has %llu bytes in the file but a size of %llu",
-                             path, sn.s, (unsigned long long)z->csize, (unsigned long long)z->usize);
-            goto out;
-        }
-    }
-    if (c.left) {
+    pi2_cursor c = { buf + d.cd_off, (size_t)d.cd_size };
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = central_entry(&c, &d, i, &m[i], path, err);
+    if (rc == 0 && c.left)
         rc = pi2_err_set(err, PI2_EFORMAT, "%s: %zu bytes left in the central directory after its %llu entries", path,
                          c.left, (unsigned long long)n);
-        goto out;
-    }
-
     /* Local headers: each must say what its central entry says. */
-    for (size_t i = 0; i < n; i++) {
-        zmem *z = &m[i];
-        shown sn = tz_show_n(z->name, z->nlen);
-        if (z->lho > cd_off || cd_off - z->lho < LFH_LEN || rd32(buf + z->lho) != SIG_LFH) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: member '%s': no local header at byte %llu", path, sn.s,
-                             (unsigned long long)z->lho);
-            goto out;
-        }
-        const uint8_t *p = buf + z->lho;
-        uint16_t lflags = rd16(p + 6), lmethod = rd16(p + 8), lnlen = rd16(p + 26), lxlen = rd16(p + 28);
-        uint32_t lcrc = rd32(p + 14), lcs = rd32(p + 18), lus = rd32(p + 22);
-        uint64_t hdr_end = z->lho + LFH_LEN + lnlen + (uint64_t)lxlen;
-        const char *why = NULL;
-        const uint8_t *lz64 = NULL;
-        size_t lz64len = 0;
-        if (lflags != z->flags)
-            why = "flags";
-        else if (lmethod != z->method)
-            why = "compression method";
-        else if (hdr_end > cd_off)
-            why = "length (it runs into the central directory)";
-        else if (lnlen != z->nlen || memcmp(p + LFH_LEN, z->name, lnlen) != 0)
-            why = "name";
-        else if (!extra_records(p + LFH_LEN + lnlen, lxlen, &lz64, &lz64len))
-            why = "extra field (malformed)";
-        if (!why) {
-            if (z->flags & FLAG_DESCRIPTOR) {
-                /* sizes and CRC follow the data: here 0 (miniz) or the real ones */
-                if ((lcrc && lcrc != z->crc) || (lcs && lcs != (z->csize < U32_SAT ? z->csize : U32_SAT)) ||
-                    (lus && lus != (z->usize < U32_SAT ? z->usize : U32_SAT)))
-                    why = "CRC or sizes";
-            } else {
-                pi2_cursor zc = { lz64, lz64len };
-                uint64_t us = lus, cs = lcs;
-                bool ok = (lus != U32_SAT || z64_next(&zc, &us)) && (lcs != U32_SAT || z64_next(&zc, &cs));
-                if (!ok || lcrc != z->crc || us != z->usize || cs != z->csize)
-                    why = "CRC or sizes";
-            }
-        }
-        if (why) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: member '%s': local header (byte %llu) disagrees with the central "
-                             "directory on its %s", path, sn.s, (unsigned long long)z->lho, why);
-            goto out;
-        }
-        z->off = hdr_end;
-        if (z->csize > cd_off - hdr_end) {
-            rc = pi2_err_set(err, PI2_EFORMAT,
-                             "%s: member '%s': %llu data bytes at byte %llu run past the central directory (byte %llu)",
-                             path, sn.s, (unsigned long long)z->csize, (unsigned long long)hdr_end,
-                             (unsigned long long)cd_off);
-            goto out;
-        }
-    }
-    /* No two members share bytes, no two share a name. */
-    keys = pi2_malloc_array((size_t)n, sizeof *keys);
-    if (!keys) {
-        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for %llu zip members", path, (unsigned long long)n);
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++)
-        keys[i] = (zkey){ .name = m[i].name, .lho = m[i].lho, .nlen = m[i].nlen, .i = (uint32_t)i };
-    qsort(keys, (size_t)n, sizeof *keys, key_by_lho);
-    for (size_t i = 1; i < n; i++) {
-        const zmem *a = &m[keys[i - 1].i], *b = &m[keys[i].i];
-        if (a->off + a->csize > b->lho) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: members '%s' and '%s' overlap", path, tz_show_n(a->name, a->nlen).s,
-                             tz_show_n(b->name, b->nlen).s);
-            goto out;
-        }
-    }
-    qsort(keys, (size_t)n, sizeof *keys, key_by_name);
-    for (size_t i = 0; i < n; i++) {
-        idx[i] = keys[i].i;
-        if (i > 0 && key_by_name(&keys[i - 1], &keys[i]) == 0) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: two members named '%s'", path,
-                             tz_show_n(keys[i].name, keys[i].nlen).s);
-            goto out;
-        }
-    }
-out:
-    free(keys);
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = local_header(buf, d.cd_off, &m[i], path, err);
+    if (rc == 0)
+        rc = check_members(m, n, idx, path, err);
     if (rc != 0) {
         free(m);
         free(idx);
         return rc;
     }
     *out = m;
-    *count = (size_t)n;
+    *count = n;
     *sorted = idx;
     return 0;
 }

@@ -133,6 +133,84 @@ static int small_member(pk *k, int64_t mi, const uint8_t **p, size_t *n)
     return 0;
 }
 
+/* One folder holds every member; torch takes its name from the first. */
+static int archive_folder(pk *k)
+{
+    const zmem *m = k->m;
+    const uint8_t *slash = memchr(m[0].name, '/', m[0].nlen);
+    if (!slash || slash == m[0].name)
+        return pi2_err_set(k->err, PI2_EFORMAT, "%s: member '%s' is not inside an archive folder", k->path,
+                           tz_show_n(m[0].name, m[0].nlen).s);
+    k->prefix = m[0].name;
+    k->plen = (size_t)(slash - m[0].name);
+    for (size_t i = 0; i < k->nm; i++)
+        if (m[i].nlen <= k->plen + 1 || memcmp(m[i].name, k->prefix, k->plen + 1) != 0)
+            return pi2_err_set(k->err, PI2_EFORMAT, "%s: member '%s' is outside the archive folder '%s'", k->path,
+                               tz_show_n(m[i].name, m[i].nlen).s, tz_show_n(k->prefix, k->plen).s);
+    return 0;
+}
+
+/* data.pkl, stored and within PI2_TZ_MAX_PICKLE, into k->p0 and k->len. */
+static int find_pickle(pk *k)
+{
+    char pkl[PI2_TZ_MAX_NAME + 16];
+    snprintf(pkl, sizeof pkl, "%.*s/data.pkl", (int)k->plen, (const char *)k->prefix);
+    k->pkl = tz_show(pkl);
+    int64_t mi = pk_member(k, "data.pkl", NULL, 0);
+    if (mi < 0)
+        return pi2_err_set(k->err, PI2_EFORMAT, "%s: no member '%s' (not a torch.save checkpoint)", k->path,
+                           k->pkl.s);
+    int rc = small_member(k, mi, &k->p0, &k->len);
+    if (rc != 0)
+        return rc;
+    if (k->m[mi].usize > PI2_TZ_MAX_PICKLE)
+        return pi2_err_set(k->err, PI2_ERANGE, "%s: member '%s' is %llu bytes (limit %u)", k->path, k->pkl.s,
+                           (unsigned long long)k->m[mi].usize, (unsigned)PI2_TZ_MAX_PICKLE);
+    return 0;
+}
+
+/* The version member: decimal digits, as torch writes and reads it. */
+static int check_version(pk *k)
+{
+    int64_t vi = pk_member(k, "version", NULL, 0);
+    if (vi < 0)
+        vi = pk_member(k, ".data/version", NULL, 0);
+    const uint8_t *vp;
+    size_t vn;
+    if (vi < 0)
+        return pi2_err_set(k->err, PI2_EFORMAT, "%s: no member '%s/version' (not a torch.save checkpoint)", k->path,
+                           tz_show_n(k->prefix, k->plen).s);
+    int rc = small_member(k, vi, &vp, &vn);
+    if (rc != 0)
+        return rc;
+    size_t digits = 0;
+    while (digits < vn && vp[digits] >= '0' && vp[digits] <= '9')
+        digits++;
+    if (digits == 0 || digits > 20 || vn - digits > 1 || (vn > digits && vp[digits] != '\n'))
+        return pi2_err_set(k->err, PI2_EFORMAT, "%s: member '%s' does not hold a version number", k->path,
+                           tz_show_n(k->m[vi].name, k->m[vi].nlen).s);
+    return 0;
+}
+
+/* The byteorder member, when there is one: little-endian storages only. */
+static int check_byteorder(pk *k)
+{
+    int64_t bi = pk_member(k, "byteorder", NULL, 0);
+    if (bi < 0)
+        return 0;
+    const uint8_t *bp;
+    size_t bn;
+    int rc = small_member(k, bi, &bp, &bn);
+    if (rc != 0)
+        return rc;
+    if (bn == 3 && memcmp(bp, "big", 3) == 0)
+        return pi2_err_set(k->err, PI2_EUNSUPPORTED, "%s: storages are big-endian (byteorder 'big')", k->path);
+    if (bn != 6 || memcmp(bp, "little", 6) != 0)
+        return pi2_err_set(k->err, PI2_EFORMAT, "%s: byteorder member holds '%s', not 'little' or 'big'", k->path,
+                           tz_show_n(bp, bn).s);
+    return 0;
+}
+
 int pi2_tz_parse(const void *buf, size_t len, const char *path, pi2_st_tensor **tensors, size_t *count, char **names,
                  pi2_err *err)
 {
@@ -156,74 +234,9 @@ int pi2_tz_parse(const void *buf, size_t len, const char *path, pi2_st_tensor **
     k.m = m;
     k.nm = nm;
     k.sorted = sorted;
-    /* One folder holds every member; torch takes its name from the first. */
-    const uint8_t *slash = memchr(m[0].name, '/', m[0].nlen);
-    if (!slash || slash == m[0].name) {
-        rc = pi2_err_set(err, PI2_EFORMAT, "%s: member '%s' is not inside an archive folder", path,
-                         tz_show_n(m[0].name, m[0].nlen).s);
+    if ((rc = archive_folder(&k)) != 0 || (rc = find_pickle(&k)) != 0 || (rc = check_version(&k)) != 0 ||
+        (rc = check_byteorder(&k)) != 0)
         goto out;
-    }
-    k.prefix = m[0].name;
-    k.plen = (size_t)(slash - m[0].name);
-    for (size_t i = 0; i < nm; i++) {
-        if (m[i].nlen <= k.plen + 1 || memcmp(m[i].name, k.prefix, k.plen + 1) != 0) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: member '%s' is outside the archive folder '%s'", path,
-                             tz_show_n(m[i].name, m[i].nlen).s, tz_show_n(k.prefix, k.plen).s);
-            goto out;
-        }
-    }
-    char pkl[PI2_TZ_MAX_NAME + 16];
-    snprintf(pkl, sizeof pkl, "%.*s/data.pkl", (int)k.plen, (const char *)k.prefix);
-    k.pkl = tz_show(pkl);
-    int64_t mi = pk_member(&k, "data.pkl", NULL, 0);
-    if (mi < 0) {
-        rc = pi2_err_set(err, PI2_EFORMAT, "%s: no member '%s' (not a torch.save checkpoint)", path, k.pkl.s);
-        goto out;
-    }
-    if ((rc = small_member(&k, mi, &k.p0, &k.len)) != 0)
-        goto out;
-    if (m[mi].usize > PI2_TZ_MAX_PICKLE) {
-        rc = pi2_err_set(err, PI2_ERANGE, "%s: member '%s' is %llu bytes (limit %u)", path, k.pkl.s,
-                         (unsigned long long)m[mi].usize, (unsigned)PI2_TZ_MAX_PICKLE);
-        goto out;
-    }
-    /* version: decimal digits, as torch writes and reads it */
-    int64_t vi = pk_member(&k, "version", NULL, 0);
-    if (vi < 0)
-        vi = pk_member(&k, ".data/version", NULL, 0);
-    const uint8_t *vp;
-    size_t vn;
-    if (vi < 0) {
-        rc = pi2_err_set(err, PI2_EFORMAT, "%s: no member '%s/version' (not a torch.save checkpoint)", path,
-                         tz_show_n(k.prefix, k.plen).s);
-        goto out;
-    }
-    if ((rc = small_member(&k, vi, &vp, &vn)) != 0)
-        goto out;
-    size_t digits = 0;
-    while (digits < vn && vp[digits] >= '0' && vp[digits] <= '9')
-        digits++;
-    if (digits == 0 || digits > 20 || vn - digits > 1 || (vn > digits && vp[digits] != '\n')) {
-        rc = pi2_err_set(err, PI2_EFORMAT, "%s: member '%s' does not hold a version number", path,
-                         tz_show_n(m[vi].name, m[vi].nlen).s);
-        goto out;
-    }
-    int64_t bi = pk_member(&k, "byteorder", NULL, 0);
-    if (bi >= 0) {
-        const uint8_t *bp;
-        size_t bn;
-        if ((rc = small_member(&k, bi, &bp, &bn)) != 0)
-            goto out;
-        if (bn == 3 && memcmp(bp, "big", 3) == 0) {
-            rc = pi2_err_set(err, PI2_EUNSUPPORTED, "%s: storages are big-endian (byteorder 'big')", path);
-            goto out;
-        }
-        if (bn != 6 || memcmp(bp, "little", 6) != 0) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: byteorder member holds '%s', not 'little' or 'big'", path,
-                             tz_show_n(bp, bn).s);
-            goto out;
-        }
-    }
     k.mem_stor = pi2_calloc_array(nm, sizeof *k.mem_stor);
     if (!k.mem_stor) {
         rc = pk_nomem(&k);

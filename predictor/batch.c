@@ -33,14 +33,14 @@ static void pool_tasks(void *arg, int tid, int nthreads)
 
 /* Up to n threads, the caller included; never fails (the results do not
  * depend on the count). */
-void pool_init(pool *p, int n)
+void pred_pool_init(pool *p, int n)
 {
     p->pp = NULL;
     if (n > 1 && pi2_pool_create(&p->pp, n, NULL) != 0)
         p->pp = NULL;
 }
 
-static void pool_run(pool *p, task_fn fn, void *ctx, int ntasks)
+static void pred_pool_run(pool *p, task_fn fn, void *ctx, int ntasks)
 {
     task_job j = { fn, ctx, ntasks };
     if (!p || !p->pp) {
@@ -50,7 +50,7 @@ static void pool_run(pool *p, task_fn fn, void *ctx, int ntasks)
     pi2_pool_run(p->pp, pool_tasks, &j);
 }
 
-void pool_destroy(pool *p)
+void pred_pool_destroy(pool *p)
 {
     pi2_pool_free(p->pp);
     p->pp = NULL;
@@ -58,7 +58,7 @@ void pool_destroy(pool *p)
 
 /* ============================ batched compute ============================ */
 
-void job_free(job *j)
+void pred_job_free(job *j)
 {
     free(j->xb);
     free(j->yb);
@@ -77,7 +77,7 @@ void job_free(job *j)
 static int ncol_tasks(int n_ff) { return (n_ff + COL_BLOCK - 1) / COL_BLOCK; }
 
 /* Batch buffers for `cap` rows (plus gradient and Adam state when training). */
-int job_alloc(job *j, int d, int n_ff, int r, int cap, bool train)
+int pred_job_alloc(job *j, int d, int n_ff, int r, int cap, bool train)
 {
     memset(j, 0, sizeof *j);
     j->d = d;
@@ -85,32 +85,32 @@ int job_alloc(job *j, int d, int n_ff, int r, int cap, bool train)
     j->r = r;
     j->w = words_for(n_ff);
     j->cap = cap;
-    j->xb = alloc_aligned((size_t)cap * (size_t)d, sizeof(float));
-    j->yb = alloc_aligned((size_t)cap * j->w, sizeof(uint64_t));
-    j->h = alloc_aligned((size_t)cap * (size_t)r, sizeof(float));
-    j->s = alloc_aligned((size_t)cap * (size_t)n_ff, sizeof(float));
+    j->xb = pred_alloc_aligned((size_t)cap * (size_t)d, sizeof(float));
+    j->yb = pred_alloc_aligned((size_t)cap * j->w, sizeof(uint64_t));
+    j->h = pred_alloc_aligned((size_t)cap * (size_t)r, sizeof(float));
+    j->s = pred_alloc_aligned((size_t)cap * (size_t)n_ff, sizeof(float));
     j->part = calloc((size_t)ncol_tasks(n_ff), sizeof(double));
     bool ok = j->xb && j->yb && j->h && j->s && j->part;
     if (train) {
         size_t n1 = (size_t)r * (size_t)d, n2 = (size_t)n_ff * (size_t)r;
-        j->dh = alloc_aligned((size_t)cap * (size_t)r, sizeof(float));
-        j->g1 = alloc_aligned(n1, sizeof(float));
-        j->m1 = alloc_aligned(n1, sizeof(float));
-        j->v1 = alloc_aligned(n1, sizeof(float));
-        j->g2 = alloc_aligned(n2, sizeof(float));
-        j->m2 = alloc_aligned(n2, sizeof(float));
-        j->v2 = alloc_aligned(n2, sizeof(float));
+        j->dh = pred_alloc_aligned((size_t)cap * (size_t)r, sizeof(float));
+        j->g1 = pred_alloc_aligned(n1, sizeof(float));
+        j->m1 = pred_alloc_aligned(n1, sizeof(float));
+        j->v1 = pred_alloc_aligned(n1, sizeof(float));
+        j->g2 = pred_alloc_aligned(n2, sizeof(float));
+        j->m2 = pred_alloc_aligned(n2, sizeof(float));
+        j->v2 = pred_alloc_aligned(n2, sizeof(float));
         ok = ok && j->dh && j->g1 && j->m1 && j->v1 && j->g2 && j->m2 && j->v2;
     }
     if (!ok) {
-        job_free(j);
+        pred_job_free(j);
         return PI2_ENOMEM;
     }
     return 0;
 }
 
 /* Copy samples idx[0..n) of the trace into the batch buffers. */
-void job_gather(job *j, const pi2_trace *tr, const size_t *idx, int n)
+void pred_job_gather(job *j, const pi2_trace *tr, const size_t *idx, int n)
 {
     for (int b = 0; b < n; b++) {
         memcpy(j->xb + (size_t)b * j->d, pi2_trace_x(tr, idx[b]), (size_t)j->d * sizeof(float));
@@ -232,11 +232,11 @@ static void task_update(void *ctx, int t)
 static int nrow_tasks(int nb) { return (nb + ROW_BLOCK - 1) / ROW_BLOCK; }
 
 /* Forward the gathered batch; returns the summed loss (0 in MODE_SCORES). */
-double job_forward(job *j, pool *p, int mode)
+double pred_job_forward(job *j, pool *p, int mode)
 {
     j->mode = mode;
-    pool_run(p, task_hidden, j, nrow_tasks(j->nb));
-    pool_run(p, task_scores, j, ncol_tasks(j->n_ff));
+    pred_pool_run(p, task_hidden, j, nrow_tasks(j->nb));
+    pred_pool_run(p, task_scores, j, ncol_tasks(j->n_ff));
     double loss = 0;
     if (mode != MODE_SCORES)
         for (int t = 0; t < ncol_tasks(j->n_ff); t++)
@@ -245,15 +245,15 @@ double job_forward(job *j, pool *p, int mode)
 }
 
 /* One Adam step on the gathered batch; returns its summed loss. */
-double job_step(job *j, pool *p)
+double pred_job_step(job *j, pool *p)
 {
-    double loss = job_forward(j, p, MODE_TRAIN);
-    pool_run(p, task_dhidden, j, nrow_tasks(j->nb));
-    pool_run(p, task_update, j, ncol_tasks(j->n_ff) + (j->r + RANK_BLOCK - 1) / RANK_BLOCK);
+    double loss = pred_job_forward(j, p, MODE_TRAIN);
+    pred_pool_run(p, task_dhidden, j, nrow_tasks(j->nb));
+    pred_pool_run(p, task_update, j, ncol_tasks(j->n_ff) + (j->r + RANK_BLOCK - 1) / RANK_BLOCK);
     return loss;
 }
 
-blas_guard blas_enter(void)
+blas_guard pred_blas_enter(void)
 {
     blas_guard g = {openblas_get_num_threads()};
     if (g.saved != 1)
@@ -261,7 +261,7 @@ blas_guard blas_enter(void)
     return g;
 }
 
-void blas_leave(blas_guard g)
+void pred_blas_leave(blas_guard g)
 {
     if (g.saved != 1)
         openblas_set_num_threads(g.saved);

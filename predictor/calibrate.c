@@ -64,12 +64,12 @@ static uint32_t select_kth(uint32_t *v, size_t n, size_t k)
 
 /* Threshold reaching `recall` over samples idx[0..n) with weights j->fc1/fc2;
  * with `loss` non-NULL, also the mean weighted loss per entry (same pass). */
-int calibrate_idx(job *j, pool *p, const pi2_trace *tr, const size_t *idx, size_t n, double recall,
-                  float *thr, double *loss, pi2_err *err)
+int pred_calibrate_idx(job *j, pool *p, const pi2_trace *tr, const size_t *idx, size_t n, double recall,
+                       float *thr, double *loss, pi2_err *err)
 {
     uint64_t npos = 0;
     for (size_t i = 0; i < n; i++)
-        npos += popcount_row(pi2_trace_bits(tr, idx[i]), tr->w);
+        npos += pred_popcount_row(pi2_trace_bits(tr, idx[i]), tr->w);
     if (npos == 0)
         return pi2_err_set(err, PI2_EINVAL, "predictor: no active neuron in the %zu calibration samples", n);
     uint32_t *pos = pi2_malloc_array((size_t)npos, sizeof(uint32_t));
@@ -80,8 +80,8 @@ int calibrate_idx(job *j, pool *p, const pi2_trace *tr, const size_t *idx, size_
     double sum = 0;
     for (size_t i0 = 0; i0 < n; i0 += (size_t)j->cap) {
         int nb = n - i0 < (size_t)j->cap ? (int)(n - i0) : j->cap;
-        job_gather(j, tr, idx + i0, nb);
-        sum += job_forward(j, p, loss ? MODE_LOSS : MODE_SCORES); /* both keep the scores */
+        pred_job_gather(j, tr, idx + i0, nb);
+        sum += pred_job_forward(j, p, loss ? MODE_LOSS : MODE_SCORES); /* both keep the scores */
         for (int b = 0; b < nb; b++) {
             const float *s = j->s + (size_t)b * j->n_ff;
             const uint64_t *y = j->yb + (size_t)b * j->w;
@@ -108,13 +108,13 @@ int calibrate_idx(job *j, pool *p, const pi2_trace *tr, const size_t *idx, size_
     return 0;
 }
 
-void eval_idx(job *j, pool *p, const pi2_trace *tr, const size_t *idx, size_t n, float thr, counts *c)
+void pred_eval_idx(job *j, pool *p, const pi2_trace *tr, const size_t *idx, size_t n, float thr, counts *c)
 {
     memset(c, 0, sizeof *c);
     for (size_t i0 = 0; i0 < n; i0 += (size_t)j->cap) {
         int nb = n - i0 < (size_t)j->cap ? (int)(n - i0) : j->cap;
-        job_gather(j, tr, idx + i0, nb);
-        job_forward(j, p, MODE_SCORES);
+        pred_job_gather(j, tr, idx + i0, nb);
+        pred_job_forward(j, p, MODE_SCORES);
         for (int b = 0; b < nb; b++) {
             const float *s = j->s + (size_t)b * j->n_ff;
             const uint64_t *y = j->yb + (size_t)b * j->w;
@@ -129,7 +129,7 @@ void eval_idx(job *j, pool *p, const pi2_trace *tr, const size_t *idx, size_t n,
     c->total = (uint64_t)n * (uint64_t)j->n_ff;
 }
 
-void report_fill(pi2_pred_report *rep, const pi2_predictor *pr, const counts *c, size_t n)
+void pred_report_fill(pi2_pred_report *rep, const pi2_predictor *pr, const counts *c, size_t n)
 {
     rep->rank = pr->rank;
     rep->threshold = pr->threshold;
@@ -143,7 +143,7 @@ void report_fill(pi2_pred_report *rep, const pi2_predictor *pr, const counts *c,
     rep->n_eval = n;
 }
 
-size_t *iota(size_t n)
+size_t *pred_iota(size_t n)
 {
     size_t *idx = pi2_malloc_array(n, sizeof(size_t));
     if (idx)
@@ -160,8 +160,8 @@ static int whole_trace_job(const pi2_predictor *pr, const pi2_trace *tr, job *j,
         return rc;
     if (tr->n == 0)
         return pi2_err_set(err, PI2_EINVAL, "predictor: the trace is empty");
-    *idx = iota(tr->n);
-    if (!*idx || job_alloc(j, pr->d, pr->n_ff, pr->rank, EVAL_BATCH, false) != 0) {
+    *idx = pred_iota(tr->n);
+    if (!*idx || pred_job_alloc(j, pr->d, pr->n_ff, pr->rank, EVAL_BATCH, false) != 0) {
         free(*idx);
         *idx = NULL;
         return pi2_err_set(err, PI2_ENOMEM, "predictor: out of memory for evaluation buffers");
@@ -178,16 +178,16 @@ int pi2_pred_eval(const pi2_predictor *pr, const pi2_trace *tr, pi2_pred_report 
     int rc = whole_trace_job(pr, tr, &j, &idx, err);
     if (rc)
         return rc;
-    blas_guard g = blas_enter();
+    blas_guard g = pred_blas_enter();
     pool pl;
-    pool_init(&pl, DEFAULT_THREADS);
+    pred_pool_init(&pl, DEFAULT_THREADS);
     counts c;
-    eval_idx(&j, &pl, tr, idx, tr->n, pr->threshold, &c);
-    pool_destroy(&pl);
-    blas_leave(g);
+    pred_eval_idx(&j, &pl, tr, idx, tr->n, pr->threshold, &c);
+    pred_pool_destroy(&pl);
+    pred_blas_leave(g);
     memset(rep, 0, sizeof *rep);
-    report_fill(rep, pr, &c, tr->n);
-    job_free(&j);
+    pred_report_fill(rep, pr, &c, tr->n);
+    pred_job_free(&j);
     free(idx);
     return 0;
 }
@@ -201,16 +201,16 @@ int pi2_pred_calibrate(pi2_predictor *pr, const pi2_trace *tr, double recall, pi
     int rc = whole_trace_job(pr, tr, &j, &idx, err);
     if (rc)
         return rc;
-    blas_guard g = blas_enter();
+    blas_guard g = pred_blas_enter();
     pool pl;
-    pool_init(&pl, DEFAULT_THREADS);
+    pred_pool_init(&pl, DEFAULT_THREADS);
     float thr;
-    rc = calibrate_idx(&j, &pl, tr, idx, tr->n, recall, &thr, NULL, err);
-    pool_destroy(&pl);
-    blas_leave(g);
+    rc = pred_calibrate_idx(&j, &pl, tr, idx, tr->n, recall, &thr, NULL, err);
+    pred_pool_destroy(&pl);
+    pred_blas_leave(g);
     if (rc == 0)
         pr->threshold = thr;
-    job_free(&j);
+    pred_job_free(&j);
     free(idx);
     return rc;
 }

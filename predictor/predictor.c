@@ -15,8 +15,8 @@ int pred_alloc(pi2_predictor **out, int d, int n_ff, int rank, pi2_err *err)
                            n_ff, rank, PI2_PRED_MAX_DIM);
     pi2_predictor *p = calloc(1, sizeof *p);
     if (p) {
-        p->fc1 = alloc_aligned((size_t)rank * (size_t)d, sizeof(float));
-        p->fc2 = alloc_aligned((size_t)n_ff * (size_t)rank, sizeof(float));
+        p->fc1 = pred_alloc_aligned((size_t)rank * (size_t)d, sizeof(float));
+        p->fc2 = pred_alloc_aligned((size_t)n_ff * (size_t)rank, sizeof(float));
     }
     if (!p || !p->fc1 || !p->fc2) {
         pi2_pred_free(p);
@@ -41,12 +41,12 @@ int pi2_pred_create(pi2_predictor **out, int d, int n_ff, int rank, const float 
     if (rc)
         return rc;
     size_t n1 = (size_t)rank * (size_t)d, n2 = (size_t)n_ff * (size_t)rank, bad;
-    if (!all_finite(fc1, n1, &bad)) {
+    if (!pred_all_finite(fc1, n1, &bad)) {
         pi2_pred_free(p);
         return pi2_err_set(err, PI2_EINVAL, "predictor: fc1[%zu][%zu] is not finite", bad / (size_t)d,
                            bad % (size_t)d);
     }
-    if (!all_finite(fc2, n2, &bad)) {
+    if (!pred_all_finite(fc2, n2, &bad)) {
         pi2_pred_free(p);
         return pi2_err_set(err, PI2_EINVAL, "predictor: fc2[%zu][%zu] is not finite", bad / (size_t)rank,
                            bad % (size_t)rank);

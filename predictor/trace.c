@@ -60,13 +60,13 @@ static int trace_grow(pi2_trace *t, pi2_err *err)
 static int trace_check_x(const pi2_trace *t, const float *x, pi2_err *err)
 {
     size_t bad;
-    if (!all_finite(x, (size_t)t->d, &bad))
+    if (!pred_all_finite(x, (size_t)t->d, &bad))
         return pi2_err_set(err, PI2_EINVAL, "trace: sample %zu: input x[%zu] is not finite (%g)", t->n, bad,
                            (double)x[bad]);
     return 0;
 }
 
-uint64_t popcount_row(const uint64_t *w, size_t n)
+uint64_t pred_popcount_row(const uint64_t *w, size_t n)
 {
     uint64_t c = 0;
     for (size_t i = 0; i < n; i++)
@@ -80,7 +80,7 @@ int pi2_trace_add(pi2_trace *t, const float *x, const float *act, float min_abs,
     if (rc)
         return rc;
     size_t bad;
-    if (!all_finite(act, (size_t)t->n_ff, &bad))
+    if (!pred_all_finite(act, (size_t)t->n_ff, &bad))
         return pi2_err_set(err, PI2_EINVAL, "trace: sample %zu: activation %zu is not finite (%g)", t->n, bad,
                            (double)act[bad]);
     if (!(min_abs >= 0.0f) || !isfinite(min_abs))
@@ -94,7 +94,7 @@ int pi2_trace_add(pi2_trace *t, const float *x, const float *act, float min_abs,
     for (int j = 0; j < t->n_ff; j++)
         if (fabsf(act[j]) > min_abs)
             row[j >> 6] |= 1ull << (j & 63);
-    t->n_active += popcount_row(row, t->w);
+    t->n_active += pred_popcount_row(row, t->w);
     t->n++;
     return 0;
 }
@@ -111,7 +111,7 @@ int pi2_trace_add_bits(pi2_trace *t, const float *x, const uint64_t *bits, pi2_e
         return rc;
     memcpy(t->x + t->n * (size_t)t->d, x, (size_t)t->d * sizeof(float));
     memcpy(t->bits + t->n * t->w, bits, t->w * sizeof(uint64_t));
-    t->n_active += popcount_row(bits, t->w);
+    t->n_active += pred_popcount_row(bits, t->w);
     t->n++;
     return 0;
 }

@@ -9,7 +9,7 @@
 
 /* 64-byte aligned zeroed array of n elements of `size` bytes; NULL on overflow
  * or failure. Alignment keeps the BLAS inputs' layout the same run to run. */
-void *alloc_aligned(size_t n, size_t size)
+void *pred_alloc_aligned(size_t n, size_t size)
 {
     size_t total;
     if (!pi2_mul_size(n ? n : 1, size, &total) || !pi2_add_size(total, 63, &total))
@@ -21,7 +21,7 @@ void *alloc_aligned(size_t n, size_t size)
     return p;
 }
 
-bool all_finite(const float *v, size_t n, size_t *bad)
+bool pred_all_finite(const float *v, size_t n, size_t *bad)
 {
     for (size_t i = 0; i < n; i++)
         if (!isfinite(v[i])) {
@@ -129,8 +129,8 @@ static double heldout_loss(job *j, pool *p, const pi2_trace *tr, const size_t *i
     double sum = 0;
     for (size_t i0 = 0; i0 < n; i0 += (size_t)j->cap) {
         int nb = n - i0 < (size_t)j->cap ? (int)(n - i0) : j->cap;
-        job_gather(j, tr, idx + i0, nb);
-        sum += job_forward(j, p, MODE_LOSS);
+        pred_job_gather(j, tr, idx + i0, nb);
+        sum += pred_job_forward(j, p, MODE_LOSS);
     }
     return sum / ((double)n * (double)j->n_ff);
 }
@@ -157,9 +157,9 @@ typedef struct train_ctx {
 static void train_ctx_free(train_ctx *c)
 {
     if (c->pool_ok)
-        pool_destroy(&c->pl);
+        pred_pool_destroy(&c->pl);
     if (c->job_ok)
-        job_free(&c->j);
+        pred_job_free(&c->j);
     free(c->perm);
     free(c->best1);
     free(c->best2);
@@ -183,7 +183,7 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
     /* deterministic split: a seeded permutation, the first n_hold held out */
     train_ctx c;
     memset(&c, 0, sizeof c);
-    c.perm = iota(n);
+    c.perm = pred_iota(n);
     if (!c.perm)
         return pi2_err_set(err, PI2_ENOMEM, "predictor: out of memory for %zu sample indices", n);
     pi2_rng rng;
@@ -201,14 +201,14 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
     uint64_t act = 0;
     double sq = 0;
     for (size_t i = 0; i < n_train; i++) {
-        act += popcount_row(pi2_trace_bits(tr, train[i]), tr->w);
+        act += pred_popcount_row(pi2_trace_bits(tr, train[i]), tr->w);
         const float *x = pi2_trace_x(tr, train[i]);
         for (int k = 0; k < d; k++)
             sq += (double)x[k] * x[k];
     }
     uint64_t act_hold = 0;
     for (size_t i = 0; i < n_hold; i++)
-        act_hold += popcount_row(pi2_trace_bits(tr, hold[i]), tr->w);
+        act_hold += pred_popcount_row(pi2_trace_bits(tr, hold[i]), tr->w);
     if (act_hold == 0) {
         train_ctx_free(&c);
         return pi2_err_set(err, PI2_EINVAL,
@@ -241,7 +241,7 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
     fill_normal(pr->fc2, (size_t)n_ff * r, sqrt(1.0 / r), &rng);
 
     int cap = o->batch < EVAL_BATCH ? EVAL_BATCH : o->batch;
-    if (job_alloc(&c.j, d, n_ff, r, cap, true) != 0) {
+    if (pred_job_alloc(&c.j, d, n_ff, r, cap, true) != 0) {
         train_ctx_free(&c);
         return pi2_err_set(err, PI2_ENOMEM, "predictor: out of memory for training state (rank %d, d %d, n_ff %d)",
                            r, d, n_ff);
@@ -263,9 +263,9 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
     j->b2 = (float)o->beta2;
     j->eps = (float)o->eps;
     j->decay = (float)(1 - o->lr * o->weight_decay);
-    pool_init(&c.pl, o->threads ? o->threads : DEFAULT_THREADS);
+    pred_pool_init(&c.pl, o->threads ? o->threads : DEFAULT_THREADS);
     c.pool_ok = true;
-    blas_guard g = blas_enter();
+    blas_guard g = pred_blas_enter();
 
     double best = INFINITY, train_loss = 0, hl = 0;
     epoch_result kept = {0}, last = {0};
@@ -281,12 +281,12 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
             c2 *= o->beta2;
             j->lr_c1 = (float)(o->lr / (1 - c1));
             j->inv_c2 = (float)(1 / sqrt(1 - c2));
-            job_gather(j, tr, train + i0, nb);
-            sum += job_step(j, &c.pl);
+            pred_job_gather(j, tr, train + i0, nb);
+            sum += pred_job_step(j, &c.pl);
         }
         train_loss = sum / ((double)n_train * (double)n_ff);
         if (!isfinite(train_loss)) {
-            blas_leave(g);
+            pred_blas_leave(g);
             train_ctx_free(&c);
             return pi2_err_set(err, PI2_ERANGE,
                                "predictor: training diverged at epoch %d (loss %g); lower the learning rate", epoch,
@@ -298,7 +298,7 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
         float thr = 0;
         pi2_err cerr = {0};
         if (o->stop_metric == PI2_PRED_STOP_COST)
-            rc = calibrate_idx(j, &c.pl, tr, hold, n_hold, o->target_recall, &thr, &hl, &cerr);
+            rc = pred_calibrate_idx(j, &c.pl, tr, hold, n_hold, o->target_recall, &thr, &hl, &cerr);
         else
             hl = heldout_loss(j, &c.pl, tr, hold, n_hold);
         if ((rc == 0 && !isfinite(hl)) || rc == PI2_ERANGE)
@@ -307,13 +307,13 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
         else if (rc)
             pi2_err_set(err, rc, "%s", cerr.msg);
         if (rc) {
-            blas_leave(g);
+            pred_blas_leave(g);
             train_ctx_free(&c);
             return rc;
         }
         counts cn = {0};
         if (o->stop_metric == PI2_PRED_STOP_COST) {
-            eval_idx(j, &c.pl, tr, hold, n_hold, thr, &cn);
+            pred_eval_idx(j, &c.pl, tr, hold, n_hold, thr, &cn);
             cost = (double)(cn.tp + cn.fp) / (double)cn.total;
         }
         double metric = o->stop_metric == PI2_PRED_STOP_COST ? cost : hl;
@@ -349,11 +349,11 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
     }
     if (o->stop_metric != PI2_PRED_STOP_COST) {
         /* the loss metric did not calibrate along the way */
-        rc = calibrate_idx(j, &c.pl, tr, hold, n_hold, o->target_recall, &kept.thr, NULL, err);
+        rc = pred_calibrate_idx(j, &c.pl, tr, hold, n_hold, o->target_recall, &kept.thr, NULL, err);
         if (rc == 0)
-            eval_idx(j, &c.pl, tr, hold, n_hold, kept.thr, &kept.cnt);
+            pred_eval_idx(j, &c.pl, tr, hold, n_hold, kept.thr, &kept.cnt);
     }
-    blas_leave(g);
+    pred_blas_leave(g);
     if (rc) {
         train_ctx_free(&c);
         return rc;
@@ -361,7 +361,7 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
     pr->threshold = kept.thr;
     if (rep) {
         memset(rep, 0, sizeof *rep);
-        report_fill(rep, pr, &kept.cnt, n_hold);
+        pred_report_fill(rep, pr, &kept.cnt, n_hold);
         rep->n_train = n_train;
         rep->epochs = epochs_run;
         rep->early_stopped = stopped;

@@ -85,31 +85,31 @@ typedef struct counts {
 } counts;
 
 /* train.c */
-void *alloc_aligned(size_t n, size_t size);
-bool all_finite(const float *v, size_t n, size_t *bad);
+void *pred_alloc_aligned(size_t n, size_t size);
+bool pred_all_finite(const float *v, size_t n, size_t *bad);
 
 /* trace.c */
-uint64_t popcount_row(const uint64_t *w, size_t n);
+uint64_t pred_popcount_row(const uint64_t *w, size_t n);
 
 /* predictor.c */
 int pred_alloc(pi2_predictor **out, int d, int n_ff, int rank, pi2_err *err);
 
 /* batch.c */
-void pool_init(pool *p, int n);
-void pool_destroy(pool *p);
-void job_free(job *j);
-int job_alloc(job *j, int d, int n_ff, int r, int cap, bool train);
-void job_gather(job *j, const pi2_trace *tr, const size_t *idx, int n);
-double job_forward(job *j, pool *p, int mode);
-double job_step(job *j, pool *p);
-blas_guard blas_enter(void);
-void blas_leave(blas_guard g);
+void pred_pool_init(pool *p, int n);
+void pred_pool_destroy(pool *p);
+void pred_job_free(job *j);
+int pred_job_alloc(job *j, int d, int n_ff, int r, int cap, bool train);
+void pred_job_gather(job *j, const pi2_trace *tr, const size_t *idx, int n);
+double pred_job_forward(job *j, pool *p, int mode);
+double pred_job_step(job *j, pool *p);
+blas_guard pred_blas_enter(void);
+void pred_blas_leave(blas_guard g);
 
 /* calibrate.c */
-int calibrate_idx(job *j, pool *p, const pi2_trace *tr, const size_t *idx, size_t n, double recall,
-                  float *thr, double *loss, pi2_err *err);
-void eval_idx(job *j, pool *p, const pi2_trace *tr, const size_t *idx, size_t n, float thr, counts *c);
-void report_fill(pi2_pred_report *rep, const pi2_predictor *pr, const counts *c, size_t n);
-size_t *iota(size_t n);
+int pred_calibrate_idx(job *j, pool *p, const pi2_trace *tr, const size_t *idx, size_t n, double recall,
+                       float *thr, double *loss, pi2_err *err);
+void pred_eval_idx(job *j, pool *p, const pi2_trace *tr, const size_t *idx, size_t n, float thr, counts *c);
+void pred_report_fill(pi2_pred_report *rep, const pi2_predictor *pr, const counts *c, size_t n);
+size_t *pred_iota(size_t n);
 
 #endif

@@ -152,6 +152,13 @@ typedef struct train_ctx {
     bool job_ok;
     pool pl;
     bool pool_ok;
+    /* the split: perm = hold[n_hold] then train[n_train] */
+    size_t *hold, *train;
+    size_t n_hold, n_train;
+    double f;   /* active fraction of the training split */
+    double rms; /* input RMS of the training split */
+    double pw;  /* positive-class weight */
+    pi2_rng rng;
 } train_ctx;
 
 static void train_ctx_free(train_ctx *c)
@@ -164,6 +171,200 @@ static void train_ctx_free(train_ctx *c)
     free(c->best1);
     free(c->best2);
     pi2_pred_free(c->pred);
+}
+
+/* The deterministic split (a seeded permutation, the first n_hold held out),
+ * the training split's class balance and input scale, the class weight. */
+static int train_split(train_ctx *c, const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_err *err)
+{
+    size_t n = tr->n;
+    const int d = tr->d, n_ff = tr->n_ff;
+    c->perm = pred_iota(n);
+    if (!c->perm)
+        return pi2_err_set(err, PI2_ENOMEM, "predictor: out of memory for %zu sample indices", n);
+    pi2_rng_seed(&c->rng, o->seed);
+    shuffle(c->perm, n, &c->rng);
+    size_t n_hold = (size_t)floor(o->holdout * (double)n + 0.5);
+    if (n_hold < 1)
+        n_hold = 1;
+    if (n_hold > n - 1)
+        n_hold = n - 1;
+    size_t n_train = n - n_hold;
+    c->n_hold = n_hold;
+    c->n_train = n_train;
+    c->hold = c->perm;
+    c->train = c->perm + n_hold;
+
+    uint64_t act = 0;
+    double sq = 0;
+    for (size_t i = 0; i < n_train; i++) {
+        act += pred_popcount_row(pi2_trace_bits(tr, c->train[i]), tr->w);
+        const float *x = pi2_trace_x(tr, c->train[i]);
+        for (int k = 0; k < d; k++)
+            sq += (double)x[k] * x[k];
+    }
+    uint64_t act_hold = 0;
+    for (size_t i = 0; i < n_hold; i++)
+        act_hold += pred_popcount_row(pi2_trace_bits(tr, c->hold[i]), tr->w);
+    if (act_hold == 0)
+        return pi2_err_set(err, PI2_EINVAL,
+                           "predictor: no active neuron in the %zu held-out samples: nothing to calibrate against",
+                           n_hold);
+    c->f = (double)act / ((double)n_train * (double)n_ff);
+    c->rms = sqrt(sq / ((double)n_train * (double)d));
+    if (!(c->rms > 0))
+        c->rms = 1;
+    c->pw = o->pos_weight;
+    if (c->pw == 0) {
+        c->pw = c->f > 0 ? (1 - c->f) / c->f : o->pos_weight_max;
+        if (c->pw < 1)
+            c->pw = 1;
+        if (c->pw > o->pos_weight_max)
+            c->pw = o->pos_weight_max;
+    }
+    return 0;
+}
+
+/* The predictor of rank r with its starting weights, the training job, the
+ * copy of the best weights and the pool. */
+static int train_setup(train_ctx *c, const pi2_trace *tr, const pi2_pred_train_opts *o, int r, pi2_err *err)
+{
+    const int d = tr->d, n_ff = tr->n_ff;
+    /* weights: Kaiming-normal fc1 scaled by the input RMS (so h has unit
+     * second moment whatever the norm's gain), fc2 ~ N(0, 1/r) (unit-variance
+     * scores at the start) */
+    int rc = pred_alloc(&c->pred, d, n_ff, r, err);
+    if (rc)
+        return rc;
+    pi2_predictor *pr = c->pred;
+    fill_normal(pr->fc1, (size_t)r * d, sqrt(2.0 / d) / c->rms, &c->rng);
+    fill_normal(pr->fc2, (size_t)n_ff * r, sqrt(1.0 / r), &c->rng);
+
+    int cap = o->batch < EVAL_BATCH ? EVAL_BATCH : o->batch;
+    if (pred_job_alloc(&c->j, d, n_ff, r, cap, true) != 0)
+        return pi2_err_set(err, PI2_ENOMEM, "predictor: out of memory for training state (rank %d, d %d, n_ff %d)",
+                           r, d, n_ff);
+    c->job_ok = true;
+    if (o->restore_best) {
+        c->best1 = pi2_malloc_array((size_t)r * d, sizeof(float));
+        c->best2 = pi2_malloc_array((size_t)n_ff * r, sizeof(float));
+        if (!c->best1 || !c->best2)
+            return pi2_err_set(err, PI2_ENOMEM, "predictor: out of memory for a copy of the best weights");
+    }
+    job *j = &c->j;
+    j->fc1 = pr->fc1;
+    j->fc2 = pr->fc2;
+    j->pw = (float)c->pw;
+    j->b1 = (float)o->beta1;
+    j->b2 = (float)o->beta2;
+    j->eps = (float)o->eps;
+    j->decay = (float)(1 - o->lr * o->weight_decay);
+    pred_pool_init(&c->pl, o->threads ? o->threads : DEFAULT_THREADS);
+    c->pool_ok = true;
+    return 0;
+}
+
+/* One epoch of minibatch steps over the shuffled training split; *loss
+ * gets the mean loss per entry. *c1, *c2: beta1^t, beta2^t. */
+static int train_epoch(train_ctx *c, const pi2_trace *tr, const pi2_pred_train_opts *o, int epoch, double *c1,
+                       double *c2, double *loss, pi2_err *err)
+{
+    job *j = &c->j;
+    shuffle(c->train, c->n_train, &c->rng);
+    double sum = 0;
+    for (size_t i0 = 0; i0 < c->n_train; i0 += (size_t)o->batch) {
+        int nb = c->n_train - i0 < (size_t)o->batch ? (int)(c->n_train - i0) : o->batch;
+        *c1 *= o->beta1;
+        *c2 *= o->beta2;
+        j->lr_c1 = (float)(o->lr / (1 - *c1));
+        j->inv_c2 = (float)(1 / sqrt(1 - *c2));
+        pred_job_gather(j, tr, c->train + i0, nb);
+        sum += pred_job_step(j, &c->pl);
+    }
+    *loss = sum / ((double)c->n_train * (double)tr->n_ff);
+    if (!isfinite(*loss))
+        return pi2_err_set(err, PI2_ERANGE,
+                           "predictor: training diverged at epoch %d (loss %g); lower the learning rate", epoch,
+                           *loss);
+    return 0;
+}
+
+/* The held-out figures of the current weights: loss, and with the cost
+ * metric the predicted-active fraction at the target recall (calibrate +
+ * count: two passes) into *metric (the loss with the loss metric). */
+static int train_heldout(train_ctx *c, const pi2_trace *tr, const pi2_pred_train_opts *o, int epoch,
+                         epoch_result *res, double *cost, double *metric, pi2_err *err)
+{
+    job *j = &c->j;
+    double hl = 0;
+    float thr = 0;
+    pi2_err cerr = {0};
+    int rc = 0;
+    *cost = -1;
+    if (o->stop_metric == PI2_PRED_STOP_COST)
+        rc = pred_calibrate_idx(j, &c->pl, tr, c->hold, c->n_hold, o->target_recall, &thr, &hl, &cerr);
+    else
+        hl = heldout_loss(j, &c->pl, tr, c->hold, c->n_hold);
+    if ((rc == 0 && !isfinite(hl)) || rc == PI2_ERANGE)
+        rc = pi2_err_set(err, PI2_ERANGE, "predictor: training diverged at epoch %d (held-out scores are not "
+                         "finite); lower the learning rate", epoch);
+    else if (rc)
+        pi2_err_set(err, rc, "%s", cerr.msg);
+    if (rc)
+        return rc;
+    counts cn = {0};
+    if (o->stop_metric == PI2_PRED_STOP_COST) {
+        pred_eval_idx(j, &c->pl, tr, c->hold, c->n_hold, thr, &cn);
+        *cost = (double)(cn.tp + cn.fp) / (double)cn.total;
+    }
+    *metric = o->stop_metric == PI2_PRED_STOP_COST ? *cost : hl;
+    *res = (epoch_result){epoch, hl, thr, cn};
+    return 0;
+}
+
+/* The epochs, with early stopping on the held-out metric; *kept gets the
+ * figures of the weights kept (copied to best1/best2 with restore_best),
+ * *last those of the last epoch. */
+static int train_epochs(train_ctx *c, const pi2_trace *tr, const pi2_pred_train_opts *o, double t_start,
+                        epoch_result *kept, epoch_result *last, int *epochs_run, bool *stopped, double *train_loss,
+                        pi2_err *err)
+{
+    const pi2_predictor *pr = c->pred;
+    const size_t n1 = (size_t)pr->rank * tr->d, n2 = (size_t)tr->n_ff * pr->rank;
+    double best = INFINITY;
+    int bad = 0, epoch = 0;
+    double c1 = 1, c2 = 1; /* beta1^t, beta2^t */
+    for (epoch = 1; epoch <= o->epochs; epoch++) {
+        double cost = -1, metric = 0;
+        int rc = train_epoch(c, tr, o, epoch, &c1, &c2, train_loss, err);
+        if (rc == 0)
+            rc = train_heldout(c, tr, o, epoch, last, &cost, &metric, err);
+        if (rc)
+            return rc;
+        if (o->verbose) {
+            char extra[64] = "";
+            if (cost >= 0)
+                snprintf(extra, sizeof extra, "  predicted active %.4f", cost);
+            fprintf(stderr, "predictor: epoch %d/%d  train loss %.5f  held-out loss %.5f%s  (%.1f s)\n", epoch,
+                    o->epochs, *train_loss, last->loss, extra, pi2_now() - t_start);
+        }
+        bool progress = metric < best * (1 - o->min_delta) || kept->epoch == 0;
+        if (metric < best || kept->epoch == 0) { /* a small gain is the new best, but not progress */
+            best = metric;
+            *kept = *last;
+            if (o->restore_best) {
+                memcpy(c->best1, pr->fc1, n1 * sizeof(float));
+                memcpy(c->best2, pr->fc2, n2 * sizeof(float));
+            }
+        }
+        bad = progress ? 0 : bad + 1;
+        if (o->patience > 0 && bad >= o->patience) {
+            *stopped = true;
+            break;
+        }
+    }
+    *epochs_run = *stopped ? epoch : o->epochs;
+    return 0;
 }
 
 int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predictor **out, pi2_pred_report *rep,
@@ -179,179 +380,37 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
         return pi2_err_set(err, PI2_EINVAL, "predictor: the trace has %zu sample%s; need at least 2 (train + held out)",
                            n, n == 1 ? "" : "s");
     const int d = tr->d, n_ff = tr->n_ff;
-
-    /* deterministic split: a seeded permutation, the first n_hold held out */
     train_ctx c;
     memset(&c, 0, sizeof c);
-    c.perm = pred_iota(n);
-    if (!c.perm)
-        return pi2_err_set(err, PI2_ENOMEM, "predictor: out of memory for %zu sample indices", n);
-    pi2_rng rng;
-    pi2_rng_seed(&rng, o->seed);
-    shuffle(c.perm, n, &rng);
-    size_t n_hold = (size_t)floor(o->holdout * (double)n + 0.5);
-    if (n_hold < 1)
-        n_hold = 1;
-    if (n_hold > n - 1)
-        n_hold = n - 1;
-    size_t n_train = n - n_hold;
-    size_t *hold = c.perm, *train = c.perm + n_hold;
-
-    /* class balance and input scale of the training split */
-    uint64_t act = 0;
-    double sq = 0;
-    for (size_t i = 0; i < n_train; i++) {
-        act += pred_popcount_row(pi2_trace_bits(tr, train[i]), tr->w);
-        const float *x = pi2_trace_x(tr, train[i]);
-        for (int k = 0; k < d; k++)
-            sq += (double)x[k] * x[k];
-    }
-    uint64_t act_hold = 0;
-    for (size_t i = 0; i < n_hold; i++)
-        act_hold += pred_popcount_row(pi2_trace_bits(tr, hold[i]), tr->w);
-    if (act_hold == 0) {
+    if ((rc = train_split(&c, tr, o, err)) != 0) {
         train_ctx_free(&c);
-        return pi2_err_set(err, PI2_EINVAL,
-                           "predictor: no active neuron in the %zu held-out samples: nothing to calibrate against",
-                           n_hold);
+        return rc;
     }
-    double f = (double)act / ((double)n_train * (double)n_ff);
-    double rms = sqrt(sq / ((double)n_train * (double)d));
-    if (!(rms > 0))
-        rms = 1;
-    double pw = o->pos_weight;
-    if (pw == 0) {
-        pw = f > 0 ? (1 - f) / f : o->pos_weight_max;
-        if (pw < 1)
-            pw = 1;
-        if (pw > o->pos_weight_max)
-            pw = o->pos_weight_max;
-    }
-    int r = o->rank ? o->rank : pi2_pred_choose_rank(d, n_ff, f, o->rank_min, o->rank_max);
-
-    /* weights: Kaiming-normal fc1 scaled by the input RMS (so h has unit
-     * second moment whatever the norm's gain), fc2 ~ N(0, 1/r) (unit-variance
-     * scores at the start) */
-    if ((rc = pred_alloc(&c.pred, d, n_ff, r, err))) {
+    int r = o->rank ? o->rank : pi2_pred_choose_rank(d, n_ff, c.f, o->rank_min, o->rank_max);
+    if ((rc = train_setup(&c, tr, o, r, err)) != 0) {
         train_ctx_free(&c);
         return rc;
     }
     pi2_predictor *pr = c.pred;
-    fill_normal(pr->fc1, (size_t)r * d, sqrt(2.0 / d) / rms, &rng);
-    fill_normal(pr->fc2, (size_t)n_ff * r, sqrt(1.0 / r), &rng);
-
-    int cap = o->batch < EVAL_BATCH ? EVAL_BATCH : o->batch;
-    if (pred_job_alloc(&c.j, d, n_ff, r, cap, true) != 0) {
-        train_ctx_free(&c);
-        return pi2_err_set(err, PI2_ENOMEM, "predictor: out of memory for training state (rank %d, d %d, n_ff %d)",
-                           r, d, n_ff);
-    }
-    c.job_ok = true;
-    if (o->restore_best) {
-        c.best1 = pi2_malloc_array((size_t)r * d, sizeof(float));
-        c.best2 = pi2_malloc_array((size_t)n_ff * r, sizeof(float));
-        if (!c.best1 || !c.best2) {
-            train_ctx_free(&c);
-            return pi2_err_set(err, PI2_ENOMEM, "predictor: out of memory for a copy of the best weights");
-        }
-    }
-    job *j = &c.j;
-    j->fc1 = pr->fc1;
-    j->fc2 = pr->fc2;
-    j->pw = (float)pw;
-    j->b1 = (float)o->beta1;
-    j->b2 = (float)o->beta2;
-    j->eps = (float)o->eps;
-    j->decay = (float)(1 - o->lr * o->weight_decay);
-    pred_pool_init(&c.pl, o->threads ? o->threads : DEFAULT_THREADS);
-    c.pool_ok = true;
     blas_guard g = pred_blas_enter();
-
-    double best = INFINITY, train_loss = 0, hl = 0;
+    double train_loss = 0;
     epoch_result kept = {0}, last = {0};
-    int bad = 0, epoch = 0;
+    int epochs_run = 0;
     bool stopped = false;
-    double c1 = 1, c2 = 1; /* beta1^t, beta2^t */
-    for (epoch = 1; epoch <= o->epochs; epoch++) {
-        shuffle(train, n_train, &rng);
-        double sum = 0;
-        for (size_t i0 = 0; i0 < n_train; i0 += (size_t)o->batch) {
-            int nb = n_train - i0 < (size_t)o->batch ? (int)(n_train - i0) : o->batch;
-            c1 *= o->beta1;
-            c2 *= o->beta2;
-            j->lr_c1 = (float)(o->lr / (1 - c1));
-            j->inv_c2 = (float)(1 / sqrt(1 - c2));
-            pred_job_gather(j, tr, train + i0, nb);
-            sum += pred_job_step(j, &c.pl);
-        }
-        train_loss = sum / ((double)n_train * (double)n_ff);
-        if (!isfinite(train_loss)) {
-            pred_blas_leave(g);
-            train_ctx_free(&c);
-            return pi2_err_set(err, PI2_ERANGE,
-                               "predictor: training diverged at epoch %d (loss %g); lower the learning rate", epoch,
-                               train_loss);
-        }
-        /* held-out: loss, and with the cost metric the predicted-active
-         * fraction at the target recall (calibrate + count: two passes) */
-        double cost = -1;
-        float thr = 0;
-        pi2_err cerr = {0};
-        if (o->stop_metric == PI2_PRED_STOP_COST)
-            rc = pred_calibrate_idx(j, &c.pl, tr, hold, n_hold, o->target_recall, &thr, &hl, &cerr);
-        else
-            hl = heldout_loss(j, &c.pl, tr, hold, n_hold);
-        if ((rc == 0 && !isfinite(hl)) || rc == PI2_ERANGE)
-            rc = pi2_err_set(err, PI2_ERANGE, "predictor: training diverged at epoch %d (held-out scores are not "
-                             "finite); lower the learning rate", epoch);
-        else if (rc)
-            pi2_err_set(err, rc, "%s", cerr.msg);
-        if (rc) {
-            pred_blas_leave(g);
-            train_ctx_free(&c);
-            return rc;
-        }
-        counts cn = {0};
-        if (o->stop_metric == PI2_PRED_STOP_COST) {
-            pred_eval_idx(j, &c.pl, tr, hold, n_hold, thr, &cn);
-            cost = (double)(cn.tp + cn.fp) / (double)cn.total;
-        }
-        double metric = o->stop_metric == PI2_PRED_STOP_COST ? cost : hl;
-        if (o->verbose) {
-            char extra[64] = "";
-            if (cost >= 0)
-                snprintf(extra, sizeof extra, "  predicted active %.4f", cost);
-            fprintf(stderr, "predictor: epoch %d/%d  train loss %.5f  held-out loss %.5f%s  (%.1f s)\n", epoch,
-                    o->epochs, train_loss, hl, extra, pi2_now() - t_start);
-        }
-        last = (epoch_result){epoch, hl, thr, cn};
-        bool progress = metric < best * (1 - o->min_delta) || kept.epoch == 0;
-        if (metric < best || kept.epoch == 0) { /* a small gain is the new best, but not progress */
-            best = metric;
+    rc = train_epochs(&c, tr, o, t_start, &kept, &last, &epochs_run, &stopped, &train_loss, err);
+    if (rc == 0) {
+        if (!o->restore_best)
             kept = last;
-            if (o->restore_best) {
-                memcpy(c.best1, pr->fc1, (size_t)r * d * sizeof(float));
-                memcpy(c.best2, pr->fc2, (size_t)n_ff * r * sizeof(float));
-            }
+        else if (kept.epoch != last.epoch) {
+            memcpy(pr->fc1, c.best1, (size_t)r * d * sizeof(float));
+            memcpy(pr->fc2, c.best2, (size_t)n_ff * r * sizeof(float));
         }
-        bad = progress ? 0 : bad + 1;
-        if (o->patience > 0 && bad >= o->patience) {
-            stopped = true;
-            break;
-        }
-    }
-    int epochs_run = stopped ? epoch : o->epochs;
-    if (!o->restore_best)
-        kept = last;
-    else if (kept.epoch != last.epoch) {
-        memcpy(pr->fc1, c.best1, (size_t)r * d * sizeof(float));
-        memcpy(pr->fc2, c.best2, (size_t)n_ff * r * sizeof(float));
-    }
-    if (o->stop_metric != PI2_PRED_STOP_COST) {
         /* the loss metric did not calibrate along the way */
-        rc = pred_calibrate_idx(j, &c.pl, tr, hold, n_hold, o->target_recall, &kept.thr, NULL, err);
-        if (rc == 0)
-            pred_eval_idx(j, &c.pl, tr, hold, n_hold, kept.thr, &kept.cnt);
+        if (o->stop_metric != PI2_PRED_STOP_COST) {
+            rc = pred_calibrate_idx(&c.j, &c.pl, tr, c.hold, c.n_hold, o->target_recall, &kept.thr, NULL, err);
+            if (rc == 0)
+                pred_eval_idx(&c.j, &c.pl, tr, c.hold, c.n_hold, kept.thr, &kept.cnt);
+        }
     }
     pred_blas_leave(g);
     if (rc) {
@@ -361,12 +420,12 @@ int pi2_pred_train(const pi2_trace *tr, const pi2_pred_train_opts *o, pi2_predic
     pr->threshold = kept.thr;
     if (rep) {
         memset(rep, 0, sizeof *rep);
-        pred_report_fill(rep, pr, &kept.cnt, n_hold);
-        rep->n_train = n_train;
+        pred_report_fill(rep, pr, &kept.cnt, c.n_hold);
+        rep->n_train = c.n_train;
         rep->epochs = epochs_run;
         rep->early_stopped = stopped;
         rep->best_epoch = kept.epoch;
-        rep->pos_weight = pw;
+        rep->pos_weight = c.pw;
         rep->train_loss = train_loss;
         rep->heldout_loss = kept.loss;
         rep->seconds = pi2_now() - t_start;

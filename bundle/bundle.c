@@ -57,10 +57,10 @@ static int order_one(bctx *b, ffn_state *s, pi2_err *err)
     if (!(s->perm = pi2_malloc_array(n, sizeof *s->perm)))
         return pi2_err_set(err, PI2_ENOMEM, "out of memory");
     if (s->prof) {
-        rc = in_load(&b->in, s->prof->freq, (uint64_t)n * 4, &freq, &len, err);
+        rc = bw_in_load(&b->in, s->prof->freq, (uint64_t)n * 4, &freq, &len, err);
         if (rc == 0 && s->prof->bits[0]) {
             uint64_t want = s->prof->bit_samples * (((uint64_t)n + 63) / 64) * 8;
-            rc = in_load(&b->in, s->prof->bits, want, &bits, &len, err);
+            rc = bw_in_load(&b->in, s->prof->bits, want, &bits, &len, err);
             samples = s->prof->bit_samples;
         }
     }
@@ -187,8 +187,8 @@ static int setup_ffns(bctx *b, pi2_err *err)
             s->lay = geo;
             s->lay.layer = l;
             s->lay.expert = s->expert;
-            if ((rc = set_name(s->lay.ffn, err, "ffn/%d.%d", l, e)) ||
-                (rc = set_name(s->lay.perm, err, "perm/%d.%d", l, e)))
+            if ((rc = bw_set_name(s->lay.ffn, err, "ffn/%d.%d", l, e)) ||
+                (rc = bw_set_name(s->lay.perm, err, "perm/%d.%d", l, e)))
                 return rc;
         }
     return 0;
@@ -226,7 +226,7 @@ static int build_manifest(bctx *b, const char *signer, char **text, size_t *len,
     for (size_t i = 0; i < im->n_tensors && rc == 0; i++) {
         pi2_mf_tensor t = im->tensors[i];
         if (t.role == PI2_T_GATE || t.role == PI2_T_UP || t.role == PI2_T_DOWN)
-            snprintf(t.payload, sizeof t.payload, "%s", b->ffn[find_ffn(b, t.layer, t.expert)].lay.ffn);
+            snprintf(t.payload, sizeof t.payload, "%s", b->ffn[bw_find_ffn(b, t.layer, t.expert)].lay.ffn);
         rc = pi2_manifest_add_tensor(om, &t, err);
     }
     for (size_t i = 0; i < im->n_layers && rc == 0; i++)
@@ -358,7 +358,7 @@ int pi2_bundle_create(const pi2_bundle_opts *o, FILE *report, pi2_err *err)
     if ((rc = order_all(&b, err)))
         goto out;
     t_order = pi2_now() - t;
-    if ((rc = plan(&b, err)) || (rc = pi2_ctr_writer_create(&b.w, o->out_path, err)) || (rc = run_jobs(&b, err)))
+    if ((rc = bw_plan(&b, err)) || (rc = pi2_ctr_writer_create(&b.w, o->out_path, err)) || (rc = bw_run_jobs(&b, err)))
         goto out;
     if ((rc = build_manifest(&b, signer, &mtext, &mlen, err)) ||
         (rc = pi2_ctr_writer_add(b.w, PI2_MF_NAME, mtext, mlen, err)))

@@ -84,16 +84,16 @@ typedef struct bctx {
 } bctx;
 
 /* bundle_plan.c */
-int pread_full(const input *in, void *buf, size_t n, uint64_t off, const char *what, pi2_err *err);
-void in_drop(const input *in, uint64_t off, uint64_t len);
-int digest_check(const input *in, const pi2_ctr_section *s, const uint8_t got[PI2_SHA256_LEN], pi2_err *err);
-int in_load(const input *in, const char *name, uint64_t want_size, uint8_t **buf, size_t *len, pi2_err *err);
-int set_name(char dst[PI2_CTR_NAME_MAX], pi2_err *err, const char *fmt, int l, int e);
-int find_ffn(const bctx *b, int layer, int expert);
-int plan(bctx *b, pi2_err *err);
+int bw_pread_full(const input *in, void *buf, size_t n, uint64_t off, const char *what, pi2_err *err);
+void bw_in_drop(const input *in, uint64_t off, uint64_t len);
+int bw_digest_check(const input *in, const pi2_ctr_section *s, const uint8_t got[PI2_SHA256_LEN], pi2_err *err);
+int bw_in_load(const input *in, const char *name, uint64_t want_size, uint8_t **buf, size_t *len, pi2_err *err);
+int bw_set_name(char dst[PI2_CTR_NAME_MAX], pi2_err *err, const char *fmt, int l, int e);
+int bw_find_ffn(const bctx *b, int layer, int expert);
+int bw_plan(bctx *b, pi2_err *err);
 
 /* bundle_write.c */
-int take(bctx *b, size_t i, pi2_err *err);
-int run_jobs(bctx *b, pi2_err *err);
+int bw_take(bctx *b, size_t i, pi2_err *err);
+int bw_run_jobs(bctx *b, pi2_err *err);
 
 #endif

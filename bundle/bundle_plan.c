@@ -28,7 +28,7 @@ static int in_section(const input *in, const char *name, const pi2_ctr_section *
     return 0;
 }
 
-int pread_full(const input *in, void *buf, size_t n, uint64_t off, const char *what, pi2_err *err)
+int bw_pread_full(const input *in, void *buf, size_t n, uint64_t off, const char *what, pi2_err *err)
 {
     uint8_t *p = buf;
     while (n > 0) {
@@ -51,14 +51,14 @@ int pread_full(const input *in, void *buf, size_t n, uint64_t off, const char *w
  * memory costs a fault per page under a hypervisor that backs it lazily:
  * bundling the 7B-shaped model from a cold cache went from 11.8-13.8 to
  * 10.1-10.4 s). Advisory. */
-void in_drop(const input *in, uint64_t off, uint64_t len)
+void bw_in_drop(const input *in, uint64_t off, uint64_t len)
 {
     uint64_t a = (off + 4095) / 4096 * 4096, e = (off + len) / 4096 * 4096;
     if (e > a)
         posix_fadvise(in->fd, (off_t)a, (off_t)(e - a), POSIX_FADV_DONTNEED);
 }
 
-int digest_check(const input *in, const pi2_ctr_section *s, const uint8_t got[PI2_SHA256_LEN], pi2_err *err)
+int bw_digest_check(const input *in, const pi2_ctr_section *s, const uint8_t got[PI2_SHA256_LEN], pi2_err *err)
 {
     if (memcmp(got, s->sha256, PI2_SHA256_LEN) == 0)
         return 0;
@@ -68,7 +68,7 @@ int digest_check(const input *in, const pi2_ctr_section *s, const uint8_t got[PI
 
 /* Whole member into a new buffer (caller frees *buf), checked against its
  * digest. want_size: required size, or UINT64_MAX for any. */
-int in_load(const input *in, const char *name, uint64_t want_size, uint8_t **buf, size_t *len, pi2_err *err)
+int bw_in_load(const input *in, const char *name, uint64_t want_size, uint8_t **buf, size_t *len, pi2_err *err)
 {
     *buf = NULL;
     const pi2_ctr_section *s;
@@ -84,8 +84,8 @@ int in_load(const input *in, const char *name, uint64_t want_size, uint8_t **buf
     uint8_t d[PI2_SHA256_LEN];
     if (!b)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory reading %s", in->path, name);
-    if ((rc = pread_full(in, b, (size_t)s->size, s->offset, name, err)) ||
-        (rc = pi2_sha256(b, (size_t)s->size, d, err)) || (rc = digest_check(in, s, d, err))) {
+    if ((rc = bw_pread_full(in, b, (size_t)s->size, s->offset, name, err)) ||
+        (rc = pi2_sha256(b, (size_t)s->size, d, err)) || (rc = bw_digest_check(in, s, d, err))) {
         free(b);
         return rc;
     }
@@ -108,7 +108,7 @@ static int add_job(bctx *b, const job *j, pi2_err *err)
     return 0;
 }
 
-int set_name(char dst[PI2_CTR_NAME_MAX], pi2_err *err, const char *fmt, int l, int e)
+int bw_set_name(char dst[PI2_CTR_NAME_MAX], pi2_err *err, const char *fmt, int l, int e)
 {
     if (snprintf(dst, PI2_CTR_NAME_MAX, fmt, l, e) >= PI2_CTR_NAME_MAX)
         return pi2_err_set(err, PI2_ERANGE, "member name too long");
@@ -152,7 +152,7 @@ static int plan_rows(bctx *b, jkind kind, const char *name, int f, uint64_t rows
     return add_job(b, &j, err);
 }
 
-int find_ffn(const bctx *b, int layer, int expert)
+int bw_find_ffn(const bctx *b, int layer, int expert)
 {
     for (size_t i = 0; i < b->n_ffn; i++)
         if (b->ffn[i].layer == layer && b->ffn[i].expert == expert)
@@ -161,7 +161,7 @@ int find_ffn(const bctx *b, int layer, int expert)
 }
 
 /* Every member of the output, in order (see bundle.h). */
-int plan(bctx *b, pi2_err *err)
+int bw_plan(bctx *b, pi2_err *err)
 {
     const pi2_manifest *m = b->in.mf;
     const pi2_model_desc *d = b->d;
@@ -175,7 +175,7 @@ int plan(bctx *b, pi2_err *err)
                 rc = plan_copy(b, t->scales, err);
             continue;
         }
-        int f = find_ffn(b, t->layer, t->expert);
+        int f = bw_find_ffn(b, t->layer, t->expert);
         if (f < 0)
             return pi2_err_set(err, PI2_EFORMAT, "%s: %s: no FFN for layer %d expert %d", b->in.path, t->name,
                                t->layer, t->expert);
@@ -185,7 +185,7 @@ int plan(bctx *b, pi2_err *err)
         const pi2_mf_layer *e = &m->layers[i];
         if (!e->has_predictor)
             continue;
-        int f = find_ffn(b, e->layer, e->expert);
+        int f = bw_find_ffn(b, e->layer, e->expert);
         if (f < 0)
             return pi2_err_set(err, PI2_EFORMAT, "%s: predictor for layer %d expert %d has no FFN", b->in.path,
                                e->layer, e->expert);
@@ -214,7 +214,7 @@ int plan(bctx *b, pi2_err *err)
     }
     for (size_t i = 0; i < m->n_profile && rc == 0; i++) {
         const pi2_mf_profile *p = &m->profile[i];
-        int f = find_ffn(b, p->layer, p->expert);
+        int f = bw_find_ffn(b, p->layer, p->expert);
         if (f < 0)
             return pi2_err_set(err, PI2_EFORMAT, "%s: profile for layer %d expert %d has no FFN", b->in.path, p->layer,
                                p->expert);

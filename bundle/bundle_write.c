@@ -52,16 +52,16 @@ static void *loader_main(void *arg)
         uint64_t at = 0;
         for (int k = 0; k < j->nparts && rc == 0; k++) {
             const jpart *p = &j->part[k];
-            rc = pread_full(&b->in, buf + at, (size_t)p->len, p->sec->offset + p->off, p->sec->name, &err);
+            rc = bw_pread_full(&b->in, buf + at, (size_t)p->len, p->sec->offset + p->off, p->sec->name, &err);
             if (rc == 0)
-                in_drop(&b->in, p->sec->offset + p->off, p->len);
+                bw_in_drop(&b->in, p->sec->offset + p->off, p->len);
             if (rc == 0)
                 rc = pi2_sha256_update(h, buf + at, (size_t)p->len, &err);
             if (rc == 0 && p->off + p->len == p->sec->size) { /* end of the member: check it */
                 uint8_t dg[PI2_SHA256_LEN];
                 rc = pi2_sha256_final(h, dg, &err);
                 if (rc == 0)
-                    rc = digest_check(&b->in, p->sec, dg, &err);
+                    rc = bw_digest_check(&b->in, p->sec, dg, &err);
             }
             at += p->len;
         }
@@ -86,7 +86,7 @@ static void *loader_main(void *arg)
 }
 
 /* Wait for job i's data. */
-int take(bctx *b, size_t i, pi2_err *err)
+int bw_take(bctx *b, size_t i, pi2_err *err)
 {
     pthread_mutex_lock(&b->mu);
     while (b->loaded <= i && !b->loader_failed)
@@ -231,7 +231,7 @@ static int write_ffn(bctx *b, const job *j, uint8_t *chunk, size_t chunk_cap, pi
     return rc;
 }
 
-int run_jobs(bctx *b, pi2_err *err)
+int bw_run_jobs(bctx *b, pi2_err *err)
 {
     /* the layout chunk: at least one slot */
     size_t cap = OUT_CHUNK;
@@ -252,7 +252,7 @@ int run_jobs(bctx *b, pi2_err *err)
     size_t i = 0;
     for (; i < b->n_jobs && rc == 0; i++) {
         job *j = &b->jobs[i];
-        if ((rc = take(b, i, err)))
+        if ((rc = bw_take(b, i, err)))
             break;
         switch (j->kind) {
         case J_COPY:

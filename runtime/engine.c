@@ -1,5 +1,5 @@
 /* pi2 engine: open a bundled container and build the model in place. */
-#include "runtime/engine_internal.h"
+#include "runtime/state.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
 #include "runtime/planner.h"

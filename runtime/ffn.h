@@ -13,7 +13,7 @@
 #ifndef PI2_FFN_H
 #define PI2_FFN_H
 
-#include "runtime/engine_internal.h"
+#include "runtime/state.h"
 
 /* Neurons per chunk of the decode FFN. A chunk's gate, up and down rows are
  * read one after the other while they are close (a bundle keeps a neuron's

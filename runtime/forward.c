@@ -1,5 +1,5 @@
 /* pi2 engine: the forward pass (prefill batches and sparse decode). */
-#include "runtime/engine_internal.h"
+#include "runtime/state.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
 #include "runtime/mathops.h"

@@ -17,7 +17,7 @@
 #include "formats/safetensors.h"
 #include "formats/quant.h"
 #include "runtime/engine.h"
-#include "runtime/engine_internal.h"
+#include "runtime/state.h"
 #include "runtime/reference.h"
 #include "runtime/sample.h"
 #include "tests/testjson.h"

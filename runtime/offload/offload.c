@@ -1,6 +1,6 @@
 /* pi2 engine: flash offloading (design: runtime/offload/offload.h). */
 #include "runtime/offload/offload.h"
-#include "runtime/offload/offload_internal.h"
+#include "runtime/offload/ofl_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>

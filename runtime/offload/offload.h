@@ -59,7 +59,7 @@
  *                      few ahead, across layers
  *   ncache.c / .h      the neuron cache (LRU of neuron parts, with holds)
  *   io.c / .h          the reader (io_uring, or pread threads)
- *   offload_internal.h the state those files share (private)
+ *   ofl_state.h        the state those files share (private)
  */
 #ifndef PI2_ENGINE_OFFLOAD_H
 #define PI2_ENGINE_OFFLOAD_H

@@ -1,5 +1,5 @@
 /* pi2 offloading: read-ahead during attention (runtime/offload/offload.h). */
-#include "runtime/offload/offload_internal.h"
+#include "runtime/offload/ofl_state.h"
 #include "runtime/mathops.h"
 
 #include <stdlib.h>

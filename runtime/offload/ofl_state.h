@@ -1,9 +1,9 @@
 /* Private to runtime/offload/: the offloader's state and the functions its
  * files share (the room's contract: runtime/offload/offload.h). */
-#ifndef PI2_OFFLOAD_INTERNAL_H
-#define PI2_OFFLOAD_INTERNAL_H
+#ifndef PI2_OFL_STATE_H
+#define PI2_OFL_STATE_H
 
-#include "runtime/engine_internal.h"
+#include "runtime/state.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
 #include "runtime/offload/io.h"

@@ -1,8 +1,8 @@
 /* Internals shared by the engine's load (engine.c), forward (forward.c),
  * FFN (ffn.c, ffn_memory.c, the offload/ room), predictor (predict.c) and
  * MoE routing (moe.c). Not part of the public API. */
-#ifndef PI2_ENGINE_INTERNAL_H
-#define PI2_ENGINE_INTERNAL_H
+#ifndef PI2_STATE_H
+#define PI2_STATE_H
 
 #include "bundle/bundle.h"
 #include "runtime/engine.h"

@@ -26,20 +26,6 @@ static int ofl_alloc_job(pi2_engine *e, eng_ofl *x, uint32_t max_sel, pi2_err *e
 static void ofl_register_buffers(eng_ofl *x);
 static int ofl_start_io(pi2_engine *e, eng_ofl *x, pi2_err *err);
 
-/* The row tables belong to the active source (runtime/ffn_source.h);
- * the offloader writes them here only, so where its rows point is decided
- * in one place. */
-void ofl_set_rows(const eng_ffn *f, uint32_t i, unsigned which, const uint8_t *gate, const uint8_t *up,
-                  const uint8_t *down)
-{
-    if (which & R_GATE)
-        f->gate.rp[i] = gate;
-    if (which & R_UP)
-        f->up.rp[i] = up;
-    if (which & R_DOWN)
-        f->down.rp[i] = down;
-}
-
 /* ---------------- sequential reads (start-up) ---------------- */
 
 /* Read [off, off+len) into dst (4096-aligned, len a multiple of 4096), up to
@@ -246,7 +232,7 @@ static void verify_ffn(void *arg)
     k->rc = rc;
 }
 
-/* The buffers of this module for a model (engine_internal.h): what the
+/* The buffers of this module for a model (offload.h): what the
  * memory plan counts (runtime/planner.h) and eng_ofl_open allocates. */
 void eng_ofl_buffers(const pi2_model_desc *d, const pi2_bundle_layout *bl, eng_ofl_bufs *out)
 {

@@ -40,7 +40,7 @@
  *
  * Who owns what: the engine's FFN row tables belong to the active source
  * (runtime/ffn_source.h); while offloading, ofl_set_rows is their one
- * writer. The engine reaches the room through eng_ofl_* (engine_internal.h)
+ * writer. The engine reaches the room through eng_ofl_* (below)
  * and the eng_ffn_flash source (ffn_source.h).
  *
  * The files
@@ -64,6 +64,31 @@
 #ifndef PI2_ENGINE_OFFLOAD_H
 #define PI2_ENGINE_OFFLOAD_H
 
-#include "runtime/engine.h"
+#include "runtime/state.h"
+
+/* The engine's entry points (offload.c). */
+struct pi2_plan_memory;
+/* The offloader's own buffers for a model: their shapes, and their bytes
+ * at I/O depth 0 and per read in flight (pi2_plan_bufs). */
+typedef struct eng_ofl_bufs {
+    uint32_t max_sel, max_ch;  /* neurons and chunks a decode job can hold */
+    uint32_t win_groups;       /* slots per prefill window */
+    uint64_t staging_bytes;    /* per read in flight */
+    uint64_t wbuf_bytes;       /* per prefill window */
+    size_t rq_cap, ready_cap;  /* queued reads, ready chunks */
+    uint64_t bytes, per_depth;
+    uint64_t slot_bytes[2];    /* a cache slot with its record: gates (whole neurons one-phase), up+down */
+} eng_ofl_bufs;
+void eng_ofl_buffers(const pi2_model_desc *d, const pi2_bundle_layout *bl, eng_ofl_bufs *out);
+/* Makes e->ofl, opens the reader on e->path and reads the resident region
+ * (everything before the first FFN member) into e->res, checked against
+ * the signed manifest. On failure e->ofl stays for eng_ofl_close. */
+int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
+/* Run the memory plan m (runtime/planner.h), whose plan it takes over. */
+int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, struct pi2_plan_memory *m, pi2_err *err);
+/* Stops the I/O thread and frees e->ofl; nothing when e->ofl is NULL. */
+void eng_ofl_close(pi2_engine *e);
+/* Zeroes the counters pi2_engine_offload_info_get reports. */
+void eng_ofl_stats_reset(pi2_engine *e);
 
 #endif

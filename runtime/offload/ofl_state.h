@@ -210,11 +210,21 @@ static inline uint64_t stride_of(uint64_t unit) { return unit % 4096 == 0 ? unit
 
 /* Which row tables of a neuron ofl_set_rows writes. */
 enum { R_GATE = 1, R_UP = 2, R_DOWN = 4, R_ALL = 7 };
-/* The one writer of FFN f's row tables while offloading (offload.c): for
- * neuron i, the tables named in `which` get gate, up, down (NULL: no row
- * in memory). See runtime/ffn_source.h for who owns the tables. */
-void ofl_set_rows(const eng_ffn *f, uint32_t i, unsigned which, const uint8_t *gate, const uint8_t *up,
-                  const uint8_t *down);
+/* The one writer of FFN f's row tables while offloading: for neuron i,
+ * the tables named in `which` get gate, up, down (NULL: no row in
+ * memory). The tables belong to the active source (runtime/ffn_source.h);
+ * the offloader writes them here only, so where its rows point is decided
+ * in one place. */
+static inline void ofl_set_rows(const eng_ffn *f, uint32_t i, unsigned which, const uint8_t *gate,
+                                const uint8_t *up, const uint8_t *down)
+{
+    if (which & R_GATE)
+        f->gate.rp[i] = gate;
+    if (which & R_UP)
+        f->up.rp[i] = up;
+    if (which & R_DOWN)
+        f->down.rp[i] = down;
+}
 
 /* Neuron i's rows of part `part` in a cache slot's layout at buf (gate,
  * up, down rows of R bytes, as far as the part holds them). */

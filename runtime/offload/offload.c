@@ -87,11 +87,8 @@ static int open_reader(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_
     pi2_io_opts io;
     pi2_io_defaults(&io);
     io.backend = (pi2_io_backend)o->offload.io_backend;
-    io.depth = o->offload.io_depth > 0 ? o->offload.io_depth : 64;
-    x->depth = io.depth;
-    if ((o->offload.plan || (o->offload.hw && !o->offload.fixed_split)) && io.depth < 128) /* the plan picks the depth */
-        io.depth = o->offload.plan && o->offload.plan->io_depth > 128 ? o->offload.plan->io_depth : 128;
-    x->ring_depth = io.depth;
+    x->depth = o->offload.io_depth > 0 ? o->offload.io_depth : 64; /* the start-up reads' */
+    io.depth = x->ring_depth = pi2_plan_ring_depth(&o->offload); /* what the plan may pick */
     int rc = pi2_io_open(&x->io, e->path, &io, err);
     if (rc && strstr(err->msg, "O_DIRECT")) { /* tmpfs and friends: documented fallback */
         pi2_err_clear(err);

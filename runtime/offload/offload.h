@@ -7,12 +7,14 @@
  *
  * What it promises
  *   memory   the footprint (resident set plus the page cache it causes) is
- *            planned at open to stay under mem_limit: the resident region,
- *            the KV cache for the context at open, buffers, an overhead
- *            share, and the rest for the FFN weights (a hot segment kept in
- *            memory, neuron caches for the others). A limit that cannot
- *            hold the smallest cache fails the open with PI2_ENOMEM saying
- *            how much is needed; a context longer than the one planned is
+ *            planned at open to stay under mem_limit, by the planner's
+ *            memory plan (pi2_plan_memory_make, runtime/plan_mem.c):
+ *            the resident region, the KV cache for the context at open,
+ *            buffers, an overhead share, and the rest for the FFN weights
+ *            (a hot segment kept in memory, neuron caches for the others).
+ *            This room runs that plan as made. A limit that cannot hold
+ *            the smallest cache fails the open with PI2_ENOMEM saying how
+ *            much is needed; a context longer than the one planned is
  *            refused later with PI2_ERANGE. pi2_engine_offload_info_get
  *            reports the plan and the counters.
  *   bits     decode and prefill give the same bits as the same model all
@@ -44,7 +46,7 @@
  * and the eng_ffn_flash source (ffn_source.h).
  *
  * The files
- *   offload.c          open and close: the memory plan and its execution
+ *   offload.c          open and close: the memory plan's execution
  *                      (hot segment, kept gates, caches, buffers), the
  *                      start-up loads and check, the I/O thread's start,
  *                      the reports
@@ -84,7 +86,9 @@ void eng_ofl_buffers(const pi2_model_desc *d, const pi2_bundle_layout *bl, eng_o
  * (everything before the first FFN member) into e->res, checked against
  * the signed manifest. On failure e->ofl stays for eng_ofl_close. */
 int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
-/* Run the memory plan m (runtime/planner.h), whose plan it takes over. */
+/* Runs the memory plan m (pi2_plan_memory_make), whose plan it takes
+ * over: the hot segments and kept gates read, the caches and buffers
+ * made, the I/O thread started. */
 int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, struct pi2_plan_memory *m, pi2_err *err);
 /* Stops the I/O thread and frees e->ofl; nothing when e->ofl is NULL. */
 void eng_ofl_close(pi2_engine *e);

@@ -18,9 +18,6 @@
 #define OFL_SEQ_DEPTH 8              /* sequential reads in flight */
 #define OFL_WINDOW (4u << 20)        /* prefill window, bytes (whole slots) */
 #define OFL_NWIN 3                   /* prefill windows read ahead */
-#define OFL_OVERHEAD (32ull << 20)   /* code, stacks, allocator slack */
-#define OFL_KERNEL_SHARE 256         /* and 1/256 of what the run can use (the limit, or all in memory):
-                                        page tables and kernel memory charged with it */
 #define OFL_POLL_US 50               /* I/O thread poll while reads are in flight */
 #define OFL_SPIN 4000                /* compute thread spins before sleeping */
 #define OFL_PF_SETS 8                /* read-ahead sets in flight (MoE: top-k per layer) */

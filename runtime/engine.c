@@ -1,7 +1,9 @@
 /* pi2 engine: open a bundled container and build the model in place. */
-#include "runtime/engine_internal.h"
+#include "runtime/state.h"
+#include "runtime/forward.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
+#include "runtime/offload/offload.h"
 #include "runtime/planner.h"
 
 #include <assert.h>

@@ -13,7 +13,7 @@
 #ifndef PI2_FFN_H
 #define PI2_FFN_H
 
-#include "runtime/engine_internal.h"
+#include "runtime/state.h"
 
 /* Neurons per chunk of the decode FFN. A chunk's gate, up and down rows are
  * read one after the other while they are close (a bundle keeps a neuron's
@@ -69,5 +69,28 @@ ffn_counts ffn_chunk(const ffn_dec *d, eng_tls *s, const uint32_t *idx, uint32_t
 void ffn_chunk_gate(const ffn_dec *d, eng_tls *s, const uint32_t *idx, int n);
 int ffn_chunk_updown(const ffn_dec *d, eng_tls *s, const uint32_t *idx, const float *g, const uint32_t *pick, int m,
                      float *out);
+
+/* The rest both sources run: the decode reduce, the down projection of a
+ * list of rows, the dense prefill. */
+
+/* out[i], i in [b, en): the sum over r < n of base[row_r * stride + i]
+ * (row_r = rows[r], or r when rows is NULL), in that order from 0;
+ * accumulate: out[i] += w * sum. */
+void eng_sum_rows(float *out, const float *base, int64_t stride, const uint32_t *rows, int64_t n, int64_t b, int64_t en,
+                  bool accumulate, float w);
+/* out[0..D) += the down columns of the a neurons in wp / ws with
+ * coefficients coef, in that order: the int8 down projection of Q4 / Q8
+ * rows (pi2_k_down_rows, groups of 16 in list order), the float axpy of
+ * others. Decode in memory and offloaded run the same groups. Q4 / Q8
+ * rows also bring [pf, pf + pf_len) toward the core (pi2_k_down_rows_pf;
+ * NULL: nothing). */
+void eng_down_rows(pi2_qtype qt, int64_t D, int a, const float *coef, const uint8_t *const *wp,
+                   const uint16_t *const *ws, float *out, const uint8_t *pf, int64_t pf_len);
+/* Dense prefill of neurons [n0, n1) for T tokens whose input is quantized
+ * in the activation buffers, added to each thread's partial output (zeroed
+ * first when `first`). */
+void eng_ffn_prefill_range(pi2_engine *e, const eng_ffn *f, int T, uint32_t n0, uint32_t n1, bool first);
+/* out [T][D] = sum of the threads' partial outputs (accumulate: out += w *). */
+void eng_ffn_reduce(pi2_engine *e, int T, float *out, bool accumulate, float w);
 
 #endif

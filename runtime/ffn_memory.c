@@ -1,6 +1,6 @@
 /* pi2 engine: the memory FFN source (runtime/ffn_source.h): every weight in
  * the mapping or the resident region. */
-#include "runtime/engine_internal.h"
+#include "runtime/state.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
 #include "runtime/units.h"

@@ -32,7 +32,7 @@
 #ifndef PI2_FFN_SOURCE_H
 #define PI2_FFN_SOURCE_H
 
-#include "runtime/engine_internal.h"
+#include "runtime/state.h"
 
 typedef struct ffn_source {
     /* A pass of the forward begins (decode: one token). */

@@ -1,8 +1,11 @@
 /* pi2 engine: the forward pass (prefill batches and sparse decode). */
-#include "runtime/engine_internal.h"
+#include "runtime/forward.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
 #include "runtime/mathops.h"
+#include "runtime/moe.h"
+#include "runtime/predict.h"
+#include "runtime/units.h"
 
 #include <cblas.h>
 #include <math.h>

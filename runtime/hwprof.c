@@ -508,11 +508,11 @@ int pi2_hwprof_get(const pi2_hwprof_opts *o, const char *path, bool measure, pi2
     if (!measure) {
         free(p);
         if (rc == PI2_ENOTFOUND)
-            return pi2_err_set(err, PI2_ENOTFOUND, "no hardware profile at %.400s; run pi2-run --profile-hw", path);
+            return pi2_err_set(err, PI2_ENOTFOUND, "no hardware profile at %.400s", path);
         if (rc)
-            return pi2_err_set(err, rc, "%s; run pi2-run --profile-hw to measure again", le.msg);
-        return pi2_err_set(err, PI2_ENOTFOUND, "%.400s: the hardware profile does not describe this setup (%s); run "
-                                               "pi2-run --profile-hw", path, bad);
+            return pi2_err_set(err, rc, "%s", le.msg);
+        return pi2_err_set(err, PI2_ENOTFOUND, "%.400s: the hardware profile does not describe this setup (%s)", path,
+                           bad);
     }
     if (rc && rc != PI2_ENOTFOUND)
         pi2_hw_logf(o->log, "%s; measuring again", le.msg);

@@ -127,7 +127,9 @@ int pi2_hwprof_default_path(const char *device_dir, char *buf, size_t n, pi2_err
 bool pi2_hwprof_matches(const pi2_hwprof *p, const pi2_hwprof_opts *o);
 /* Load from path (NULL: default path) when it matches, else measure and
  * save there (when measure is true; otherwise PI2_ENOTFOUND "no hardware
- * profile at PATH; run pi2-run --profile-hw"). *measured tells which. */
+ * profile at PATH", or that it does not describe this setup, and a
+ * profile that cannot be read fails with its own error). *measured tells
+ * which. */
 int pi2_hwprof_get(const pi2_hwprof_opts *o, const char *path, bool measure, pi2_hwprof *out, bool *measured,
                    pi2_err *err);
 

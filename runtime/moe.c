@@ -1,6 +1,6 @@
 /* pi2: MoE routing (contract: runtime/moe.h). */
 #include "runtime/moe.h"
-#include "runtime/engine_internal.h"
+#include "runtime/state.h"
 
 #include <math.h>
 

@@ -10,4 +10,9 @@
  * into w[0..k). */
 void pi2_moe_route(const float *lg, int n, int k, int *chosen, double *w);
 
+/* The engine's routing (moe.c): router logits of x (hidden floats) ->
+ * chosen[top-k] experts by pi2_moe_route and their weights wts[top-k]. */
+struct pi2_engine;
+void eng_route(const struct pi2_engine *e, const float *router, const float *x, int *chosen, float *wts);
+
 #endif

@@ -1,6 +1,7 @@
 /* pi2 engine: the runtime predictor (decode): which neurons of an FFN
  * will fire for the token, from its Q8 or Q4 rows of the predictor. */
-#include "runtime/engine_internal.h"
+#include "runtime/predict.h"
+#include "runtime/units.h"
 
 #include <string.h>
 

@@ -7,7 +7,7 @@
  * offloading I/O thread and interrupts take time from one compute thread
  * at a time; with fixed halves the other waited for it at every step. */
 #include "runtime/units.h"
-#include "runtime/engine_internal.h"
+#include "runtime/state.h"
 
 #include <stdatomic.h>
 

@@ -14,7 +14,7 @@
 #include "formats/sign.h"
 #include "formats/tokenizer.h"
 #include "runtime/engine.h"
-#include "runtime/engine_internal.h"
+#include "runtime/state.h"
 
 #include <math.h>
 #include <setjmp.h>

@@ -491,7 +491,8 @@ static void test_get_cached(void **state)
     pi2_err_clear(&e);
     assert_int_equal(pi2_hwprof_get(&o, none, false, &q, &measured, &e), PI2_ENOTFOUND);
     assert_non_null(strstr(e.msg, none));
-    assert_non_null(strstr(e.msg, "--profile-hw"));
+    assert_non_null(strstr(e.msg, "no hardware profile at"));
+    assert_null(strstr(e.msg, "--")); /* the tool names its flags, not the library */
     assert_false(pi2t_exists(none));
     /* another setup, without measuring */
     o.threads = 2;

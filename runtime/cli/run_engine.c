@@ -109,14 +109,14 @@ int load_hw(const run_opts *o, pi2_hwprof **out, pi2_err *err)
     bool measured = false;
     pi2_err e2 = {0};
     int rc = pi2_hwprof_get(&ho, o->hw_profile, false, p, &measured, &e2);
-    if (rc == PI2_ENOTFOUND) {
-        snprintf(o->st->hw_note, sizeof o->st->hw_note, "%s", e2.msg);
+    if (rc == PI2_ENOTFOUND) { /* none, or not this machine's: the flag that measures one */
+        snprintf(o->st->hw_note, sizeof o->st->hw_note, "%s; run pi2-run --profile-hw", e2.msg);
         free(p);
         return 0;
     }
     if (rc) {
         free(p);
-        return pi2_err_set(err, rc, "%s", e2.msg);
+        return pi2_err_set(err, rc, "%s; run pi2-run --profile-hw to measure again", e2.msg);
     }
     *out = p;
     return 0;

@@ -2,7 +2,7 @@
  * reader: it takes reads from the queue, submits them, copies the landed
  * bytes into their slots outside the lock and hands each read to whoever
  * asked for it (the decode job, the read-ahead or the prefill stream). */
-#include "runtime/offload/offload_internal.h"
+#include "runtime/offload/ofl_state.h"
 
 #include <errno.h>
 

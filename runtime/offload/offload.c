@@ -1,6 +1,6 @@
 /* pi2 engine: flash offloading (design: runtime/offload/offload.h). */
 #include "runtime/offload/offload.h"
-#include "runtime/offload/offload_internal.h"
+#include "runtime/offload/ofl_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,25 +20,15 @@ typedef struct ofl_sizes {
 
 /* The open's steps around the memory plan (eng_ofl_open; defined after it). */
 static int ofl_tables(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_err *err);
+static int ofl_bind_ffns(pi2_engine *e, eng_ofl *x, pi2_err *err);
+static uint32_t ofl_take_buffers(pi2_engine *e, eng_ofl *x);
+static void ofl_take_plan(eng_ofl *x, pi2_plan_memory *m);
+static void ofl_report_plan(const pi2_engine *e, eng_ofl *x, const pi2_plan_memory *m);
 static int ofl_load_hot(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, uint64_t hot_total, pi2_err *err);
 static int ofl_make_caches(eng_ofl *x, const ofl_sizes *z, pi2_err *err);
 static int ofl_alloc_job(pi2_engine *e, eng_ofl *x, uint32_t max_sel, pi2_err *err);
 static void ofl_register_buffers(eng_ofl *x);
 static int ofl_start_io(pi2_engine *e, eng_ofl *x, pi2_err *err);
-
-/* The row tables belong to the active source (runtime/ffn_source.h);
- * the offloader writes them here only, so where its rows point is decided
- * in one place. */
-void ofl_set_rows(const eng_ffn *f, uint32_t i, unsigned which, const uint8_t *gate, const uint8_t *up,
-                  const uint8_t *down)
-{
-    if (which & R_GATE)
-        f->gate.rp[i] = gate;
-    if (which & R_UP)
-        f->up.rp[i] = up;
-    if (which & R_DOWN)
-        f->down.rp[i] = down;
-}
 
 /* ---------------- sequential reads (start-up) ---------------- */
 
@@ -101,11 +91,8 @@ static int open_reader(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_
     pi2_io_opts io;
     pi2_io_defaults(&io);
     io.backend = (pi2_io_backend)o->offload.io_backend;
-    io.depth = o->offload.io_depth > 0 ? o->offload.io_depth : 64;
-    x->depth = io.depth;
-    if ((o->offload.plan || (o->offload.hw && !o->offload.fixed_split)) && io.depth < 128) /* the plan picks the depth */
-        io.depth = o->offload.plan && o->offload.plan->io_depth > 128 ? o->offload.plan->io_depth : 128;
-    x->ring_depth = io.depth;
+    x->depth = o->offload.io_depth > 0 ? o->offload.io_depth : 64; /* the start-up reads' */
+    io.depth = x->ring_depth = pi2_plan_ring_depth(&o->offload); /* what the plan may pick */
     int rc = pi2_io_open(&x->io, e->path, &io, err);
     if (rc && strstr(err->msg, "O_DIRECT")) { /* tmpfs and friends: documented fallback */
         pi2_err_clear(err);
@@ -246,7 +233,7 @@ static void verify_ffn(void *arg)
     k->rc = rc;
 }
 
-/* The buffers of this module for a model (engine_internal.h): what the
+/* The buffers of this module for a model (offload.h): what the
  * memory plan counts (runtime/planner.h) and eng_ofl_open allocates. */
 void eng_ofl_buffers(const pi2_model_desc *d, const pi2_bundle_layout *bl, eng_ofl_bufs *out)
 {
@@ -285,80 +272,16 @@ void eng_ofl_buffers(const pi2_model_desc *d, const pi2_bundle_layout *bl, eng_o
 int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_plan_memory *m, pi2_err *err)
 {
     eng_ofl *x = e->ofl;
-    const pi2_model_desc *d = &e->d;
     int rc;
-    if ((rc = ofl_tables(e, o, x, err)) != 0)
+    if ((rc = ofl_tables(e, o, x, err)) != 0 || (rc = ofl_bind_ffns(e, x, err)) != 0)
         return rc;
-    uint64_t ffn_total = 0;
-    for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
-        const eng_ffn *f = ffn_at(e, x, fi);
-        const pi2_bl_ffn *b = pi2_bl_find(e->bl, f->layer, pi2_desc_is_moe(d) ? f->expert : -1);
-        if (!b)
-            return pi2_err_set(err, PI2_ENOTFOUND, "%s: no bundle entry for FFN %u", e->path, fi);
-        x->bl[fi] = b;
-        x->file_off[fi] = pi2_ctr_find(pi2_bundle_container(e->b), b->ffn)->offset;
-        ffn_total += (uint64_t)b->groups * b->slot_bytes;
-        if (fi == 0) {
-            x->S = b->slot_bytes;
-            x->Pg = b->gate_part;
-            x->g = b->group;
-        } else if (b->slot_bytes != x->S || b->gate_part != x->Pg || b->group != x->g) {
-            return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: FFNs of different geometry", e->path);
-        }
-    }
-    /* buffers of this module: the shapes the memory plan counted */
-    eng_ofl_bufs bufs;
-    eng_ofl_buffers(d, e->bl, &bufs);
-    uint32_t max_sel = bufs.max_sel;
-    x->max_ch = bufs.max_ch;
-    x->staging_bytes = (size_t)bufs.staging_bytes;
-    x->win_groups = bufs.win_groups;
-    x->wbuf_bytes = bufs.wbuf_bytes;
-    x->rq_cap = bufs.rq_cap;
-    x->ready_cap = bufs.ready_cap;
-    int kinds[2] = {x->two_phase ? P_GATE : P_FULL, P_UD};
+    uint32_t max_sel = ofl_take_buffers(e, x);
     /* the plan (runtime/planner.h), run as made: its hot and gate groups,
      * I/O depth and gate-first; the pool already runs its threads */
-    uint64_t index = m->index, fixed = m->fixed, hot_total = m->hot;
-    uint32_t slots[2] = {m->slots[0], m->slots[1]};
-    x->plan = m->plan;
-    memset(&m->plan, 0, sizeof m->plan);
-    x->depth = x->plan.io_depth;
-    x->spec = x->two_phase && !x->plan.gate_first;
-    for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
-        const pi2_bl_ffn *b = x->bl[fi];
-        uint64_t H = x->plan.hot_groups[fi], G = x->two_phase ? x->plan.gate_groups[fi] : H;
-        x->hot_len[fi] = H * b->slot_bytes;
-        x->hot_n[fi] = (uint32_t)(H * b->group < b->neurons ? H * b->group : b->neurons);
-        x->ghot_len[fi] = (G - H) * b->gate_part;
-        x->ghot_n[fi] = (uint32_t)(G * b->group < b->neurons ? G * b->group : b->neurons);
-    }
-    if (!m->predicted) /* the fixed split without a hardware profile: no plan to show */
-        pi2_plan_free(&x->plan);
-    pi2_engine_offload_info *in = &x->info;
-    in->on = true;
-    in->mem_limit = m->mem_limit;
-    in->resident = m->resident;
-    in->kv = m->kv;
-    in->buffers = m->buffers;
-    in->overhead = m->overhead;
-    in->ffn_total = m->ffn_total;
-    in->minimum = m->minimum; /* its own kernel share included */
-    in->plan_source = m->source;
-    in->plan = x->plan.n_ffn > 0 ? &x->plan : NULL;
-    in->threads = e->threads;
-    in->io_depth = x->depth;
-    in->gate_first = x->two_phase && !x->spec;
-    in->gate_hot = m->gate_hot;
-    in->hot = hot_total;
-    in->cache = m->cache;
-    in->cache_slots = slots[0] + slots[1];
-    in->planned = m->planned;
-    in->offloaded = m->offloaded;
-    in->backend = pi2_io_backend_name(pi2_io_backend_used(x->io));
-    in->note = x->note;
-    ofl_sizes z = {hot_total, fixed, index, kinds[0], {slots[0], slots[1]}, max_sel};
-    if ((rc = ofl_load_hot(e, o, x, hot_total, err)) != 0 || (rc = ofl_make_caches(x, &z, err)) != 0 ||
+    ofl_take_plan(x, m);
+    ofl_report_plan(e, x, m);
+    ofl_sizes z = {m->hot, m->fixed, m->index, x->two_phase ? P_GATE : P_FULL, {m->slots[0], m->slots[1]}, max_sel};
+    if ((rc = ofl_load_hot(e, o, x, z.hot_total, err)) != 0 || (rc = ofl_make_caches(x, &z, err)) != 0 ||
         (rc = ofl_alloc_job(e, x, max_sel, err)) != 0 || (rc = ofl_stream_open(e, x, err)) != 0)
         return rc;
     ofl_register_buffers(x);
@@ -389,6 +312,93 @@ static int ofl_tables(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_e
     if (!x->bl || !x->file_off || !x->hot || !x->hot_len || !x->hot_n || !x->ghot_n || !x->ghot || !x->ghot_len)
         return pi2_err_set(err, PI2_ENOMEM, "out of memory");
     return 0;
+}
+
+/* Each FFN's bundle entry and file offset; every FFN of one geometry
+ * (slot, gate part and group sizes), which the caches' slots assume. */
+static int ofl_bind_ffns(pi2_engine *e, eng_ofl *x, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
+        const eng_ffn *f = ffn_at(e, x, fi);
+        const pi2_bl_ffn *b = pi2_bl_find(e->bl, f->layer, pi2_desc_is_moe(d) ? f->expert : -1);
+        if (!b)
+            return pi2_err_set(err, PI2_ENOTFOUND, "%s: no bundle entry for FFN %u", e->path, fi);
+        x->bl[fi] = b;
+        x->file_off[fi] = pi2_ctr_find(pi2_bundle_container(e->b), b->ffn)->offset;
+        if (fi == 0) {
+            x->S = b->slot_bytes;
+            x->Pg = b->gate_part;
+            x->g = b->group;
+        } else if (b->slot_bytes != x->S || b->gate_part != x->Pg || b->group != x->g) {
+            return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: FFNs of different geometry", e->path);
+        }
+    }
+    return 0;
+}
+
+/* The buffers of this module: the shapes the memory plan counted. Returns
+ * the most neurons a decode job selects. */
+static uint32_t ofl_take_buffers(pi2_engine *e, eng_ofl *x)
+{
+    eng_ofl_bufs bufs;
+    eng_ofl_buffers(&e->d, e->bl, &bufs);
+    x->max_ch = bufs.max_ch;
+    x->staging_bytes = (size_t)bufs.staging_bytes;
+    x->win_groups = bufs.win_groups;
+    x->wbuf_bytes = bufs.wbuf_bytes;
+    x->rq_cap = bufs.rq_cap;
+    x->ready_cap = bufs.ready_cap;
+    return bufs.max_sel;
+}
+
+/* The plan taken over from m: I/O depth, gate-first, and each FFN's hot
+ * segment and kept gates. The fixed split without a hardware profile
+ * keeps no plan to show. */
+static void ofl_take_plan(eng_ofl *x, pi2_plan_memory *m)
+{
+    x->plan = m->plan;
+    memset(&m->plan, 0, sizeof m->plan);
+    x->depth = x->plan.io_depth;
+    x->spec = x->two_phase && !x->plan.gate_first;
+    for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
+        const pi2_bl_ffn *b = x->bl[fi];
+        uint64_t H = x->plan.hot_groups[fi], G = x->two_phase ? x->plan.gate_groups[fi] : H;
+        x->hot_len[fi] = H * b->slot_bytes;
+        x->hot_n[fi] = (uint32_t)(H * b->group < b->neurons ? H * b->group : b->neurons);
+        x->ghot_len[fi] = (G - H) * b->gate_part;
+        x->ghot_n[fi] = (uint32_t)(G * b->group < b->neurons ? G * b->group : b->neurons);
+    }
+    if (!m->predicted)
+        pi2_plan_free(&x->plan);
+}
+
+/* What pi2_engine_offload_info_get reports of the plan (the cache and
+ * the planned total are set again once the caches are made). */
+static void ofl_report_plan(const pi2_engine *e, eng_ofl *x, const pi2_plan_memory *m)
+{
+    pi2_engine_offload_info *in = &x->info;
+    in->on = true;
+    in->mem_limit = m->mem_limit;
+    in->resident = m->resident;
+    in->kv = m->kv;
+    in->buffers = m->buffers;
+    in->overhead = m->overhead;
+    in->ffn_total = m->ffn_total;
+    in->minimum = m->minimum; /* its own kernel share included */
+    in->plan_source = m->source;
+    in->plan = x->plan.n_ffn > 0 ? &x->plan : NULL;
+    in->threads = e->threads;
+    in->io_depth = x->depth;
+    in->gate_first = x->two_phase && !x->spec;
+    in->gate_hot = m->gate_hot;
+    in->hot = m->hot;
+    in->cache = m->cache;
+    in->cache_slots = m->slots[0] + m->slots[1];
+    in->planned = m->planned;
+    in->offloaded = m->offloaded;
+    in->backend = pi2_io_backend_name(pi2_io_backend_used(x->io));
+    in->note = x->note;
 }
 
 /* The hot segments of the plan, read and (lock_hot) pinned, every other

@@ -7,12 +7,14 @@
  *
  * What it promises
  *   memory   the footprint (resident set plus the page cache it causes) is
- *            planned at open to stay under mem_limit: the resident region,
- *            the KV cache for the context at open, buffers, an overhead
- *            share, and the rest for the FFN weights (a hot segment kept in
- *            memory, neuron caches for the others). A limit that cannot
- *            hold the smallest cache fails the open with PI2_ENOMEM saying
- *            how much is needed; a context longer than the one planned is
+ *            planned at open to stay under mem_limit, by the planner's
+ *            memory plan (pi2_plan_memory_make, runtime/plan_mem.c):
+ *            the resident region, the KV cache for the context at open,
+ *            buffers, an overhead share, and the rest for the FFN weights
+ *            (a hot segment kept in memory, neuron caches for the others).
+ *            This room runs that plan as made. A limit that cannot hold
+ *            the smallest cache fails the open with PI2_ENOMEM saying how
+ *            much is needed; a context longer than the one planned is
  *            refused later with PI2_ERANGE. pi2_engine_offload_info_get
  *            reports the plan and the counters.
  *   bits     decode and prefill give the same bits as the same model all
@@ -40,11 +42,11 @@
  *
  * Who owns what: the engine's FFN row tables belong to the active source
  * (runtime/ffn_source.h); while offloading, ofl_set_rows is their one
- * writer. The engine reaches the room through eng_ofl_* (engine_internal.h)
+ * writer. The engine reaches the room through eng_ofl_* (below)
  * and the eng_ffn_flash source (ffn_source.h).
  *
  * The files
- *   offload.c          open and close: the memory plan and its execution
+ *   offload.c          open and close: the memory plan's execution
  *                      (hot segment, kept gates, caches, buffers), the
  *                      start-up loads and check, the I/O thread's start,
  *                      the reports
@@ -59,11 +61,38 @@
  *                      few ahead, across layers
  *   ncache.c / .h      the neuron cache (LRU of neuron parts, with holds)
  *   io.c / .h          the reader (io_uring, or pread threads)
- *   offload_internal.h the state those files share (private)
+ *   ofl_state.h        the state those files share (private)
  */
 #ifndef PI2_ENGINE_OFFLOAD_H
 #define PI2_ENGINE_OFFLOAD_H
 
-#include "runtime/engine.h"
+#include "runtime/state.h"
+
+/* The engine's entry points (offload.c). */
+struct pi2_plan_memory;
+/* The offloader's own buffers for a model: their shapes, and their bytes
+ * at I/O depth 0 and per read in flight (pi2_plan_bufs). */
+typedef struct eng_ofl_bufs {
+    uint32_t max_sel, max_ch;  /* neurons and chunks a decode job can hold */
+    uint32_t win_groups;       /* slots per prefill window */
+    uint64_t staging_bytes;    /* per read in flight */
+    uint64_t wbuf_bytes;       /* per prefill window */
+    size_t rq_cap, ready_cap;  /* queued reads, ready chunks */
+    uint64_t bytes, per_depth;
+    uint64_t slot_bytes[2];    /* a cache slot with its record: gates (whole neurons one-phase), up+down */
+} eng_ofl_bufs;
+void eng_ofl_buffers(const pi2_model_desc *d, const pi2_bundle_layout *bl, eng_ofl_bufs *out);
+/* Makes e->ofl, opens the reader on e->path and reads the resident region
+ * (everything before the first FFN member) into e->res, checked against
+ * the signed manifest. On failure e->ofl stays for eng_ofl_close. */
+int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
+/* Runs the memory plan m (pi2_plan_memory_make), whose plan it takes
+ * over: the hot segments and kept gates read, the caches and buffers
+ * made, the I/O thread started. */
+int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, struct pi2_plan_memory *m, pi2_err *err);
+/* Stops the I/O thread and frees e->ofl; nothing when e->ofl is NULL. */
+void eng_ofl_close(pi2_engine *e);
+/* Zeroes the counters pi2_engine_offload_info_get reports. */
+void eng_ofl_stats_reset(pi2_engine *e);
 
 #endif

@@ -1,6 +1,6 @@
 /* pi2 offloading: the decode job, the pipeline between the I/O thread and
  * the compute threads (runtime/offload/offload.h). */
-#include "runtime/offload/offload_internal.h"
+#include "runtime/offload/ofl_state.h"
 #include "runtime/units.h"
 
 #include <sched.h>

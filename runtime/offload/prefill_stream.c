@@ -1,5 +1,5 @@
 /* pi2 offloading: the prefill's window stream (runtime/offload/offload.h). */
-#include "runtime/offload/offload_internal.h"
+#include "runtime/offload/ofl_state.h"
 
 #include <stdlib.h>
 

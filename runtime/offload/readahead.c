@@ -1,6 +1,8 @@
 /* pi2 offloading: read-ahead during attention (runtime/offload/offload.h). */
-#include "runtime/offload/offload_internal.h"
+#include "runtime/offload/ofl_state.h"
 #include "runtime/mathops.h"
+#include "runtime/moe.h"
+#include "runtime/predict.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,14 +1,16 @@
-/* Internals shared by the engine's load (engine.c), forward (forward.c),
- * FFN (ffn.c, ffn_memory.c, the offload/ room), predictor (predict.c) and
- * MoE routing (moe.c). Not part of the public API. */
-#ifndef PI2_ENGINE_INTERNAL_H
-#define PI2_ENGINE_INTERNAL_H
+/* The engine's state: the model as mapped (matrices, FFNs, layers), the
+ * per-thread scratch and struct pi2_engine, shared by the engine's load
+ * (engine.c), forward (forward.c), FFN (ffn.c, ffn_memory.c, the offload/
+ * room), predictor (predict.c) and MoE routing (moe.c). Each of those
+ * declares its functions in a header of its own (forward.h, ffn.h,
+ * predict.h, moe.h, offload/offload.h). Not part of the public API. */
+#ifndef PI2_STATE_H
+#define PI2_STATE_H
 
 #include "bundle/bundle.h"
 #include "runtime/engine.h"
 #include "runtime/kernels.h"
 #include "formats/pool.h"
-#include "runtime/units.h"
 
 #include <string.h>
 
@@ -19,6 +21,10 @@
 #define ENG_PART_LD(D) ((D) + 16)
 #define ENG_PRED_UNIT 512 /* neurons per unit of a decode predictor's second layer */
 #define ENG_SUM_UNIT 256  /* columns per unit of a decode reduce */
+
+/* The FFN job modes: every neuron, the predictor's picks, or every neuron
+ * with the activations below the FFN's threshold dropped (silu_thr). */
+enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };
 
 /* A matrix held in the mapping: quantized rows (row pointer tables) or
  * f32 rows. */
@@ -157,69 +163,5 @@ struct pi2_engine {
     uint64_t buf_bytes;  /* activation and thread buffers (KV cache excluded) */
     int plan_ctx;        /* KV positions the memory plan holds */
 };
-
-/* The forward pass (forward.c). */
-int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decode, float *logits, pi2_err *err);
-
-/* The FFN job modes. */
-enum { FFN_DENSE = 0, FFN_PRED = 1, FFN_THRESH = 2 };
-/* Predictor (predict.c) of FFN f on input x (D floats): the predicted neurons, in
- * bundled order, into sel; returns their count. */
-uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *sel);
-/* The same picks among neurons [n0, n_ff) only (fc2 rows below n0 are not
- * read): read-ahead wants only what is not held in memory. */
-uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel);
-/* Whether decode prefetches the next unit of rows (matmuls) or chunk of
- * neurons (--dense FFN) into L2 while it computes the current one, for an
- * L2 of l2_bytes per core (<= 0: unknown). The two must fit beside each
- * other: kept where the L2 is unknown or 1 MiB and up; on a 512 KiB L2,
- * where a --dense chunk alone takes 384 KiB, decode was faster without it
- * (figures: runtime/PERF.md). */
-bool eng_l2_ahead(long l2_bytes);
-#define ENG_AHEAD_MIN_L2 (1L << 20)
-
-/* FFN computation both sources run (ffn.c). */
-/* out[i], i in [b, en): the sum over r < n of base[row_r * stride + i]
- * (row_r = rows[r], or r when rows is NULL), in that order from 0;
- * accumulate: out[i] += w * sum. */
-void eng_sum_rows(float *out, const float *base, int64_t stride, const uint32_t *rows, int64_t n, int64_t b, int64_t en,
-                  bool accumulate, float w);
-/* out[0..D) += the down columns of the a neurons in wp / ws with
- * coefficients coef, in that order: the int8 down projection of Q4 / Q8
- * rows (pi2_k_down_rows, groups of 16 in list order), the float axpy of
- * others. Decode in memory and offloaded run the same groups. Q4 / Q8
- * rows also bring [pf, pf + pf_len) toward the core (pi2_k_down_rows_pf;
- * NULL: nothing). */
-void eng_down_rows(pi2_qtype qt, int64_t D, int a, const float *coef, const uint8_t *const *wp,
-                   const uint16_t *const *ws, float *out, const uint8_t *pf, int64_t pf_len);
-/* Dense prefill of neurons [n0, n1) for T tokens whose input is quantized
- * in the activation buffers, added to each thread's partial output (zeroed
- * first when `first`). */
-void eng_ffn_prefill_range(pi2_engine *e, const eng_ffn *f, int T, uint32_t n0, uint32_t n1, bool first);
-/* out [T][D] = sum of the threads' partial outputs (accumulate: out += w *). */
-void eng_ffn_reduce(pi2_engine *e, int T, float *out, bool accumulate, float w);
-
-/* Offloading (runtime/offload/offload.c; the design is described in runtime/offload/offload.h). */
-struct pi2_plan_memory;
-/* The offloader's own buffers for a model: their shapes, and their bytes
- * at I/O depth 0 and per read in flight (pi2_plan_bufs). */
-typedef struct eng_ofl_bufs {
-    uint32_t max_sel, max_ch;  /* neurons and chunks a decode job can hold */
-    uint32_t win_groups;       /* slots per prefill window */
-    uint64_t staging_bytes;    /* per read in flight */
-    uint64_t wbuf_bytes;       /* per prefill window */
-    size_t rq_cap, ready_cap;  /* queued reads, ready chunks */
-    uint64_t bytes, per_depth;
-    uint64_t slot_bytes[2];    /* a cache slot with its record: gates (whole neurons one-phase), up+down */
-} eng_ofl_bufs;
-void eng_ofl_buffers(const pi2_model_desc *d, const pi2_bundle_layout *bl, eng_ofl_bufs *out);
-int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err);
-/* Run the memory plan m (runtime/planner.h), whose plan it takes over. */
-int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, struct pi2_plan_memory *m, pi2_err *err);
-void eng_ofl_close(pi2_engine *e);
-void eng_ofl_stats_reset(pi2_engine *e);
-/* MoE (moe.c): router logits of x (D floats) -> chosen[top-k] experts (largest first,
- * lower index on ties) and their softmax weights wts[top-k]. */
-void eng_route(const pi2_engine *e, const float *router, const float *x, int *chosen, float *wts);
 
 #endif

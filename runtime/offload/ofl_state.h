@@ -1,9 +1,9 @@
 /* Private to runtime/offload/: the offloader's state and the functions its
  * files share (the room's contract: runtime/offload/offload.h). */
-#ifndef PI2_OFFLOAD_INTERNAL_H
-#define PI2_OFFLOAD_INTERNAL_H
+#ifndef PI2_OFL_STATE_H
+#define PI2_OFL_STATE_H
 
-#include "runtime/engine_internal.h"
+#include "runtime/state.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
 #include "runtime/offload/io.h"
@@ -18,9 +18,6 @@
 #define OFL_SEQ_DEPTH 8              /* sequential reads in flight */
 #define OFL_WINDOW (4u << 20)        /* prefill window, bytes (whole slots) */
 #define OFL_NWIN 3                   /* prefill windows read ahead */
-#define OFL_OVERHEAD (32ull << 20)   /* code, stacks, allocator slack */
-#define OFL_KERNEL_SHARE 256         /* and 1/256 of what the run can use (the limit, or all in memory):
-                                        page tables and kernel memory charged with it */
 #define OFL_POLL_US 50               /* I/O thread poll while reads are in flight */
 #define OFL_SPIN 4000                /* compute thread spins before sleeping */
 #define OFL_PF_SETS 8                /* read-ahead sets in flight (MoE: top-k per layer) */
@@ -210,11 +207,21 @@ static inline uint64_t stride_of(uint64_t unit) { return unit % 4096 == 0 ? unit
 
 /* Which row tables of a neuron ofl_set_rows writes. */
 enum { R_GATE = 1, R_UP = 2, R_DOWN = 4, R_ALL = 7 };
-/* The one writer of FFN f's row tables while offloading (offload.c): for
- * neuron i, the tables named in `which` get gate, up, down (NULL: no row
- * in memory). See runtime/ffn_source.h for who owns the tables. */
-void ofl_set_rows(const eng_ffn *f, uint32_t i, unsigned which, const uint8_t *gate, const uint8_t *up,
-                  const uint8_t *down);
+/* The one writer of FFN f's row tables while offloading: for neuron i,
+ * the tables named in `which` get gate, up, down (NULL: no row in
+ * memory). The tables belong to the active source (runtime/ffn_source.h);
+ * the offloader writes them here only, so where its rows point is decided
+ * in one place. */
+static inline void ofl_set_rows(const eng_ffn *f, uint32_t i, unsigned which, const uint8_t *gate,
+                                const uint8_t *up, const uint8_t *down)
+{
+    if (which & R_GATE)
+        f->gate.rp[i] = gate;
+    if (which & R_UP)
+        f->up.rp[i] = up;
+    if (which & R_DOWN)
+        f->down.rp[i] = down;
+}
 
 /* Neuron i's rows of part `part` in a cache slot's layout at buf (gate,
  * up, down rows of R bytes, as far as the part holds them). */

@@ -111,6 +111,7 @@ static int pred_alloc(pi2_engine *e, eng_ffn *f, pi2_err *err)
            c2 = (size_t)(N * (Rp / PI2_Q_GROUP));
     if (!(f->pq = acc_alloc(e, b1 + b2 + 2 * (c1 + c2), 1)))
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the predictor of layer %d", e->path, f->layer);
+    e->pred_bytes += b1 + b2 + 2 * (c1 + c2);
     f->rank_p = (int)Rp;
     f->pred_qt = PI2_QT_Q8;
     f->q1 = f->pq;
@@ -135,6 +136,8 @@ static int pred_bind(pi2_engine *e, eng_ffn *f, const pi2_mf_predictor *p, pi2_q
         return err->code;
     f->s1 = (const uint16_t *)(const void *)s1;
     f->s2 = (const uint16_t *)(const void *)s2;
+    e->pred_bytes += (uint64_t)R * (pi2_q_payload_row_bytes(qt, D) + pi2_q_scale_row_count(qt, D) * 2) +
+                     (uint64_t)N * (pi2_q_payload_row_bytes(qt, Rp) + pi2_q_scale_row_count(qt, Rp) * 2);
     return 0;
 }
 
@@ -855,6 +858,7 @@ void pi2_engine_set_dense(pi2_engine *e, bool dense) { e->dense = dense || e->mo
 bool pi2_engine_dense(const pi2_engine *e) { return e->dense; }
 const char *pi2_engine_signature(const pi2_engine *e) { return e->sig; }
 uint64_t pi2_engine_dense_bytes(const pi2_engine *e) { return e->dense_bytes; }
+uint64_t pi2_engine_pred_bytes(const pi2_engine *e) { return e->pred_bytes; }
 
 void pi2_engine_pages(const pi2_engine *e, uint64_t *mapped, uint64_t *huge, bool *redone)
 {

@@ -19,7 +19,8 @@
  *                 used per group read);
  *   per token     selected neurons (mean popcount of the samples) and firing
  *                 neurons (the profile's active fraction);
- *   predictor     fc1 + fc2 f32 bytes; attention and head bytes; KV bytes;
+ *   predictor     fc1 + fc2 bytes as decode runs them (pi2_plan_pred_bytes);
+ *                 attention and head bytes; KV bytes;
  *   routing       MoE: how often each expert runs per token (w_f below).
  * Expected misses as a function of cache size: a static hot set of the
  * first H groups (plus, on two-phase models, the gate parts of the first
@@ -32,7 +33,7 @@
  * ---- Cost model (pi2_plan_predict) ----
  * Per decode token, per layer l (FFN f), with t compute threads, depth d:
  *   C_l   attention weights / gemv_q8(t) + KV reads / mem_bw(t)
- *         + predictor bytes (Q8 rows) / gemv_q8(t)
+ *         + predictor bytes / gemv_q8(t) (gemv_q4(t) for q4 predictors)
  *         + sel_f * gather(R) + fired_f * (gather(R) + down(R))   (ns/row)
  *   IO_l  reads_f(H, G) at request size s, all submitted at once: below
  *         one read n * latency(s, 1); up to the deepest probed depth
@@ -123,7 +124,8 @@ typedef struct pi2_mprof_ffn {
     double fired;      /* firing neurons per token (mean) */
     double read_eff;   /* bundle's cold read efficiency (0 when unknown) */
     double w;          /* runs per token: 1 dense; an expert top-k x its routing share */
-    uint64_t pred_bytes;
+    uint64_t pred_bytes; /* the predictor as decode runs it (pi2_plan_pred_bytes) */
+    pi2_qtype pred_qt;   /* ... at this type */
     double *p;         /* [groups] share of tokens that select any neuron of the group */
     double *n;         /* [groups] mean selected neurons of the group per token */
     double *q;         /* [groups] share of tokens where a neuron of the group fires */
@@ -178,6 +180,13 @@ typedef struct pi2_mprof {
     pi2_plan_cal cal;     /* defaults from build; callers may set it */
     int cores;            /* online CPUs (0: unknown: the I/O thread is assumed to have a core) */
 } pi2_mprof;
+
+/* Bytes the engine holds for predictor p of an FFN of `neurons` neurons
+ * on a model of hidden size `hidden`, and (qt, may be NULL) the type
+ * decode runs it at: q8/q4 predictors are used in place (their payloads
+ * and scales), f32/f16 ones as the Q8 copy open makes (fc2's rows padded
+ * to 32 columns). pi2_engine_pred_bytes sums what the engine holds. */
+uint64_t pi2_plan_pred_bytes(const pi2_mf_predictor *p, int hidden, uint32_t neurons, pi2_qtype *qt);
 
 /* Build from a bundled container's manifest and layout; `base` points at
  * file offset 0 of (at least) the resident region, where the profile and

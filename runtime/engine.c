@@ -567,10 +567,37 @@ static int plan_memory(pi2_engine *e, const pi2_engine_opts *o, int ctx, const p
     pi2_plan_mem_in in = {.mf = e->mf, .bl = e->bl, .name = e->path, .base = e->res, .base_len = e->res_bytes,
                           .resident = pi2_plan_resident(e->mf, e->bl, (uint64_t)sysconf(_SC_PAGESIZE)),
                           .bufs = *bufs, .ctx = ctx, .threads = e->tls_n,
-                          .cores = (int)sysconf(_SC_NPROCESSORS_ONLN), .opts = &o->offload};
+                          .cores = (int)sysconf(_SC_NPROCESSORS_ONLN),
+                          .files = pi2_plan_container_touched(pi2_bundle_container(e->b)), .opts = &o->offload};
     int rc = pi2_plan_memory_make(&in, m, err);
     if (rc == 0)
         e->threads = m->plan.threads;
+    return rc;
+}
+
+/* KV positions a run opens with: o->ctx (0: 512), at most the model's. */
+static int open_ctx(const pi2_model_desc *d, const pi2_engine_opts *o)
+{
+    int ctx0 = o->ctx > 0 ? o->ctx : 512, ctx_max = pi2_desc_max_ctx(d); /* larger: clamped to the model's */
+    return ctx0 < ctx_max ? ctx0 : ctx_max;
+}
+
+/* Offloading: a limit below the minimum is refused before the resident
+ * region is read (the fixed costs need only the manifest and layout). */
+static int plan_floor(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
+{
+    pi2_plan_bufs bufs;
+    pi2_plan_memory m;
+    int rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, &bufs, err);
+    if (rc)
+        return rc;
+    pi2_plan_mem_in in = {.mf = e->mf, .bl = e->bl, .name = e->path,
+                          .resident = pi2_plan_resident(e->mf, e->bl, (uint64_t)sysconf(_SC_PAGESIZE)),
+                          .bufs = bufs, .ctx = open_ctx(&e->mf->config, o), .threads = e->tls_n,
+                          .cores = (int)sysconf(_SC_NPROCESSORS_ONLN),
+                          .files = pi2_plan_container_touched(pi2_bundle_container(e->b)), .opts = &o->offload};
+    rc = pi2_plan_memory_floor(&in, &m, err);
+    pi2_plan_memory_free(&m);
     return rc;
 }
 
@@ -614,7 +641,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     e->tls_n = e->threads; /* scratch for as many as asked; a plan may run fewer */
     if (o->offload.mem_limit > 0) {
         /* offloading: resident members read with O_DIRECT and hashed there */
-        if ((rc = eng_ofl_load_resident(e, o, err)) != 0)
+        if ((rc = plan_floor(e, o, err)) != 0 || (rc = eng_ofl_load_resident(e, o, err)) != 0)
             goto fail;
     } else if ((rc = pi2_bundle_verify(e->b, !o->verify_ffn, NULL, err)) != 0) {
         goto fail;
@@ -642,7 +669,11 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     }
     char tname[4200];
     snprintf(tname, sizeof tname, "%s:%s", e->path, e->mf->tokenizer);
-    if ((rc = pi2_tok_load_mem(&e->tok, (const char *)tm->data, (size_t)tm->size, tname, err)) != 0)
+    /* offloading: from the copy read in, not the mapping's page cache */
+    const uint8_t *tdata = e->res && tm->offset <= e->res_bytes && tm->size <= e->res_bytes - tm->offset
+                               ? e->res + tm->offset
+                               : tm->data;
+    if ((rc = pi2_tok_load_mem(&e->tok, (const char *)tdata, (size_t)tm->size, tname, err)) != 0)
         goto fail;
     if (pi2_tok_vocab_size(e->tok) > d->vocab) {
         rc = pi2_err_set(err, PI2_ESHAPE, "%s: tokenizer has %d tokens, model vocab is %d", e->path,
@@ -719,9 +750,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     }
     e->dense_bytes = db;
 
-    int ctx0 = o->ctx > 0 ? o->ctx : 512, ctx_max = pi2_desc_max_ctx(d); /* larger: clamped to the model's */
-    if (ctx0 > ctx_max)
-        ctx0 = ctx_max;
+    int ctx0 = open_ctx(d, o);
     pi2_plan_bufs bufs;
     if ((rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, &bufs, err)) != 0 ||
         (o->offload.mem_limit > 0 && (rc = plan_memory(e, o, ctx0, &bufs, &mem, err)) != 0))

@@ -192,6 +192,7 @@ typedef struct pi2_engine_offload_info {
     uint64_t planned;        /* bytes planned: the sum below (<= mem_limit) */
     uint64_t minimum;        /* the smallest mem_limit this model opens with (same ctx, threads) */
     uint64_t resident, kv, buffers, overhead, hot, cache;
+    uint64_t files;          /* page cache of the files read besides the direct reads (planner.h) */
     uint64_t ffn_total;      /* FFN payload bytes in the container */
     double offloaded;        /* share of FFN payload bytes not in the hot segment */
     uint32_t cache_slots;    /* slots of all caches */

@@ -289,12 +289,15 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err);
  *   buffers   the engine's and the offloader's (pi2_engine_buffer_sizes:
  *             the same function sizes their allocations), with the read
  *             staging at the I/O depth, and the neuron caches' indexes;
+ *   files     the page cache of what the run reads outside its direct
+ *             reads (pi2_plan_container_touched);
  *   overhead  PI2_PLAN_OVERHEAD, plus 1/PI2_PLAN_KERNEL_SHARE of what the
  *             run can use (the limit, or everything in memory when that
  *             is less): page tables and kernel memory charged with it.
  * Past them: the smallest neuron cache (an eighth of an FFN's neurons, at
  * least a decode chunk, per cache kind); `minimum` is the smallest limit
- * holding all that, its own kernel share included. The rest goes to the
+ * holding all that, or open's peak (open_peak) when larger, its own
+ * kernel share included. The rest goes to the
  * hot segment and the cache: a plan given in the options (checked against
  * the model, the threads and the reader's depth), else the solver's with
  * a hardware profile (unless fixed_split), else the fixed split
@@ -333,14 +336,33 @@ typedef struct pi2_plan_mem_in {
     int ctx;                        /* KV positions */
     int threads;                    /* compute threads asked for (a plan may run fewer) */
     int cores;                      /* online CPUs (0: unknown) */
+    uint64_t files;                 /* page cache of the files the run reads outside its direct reads:
+                                       pi2_plan_container_touched */
     const struct pi2_offload_opts *opts;
 } pi2_plan_mem_in;
+
+/* The resident part item by item: what pi2-run plan lists, and what the
+ * message of a limit below the minimum names. */
+typedef struct pi2_plan_items {
+    uint64_t attn;       /* attention projections, all layers */
+    uint64_t embed_head; /* embeddings and output head */
+    uint64_t norms;
+    uint64_t pred;       /* predictors as decode runs them (pi2_plan_pred_bytes; Q8 copies included) */
+    uint64_t other;      /* the rest of the resident region: profiles, router, tokenizer, manifest */
+    uint64_t buffers;    /* the engine's and the offloader's, predictor copies left out */
+    uint64_t kv, files, overhead, min_cache;
+} pi2_plan_items;
 
 typedef struct pi2_plan_memory {
     uint64_t mem_limit;
     uint64_t resident, kv, buffers, overhead; /* the fixed costs, buffers with the read staging at the
                                                  options' I/O depth (as the minimum) */
+    uint64_t files;                /* page cache of the files read (pi2_plan_mem_in) */
     uint64_t fixed;                /* their sum, the staging at the plan's depth */
+    uint64_t open_peak;            /* what open holds at most: the whole resident region (f32/f16
+                                      predictors until their Q8 copies are made), buffers, files */
+    uint64_t min_slots;            /* of each cache kind, at the least */
+    pi2_plan_items items;
     uint64_t ffn_total;            /* FFN payload bytes */
     uint64_t index;                /* of buffers: the caches' indexes */
     uint64_t min_cache, minimum;
@@ -363,6 +385,19 @@ typedef struct pi2_plan_memory {
  * gives back once quantized (predictor models). 0 for an inconsistent
  * manifest. */
 uint64_t pi2_plan_resident(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t page);
+/* Page cache a run's open touches in the container outside the resident
+ * region's direct read: each member's header page, the manifest and its
+ * signature. */
+uint64_t pi2_plan_container_touched(const pi2_ctr *c);
+/* The resident items as one line, "attention 210 MB, embeddings+head
+ * 120 MB, ..." (items of 0 bytes left out; ctx for the KV cache's) into
+ * buf; returns the length it needs, as snprintf. */
+size_t pi2_plan_items_text(const pi2_plan_items *it, int ctx, char *buf, size_t cap);
+/* The fixed costs, the items and the minimum only (no plan, no profile
+ * read: in->base may be NULL), so a run refuses a limit below the minimum
+ * before it allocates anything large: PI2_ENOMEM with one line naming the
+ * container, the limit and each item, as pi2_plan_memory_make. */
+int pi2_plan_memory_floor(const pi2_plan_mem_in *in, pi2_plan_memory *out, pi2_err *err);
 /* The memory plan at opts->mem_limit (> 0) into *out (pi2_plan_memory_free).
  * PI2_ENOMEM when the limit is below the minimum or a given plan does not
  * fit, PI2_ESHAPE / PI2_ERANGE for a given plan that does not fit the model

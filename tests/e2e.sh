@@ -275,6 +275,19 @@ flip_byte "$T/bt.pi2" $(($(member_off "$T/bt.pi2" tokenizer.json) + 10))
 expect_error "plan: tampered resident member" "tokenizer.json" "$B/pi2-run" plan "$T/bt.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 4G
 expect_error "plan: signed, no key" "--pubkey" "$B/pi2-run" plan "$T/b.pi2" -p hi --mem-limit 4G
 expect_error "plan: limit below the minimum" "the memory limit of 1 MB cannot hold" "$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1M
+# the resident part item by item: in the plan's JSON and its line on stderr, and in the one line
+# that refuses a limit below the minimum (pi2-run plan and a run alike)
+"$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 4G >"$T/out" 2>"$T/err" \
+    && grep -q '"resident_items":{"attention":[1-9][0-9]*,"embeddings_head":[1-9][0-9]*,"predictors":[1-9]' "$T/out" \
+    && grep -q 'at the least (attention .*, embeddings+head .*, predictors .*, buffers .*, KV cache at' "$T/err" && ok \
+    || { bad "plan: the resident items"; cat "$T/out" "$T/err"; }
+for how in plan run; do
+    if [ $how = plan ]; then "$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1M >/dev/null 2>"$T/err"
+    else "$B/pi2-run" "$T/b.pi2" -n 2 --pubkey "$T/k.pub" -p hi --mem-limit 1M >/dev/null 2>"$T/err"; fi
+    [ $? -eq 1 ] && [ "$(wc -l <"$T/err")" -eq 1 ] \
+        && grep -q "b.pi2: the memory limit of 1 MB cannot hold the resident part: it needs at least [0-9]* MB (attention [0-9.]* [KM]B, embeddings+head [0-9.]* [KM]B, predictors [0-9.]* [KM]B, .*buffers .*KV cache at [0-9]* positions" "$T/err" \
+        && ok || { bad "$how: one line naming each resident item below the minimum"; cat "$T/err"; }
+done
 # the fixed split follows --hot-share and --io-depth: less hot at a smaller share, the depth as asked
 pmin=$("$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1T --io-depth 8 2>/dev/null | jget minimum_bytes)
 for hs in 0 1; do
@@ -282,7 +295,7 @@ for hs in 0 1; do
         --io-depth 8 >"$T/p3-$hs.json" 2>"$T/err" || cat "$T/err"
 done
 [ "$(jget hot_bytes <"$T/p3-0.json")" = 0 ] && [ "$(jget hot_bytes <"$T/p3-1.json")" -gt 0 ] \
-    && grep -q '"io_depth":8}' "$T/p3-0.json" && ok \
+    && grep -q '"io_depth":8,' "$T/p3-0.json" && ok \
     || { bad "plan: the fixed split at --hot-share 0 and 1, --io-depth 8"; cat "$T/p3-0.json" "$T/p3-1.json"; }
 
 # --- mixture of experts, as a user runs it: a small TurboSparse-Mixtral-shaped

@@ -658,7 +658,8 @@ static int plan_of(const pi2_engine_opts *o, pi2_plan_memory *m, pi2_err *e)
     const pi2_ctr_member *m0 = pi2_ctr_at(c, 0);
     pi2_plan_mem_in in = {.mf = mf, .bl = bl, .name = o->path, .base = m0->data - m0->offset, .base_len = end,
                           .resident = pi2_plan_resident(mf, bl, (uint64_t)sysconf(_SC_PAGESIZE)), .ctx = MEM_CTX,
-                          .threads = MEM_THREADS, .cores = (int)sysconf(_SC_NPROCESSORS_ONLN), .opts = &o->offload};
+                          .threads = MEM_THREADS, .cores = (int)sysconf(_SC_NPROCESSORS_ONLN),
+                          .files = pi2_plan_container_touched(c), .opts = &o->offload};
     if ((rc = pi2_engine_buffer_sizes(mf, bl, MEM_THREADS, &in.bufs, e)) == 0)
         rc = pi2_plan_memory_make(&in, m, e);
     pi2_bundle_close(b);

@@ -9,8 +9,9 @@
 #include <unistd.h>
 
 /* The bundle at o->model, opened and its signature checked as the engine
- * does (a converted, not yet bundled model is named as such), and its
- * resident members hashed. */
+ * does (a converted, not yet bundled model is named as such); its
+ * resident members are hashed once the limit is known to hold them
+ * (plan_memory). */
 static int open_bundle(const run_opts *o, const pi2_engine_opts *eo, pi2_bundle **b, pi2_err *err)
 {
     pi2_bundle_open_opts bo = {.pubkey = eo->pubkey, .allow_unsigned = eo->trust_unsigned};
@@ -25,9 +26,8 @@ static int open_bundle(const run_opts *o, const pi2_engine_opts *eo, pi2_bundle 
             rc = pi2_err_set(err, pe.code, "%s", pe.msg);
         }
         pi2_bundle_close(probe);
-        return rc;
     }
-    return pi2_bundle_verify(*b, true, NULL, err);
+    return rc;
 }
 
 /* The reader the run would open, for its backend's name: opened and
@@ -51,9 +51,10 @@ static const char *io_backend(const run_opts *o, const pi2_engine_opts *eo)
     return name;
 }
 
-/* The memory plan for the run's options into *m; *threads, *ctx as run. */
-static int plan_memory(const run_opts *o, const pi2_engine_opts *eo, pi2_bundle *b, pi2_plan_memory *m,
-                       int *threads, int *ctx, pi2_err *err)
+/* What the memory model reads for the run's options into *in (base: the
+ * resident region in the mapping); *threads, *ctx as run. */
+static int mem_in(const run_opts *o, const pi2_engine_opts *eo, pi2_bundle *b, pi2_plan_mem_in *in, int *threads,
+                  int *ctx, pi2_err *err)
 {
     const pi2_manifest *mf = pi2_bundle_manifest(b);
     const pi2_bundle_layout *bl = pi2_bundle_layout_get(b);
@@ -71,11 +72,38 @@ static int plan_memory(const run_opts *o, const pi2_engine_opts *eo, pi2_bundle 
         end = fm->offset < end ? fm->offset : end;
     }
     const pi2_ctr_member *m0 = pi2_ctr_at(c, 0);
-    pi2_plan_mem_in in = {.mf = mf, .bl = bl, .name = o->model, .base = m0->data - m0->offset, .base_len = end,
-                          .resident = pi2_plan_resident(mf, bl, (uint64_t)sysconf(_SC_PAGESIZE)), .ctx = *ctx,
-                          .threads = *threads, .cores = (int)sysconf(_SC_NPROCESSORS_ONLN), .opts = &eo->offload};
-    int rc = pi2_engine_buffer_sizes(mf, bl, *threads, &in.bufs, err);
+    *in = (pi2_plan_mem_in){.mf = mf, .bl = bl, .name = o->model, .base = m0->data - m0->offset, .base_len = end,
+                            .resident = pi2_plan_resident(mf, bl, (uint64_t)sysconf(_SC_PAGESIZE)), .ctx = *ctx,
+                            .threads = *threads, .cores = (int)sysconf(_SC_NPROCESSORS_ONLN),
+                            .files = pi2_plan_container_touched(c), .opts = &eo->offload};
+    return pi2_engine_buffer_sizes(mf, bl, *threads, &in->bufs, err);
+}
+
+/* The memory plan for the run's options into *m: the limit checked
+ * against the fixed costs first, then the resident members hashed (their
+ * pages read), then the plan made. */
+static int plan_memory(const run_opts *o, const pi2_engine_opts *eo, pi2_bundle *b, pi2_plan_memory *m,
+                       int *threads, int *ctx, pi2_err *err)
+{
+    pi2_plan_mem_in in;
+    int rc = mem_in(o, eo, b, &in, threads, ctx, err);
+    if (rc == 0 && (rc = pi2_plan_memory_floor(&in, m, err)) == 0) {
+        pi2_plan_memory_free(m);
+        rc = pi2_bundle_verify(b, true, NULL, err);
+    }
     return rc ? rc : pi2_plan_memory_make(&in, m, err);
+}
+
+/* The resident items as a JSON object into buf. */
+static void items_json(const pi2_plan_items *it, char *buf, size_t cap)
+{
+    snprintf(buf, cap,
+             "{\"attention\":%llu,\"embeddings_head\":%llu,\"predictors\":%llu,\"norms\":%llu,\"other\":%llu,"
+             "\"buffers\":%llu,\"kv\":%llu,\"files\":%llu,\"overhead\":%llu,\"min_cache\":%llu}",
+             (unsigned long long)it->attn, (unsigned long long)it->embed_head, (unsigned long long)it->pred,
+             (unsigned long long)it->norms, (unsigned long long)it->other, (unsigned long long)it->buffers,
+             (unsigned long long)it->kv, (unsigned long long)it->files, (unsigned long long)it->overhead,
+             (unsigned long long)it->min_cache);
 }
 
 /* pi2-run plan (--plan-only): the memory plan for --mem-limit, as one JSON line. */
@@ -104,17 +132,24 @@ int run_plan(const run_opts *o)
     pi2_bundle_close(b);
     if (rc)
         return fail(&err);
-    char mem[1536];
+    char items[512], mem[2048], line[640];
+    items_json(&m.items, items, sizeof items);
+    pi2_plan_items_text(&m.items, ctx_run, line, sizeof line);
+    fprintf(stderr, "%s: %.0f MB at the least (%s); planned %.0f MB of %.0f MB, %.0f%% of FFN bytes out\n",
+            o->model, (double)m.minimum / 1048576.0 + 1, line, (double)m.planned / 1048576.0,
+            (double)m.mem_limit / 1048576.0, 100.0 * m.offloaded);
     snprintf(mem, sizeof mem,
              "{\"ctx\":%d,\"threads\":%d,\"mem_limit\":%llu,\"minimum_bytes\":%llu,"
              "\"planned_bytes\":%llu,\"resident_bytes\":%llu,\"kv_bytes\":%llu,\"buffer_bytes\":%llu,"
              "\"overhead_bytes\":%llu,\"hot_bytes\":%llu,\"gate_hot_bytes\":%llu,\"cache_bytes\":%llu,"
-             "\"cache_slots\":%u,\"ffn_bytes\":%llu,\"offloaded\":%.4f,\"io\":\"%s\",\"io_depth\":%d}",
+             "\"cache_slots\":%u,\"ffn_bytes\":%llu,\"offloaded\":%.4f,\"io\":\"%s\",\"io_depth\":%d,"
+             "\"files_bytes\":%llu,\"open_peak_bytes\":%llu,\"resident_items\":%s}",
              ctx_run, threads, (unsigned long long)m.mem_limit, (unsigned long long)m.minimum,
              (unsigned long long)m.planned, (unsigned long long)m.resident, (unsigned long long)m.kv,
              (unsigned long long)m.buffers, (unsigned long long)m.overhead, (unsigned long long)m.hot,
              (unsigned long long)m.gate_hot, (unsigned long long)m.cache, m.slots[0] + m.slots[1],
-             (unsigned long long)m.ffn_total, m.offloaded, io, m.plan.io_depth);
+             (unsigned long long)m.ffn_total, m.offloaded, io, m.plan.io_depth, (unsigned long long)m.files,
+             (unsigned long long)m.open_peak, items);
     if (m.predicted) { /* the plan, loadable with --plan, with the memory it makes */
         char *pj = pi2_plan_json(&m.plan, o->model);
         if (!pj) {

@@ -342,6 +342,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_plan_memory *m, pi
     in->kv = m->kv;
     in->buffers = m->buffers;
     in->overhead = m->overhead;
+    in->files = m->files;
     in->ffn_total = m->ffn_total;
     in->minimum = m->minimum; /* its own kernel share included */
     in->plan_source = m->source;

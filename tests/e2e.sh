@@ -288,6 +288,19 @@ for how in plan run; do
         && grep -q "b.pi2: the memory limit of 1 MB cannot hold the resident part: it needs at least [0-9]* MB (attention [0-9.]* [KM]B, embeddings+head [0-9.]* [KM]B, predictors [0-9.]* [KM]B, .*buffers .*KV cache at [0-9]* positions" "$T/err" \
         && ok || { bad "$how: one line naming each resident item below the minimum"; cat "$T/err"; }
 done
+# without --mem-limit: the least memory the model runs in and a table of limits up to all in
+# memory; no hardware profile, no speed. A run at that minimum + 1 MB gives the in-memory text,
+# a byte below it is refused in one line.
+"$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 >"$T/tab.json" 2>"$T/err" \
+    && grep -q '"limits":\[{"mem_limit":[0-9]*,"offloaded":1.0000,"decode_tok_s":null' "$T/tab.json" \
+    && grep -q '"offloaded":0.0000,"decode_tok_s":null,"source":"fixed split"}\],"note":"no hardware profile' "$T/tab.json" \
+    && grep -q "runs in [0-9.]* MB at the least (attention" "$T/err" && grep -q "^no hardware profile: speed not predicted" "$T/err" \
+    && ok || { bad "plan without a limit: the table"; cat "$T/tab.json" "$T/err"; }
+tmin=$(jget minimum_bytes <"$T/tab.json")
+c=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 --mem-limit "$((${tmin:-0} + 1048576))" 2>"$T/err")
+[ -n "$c" ] && [ "$c" = "$b" ] && ok || { bad "run at the table's minimum + 1 MB: '$c' vs '$b'"; cat "$T/err"; }
+expect_error "run a byte below the table's minimum" "cannot hold the resident part" "$B/pi2-run" "$T/b.pi2" \
+    --pubkey "$T/k.pub" -p "hello world" -n 16 --mem-limit "$((${tmin:-0} - 1))"
 # the fixed split follows --hot-share and --io-depth: less hot at a smaller share, the depth as asked
 pmin=$("$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1T --io-depth 8 2>/dev/null | jget minimum_bytes)
 for hs in 0 1; do
@@ -500,6 +513,16 @@ lim=$(( ${min:-1} + 2 ))M
 # shellcheck disable=SC2086
 "$B/pi2-run" plan "$T/b.pi2" $P --mem-limit "$lim" -p "hello world" -n 16 >"$T/plan2.json" 2>"$T/err" \
     && cmp -s "$T/plan.json" "$T/plan2.json" && ok || { bad "pi2-run plan differs from --plan-only"; cat "$T/err"; }
+# the table with a hardware profile: a predicted speed at each limit, the minimum runs (the solver's plan)
+# shellcheck disable=SC2086
+"$B/pi2-run" plan "$T/b.pi2" $P -p "hello world" -n 16 >"$T/tab.json" 2>"$T/err" \
+    && grep -q '"limits":\[{"mem_limit":[0-9]*,"offloaded":[0-9.]*,"decode_tok_s":[0-9]' "$T/tab.json" \
+    && ! grep -q '"decode_tok_s":null' "$T/tab.json" && grep -q ' tok/s$' "$T/err" && ok \
+    || { bad "plan without a limit, with a hardware profile"; cat "$T/tab.json" "$T/err"; }
+tmin=$(jget minimum_bytes <"$T/tab.json")
+# shellcheck disable=SC2086
+c=$("$B/pi2-run" "$T/b.pi2" $P -p "hello world" -n 16 --mem-limit "$((${tmin:-0} + 1048576))" 2>"$T/err")
+[ -n "$c" ] && ok || { bad "run at the planned table's minimum + 1 MB"; cat "$T/err"; }
 # shellcheck disable=SC2086
 p1=$("$B/pi2-run" "$T/b.pi2" $P --mem-limit "$lim" -p "hello world" -n 16 --plan "$T/plan.json" --stats 2>"$T/err")
 grep -q "plan: given" "$T/err" && grep -q "predicted" "$T/err" && [ -n "$p1" ] && ok \

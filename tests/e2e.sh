@@ -448,6 +448,31 @@ elif [ -w /sys/fs/cgroup/memory ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_
     sed -n 's/.*reads per token P50 \([0-9]*\), P90 \([0-9]*\), most \([0-9]*\) .*/\1 \2 \3/p' "$T/err" |
         awk 'NF == 3 && $1 <= $2 && $2 <= $3 && $3 > 0 { f = 1 } END { exit !f }' && ok \
         || { bad "cgroup run: no reads per token spread in --stats"; cat "$T/err"; }
+    # large predictors (rank 129 >= hidden/4), 4-bit and 8-bit non-FFN weights and predictors: each runs
+    # a 512-token prompt to completion under a cap of its reported minimum + 1 MB (open, prefill, decode)
+    long=$(awk 'BEGIN { for (i = 0; i < 52; i++) printf "once upon a time there was a little dog. " }')
+    "$B/pi2-convert" synth --preset small --hidden 512 --ff 8192 --layers 4 --dtype bf16 --predictors --rank 64 \
+        -o "$T/lp" >/dev/null || bad "making the large-predictor model"
+    for q in q4 q8; do
+        "$B/pi2-convert" "$T/lp" -o "$T/lp.pi2c" --calib-tokens 64 -q --other-quant $q --pred-quant $q >/dev/null \
+            && "$B/pi2-bundle" "$T/lp.pi2c" -o "$T/lp-$q.pi2" --key "$T/k.pem" -q >/dev/null \
+            || { bad "converting the large-predictor model at $q"; continue; }
+        rm -f "$T/lp.pi2c"
+        lmin=$("$B/pi2-run" plan "$T/lp-$q.pi2" --pubkey "$T/k.pub" -p "$long" -n 8 2>/dev/null | jget minimum_bytes)
+        cap=$((${lmin:-0} + 1048576))
+        sh tests/cgroup_run.sh "$cap" "$T/usage" "$B/pi2-run" "$T/lp-$q.pi2" --pubkey "$T/k.pub" -p "$long" -n 8 \
+            --mem-limit "$cap" --stats >"$T/out" 2>"$T/err"
+        rc=$?
+        read -r peak fails <"$T/usage" 2>/dev/null || peak=0
+        ptok=$(sed -n 's/.*prefill \([0-9]*\) tokens.*/\1/p' "$T/err")
+        if [ "$rc" -eq 0 ] && [ -s "$T/out" ] && [ "${ptok:-0}" -ge 512 ] && [ "${peak:-0}" -gt 0 ] && [ "$peak" -le "$cap" ]; then
+            ok
+            echo "cgroup cap $((cap / 1048576)) MB (minimum + 1 MB), $q non-FFN and predictors: $ptok-token prompt, peak usage $((peak / 1048576)) MB"
+        else
+            bad "large predictors at $q under their minimum + 1 MB ($cap bytes): exit $rc, peak ${peak:-?}, prompt ${ptok:-?}"; cat "$T/err"
+        fi
+    done
+    rm -rf "$T/lp"
 else
     skp "cgroup v1 memory controller not writable: run-under-a-cap test"
 fi

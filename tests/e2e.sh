@@ -448,6 +448,16 @@ elif [ -w /sys/fs/cgroup/memory ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_
     sed -n 's/.*reads per token P50 \([0-9]*\), P90 \([0-9]*\), most \([0-9]*\) .*/\1 \2 \3/p' "$T/err" |
         awk 'NF == 3 && $1 <= $2 && $2 <= $3 && $3 > 0 { f = 1 } END { exit !f }' && ok \
         || { bad "cgroup run: no reads per token spread in --stats"; cat "$T/err"; }
+    # a limit below the minimum is refused before the resident region is read: one line, and the
+    # cgroup's peak stays under the resident bytes
+    res=$("$B/pi2-run" plan "$T/big.pi2" --pubkey "$T/k.pub" -p "once upon a time" -n 24 --mem-limit 1T 2>/dev/null | jget resident_bytes)
+    sh tests/cgroup_run.sh "$((${res:-0} * 4 + 268435456))" "$T/usage" "$B/pi2-run" "$T/big.pi2" --pubkey "$T/k.pub" \
+        -p "once upon a time" -n 24 --mem-limit "$((${minimum:-0} / 2))" >"$T/out" 2>"$T/err"
+    rc=$?
+    read -r peak fails <"$T/usage" 2>/dev/null || peak=0
+    [ "$rc" -eq 1 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "cannot hold the resident part" "$T/err" \
+        && [ "${peak:-0}" -lt "${res:-0}" ] && ok \
+        || { bad "below the minimum under a cgroup: exit $rc, peak ${peak:-?} of ${res:-?} resident bytes"; cat "$T/err"; }
     # large predictors (rank 129 >= hidden/4), 4-bit and 8-bit non-FFN weights and predictors: each runs
     # a 512-token prompt to completion under a cap of its reported minimum + 1 MB (open, prefill, decode)
     long=$(awk 'BEGIN { for (i = 0; i < 52; i++) printf "once upon a time there was a little dog. " }')

@@ -80,22 +80,37 @@ static void *acc_alloc(pi2_engine *e, size_t n, size_t size)
 }
 
 /* Offloading: give back the whole pages of [p, p + n) inside the resident
- * region (read into memory the engine owns) and count them off it. The
- * range is marked no-huge-page first, so that the kernel's background
- * collapse of the 2 MiB pages around it cannot fill the hole again. */
-static void release_res(pi2_engine *e, const void *p, uint64_t n)
+ * region (read into memory the engine owns); returns their bytes, for the
+ * caller to count off it. The range is marked no-huge-page first, so that
+ * the kernel's background collapse of the 2 MiB pages around it cannot
+ * fill the hole again. */
+static uint64_t release_res(const pi2_engine *e, const void *p, uint64_t n)
 {
     uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), a = (uint64_t)((const uint8_t *)p - e->res), b = a + n;
     a = (a + pg - 1) / pg * pg;
     b = b / pg * pg;
     if (b <= a)
-        return;
+        return 0;
 #ifdef MADV_NOHUGEPAGE
     if (madvise(e->res + a, (size_t)(b - a), MADV_NOHUGEPAGE) != 0)
-        return;
+        return 0;
 #endif
-    if (madvise(e->res + a, (size_t)(b - a), MADV_DONTNEED) == 0)
-        e->res_released += b - a;
+    return madvise(e->res + a, (size_t)(b - a), MADV_DONTNEED) == 0 ? b - a : 0;
+}
+
+/* Offloading: give back f's f32/f16 predictor once its Q8 copy is made
+ * (bytes released). */
+static uint64_t release_pred(const pi2_engine *e, eng_ffn *f)
+{
+    const uint8_t *p1 = (const uint8_t *)f->fc1, *p2 = (const uint8_t *)f->fc2;
+    uint64_t el = f->pred_f16 ? 2 : 4, n1 = (uint64_t)f->rank * (uint64_t)e->d.hidden * el,
+             n2 = (uint64_t)f->n_ff * (uint64_t)f->rank * el, r;
+    if (p1 + n1 == p2) /* side by side, as bundled: one range */
+        r = release_res(e, p1, n1 + n2);
+    else
+        r = release_res(e, p1, n1) + release_res(e, p2, n2);
+    f->fc1 = f->fc2 = NULL;
+    return r;
 }
 
 /* The predictor's decode copy: fc1 and fc2 as Q8 rows (fc2's rows padded
@@ -172,7 +187,8 @@ typedef struct pred_job {
     eng_ffn **f; /* the FFNs with a predictor */
     int n;
     atomic_int next;
-    int *rc; /* [n] */
+    int *rc;            /* [n] */
+    _Atomic uint64_t released; /* bytes of f32/f16 predictors given back */
 } pred_job;
 
 static void pred_fn(void *ctx, int tid, int nt)
@@ -181,12 +197,15 @@ static void pred_fn(void *ctx, int tid, int nt)
     (void)nt;
     pred_job *j = ctx;
     for (int k; (k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n;)
-        j->rc[k] = pred_fill(j->e, j->f[k]);
+        if ((j->rc[k] = pred_fill(j->e, j->f[k])) == 0 && j->e->res)
+            atomic_fetch_add_explicit(&j->released, release_pred(j->e, j->f[k]), memory_order_relaxed);
 }
 
-/* Every predictor's Q8 copy, the FFNs shared out over the pool; then,
- * offloading, the f32 copies' pages given back (the resident region is
- * read into memory the engine owns, and decode reads only the copy). */
+/* Every predictor's Q8 copy, the FFNs shared out over the pool; offloading,
+ * each f32/f16 predictor's pages given back as soon as its copy is made
+ * (the resident region is read into memory the engine owns, and decode
+ * reads only the copy), so open holds the region and about one copy per
+ * thread beyond it (pi2_plan_memory's open_peak). */
 static int pred_quantize_all(pi2_engine *e, pi2_err *err)
 {
     int E = pi2_desc_is_moe(&e->d) ? e->d.n_experts : 1, n = 0;
@@ -204,8 +223,10 @@ static int pred_quantize_all(pi2_engine *e, pi2_err *err)
                 j.f[n++] = &e->layers[l].ffn[x];
     j.n = n;
     atomic_init(&j.next, 0);
+    atomic_init(&j.released, 0);
     if (n > 0)
         pi2_pool_run(e->pool, pred_fn, &j);
+    e->res_released += atomic_load(&j.released);
     int rc = 0;
     for (int k = 0; k < n && !rc; k++)
         if (j.rc[k] == PI2_ENOMEM)
@@ -215,19 +236,6 @@ static int pred_quantize_all(pi2_engine *e, pi2_err *err)
                              "%s: the predictor of layer %d (expert %d) holds a value that cannot be quantized (not "
                              "finite, or beyond fp16 scales)",
                              e->path, j.f[k]->layer, j.f[k]->expert);
-    for (int k = 0; k < n && !rc && e->res; k++) {
-        eng_ffn *f = j.f[k];
-        const uint8_t *p1 = (const uint8_t *)f->fc1, *p2 = (const uint8_t *)f->fc2;
-        uint64_t el = f->pred_f16 ? 2 : 4, n1 = (uint64_t)f->rank * (uint64_t)e->d.hidden * el,
-                 n2 = (uint64_t)f->n_ff * (uint64_t)f->rank * el;
-        if (p1 + n1 == p2) /* side by side, as bundled: one range */
-            release_res(e, p1, n1 + n2);
-        else {
-            release_res(e, p1, n1);
-            release_res(e, p2, n2);
-        }
-        f->fc1 = f->fc2 = NULL;
-    }
     free(j.f);
     free(j.rc);
     return rc;

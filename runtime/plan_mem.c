@@ -99,6 +99,25 @@ void pi2_plan_memory_free(pi2_plan_memory *m)
     memset(m, 0, sizeof *m);
 }
 
+/* The Q8 copies open makes of f32/f16 predictors: their bytes in all, and
+ * the largest one's. */
+static uint64_t pred_copies(const pi2_plan_mem_in *in, uint64_t *largest)
+{
+    const pi2_manifest *mf = in->mf;
+    uint64_t all = 0;
+    *largest = 0;
+    for (size_t i = 0; mf->sparsity_mode == PI2_MF_SPARSE_PREDICTOR && i < in->bl->n_ffn; i++) {
+        const pi2_bl_ffn *b = &in->bl->ffn[i];
+        const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
+        if (!ml || !ml->has_predictor || pi2_mf_pred_qtype(ml->predictor.dtype) != PI2_QT_F32)
+            continue;
+        uint64_t pb = pi2_plan_pred_bytes(&ml->predictor, mf->config.hidden, b->neurons, NULL);
+        all += pb;
+        *largest = pb > *largest ? pb : *largest;
+    }
+    return all;
+}
+
 /* The resident part item by item (m->items), from the fixed costs. */
 static void items_fill(const pi2_plan_mem_in *in, pi2_plan_memory *m)
 {
@@ -120,16 +139,12 @@ static void items_fill(const pi2_plan_mem_in *in, pi2_plan_memory *m)
         default: break; /* FFNs are offloaded; the router is "other" */
         }
     }
-    uint64_t copies = 0; /* Q8 copies of f32/f16 predictors: in the engine's buffers */
+    uint64_t largest, copies = pred_copies(in, &largest); /* in the engine's buffers */
     for (size_t i = 0; mf->sparsity_mode == PI2_MF_SPARSE_PREDICTOR && i < in->bl->n_ffn; i++) {
         const pi2_bl_ffn *b = &in->bl->ffn[i];
         const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
-        if (!ml || !ml->has_predictor)
-            continue;
-        uint64_t pb = pi2_plan_pred_bytes(&ml->predictor, mf->config.hidden, b->neurons, NULL);
-        it->pred += pb;
-        if (pi2_mf_pred_qtype(ml->predictor.dtype) == PI2_QT_F32)
-            copies += pb;
+        if (ml && ml->has_predictor)
+            it->pred += pi2_plan_pred_bytes(&ml->predictor, mf->config.hidden, b->neurons, NULL);
     }
     uint64_t held = it->attn + it->embed_head + it->norms + (it->pred - copies);
     it->other = m->resident > held ? m->resident - held : 0;
@@ -338,9 +353,13 @@ static int floor_make(const pi2_plan_mem_in *in, const pi2_mprof *geo, pi2_plan_
     m->min_slots = (uint64_t)d->n_ff / 8 > in->bufs.chunk ? (uint64_t)d->n_ff / 8 : in->bufs.chunk;
     for (int k = 0; k < n_caches; k++)
         m->min_cache += m->min_slots * in->bufs.slot_bytes[k];
-    /* open holds the whole resident region (f32/f16 predictors included)
-     * until their Q8 copies are made, before the KV cache and the caches */
-    m->open_peak = pi2_plan_resident(in->mf, in->bl, 0) + in->bufs.engine + mine + m->files + PI2_PLAN_OVERHEAD;
+    /* open holds the whole resident region, f32/f16 predictors included,
+     * before the KV cache and the caches; each predictor is given back as
+     * its Q8 copy (smaller) is made, so at most one copy per thread is
+     * held beyond the region */
+    uint64_t largest, copies = pred_copies(in, &largest);
+    m->open_peak = pi2_plan_resident(in->mf, in->bl, 0) + (in->bufs.engine - copies) +
+                   (uint64_t)in->threads * largest + mine + m->files + PI2_PLAN_OVERHEAD;
     /* the kernel's share of what the run can use: the limit, or everything
      * in memory when the limit is larger */
     uint64_t most = fixed + m->ffn_total + m->min_cache;
@@ -354,7 +373,7 @@ static int floor_make(const pi2_plan_mem_in *in, const pi2_mprof *geo, pi2_plan_
     pi2_plan_items_text(&m->items, in->ctx, items, sizeof items);
     char opening[160] = "";
     if (m->open_peak > fixed + m->min_cache)
-        snprintf(opening, sizeof opening, "; opening holds the whole %.0f MB resident region until the predictors' "
+        snprintf(opening, sizeof opening, "; opening holds the whole %.0f MB resident region while the predictors' "
                  "Q8 copies are made", mb(pi2_plan_resident(in->mf, in->bl, 0)));
     return pi2_err_set(err, PI2_ENOMEM,
                        "%s: the memory limit of %.0f MB cannot hold the resident part: it needs at least %.0f MB "

@@ -360,7 +360,8 @@ typedef struct pi2_plan_memory {
     uint64_t files;                /* page cache of the files read (pi2_plan_mem_in) */
     uint64_t fixed;                /* their sum, the staging at the plan's depth */
     uint64_t open_peak;            /* what open holds at most: the whole resident region (f32/f16
-                                      predictors until their Q8 copies are made), buffers, files */
+                                      predictors included, each given back as its Q8 copy is made:
+                                      one copy per thread beyond it), buffers, files */
     uint64_t min_slots;            /* of each cache kind, at the least */
     pi2_plan_items items;
     uint64_t ffn_total;            /* FFN payload bytes */

@@ -82,22 +82,37 @@ static void *acc_alloc(pi2_engine *e, size_t n, size_t size)
 }
 
 /* Offloading: give back the whole pages of [p, p + n) inside the resident
- * region (read into memory the engine owns) and count them off it. The
- * range is marked no-huge-page first, so that the kernel's background
- * collapse of the 2 MiB pages around it cannot fill the hole again. */
-static void release_res(pi2_engine *e, const void *p, uint64_t n)
+ * region (read into memory the engine owns); returns their bytes, for the
+ * caller to count off it. The range is marked no-huge-page first, so that
+ * the kernel's background collapse of the 2 MiB pages around it cannot
+ * fill the hole again. */
+static uint64_t release_res(const pi2_engine *e, const void *p, uint64_t n)
 {
     uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), a = (uint64_t)((const uint8_t *)p - e->res), b = a + n;
     a = (a + pg - 1) / pg * pg;
     b = b / pg * pg;
     if (b <= a)
-        return;
+        return 0;
 #ifdef MADV_NOHUGEPAGE
     if (madvise(e->res + a, (size_t)(b - a), MADV_NOHUGEPAGE) != 0)
-        return;
+        return 0;
 #endif
-    if (madvise(e->res + a, (size_t)(b - a), MADV_DONTNEED) == 0)
-        e->res_released += b - a;
+    return madvise(e->res + a, (size_t)(b - a), MADV_DONTNEED) == 0 ? b - a : 0;
+}
+
+/* Offloading: give back f's f32/f16 predictor once its Q8 copy is made
+ * (bytes released). */
+static uint64_t release_pred(const pi2_engine *e, eng_ffn *f)
+{
+    const uint8_t *p1 = (const uint8_t *)f->fc1, *p2 = (const uint8_t *)f->fc2;
+    uint64_t el = f->pred_f16 ? 2 : 4, n1 = (uint64_t)f->rank * (uint64_t)e->d.hidden * el,
+             n2 = (uint64_t)f->n_ff * (uint64_t)f->rank * el, r;
+    if (p1 + n1 == p2) /* side by side, as bundled: one range */
+        r = release_res(e, p1, n1 + n2);
+    else
+        r = release_res(e, p1, n1) + release_res(e, p2, n2);
+    f->fc1 = f->fc2 = NULL;
+    return r;
 }
 
 /* The predictor's decode copy: fc1 and fc2 as Q8 rows (fc2's rows padded
@@ -113,6 +128,7 @@ static int pred_alloc(pi2_engine *e, eng_ffn *f, pi2_err *err)
            c2 = (size_t)(N * (Rp / PI2_Q_GROUP));
     if (!(f->pq = acc_alloc(e, b1 + b2 + 2 * (c1 + c2), 1)))
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the predictor of layer %d", e->path, f->layer);
+    e->pred_bytes += b1 + b2 + 2 * (c1 + c2);
     f->rank_p = (int)Rp;
     f->pred_qt = PI2_QT_Q8;
     f->q1 = f->pq;
@@ -137,6 +153,8 @@ static int pred_bind(pi2_engine *e, eng_ffn *f, const pi2_mf_predictor *p, pi2_q
         return err->code;
     f->s1 = (const uint16_t *)(const void *)s1;
     f->s2 = (const uint16_t *)(const void *)s2;
+    e->pred_bytes += (uint64_t)R * (pi2_q_payload_row_bytes(qt, D) + pi2_q_scale_row_count(qt, D) * 2) +
+                     (uint64_t)N * (pi2_q_payload_row_bytes(qt, Rp) + pi2_q_scale_row_count(qt, Rp) * 2);
     return 0;
 }
 
@@ -171,7 +189,8 @@ typedef struct pred_job {
     eng_ffn **f; /* the FFNs with a predictor */
     int n;
     atomic_int next;
-    int *rc; /* [n] */
+    int *rc;            /* [n] */
+    _Atomic uint64_t released; /* bytes of f32/f16 predictors given back */
 } pred_job;
 
 static void pred_fn(void *ctx, int tid, int nt)
@@ -180,12 +199,15 @@ static void pred_fn(void *ctx, int tid, int nt)
     (void)nt;
     pred_job *j = ctx;
     for (int k; (k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n;)
-        j->rc[k] = pred_fill(j->e, j->f[k]);
+        if ((j->rc[k] = pred_fill(j->e, j->f[k])) == 0 && j->e->res)
+            atomic_fetch_add_explicit(&j->released, release_pred(j->e, j->f[k]), memory_order_relaxed);
 }
 
-/* Every predictor's Q8 copy, the FFNs shared out over the pool; then,
- * offloading, the f32 copies' pages given back (the resident region is
- * read into memory the engine owns, and decode reads only the copy). */
+/* Every predictor's Q8 copy, the FFNs shared out over the pool; offloading,
+ * each f32/f16 predictor's pages given back as soon as its copy is made
+ * (the resident region is read into memory the engine owns, and decode
+ * reads only the copy), so open holds the region and about one copy per
+ * thread beyond it (pi2_plan_memory's open_peak). */
 static int pred_quantize_all(pi2_engine *e, pi2_err *err)
 {
     int E = pi2_desc_is_moe(&e->d) ? e->d.n_experts : 1, n = 0;
@@ -203,8 +225,10 @@ static int pred_quantize_all(pi2_engine *e, pi2_err *err)
                 j.f[n++] = &e->layers[l].ffn[x];
     j.n = n;
     atomic_init(&j.next, 0);
+    atomic_init(&j.released, 0);
     if (n > 0)
         pi2_pool_run(e->pool, pred_fn, &j);
+    e->res_released += atomic_load(&j.released);
     int rc = 0;
     for (int k = 0; k < n && !rc; k++)
         if (j.rc[k] == PI2_ENOMEM)
@@ -214,19 +238,6 @@ static int pred_quantize_all(pi2_engine *e, pi2_err *err)
                              "%s: the predictor of layer %d (expert %d) holds a value that cannot be quantized (not "
                              "finite, or beyond fp16 scales)",
                              e->path, j.f[k]->layer, j.f[k]->expert);
-    for (int k = 0; k < n && !rc && e->res; k++) {
-        eng_ffn *f = j.f[k];
-        const uint8_t *p1 = (const uint8_t *)f->fc1, *p2 = (const uint8_t *)f->fc2;
-        uint64_t el = f->pred_f16 ? 2 : 4, n1 = (uint64_t)f->rank * (uint64_t)e->d.hidden * el,
-                 n2 = (uint64_t)f->n_ff * (uint64_t)f->rank * el;
-        if (p1 + n1 == p2) /* side by side, as bundled: one range */
-            release_res(e, p1, n1 + n2);
-        else {
-            release_res(e, p1, n1);
-            release_res(e, p2, n2);
-        }
-        f->fc1 = f->fc2 = NULL;
-    }
     free(j.f);
     free(j.rc);
     return rc;
@@ -566,10 +577,37 @@ static int plan_memory(pi2_engine *e, const pi2_engine_opts *o, int ctx, const p
     pi2_plan_mem_in in = {.mf = e->mf, .bl = e->bl, .name = e->path, .base = e->res, .base_len = e->res_bytes,
                           .resident = pi2_plan_resident(e->mf, e->bl, (uint64_t)sysconf(_SC_PAGESIZE)),
                           .bufs = *bufs, .ctx = ctx, .threads = e->tls_n,
-                          .cores = (int)sysconf(_SC_NPROCESSORS_ONLN), .opts = &o->offload};
+                          .cores = (int)sysconf(_SC_NPROCESSORS_ONLN),
+                          .files = pi2_plan_container_touched(pi2_bundle_container(e->b)), .opts = &o->offload};
     int rc = pi2_plan_memory_make(&in, m, err);
     if (rc == 0)
         e->threads = m->plan.threads;
+    return rc;
+}
+
+/* KV positions a run opens with: o->ctx (0: 512), at most the model's. */
+static int open_ctx(const pi2_model_desc *d, const pi2_engine_opts *o)
+{
+    int ctx0 = o->ctx > 0 ? o->ctx : 512, ctx_max = pi2_desc_max_ctx(d); /* larger: clamped to the model's */
+    return ctx0 < ctx_max ? ctx0 : ctx_max;
+}
+
+/* Offloading: a limit below the minimum is refused before the resident
+ * region is read (the fixed costs need only the manifest and layout). */
+static int plan_floor(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
+{
+    pi2_plan_bufs bufs;
+    pi2_plan_memory m;
+    int rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, &bufs, err);
+    if (rc)
+        return rc;
+    pi2_plan_mem_in in = {.mf = e->mf, .bl = e->bl, .name = e->path,
+                          .resident = pi2_plan_resident(e->mf, e->bl, (uint64_t)sysconf(_SC_PAGESIZE)),
+                          .bufs = bufs, .ctx = open_ctx(&e->mf->config, o), .threads = e->tls_n,
+                          .cores = (int)sysconf(_SC_NPROCESSORS_ONLN),
+                          .files = pi2_plan_container_touched(pi2_bundle_container(e->b)), .opts = &o->offload};
+    rc = pi2_plan_memory_floor(&in, &m, err);
+    pi2_plan_memory_free(&m);
     return rc;
 }
 
@@ -613,7 +651,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     e->tls_n = e->threads; /* scratch for as many as asked; a plan may run fewer */
     if (o->offload.mem_limit > 0) {
         /* offloading: resident members read with O_DIRECT and hashed there */
-        if ((rc = eng_ofl_load_resident(e, o, err)) != 0)
+        if ((rc = plan_floor(e, o, err)) != 0 || (rc = eng_ofl_load_resident(e, o, err)) != 0)
             goto fail;
     } else if ((rc = pi2_bundle_verify(e->b, !o->verify_ffn, NULL, err)) != 0) {
         goto fail;
@@ -641,7 +679,11 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     }
     char tname[4200];
     snprintf(tname, sizeof tname, "%s:%s", e->path, e->mf->tokenizer);
-    if ((rc = pi2_tok_load_mem(&e->tok, (const char *)tm->data, (size_t)tm->size, tname, err)) != 0)
+    /* offloading: from the copy read in, not the mapping's page cache */
+    const uint8_t *tdata = e->res && tm->offset <= e->res_bytes && tm->size <= e->res_bytes - tm->offset
+                               ? e->res + tm->offset
+                               : tm->data;
+    if ((rc = pi2_tok_load_mem(&e->tok, (const char *)tdata, (size_t)tm->size, tname, err)) != 0)
         goto fail;
     if (pi2_tok_vocab_size(e->tok) > d->vocab) {
         rc = pi2_err_set(err, PI2_ESHAPE, "%s: tokenizer has %d tokens, model vocab is %d", e->path,
@@ -718,9 +760,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     }
     e->dense_bytes = db;
 
-    int ctx0 = o->ctx > 0 ? o->ctx : 512, ctx_max = pi2_desc_max_ctx(d); /* larger: clamped to the model's */
-    if (ctx0 > ctx_max)
-        ctx0 = ctx_max;
+    int ctx0 = open_ctx(d, o);
     pi2_plan_bufs bufs;
     if ((rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, &bufs, err)) != 0 ||
         (o->offload.mem_limit > 0 && (rc = plan_memory(e, o, ctx0, &bufs, &mem, err)) != 0))
@@ -857,6 +897,7 @@ void pi2_engine_set_dense(pi2_engine *e, bool dense) { e->dense = dense || e->mo
 bool pi2_engine_dense(const pi2_engine *e) { return e->dense; }
 const char *pi2_engine_signature(const pi2_engine *e) { return e->sig; }
 uint64_t pi2_engine_dense_bytes(const pi2_engine *e) { return e->dense_bytes; }
+uint64_t pi2_engine_pred_bytes(const pi2_engine *e) { return e->pred_bytes; }
 
 void pi2_engine_pages(const pi2_engine *e, uint64_t *mapped, uint64_t *huge, bool *redone)
 {

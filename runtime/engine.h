@@ -150,6 +150,10 @@ void pi2_engine_pages(const pi2_engine *e, uint64_t *mapped, uint64_t *huge, boo
 #define PI2_ENGINE_REHUGE_MIN ((uint64_t)64 << 20)
 /* Bytes of weights a dense decode step reads (payloads + scales). */
 uint64_t pi2_engine_dense_bytes(const pi2_engine *e);
+/* Bytes of the predictors decode runs (payloads + scales): the Q8 copies
+ * open makes of f32/f16 predictors, or q8/q4 members used in place; the
+ * planner counts the same (pi2_plan_pred_bytes). 0 without predictors. */
+uint64_t pi2_engine_pred_bytes(const pi2_engine *e);
 /* Multiply-accumulates per prompt token in the weight matmuls of prefill
  * (attention projections and FFNs; not attention scores or the head). */
 double pi2_engine_prefill_macs(const pi2_engine *e);
@@ -188,6 +192,7 @@ typedef struct pi2_engine_offload_info {
     uint64_t planned;        /* bytes planned: the sum below (<= mem_limit) */
     uint64_t minimum;        /* the smallest mem_limit this model opens with (same ctx, threads) */
     uint64_t resident, kv, buffers, overhead, hot, cache;
+    uint64_t files;          /* page cache of the files read besides the direct reads (planner.h) */
     uint64_t ffn_total;      /* FFN payload bytes in the container */
     double offloaded;        /* share of FFN payload bytes not in the hot segment */
     uint32_t cache_slots;    /* slots of all caches */

@@ -19,13 +19,14 @@ static void usage(FILE *f)
             "       pi2-run generate --reference HF_DIR [-p TEXT] [-n N] [sampling options]\n"
             "       pi2-run bench MODEL.pi2 [--bench-pp N] [--bench-tg N] [-t N] [--dense]\n"
             "       pi2-run ppl MODEL.pi2 TEXTFILE [--ppl-tokens N] [--dense]\n"
-            "       pi2-run plan MODEL.pi2 --mem-limit SIZE [--min-speed X] [--no-plan]\n"
+            "       pi2-run plan MODEL.pi2 [--mem-limit SIZE] [--min-speed X] [--no-plan]\n"
             "       pi2-run probe hw [-t N]\n"
             "       pi2-run probe io FILE\n"
             "       pi2-run probe profile [MODEL.pi2] [--device-path DIR] [--hw-profile FILE] [-t N]\n"
             "(the older forms --bench, --ppl FILE, --plan-only, --hw-probe, --io-probe FILE and\n"
             "--profile-hw select the same subcommands)\n"
-            "\n"
+            "\n");
+    fprintf(f,
             "Generate text with a bundled, signed model (pi2-bundle output). The container is\n"
             "memory-mapped and checked at load: its signature, then the SHA-256 of every member.\n"
             "Prompts run as dense batches; each generated token runs the sparse FFN: the\n"
@@ -57,7 +58,8 @@ static void usage(FILE *f)
             "                     (default: in the same read as a missing gate)\n"
             "  --no-read-ahead    offload: do not read the next layer's likely neurons (MoE: experts) during attention\n"
             "  --plan-only        offload: print the plan for --mem-limit (JSON: hot and gate-only\n"
-            "                     groups per FFN, threads, I/O depth, memory, predicted speeds) and stop\n"
+            "                     groups per FFN, threads, I/O depth, memory, predicted speeds) and stop;\n"
+            "                     without --mem-limit, the least memory and a table of limits\n"
             "  --plan FILE        offload: run this plan (a saved --plan-only output)\n"
             "  --no-plan          offload: the fixed split (--hot-share, --io-depth), not the planner's\n"
             "  --min-speed X      offload: refuse a --mem-limit whose best plan decodes below X tok/s\n"
@@ -92,6 +94,7 @@ static void usage(FILE *f)
             "  pi2-run bench model.pi2 --pubkey pub.pem -t 2\n"
             "  pi2-run model.pi2 --pubkey pub.pem --mem-limit 3G -p \"Once upon a time\" --stats\n"
             "  pi2-run probe profile model.pi2 -t 2\n"
+            "  pi2-run plan model.pi2 --pubkey pub.pem   # least memory; speeds up to all in memory\n"
             "  pi2-run plan model.pi2 --pubkey pub.pem --mem-limit 3G --min-speed 5 > plan.json\n"
             "  pi2-run --reference ../shared/models/tinystories-656k -p \"Once upon a time, there was a\" -n 48\n");
 }
@@ -283,7 +286,7 @@ static int dispatch(run_opts *o, run_mode mode, int argc, char **argv, int optin
         fprintf(stderr, "pi2-run: no model given; usage: pi2-run MODEL.pi2 -p TEXT (see --help)\n");
         return 2;
     }
-    if (!o->mem_limit && (o->plan_file || o->no_plan || o->min_speed > 0)) {
+    if (!o->mem_limit && (o->plan_file || (o->no_plan && !o->plan_only) || o->min_speed > 0)) {
         fprintf(stderr, "pi2-run: %s plans offloading: give --mem-limit SIZE too\n",
                 o->plan_file ? "--plan" : o->no_plan ? "--no-plan" : "--min-speed");
         return 2;

@@ -8,11 +8,45 @@
 
 static double mb(uint64_t b) { return (double)b / 1048576.0; }
 
+static uint64_t tensor_bytes(const pi2_mf_tensor *t)
+{
+    if (t->qtype == PI2_QT_F32)
+        return (uint64_t)t->rows * (uint64_t)t->cols * 4;
+    return (uint64_t)t->rows *
+           (pi2_q_payload_row_bytes(t->qtype, t->cols) + 2 * pi2_q_scale_row_count(t->qtype, t->cols));
+}
+
+uint64_t pi2_plan_container_touched(const pi2_ctr *c)
+{
+    const uint64_t page = 4096;
+    uint64_t n = page; /* the end of the archive */
+    for (size_t i = 0; i < pi2_ctr_count(c); i++) {
+        const pi2_ctr_member *m = pi2_ctr_at(c, i);
+        n += 2 * page; /* its header's page, and a padding header's */
+        if (strcmp(m->name, PI2_MF_NAME) == 0 || strcmp(m->name, PI2_MF_SIG_NAME) == 0)
+            n += (m->size + page - 1) / page * page;
+    }
+    return n;
+}
+
 /* Bytes of whole pages of [off, off + n). */
 static uint64_t inner_pages(uint64_t off, uint64_t n, uint64_t page)
 {
     uint64_t a = (off + page - 1) / page * page, b = (off + n) / page * page;
     return b > a ? b - a : 0;
+}
+
+uint64_t pi2_plan_pred_bytes(const pi2_mf_predictor *p, int hidden, uint32_t neurons, pi2_qtype *qt)
+{
+    pi2_qtype t = pi2_mf_pred_qtype(p->dtype);
+    if (t == PI2_QT_F32) /* quantized at open */
+        t = PI2_QT_Q8;
+    if (qt)
+        *qt = t;
+    int64_t R = p->rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
+    uint64_t r1 = pi2_q_payload_row_bytes(t, hidden) + 2 * pi2_q_scale_row_count(t, hidden),
+             r2 = pi2_q_payload_row_bytes(t, Rp) + 2 * pi2_q_scale_row_count(t, Rp);
+    return (uint64_t)R * r1 + (uint64_t)neurons * r2;
 }
 
 uint64_t pi2_plan_resident(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t page)
@@ -63,6 +97,95 @@ void pi2_plan_memory_free(pi2_plan_memory *m)
         return;
     pi2_plan_free(&m->plan);
     memset(m, 0, sizeof *m);
+}
+
+/* The Q8 copies open makes of f32/f16 predictors: their bytes in all, and
+ * the largest one's. */
+static uint64_t pred_copies(const pi2_plan_mem_in *in, uint64_t *largest)
+{
+    const pi2_manifest *mf = in->mf;
+    uint64_t all = 0;
+    *largest = 0;
+    for (size_t i = 0; mf->sparsity_mode == PI2_MF_SPARSE_PREDICTOR && i < in->bl->n_ffn; i++) {
+        const pi2_bl_ffn *b = &in->bl->ffn[i];
+        const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
+        if (!ml || !ml->has_predictor || pi2_mf_pred_qtype(ml->predictor.dtype) != PI2_QT_F32)
+            continue;
+        uint64_t pb = pi2_plan_pred_bytes(&ml->predictor, mf->config.hidden, b->neurons, NULL);
+        all += pb;
+        *largest = pb > *largest ? pb : *largest;
+    }
+    return all;
+}
+
+/* The resident part item by item (m->items), from the fixed costs. */
+static void items_fill(const pi2_plan_mem_in *in, pi2_plan_memory *m)
+{
+    pi2_plan_items *it = &m->items;
+    const pi2_manifest *mf = in->mf;
+    memset(it, 0, sizeof *it);
+    for (size_t i = 0; i < mf->n_tensors; i++) {
+        const pi2_mf_tensor *t = &mf->tensors[i];
+        switch (t->role) {
+        case PI2_T_EMBED:
+        case PI2_T_LM_HEAD: it->embed_head += tensor_bytes(t); break;
+        case PI2_T_Q:
+        case PI2_T_K:
+        case PI2_T_V:
+        case PI2_T_O: it->attn += tensor_bytes(t); break;
+        case PI2_T_OUT_NORM:
+        case PI2_T_ATTN_NORM:
+        case PI2_T_FFN_NORM: it->norms += tensor_bytes(t); break;
+        default: break; /* FFNs are offloaded; the router is "other" */
+        }
+    }
+    uint64_t largest, copies = pred_copies(in, &largest); /* in the engine's buffers */
+    for (size_t i = 0; mf->sparsity_mode == PI2_MF_SPARSE_PREDICTOR && i < in->bl->n_ffn; i++) {
+        const pi2_bl_ffn *b = &in->bl->ffn[i];
+        const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
+        if (ml && ml->has_predictor)
+            it->pred += pi2_plan_pred_bytes(&ml->predictor, mf->config.hidden, b->neurons, NULL);
+    }
+    uint64_t held = it->attn + it->embed_head + it->norms + (it->pred - copies);
+    it->other = m->resident > held ? m->resident - held : 0;
+    it->buffers = m->buffers > copies ? m->buffers - copies : 0;
+    it->kv = m->kv;
+    it->files = m->files;
+    it->overhead = m->overhead;
+    it->min_cache = m->min_cache;
+}
+
+/* Bytes as a message shows them: KB below 0.1 MB, one decimal below 10 MB. */
+static int mb_print(char *buf, size_t cap, const char *what, uint64_t b)
+{
+    if (b < 104858)
+        return snprintf(buf, cap, "%s %.0f KB", what, (double)b / 1024.0);
+    return snprintf(buf, cap, b < 10 * 1048576ull ? "%s %.1f MB" : "%s %.0f MB", what, mb(b));
+}
+
+size_t pi2_plan_items_text(const pi2_plan_items *it, int ctx, char *buf, size_t cap)
+{
+    char kv[64];
+    snprintf(kv, sizeof kv, "KV cache at %d positions", ctx);
+    const struct {
+        const char *name;
+        uint64_t b;
+    } row[] = {{"attention", it->attn},       {"embeddings+head", it->embed_head}, {"predictors", it->pred},
+               {"norms", it->norms},          {"other resident", it->other},       {"buffers", it->buffers},
+               {kv, it->kv},                  {"files' page cache", it->files},    {"overhead", it->overhead},
+               {"smallest neuron cache", it->min_cache}};
+    size_t n = 0;
+    if (cap)
+        buf[0] = 0;
+    for (size_t i = 0; i < sizeof row / sizeof *row; i++) {
+        if (row[i].b == 0)
+            continue;
+        char one[96];
+        mb_print(one, sizeof one, row[i].name, row[i].b);
+        int w = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, "%s%s", n ? ", " : "", one);
+        n += w > 0 ? (size_t)w : 0;
+    }
+    return n;
 }
 
 /* The FFNs' geometry alone (no profile): what the fixed split needs. */
@@ -206,10 +329,73 @@ static void cache_split(const pi2_plan_mem_in *in, uint64_t cache_budget, uint64
     }
 }
 
-int pi2_plan_memory_make(const pi2_plan_mem_in *in, pi2_plan_memory *out, pi2_err *err)
+/* The fixed costs, the smallest cache and the minimum into *m; PI2_ENOMEM
+ * (one line naming each resident item) when the limit cannot hold them. */
+static int floor_make(const pi2_plan_mem_in *in, const pi2_mprof *geo, pi2_plan_memory *m, pi2_err *err)
 {
     const pi2_offload_opts *o = in->opts;
     const pi2_model_desc *d = &in->mf->config;
+    int depth = o->io_depth > 0 ? o->io_depth : 64;
+    m->mem_limit = o->mem_limit;
+    m->ring_depth = pi2_plan_ring_depth(o);
+    m->ffn_total = geo->ffn_total;
+    /* cache indexes: 4 bytes per neuron per cache */
+    int n_caches = geo->two_phase ? 2 : 1;
+    m->index = (uint64_t)n_caches * geo->n_ffn * (uint64_t)d->n_ff * 4;
+    uint64_t mine = in->bufs.offload + (uint64_t)depth * in->bufs.per_depth;
+    m->resident = in->resident;
+    m->kv = (uint64_t)in->ctx * in->bufs.per_pos;
+    m->buffers = in->bufs.engine + mine + m->index;
+    m->files = in->files;
+    uint64_t fixed = m->resident + m->kv + m->buffers + m->files + PI2_PLAN_OVERHEAD;
+    /* the smallest cache: a chunk of neurons, or an eighth of an FFN, so a
+     * layer's misses can be in flight together */
+    m->min_slots = (uint64_t)d->n_ff / 8 > in->bufs.chunk ? (uint64_t)d->n_ff / 8 : in->bufs.chunk;
+    for (int k = 0; k < n_caches; k++)
+        m->min_cache += m->min_slots * in->bufs.slot_bytes[k];
+    /* open holds the whole resident region, f32/f16 predictors included,
+     * before the KV cache and the caches; each predictor is given back as
+     * its Q8 copy (smaller) is made, so at most one copy per thread is
+     * held beyond the region */
+    uint64_t largest, copies = pred_copies(in, &largest);
+    m->open_peak = pi2_plan_resident(in->mf, in->bl, 0) + (in->bufs.engine - copies) +
+                   (uint64_t)in->threads * largest + mine + m->files + PI2_PLAN_OVERHEAD;
+    /* the kernel's share of what the run can use: the limit, or everything
+     * in memory when the limit is larger */
+    uint64_t most = fixed + m->ffn_total + m->min_cache;
+    m->overhead = PI2_PLAN_OVERHEAD + (o->mem_limit < most ? o->mem_limit : most) / PI2_PLAN_KERNEL_SHARE;
+    uint64_t need = fixed + m->min_cache > m->open_peak ? fixed + m->min_cache : m->open_peak;
+    m->minimum = need * PI2_PLAN_KERNEL_SHARE / (PI2_PLAN_KERNEL_SHARE - 1) + 1;
+    items_fill(in, m);
+    if (o->mem_limit >= m->minimum)
+        return 0;
+    char items[640];
+    pi2_plan_items_text(&m->items, in->ctx, items, sizeof items);
+    char opening[160] = "";
+    if (m->open_peak > fixed + m->min_cache)
+        snprintf(opening, sizeof opening, "; opening holds the whole %.0f MB resident region while the predictors' "
+                 "Q8 copies are made", mb(pi2_plan_resident(in->mf, in->bl, 0)));
+    return pi2_err_set(err, PI2_ENOMEM,
+                       "%s: the memory limit of %.0f MB cannot hold the resident part: it needs at least %.0f MB "
+                       "(%s%s)",
+                       in->name, mb(o->mem_limit), mb(m->minimum) + 1, items, opening);
+}
+
+int pi2_plan_memory_floor(const pi2_plan_mem_in *in, pi2_plan_memory *out, pi2_err *err)
+{
+    memset(out, 0, sizeof *out);
+    pi2_mprof geo;
+    int rc = geometry(&geo, in, err);
+    if (rc)
+        return rc;
+    rc = floor_make(in, &geo, out, err);
+    pi2_mprof_free(&geo);
+    return rc;
+}
+
+int pi2_plan_memory_make(const pi2_plan_mem_in *in, pi2_plan_memory *out, pi2_err *err)
+{
+    const pi2_offload_opts *o = in->opts;
     memset(out, 0, sizeof *out);
     pi2_mprof geo;
     int rc = geometry(&geo, in, err);
@@ -217,41 +403,14 @@ int pi2_plan_memory_make(const pi2_plan_mem_in *in, pi2_plan_memory *out, pi2_er
         return rc;
     pi2_plan_memory *m = out;
     int depth = o->io_depth > 0 ? o->io_depth : 64;
-    m->mem_limit = o->mem_limit;
-    m->ring_depth = pi2_plan_ring_depth(o);
-    m->ffn_total = geo.ffn_total;
-    /* cache indexes: 4 bytes per neuron per cache */
-    int n_caches = geo.two_phase ? 2 : 1;
-    m->index = (uint64_t)n_caches * geo.n_ffn * (uint64_t)d->n_ff * 4;
-    uint64_t mine = in->bufs.offload + (uint64_t)depth * in->bufs.per_depth;
-    m->resident = in->resident;
-    m->kv = (uint64_t)in->ctx * in->bufs.per_pos;
-    m->buffers = in->bufs.engine + mine + m->index;
-    uint64_t fixed = m->resident + m->kv + m->buffers + PI2_PLAN_OVERHEAD;
-    /* the smallest cache: a chunk of neurons, or an eighth of an FFN, so a
-     * layer's misses can be in flight together */
-    uint64_t min_slots = (uint64_t)d->n_ff / 8 > in->bufs.chunk ? (uint64_t)d->n_ff / 8 : in->bufs.chunk;
-    for (int k = 0; k < n_caches; k++)
-        m->min_cache += min_slots * in->bufs.slot_bytes[k];
-    /* the kernel's share of what the run can use: the limit, or everything
-     * in memory when the limit is larger */
-    uint64_t most = fixed + m->ffn_total + m->min_cache;
-    m->overhead = PI2_PLAN_OVERHEAD + (o->mem_limit < most ? o->mem_limit : most) / PI2_PLAN_KERNEL_SHARE;
-    m->minimum = (fixed + m->min_cache) * PI2_PLAN_KERNEL_SHARE / (PI2_PLAN_KERNEL_SHARE - 1) + 1;
-    fixed += m->overhead - PI2_PLAN_OVERHEAD;
-    if (o->mem_limit < m->minimum) {
-        rc = pi2_err_set(err, PI2_ENOMEM,
-                         "%s: the memory limit of %.0f MB cannot hold the resident part: it needs at least %.0f MB "
-                         "(resident weights %.0f MB, KV cache %.0f MB for %d positions, buffers %.0f MB, "
-                         "overhead %.0f MB, smallest neuron cache %.1f MB)",
-                         in->name, mb(o->mem_limit), mb(m->minimum) + 1, mb(m->resident), mb(m->kv), in->ctx,
-                         mb(m->buffers), mb(m->overhead), mb(m->min_cache));
+    if ((rc = floor_make(in, &geo, m, err)) != 0) {
         pi2_mprof_free(&geo);
         return rc;
     }
+    uint64_t fixed = m->resident + m->kv + m->buffers + m->files + m->overhead;
     m->solver = (pi2_plan_mem){.fixed = fixed - (uint64_t)depth * in->bufs.per_depth,
                                .per_depth = in->bufs.per_depth,
-                               .min_slots = min_slots,
+                               .min_slots = m->min_slots,
                                .slot_bytes = {in->bufs.slot_bytes[0], in->bufs.slot_bytes[1]}};
     rc = plan_make(in, &geo, depth, m, err);
     if (rc == 0) {
@@ -267,7 +426,7 @@ int pi2_plan_memory_make(const pi2_plan_mem_in *in, pi2_plan_memory *out, pi2_er
     }
     if (rc == 0) {
         m->fixed = fixed;
-        cache_split(in, o->mem_limit - fixed - m->hot, min_slots, m);
+        cache_split(in, o->mem_limit - fixed - m->hot, m->min_slots, m);
         m->planned = fixed + m->hot + m->cache;
         m->offloaded = m->ffn_total ? 1.0 - (double)m->hot / (double)m->ffn_total : 0.0;
     }

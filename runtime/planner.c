@@ -208,13 +208,8 @@ int pi2_mprof_build(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundle_layo
         }
         mp->ffn_total += (uint64_t)b->groups * b->slot_bytes;
         const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
-        if (ml && ml->has_predictor) { /* decode runs it as Q8 rows, fc2's padded to 32 columns */
-            int64_t R = ml->predictor.rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
-            uint64_t r1 = pi2_q_payload_row_bytes(PI2_QT_Q8, d->hidden) +
-                          2 * pi2_q_scale_row_count(PI2_QT_Q8, d->hidden),
-                     r2 = pi2_q_payload_row_bytes(PI2_QT_Q8, Rp) + 2 * pi2_q_scale_row_count(PI2_QT_Q8, Rp);
-            F->pred_bytes = (uint64_t)R * r1 + (uint64_t)b->neurons * r2;
-        }
+        if (ml && ml->has_predictor)
+            F->pred_bytes = pi2_plan_pred_bytes(&ml->predictor, d->hidden, b->neurons, &F->pred_qt);
         F->p = pi2_calloc_array(b->groups, sizeof *F->p);
         F->n = pi2_calloc_array(b->groups, sizeof *F->n);
         F->q = pi2_calloc_array(b->groups, sizeof *F->q);
@@ -411,7 +406,7 @@ static double ffn_compute(const pi2_mprof *mp, const pi2_hwprof *hw, int t, uint
     const double *g = mp->q_ffn == PI2_QT_Q4 ? c->gather_q4_ns : c->gather_q8_ns;
     const double *dn = mp->q_ffn == PI2_QT_Q4 ? c->down_q4_ns : c->down_q8_ns;
     double row = pi2_hwprof_row_ns(g, mp->hidden) * 1e-9, drow = pi2_hwprof_row_ns(dn, mp->hidden) * 1e-9;
-    return (double)F->pred_bytes / gemv_rate(c, PI2_QT_Q8) + F->sel * row + F->fired * (row + drow);
+    return (double)F->pred_bytes / gemv_rate(c, F->pred_qt) + F->sel * row + F->fired * (row + drow);
 }
 
 /* Attention and the rest of a layer, per token. */

@@ -19,7 +19,8 @@
  *                 used per group read);
  *   per token     selected neurons (mean popcount of the samples) and firing
  *                 neurons (the profile's active fraction);
- *   predictor     fc1 + fc2 f32 bytes; attention and head bytes; KV bytes;
+ *   predictor     fc1 + fc2 bytes as decode runs them (pi2_plan_pred_bytes);
+ *                 attention and head bytes; KV bytes;
  *   routing       MoE: how often each expert runs per token (w_f below).
  * Expected misses as a function of cache size: a static hot set of the
  * first H groups (plus, on two-phase models, the gate parts of the first
@@ -32,7 +33,7 @@
  * ---- Cost model (pi2_plan_predict) ----
  * Per decode token, per layer l (FFN f), with t compute threads, depth d:
  *   C_l   attention weights / gemv_q8(t) + KV reads / mem_bw(t)
- *         + predictor bytes (Q8 rows) / gemv_q8(t)
+ *         + predictor bytes / gemv_q8(t) (gemv_q4(t) for q4 predictors)
  *         + sel_f * gather(R) + fired_f * (gather(R) + down(R))   (ns/row)
  *   IO_l  reads_f(H, G) at request size s, all submitted at once: below
  *         one read n * latency(s, 1); up to the deepest probed depth
@@ -123,7 +124,8 @@ typedef struct pi2_mprof_ffn {
     double fired;      /* firing neurons per token (mean) */
     double read_eff;   /* bundle's cold read efficiency (0 when unknown) */
     double w;          /* runs per token: 1 dense; an expert top-k x its routing share */
-    uint64_t pred_bytes;
+    uint64_t pred_bytes; /* the predictor as decode runs it (pi2_plan_pred_bytes) */
+    pi2_qtype pred_qt;   /* ... at this type */
     double *p;         /* [groups] share of tokens that select any neuron of the group */
     double *n;         /* [groups] mean selected neurons of the group per token */
     double *q;         /* [groups] share of tokens where a neuron of the group fires */
@@ -178,6 +180,13 @@ typedef struct pi2_mprof {
     pi2_plan_cal cal;     /* defaults from build; callers may set it */
     int cores;            /* online CPUs (0: unknown: the I/O thread is assumed to have a core) */
 } pi2_mprof;
+
+/* Bytes the engine holds for predictor p of an FFN of `neurons` neurons
+ * on a model of hidden size `hidden`, and (qt, may be NULL) the type
+ * decode runs it at: q8/q4 predictors are used in place (their payloads
+ * and scales), f32/f16 ones as the Q8 copy open makes (fc2's rows padded
+ * to 32 columns). pi2_engine_pred_bytes sums what the engine holds. */
+uint64_t pi2_plan_pred_bytes(const pi2_mf_predictor *p, int hidden, uint32_t neurons, pi2_qtype *qt);
 
 /* Build from a bundled container's manifest and layout; `base` points at
  * file offset 0 of (at least) the resident region, where the profile and
@@ -280,12 +289,15 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err);
  *   buffers   the engine's and the offloader's (pi2_engine_buffer_sizes:
  *             the same function sizes their allocations), with the read
  *             staging at the I/O depth, and the neuron caches' indexes;
+ *   files     the page cache of what the run reads outside its direct
+ *             reads (pi2_plan_container_touched);
  *   overhead  PI2_PLAN_OVERHEAD, plus 1/PI2_PLAN_KERNEL_SHARE of what the
  *             run can use (the limit, or everything in memory when that
  *             is less): page tables and kernel memory charged with it.
  * Past them: the smallest neuron cache (an eighth of an FFN's neurons, at
  * least a decode chunk, per cache kind); `minimum` is the smallest limit
- * holding all that, its own kernel share included. The rest goes to the
+ * holding all that, or open's peak (open_peak) when larger, its own
+ * kernel share included. The rest goes to the
  * hot segment and the cache: a plan given in the options (checked against
  * the model, the threads and the reader's depth), else the solver's with
  * a hardware profile (unless fixed_split), else the fixed split
@@ -324,14 +336,34 @@ typedef struct pi2_plan_mem_in {
     int ctx;                        /* KV positions */
     int threads;                    /* compute threads asked for (a plan may run fewer) */
     int cores;                      /* online CPUs (0: unknown) */
+    uint64_t files;                 /* page cache of the files the run reads outside its direct reads:
+                                       pi2_plan_container_touched */
     const struct pi2_offload_opts *opts;
 } pi2_plan_mem_in;
+
+/* The resident part item by item: what pi2-run plan lists, and what the
+ * message of a limit below the minimum names. */
+typedef struct pi2_plan_items {
+    uint64_t attn;       /* attention projections, all layers */
+    uint64_t embed_head; /* embeddings and output head */
+    uint64_t norms;
+    uint64_t pred;       /* predictors as decode runs them (pi2_plan_pred_bytes; Q8 copies included) */
+    uint64_t other;      /* the rest of the resident region: profiles, router, tokenizer, manifest */
+    uint64_t buffers;    /* the engine's and the offloader's, predictor copies left out */
+    uint64_t kv, files, overhead, min_cache;
+} pi2_plan_items;
 
 typedef struct pi2_plan_memory {
     uint64_t mem_limit;
     uint64_t resident, kv, buffers, overhead; /* the fixed costs, buffers with the read staging at the
                                                  options' I/O depth (as the minimum) */
+    uint64_t files;                /* page cache of the files read (pi2_plan_mem_in) */
     uint64_t fixed;                /* their sum, the staging at the plan's depth */
+    uint64_t open_peak;            /* what open holds at most: the whole resident region (f32/f16
+                                      predictors included, each given back as its Q8 copy is made:
+                                      one copy per thread beyond it), buffers, files */
+    uint64_t min_slots;            /* of each cache kind, at the least */
+    pi2_plan_items items;
     uint64_t ffn_total;            /* FFN payload bytes */
     uint64_t index;                /* of buffers: the caches' indexes */
     uint64_t min_cache, minimum;
@@ -354,6 +386,19 @@ typedef struct pi2_plan_memory {
  * gives back once quantized (predictor models). 0 for an inconsistent
  * manifest. */
 uint64_t pi2_plan_resident(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t page);
+/* Page cache a run's open touches in the container outside the resident
+ * region's direct read: each member's header page, the manifest and its
+ * signature. */
+uint64_t pi2_plan_container_touched(const pi2_ctr *c);
+/* The resident items as one line, "attention 210 MB, embeddings+head
+ * 120 MB, ..." (items of 0 bytes left out; ctx for the KV cache's) into
+ * buf; returns the length it needs, as snprintf. */
+size_t pi2_plan_items_text(const pi2_plan_items *it, int ctx, char *buf, size_t cap);
+/* The fixed costs, the items and the minimum only (no plan, no profile
+ * read: in->base may be NULL), so a run refuses a limit below the minimum
+ * before it allocates anything large: PI2_ENOMEM with one line naming the
+ * container, the limit and each item, as pi2_plan_memory_make. */
+int pi2_plan_memory_floor(const pi2_plan_mem_in *in, pi2_plan_memory *out, pi2_err *err);
 /* The memory plan at opts->mem_limit (> 0) into *out (pi2_plan_memory_free).
  * PI2_ENOMEM when the limit is below the minimum or a given plan does not
  * fit, PI2_ESHAPE / PI2_ERANGE for a given plan that does not fit the model

@@ -118,6 +118,7 @@ struct pi2_engine {
     eng_layer *layers;
     float *inv_freq; /* [head_dim]: RoPE's at position 0, then dynamic NTK's at the current one */
     uint64_t dense_bytes;
+    uint64_t pred_bytes; /* predictors as decode runs them: Q8 copies, or q8/q4 members in place */
     double prefill_macs;
 
     /* state */

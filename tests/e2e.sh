@@ -275,6 +275,32 @@ flip_byte "$T/bt.pi2" $(($(member_off "$T/bt.pi2" tokenizer.json) + 10))
 expect_error "plan: tampered resident member" "tokenizer.json" "$B/pi2-run" plan "$T/bt.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 4G
 expect_error "plan: signed, no key" "--pubkey" "$B/pi2-run" plan "$T/b.pi2" -p hi --mem-limit 4G
 expect_error "plan: limit below the minimum" "the memory limit of 1 MB cannot hold" "$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1M
+# the resident part item by item: in the plan's JSON and its line on stderr, and in the one line
+# that refuses a limit below the minimum (pi2-run plan and a run alike)
+"$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 4G >"$T/out" 2>"$T/err" \
+    && grep -q '"resident_items":{"attention":[1-9][0-9]*,"embeddings_head":[1-9][0-9]*,"predictors":[1-9]' "$T/out" \
+    && grep -q 'at the least (attention .*, embeddings+head .*, predictors .*, buffers .*, KV cache at' "$T/err" && ok \
+    || { bad "plan: the resident items"; cat "$T/out" "$T/err"; }
+for how in plan run; do
+    if [ $how = plan ]; then "$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1M >/dev/null 2>"$T/err"
+    else "$B/pi2-run" "$T/b.pi2" -n 2 --pubkey "$T/k.pub" -p hi --mem-limit 1M >/dev/null 2>"$T/err"; fi
+    [ $? -eq 1 ] && [ "$(wc -l <"$T/err")" -eq 1 ] \
+        && grep -q "b.pi2: the memory limit of 1 MB cannot hold the resident part: it needs at least [0-9]* MB (attention [0-9.]* [KM]B, embeddings+head [0-9.]* [KM]B, predictors [0-9.]* [KM]B, .*buffers .*KV cache at [0-9]* positions" "$T/err" \
+        && ok || { bad "$how: one line naming each resident item below the minimum"; cat "$T/err"; }
+done
+# without --mem-limit: the least memory the model runs in and a table of limits up to all in
+# memory; no hardware profile, no speed. A run at that minimum + 1 MB gives the in-memory text,
+# a byte below it is refused in one line.
+"$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 >"$T/tab.json" 2>"$T/err" \
+    && grep -q '"limits":\[{"mem_limit":[0-9]*,"offloaded":1.0000,"decode_tok_s":null' "$T/tab.json" \
+    && grep -q '"offloaded":0.0000,"decode_tok_s":null,"source":"fixed split"}\],"note":"no hardware profile' "$T/tab.json" \
+    && grep -q "runs in [0-9.]* MB at the least (attention" "$T/err" && grep -q "^no hardware profile: speed not predicted" "$T/err" \
+    && ok || { bad "plan without a limit: the table"; cat "$T/tab.json" "$T/err"; }
+tmin=$(jget minimum_bytes <"$T/tab.json")
+c=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 --mem-limit "$((${tmin:-0} + 1048576))" 2>"$T/err")
+[ -n "$c" ] && [ "$c" = "$b" ] && ok || { bad "run at the table's minimum + 1 MB: '$c' vs '$b'"; cat "$T/err"; }
+expect_error "run a byte below the table's minimum" "cannot hold the resident part" "$B/pi2-run" "$T/b.pi2" \
+    --pubkey "$T/k.pub" -p "hello world" -n 16 --mem-limit "$((${tmin:-0} - 1))"
 # the fixed split follows --hot-share and --io-depth: less hot at a smaller share, the depth as asked
 pmin=$("$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1T --io-depth 8 2>/dev/null | jget minimum_bytes)
 for hs in 0 1; do
@@ -282,7 +308,7 @@ for hs in 0 1; do
         --io-depth 8 >"$T/p3-$hs.json" 2>"$T/err" || cat "$T/err"
 done
 [ "$(jget hot_bytes <"$T/p3-0.json")" = 0 ] && [ "$(jget hot_bytes <"$T/p3-1.json")" -gt 0 ] \
-    && grep -q '"io_depth":8}' "$T/p3-0.json" && ok \
+    && grep -q '"io_depth":8,' "$T/p3-0.json" && ok \
     || { bad "plan: the fixed split at --hot-share 0 and 1, --io-depth 8"; cat "$T/p3-0.json" "$T/p3-1.json"; }
 
 # --- mixture of experts, as a user runs it: a small TurboSparse-Mixtral-shaped
@@ -422,6 +448,41 @@ elif [ -w /sys/fs/cgroup/memory ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_
     sed -n 's/.*reads per token P50 \([0-9]*\), P90 \([0-9]*\), most \([0-9]*\) .*/\1 \2 \3/p' "$T/err" |
         awk 'NF == 3 && $1 <= $2 && $2 <= $3 && $3 > 0 { f = 1 } END { exit !f }' && ok \
         || { bad "cgroup run: no reads per token spread in --stats"; cat "$T/err"; }
+    # a limit below the minimum is refused before the resident region is read: one line, and the
+    # cgroup's peak stays under the resident bytes
+    res=$("$B/pi2-run" plan "$T/big.pi2" --pubkey "$T/k.pub" -p "once upon a time" -n 24 --mem-limit 1T 2>/dev/null | jget resident_bytes)
+    sh tests/cgroup_run.sh "$((${res:-0} * 4 + 268435456))" "$T/usage" "$B/pi2-run" "$T/big.pi2" --pubkey "$T/k.pub" \
+        -p "once upon a time" -n 24 --mem-limit "$((${minimum:-0} / 2))" >"$T/out" 2>"$T/err"
+    rc=$?
+    read -r peak fails <"$T/usage" 2>/dev/null || peak=0
+    [ "$rc" -eq 1 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "cannot hold the resident part" "$T/err" \
+        && [ "${peak:-0}" -lt "${res:-0}" ] && ok \
+        || { bad "below the minimum under a cgroup: exit $rc, peak ${peak:-?} of ${res:-?} resident bytes"; cat "$T/err"; }
+    # large predictors (rank 129 >= hidden/4), 4-bit and 8-bit non-FFN weights and predictors: each runs
+    # a 512-token prompt to completion under a cap of its reported minimum + 1 MB (open, prefill, decode)
+    long=$(awk 'BEGIN { for (i = 0; i < 52; i++) printf "once upon a time there was a little dog. " }')
+    "$B/pi2-convert" synth --preset small --hidden 512 --ff 8192 --layers 4 --dtype bf16 --predictors --rank 64 \
+        -o "$T/lp" >/dev/null || bad "making the large-predictor model"
+    for q in q4 q8; do
+        "$B/pi2-convert" "$T/lp" -o "$T/lp.pi2c" --calib-tokens 64 -q --other-quant $q --pred-quant $q >/dev/null \
+            && "$B/pi2-bundle" "$T/lp.pi2c" -o "$T/lp-$q.pi2" --key "$T/k.pem" -q >/dev/null \
+            || { bad "converting the large-predictor model at $q"; continue; }
+        rm -f "$T/lp.pi2c"
+        lmin=$("$B/pi2-run" plan "$T/lp-$q.pi2" --pubkey "$T/k.pub" -p "$long" -n 8 2>/dev/null | jget minimum_bytes)
+        cap=$((${lmin:-0} + 1048576))
+        sh tests/cgroup_run.sh "$cap" "$T/usage" "$B/pi2-run" "$T/lp-$q.pi2" --pubkey "$T/k.pub" -p "$long" -n 8 \
+            --mem-limit "$cap" --stats >"$T/out" 2>"$T/err"
+        rc=$?
+        read -r peak fails <"$T/usage" 2>/dev/null || peak=0
+        ptok=$(sed -n 's/.*prefill \([0-9]*\) tokens.*/\1/p' "$T/err")
+        if [ "$rc" -eq 0 ] && [ -s "$T/out" ] && [ "${ptok:-0}" -ge 512 ] && [ "${peak:-0}" -gt 0 ] && [ "$peak" -le "$cap" ]; then
+            ok
+            echo "cgroup cap $((cap / 1048576)) MB (minimum + 1 MB), $q non-FFN and predictors: $ptok-token prompt, peak usage $((peak / 1048576)) MB"
+        else
+            bad "large predictors at $q under their minimum + 1 MB ($cap bytes): exit $rc, peak ${peak:-?}, prompt ${ptok:-?}"; cat "$T/err"
+        fi
+    done
+    rm -rf "$T/lp"
 else
     skp "cgroup v1 memory controller not writable: run-under-a-cap test"
 fi
@@ -487,6 +548,16 @@ lim=$(( ${min:-1} + 2 ))M
 # shellcheck disable=SC2086
 "$B/pi2-run" plan "$T/b.pi2" $P --mem-limit "$lim" -p "hello world" -n 16 >"$T/plan2.json" 2>"$T/err" \
     && cmp -s "$T/plan.json" "$T/plan2.json" && ok || { bad "pi2-run plan differs from --plan-only"; cat "$T/err"; }
+# the table with a hardware profile: a predicted speed at each limit, the minimum runs (the solver's plan)
+# shellcheck disable=SC2086
+"$B/pi2-run" plan "$T/b.pi2" $P -p "hello world" -n 16 >"$T/tab.json" 2>"$T/err" \
+    && grep -q '"limits":\[{"mem_limit":[0-9]*,"offloaded":[0-9.]*,"decode_tok_s":[0-9]' "$T/tab.json" \
+    && ! grep -q '"decode_tok_s":null' "$T/tab.json" && grep -q ' tok/s$' "$T/err" && ok \
+    || { bad "plan without a limit, with a hardware profile"; cat "$T/tab.json" "$T/err"; }
+tmin=$(jget minimum_bytes <"$T/tab.json")
+# shellcheck disable=SC2086
+c=$("$B/pi2-run" "$T/b.pi2" $P -p "hello world" -n 16 --mem-limit "$((${tmin:-0} + 1048576))" 2>"$T/err")
+[ -n "$c" ] && ok || { bad "run at the planned table's minimum + 1 MB"; cat "$T/err"; }
 # shellcheck disable=SC2086
 p1=$("$B/pi2-run" "$T/b.pi2" $P --mem-limit "$lim" -p "hello world" -n 16 --plan "$T/plan.json" --stats 2>"$T/err")
 grep -q "plan: given" "$T/err" && grep -q "predicted" "$T/err" && [ -n "$p1" ] && ok \

@@ -423,7 +423,7 @@ static void test_plan(void **state)
             pi2_engine_close(eng);
             ffn = in.ffn_total;
             assert_true(in.planned <= in.mem_limit);
-            assert_true(in.resident + in.kv + in.buffers + in.overhead + in.hot + in.cache == in.planned);
+            assert_true(in.resident + in.kv + in.buffers + in.files + in.overhead + in.hot + in.cache == in.planned);
             assert_true(in.hot >= last_hot);
             assert_true(in.offloaded <= last_off);
             /* all of the FFN plus the overhead's share of the limit (1/256) */
@@ -486,7 +486,7 @@ static void test_given_plans(void **state)
         if (rc)
             fail_msg("%s: planned open: %s", kind_name[kinds[ki]], e.msg);
         pi2_engine_offload_info_get(pe, &in);
-        assert_string_equal(in.plan_source, "planned");
+        assert_true(strncmp(in.plan_source, "planned", 7) == 0); /* the solver's, or the fixed split it kept */
         assert_non_null(in.plan);
         assert_true(in.planned <= in.mem_limit);
         assert_true(in.plan->pred.decode_tok_s > 0 && in.plan->pred.prefill_tok_s > 0);

@@ -658,7 +658,8 @@ static int plan_of(const pi2_engine_opts *o, pi2_plan_memory *m, pi2_err *e)
     const pi2_ctr_member *m0 = pi2_ctr_at(c, 0);
     pi2_plan_mem_in in = {.mf = mf, .bl = bl, .name = o->path, .base = m0->data - m0->offset, .base_len = end,
                           .resident = pi2_plan_resident(mf, bl, (uint64_t)sysconf(_SC_PAGESIZE)), .ctx = MEM_CTX,
-                          .threads = MEM_THREADS, .cores = (int)sysconf(_SC_NPROCESSORS_ONLN), .opts = &o->offload};
+                          .threads = MEM_THREADS, .cores = (int)sysconf(_SC_NPROCESSORS_ONLN),
+                          .files = pi2_plan_container_touched(c), .opts = &o->offload};
     if ((rc = pi2_engine_buffer_sizes(mf, bl, MEM_THREADS, &in.bufs, e)) == 0)
         rc = pi2_plan_memory_make(&in, m, e);
     pi2_bundle_close(b);
@@ -782,6 +783,67 @@ static void test_memory_model(void **state)
     pi2t_rmtree(dir);
 }
 
+/* The planner counts the predictors as the engine holds them: the Q8 copy
+ * of f16 predictors, q8/q4 members in place; and prices them at their type. */
+static void test_pred_bytes(void **state)
+{
+    (void)state;
+    char dir[64], priv[128], pub[128], src[160], path[1200], name[16];
+    pi2_err e = {0};
+    pi2_sign_key *key = NULL, *pk = NULL;
+    pi2t_tmpdir(dir, sizeof dir);
+    snprintf(priv, sizeof priv, "%s/k.pem", dir);
+    snprintf(pub, sizeof pub, "%s/k.pub", dir);
+    assert_int_equal(pi2_sign_keygen(priv, pub, &e), 0);
+    assert_int_equal(pi2_sign_key_load_private(&key, priv, &e), 0);
+    assert_int_equal(pi2_sign_key_load_public(&pk, pub, &e), 0);
+    pi2_synth_opts so;
+    assert_int_equal(pi2_synth_preset("tiny", &so, &e), 0);
+    so.threads = 1;
+    so.predictors = true;
+    so.desc.n_layers = 2;
+    snprintf(src, sizeof src, "%s/m", dir);
+    assert_int_equal(pi2_synth_write(src, &so, NULL, NULL, &e), 0);
+    pi2_qtype qs[3] = {PI2_QT_F32, PI2_QT_Q8, PI2_QT_Q4};
+    uint64_t bytes[3];
+    for (int k = 0; k < 3; k++) {
+        snprintf(name, sizeof name, "p%d", k);
+        if (pi2t_convert_bundle_q(src, dir, name, PI2_QT_Q4, PI2_QT_Q8, qs[k], 4096, key, path, sizeof path, &e))
+            fail_msg("model %d: %s", k, e.msg);
+        for (int off = 0; off < 2; off++) { /* in memory and offloading (the resident region read in) */
+            pi2_engine_opts o;
+            mem_opts(&o, path, pk, off ? 1ull << 40 : 0);
+            pi2_engine *eng = NULL;
+            if (pi2_engine_open(&eng, &o, &e))
+                fail_msg("open %d: %s", k, e.msg);
+            pi2_bundle *b = NULL;
+            pi2_bundle_open_opts bo = {.pubkey = pk};
+            assert_int_equal(pi2_bundle_open(&b, path, &bo, &e), 0);
+            const pi2_ctr_member *m0 = pi2_ctr_at(pi2_bundle_container(b), 0);
+            pi2_mprof mp;
+            assert_int_equal(pi2_mprof_build(&mp, pi2_bundle_manifest(b), pi2_bundle_layout_get(b),
+                                             m0->data - m0->offset, UINT64_MAX, path, &e),
+                             0);
+            uint64_t sum = 0;
+            for (uint32_t i = 0; i < mp.n_ffn; i++) {
+                sum += mp.ffn[i].pred_bytes;
+                assert_int_equal(mp.ffn[i].pred_qt, qs[k] == PI2_QT_Q4 ? PI2_QT_Q4 : PI2_QT_Q8);
+            }
+            if (sum != pi2_engine_pred_bytes(eng) || sum == 0)
+                fail_msg("predictors at %s: the planner counts %llu bytes, the engine holds %llu", name,
+                         (unsigned long long)sum, (unsigned long long)pi2_engine_pred_bytes(eng));
+            bytes[k] = sum;
+            pi2_mprof_free(&mp);
+            pi2_bundle_close(b);
+            pi2_engine_close(eng);
+        }
+    }
+    assert_true(bytes[0] == bytes[1] && bytes[2] < bytes[1]); /* f16 runs as its Q8 copy; q4 is smaller */
+    pi2_sign_key_free(key);
+    pi2_sign_key_free(pk);
+    pi2t_rmtree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -789,7 +851,7 @@ int main(void)
         cmocka_unit_test(test_moe_routing),
         cmocka_unit_test(test_cost_model),       cmocka_unit_test(test_infeasible),
         cmocka_unit_test(test_calibration),      cmocka_unit_test(test_plan_json),
-        cmocka_unit_test(test_memory_model),
+        cmocka_unit_test(test_memory_model),     cmocka_unit_test(test_pred_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

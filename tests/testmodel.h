@@ -12,9 +12,11 @@
  * q8 attention, the given FFN quant and I/O unit (0: default), signed with
  * key. One BLAS thread: ThreadSanitizer cannot see OpenBLAS's
  * synchronisation. 0, or the converter's or bundler's error in *e. */
-static inline int pi2t_convert_bundle(const char *model_dir, const char *tmp, const char *name, pi2_qtype q_ffn,
-                                      uint32_t io_unit, const pi2_sign_key *key, char *out, size_t out_cap,
-                                      pi2_err *e)
+/* Convert model_dir at q_ffn / q_other with predictors stored at q_pred
+ * (PI2_QT_F32: f16 rows) and bundle it to tmp/name.pi2 (path into out). */
+static inline int pi2t_convert_bundle_q(const char *model_dir, const char *tmp, const char *name, pi2_qtype q_ffn,
+                                        pi2_qtype q_other, pi2_qtype q_pred, uint32_t io_unit,
+                                        const pi2_sign_key *key, char *out, size_t out_cap, pi2_err *e)
 {
     char conv[1200];
     snprintf(conv, sizeof conv, "%s/%s.pi2c", tmp, name);
@@ -27,7 +29,8 @@ static inline int pi2t_convert_bundle(const char *model_dir, const char *tmp, co
     co.quiet = true;
     co.threads = 1;
     co.q_ffn = q_ffn;
-    co.q_other = PI2_QT_Q8;
+    co.q_other = q_other;
+    co.q_pred = q_pred;
     if (pi2_convert(&co, NULL, e))
         return e->code;
     pi2_bundle_opts bo;
@@ -39,6 +42,13 @@ static inline int pi2t_convert_bundle(const char *model_dir, const char *tmp, co
     if (io_unit)
         bo.io_unit = io_unit;
     return pi2_bundle_create(&bo, NULL, e);
+}
+
+static inline int pi2t_convert_bundle(const char *model_dir, const char *tmp, const char *name, pi2_qtype q_ffn,
+                                      uint32_t io_unit, const pi2_sign_key *key, char *out, size_t out_cap,
+                                      pi2_err *e)
+{
+    return pi2t_convert_bundle_q(model_dir, tmp, name, q_ffn, PI2_QT_Q8, PI2_QT_F32, io_unit, key, out, out_cap, e);
 }
 
 #endif

@@ -300,9 +300,10 @@ void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_
     double tok = st.tokens ? (double)st.tokens : 1.0;
     fprintf(f,
             "offload: limit %.0f MB, planned %.0f MB (resident %.0f, KV %.0f, buffers %.0f, hot %.0f, cache %.0f, "
-            "overhead %.0f), measured %.0f MB now | %.0f%% of FFN bytes out of memory | reads: %s%s%s\n",
+            "files %.1f, overhead %.0f), measured %.0f MB now | %.0f%% of FFN bytes out of memory | reads: %s%s%s\n",
             in.mem_limit / 1048576.0, in.planned / 1048576.0, in.resident / 1048576.0, in.kv / 1048576.0,
-            in.buffers / 1048576.0, in.hot / 1048576.0, in.cache / 1048576.0, in.overhead / 1048576.0,
+            in.buffers / 1048576.0, in.hot / 1048576.0, in.cache / 1048576.0, in.files / 1048576.0,
+            in.overhead / 1048576.0,
             pi2_engine_footprint(e) / 1048576.0, 100.0 * in.offloaded, in.backend, in.note[0] ? ", " : "", in.note);
     double tsum = 0;
     for (size_t i = 0; i < g->n_lat; i++)

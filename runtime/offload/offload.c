@@ -384,6 +384,7 @@ static void ofl_report_plan(const pi2_engine *e, eng_ofl *x, const pi2_plan_memo
     in->kv = m->kv;
     in->buffers = m->buffers;
     in->overhead = m->overhead;
+    in->files = m->files;
     in->ffn_total = m->ffn_total;
     in->minimum = m->minimum; /* its own kernel share included */
     in->plan_source = m->source;

@@ -142,8 +142,8 @@ void pi2_k_axpy_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
 
 /* out[t * ldo + j] += sum_r coef[t * ldc + r] * dequant(row r)[j] for
  * t < T (1 <= T <= PI2_K_MAX_T), r < nrows, j < n: the down projection of
- * many neurons at once (decode's active neurons; prefill's, except Q4 rows
- * on AVX-512 VNNI, which take pi2_k_down_gemm). wt is Q4 or Q8
+ * many neurons at once (decode's active neurons; prefill's of Q8 rows:
+ * Q4 rows take pi2_k_down_gemm). wt is Q4 or Q8
  * (rows as above); coefficients must be finite and coef * scale must not
  * overflow, or the outputs are unspecified (never undefined behaviour:
  * decode passes the activations of whatever model it runs).
@@ -191,7 +191,7 @@ void pi2_k_down_rows_pf(pi2_qtype wt, int64_t n, int nrows, const float *coef, i
  *   - S = sum_r cq_r * w'_r[j] exactly; per chunk and token, acc = 0 then
  *     acc = fma((float)S, D * sigma, acc) over the chunk's groups in order,
  *     and out_j += acc.
- * Every path (the scalar twin; AVX-512 VNNI; others run the twin) gives
+ * Every path (the scalar twin, AVX2, AVX-512 VNNI) gives
  * bit-identical results for finite coefficients and scales (otherwise the
  * outputs are unspecified, never undefined behaviour). Error against the
  * exact product: the coefficients' int8 rounding (sigma / 2 each) and the
@@ -202,9 +202,8 @@ void pi2_k_down_gemm(pi2_qtype wt, int64_t n, int nrows, const float *coef, int6
 void pi2_k_down_gemm_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
                          const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo);
 
-/* Prefill's gate and up projections of Q4 rows on AVX-512 VNNI (the
- * engine's choice there; every ISA runs it: AVX-512 VNNI and AVX2 on
- * their panels, scalar as the twin):
+/* Prefill's gate and up projections of Q4 rows (the engine's choice on
+ * every ISA: AVX-512 VNNI and AVX2 on their panels, scalar as the twin):
  * out[t * ldo + r] = dot(row r, activation t), as pi2_k_matmul, with the
  * activations and the weights' block scales coarser so the float work per
  * block goes:

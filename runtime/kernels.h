@@ -44,6 +44,25 @@
  * The scalar twins use fmaf where the SIMD paths fuse. pi2_k_axpy_rows
  * on Q4/Q8 rows (no engine path: decode sends f32 rows, which every ISA
  * runs on the twin) still sums in an order of its own.
+ * The engine's other sums run through these kernels too: prefill and
+ * decode attention are pi2_k_sgemv, pi2_k_softmax and pi2_k_sgemv_t_group
+ * (no BLAS, whose kernel and order follow the CPU), the rest plain C
+ * loops, the same code on every CPU.
+ *
+ * What the kernels do not cover, and is assumed identical: libm. The
+ * selections are fed by expf (SiLU, runtime/mathops.c), exp (MoE routing
+ * weights, in double), cosf and sinf (RoPE angles), powf and pow (RoPE
+ * inverse frequencies, formats/hfconfig.c); sampling also takes expf.
+ * sqrt and fmaf are correctly rounded (IEEE 754), the same everywhere.
+ * glibc picks the others' code by CPU when it loads (ifunc): an FMA
+ * variant where the CPU has FMA and AVX2, else an SSE2 one (FMA4 on some
+ * older AMD), whatever --isa says. Zen 3 and Zen 4, like every AVX2 x86
+ * machine this project runs on, take the FMA variants, and the same code
+ * on deterministic IEEE instructions gives the same bits; so the
+ * assumption is one glibc version and FMA + AVX2. A CPU without FMA, or
+ * another libm or glibc version, may round one of them differently in
+ * the last bit and so flip a neuron at a threshold. The decisions
+ * themselves (compares, top-k) call no libm function.
  *
  * ---- ISA ----
  * The path is the process's one ISA state, kept here (pi2_k_get_isa):

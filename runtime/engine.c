@@ -7,7 +7,6 @@
 #include "runtime/planner.h"
 
 #include <assert.h>
-#include <cblas.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -781,7 +780,6 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         macs += 3.0 * (double)D * d->n_ff * (pi2_desc_is_moe(d) ? d->n_experts_used : 1);
     }
     e->prefill_macs = macs;
-    openblas_set_num_threads(1); /* our pool does the threading */
     e->ffn = &eng_ffn_memory;
     if (o->offload.mem_limit > 0) {
         if ((rc = eng_ofl_open(e, o, &mem, err)) != 0)

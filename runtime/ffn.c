@@ -215,13 +215,13 @@ static void ffn_pre_fn(void *ctx, int tid, int nt)
     int64_t D = e->d.hidden;
     if (j->first)
         memset(s->part, 0, (size_t)T * (size_t)ENG_PART_LD(D) * sizeof(float));
-    /* the down projection: Q4 rows on AVX-512 VNNI take the requantized
-     * GEMM (faster than the per-block int8 down of decode, runtime/PERF.md;
-     * its weight rounding is 1/31.75 of a Q4 step). Q8 rows keep
-     * pi2_k_down_rows: requantizing them costs a whole Q8 step, which moved
-     * the tinystories golden tokens. Elsewhere the GEMM's twin would be
-     * slower than pi2_k_down_rows' SIMD paths. */
-    bool gemm = f->down.qt == PI2_QT_Q4 && pi2_k_get_isa() == PI2_ISA_AVX512, sb = ffn_sb(f);
+    /* the down projection: Q4 rows take the requantized GEMM (faster than
+     * the per-block int8 down of decode on AVX-512 VNNI, runtime/PERF.md;
+     * its weight rounding is 1/31.75 of a Q4 step), on every ISA so that
+     * every path gives the same bits. Q8 rows keep pi2_k_down_rows (the
+     * same bits on every path too): requantizing them costs a whole Q8
+     * step, which moved the tinystories golden tokens. */
+    bool gemm = f->down.qt == PI2_QT_Q4, sb = ffn_sb(f);
     /* tile k = neurons [k * ENG_TILE, (k + 1) * ENG_TILE) (within the
      * range) runs on thread k % nt: a range cut at tile boundaries (the
      * offloading prefill's windows) gives each thread the same tiles in

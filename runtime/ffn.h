@@ -20,12 +20,13 @@
  * rows adjacent), so the three passes share cache lines. */
 #define FFN_CHUNK 128
 
-/* Prefill FFNs whose gate and up rows are Q4 take the superblock GEMM on
- * AVX-512 VNNI (pi2_k_matmul_sb): one multiply and FMA per 8 blocks
- * instead of per block. */
+/* Prefill FFNs whose gate and up rows are Q4 take the superblock GEMM
+ * (pi2_k_matmul_sb): one multiply and FMA per 8 blocks instead of per
+ * block. On every ISA: its paths give the same bits, so a prompt says the
+ * same thing on AVX2 and AVX-512 machines (runtime/kernels.h, Numerics). */
 static inline bool ffn_sb(const eng_ffn *f)
 {
-    return f->gate.qt == PI2_QT_Q4 && f->up.qt == PI2_QT_Q4 && pi2_k_get_isa() == PI2_ISA_AVX512;
+    return f->gate.qt == PI2_QT_Q4 && f->up.qt == PI2_QT_Q4;
 }
 
 /* What every chunk of one decode FFN job shares. */

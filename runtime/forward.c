@@ -7,7 +7,6 @@
 #include "runtime/predict.h"
 #include "runtime/units.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -224,46 +223,23 @@ typedef struct attn_job {
     int l, T, pos;
 } attn_job;
 
-enum { ATTN_GEMM_MIN_T = 4 }; /* fewer tokens: per-token dot products, not sgemm */
 enum { ENG_HEAD_TOP = 64 };    /* logits that get the head's second term (run_head) */
 
-/* Causal attention of T tokens at positions pos.., head h of a batch (S:
- * the thread's scores): two sgemm, S = Q K^T (T x L, L = pos + T), softmax
- * over each row's visible prefix, O = S V. Decode (T < ATTN_GEMM_MIN_T)
- * takes attn_unit below. */
-static void attn_head(const attn_job *j, int64_t h, float *S)
-{
-    pi2_engine *e = j->e;
-    const pi2_model_desc *d = &e->d;
-    int hd = d->head_dim, nh = d->n_heads, group = nh / d->n_kv_heads, T = j->T, L = j->pos + T;
-    int64_t qd = (int64_t)nh * hd, kvd = (int64_t)d->n_kv_heads * hd, kh = h / group;
-    const float *kc = e->kc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
-    const float *vc = e->vc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
-    float scale = 1.0f / sqrtf((float)hd);
-    const float *Q = e->q + h * hd, *K = kc + kh * hd, *V = vc + kh * hd;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, L, hd, scale, Q, (int)qd, K, (int)kvd, 0.0f, S, L);
-    for (int t = 0; t < T; t++) {
-        float *row = S + (size_t)t * (size_t)L;
-        int vis = j->pos + t + 1;
-        pi2_k_softmax(row, vis);
-        for (int s = vis; s < L; s++)
-            row[s] = 0.0f;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, L, 1.0f, S, L, V, (int)kvd, 0.0f, e->att + h * hd,
-                (int)qd);
-}
+enum { ATTN_HEADS_UNIT = 4 }; /* heads of one KV head per unit, at most */
 
-enum { ATTN_HEADS_UNIT = 4 }; /* decode: heads of one KV head per unit, at most */
-
-/* Decode (T < ATTN_GEMM_MIN_T): unit u = heads [h0, h0 + G) of KV head
- * kh, up to ATTN_HEADS_UNIT of them. Per token, their scores over its
- * visible prefix one head after the other (K stays in cache for the next;
- * scoring 16-key blocks for every head in turn was slower, the prefetcher
- * losing the stream), then the V rows weighted for all of them in one pass
+/* Causal attention of T tokens at positions pos.. (a batch or one
+ * token): unit u = heads [h0, h0 + G) of KV head kh, up to
+ * ATTN_HEADS_UNIT of them. Per token, their scores over its visible
+ * prefix one head after the other (K stays in cache for the next; scoring
+ * 16-key blocks for every head in turn was slower, the prefetcher losing
+ * the stream), then the V rows weighted for all of them in one pass
  * (pi2_k_sgemv_t_group: each row read once, and 16 FMA chains instead of
  * one head's 4 waiting on their latency); a BLAS call per head cost many
- * times the arithmetic at this size. Faster than a unit per head, with
- * the same bits (runtime/PERF.md). */
+ * times the arithmetic at decode's size. Faster than a unit per head, with
+ * the same bits (runtime/PERF.md). Batches run the same code, so their
+ * sums are in the kernels' one order (runtime/kernels.h, Numerics) on
+ * every CPU, where a BLAS sgemm picks its kernel, and with it its order,
+ * by CPU. */
 static int64_t attn_units(const pi2_model_desc *d)
 {
     int group = d->n_heads / d->n_kv_heads;
@@ -296,21 +272,13 @@ static void attn_unit(const attn_job *j, int64_t u, float *S)
     }
 }
 
-/* Batches: each thread its static share of the heads; decode: the units
- * of heads that share a KV head shared out (eng_run_units). */
+/* The units shared out between the threads (eng_run_units). */
 static void attn_fn(void *ctx, int tid, int nt)
 {
     const attn_job *j = ctx;
-    float *S = j->e->tls[tid].scores; /* [T][L] */
-    if (j->T < ATTN_GEMM_MIN_T) {
-        for (int64_t u; (u = eng_share_next(j->e, tid, nt)) >= 0;)
-            attn_unit(j, u, S);
-        return;
-    }
-    int64_t hb, he;
-    pi2_pool_split(j->e->d.n_heads, 1, tid, nt, &hb, &he);
-    for (int64_t h = hb; h < he; h++)
-        attn_head(j, h, S);
+    float *S = j->e->tls[tid].scores; /* a unit's heads' scores, [G][vis] */
+    for (int64_t u; (u = eng_share_next(j->e, tid, nt)) >= 0;)
+        attn_unit(j, u, S);
 }
 
 /* ---- FFN: through its source (runtime/ffn_source.h) ---- */
@@ -499,10 +467,7 @@ static void attention(pi2_engine *e, int l, int T, int pos, tok_job *tj)
     tj->kind = TOK_ROPE;
     run_tok(tj);
     attn_job aj = {e, l, T, pos};
-    if (T < ATTN_GEMM_MIN_T)
-        eng_run_units(e, attn_units(d), attn_fn, &aj);
-    else
-        pi2_pool_run(e->pool, attn_fn, &aj);
+    eng_run_units(e, attn_units(d), attn_fn, &aj);
     tj->kind = TOK_QUANT;
     tj->src = e->att;
     tj->n = qd;

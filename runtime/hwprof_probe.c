@@ -209,11 +209,11 @@ static inline void put_row(const hw_bench *b, hw_tls *t, int k, int64_t r)
     t->ps[k] = b->s + (size_t)r * (size_t)(b->n / 32);
 }
 
-/* Batches of Q4 rows on AVX-512 VNNI: the superblock GEMM, as the engine's
- * prefill runs its gate and up projections. */
+/* Batches of Q4 rows: the superblock GEMM, as the engine's prefill runs
+ * its gate and up projections (runtime/ffn.h, ffn_sb). */
 static bool hw_sb(const hw_bench *b)
 {
-    return b->kind == J_MATMUL && b->qt == PI2_QT_Q4 && b->isa == PI2_ISA_AVX512;
+    return b->kind == J_MATMUL && b->qt == PI2_QT_Q4;
 }
 
 static void job_fn(void *ctx, int tid, int nt)

@@ -44,6 +44,25 @@
  * The scalar twins use fmaf where the SIMD paths fuse. pi2_k_axpy_rows
  * on Q4/Q8 rows (no engine path: decode sends f32 rows, which every ISA
  * runs on the twin) still sums in an order of its own.
+ * The engine's other sums run through these kernels too: prefill and
+ * decode attention are pi2_k_sgemv, pi2_k_softmax and pi2_k_sgemv_t_group
+ * (no BLAS, whose kernel and order follow the CPU), the rest plain C
+ * loops, the same code on every CPU.
+ *
+ * What the kernels do not cover, and is assumed identical: libm. The
+ * selections are fed by expf (SiLU, runtime/mathops.c), exp (MoE routing
+ * weights, in double), cosf and sinf (RoPE angles), powf and pow (RoPE
+ * inverse frequencies, formats/hfconfig.c); sampling also takes expf.
+ * sqrt and fmaf are correctly rounded (IEEE 754), the same everywhere.
+ * glibc picks the others' code by CPU when it loads (ifunc): an FMA
+ * variant where the CPU has FMA and AVX2, else an SSE2 one (FMA4 on some
+ * older AMD), whatever --isa says. Zen 3 and Zen 4, like every AVX2 x86
+ * machine this project runs on, take the FMA variants, and the same code
+ * on deterministic IEEE instructions gives the same bits; so the
+ * assumption is one glibc version and FMA + AVX2. A CPU without FMA, or
+ * another libm or glibc version, may round one of them differently in
+ * the last bit and so flip a neuron at a threshold. The decisions
+ * themselves (compares, top-k) call no libm function.
  *
  * ---- ISA ----
  * The path is the process's one ISA state, kept here (pi2_k_get_isa):
@@ -142,8 +161,8 @@ void pi2_k_axpy_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
 
 /* out[t * ldo + j] += sum_r coef[t * ldc + r] * dequant(row r)[j] for
  * t < T (1 <= T <= PI2_K_MAX_T), r < nrows, j < n: the down projection of
- * many neurons at once (decode's active neurons; prefill's, except Q4 rows
- * on AVX-512 VNNI, which take pi2_k_down_gemm). wt is Q4 or Q8
+ * many neurons at once (decode's active neurons; prefill's of Q8 rows:
+ * Q4 rows take pi2_k_down_gemm). wt is Q4 or Q8
  * (rows as above); coefficients must be finite and coef * scale must not
  * overflow, or the outputs are unspecified (never undefined behaviour:
  * decode passes the activations of whatever model it runs).
@@ -191,7 +210,7 @@ void pi2_k_down_rows_pf(pi2_qtype wt, int64_t n, int nrows, const float *coef, i
  *   - S = sum_r cq_r * w'_r[j] exactly; per chunk and token, acc = 0 then
  *     acc = fma((float)S, D * sigma, acc) over the chunk's groups in order,
  *     and out_j += acc.
- * Every path (the scalar twin; AVX-512 VNNI; others run the twin) gives
+ * Every path (the scalar twin, AVX2, AVX-512 VNNI) gives
  * bit-identical results for finite coefficients and scales (otherwise the
  * outputs are unspecified, never undefined behaviour). Error against the
  * exact product: the coefficients' int8 rounding (sigma / 2 each) and the
@@ -202,9 +221,8 @@ void pi2_k_down_gemm(pi2_qtype wt, int64_t n, int nrows, const float *coef, int6
 void pi2_k_down_gemm_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
                          const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo);
 
-/* Prefill's gate and up projections of Q4 rows on AVX-512 VNNI (the
- * engine's choice there; every ISA runs it: AVX-512 VNNI and AVX2 on
- * their panels, scalar as the twin):
+/* Prefill's gate and up projections of Q4 rows (the engine's choice on
+ * every ISA: AVX-512 VNNI and AVX2 on their panels, scalar as the twin):
  * out[t * ldo + r] = dot(row r, activation t), as pi2_k_matmul, with the
  * activations and the weights' block scales coarser so the float work per
  * block goes:

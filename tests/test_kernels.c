@@ -1000,6 +1000,14 @@ static void test_gemm_scalar(void **state)
     gemm_suite(PI2_ISA_SCALAR);
 }
 
+static void test_gemm_avx2(void **state)
+{
+    (void)state;
+    if (!isa_or_skip(PI2_ISA_AVX2, "down gemm"))
+        skip();
+    gemm_suite(PI2_ISA_AVX2);
+}
+
 static void test_gemm_avx512(void **state)
 {
     (void)state;
@@ -1482,6 +1490,7 @@ int main(void)
         cmocka_unit_test(test_down_avx2),
         cmocka_unit_test(test_down_avx512),
         cmocka_unit_test(test_gemm_scalar),
+        cmocka_unit_test(test_gemm_avx2),
         cmocka_unit_test(test_gemm_avx512),
         cmocka_unit_test(test_dequant),
         cmocka_unit_test(test_sgemv),

@@ -1,5 +1,6 @@
 /* The prefill down projection as an int8 GEMM (pi2_k_down_gemm): the
- * scalar twin, and AVX-512 VNNI through the prefill panels (panels.c). */
+ * scalar twin, AVX-512 VNNI through the prefill panels (panels.c), and
+ * AVX2 on panels of int16 pairs. */
 #include "runtime/kernels/internal.h"
 
 /* ---- prefill down: requantized int8 GEMM (pi2_k_down_gemm) ----
@@ -273,6 +274,148 @@ PI2_T_AVX512 static void gemm_vnni(pi2_qtype wt, int64_t n, int nrows, const flo
     }
 }
 
+/* The same on AVX2: lanes are 8 output columns. Per output block the
+ * requantized weights go into 4 panels of 8 columns as int16 pairs (rows
+ * 2p and 2p + 1 of a group in a column's dword), the coefficients widened
+ * to int16 once per row chunk; vpmaddwd of a panel's pair and a token's
+ * broadcast coefficient pair gives both rows' exact products per column
+ * (|w' cq| <= 127 * 127: no saturation), so the group's 16 pair sums are
+ * the twin's S in int32. The factors, D and the FMA chain are the twin's
+ * float operations. */
+typedef struct k_gpan2 {
+    _Alignas(32) int32_t w[4][K_GC * K_GR / 2][8]; /* [column group][row pair][column]: two int16 */
+} k_gpan2;
+
+/* rint(x * f) of 8 int32 lanes (|.| <= 127 for finite factors). */
+PI2_T_AVX2 static inline __m256i gemm2_rq(__m256i x, float f)
+{
+    return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_cvtepi32_ps(x), _mm256_set1_ps(f)));
+}
+
+/* Block b's panels for the chunk's G groups: rows w[0 .. 32 G), the
+ * factor of row r f[r] (0 past R). */
+PI2_T_AVX2 static void gemm2_pack(pi2_qtype wt, const uint8_t *const *w, int G, int64_t b, const float *f, k_gpan2 *P)
+{
+    for (int r = 0; r < G * K_GR; r += 2) {
+        __m256i v[2][4];
+        for (int i = 0; i < 2; i++) {
+            if (wt == PI2_QT_Q4) {
+                _Alignas(32) uint8_t nib[QG];
+                _mm256_store_si256((__m256i *)(void *)nib, q4_nibbles(w[r + i] + b * PI2_Q4_GROUP_BYTES));
+                for (int c = 0; c < 4; c++)
+                    v[i][c] = gemm2_rq(_mm256_sub_epi32(ld_u8x8(nib + 8 * c), _mm256_set1_epi32(8)), f[r + i]);
+            } else {
+                for (int c = 0; c < 4; c++)
+                    v[i][c] = gemm2_rq(ld_i8x8(w[r + i] + b * QG + 8 * c), f[r + i]);
+            }
+        }
+        for (int c = 0; c < 4; c++)
+            _mm256_store_si256((__m256i *)(void *)P->w[c][r / 2],
+                               _mm256_blend_epi16(v[0][c], _mm256_slli_epi32(v[1][c], 16), 0xaa));
+    }
+}
+
+/* N tokens (ca: their coefficient pairs, Rp2 apart; sc: scales, K_PB
+ * apart) against the two panels P and P + PS (8 columns each; a panel's
+ * row pairs are 8 dwords), each token's 16 results added to
+ * out[t * ldo ..]. */
+enum { K_G2PS = K_GC * K_GR / 2 * 8 }; /* dwords from one column group's panel to the next */
+PI2_T_AVX2 static inline __attribute__((always_inline)) void gemm2_toks(int N, const int32_t *P, int G,
+                                                                       const k_u32a *ca, int64_t Rp2,
+                                                                       const float *sc, float *out, int64_t ldo)
+{
+    __m256 f[4][2];
+    _Pragma("GCC unroll 4") for (int t = 0; t < N; t++)
+        f[t][0] = f[t][1] = _mm256_setzero_ps();
+    for (int g = 0; g < G; g++) {
+        __m256i acc[4][2];
+        _Pragma("GCC unroll 4") for (int t = 0; t < N; t++)
+            acc[t][0] = acc[t][1] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 16") for (int k = 0; k < K_GR / 2; k++) {
+            int p = g * K_GR / 2 + k;
+            __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)(P + 8 * p));
+            __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(P + K_G2PS + 8 * p));
+            _Pragma("GCC unroll 4") for (int t = 0; t < N; t++) {
+                __m256i c = _mm256_set1_epi32(ca[t * Rp2 + p]);
+                acc[t][0] = _mm256_add_epi32(acc[t][0], _mm256_madd_epi16(w0, c));
+                acc[t][1] = _mm256_add_epi32(acc[t][1], _mm256_madd_epi16(w1, c));
+            }
+        }
+        _Pragma("GCC unroll 4") for (int t = 0; t < N; t++) {
+            __m256 s = _mm256_set1_ps(sc[t * K_PB + g]);
+            f[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t][0]), s, f[t][0]);
+            f[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t][1]), s, f[t][1]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int t = 0; t < N; t++) {
+        float *o = out + t * ldo;
+        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), f[t][0]));
+        _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), f[t][1]));
+    }
+}
+
+/* All T tokens against two panels: 4 at a time, then 2, 1. */
+PI2_T_AVX2 K_NOINLINE static void gemm2_tokens(const int32_t *P, int G, const k_u32a *ca, int64_t Rp2,
+                                               const float *sc, int T, float *out, int64_t ldo)
+{
+    int t = 0;
+    for (; t + 4 <= T; t += 4)
+        gemm2_toks(4, P, G, ca + t * Rp2, Rp2, sc + t * K_PB, out + t * ldo, ldo);
+    if (t + 2 <= T) {
+        gemm2_toks(2, P, G, ca + t * Rp2, Rp2, sc + t * K_PB, out + t * ldo, ldo);
+        t += 2;
+    }
+    if (t < T)
+        gemm2_toks(1, P, G, ca + t * Rp2, Rp2, sc + t * K_PB, out + t * ldo, ldo);
+}
+
+PI2_T_AVX2 static void gemm_avx2(pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
+                                 const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo)
+{
+    int64_t nb = n / QG;
+    float qmax = wt == PI2_QT_Q4 ? 8.0f : 128.0f;
+    int8_t aq[PI2_K_MAX_T * K_GC * K_GR];
+    _Alignas(32) int16_t ca[PI2_K_MAX_T * K_GC * K_GR];
+    float as[PI2_K_MAX_T * K_GC];
+    int32_t su[PI2_K_MAX_T * K_GC];
+    float sc[PI2_K_MAX_T * K_PB]; /* per token and group: D * sigma of the output block */
+    static_assert((int)K_GC <= (int)K_PB, "a row chunk's groups fit a scale row");
+    k_gpan2 P;
+    for (int r0 = 0; r0 < nrows; r0 += K_GC * K_GR) {
+        int R = nrows - r0 < K_GC * K_GR ? nrows - r0 : K_GC * K_GR, G = (R + K_GR - 1) / K_GR, Rp = G * K_GR;
+        gemm_coefs(PI2_ISA_AVX2, coef, ldc, T, r0, R, aq, as, su);
+        for (int64_t i = 0; i < (int64_t)T * Rp; i += 16)
+            _mm256_store_si256((__m256i *)(void *)(ca + i),
+                               _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(aq + i))));
+        const k_u32a *ca2 = (const k_u32a *)(const void *)ca;
+        const uint8_t *w[K_GC * K_GR]; /* rows past R repeat row r0 (factor 0) */
+        for (int k = 0; k < Rp; k++)
+            w[k] = wp[r0 + (k < R ? k : 0)];
+        for (int64_t b = 0; b < nb; b++) {
+            float f[K_GC * K_GR], D[K_GC];
+            for (int g = 0; g < G; g++) {
+                float m = 0.0f;
+                for (int k = 0; k < K_GR; k++) {
+                    int r = g * K_GR + k;
+                    f[r] = r < R ? _cvtsh_ss(ws[r0 + r][b]) : 0.0f;
+                    m = fmaxf(m, fabsf(f[r]));
+                }
+                bool ok = m >= K_DMIN;
+                float inv = ok ? 127.0f / (qmax * m) : 0.0f;
+                D[g] = ok ? qmax * m / 127.0f : 0.0f;
+                for (int k = 0; k < K_GR; k++)
+                    f[g * K_GR + k] *= inv;
+            }
+            gemm2_pack(wt, w, G, b, f, &P);
+            for (int t = 0; t < T; t++)
+                for (int g = 0; g < G; g++)
+                    sc[t * K_PB + g] = D[g] * as[t * G + g];
+            for (int c = 0; c < 4; c += 2)
+                gemm2_tokens(P.w[c][0], G, ca2, Rp / 2, sc, T, out + b * QG + 8 * c, ldo);
+        }
+    }
+}
+
 #endif /* PI2_K_X86 */
 
 void pi2_k_down_gemm_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
@@ -284,6 +427,10 @@ void pi2_k_down_gemm_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
 #ifdef PI2_K_X86
     if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
         gemm_vnni(wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
+        return;
+    }
+    if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX2) {
+        gemm_avx2(wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
         return;
     }
 #else

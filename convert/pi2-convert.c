@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Print the error; returns `code` for main's exit status. */
@@ -85,7 +86,8 @@ static void usage(FILE *f)
             "4-bit payloads), activation predictors (imported from the checkpoint or trained),\n"
             "an activation profile and a quality report. The output appears only when complete.\n"
             "\n"
-            "  -o, --output OUT        converted model file to write\n"
+            "  -o, --output OUT        converted model file to write (not inside MODEL_DIR)\n"
+            "  --force                 replace OUT when it exists (else refused)\n"
             "  --quant q4|q8           FFN weights (default q4)\n"
             "  --other-quant q8|q4     attention, embeddings, output head (default q8)\n"
             "  --pred-quant q8|q4|f16  predictors as stored (default q8): q8/q4 are the rows the runtime\n"
@@ -119,7 +121,7 @@ static void usage(FILE *f)
 static int cmd_convert(int argc, char **argv)
 {
     enum { O_QUANT = 256, O_OQUANT, O_PQUANT, O_TRAIN, O_PRED, O_CALIB, O_CTOK, O_RECALL, O_SPARSITY, O_THREADS, O_SEED, O_PERLAYER,
-           O_PIN };
+           O_PIN, O_FORCE };
     static const struct option opts[] = {
         {"output", required_argument, 0, 'o'},       {"per-layer", no_argument, 0, O_PERLAYER},       {"quant", required_argument, 0, O_QUANT},
         {"other-quant", required_argument, 0, O_OQUANT}, {"train-predictors", no_argument, 0, O_TRAIN},
@@ -128,7 +130,7 @@ static int cmd_convert(int argc, char **argv)
         {"calib-tokens", required_argument, 0, O_CTOK}, {"recall", required_argument, 0, O_RECALL},
         {"sparsity", required_argument, 0, O_SPARSITY}, {"threads", required_argument, 0, O_THREADS},
         {"seed", required_argument, 0, O_SEED},       {"quiet", no_argument, 0, 'q'},
-        {"predictor-input", required_argument, 0, O_PIN},
+        {"predictor-input", required_argument, 0, O_PIN}, {"force", no_argument, 0, O_FORCE},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     pi2_convert_opts o;
     pi2_convert_defaults(&o);
@@ -177,6 +179,7 @@ static int cmd_convert(int argc, char **argv)
         case O_THREADS: rc = pi2_parse_int("--threads", optarg, 1, 256, &v, &err); o.threads = (int)v; break;
         case O_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, &err); o.seed = (uint64_t)v; break;
         case 'q': o.quiet = true; break;
+        case O_FORCE: o.force = true; break;
         case O_PERLAYER: o.per_layer = true; break;
         case 'h': usage(stdout); return 0;
         default: fprintf(stderr, "pi2-convert: see --help\n"); return 2;
@@ -245,6 +248,8 @@ static int synth_family(int argc, char **argv, const char *fam)
         fprintf(stderr, "pi2-convert synth: -o DIR is required; see --help\n");
         return 2;
     }
+    if (pi2_out_check(out, NULL, 0, PI2_OUT_DIR, 0, &err))
+        return die("synth", &err, 1);
     if (pi2_family_write(out, fam, (uint64_t)seed, 0, &err))
         return die("synth", &err, strstr(err.msg, "unknown family") ? 2 : 1);
     printf("wrote %s (a tiny %s replica)\n", out, fam);
@@ -415,6 +420,8 @@ static int cmd_synth(int argc, char **argv)
         return rc;
 
     uint64_t total = pi2_synth_weight_bytes(&o);
+    if (pi2_out_check(out, NULL, 0, PI2_OUT_DIR, total + (1u << 20), &err))
+        return die("synth", &err, 1);
     progress_state ps = {isatty(2), pi2_now(), 0};
     char act_txt[48], vocab_txt[48];
     snprintf(act_txt, sizeof act_txt, d->act == PI2_ACT_FATRELU ? "%s, threshold %g" : "%s", pi2_act_name(d->act),
@@ -465,6 +472,11 @@ int main(int argc, char **argv)
             return 2;
         }
         pi2_err err = {0};
+        struct stat st;
+        const char *inputs[] = {in};
+        /* dequantized to f32: about 4x a q8 model, 7x a q4 one */
+        if (pi2_out_check(out, inputs, 1, PI2_OUT_DIR, stat(in, &st) == 0 ? 4 * (uint64_t)st.st_size : 0, &err))
+            return die("export", &err, 1);
         if (pi2_convert_export(in, out, &err))
             return die(NULL, &err, 1);
         printf("wrote %s\n", out);

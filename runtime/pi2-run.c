@@ -85,6 +85,8 @@ static void usage(FILE *f)
             "                     ${XDG_CACHE_HOME:-~/.cache}/pi2/hw-<device>.json)\n"
             "  --profile-seconds X  seconds per --profile-hw figure (default: chosen to finish\n"
             "                     under a minute; small values for tests)\n"
+            "  --force            --profile-hw: replace a --hw-profile FILE that is not a hardware\n"
+            "                     profile (a profile is refreshed; the model is never overwritten)\n"
             "  -h, --help         this help\n"
             "\n"
             "examples:\n"
@@ -146,7 +148,7 @@ enum {
     O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS, O_DENSE, O_PUBKEY, O_TRUST, O_NOVERIFY,
     O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE, O_MEM, O_HOT, O_IO, O_IODEPTH, O_MLOCK,
     O_IOPROBE, O_PLAN, O_GATEFIRST, O_PROFHW, O_DEVPATH, O_HWPROF, O_PROFSEC, O_PLANFILE, O_NOPLAN, O_MINSPEED,
-    O_NORA
+    O_NORA, O_FORCE
 };
 
 static const struct option opts[] = {
@@ -170,6 +172,7 @@ static const struct option opts[] = {
     {"plan", required_argument, 0, O_PLANFILE},   {"no-plan", no_argument, 0, O_NOPLAN},
     {"min-speed", required_argument, 0, O_MINSPEED},
     {"plan-only", no_argument, 0, O_PLAN},        {"help", no_argument, 0, 'h'},
+    {"force", no_argument, 0, O_FORCE},
     {0, 0, 0, 0}};
 
 static int take_isa(const char *arg, pi2_err *err)
@@ -248,6 +251,7 @@ static int take_flag(int c, run_opts *o, pi2_err *err)
     case O_PROFSEC: rc = pi2_parse_double("--profile-seconds", optarg, 0.001, 60, &o->profile_seconds, err); break;
     case O_PLANFILE: o->plan_file = optarg; break;
     case O_NOPLAN: o->no_plan = true; break;
+    case O_FORCE: o->force = true; break;
     case O_MINSPEED: rc = pi2_parse_double("--min-speed", optarg, 1e-6, 1e9, &o->min_speed, err); break;
     default: rc = pi2_err_set(err, PI2_EINVAL, "unknown option; see --help");
     }

@@ -312,6 +312,7 @@ static int cmd_bundle(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    pi2_tmp_cleanup_on_signals(); /* an interrupt leaves no temporary output behind */
     opterr = 0; /* one line per error: ours */
     if (argc < 2) {
         usage(stderr);

@@ -442,6 +442,7 @@ static int cmd_synth(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    pi2_tmp_cleanup_on_signals(); /* an interrupt leaves no temporary output behind */
     if (argc < 2) {
         usage(stderr);
         return 2;

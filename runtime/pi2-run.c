@@ -311,6 +311,7 @@ static int dispatch(run_opts *o, run_mode mode, int argc, char **argv, int optin
 
 int main(int argc, char **argv)
 {
+    pi2_tmp_cleanup_on_signals(); /* an interrupt leaves no temporary output behind */
     run_opts o = {.prompt = "", .n_predict = 64, .verify_ffn = true, .bench_pp = 128, .bench_tg = 64,
                   .hot_share = 1.0, .io_depth = 64,
                   .ppl_tokens = 512, .so = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 1}};

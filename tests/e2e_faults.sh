@@ -78,3 +78,83 @@ if mount -t tmpfs -o size=64k tmpfs "$T/small" 2>/dev/null; then
 else
     skp "free-space check: cannot mount a tmpfs (needs root)"
 fi
+
+# --- interrupted runs: SIGINT/SIGTERM remove the temporary output at once;
+# after a kill -9 the next run writing the same output removes it (and says
+# so); the previous output stays intact either way. Background jobs of a
+# script start with SIGINT ignored: env --default-signal gives it back. ---
+# wait_tmp OUT PID: until a temporary of OUT appears (5 s at most) while PID runs
+wait_tmp() {
+    i=0
+    while [ $i -lt 500 ] && kill -0 "$2" 2>/dev/null; do
+        ls -d "$1".tmp.* >/dev/null 2>&1 && return 0
+        sleep 0.01
+        i=$((i + 1))
+    done
+    return 1
+}
+# interrupt NAME OUT SIG DELAY CMD...: run CMD (writing OUT, which exists),
+# kill it with SIG DELAY seconds after its temporary appears; the previous
+# OUT must be intact (or replaced by a complete one: the run may finish first)
+interrupt() {
+    name=$1 out=$2 sig=$3 delay=$4; shift 4
+    cp "$out" "$T/prev"
+    env --default-signal=INT,TERM "$@" >/dev/null 2>"$T/err" &
+    pid=$!
+    if wait_tmp "$out" $pid; then
+        sleep "$delay"
+        kill -"$sig" $pid 2>/dev/null
+    fi
+    wait $pid 2>/dev/null; rc=$?
+    if [ $rc -eq 0 ]; then
+        skp "$name: finished before the signal"
+    elif cmp -s "$out" "$T/prev"; then
+        ok
+    else
+        bad "$name: exit $rc changed the previous output"
+    fi
+    case $sig in
+        INT | TERM)
+            if ls -d "$out".tmp.* >/dev/null 2>&1; then bad "$name: left $(ls -d "$out".tmp.*)"; else ok; fi ;;
+    esac
+}
+if env --default-signal=INT true 2>/dev/null; then
+    cp "$T/tiny.pi2c" "$T/kill.pi2c"
+    conv="$B/pi2-convert $T/tiny -o $T/kill.pi2c -q --force --calib-tokens 8192"
+    # shellcheck disable=SC2086
+    for sig in INT TERM 9; do
+        interrupt "convert, SIG$sig at once" "$T/kill.pi2c" $sig 0 $conv
+        interrupt "convert, SIG$sig after 0.5 s" "$T/kill.pi2c" $sig 0.5 $conv
+    done
+    ls -d "$T/kill.pi2c".tmp.* >/dev/null 2>&1 && ok || bad "kill -9 of convert left no temporary to find"
+    expect_ok "convert after a kill -9" "$B/pi2-convert" "$T/tiny" -o "$T/kill.pi2c" -q --force --calib-tokens 256
+    grep -q "removed .*kill.pi2c.tmp.*interrupted run" "$T/err" && ok || { bad "convert did not name the stale temporary"; cat "$T/err"; }
+    ls -d "$T/kill.pi2c".tmp.* >/dev/null 2>&1 && bad "convert left stale temporaries: $(ls -d "$T/kill.pi2c".tmp.*)" || ok
+    # a bundle of a few MB (its temporary appears early; it may finish before the kill)
+    "$B/pi2-convert" synth --preset small --hidden 256 --ff 8192 --layers 2 --dtype bf16 --predictors -o "$T/mid" \
+        >/dev/null 2>&1 && "$B/pi2-convert" "$T/mid" -o "$T/mid.pi2c" --calib-tokens 64 -q >/dev/null 2>&1 \
+        && "$B/pi2-bundle" "$T/mid.pi2c" -o "$T/kill.pi2" --unsigned -q >/dev/null 2>&1 || bad "making the model to interrupt"
+    bund="$B/pi2-bundle $T/mid.pi2c -o $T/kill.pi2 --unsigned -q --force --threads 1"
+    # shellcheck disable=SC2086
+    for sig in INT 9; do
+        interrupt "bundle, SIG$sig at once" "$T/kill.pi2" $sig 0 $bund
+        interrupt "bundle, SIG$sig after 0.05 s" "$T/kill.pi2" $sig 0.05 $bund
+    done
+    expect_ok "bundle after a kill -9" "$B/pi2-bundle" "$T/mid.pi2c" -o "$T/kill.pi2" --unsigned -q --force
+    ls -d "$T/kill.pi2".tmp.* >/dev/null 2>&1 && bad "bundle left stale temporaries: $(ls -d "$T/kill.pi2".tmp.*)" || ok
+    # synth writes a directory: its temporary directory goes the same way
+    env --default-signal=INT,TERM "$B/pi2-convert" synth --preset small -o "$T/ksyn" >/dev/null 2>&1 &
+    pid=$!
+    wait_tmp "$T/ksyn" $pid && kill -TERM $pid 2>/dev/null
+    wait $pid 2>/dev/null
+    ls -d "$T/ksyn".tmp.* >/dev/null 2>&1 && bad "SIGTERM of synth left $(ls -d "$T/ksyn".tmp.*)" || ok
+    "$B/pi2-convert" synth --preset small -o "$T/ksyn" >/dev/null 2>&1 &
+    pid=$!
+    wait_tmp "$T/ksyn" $pid && kill -9 $pid 2>/dev/null
+    wait $pid 2>/dev/null
+    expect_ok "synth after a kill -9" "$B/pi2-convert" synth --preset tiny -o "$T/ksyn2"
+    "$B/pi2-convert" synth --preset tiny -o "$T/ksyn" >/dev/null 2>"$T/err" && ok || bad "synth after a kill -9 of synth"
+    ls -d "$T/ksyn".tmp.* >/dev/null 2>&1 && bad "synth left stale temporaries: $(ls -d "$T/ksyn".tmp.*)" || ok
+else
+    skp "interrupted runs: env --default-signal (coreutils 8.31) missing"
+fi

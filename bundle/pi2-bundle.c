@@ -2,6 +2,7 @@
  * bundles, flash layout); key generation, verification and inspection. */
 #include "bundle/bundle.h"
 #include "bundle/report_svg.h"
+#include "runtime/version.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -18,12 +19,12 @@ static int die(const pi2_err *e, int code)
     return code;
 }
 
-/* getopt's '?': name the flag in our own single line. */
-static int bad_flag(const char *cmd, char **argv)
+/* getopt's '?' or ':': name the flag in our own single line. */
+static int bad_flag(const char *cmd, char **argv, int c)
 {
-    fprintf(stderr, "pi2-bundle%s%s: unknown flag or missing value: '%s'; see --help\n", cmd ? " " : "", cmd ? cmd : "",
-            argv[optind - 1]);
-    return 2;
+    char tool[32];
+    snprintf(tool, sizeof tool, "pi2-bundle%s%s", cmd ? " " : "", cmd ? cmd : "");
+    return pi2_cli_bad_option(tool, argv, c);
 }
 
 static int usage_error(const char *msg)
@@ -59,7 +60,7 @@ static void usage(FILE *f)
             "  --hot-freq F         ... or those firing on at least this share of tokens\n"
             "                       (default 0.5)\n"
             "  --threads N          threads for neuron ordering (default: all cores)\n"
-            "  -q, --quiet          no progress line\n"
+            "  -q, --quiet          nothing on stdout or stderr but errors (no progress, no summary)\n"
             "keygen:\n"
             "  --private FILE       private key to create (PEM, mode 0600; must not exist: keys are\n"
             "                       never replaced)\n"
@@ -72,6 +73,7 @@ static void usage(FILE *f)
             "                       per FFN (hot to cold) and predictor recall / active fractions\n"
             "  --force              replace the --svg FILE when it exists (else refused)\n"
             "  -h, --help           this help\n"
+            "  --version            version, build and kernel paths\n"
             "\n"
             "exit status: 0 ok, 1 failure (bad input, bad signature or digest), 2 bad usage\n"
             "\n"
@@ -92,12 +94,12 @@ static int cmd_keygen(int argc, char **argv)
     const char *priv = NULL, *pub = NULL;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case O_PRIV: priv = optarg; break;
         case O_PUB: pub = optarg; break;
         case 'h': usage(stdout); return 0;
-        default: return bad_flag("keygen", argv);
+        default: return bad_flag("keygen", argv, c);
         }
     }
     if (optind < argc)
@@ -140,12 +142,12 @@ static int cmd_verify(int argc, char **argv)
     bool allow = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case O_PUBKEY: pubpath = optarg; break;
         case O_ALLOW: allow = true; break;
         case 'h': usage(stdout); return 0;
-        default: return bad_flag("verify", argv);
+        default: return bad_flag("verify", argv, c);
         }
     }
     if (optind + 1 != argc)
@@ -192,12 +194,12 @@ static int cmd_inspect(int argc, char **argv)
     bool force = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case O_SVG: svg = optarg; break;
         case O_FORCE: force = true; break;
         case 'h': usage(stdout); return 0;
-        default: return bad_flag("inspect", argv);
+        default: return bad_flag("inspect", argv, c);
         }
     }
     if (optind + 1 != argc)
@@ -243,7 +245,7 @@ static int cmd_bundle(int argc, char **argv)
     double dv;
     uint64_t sz;
     optind = 1;
-    while (rc == 0 && (c = getopt_long(argc, argv, "o:qh", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":o:qh", opts, NULL)) != -1) {
         switch (c) {
         case 'o': o.out_path = optarg; break;
         case O_KEY: keypath = optarg; break;
@@ -273,7 +275,7 @@ static int cmd_bundle(int argc, char **argv)
         case 'q': o.quiet = true; break;
         case O_FORCE: force = true; break;
         case 'h': usage(stdout); return 0;
-        default: return bad_flag(NULL, argv);
+        default: return bad_flag(NULL, argv, c);
         }
     }
     if (rc) {
@@ -302,17 +304,17 @@ static int cmd_bundle(int argc, char **argv)
         return die(&err, 1);
     o.key = key;
     double t0 = pi2_now();
-    rc = pi2_bundle_create(&o, stdout, &err);
+    rc = pi2_bundle_create(&o, o.quiet ? NULL : stdout, &err);
     pi2_sign_key_free(key);
     if (rc)
         return die(&err, 1);
-    printf("done in %.1f s, peak RSS %.0f MB\n", pi2_now() - t0, pi2_peak_rss() / 1048576.0);
+    if (!o.quiet)
+        printf("done in %.1f s, peak RSS %.0f MB\n", pi2_now() - t0, pi2_peak_rss() / 1048576.0);
     return 0;
 }
 
-int main(int argc, char **argv)
+static int tool_main(int argc, char **argv)
 {
-    pi2_tmp_cleanup_on_signals(); /* an interrupt leaves no temporary output behind */
     opterr = 0; /* one line per error: ours */
     if (argc < 2) {
         usage(stderr);
@@ -322,6 +324,10 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    if (strcmp(argv[1], "--version") == 0) {
+        pi2_version_print(stdout, "pi2-bundle");
+        return 0;
+    }
     if (strcmp(argv[1], "keygen") == 0)
         return cmd_keygen(argc - 1, argv + 1);
     if (strcmp(argv[1], "verify") == 0)
@@ -329,4 +335,10 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "inspect") == 0)
         return cmd_inspect(argc - 1, argv + 1);
     return cmd_bundle(argc, argv);
+}
+
+int main(int argc, char **argv)
+{
+    pi2_tmp_cleanup_on_signals(); /* an interrupt leaves no temporary output behind */
+    return pi2_exit_stdout("pi2-bundle", tool_main(argc, argv));
 }

@@ -3,6 +3,7 @@
 #include "convert/convert.h"
 #include "convert/family.h"
 #include "convert/synth.h"
+#include "runtime/version.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -56,6 +57,8 @@ static void usage_synth(FILE *f)
             "  --shard-size SIZE  shard limit, e.g. 4G (default 4G)\n"
             "  --threads N        generator threads (default: all cores)\n"
             "  -h, --help         this help\n"
+            "\n"
+            "exit status: 0 ok, 1 failure (the output exists, a failed write), 2 bad usage\n"
             "\n"
             "--family writes a tiny replica of a published sparse checkpoint instead: its files as\n"
             "published (config fields, tensor names and dtypes, shards, predictor files, tokenizer\n"
@@ -113,6 +116,9 @@ static void usage(FILE *f)
             "  --per-layer             also report the per-layer activation profile\n"
             "  -q, --quiet             no progress lines\n"
             "  -h, --help              this help\n"
+            "  --version               version, build and kernel paths\n"
+            "\n"
+            "exit status: 0 ok, 1 failure (bad input, refused output, failed write), 2 bad usage\n"
             "\n"
             "example:\n"
             "  pi2-convert ../shared/models/tinystories-656k-drelu -o /tmp/ts.pi2c --train-predictors\n");
@@ -139,7 +145,7 @@ static int cmd_convert(int argc, char **argv)
     int c, rc = 0;
     long long v;
     double dv;
-    while (rc == 0 && (c = getopt_long(argc, argv, "o:qh", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":o:qh", opts, NULL)) != -1) {
         switch (c) {
         case 'o': o.out_path = optarg; break;
         case O_QUANT:
@@ -182,7 +188,7 @@ static int cmd_convert(int argc, char **argv)
         case O_FORCE: o.force = true; break;
         case O_PERLAYER: o.per_layer = true; break;
         case 'h': usage(stdout); return 0;
-        default: fprintf(stderr, "pi2-convert: see --help\n"); return 2;
+        default: return pi2_cli_bad_option("pi2-convert", argv, c);
         }
     }
     if (rc)
@@ -395,15 +401,13 @@ static int cmd_synth(int argc, char **argv)
     int c;
     int rc = 0;
     pi2_model_desc *d = &o.desc;
-    while (rc == 0 && (c = getopt_long(argc, argv, "o:h", synth_opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":o:h", synth_opts, NULL)) != -1) {
         if (c == 'h') {
             usage_synth(stdout);
             return 0;
         }
-        if (c == '?' || c == ':') {
-            fprintf(stderr, "pi2-convert synth: see --help\n");
-            return 2;
-        }
+        if (c == '?' || c == ':')
+            return pi2_cli_bad_option("pi2-convert synth", argv, c);
         rc = synth_take_flag(c, &o, &out, &act, &act_param, &err);
     }
     if (rc)
@@ -440,15 +444,19 @@ static int cmd_synth(int argc, char **argv)
     return 0;
 }
 
-int main(int argc, char **argv)
+static int tool_main(int argc, char **argv)
 {
-    pi2_tmp_cleanup_on_signals(); /* an interrupt leaves no temporary output behind */
+    opterr = 0; /* one line per error: ours */
     if (argc < 2) {
         usage(stderr);
         return 2;
     }
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        pi2_version_print(stdout, "pi2-convert");
         return 0;
     }
     if (strcmp(argv[1], "synth") == 0)
@@ -484,4 +492,10 @@ int main(int argc, char **argv)
         return 0;
     }
     return cmd_convert(argc, argv);
+}
+
+int main(int argc, char **argv)
+{
+    pi2_tmp_cleanup_on_signals(); /* an interrupt leaves no temporary output behind */
+    return pi2_exit_stdout("pi2-convert", tool_main(argc, argv));
 }

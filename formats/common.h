@@ -179,6 +179,18 @@ void pi2_tmp_unregister(int slot);
 int pi2_tmp_find(const char *path); /* the live slot of path, or -1 */
 int pi2_tmp_fd(int slot);           /* the descriptor given at registration */
 
+/* A tool's last word: flush and close stdout, so that a write that failed
+ * (a full disk, /dev/full) is an error, not a silent exit 0. Prints
+ * "TOOL: cannot write to standard output: ERR" when rc is 0 (a failure
+ * already reported keeps its message) and returns the exit status: rc, or
+ * 1 when it was 0 and stdout failed. */
+int pi2_exit_stdout(const char *tool, int rc);
+
+/* A tool's getopt_long (run with opterr = 0 and an optstring that starts
+ * with ':') returned c, '?' or ':': print "TOOL: unknown option '--x'; see
+ * --help" (or "option '-n' needs a value"), one line, no path. Returns 2. */
+int pi2_cli_bad_option(const char *tool, char **argv, int c);
+
 /* Join dir and name into buf ("dir/name"); false if it does not fit. */
 bool pi2_path_join(char *buf, size_t cap, const char *dir, const char *name);
 bool pi2_is_dir(const char *path);

@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -281,4 +282,31 @@ int pi2_out_check(const char *out, const char *const *inputs, size_t n_inputs, u
         return rc;
     pi2_tmp_sweep(out);
     return 0;
+}
+
+int pi2_exit_stdout(const char *tool, int rc)
+{
+    errno = 0;
+    bool bad = fflush(stdout) != 0 || ferror(stdout);
+    int e = errno;
+    if (fclose(stdout) != 0 && !bad) {
+        bad = true;
+        e = errno;
+    }
+    if (!bad)
+        return rc;
+    if (rc == 0)
+        fprintf(stderr, "%s: cannot write to standard output: %s\n", tool, e ? strerror(e) : "write error");
+    return rc ? rc : 1;
+}
+
+int pi2_cli_bad_option(const char *tool, char **argv, int c)
+{
+    char shortopt[3] = {'-', (char)optopt, 0};
+    const char *name = optopt > 0 && optopt < 128 ? shortopt : argv[optind - 1];
+    if (c == ':')
+        fprintf(stderr, "%s: option '%s' needs a value; see --help\n", tool, name);
+    else
+        fprintf(stderr, "%s: unknown option '%s'; see --help\n", tool, name);
+    return 2;
 }

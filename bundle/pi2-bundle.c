@@ -224,6 +224,17 @@ static int cmd_inspect(int argc, char **argv)
     return rc ? die(&err, 1) : 0;
 }
 
+/* The output rule before any work (formats/common.h): never the input or
+ * the key, never over a file without --force, room for about the
+ * converted model's size. */
+static int bundle_out_check(const pi2_bundle_opts *o, const char *keypath, bool force, pi2_err *err)
+{
+    const char *inputs[] = { o->in_path, keypath };
+    struct stat st;
+    uint64_t need = stat(o->in_path, &st) == 0 ? (uint64_t)st.st_size + (1u << 20) : 0;
+    return pi2_out_check(o->out_path, inputs, 2, force ? PI2_OUT_FORCE : 0, need, err);
+}
+
 static int cmd_bundle(int argc, char **argv)
 {
     enum { O_KEY = 256, O_UNSIGNED, O_IO, O_SHARE, O_FREQ, O_THREADS, O_FORCE };
@@ -293,11 +304,7 @@ static int cmd_bundle(int argc, char **argv)
         return usage_error("--key and --unsigned are alternatives; give one");
     if (!keypath && !o.allow_unsigned)
         return usage_error("--key PRIV.pem is required (or --unsigned, explicitly, for an unsigned container)");
-    /* the output rule before any work: the bundle is about the converted model's size */
-    const char *inputs[] = { o.in_path, keypath };
-    struct stat st;
-    uint64_t need = stat(o.in_path, &st) == 0 ? (uint64_t)st.st_size + (1u << 20) : 0;
-    if (pi2_out_check(o.out_path, inputs, 2, force ? PI2_OUT_FORCE : 0, need, &err))
+    if (bundle_out_check(&o, keypath, force, &err))
         return die(&err, 1);
     pi2_sign_key *key = NULL;
     if (keypath && pi2_sign_key_load_private(&key, keypath, &err))

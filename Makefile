@@ -34,7 +34,7 @@ TOOL_SRC  := convert/pi2-convert.c bundle/pi2-bundle.c runtime/pi2-run.c
 # pi2-run's subcommands: part of the tool, not of the library.
 CLI_SRC   := $(wildcard runtime/cli/*.c)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
-LIB_SRC   := $(filter-out $(TOOL_SRC),$(wildcard formats/*.c convert/*.c bundle/*.c predictor/*.c runtime/*.c runtime/kernels/*.c runtime/offload/*.c))
+LIB_SRC   := $(filter-out $(TOOL_SRC) runtime/version.c,$(wildcard formats/*.c convert/*.c bundle/*.c predictor/*.c runtime/*.c runtime/kernels/*.c runtime/offload/*.c))
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -43,7 +43,7 @@ LIB       := $(BUILD)/libpi2.a
 FUZZ_TGT  := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_REPLAY := $(FUZZ_TGT:%=$(BUILD)/fuzz/replay-%)
 
-.PHONY: all test unit san san-test tsan-test demo bench deps clean fuzz fuzz-build
+.PHONY: FORCE all test unit san san-test tsan-test demo bench deps clean fuzz fuzz-build
 all: $(TOOLS:%=$(BUILD)/%)
 
 deps:
@@ -57,11 +57,23 @@ $(LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/pi2-convert: $(BUILD)/obj/convert/pi2-convert.o $(LIB)
+# --version: the git description and commit date, compiled into version.o
+# (the tools only), rebuilt when they change
+PI2_VERSION    := $(shell git describe --always --tags 2>/dev/null || echo unknown)
+PI2_BUILD_DATE := $(shell git log -1 --format=%cd --date=short 2>/dev/null || echo unknown)
+VERSION_OBJ    := $(BUILD)/obj/runtime/version.o
+$(BUILD)/version.stamp: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(PI2_VERSION) $(PI2_BUILD_DATE)' | cmp -s - $@ || echo '$(PI2_VERSION) $(PI2_BUILD_DATE)' >$@
+$(VERSION_OBJ): $(BUILD)/version.stamp
+$(VERSION_OBJ): CFLAGS += -DPI2_VERSION='"$(PI2_VERSION)"' -DPI2_BUILD_DATE='"$(PI2_BUILD_DATE)"'
+FORCE:
+
+$(BUILD)/pi2-convert: $(BUILD)/obj/convert/pi2-convert.o $(VERSION_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
-$(BUILD)/pi2-bundle: $(BUILD)/obj/bundle/pi2-bundle.o $(LIB)
+$(BUILD)/pi2-bundle: $(BUILD)/obj/bundle/pi2-bundle.o $(VERSION_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
-$(BUILD)/pi2-run: $(BUILD)/obj/runtime/pi2-run.o $(CLI_OBJ) $(LIB)
+$(BUILD)/pi2-run: $(BUILD)/obj/runtime/pi2-run.o $(VERSION_OBJ) $(CLI_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB)
@@ -147,5 +159,5 @@ fuzz: fuzz-build
 clean:
 	rm -rf build build-san build-tsan build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TOOL_SRC:%.c=$(BUILD)/obj/%.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
+-include $(LIB_OBJ:.o=.d) $(VERSION_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TOOL_SRC:%.c=$(BUILD)/obj/%.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
 -include $(wildcard $(BUILD)/obj/tests/fuzz/*.d $(FUZZ_BUILD)/obj/*/*.d $(FUZZ_BUILD)/obj/tests/fuzz/*.d)

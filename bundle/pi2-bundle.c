@@ -2,12 +2,14 @@
  * bundles, flash layout); key generation, verification and inspection. */
 #include "bundle/bundle.h"
 #include "bundle/report_svg.h"
+#include "runtime/version.h"
 
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Print the error; returns `code` for main's exit status. */
@@ -17,12 +19,12 @@ static int die(const pi2_err *e, int code)
     return code;
 }
 
-/* getopt's '?': name the flag in our own single line. */
-static int bad_flag(const char *cmd, char **argv)
+/* getopt's '?' or ':': name the flag in our own single line. */
+static int bad_flag(const char *cmd, char **argv, int c)
 {
-    fprintf(stderr, "pi2-bundle%s%s: unknown flag or missing value: '%s'; see --help\n", cmd ? " " : "", cmd ? cmd : "",
-            argv[optind - 1]);
-    return 2;
+    char tool[32];
+    snprintf(tool, sizeof tool, "pi2-bundle%s%s", cmd ? " " : "", cmd ? cmd : "");
+    return pi2_cli_bad_option(tool, argv, c);
 }
 
 static int usage_error(const char *msg)
@@ -47,7 +49,8 @@ static void usage(FILE *f)
             "manifest with Ed25519. The output appears only when complete.\n"
             "\n"
             "bundle:\n"
-            "  -o, --output FILE    model.pi2 to write\n"
+            "  -o, --output FILE    model.pi2 to write (never the input)\n"
+            "  --force              replace FILE when it exists (else refused)\n"
             "  --key PRIV.pem       Ed25519 private key to sign with (pi2-bundle keygen)\n"
             "  --unsigned           write an unsigned container (reported as unsigned everywhere)\n"
             "  --io-unit SIZE|auto  largest read of a neuron group: 4K..256K, a power of two\n"
@@ -57,9 +60,10 @@ static void usage(FILE *f)
             "  --hot-freq F         ... or those firing on at least this share of tokens\n"
             "                       (default 0.5)\n"
             "  --threads N          threads for neuron ordering (default: all cores)\n"
-            "  -q, --quiet          no progress line\n"
+            "  -q, --quiet          nothing on stdout or stderr but errors (no progress, no summary)\n"
             "keygen:\n"
-            "  --private FILE       private key to create (PEM, mode 0600; must not exist)\n"
+            "  --private FILE       private key to create (PEM, mode 0600; must not exist: keys are\n"
+            "                       never replaced)\n"
             "  --public FILE        public key to create (PEM; must not exist)\n"
             "verify (signature, then every section's SHA-256; names the first bad section):\n"
             "  --pubkey PUB.pem     public key the container must be signed with\n"
@@ -67,7 +71,9 @@ static void usage(FILE *f)
             "inspect: config, quant, region sizes, signature status, predictors, profile\n"
             "  --svg FILE           also write a self-contained SVG chart: activation frequency\n"
             "                       per FFN (hot to cold) and predictor recall / active fractions\n"
+            "  --force              replace the --svg FILE when it exists (else refused)\n"
             "  -h, --help           this help\n"
+            "  --version            version, build and kernel paths\n"
             "\n"
             "exit status: 0 ok, 1 failure (bad input, bad signature or digest), 2 bad usage\n"
             "\n"
@@ -88,12 +94,12 @@ static int cmd_keygen(int argc, char **argv)
     const char *priv = NULL, *pub = NULL;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case O_PRIV: priv = optarg; break;
         case O_PUB: pub = optarg; break;
         case 'h': usage(stdout); return 0;
-        default: return bad_flag("keygen", argv);
+        default: return bad_flag("keygen", argv, c);
         }
     }
     if (optind < argc)
@@ -101,6 +107,18 @@ static int cmd_keygen(int argc, char **argv)
     if (!priv || !pub)
         return usage_error("keygen needs --private FILE and --public FILE");
     pi2_err err = { 0 };
+    if (strcmp(priv, pub) == 0)
+        return usage_error("keygen: --private and --public name the same file");
+    struct stat st;
+    for (int i = 0; i < 2; i++)
+        if (stat(i ? pub : priv, &st) == 0) {
+            fprintf(stderr, "pi2-bundle: %s already exists: keys are never replaced; remove it or choose another name\n",
+                    i ? pub : priv);
+            return 1;
+        }
+    const char *inputs[] = { priv };
+    if (pi2_out_check(priv, NULL, 0, 0, 0, &err) || pi2_out_check(pub, inputs, 1, 0, 0, &err))
+        return die(&err, 1);
     if (pi2_sign_keygen(priv, pub, &err))
         return die(&err, 1);
     pi2_sign_key *k = NULL;
@@ -124,12 +142,12 @@ static int cmd_verify(int argc, char **argv)
     bool allow = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case O_PUBKEY: pubpath = optarg; break;
         case O_ALLOW: allow = true; break;
         case 'h': usage(stdout); return 0;
-        default: return bad_flag("verify", argv);
+        default: return bad_flag("verify", argv, c);
         }
     }
     if (optind + 1 != argc)
@@ -167,18 +185,21 @@ static int cmd_verify(int argc, char **argv)
 
 static int cmd_inspect(int argc, char **argv)
 {
-    enum { O_SVG = 256 };
+    enum { O_SVG = 256, O_FORCE };
     static const struct option opts[] = { { "svg", required_argument, 0, O_SVG },
+                                          { "force", no_argument, 0, O_FORCE },
                                           { "help", no_argument, 0, 'h' },
                                           { 0, 0, 0, 0 } };
     const char *svg = NULL;
+    bool force = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case O_SVG: svg = optarg; break;
+        case O_FORCE: force = true; break;
         case 'h': usage(stdout); return 0;
-        default: return bad_flag("inspect", argv);
+        default: return bad_flag("inspect", argv, c);
         }
     }
     if (optind + 1 != argc)
@@ -186,6 +207,9 @@ static int cmd_inspect(int argc, char **argv)
     if (svg && !*svg)
         return usage_error("inspect: --svg needs a file name");
     pi2_err err = { 0 };
+    const char *inputs[] = { argv[optind] };
+    if (svg && pi2_out_check(svg, inputs, 1, force ? PI2_OUT_FORCE : 0, 0, &err))
+        return die(&err, 1);
     pi2_bundle_open_opts o = { .allow_unsigned = true, .skip_signature = true };
     pi2_bundle *b = NULL;
     int rc = pi2_bundle_open(&b, argv[optind], &o, &err);
@@ -200,27 +224,39 @@ static int cmd_inspect(int argc, char **argv)
     return rc ? die(&err, 1) : 0;
 }
 
+/* The output rule before any work (formats/common.h): never the input or
+ * the key, never over a file without --force, room for about the
+ * converted model's size. */
+static int bundle_out_check(const pi2_bundle_opts *o, const char *keypath, bool force, pi2_err *err)
+{
+    const char *inputs[] = { o->in_path, keypath };
+    struct stat st;
+    uint64_t need = stat(o->in_path, &st) == 0 ? (uint64_t)st.st_size + (1u << 20) : 0;
+    return pi2_out_check(o->out_path, inputs, 2, force ? PI2_OUT_FORCE : 0, need, err);
+}
+
 static int cmd_bundle(int argc, char **argv)
 {
-    enum { O_KEY = 256, O_UNSIGNED, O_IO, O_SHARE, O_FREQ, O_THREADS };
+    enum { O_KEY = 256, O_UNSIGNED, O_IO, O_SHARE, O_FREQ, O_THREADS, O_FORCE };
     static const struct option opts[] = {
         { "output", required_argument, 0, 'o' },     { "key", required_argument, 0, O_KEY },
         { "unsigned", no_argument, 0, O_UNSIGNED },   { "io-unit", required_argument, 0, O_IO },
         { "hot-share", required_argument, 0, O_SHARE }, { "hot-freq", required_argument, 0, O_FREQ },
         { "threads", required_argument, 0, O_THREADS }, { "quiet", no_argument, 0, 'q' },
+        { "force", no_argument, 0, O_FORCE },
         { "help", no_argument, 0, 'h' },            { 0, 0, 0, 0 }
     };
     pi2_bundle_opts o;
     pi2_bundle_defaults(&o);
     const char *keypath = NULL;
-    bool share_set = false, freq_set = false;
+    bool share_set = false, freq_set = false, force = false;
     pi2_err err = { 0 };
     int c, rc = 0;
     long long v;
     double dv;
     uint64_t sz;
     optind = 1;
-    while (rc == 0 && (c = getopt_long(argc, argv, "o:qh", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":o:qh", opts, NULL)) != -1) {
         switch (c) {
         case 'o': o.out_path = optarg; break;
         case O_KEY: keypath = optarg; break;
@@ -248,8 +284,9 @@ static int cmd_bundle(int argc, char **argv)
             break;
         case O_THREADS: rc = pi2_parse_int("--threads", optarg, 1, 256, &v, &err); o.threads = (int)v; break;
         case 'q': o.quiet = true; break;
+        case O_FORCE: force = true; break;
         case 'h': usage(stdout); return 0;
-        default: return bad_flag(NULL, argv);
+        default: return bad_flag(NULL, argv, c);
         }
     }
     if (rc) {
@@ -267,20 +304,23 @@ static int cmd_bundle(int argc, char **argv)
         return usage_error("--key and --unsigned are alternatives; give one");
     if (!keypath && !o.allow_unsigned)
         return usage_error("--key PRIV.pem is required (or --unsigned, explicitly, for an unsigned container)");
+    if (bundle_out_check(&o, keypath, force, &err))
+        return die(&err, 1);
     pi2_sign_key *key = NULL;
     if (keypath && pi2_sign_key_load_private(&key, keypath, &err))
         return die(&err, 1);
     o.key = key;
     double t0 = pi2_now();
-    rc = pi2_bundle_create(&o, stdout, &err);
+    rc = pi2_bundle_create(&o, o.quiet ? NULL : stdout, &err);
     pi2_sign_key_free(key);
     if (rc)
         return die(&err, 1);
-    printf("done in %.1f s, peak RSS %.0f MB\n", pi2_now() - t0, pi2_peak_rss() / 1048576.0);
+    if (!o.quiet)
+        printf("done in %.1f s, peak RSS %.0f MB\n", pi2_now() - t0, pi2_peak_rss() / 1048576.0);
     return 0;
 }
 
-int main(int argc, char **argv)
+static int tool_main(int argc, char **argv)
 {
     opterr = 0; /* one line per error: ours */
     if (argc < 2) {
@@ -291,6 +331,10 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    if (strcmp(argv[1], "--version") == 0) {
+        pi2_version_print(stdout, "pi2-bundle");
+        return 0;
+    }
     if (strcmp(argv[1], "keygen") == 0)
         return cmd_keygen(argc - 1, argv + 1);
     if (strcmp(argv[1], "verify") == 0)
@@ -298,4 +342,10 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "inspect") == 0)
         return cmd_inspect(argc - 1, argv + 1);
     return cmd_bundle(argc, argv);
+}
+
+int main(int argc, char **argv)
+{
+    pi2_tmp_cleanup_on_signals(); /* an interrupt leaves no temporary output behind */
+    return pi2_exit_stdout("pi2-bundle", tool_main(argc, argv));
 }

@@ -85,6 +85,31 @@ static void describe_family(const pi2_conv *c, char *buf, size_t cap)
              p->kind ? " " : "", p->kind ? p->path : "");
 }
 
+/* Bytes the output will take, roughly: FFN weights (about two thirds of
+ * a model's) at q_ffn, the rest at q_other, 1-D tensors as f32, with their
+ * fp16 scales (one per 32 weights); predictors and profile are small. */
+static uint64_t estimate_out_bytes(const pi2_conv *c)
+{
+    const pi2_convert_opts *o = c->o;
+    double b_ffn = o->q_ffn == PI2_QT_Q4 ? 0.5625 : 1.0625, b_other = o->q_other == PI2_QT_Q4 ? 0.5625 : 1.0625;
+    double per = (2.0 * b_ffn + b_other) / 3.0, total = 0;
+    for (size_t i = 0; i < pi2_st_count(c->st); i++) {
+        const pi2_st_tensor *t = pi2_st_at(c->st, i);
+        total += t->ndim < 2 ? 4.0 * (double)t->nelem : per * (double)t->nelem;
+    }
+    return (uint64_t)(total * 1.05) + (1u << 20);
+}
+
+/* The output rule (formats/common.h): not an input, not over an existing
+ * file without --force, room for the estimate. */
+static int check_output(const pi2_conv *c, pi2_err *err)
+{
+    const pi2_convert_opts *o = c->o;
+    const char *inputs[] = {o->model_dir, o->predictors_dir, o->calib_path, c->psrc.kind ? c->psrc.path : NULL};
+    return pi2_out_check(o->out_path, inputs, sizeof inputs / sizeof *inputs, o->force ? PI2_OUT_FORCE : 0,
+                         estimate_out_bytes(c), err);
+}
+
 int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err)
 {
     pi2_conv c = {0};
@@ -118,7 +143,8 @@ int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err)
         goto out;
     }
     /* every input checked before the first long stage */
-    if ((rc = conv_pred_find(&c, err)) != 0 || (rc = conv_calib_text_load(&c, err)) != 0)
+    if ((rc = conv_pred_find(&c, err)) != 0 || (rc = conv_calib_text_load(&c, err)) != 0 ||
+        (rc = check_output(&c, err)) != 0)
         goto out;
     if (!(c.mf = pi2_manifest_new())) {
         rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");

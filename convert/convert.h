@@ -50,6 +50,7 @@ typedef struct pi2_convert_opts {
     uint64_t seed;
     bool quiet;               /* no progress lines */
     bool per_layer;           /* report: per-layer activation profile too */
+    bool force;               /* replace an existing out_path (else refused) */
 } pi2_convert_opts;
 
 /* The input trained predictors read unless told otherwise (see
@@ -59,7 +60,9 @@ typedef struct pi2_convert_opts {
 /* Defaults for every field but the paths. */
 void pi2_convert_defaults(pi2_convert_opts *o);
 
-/* Convert. Progress goes to stderr when it is a terminal and !quiet; the
+/* Convert. out_path is checked against the output rule (pi2_out_check:
+ * not an input, replaced only with force, free space for an estimate of
+ * the output) before the first long stage. Progress goes to stderr when it is a terminal and !quiet; the
  * summary (predictor report, quality report) is printed to `report` when it
  * is non-NULL. Nothing is left at out_path on failure. */
 int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err);

@@ -3,11 +3,13 @@
 #include "convert/convert.h"
 #include "convert/family.h"
 #include "convert/synth.h"
+#include "runtime/version.h"
 
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Print the error; returns `code` for main's exit status. */
@@ -56,6 +58,8 @@ static void usage_synth(FILE *f)
             "  --threads N        generator threads (default: all cores)\n"
             "  -h, --help         this help\n"
             "\n"
+            "exit status: 0 ok, 1 failure (the output exists, a failed write), 2 bad usage\n"
+            "\n"
             "--family writes a tiny replica of a published sparse checkpoint instead: its files as\n"
             "published (config fields, tensor names and dtypes, shards, predictor files, tokenizer\n"
             "and generation configs, padded vocabulary) around a planted-sparsity model of a few MB:\n"
@@ -85,7 +89,8 @@ static void usage(FILE *f)
             "4-bit payloads), activation predictors (imported from the checkpoint or trained),\n"
             "an activation profile and a quality report. The output appears only when complete.\n"
             "\n"
-            "  -o, --output OUT        converted model file to write\n"
+            "  -o, --output OUT        converted model file to write (not inside MODEL_DIR)\n"
+            "  --force                 replace OUT when it exists (else refused)\n"
             "  --quant q4|q8           FFN weights (default q4)\n"
             "  --other-quant q8|q4     attention, embeddings, output head (default q8)\n"
             "  --pred-quant q8|q4|f16  predictors as stored (default q8): q8/q4 are the rows the runtime\n"
@@ -111,6 +116,9 @@ static void usage(FILE *f)
             "  --per-layer             also report the per-layer activation profile\n"
             "  -q, --quiet             no progress lines\n"
             "  -h, --help              this help\n"
+            "  --version               version, build and kernel paths\n"
+            "\n"
+            "exit status: 0 ok, 1 failure (bad input, refused output, failed write), 2 bad usage\n"
             "\n"
             "example:\n"
             "  pi2-convert ../shared/models/tinystories-656k-drelu -o /tmp/ts.pi2c --train-predictors\n");
@@ -119,7 +127,7 @@ static void usage(FILE *f)
 static int cmd_convert(int argc, char **argv)
 {
     enum { O_QUANT = 256, O_OQUANT, O_PQUANT, O_TRAIN, O_PRED, O_CALIB, O_CTOK, O_RECALL, O_SPARSITY, O_THREADS, O_SEED, O_PERLAYER,
-           O_PIN };
+           O_PIN, O_FORCE };
     static const struct option opts[] = {
         {"output", required_argument, 0, 'o'},       {"per-layer", no_argument, 0, O_PERLAYER},       {"quant", required_argument, 0, O_QUANT},
         {"other-quant", required_argument, 0, O_OQUANT}, {"train-predictors", no_argument, 0, O_TRAIN},
@@ -128,7 +136,7 @@ static int cmd_convert(int argc, char **argv)
         {"calib-tokens", required_argument, 0, O_CTOK}, {"recall", required_argument, 0, O_RECALL},
         {"sparsity", required_argument, 0, O_SPARSITY}, {"threads", required_argument, 0, O_THREADS},
         {"seed", required_argument, 0, O_SEED},       {"quiet", no_argument, 0, 'q'},
-        {"predictor-input", required_argument, 0, O_PIN},
+        {"predictor-input", required_argument, 0, O_PIN}, {"force", no_argument, 0, O_FORCE},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     pi2_convert_opts o;
     pi2_convert_defaults(&o);
@@ -137,7 +145,7 @@ static int cmd_convert(int argc, char **argv)
     int c, rc = 0;
     long long v;
     double dv;
-    while (rc == 0 && (c = getopt_long(argc, argv, "o:qh", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":o:qh", opts, NULL)) != -1) {
         switch (c) {
         case 'o': o.out_path = optarg; break;
         case O_QUANT:
@@ -177,9 +185,10 @@ static int cmd_convert(int argc, char **argv)
         case O_THREADS: rc = pi2_parse_int("--threads", optarg, 1, 256, &v, &err); o.threads = (int)v; break;
         case O_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, &err); o.seed = (uint64_t)v; break;
         case 'q': o.quiet = true; break;
+        case O_FORCE: o.force = true; break;
         case O_PERLAYER: o.per_layer = true; break;
         case 'h': usage(stdout); return 0;
-        default: fprintf(stderr, "pi2-convert: see --help\n"); return 2;
+        default: return pi2_cli_bad_option("pi2-convert", argv, c);
         }
     }
     if (rc)
@@ -245,6 +254,8 @@ static int synth_family(int argc, char **argv, const char *fam)
         fprintf(stderr, "pi2-convert synth: -o DIR is required; see --help\n");
         return 2;
     }
+    if (pi2_out_check(out, NULL, 0, PI2_OUT_DIR, 0, &err))
+        return die("synth", &err, 1);
     if (pi2_family_write(out, fam, (uint64_t)seed, 0, &err))
         return die("synth", &err, strstr(err.msg, "unknown family") ? 2 : 1);
     printf("wrote %s (a tiny %s replica)\n", out, fam);
@@ -390,15 +401,13 @@ static int cmd_synth(int argc, char **argv)
     int c;
     int rc = 0;
     pi2_model_desc *d = &o.desc;
-    while (rc == 0 && (c = getopt_long(argc, argv, "o:h", synth_opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":o:h", synth_opts, NULL)) != -1) {
         if (c == 'h') {
             usage_synth(stdout);
             return 0;
         }
-        if (c == '?' || c == ':') {
-            fprintf(stderr, "pi2-convert synth: see --help\n");
-            return 2;
-        }
+        if (c == '?' || c == ':')
+            return pi2_cli_bad_option("pi2-convert synth", argv, c);
         rc = synth_take_flag(c, &o, &out, &act, &act_param, &err);
     }
     if (rc)
@@ -415,6 +424,8 @@ static int cmd_synth(int argc, char **argv)
         return rc;
 
     uint64_t total = pi2_synth_weight_bytes(&o);
+    if (pi2_out_check(out, NULL, 0, PI2_OUT_DIR, total + (1u << 20), &err))
+        return die("synth", &err, 1);
     progress_state ps = {isatty(2), pi2_now(), 0};
     char act_txt[48], vocab_txt[48];
     snprintf(act_txt, sizeof act_txt, d->act == PI2_ACT_FATRELU ? "%s, threshold %g" : "%s", pi2_act_name(d->act),
@@ -433,14 +444,19 @@ static int cmd_synth(int argc, char **argv)
     return 0;
 }
 
-int main(int argc, char **argv)
+static int tool_main(int argc, char **argv)
 {
+    opterr = 0; /* one line per error: ours */
     if (argc < 2) {
         usage(stderr);
         return 2;
     }
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        pi2_version_print(stdout, "pi2-convert");
         return 0;
     }
     if (strcmp(argv[1], "synth") == 0)
@@ -465,10 +481,21 @@ int main(int argc, char **argv)
             return 2;
         }
         pi2_err err = {0};
+        struct stat st;
+        const char *inputs[] = {in};
+        /* dequantized to f32: about 4x a q8 model, 7x a q4 one */
+        if (pi2_out_check(out, inputs, 1, PI2_OUT_DIR, stat(in, &st) == 0 ? 4 * (uint64_t)st.st_size : 0, &err))
+            return die("export", &err, 1);
         if (pi2_convert_export(in, out, &err))
             return die(NULL, &err, 1);
         printf("wrote %s\n", out);
         return 0;
     }
     return cmd_convert(argc, argv);
+}
+
+int main(int argc, char **argv)
+{
+    pi2_tmp_cleanup_on_signals(); /* an interrupt leaves no temporary output behind */
+    return pi2_exit_stdout("pi2-convert", tool_main(argc, argv));
 }

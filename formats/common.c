@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -302,6 +303,8 @@ struct pi2_afile {
     uint64_t behind; /* written-behind up to here (afile_behind) */
     char *path;
     char *tmp;
+    int lockfd; /* a second descriptor whose flock marks the temporary live until it is renamed */
+    int slot;   /* in the registry of temporaries removed on a signal */
 };
 enum { AFILE_WINDOW = 64u << 20 };
 
@@ -327,6 +330,7 @@ int pi2_afile_open(pi2_afile **out, const char *path, pi2_err *err)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
     }
     snprintf(f->tmp, n + 16, "%s.tmp.XXXXXX", path);
+    pi2_tmp_sweep(path);
     f->fd = mkostemp(f->tmp, O_CLOEXEC);
     if (f->fd < 0) {
         int e = errno;
@@ -336,6 +340,10 @@ int pi2_afile_open(pi2_afile **out, const char *path, pi2_err *err)
         return pi2_err_errno(err, PI2_EIO, e, "%s: cannot create temporary file", path);
     }
     fchmod(f->fd, 0644);
+    f->lockfd = open(f->tmp, O_RDONLY | O_CLOEXEC);
+    if (f->lockfd >= 0)
+        flock(f->lockfd, LOCK_EX | LOCK_NB);
+    f->slot = pi2_tmp_register(f->tmp, f->lockfd, false);
     *out = f;
     return 0;
 }
@@ -392,8 +400,12 @@ int pi2_afile_write(pi2_afile *f, const void *buf, size_t n, pi2_err *err)
 uint64_t pi2_afile_size(const pi2_afile *f) { return f->size; }
 int pi2_afile_fd(const pi2_afile *f) { return f->fd; }
 
+/* Unregister and unlock (after the temporary was renamed or removed). */
 static void afile_free(pi2_afile *f)
 {
+    pi2_tmp_unregister(f->slot);
+    if (f->lockfd >= 0)
+        close(f->lockfd);
     free(f->path);
     free(f->tmp);
     free(f);
@@ -448,6 +460,7 @@ int pi2_dir_begin(const char *dir, char *tmp, size_t cap, pi2_err *err)
     struct stat st;
     if (stat(dir, &st) == 0)
         return pi2_err_set(err, PI2_EINVAL, "%s: already exists (choose a new output directory)", dir);
+    pi2_tmp_sweep(dir);
     size_t dl = strlen(dir);
     while (dl > 1 && dir[dl - 1] == '/') /* "out/" -> "out.tmp.XXXXXX" */
         dl--;
@@ -458,7 +471,25 @@ int pi2_dir_begin(const char *dir, char *tmp, size_t cap, pi2_err *err)
     if (!mkdtemp(tmp))
         return pi2_err_errno(err, PI2_EIO, errno, "%s: cannot create directory", dir);
     chmod(tmp, 0755); /* mkdtemp makes it private; a model dir is not */
+    int fd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        flock(fd, LOCK_EX | LOCK_NB);
+        if (pi2_tmp_register(tmp, fd, true) < 0)
+            close(fd);
+    }
     return 0;
+}
+
+/* Forget the temporary directory tmp: unregister, unlock. */
+static void dir_forget(const char *tmp)
+{
+    int slot = pi2_tmp_find(tmp);
+    if (slot < 0)
+        return;
+    int fd = pi2_tmp_fd(slot);
+    pi2_tmp_unregister(slot);
+    if (fd >= 0)
+        close(fd);
 }
 
 int pi2_dir_commit(const char *tmp, const char *dir, pi2_err *err)
@@ -468,6 +499,7 @@ int pi2_dir_commit(const char *tmp, const char *dir, pi2_err *err)
         pi2_dir_abort(tmp);
         return pi2_err_errno(err, PI2_EIO, e, "%s: cannot rename %s into place", dir, tmp);
     }
+    dir_forget(tmp);
     return 0;
 }
 
@@ -486,6 +518,7 @@ void pi2_dir_abort(const char *tmp)
         closedir(dh);
     }
     rmdir(tmp);
+    dir_forget(tmp);
 }
 
 bool pi2_path_join(char *buf, size_t cap, const char *dir, const char *name)

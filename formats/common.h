@@ -144,6 +144,53 @@ int pi2_dir_begin(const char *dir, char *tmp, size_t cap, pi2_err *err);
 int pi2_dir_commit(const char *tmp, const char *dir, pi2_err *err);
 void pi2_dir_abort(const char *tmp);
 
+/* ---- the output rule (formats/output.c) ----
+ * Every tool checks its output with pi2_out_check before any long stage.
+ * `out` is refused when it resolves to one of the n_inputs (NULL entries
+ * skipped): the same file (device and inode, or the same resolved path)
+ * or a path inside an input directory; when it is an existing directory, or
+ * with PI2_OUT_DIR (a directory output) when it exists at all; when it is
+ * an existing file and PI2_OUT_FORCE is not given, or not a regular file;
+ * when its directory is missing or not writable; and when need_bytes > 0
+ * and its file system has less free space than that. Then stale
+ * temporaries of `out` are removed (pi2_tmp_sweep). 0, or PI2_EINVAL,
+ * PI2_ENOTFOUND, PI2_EIO or PI2_ENOSPC with a message that names `out` and
+ * what to do. */
+enum { PI2_OUT_FORCE = 1, PI2_OUT_DIR = 2 };
+int pi2_out_check(const char *out, const char *const *inputs, size_t n_inputs, unsigned flags, uint64_t need_bytes,
+                  pi2_err *err);
+
+/* ---- temporary outputs: removed on a signal, swept after a kill ----
+ * pi2_afile_* and pi2_dir_* hold an flock on each temporary while it is
+ * written and register its path; pi2_tmp_cleanup_on_signals (called once by
+ * a tool's main) installs handlers for SIGINT, SIGTERM and SIGHUP (where they
+ * are not ignored or handled already) that remove the registered
+ * temporaries and then die of the signal as before. A kill -9 leaves them:
+ * pi2_tmp_sweep(path) removes the "<path>.tmp.XXXXXX" siblings whose lock
+ * is free (their writer is gone), saying so on stderr; pi2_afile_open,
+ * pi2_dir_begin and pi2_out_check call it. Returns how many it removed.
+ * The registry is process-wide (a signal handler reaches nothing else):
+ * pi2_tmp_register returns a slot (-1 when full: the file is then only not
+ * removed on a signal), pi2_tmp_unregister(slot) frees it (-1: no-op). */
+void pi2_tmp_cleanup_on_signals(void);
+int pi2_tmp_sweep(const char *path);
+int pi2_tmp_register(const char *path, int fd, bool is_dir);
+void pi2_tmp_unregister(int slot);
+int pi2_tmp_find(const char *path); /* the live slot of path, or -1 */
+int pi2_tmp_fd(int slot);           /* the descriptor given at registration */
+
+/* A tool's last word: flush and close stdout, so that a write that failed
+ * (a full disk, /dev/full) is an error, not a silent exit 0. Prints
+ * "TOOL: cannot write to standard output: ERR" when rc is 0 (a failure
+ * already reported keeps its message) and returns the exit status: rc, or
+ * 1 when it was 0 and stdout failed. */
+int pi2_exit_stdout(const char *tool, int rc);
+
+/* A tool's getopt_long (run with opterr = 0 and an optstring that starts
+ * with ':') returned c, '?' or ':': print "TOOL: unknown option '--x'; see
+ * --help" (or "option '-n' needs a value"), one line, no path. Returns 2. */
+int pi2_cli_bad_option(const char *tool, char **argv, int c);
+
 /* Join dir and name into buf ("dir/name"); false if it does not fit. */
 bool pi2_path_join(char *buf, size_t cap, const char *dir, const char *name);
 bool pi2_is_dir(const char *path);

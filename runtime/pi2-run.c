@@ -2,6 +2,7 @@
  * with the dense fp32 reference over a Hugging Face directory; the
  * command line and the choice of subcommand (runtime/cli/run_*.c). */
 #include "runtime/cli/run.h"
+#include "runtime/version.h"
 
 #include <getopt.h>
 #include <pthread.h>
@@ -33,7 +34,9 @@ static void usage(FILE *f)
             "predictor picks the neurons likely to fire and only their weights are read.\n"
             "Text streams to stdout as it is generated; greedy decoding unless --temp is given.\n"
             "\n"
-            "  -p, --prompt T     prompt text (default: empty, generation starts after BOS)\n"
+            "  -p, --prompt T     prompt text (default: empty, generation starts after BOS); - reads it\n"
+            "                     from stdin\n"
+            "  -f, --file FILE    the prompt from FILE (one trailing newline dropped, as for -p -)\n"
             "  -n, --n-predict N  tokens to generate (default 64); stops earlier at an end of turn\n"
             "                     (the model's EOS ids, with its generation and tokenizer configs') or BOS\n"
             "  -t, --threads N    compute threads (default: all cores)\n"
@@ -46,6 +49,8 @@ static void usage(FILE *f)
             "                     else ~/.config/pi2/pubkey.pem when it exists)\n"
             "  --trust-unsigned   run an unsigned container\n"
             "  --no-verify-ffn    hash only the resident members at load, not the FFN payloads\n"
+    );
+    fprintf(f, /* ISO C caps a string literal at 4095 bytes */
             "  --mem-limit SIZE   offload: keep the whole footprint (RSS plus the page cache it\n"
             "                     causes) under SIZE (e.g. 3G, 512M); FFN weights are read from\n"
             "                     the file with direct I/O into a neuron cache as they are needed\n"
@@ -87,7 +92,12 @@ static void usage(FILE *f)
             "                     ${XDG_CACHE_HOME:-~/.cache}/pi2/hw-<device>.json)\n"
             "  --profile-seconds X  seconds per --profile-hw figure (default: chosen to finish\n"
             "                     under a minute; small values for tests)\n"
+            "  --force            --profile-hw: replace a --hw-profile FILE that is not a hardware\n"
+            "                     profile (a profile is refreshed; the model is never overwritten)\n"
             "  -h, --help         this help\n"
+            "  --version          version, build and kernel paths\n"
+            "\n"
+            "exit status: 0 ok, 1 failure (bad input, refused container, failed write), 2 bad usage\n"
             "\n"
             "examples:\n"
             "  pi2-run model.pi2 --pubkey pub.pem -p \"Once upon a time\" -n 48 --stats\n"
@@ -149,7 +159,7 @@ enum {
     O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS, O_DENSE, O_PUBKEY, O_TRUST, O_NOVERIFY,
     O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE, O_MEM, O_HOT, O_IO, O_IODEPTH, O_MLOCK,
     O_IOPROBE, O_PLAN, O_GATEFIRST, O_PROFHW, O_DEVPATH, O_HWPROF, O_PROFSEC, O_PLANFILE, O_NOPLAN, O_MINSPEED,
-    O_NORA
+    O_NORA, O_FORCE, O_VERSION
 };
 
 static const struct option opts[] = {
@@ -173,6 +183,8 @@ static const struct option opts[] = {
     {"plan", required_argument, 0, O_PLANFILE},   {"no-plan", no_argument, 0, O_NOPLAN},
     {"min-speed", required_argument, 0, O_MINSPEED},
     {"plan-only", no_argument, 0, O_PLAN},        {"help", no_argument, 0, 'h'},
+    {"force", no_argument, 0, O_FORCE},           {"file", required_argument, 0, 'f'},
+    {"version", no_argument, 0, O_VERSION},
     {0, 0, 0, 0}};
 
 static int take_isa(const char *arg, pi2_err *err)
@@ -209,6 +221,7 @@ static int take_flag(int c, run_opts *o, pi2_err *err)
     switch (c) {
     case O_REF: o->ref = optarg; break;
     case 'p': o->prompt = optarg; break;
+    case 'f': o->prompt_file = optarg; break;
     case 'n': rc = pi2_parse_int("-n", optarg, 0, 1 << 24, &o->n_predict, err); break;
     case 't': rc = pi2_parse_int("-t", optarg, 1, 256, &v, err); o->threads = (int)v; break;
     case O_TEMP: rc = pi2_parse_double("--temp", optarg, 0, 1e4, &dv, err); o->so.temperature = (float)dv; break;
@@ -251,6 +264,7 @@ static int take_flag(int c, run_opts *o, pi2_err *err)
     case O_PROFSEC: rc = pi2_parse_double("--profile-seconds", optarg, 0.001, 60, &o->profile_seconds, err); break;
     case O_PLANFILE: o->plan_file = optarg; break;
     case O_NOPLAN: o->no_plan = true; break;
+    case O_FORCE: o->force = true; break;
     case O_MINSPEED: rc = pi2_parse_double("--min-speed", optarg, 1e-6, 1e9, &o->min_speed, err); break;
     default: rc = pi2_err_set(err, PI2_EINVAL, "unknown option; see --help");
     }
@@ -308,7 +322,29 @@ static int dispatch(run_opts *o, run_mode mode, int argc, char **argv, int optin
     return run_generate(o);
 }
 
-int main(int argc, char **argv)
+/* -f FILE or -p -: the prompt read from the file or stdin into *buf (the
+ * caller frees it), one trailing newline dropped. */
+static int read_prompt(run_opts *o, char **buf, pi2_err *err)
+{
+    bool from_stdin = strcmp(o->prompt, "-") == 0;
+    if (o->prompt_file && (*o->prompt || from_stdin))
+        return pi2_err_set(err, PI2_EINVAL, "give either -p TEXT or -f FILE, not both");
+    if (!o->prompt_file && !from_stdin)
+        return 0;
+    const char *path = o->prompt_file ? o->prompt_file : "/dev/stdin";
+    size_t len = 0;
+    int rc = pi2_read_file(path, 64u << 20, buf, &len, err);
+    if (rc)
+        return rc;
+    if (strlen(*buf) != len)
+        return pi2_err_set(err, PI2_EINVAL, "%s: the prompt holds a NUL byte; give text", o->prompt_file ? path : "stdin");
+    if (len > 0 && (*buf)[len - 1] == '\n')
+        (*buf)[--len] = 0;
+    o->prompt = *buf;
+    return 0;
+}
+
+static int tool_main(int argc, char **argv)
 {
     run_opts o = {.prompt = "", .n_predict = 64, .verify_ffn = true, .bench_pp = 128, .bench_tg = 64,
                   .hot_share = 1.0, .io_depth = 64,
@@ -330,20 +366,36 @@ int main(int argc, char **argv)
         argv[1] = argv[0];
         argv++, argc--;
     }
-    while (rc == 0 && (c = getopt_long(argc, argv, "p:n:t:h", opts, NULL)) != -1) {
+    opterr = 0; /* one line per error: ours */
+    while (rc == 0 && (c = getopt_long(argc, argv, ":p:f:n:t:h", opts, NULL)) != -1) {
         if (c == 'h') {
             usage(stdout);
             return 0;
         }
-        if (c == '?' || c == ':') {
-            fprintf(stderr, "pi2-run: see --help\n");
-            return 2;
+        if (c == O_VERSION) {
+            pi2_version_print(stdout, "pi2-run");
+            return 0;
         }
+        if (c == '?' || c == ':')
+            return pi2_cli_bad_option("pi2-run", argv, c);
         rc = take_flag(c, &o, &err);
     }
     if (rc) {
         fail(&err);
         return 2;
     }
-    return dispatch(&o, mode, argc, argv, optind);
+    char *prompt = NULL;
+    if ((rc = read_prompt(&o, &prompt, &err)) != 0) {
+        fail(&err);
+        return rc == PI2_EINVAL ? 2 : 1;
+    }
+    rc = dispatch(&o, mode, argc, argv, optind);
+    free(prompt);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    pi2_tmp_cleanup_on_signals(); /* an interrupt leaves no temporary output behind */
+    return pi2_exit_stdout("pi2-run", tool_main(argc, argv));
 }

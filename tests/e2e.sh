@@ -178,9 +178,9 @@ expect_error "bundle bad flag" "--frobnicate" "$B/pi2-bundle" "$T/tiny.pi2c" -o 
 expect_error "bundle public key to sign" "k.pub" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pub"
 expect_error "bundle missing input" "$T/nope.pi2c" "$B/pi2-bundle" "$T/nope.pi2c" -o "$T/b.pi2" --key "$T/k.pem"
 [ -e "$T/b.pi2" ] && bad "failed bundle left $T/b.pi2" || ok
-expect_ok "bundle auto io unit" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit auto -q
+expect_ok "bundle auto io unit" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit auto
 grep -q "io unit 8 KiB (auto)" "$T/out" && ok || { bad "bundle --io-unit auto: no automatic unit in the summary"; cat "$T/out"; }
-expect_ok "bundle" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit 4K -q
+expect_ok "bundle" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit 4K --force
 grep -q "io unit 4 KiB (--io-unit)" "$T/out" && ok || bad "bundle --io-unit 4K: the summary does not show it"
 grep -q "signed with key" "$T/out" && ok || bad "bundle summary does not name the key"
 tar tvf "$T/b.pi2" 2>/dev/null | grep -q " ffn/0.0$" && ok || bad "tar does not list ffn/0.0"
@@ -207,7 +207,7 @@ expect_error "bundle verify tampered manifest" "manifest.sig does not verify" "$
 cp "$T/b.pi2" "$T/bt.pi2"
 truncate -s 8192 "$T/bt.pi2"
 expect_error "bundle verify truncated" "bt.pi2" "$B/pi2-bundle" verify "$T/bt.pi2" --pubkey "$T/k.pub"
-expect_ok "bundle unsigned" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/u.pi2" --unsigned -q
+expect_ok "bundle unsigned" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/u.pi2" --unsigned
 grep -q "UNSIGNED" "$T/out" && ok || bad "unsigned bundle not reported as unsigned"
 expect_error "bundle verify unsigned refused" "unsigned" "$B/pi2-bundle" verify "$T/u.pi2" --pubkey "$T/k.pub"
 expect_ok "bundle verify unsigned allowed" "$B/pi2-bundle" verify "$T/u.pi2" --allow-unsigned
@@ -625,6 +625,9 @@ expect_error "plan with more threads than asked" "more than the 1 asked for" "$B
 printf 'not json' >"$T/badhw.json"
 expect_error "plan corrupt hardware profile" "badhw.json" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" \
     --hw-profile "$T/badhw.json" --mem-limit "$lim" -p hi
+
+# --- faults: outputs over inputs, interrupts, full disks, failed writes ---
+. "$(dirname "$0")/e2e_faults.sh"
 
 # --- golden: the real trained model ---
 M="$SHARED/models/tinystories-656k"

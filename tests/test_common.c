@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <sys/vfs.h>
 
 static void test_f16_roundtrip(void **state)
@@ -183,6 +185,82 @@ static void test_afile_behind(void **state)
     pi2t_rmtree(dir);
 }
 
+/* The output rule: inputs, inside an input directory, directories,
+ * existing files and --force, a missing directory. */
+static void test_out_check(void **state)
+{
+    (void)state;
+    char dir[64], in[128], file[128], p[256];
+    pi2t_tmpdir(dir, sizeof dir);
+    snprintf(in, sizeof in, "%s/model", dir);
+    snprintf(file, sizeof file, "%s/model/config.json", dir);
+    assert_int_equal(mkdir(in, 0755), 0);
+    pi2t_write(file, "{}", 2);
+    const char *inputs[] = {NULL, in};
+    pi2_err err = {0};
+    assert_int_equal(pi2_out_check(file, inputs, 2, PI2_OUT_FORCE, 0, &err), PI2_EINVAL);
+    assert_non_null(strstr(err.msg, "inside the input directory"));
+    snprintf(p, sizeof p, "%s/model/../model/new.bin", dir);
+    assert_int_equal(pi2_out_check(p, inputs, 2, 0, 0, NULL), PI2_EINVAL);
+    pi2_err_clear(&err);
+    assert_int_equal(pi2_out_check(in, inputs, 2, 0, 0, &err), PI2_EINVAL);
+    assert_non_null(strstr(err.msg, "is the input"));
+    const char *files[] = {file};
+    snprintf(p, sizeof p, "%s/link.json", dir);
+    assert_int_equal(symlink(file, p), 0);
+    assert_int_equal(pi2_out_check(p, files, 1, PI2_OUT_FORCE, 0, NULL), PI2_EINVAL); /* the same inode */
+    pi2_err_clear(&err);
+    assert_int_equal(pi2_out_check(in, NULL, 0, 0, 0, &err), PI2_EINVAL);
+    assert_non_null(strstr(err.msg, "is a directory"));
+    pi2_err_clear(&err);
+    assert_int_equal(pi2_out_check(file, NULL, 0, 0, 0, &err), PI2_EINVAL);
+    assert_non_null(strstr(err.msg, "--force"));
+    assert_int_equal(pi2_out_check(file, NULL, 0, PI2_OUT_FORCE, 0, NULL), 0);
+    assert_int_equal(pi2_out_check(file, NULL, 0, PI2_OUT_DIR, 0, NULL), PI2_EINVAL);
+    snprintf(p, sizeof p, "%s/new.bin", dir);
+    assert_int_equal(pi2_out_check(p, inputs, 2, 0, 0, NULL), 0);
+    assert_int_equal(pi2_out_check(p, inputs, 2, 0, UINT64_MAX / 2, NULL), PI2_ENOSPC);
+    snprintf(p, sizeof p, "%s/nodir/new.bin", dir);
+    assert_int_equal(pi2_out_check(p, NULL, 0, 0, 0, NULL), PI2_ENOTFOUND);
+    pi2t_rmtree(dir);
+}
+
+/* Temporaries: a live one (locked) survives the sweep, one whose writer
+ * is gone (unlocked) is removed, and so is an abandoned directory; names
+ * that only look alike stay. */
+static void test_tmp_sweep(void **state)
+{
+    (void)state;
+    char dir[64], out[128], p[256];
+    pi2t_tmpdir(dir, sizeof dir);
+    snprintf(out, sizeof out, "%s/out.bin", dir);
+    pi2_afile *f;
+    assert_int_equal(pi2_afile_open(&f, out, NULL), 0);
+    assert_int_equal(pi2_tmp_sweep(out), 0); /* live: locked */
+    snprintf(p, sizeof p, "%s/out.bin.tmp.AbC123", dir);
+    pi2t_write(p, "x", 1);
+    snprintf(p, sizeof p, "%s/out.bin.tmp.AbC1234", dir);
+    pi2t_write(p, "x", 1);
+    snprintf(p, sizeof p, "%s/out.bin.tmp.dir999", dir);
+    assert_int_equal(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/out.bin.tmp.dir999/a", dir);
+    pi2t_write(p, "x", 1);
+    assert_int_equal(pi2_tmp_sweep(out), 2);
+    assert_false(pi2t_exists(p));
+    snprintf(p, sizeof p, "%s/out.bin.tmp.AbC1234", dir);
+    assert_true(pi2t_exists(p)); /* not the pattern */
+    assert_int_equal(pi2_afile_write(f, "hi", 2, NULL), 0);
+    assert_int_equal(pi2_afile_commit(f, NULL), 0);
+    assert_true(pi2t_exists(out));
+    char tmp[160];
+    snprintf(p, sizeof p, "%s/d", dir);
+    assert_int_equal(pi2_dir_begin(p, tmp, sizeof tmp, NULL), 0);
+    assert_int_equal(pi2_tmp_sweep(p), 0); /* live */
+    pi2_dir_abort(tmp);
+    assert_false(pi2t_exists(tmp));
+    pi2t_rmtree(dir);
+}
+
 static void test_err_first_wins(void **state)
 {
     (void)state;
@@ -236,6 +314,7 @@ int main(void)
         cmocka_unit_test(test_f16_roundtrip), cmocka_unit_test(test_bf16), cmocka_unit_test(test_cursor),
         cmocka_unit_test(test_parse),         cmocka_unit_test(test_afile), cmocka_unit_test(test_afile_behind), cmocka_unit_test(test_err_first_wins),
         cmocka_unit_test(test_rng),           cmocka_unit_test(test_grow),
+        cmocka_unit_test(test_out_check),     cmocka_unit_test(test_tmp_sweep),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }

@@ -31,6 +31,7 @@ static void opts_for(pi2_convert_opts *o, const char *model, const char *out, in
     o->out_path = out;
     o->calib_tokens = calib_tokens;
     o->quiet = true;
+    o->force = true; /* tests convert again into the same file (the output rule: tests/e2e_faults.sh) */
 }
 
 static void convert_ok(const pi2_convert_opts *o, FILE *report)

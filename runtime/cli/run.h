@@ -38,6 +38,8 @@ typedef struct run_opts {
     bool stats, show_ids, dense, trust_unsigned, verify_ffn, bench, hw_probe, no_mlock, plan_only, gate_first;
     bool no_read_ahead;
     bool profile_hw, no_plan;
+    bool force; /* --force: replace an output file that exists */
+    const char *prompt_file; /* -f FILE: read into prompt by main */
     double profile_seconds, min_speed;
     uint64_t mem_limit;
     double hot_share;

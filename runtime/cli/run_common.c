@@ -1,6 +1,7 @@
 /* pi2-run: what the subcommands share: messages, percentiles, the generation loop. */
 #include "runtime/cli/run.h"
 
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -58,7 +59,8 @@ int generate_loop(const run_opts *o, const pi2_model_desc *d, const pi2_tok *tok
         if ((rc = pi2_tok_stream_push(ts, next, &bytes, &len, err)) != 0)
             return rc;
         fwrite(bytes, 1, len, stdout);
-        fflush(stdout);
+        if (fflush(stdout) != 0 || ferror(stdout)) /* no use generating what cannot be written */
+            return pi2_err_errno(err, PI2_EIO, errno, "cannot write to standard output");
         if (n_gen == o->n_predict)
             break;
         double t0 = pi2_now();

@@ -123,6 +123,32 @@ static void *probe_thread(void *arg)
     return NULL;
 }
 
+/* The output rule for the profile at path: never the model, and an
+ * existing file is replaced only when it is a hardware profile (the cache
+ * --profile-hw refreshes) or with --force. */
+static int profile_out_check(const run_opts *o, const char *path, const char *model, pi2_err *err)
+{
+    const char *inputs[] = {model};
+    struct stat st;
+    bool replace = o->force;
+    if (!replace && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+        pi2_hwprof *old = malloc(sizeof *old);
+        replace = old && pi2_hwprof_load(path, old, NULL) == 0;
+        free(old);
+        if (!replace)
+            return pi2_err_set(err, PI2_EINVAL, "%s exists and is not a hardware profile: give --force to replace it, "
+                               "or another --hw-profile", path);
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir)
+        *slash = 0;
+    if (slash && !pi2_is_dir(dir))
+        return 0; /* the cache's directory, created by the save: nothing there to overwrite */
+    return pi2_out_check(path, inputs, 1, replace ? PI2_OUT_FORCE : 0, 0, err);
+}
+
 /* Hardware profile for the planner: measure, save where the planner looks
  * (or --hw-profile), print the saved JSON. args: the optional model. */
 int run_profile_hw(const run_opts *o, int nargs, char **args)
@@ -160,6 +186,8 @@ int run_profile_hw(const run_opts *o, int nargs, char **args)
                  : pi2_err_set(&err, PI2_ERANGE, "--hw-profile: path too long");
     else
         rc = pi2_hwprof_default_path(dir, path, sizeof path, &err);
+    if (rc == 0)
+        rc = profile_out_check(o, path, nargs == 1 ? args[0] : NULL, &err);
     if (rc == 0 && (rc = pi2_hwprof_measure(&ho, p, &err)) == 0 && (rc = pi2_hwprof_save(p, path, &err)) == 0 &&
         (rc = pi2_read_file(path, 1u << 20, &text, NULL, &err)) == 0) {
         fputs(text, stdout);

@@ -1402,12 +1402,14 @@ static void test_f32_twins_bitwise(void **state)
             int64_t n = it < 48 ? it + 1 : it < 60 ? 16 * rand_int(&r, 1, 24) : rand_int(&r, 1, 2100);
             int nrows = (int)rand_int(&r, 0, 41);
             int64_t ldw = n + rand_int(&r, 0, 3);
-            float *W = xmalloc((size_t)(nrows * ldw) + 1, sizeof(float)), *x = xmalloc((size_t)n, sizeof(float));
+            /* x is sgemv's input (n) and sgemv_t's coefficients (nrows) */
+            int64_t nx = n > nrows ? n : nrows;
+            float *W = xmalloc((size_t)(nrows * ldw) + 1, sizeof(float)), *x = xmalloc((size_t)nx, sizeof(float));
             float *got = xmalloc((size_t)(n + nrows) + 1, sizeof(float));
             float *ref = xmalloc((size_t)(n + nrows) + 1, sizeof(float));
             for (int64_t k = 0; k < nrows * ldw; k++)
                 W[k] = (float)ldexp(pi2_rng_normal(&r), (int)rand_int(&r, -6, 6));
-            for (int64_t k = 0; k < n; k++)
+            for (int64_t k = 0; k < nx; k++)
                 x[k] = (float)pi2_rng_normal(&r);
             pi2_k_sgemv_isa(isa, W, ldw, n, nrows, x, got);
             pi2_k_sgemv_isa(PI2_ISA_SCALAR, W, ldw, n, nrows, x, ref);

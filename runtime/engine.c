@@ -125,28 +125,29 @@ static const float *bind_vec(pi2_engine *e, pi2_tname role, int layer, int64_t n
     return (const float *)(const void *)eng_member(e, t->payload, (uint64_t)n * 4, err);
 }
 
-static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *err)
+/* FFN bf's payload member: in memory, its base in the mapping; offloading,
+ * only checked (*base NULL: payload rows are pointed at the hot segment or
+ * the cache later). */
+static int ffn_payload(pi2_engine *e, const pi2_bl_ffn *bf, const uint8_t **base, pi2_err *err)
+{
+    *base = NULL;
+    if (!e->res) {
+        if (!(*base = eng_member(e, bf->ffn, (uint64_t)bf->groups * bf->slot_bytes, err)))
+            return err->code;
+        return 0;
+    }
+    const pi2_ctr_member *m = pi2_ctr_find(pi2_bundle_container(e->b), bf->ffn);
+    if (!m || m->size != (uint64_t)bf->groups * bf->slot_bytes)
+        return pi2_err_set(err, PI2_ESHAPE, "%s: FFN member %s is missing or of the wrong size", e->path, bf->ffn);
+    return 0;
+}
+
+/* The row tables of f's gate, up and down: each neuron's scale rows, and
+ * (base non-NULL) its payload rows where the bundle's layout put them. */
+static int ffn_rows(pi2_engine *e, eng_ffn *f, const pi2_bl_ffn *bf, int layer, int mex, const uint8_t *base,
+                    pi2_err *err)
 {
     const pi2_model_desc *d = &e->d;
-    int mex = pi2_desc_is_moe(d) ? expert : -1;
-    const pi2_bl_ffn *bf = pi2_bl_find(e->bl, layer, mex);
-    if (!bf)
-        return pi2_err_set(err, PI2_ENOTFOUND, "%s: bundle has no FFN for layer %d expert %d", e->path, layer, mex);
-    f->layer = layer;
-    f->expert = expert;
-    f->n_ff = bf->neurons;
-    if ((int)bf->neurons != d->n_ff)
-        return pi2_err_set(err, PI2_ESHAPE, "%s: FFN %s holds %u neurons, config says %d", e->path, bf->ffn,
-                           bf->neurons, d->n_ff);
-    const uint8_t *base = NULL;
-    if (!e->res) {
-        if (!(base = eng_member(e, bf->ffn, (uint64_t)bf->groups * bf->slot_bytes, err)))
-            return err->code;
-    } else { /* offloading: payload rows are pointed at the hot segment or the cache later */
-        const pi2_ctr_member *m = pi2_ctr_find(pi2_bundle_container(e->b), bf->ffn);
-        if (!m || m->size != (uint64_t)bf->groups * bf->slot_bytes)
-            return pi2_err_set(err, PI2_ESHAPE, "%s: FFN member %s is missing or of the wrong size", e->path, bf->ffn);
-    }
     static const pi2_tname roles[3] = {PI2_T_GATE, PI2_T_UP, PI2_T_DOWN};
     eng_mat *mats[3] = {&f->gate, &f->up, &f->down};
     uint64_t rb = e->bl->row_bytes;
@@ -180,6 +181,14 @@ static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *e
         f->up.rp[i] = base + off[1];
         f->down.rp[i] = base + off[2];
     }
+    return 0;
+}
+
+/* What picks f's neurons in the model's sparsity mode: its predictor
+ * (q8/q4 members bound in place, f32/f16 ones given a Q8 copy to fill) or
+ * its activation threshold. */
+static int ffn_sparsity(pi2_engine *e, eng_ffn *f, const pi2_bl_ffn *bf, int layer, int mex, pi2_err *err)
+{
     const pi2_mf_layer *ml = pi2_manifest_find_layer(e->mf, layer, mex);
     if (e->mode == PI2_MF_SPARSE_PREDICTOR) {
         if (!ml || !ml->has_predictor)
@@ -193,7 +202,7 @@ static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *e
         f->threshold = p->threshold;
         if (pi2_mf_pred_qtype(p->dtype) != PI2_QT_F32)
             return eng_pred_bind(e, f, p, pi2_mf_pred_qtype(p->dtype), err);
-        f->fc1 = eng_member(e, p->fc1, (uint64_t)p->rank * d->hidden * el, err);
+        f->fc1 = eng_member(e, p->fc1, (uint64_t)p->rank * e->d.hidden * el, err);
         if (!f->fc1)
             return err->code;
         f->fc2 = eng_member(e, p->fc2, (uint64_t)p->rank * bf->neurons * el, err);
@@ -208,6 +217,27 @@ static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *e
         f->silu_thr = ml->silu_threshold;
     }
     return 0;
+}
+
+/* FFN (layer, expert) as bundled: its payload, row tables and sparsity. */
+static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    int mex = pi2_desc_is_moe(d) ? expert : -1;
+    const pi2_bl_ffn *bf = pi2_bl_find(e->bl, layer, mex);
+    if (!bf)
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: bundle has no FFN for layer %d expert %d", e->path, layer, mex);
+    f->layer = layer;
+    f->expert = expert;
+    f->n_ff = bf->neurons;
+    if ((int)bf->neurons != d->n_ff)
+        return pi2_err_set(err, PI2_ESHAPE, "%s: FFN %s holds %u neurons, config says %d", e->path, bf->ffn,
+                           bf->neurons, d->n_ff);
+    const uint8_t *base;
+    int rc;
+    if ((rc = ffn_payload(e, bf, &base, err)) != 0 || (rc = ffn_rows(e, f, bf, layer, mex, base, err)) != 0)
+        return rc;
+    return ffn_sparsity(e, f, bf, layer, mex, err);
 }
 
 static int check_model(pi2_engine *e, pi2_err *err)
@@ -289,37 +319,40 @@ static int plan_floor(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     return rc;
 }
 
-int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
+/* Open the bundle, its signature checked (o->pubkey, o->trust_unsigned).
+ * A converted (not yet bundled) model fails the signature step first:
+ * then the error says what it is instead. */
+static int open_bundle(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
 {
-    *out = NULL;
-    if (!o || !o->path)
-        return pi2_err_set(err, PI2_EINVAL, "engine: no model path");
-    pi2_engine *e = calloc(1, sizeof *e);
-    if (!e)
-        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
-    snprintf(e->path, sizeof e->path, "%s", o->path);
-    int rc;
-    pi2_plan_memory mem = {0};
     /* in memory, the weights are used in place from the mapping: 2 MiB pages
      * cut the TLB misses of streaming them every token (runtime/PERF.md) */
     pi2_bundle_open_opts bo = {
         .pubkey = o->pubkey, .allow_unsigned = o->trust_unsigned, .huge_pages = o->offload.mem_limit == 0};
-    if ((rc = pi2_bundle_open(&e->b, o->path, &bo, err)) != 0) {
-        /* A converted (not yet bundled) model fails the signature step
-         * first; say what it is instead. */
-        pi2_bundle *probe = NULL;
-        pi2_bundle_open_opts po = {.allow_unsigned = true, .skip_signature = true};
-        pi2_err pe = {0};
-        if (pi2_bundle_open(&probe, o->path, &po, &pe) != 0 && strstr(pe.msg, "not a bundled model")) {
-            pi2_err fresh = {0};
-            *err = fresh;
-            rc = pi2_err_set(err, pe.code, "%s", pe.msg);
-        }
-        pi2_bundle_close(probe);
-        goto fail;
+    int rc = pi2_bundle_open(&e->b, o->path, &bo, err);
+    if (rc == 0) {
+        e->mf = pi2_bundle_manifest(e->b);
+        e->bl = pi2_bundle_layout_get(e->b);
+        return 0;
     }
-    e->mf = pi2_bundle_manifest(e->b);
-    e->bl = pi2_bundle_layout_get(e->b);
+    pi2_bundle *probe = NULL;
+    pi2_bundle_open_opts po = {.allow_unsigned = true, .skip_signature = true};
+    pi2_err pe = {0};
+    if (pi2_bundle_open(&probe, o->path, &po, &pe) != 0 && strstr(pe.msg, "not a bundled model")) {
+        pi2_err fresh = {0};
+        *err = fresh;
+        rc = pi2_err_set(err, pe.code, "%s", pe.msg);
+    }
+    pi2_bundle_close(probe);
+    return rc;
+}
+
+/* The weights made ready to use: in memory, the mapping's hashes checked
+ * (the FFNs' unless !o->verify_ffn); offloading, a limit below the floor
+ * refused first, then the resident members read in with O_DIRECT and
+ * hashed there. The threads asked for are set first: the floor counts
+ * their buffers. */
+static int ready_weights(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
+{
     e->threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     e->ahead = eng_l2_ahead(sysconf(_SC_LEVEL2_CACHE_SIZE));
     if (e->threads < 1)
@@ -327,13 +360,19 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     if (e->threads > 256)
         e->threads = 256;
     e->tls_n = e->threads; /* scratch for as many as asked; a plan may run fewer */
+    int rc;
     if (o->offload.mem_limit > 0) {
-        /* offloading: resident members read with O_DIRECT and hashed there */
-        if ((rc = plan_floor(e, o, err)) != 0 || (rc = eng_ofl_load_resident(e, o, err)) != 0)
-            goto fail;
-    } else if ((rc = pi2_bundle_verify(e->b, !o->verify_ffn, NULL, err)) != 0) {
-        goto fail;
+        if ((rc = plan_floor(e, o, err)) != 0)
+            return rc;
+        return eng_ofl_load_resident(e, o, err);
     }
+    return pi2_bundle_verify(e->b, !o->verify_ffn, NULL, err);
+}
+
+/* The model as the manifest describes it: shape, sparsity, the signature
+ * line, checked against what the engine runs. */
+static int describe_model(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
+{
     e->d = e->mf->config;
     e->mode = e->mf->sparsity_mode;
     e->dense = o->dense || e->mode == PI2_MF_SPARSE_NONE;
@@ -346,87 +385,107 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     } else {
         snprintf(e->sig, sizeof e->sig, "unsigned (trusted on request)");
     }
-    if ((rc = check_model(e, err)) != 0)
-        goto fail;
-    const pi2_model_desc *d = &e->d;
+    return check_model(e, err);
+}
 
+/* The tokenizer member, at most the model's vocabulary. */
+static int load_tokenizer(pi2_engine *e, pi2_err *err)
+{
     const pi2_ctr_member *tm = pi2_ctr_find(pi2_bundle_container(e->b), e->mf->tokenizer);
-    if (!tm) {
-        rc = pi2_err_set(err, PI2_ENOTFOUND, "%s: tokenizer member %s is missing", e->path, e->mf->tokenizer);
-        goto fail;
-    }
+    if (!tm)
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: tokenizer member %s is missing", e->path, e->mf->tokenizer);
     char tname[4200];
     snprintf(tname, sizeof tname, "%s:%s", e->path, e->mf->tokenizer);
     /* offloading: from the copy read in, not the mapping's page cache */
     const uint8_t *tdata = e->res && tm->offset <= e->res_bytes && tm->size <= e->res_bytes - tm->offset
                                ? e->res + tm->offset
                                : tm->data;
-    if ((rc = pi2_tok_load_mem(&e->tok, (const char *)tdata, (size_t)tm->size, tname, err)) != 0)
-        goto fail;
-    if (pi2_tok_vocab_size(e->tok) > d->vocab) {
-        rc = pi2_err_set(err, PI2_ESHAPE, "%s: tokenizer has %d tokens, model vocab is %d", e->path,
-                         pi2_tok_vocab_size(e->tok), d->vocab);
-        goto fail;
-    }
+    int rc = pi2_tok_load_mem(&e->tok, (const char *)tdata, (size_t)tm->size, tname, err);
+    if (rc)
+        return rc;
+    if (pi2_tok_vocab_size(e->tok) > e->d.vocab)
+        return pi2_err_set(err, PI2_ESHAPE, "%s: tokenizer has %d tokens, model vocab is %d", e->path,
+                           pi2_tok_vocab_size(e->tok), e->d.vocab);
+    return 0;
+}
 
-    int64_t D = d->hidden, qd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv_heads * d->head_dim;
-    if ((rc = bind_mat(e, &e->embed, PI2_T_EMBED, -1, d->vocab, D, err)) != 0)
-        goto fail;
+/* The embedding, the head (the embedding's rows when tied and the model
+ * has no head of its own) and the output norm. */
+static int bind_ends(pi2_engine *e, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    int rc = bind_mat(e, &e->embed, PI2_T_EMBED, -1, d->vocab, d->hidden, err);
+    if (rc)
+        return rc;
     if (d->tie_embeddings && !pi2_manifest_find_tensor(e->mf, PI2_T_LM_HEAD, -1, -1)) {
         e->head = e->embed; /* shared row tables: freed once, via embed */
         e->head_shared = true;
-    } else if ((rc = bind_mat(e, &e->head, PI2_T_LM_HEAD, -1, d->vocab, D, err)) != 0) {
-        goto fail;
+    } else if ((rc = bind_mat(e, &e->head, PI2_T_LM_HEAD, -1, d->vocab, d->hidden, err)) != 0) {
+        return rc;
     }
-    if (e->embed.qt == PI2_QT_F32) {
-        rc = unsupported(e, err, "f32 embeddings");
-        goto fail;
-    }
-    if (!(e->out_norm = bind_vec(e, PI2_T_OUT_NORM, -1, D, err))) {
-        rc = err->code;
-        goto fail;
-    }
-    int E = pi2_desc_is_moe(d) ? d->n_experts : 1;
-    if (!(e->layers = calloc((size_t)d->n_layers, sizeof *e->layers))) {
-        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
-        goto fail;
-    }
-    for (int l = 0; l < d->n_layers; l++) {
-        eng_layer *L = &e->layers[l];
-        if (!(L->ffn = calloc((size_t)E, sizeof *L->ffn))) {
-            rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
-            goto fail;
-        }
-        if (!(L->attn_norm = bind_vec(e, PI2_T_ATTN_NORM, l, D, err)) ||
-            !(L->ffn_norm = bind_vec(e, PI2_T_FFN_NORM, l, D, err))) {
-            rc = err->code;
-            goto fail;
-        }
-        if ((rc = bind_mat(e, &L->q, PI2_T_Q, l, qd, D, err)) || (rc = bind_mat(e, &L->k, PI2_T_K, l, kvd, D, err)) ||
-            (rc = bind_mat(e, &L->v, PI2_T_V, l, kvd, D, err)) || (rc = bind_mat(e, &L->o, PI2_T_O, l, D, qd, err)))
-            goto fail;
-        if (pi2_desc_is_moe(d)) {
-            eng_mat r;
-            if ((rc = bind_mat(e, &r, PI2_T_ROUTER, l, d->n_experts, D, err)) != 0)
-                goto fail;
-            if (r.qt != PI2_QT_F32) {
-                free_mat(&r);
-                rc = unsupported(e, err, "quantized MoE router");
-                goto fail;
-            }
-            L->router = r.f32;
-        }
-        for (int x = 0; x < E; x++)
-            if ((rc = bind_ffn(e, &L->ffn[x], l, x, err)) != 0)
-                goto fail;
-    }
-    if (!(e->inv_freq = pi2_malloc_array((size_t)d->head_dim, sizeof(float)))) {
-        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
-        goto fail;
-    }
-    pi2_rope_inv_freq(d, 0, e->inv_freq); /* the reference's, rope_scaling included */
+    if (e->embed.qt == PI2_QT_F32)
+        return unsupported(e, err, "f32 embeddings");
+    if (!(e->out_norm = bind_vec(e, PI2_T_OUT_NORM, -1, d->hidden, err)))
+        return err->code;
+    return 0;
+}
 
-    /* dense decode bytes per token */
+/* Layer l: its norms, attention, MoE router and FFNs (every expert's). */
+static int bind_layer(pi2_engine *e, int l, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    int64_t D = d->hidden, qd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv_heads * d->head_dim;
+    int E = pi2_desc_is_moe(d) ? d->n_experts : 1, rc;
+    eng_layer *L = &e->layers[l];
+    if (!(L->ffn = calloc((size_t)E, sizeof *L->ffn)))
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    if (!(L->attn_norm = bind_vec(e, PI2_T_ATTN_NORM, l, D, err)) ||
+        !(L->ffn_norm = bind_vec(e, PI2_T_FFN_NORM, l, D, err)))
+        return err->code;
+    if ((rc = bind_mat(e, &L->q, PI2_T_Q, l, qd, D, err)) || (rc = bind_mat(e, &L->k, PI2_T_K, l, kvd, D, err)) ||
+        (rc = bind_mat(e, &L->v, PI2_T_V, l, kvd, D, err)) || (rc = bind_mat(e, &L->o, PI2_T_O, l, D, qd, err)))
+        return rc;
+    if (pi2_desc_is_moe(d)) {
+        eng_mat r;
+        if ((rc = bind_mat(e, &r, PI2_T_ROUTER, l, d->n_experts, D, err)) != 0)
+            return rc;
+        if (r.qt != PI2_QT_F32) {
+            free_mat(&r);
+            return unsupported(e, err, "quantized MoE router");
+        }
+        L->router = r.f32;
+    }
+    for (int x = 0; x < E; x++)
+        if ((rc = bind_ffn(e, &L->ffn[x], l, x, err)) != 0)
+            return rc;
+    return 0;
+}
+
+/* Every tensor bound where it lies (row tables for the quantized ones),
+ * and RoPE's frequencies. */
+static int bind_model(pi2_engine *e, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    int rc = bind_ends(e, err);
+    if (rc)
+        return rc;
+    if (!(e->layers = calloc((size_t)d->n_layers, sizeof *e->layers)))
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    for (int l = 0; l < d->n_layers; l++)
+        if ((rc = bind_layer(e, l, err)) != 0)
+            return rc;
+    if (!(e->inv_freq = pi2_malloc_array((size_t)d->head_dim, sizeof(float))))
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    pi2_rope_inv_freq(d, 0, e->inv_freq); /* the reference's, rope_scaling included */
+    return 0;
+}
+
+/* The figures the tools report: the bytes dense decode reads a token, the
+ * multiply-adds of one prefill token. */
+static void count_work(pi2_engine *e)
+{
+    const pi2_model_desc *d = &e->d;
+    int64_t D = d->hidden, qd = (int64_t)d->n_heads * d->head_dim;
     uint64_t db = (uint64_t)e->head.rows * e->head.row_bytes + (uint64_t)D * 2; /* + embedding row */
     for (int l = 0; l < d->n_layers; l++) {
         const eng_layer *L = &e->layers[l];
@@ -437,21 +496,6 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         db += ffb * (uint64_t)(pi2_desc_is_moe(d) ? d->n_experts_used : 1);
     }
     e->dense_bytes = db;
-
-    int ctx0 = open_ctx(d, o);
-    pi2_plan_bufs bufs;
-    if ((rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, &bufs, err)) != 0 ||
-        (o->offload.mem_limit > 0 && (rc = plan_memory(e, o, ctx0, &bufs, &mem, err)) != 0))
-        goto fail;
-    if ((rc = pi2_pool_create(&e->pool, e->threads, err)) != 0)
-        goto fail;
-    if ((rc = eng_pred_quantize_all(e, err)) != 0)
-        goto fail;
-    if ((rc = eng_alloc_state(e, err)) != 0)
-        goto fail;
-    assert(e->buf_bytes == bufs.engine); /* the memory plan counted what was allocated */
-    if ((rc = pi2_engine_set_ctx(e, ctx0, err)) != 0)
-        goto fail;
     double macs = 0;
     for (int l = 0; l < d->n_layers; l++) {
         const eng_layer *L = &e->layers[l];
@@ -459,10 +503,30 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         macs += 3.0 * (double)D * d->n_ff * (pi2_desc_is_moe(d) ? d->n_experts_used : 1);
     }
     e->prefill_macs = macs;
+}
+
+/* The buffers the plan counted (bufs->engine), allocated, and the KV
+ * cache of ctx positions. */
+static int alloc_buffers(pi2_engine *e, const pi2_plan_bufs *bufs, int ctx, pi2_err *err)
+{
+    int rc = eng_alloc_state(e, err);
+    if (rc)
+        return rc;
+    assert(e->buf_bytes == bufs->engine); /* the memory plan counted what was allocated */
+    (void)bufs;
+    return pi2_engine_set_ctx(e, ctx, err);
+}
+
+/* Where the FFNs are computed: from flash under the plan (mem), or in
+ * memory, the mapping read through once (o->preload) so the first tokens
+ * do not fault it in. */
+static int start_ffn_source(pi2_engine *e, const pi2_engine_opts *o, pi2_plan_memory *mem, pi2_err *err)
+{
     e->ffn = &eng_ffn_memory;
     if (o->offload.mem_limit > 0) {
-        if ((rc = eng_ofl_open(e, o, &mem, err)) != 0)
-            goto fail;
+        int rc = eng_ofl_open(e, o, mem, err);
+        if (rc)
+            return rc;
         e->ffn = &eng_ffn_flash;
     } else if (o->preload) {
         touch_job tj = {.c = pi2_bundle_container(e->b)};
@@ -471,6 +535,37 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         if ((e->rehuged = pi2_ctr_rehuge(tj.c, PI2_ENGINE_REHUGE_MIN)))
             pi2_pool_run(e->pool, touch_fn, &tj);
     }
+    return 0;
+}
+
+int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
+{
+    *out = NULL;
+    if (!o || !o->path)
+        return pi2_err_set(err, PI2_EINVAL, "engine: no model path");
+    pi2_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    snprintf(e->path, sizeof e->path, "%s", o->path);
+    pi2_plan_memory mem = {0};
+    pi2_plan_bufs bufs;
+    int rc, ctx0;
+    if ((rc = open_bundle(e, o, err)) != 0 || (rc = ready_weights(e, o, err)) != 0 ||
+        (rc = describe_model(e, o, err)) != 0 || (rc = load_tokenizer(e, err)) != 0 ||
+        (rc = bind_model(e, err)) != 0)
+        goto fail;
+    /* offloading: the memory plan, made before anything else is allocated,
+     * so the pool starts with the plan's threads */
+    ctx0 = open_ctx(&e->d, o);
+    if ((rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, &bufs, err)) != 0 ||
+        (o->offload.mem_limit > 0 && (rc = plan_memory(e, o, ctx0, &bufs, &mem, err)) != 0))
+        goto fail;
+    if ((rc = pi2_pool_create(&e->pool, e->threads, err)) != 0 || (rc = eng_pred_quantize_all(e, err)) != 0 ||
+        (rc = alloc_buffers(e, &bufs, ctx0, err)) != 0)
+        goto fail;
+    count_work(e);
+    if ((rc = start_ffn_source(e, o, &mem, err)) != 0)
+        goto fail;
     pi2_plan_memory_free(&mem);
     *out = e;
     return 0;
@@ -480,12 +575,9 @@ fail:
     return rc ? rc : PI2_EINVAL;
 }
 
-void pi2_engine_close(pi2_engine *e)
+/* The row tables of every bound matrix and the predictors' Q8 copies. */
+static void free_layers(pi2_engine *e)
 {
-    if (!e)
-        return;
-    eng_ofl_close(e);
-    pi2_pool_free(e->pool);
     if (e->layers) {
         int E = pi2_desc_is_moe(&e->d) ? e->d.n_experts : 1;
         for (int l = 0; l < e->d.n_layers; l++) {
@@ -507,57 +599,18 @@ void pi2_engine_close(pi2_engine *e)
     free_mat(&e->embed);
     if (!e->head_shared)
         free_mat(&e->head);
-    if (e->tls)
-        for (int t = 0; t < e->tls_n; t++) {
-            eng_tls *s = &e->tls[t];
-            free(s->part);
-            free(s->g);
-            free(s->u);
-            free(s->coef);
-            free(s->pp);
-            free(s->ps);
-            free(s->pp2);
-            free(s->ps2);
-            free(s->gt);
-            free(s->ut);
-            free(s->list);
-            free(s->list2);
-            free(s->scores);
-        }
-    free(e->tls);
+}
+
+void pi2_engine_close(pi2_engine *e)
+{
+    if (!e)
+        return;
+    eng_ofl_close(e);
+    pi2_pool_free(e->pool);
+    free_layers(e);
+    eng_free_state(e);
     free(e->kc);
     free(e->vc);
-    free(e->x);
-    free(e->xb);
-    free(e->xb2);
-    free(e->q);
-    free(e->att);
-    free(e->aqs);
-    free(e->aq);
-    free(e->asum);
-    free(e->ph);
-    free(e->phs);
-    free(e->phq);
-    free(e->phsum);
-    free(e->pxs);
-    free(e->pxq);
-    free(e->pxsum);
-    free(e->router_logits);
-    free(e->chosen);
-    free(e->sel);
-    free(e->scores_all);
-    free(e->dec_out);
-    free((void *)e->share_rng);
-    free(e->pred_n);
-    free(e->moe_x);
-    free(e->moe_out);
-    free(e->moe_w);
-    free(e->moe_tok);
-    free(e->moe_wk);
-    free(e->moe_prev);
-    free(e->moe_guess);
-    free(e->rope_cs);
-    free(e->rope_sn);
     free(e->inv_freq);
     pi2_tok_free(e->tok);
     pi2_bundle_close(e->b);

@@ -96,6 +96,59 @@ int eng_alloc_state(pi2_engine *e, pi2_err *err)
     return 0;
 }
 
+void eng_free_state(pi2_engine *e)
+{
+    if (e->tls)
+        for (int t = 0; t < e->tls_n; t++) {
+            eng_tls *s = &e->tls[t];
+            free(s->part);
+            free(s->g);
+            free(s->u);
+            free(s->coef);
+            free(s->pp);
+            free(s->ps);
+            free(s->pp2);
+            free(s->ps2);
+            free(s->gt);
+            free(s->ut);
+            free(s->list);
+            free(s->list2);
+            free(s->scores);
+        }
+    free(e->tls);
+    free(e->x);
+    free(e->xb);
+    free(e->xb2);
+    free(e->q);
+    free(e->att);
+    free(e->aqs);
+    free(e->aq);
+    free(e->asum);
+    free(e->ph);
+    free(e->phs);
+    free(e->phq);
+    free(e->phsum);
+    free(e->pxs);
+    free(e->pxq);
+    free(e->pxsum);
+    free(e->router_logits);
+    free(e->chosen);
+    free(e->sel);
+    free(e->scores_all);
+    free(e->dec_out);
+    free((void *)e->share_rng);
+    free(e->pred_n);
+    free(e->moe_x);
+    free(e->moe_out);
+    free(e->moe_w);
+    free(e->moe_tok);
+    free(e->moe_wk);
+    free(e->moe_prev);
+    free(e->moe_guess);
+    free(e->rope_cs);
+    free(e->rope_sn);
+}
+
 /* Row tables of a bound matrix (alloc_rows): quantized ones only. */
 static uint64_t rows_bytes(const pi2_mf_tensor *t, int64_t rows)
 {

@@ -189,5 +189,8 @@ int eng_pred_quantize_all(pi2_engine *e, pi2_err *err);
 /* The activation, predictor-input, MoE and per-thread buffers (the KV
  * cache is pi2_engine_set_ctx's), after every FFN is bound. */
 int eng_alloc_state(pi2_engine *e, pi2_err *err);
+/* Frees what eng_alloc_state allocated, and the per-thread attention
+ * scores pi2_engine_set_ctx put beside it; any part may be NULL. */
+void eng_free_state(pi2_engine *e);
 
 #endif

@@ -562,7 +562,8 @@ int pi2_bundle_inspect(const pi2_bundle *b, FILE *out, pi2_err *err)
     case PI2_BUNDLE_SIG_VERIFIED: fprintf(out, "signature:  verified, Ed25519 key %s\n", fp); break;
     case PI2_BUNDLE_SIG_UNSIGNED: fprintf(out, "signature:  UNSIGNED (nothing vouches for this file)\n"); break;
     case PI2_BUNDLE_SIG_UNCHECKED:
-        fprintf(out, "signature:  signed by Ed25519 key %s (not checked here: pi2-bundle verify --pubkey)\n", fp);
+        fprintf(out, "signature:  signed by Ed25519 key %s (not checked here: that needs the signer's public key)\n",
+                fp);
         break;
     }
     inspect_model(d, out);

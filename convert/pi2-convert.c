@@ -19,6 +19,21 @@ static int die(const char *what, const pi2_err *e, int code)
     return code;
 }
 
+/* The library says what is wrong with a conversion; the flag that fixes
+ * it is the tool's to name, chosen from what the conversion needs. */
+static void flag_hint(pi2_convert_need need, pi2_err *err)
+{
+    const char *hint = need == PI2_CONVERT_NEED_PREDICTORS ? "; give --predictors PATH, or --train-predictors to "
+                                                             "train new ones"
+                       : need == PI2_CONVERT_NEED_CALIB    ? "; give more --calib-tokens"
+                                                           : NULL;
+    if (!hint)
+        return;
+    pi2_err in = *err, fresh = {0};
+    *err = fresh;
+    pi2_err_set(err, in.code, "%s%s", in.msg, hint);
+}
+
 static void usage_synth(FILE *f)
 {
     fprintf(f,
@@ -203,8 +218,11 @@ static int cmd_convert(int argc, char **argv)
         return 2;
     }
     double t0 = pi2_now();
-    if (pi2_convert(&o, stdout, &err))
+    pi2_convert_need need;
+    if (pi2_convert_run(&o, stdout, &need, &err)) {
+        flag_hint(need, &err);
         return die(NULL, &err, 1);
+    }
     printf("wrote %s in %.1f s, peak RSS %.0f MB\n", o.out_path, pi2_now() - t0, pi2_peak_rss() / 1048576.0);
     return 0;
 }

@@ -250,6 +250,15 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total)
 
 
 /* pi2-convert synth --family NAME -o DIR [--seed S] */
+/* fam names one of the families pi2_family_write knows. */
+static bool family_known(const char *fam)
+{
+    for (const char *const *n = pi2_family_names; *n; n++)
+        if (strcmp(*n, fam) == 0)
+            return true;
+    return false;
+}
+
 static int synth_family(int argc, char **argv, const char *fam)
 {
     const char *out = NULL;
@@ -275,7 +284,7 @@ static int synth_family(int argc, char **argv, const char *fam)
     if (pi2_out_check(out, NULL, 0, PI2_OUT_DIR, 0, &err))
         return die("synth", &err, 1);
     if (pi2_family_write(out, fam, (uint64_t)seed, 0, &err))
-        return die("synth", &err, strstr(err.msg, "unknown family") ? 2 : 1);
+        return die("synth", &err, family_known(fam) ? 1 : 2); /* an unknown name: a usage error */
     printf("wrote %s (a tiny %s replica)\n", out, fam);
     return 0;
 }

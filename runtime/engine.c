@@ -319,9 +319,8 @@ static int plan_floor(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     return rc;
 }
 
-/* Open the bundle, its signature checked (o->pubkey, o->trust_unsigned).
- * A converted (not yet bundled) model fails the signature step first:
- * then the error says what it is instead. */
+/* Open the bundle, its signature checked (o->pubkey, o->trust_unsigned);
+ * a converted (not yet bundled) model is named as such. */
 static int open_bundle(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
 {
     /* in memory, the weights are used in place from the mapping: 2 MiB pages
@@ -329,21 +328,11 @@ static int open_bundle(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     pi2_bundle_open_opts bo = {
         .pubkey = o->pubkey, .allow_unsigned = o->trust_unsigned, .huge_pages = o->offload.mem_limit == 0};
     int rc = pi2_bundle_open(&e->b, o->path, &bo, err);
-    if (rc == 0) {
-        e->mf = pi2_bundle_manifest(e->b);
-        e->bl = pi2_bundle_layout_get(e->b);
-        return 0;
-    }
-    pi2_bundle *probe = NULL;
-    pi2_bundle_open_opts po = {.allow_unsigned = true, .skip_signature = true};
-    pi2_err pe = {0};
-    if (pi2_bundle_open(&probe, o->path, &po, &pe) != 0 && strstr(pe.msg, "not a bundled model")) {
-        pi2_err fresh = {0};
-        *err = fresh;
-        rc = pi2_err_set(err, pe.code, "%s", pe.msg);
-    }
-    pi2_bundle_close(probe);
-    return rc;
+    if (rc)
+        return pi2_bundle_open_failed(o->path, rc, err);
+    e->mf = pi2_bundle_manifest(e->b);
+    e->bl = pi2_bundle_layout_get(e->b);
+    return 0;
 }
 
 /* The weights made ready to use: in memory, the mapping's hashes checked

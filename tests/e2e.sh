@@ -195,6 +195,11 @@ expect_error "bundle inspect --svg bad path" "$T/nodir/b.svg" "$B/pi2-bundle" in
 expect_error "bundle verify wrong key" "another key" "$B/pi2-bundle" verify "$T/b.pi2" --pubkey "$T/k2.pub"
 expect_error "bundle verify no key" "--pubkey" "$B/pi2-bundle" verify "$T/b.pi2"
 expect_error "bundle verify converted" "not a bundled model" "$B/pi2-bundle" verify "$T/tiny.pi2c" --allow-unsigned
+# a converted model fails the signature step first: the run says what it is instead
+expect_error "run converted" "not a bundled model (kind converted); run pi2-bundle on it first" \
+    "$B/pi2-run" "$T/tiny.pi2c" --pubkey "$T/k.pub" -p "hi" -n 1
+expect_error "plan converted" "not a bundled model (kind converted)" \
+    "$B/pi2-run" "$T/tiny.pi2c" --pubkey "$T/k.pub" -p "hi" -n 1 --plan-only --mem-limit 1T
 for m in ffn/1.0 w/model.layers.0.mlp.up_proj.weight.s perm/0.0 p/1.0.fc2; do
     cp "$T/b.pi2" "$T/bt.pi2"
     off=$(member_off "$T/bt.pi2" "$m")
@@ -536,6 +541,9 @@ for fam in turbosparse-mistral bamboo relullama; do
         && [ -n "$("$B/pi2-run" "$T/fam-$fam.pi2" --pubkey "$T/k.pub" -p "hello world" -n 8 2>"$T/err")" ] \
         && ok || { bad "family $fam: synth, convert, bundle, run"; cat "$T/out" "$T/err"; }
 done
+"$B/pi2-convert" synth --family nope -o "$T/fam-nope" >/dev/null 2>"$T/err"
+[ $? -eq 2 ] && grep -q "unknown family 'nope'" "$T/err" && [ ! -e "$T/fam-nope" ] && ok \
+    || { bad "synth --family with an unknown name: not a usage error"; cat "$T/err"; }
 "$B/pi2-convert" "$T/fam-turbosparse-mistral" -o "$T/x.pi2c" --calib-tokens 256 2>/dev/null | grep -q "^model: TurboSparse-Mistral" \
     && ok || bad "TurboSparse-Mistral not recognised by its tensors"
 # Bamboo-base without its predictors: no silent dense model when the repository lies beside it

@@ -303,7 +303,7 @@ static void report_summary(const bctx *b, FILE *r, double t_order, double t_all,
     fprintf(r, "\n");
     fprintf(r, "layout: %s, io unit %u KiB (%s), group %u, slot %llu bytes\n",
             b->two_phase ? "two-phase (gate part, then up+down)" : "one-phase (gate|up|down)", b->io_unit / 1024,
-            b->o->io_unit ? "--io-unit" : "auto", L0->group, (unsigned long long)L0->slot_bytes);
+            b->o->io_unit ? "given" : "auto", L0->group, (unsigned long long)L0->slot_bytes);
     uint64_t res = b->written - hot - cold;
     fprintf(r, "wrote %s: %.3f GB (resident %.3f, hot %.3f, cold %.3f) in %.1f s (%.2f GB/s), %s%s\n", b->o->out_path,
             b->written / 1e9, res / 1e9, hot / 1e9, cold / 1e9, t_all, t_all > 0 ? b->written / t_all / 1e9 : 0.0,

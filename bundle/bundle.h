@@ -134,6 +134,13 @@ typedef struct pi2_bundle pi2_bundle;
  * without skip_signature a signed container is refused (PI2_EINVAL: a key is
  * needed to trust it). Caller closes *out with pi2_bundle_close. */
 int pi2_bundle_open(pi2_bundle **out, const char *path, const pi2_bundle_open_opts *o, pi2_err *err);
+
+/* After pi2_bundle_open failed at path with rc: when path holds a pi2
+ * model that is not bundled (a converted one fails the signature step
+ * first), err is replaced by what it is (PI2_EFORMAT, returned), else rc
+ * is returned and err left as it is. The manifest is parsed unverified,
+ * for the message only. */
+int pi2_bundle_open_failed(const char *path, int rc, pi2_err *err);
 /* Release everything. NULL is a no-op. */
 void pi2_bundle_close(pi2_bundle *b);
 

@@ -190,6 +190,32 @@ static int check_ffns(pi2_bundle *b, pi2_err *err)
     return 0;
 }
 
+static int not_bundled(const char *path, const pi2_manifest *mf, pi2_err *err)
+{
+    return pi2_err_set(err, PI2_EFORMAT, "%s: not a bundled model (kind %s); run pi2-bundle on it first", path,
+                       pi2_manifest_kind_name(mf->kind));
+}
+
+int pi2_bundle_open_failed(const char *path, int rc, pi2_err *err)
+{
+    pi2_ctr *c = NULL;
+    pi2_manifest *mf = NULL;
+    pi2_err pe = {0};
+    const pi2_ctr_member *mj = pi2_ctr_open(&c, path, &pe) == 0 ? pi2_ctr_find(c, PI2_MF_NAME) : NULL;
+    char name[4200];
+    snprintf(name, sizeof name, "%s:%s", path, PI2_MF_NAME);
+    if (mj && pi2_manifest_parse((const char *)mj->data, (size_t)mj->size, name, &mf, &pe) == 0 &&
+        mf->kind != PI2_MF_BUNDLED) {
+        pi2_err fresh = {0};
+        if (err)
+            *err = fresh;
+        rc = not_bundled(path, mf, err);
+    }
+    pi2_manifest_free(mf);
+    pi2_ctr_close(c);
+    return rc;
+}
+
 int pi2_bundle_open(pi2_bundle **out, const char *path, const pi2_bundle_open_opts *o, pi2_err *err)
 {
     if (out)
@@ -216,8 +242,7 @@ int pi2_bundle_open(pi2_bundle **out, const char *path, const pi2_bundle_open_op
         snprintf(name, sizeof name, "%s:%s", path, PI2_MF_NAME);
         rc = pi2_manifest_parse((const char *)mj->data, (size_t)mj->size, name, &b->mf, err);
         if (rc == 0 && b->mf->kind != PI2_MF_BUNDLED)
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: not a bundled model (kind %s); run pi2-bundle on it first", path,
-                             pi2_manifest_kind_name(b->mf->kind));
+            rc = not_bundled(path, b->mf, err);
         if (rc == 0)
             rc = pi2_bundle_layout_parse(b->mf, name, &b->lay, err);
     }
@@ -562,7 +587,8 @@ int pi2_bundle_inspect(const pi2_bundle *b, FILE *out, pi2_err *err)
     case PI2_BUNDLE_SIG_VERIFIED: fprintf(out, "signature:  verified, Ed25519 key %s\n", fp); break;
     case PI2_BUNDLE_SIG_UNSIGNED: fprintf(out, "signature:  UNSIGNED (nothing vouches for this file)\n"); break;
     case PI2_BUNDLE_SIG_UNCHECKED:
-        fprintf(out, "signature:  signed by Ed25519 key %s (not checked here: pi2-bundle verify --pubkey)\n", fp);
+        fprintf(out, "signature:  signed by Ed25519 key %s (not checked here: that needs the signer's public key)\n",
+                fp);
         break;
     }
     inspect_model(d, out);

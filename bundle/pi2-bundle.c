@@ -220,6 +220,9 @@ static int cmd_inspect(int argc, char **argv)
         rc = pi2_bundle_inspect(b, stdout, &err);
     if (rc == 0 && svg)
         printf("chart:      %s\n", svg);
+    /* the library says the signature went unchecked; the command that checks it is the tool's to name */
+    if (rc == 0 && pi2_bundle_sig_status(b) == PI2_BUNDLE_SIG_UNCHECKED)
+        printf("verify:     pi2-bundle verify %s --pubkey PUB.pem\n", argv[optind]);
     pi2_bundle_close(b);
     return rc ? die(&err, 1) : 0;
 }

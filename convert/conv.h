@@ -83,6 +83,7 @@ typedef struct pi2_conv {
     size_t n_calib_ids;
     uint64_t quality_tokens;
     double ppl[3];         /* fp32, quantized dense, quantized sparse */
+    pi2_convert_need need; /* what a failure needs from the options (pi2_convert_run) */
 } pi2_conv;
 
 /* Stages 2-4 (convert_calib.c): calibration text, traces, predictors,

@@ -112,6 +112,11 @@ static int check_output(const pi2_conv *c, pi2_err *err)
 
 int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err)
 {
+    return pi2_convert_run(o, report, NULL, err);
+}
+
+int pi2_convert_run(const pi2_convert_opts *o, FILE *report, pi2_convert_need *need, pi2_err *err)
+{
     pi2_conv c = {0};
     c.o = o;
     c.report = report;
@@ -188,5 +193,7 @@ out:
     free(tokjson);
     free(mtext);
     pi2_ref_close(c.m);
+    if (need)
+        *need = rc ? c.need : PI2_CONVERT_NEED_NOTHING;
     return rc;
 }

@@ -67,6 +67,19 @@ void pi2_convert_defaults(pi2_convert_opts *o);
  * is non-NULL. Nothing is left at out_path on failure. */
 int pi2_convert(const pi2_convert_opts *o, FILE *report, pi2_err *err);
 
+/* What a failed conversion needs from the options, when one of them is
+ * the remedy: err says what is wrong, the tool names its own flag. */
+typedef enum pi2_convert_need {
+    PI2_CONVERT_NEED_NOTHING = 0, /* no option helps (or nothing failed) */
+    PI2_CONVERT_NEED_PREDICTORS,  /* the predictors beside the weights are unusable: name others
+                                     (predictors_dir) or train new ones (train_predictors) */
+    PI2_CONVERT_NEED_CALIB,       /* too few calibration samples to train a predictor: more
+                                     calibration tokens (calib_tokens) */
+} pi2_convert_need;
+
+/* pi2_convert, and *need (when non-NULL) set to what a failure needs. */
+int pi2_convert_run(const pi2_convert_opts *o, FILE *report, pi2_convert_need *need, pi2_err *err);
+
 /* Dequantize a converted model back into a Hugging Face model directory
  * (config.json, tokenizer.json, one F32 model.safetensors; FFN down
  * transposed back), so the reference forward runs exactly the quantized

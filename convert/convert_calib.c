@@ -274,11 +274,13 @@ static int train_ffn(pi2_conv *c, int l, int e, size_t fi, pi2_err *err)
 {
     const pi2_model_desc *d = c->desc;
     pi2_trace *tr = c->traces[fi];
-    if (pi2_trace_count(tr) < 2 || pi2_trace_active_frac(tr) == 0.0)
+    if (pi2_trace_count(tr) < 2 || pi2_trace_active_frac(tr) == 0.0) {
+        c->need = PI2_CONVERT_NEED_CALIB;
         return pi2_err_set(err, PI2_EINVAL,
                            "layer %d expert %d: too few calibration samples with active neurons (%zu) "
-                           "to train a predictor; give more --calib-tokens",
+                           "to train a predictor",
                            l, e, pi2_trace_count(tr));
+    }
     pi2_pred_train_opts to;
     pi2_pred_train_defaults(&to);
     to.target_recall = c->o->recall;
@@ -317,7 +319,7 @@ static int predictors(pi2_conv *c, pi2_err *err)
         if (o->recall_set)
             conv_report(c, "calibrated to recall %.3f\n", o->recall);
         else
-            conv_report(c, "published (score > %g%s; --recall R calibrates)\n", c->psrc.threshold,
+            conv_report(c, "published (score > %g%s; not calibrated: no target recall asked)\n", c->psrc.threshold,
                         c->psrc.repo_threshold ? ", the repo's sparse_threshold" : "");
     } else {
         conv_report(c, "predictors trained on the %s input, target recall %.3f:\n",
@@ -712,7 +714,7 @@ int conv_calibrate(pi2_conv *c, pi2_err *err)
     if ((rc = predictors(c, err)) != 0)
         return rc;
     if (!c->preds)
-        conv_report(c, "predictors: none in the checkpoint or beside it, no --predictors, no --train-predictors%s\n",
+        conv_report(c, "predictors: none in the checkpoint or beside it, none named, none to train%s\n",
                 c->silu ? "; sparsity by the calibrated threshold" : "; the runtime will run dense");
     if ((rc = write_sparsity(c, err)) != 0 || (rc = write_profile(c, err)) != 0)
         return rc;

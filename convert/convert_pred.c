@@ -229,9 +229,10 @@ int conv_pred_find(pi2_conv *c, pi2_err *err)
             pi2_err why = {0};
             if ((rc = open_path(p, cand, d, &why)) == 0)
                 rc = check_all(p, d, &why);
-            if (rc && !o->train_predictors)
-                return pi2_err_set(err, rc, "predictors beside the weights cannot be used (%s); give --predictors "
-                                   "PATH, or --train-predictors to train new ones", why.msg);
+            if (rc && !o->train_predictors) {
+                c->need = PI2_CONVERT_NEED_PREDICTORS;
+                return pi2_err_set(err, rc, "predictors beside the weights cannot be used (%s)", why.msg);
+            }
             if (rc) {
                 conv_report(c, "predictors beside the weights NOT used (%s): training new ones\n", why.msg);
                 psrc_close(p);

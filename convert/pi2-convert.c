@@ -19,6 +19,21 @@ static int die(const char *what, const pi2_err *e, int code)
     return code;
 }
 
+/* The library says what is wrong with a conversion; the flag that fixes
+ * it is the tool's to name, chosen from what the conversion needs. */
+static void flag_hint(pi2_convert_need need, pi2_err *err)
+{
+    const char *hint = need == PI2_CONVERT_NEED_PREDICTORS ? "; give --predictors PATH, or --train-predictors to "
+                                                             "train new ones"
+                       : need == PI2_CONVERT_NEED_CALIB    ? "; give more --calib-tokens"
+                                                           : NULL;
+    if (!hint)
+        return;
+    pi2_err in = *err, fresh = {0};
+    *err = fresh;
+    pi2_err_set(err, in.code, "%s%s", in.msg, hint);
+}
+
 static void usage_synth(FILE *f)
 {
     fprintf(f,
@@ -203,8 +218,11 @@ static int cmd_convert(int argc, char **argv)
         return 2;
     }
     double t0 = pi2_now();
-    if (pi2_convert(&o, stdout, &err))
+    pi2_convert_need need;
+    if (pi2_convert_run(&o, stdout, &need, &err)) {
+        flag_hint(need, &err);
         return die(NULL, &err, 1);
+    }
     printf("wrote %s in %.1f s, peak RSS %.0f MB\n", o.out_path, pi2_now() - t0, pi2_peak_rss() / 1048576.0);
     return 0;
 }
@@ -232,6 +250,15 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total)
 
 
 /* pi2-convert synth --family NAME -o DIR [--seed S] */
+/* fam names one of the families pi2_family_write knows. */
+static bool family_known(const char *fam)
+{
+    for (const char *const *n = pi2_family_names; *n; n++)
+        if (strcmp(*n, fam) == 0)
+            return true;
+    return false;
+}
+
 static int synth_family(int argc, char **argv, const char *fam)
 {
     const char *out = NULL;
@@ -257,7 +284,7 @@ static int synth_family(int argc, char **argv, const char *fam)
     if (pi2_out_check(out, NULL, 0, PI2_OUT_DIR, 0, &err))
         return die("synth", &err, 1);
     if (pi2_family_write(out, fam, (uint64_t)seed, 0, &err))
-        return die("synth", &err, strstr(err.msg, "unknown family") ? 2 : 1);
+        return die("synth", &err, family_known(fam) ? 1 : 2); /* an unknown name: a usage error */
     printf("wrote %s (a tiny %s replica)\n", out, fam);
     return 0;
 }

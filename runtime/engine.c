@@ -11,7 +11,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 void pi2_engine_defaults(pi2_engine_opts *o)
@@ -30,7 +29,7 @@ static int unsupported(const pi2_engine *e, pi2_err *err, const char *what)
 }
 
 /* The member named `name`, exactly `size` bytes. */
-static const uint8_t *member(const pi2_engine *e, const char *name, uint64_t size, pi2_err *err)
+const uint8_t *eng_member(const pi2_engine *e, const char *name, uint64_t size, pi2_err *err)
 {
     const pi2_ctr_member *m = pi2_ctr_find(pi2_bundle_container(e->b), name);
     if (!m) {
@@ -53,7 +52,7 @@ static const uint8_t *member(const pi2_engine *e, const char *name, uint64_t siz
 }
 
 /* Row tables (16 bytes a row: 35 MB on an 8-expert model) count in the
- * engine's buffer total, as acc_alloc's do. */
+ * engine's buffer total, as eng_acc_alloc's do. */
 static int alloc_rows(pi2_engine *e, eng_mat *m, pi2_err *err)
 {
     m->rp = pi2_malloc_array((size_t)m->rows, sizeof *m->rp);
@@ -72,176 +71,6 @@ static void free_mat(eng_mat *m)
     m->rs = NULL;
 }
 
-/* pi2_malloc_array that adds the bytes to the engine's buffer total (the
- * memory plan of offloading counts them). */
-static void *acc_alloc(pi2_engine *e, size_t n, size_t size)
-{
-    e->buf_bytes += (uint64_t)n * size;
-    return pi2_malloc_array(n, size);
-}
-
-/* Offloading: give back the whole pages of [p, p + n) inside the resident
- * region (read into memory the engine owns); returns their bytes, for the
- * caller to count off it. The range is marked no-huge-page first, so that
- * the kernel's background collapse of the 2 MiB pages around it cannot
- * fill the hole again. */
-static uint64_t release_res(const pi2_engine *e, const void *p, uint64_t n)
-{
-    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), a = (uint64_t)((const uint8_t *)p - e->res), b = a + n;
-    a = (a + pg - 1) / pg * pg;
-    b = b / pg * pg;
-    if (b <= a)
-        return 0;
-#ifdef MADV_NOHUGEPAGE
-    if (madvise(e->res + a, (size_t)(b - a), MADV_NOHUGEPAGE) != 0)
-        return 0;
-#endif
-    return madvise(e->res + a, (size_t)(b - a), MADV_DONTNEED) == 0 ? b - a : 0;
-}
-
-/* Offloading: give back f's f32/f16 predictor once its Q8 copy is made
- * (bytes released). */
-static uint64_t release_pred(const pi2_engine *e, eng_ffn *f)
-{
-    const uint8_t *p1 = (const uint8_t *)f->fc1, *p2 = (const uint8_t *)f->fc2;
-    uint64_t el = f->pred_f16 ? 2 : 4, n1 = (uint64_t)f->rank * (uint64_t)e->d.hidden * el,
-             n2 = (uint64_t)f->n_ff * (uint64_t)f->rank * el, r;
-    if (p1 + n1 == p2) /* side by side, as bundled: one range */
-        r = release_res(e, p1, n1 + n2);
-    else
-        r = release_res(e, p1, n1) + release_res(e, p2, n2);
-    f->fc1 = f->fc2 = NULL;
-    return r;
-}
-
-/* The predictor's decode copy: fc1 and fc2 as Q8 rows (fc2's rows padded
- * with zero columns to rank_p), so decode runs them through the int8
- * matmul: on the 7B-shaped model the f32 predictor read 150 MB a token,
- * a tenth of the bytes, at a fifth of the rate of the int8 kernels.
- * The picks move only where a score is within the quantization error of
- * the threshold (test_predict_q8). */
-static int pred_alloc(pi2_engine *e, eng_ffn *f, pi2_err *err)
-{
-    int64_t D = e->d.hidden, R = f->rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP, N = f->n_ff;
-    size_t b1 = (size_t)(R * D), b2 = (size_t)(N * Rp), c1 = (size_t)(R * (D / PI2_Q_GROUP)),
-           c2 = (size_t)(N * (Rp / PI2_Q_GROUP));
-    if (!(f->pq = acc_alloc(e, b1 + b2 + 2 * (c1 + c2), 1)))
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the predictor of layer %d", e->path, f->layer);
-    e->pred_bytes += b1 + b2 + 2 * (c1 + c2);
-    f->rank_p = (int)Rp;
-    f->pred_qt = PI2_QT_Q8;
-    f->q1 = f->pq;
-    f->q2 = f->pq + b1;
-    f->s1 = (uint16_t *)(void *)(f->pq + b1 + b2);
-    f->s2 = f->s1 + c1;
-    return 0;
-}
-
-/* A q8/q4 predictor (qt): its members, in the layout pred_alloc makes,
- * used in place, so open neither copies nor quantizes them. */
-static int pred_bind(pi2_engine *e, eng_ffn *f, const pi2_mf_predictor *p, pi2_qtype qt, pi2_err *err)
-{
-    int64_t D = e->d.hidden, R = f->rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP, N = f->n_ff;
-    const uint8_t *s1, *s2;
-    f->pred_qt = qt;
-    f->rank_p = (int)Rp;
-    if (!(f->q1 = member(e, p->fc1, (uint64_t)R * pi2_q_payload_row_bytes(qt, D), err)) ||
-        !(f->q2 = member(e, p->fc2, (uint64_t)N * pi2_q_payload_row_bytes(qt, Rp), err)) ||
-        !(s1 = member(e, p->fc1_scales, (uint64_t)R * pi2_q_scale_row_count(qt, D) * 2, err)) ||
-        !(s2 = member(e, p->fc2_scales, (uint64_t)N * pi2_q_scale_row_count(qt, Rp) * 2, err)))
-        return err->code;
-    f->s1 = (const uint16_t *)(const void *)s1;
-    f->s2 = (const uint16_t *)(const void *)s2;
-    e->pred_bytes += (uint64_t)R * (pi2_q_payload_row_bytes(qt, D) + pi2_q_scale_row_count(qt, D) * 2) +
-                     (uint64_t)N * (pi2_q_payload_row_bytes(qt, Rp) + pi2_q_scale_row_count(qt, Rp) * 2);
-    return 0;
-}
-
-/* Quantize f's predictor into its Q8 copy: 0, PI2_ENOMEM or PI2_ERANGE. */
-static int pred_fill(const pi2_engine *e, eng_ffn *f)
-{
-    int64_t D = e->d.hidden, R = f->rank, Rp = f->rank_p, N = f->n_ff;
-    int64_t W = D > Rp ? D : Rp;
-    uint8_t *q1 = f->pq, *q2 = f->pq + R * D; /* the writable view of f's copy (pred_alloc) */
-    uint16_t *s1 = (uint16_t *)(void *)(q2 + N * Rp), *s2 = s1 + R * (D / PI2_Q_GROUP);
-    float *row = malloc(sizeof(float) * (size_t)W);
-    if (!row)
-        return PI2_ENOMEM;
-    int rc = 0;
-    for (int64_t r = 0; r < R && !rc; r++) {
-        for (int64_t k = 0; k < D; k++)
-            row[k] = eng_pred_w(f, f->fc1, (size_t)(r * D + k));
-        rc = pi2_q_quantize_row(PI2_QT_Q8, row, D, s1 + r * (D / PI2_Q_GROUP), q1 + r * D);
-    }
-    memset(row + R, 0, sizeof(float) * (size_t)(Rp - R));
-    for (int64_t i = 0; i < N && !rc; i++) {
-        for (int64_t k = 0; k < R; k++)
-            row[k] = eng_pred_w(f, f->fc2, (size_t)(i * R + k));
-        rc = pi2_q_quantize_row(PI2_QT_Q8, row, Rp, s2 + i * (Rp / PI2_Q_GROUP), q2 + i * Rp);
-    }
-    free(row);
-    return rc ? PI2_ERANGE : 0;
-}
-
-typedef struct pred_job {
-    pi2_engine *e;
-    eng_ffn **f; /* the FFNs with a predictor */
-    int n;
-    atomic_int next;
-    int *rc;            /* [n] */
-    _Atomic uint64_t released; /* bytes of f32/f16 predictors given back */
-} pred_job;
-
-static void pred_fn(void *ctx, int tid, int nt)
-{
-    (void)tid;
-    (void)nt;
-    pred_job *j = ctx;
-    for (int k; (k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n;)
-        if ((j->rc[k] = pred_fill(j->e, j->f[k])) == 0 && j->e->res)
-            atomic_fetch_add_explicit(&j->released, release_pred(j->e, j->f[k]), memory_order_relaxed);
-}
-
-/* Every predictor's Q8 copy, the FFNs shared out over the pool; offloading,
- * each f32/f16 predictor's pages given back as soon as its copy is made
- * (the resident region is read into memory the engine owns, and decode
- * reads only the copy), so open holds the region and about one copy per
- * thread beyond it (pi2_plan_memory's open_peak). */
-static int pred_quantize_all(pi2_engine *e, pi2_err *err)
-{
-    int E = pi2_desc_is_moe(&e->d) ? e->d.n_experts : 1, n = 0;
-    pred_job j = {.e = e};
-    j.f = pi2_malloc_array((size_t)e->d.n_layers * (size_t)E, sizeof *j.f);
-    j.rc = pi2_calloc_array((size_t)e->d.n_layers * (size_t)E, sizeof *j.rc);
-    if (!j.f || !j.rc) {
-        free(j.f);
-        free(j.rc);
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", e->path);
-    }
-    for (int l = 0; l < e->d.n_layers; l++)
-        for (int x = 0; x < E; x++)
-            if (e->layers[l].ffn[x].has_pred && e->layers[l].ffn[x].pq) /* q8/q4 members are used in place */
-                j.f[n++] = &e->layers[l].ffn[x];
-    j.n = n;
-    atomic_init(&j.next, 0);
-    atomic_init(&j.released, 0);
-    if (n > 0)
-        pi2_pool_run(e->pool, pred_fn, &j);
-    e->res_released += atomic_load(&j.released);
-    int rc = 0;
-    for (int k = 0; k < n && !rc; k++)
-        if (j.rc[k] == PI2_ENOMEM)
-            rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory quantizing the predictors", e->path);
-        else if (j.rc[k])
-            rc = pi2_err_set(err, PI2_EFORMAT,
-                             "%s: the predictor of layer %d (expert %d) holds a value that cannot be quantized (not "
-                             "finite, or beyond fp16 scales)",
-                             e->path, j.f[k]->layer, j.f[k]->expert);
-    free(j.f);
-    free(j.rc);
-    return rc;
-}
-
 /* A contiguous (non-FFN) matrix of role/layer, expected [rows, cols]. */
 static int bind_mat(pi2_engine *e, eng_mat *out, pi2_tname role, int layer, int64_t rows, int64_t cols,
                     pi2_err *err)
@@ -258,7 +87,7 @@ static int bind_mat(pi2_engine *e, eng_mat *out, pi2_tname role, int layer, int6
     out->rows = rows;
     out->cols = cols;
     size_t rb = pi2_q_payload_row_bytes(t->qtype, cols);
-    const uint8_t *p = member(e, t->payload, (uint64_t)rows * rb, err);
+    const uint8_t *p = eng_member(e, t->payload, (uint64_t)rows * rb, err);
     if (!p)
         return err->code;
     if (t->qtype == PI2_QT_F32) {
@@ -267,7 +96,7 @@ static int bind_mat(pi2_engine *e, eng_mat *out, pi2_tname role, int layer, int6
         return 0;
     }
     size_t sc = pi2_q_scale_row_count(t->qtype, cols);
-    const uint16_t *s = (const uint16_t *)(const void *)member(e, t->scales, (uint64_t)rows * sc * 2, err);
+    const uint16_t *s = (const uint16_t *)(const void *)eng_member(e, t->scales, (uint64_t)rows * sc * 2, err);
     if (!s)
         return err->code;
     if (alloc_rows(e, out, err))
@@ -293,31 +122,32 @@ static const float *bind_vec(pi2_engine *e, pi2_tname role, int layer, int64_t n
         pi2_err_set(err, PI2_ESHAPE, "%s: tensor %s must be %lld f32 values", e->path, t->name, (long long)n);
         return NULL;
     }
-    return (const float *)(const void *)member(e, t->payload, (uint64_t)n * 4, err);
+    return (const float *)(const void *)eng_member(e, t->payload, (uint64_t)n * 4, err);
 }
 
-static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *err)
+/* FFN bf's payload member: in memory, its base in the mapping; offloading,
+ * only checked (*base NULL: payload rows are pointed at the hot segment or
+ * the cache later). */
+static int ffn_payload(pi2_engine *e, const pi2_bl_ffn *bf, const uint8_t **base, pi2_err *err)
+{
+    *base = NULL;
+    if (!e->res) {
+        if (!(*base = eng_member(e, bf->ffn, (uint64_t)bf->groups * bf->slot_bytes, err)))
+            return err->code;
+        return 0;
+    }
+    const pi2_ctr_member *m = pi2_ctr_find(pi2_bundle_container(e->b), bf->ffn);
+    if (!m || m->size != (uint64_t)bf->groups * bf->slot_bytes)
+        return pi2_err_set(err, PI2_ESHAPE, "%s: FFN member %s is missing or of the wrong size", e->path, bf->ffn);
+    return 0;
+}
+
+/* The row tables of f's gate, up and down: each neuron's scale rows, and
+ * (base non-NULL) its payload rows where the bundle's layout put them. */
+static int ffn_rows(pi2_engine *e, eng_ffn *f, const pi2_bl_ffn *bf, int layer, int mex, const uint8_t *base,
+                    pi2_err *err)
 {
     const pi2_model_desc *d = &e->d;
-    int mex = pi2_desc_is_moe(d) ? expert : -1;
-    const pi2_bl_ffn *bf = pi2_bl_find(e->bl, layer, mex);
-    if (!bf)
-        return pi2_err_set(err, PI2_ENOTFOUND, "%s: bundle has no FFN for layer %d expert %d", e->path, layer, mex);
-    f->layer = layer;
-    f->expert = expert;
-    f->n_ff = bf->neurons;
-    if ((int)bf->neurons != d->n_ff)
-        return pi2_err_set(err, PI2_ESHAPE, "%s: FFN %s holds %u neurons, config says %d", e->path, bf->ffn,
-                           bf->neurons, d->n_ff);
-    const uint8_t *base = NULL;
-    if (!e->res) {
-        if (!(base = member(e, bf->ffn, (uint64_t)bf->groups * bf->slot_bytes, err)))
-            return err->code;
-    } else { /* offloading: payload rows are pointed at the hot segment or the cache later */
-        const pi2_ctr_member *m = pi2_ctr_find(pi2_bundle_container(e->b), bf->ffn);
-        if (!m || m->size != (uint64_t)bf->groups * bf->slot_bytes)
-            return pi2_err_set(err, PI2_ESHAPE, "%s: FFN member %s is missing or of the wrong size", e->path, bf->ffn);
-    }
     static const pi2_tname roles[3] = {PI2_T_GATE, PI2_T_UP, PI2_T_DOWN};
     eng_mat *mats[3] = {&f->gate, &f->up, &f->down};
     uint64_t rb = e->bl->row_bytes;
@@ -331,7 +161,7 @@ static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *e
             return pi2_err_set(err, PI2_ESHAPE, "%s: tensor %s is not [%u, %d] %s", e->path, t->name, bf->neurons,
                                d->hidden, pi2_q_type_name(e->mf->quant_ffn));
         const uint16_t *s =
-            (const uint16_t *)(const void *)member(e, t->scales, (uint64_t)bf->neurons * sc * 2, err);
+            (const uint16_t *)(const void *)eng_member(e, t->scales, (uint64_t)bf->neurons * sc * 2, err);
         if (!s)
             return err->code;
         eng_mat *m = mats[k];
@@ -351,6 +181,14 @@ static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *e
         f->up.rp[i] = base + off[1];
         f->down.rp[i] = base + off[2];
     }
+    return 0;
+}
+
+/* What picks f's neurons in the model's sparsity mode: its predictor
+ * (q8/q4 members bound in place, f32/f16 ones given a Q8 copy to fill) or
+ * its activation threshold. */
+static int ffn_sparsity(pi2_engine *e, eng_ffn *f, const pi2_bl_ffn *bf, int layer, int mex, pi2_err *err)
+{
     const pi2_mf_layer *ml = pi2_manifest_find_layer(e->mf, layer, mex);
     if (e->mode == PI2_MF_SPARSE_PREDICTOR) {
         if (!ml || !ml->has_predictor)
@@ -363,14 +201,14 @@ static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *e
         f->rank = p->rank;
         f->threshold = p->threshold;
         if (pi2_mf_pred_qtype(p->dtype) != PI2_QT_F32)
-            return pred_bind(e, f, p, pi2_mf_pred_qtype(p->dtype), err);
-        f->fc1 = member(e, p->fc1, (uint64_t)p->rank * d->hidden * el, err);
+            return eng_pred_bind(e, f, p, pi2_mf_pred_qtype(p->dtype), err);
+        f->fc1 = eng_member(e, p->fc1, (uint64_t)p->rank * e->d.hidden * el, err);
         if (!f->fc1)
             return err->code;
-        f->fc2 = member(e, p->fc2, (uint64_t)p->rank * bf->neurons * el, err);
+        f->fc2 = eng_member(e, p->fc2, (uint64_t)p->rank * bf->neurons * el, err);
         if (!f->fc2)
             return err->code;
-        if (pred_alloc(e, f, err))
+        if (eng_pred_alloc(e, f, err))
             return err->code;
     } else if (e->mode == PI2_MF_SPARSE_THRESHOLD) {
         if (!ml || !ml->has_silu_threshold)
@@ -379,6 +217,27 @@ static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *e
         f->silu_thr = ml->silu_threshold;
     }
     return 0;
+}
+
+/* FFN (layer, expert) as bundled: its payload, row tables and sparsity. */
+static int bind_ffn(pi2_engine *e, eng_ffn *f, int layer, int expert, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    int mex = pi2_desc_is_moe(d) ? expert : -1;
+    const pi2_bl_ffn *bf = pi2_bl_find(e->bl, layer, mex);
+    if (!bf)
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: bundle has no FFN for layer %d expert %d", e->path, layer, mex);
+    f->layer = layer;
+    f->expert = expert;
+    f->n_ff = bf->neurons;
+    if ((int)bf->neurons != d->n_ff)
+        return pi2_err_set(err, PI2_ESHAPE, "%s: FFN %s holds %u neurons, config says %d", e->path, bf->ffn,
+                           bf->neurons, d->n_ff);
+    const uint8_t *base;
+    int rc;
+    if ((rc = ffn_payload(e, bf, &base, err)) != 0 || (rc = ffn_rows(e, f, bf, layer, mex, base, err)) != 0)
+        return rc;
+    return ffn_sparsity(e, f, bf, layer, mex, err);
 }
 
 static int check_model(pi2_engine *e, pi2_err *err)
@@ -394,156 +253,6 @@ static int check_model(pi2_engine *e, pi2_err *err)
         return unsupported(e, err, "FFN weights must be q4 or q8");
     if (pi2_desc_is_moe(d) && (d->n_experts_used < 1 || d->n_experts_used > d->n_experts))
         return unsupported(e, err, "MoE top-k out of range");
-    return 0;
-}
-
-static int alloc_state(pi2_engine *e, pi2_err *err)
-{
-    const pi2_model_desc *d = &e->d;
-    size_t T = PI2_K_MAX_T, D = (size_t)d->hidden, qd = (size_t)d->n_heads * d->head_dim;
-    size_t kvd = (size_t)d->n_kv_heads * d->head_dim;
-    e->max_in = (int)(D > qd ? D : qd);
-    e->max_ff = d->n_ff;
-    int max_rank = 1;
-    int E = pi2_desc_is_moe(d) ? d->n_experts : 1;
-    for (int l = 0; l < d->n_layers; l++)
-        for (int x = 0; x < E; x++)
-            if (e->layers[l].ffn[x].rank > max_rank)
-                max_rank = e->layers[l].ffn[x].rank;
-    e->x = acc_alloc(e, T * D, sizeof(float));
-    e->xb = acc_alloc(e, T * (size_t)e->max_in, sizeof(float));
-    e->xb2 = acc_alloc(e, T * D, sizeof(float));
-    e->q = acc_alloc(e, T * (qd + 2 * kvd), sizeof(float));
-    e->att = acc_alloc(e, T * qd, sizeof(float));
-    e->aqs = acc_alloc(e, T * (size_t)e->max_in / PI2_Q_GROUP, sizeof(float));
-    e->aq = acc_alloc(e, T * (size_t)e->max_in, 1);
-    e->asum = acc_alloc(e, T * (size_t)e->max_in / PI2_Q_GROUP, sizeof(int32_t));
-    max_rank = (max_rank + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
-    e->ph = acc_alloc(e, (size_t)max_rank, sizeof(float));
-    e->phs = acc_alloc(e, (size_t)max_rank / PI2_Q_GROUP, sizeof(float));
-    e->phq = acc_alloc(e, (size_t)max_rank, 1);
-    e->phsum = acc_alloc(e, (size_t)max_rank / PI2_Q_GROUP, sizeof(int32_t));
-    e->pxs = acc_alloc(e, D / PI2_Q_GROUP, sizeof(float));
-    e->pxq = acc_alloc(e, D, 1);
-    e->pxsum = acc_alloc(e, D / PI2_Q_GROUP, sizeof(int32_t));
-    e->router_logits = acc_alloc(e, (size_t)(E > 0 ? E : 1) * T, sizeof(float));
-    e->chosen = acc_alloc(e, (size_t)(E > 0 ? E : 1) * T, sizeof(int));
-    e->sel = acc_alloc(e, (size_t)d->n_ff, sizeof(uint32_t));
-    e->scores_all = acc_alloc(e, (size_t)d->n_ff, sizeof(float));
-    e->dec_out = acc_alloc(e, ((size_t)d->n_ff + FFN_CHUNK - 1) / FFN_CHUNK * D, sizeof(float));
-    e->share_rng = acc_alloc(e, (size_t)e->tls_n, sizeof *e->share_rng);
-    e->pred_n = acc_alloc(e, ((size_t)d->n_ff + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT, sizeof *e->pred_n);
-    e->moe_x = acc_alloc(e, T * D, sizeof(float));
-    e->moe_out = acc_alloc(e, T * D, sizeof(float));
-    e->moe_w = acc_alloc(e, T, sizeof(float));
-    e->moe_tok = acc_alloc(e, T, sizeof(int));
-    e->moe_wk = acc_alloc(e, T * (size_t)(E > 0 ? E : 1), sizeof(float));
-    size_t K = pi2_desc_is_moe(d) ? (size_t)d->n_experts_used : 1;
-    e->moe_prev = acc_alloc(e, (size_t)d->n_layers * K, sizeof(int));
-    e->moe_guess = acc_alloc(e, (size_t)d->n_layers * K, sizeof(int));
-    e->moe_prev_pos = -1;
-    e->rope_cs = acc_alloc(e, T * (size_t)d->head_dim / 2, sizeof(float));
-    e->rope_sn = acc_alloc(e, T * (size_t)d->head_dim / 2, sizeof(float));
-    e->tls = calloc((size_t)e->tls_n, sizeof *e->tls);
-    e->buf_bytes += (uint64_t)e->tls_n * sizeof *e->tls;
-    if (!e->x || !e->xb || !e->xb2 || !e->q || !e->att || !e->aqs || !e->aq || !e->asum ||
-        !e->ph || !e->phs || !e->phq || !e->phsum || !e->pxs || !e->pxq || !e->pxsum || !e->router_logits ||
-        !e->chosen || !e->sel || !e->scores_all || !e->dec_out || !e->share_rng ||
-        !e->pred_n || !e->moe_x || !e->moe_out || !e->moe_w || !e->moe_tok || !e->moe_wk || !e->moe_prev ||
-        !e->moe_guess || !e->rope_cs || !e->rope_sn || !e->tls)
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the KV cache (%d positions) and buffers", e->path,
-                           e->ctx);
-    for (size_t i = 0; i < (size_t)d->n_layers * K; i++)
-        e->moe_guess[i] = -1;
-    for (int t = 0; t < e->tls_n; t++) {
-        eng_tls *s = &e->tls[t];
-        size_t ff = (size_t)d->n_ff;
-        s->part = acc_alloc(e, T * ENG_PART_LD(D), sizeof(float));
-        s->g = acc_alloc(e, 2 * ff, sizeof(float)); /* dense decode: gate and up results side by side */
-        s->u = acc_alloc(e, ff, sizeof(float));
-        s->coef = acc_alloc(e, ff, sizeof(float));
-        s->pp = acc_alloc(e, 2 * ff, sizeof *s->pp);
-        s->ps = acc_alloc(e, 2 * ff, sizeof *s->ps);
-        s->pp2 = acc_alloc(e, ff, sizeof *s->pp2);
-        s->ps2 = acc_alloc(e, ff, sizeof *s->ps2);
-        s->gt = acc_alloc(e, T * ENG_TILE, sizeof(float));
-        s->ut = acc_alloc(e, T * ENG_TILE, sizeof(float));
-        s->list = acc_alloc(e, ff, sizeof(uint32_t));
-        s->list2 = acc_alloc(e, ff, sizeof(uint32_t));
-        if (!s->part || !s->g || !s->u || !s->coef || !s->pp || !s->ps || !s->pp2 || !s->ps2 ||
-            !s->gt || !s->ut || !s->list || !s->list2)
-            return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for thread buffers", e->path);
-    }
-    return 0;
-}
-
-/* Row tables of a bound matrix (alloc_rows): quantized ones only. */
-static uint64_t rows_bytes(const pi2_mf_tensor *t, int64_t rows)
-{
-    return t && t->qtype != PI2_QT_F32 ? (uint64_t)rows * (sizeof(const uint8_t *) + sizeof(const uint16_t *)) : 0;
-}
-
-/* What bind_mat, bind_ffn, pred_alloc and alloc_state add to buf_bytes for
- * this model and tls threads: the engine checks its own count against it. */
-static uint64_t engine_buffers(const pi2_manifest *mf, const pi2_bundle_layout *bl, int tls)
-{
-    const pi2_model_desc *d = &mf->config;
-    uint64_t T = PI2_K_MAX_T, D = (uint64_t)d->hidden, qd = (uint64_t)d->n_heads * d->head_dim,
-             kvd = (uint64_t)d->n_kv_heads * d->head_dim, ff = (uint64_t)d->n_ff, f = sizeof(float), n = 0;
-    bool moe = pi2_desc_is_moe(d);
-    uint64_t E = moe ? (uint64_t)d->n_experts : 1, K = moe ? (uint64_t)d->n_experts_used : 1;
-    n += rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_EMBED, -1, -1), d->vocab);
-    n += rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_LM_HEAD, -1, -1), d->vocab);
-    for (int l = 0; l < d->n_layers; l++)
-        n += rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_Q, l, -1), (int64_t)qd) +
-             rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_K, l, -1), (int64_t)kvd) +
-             rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_V, l, -1), (int64_t)kvd) +
-             rows_bytes(pi2_manifest_find_tensor(mf, PI2_T_O, l, -1), (int64_t)D);
-    int max_rank = 1;
-    for (size_t i = 0; i < bl->n_ffn; i++) {
-        const pi2_bl_ffn *b = &bl->ffn[i];
-        n += 3 * (uint64_t)b->neurons * (sizeof(const uint8_t *) + sizeof(const uint16_t *));
-        const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
-        if (mf->sparsity_mode != PI2_MF_SPARSE_PREDICTOR || !ml || !ml->has_predictor)
-            continue;
-        uint64_t R = (uint64_t)ml->predictor.rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
-        max_rank = ml->predictor.rank > max_rank ? ml->predictor.rank : max_rank;
-        if (pi2_mf_pred_qtype(ml->predictor.dtype) != PI2_QT_F32)
-            continue; /* q8/q4 members are used in place (pred_bind): no copy */
-        n += R * D + b->neurons * Rp + 2 * (R * (D / PI2_Q_GROUP) + b->neurons * (Rp / PI2_Q_GROUP));
-    }
-    uint64_t mi = D > qd ? D : qd, mr = ((uint64_t)max_rank + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
-    uint64_t G = PI2_Q_GROUP;
-    n += T * D * f * 3 + T * mi * f + T * (qd + 2 * kvd) * f + T * qd * f; /* x, xb2, moe_x, xb, q, att */
-    n += T * mi / G * f + T * mi + T * mi / G * 4;                           /* aqs, aq, asum */
-    n += mr * f + mr / G * f + mr + mr / G * 4 + D / G * f + D + D / G * 4;  /* predictor inputs */
-    n += E * T * f + E * T * sizeof(int) + ff * 4 + ff * f + (ff + FFN_CHUNK - 1) / FFN_CHUNK * D * f;
-    n += (uint64_t)tls * sizeof(uint64_t) + (ff + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT * 4;
-    n += T * D * f + T * f + T * sizeof(int) + T * E * f + 2 * (uint64_t)d->n_layers * K * sizeof(int);
-    n += 2 * T * ((uint64_t)d->head_dim / 2) * f;
-    n += (uint64_t)tls * sizeof(eng_tls);
-    n += (uint64_t)tls * (T * ENG_PART_LD(D) * f + 2 * ff * f + 2 * ff * f + 4 * ff * sizeof(void *) +
-                          2 * ff * sizeof(void *) + 2 * T * ENG_TILE * f + 2 * ff * 4);
-    return n;
-}
-
-int pi2_engine_buffer_sizes(const pi2_manifest *mf, const pi2_bundle_layout *bl, int threads, pi2_plan_bufs *out,
-                            pi2_err *err)
-{
-    memset(out, 0, sizeof *out);
-    if (bl->n_ffn == 0)
-        return pi2_err_set(err, PI2_ESHAPE, "the bundle layout holds no FFN");
-    const pi2_model_desc *d = &mf->config;
-    eng_ofl_bufs ob;
-    eng_ofl_buffers(d, bl, &ob);
-    out->engine = engine_buffers(mf, bl, threads);
-    out->offload = ob.bytes;
-    out->per_depth = ob.per_depth;
-    out->slot_bytes[0] = ob.slot_bytes[0];
-    out->slot_bytes[1] = ob.slot_bytes[1];
-    out->per_pos = 2ull * (uint64_t)d->n_layers * (uint64_t)d->n_kv_heads * (uint64_t)d->head_dim * sizeof(float) +
-                   (uint64_t)threads * PI2_K_MAX_T * sizeof(float);
-    out->chunk = FFN_CHUNK;
     return 0;
 }
 
@@ -610,37 +319,29 @@ static int plan_floor(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
     return rc;
 }
 
-int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
+/* Open the bundle, its signature checked (o->pubkey, o->trust_unsigned);
+ * a converted (not yet bundled) model is named as such. */
+static int open_bundle(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
 {
-    *out = NULL;
-    if (!o || !o->path)
-        return pi2_err_set(err, PI2_EINVAL, "engine: no model path");
-    pi2_engine *e = calloc(1, sizeof *e);
-    if (!e)
-        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
-    snprintf(e->path, sizeof e->path, "%s", o->path);
-    int rc;
-    pi2_plan_memory mem = {0};
     /* in memory, the weights are used in place from the mapping: 2 MiB pages
      * cut the TLB misses of streaming them every token (runtime/PERF.md) */
     pi2_bundle_open_opts bo = {
         .pubkey = o->pubkey, .allow_unsigned = o->trust_unsigned, .huge_pages = o->offload.mem_limit == 0};
-    if ((rc = pi2_bundle_open(&e->b, o->path, &bo, err)) != 0) {
-        /* A converted (not yet bundled) model fails the signature step
-         * first; say what it is instead. */
-        pi2_bundle *probe = NULL;
-        pi2_bundle_open_opts po = {.allow_unsigned = true, .skip_signature = true};
-        pi2_err pe = {0};
-        if (pi2_bundle_open(&probe, o->path, &po, &pe) != 0 && strstr(pe.msg, "not a bundled model")) {
-            pi2_err fresh = {0};
-            *err = fresh;
-            rc = pi2_err_set(err, pe.code, "%s", pe.msg);
-        }
-        pi2_bundle_close(probe);
-        goto fail;
-    }
+    int rc = pi2_bundle_open(&e->b, o->path, &bo, err);
+    if (rc)
+        return pi2_bundle_open_failed(o->path, rc, err);
     e->mf = pi2_bundle_manifest(e->b);
     e->bl = pi2_bundle_layout_get(e->b);
+    return 0;
+}
+
+/* The weights made ready to use: in memory, the mapping's hashes checked
+ * (the FFNs' unless !o->verify_ffn); offloading, a limit below the floor
+ * refused first, then the resident members read in with O_DIRECT and
+ * hashed there. The threads asked for are set first: the floor counts
+ * their buffers. */
+static int ready_weights(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
+{
     e->threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     e->ahead = eng_l2_ahead(sysconf(_SC_LEVEL2_CACHE_SIZE));
     if (e->threads < 1)
@@ -648,13 +349,19 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     if (e->threads > 256)
         e->threads = 256;
     e->tls_n = e->threads; /* scratch for as many as asked; a plan may run fewer */
+    int rc;
     if (o->offload.mem_limit > 0) {
-        /* offloading: resident members read with O_DIRECT and hashed there */
-        if ((rc = plan_floor(e, o, err)) != 0 || (rc = eng_ofl_load_resident(e, o, err)) != 0)
-            goto fail;
-    } else if ((rc = pi2_bundle_verify(e->b, !o->verify_ffn, NULL, err)) != 0) {
-        goto fail;
+        if ((rc = plan_floor(e, o, err)) != 0)
+            return rc;
+        return eng_ofl_load_resident(e, o, err);
     }
+    return pi2_bundle_verify(e->b, !o->verify_ffn, NULL, err);
+}
+
+/* The model as the manifest describes it: shape, sparsity, the signature
+ * line, checked against what the engine runs. */
+static int describe_model(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
+{
     e->d = e->mf->config;
     e->mode = e->mf->sparsity_mode;
     e->dense = o->dense || e->mode == PI2_MF_SPARSE_NONE;
@@ -667,87 +374,107 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     } else {
         snprintf(e->sig, sizeof e->sig, "unsigned (trusted on request)");
     }
-    if ((rc = check_model(e, err)) != 0)
-        goto fail;
-    const pi2_model_desc *d = &e->d;
+    return check_model(e, err);
+}
 
+/* The tokenizer member, at most the model's vocabulary. */
+static int load_tokenizer(pi2_engine *e, pi2_err *err)
+{
     const pi2_ctr_member *tm = pi2_ctr_find(pi2_bundle_container(e->b), e->mf->tokenizer);
-    if (!tm) {
-        rc = pi2_err_set(err, PI2_ENOTFOUND, "%s: tokenizer member %s is missing", e->path, e->mf->tokenizer);
-        goto fail;
-    }
+    if (!tm)
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: tokenizer member %s is missing", e->path, e->mf->tokenizer);
     char tname[4200];
     snprintf(tname, sizeof tname, "%s:%s", e->path, e->mf->tokenizer);
     /* offloading: from the copy read in, not the mapping's page cache */
     const uint8_t *tdata = e->res && tm->offset <= e->res_bytes && tm->size <= e->res_bytes - tm->offset
                                ? e->res + tm->offset
                                : tm->data;
-    if ((rc = pi2_tok_load_mem(&e->tok, (const char *)tdata, (size_t)tm->size, tname, err)) != 0)
-        goto fail;
-    if (pi2_tok_vocab_size(e->tok) > d->vocab) {
-        rc = pi2_err_set(err, PI2_ESHAPE, "%s: tokenizer has %d tokens, model vocab is %d", e->path,
-                         pi2_tok_vocab_size(e->tok), d->vocab);
-        goto fail;
-    }
+    int rc = pi2_tok_load_mem(&e->tok, (const char *)tdata, (size_t)tm->size, tname, err);
+    if (rc)
+        return rc;
+    if (pi2_tok_vocab_size(e->tok) > e->d.vocab)
+        return pi2_err_set(err, PI2_ESHAPE, "%s: tokenizer has %d tokens, model vocab is %d", e->path,
+                           pi2_tok_vocab_size(e->tok), e->d.vocab);
+    return 0;
+}
 
-    int64_t D = d->hidden, qd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv_heads * d->head_dim;
-    if ((rc = bind_mat(e, &e->embed, PI2_T_EMBED, -1, d->vocab, D, err)) != 0)
-        goto fail;
+/* The embedding, the head (the embedding's rows when tied and the model
+ * has no head of its own) and the output norm. */
+static int bind_ends(pi2_engine *e, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    int rc = bind_mat(e, &e->embed, PI2_T_EMBED, -1, d->vocab, d->hidden, err);
+    if (rc)
+        return rc;
     if (d->tie_embeddings && !pi2_manifest_find_tensor(e->mf, PI2_T_LM_HEAD, -1, -1)) {
         e->head = e->embed; /* shared row tables: freed once, via embed */
         e->head_shared = true;
-    } else if ((rc = bind_mat(e, &e->head, PI2_T_LM_HEAD, -1, d->vocab, D, err)) != 0) {
-        goto fail;
+    } else if ((rc = bind_mat(e, &e->head, PI2_T_LM_HEAD, -1, d->vocab, d->hidden, err)) != 0) {
+        return rc;
     }
-    if (e->embed.qt == PI2_QT_F32) {
-        rc = unsupported(e, err, "f32 embeddings");
-        goto fail;
-    }
-    if (!(e->out_norm = bind_vec(e, PI2_T_OUT_NORM, -1, D, err))) {
-        rc = err->code;
-        goto fail;
-    }
-    int E = pi2_desc_is_moe(d) ? d->n_experts : 1;
-    if (!(e->layers = calloc((size_t)d->n_layers, sizeof *e->layers))) {
-        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
-        goto fail;
-    }
-    for (int l = 0; l < d->n_layers; l++) {
-        eng_layer *L = &e->layers[l];
-        if (!(L->ffn = calloc((size_t)E, sizeof *L->ffn))) {
-            rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
-            goto fail;
-        }
-        if (!(L->attn_norm = bind_vec(e, PI2_T_ATTN_NORM, l, D, err)) ||
-            !(L->ffn_norm = bind_vec(e, PI2_T_FFN_NORM, l, D, err))) {
-            rc = err->code;
-            goto fail;
-        }
-        if ((rc = bind_mat(e, &L->q, PI2_T_Q, l, qd, D, err)) || (rc = bind_mat(e, &L->k, PI2_T_K, l, kvd, D, err)) ||
-            (rc = bind_mat(e, &L->v, PI2_T_V, l, kvd, D, err)) || (rc = bind_mat(e, &L->o, PI2_T_O, l, D, qd, err)))
-            goto fail;
-        if (pi2_desc_is_moe(d)) {
-            eng_mat r;
-            if ((rc = bind_mat(e, &r, PI2_T_ROUTER, l, d->n_experts, D, err)) != 0)
-                goto fail;
-            if (r.qt != PI2_QT_F32) {
-                free_mat(&r);
-                rc = unsupported(e, err, "quantized MoE router");
-                goto fail;
-            }
-            L->router = r.f32;
-        }
-        for (int x = 0; x < E; x++)
-            if ((rc = bind_ffn(e, &L->ffn[x], l, x, err)) != 0)
-                goto fail;
-    }
-    if (!(e->inv_freq = pi2_malloc_array((size_t)d->head_dim, sizeof(float)))) {
-        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
-        goto fail;
-    }
-    pi2_rope_inv_freq(d, 0, e->inv_freq); /* the reference's, rope_scaling included */
+    if (e->embed.qt == PI2_QT_F32)
+        return unsupported(e, err, "f32 embeddings");
+    if (!(e->out_norm = bind_vec(e, PI2_T_OUT_NORM, -1, d->hidden, err)))
+        return err->code;
+    return 0;
+}
 
-    /* dense decode bytes per token */
+/* Layer l: its norms, attention, MoE router and FFNs (every expert's). */
+static int bind_layer(pi2_engine *e, int l, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    int64_t D = d->hidden, qd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv_heads * d->head_dim;
+    int E = pi2_desc_is_moe(d) ? d->n_experts : 1, rc;
+    eng_layer *L = &e->layers[l];
+    if (!(L->ffn = calloc((size_t)E, sizeof *L->ffn)))
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    if (!(L->attn_norm = bind_vec(e, PI2_T_ATTN_NORM, l, D, err)) ||
+        !(L->ffn_norm = bind_vec(e, PI2_T_FFN_NORM, l, D, err)))
+        return err->code;
+    if ((rc = bind_mat(e, &L->q, PI2_T_Q, l, qd, D, err)) || (rc = bind_mat(e, &L->k, PI2_T_K, l, kvd, D, err)) ||
+        (rc = bind_mat(e, &L->v, PI2_T_V, l, kvd, D, err)) || (rc = bind_mat(e, &L->o, PI2_T_O, l, D, qd, err)))
+        return rc;
+    if (pi2_desc_is_moe(d)) {
+        eng_mat r;
+        if ((rc = bind_mat(e, &r, PI2_T_ROUTER, l, d->n_experts, D, err)) != 0)
+            return rc;
+        if (r.qt != PI2_QT_F32) {
+            free_mat(&r);
+            return unsupported(e, err, "quantized MoE router");
+        }
+        L->router = r.f32;
+    }
+    for (int x = 0; x < E; x++)
+        if ((rc = bind_ffn(e, &L->ffn[x], l, x, err)) != 0)
+            return rc;
+    return 0;
+}
+
+/* Every tensor bound where it lies (row tables for the quantized ones),
+ * and RoPE's frequencies. */
+static int bind_model(pi2_engine *e, pi2_err *err)
+{
+    const pi2_model_desc *d = &e->d;
+    int rc = bind_ends(e, err);
+    if (rc)
+        return rc;
+    if (!(e->layers = calloc((size_t)d->n_layers, sizeof *e->layers)))
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    for (int l = 0; l < d->n_layers; l++)
+        if ((rc = bind_layer(e, l, err)) != 0)
+            return rc;
+    if (!(e->inv_freq = pi2_malloc_array((size_t)d->head_dim, sizeof(float))))
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    pi2_rope_inv_freq(d, 0, e->inv_freq); /* the reference's, rope_scaling included */
+    return 0;
+}
+
+/* The figures the tools report: the bytes dense decode reads a token, the
+ * multiply-adds of one prefill token. */
+static void count_work(pi2_engine *e)
+{
+    const pi2_model_desc *d = &e->d;
+    int64_t D = d->hidden, qd = (int64_t)d->n_heads * d->head_dim;
     uint64_t db = (uint64_t)e->head.rows * e->head.row_bytes + (uint64_t)D * 2; /* + embedding row */
     for (int l = 0; l < d->n_layers; l++) {
         const eng_layer *L = &e->layers[l];
@@ -758,21 +485,6 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         db += ffb * (uint64_t)(pi2_desc_is_moe(d) ? d->n_experts_used : 1);
     }
     e->dense_bytes = db;
-
-    int ctx0 = open_ctx(d, o);
-    pi2_plan_bufs bufs;
-    if ((rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, &bufs, err)) != 0 ||
-        (o->offload.mem_limit > 0 && (rc = plan_memory(e, o, ctx0, &bufs, &mem, err)) != 0))
-        goto fail;
-    if ((rc = pi2_pool_create(&e->pool, e->threads, err)) != 0)
-        goto fail;
-    if ((rc = pred_quantize_all(e, err)) != 0)
-        goto fail;
-    if ((rc = alloc_state(e, err)) != 0)
-        goto fail;
-    assert(e->buf_bytes == bufs.engine); /* the memory plan counted what was allocated */
-    if ((rc = pi2_engine_set_ctx(e, ctx0, err)) != 0)
-        goto fail;
     double macs = 0;
     for (int l = 0; l < d->n_layers; l++) {
         const eng_layer *L = &e->layers[l];
@@ -780,10 +492,30 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         macs += 3.0 * (double)D * d->n_ff * (pi2_desc_is_moe(d) ? d->n_experts_used : 1);
     }
     e->prefill_macs = macs;
+}
+
+/* The buffers the plan counted (bufs->engine), allocated, and the KV
+ * cache of ctx positions. */
+static int alloc_buffers(pi2_engine *e, const pi2_plan_bufs *bufs, int ctx, pi2_err *err)
+{
+    int rc = eng_alloc_state(e, err);
+    if (rc)
+        return rc;
+    assert(e->buf_bytes == bufs->engine); /* the memory plan counted what was allocated */
+    (void)bufs;
+    return pi2_engine_set_ctx(e, ctx, err);
+}
+
+/* Where the FFNs are computed: from flash under the plan (mem), or in
+ * memory, the mapping read through once (o->preload) so the first tokens
+ * do not fault it in. */
+static int start_ffn_source(pi2_engine *e, const pi2_engine_opts *o, pi2_plan_memory *mem, pi2_err *err)
+{
     e->ffn = &eng_ffn_memory;
     if (o->offload.mem_limit > 0) {
-        if ((rc = eng_ofl_open(e, o, &mem, err)) != 0)
-            goto fail;
+        int rc = eng_ofl_open(e, o, mem, err);
+        if (rc)
+            return rc;
         e->ffn = &eng_ffn_flash;
     } else if (o->preload) {
         touch_job tj = {.c = pi2_bundle_container(e->b)};
@@ -792,6 +524,37 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
         if ((e->rehuged = pi2_ctr_rehuge(tj.c, PI2_ENGINE_REHUGE_MIN)))
             pi2_pool_run(e->pool, touch_fn, &tj);
     }
+    return 0;
+}
+
+int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
+{
+    *out = NULL;
+    if (!o || !o->path)
+        return pi2_err_set(err, PI2_EINVAL, "engine: no model path");
+    pi2_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    snprintf(e->path, sizeof e->path, "%s", o->path);
+    pi2_plan_memory mem = {0};
+    pi2_plan_bufs bufs;
+    int rc, ctx0;
+    if ((rc = open_bundle(e, o, err)) != 0 || (rc = ready_weights(e, o, err)) != 0 ||
+        (rc = describe_model(e, o, err)) != 0 || (rc = load_tokenizer(e, err)) != 0 ||
+        (rc = bind_model(e, err)) != 0)
+        goto fail;
+    /* offloading: the memory plan, made before anything else is allocated,
+     * so the pool starts with the plan's threads */
+    ctx0 = open_ctx(&e->d, o);
+    if ((rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, &bufs, err)) != 0 ||
+        (o->offload.mem_limit > 0 && (rc = plan_memory(e, o, ctx0, &bufs, &mem, err)) != 0))
+        goto fail;
+    if ((rc = pi2_pool_create(&e->pool, e->threads, err)) != 0 || (rc = eng_pred_quantize_all(e, err)) != 0 ||
+        (rc = alloc_buffers(e, &bufs, ctx0, err)) != 0)
+        goto fail;
+    count_work(e);
+    if ((rc = start_ffn_source(e, o, &mem, err)) != 0)
+        goto fail;
     pi2_plan_memory_free(&mem);
     *out = e;
     return 0;
@@ -801,12 +564,9 @@ fail:
     return rc ? rc : PI2_EINVAL;
 }
 
-void pi2_engine_close(pi2_engine *e)
+/* The row tables of every bound matrix and the predictors' Q8 copies. */
+static void free_layers(pi2_engine *e)
 {
-    if (!e)
-        return;
-    eng_ofl_close(e);
-    pi2_pool_free(e->pool);
     if (e->layers) {
         int E = pi2_desc_is_moe(&e->d) ? e->d.n_experts : 1;
         for (int l = 0; l < e->d.n_layers; l++) {
@@ -828,57 +588,18 @@ void pi2_engine_close(pi2_engine *e)
     free_mat(&e->embed);
     if (!e->head_shared)
         free_mat(&e->head);
-    if (e->tls)
-        for (int t = 0; t < e->tls_n; t++) {
-            eng_tls *s = &e->tls[t];
-            free(s->part);
-            free(s->g);
-            free(s->u);
-            free(s->coef);
-            free(s->pp);
-            free(s->ps);
-            free(s->pp2);
-            free(s->ps2);
-            free(s->gt);
-            free(s->ut);
-            free(s->list);
-            free(s->list2);
-            free(s->scores);
-        }
-    free(e->tls);
+}
+
+void pi2_engine_close(pi2_engine *e)
+{
+    if (!e)
+        return;
+    eng_ofl_close(e);
+    pi2_pool_free(e->pool);
+    free_layers(e);
+    eng_free_state(e);
     free(e->kc);
     free(e->vc);
-    free(e->x);
-    free(e->xb);
-    free(e->xb2);
-    free(e->q);
-    free(e->att);
-    free(e->aqs);
-    free(e->aq);
-    free(e->asum);
-    free(e->ph);
-    free(e->phs);
-    free(e->phq);
-    free(e->phsum);
-    free(e->pxs);
-    free(e->pxq);
-    free(e->pxsum);
-    free(e->router_logits);
-    free(e->chosen);
-    free(e->sel);
-    free(e->scores_all);
-    free(e->dec_out);
-    free((void *)e->share_rng);
-    free(e->pred_n);
-    free(e->moe_x);
-    free(e->moe_out);
-    free(e->moe_w);
-    free(e->moe_tok);
-    free(e->moe_wk);
-    free(e->moe_prev);
-    free(e->moe_guess);
-    free(e->rope_cs);
-    free(e->rope_sn);
     free(e->inv_freq);
     pi2_tok_free(e->tok);
     pi2_bundle_close(e->b);

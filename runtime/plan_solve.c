@@ -148,35 +148,101 @@ static double knapsack(const item_opts *it, uint32_t n, uint64_t B, uint32_t *pi
     return res;
 }
 
-int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem *mem, const pi2_plan_opts *o,
-                   pi2_plan *out, pi2_err *err)
+/* The search's scratch: each FFN's suffix sums, its options at the
+ * configuration being tried, and the knapsack's picks. */
+typedef struct solve_scratch {
+    uint32_t n;
+    suffix *sx;
+    item_opts *it;
+    uint32_t *pick;
+} solve_scratch;
+
+static int scratch_make(const pi2_mprof *mp, solve_scratch *s, pi2_err *err)
 {
-    memset(out, 0, sizeof *out);
-    int threads = o->threads < 1 ? 1 : o->threads;
-    if (threads > hw->threads)
-        threads = hw->threads;
-    int max_depth = o->max_depth > 0 ? o->max_depth : 128;
-    if (o->fixed_only) {
-        int rc = pi2_plan_fixed(mp, mem, o->mem_limit, threads, 64, 1.0, false, out, err);
-        if (rc == 0)
-            pi2_plan_predict(mp, hw, out, o->prompt);
-        return rc;
+    s->n = mp->n_ffn;
+    s->sx = calloc(s->n, sizeof *s->sx);
+    s->it = calloc(s->n, sizeof *s->it);
+    s->pick = calloc(s->n, sizeof *s->pick);
+    if (!s->sx || !s->it || !s->pick)
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
+    for (uint32_t i = 0; i < s->n; i++)
+        if (plan_suffix_build(&mp->ffn[i], &s->sx[i]) != 0)
+            return pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
+    return 0;
+}
+
+static void scratch_free(solve_scratch *s)
+{
+    for (uint32_t i = 0; s->sx && i < s->n; i++)
+        free(s->sx[i].P);
+    for (uint32_t i = 0; s->it && i < s->n; i++)
+        item_free(&s->it[i]);
+    free(s->sx);
+    free(s->it);
+    free(s->pick);
+}
+
+/* The budget holds every FFN: all hot, each paying only its static reads;
+ * their predicted time. */
+static double split_all_hot(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, const solve_scratch *s,
+                            pi2_plan *cand)
+{
+    uint32_t n = s->n;
+    for (uint32_t i = 0; i < n; i++)
+        cand->hot_groups[i] = cand->gate_groups[i] = mp->ffn[i].groups;
+    double tot = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        double n1, b1, n2, b2;
+        plan_static_reads(mp, &s->sx[i], c->gf, mp->ffn[i].groups, mp->ffn[i].groups, &n1, &b1, &n2, &b2);
+        tot += plan_item_time(mp, hw, c, i, n1, b1, n2, b2);
     }
-    uint32_t n = mp->n_ffn;
-    uint32_t levels = n <= 32 ? PLAN_LEVELS : (uint32_t)(PLAN_LEVELS * 32 / n);
+    return tot;
+}
+
+/* The budget holds part of the FFNs: how many hot (and gate) groups each
+ * keeps, the split of least predicted time (*tot) among each FFN's options
+ * in steps of 1/levels of its groups (the exact knapsack). */
+static int split_budget(const pi2_mprof *mp, const pi2_hwprof *hw, const cfg *c, solve_scratch *s, uint64_t budget,
+                        uint32_t levels, bool gate_only, pi2_plan *cand, double *tot, pi2_err *err)
+{
+    uint32_t n = s->n, step = (mp->ffn[0].groups + levels - 1) / levels;
+    if (step < 1)
+        step = 1;
+    uint64_t unit = (uint64_t)step * (mp->two_phase ? mp->Pg : mp->S);
+    uint64_t B = budget / unit, sum = 0;
+    int rc = 0;
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        item_free(&s->it[i]);
+        memset(&s->it[i], 0, sizeof s->it[i]);
+        if (item_build(mp, hw, c, i, &s->sx[i], step, unit, gate_only, &s->it[i]) != 0)
+            rc = pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
+        sum += s->it[i].m;
+    }
+    if (B > sum)
+        B = sum;
+    int ok = 1;
+    *tot = rc ? INFINITY : knapsack(s->it, n, B, s->pick, &ok);
+    if (!ok)
+        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        cand->hot_groups[i] = s->it[i].h[s->pick[i]];
+        cand->gate_groups[i] = s->it[i].g[s->pick[i]];
+    }
+    return rc;
+}
+
+/* Every configuration (threads up to `threads`, I/O depth, gate first or
+ * not) whose fixed costs fit the limit, each with its best split: out
+ * takes the one of least predicted time. *any: some configuration fits. */
+static int search_configs(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem *mem,
+                          const pi2_plan_opts *o, int threads, solve_scratch *s, pi2_plan *out, bool *any,
+                          pi2_err *err)
+{
+    uint32_t n = s->n, levels = n <= 32 ? PLAN_LEVELS : (uint32_t)(PLAN_LEVELS * 32 / n);
     if (levels < 8)
         levels = 8;
-    suffix *sx = calloc(n, sizeof *sx);
-    item_opts *it = calloc(n, sizeof *it);
-    uint32_t *pick = calloc(n, sizeof *pick);
-    int rc = 0;
-    if (!sx || !it || !pick)
-        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
-    for (uint32_t i = 0; rc == 0 && i < n; i++)
-        if (plan_suffix_build(&mp->ffn[i], &sx[i]) != 0)
-            rc = pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
+    int max_depth = o->max_depth > 0 ? o->max_depth : 128, rc = 0;
     double best = INFINITY;
-    bool any = false;
     uint64_t mc = plan_min_cache(mp, mem);
     for (int t = 1; rc == 0 && t <= threads; t++)
         for (size_t di = 0; rc == 0 && di < sizeof DEPTHS / sizeof *DEPTHS; di++) {
@@ -188,7 +254,7 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
                 uint64_t fixed = mem->fixed + mem->per_depth * (uint64_t)depth;
                 if (o->mem_limit < fixed + mc)
                     continue;
-                any = true;
+                *any = true;
                 uint64_t budget = o->mem_limit - fixed - mc;
                 pi2_plan cand;
                 if ((rc = pi2_plan_alloc(&cand, n, err)) != 0)
@@ -198,39 +264,10 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
                 cand.io_depth = depth;
                 cand.gate_first = gf != 0;
                 double tot;
-                if (budget >= mp->ffn_total) {
-                    for (uint32_t i = 0; i < n; i++)
-                        cand.hot_groups[i] = cand.gate_groups[i] = mp->ffn[i].groups;
-                    tot = 0;
-                    for (uint32_t i = 0; i < n; i++) {
-                        double n1, b1, n2, b2;
-                        plan_static_reads(mp, &sx[i], c.gf, mp->ffn[i].groups, mp->ffn[i].groups, &n1, &b1, &n2, &b2);
-                        tot += plan_item_time(mp, hw, &c, i, n1, b1, n2, b2);
-                    }
-                } else {
-                    uint32_t step = (mp->ffn[0].groups + levels - 1) / levels;
-                    if (step < 1)
-                        step = 1;
-                    uint64_t unit = (uint64_t)step * (mp->two_phase ? mp->Pg : mp->S);
-                    uint64_t B = budget / unit, sum = 0;
-                    for (uint32_t i = 0; rc == 0 && i < n; i++) {
-                        item_free(&it[i]);
-                        memset(&it[i], 0, sizeof it[i]);
-                        if (item_build(mp, hw, &c, i, &sx[i], step, unit, o->gate_only, &it[i]) != 0)
-                            rc = pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
-                        sum += it[i].m;
-                    }
-                    if (B > sum)
-                        B = sum;
-                    int ok = 1;
-                    tot = rc ? INFINITY : knapsack(it, n, B, pick, &ok);
-                    if (!ok)
-                        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory planning");
-                    for (uint32_t i = 0; rc == 0 && i < n; i++) {
-                        cand.hot_groups[i] = it[i].h[pick[i]];
-                        cand.gate_groups[i] = it[i].g[pick[i]];
-                    }
-                }
+                if (budget >= mp->ffn_total)
+                    tot = split_all_hot(mp, hw, &c, s, &cand);
+                else
+                    rc = split_budget(mp, hw, &c, s, budget, levels, o->gate_only, &cand, &tot, err);
                 if (rc == 0 && tot < best) {
                     best = tot;
                     pi2_plan_free(out);
@@ -240,23 +277,14 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
                 }
             }
         }
-    for (uint32_t i = 0; sx && i < n; i++)
-        free(sx[i].P);
-    for (uint32_t i = 0; it && i < n; i++)
-        item_free(&it[i]);
-    free(sx);
-    free(it);
-    free(pick);
-    if (rc) {
-        pi2_plan_free(out);
-        return rc;
-    }
-    if (!any)
-        return pi2_err_set(err, PI2_ENOMEM, "plan: a memory limit of %.0f MB cannot hold the resident part (%.0f MB)",
-                           o->mem_limit / 1e6, (mem->fixed + mem->per_depth * 16 + mc) / 1e6);
-    pi2_plan_predict(mp, hw, out, o->prompt);
-    /* keep the fixed split unless the search predicts a clear gain: the
-     * model's error is larger than small differences */
+    return rc;
+}
+
+/* Keep the fixed split unless the search predicts a clear gain
+ * (o->min_gain): the model's error is larger than small differences. */
+static void prefer_fixed_split(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem *mem,
+                               const pi2_plan_opts *o, int threads, pi2_plan *out)
+{
     pi2_plan fx;
     pi2_err fe = {0};
     if (o->min_gain > 0 && pi2_plan_fixed(mp, mem, o->mem_limit, threads, 64, 1.0, false, &fx, &fe) == 0) {
@@ -268,39 +296,77 @@ int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem
             pi2_plan_free(&fx);
         }
     }
-    if (o->min_speed > 0 && out->pred.decode_tok_s < o->min_speed) {
-        double got = out->pred.decode_tok_s;
-        /* the memory that would reach min_speed: bisect on the limit */
-        uint64_t lo = o->mem_limit, hi = mem->fixed + mem->per_depth * 128 + mc + mp->ffn_total + (64u << 20);
-        pi2_plan_opts oo = *o;
-        oo.min_speed = 0;
-        pi2_plan tp;
-        bool reach = false;
-        oo.mem_limit = hi;
-        if (hi > lo && pi2_plan_solve(mp, hw, mem, &oo, &tp, err) == 0) {
-            reach = tp.pred.decode_tok_s >= o->min_speed;
-            pi2_plan_free(&tp);
-        }
-        for (int it2 = 0; reach && it2 < 20 && hi - lo > (16u << 20); it2++) {
-            oo.mem_limit = lo + (hi - lo) / 2;
-            if (pi2_plan_solve(mp, hw, mem, &oo, &tp, err) != 0)
-                break;
-            if (tp.pred.decode_tok_s >= o->min_speed)
-                hi = oo.mem_limit;
-            else
-                lo = oo.mem_limit;
-            pi2_plan_free(&tp);
-        }
-        pi2_plan_free(out);
-        if (reach)
-            return pi2_err_set(err, PI2_ERANGE,
-                               "plan: infeasible: at a memory limit of %.0f MB the best plan decodes %.2f tok/s, below "
-                               "the minimum speed %.2f; about %.0f MB would reach it",
-                               o->mem_limit / 1e6, got, o->min_speed, hi / 1e6);
+}
+
+/* The best plan decodes below o->min_speed: out is freed and the plan
+ * refused (PI2_ERANGE), naming the memory limit that would reach the
+ * speed, found by bisecting on the limit, or that none does. */
+static int refuse_too_slow(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem *mem,
+                           const pi2_plan_opts *o, pi2_plan *out, pi2_err *err)
+{
+    double got = out->pred.decode_tok_s;
+    uint64_t mc = plan_min_cache(mp, mem);
+    uint64_t lo = o->mem_limit, hi = mem->fixed + mem->per_depth * 128 + mc + mp->ffn_total + (64u << 20);
+    pi2_plan_opts oo = *o;
+    oo.min_speed = 0;
+    pi2_plan tp;
+    bool reach = false;
+    oo.mem_limit = hi;
+    if (hi > lo && pi2_plan_solve(mp, hw, mem, &oo, &tp, err) == 0) {
+        reach = tp.pred.decode_tok_s >= o->min_speed;
+        pi2_plan_free(&tp);
+    }
+    for (int it2 = 0; reach && it2 < 20 && hi - lo > (16u << 20); it2++) {
+        oo.mem_limit = lo + (hi - lo) / 2;
+        if (pi2_plan_solve(mp, hw, mem, &oo, &tp, err) != 0)
+            break;
+        if (tp.pred.decode_tok_s >= o->min_speed)
+            hi = oo.mem_limit;
+        else
+            lo = oo.mem_limit;
+        pi2_plan_free(&tp);
+    }
+    pi2_plan_free(out);
+    if (reach)
         return pi2_err_set(err, PI2_ERANGE,
                            "plan: infeasible: at a memory limit of %.0f MB the best plan decodes %.2f tok/s, below "
-                           "the minimum speed %.2f, and no memory limit reaches it on this machine (compute-bound)",
-                           o->mem_limit / 1e6, got, o->min_speed);
+                           "the minimum speed %.2f; about %.0f MB would reach it",
+                           o->mem_limit / 1e6, got, o->min_speed, hi / 1e6);
+    return pi2_err_set(err, PI2_ERANGE,
+                       "plan: infeasible: at a memory limit of %.0f MB the best plan decodes %.2f tok/s, below "
+                       "the minimum speed %.2f, and no memory limit reaches it on this machine (compute-bound)",
+                       o->mem_limit / 1e6, got, o->min_speed);
+}
+
+int pi2_plan_solve(const pi2_mprof *mp, const pi2_hwprof *hw, const pi2_plan_mem *mem, const pi2_plan_opts *o,
+                   pi2_plan *out, pi2_err *err)
+{
+    memset(out, 0, sizeof *out);
+    int threads = o->threads < 1 ? 1 : o->threads;
+    if (threads > hw->threads)
+        threads = hw->threads;
+    if (o->fixed_only) {
+        int rc = pi2_plan_fixed(mp, mem, o->mem_limit, threads, 64, 1.0, false, out, err);
+        if (rc == 0)
+            pi2_plan_predict(mp, hw, out, o->prompt);
+        return rc;
     }
+    solve_scratch s = {0};
+    bool any = false;
+    int rc = scratch_make(mp, &s, err);
+    if (rc == 0)
+        rc = search_configs(mp, hw, mem, o, threads, &s, out, &any, err);
+    scratch_free(&s);
+    if (rc) {
+        pi2_plan_free(out);
+        return rc;
+    }
+    if (!any)
+        return pi2_err_set(err, PI2_ENOMEM, "plan: a memory limit of %.0f MB cannot hold the resident part (%.0f MB)",
+                           o->mem_limit / 1e6, (mem->fixed + mem->per_depth * 16 + plan_min_cache(mp, mem)) / 1e6);
+    pi2_plan_predict(mp, hw, out, o->prompt);
+    prefer_fixed_split(mp, hw, mem, o, threads, out);
+    if (o->min_speed > 0 && out->pred.decode_tok_s < o->min_speed)
+        return refuse_too_slow(mp, hw, mem, o, out, err);
     return 0;
 }

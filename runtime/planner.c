@@ -159,10 +159,9 @@ static void group_figures(const pi2_mprof *mp, pi2_mprof_ffn *F, uint64_t ns)
     free(f);
 }
 
-int pi2_mprof_build(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundle_layout *bl, const uint8_t *base,
-                    uint64_t base_len, const char *name, pi2_err *err)
+/* The model-wide figures: shapes, the attention's and the head's bytes. */
+static void model_figures(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundle_layout *bl)
 {
-    memset(mp, 0, sizeof *mp);
     const pi2_model_desc *d = &mf->config;
     int E = d->n_experts > 0 ? d->n_experts : 1;
     mp->n_layers = d->n_layers;
@@ -183,68 +182,75 @@ int pi2_mprof_build(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundle_layo
     if (!head)
         head = pi2_manifest_find_tensor(mf, PI2_T_EMBED, -1, -1);
     mp->head_bytes = tensor_bytes(head);
-    if (bl->n_ffn != mp->n_ffn || mp->n_ffn == 0)
-        return pi2_err_set(err, PI2_ESHAPE, "%s: %zu bundled FFNs, the model has %u", name, bl->n_ffn, mp->n_ffn);
-    mp->ffn = pi2_calloc_array(mp->n_ffn, sizeof *mp->ffn);
-    if (!mp->ffn)
-        return pi2_err_set(err, PI2_ENOMEM, "out of memory for the model profile");
-    mp->bits_selected = true;
-    pi2_plan_cal_defaults(&mp->cal);
-    int rc = 0;
-    for (uint32_t fi = 0; fi < mp->n_ffn && rc == 0; fi++) {
-        const pi2_bl_ffn *b = &bl->ffn[fi];
-        pi2_mprof_ffn *F = &mp->ffn[fi];
-        F->neurons = b->neurons;
-        F->group = b->group;
-        F->groups = b->groups;
-        F->words = (b->neurons + 63) / 64;
-        F->read_eff = isnan(b->read_eff) ? 0 : b->read_eff;
-        if (fi == 0) {
-            mp->S = b->slot_bytes;
-            mp->Pg = b->gate_part;
-        } else if (b->slot_bytes != mp->S || b->gate_part != mp->Pg) {
-            rc = pi2_err_set(err, PI2_EUNSUPPORTED, "%s: FFNs of different geometry", name);
-            break;
-        }
-        mp->ffn_total += (uint64_t)b->groups * b->slot_bytes;
-        const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
-        if (ml && ml->has_predictor)
-            F->pred_bytes = pi2_plan_pred_bytes(&ml->predictor, d->hidden, b->neurons, &F->pred_qt);
-        F->p = pi2_calloc_array(b->groups, sizeof *F->p);
-        F->n = pi2_calloc_array(b->groups, sizeof *F->n);
-        F->q = pi2_calloc_array(b->groups, sizeof *F->q);
-        F->sp0 = pi2_calloc_array(b->groups, sizeof *F->sp0);
-        F->spg = pi2_calloc_array(b->groups, sizeof *F->spg);
-        F->spu = pi2_calloc_array(b->groups, sizeof *F->spu);
-        if (!F->p || !F->n || !F->q || !F->sp0 || !F->spg || !F->spu) {
-            rc = pi2_err_set(err, PI2_ENOMEM, "out of memory for the model profile");
-            break;
-        }
-        const pi2_mf_profile *pr = pi2_manifest_find_profile(mf, b->layer, b->expert);
-        F->fired = pr ? pr->active_frac * b->neurons : 0.5 * b->neurons;
-        if (pr && pr->bits[0] && pr->bit_samples > 0) {
-            const uint8_t *p;
-            if ((rc = member_at(mf, pr->bits, base, base_len, pr->bit_samples * F->words * 8, &p, name, err)))
-                break;
-            F->bits = (const uint64_t *)(const void *)p;
-            if (mp->samples == 0 || pr->bit_samples < mp->samples)
-                mp->samples = pr->bit_samples;
-            mp->bits_selected = mp->bits_selected && pr->bits_selected;
-        } else {
-            mp->bits_selected = false;
-            if (pr && pr->freq[0]) {
-                const uint8_t *p;
-                if ((rc = member_at(mf, pr->freq, base, base_len, (uint64_t)b->neurons * 4, &p, name, err)))
-                    break;
-                F->freq = (const float *)(const void *)p;
-            }
-        }
+}
+
+/* Which activations FFN F's figures come from: the profile's sampled bits
+ * (in the resident region at base), else its per-neuron frequencies, else
+ * (F->bits and F->freq NULL) its active fraction alone. */
+static int ffn_activations(pi2_mprof *mp, pi2_mprof_ffn *F, const pi2_mf_profile *pr, const pi2_manifest *mf,
+                           const uint8_t *base, uint64_t base_len, const char *name, pi2_err *err)
+{
+    const uint8_t *p;
+    int rc;
+    if (pr && pr->bits[0] && pr->bit_samples > 0) {
+        if ((rc = member_at(mf, pr->bits, base, base_len, pr->bit_samples * F->words * 8, &p, name, err)))
+            return rc;
+        F->bits = (const uint64_t *)(const void *)p;
+        if (mp->samples == 0 || pr->bit_samples < mp->samples)
+            mp->samples = pr->bit_samples;
+        mp->bits_selected = mp->bits_selected && pr->bits_selected;
+        return 0;
     }
-    for (uint32_t fi = 0; fi < mp->n_ffn && rc == 0; fi++)
-        group_figures(mp, &mp->ffn[fi], mp->ffn[fi].bits ? mp->samples : 0);
-    /* how often each FFN runs: dense 1; an expert top-k x its routing share
-     * when the layer's profiled shares sum to 1, else top-k / experts */
-    for (uint32_t fi = 0; fi < mp->n_ffn && rc == 0; fi++) {
+    mp->bits_selected = false;
+    if (pr && pr->freq[0]) {
+        if ((rc = member_at(mf, pr->freq, base, base_len, (uint64_t)F->neurons * 4, &p, name, err)))
+            return rc;
+        F->freq = (const float *)(const void *)p;
+    }
+    return 0;
+}
+
+/* FFN fi's figures from its bundled layout b: geometry (every FFN's slot
+ * alike), predictor bytes, the per-group arrays group_figures fills, and
+ * where its activations come from. */
+static int ffn_figures(pi2_mprof *mp, uint32_t fi, const pi2_bl_ffn *b, const pi2_manifest *mf, const uint8_t *base,
+                       uint64_t base_len, const char *name, pi2_err *err)
+{
+    pi2_mprof_ffn *F = &mp->ffn[fi];
+    F->neurons = b->neurons;
+    F->group = b->group;
+    F->groups = b->groups;
+    F->words = (b->neurons + 63) / 64;
+    F->read_eff = isnan(b->read_eff) ? 0 : b->read_eff;
+    if (fi == 0) {
+        mp->S = b->slot_bytes;
+        mp->Pg = b->gate_part;
+    } else if (b->slot_bytes != mp->S || b->gate_part != mp->Pg) {
+        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: FFNs of different geometry", name);
+    }
+    mp->ffn_total += (uint64_t)b->groups * b->slot_bytes;
+    const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
+    if (ml && ml->has_predictor)
+        F->pred_bytes = pi2_plan_pred_bytes(&ml->predictor, mf->config.hidden, b->neurons, &F->pred_qt);
+    F->p = pi2_calloc_array(b->groups, sizeof *F->p);
+    F->n = pi2_calloc_array(b->groups, sizeof *F->n);
+    F->q = pi2_calloc_array(b->groups, sizeof *F->q);
+    F->sp0 = pi2_calloc_array(b->groups, sizeof *F->sp0);
+    F->spg = pi2_calloc_array(b->groups, sizeof *F->spg);
+    F->spu = pi2_calloc_array(b->groups, sizeof *F->spu);
+    if (!F->p || !F->n || !F->q || !F->sp0 || !F->spg || !F->spu)
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory for the model profile");
+    const pi2_mf_profile *pr = pi2_manifest_find_profile(mf, b->layer, b->expert);
+    F->fired = pr ? pr->active_frac * b->neurons : 0.5 * b->neurons;
+    return ffn_activations(mp, F, pr, mf, base, base_len, name, err);
+}
+
+/* How often each FFN runs: dense 1; an expert top-k x its routing share
+ * when the layer's profiled shares sum to 1, else top-k / experts. */
+static void ffn_weights(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundle_layout *bl)
+{
+    const pi2_model_desc *d = &mf->config;
+    for (uint32_t fi = 0; fi < mp->n_ffn; fi++) {
         const pi2_bl_ffn *b = &bl->ffn[fi];
         double sum = 0, share = NAN;
         for (int x = 0; x < d->n_experts; x++) {
@@ -253,10 +259,31 @@ int pi2_mprof_build(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundle_layo
             if (pr && x == b->expert)
                 share = pr->route_share;
         }
-        mp->ffn[fi].w = d->n_experts == 0                  ? 1.0
+        mp->ffn[fi].w = d->n_experts == 0                      ? 1.0
                         : fabs(sum - 1) < 0.01 && !isnan(share) ? mp->top_k * share / sum
-                                                              : (double)mp->top_k / d->n_experts;
+                                                                : (double)mp->top_k / d->n_experts;
     }
+}
+
+int pi2_mprof_build(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundle_layout *bl, const uint8_t *base,
+                    uint64_t base_len, const char *name, pi2_err *err)
+{
+    memset(mp, 0, sizeof *mp);
+    model_figures(mp, mf, bl);
+    if (bl->n_ffn != mp->n_ffn || mp->n_ffn == 0)
+        return pi2_err_set(err, PI2_ESHAPE, "%s: %zu bundled FFNs, the model has %u", name, bl->n_ffn, mp->n_ffn);
+    mp->ffn = pi2_calloc_array(mp->n_ffn, sizeof *mp->ffn);
+    if (!mp->ffn)
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory for the model profile");
+    mp->bits_selected = true;
+    pi2_plan_cal_defaults(&mp->cal);
+    int rc = 0;
+    for (uint32_t fi = 0; fi < mp->n_ffn && rc == 0; fi++)
+        rc = ffn_figures(mp, fi, &bl->ffn[fi], mf, base, base_len, name, err);
+    for (uint32_t fi = 0; fi < mp->n_ffn && rc == 0; fi++)
+        group_figures(mp, &mp->ffn[fi], mp->ffn[fi].bits ? mp->samples : 0);
+    if (rc == 0)
+        ffn_weights(mp, mf, bl);
     if (rc)
         pi2_mprof_free(mp);
     return rc;

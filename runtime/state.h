@@ -1,9 +1,11 @@
 /* The engine's state: the model as mapped (matrices, FFNs, layers), the
  * per-thread scratch and struct pi2_engine, shared by the engine's load
- * (engine.c), forward (forward.c), FFN (ffn.c, ffn_memory.c, the offload/
- * room), predictor (predict.c) and MoE routing (moe.c). Each of those
- * declares its functions in a header of its own (forward.h, ffn.h,
- * predict.h, moe.h, offload/offload.h). Not part of the public API. */
+ * (engine.c, engine_pred.c, engine_bufs.c), forward (forward.c), FFN
+ * (ffn.c, ffn_memory.c, the offload/ room), predictor (predict.c) and MoE
+ * routing (moe.c). The load's shared functions are declared at the end;
+ * each of the others declares its functions in a header of its own
+ * (forward.h, ffn.h, predict.h, moe.h, offload/offload.h). Not part of
+ * the public API. */
 #ifndef PI2_STATE_H
 #define PI2_STATE_H
 
@@ -51,7 +53,7 @@ typedef struct eng_ffn {
     const void *fc1; /* [rank][hidden], as stored (eng_pred_w) */
     const void *fc2; /* [n_ff][rank] */
     /* the rows decode runs: a q8/q4 predictor's members in place, or
-     * (f32/f16) Q8 rows made at open (engine.c, pred_quantize_all) */
+     * (f32/f16) Q8 rows made at open (engine_pred.c, eng_pred_quantize_all) */
     pi2_qtype pred_qt;        /* PI2_QT_Q8 or PI2_QT_Q4 */
     int rank_p;               /* rank rounded up to 32 (zero columns) */
     uint8_t *pq;              /* the open-time copy, holding all four; NULL in place */
@@ -164,5 +166,31 @@ struct pi2_engine {
     uint64_t buf_bytes;  /* activation and thread buffers (KV cache excluded) */
     int plan_ctx;        /* KV positions the memory plan holds */
 };
+
+/* The engine's open, in three files: engine.c binds the model's tensors
+ * and runs the open; engine_pred.c prepares the predictors decode runs;
+ * engine_bufs.c allocates the buffers and counts them for the memory plan.
+ * Each returns 0 or a PI2_E* code with err filled; what they allocate
+ * belongs to e, freed by pi2_engine_close. */
+
+/* The container member `name`, exactly `size` bytes, in the mapping or
+ * (offloading) in the resident region read in; NULL on error. */
+const uint8_t *eng_member(const pi2_engine *e, const char *name, uint64_t size, pi2_err *err);
+/* pi2_malloc_array, counted in e->buf_bytes (the memory plan's engine
+ * buffers); NULL when out of memory. */
+void *eng_acc_alloc(pi2_engine *e, size_t n, size_t size);
+/* f's Q8 predictor copy, allocated (filled by eng_pred_quantize_all). */
+int eng_pred_alloc(pi2_engine *e, eng_ffn *f, pi2_err *err);
+/* f's q8/q4 predictor p (qtype qt), its members used in place. */
+int eng_pred_bind(pi2_engine *e, eng_ffn *f, const pi2_mf_predictor *p, pi2_qtype qt, pi2_err *err);
+/* Every Q8 copy filled, over e->pool; offloading, the f32/f16 pages given
+ * back (e->res_released). */
+int eng_pred_quantize_all(pi2_engine *e, pi2_err *err);
+/* The activation, predictor-input, MoE and per-thread buffers (the KV
+ * cache is pi2_engine_set_ctx's), after every FFN is bound. */
+int eng_alloc_state(pi2_engine *e, pi2_err *err);
+/* Frees what eng_alloc_state allocated, and the per-thread attention
+ * scores pi2_engine_set_ctx put beside it; any part may be NULL. */
+void eng_free_state(pi2_engine *e);
 
 #endif

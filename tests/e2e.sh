@@ -181,19 +181,25 @@ expect_error "bundle missing input" "$T/nope.pi2c" "$B/pi2-bundle" "$T/nope.pi2c
 expect_ok "bundle auto io unit" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit auto
 grep -q "io unit 8 KiB (auto)" "$T/out" && ok || { bad "bundle --io-unit auto: no automatic unit in the summary"; cat "$T/out"; }
 expect_ok "bundle" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit 4K --force
-grep -q "io unit 4 KiB (--io-unit)" "$T/out" && ok || bad "bundle --io-unit 4K: the summary does not show it"
+grep -q "io unit 4 KiB (given)" "$T/out" && ok || bad "bundle --io-unit 4K: the summary does not show it"
 grep -q "signed with key" "$T/out" && ok || bad "bundle summary does not name the key"
 tar tvf "$T/b.pi2" 2>/dev/null | grep -q " ffn/0.0$" && ok || bad "tar does not list ffn/0.0"
 expect_ok "bundle verify" "$B/pi2-bundle" verify "$T/b.pi2" --pubkey "$T/k.pub"
 grep -q "signature ok" "$T/out" && ok || bad "verify does not say signature ok"
 "$B/pi2-bundle" inspect "$T/b.pi2" >"$T/out" 2>"$T/err" && grep -q "^layout: *two-phase" "$T/out" \
-    && grep -q "^signature: *signed" "$T/out" && ok || { bad "bundle inspect"; cat "$T/out" "$T/err"; }
+    && grep -q "^signature: *signed" "$T/out" && grep -q "^verify: *pi2-bundle verify .* --pubkey" "$T/out" \
+    && ok || { bad "bundle inspect"; cat "$T/out" "$T/err"; }
 expect_ok "bundle inspect --svg" "$B/pi2-bundle" inspect "$T/b.pi2" --svg "$T/b.svg"
 head -c 5 "$T/b.svg" | grep -q "^<svg" && tail -c 7 "$T/b.svg" | grep -q "^</svg>" && ok || bad "inspect --svg: not an SVG"
 expect_error "bundle inspect --svg bad path" "$T/nodir/b.svg" "$B/pi2-bundle" inspect "$T/b.pi2" --svg "$T/nodir/b.svg"
 expect_error "bundle verify wrong key" "another key" "$B/pi2-bundle" verify "$T/b.pi2" --pubkey "$T/k2.pub"
 expect_error "bundle verify no key" "--pubkey" "$B/pi2-bundle" verify "$T/b.pi2"
 expect_error "bundle verify converted" "not a bundled model" "$B/pi2-bundle" verify "$T/tiny.pi2c" --allow-unsigned
+# a converted model fails the signature step first: the run says what it is instead
+expect_error "run converted" "not a bundled model (kind converted); run pi2-bundle on it first" \
+    "$B/pi2-run" "$T/tiny.pi2c" --pubkey "$T/k.pub" -p "hi" -n 1
+expect_error "plan converted" "not a bundled model (kind converted)" \
+    "$B/pi2-run" "$T/tiny.pi2c" --pubkey "$T/k.pub" -p "hi" -n 1 --plan-only --mem-limit 1T
 for m in ffn/1.0 w/model.layers.0.mlp.up_proj.weight.s perm/0.0 p/1.0.fc2; do
     cp "$T/b.pi2" "$T/bt.pi2"
     off=$(member_off "$T/bt.pi2" "$m")
@@ -535,6 +541,9 @@ for fam in turbosparse-mistral bamboo relullama; do
         && [ -n "$("$B/pi2-run" "$T/fam-$fam.pi2" --pubkey "$T/k.pub" -p "hello world" -n 8 2>"$T/err")" ] \
         && ok || { bad "family $fam: synth, convert, bundle, run"; cat "$T/out" "$T/err"; }
 done
+"$B/pi2-convert" synth --family nope -o "$T/fam-nope" >/dev/null 2>"$T/err"
+[ $? -eq 2 ] && grep -q "unknown family 'nope'" "$T/err" && [ ! -e "$T/fam-nope" ] && ok \
+    || { bad "synth --family with an unknown name: not a usage error"; cat "$T/err"; }
 "$B/pi2-convert" "$T/fam-turbosparse-mistral" -o "$T/x.pi2c" --calib-tokens 256 2>/dev/null | grep -q "^model: TurboSparse-Mistral" \
     && ok || bad "TurboSparse-Mistral not recognised by its tensors"
 # Bamboo-base without its predictors: no silent dense model when the repository lies beside it
@@ -542,7 +551,8 @@ cp -r "$T/fam-bamboo-predictor" "$T/fam-bamboo/predictor"
 "$B/pi2-convert" "$T/fam-bamboo" -o "$T/x.pi2c" --calib-tokens 256 2>/dev/null | grep -q "predictors imported from .*/predictor (PowerInfer repo)" \
     && ok || bad "predictors beside the weights were not used"
 rm "$T/fam-bamboo/predictor/model_1.pt"
-expect_error "broken predictors beside the weights" "beside the weights cannot be used" \
+expect_error "broken predictors beside the weights" \
+    "beside the weights cannot be used .*; give --predictors PATH, or --train-predictors" \
     "$B/pi2-convert" "$T/fam-bamboo" -o "$T/x2.pi2c" -q
 [ -e "$T/x2.pi2c" ] && bad "a refused conversion left its output" || ok
 mkdir -p "$T/nopred"

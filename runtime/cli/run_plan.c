@@ -17,18 +17,7 @@ static int open_bundle(const run_opts *o, const pi2_engine_opts *eo, pi2_bundle 
 {
     pi2_bundle_open_opts bo = {.pubkey = eo->pubkey, .allow_unsigned = eo->trust_unsigned};
     int rc = pi2_bundle_open(b, o->model, &bo, err);
-    if (rc) {
-        pi2_bundle *probe = NULL;
-        pi2_bundle_open_opts po = {.allow_unsigned = true, .skip_signature = true};
-        pi2_err pe = {0};
-        if (pi2_bundle_open(&probe, o->model, &po, &pe) != 0 && strstr(pe.msg, "not a bundled model")) {
-            pi2_err fresh = {0};
-            *err = fresh;
-            rc = pi2_err_set(err, pe.code, "%s", pe.msg);
-        }
-        pi2_bundle_close(probe);
-    }
-    return rc;
+    return rc ? pi2_bundle_open_failed(o->model, rc, err) : 0;
 }
 
 /* The reader the run would open, for its backend's name: opened and

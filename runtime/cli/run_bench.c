@@ -170,6 +170,11 @@ int run_bench(const run_opts *o)
            (double)st.predicted / nn, (double)st.active / nn, (double)st.weight_bytes / nt, (double)st.kv_bytes / nt,
            (unsigned long long)pi2_engine_dense_bytes(e), pi2_engine_prefill_macs(e), t_load,
            (double)pi2_peak_rss() / 1048576.0, ofl, moe, pages);
+    /* the summary as llama-bench users read it, beside the JSON line */
+    const char *mode = pi2_engine_dense(e) ? "dense" : pi2_engine_sparsity(e);
+    fprintf(stderr, "| model | mode | threads | test | t/s |\n|---|---|---:|---:|---:|\n");
+    fprintf(stderr, "| %s | %s | %d | pp%d | %.2f |\n", o->model, mode, pi2_engine_threads(e), pp, pp / t_pp);
+    fprintf(stderr, "| %s | %s | %d | tg%d | %.2f |\n", o->model, mode, pi2_engine_threads(e), tg, tg / tot);
     status = 0;
 out:
     if (rc)
@@ -180,6 +185,11 @@ out:
     free(rds);
     pi2_engine_close(e);
     return status;
+}
+
+static int ppl_step(void *ctx, int32_t token, int pos, float *logits, pi2_err *err)
+{
+    return pi2_engine_decode(ctx, token, pos, logits, err);
 }
 
 int run_ppl(const run_opts *o)
@@ -220,25 +230,12 @@ int run_ppl(const run_opts *o)
     }
     double nll = 0;
     size_t scored = 0;
-    int pos = 0;
-    int32_t cur = bos >= 0 ? bos : ids[0];
-    size_t first = bos >= 0 ? 0 : 1;
     double t0 = pi2_now();
     int n_valid = pi2_tok_vocab_size(pi2_engine_tokenizer(e)); /* padding rows past it are never output */
     if (n_valid <= 0 || n_valid > d->vocab)
         n_valid = d->vocab;
-    for (size_t i = first; i < n; i++) {
-        if ((rc = pi2_engine_decode(e, cur, pos++, logits, &err)) != 0)
-            goto out;
-        double mx = -INFINITY, s = 0;
-        for (int v = 0; v < n_valid; v++)
-            mx = logits[v] > mx ? logits[v] : mx;
-        for (int v = 0; v < n_valid; v++)
-            s += exp((double)logits[v] - mx);
-        nll += log(s) + mx - logits[ids[i]];
-        scored++;
-        cur = ids[i];
-    }
+    if ((rc = ppl_score(ppl_step, e, ids, n, bos, n_valid, logits, &nll, &scored, &err)) != 0)
+        goto out;
     double t = pi2_now() - t0;
     pi2_engine_stats st;
     pi2_engine_stats_get(e, &st);

@@ -15,6 +15,29 @@ int fail(const pi2_err *e)
     return 1;
 }
 
+int stream_prime(pi2_tok_stream *ts, const int32_t *ids, size_t n, pi2_err *err)
+{
+    const char *bytes;
+    size_t len;
+    for (size_t i = 0; i < n; i++) {
+        int rc = pi2_tok_stream_push(ts, ids[i], &bytes, &len, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+void warn_unknown(const pi2_tok *tok, const int32_t *ids, size_t n)
+{
+    int unk = pi2_tok_unk(tok);
+    size_t k = 0;
+    for (size_t i = 0; unk >= 0 && i < n; i++)
+        k += ids[i] == unk;
+    if (k > 0)
+        fprintf(stderr, "pi2-run: warning: %zu piece%s of the prompt %s outside the vocabulary: the model sees %s\n", k,
+                k == 1 ? "" : "s", k == 1 ? "is" : "are", pi2_tok_piece(tok, unk));
+}
+
 int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -78,5 +101,27 @@ int generate_loop(const run_opts *o, const pi2_model_desc *d, const pi2_tok *tok
     fflush(stdout);
     if (o->show_ids)
         fprintf(stderr, "\n");
+    return 0;
+}
+
+int ppl_score(step_fn step, void *ctx, const int32_t *ids, size_t n, int32_t bos, int n_valid, float *logits,
+              double *nll, size_t *scored, pi2_err *err)
+{
+    int rc, pos = 0;
+    int32_t cur = bos >= 0 ? bos : ids[0];
+    *nll = 0;
+    *scored = 0;
+    for (size_t i = bos >= 0 ? 0 : 1; i < n; i++) {
+        if ((rc = step(ctx, cur, pos++, logits, err)) != 0)
+            return rc;
+        double mx = -INFINITY, s = 0;
+        for (int v = 0; v < n_valid; v++)
+            mx = logits[v] > mx ? logits[v] : mx;
+        for (int v = 0; v < n_valid; v++)
+            s += exp((double)logits[v] - mx);
+        *nll += log(s) + mx - logits[ids[i]];
+        (*scored)++;
+        cur = ids[i];
+    }
     return 0;
 }

@@ -76,13 +76,18 @@ int generate_loop(const run_opts *o, const pi2_model_desc *d, const pi2_tok *tok
                   pi2_tok_stream *ts, float *logits, int pos, step_fn step, void *ctx, double *lat, size_t *n_lat,
                   long long *sampled, pi2_err *err);
 
-/* Perplexity of ids[0..n) under whichever model step runs: the first
- * step on bos (or ids[0] when bos < 0, which is then not scored), each
- * next id scored against the softmax of the first n_valid logits (padding
- * rows past the tokenizer's ids are never output). The negative log
- * likelihood summed into *nll and the ids scored into *scored. */
-int ppl_score(step_fn step, void *ctx, const int32_t *ids, size_t n, int32_t bos, int n_valid, float *logits,
-              double *nll, size_t *scored, pi2_err *err);
+/* Perplexity of the text (len bytes of o->ppl's file) under whichever
+ * model step runs, the tokens both paths score alike: the first
+ * min(tokens, o->ppl_tokens, max_pos - 1), the first step on BOS (or on
+ * the first token, then not scored), each next token scored against the
+ * softmax of the rows the tokenizer defines (a padded vocabulary's rows
+ * are never output). *ppl, the tokens scored and the seconds they took. */
+typedef struct ppl_result {
+    double ppl, secs;
+    size_t scored;
+} ppl_result;
+int ppl_run(const run_opts *o, const pi2_model_desc *d, const pi2_tok *tok, const char *text, size_t len, int max_pos,
+            step_fn step, void *ctx, ppl_result *r, pi2_err *err);
 
 /* run_engine.c */
 int load_hw(const run_opts *o, pi2_hwprof **out, pi2_err *err);

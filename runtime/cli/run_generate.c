@@ -170,48 +170,27 @@ int run_reference_ppl(const run_opts *o)
     pi2_ref_state *st = NULL;
     pi2_tok *tok = NULL;
     char *text = NULL;
-    int32_t *ids = NULL;
-    float *logits = NULL;
-    size_t len = 0, n_ids = 0;
+    size_t len = 0;
     int rc, status = 1;
     pi2_err err = {0};
     if ((rc = pi2_read_file(o->ppl, 64u << 20, &text, &len, &err)) != 0 ||
-        (rc = pi2_ref_open(&m, o->ref, &err)) != 0 || (rc = pi2_tok_load(&tok, o->ref, &err)) != 0 ||
-        (rc = pi2_tok_encode(tok, text, len, &ids, &n_ids, &err)) != 0)
+        (rc = pi2_ref_open(&m, o->ref, &err)) != 0 || (rc = pi2_tok_load(&tok, o->ref, &err)) != 0)
         goto out;
     const pi2_model_desc *d = pi2_ref_desc(m);
-    int bos = d->bos_id >= 0 ? d->bos_id : pi2_tok_bos(tok);
-    size_t n = n_ids < (size_t)o->ppl_tokens ? n_ids : (size_t)o->ppl_tokens;
-    if (n + 1 > (size_t)pi2_desc_max_ctx(d))
-        n = (size_t)pi2_desc_max_ctx(d) - 1;
-    if (n < 2) {
-        rc = pi2_err_set(&err, PI2_EINVAL, "%s: too little text for a perplexity (%zu tokens)", o->ppl, n_ids);
+    long long want = o->ppl_tokens + 1 < pi2_desc_max_ctx(d) ? o->ppl_tokens + 1 : pi2_desc_max_ctx(d);
+    if ((rc = pi2_ref_state_create(&st, m, (int)want, &err)) != 0)
         goto out;
-    }
-    int n_valid = pi2_tok_vocab_size(tok);
-    if (n_valid <= 0 || n_valid > d->vocab)
-        n_valid = d->vocab;
-    if ((rc = pi2_ref_state_create(&st, m, (int)n + 1, &err)) != 0)
-        goto out;
-    if (!(logits = pi2_malloc_array((size_t)d->vocab, sizeof *logits))) {
-        rc = pi2_err_set(&err, PI2_ENOMEM, "out of memory");
-        goto out;
-    }
     ref_ctx c = {m, st};
-    double nll, t0 = pi2_now();
-    size_t scored;
-    if ((rc = ppl_score(ref_step, &c, ids, n, bos, n_valid, logits, &nll, &scored, &err)) != 0)
+    ppl_result r;
+    if ((rc = ppl_run(o, d, tok, text, len, (int)want, ref_step, &c, &r, &err)) != 0)
         goto out;
-    double t = pi2_now() - t0;
-    printf("perplexity %.4f over %zu tokens (fp32 reference; %.1f tok/s)\n", exp(nll / (double)scored), scored,
-           (double)scored / t);
+    printf("perplexity %.4f over %zu tokens (fp32 reference; %.1f tok/s)\n", r.ppl, r.scored,
+           (double)r.scored / r.secs);
     status = 0;
 out:
     if (rc)
         fail(&err);
     free(text);
-    free(ids);
-    free(logits);
     pi2_tok_free(tok);
     pi2_ref_state_free(st);
     pi2_ref_close(m);

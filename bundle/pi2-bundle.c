@@ -59,7 +59,7 @@ static void usage(FILE *f)
             "  --hot-share F        hot neurons: this share of each FFN (0..1) ...\n"
             "  --hot-freq F         ... or those firing on at least this share of tokens\n"
             "                       (default 0.5)\n"
-            "  --threads N          threads for neuron ordering (default: all cores)\n"
+            "  -t, --threads N      threads for neuron ordering (default: all cores)\n"
             "  -q, --quiet          nothing on stdout or stderr but errors (no progress, no summary)\n"
             "keygen:\n"
             "  --private FILE       private key to create (PEM, mode 0600; must not exist: keys are\n"
@@ -259,7 +259,7 @@ static int cmd_bundle(int argc, char **argv)
     double dv;
     uint64_t sz;
     optind = 1;
-    while (rc == 0 && (c = getopt_long(argc, argv, ":o:qh", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":o:t:qh", opts, NULL)) != -1) {
         switch (c) {
         case 'o': o.out_path = optarg; break;
         case O_KEY: keypath = optarg; break;
@@ -285,6 +285,7 @@ static int cmd_bundle(int argc, char **argv)
             o.hot_min_freq = dv;
             freq_set = true;
             break;
+        case 't':
         case O_THREADS: rc = pi2_parse_int("--threads", optarg, 1, 256, &v, &err); o.threads = (int)v; break;
         case 'q': o.quiet = true; break;
         case O_FORCE: force = true; break;

@@ -70,7 +70,7 @@ static void usage_synth(FILE *f)
             "  --tied             tie the output head to the embeddings (stored once)\n"
             "  --seed S           seed (default 1); the same seed gives the same bytes\n"
             "  --shard-size SIZE  shard limit, e.g. 4G (default 4G)\n"
-            "  --threads N        generator threads (default: all cores)\n"
+            "  -t, --threads N    generator threads (default: all cores)\n"
             "  -h, --help         this help\n"
             "\n"
             "exit status: 0 ok, 1 failure (the output exists, a failed write), 2 bad usage\n"
@@ -126,7 +126,7 @@ static void usage(FILE *f)
             "                          given, it also calibrates imported ones (else they keep the\n"
             "                          published threshold: a neuron fires when its score is > 0)\n"
             "  --sparsity S            SiLU models: share of neurons the threshold mode drops (default 0.5)\n"
-            "  --threads N             threads (default: all cores)\n"
+            "  -t, --threads N         threads (default: all cores)\n"
             "  --seed S                seed for calibration text and training (default 1)\n"
             "  --per-layer             also report the per-layer activation profile\n"
             "  -q, --quiet             no progress lines\n"
@@ -160,7 +160,7 @@ static int cmd_convert(int argc, char **argv)
     int c, rc = 0;
     long long v;
     double dv;
-    while (rc == 0 && (c = getopt_long(argc, argv, ":o:qh", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":o:t:qh", opts, NULL)) != -1) {
         switch (c) {
         case 'o': o.out_path = optarg; break;
         case O_QUANT:
@@ -197,6 +197,7 @@ static int cmd_convert(int argc, char **argv)
                 rc = pi2_err_set(&err, PI2_EINVAL, "--predictor-input '%s': expected prenorm or normed", optarg);
             break;
         case O_SPARSITY: rc = pi2_parse_double("--sparsity", optarg, 0.0, 0.99, &dv, &err); o.silu_sparsity = dv; break;
+        case 't':
         case O_THREADS: rc = pi2_parse_int("--threads", optarg, 1, 256, &v, &err); o.threads = (int)v; break;
         case O_SEED: rc = pi2_parse_int("--seed", optarg, 0, INT64_MAX, &v, &err); o.seed = (uint64_t)v; break;
         case 'q': o.quiet = true; break;
@@ -351,6 +352,7 @@ static int synth_take_flag(int c, pi2_synth_opts *o, const char **out, const cha
         o->shard_bytes = sz;
         break;
     }
+    case 't':
     case SY_THREADS: rc = pi2_parse_int("--threads", optarg, 1, 64, &v, err); o->threads = (int)v; break;
     default: rc = pi2_err_set(err, PI2_EINVAL, "unknown option; see --help");
     }
@@ -428,7 +430,7 @@ static int cmd_synth(int argc, char **argv)
     int c;
     int rc = 0;
     pi2_model_desc *d = &o.desc;
-    while (rc == 0 && (c = getopt_long(argc, argv, ":o:h", synth_opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":o:t:h", synth_opts, NULL)) != -1) {
         if (c == 'h') {
             usage_synth(stdout);
             return 0;

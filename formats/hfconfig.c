@@ -501,19 +501,28 @@ int pi2_config_parse(const char *json, size_t len, const char *name, pi2_model_d
     return rc;
 }
 
+int pi2_config_path(const char *path, char *buf, size_t cap, const char **out, pi2_err *err)
+{
+    if (!path)
+        return pi2_err_set(err, PI2_EINVAL, "config: no path");
+    *out = path;
+    if (pi2_is_dir(path)) {
+        if (!pi2_path_join(buf, cap, path, "config.json"))
+            return pi2_err_set(err, PI2_ERANGE, "%s: path too long", path);
+        *out = buf;
+    }
+    return 0;
+}
+
 int pi2_config_read(const char *path, pi2_model_desc *out, pi2_err *err)
 {
     char buf[4096];
-    if (!path)
-        return pi2_err_set(err, PI2_EINVAL, "config: no path");
-    if (pi2_is_dir(path)) {
-        if (!pi2_path_join(buf, sizeof buf, path, "config.json"))
-            return pi2_err_set(err, PI2_ERANGE, "%s: path too long", path);
-        path = buf;
-    }
+    int rc = pi2_config_path(path, buf, sizeof buf, &path, err);
+    if (rc)
+        return rc;
     char *text;
     size_t len;
-    int rc = pi2_read_file(path, PI2_CFG_MAX_BYTES, &text, &len, err);
+    rc = pi2_read_file(path, PI2_CFG_MAX_BYTES, &text, &len, err);
     if (rc)
         return rc;
     rc = pi2_config_parse(text, len, path, out, err);

@@ -155,6 +155,10 @@ typedef struct pi2_model_desc {
  * Keys not listed above are ignored (e.g. sliding_window: the reference does
  * not implement it, so Mistral results are exact only below the window). */
 
+/* The config.json that `path` names into *out: path itself, or
+ * path/config.json in buf (cap bytes) when path is a directory.
+ * PI2_EINVAL without a path, PI2_ERANGE when the joined path is too long. */
+int pi2_config_path(const char *path, char *buf, size_t cap, const char **out, pi2_err *err);
 /* Read config.json at `path` (a file, or a directory holding config.json). */
 int pi2_config_read(const char *path, pi2_model_desc *out, pi2_err *err);
 /* Parse JSON text; `name` is used in messages. */

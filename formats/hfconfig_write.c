@@ -141,17 +141,13 @@ int pi2_config_format(const pi2_model_desc *d, const char *torch_dtype, char **o
 int pi2_config_write_dtype(const char *path, const pi2_model_desc *d, const char *torch_dtype, pi2_err *err)
 {
     char buf[4096];
-    if (!path)
-        return pi2_err_set(err, PI2_EINVAL, "config: no path");
-    if (pi2_is_dir(path)) {
-        if (!pi2_path_join(buf, sizeof buf, path, "config.json"))
-            return pi2_err_set(err, PI2_ERANGE, "%s: path too long", path);
-        path = buf;
-    }
+    int rc = pi2_config_path(path, buf, sizeof buf, &path, err);
+    if (rc)
+        return rc;
     char *text;
     size_t len;
     pi2_err sub = { 0 };
-    int rc = pi2_config_format(d, torch_dtype, &text, &len, &sub);
+    rc = pi2_config_format(d, torch_dtype, &text, &len, &sub);
     if (rc)
         return pi2_err_set(err, rc, "%s: %s", path, sub.msg);
     pi2_afile *f;

@@ -34,6 +34,7 @@ static void usage(FILE *f)
             "predictor picks the neurons likely to fire and only their weights are read.\n"
             "Text streams to stdout as it is generated; greedy decoding unless --temp is given.\n"
             "\n"
+            "  -m, --model FILE   the model (MODEL.pi2; also given as the first argument)\n"
             "  -p, --prompt T     prompt text (default: empty, generation starts after BOS); - reads it\n"
             "                     from stdin\n"
             "  -f, --file FILE    the prompt from FILE (one trailing newline dropped, as for -p -)\n"
@@ -68,7 +69,7 @@ static void usage(FILE *f)
             "  --plan FILE        offload: run this plan (a saved --plan-only output)\n"
             "  --no-plan          offload: the fixed split (--hot-share, --io-depth), not the planner's\n"
             "  --min-speed X      offload: refuse a --mem-limit whose best plan decodes below X tok/s\n"
-            "  --ctx N            KV cache positions (default: prompt + -n)\n"
+            "  -c, --ctx N        KV cache positions (default: prompt + -n)\n"
             "  --isa NAME         force the kernels: scalar, avx2, avx512vnni (default: best)\n"
             "  --stats            print speed, latency percentiles, sparsity and memory to stderr\n"
             "  --ids              print the prompt and generated token ids to stderr\n"
@@ -171,6 +172,7 @@ static const struct option opts[] = {
     {"dense", no_argument, 0, O_DENSE},           {"pubkey", required_argument, 0, O_PUBKEY},
     {"trust-unsigned", no_argument, 0, O_TRUST},  {"no-verify-ffn", no_argument, 0, O_NOVERIFY},
     {"ctx", required_argument, 0, O_CTX},         {"isa", required_argument, 0, O_ISA},
+    {"model", required_argument, 0, 'm'},
     {"bench", no_argument, 0, O_BENCH},           {"bench-pp", required_argument, 0, O_BPP},
     {"bench-tg", required_argument, 0, O_BTG},    {"ppl", required_argument, 0, O_PPL},
     {"ppl-tokens", required_argument, 0, O_PPLN}, {"hw-probe", no_argument, 0, O_PROBE},
@@ -220,6 +222,11 @@ static int take_flag(int c, run_opts *o, pi2_err *err)
     int rc = 0;
     switch (c) {
     case O_REF: o->ref = optarg; break;
+    case 'm':
+        if (o->model)
+            return pi2_err_set(err, PI2_EINVAL, "-m: the model is given twice");
+        o->model = optarg;
+        break;
     case 'p': o->prompt = optarg; break;
     case 'f': o->prompt_file = optarg; break;
     case 'n': rc = pi2_parse_int("-n", optarg, 0, 1 << 24, &o->n_predict, err); break;
@@ -237,6 +244,7 @@ static int take_flag(int c, run_opts *o, pi2_err *err)
     case O_PUBKEY: o->pubkey = optarg; break;
     case O_TRUST: o->trust_unsigned = true; break;
     case O_NOVERIFY: o->verify_ffn = false; break;
+    case 'c':
     case O_CTX: rc = pi2_parse_int("--ctx", optarg, 1, 1 << 20, &v, err); o->ctx = (int)v; break;
     case O_ISA: return take_isa(optarg, err);
     case O_BENCH: o->bench = true; break;
@@ -284,7 +292,7 @@ static int dispatch(run_opts *o, run_mode mode, int argc, char **argv, int optin
         return run_profile_hw(o, argc - optind_, argv + optind_);
     if (o->io_probe)
         return run_io_probe(o);
-    if (optind_ < argc)
+    if (optind_ < argc && !o->model)
         o->model = argv[optind_++];
     if (optind_ < argc) {
         fprintf(stderr, "pi2-run: unexpected argument '%s'; see --help\n", argv[optind_]);
@@ -294,8 +302,12 @@ static int dispatch(run_opts *o, run_mode mode, int argc, char **argv, int optin
         fprintf(stderr, "pi2-run: give either MODEL.pi2 or --reference HF_DIR, not both\n");
         return 2;
     }
+    if (o->ref && o->bench) {
+        fprintf(stderr, "pi2-run: bench runs a bundled model; --reference generates or scores (--ppl FILE)\n");
+        return 2;
+    }
     if (o->ref)
-        return run_reference(o);
+        return o->ppl ? run_reference_ppl(o) : run_reference(o);
     if (!o->model) {
         fprintf(stderr, "pi2-run: no model given; usage: pi2-run MODEL.pi2 -p TEXT (see --help)\n");
         return 2;
@@ -367,7 +379,7 @@ static int tool_main(int argc, char **argv)
         argv++, argc--;
     }
     opterr = 0; /* one line per error: ours */
-    while (rc == 0 && (c = getopt_long(argc, argv, ":p:f:n:t:h", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":p:f:n:t:m:c:h", opts, NULL)) != -1) {
         if (c == 'h') {
             usage(stdout);
             return 0;

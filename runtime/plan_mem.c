@@ -329,6 +329,12 @@ static void cache_split(const pi2_plan_mem_in *in, uint64_t cache_budget, uint64
     }
 }
 
+uint64_t pi2_plan_overhead(int threads, uint64_t sized)
+{
+    return PI2_PLAN_OVERHEAD + (uint64_t)(threads > 0 ? threads : 1) * PI2_PLAN_THREAD_OVERHEAD +
+           sized / PI2_PLAN_SLACK_SHARE;
+}
+
 /* The fixed costs, the smallest cache and the minimum into *m; PI2_ENOMEM
  * (one line naming each resident item) when the limit cannot hold them. */
 static int floor_make(const pi2_plan_mem_in *in, const pi2_mprof *geo, pi2_plan_memory *m, pi2_err *err)
@@ -347,7 +353,8 @@ static int floor_make(const pi2_plan_mem_in *in, const pi2_mprof *geo, pi2_plan_
     m->kv = (uint64_t)in->ctx * in->bufs.per_pos;
     m->buffers = in->bufs.engine + mine + m->index;
     m->files = in->files;
-    uint64_t fixed = m->resident + m->kv + m->buffers + m->files + PI2_PLAN_OVERHEAD;
+    uint64_t base = pi2_plan_overhead(in->threads, m->resident + m->kv + m->buffers);
+    uint64_t fixed = m->resident + m->kv + m->buffers + m->files + base;
     /* the smallest cache: a chunk of neurons, or an eighth of an FFN, so a
      * layer's misses can be in flight together */
     m->min_slots = (uint64_t)d->n_ff / 8 > in->bufs.chunk ? (uint64_t)d->n_ff / 8 : in->bufs.chunk;
@@ -359,11 +366,11 @@ static int floor_make(const pi2_plan_mem_in *in, const pi2_mprof *geo, pi2_plan_
      * held beyond the region */
     uint64_t largest, copies = pred_copies(in, &largest);
     m->open_peak = pi2_plan_resident(in->mf, in->bl, 0) + (in->bufs.engine - copies) +
-                   (uint64_t)in->threads * largest + mine + m->files + PI2_PLAN_OVERHEAD;
+                   (uint64_t)in->threads * largest + mine + m->files + base;
     /* the kernel's share of what the run can use: the limit, or everything
      * in memory when the limit is larger */
     uint64_t most = fixed + m->ffn_total + m->min_cache;
-    m->overhead = PI2_PLAN_OVERHEAD + (o->mem_limit < most ? o->mem_limit : most) / PI2_PLAN_KERNEL_SHARE;
+    m->overhead = base + (o->mem_limit < most ? o->mem_limit : most) / PI2_PLAN_KERNEL_SHARE;
     uint64_t need = fixed + m->min_cache > m->open_peak ? fixed + m->min_cache : m->open_peak;
     m->minimum = need * PI2_PLAN_KERNEL_SHARE / (PI2_PLAN_KERNEL_SHARE - 1) + 1;
     items_fill(in, m);
@@ -375,10 +382,12 @@ static int floor_make(const pi2_plan_mem_in *in, const pi2_mprof *geo, pi2_plan_
     if (m->open_peak > fixed + m->min_cache)
         snprintf(opening, sizeof opening, "; opening holds the whole %.0f MB resident region while the predictors' "
                  "Q8 copies are made", mb(pi2_plan_resident(in->mf, in->bl, 0)));
+    char limit[48];
+    mb_print(limit, sizeof limit, "", o->mem_limit);
+    /* the least it needs in whole MB, rounded up: a limit of that many runs */
     return pi2_err_set(err, PI2_ENOMEM,
-                       "%s: the memory limit of %.0f MB cannot hold the resident part: it needs at least %.0f MB "
-                       "(%s%s)",
-                       in->name, mb(o->mem_limit), mb(m->minimum) + 1, items, opening);
+                       "%s: the memory limit of%s cannot hold the resident part: it needs at least %llu MB (%s%s)",
+                       in->name, limit, (unsigned long long)((m->minimum + 1048575) / 1048576), items, opening);
 }
 
 int pi2_plan_memory_floor(const pi2_plan_mem_in *in, pi2_plan_memory *out, pi2_err *err)

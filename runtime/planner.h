@@ -291,7 +291,7 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err);
  *             staging at the I/O depth, and the neuron caches' indexes;
  *   files     the page cache of what the run reads outside its direct
  *             reads (pi2_plan_container_touched);
- *   overhead  PI2_PLAN_OVERHEAD, plus 1/PI2_PLAN_KERNEL_SHARE of what the
+ *   overhead  pi2_plan_overhead, plus 1/PI2_PLAN_KERNEL_SHARE of what the
  *             run can use (the limit, or everything in memory when that
  *             is less): page tables and kernel memory charged with it.
  * Past them: the smallest neuron cache (an eighth of an FFN's neurons, at
@@ -306,7 +306,16 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err);
  * hot segment leaves: the smallest cache of each kind, the rest split
  * 1 : 2 between gates and up+down on two-phase layouts (R : 2R a neuron),
  * never more slots than neurons. */
-#define PI2_PLAN_OVERHEAD (32ull << 20) /* code, stacks, allocator slack */
+/* The process beside its counted allocations: code and shared
+ * libraries' pages and the C library's own state (PI2_PLAN_OVERHEAD),
+ * each thread's stack and allocator arena (PI2_PLAN_THREAD_OVERHEAD),
+ * and the allocator's slack on `sized` bytes of allocations
+ * (1/PI2_PLAN_SLACK_SHARE): sized from the model, so a small model's
+ * floor is small. */
+#define PI2_PLAN_OVERHEAD (16ull << 20)
+#define PI2_PLAN_THREAD_OVERHEAD (1ull << 20)
+#define PI2_PLAN_SLACK_SHARE 128
+uint64_t pi2_plan_overhead(int threads, uint64_t sized);
 #define PI2_PLAN_KERNEL_SHARE 256
 
 struct pi2_offload_opts;

@@ -249,6 +249,8 @@ head -c 3000 "$T/tiny/tokenizer.json" | tr -c 'a-z ' ' ' >"$T/text.txt"
     || { bad "pi2-run ppl MODEL FILE"; cat "$T/out2" "$T/err"; }
 "$B/pi2-run" bench "$T/b.pi2" --pubkey "$T/k.pub" --bench-pp 16 --bench-tg 8 -t 2 >"$T/out" 2>"$T/err" \
     && grep -q '^{"model":.*"pp":16,.*"tg":8,' "$T/out" && ok || { bad "pi2-run bench"; cat "$T/out" "$T/err"; }
+grep -q '^| [^ ]* | [^ ]* | 2 | pp16 | [0-9.]* |$' "$T/err" && grep -q '| tg8 |' "$T/err" && ok \
+    || { bad "bench: no llama-bench style pp/tg lines"; cat "$T/err"; }
 a=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hi" -n 4 2>/dev/null)
 b=$("$B/pi2-run" generate "$T/b.pi2" --pubkey "$T/k.pub" -p "hi" -n 4 2>/dev/null)
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "pi2-run generate '$b' differs from '$a'"
@@ -277,7 +279,7 @@ expect_error "run bad ppl file" "$T/none.txt" "$B/pi2-run" "$T/b.pi2" --pubkey "
 # --- offloading: pi2-run --mem-limit ---
 a=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 2>/dev/null)
 b=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 16 --mem-limit 4G --stats 2>"$T/err")
-[ -n "$b" ] && [ "$a" = "$b" ] && grep -q "offload: limit 4096 MB" "$T/err" && grep -q "hit rate" "$T/err" && ok \
+[ -n "$b" ] && [ "$a" = "$b" ] && grep -q "offload: limit 4096.0 MB" "$T/err" && grep -q "hit rate" "$T/err" && ok \
     || { bad "pi2-run --mem-limit 4G: '$b' vs '$a'"; cat "$T/err"; }
 "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p hi -n 2 --mem-limit 1M 2>"$T/err" >/dev/null
 min=$(sed -n 's/.*needs at least \([0-9]*\) MB.*/\1/p' "$T/err")
@@ -312,7 +314,7 @@ cp "$T/b.pi2" "$T/bt.pi2"
 flip_byte "$T/bt.pi2" $(($(member_off "$T/bt.pi2" tokenizer.json) + 10))
 expect_error "plan: tampered resident member" "tokenizer.json" "$B/pi2-run" plan "$T/bt.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 4G
 expect_error "plan: signed, no key" "--pubkey" "$B/pi2-run" plan "$T/b.pi2" -p hi --mem-limit 4G
-expect_error "plan: limit below the minimum" "the memory limit of 1 MB cannot hold" "$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1M
+expect_error "plan: limit below the minimum" "the memory limit of 1.0 MB cannot hold" "$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1M
 # the resident part item by item: in the plan's JSON and its line on stderr, and in the one line
 # that refuses a limit below the minimum (pi2-run plan and a run alike)
 "$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 4G >"$T/out" 2>"$T/err" \
@@ -323,7 +325,7 @@ for how in plan run; do
     if [ $how = plan ]; then "$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1M >/dev/null 2>"$T/err"
     else "$B/pi2-run" "$T/b.pi2" -n 2 --pubkey "$T/k.pub" -p hi --mem-limit 1M >/dev/null 2>"$T/err"; fi
     [ $? -eq 1 ] && [ "$(wc -l <"$T/err")" -eq 1 ] \
-        && grep -q "b.pi2: the memory limit of 1 MB cannot hold the resident part: it needs at least [0-9]* MB (attention [0-9.]* [KM]B, embeddings+head [0-9.]* [KM]B, predictors [0-9.]* [KM]B, .*buffers .*KV cache at [0-9]* positions" "$T/err" \
+        && grep -q "b.pi2: the memory limit of 1.0 MB cannot hold the resident part: it needs at least [0-9]* MB (attention [0-9.]* [KM]B, embeddings+head [0-9.]* [KM]B, predictors [0-9.]* [KM]B, .*buffers .*KV cache at [0-9]* positions" "$T/err" \
         && ok || { bad "$how: one line naming each resident item below the minimum"; cat "$T/err"; }
 done
 # without --mem-limit: the least memory the model runs in and a table of limits up to all in
@@ -636,6 +638,23 @@ printf 'not json' >"$T/badhw.json"
 expect_error "plan corrupt hardware profile" "badhw.json" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" \
     --hw-profile "$T/badhw.json" --mem-limit "$lim" -p hi
 
+# --- the text and the flags a user meets ---
+a=$("$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hello" -n 6 --ctx 32 2>"$T/err")
+b=$("$B/pi2-run" -m "$T/b.pi2" --pubkey "$T/k.pub" -p "hello" -n 6 -c 32 2>>"$T/err")
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || { bad "-m MODEL -c N differ from MODEL --ctx N: '$a' vs '$b'"; cat "$T/err"; }
+expect_error "-m and a positional model" "unexpected argument" "$B/pi2-run" -m "$T/b.pi2" "$T/b.pi2" -p hi
+expect_error "limit below 1 MB named in KB/MB" "memory limit of 0.5 MB cannot hold" "$B/pi2-run" "$T/b.pi2" \
+    --pubkey "$T/k.pub" -p hi --mem-limit 500K
+"$B/pi2-convert" synth --preset tiny -t 1 -o "$T/tiny-t1" >/dev/null 2>"$T/err" \
+    && "$B/pi2-convert" "$T/tiny-t1" -t 1 -o "$T/tiny-t1.pi2c" -q >/dev/null 2>>"$T/err" \
+    && "$B/pi2-bundle" "$T/tiny-t1.pi2c" -t 1 -o "$T/tiny-t1.pi2" --unsigned -q >/dev/null 2>>"$T/err" && ok \
+    || { bad "-t N for pi2-convert and pi2-bundle"; cat "$T/err"; }
+rm -rf "$T/tiny-t1" "$T/tiny-t1.pi2c" "$T/tiny-t1.pi2"
+"$B/pi2-run" --reference "$T/tiny" --ppl "$T/text.txt" --ppl-tokens 64 >"$T/out" 2>"$T/err" \
+    && grep -q '^perplexity [0-9.]* over [0-9]* tokens (fp32 reference' "$T/out" && ok \
+    || { bad "--reference --ppl FILE"; cat "$T/out" "$T/err"; }
+expect_error "--reference with bench" "bench runs a bundled model" "$B/pi2-run" --reference "$T/tiny" --bench
+
 # --- faults: outputs over inputs, interrupts, full disks, failed writes ---
 . "$(dirname "$0")/e2e_faults.sh"
 
@@ -648,6 +667,28 @@ if [ -d "$M" ]; then
         "$want"*) ok ;;
         *) bad "tinystories-656k continuation: got '$out'"; cat "$T/err" ;;
     esac
+    # the first generated word keeps its space: the decoder strips the
+    # sequence's leading space, not the continuation's (both paths)
+    "$B/pi2-convert" "$M" -o "$T/ts.pi2c" -q >/dev/null 2>"$T/err" \
+        && "$B/pi2-bundle" "$T/ts.pi2c" -o "$T/ts.pi2" --unsigned -q >/dev/null 2>>"$T/err" || bad "convert $M"
+    for p in "She was" "One day" "Once upon a time there was a little girl"; do
+        r=$("$B/pi2-run" --reference "$M" -p "$p" -n 3 2>>"$T/err")
+        g=$("$B/pi2-run" "$T/ts.pi2" --trust-unsigned -p "$p" -n 3 2>>"$T/err")
+        case "$r|$g" in
+            "$p"[A-Za-z]*|*"|$p"[A-Za-z]*) bad "first word glued to the prompt '$p': '$r' / '$g'" ;;
+            "$p"?*"|$p"?*) ok ;;
+            *) bad "generation after '$p': '$r' / '$g'"; cat "$T/err" ;;
+        esac
+    done
+    # --ids: BOS printed on both paths, also without a prompt
+    "$B/pi2-run" --reference "$M" -n 2 --ids >/dev/null 2>"$T/err" && grep -q '^prompt ids: 1$' "$T/err" && ok \
+        || { bad "--reference --ids without a prompt: BOS"; cat "$T/err"; }
+    "$B/pi2-run" "$T/ts.pi2" --trust-unsigned -n 2 --ids >/dev/null 2>"$T/err" && grep -q '^prompt ids: 1$' "$T/err" \
+        && ok || { bad "--ids without a prompt: BOS"; cat "$T/err"; }
+    # characters outside the vocabulary: one warning
+    "$B/pi2-run" "$T/ts.pi2" --trust-unsigned -p "Once ☃ upon ☃" -n 2 >/dev/null 2>"$T/err" \
+        && [ "$(grep -c 'warning: 2 pieces of the prompt are outside the vocabulary' "$T/err")" = 1 ] && ok \
+        || { bad "no warning for characters outside the vocabulary"; cat "$T/err"; }
 else
     skp "golden run: $M not found (shared models absent)"
 fi

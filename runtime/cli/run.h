@@ -63,10 +63,31 @@ typedef struct gen_stats {
 /* run_common.c */
 int fail(const pi2_err *e); /* prints "pi2-run: MSG", returns 1 */
 int cmp_double(const void *a, const void *b);
+/* The prompt's ids pushed through the stream, their bytes dropped (the
+ * prompt is printed as given): the generated text then decodes as the
+ * continuation of the whole sequence, so a decoder's strip of the
+ * sequence's leading space does not eat the first generated word's. */
+int stream_prime(pi2_tok_stream *ts, const int32_t *ids, size_t n, pi2_err *err);
+/* One warning line when the prompt's ids hold the tokenizer's unk token
+ * (characters outside the vocabulary, which print as nothing). */
+void warn_unknown(const pi2_tok *tok, const int32_t *ids, size_t n);
 double pct(const double *v, size_t n, double p);
 int generate_loop(const run_opts *o, const pi2_model_desc *d, const pi2_tok *tok, pi2_sampler *smp,
                   pi2_tok_stream *ts, float *logits, int pos, step_fn step, void *ctx, double *lat, size_t *n_lat,
                   long long *sampled, pi2_err *err);
+
+/* Perplexity of the text (len bytes of o->ppl's file) under whichever
+ * model step runs, the tokens both paths score alike: the first
+ * min(tokens, o->ppl_tokens, max_pos - 1), the first step on BOS (or on
+ * the first token, then not scored), each next token scored against the
+ * softmax of the rows the tokenizer defines (a padded vocabulary's rows
+ * are never output). *ppl, the tokens scored and the seconds they took. */
+typedef struct ppl_result {
+    double ppl, secs;
+    size_t scored;
+} ppl_result;
+int ppl_run(const run_opts *o, const pi2_model_desc *d, const pi2_tok *tok, const char *text, size_t len, int max_pos,
+            step_fn step, void *ctx, ppl_result *r, pi2_err *err);
 
 /* run_engine.c */
 int load_hw(const run_opts *o, pi2_hwprof **out, pi2_err *err);
@@ -96,6 +117,7 @@ void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_
 /* the subcommands */
 int run_generate(const run_opts *o);
 int run_reference(const run_opts *o);
+int run_reference_ppl(const run_opts *o);
 int run_bench(const run_opts *o);
 int run_ppl(const run_opts *o);
 int run_plan(const run_opts *o);

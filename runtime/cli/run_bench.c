@@ -170,6 +170,11 @@ int run_bench(const run_opts *o)
            (double)st.predicted / nn, (double)st.active / nn, (double)st.weight_bytes / nt, (double)st.kv_bytes / nt,
            (unsigned long long)pi2_engine_dense_bytes(e), pi2_engine_prefill_macs(e), t_load,
            (double)pi2_peak_rss() / 1048576.0, ofl, moe, pages);
+    /* the summary as llama-bench users read it, beside the JSON line */
+    const char *mode = pi2_engine_dense(e) ? "dense" : pi2_engine_sparsity(e);
+    fprintf(stderr, "| model | mode | threads | test | t/s |\n|---|---|---:|---:|---:|\n");
+    fprintf(stderr, "| %s | %s | %d | pp%d | %.2f |\n", o->model, mode, pi2_engine_threads(e), pp, pp / t_pp);
+    fprintf(stderr, "| %s | %s | %d | tg%d | %.2f |\n", o->model, mode, pi2_engine_threads(e), tg, tg / tot);
     status = 0;
 out:
     if (rc)
@@ -182,14 +187,17 @@ out:
     return status;
 }
 
+static int ppl_step(void *ctx, int32_t token, int pos, float *logits, pi2_err *err)
+{
+    return pi2_engine_decode(ctx, token, pos, logits, err);
+}
+
 int run_ppl(const run_opts *o)
 {
     pi2_err err = {0};
     pi2_engine *e = NULL;
     char *text = NULL;
-    int32_t *ids = NULL;
-    float *logits = NULL;
-    size_t len = 0, n_ids = 0;
+    size_t len = 0;
     int rc, status = 1;
     if ((rc = pi2_read_file(o->ppl, 64u << 20, &text, &len, &err)) != 0)
         goto out;
@@ -203,56 +211,20 @@ int run_ppl(const run_opts *o)
             goto out;
         }
     }
-    const pi2_tok *tok = pi2_engine_tokenizer(e);
-    if ((rc = pi2_tok_encode(tok, text, len, &ids, &n_ids, &err)) != 0)
+    ppl_result r;
+    if ((rc = ppl_run(o, d, pi2_engine_tokenizer(e), text, len, pi2_engine_ctx(e), ppl_step, e, &r, &err)) != 0)
         goto out;
-    int bos = d->bos_id >= 0 ? d->bos_id : pi2_tok_bos(tok);
-    size_t n = n_ids < (size_t)o->ppl_tokens ? n_ids : (size_t)o->ppl_tokens;
-    if (n + 1 > (size_t)pi2_engine_ctx(e))
-        n = (size_t)pi2_engine_ctx(e) - 1;
-    if (n < 2) {
-        rc = pi2_err_set(&err, PI2_EINVAL, "%s: too little text for a perplexity (%zu tokens)", o->ppl, n_ids);
-        goto out;
-    }
-    if (!(logits = pi2_malloc_array((size_t)d->vocab, sizeof *logits))) {
-        rc = pi2_err_set(&err, PI2_ENOMEM, "out of memory");
-        goto out;
-    }
-    double nll = 0;
-    size_t scored = 0;
-    int pos = 0;
-    int32_t cur = bos >= 0 ? bos : ids[0];
-    size_t first = bos >= 0 ? 0 : 1;
-    double t0 = pi2_now();
-    int n_valid = pi2_tok_vocab_size(pi2_engine_tokenizer(e)); /* padding rows past it are never output */
-    if (n_valid <= 0 || n_valid > d->vocab)
-        n_valid = d->vocab;
-    for (size_t i = first; i < n; i++) {
-        if ((rc = pi2_engine_decode(e, cur, pos++, logits, &err)) != 0)
-            goto out;
-        double mx = -INFINITY, s = 0;
-        for (int v = 0; v < n_valid; v++)
-            mx = logits[v] > mx ? logits[v] : mx;
-        for (int v = 0; v < n_valid; v++)
-            s += exp((double)logits[v] - mx);
-        nll += log(s) + mx - logits[ids[i]];
-        scored++;
-        cur = ids[i];
-    }
-    double t = pi2_now() - t0;
     pi2_engine_stats st;
     pi2_engine_stats_get(e, &st);
     printf("perplexity %.4f over %zu tokens (%s; predicted %.1f%%, active %.1f%% of FFN neurons; %.1f tok/s)\n",
-           exp(nll / (double)scored), scored, pi2_engine_dense(e) ? "dense" : pi2_engine_sparsity(e),
+           r.ppl, r.scored, pi2_engine_dense(e) ? "dense" : pi2_engine_sparsity(e),
            st.neurons ? 100.0 * (double)st.predicted / (double)st.neurons : 0.0,
-           st.neurons ? 100.0 * (double)st.active / (double)st.neurons : 0.0, (double)scored / t);
+           st.neurons ? 100.0 * (double)st.active / (double)st.neurons : 0.0, (double)r.scored / r.secs);
     status = 0;
 out:
     if (rc)
         fail(&err);
     free(text);
-    free(ids);
-    free(logits);
     pi2_engine_close(e);
     return status;
 }

@@ -15,6 +15,29 @@ int fail(const pi2_err *e)
     return 1;
 }
 
+int stream_prime(pi2_tok_stream *ts, const int32_t *ids, size_t n, pi2_err *err)
+{
+    const char *bytes;
+    size_t len;
+    for (size_t i = 0; i < n; i++) {
+        int rc = pi2_tok_stream_push(ts, ids[i], &bytes, &len, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+void warn_unknown(const pi2_tok *tok, const int32_t *ids, size_t n)
+{
+    int unk = pi2_tok_unk(tok);
+    size_t k = 0;
+    for (size_t i = 0; unk >= 0 && i < n; i++)
+        k += ids[i] == unk;
+    if (k > 0)
+        fprintf(stderr, "pi2-run: warning: %zu piece%s of the prompt %s outside the vocabulary: the model sees %s\n", k,
+                k == 1 ? "" : "s", k == 1 ? "is" : "are", pi2_tok_piece(tok, unk));
+}
+
 int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -79,4 +102,47 @@ int generate_loop(const run_opts *o, const pi2_model_desc *d, const pi2_tok *tok
     if (o->show_ids)
         fprintf(stderr, "\n");
     return 0;
+}
+
+int ppl_run(const run_opts *o, const pi2_model_desc *d, const pi2_tok *tok, const char *text, size_t len, int max_pos,
+            step_fn step, void *ctx, ppl_result *r, pi2_err *err)
+{
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    float *logits = NULL;
+    int rc = pi2_tok_encode(tok, text, len, &ids, &n_ids, err);
+    if (rc)
+        return rc;
+    int32_t bos = d->bos_id >= 0 ? d->bos_id : pi2_tok_bos(tok);
+    size_t n = n_ids < (size_t)o->ppl_tokens ? n_ids : (size_t)o->ppl_tokens;
+    if (max_pos > 0 && n + 1 > (size_t)max_pos)
+        n = (size_t)max_pos - 1;
+    int n_valid = pi2_tok_vocab_size(tok);
+    if (n_valid <= 0 || n_valid > d->vocab)
+        n_valid = d->vocab;
+    if (n < 2)
+        rc = pi2_err_set(err, PI2_EINVAL, "%s: too little text for a perplexity (%zu tokens)", o->ppl, n_ids);
+    else if (!(logits = pi2_malloc_array((size_t)d->vocab, sizeof *logits)))
+        rc = pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    double nll = 0, t0 = pi2_now();
+    int pos = 0;
+    int32_t cur = bos >= 0 ? bos : n_ids ? ids[0] : 0;
+    r->scored = 0;
+    for (size_t i = bos >= 0 ? 0 : 1; rc == 0 && i < n; i++) {
+        if ((rc = step(ctx, cur, pos++, logits, err)) != 0)
+            break;
+        double mx = -INFINITY, s = 0;
+        for (int v = 0; v < n_valid; v++)
+            mx = logits[v] > mx ? logits[v] : mx;
+        for (int v = 0; v < n_valid; v++)
+            s += exp((double)logits[v] - mx);
+        nll += log(s) + mx - logits[ids[i]];
+        r->scored++;
+        cur = ids[i];
+    }
+    r->secs = pi2_now() - t0;
+    r->ppl = r->scored ? exp(nll / (double)r->scored) : 0.0;
+    free(ids);
+    free(logits);
+    return rc;
 }

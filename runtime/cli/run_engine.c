@@ -299,7 +299,7 @@ void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_
     }
     double tok = st.tokens ? (double)st.tokens : 1.0;
     fprintf(f,
-            "offload: limit %.0f MB, planned %.0f MB (resident %.0f, KV %.0f, buffers %.0f, hot %.0f, cache %.0f, "
+            "offload: limit %.1f MB, planned %.1f MB (resident %.0f, KV %.0f, buffers %.0f, hot %.0f, cache %.0f, "
             "files %.1f, overhead %.0f), measured %.0f MB now | %.0f%% of FFN bytes out of memory | reads: %s%s%s\n",
             in.mem_limit / 1048576.0, in.planned / 1048576.0, in.resident / 1048576.0, in.kv / 1048576.0,
             in.buffers / 1048576.0, in.hot / 1048576.0, in.cache / 1048576.0, in.files / 1048576.0,

@@ -92,6 +92,7 @@ int run_reference(const run_opts *o)
     }
     if ((rc = pi2_tok_encode(tok, prompt, strlen(prompt), &ids, &n_ids, &err)) != 0)
         goto out;
+    warn_unknown(tok, ids, n_ids);
     int bos = d->bos_id >= 0 ? d->bos_id : pi2_tok_bos(tok);
     long long n_ctx = (long long)n_ids + (bos >= 0) + n_predict;
     if (n_ctx > pi2_desc_max_ctx(d)) {
@@ -102,7 +103,8 @@ int run_reference(const run_opts *o)
     }
     if ((rc = pi2_ref_state_create(&st, m, (int)(n_ctx > 0 ? n_ctx : 1), &err)) != 0 ||
         (rc = pi2_sampler_create(&smp, d->vocab, &o->so, &err)) != 0 ||
-        (rc = pi2_tok_stream_create(&ts, tok, true, &err)) != 0)
+        (rc = pi2_tok_stream_create(&ts, tok, true, &err)) != 0 ||
+        (rc = stream_prime(ts, ids, n_ids, &err)) != 0)
         goto out;
     logits = pi2_malloc_array((size_t)d->vocab, sizeof *logits);
     as.n_ff = d->n_ff;
@@ -114,8 +116,10 @@ int run_reference(const run_opts *o)
         rc = pi2_err_set(&err, PI2_ENOMEM, "out of memory for logits");
         goto out;
     }
-    if (o->show_ids) {
+    if (o->show_ids) { /* as the bundle's run prints them: BOS first */
         fprintf(stderr, "prompt ids:");
+        if (bos >= 0)
+            fprintf(stderr, " %d", bos);
         for (size_t i = 0; i < n_ids; i++)
             fprintf(stderr, " %d", ids[i]);
         fprintf(stderr, "\n");
@@ -157,6 +161,42 @@ out:
     return status;
 }
 
+/* --reference with --ppl FILE: the perplexity of the file's text under
+ * the fp32 reference, scored as run_ppl scores the bundle's (the same
+ * tokens, the same BOS), so the two lines compare. */
+int run_reference_ppl(const run_opts *o)
+{
+    pi2_ref_model *m = NULL;
+    pi2_ref_state *st = NULL;
+    pi2_tok *tok = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    int rc, status = 1;
+    pi2_err err = {0};
+    if ((rc = pi2_read_file(o->ppl, 64u << 20, &text, &len, &err)) != 0 ||
+        (rc = pi2_ref_open(&m, o->ref, &err)) != 0 || (rc = pi2_tok_load(&tok, o->ref, &err)) != 0)
+        goto out;
+    const pi2_model_desc *d = pi2_ref_desc(m);
+    long long want = o->ppl_tokens + 1 < pi2_desc_max_ctx(d) ? o->ppl_tokens + 1 : pi2_desc_max_ctx(d);
+    if ((rc = pi2_ref_state_create(&st, m, (int)want, &err)) != 0)
+        goto out;
+    ref_ctx c = {m, st};
+    ppl_result r;
+    if ((rc = ppl_run(o, d, tok, text, len, (int)want, ref_step, &c, &r, &err)) != 0)
+        goto out;
+    printf("perplexity %.4f over %zu tokens (fp32 reference; %.1f tok/s)\n", r.ppl, r.scored,
+           (double)r.scored / r.secs);
+    status = 0;
+out:
+    if (rc)
+        fail(&err);
+    free(text);
+    pi2_tok_free(tok);
+    pi2_ref_state_free(st);
+    pi2_ref_close(m);
+    return status;
+}
+
 /* The engine's step; offloading: each step's reads into g. */
 typedef struct eng_step_ctx {
     pi2_engine *e;
@@ -187,6 +227,7 @@ static int prompt_ids(const run_opts *o, pi2_engine *e, int32_t **out, size_t *n
     int rc = pi2_tok_encode(tok, o->prompt, strlen(o->prompt), &ids, &n_ids, err);
     if (rc)
         return rc;
+    warn_unknown(tok, ids, n_ids);
     int bos = d->bos_id >= 0 ? d->bos_id : pi2_tok_bos(tok);
     size_t n_pre = n_ids + (bos >= 0);
     if (n_pre == 0) {
@@ -249,7 +290,8 @@ int run_generate(const run_opts *o)
     if ((rc = prompt_ids(o, e, &ids, &n_pre, &err)) != 0)
         goto out;
     if ((rc = pi2_sampler_create(&smp, d->vocab, &o->so, &err)) != 0 ||
-        (rc = pi2_tok_stream_create(&ts, tok, true, &err)) != 0)
+        (rc = pi2_tok_stream_create(&ts, tok, true, &err)) != 0 ||
+        (rc = stream_prime(ts, ids, n_pre, &err)) != 0)
         goto out;
     logits = pi2_malloc_array((size_t)d->vocab, sizeof *logits);
     g.lat = pi2_malloc_array((size_t)o->n_predict + 1, sizeof *g.lat);

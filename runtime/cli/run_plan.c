@@ -136,7 +136,7 @@ static int table_rows(pi2_plan_mem_in *in, pi2_offload_opts *oo, const pi2_plan_
     /* the hot share of what the caches leave past the minimum: all with
      * the solver, hot_share with the fixed split */
     double h = oo->hw && !oo->fixed_split ? 1.0 : oo->hot_share >= 0 && oo->hot_share <= 1 ? oo->hot_share : 0.5;
-    uint64_t F = fl->ffn_total, most = fl->resident + fl->kv + fl->buffers + fl->files + PI2_PLAN_OVERHEAD + F +
+    uint64_t F = fl->ffn_total, most = fl->resident + fl->kv + fl->buffers + fl->files + pi2_plan_overhead(in->threads, fl->resident + fl->kv + fl->buffers) + F +
                                        fl->min_cache;
     const double kept[3] = {0.25, 0.5, 0.75};
     uint64_t all = most + most / (PI2_PLAN_KERNEL_SHARE - 1) + 1;

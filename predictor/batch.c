@@ -9,7 +9,7 @@
  * and our threads take blocks by a static stride. Loss partial sums are kept
  * per block and added in block order. So a seed fixes the result bit for bit.
  */
-#include "predictor/train_internal.h"
+#include "predictor/internal.h"
 
 #include <cblas.h>
 #include <math.h>

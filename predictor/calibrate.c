@@ -1,5 +1,5 @@
 /* Threshold calibration and evaluation of a predictor over a trace. */
-#include "predictor/train_internal.h"
+#include "predictor/internal.h"
 
 #include <math.h>
 #include <stdlib.h>

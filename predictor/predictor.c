@@ -1,9 +1,33 @@
 /* Low-rank predictors: weights, scores, the active set, the rank rule. */
-#include "predictor/train_internal.h"
+#include "predictor/internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* 64-byte aligned zeroed array of n elements of `size` bytes; NULL on overflow
+ * or failure. Alignment keeps the BLAS inputs' layout the same run to run. */
+void *pred_alloc_aligned(size_t n, size_t size)
+{
+    size_t total;
+    if (!pi2_mul_size(n ? n : 1, size, &total) || !pi2_add_size(total, 63, &total))
+        return NULL;
+    total &= ~(size_t)63;
+    void *p = aligned_alloc(64, total);
+    if (p)
+        memset(p, 0, total);
+    return p;
+}
+
+bool pred_all_finite(const float *v, size_t n, size_t *bad)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) {
+            *bad = i;
+            return false;
+        }
+    return true;
+}
 
 /* Uninitialised weights of the given shape. Caller owns *out. */
 int pred_alloc(pi2_predictor **out, int d, int n_ff, int rank, pi2_err *err)

@@ -1,5 +1,5 @@
 /* Activation traces: (input, active-neuron bits) samples for the trainer. */
-#include "predictor/train_internal.h"
+#include "predictor/internal.h"
 
 #include <math.h>
 #include <stdlib.h>

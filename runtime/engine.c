@@ -28,29 +28,6 @@ static int unsupported(const pi2_engine *e, pi2_err *err, const char *what)
     return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: %s", e->path, what);
 }
 
-/* The member named `name`, exactly `size` bytes. */
-const uint8_t *eng_member(const pi2_engine *e, const char *name, uint64_t size, pi2_err *err)
-{
-    const pi2_ctr_member *m = pi2_ctr_find(pi2_bundle_container(e->b), name);
-    if (!m) {
-        pi2_err_set(err, PI2_ENOTFOUND, "%s: member %s is missing", e->path, name);
-        return NULL;
-    }
-    if (m->size != size) {
-        pi2_err_set(err, PI2_ESHAPE, "%s: member %s holds %llu bytes, expected %llu", e->path, name,
-                    (unsigned long long)m->size, (unsigned long long)size);
-        return NULL;
-    }
-    if (e->res) { /* offloading: the resident region was read into memory we own */
-        if (m->offset > e->res_bytes || m->size > e->res_bytes - m->offset) {
-            pi2_err_set(err, PI2_EFORMAT, "%s: member %s lies outside the resident region", e->path, name);
-            return NULL;
-        }
-        return e->res + m->offset;
-    }
-    return m->data;
-}
-
 /* Row tables (16 bytes a row: 35 MB on an 8-expert model) count in the
  * engine's buffer total, as eng_acc_alloc's do. */
 static int alloc_rows(pi2_engine *e, eng_mat *m, pi2_err *err)

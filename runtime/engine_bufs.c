@@ -1,5 +1,7 @@
-/* pi2 engine: its activation and thread buffers, allocated at open and
- * counted beforehand for the memory plan (the two must agree). */
+/* pi2 engine: what it holds — the container's members where they live
+ * (the mapping, or the resident region read into memory), and its
+ * activation and thread buffers, allocated at open and counted beforehand
+ * for the memory plan (the two must agree). */
 #include "runtime/state.h"
 #include "runtime/ffn.h"
 #include "runtime/offload/offload.h"
@@ -7,6 +9,29 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+/* The member named `name`, exactly `size` bytes. */
+const uint8_t *eng_member(const pi2_engine *e, const char *name, uint64_t size, pi2_err *err)
+{
+    const pi2_ctr_member *m = pi2_ctr_find(pi2_bundle_container(e->b), name);
+    if (!m) {
+        pi2_err_set(err, PI2_ENOTFOUND, "%s: member %s is missing", e->path, name);
+        return NULL;
+    }
+    if (m->size != size) {
+        pi2_err_set(err, PI2_ESHAPE, "%s: member %s holds %llu bytes, expected %llu", e->path, name,
+                    (unsigned long long)m->size, (unsigned long long)size);
+        return NULL;
+    }
+    if (e->res) { /* offloading: the resident region was read into memory we own */
+        if (m->offset > e->res_bytes || m->size > e->res_bytes - m->offset) {
+            pi2_err_set(err, PI2_EFORMAT, "%s: member %s lies outside the resident region", e->path, name);
+            return NULL;
+        }
+        return e->res + m->offset;
+    }
+    return m->data;
+}
 
 /* pi2_malloc_array that adds the bytes to the engine's buffer total (the
  * memory plan of offloading counts them). */

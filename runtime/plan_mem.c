@@ -36,19 +36,6 @@ static uint64_t inner_pages(uint64_t off, uint64_t n, uint64_t page)
     return b > a ? b - a : 0;
 }
 
-uint64_t pi2_plan_pred_bytes(const pi2_mf_predictor *p, int hidden, uint32_t neurons, pi2_qtype *qt)
-{
-    pi2_qtype t = pi2_mf_pred_qtype(p->dtype);
-    if (t == PI2_QT_F32) /* quantized at open */
-        t = PI2_QT_Q8;
-    if (qt)
-        *qt = t;
-    int64_t R = p->rank, Rp = (R + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
-    uint64_t r1 = pi2_q_payload_row_bytes(t, hidden) + 2 * pi2_q_scale_row_count(t, hidden),
-             r2 = pi2_q_payload_row_bytes(t, Rp) + 2 * pi2_q_scale_row_count(t, Rp);
-    return (uint64_t)R * r1 + (uint64_t)neurons * r2;
-}
-
 uint64_t pi2_plan_resident(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t page)
 {
     uint64_t end = UINT64_MAX;

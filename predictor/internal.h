@@ -2,8 +2,8 @@
  * the trace and predictor structs, the task pool over formats/pool.h, the
  * batched compute of batch.c and the shared helpers. Private to the
  * predictor/ sources. */
-#ifndef PI2_PREDICTOR_TRAIN_INTERNAL_H
-#define PI2_PREDICTOR_TRAIN_INTERNAL_H
+#ifndef PI2_PREDICTOR_INTERNAL_H
+#define PI2_PREDICTOR_INTERNAL_H
 
 #include "predictor/train.h"
 

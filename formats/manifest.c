@@ -28,11 +28,11 @@ pi2_qtype pi2_mf_pred_qtype(pi2_mf_pdtype dt)
     return dt == PI2_MF_PRED_Q8 ? PI2_QT_Q8 : dt == PI2_MF_PRED_Q4 ? PI2_QT_Q4 : PI2_QT_F32;
 }
 
-const char *const pred_dtypes[] = { "f32", "f16", "q8", "q4" };
+const char *const mf_pred_dtypes[] = { "f32", "f16", "q8", "q4" };
 
 const char *pi2_mf_pred_dtype_name(pi2_mf_pdtype dt)
 {
-    return (unsigned)dt < 4 ? pred_dtypes[dt] : "?";
+    return (unsigned)dt < 4 ? mf_pred_dtypes[dt] : "?";
 }
 
 const char *pi2_manifest_role_name(pi2_tname role)
@@ -273,7 +273,7 @@ static int cmp_sec_name(const void *a, const void *b)
     return strcmp((*(const pi2_ctr_section *const *)a)->name, (*(const pi2_ctr_section *const *)b)->name);
 }
 
-const pi2_ctr_section *lookup(const pctx *c, const char *name)
+const pi2_ctr_section *mf_lookup(const pctx *c, const char *name)
 {
     pi2_ctr_section key;
     const pi2_ctr_section *kp = &key;
@@ -286,8 +286,8 @@ const pi2_ctr_section *lookup(const pctx *c, const char *name)
 
 /* Member name ("" allowed when allow_empty); if listed, *sec gets its section
  * (may be NULL); a non-empty name must be listed when must_exist. */
-int get_member(pctx *c, json_t *o, const char *w, const char *k, bool allow_empty, bool must_exist,
-               char dst[PI2_CTR_NAME_MAX], const pi2_ctr_section **sec)
+int mf_get_member(pctx *c, json_t *o, const char *w, const char *k, bool allow_empty, bool must_exist,
+                  char dst[PI2_CTR_NAME_MAX], const pi2_ctr_section **sec)
 {
     const char *s;
     json_t *v;
@@ -311,7 +311,7 @@ int get_member(pctx *c, json_t *o, const char *w, const char *k, bool allow_empt
                     pi2_jr_clean(s, buf, sizeof buf));
     memcpy(dst, s, strlen(s) + 1);
     if (must_exist) {
-        const pi2_ctr_section *hit = lookup(c, s);
+        const pi2_ctr_section *hit = mf_lookup(c, s);
         if (!hit)
             return fail(c, PI2_ENOTFOUND, w, k, "member \"%s\" is not in sections", s);
         if (sec)
@@ -352,7 +352,7 @@ static int parse_sections(pctx *c, json_t *root)
         pi2_ctr_section *s = &m->sections[i];
         const char *hex;
         if ((rc = pi2_jr_elem_obj(&c->r, arr, i, w, &e)) || (rc = PI2_JR_KEYS(&c->r, e, w, keys, false)) ||
-            (rc = get_member(c, e, w, "name", false, false, s->name, NULL)) ||
+            (rc = mf_get_member(c, e, w, "name", false, false, s->name, NULL)) ||
             (rc = pi2_jr_u64(&c->r, e, w, "offset", INT64_MAX, &s->offset)) ||
             (rc = pi2_jr_u64(&c->r, e, w, "size", (long long)PI2_CTR_MAX_SIZE, &s->size)) ||
             (rc = pi2_jr_str(&c->r, e, w, "sha256", 80, &hex)))
@@ -475,8 +475,8 @@ static int tensor_members(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
     const char *qn = pi2_q_type_name(t->qtype);
     const pi2_ctr_section *ps, *ss;
     int rc;
-    if ((rc = get_member(c, e, w, "payload", false, true, t->payload, &ps)) ||
-        (rc = get_member(c, e, w, "scales", true, true, t->scales, &ss)))
+    if ((rc = mf_get_member(c, e, w, "payload", false, true, t->payload, &ps)) ||
+        (rc = mf_get_member(c, e, w, "scales", true, true, t->scales, &ss)))
         return rc;
     if (t->qtype == PI2_QT_F32 && t->scales[0])
         return fail(c, PI2_EFORMAT, w, "scales", "must be \"\" for an f32 tensor");
@@ -664,9 +664,9 @@ static int parse_root(pctx *c, json_t *root)
     if ((rc = pi2_jr_text(&c->r, root, "", "created_by", m->created_by, sizeof m->created_by)) ||
         (rc = pi2_jr_text(&c->r, root, "", "source", m->source, sizeof m->source)) ||
         (rc = parse_config(c, root)) || (rc = parse_quant(c, root)) || (rc = parse_sections(c, root)) ||
-        (rc = get_member(c, root, "", "tokenizer", false, true, m->tokenizer, NULL)) ||
-        (rc = parse_tensors(c, root)) || (rc = parse_sparsity(c, root)) || (rc = parse_profile(c, root)) ||
-        (rc = parse_quality(c, root)))
+        (rc = mf_get_member(c, root, "", "tokenizer", false, true, m->tokenizer, NULL)) ||
+        (rc = parse_tensors(c, root)) || (rc = mf_parse_sparsity(c, root)) || (rc = mf_parse_profile(c, root)) ||
+        (rc = mf_parse_quality(c, root)))
         return rc;
     return parse_bundle_obj(c, root);
 }

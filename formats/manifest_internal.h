@@ -21,19 +21,19 @@ typedef struct pctx {
 #define fail(c, ...) pi2_jr_fail(&(c)->r, __VA_ARGS__)
 
 /* The name of each pi2_mf_pdtype, indexed by it. */
-extern const char *const pred_dtypes[];
+extern const char *const mf_pred_dtypes[];
 
 /* Section named name, or NULL. */
-const pi2_ctr_section *lookup(const pctx *c, const char *name);
+const pi2_ctr_section *mf_lookup(const pctx *c, const char *name);
 
 /* Member name ("" allowed when allow_empty); if listed, *sec gets its section
  * (may be NULL); a non-empty name must be listed when must_exist. */
-int get_member(pctx *c, json_t *o, const char *w, const char *k, bool allow_empty, bool must_exist,
-               char dst[PI2_CTR_NAME_MAX], const pi2_ctr_section **sec);
+int mf_get_member(pctx *c, json_t *o, const char *w, const char *k, bool allow_empty, bool must_exist,
+                  char dst[PI2_CTR_NAME_MAX], const pi2_ctr_section **sec);
 
 /* The top-level objects of the same names (manifest_layers.c). */
-int parse_sparsity(pctx *c, json_t *root);
-int parse_profile(pctx *c, json_t *root);
-int parse_quality(pctx *c, json_t *root);
+int mf_parse_sparsity(pctx *c, json_t *root);
+int mf_parse_profile(pctx *c, json_t *root);
+int mf_parse_quality(pctx *c, json_t *root);
 
 #endif

@@ -84,7 +84,7 @@ static int parse_pred_scales(pctx *c, json_t *e, const char *w, pi2_mf_predictor
     const pi2_ctr_section *sec[2];
     int rc;
     for (int k = 0; k < 2; k++)
-        if ((rc = get_member(c, e, w, sk[k], false, true, dst[k], &sec[k])))
+        if ((rc = mf_get_member(c, e, w, sk[k], false, true, dst[k], &sec[k])))
             return rc;
     if (c->m->kind != PI2_MF_CONVERTED)
         return 0; /* the bundle reader checks its own layout */
@@ -94,7 +94,7 @@ static int parse_pred_scales(pctx *c, json_t *e, const char *w, pi2_mf_predictor
     for (int k = 0; k < 2; k++) {
         uint64_t pb = (uint64_t)rows[k] * pi2_q_payload_row_bytes(qt, cols[k]),
                  sb = (uint64_t)rows[k] * pi2_q_scale_row_count(qt, cols[k]) * 2;
-        const pi2_ctr_section *ps = lookup(c, names[k]);
+        const pi2_ctr_section *ps = mf_lookup(c, names[k]);
         if (ps && ps->size != pb)
             return fail(c, PI2_ESHAPE, w, k ? "fc2" : "fc1", "member \"%s\" holds %llu bytes, expected %llu for %s [%lld, %lld]",
                         ps->name, (unsigned long long)ps->size, (unsigned long long)pb, pi2_q_type_name(qt),
@@ -122,9 +122,9 @@ static int parse_predictor(pctx *c, json_t *e, const char *w, pi2_mf_predictor *
         (json_object_get(e, "input") &&
          (rc = pi2_jr_enum(&c->r, e, w, "input", inputs, 2, "normed or prenorm", &in))) ||
         (json_object_get(e, "dtype") &&
-         (rc = pi2_jr_enum(&c->r, e, w, "dtype", pred_dtypes, 4, "f32, f16, q8 or q4", &dt))) ||
-        (rc = get_member(c, e, w, "fc1", false, true, p->fc1, NULL)) ||
-        (rc = get_member(c, e, w, "fc2", false, true, p->fc2, NULL)) ||
+         (rc = pi2_jr_enum(&c->r, e, w, "dtype", mf_pred_dtypes, 4, "f32, f16, q8 or q4", &dt))) ||
+        (rc = mf_get_member(c, e, w, "fc1", false, true, p->fc1, NULL)) ||
+        (rc = mf_get_member(c, e, w, "fc2", false, true, p->fc2, NULL)) ||
         (rc = pi2_jr_obj(&c->r, e, w, "report", false, &rep)))
         return rc;
     p->input = (pi2_pred_input)in;
@@ -135,7 +135,7 @@ static int parse_predictor(pctx *c, json_t *e, const char *w, pi2_mf_predictor *
     return parse_report(c, rep, wr, &p->report);
 }
 
-int parse_sparsity(pctx *c, json_t *root)
+int mf_parse_sparsity(pctx *c, json_t *root)
 {
     static const char *const keys[] = { "mode", "recall_target", "threshold_sparsity", "per_layer" };
     static const char *const lkeys[] = { "layer", "expert", "predictor", "silu_threshold" };
@@ -200,7 +200,7 @@ int parse_sparsity(pctx *c, json_t *root)
     return rc;
 }
 
-int parse_profile(pctx *c, json_t *root)
+int mf_parse_profile(pctx *c, json_t *root)
 {
     static const char *const keys[] = { "tokens", "per_layer" };
     static const char *const lkeys[] = { "layer",       "expert", "active_frac", "hot_share",
@@ -236,9 +236,9 @@ int parse_profile(pctx *c, json_t *root)
             (rc = pi2_jr_real(&c->r, e, lw, "active_frac", 0, 1, 0, &p->active_frac)) ||
             (rc = pi2_jr_real(&c->r, e, lw, "hot_share", 0, 1, 0, &p->hot_share)) ||
             (rc = pi2_jr_real(&c->r, e, lw, "top10_share", 0, 1, 0, &p->top10_share)) ||
-            (rc = get_member(c, e, lw, "freq", false, true, p->freq, &fs)) ||
+            (rc = mf_get_member(c, e, lw, "freq", false, true, p->freq, &fs)) ||
             (rc = pi2_jr_u64(&c->r, e, lw, "bit_samples", INT64_MAX, &p->bit_samples)) ||
-            (rc = get_member(c, e, lw, "bits", true, true, p->bits, &bs)))
+            (rc = mf_get_member(c, e, lw, "bits", true, true, p->bits, &bs)))
             break;
         p->bits_selected = false;
         if (json_object_get(e, "bits_selected") && (rc = pi2_jr_bool(&c->r, e, lw, "bits_selected", &p->bits_selected)))
@@ -274,7 +274,7 @@ int parse_profile(pctx *c, json_t *root)
     return rc;
 }
 
-int parse_quality(pctx *c, json_t *root)
+int mf_parse_quality(pctx *c, json_t *root)
 {
     static const char *const keys[] = { "tokens", "ppl_ref", "ppl_q_dense", "ppl_q_sparse" };
     pi2_manifest *m = c->m;

@@ -174,25 +174,18 @@ static json_t *build_report(jb *b, const pi2_pred_report *r)
     return o;
 }
 
-static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundle)
+static json_t *build_quant(jb *b, const pi2_manifest *m)
 {
-    json_t *root = json_object();
-    put(b, root, "format", json_string("pi2"));
-    put(b, root, "version", jint(PI2_MF_VERSION));
-    put(b, root, "kind", json_string(pi2_manifest_kind_name(m->kind)));
-    put(b, root, "created_by", json_string(m->created_by));
-    put(b, root, "source", json_string(m->source));
-    put(b, root, "config", config);
-    put(b, root, "torch_dtype", json_string(m->torch_dtype));
-
     json_t *q = json_object();
     put(b, q, "ffn", json_string(pi2_q_type_name(m->quant_ffn)));
     put(b, q, "other", json_string(pi2_q_type_name(m->quant_other)));
     put(b, q, "group", jint(PI2_Q_GROUP));
     put(b, q, "scales", json_string("f16"));
-    put(b, root, "quant", q);
-    put(b, root, "tokenizer", json_string(m->tokenizer));
+    return q;
+}
 
+static json_t *build_tensors(jb *b, const pi2_manifest *m)
+{
     json_t *ts = json_array();
     for (size_t i = 0; i < m->n_tensors; i++) {
         const pi2_mf_tensor *t = &m->tensors[i];
@@ -209,8 +202,29 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
         put(b, o, "scales", json_string(t->scales));
         push(b, ts, o, "tensors");
     }
-    put(b, root, "tensors", ts);
+    return ts;
+}
 
+static json_t *build_predictor(jb *b, const pi2_mf_predictor *p)
+{
+    json_t *po = json_object();
+    put(b, po, "rank", jint(p->rank));
+    put(b, po, "threshold", pi2_json_float(p->threshold));
+    put(b, po, "imported", json_boolean(p->imported));
+    put(b, po, "input", json_string(pi2_pred_input_name(p->input)));
+    put(b, po, "dtype", json_string(pi2_mf_pred_dtype_name(p->dtype)));
+    put(b, po, "fc1", json_string(p->fc1));
+    put(b, po, "fc2", json_string(p->fc2));
+    if (pi2_mf_pred_qtype(p->dtype) != PI2_QT_F32) {
+        put(b, po, "fc1_scales", json_string(p->fc1_scales));
+        put(b, po, "fc2_scales", json_string(p->fc2_scales));
+    }
+    put(b, po, "report", build_report(b, &p->report));
+    return po;
+}
+
+static json_t *build_sparsity(jb *b, const pi2_manifest *m)
+{
     json_t *sp = json_object();
     put(b, sp, "mode", json_string(pi2_manifest_mode_name(m->sparsity_mode)));
     put(b, sp, "recall_target", pi2_json_num(m->recall_target));
@@ -221,32 +235,17 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
         json_t *o = json_object();
         put(b, o, "layer", jint(l->layer));
         put(b, o, "expert", jint(l->expert));
-        if (l->has_predictor) {
-            const pi2_mf_predictor *p = &l->predictor;
-            json_t *po = json_object();
-            put(b, po, "rank", jint(p->rank));
-            put(b, po, "threshold", pi2_json_float(p->threshold));
-            put(b, po, "imported", json_boolean(p->imported));
-            put(b, po, "input", json_string(pi2_pred_input_name(p->input)));
-            put(b, po, "dtype", json_string(pi2_mf_pred_dtype_name(p->dtype)));
-            put(b, po, "fc1", json_string(p->fc1));
-            put(b, po, "fc2", json_string(p->fc2));
-            if (pi2_mf_pred_qtype(p->dtype) != PI2_QT_F32) {
-                put(b, po, "fc1_scales", json_string(p->fc1_scales));
-                put(b, po, "fc2_scales", json_string(p->fc2_scales));
-            }
-            put(b, po, "report", build_report(b, &p->report));
-            put(b, o, "predictor", po);
-        } else {
-            put(b, o, "predictor", json_null());
-        }
+        put(b, o, "predictor", l->has_predictor ? build_predictor(b, &l->predictor) : json_null());
         if (l->has_silu_threshold)
             put(b, o, "silu_threshold", pi2_json_float(l->silu_threshold));
         push(b, pl, o, "sparsity.per_layer");
     }
     put(b, sp, "per_layer", pl);
-    put(b, root, "sparsity", sp);
+    return sp;
+}
 
+static json_t *build_profile(jb *b, const pi2_manifest *m)
+{
     json_t *pr = json_object();
     put(b, pr, "tokens", ju64(m->profile_tokens));
     json_t *ppl = json_array();
@@ -268,17 +267,21 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
         push(b, ppl, o, "profile.per_layer");
     }
     put(b, pr, "per_layer", ppl);
-    put(b, root, "profile", pr);
+    return pr;
+}
 
+static json_t *build_quality(jb *b, const pi2_manifest *m)
+{
     json_t *qu = json_object();
     put(b, qu, "tokens", ju64(m->quality_tokens));
     put(b, qu, "ppl_ref", pi2_json_num(m->ppl_ref));
     put(b, qu, "ppl_q_dense", pi2_json_num(m->ppl_q_dense));
     put(b, qu, "ppl_q_sparse", pi2_json_num(m->ppl_q_sparse));
-    put(b, root, "quality", qu);
+    return qu;
+}
 
-    put(b, root, "bundle", bundle ? bundle : json_null());
-
+static json_t *build_sections(jb *b, const pi2_manifest *m)
+{
     json_t *ss = json_array();
     for (size_t i = 0; i < m->n_sections; i++) {
         const pi2_ctr_section *s = &m->sections[i];
@@ -291,7 +294,28 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
         put(b, o, "sha256", json_string(hex));
         push(b, ss, o, "sections");
     }
-    put(b, root, "sections", ss);
+    return ss;
+}
+
+/* The whole tree, in the fixed key order. */
+static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundle)
+{
+    json_t *root = json_object();
+    put(b, root, "format", json_string("pi2"));
+    put(b, root, "version", jint(PI2_MF_VERSION));
+    put(b, root, "kind", json_string(pi2_manifest_kind_name(m->kind)));
+    put(b, root, "created_by", json_string(m->created_by));
+    put(b, root, "source", json_string(m->source));
+    put(b, root, "config", config);
+    put(b, root, "torch_dtype", json_string(m->torch_dtype));
+    put(b, root, "quant", build_quant(b, m));
+    put(b, root, "tokenizer", json_string(m->tokenizer));
+    put(b, root, "tensors", build_tensors(b, m));
+    put(b, root, "sparsity", build_sparsity(b, m));
+    put(b, root, "profile", build_profile(b, m));
+    put(b, root, "quality", build_quality(b, m));
+    put(b, root, "bundle", bundle ? bundle : json_null());
+    put(b, root, "sections", build_sections(b, m));
     return root;
 }
 

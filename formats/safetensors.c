@@ -1,5 +1,5 @@
-/* safetensors reader and streaming writer. The contract and the on-disk
- * layout are in safetensors.h; this file explains the why.
+/* safetensors reader (the writer is safetensors_write.c). The contract and
+ * the on-disk layout are in safetensors.h; this file explains the why.
  *
  * Reader: the whole file is mapped; the 8-byte length is read through the
  * bounded cursor, the header is parsed by jansson (duplicate keys rejected),
@@ -14,13 +14,9 @@
  * first bytes and parsed by formats/torchzip.c into the same views; the
  * shard then owns the names block it returns. Everything else about shards,
  * lookup and conversion is shared.
- *
- * Writer: tensors are declared first so the header (with every data offset)
- * can be written before the first data byte; data is then streamed through
- * a pi2_afile, so nothing but the header lives in memory and the target path
- * only ever holds a complete file.
  */
 #include "formats/safetensors.h"
+#include "formats/safetensors_internal.h"
 #include "formats/jsonread.h"
 #include "formats/torchzip.h"
 
@@ -36,28 +32,6 @@
 
 /* ---- message helpers ---- */
 
-/* A hostile name may be long or hold control characters; messages stay one
- * short line. */
-typedef struct shown {
-    char s[104];
-} shown;
-
-static shown show(const char *s)
-{
-    shown r;
-    size_t i = 0;
-    for (; s && s[i] && i < 96; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        r.s[i] = ch < 0x20 || ch == 0x7f ? '?' : (char)ch;
-    }
-    if (s && s[i]) {
-        memcpy(r.s + i, "...", 3);
-        i += 3;
-    }
-    r.s[i] = 0;
-    return r;
-}
-
 static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
 {
     size_t n = 0;
@@ -71,12 +45,6 @@ static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
     }
     if (n < cap)
         snprintf(buf + n, cap - n, "]");
-}
-
-/* Shard names in an index, and in pi2_st_write_index: plain file names only. */
-static bool plain_name(const char *s)
-{
-    return s && *s && !strchr(s, '/') && !strstr(s, "..") && strcmp(s, ".") != 0;
 }
 
 static char *join_alloc(const char *dir, const char *name)
@@ -228,78 +196,49 @@ static int parse_torch(pi2_st *st, st_shard *sh, const uint8_t *buf, size_t len,
     return 0;
 }
 
-/* Parse one safetensors image (or PyTorch zip) into shard `sh` (already
- * appended to st), appending its tensors and metadata to st. On failure st
- * may hold a partial shard; the caller closes it. */
-static int parse_image(pi2_st *st, st_shard *sh, const uint8_t *buf, size_t len, pi2_err *err)
+/* The 8-byte header length and the header it announces; the data buffer is
+ * what follows. */
+static int split_image(const char *path, const uint8_t *buf, size_t len, const uint8_t **hdr, uint64_t *hlen,
+                       const uint8_t **data, size_t *dlen, pi2_err *err)
 {
-    const char *path = sh->path;
-    if (pi2_tz_is_zip(buf, len))
-        return parse_torch(st, sh, buf, len, err);
-    /* torch.save before 1.6 (or with _use_new_zipfile_serialization=False):
-     * a pickle that starts with its magic number as a 10-byte LONG1 */
-    static const uint8_t legacy[4] = { 0x80, 0x02, 0x8a, 0x0a };
-    if (len >= sizeof legacy && memcmp(buf, legacy, sizeof legacy) == 0)
-        return pi2_err_set(err, PI2_EUNSUPPORTED,
-                           "%s: legacy PyTorch file (torch.save before 1.6): pi2 reads the zip format and safetensors",
-                           path);
     pi2_cursor c = { buf, len };
-    uint64_t hlen;
-    if (!pi2_cursor_u64le(&c, &hlen))
+    if (!pi2_cursor_u64le(&c, hlen))
         return pi2_err_set(err, PI2_EFORMAT, "%s: file is %zu bytes, shorter than the 8-byte header length", path, len);
-    if (hlen > PI2_ST_MAX_HEADER)
+    if (*hlen > PI2_ST_MAX_HEADER)
         return pi2_err_set(err, PI2_ERANGE, "%s: header length %llu exceeds the limit of %u bytes", path,
-                           (unsigned long long)hlen, (unsigned)PI2_ST_MAX_HEADER);
-    const uint8_t *hdr;
-    if (!pi2_cursor_take(&c, (size_t)hlen, &hdr))
+                           (unsigned long long)*hlen, (unsigned)PI2_ST_MAX_HEADER);
+    if (!pi2_cursor_take(&c, (size_t)*hlen, hdr))
         return pi2_err_set(err, PI2_EFORMAT, "%s: header length %llu runs past the end of the file (%zu bytes left)",
-                           path, (unsigned long long)hlen, c.left);
-    const uint8_t *data = c.p;
-    size_t dlen = c.left;
+                           path, (unsigned long long)*hlen, c.left);
+    *data = c.p;
+    *dlen = c.left;
+    return 0;
+}
 
-    json_error_t je;
-    json_t *root = json_loadb((const char *)hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
-    if (!root)
-        return pi2_err_set(err, PI2_EFORMAT, "%s: header is not valid JSON: %s (header byte %d)", path,
-                           show(je.text).s, je.position);
-    int rc = 0;
-    entry *ents = NULL;
-    if (!json_is_object(root)) {
-        rc = pi2_err_set(err, PI2_EFORMAT, "%s: header is not a JSON object", path);
-        goto out;
+/* __metadata__: an object of strings; counts them and adds their bytes to
+ * *arena_len. */
+static int check_meta(const char *path, json_t *jmeta, size_t *nmeta, size_t *arena_len, pi2_err *err)
+{
+    if (!json_is_object(jmeta))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: __metadata__ is not a JSON object", path);
+    const char *k;
+    json_t *v;
+    json_object_foreach(jmeta, k, v)
+    {
+        if (!json_is_string(v))
+            return pi2_err_set(err, PI2_EFORMAT, "%s: __metadata__ value of '%s' is not a string", path, show(k).s);
+        /* sizes are bounded by the header length, itself capped: no overflow */
+        *arena_len += strlen(k) + 1 + json_string_length(v) + 1;
+        (*nmeta)++;
     }
-    size_t nobj = json_object_size(root);
-    json_t *jmeta = json_object_get(root, "__metadata__");
-    size_t ntens = nobj - (jmeta ? 1 : 0);
-    if (ntens > PI2_ST_MAX_TENSORS || st->n + ntens > PI2_ST_MAX_TENSORS) {
-        rc = pi2_err_set(err, PI2_ERANGE, "%s: too many tensors (%zu, limit %u)", path, st->n + ntens,
-                         (unsigned)PI2_ST_MAX_TENSORS);
-        goto out;
-    }
-    size_t nmeta = 0, arena_len = 0;
-    if (jmeta) {
-        if (!json_is_object(jmeta)) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: __metadata__ is not a JSON object", path);
-            goto out;
-        }
-        const char *k;
-        json_t *v;
-        json_object_foreach(jmeta, k, v)
-        {
-            if (!json_is_string(v)) {
-                rc = pi2_err_set(err, PI2_EFORMAT, "%s: __metadata__ value of '%s' is not a string", path, show(k).s);
-                goto out;
-            }
-            /* sizes are bounded by the header length, itself capped: no overflow */
-            arena_len += strlen(k) + 1 + json_string_length(v) + 1;
-            nmeta++;
-        }
-    }
-    ents = pi2_calloc_array(ntens, sizeof *ents);
-    if (!ents) {
-        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for %zu tensors", path, ntens);
-        goto out;
-    }
+    return 0;
+}
+
+/* Every tensor entry of the header into ents (ntens of them), adding the
+ * names' bytes to *arena_len. */
+static int parse_entries(const char *path, json_t *root, json_t *jmeta, size_t dlen, entry *ents, size_t ntens,
+                         size_t *arena_len, pi2_err *err)
+{
     size_t k = 0;
     const char *name;
     json_t *v;
@@ -307,36 +246,46 @@ static int parse_image(pi2_st *st, st_shard *sh, const uint8_t *buf, size_t len,
     {
         if (v == jmeta)
             continue;
-        if ((rc = parse_entry(path, name, v, dlen, &ents[k], err)) != 0)
-            goto out;
-        arena_len += strlen(name) + 1;
+        int rc = parse_entry(path, name, v, dlen, &ents[k], err);
+        if (rc != 0)
+            return rc;
+        *arena_len += strlen(name) + 1;
         k++;
     }
     assert(k == ntens);
+    (void)ntens;
+    return 0;
+}
+
+/* Sorted by offset, the entries must tile the data buffer exactly: no
+ * overlap, no gap, no trailing bytes. */
+static int check_tiling(const char *path, entry *ents, size_t ntens, size_t dlen, pi2_err *err)
+{
     qsort(ents, ntens, sizeof *ents, entry_cmp);
     uint64_t pos = 0;
-    for (k = 0; k < ntens; k++) {
+    for (size_t k = 0; k < ntens; k++) {
         const entry *e = &ents[k];
-        if (e->begin < pos) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s' (bytes %llu..%llu) overlaps tensor '%s' (ends at %llu)",
-                             path, show(e->name).s, (unsigned long long)e->begin, (unsigned long long)e->end,
-                             show(ents[k - 1].name).s, (unsigned long long)pos);
-            goto out;
-        }
-        if (e->begin > pos) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: gap of unused data bytes %llu..%llu before tensor '%s'", path,
-                             (unsigned long long)pos, (unsigned long long)e->begin, show(e->name).s);
-            goto out;
-        }
+        if (e->begin < pos)
+            return pi2_err_set(err, PI2_EFORMAT,
+                               "%s: tensor '%s' (bytes %llu..%llu) overlaps tensor '%s' (ends at %llu)", path,
+                               show(e->name).s, (unsigned long long)e->begin, (unsigned long long)e->end,
+                               show(ents[k - 1].name).s, (unsigned long long)pos);
+        if (e->begin > pos)
+            return pi2_err_set(err, PI2_EFORMAT, "%s: gap of unused data bytes %llu..%llu before tensor '%s'", path,
+                               (unsigned long long)pos, (unsigned long long)e->begin, show(e->name).s);
         pos = e->end;
     }
-    if (pos != dlen) {
-        rc = pi2_err_set(err, PI2_EFORMAT, "%s: %llu trailing bytes after the last tensor (data is %zu bytes)", path,
-                         (unsigned long long)(dlen - pos), dlen);
-        goto out;
-    }
+    if (pos != dlen)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: %llu trailing bytes after the last tensor (data is %zu bytes)", path,
+                           (unsigned long long)(dlen - pos), dlen);
+    return 0;
+}
 
-    /* Valid: copy out of the JSON tree. */
+/* The validated header, copied out of the JSON tree: metadata and names
+ * into the shard's arena, views appended to st. */
+static int copy_out(pi2_st *st, st_shard *sh, json_t *jmeta, const entry *ents, size_t ntens, size_t nmeta,
+                    size_t arena_len, const uint8_t *data, pi2_err *err)
+{
     sh->arena = malloc(arena_len ? arena_len : 1);
     pi2_st_tensor *nt = realloc(st->t, (st->n + ntens ? st->n + ntens : 1) * sizeof *nt);
     const char **nm = nmeta ? realloc(st->meta, (st->nmeta + nmeta) * 2 * sizeof *nm) : st->meta;
@@ -344,13 +293,12 @@ static int parse_image(pi2_st *st, st_shard *sh, const uint8_t *buf, size_t len,
         st->t = nt;
     if (nm)
         st->meta = nm;
-    if (!sh->arena || !nt || (nmeta && !nm)) {
-        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
-        goto out;
-    }
+    if (!sh->arena || !nt || (nmeta && !nm))
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", sh->path);
     char *a = sh->arena;
     if (jmeta) {
         const char *mk;
+        json_t *v;
         json_object_foreach(jmeta, mk, v)
         {
             size_t kl = strlen(mk) + 1, vl = json_string_length(v);
@@ -364,7 +312,7 @@ static int parse_image(pi2_st *st, st_shard *sh, const uint8_t *buf, size_t len,
             st->nmeta++;
         }
     }
-    for (k = 0; k < ntens; k++) {
+    for (size_t k = 0; k < ntens; k++) {
         const entry *e = &ents[k];
         pi2_st_tensor *t = &st->t[st->n++];
         size_t nl = strlen(e->name) + 1;
@@ -380,6 +328,60 @@ static int parse_image(pi2_st *st, st_shard *sh, const uint8_t *buf, size_t len,
         t->data = data + e->begin;
         t->file = sh->path;
     }
+    return 0;
+}
+
+/* Parse one safetensors image (or PyTorch zip) into shard `sh` (already
+ * appended to st), appending its tensors and metadata to st. On failure st
+ * may hold a partial shard; the caller closes it. */
+static int parse_image(pi2_st *st, st_shard *sh, const uint8_t *buf, size_t len, pi2_err *err)
+{
+    const char *path = sh->path;
+    if (pi2_tz_is_zip(buf, len))
+        return parse_torch(st, sh, buf, len, err);
+    /* torch.save before 1.6 (or with _use_new_zipfile_serialization=False):
+     * a pickle that starts with its magic number as a 10-byte LONG1 */
+    static const uint8_t legacy[4] = { 0x80, 0x02, 0x8a, 0x0a };
+    if (len >= sizeof legacy && memcmp(buf, legacy, sizeof legacy) == 0)
+        return pi2_err_set(err, PI2_EUNSUPPORTED,
+                           "%s: legacy PyTorch file (torch.save before 1.6): pi2 reads the zip format and safetensors",
+                           path);
+    const uint8_t *hdr = NULL, *data = NULL;
+    uint64_t hlen = 0;
+    size_t dlen = 0;
+    int rc = split_image(path, buf, len, &hdr, &hlen, &data, &dlen, err);
+    if (rc != 0)
+        return rc;
+
+    json_error_t je;
+    json_t *root = json_loadb((const char *)hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: header is not valid JSON: %s (header byte %d)", path,
+                           show(je.text).s, je.position);
+    entry *ents = NULL;
+    if (!json_is_object(root)) {
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: header is not a JSON object", path);
+        goto out;
+    }
+    json_t *jmeta = json_object_get(root, "__metadata__");
+    size_t ntens = json_object_size(root) - (jmeta ? 1 : 0);
+    if (ntens > PI2_ST_MAX_TENSORS || st->n + ntens > PI2_ST_MAX_TENSORS) {
+        rc = pi2_err_set(err, PI2_ERANGE, "%s: too many tensors (%zu, limit %u)", path, st->n + ntens,
+                         (unsigned)PI2_ST_MAX_TENSORS);
+        goto out;
+    }
+    size_t nmeta = 0, arena_len = 0;
+    if (jmeta && (rc = check_meta(path, jmeta, &nmeta, &arena_len, err)) != 0)
+        goto out;
+    ents = pi2_calloc_array(ntens, sizeof *ents);
+    if (!ents) {
+        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for %zu tensors", path, ntens);
+        goto out;
+    }
+    if ((rc = parse_entries(path, root, jmeta, dlen, ents, ntens, &arena_len, err)) != 0 ||
+        (rc = check_tiling(path, ents, ntens, dlen, err)) != 0)
+        goto out;
+    rc = copy_out(st, sh, jmeta, ents, ntens, nmeta, arena_len, data, err);
 out:
     free(ents);
     json_decref(root);
@@ -472,33 +474,102 @@ static int open_file(pi2_st *st, const char *path, pi2_err *err)
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
-static int open_index(pi2_st *st, const char *path, pi2_err *err)
+/* The index file's JSON: an object with an object weight_map and, if
+ * present, an object metadata. *root is the caller's to release. */
+static int load_index(const char *path, json_t **root, json_t **wm, pi2_err *err)
 {
-    char *text = NULL, *dir = NULL, *spath = NULL;
-    const char **shards = NULL;
+    char *text = NULL;
     size_t len;
     int rc = pi2_read_file(path, PI2_ST_MAX_HEADER, &text, &len, err);
     if (rc != 0)
         return rc;
     json_error_t je;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     free(text);
-    if (!root)
+    if (!*root)
         return pi2_err_set(err, PI2_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)", path, show(je.text).s,
                            je.line, je.column);
-    json_t *wm = json_object_get(root, "weight_map"), *meta = json_object_get(root, "metadata");
-    if (!json_is_object(root) || !json_is_object(wm)) {
-        rc = pi2_err_set(err, PI2_EFORMAT, "%s: %s", path,
-                         !json_is_object(root) ? "not a JSON object"
-                         : wm                  ? "weight_map is not a JSON object"
-                                               : "missing weight_map");
-        goto out;
+    *wm = json_object_get(*root, "weight_map");
+    json_t *meta = json_object_get(*root, "metadata");
+    if (!json_is_object(*root) || !json_is_object(*wm))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: %s", path,
+                           !json_is_object(*root) ? "not a JSON object"
+                           : *wm                  ? "weight_map is not a JSON object"
+                                                  : "missing weight_map");
+    if (meta && !json_is_object(meta))
+        return pi2_err_set(err, PI2_EFORMAT, "%s: metadata is not a JSON object", path);
+    return 0;
+}
+
+/* The weight_map's shard names, each a plain file name, sorted (repeats
+ * kept). shards[] borrows from wm. */
+static int index_shards(const char *path, json_t *wm, const char **shards, size_t *ns, pi2_err *err)
+{
+    *ns = 0;
+    const char *name;
+    json_t *v;
+    json_object_foreach(wm, name, v)
+    {
+        const char *s = json_string_value(v);
+        if (!s)
+            return pi2_err_set(err, PI2_EFORMAT, "%s: weight_map entry '%s' is not a string", path, show(name).s);
+        if (!plain_name(s))
+            return pi2_err_set(err, PI2_EFORMAT, "%s: weight_map entry '%s': shard '%s' is not a plain file name",
+                               path, show(name).s, show(s).s);
+        shards[(*ns)++] = s;
     }
-    if (meta && !json_is_object(meta)) {
-        rc = pi2_err_set(err, PI2_EFORMAT, "%s: metadata is not a JSON object", path);
-        goto out;
+    qsort(shards, *ns, sizeof *shards, cmp_str);
+    return 0;
+}
+
+/* Each distinct shard of the sorted list, opened from the index's folder. */
+static int open_shards(pi2_st *st, const char *path, const char *const *shards, size_t ns, pi2_err *err)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : pi2_strdup(".");
+    if (!dir)
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+    int rc = 0;
+    for (size_t i = 0; i < ns && rc == 0; i++) {
+        if (i > 0 && strcmp(shards[i], shards[i - 1]) == 0)
+            continue;
+        char *spath = join_alloc(dir, shards[i]);
+        rc = spath ? open_file(st, spath, err) : pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
+        free(spath);
     }
-    size_t nwm = json_object_size(wm);
+    free(dir);
+    return rc;
+}
+
+/* Every weight_map entry names a tensor stored in the shard it names. */
+static int check_weight_map(const pi2_st *st, const char *path, json_t *wm, pi2_err *err)
+{
+    const char *name;
+    json_t *v;
+    json_object_foreach(wm, name, v)
+    {
+        const char *s = json_string_value(v);
+        const pi2_st_tensor *t = pi2_st_find(st, name);
+        if (!t)
+            return pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s' is listed in weight_map but absent from shard '%s'",
+                               path, show(name).s, show(s).s);
+        const char *tb = strrchr(t->file, '/');
+        tb = tb ? tb + 1 : t->file;
+        if (strcmp(tb, s) != 0)
+            return pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s' is mapped to shard '%s' but stored in '%s'", path,
+                               show(name).s, show(s).s, show(tb).s);
+    }
+    return 0;
+}
+
+static int open_index(pi2_st *st, const char *path, pi2_err *err)
+{
+    json_t *root = NULL, *wm = NULL;
+    const char **shards = NULL;
+    int rc = load_index(path, &root, &wm, err);
+    if (rc != 0)
+        goto out;
+    size_t nwm = json_object_size(wm), ns;
     if (nwm == 0 || nwm > PI2_ST_MAX_TENSORS) {
         rc = pi2_err_set(err, nwm ? PI2_ERANGE : PI2_EFORMAT, "%s: weight_map has %zu entries (need 1..%u)", path, nwm,
                          (unsigned)PI2_ST_MAX_TENSORS);
@@ -509,65 +580,10 @@ static int open_index(pi2_st *st, const char *path, pi2_err *err)
         rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
         goto out;
     }
-    size_t ns = 0;
-    const char *name;
-    json_t *v;
-    json_object_foreach(wm, name, v)
-    {
-        const char *s = json_string_value(v);
-        if (!s) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: weight_map entry '%s' is not a string", path, show(name).s);
-            goto out;
-        }
-        if (!plain_name(s)) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: weight_map entry '%s': shard '%s' is not a plain file name", path,
-                             show(name).s, show(s).s);
-            goto out;
-        }
-        shards[ns++] = s;
-    }
-    qsort(shards, ns, sizeof *shards, cmp_str);
-    const char *slash = strrchr(path, '/');
-    dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : pi2_strdup(".");
-    if (!dir) {
-        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
-        goto out;
-    }
-    for (size_t i = 0; i < ns; i++) {
-        if (i > 0 && strcmp(shards[i], shards[i - 1]) == 0)
-            continue;
-        spath = join_alloc(dir, shards[i]);
-        if (!spath) {
-            rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
-            goto out;
-        }
-        if ((rc = open_file(st, spath, err)) != 0)
-            goto out;
-        free(spath);
-        spath = NULL;
-    }
-    if ((rc = build_hash(st, err)) != 0)
-        goto out;
-    json_object_foreach(wm, name, v)
-    {
-        const char *s = json_string_value(v);
-        const pi2_st_tensor *t = pi2_st_find(st, name);
-        if (!t) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s' is listed in weight_map but absent from shard '%s'",
-                             path, show(name).s, show(s).s);
-            goto out;
-        }
-        const char *tb = strrchr(t->file, '/');
-        tb = tb ? tb + 1 : t->file;
-        if (strcmp(tb, s) != 0) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: tensor '%s' is mapped to shard '%s' but stored in '%s'", path,
-                             show(name).s, show(s).s, show(tb).s);
-            goto out;
-        }
-    }
+    if ((rc = index_shards(path, wm, shards, &ns, err)) == 0 && (rc = open_shards(st, path, shards, ns, err)) == 0 &&
+        (rc = build_hash(st, err)) == 0)
+        rc = check_weight_map(st, path, wm, err);
 out:
-    free(spath);
-    free(dir);
     free(shards);
     json_decref(root);
     return rc;
@@ -751,272 +767,6 @@ int pi2_st_expect_shape(const pi2_st_tensor *t, int ndim, const int64_t *shape, 
         snprintf(want, sizeof want, "(%d dims)", ndim);
     return pi2_err_set(err, PI2_ESHAPE, "%s: tensor '%s' has shape %s, expected %s", t->file, show(t->name).s, have,
                        want);
-}
-
-/* ---- writer ---- */
-
-struct pi2_st_writer {
-    char *path;
-    pi2_afile *af;
-    json_t *tensors; /* name -> entry, in declaration (= data) order */
-    json_t *meta;
-    uint64_t total, written;
-    bool started;
-    int failed; /* sticky: a data-stream error poisons the writer */
-};
-
-void pi2_st_writer_free(pi2_st_writer *w)
-{
-    if (!w)
-        return;
-    pi2_afile_abort(w->af);
-    json_decref(w->tensors);
-    json_decref(w->meta);
-    free(w->path);
-    free(w);
-}
-
-int pi2_st_writer_create(pi2_st_writer **out, const char *path, pi2_err *err)
-{
-    if (!out || !path)
-        return pi2_err_set(err, PI2_EINVAL, "pi2_st_writer_create: NULL argument");
-    *out = NULL;
-    pi2_st_writer *w = calloc(1, sizeof *w);
-    if (w) {
-        w->path = pi2_strdup(path);
-        w->tensors = json_object();
-        w->meta = json_object();
-    }
-    if (!w || !w->path || !w->tensors || !w->meta) {
-        pi2_st_writer_free(w);
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
-    }
-    int rc = pi2_afile_open(&w->af, path, err);
-    if (rc != 0) {
-        pi2_st_writer_free(w);
-        return rc;
-    }
-    *out = w;
-    return 0;
-}
-
-static int writer_usable(pi2_st_writer *w, const char *what, pi2_err *err)
-{
-    if (w->failed)
-        return pi2_err_set(err, w->failed, "%s: writer already failed (%s)", w->path, pi2_strerror(w->failed));
-    if (w->started)
-        return pi2_err_set(err, PI2_EINVAL, "%s: %s after data was written", w->path, what);
-    return 0;
-}
-
-int pi2_st_writer_add(pi2_st_writer *w, const char *name, pi2_dtype dt, int ndim, const int64_t *shape,
-                      pi2_err *err)
-{
-    if (!w || !name || (ndim > 0 && !shape))
-        return pi2_err_set(err, PI2_EINVAL, "pi2_st_writer_add: NULL argument");
-    int rc = writer_usable(w, "adding a tensor", err);
-    if (rc != 0)
-        return rc;
-    if (!*name || strcmp(name, "__metadata__") == 0)
-        return pi2_err_set(err, PI2_EINVAL, "%s: invalid tensor name '%s'", w->path, show(name).s);
-    if (!pi2_dtype_name(dt))
-        return pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': invalid dtype %d", w->path, show(name).s, (int)dt);
-    if (ndim < 0 || ndim > PI2_ST_MAX_DIMS)
-        return pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': %d dims (limit %d)", w->path, show(name).s, ndim,
-                           PI2_ST_MAX_DIMS);
-    if (json_object_size(w->tensors) >= PI2_ST_MAX_TENSORS)
-        return pi2_err_set(err, PI2_ERANGE, "%s: too many tensors (limit %u)", w->path, (unsigned)PI2_ST_MAX_TENSORS);
-    if (json_object_get(w->tensors, name))
-        return pi2_err_set(err, PI2_EINVAL, "%s: duplicate tensor '%s'", w->path, show(name).s);
-    size_t nelem = 1, nbytes;
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0)
-            return pi2_err_set(err, PI2_EINVAL, "%s: tensor '%s': negative dim %lld", w->path, show(name).s,
-                               (long long)shape[i]);
-        if ((uint64_t)shape[i] > SIZE_MAX || !pi2_mul_size(nelem, (size_t)shape[i], &nelem))
-            return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': element count overflows", w->path, show(name).s);
-    }
-    uint64_t end;
-    if (!pi2_mul_size(nelem, pi2_dtype_size(dt), &nbytes) || __builtin_add_overflow(w->total, (uint64_t)nbytes, &end) ||
-        end > (uint64_t)INT64_MAX)
-        return pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s': size overflows", w->path, show(name).s);
-    json_t *jsh = json_array(), *e = json_object();
-    bool ok = jsh && e;
-    for (int i = 0; ok && i < ndim; i++)
-        ok = json_array_append_new(jsh, json_integer((json_int_t)shape[i])) == 0;
-    json_t *off = json_pack("[II]", (json_int_t)w->total, (json_int_t)end);
-    ok = ok && off && json_object_set_new(e, "dtype", json_string(pi2_dtype_name(dt))) == 0 &&
-         json_object_set(e, "shape", jsh) == 0 && json_object_set(e, "data_offsets", off) == 0;
-    json_decref(jsh);
-    json_decref(off);
-    if (!ok) {
-        json_decref(e);
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", w->path);
-    }
-    if (json_object_set_new(w->tensors, name, e) != 0) /* consumes e */
-        return pi2_err_set(err, PI2_EINVAL, "%s: tensor name '%s' is not valid UTF-8", w->path, show(name).s);
-    w->total = end;
-    return 0;
-}
-
-int pi2_st_writer_meta(pi2_st_writer *w, const char *key, const char *value, pi2_err *err)
-{
-    if (!w || !key || !value)
-        return pi2_err_set(err, PI2_EINVAL, "pi2_st_writer_meta: NULL argument");
-    int rc = writer_usable(w, "adding metadata", err);
-    if (rc != 0)
-        return rc;
-    json_t *v = json_string(value);
-    if (!v || json_object_set_new(w->meta, key, v) != 0)
-        return pi2_err_set(err, PI2_EINVAL, "%s: metadata '%s' is not valid UTF-8", w->path, show(key).s);
-    return 0;
-}
-
-static int writer_header(pi2_st_writer *w, pi2_err *err)
-{
-    w->started = true;
-    json_t *root = json_object();
-    int rc = 0;
-    bool ok = root != NULL;
-    if (ok && json_object_size(w->meta))
-        ok = json_object_set(root, "__metadata__", w->meta) == 0;
-    const char *k;
-    json_t *v;
-    if (ok) {
-        json_object_foreach(w->tensors, k, v)
-        {
-            if (json_object_set(root, k, v) != 0) {
-                ok = false;
-                break;
-            }
-        }
-    }
-    char *s = ok ? json_dumps(root, JSON_COMPACT) : NULL;
-    json_decref(root);
-    if (!s)
-        return w->failed = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the header", w->path);
-    /* Pad with spaces to a multiple of 8 so the data (and every F32/I64
-     * tensor whose offset is aligned) starts 8-aligned in a mapping. */
-    size_t len = strlen(s), padded = (len + 7) & ~(size_t)7;
-    if (padded > PI2_ST_MAX_HEADER) {
-        free(s);
-        return w->failed = pi2_err_set(err, PI2_ERANGE, "%s: header of %zu bytes exceeds the limit of %u", w->path,
-                                       padded, (unsigned)PI2_ST_MAX_HEADER);
-    }
-    uint8_t *buf = malloc(8 + padded);
-    if (!buf) {
-        free(s);
-        return w->failed = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the header", w->path);
-    }
-    for (int i = 0; i < 8; i++)
-        buf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    memcpy(buf + 8, s, len);
-    memset(buf + 8 + len, ' ', padded - len);
-    free(s);
-    rc = pi2_afile_write(w->af, buf, 8 + padded, err);
-    free(buf);
-    if (rc != 0)
-        w->failed = rc;
-    return rc;
-}
-
-int pi2_st_writer_write(pi2_st_writer *w, const void *data, size_t n, pi2_err *err)
-{
-    if (!w || (!data && n))
-        return pi2_err_set(err, PI2_EINVAL, "pi2_st_writer_write: NULL argument");
-    if (w->failed)
-        return pi2_err_set(err, w->failed, "%s: writer already failed (%s)", w->path, pi2_strerror(w->failed));
-    int rc;
-    if (!w->started && (rc = writer_header(w, err)) != 0)
-        return rc;
-    if (n > w->total - w->written)
-        return w->failed = pi2_err_set(err, PI2_EINVAL,
-                                       "%s: writing %zu bytes at data byte %llu passes the declared total %llu",
-                                       w->path, n, (unsigned long long)w->written, (unsigned long long)w->total);
-    rc = pi2_afile_write(w->af, data, n, err);
-    if (rc != 0)
-        return w->failed = rc;
-    w->written += n;
-    return 0;
-}
-
-int pi2_st_writer_finish(pi2_st_writer *w, pi2_err *err)
-{
-    if (!w)
-        return pi2_err_set(err, PI2_EINVAL, "pi2_st_writer_finish: NULL writer");
-    int rc = 0;
-    if (w->failed)
-        rc = pi2_err_set(err, w->failed, "%s: writer already failed (%s)", w->path, pi2_strerror(w->failed));
-    if (rc == 0 && !w->started)
-        rc = writer_header(w, err);
-    if (rc == 0 && w->written != w->total)
-        rc = pi2_err_set(err, PI2_EINVAL, "%s: finished after %llu of %llu declared data bytes", w->path,
-                         (unsigned long long)w->written, (unsigned long long)w->total);
-    if (rc == 0) {
-        rc = pi2_afile_commit(w->af, err); /* frees the afile, also on failure */
-        w->af = NULL;
-    }
-    pi2_st_writer_free(w);
-    return rc;
-}
-
-int pi2_st_write_index(const char *path, size_t n, const char *const *names, const char *const *shard_files,
-                       uint64_t total_size, pi2_err *err)
-{
-    if (!path || (n && (!names || !shard_files)))
-        return pi2_err_set(err, PI2_EINVAL, "pi2_st_write_index: NULL argument");
-    if (n == 0)
-        return pi2_err_set(err, PI2_EINVAL, "%s: an index needs at least one tensor", path);
-    if (total_size > (uint64_t)INT64_MAX)
-        return pi2_err_set(err, PI2_ERANGE, "%s: total_size %llu too large", path, (unsigned long long)total_size);
-    json_t *root = json_object(), *meta = json_object(), *wm = json_object();
-    int rc = 0;
-    if (!root || !meta || !wm || json_object_set_new(meta, "total_size", json_integer((json_int_t)total_size)) != 0) {
-        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (!names[i] || !plain_name(shard_files[i])) {
-            rc = pi2_err_set(err, PI2_EINVAL, "%s: entry %zu: shard '%s' is not a plain file name", path, i,
-                             show(shard_files[i]).s);
-            goto out;
-        }
-        if (json_object_get(wm, names[i])) {
-            rc = pi2_err_set(err, PI2_EINVAL, "%s: duplicate tensor '%s'", path, show(names[i]).s);
-            goto out;
-        }
-        json_t *s = json_string(shard_files[i]);
-        if (!s || json_object_set_new(wm, names[i], s) != 0) {
-            rc = pi2_err_set(err, PI2_EINVAL, "%s: entry %zu ('%s') is not valid UTF-8", path, i, show(names[i]).s);
-            goto out;
-        }
-    }
-    if (json_object_set(root, "metadata", meta) != 0 || json_object_set(root, "weight_map", wm) != 0) {
-        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
-        goto out;
-    }
-    char *s = json_dumps(root, JSON_INDENT(2));
-    if (!s) {
-        rc = pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", path);
-        goto out;
-    }
-    pi2_afile *af;
-    rc = pi2_afile_open(&af, path, err);
-    if (rc == 0) {
-        rc = pi2_afile_write(af, s, strlen(s), err);
-        if (rc == 0)
-            rc = pi2_afile_write(af, "\n", 1, err);
-        if (rc == 0)
-            rc = pi2_afile_commit(af, err);
-        else
-            pi2_afile_abort(af);
-    }
-    free(s);
-out:
-    json_decref(root);
-    json_decref(meta);
-    json_decref(wm);
-    return rc;
 }
 
 void pi2_st_release(const pi2_st_tensor *t)

@@ -28,59 +28,41 @@ static int tkey_cmp(const void *pa, const void *pb)
     return tz_name_cmp(a->s, a->n, b->s, b->n);
 }
 
-/* The top level: a dict of distinct names to tensors, into views. */
-static int pk_result(pk *k, pv top, pi2_st_tensor **out, size_t *count, char **names)
+/* The top-level dict's keys into keys[0..n): names (no NUL) of tensors,
+ * sorted and distinct; *alen gets the bytes their copies take. */
+static int pk_keys(pk *k, pv top, tkey *keys, size_t n, size_t *alen)
 {
-    if (top.kind != PV_DICT)
-        return pk_fail(k, PI2_EUNSUPPORTED, "the pickle holds a %s, not a dict of name -> tensor",
-                       pk_kind_name[top.kind]);
-    size_t n = k->dicts[top.u].nitems;
-    if (n > PI2_ST_MAX_TENSORS)
-        return pk_fail(k, PI2_ERANGE, "%zu top-level entries (limit %u tensors)", n, (unsigned)PI2_ST_MAX_TENSORS);
-    tkey *keys = pi2_malloc_array(n, sizeof *keys);
-    pi2_st_tensor *t = pi2_calloc_array(n, sizeof *t);
-    char *arena = NULL;
-    int rc = 0;
-    if (!keys || !t) {
-        rc = pk_nomem(k);
-        goto fail;
-    }
-    size_t j = 0, alen = 0;
+    size_t j = 0;
+    *alen = 0;
     for (size_t i = 0; i < k->nitems && j < n; i++) {
         const pitem *it = &k->items[i];
         if (it->dict != top.u)
             continue;
-        if (it->k.kind != PV_STR) {
-            rc = pk_fail(k, PI2_EUNSUPPORTED, "top-level key is a %s, not a name", pk_kind_name[it->k.kind]);
-            goto fail;
-        }
-        if (memchr(k->p0 + it->k.u, 0, it->k.n)) {
-            rc = pk_fail(k, PI2_EFORMAT, "top-level key '%s' holds a NUL", pk_str(k, it->k).s);
-            goto fail;
-        }
-        if (it->v.kind != PV_TENSOR) {
-            rc = pk_fail(k, PI2_EUNSUPPORTED, "entry '%s' is a %s, not a tensor (a checkpoint that nests its state "
-                         "dict?)", pk_str(k, it->k).s, pk_kind_name[it->v.kind]);
-            goto fail;
-        }
+        if (it->k.kind != PV_STR)
+            return pk_fail(k, PI2_EUNSUPPORTED, "top-level key is a %s, not a name", pk_kind_name[it->k.kind]);
+        if (memchr(k->p0 + it->k.u, 0, it->k.n))
+            return pk_fail(k, PI2_EFORMAT, "top-level key '%s' holds a NUL", pk_str(k, it->k).s);
+        if (it->v.kind != PV_TENSOR)
+            return pk_fail(k, PI2_EUNSUPPORTED, "entry '%s' is a %s, not a tensor (a checkpoint that nests its state "
+                           "dict?)", pk_str(k, it->k).s, pk_kind_name[it->v.kind]);
         keys[j] = (tkey){ .s = k->p0 + it->k.u, .n = it->k.n, .i = (uint32_t)i };
-        alen += it->k.n + 1; /* bounded by data.pkl's size */
+        *alen += it->k.n + 1; /* bounded by data.pkl's size */
         j++;
     }
     assert(j == n);
     qsort(keys, n, sizeof *keys, tkey_cmp);
     for (size_t i = 1; i < n; i++)
-        if (tkey_cmp(&keys[i - 1], &keys[i]) == 0) {
-            rc = pk_fail(k, PI2_EFORMAT, "duplicate key '%s'", tz_show_n(keys[i].s, keys[i].n).s);
-            goto fail;
-        }
-    arena = malloc(alen ? alen : 1);
-    if (!arena) {
-        rc = pk_nomem(k);
-        goto fail;
-    }
+        if (tkey_cmp(&keys[i - 1], &keys[i]) == 0)
+            return pk_fail(k, PI2_EFORMAT, "duplicate key '%s'", tz_show_n(keys[i].s, keys[i].n).s);
+    return 0;
+}
+
+/* The views of the top-level dict's tensors, in pickle order, names copied
+ * into arena. */
+static void pk_views(const pk *k, pv top, pi2_st_tensor *t, size_t n, char *arena)
+{
     char *a = arena;
-    j = 0;
+    size_t j = 0;
     for (size_t i = 0; i < k->nitems && j < n; i++) {
         const pitem *it = &k->items[i];
         if (it->dict != top.u)
@@ -101,16 +83,34 @@ static int pk_result(pk *k, pv top, pi2_st_tensor **out, size_t *count, char **n
         o->data = k->img + z->off + pt->offset * pi2_dtype_size(s->dt); /* inside the member: checked */
         o->file = k->path;
     }
+}
+
+/* The top level: a dict of distinct names to tensors, into views. */
+static int pk_result(pk *k, pv top, pi2_st_tensor **out, size_t *count, char **names)
+{
+    if (top.kind != PV_DICT)
+        return pk_fail(k, PI2_EUNSUPPORTED, "the pickle holds a %s, not a dict of name -> tensor",
+                       pk_kind_name[top.kind]);
+    size_t n = k->dicts[top.u].nitems, alen = 0;
+    if (n > PI2_ST_MAX_TENSORS)
+        return pk_fail(k, PI2_ERANGE, "%zu top-level entries (limit %u tensors)", n, (unsigned)PI2_ST_MAX_TENSORS);
+    tkey *keys = pi2_malloc_array(n, sizeof *keys);
+    pi2_st_tensor *t = pi2_calloc_array(n, sizeof *t);
+    char *arena = NULL;
+    int rc = !keys || !t ? pk_nomem(k) : pk_keys(k, top, keys, n, &alen);
+    if (rc == 0 && !(arena = malloc(alen ? alen : 1)))
+        rc = pk_nomem(k);
     free(keys);
+    if (rc != 0) {
+        free(t);
+        free(arena);
+        return rc;
+    }
+    pk_views(k, top, t, n, arena);
     *out = t;
     *count = n;
     *names = arena;
     return 0;
-fail:
-    free(keys);
-    free(t);
-    free(arena);
-    return rc;
 }
 
 /* ======================= torch layer ======================= */

@@ -8,6 +8,7 @@
  * the file or overlapping, unsigned containers); a few hundred seeded
  * mutations of containers and of the bundle object; bad inputs to the
  * bundler (each with its exact code and nothing left behind). */
+#include "tests/testmodel.h"
 #include "tests/testutil.h"
 
 #include <dirent.h>
@@ -29,7 +30,7 @@
 /* ------------------------------------------------------------------ */
 
 static char g_dir[64];
-static char g_priv[128], g_pub[128], g_priv2[128], g_pub2[128];
+static char g_pub2[128];
 static char g_drelu[128], g_silu[128], g_q8[128], g_moe[128]; /* converted */
 static char g_signed[128];                                     /* g_drelu bundled, signed, io 4K */
 static char g_unsigned[128];                                   /* g_drelu bundled, unsigned, io 4K */
@@ -89,13 +90,7 @@ static int group_setup(void **state)
 {
     (void)state;
     pi2_err e = { 0 };
-    const char *base = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/pi2tb.XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(g_dir))
-        return -1;
-    snprintf(g_priv, sizeof g_priv, "%s/k.pem", g_dir);
-    snprintf(g_pub, sizeof g_pub, "%s/k.pub", g_dir);
-    snprintf(g_priv2, sizeof g_priv2, "%s/k2.pem", g_dir);
+    pi2t_tmpdir(g_dir, sizeof g_dir);
     snprintf(g_pub2, sizeof g_pub2, "%s/k2.pub", g_dir);
     snprintf(g_drelu, sizeof g_drelu, "%s/drelu.pi2c", g_dir);
     snprintf(g_silu, sizeof g_silu, "%s/silu.pi2c", g_dir);
@@ -107,9 +102,7 @@ static int group_setup(void **state)
     if (make_converted(M_DRELU, g_drelu) || make_converted(M_SILU, g_silu) || make_converted(M_Q8_RELU, g_q8) ||
         make_converted(M_MOE, g_moe))
         return -1;
-    if (pi2_sign_keygen(g_priv, g_pub, &e) || pi2_sign_keygen(g_priv2, g_pub2, &e) ||
-        pi2_sign_key_load_private(&g_key, g_priv, &e) || pi2_sign_key_load_public(&g_pubkey, g_pub, &e) ||
-        pi2_sign_key_load_private(&g_key2, g_priv2, &e))
+    if (pi2t_keypair(g_dir, "k", &g_key, &g_pubkey, &e) || pi2t_keypair(g_dir, "k2", &g_key2, NULL, &e))
         return fprintf(stderr, "keys: %s\n", e.msg), -1;
     if (do_bundle(g_drelu, g_signed, g_key, 4096, &e) || do_bundle(g_drelu, g_unsigned, NULL, 4096, &e))
         return fprintf(stderr, "bundle: %s\n", e.msg), -1;
@@ -123,9 +116,8 @@ static int group_teardown(void **state)
     pi2_sign_key_free(g_key);
     pi2_sign_key_free(g_pubkey);
     pi2_sign_key_free(g_key2);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    pi2t_rmtree(g_dir);
+    return 0;
 }
 
 static int reset_fail_hook(void **state)
@@ -138,17 +130,6 @@ static int reset_fail_hook(void **state)
 /* ------------------------------------------------------------------ */
 /* Helpers                                                            */
 /* ------------------------------------------------------------------ */
-
-static void open_conv(const char *path, pi2_ctr **c, pi2_manifest **mf)
-{
-    pi2_err e = { 0 };
-    if (pi2_ctr_open(c, path, &e))
-        fail_msg("%s", e.msg);
-    const pi2_ctr_member *m = pi2_ctr_find(*c, PI2_MF_NAME);
-    assert_non_null(m);
-    if (pi2_manifest_parse((const char *)m->data, (size_t)m->size, path, mf, &e))
-        fail_msg("%s", e.msg);
-}
 
 static const pi2_ctr_member *member(const pi2_ctr *c, const char *name)
 {
@@ -173,16 +154,6 @@ static uint64_t file_size(const char *path)
     struct stat st;
     assert_int_equal(stat(path, &st), 0);
     return (uint64_t)st.st_size;
-}
-
-static void copy_file(const char *src, const char *dst)
-{
-    pi2_map m = { 0 };
-    pi2_err e = { 0 };
-    if (pi2_map_open(&m, src, &e))
-        fail_msg("%s", e.msg);
-    pi2t_write(dst, m.data, m.size);
-    pi2_map_close(&m);
 }
 
 static void xor_byte(const char *path, uint64_t off, uint8_t x)
@@ -627,7 +598,7 @@ static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint
 {
     pi2_ctr *cc;
     pi2_manifest *cm;
-    open_conv(conv, &cc, &cm);
+    pi2t_open_manifest(conv, &cc, &cm);
     pi2_bundle_open_opts oo = { .pubkey = sign ? g_pubkey : NULL, .allow_unsigned = !sign };
     pi2_bundle *b = NULL;
     pi2_err e = { 0 };
@@ -1009,13 +980,13 @@ static void test_tamper_each_section(void **state)
     size_t n = pi2_ctr_count(c);
     for (size_t i = 0; i < n; i++) {
         const pi2_ctr_member *m = pi2_ctr_at(c, i);
-        copy_file(g_signed, p);
+        pi2t_copy_file(g_signed, p);
         xor_byte(p, m->offset + m->size / 2, 0x01);
         /* a section names itself; the manifest and signature fail the signature */
         bool meta = strcmp(m->name, PI2_MF_NAME) == 0 || strcmp(m->name, PI2_MF_SIG_NAME) == 0;
         expect_fail(p, g_pubkey, false, PI2_ESIG, meta ? PI2_MF_SIG_NAME : m->name);
         /* and a flipped byte of its tar header breaks the structure */
-        copy_file(g_signed, p);
+        pi2t_copy_file(g_signed, p);
         xor_byte(p, m->offset - 512 + (i * 37) % 512, 0x40);
         expect_fail(p, g_pubkey, false, PI2_EFORMAT, NULL);
     }
@@ -1036,7 +1007,7 @@ static void test_verify_resident_only(void **state)
     const char *names[2] = { "ffn/1.0", "w/model.layers.1.mlp.down_proj.weight.s" };
     for (int k = 0; k < 2; k++) {
         const pi2_ctr_member *m = member(c, names[k]);
-        copy_file(g_signed, p);
+        pi2t_copy_file(g_signed, p);
         xor_byte(p, m->offset + 5, 0x80);
         pi2_bundle *b = open_signed(p);
         uint64_t done = 0;
@@ -1105,7 +1076,7 @@ static void test_tamper_truncate(void **state)
     uint64_t size = file_size(g_signed);
     uint64_t cuts[] = { 0, 1, 511, 512, 4096, size / 3, size / 2, size - 4096, size - 1024, size - 1 };
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
-        copy_file(g_signed, p);
+        pi2t_copy_file(g_signed, p);
         assert_int_equal(truncate(p, (off_t)cuts[i]), 0);
         pi2_err e = { 0 };
         int rc = open_verify(p, false, g_pubkey, &e);
@@ -1166,7 +1137,7 @@ static void test_tamper_members(void **state)
     rewrite(g_signed, p, 1, 2, (const char *)mj->data, (size_t)mj->size, ms->data);
     expect_fail(p, g_pubkey, false, PI2_EFORMAT, "manifest says offset");
     /* a duplicate member name: rename member 2's header to member 1's */
-    copy_file(g_signed, p);
+    pi2t_copy_file(g_signed, p);
     {
         const pi2_ctr_member *m1 = pi2_ctr_at(c, 1), *m2 = pi2_ctr_at(c, 2);
         uint8_t h[512];
@@ -1383,7 +1354,7 @@ static void test_mutations(void **state)
     for (int it = 0; it < 240; it++) {
         int kind = it % 4;
         const char *src = kind == 3 ? g_unsigned : g_signed;
-        copy_file(src, p);
+        pi2t_copy_file(src, p);
         if (kind == 0) { /* anywhere */
             int flips = 1 + (int)(pi2_rng_u64(&rng) % 4);
             for (int f = 0; f < flips; f++)
@@ -1510,15 +1481,15 @@ static void test_bad_inputs(void **state)
     /* a corrupt byte in a converted member is caught by its digest */
     pi2_ctr *c;
     pi2_manifest *mf;
-    open_conv(g_drelu, &c, &mf);
+    pi2t_open_manifest(g_drelu, &c, &mf);
     const pi2_mf_tensor *t = pi2_manifest_find_tensor(mf, PI2_T_UP, 1, -1);
     assert_non_null(t);
     const pi2_ctr_member *m = member(c, t->payload);
-    copy_file(g_drelu, bad);
+    pi2t_copy_file(g_drelu, bad);
     xor_byte(bad, m->offset + 100, 0x10);
     o.in_path = bad;
     expect_create_error(&o, PI2_ESIG, t->payload);
-    copy_file(g_drelu, bad);
+    pi2t_copy_file(g_drelu, bad);
     m = member(c, mf->profile[0].bits);
     xor_byte(bad, m->offset + 7, 0x10);
     expect_create_error(&o, PI2_ESIG, mf->profile[0].bits);

@@ -5,7 +5,6 @@
 
 #include "formats/container.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/vfs.h>
@@ -23,19 +22,6 @@ static uint8_t *pattern(size_t n, unsigned seed)
     for (size_t i = 0; i < n; i++)
         p[i] = pattern_byte(i, seed);
     return p;
-}
-
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
-            n++;
-    closedir(d);
-    return n;
 }
 
 static uint8_t *slurp(const char *path, size_t *len)
@@ -129,7 +115,7 @@ static void test_roundtrip_sizes(void **state)
     assert_false(pi2t_exists(path)); /* nothing at path before finish */
     assert_int_equal(pi2_ctr_writer_finish(w, &err), 0);
     assert_true(pi2t_exists(path));
-    assert_int_equal(count_entries(dir), 1); /* temp file renamed away */
+    assert_int_equal(pi2t_count_entries(dir), 1); /* temp file renamed away */
 
     secs = pi2_ctr_writer_sections(w, &ns); /* still readable after finish */
     assert_int_equal(ns, NSIZES + 2);
@@ -368,7 +354,7 @@ static void check_misuse(const char *dir, misuse kind, int want)
         assert_int_equal(pi2_ctr_writer_data(w, buf, sizeof buf, &err), 0);
         pi2_ctr_writer_free(w);
         assert_false(pi2t_exists(path));
-        assert_int_equal(count_entries(dir), 0);
+        assert_int_equal(pi2t_count_entries(dir), 0);
         return;
     }
     assert_int_equal(rc, want);
@@ -383,7 +369,7 @@ static void check_misuse(const char *dir, misuse kind, int want)
     assert_false(pi2t_exists(path));
     pi2_ctr_writer_free(w);
     assert_false(pi2t_exists(path));
-    assert_int_equal(count_entries(dir), 0);
+    assert_int_equal(pi2t_count_entries(dir), 0);
 }
 
 static void test_writer_misuse(void **state)
@@ -421,7 +407,7 @@ static void test_writer_misuse(void **state)
         pi2_ctr_writer_free(w);
         assert_false(pi2t_exists(path));
     }
-    assert_int_equal(count_entries(dir), 0);
+    assert_int_equal(pi2t_count_entries(dir), 0);
 
     /* calls after a successful finish are refused; the file stays */
     pi2_ctr_writer *w;
@@ -556,7 +542,7 @@ static void test_enospc(void **state)
             assert_int_equal(pi2_ctr_writer_finish(w, NULL), PI2_ENOSPC);
             pi2_ctr_writer_free(w);
             assert_false(pi2t_exists(path));
-            assert_int_equal(count_entries(dir), 0);
+            assert_int_equal(pi2t_count_entries(dir), 0);
             failures++;
         }
     }

@@ -5,6 +5,7 @@
  * activation profile; the container's integrity (every section's SHA-256);
  * and every bad input, which must fail with its exact code, a message naming
  * the culprit, and nothing left behind. */
+#include "tests/testmodel.h"
 #include "tests/testutil.h"
 #include "tests/testjson.h"
 
@@ -49,13 +50,8 @@ static void convert_ok(const pi2_convert_opts *o, FILE *report)
  * the recorded offset and size with a verifying SHA-256. Caller closes both. */
 static void open_converted(const char *path, pi2_ctr **c, pi2_manifest **mf)
 {
+    pi2t_open_manifest(path, c, mf);
     pi2_err e = {0};
-    if (pi2_ctr_open(c, path, &e))
-        fail_msg("%s", e.msg);
-    const pi2_ctr_member *m = pi2_ctr_find(*c, PI2_MF_NAME);
-    assert_non_null(m);
-    if (pi2_manifest_parse((const char *)m->data, (size_t)m->size, path, mf, &e))
-        fail_msg("%s", e.msg);
     const pi2_manifest *f = *mf;
     assert_int_equal(f->kind, PI2_MF_CONVERTED);
     assert_null(f->bundle_json);
@@ -779,12 +775,6 @@ static void test_silu_threshold(void **state)
     pi2t_rmtree(tmp);
 }
 
-static int cmp_desc(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x < y) - (x > y);
-}
-
 /* ------------------------------------------------------------------ */
 /* 6. Activation profile                                              */
 /* ------------------------------------------------------------------ */
@@ -837,7 +827,7 @@ static void test_profile_drelu(void **state)
             sum += freq[j];
             hot += freq[j] > 0.5f;
         }
-        qsort(freq, (size_t)d->n_ff, sizeof *freq, cmp_desc);
+        qsort(freq, (size_t)d->n_ff, sizeof *freq, pi2t_cmp_float_desc);
         for (int j = 0; j < d->n_ff / 10; j++)
             top += freq[j];
         free(freq);

@@ -39,7 +39,7 @@ static const char *const kind_name[K_COUNT] = {"drelu", "relu-q8", "silu", "moe"
 
 static char g_dir[64];
 static char g_src[K_COUNT][128], g_conv[K_COUNT][128], g_pi2[K_COUNT][128], g_exp[K_COUNT][128];
-static char g_unsigned[128], g_priv[128], g_pub[128], g_priv2[128], g_pub2[128];
+static char g_unsigned[128];
 
 /* The published families' model math: tiny models of each, converted,
  * exported (the quantized reference) and bundled. */
@@ -179,13 +179,7 @@ static int group_setup(void **state)
     (void)state;
     pi2_err e = {0};
     pi2t_tmpdir(g_dir, sizeof g_dir);
-    snprintf(g_priv, sizeof g_priv, "%s/k.pem", g_dir);
-    snprintf(g_pub, sizeof g_pub, "%s/k.pub", g_dir);
-    snprintf(g_priv2, sizeof g_priv2, "%s/k2.pem", g_dir);
-    snprintf(g_pub2, sizeof g_pub2, "%s/k2.pub", g_dir);
-    if (pi2_sign_keygen(g_priv, g_pub, &e) || pi2_sign_keygen(g_priv2, g_pub2, &e) ||
-        pi2_sign_key_load_private(&g_key, g_priv, &e) || pi2_sign_key_load_public(&g_pubkey, g_pub, &e) ||
-        pi2_sign_key_load_public(&g_pubkey2, g_pub2, &e))
+    if (pi2t_keypair(g_dir, "k", &g_key, &g_pubkey, &e) || pi2t_keypair(g_dir, "k2", NULL, &g_pubkey2, &e))
         return fprintf(stderr, "keys: %s\n", e.msg), -1;
     double t0 = pi2_now();
     for (int k = 0; k < K_COUNT; k++) {
@@ -277,15 +271,6 @@ static double max_diff(const float *a, const float *b, int n)
     return m;
 }
 
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
-
 /* ---- dense decode vs the quantized reference ---- */
 
 static void dense_vs_reference(kind k)
@@ -308,7 +293,7 @@ static void dense_vs_reference(kind k)
         assert_int_equal(pi2_ref_forward(m, st, ids[i], i, b, &e), 0);
         double rel = max_diff(a, b, V) / max_abs(b, V);
         worst = fmax(worst, rel);
-        agree += argmax(a, V) == argmax(b, V);
+        agree += pi2_argmax(a, V) == pi2_argmax(b, V);
     }
     /* the prefill of the same ids (rewinding): its last logits against
      * the reference's (b holds position n - 1) */
@@ -683,16 +668,6 @@ static int try_open(const char *path, const pi2_sign_key *key, bool trust, pi2_e
     return rc;
 }
 
-static void copy_file(const char *from, const char *to)
-{
-    char *buf = NULL;
-    size_t n = 0;
-    pi2_err e = {0};
-    assert_int_equal(pi2_read_file(from, (size_t)1 << 30, &buf, &n, &e), 0);
-    pi2t_write(to, buf, n);
-    free(buf);
-}
-
 static void flip_byte(const char *path, uint64_t off)
 {
     int fd = open(path, O_RDWR);
@@ -736,16 +711,16 @@ static void test_trust(void **state)
     pi2_bundle_close(b);
     char bad[160];
     snprintf(bad, sizeof bad, "%s/bad.pi2", g_dir);
-    copy_file(g_pi2[K_DRELU], bad);
+    pi2t_copy_file(g_pi2[K_DRELU], bad);
     flip_byte(bad, off_attn);
     assert_int_equal(try_open(bad, g_pubkey, false, &e), PI2_ESIG);
     assert_non_null(strstr(e.msg, "q_proj"));
-    copy_file(g_pi2[K_DRELU], bad);
+    pi2t_copy_file(g_pi2[K_DRELU], bad);
     flip_byte(bad, off_ffn);
     assert_int_equal(try_open(bad, g_pubkey, false, &e), PI2_ESIG);
     assert_non_null(strstr(e.msg, "ffn/"));
     /* truncated file */
-    copy_file(g_pi2[K_DRELU], bad);
+    pi2t_copy_file(g_pi2[K_DRELU], bad);
     assert_int_equal(truncate(bad, 10000), 0);
     assert_int_not_equal(try_open(bad, g_pubkey, false, &e), 0);
     assert_non_null(strstr(e.msg, "bad.pi2"));
@@ -958,7 +933,7 @@ static void golden(const char *name, pi2_qtype qffn, bool must_agree)
         size_t agree = 0;
         int pos = (int)np + 1;
         for (size_t s = 0; s < ng; s++) {
-            int next = argmax(lg, d->vocab);
+            int next = pi2_argmax(lg, d->vocab);
             if (next != jint(g, s))
                 break;
             agree++;

@@ -26,9 +26,10 @@
 
 #include <cmocka.h>
 
-#include "testutil.h"
+#include "tests/testmodel.h"
+#include "tests/testutil.h"
 
-static char g_dir[64], g_priv[128], g_pub[128];
+static char g_dir[64];
 static pi2_sign_key *g_key, *g_pubkey;
 
 static int setup(void **state)
@@ -36,10 +37,7 @@ static int setup(void **state)
     (void)state;
     pi2_err e = {0};
     pi2t_tmpdir(g_dir, sizeof g_dir);
-    snprintf(g_priv, sizeof g_priv, "%s/k.pem", g_dir);
-    snprintf(g_pub, sizeof g_pub, "%s/k.pub", g_dir);
-    if (pi2_sign_keygen(g_priv, g_pub, &e) || pi2_sign_key_load_private(&g_key, g_priv, &e) ||
-        pi2_sign_key_load_public(&g_pubkey, g_pub, &e))
+    if (pi2t_keypair(g_dir, "k", &g_key, &g_pubkey, &e))
         return fprintf(stderr, "keys: %s\n", e.msg), -1;
     return 0;
 }
@@ -498,14 +496,6 @@ static void expect_convert_error(const char *src, const char *preds, int code, c
     assert_true(pi2_now() - t0 < 5.0); /* refused before the long stages */
 }
 
-static void copy_file(const char *from, const char *to)
-{
-    size_t n;
-    char *t = slurp(from, &n);
-    pi2t_write(to, t, n);
-    free(t);
-}
-
 static void test_bad_sources(void **state)
 {
     (void)state;
@@ -517,21 +507,21 @@ static void test_bad_sources(void **state)
     /* a layer's file missing */
     snprintf(p, sizeof p, "%s/model_0.pt", repo);
     snprintf(q, sizeof q, "%s/model_0.pt", bad);
-    copy_file(p, q);
+    pi2t_copy_file(p, q);
     expect_convert_error(src, bad, PI2_ENOTFOUND, "model_1.pt");
     /* one too many */
     snprintf(p, sizeof p, "%s/model_1.pt", repo);
     snprintf(q, sizeof q, "%s/model_1.pt", bad);
-    copy_file(p, q);
+    pi2t_copy_file(p, q);
     snprintf(q, sizeof q, "%s/model_2.pt", bad);
-    copy_file(p, q);
+    pi2t_copy_file(p, q);
     expect_convert_error(src, bad, PI2_ESHAPE, "model_2.pt");
     unlink(q);
     /* a truncated zip in layer 1's place */
     snprintf(q, sizeof q, "%s/model_1.pt", bad);
     pi2t_write(q, "PK\x03\x04", 4);
     expect_convert_error(src, bad, PI2_EFORMAT, "model_1.pt");
-    copy_file(p, q);
+    pi2t_copy_file(p, q);
     /* a config.json that is not one */
     snprintf(q, sizeof q, "%s/config.json", bad);
     pi2t_write(q, "{\"sparse_threshold\": \"high\"}", 28);

@@ -541,17 +541,6 @@ static void test_get_cached(void **state)
 
 /* ---- one real measurement ---- */
 
-static int count_entries(const char *dir)
-{
-    DIR *dp = opendir(dir);
-    assert_non_null(dp);
-    int n = 0;
-    for (struct dirent *de; (de = readdir(dp));)
-        n += strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0;
-    closedir(dp);
-    return n;
-}
-
 static void positive(double x, const char *what, int i)
 {
     if (!(isfinite(x) && x > 0))
@@ -570,14 +559,14 @@ static void test_measure(void **state)
     double t0 = pi2_now();
     int rc = pi2_hwprof_measure(&o, &p, &e);
     if (rc == PI2_EIO && strstr(e.msg, "direct I/O")) {
-        assert_int_equal(count_entries(dev), 0);
+        assert_int_equal(pi2t_count_entries(dev), 0);
         fprintf(stderr, "skip: %s\n", e.msg);
         skip();
     }
     if (rc)
         fail_msg("measure: %s", e.msg);
     double took = pi2_now() - t0;
-    assert_int_equal(count_entries(dev), 0); /* the scratch file is gone */
+    assert_int_equal(pi2t_count_entries(dev), 0); /* the scratch file is gone */
     char cpu[128];
     pi2_hwprof_cpu_name(cpu, sizeof cpu);
     assert_string_equal(p.cpu, cpu);
@@ -665,7 +654,7 @@ static void test_measure_bad(void **state)
     assert_int_equal(pi2_hwprof_get(&o, path, true, &p, &measured, &e), PI2_EIO);
     assert_false(measured);
     assert_false(pi2t_exists(path));
-    assert_int_equal(count_entries(g_dir), 1); /* only "plain" */
+    assert_int_equal(pi2t_count_entries(g_dir), 1); /* only "plain" */
 }
 
 int main(void)

@@ -29,7 +29,9 @@
 #include "formats/sign.h"
 #include "runtime/engine.h"
 #include "runtime/kernels.h"
-#include "testutil.h"
+#include "runtime/sample.h"
+#include "tests/testmodel.h"
+#include "tests/testutil.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,50 +50,6 @@ typedef struct run {
     uint64_t predicted[N_GEN], active[N_GEN], moe[N_GEN];
     uint64_t lhash[N_GEN];
 } run;
-
-static uint64_t hash_bits(const float *x, int n)
-{
-    uint64_t h = 1469598103934665603ull;
-    const unsigned char *p = (const unsigned char *)x;
-    for (size_t i = 0; i < (size_t)n * sizeof(float); i++)
-        h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
-
-static int convert_bundle(const char *src, const char *name, bool train, pi2_qtype q_ffn, char *out, size_t cap,
-                          pi2_err *e)
-{
-    char conv[1200];
-    snprintf(conv, sizeof conv, "%s/%s.pi2c", g_dir, name);
-    snprintf(out, cap, "%s/%s.pi2", g_dir, name);
-    pi2_convert_opts co;
-    pi2_convert_defaults(&co);
-    co.model_dir = src;
-    co.out_path = conv;
-    co.calib_tokens = 512;
-    co.quiet = true;
-    co.threads = 1;
-    co.train_predictors = train;
-    co.q_ffn = q_ffn;
-    if (pi2_convert(&co, NULL, e))
-        return e->code;
-    pi2_bundle_opts bo;
-    pi2_bundle_defaults(&bo);
-    bo.in_path = conv;
-    bo.out_path = out;
-    bo.key = g_key;
-    bo.quiet = true;
-    return pi2_bundle_create(&bo, NULL, e);
-}
 
 /* Greedy decode of prompt p on the current ISA. */
 static void greedy(const char *path, const int32_t *p, int np, bool prefill, run *r)
@@ -117,9 +75,9 @@ static void greedy(const char *path, const int32_t *p, int np, bool prefill, run
         for (int i = 0; i < np; i++)
             if (pi2_engine_decode(eng, p[i], i, lg, &e))
                 fail_msg("decode: %s", e.msg);
-    r->phash = hash_bits(lg, (int)d->vocab);
+    r->phash = pi2t_fnv(lg, (size_t)d->vocab * sizeof(float));
     for (int s = 0; s < N_GEN; s++) {
-        r->tok[s] = argmax(lg, (int)d->vocab);
+        r->tok[s] = pi2_argmax(lg, (int)d->vocab);
         pi2_engine_stats_reset(eng);
         if (pi2_engine_decode(eng, r->tok[s], np + s, lg, &e))
             fail_msg("decode: %s", e.msg);
@@ -128,7 +86,7 @@ static void greedy(const char *path, const int32_t *p, int np, bool prefill, run
         r->predicted[s] = st.predicted;
         r->active[s] = st.active;
         r->moe[s] = st.moe_choices;
-        r->lhash[s] = hash_bits(lg, (int)d->vocab);
+        r->lhash[s] = pi2t_fnv(lg, (size_t)d->vocab * sizeof(float));
     }
     free(lg);
     pi2_engine_close(eng);
@@ -187,7 +145,7 @@ static void shared_model(const char *model, const char *name, bool train, pi2_qt
     char dir[1024], out[1200];
     PI2T_SHARED_MODEL(dir, model);
     pi2_err e = {0};
-    if (convert_bundle(dir, name, train, q_ffn, out, sizeof out, &e))
+    if (pi2t_convert_bundle_q(dir, g_dir, name, q_ffn, PI2_QT_Q8, PI2_QT_F32, train, 0, g_key, out, sizeof out, &e))
         fail_msg("%s: %s", name, e.msg);
     across_isas(name, out, 2048, false);
     across_isas(name, out, 2048, true);
@@ -242,7 +200,7 @@ static void test_moe(void **state)
     char src[700], out[1200];
     snprintf(src, sizeof src, "%s/moe", g_dir);
     assert_int_equal(pi2_synth_write(src, &so, NULL, NULL, &e), 0);
-    if (convert_bundle(src, "moe", false, PI2_QT_Q4, out, sizeof out, &e))
+    if (pi2t_convert_bundle(src, g_dir, "moe", PI2_QT_Q4, 0, g_key, out, sizeof out, &e))
         fail_msg("moe: %s", e.msg);
     across_isas("moe", out, 1024, false);
     across_isas("moe", out, 1024, true);
@@ -252,12 +210,8 @@ static int group_setup(void **state)
 {
     (void)state;
     pi2_err e = {0};
-    char priv[600], pub[600];
     pi2t_tmpdir(g_dir, sizeof g_dir);
-    snprintf(priv, sizeof priv, "%s/k.pem", g_dir);
-    snprintf(pub, sizeof pub, "%s/k.pub", g_dir);
-    if (pi2_sign_keygen(priv, pub, &e) || pi2_sign_key_load_private(&g_key, priv, &e) ||
-        pi2_sign_key_load_public(&g_pubkey, pub, &e))
+    if (pi2t_keypair(g_dir, "k", &g_key, &g_pubkey, &e))
         return fprintf(stderr, "keys: %s\n", e.msg), -1;
     return 0;
 }

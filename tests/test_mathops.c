@@ -9,6 +9,7 @@
 
 #include "formats/common.h"
 #include "runtime/mathops.h"
+#include "tests/testutil.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -16,12 +17,6 @@
 #include <string.h>
 
 /* pi2_op_top_k against a sort, on random values with ties, k from 1 to n. */
-static int cmp_desc(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x < y) - (x > y);
-}
-
 static void test_top_k(void **state)
 {
     (void)state;
@@ -35,7 +30,7 @@ static void test_top_k(void **state)
         for (int i = 0; i < n; i++) /* a coarse grid: many ties */
             v[i] = (float)(int)(pi2_rng_uniform(&r) * 40) - 20.0f;
         memcpy(sorted, v, sizeof(float) * (size_t)n);
-        qsort(sorted, (size_t)n, sizeof(float), cmp_desc);
+        qsort(sorted, (size_t)n, sizeof(float), pi2t_cmp_float_desc);
         memset(top, -1, sizeof top);
         pi2_op_top_k(v, n, k, top);
         bool seen[N] = {false};
@@ -46,7 +41,7 @@ static void test_top_k(void **state)
             seen[top[i]] = true;
             picked[i] = v[top[i]];
         }
-        qsort(picked, (size_t)k, sizeof(float), cmp_desc);
+        qsort(picked, (size_t)k, sizeof(float), pi2t_cmp_float_desc);
         for (int i = 0; i < k; i++) /* the k largest values, ties in any order */
             assert_true(picked[i] == sorted[i]);
     }

@@ -19,6 +19,7 @@
 #include "runtime/engine.h"
 #include "runtime/offload/io.h"
 #include "runtime/planner.h"
+#include "runtime/sample.h"
 #include "formats/pool.h"
 #include "tests/testhw.h"
 #include "tests/testjson.h"
@@ -43,7 +44,6 @@ static const char *const kind_name[K_COUNT] = {"drelu", "relu-q8", "silu", "moe"
 
 static char g_dir[64];
 static char g_pi2[K_COUNT][128];
-static char g_priv[128], g_pub[128];
 static pi2_sign_key *g_key, *g_pubkey;
 
 enum { STEPS = 24, PROMPT = 10, CTX = 64 };
@@ -83,10 +83,7 @@ static int group_setup(void **state)
     (void)state;
     pi2_err e = {0};
     pi2t_tmpdir(g_dir, sizeof g_dir);
-    snprintf(g_priv, sizeof g_priv, "%s/k.pem", g_dir);
-    snprintf(g_pub, sizeof g_pub, "%s/k.pub", g_dir);
-    if (pi2_sign_keygen(g_priv, g_pub, &e) || pi2_sign_key_load_private(&g_key, g_priv, &e) ||
-        pi2_sign_key_load_public(&g_pubkey, g_pub, &e))
+    if (pi2t_keypair(g_dir, "k", &g_key, &g_pubkey, &e))
         return fprintf(stderr, "keys: %s\n", e.msg), -1;
     double t0 = pi2_now();
     for (int k = 0; k < K_COUNT; k++) {
@@ -215,15 +212,6 @@ static uint64_t minimum_of(const char *path)
     return in.minimum;
 }
 
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
-
 /* Greedy run: prompt of PROMPT ids (BOS then a fixed pattern), then STEPS
  * decode steps; logits of every step into lg [STEPS+1][V], ids into ids. */
 static int run_greedy(pi2_engine *eng, float *lg, int32_t *ids, pi2_err *e)
@@ -238,11 +226,11 @@ static int run_greedy(pi2_engine *eng, float *lg, int32_t *ids, pi2_err *e)
     if (rc)
         return rc;
     for (int s = 0; s < STEPS; s++) {
-        ids[s] = argmax(lg + (size_t)s * V, V);
+        ids[s] = pi2_argmax(lg + (size_t)s * V, V);
         if ((rc = pi2_engine_decode(eng, ids[s], PROMPT + s, lg + (size_t)(s + 1) * V, e)) != 0)
             return rc;
     }
-    ids[STEPS] = argmax(lg + (size_t)STEPS * V, V);
+    ids[STEPS] = pi2_argmax(lg + (size_t)STEPS * V, V);
     return 0;
 }
 
@@ -586,19 +574,6 @@ static void test_given_plans(void **state)
 
 /* ---- faults ---- */
 
-static void copy_file(const char *from, const char *to)
-{
-    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
-    assert_non_null(a);
-    assert_non_null(b);
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, a)) > 0)
-        assert_int_equal(fwrite(buf, 1, n, b), n);
-    fclose(a);
-    assert_int_equal(fclose(b), 0);
-}
-
 /* EIO on a decode read: the step fails with the file named; after the fault
  * clears, the same step gives the same logits as a run without faults. */
 static void test_eio_and_recovery(void **state)
@@ -682,7 +657,7 @@ static void test_truncated_and_replaced(void **state)
     char path[160], other[160];
     snprintf(path, sizeof path, "%s/victim.pi2", g_dir);
     snprintf(other, sizeof other, "%s/other.pi2", g_dir);
-    copy_file(g_pi2[K_DRELU], path);
+    pi2t_copy_file(g_pi2[K_DRELU], path);
     uint64_t minimum = minimum_of(path);
     pi2_engine *eng = open_at(path, minimum + 4096, 0.0, false);
     int V = pi2_engine_desc(eng)->vocab;
@@ -692,13 +667,13 @@ static void test_truncated_and_replaced(void **state)
     pi2_err e = {0};
     assert_int_equal(run_greedy(eng, ref, ids, &e), 0);
     /* replaced: another file renamed over the path */
-    copy_file(g_pi2[K_SILU], other);
+    pi2t_copy_file(g_pi2[K_SILU], other);
     assert_int_equal(rename(other, path), 0);
     assert_int_equal(run_greedy(eng, lg, ids2, &e), 0);
     assert_memory_equal(ref, lg, n * sizeof(float));
     pi2_engine_close(eng);
     /* truncated in place */
-    copy_file(g_pi2[K_DRELU], path);
+    pi2t_copy_file(g_pi2[K_DRELU], path);
     eng = open_at(path, minimum + 4096, 0.0, false);
     assert_int_equal(run_greedy(eng, lg, ids2, &e), 0);
     struct stat st;
@@ -739,7 +714,7 @@ static void test_bad_limits_and_corruption(void **state)
     char bad[160];
     snprintf(bad, sizeof bad, "%s/corrupt.pi2", g_dir);
     for (int where = 0; where < 2; where++) {
-        copy_file(path, bad);
+        pi2t_copy_file(path, bad);
         /* where 0: a byte near the end of the file (the last FFN member, before
          * the manifest); 1: a byte of the first member (the tokenizer, resident) */
         int fd = open(bad, O_RDWR);
@@ -798,7 +773,7 @@ static void golden_offload(const char *name, bool must_agree)
             size_t agree = 0, steps = ng < 16 ? ng : 16;
             int pos = (int)np + 1;
             for (size_t s = 0; s < steps && pos < CTX; s++) {
-                int next = argmax(lg, d->vocab);
+                int next = pi2_argmax(lg, d->vocab);
                 if (li == 0)
                     first[ci][s] = next;
                 else

@@ -705,15 +705,11 @@ static void agrees(const pi2_engine_opts *o)
 static void test_memory_model(void **state)
 {
     (void)state;
-    char dir[64], priv[128], pub[128], src[160], path[2][1200];
+    char dir[64], src[160], path[2][1200];
     pi2_err e = {0};
     pi2_sign_key *key = NULL, *pk = NULL;
     pi2t_tmpdir(dir, sizeof dir);
-    snprintf(priv, sizeof priv, "%s/k.pem", dir);
-    snprintf(pub, sizeof pub, "%s/k.pub", dir);
-    assert_int_equal(pi2_sign_keygen(priv, pub, &e), 0);
-    assert_int_equal(pi2_sign_key_load_private(&key, priv, &e), 0);
-    assert_int_equal(pi2_sign_key_load_public(&pk, pub, &e), 0);
+    assert_int_equal(pi2t_keypair(dir, "k", &key, &pk, &e), 0);
     for (int k = 0; k < 2; k++) { /* dReLU (two-phase) with predictors; MoE */
         pi2_synth_opts so;
         assert_int_equal(pi2_synth_preset(k == 0 ? "tiny" : "moe", &so, &e), 0);
@@ -788,15 +784,11 @@ static void test_memory_model(void **state)
 static void test_pred_bytes(void **state)
 {
     (void)state;
-    char dir[64], priv[128], pub[128], src[160], path[1200], name[16];
+    char dir[64], src[160], path[1200], name[16];
     pi2_err e = {0};
     pi2_sign_key *key = NULL, *pk = NULL;
     pi2t_tmpdir(dir, sizeof dir);
-    snprintf(priv, sizeof priv, "%s/k.pem", dir);
-    snprintf(pub, sizeof pub, "%s/k.pub", dir);
-    assert_int_equal(pi2_sign_keygen(priv, pub, &e), 0);
-    assert_int_equal(pi2_sign_key_load_private(&key, priv, &e), 0);
-    assert_int_equal(pi2_sign_key_load_public(&pk, pub, &e), 0);
+    assert_int_equal(pi2t_keypair(dir, "k", &key, &pk, &e), 0);
     pi2_synth_opts so;
     assert_int_equal(pi2_synth_preset("tiny", &so, &e), 0);
     so.threads = 1;
@@ -808,7 +800,7 @@ static void test_pred_bytes(void **state)
     uint64_t bytes[3];
     for (int k = 0; k < 3; k++) {
         snprintf(name, sizeof name, "p%d", k);
-        if (pi2t_convert_bundle_q(src, dir, name, PI2_QT_Q4, PI2_QT_Q8, qs[k], 4096, key, path, sizeof path, &e))
+        if (pi2t_convert_bundle_q(src, dir, name, PI2_QT_Q4, PI2_QT_Q8, qs[k], false, 4096, key, path, sizeof path, &e))
             fail_msg("model %d: %s", k, e.msg);
         for (int off = 0; off < 2; off++) { /* in memory and offloading (the resident region read in) */
             pi2_engine_opts o;

@@ -187,14 +187,6 @@ typedef struct spec {
     float mean, std;
 } spec;
 
-static uint64_t fnv(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    return h;
-}
-
 static void add_spec(spec *sp, int *n, const pi2_model_desc *d, const build_opts *o, pi2_tname t, int l, int e,
                      int ndim, int64_t d0, int64_t d1)
 {
@@ -238,7 +230,7 @@ static void write_data(pi2_st_writer *w, const spec *s, const build_opts *o)
     uint8_t *buf = malloc(spec_bytes(s) + 1);
     assert_non_null(buf);
     pi2_rng r;
-    pi2_rng_seed(&r, fnv(s->seed_name) ^ o->seed);
+    pi2_rng_seed(&r, pi2t_fnv(s->seed_name, strlen(s->seed_name)) ^ o->seed);
     for (size_t i = 0; i < n; i++) {
         float v = s->mean + s->std * (float)pi2_rng_normal(&r);
         if (o->round_to_bf16)

@@ -4,25 +4,12 @@
  * headers) that must fail cleanly with the exact code and a message naming
  * the problem. */
 #include "formats/safetensors.h"
+#include "tests/testst.h"
 #include "tests/testutil.h"
 
-#include <dirent.h>
 #include <math.h>
 
 /* ---- helpers ---- */
-
-static size_t dir_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
-}
 
 /* A safetensors image: 8-byte length, `hdr` verbatim, then `dlen` data
  * bytes (0, 1, 2, ...). Exactly sized so ASan sees any overread. */
@@ -81,17 +68,6 @@ static pi2_st *open_ok_buf(const void *b, size_t len)
     return st;
 }
 
-static pi2_st *open_ok(const char *path)
-{
-    pi2_st *st = NULL;
-    pi2_err e = { 0 };
-    int rc = pi2_st_open(&st, path, &e);
-    if (rc != 0)
-        fprintf(stderr, "unexpected failure: %s\n", e.msg);
-    assert_int_equal(rc, 0);
-    return st;
-}
-
 static void expect_open_fail(const char *path, int code, const char *substr)
 {
     pi2_st *st = (pi2_st *)1;
@@ -107,23 +83,8 @@ static void expect_open_fail(const char *path, int code, const char *substr)
 /* Byte pattern for tensor k, byte i. */
 static uint8_t pat(size_t k, size_t i) { return (uint8_t)(k * 31 + i * 7 + 1); }
 
-typedef struct spec {
-    const char *name;
-    pi2_dtype dt;
-    int ndim;
-    int64_t shape[PI2_ST_MAX_DIMS];
-} spec;
-
-static size_t spec_bytes(const spec *s)
-{
-    size_t n = pi2_dtype_size(s->dt);
-    for (int i = 0; i < s->ndim; i++)
-        n *= (size_t)s->shape[i];
-    return n;
-}
-
 /* Write tensors with pat() data, streamed in `chunk`-byte pieces. */
-static void write_file(const char *path, size_t n, const spec *specs, size_t chunk, const char *meta_k,
+static void write_file(const char *path, size_t n, const pi2t_spec *specs, size_t chunk, const char *meta_k,
                        const char *meta_v)
 {
     pi2_st_writer *w;
@@ -134,7 +95,7 @@ static void write_file(const char *path, size_t n, const spec *specs, size_t chu
     if (meta_k)
         assert_int_equal(pi2_st_writer_meta(w, meta_k, meta_v, &e), 0);
     for (size_t k = 0; k < n; k++) {
-        size_t nb = spec_bytes(&specs[k]);
+        size_t nb = pi2t_spec_bytes(&specs[k]);
         uint8_t *buf = malloc(nb + 1);
         assert_non_null(buf);
         for (size_t i = 0; i < nb; i++)
@@ -151,7 +112,7 @@ static void write_file(const char *path, size_t n, const spec *specs, size_t chu
     assert_int_equal(rc, 0);
 }
 
-static void check_tensor(const pi2_st *st, size_t k, const spec *s)
+static void check_tensor(const pi2_st *st, size_t k, const pi2t_spec *s)
 {
     const pi2_st_tensor *t = pi2_st_find(st, s->name);
     assert_non_null(t);
@@ -164,7 +125,7 @@ static void check_tensor(const pi2_st *st, size_t k, const spec *s)
         nelem *= (size_t)s->shape[i];
     }
     assert_int_equal(t->nelem, nelem);
-    assert_int_equal(t->nbytes, spec_bytes(s));
+    assert_int_equal(t->nbytes, pi2t_spec_bytes(s));
     const uint8_t *d = t->data;
     for (size_t i = 0; i < t->nbytes; i++)
         assert_int_equal(d[i], pat(k, i));
@@ -197,7 +158,7 @@ static void test_dtype_helpers(void **state)
 
 /* ---- round trips ---- */
 
-static const spec all_dtypes[] = {
+static const pi2t_spec all_dtypes[] = {
     { "f32.w", PI2_DT_F32, 3, { 2, 3, 4 } },
     { "f16.w", PI2_DT_F16, 2, { 5, 3 } },
     { "zero.w", PI2_DT_F32, 2, { 0, 7 } }, /* zero-size in the middle */
@@ -218,11 +179,11 @@ static void test_roundtrip_all_dtypes(void **state)
     pi2t_tmpdir(dir, sizeof dir);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     write_file(path, NALL, all_dtypes, 7, "format", "pt");
-    assert_int_equal(dir_entries(dir), 1); /* no temp file left behind */
+    assert_int_equal(pi2t_count_entries(dir), 1); /* no temp file left behind */
 
     /* open the file, then the directory holding it */
     for (int pass = 0; pass < 2; pass++) {
-        pi2_st *st = open_ok(pass ? dir : path);
+        pi2_st *st = pi2t_st_open_ok(pass ? dir : path);
         assert_int_equal(pi2_st_count(st), NALL);
         for (size_t k = 0; k < NALL; k++) {
             check_tensor(st, k, &all_dtypes[k]);
@@ -256,7 +217,7 @@ static void test_roundtrip_metadata_and_empty(void **state)
     assert_int_equal(pi2_st_writer_meta(w, "note", "ünïcode \"quoted\" \\ /", &e), 0);
     assert_int_equal(pi2_st_writer_meta(w, "empty", "", &e), 0);
     assert_int_equal(pi2_st_writer_finish(w, &e), 0); /* no tensors, no data: still a valid file */
-    pi2_st *st = open_ok(path);
+    pi2_st *st = pi2t_st_open_ok(path);
     assert_int_equal(pi2_st_count(st), 0);
     assert_null(pi2_st_at(st, 0));
     assert_null(pi2_st_find(st, "x"));
@@ -266,10 +227,10 @@ static void test_roundtrip_metadata_and_empty(void **state)
     pi2_st_close(st);
 
     /* only zero-size tensors */
-    static const spec zs[] = { { "a", PI2_DT_F32, 1, { 0 } }, { "b", PI2_DT_BF16, 3, { 4, 0, 2 } } };
+    static const pi2t_spec zs[] = { { "a", PI2_DT_F32, 1, { 0 } }, { "b", PI2_DT_BF16, 3, { 4, 0, 2 } } };
     snprintf(path, sizeof path, "%s/zero.safetensors", dir);
     write_file(path, 2, zs, 1, NULL, NULL);
-    st = open_ok(path);
+    st = pi2t_st_open_ok(path);
     assert_int_equal(pi2_st_count(st), 2);
     check_tensor(st, 0, &zs[0]);
     check_tensor(st, 1, &zs[1]);
@@ -282,9 +243,9 @@ static void test_sharded_roundtrip(void **state)
     (void)state;
     char dir[64], p1[128], p2[128], idx[160];
     pi2t_tmpdir(dir, sizeof dir);
-    static const spec s1[] = { { "model.embed.weight", PI2_DT_BF16, 2, { 16, 8 } },
+    static const pi2t_spec s1[] = { { "model.embed.weight", PI2_DT_BF16, 2, { 16, 8 } },
                                { "model.layers.0.w", PI2_DT_F32, 2, { 8, 8 } } };
-    static const spec s2[] = { { "model.layers.1.w", PI2_DT_F16, 2, { 8, 8 } },
+    static const pi2t_spec s2[] = { { "model.layers.1.w", PI2_DT_F16, 2, { 8, 8 } },
                                { "lm_head.weight", PI2_DT_F32, 2, { 16, 8 } } };
     /* shard 2 written first: order must come from the file names */
     snprintf(p2, sizeof p2, "%s/model-00002-of-00002.safetensors", dir);
@@ -297,10 +258,10 @@ static void test_sharded_roundtrip(void **state)
     snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
     pi2_err e = { 0 };
     assert_int_equal(pi2_st_write_index(idx, 4, names, files, 1234, &e), 0);
-    assert_int_equal(dir_entries(dir), 3);
+    assert_int_equal(pi2t_count_entries(dir), 3);
 
     for (int pass = 0; pass < 2; pass++) {
-        pi2_st *st = open_ok(pass ? idx : dir);
+        pi2_st *st = pi2t_st_open_ok(pass ? idx : dir);
         assert_int_equal(pi2_st_count(st), 4);
         check_tensor(st, 0, &s1[0]);
         check_tensor(st, 1, &s1[1]);
@@ -321,7 +282,7 @@ static void test_sharded_roundtrip(void **state)
     char one[160];
     snprintf(one, sizeof one, "%s/model.safetensors", dir);
     write_file(one, 1, s1, 64, NULL, NULL);
-    pi2_st *st = open_ok(dir);
+    pi2_st *st = pi2t_st_open_ok(dir);
     assert_int_equal(pi2_st_count(st), 4);
     pi2_st_close(st);
     pi2t_rmtree(dir);
@@ -336,8 +297,8 @@ static void test_index_errors(void **state)
     (void)state;
     char dir[64], p[160], idx[160];
     pi2t_tmpdir(dir, sizeof dir);
-    static const spec a[] = { { "x", PI2_DT_F32, 1, { 2 } }, { "y", PI2_DT_F32, 1, { 3 } } };
-    static const spec b[] = { { "z", PI2_DT_F32, 1, { 4 } }, { "x", PI2_DT_F32, 1, { 2 } } };
+    static const pi2t_spec a[] = { { "x", PI2_DT_F32, 1, { 2 } }, { "y", PI2_DT_F32, 1, { 3 } } };
+    static const pi2t_spec b[] = { { "z", PI2_DT_F32, 1, { 4 } }, { "x", PI2_DT_F32, 1, { 2 } } };
     snprintf(p, sizeof p, "%s/a.safetensors", dir);
     write_file(p, 2, a, 8, NULL, NULL);
     snprintf(p, sizeof p, "%s/b.safetensors", dir);
@@ -384,7 +345,7 @@ static void test_index_errors(void **state)
     expect_open_fail(dir, PI2_EFORMAT, "b.safetensors: file is 5 bytes, shorter than");
     /* ...and a valid index opens */
     write_text(idx, "{\"metadata\": {\"total_size\": 20}, \"weight_map\": {\"x\": \"a.safetensors\"}}");
-    pi2_st *st = open_ok(idx);
+    pi2_st *st = pi2t_st_open_ok(idx);
     assert_int_equal(pi2_st_count(st), 2); /* y is in shard a but not in the map: still loaded */
     pi2_st_close(st);
 
@@ -448,7 +409,7 @@ static void test_writer_overrun_and_short(void **state)
     assert_int_equal(pi2_st_writer_finish(w, &e), PI2_EINVAL);
     assert_non_null(strstr(e.msg, "w.safetensors: writer already failed"));
     assert_false(pi2t_exists(path));
-    assert_int_equal(dir_entries(dir), 0);
+    assert_int_equal(pi2t_count_entries(dir), 0);
 
     /* finish with missing bytes */
     pi2_err_clear(&e);
@@ -458,7 +419,7 @@ static void test_writer_overrun_and_short(void **state)
     assert_int_equal(pi2_st_writer_finish(w, &e), PI2_EINVAL);
     assert_non_null(strstr(e.msg, "finished after 15 of 16 declared data bytes"));
     assert_false(pi2t_exists(path));
-    assert_int_equal(dir_entries(dir), 0);
+    assert_int_equal(pi2t_count_entries(dir), 0);
 
     /* finish with no data at all when some was declared */
     pi2_err_clear(&e);
@@ -472,10 +433,10 @@ static void test_writer_overrun_and_short(void **state)
     assert_int_equal(pi2_st_writer_create(&w, path, &e), 0);
     assert_int_equal(pi2_st_writer_add(w, "a", PI2_DT_F32, 1, sh, &e), 0);
     assert_int_equal(pi2_st_writer_write(w, buf, 16, &e), 0);
-    assert_int_equal(dir_entries(dir), 2);
+    assert_int_equal(pi2t_count_entries(dir), 2);
     pi2_st_writer_free(w);
     pi2_st_writer_free(NULL);
-    assert_int_equal(dir_entries(dir), 1);
+    assert_int_equal(pi2t_count_entries(dir), 1);
     char *text;
     size_t len;
     assert_int_equal(pi2_read_file(path, 100, &text, &len, NULL), 0);
@@ -529,7 +490,7 @@ static void test_writer_argument_errors(void **state)
     assert_int_equal(pi2_st_writer_meta(w, "k", "v", &e), PI2_EINVAL);
     assert_int_equal(pi2_st_writer_write(w, NULL, 1, NULL), PI2_EINVAL);
     assert_int_equal(pi2_st_writer_finish(w, &e), 0);
-    pi2_st *st = open_ok(path);
+    pi2_st *st = pi2t_st_open_ok(path);
     assert_int_equal(pi2_st_count(st), 1);
     assert_true(pi2_st_get_f32(pi2_st_find(st, "a"), 3) == 4.0f);
     pi2_st_close(st);
@@ -545,7 +506,7 @@ static void test_writer_enospc(void **state)
     char dir[64], path[128], idx[160];
     pi2t_tmpdir(dir, sizeof dir);
     snprintf(path, sizeof path, "%s/full.safetensors", dir);
-    static const spec sp[] = { { "a", PI2_DT_F32, 2, { 4, 4 } }, { "b", PI2_DT_BF16, 1, { 10 } } };
+    static const pi2t_spec sp[] = { { "a", PI2_DT_F32, 2, { 4, 4 } }, { "b", PI2_DT_BF16, 1, { 10 } } };
     /* size of the complete file */
     write_file(path, 2, sp, 5, NULL, NULL);
     char *text;
@@ -574,7 +535,7 @@ static void test_writer_enospc(void **state)
         assert_int_equal(pi2_st_writer_finish(w, &e), PI2_ENOSPC);
         pi2_afile_fail_after(-1);
         assert_false(pi2t_exists(path));
-        assert_int_equal(dir_entries(dir), 0);
+        assert_int_equal(pi2t_count_entries(dir), 0);
     }
     /* header-only file on a full disk, and the index writer */
     pi2_st_writer *w;
@@ -590,7 +551,7 @@ static void test_writer_enospc(void **state)
     pi2_afile_fail_after(-1);
     assert_false(pi2t_exists(path));
     assert_false(pi2t_exists(idx));
-    assert_int_equal(dir_entries(dir), 0);
+    assert_int_equal(pi2t_count_entries(dir), 0);
     pi2t_rmtree(dir);
 }
 
@@ -970,7 +931,7 @@ static void test_shared_model(void **state)
     PI2T_SHARED_MODEL(dir, "tinystories-656k");
     snprintf(file, sizeof file, "%s/model.safetensors", dir);
     for (int pass = 0; pass < 2; pass++) {
-        pi2_st *st = open_ok(pass ? file : dir);
+        pi2_st *st = pi2t_st_open_ok(pass ? file : dir);
         assert_int_equal(pi2_st_count(st), 20);
         assert_string_equal(pi2_st_metadata(st, "format"), "pt");
         const pi2_st_tensor *t = pi2_st_find(st, "model.layers.0.mlp.gate_proj.weight");

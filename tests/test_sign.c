@@ -5,7 +5,6 @@
 
 #include "formats/sign.h"
 
-#include <dirent.h>
 
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -20,19 +19,6 @@ static char *slurp(const char *path, size_t *len)
     char *buf = NULL;
     assert_int_equal(pi2_read_file(path, 1u << 20, &buf, len, NULL), 0);
     return buf;
-}
-
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
-            n++;
-    closedir(d);
-    return n;
 }
 
 static void hex_of(const void *msg, size_t n, char out[PI2_SHA256_HEX_LEN])
@@ -138,7 +124,7 @@ static void test_keygen_files(void **state)
     assert_int_equal(st.st_mode & 0777, 0600);
     assert_int_equal(stat(pub, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0644);
-    assert_int_equal(count_entries(dir), 2); /* no temp files left */
+    assert_int_equal(pi2t_count_entries(dir), 2); /* no temp files left */
 
     size_t n;
     char *text = slurp(priv, &n);
@@ -192,7 +178,7 @@ static void test_keygen_refuses_existing(void **state)
     assert_int_equal(pi2_sign_keygen(priv, pub, &err), PI2_EINVAL);
     assert_non_null(strstr(err.msg, pub));
     assert_false(pi2t_exists(priv));
-    assert_int_equal(count_entries(dir), 1);
+    assert_int_equal(pi2t_count_entries(dir), 1);
 
     /* same path for both */
     assert_int_equal(unlink(pub), 0);
@@ -209,7 +195,7 @@ static void test_keygen_refuses_existing(void **state)
     assert_string_equal(text, again);
     free(text);
     free(again);
-    assert_int_equal(count_entries(dir), 2);
+    assert_int_equal(pi2t_count_entries(dir), 2);
 
     /* unwritable directory */
     char bad[300];

@@ -8,9 +8,9 @@
  * zipfile and pickle check the writer's output when /usr/bin/python3 exists. */
 #include "formats/safetensors.h"
 #include "formats/torchzip.h"
+#include "tests/testst.h"
 #include "tests/testutil.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 
 /* ---- a pickle builder for hand-made data.pkl ---- */
@@ -210,31 +210,6 @@ static void expect_pkl_fail(const char *dir, tp *p, size_t nst, const size_t *si
     tp_free(p);
 }
 
-static size_t dir_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
-}
-
-static pi2_st *open_ok(const char *path)
-{
-    pi2_st *st = NULL;
-    pi2_err e = { 0 };
-    int rc = pi2_st_open(&st, path, &e);
-    if (rc != 0)
-        fprintf(stderr, "unexpected failure: %s\n", e.msg);
-    assert_int_equal(rc, 0);
-    assert_non_null(st);
-    return st;
-}
-
 static uint8_t *read_all(const char *path, size_t *len)
 {
     char *b = NULL;
@@ -284,22 +259,7 @@ static uint64_t vm_rss(void)
 
 /* ---- round trips ---- */
 
-typedef struct spec {
-    const char *name;
-    pi2_dtype dt;
-    int ndim;
-    int64_t shape[PI2_ST_MAX_DIMS];
-} spec;
-
-static size_t spec_bytes(const spec *s)
-{
-    size_t n = pi2_dtype_size(s->dt);
-    for (int i = 0; i < s->ndim; i++)
-        n *= (size_t)s->shape[i];
-    return n;
-}
-
-static const spec all_specs[] = {
+static const pi2t_spec all_specs[] = {
     { "model.embed_tokens.weight", PI2_DT_F32, 2, { 5, 3 } },
     { "model.layers.0.mlp.gate_proj.weight", PI2_DT_F16, 2, { 4, 6 } },
     { "model.layers.0.mlp.up_proj.weight", PI2_DT_BF16, 3, { 2, 3, 4 } },
@@ -314,7 +274,7 @@ static const spec all_specs[] = {
 };
 #define NSPECS (sizeof all_specs / sizeof all_specs[0])
 
-static void check_specs(const pi2_st *st, const spec *s, size_t n, const char *file)
+static void check_specs(const pi2_st *st, const pi2t_spec *s, size_t n, const char *file)
 {
     assert_int_equal(pi2_st_count(st), n);
     for (size_t k = 0; k < n; k++) {
@@ -325,7 +285,7 @@ static void check_specs(const pi2_st *st, const spec *s, size_t n, const char *f
         assert_int_equal(t->ndim, s[k].ndim);
         for (int d = 0; d < s[k].ndim; d++)
             assert_int_equal(t->shape[d], s[k].shape[d]);
-        assert_int_equal(t->nbytes, spec_bytes(&s[k]));
+        assert_int_equal(t->nbytes, pi2t_spec_bytes(&s[k]));
         assert_int_equal(t->nelem * pi2_dtype_size(t->dtype), t->nbytes);
         assert_string_equal(t->file, file);
         /* in the mapping, where torch aligns storages */
@@ -352,11 +312,11 @@ static void test_roundtrip_all_dtypes(void **state)
     /* one stream of all the data, in uneven chunks across tensor boundaries */
     size_t total = 0;
     for (size_t k = 0; k < NSPECS; k++)
-        total += spec_bytes(&all_specs[k]);
+        total += pi2t_spec_bytes(&all_specs[k]);
     uint8_t *all = malloc(total);
     size_t o = 0;
     for (size_t k = 0; k < NSPECS; k++)
-        for (size_t i = 0; i < spec_bytes(&all_specs[k]); i++)
+        for (size_t i = 0; i < pi2t_spec_bytes(&all_specs[k]); i++)
             all[o++] = pat(k, i);
     for (size_t at = 0, step = 1; at < total; at += step, step = step % 7 + 3) {
         size_t n = total - at < step ? total - at : step;
@@ -366,7 +326,7 @@ static void test_roundtrip_all_dtypes(void **state)
     assert_int_equal(pi2_tz_writer_finish(w, &e), 0);
     free(all);
 
-    pi2_st *st = open_ok(path);
+    pi2_st *st = pi2t_st_open_ok(path);
     check_specs(st, all_specs, NSPECS, path);
     /* the consumers work unchanged */
     const pi2_st_tensor *t = pi2_st_find(st, "model.embed_tokens.weight");
@@ -380,7 +340,7 @@ static void test_roundtrip_all_dtypes(void **state)
     pi2_st_close(st);
 
     /* the directory form finds pytorch_model.bin */
-    st = open_ok(dir);
+    st = pi2t_st_open_ok(dir);
     assert_int_equal(pi2_st_count(st), NSPECS);
     pi2_st_close(st);
     /* and an in-memory image */
@@ -436,7 +396,7 @@ static void test_write_from_memory(void **state)
     assert_false(pi2_tz_is_zip(img, 3));
     assert_false(pi2_tz_is_zip("PK\1\2", 4));
     free(img);
-    pi2_st *st = open_ok(path);
+    pi2_st *st = pi2t_st_open_ok(path);
     const pi2_st_tensor *t = pi2_st_find(st, "fc1.weight");
     assert_non_null(t);
     assert_int_equal(t->shape[0], 3);
@@ -450,7 +410,7 @@ static void test_write_from_memory(void **state)
     /* no tensors at all is a valid state dict */
     snprintf(path, sizeof path, "%s/empty.pt", dir);
     assert_int_equal(pi2_tz_write(path, 0, NULL, &e), 0);
-    st = open_ok(path);
+    st = pi2t_st_open_ok(path);
     assert_int_equal(pi2_st_count(st), 0);
     pi2_st_close(st);
     pi2t_rmtree(dir);
@@ -485,7 +445,7 @@ static void test_sharded_bin_index(void **state)
     snprintf(path, sizeof path, "%s/pytorch_model.bin.index.json", dir);
     pi2_err e = { 0 };
     assert_int_equal(pi2_st_write_index(path, 6, names, files, 6 * 32, &e), 0);
-    pi2_st *st = open_ok(dir);
+    pi2_st *st = pi2t_st_open_ok(dir);
     assert_int_equal(pi2_st_count(st), 6);
     for (int k = 0; k < 6; k++) {
         const pi2_st_tensor *t = pi2_st_find(st, names[k]);
@@ -495,7 +455,7 @@ static void test_sharded_bin_index(void **state)
         assert_true(pi2_st_get_f32(t, 7) == (float)(k * 100 + 7));
     }
     pi2_st_close(st);
-    st = open_ok(path); /* the index itself */
+    st = pi2t_st_open_ok(path); /* the index itself */
     assert_int_equal(pi2_st_count(st), 6);
     pi2_st_close(st);
 
@@ -520,7 +480,7 @@ static void test_sharded_bin_index(void **state)
     snprintf(path, sizeof path, "%s/pytorch_model.bin", d2);
     pi2_tz_item one = { "from.bin", PI2_DT_F32, 1, { 2 }, data[0] };
     assert_int_equal(pi2_tz_write(path, 1, &one, &e), 0);
-    st = open_ok(d2);
+    st = pi2t_st_open_ok(d2);
     assert_non_null(pi2_st_find(st, "from.bin"));
     pi2_st_close(st);
     snprintf(path, sizeof path, "%s/model.safetensors", d2);
@@ -530,7 +490,7 @@ static void test_sharded_bin_index(void **state)
     assert_int_equal(pi2_st_writer_add(sw, "from.st", PI2_DT_F32, 1, &sh, &e), 0);
     assert_int_equal(pi2_st_writer_write(sw, data[1], 8, &e), 0);
     assert_int_equal(pi2_st_writer_finish(sw, &e), 0);
-    st = open_ok(d2);
+    st = pi2t_st_open_ok(d2);
     assert_non_null(pi2_st_find(st, "from.st"));
     assert_null(pi2_st_find(st, "from.bin"));
     pi2_st_close(st);
@@ -539,7 +499,7 @@ static void test_sharded_bin_index(void **state)
     const char *mixed_files[2] = { "pytorch_model.bin", "model.safetensors" };
     snprintf(path, sizeof path, "%s/mixed.index.json", d2);
     assert_int_equal(pi2_st_write_index(path, 2, mixed_names, mixed_files, 16, &e), 0);
-    st = open_ok(path);
+    st = pi2t_st_open_ok(path);
     assert_int_equal(pi2_st_count(st), 2);
     assert_true(pi2_st_get_f32(pi2_st_find(st, "from.st"), 1) == 101.0f);
     pi2_st_close(st);
@@ -569,7 +529,7 @@ static void test_predictor_repo(void **state)
     }
     for (int l = 0; l < LAYERS; l++) {
         snprintf(path, sizeof path, "%s/model_%d.pt", dir, l);
-        pi2_st *st = open_ok(path);
+        pi2_st *st = pi2t_st_open_ok(path);
         int64_t s1[2] = { RANK, HIDDEN }, s2[2] = { NFF, RANK };
         pi2_err e = { 0 };
         assert_int_equal(pi2_st_expect_shape(pi2_st_find(st, "fc1.weight"), 2, s1, &e), 0);
@@ -712,7 +672,7 @@ static void test_big_sparse_shard(void **state)
         skip();
     }
     uint64_t before = vm_rss();
-    pi2_st *st = open_ok(path);
+    pi2_st *st = pi2t_st_open_ok(path);
     uint64_t after = vm_rss();
     assert_true(after < before + (32u << 20)); /* nothing of the 9 GiB was read */
     const pi2_st_tensor *t = pi2_st_at(st, 0);
@@ -774,7 +734,7 @@ static void test_torch_pickle_variants(void **state)
     tp_op(p, '.');
     write_ckpt(path, sizeof path, dir, "sd.pt", p, 1, &s24);
     tp_free(p);
-    pi2_st *st = open_ok(path);
+    pi2_st *st = pi2t_st_open_ok(path);
     assert_int_equal(pi2_st_count(st), 2);
     assert_ptr_equal(pi2_st_find(st, "fc1.weight")->data, pi2_st_find(st, "fc2.weight")->data);
     pi2_st_close(st);
@@ -805,7 +765,7 @@ static void test_torch_pickle_variants(void **state)
         p->b[frame_at - 8 + i] = (uint8_t)(flen >> (8 * i));
     write_ckpt(path, sizeof path, dir, "p4.pt", p, 1, &s24);
     tp_free(p);
-    st = open_ok(path);
+    st = pi2t_st_open_ok(path);
     const pi2_st_tensor *t = pi2_st_find(st, "v");
     assert_non_null(t);
     assert_int_equal(t->ndim, 3);
@@ -869,7 +829,7 @@ static void test_writer_errors(void **state)
     pi2_err_clear(&e);
     assert_int_equal(pi2_tz_write(path, 1, &it, &e), PI2_ENOSPC);
     pi2_afile_fail_after(-1);
-    assert_int_equal(dir_entries(dir), 0); /* no temp file either */
+    assert_int_equal(pi2t_count_entries(dir), 0); /* no temp file either */
 
     const char *names[2] = { "x/a", "x/a" };
     const void *data[2] = { "1", "2" };

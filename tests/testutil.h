@@ -1,5 +1,5 @@
 /* Shared helpers for the cmocka tests: temp dirs, the shared golden models,
- * and small file utilities. Header-only so each test stays one file. */
+ * small file utilities and a hash. Header-only so each test stays one file. */
 #ifndef PI2_TESTUTIL_H
 #define PI2_TESTUTIL_H
 
@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,52 @@ static inline int pi2t_exists(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0;
+}
+
+/* Entries of a directory, "." and ".." not counted. */
+static inline int pi2t_count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            n++;
+    closedir(d);
+    return n;
+}
+
+/* Byte-for-byte copy of a file. */
+static inline void pi2t_copy_file(const char *from, const char *to)
+{
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    assert_non_null(a);
+    assert_non_null(b);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, a)) > 0)
+        assert_int_equal(fwrite(buf, 1, n, b), n);
+    assert_int_equal(ferror(a), 0);
+    fclose(a);
+    assert_int_equal(fclose(b), 0);
+}
+
+/* 64-bit FNV-1a of n bytes: a fingerprint of logits or of a name. */
+static inline uint64_t pi2t_fnv(const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* qsort comparator: floats in descending order. */
+static inline int pi2t_cmp_float_desc(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
 }
 
 /* Whether the mapping holding p lists flag (two letters, e.g. "hg" for

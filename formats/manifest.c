@@ -1,4 +1,6 @@
-/* pi2 manifest: builder and strict reader of manifest.json. See
+/* pi2 manifest: the builder, the lookups, and the reader of its flat
+ * objects (sections, tensors, config, quant, bundle; the entry and the
+ * per-layer objects are formats/manifest_parse.c). See
  * formats/manifest.h for the layout and the checks; the writer, which parses
  * its own output with this reader, is formats/manifest_write.c. */
 #include "formats/manifest.h"
@@ -331,7 +333,7 @@ static bool lower_hex64(const char *s)
     return i == 64;
 }
 
-static int parse_sections(pctx *c, json_t *root)
+int mf_parse_sections(pctx *c, json_t *root)
 {
     static const char *const keys[] = { "name", "offset", "size", "sha256" };
     pi2_manifest *m = c->m;
@@ -525,7 +527,7 @@ static int cmp_tensor_key(const void *a, const void *b)
     return 0;
 }
 
-static int parse_tensors(pctx *c, json_t *root)
+int mf_parse_tensors(pctx *c, json_t *root)
 {
     pi2_manifest *m = c->m;
     const pi2_model_desc *d = &m->config;
@@ -570,7 +572,7 @@ static int parse_tensors(pctx *c, json_t *root)
 }
 
 /* "config" through the one config.json reader, and torch_dtype. */
-static int parse_config(pctx *c, json_t *root)
+int mf_parse_config(pctx *c, json_t *root)
 {
     static const char *const dtypes[] = { "float32", "float16", "bfloat16" };
     pi2_manifest *m = c->m;
@@ -594,7 +596,7 @@ static int parse_config(pctx *c, json_t *root)
 }
 
 /* "quant": the FFN and other types, the group and the scale type. */
-static int parse_quant(pctx *c, json_t *root)
+int mf_parse_quant(pctx *c, json_t *root)
 {
     static const char *const qkeys[] = { "ffn", "other", "group", "scales" };
     static const char *const qnames[] = { NULL, "q8", "q4" }; /* indexed by pi2_qtype; f32 not allowed */
@@ -620,7 +622,7 @@ static int parse_quant(pctx *c, json_t *root)
 
 /* "bundle": null for kind converted, an object (kept as text for
  * bundle/layout) for kind bundled. */
-static int parse_bundle_obj(pctx *c, json_t *root)
+int mf_parse_bundle_obj(pctx *c, json_t *root)
 {
     pi2_manifest *m = c->m;
     json_t *b;
@@ -633,70 +635,5 @@ static int parse_bundle_obj(pctx *c, json_t *root)
         return fail(c, PI2_EFORMAT, "", "bundle", "required (an object) for kind bundled");
     if (b && !(m->bundle_json = json_dumps(b, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17))))
         return fail(c, PI2_ENOMEM, "", "bundle", "out of memory");
-    return 0;
-}
-
-static int parse_root(pctx *c, json_t *root)
-{
-    static const char *const keys[] = { "format",   "version",   "kind",    "created_by", "source",
-                                        "config",   "torch_dtype", "quant", "tokenizer",  "tensors",
-                                        "sparsity", "profile",   "quality", "bundle",     "sections" };
-    static const char *const kinds[] = { "converted", "bundled" };
-    pi2_manifest *m = c->m;
-    int rc, ival;
-    long long version;
-    const char *s;
-    if (!json_is_object(root))
-        return fail(c, PI2_EFORMAT, "", "top level", "expected an object, got %s", pi2_json_type_name(root));
-    if ((rc = pi2_jr_str(&c->r, root, "", "format", 16, &s)))
-        return rc;
-    if (strcmp(s, "pi2") != 0)
-        return fail(c, PI2_EFORMAT, "", "format", "not a pi2 manifest (expected \"pi2\")");
-    if ((rc = pi2_jr_int(&c->r, root, "", "version", INT64_MIN, INT64_MAX, &version)))
-        return rc;
-    if (version != PI2_MF_VERSION)
-        return fail(c, PI2_EUNSUPPORTED, "", "version", "version %lld is not supported (this build reads version %d)",
-                    version, PI2_MF_VERSION);
-    if ((rc = PI2_JR_KEYS(&c->r, root, "", keys, false)) ||
-        (rc = pi2_jr_enum(&c->r, root, "", "kind", kinds, 2, "converted or bundled", &ival)))
-        return rc;
-    m->kind = (pi2_mf_kind)ival;
-    if ((rc = pi2_jr_text(&c->r, root, "", "created_by", m->created_by, sizeof m->created_by)) ||
-        (rc = pi2_jr_text(&c->r, root, "", "source", m->source, sizeof m->source)) ||
-        (rc = parse_config(c, root)) || (rc = parse_quant(c, root)) || (rc = parse_sections(c, root)) ||
-        (rc = mf_get_member(c, root, "", "tokenizer", false, true, m->tokenizer, NULL)) ||
-        (rc = parse_tensors(c, root)) || (rc = mf_parse_sparsity(c, root)) || (rc = mf_parse_profile(c, root)) ||
-        (rc = mf_parse_quality(c, root)))
-        return rc;
-    return parse_bundle_obj(c, root);
-}
-
-int pi2_manifest_parse(const char *text, size_t len, const char *name, pi2_manifest **out, pi2_err *err)
-{
-    if (out)
-        *out = NULL;
-    if (!name)
-        name = PI2_MF_NAME;
-    if (!text || !out)
-        return pi2_err_set(err, PI2_EINVAL, "%.200s: no input", name);
-    if (len > PI2_MF_MAX_BYTES)
-        return pi2_err_set(err, PI2_ERANGE, "%.200s: %zu bytes, more than the %u allowed", name, len,
-                           PI2_MF_MAX_BYTES);
-    json_error_t je;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-    if (!root) {
-        char buf[100];
-        return pi2_err_set(err, PI2_EFORMAT, "%.200s: not valid JSON at line %d column %d: %s", name, je.line,
-                           je.column, pi2_jr_clean(je.text, buf, sizeof buf));
-    }
-    pctx c = { .r = { name, err }, .m = pi2_manifest_new() };
-    int rc = c.m ? parse_root(&c, root) : pi2_err_set(err, PI2_ENOMEM, "%.200s: out of memory", name);
-    json_decref(root);
-    free(c.by_name);
-    if (rc) {
-        pi2_manifest_free(c.m);
-        return rc;
-    }
-    *out = c.m;
     return 0;
 }

@@ -1,7 +1,9 @@
 /* Internals shared by the manifest reader's files; formats/manifest.h is
  * the contract.
- *   manifest.c          lifetime, lookups, the top level, sections, tensors
- *   manifest_layers.c   sparsity, profile and quality */
+ *   manifest.c          lifetime, lookups; the sections, tensors, config,
+ *                       quant and bundle objects
+ *   manifest_parse.c    pi2_manifest_parse: the top level, then the
+ *                       per-layer sparsity, profile and quality objects */
 #ifndef PI2_MANIFEST_INTERNAL_H
 #define PI2_MANIFEST_INTERNAL_H
 
@@ -31,9 +33,11 @@ const pi2_ctr_section *mf_lookup(const pctx *c, const char *name);
 int mf_get_member(pctx *c, json_t *o, const char *w, const char *k, bool allow_empty, bool must_exist,
                   char dst[PI2_CTR_NAME_MAX], const pi2_ctr_section **sec);
 
-/* The top-level objects of the same names (manifest_layers.c). */
-int mf_parse_sparsity(pctx *c, json_t *root);
-int mf_parse_profile(pctx *c, json_t *root);
-int mf_parse_quality(pctx *c, json_t *root);
+/* The top-level objects of the same names (manifest.c). */
+int mf_parse_sections(pctx *c, json_t *root);
+int mf_parse_tensors(pctx *c, json_t *root);
+int mf_parse_config(pctx *c, json_t *root);
+int mf_parse_quant(pctx *c, json_t *root);
+int mf_parse_bundle_obj(pctx *c, json_t *root);
 
 #endif

@@ -1,9 +1,11 @@
-/* pi2 manifest reader: the sparsity (predictors or thresholds), profile
- * and quality objects, what the converter measured and trained. See
- * formats/manifest.h for the layout and the checks. */
+/* pi2 manifest reader: pi2_manifest_parse, the top level in order, and
+ * the per-layer objects it reads here: sparsity (predictors or
+ * thresholds), profile and quality, what the converter measured and
+ * trained. See formats/manifest.h for the layout and the checks. */
 #include "formats/manifest.h"
 #include "formats/manifest_internal.h"
 #include "formats/jsonread.h"
+#include "formats/jsonutil.h"
 
 #include <float.h>
 #include <jansson.h>
@@ -135,7 +137,7 @@ static int parse_predictor(pctx *c, json_t *e, const char *w, pi2_mf_predictor *
     return parse_report(c, rep, wr, &p->report);
 }
 
-int mf_parse_sparsity(pctx *c, json_t *root)
+static int parse_sparsity(pctx *c, json_t *root)
 {
     static const char *const keys[] = { "mode", "recall_target", "threshold_sparsity", "per_layer" };
     static const char *const lkeys[] = { "layer", "expert", "predictor", "silu_threshold" };
@@ -200,7 +202,7 @@ int mf_parse_sparsity(pctx *c, json_t *root)
     return rc;
 }
 
-int mf_parse_profile(pctx *c, json_t *root)
+static int parse_profile(pctx *c, json_t *root)
 {
     static const char *const keys[] = { "tokens", "per_layer" };
     static const char *const lkeys[] = { "layer",       "expert", "active_frac", "hot_share",
@@ -274,7 +276,7 @@ int mf_parse_profile(pctx *c, json_t *root)
     return rc;
 }
 
-int mf_parse_quality(pctx *c, json_t *root)
+static int parse_quality(pctx *c, json_t *root)
 {
     static const char *const keys[] = { "tokens", "ppl_ref", "ppl_q_dense", "ppl_q_sparse" };
     pi2_manifest *m = c->m;
@@ -290,5 +292,70 @@ int mf_parse_quality(pctx *c, json_t *root)
         (rc = pi2_jr_real(&c->r, q, w, "ppl_q_sparse", 0, DBL_MAX, PI2_JR_LO_OPEN | PI2_JR_NULLABLE | PI2_JR_OPTIONAL,
                           &m->ppl_q_sparse)))
         return rc;
+    return 0;
+}
+
+static int parse_root(pctx *c, json_t *root)
+{
+    static const char *const keys[] = { "format",   "version",   "kind",    "created_by", "source",
+                                        "config",   "torch_dtype", "quant", "tokenizer",  "tensors",
+                                        "sparsity", "profile",   "quality", "bundle",     "sections" };
+    static const char *const kinds[] = { "converted", "bundled" };
+    pi2_manifest *m = c->m;
+    int rc, ival;
+    long long version;
+    const char *s;
+    if (!json_is_object(root))
+        return fail(c, PI2_EFORMAT, "", "top level", "expected an object, got %s", pi2_json_type_name(root));
+    if ((rc = pi2_jr_str(&c->r, root, "", "format", 16, &s)))
+        return rc;
+    if (strcmp(s, "pi2") != 0)
+        return fail(c, PI2_EFORMAT, "", "format", "not a pi2 manifest (expected \"pi2\")");
+    if ((rc = pi2_jr_int(&c->r, root, "", "version", INT64_MIN, INT64_MAX, &version)))
+        return rc;
+    if (version != PI2_MF_VERSION)
+        return fail(c, PI2_EUNSUPPORTED, "", "version", "version %lld is not supported (this build reads version %d)",
+                    version, PI2_MF_VERSION);
+    if ((rc = PI2_JR_KEYS(&c->r, root, "", keys, false)) ||
+        (rc = pi2_jr_enum(&c->r, root, "", "kind", kinds, 2, "converted or bundled", &ival)))
+        return rc;
+    m->kind = (pi2_mf_kind)ival;
+    if ((rc = pi2_jr_text(&c->r, root, "", "created_by", m->created_by, sizeof m->created_by)) ||
+        (rc = pi2_jr_text(&c->r, root, "", "source", m->source, sizeof m->source)) ||
+        (rc = mf_parse_config(c, root)) || (rc = mf_parse_quant(c, root)) || (rc = mf_parse_sections(c, root)) ||
+        (rc = mf_get_member(c, root, "", "tokenizer", false, true, m->tokenizer, NULL)) ||
+        (rc = mf_parse_tensors(c, root)) || (rc = parse_sparsity(c, root)) || (rc = parse_profile(c, root)) ||
+        (rc = parse_quality(c, root)))
+        return rc;
+    return mf_parse_bundle_obj(c, root);
+}
+
+int pi2_manifest_parse(const char *text, size_t len, const char *name, pi2_manifest **out, pi2_err *err)
+{
+    if (out)
+        *out = NULL;
+    if (!name)
+        name = PI2_MF_NAME;
+    if (!text || !out)
+        return pi2_err_set(err, PI2_EINVAL, "%.200s: no input", name);
+    if (len > PI2_MF_MAX_BYTES)
+        return pi2_err_set(err, PI2_ERANGE, "%.200s: %zu bytes, more than the %u allowed", name, len,
+                           PI2_MF_MAX_BYTES);
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        char buf[100];
+        return pi2_err_set(err, PI2_EFORMAT, "%.200s: not valid JSON at line %d column %d: %s", name, je.line,
+                           je.column, pi2_jr_clean(je.text, buf, sizeof buf));
+    }
+    pctx c = { .r = { name, err }, .m = pi2_manifest_new() };
+    int rc = c.m ? parse_root(&c, root) : pi2_err_set(err, PI2_ENOMEM, "%.200s: out of memory", name);
+    json_decref(root);
+    free(c.by_name);
+    if (rc) {
+        pi2_manifest_free(c.m);
+        return rc;
+    }
+    *out = c.m;
     return 0;
 }

@@ -9,6 +9,8 @@
  * eos_token, add_generation_prompt, tools and documents (none); globals
  * raise_exception(msg) and range, namespace; HF's tojson
  * (json.dumps(x, ensure_ascii=False), indent and sort_keys accepted).
+ * HF's strftime_now is not defined: templates that test for it take their
+ * fixed fallback date, so a rendering never depends on the clock.
  *
  * The subset: {{ }}, {% %}, {# #}; whitespace control (-, +); if/elif/else,
  * for (loop.index, index0, revindex, revindex0, first, last, length,
@@ -32,7 +34,9 @@
  * Hostile templates neither crash nor hang: the template is at most 1 MiB,
  * nesting at most 200 deep, range() at most 100000 items (as Jinja's
  * sandbox), at most 1000000 loop iterations and 50000000 evaluation steps
- * per render, 16 MiB of output and 256 MiB of working memory.
+ * per render (scanning or comparing a long string costs a step per 32
+ * bytes, a list or dict one per item), 16 MiB of output and 256 MiB of
+ * working memory.
  *
  * Errors are one line, "chat template:LINE:COL: problem" (positions in
  * bytes of the template text, line and column from 1):
@@ -81,10 +85,33 @@ int pi2_jinja_render(const char *tmpl, size_t tmpl_len, const pi2_chat_msg *msgs
  *              the first user turn
  *   "vicuna"   Vicuna v1.1: "USER: ... ASSISTANT: ..." after a system line
  * The [INST] and Vicuna templates require user and assistant turns to
- * alternate after an optional system message (raise_exception otherwise). */
+ * alternate after an optional system message (raise_exception otherwise).
+ * "llama2" and "mistral" write bos_token themselves, as the published
+ * templates of those models do; "chatml" and "vicuna" do not. A caller that
+ * prepends BOS when it encodes should not when the text starts with it. */
 const char *pi2_jinja_builtin(const char *name);
 
 /* The names above, NULL-terminated, for help texts. */
 extern const char *const pi2_jinja_builtin_names[];
+
+/* What a Hugging Face tokenizer_config.json says about chat: each member a
+ * malloc'd string, NULL when the file has none. */
+typedef struct pi2_chat_config {
+    char *chat_template; /* "chat_template": a string, or from a list of
+                            {"name", "template"} the one named "default" */
+    char *bos_token;     /* "bos_token" / "eos_token": a string or an */
+    char *eos_token;     /* AddedToken object's "content" */
+} pi2_chat_config;
+
+/* Read them from the JSON text json[0..len) (file names it in messages) or
+ * from the file at path (at most 64 MiB). On failure *out is all NULL.
+ * PI2_EFORMAT for a file that is not a JSON object or has a member of the
+ * wrong type (messages "<file>: <key>: <problem>"), PI2_ERANGE for a
+ * template over 1 MiB, PI2_EUNSUPPORTED for a list of templates without a
+ * "default", PI2_EIO / PI2_ENOTFOUND from reading the file. */
+int pi2_jinja_config_parse(const char *json, size_t len, const char *file, pi2_chat_config *out, pi2_err *err);
+int pi2_jinja_config_read(const char *path, pi2_chat_config *out, pi2_err *err);
+/* Free the strings and zero *cc; NULL is a no-op. */
+void pi2_jinja_config_free(pi2_chat_config *cc);
 
 #endif

@@ -15,6 +15,7 @@ jx_val jx_getattr(jx_ctx *c, jx_val v, const char *name, size_t n, size_t pos)
     if (v.t == V_UNDEF)
         jx_fail(c, pos, PI2_EFORMAT, "'%s' is undefined", v.s ? v.s : "value");
     if (v.t == V_DICT || v.t == V_NS) {
+        jx_cost(c, v.u.d->n >> 3, pos);
         const jx_val *r = jx_dict_get(v.u.d, name, n);
         return r ? *r : jx_undef(NULL);
     }
@@ -338,8 +339,12 @@ jx_val jx_call_fn(jx_ctx *c, size_t pos, int fn, jx_val *args, const char **kw, 
         if (cnt > JX_MAX_RANGE)
             jx_fail(c, pos, PI2_ERANGE, "range too big (at most %d items)", JX_MAX_RANGE);
         jx_list *l = jx_list_new(c, (size_t)cnt);
-        for (int64_t i = 0; i < (int64_t)cnt; i++)
-            jx_list_push(c, l, jx_int(lo + i * step));
+        int64_t x = lo;
+        for (uint64_t i = 0; i < cnt; i++) {
+            jx_list_push(c, l, jx_int(x));
+            if (i + 1 < cnt) /* x stays between lo and hi */
+                x += step;
+        }
         return list_val(l);
     }
     /* namespace(key=value, ...) or namespace(dict) */
@@ -373,7 +378,7 @@ static bool run_test(jx_ctx *c, const char *name, size_t pos, jx_val v, jx_val *
     if (T("true")) return v.t == V_BOOL && v.u.b;
     if (T("false")) return v.t == V_BOOL && !v.u.b;
     if (T("mapping")) return v.t == V_DICT;
-    if (T("sequence")) return v.t == V_STR || v.t == V_LIST || v.t == V_DICT;
+    if (T("sequence")) return v.t == V_STR || v.t == V_LIST || v.t == V_DICT || v.t == V_UNDEF;
     if (T("iterable")) return v.t == V_STR || v.t == V_LIST || v.t == V_DICT || v.t == V_NS || v.t == V_UNDEF;
     if (T("callable")) return v.t == V_FUNC;
     if (T("lower") || T("upper")) {
@@ -405,14 +410,11 @@ static bool run_test(jx_ctx *c, const char *name, size_t pos, jx_val v, jx_val *
     if (T("ne") || T("!=")) return !jx_equal(v, *x);
     if (T("sameas")) return jx_equal(v, *x) && v.t == x->t && (v.t != V_STR || v.s == x->s);
     if (T("in")) {
+        jx_cost(c, x->t == V_STR ? x->n >> 5 : x->t == V_LIST ? x->u.l->n : 0, pos);
         if (x->t == V_LIST || x->t == V_DICT || x->t == V_STR) {
             jx_list *l = jx_iterate(c, *x, pos);
-            if (x->t == V_STR && v.t == V_STR) {
-                for (size_t i = 0; i + v.n <= x->n; i++)
-                    if (v.n == 0 || memcmp(x->s + i, v.s, v.n) == 0)
-                        return true;
-                return false;
-            }
+            if (x->t == V_STR && v.t == V_STR)
+                return v.n == 0 || memmem(x->s, x->n, v.s, v.n) != NULL;
             for (size_t i = 0; i < l->n; i++)
                 if (jx_equal(l->v[i], v))
                     return true;
@@ -537,7 +539,7 @@ static jx_val filt_tojson(jx_ctx *c, const argv_t *a, jx_val v)
 static jx_val filt_length(jx_ctx *c, size_t pos, jx_val v)
 {
     switch (v.t) {
-    case V_STR: return jx_int((int64_t)jx_u8_count(v.s, v.n));
+    case V_STR: jx_cost(c, v.n >> 5, pos); return jx_int((int64_t)jx_u8_count(v.s, v.n));
     case V_LIST: return jx_int((int64_t)v.u.l->n);
     case V_DICT: case V_NS: return jx_int((int64_t)v.u.d->n);
     case V_UNDEF: return jx_int(0);

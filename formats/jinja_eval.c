@@ -16,8 +16,22 @@ void jx_step(jx_ctx *c, size_t pos)
         jx_fail(c, pos, PI2_ERANGE, "rendering takes more than %d steps", JX_MAX_STEPS);
 }
 
-static jx_val lookup(jx_ctx *c, const char *name)
+void jx_cost(jx_ctx *c, size_t steps, size_t pos)
 {
+    if (steps > JX_MAX_STEPS || (c->steps += steps) > JX_MAX_STEPS)
+        jx_fail(c, pos, PI2_ERANGE, "rendering takes more than %d steps", JX_MAX_STEPS);
+}
+
+/* The cost of comparing or searching v. */
+static size_t size_cost(jx_val v)
+{
+    return v.t == V_STR ? v.n >> 5 : v.t == V_LIST ? v.u.l->n : v.t == V_DICT ? v.u.d->n : 0;
+}
+
+static jx_val lookup(jx_ctx *c, const char *name, size_t pos)
+{
+    for (jx_frame *f = c->frame; f; f = f->up)
+        jx_cost(c, f->n >> 3, pos);
     for (jx_frame *f = c->frame; f; f = f->up)
         for (size_t i = f->n; i-- > 0;)
             if (strcmp(f->names[i], name) == 0)
@@ -179,15 +193,13 @@ static int order(jx_ctx *c, jx_val a, jx_val b, size_t pos)
 
 static bool contains(jx_ctx *c, jx_val hay, jx_val x, size_t pos)
 {
+    jx_cost(c, size_cost(hay) + size_cost(x), pos);
+    if (hay.t == V_UNDEF) /* iterates as empty */
+        return false;
     if (hay.t == V_STR) {
         if (x.t != V_STR)
             jx_fail(c, pos, PI2_EFORMAT, "'in <string>' requires string as left operand, not %s", jx_type_name(x));
-        if (x.n == 0)
-            return true;
-        for (size_t i = 0; i + x.n <= hay.n; i++)
-            if (memcmp(hay.s + i, x.s, x.n) == 0)
-                return true;
-        return false;
+        return x.n == 0 || memmem(hay.s, hay.n, x.s, x.n) != NULL;
     }
     if (hay.t == V_LIST) {
         for (size_t i = 0; i < hay.u.l->n; i++)
@@ -206,6 +218,8 @@ static bool contains(jx_ctx *c, jx_val hay, jx_val x, size_t pos)
 
 static bool compare(jx_ctx *c, uint8_t op, jx_val a, jx_val b, size_t pos)
 {
+    if (op != OP_IN && op != OP_NOTIN)
+        jx_cost(c, size_cost(a) + size_cost(b), pos);
     switch (op) {
     case OP_EQ: return jx_equal(a, b);
     case OP_NE: return !jx_equal(a, b);
@@ -243,6 +257,7 @@ static jx_val item(jx_ctx *c, jx_val v, jx_val k, size_t pos)
                 return jx_undef(NULL);
             return v.u.l->v[i];
         }
+        jx_cost(c, v.n >> 5, pos);
         if (!norm_index(need_int(c, k, pos, "an index"), jx_u8_count(v.s, v.n), &i))
             return jx_undef(NULL);
         size_t a = jx_u8_offset(v.s, v.n, i), b = jx_u8_offset(v.s, v.n, i + 1);
@@ -285,6 +300,7 @@ static jx_val slice(jx_ctx *c, const jx_expr *e)
     int64_t step = p[2].t == V_NONE ? 1 : need_int(c, p[2], e->pos, "a slice step");
     if (step == 0)
         jx_fail(c, e->pos, PI2_EFORMAT, "slice step cannot be zero");
+    jx_cost(c, size_cost(v), e->pos);
     int64_t n = (int64_t)(v.t == V_LIST ? v.u.l->n : jx_u8_count(v.s, v.n));
     int64_t a = p[0].t == V_NONE ? (step < 0 ? n - 1 : 0) : slice_bound(need_int(c, p[0], e->pos, "a slice bound"), n, step);
     int64_t b = p[1].t == V_NONE ? (step < 0 ? -1 : n) : slice_bound(need_int(c, p[1], e->pos, "a slice bound"), n, step);
@@ -297,7 +313,12 @@ static jx_val slice(jx_ctx *c, const jx_expr *e)
     jx_list *l = jx_list_new(c, 0);
     jx_buf buf = {0};
     jx_buf_add(c, &buf, "", 0);
-    for (int64_t i = a; step > 0 ? i < b : i > b; i += step) {
+    /* how many items, without overflowing a + k * step */
+    uint64_t ust = step > 0 ? (uint64_t)step : (uint64_t)0 - (uint64_t)step;
+    uint64_t span = step > 0 ? (b > a ? (uint64_t)(b - a) : 0) : (a > b ? (uint64_t)(a - b) : 0);
+    uint64_t cnt = span ? (span - 1) / ust + 1 : 0;
+    for (uint64_t k = 0; k < cnt; k++) {
+        int64_t i = step > 0 ? a + (int64_t)(k * ust) : a - (int64_t)(k * ust);
         if (v.t == V_LIST) {
             jx_list_push(c, l, v.u.l->v[i]);
         } else {
@@ -345,7 +366,7 @@ static jx_val eval_inner(jx_ctx *c, const jx_expr *e)
     jx_val a, b;
     switch (e->k) {
     case E_LIT: return e->lit;
-    case E_NAME: return lookup(c, e->name);
+    case E_NAME: return lookup(c, e->name, e->pos);
     case E_LIST: {
         jx_list *l = jx_list_new(c, e->n_args);
         l->tuple = e->tuple;
@@ -502,7 +523,7 @@ static int exec_stmt(jx_ctx *c, const jx_stmt *s)
     case S_FOR: return exec_for(c, s);
     case S_SET: assign(c, c->frame, s->names[0], eval(c, s->e)); return FLOW_NEXT;
     case S_SET_ATTR: {
-        jx_val ns = lookup(c, s->names[0]);
+        jx_val ns = lookup(c, s->names[0], s->pos);
         if (ns.t != V_NS)
             jx_fail(c, s->pos, PI2_EFORMAT, "cannot assign attribute on non-namespace object");
         jx_dict_set(c, ns.u.d, jx_str(s->names[1], strlen(s->names[1])), eval(c, s->e));

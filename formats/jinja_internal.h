@@ -208,5 +208,9 @@ jx_list *jx_iterate(jx_ctx *c, jx_val v, size_t pos);
  * undefined/none). */
 jx_val jx_getattr(jx_ctx *c, jx_val v, const char *name, size_t n, size_t pos);
 void jx_step(jx_ctx *c, size_t pos);
+/* Charge `steps` more (work proportional to a size: scanning a long string
+ * costs a step per 32 bytes), so that no template runs long without
+ * reaching the step limit. */
+void jx_cost(jx_ctx *c, size_t steps, size_t pos);
 
 #endif

@@ -131,6 +131,7 @@ const jx_val *jx_dict_get(const jx_dict *d, const char *k, size_t n)
 
 void jx_dict_set(jx_ctx *c, jx_dict *d, jx_val k, jx_val v)
 {
+    jx_cost(c, d->n, c->src_len);
     for (size_t i = 0; i < d->n; i++)
         if (jx_equal(d->k[i], k)) {
             d->v[i] = v;
@@ -514,6 +515,7 @@ jx_val jx_strip(jx_ctx *c, jx_val s, bool left, bool right, const jx_val *chars,
 {
     if (s.t != V_STR)
         jx_fail(c, pos, PI2_EFORMAT, "strip on a %s, not a string", jx_type_name(s));
+    jx_cost(c, s.n >> 5, pos);
     if (chars && chars->t == V_NONE)
         chars = NULL;
     if (chars && chars->t != V_STR)

@@ -121,6 +121,38 @@ static const char MISTRAL_LATER[] =
     "    {%- endif %}\n"
     "{%- endfor %}\n";
 
+/* In the style of Qwen2.5's template (its tools branch cut): attribute
+ * access, tool turns merged into one user turn, neighbours by index. */
+static const char QWEN_STYLE[] =
+    "{%- if tools %}\n"
+    "    {{- raise_exception('no tools here') }}\n"
+    "{%- else %}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
+    "    {%- else %}\n"
+    "        {{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endif %}\n"
+    "{%- for message in messages %}\n"
+    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
+    "(message.role == \"assistant\" and not message.tool_calls) %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    "    {%- elif message.role == \"tool\" %}\n"
+    "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+    "            {{- '<|im_start|>user' }}\n"
+    "        {%- endif %}\n"
+    "        {{- '\\n<tool_response>\\n' }}\n"
+    "        {{- message.content }}\n"
+    "        {{- '\\n</tool_response>' }}\n"
+    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+    "            {{- '<|im_end|>\\n' }}\n"
+    "        {%- endif %}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n";
+
 /* ---- helpers ---- */
 
 static const pi2_chat_msg M3[] = {
@@ -219,6 +251,13 @@ static const ucase UNIT[] = {
     {"{{ '%' ~ (3 - 1) ~ '%' }}{{ 10 - 3 - 2 }}{{ 2 * 3 % 4 }}", "%2%52"},
     {"{# a comment with {{ tags }} and %} #}x{#- strip -#}  y", "xy"},
     {"{{ range(3)|list }}{{ range(1, 7, 2)|join }}{{ range(3, 0, -1)|list }}", "[0, 1, 2]135[3, 2, 1]"},
+    {"{{ range(-9223372036854775807, 9223372036854775807, 4611686018427387904)|list }}"
+     "{{ range(9223372036854775807, -9223372036854775807, -9223372036854775807)|list }}",
+     "[-9223372036854775807, -4611686018427387903, 1, 4611686018427387905]"
+     "[9223372036854775807, 0]"},
+    {"{{ [1, 2, 3, 4][::9223372036854775807] }}{{ 'abcd'[3::-9223372036854775807] }}{{ 'abcd'[-100:100:2] }}"
+     "{{ [1, 2, 3][5:1:-1] }}{{ 'abc'[1:1] }}",
+     "[1]dac[3]"},
     {"{{ true and 'x' }}{{ 0 or 'y' }}{{ none or [] }}{{ 1 == true }}{{ 'a' < 'b' }}{{ [1, 2] < [1, 3] }}",
      "xy[]TrueTrueTrue"},
     {"{{ none.x }}|{{ none['x'] }}|{{ 5[0] }}|{{ 'abc'[10] }}|{{ 'abc'.x }}|{{ [1].x }}|{{ loop }}|{{ 1.x }}",
@@ -228,7 +267,9 @@ static const ucase UNIT[] = {
      "a['\xc3\xa9']{\"a\": 2, \"b\": 1}[('b', 1)]"},
     {"{{ ''.split() }}{{ 'a,b,'.split(',') }}{{ 'a  b '.split(' ') }}{{ ' a b c '.split(none, 1) }}",
      "[]['a', 'b', '']['a', '', 'b', '']['a', 'b c ']"},
-    {"{{ x ~ 'a' }}{{ x|trim }}{{ x|length }}{% for a in x %}{% endfor %}", "a0"},
+    {"{{ x ~ 'a' }}{{ x|trim }}{{ x|length }}{% for a in x %}{% endfor %}{{ 'a' in x }}{{ 'a' not in x }}"
+     "{{ x is sequence }}",
+     "a0FalseTrueTrue"},
     {"{% for m in messages %}{% if loop.first %}{% continue %}{% endif %}{{ loop.previtem.role }}>{{ m.role }}"
      "{{ loop.nextitem is defined }} {% endfor %}",
      "system>userTrue user>assistantFalse "},
@@ -335,6 +376,12 @@ static const ecase ERRORS[] = {
     {"{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", PI2_ERANGE,
      "MiB"},
     {"{{ 'x' * 9223372036854775807 }}", PI2_ERANGE, "repetition too large"},
+    {"{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{{ s[5] }}{{ s|length }}{% endfor %}", PI2_ERANGE,
+     "steps"},
+    {"{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{% if s == s or 'y' in s %}{% endif %}{% endfor %}",
+     PI2_ERANGE, "steps"},
+    {"{% set l = range(100000)|list %}{% for i in range(100000) %}{% if 99999 in l %}{% endif %}{% endfor %}",
+     PI2_ERANGE, "steps"},
     {"{{ messages[0]['role'] }", PI2_EFORMAT, "unexpected '}'"},
     {"{% for %}", PI2_EFORMAT, "expected a name"},
     {"{% set x = [1, 2] %}{{ x.append(3) }}", PI2_EFORMAT, "cannot be changed"},
@@ -507,6 +554,90 @@ static void test_hostile(void **state)
     }
 }
 
+/* tokenizer_config.json: the template and its tokens in each published form. */
+static void test_config(void **state)
+{
+    (void)state;
+    pi2_chat_config cc;
+    pi2_err e = {0};
+#define PARSE(js) pi2_jinja_config_parse((js), strlen(js), "tc.json", &cc, &e)
+    assert_int_equal(PARSE("{\"chat_template\": \"{{ x }}\", \"bos_token\": \"<s>\", \"eos_token\": "
+                           "{\"__type\": \"AddedToken\", \"content\": \"</s>\", \"lstrip\": false}}"),
+                     0);
+    assert_string_equal(cc.chat_template, "{{ x }}");
+    assert_string_equal(cc.bos_token, "<s>");
+    assert_string_equal(cc.eos_token, "</s>");
+    pi2_jinja_config_free(&cc);
+    assert_null(cc.chat_template);
+    pi2_jinja_config_free(&cc);
+    pi2_jinja_config_free(NULL);
+    assert_int_equal(PARSE("{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"t\"}, "
+                           "{\"name\": \"default\", \"template\": \"d\"}], \"bos_token\": null}"),
+                     0);
+    assert_string_equal(cc.chat_template, "d");
+    assert_null(cc.bos_token);
+    assert_null(cc.eos_token);
+    pi2_jinja_config_free(&cc);
+    assert_int_equal(PARSE("{\"model_max_length\": 2048}"), 0);
+    assert_null(cc.chat_template);
+    static const struct {
+        const char *json;
+        int code;
+        const char *msg;
+    } bad[] = {
+        {"[]", PI2_EFORMAT, "tc.json: not a JSON object"},
+        {"{", PI2_EFORMAT, "tc.json: not valid JSON"},
+        {"{\"chat_template\": 5}", PI2_EFORMAT, "tc.json: chat_template: "},
+        {"{\"chat_template\": \"a\", \"chat_template\": \"b\"}", PI2_EFORMAT, "not valid JSON"},
+        {"{\"chat_template\": [{\"name\": \"x\", \"template\": \"t\"}]}", PI2_EUNSUPPORTED,
+         "tc.json: chat_template: several templates and none named \"default\""},
+        {"{\"chat_template\": [{\"name\": \"default\"}]}", PI2_ENOTFOUND, "chat_template[0].template"},
+        {"{\"chat_template\": [7]}", PI2_EFORMAT, "chat_template[0]"},
+        {"{\"eos_token\": {\"text\": \"x\"}}", PI2_ENOTFOUND, "tc.json: eos_token.content"},
+        {"{\"bos_token\": [1]}", PI2_EFORMAT, "tc.json: bos_token"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        pi2_err_clear(&e);
+        cc.chat_template = (char *)"x";
+        int rc = PARSE(bad[i].json);
+        if (rc != bad[i].code || !strstr(e.msg, bad[i].msg)) {
+            fprintf(stderr, "case %zu: %s: got %d %s\n", i, bad[i].json, rc, e.msg);
+            fail();
+        }
+        assert_null(cc.chat_template);
+    }
+    /* a template over the size limit */
+    size_t big = (1u << 20) + 64;
+    char *js = malloc(big);
+    assert_non_null(js);
+    memset(js, 'a', big);
+    memcpy(js, "{\"chat_template\": \"", 19);
+    memcpy(js + big - 3, "\"}", 3);
+    assert_int_equal(pi2_jinja_config_parse(js, big - 1, "tc.json", &cc, &e), PI2_ERANGE);
+    free(js);
+#undef PARSE
+    /* the published file */
+    char path[1024];
+    const char *sh = pi2t_shared();
+    snprintf(path, sizeof path, "%s/published-formats/turbosparse-mistral-instruct/tokenizer_config.json",
+             sh ? sh : "/nonexistent");
+    assert_int_equal(pi2_jinja_config_read("/nonexistent/tokenizer_config.json", &cc, &e), PI2_ENOTFOUND);
+    if (!pi2t_exists(path)) {
+        fprintf(stderr, "skip: %s not found (set PI2_SHARED to the shared dir)\n", path);
+        skip();
+    }
+    assert_int_equal(pi2_jinja_config_read(path, &cc, &e), 0);
+    assert_string_equal(cc.bos_token, "<s>");
+    assert_string_equal(cc.eos_token, "<|im_end|>");
+    char *out = NULL;
+    pi2_chat_vars v = {cc.bos_token, cc.eos_token, true};
+    assert_int_equal(render(cc.chat_template, M3, 3, &v, &out, &e), 0);
+    assert_string_equal(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi 'there'<|im_end|>\n"
+                             "<|im_start|>assistant\nHello!<|im_end|>\n");
+    free(out);
+    pi2_jinja_config_free(&cc);
+}
+
 /* ---- the oracle: Python's jinja2 as transformers configures it ---- */
 
 static const char ORACLE_PY[] =
@@ -591,7 +722,7 @@ static const char *const CONTENTS[] = {
 
 typedef struct {
     size_t n;
-    pi2_chat_msg m[8];
+    pi2_chat_msg m[16];
     bool gen;
 } conv;
 
@@ -605,7 +736,7 @@ static size_t make_convs(conv *cv, size_t cap)
     const size_t nc = sizeof CONTENTS / sizeof CONTENTS[0];
     for (int sys = 0; sys < 2; sys++)
         for (int turns = 1; turns <= 6; turns++)
-            for (int var = 0; var < 3; var++)
+            for (int var = 0; var < 4; var++)
                 for (int gen = 0; gen < 2 && k < cap; gen++) {
                     conv *c = &cv[k++];
                     c->n = 0;
@@ -617,6 +748,9 @@ static size_t make_convs(conv *cv, size_t cap)
                         if (var == 2 && t == turns / 2) /* out of turn */
                             role = t % 2 ? "user" : "assistant";
                         c->m[c->n++] = (pi2_chat_msg){role, CONTENTS[pi2_rng_u64(&r) % nc]};
+                        if (var == 3 && t % 2 == 1 && c->n + 2 < 8) /* tool results, one or two */
+                            for (int j = 0; j <= t % 4 / 2; j++)
+                                c->m[c->n++] = (pi2_chat_msg){"tool", CONTENTS[pi2_rng_u64(&r) % nc]};
                     }
                 }
     return k;
@@ -640,7 +774,8 @@ static void test_oracle(void **state)
         tmpls[nt++] = turbo;
     for (size_t i = 0; pi2_jinja_builtin_names[i]; i++)
         tmpls[nt++] = pi2_jinja_builtin(pi2_jinja_builtin_names[i]);
-    const char *pub[] = {LLAMA2_CHAT, MISTRAL_V01, ZEPHYR, CHATML_HF, LLAMA3, GEMMA, INDENTED, MISTRAL_LATER};
+    const char *pub[] = {LLAMA2_CHAT, MISTRAL_V01, ZEPHYR,        CHATML_HF, LLAMA3,
+                         GEMMA,       INDENTED,    MISTRAL_LATER, QWEN_STYLE};
     for (size_t i = 0; i < sizeof pub / sizeof pub[0]; i++)
         tmpls[nt++] = pub[i];
     size_t n_full = nt; /* templates rendered over every conversation */
@@ -653,6 +788,7 @@ static void test_oracle(void **state)
 
     static conv cv[128];
     size_t ncv = make_convs(cv, 128);
+    assert_true(ncv < 128);
     json_t *job = json_object(), *jt = json_array(), *jc = json_array();
     for (size_t i = 0; i < nt; i++) {
         json_t *js = json_string(tmpls[i]);
@@ -742,7 +878,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unit),    cmocka_unit_test(test_builtins), cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_edges),   cmocka_unit_test(test_hostile),  cmocka_unit_test(test_oracle),
+        cmocka_unit_test(test_edges),   cmocka_unit_test(test_hostile),  cmocka_unit_test(test_config),
+        cmocka_unit_test(test_oracle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

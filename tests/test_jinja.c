@@ -668,10 +668,11 @@ static const char ORACLE_PY[] =
     "with open(sys.argv[2], 'w', encoding='utf-8') as f:\n"
     "    json.dump({'jinja2': jinja2.__version__, 'results': res}, f, ensure_ascii=False)\n";
 
-/* A python3 that imports jinja2, into py; false when there is none. */
+/* A python3 that imports jinja2, into py (Debian's first: python3-jinja2);
+ * false when there is none. */
 static bool find_python(char *py, size_t cap)
 {
-    static const char *const cands[] = {"python3", "/usr/bin/python3"};
+    static const char *const cands[] = {"/usr/bin/python3", "python3"};
     for (size_t i = 0; i < 2; i++) {
         char cmd[256];
         snprintf(cmd, sizeof cmd, "%s -c 'import jinja2' >/dev/null 2>&1", cands[i]);

@@ -3,7 +3,9 @@
  * picks the conversation (none, a system turn and two turns, or turns out of
  * order) and add_generation_prompt. A render either succeeds with a
  * NUL-terminated string of the length it reports, or fails with a one-line
- * message that names the template and no output. */
+ * message that names the template and no output. An input that starts
+ * (after that byte) with '{' is also read as a tokenizer_config.json
+ * (pi2_jinja_config_parse), and its chat_template, if any, rendered. */
 #include "formats/jinja.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -35,6 +37,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(out);
     } else if (out || err.code != rc || strncmp(err.msg, "chat template", 13) != 0 || strchr(err.msg, '\n')) {
         abort();
+    }
+    if (n && tmpl[0] == '{') {
+        pi2_chat_config cc;
+        pi2_err_clear(&err);
+        if (pi2_jinja_config_parse(tmpl, n, "tokenizer_config.json", &cc, &err) == 0) {
+            pi2_chat_vars cv = {cc.bos_token, cc.eos_token, true};
+            if (cc.chat_template &&
+                pi2_jinja_render(cc.chat_template, strlen(cc.chat_template), convs[1], 3, &cv, &out, &len, &err) == 0)
+                free(out);
+            pi2_jinja_config_free(&cc);
+        } else if (cc.chat_template || cc.bos_token || cc.eos_token || !err.msg[0]) {
+            abort();
+        }
     }
     free(tmpl);
     return 0;

@@ -198,15 +198,28 @@ expect_error "run -p and -f" "not both" "$B/pi2-run" "$T/b.pi2" -p hi -f "$T/pro
 expect_error "run -f missing" "$T/noprompt.txt" "$B/pi2-run" "$T/b.pi2" -f "$T/noprompt.txt"
 git -C "$(dirname "$0")/.." check-ignore -q key.pem 2>/dev/null && ok || skp "*.pem ignored: not a git checkout"
 
-# --- plans written by plan (--plan-only) are accepted by --plan, with and without a hardware profile ---
+# --- plans written by plan (--plan-only) are accepted by --plan, with and without a hardware
+# profile: the same text as the run that planned for itself; without a profile the plan is the
+# fixed split, unpredicted, and says so ---
 for hw in "$T/hw.json" "$T/no-hw-profile.json"; do
-    "$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" --hw-profile "$hw" -t 1 --mem-limit 40M >"$T/rt-plan.json" 2>"$T/err" \
-        && "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" --hw-profile "$hw" -t 1 --mem-limit 40M --plan "$T/rt-plan.json" \
-            -p hi -n 4 >/dev/null 2>>"$T/err"
-    rc=$?
-    if [ $rc -eq 0 ]; then ok
-    elif [ ! -e "$hw" ]; then
-        # known (issue 39, item 4): the planner's output is being changed in runtime/plan*.c
-        skp "plan round trip without a hardware profile: $(tail -n 1 "$T/err")"
-    else bad "plan round trip with $hw: exit $rc"; cat "$T/err"; fi
+    for how in "plan" "--plan-only"; do
+        args="$T/b.pi2 --pubkey $T/k.pub --hw-profile $hw -t 1 --mem-limit 40M"
+        rt="$B/pi2-run $args"
+        # shellcheck disable=SC2086
+        if [ "$how" = plan ]; then "$B/pi2-run" plan $args -p hi >"$T/rt-plan.json" 2>"$T/err"
+        else $rt --plan-only -p hi >"$T/rt-plan.json" 2>"$T/err"; fi
+        rc=$?
+        # shellcheck disable=SC2086
+        a=$($rt -p hi -n 6 2>>"$T/err") && b=$($rt --plan "$T/rt-plan.json" -p hi -n 6 --stats 2>"$T/stats") \
+            && [ $rc -eq 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] && grep -q "^plan: given" "$T/stats" && ok \
+            || { bad "plan round trip ($how) with $hw: '$a' vs '$b'"; cat "$T/err" "$T/stats" "$T/rt-plan.json"; }
+        if [ -e "$hw" ]; then
+            grep -q '"predicted":{"decode_tok_s":[0-9]' "$T/rt-plan.json" && ! grep -q '"note"' "$T/rt-plan.json" && ok \
+                || { bad "a plan made with a hardware profile is not predicted"; cat "$T/rt-plan.json"; }
+        else
+            grep -q '"hot_groups":\[[0-9,]*\],"gate_groups":\[[0-9,]*\],"source":"fixed split","note":"no hardware profile' \
+                "$T/rt-plan.json" && grep -q "^plan: given .* not predicted (no hardware profile" "$T/stats" && ok \
+                || { bad "a plan made without a hardware profile: the fixed split, not predicted"; cat "$T/rt-plan.json" "$T/stats"; }
+        fi
+    done
 done

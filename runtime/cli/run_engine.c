@@ -328,7 +328,11 @@ void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_
         fprintf(f, "offload: reads per token P50 %.0f, P90 %.0f, most %.0f (%zu tokens)\n", rp[0], rp[1], rp[2],
                 g->n_reads);
     }
-    if (in.plan)
+    if (in.plan && !(in.plan->pred.decode_tok_s > 0)) /* a given plan run without a hardware profile */
+        fprintf(f, "plan: %s | %d threads, I/O depth %d%s, gates kept for %.0f MB more | not predicted (%s)\n",
+                in.plan_source, in.threads, in.io_depth, in.gate_first ? ", gate-first" : "", in.gate_hot / 1048576.0,
+                o->st->hw_note[0] ? o->st->hw_note : "no hardware profile");
+    else if (in.plan)
         fprintf(f,
                 "plan: %s | %d threads, I/O depth %d%s, gates kept for %.0f MB more | predicted %.2f tok/s decode "
                 "(%.1f ms: compute %.1f, I/O %.1f, head %.1f), %.0f tok/s prefill, hit rate %.1f%% | cost model "

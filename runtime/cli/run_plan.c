@@ -214,6 +214,24 @@ static int plan_table(const run_opts *o, run_engine_opts *r, pi2_bundle *b, pi2_
     return 0;
 }
 
+/* s as the body of a JSON string into buf (cut to fit): quotes,
+ * backslashes and control characters escaped. */
+static const char *json_body(const char *s, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (; *s && n + 7 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            n += (size_t)snprintf(buf + n, cap - n, "\\%c", c);
+        else if (c < 0x20)
+            n += (size_t)snprintf(buf + n, cap - n, "\\u%04x", c);
+        else
+            buf[n++] = (char)c;
+    }
+    buf[n] = 0;
+    return buf;
+}
+
 /* pi2-run plan (--plan-only): the memory plan for --mem-limit, as one JSON line. */
 int run_plan(const run_opts *o)
 {
@@ -262,20 +280,22 @@ int run_plan(const run_opts *o)
              (unsigned long long)m.gate_hot, (unsigned long long)m.cache, m.slots[0] + m.slots[1],
              (unsigned long long)m.ffn_total, m.offloaded, io, m.plan.io_depth, (unsigned long long)m.files,
              (unsigned long long)m.open_peak, items);
-    if (m.predicted) { /* the plan, loadable with --plan, with the memory it makes */
-        char *pj = pi2_plan_json(&m.plan, o->model);
-        if (!pj) {
-            pi2_plan_memory_free(&m);
-            fprintf(stderr, "pi2-run: out of memory\n");
-            return 1;
-        }
-        size_t n = strlen(pj);
-        printf("%.*s,\"source\":\"%s\",\"memory\":%s}\n", (int)(n - 1), pj, m.source, mem);
-        free(pj);
-    } else {
-        printf("{\"model\":\"%s\",\"source\":\"%s\",\"note\":\"%s\",\"memory\":%s}\n", o->model, m.source,
-               o->st->hw_note, mem);
+    /* the plan, loadable with --plan, with the memory it makes; without a
+     * hardware profile the fixed split, unpredicted, with a note saying so */
+    char *pj = pi2_plan_json(&m.plan, o->model);
+    if (!pj) {
+        pi2_plan_memory_free(&m);
+        fprintf(stderr, "pi2-run: out of memory\n");
+        return 1;
     }
+    size_t n = strlen(pj);
+    char note[1024];
+    if (m.predicted)
+        printf("%.*s,\"source\":\"%s\",\"memory\":%s}\n", (int)(n - 1), pj, m.source, mem);
+    else
+        printf("%.*s,\"source\":\"%s\",\"note\":\"%s\",\"memory\":%s}\n", (int)(n - 1), pj, m.source,
+               json_body(o->st->hw_note, note, sizeof note), mem);
+    free(pj);
     pi2_plan_memory_free(&m);
     return 0;
 }

@@ -397,5 +397,8 @@ static int tool_main(int argc, char **argv)
 int main(int argc, char **argv)
 {
     pi2_tmp_cleanup_on_signals(); /* an interrupt leaves no temporary output behind */
+    pi2_err err = {0};
+    if (pi2_map_guard_install(&err) != 0) /* a model cut short under the run: one line, not a SIGBUS */
+        fprintf(stderr, "pi2-run: %s (a model cut short while in use ends the run without a message)\n", err.msg);
     return pi2_exit_stdout("pi2-run", tool_main(argc, argv));
 }

@@ -165,4 +165,8 @@ struct pi2_engine {
     int plan_ctx;        /* KV positions the memory plan holds */
 };
 
+/* rc of a step that read the mapping, or PI2_EIO naming the file when it
+ * shrank under the mapping meanwhile (runtime/engine_check.c). */
+int eng_step_checked(const pi2_engine *e, int rc, pi2_err *err);
+
 #endif

@@ -159,6 +159,56 @@ else
     skp "interrupted runs: env --default-signal (coreutils 8.31) missing"
 fi
 
+# --- the model changing under pi2-run: cut short (truncated) or overwritten in place while it
+# runs, in memory and offloaded. The run is stopped (SIGSTOP) once it prints, the file changed,
+# the run continued: a cut is one line naming the file, never a SIGBUS; an overwrite of a
+# resident member is named by --stats ("changed since verification"), exit 1 ---
+# under_run NAME HOW CMD...: run CMD (on $T/chg.pi2, a copy of $T/kill.pi2), change the file
+# by HOW (cut | overwrite) once it printed; its exit status into $rc, stderr in $T/err
+under_run() {
+    name=$1 how=$2; shift 2
+    cp "$T/kill.pi2" "$T/chg.pi2"
+    : >"$T/chg.out"
+    "$@" >"$T/chg.out" 2>"$T/err" &
+    pid=$!
+    i=0
+    while [ $i -lt 1000 ] && [ ! -s "$T/chg.out" ] && kill -0 $pid 2>/dev/null; do sleep 0.01; i=$((i + 1)); done
+    kill -STOP $pid 2>/dev/null
+    if ! kill -0 $pid 2>/dev/null || [ ! -s "$T/chg.out" ]; then
+        kill -CONT $pid 2>/dev/null; wait $pid; rc=255; return
+    fi
+    case $how in
+        cut) truncate -s 64K "$T/chg.pi2" ;;
+        overwrite) dd if=/dev/zero of="$T/chg.pi2" bs=1 seek="$(($(member_off "$T/chg.pi2" "$att") + 64))" count=256 \
+                       conv=notrunc 2>/dev/null ;;
+    esac
+    kill -CONT $pid
+    wait $pid; rc=$?
+}
+att=w/model.layers.0.self_attn.q_proj.weight.q
+[ -f "$T/kill.pi2" ] || skp "changes under a run: no model made to interrupt"
+mmin=$("$B/pi2-run" plan "$T/kill.pi2" --trust-unsigned -p hi -n 1000 2>/dev/null | jget minimum_bytes)
+for mode in memory offload; do
+    [ -f "$T/kill.pi2" ] || break
+    lim=""; [ $mode = offload ] && lim="--mem-limit $((${mmin:-0} + 4194304))"
+    # shellcheck disable=SC2086
+    under_run "$mode, cut" cut "$B/pi2-run" "$T/chg.pi2" --trust-unsigned -p hi -n 1000 --dense -t 1 $lim
+    if [ $rc -eq 255 ]; then skp "$mode run cut short: it finished before the change"
+    else
+        want="$T/chg.pi2"; [ $mode = memory ] && want="$T/chg.pi2: the file changed while in use (it was cut short)"
+        [ $rc -eq 1 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -qF "$want" "$T/err" && ok \
+            || { bad "$mode run on a file cut short: exit $rc"; cat "$T/err"; }
+    fi
+    # shellcheck disable=SC2086
+    under_run "$mode, overwrite" overwrite "$B/pi2-run" "$T/chg.pi2" --trust-unsigned -p hi -n 1000 --dense -t 1 --stats $lim
+    if [ $rc -eq 255 ]; then skp "$mode run overwritten: it finished before the change"
+    else
+        [ $rc -eq 1 ] && grep -q "unsigned (trusted on request), changed since verification" "$T/err" \
+            && tail -n 1 "$T/err" | grep -q "changed since verification: .*chg.pi2.*$att" && ok \
+            || { bad "$mode run on a file overwritten in place: exit $rc"; cat "$T/err"; }
+    fi
+done
+
 # --- every write checked: output that cannot be written is an error ---
 if [ -w /dev/full ]; then
     "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 12 >/dev/full 2>"$T/err"; rc=$?

@@ -252,7 +252,7 @@ void reads_pcts(double *v, size_t n, double out[3])
     out[2] = n ? v[n - 1] : 0.0;
 }
 
-void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_load, FILE *f)
+void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_load, bool changed, FILE *f)
 {
     pi2_engine_stats st;
     pi2_engine_stats_get(e, &st);
@@ -281,8 +281,9 @@ void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_
                     100.0 * (double)st.moe_guessed / (double)st.moe_guesses);
         fputc('\n', f);
     }
-    fprintf(f, "threads %d | kernels %s | peak RSS %.1f MB | %s\n", pi2_engine_threads(e),
-            pi2_k_isa_name(pi2_k_get_isa()), (double)pi2_peak_rss() / 1048576.0, pi2_engine_signature(e));
+    fprintf(f, "threads %d | kernels %s | peak RSS %.1f MB | %s%s\n", pi2_engine_threads(e),
+            pi2_k_isa_name(pi2_k_get_isa()), (double)pi2_peak_rss() / 1048576.0, pi2_engine_signature(e),
+            changed ? ", changed since verification" : "");
     pi2_engine_offload_info in;
     pi2_engine_offload_info_get(e, &in);
     if (!in.on) {

@@ -279,8 +279,16 @@ int run_generate(const run_opts *o)
     eng_step_ctx sc = {e, &g, reads_so_far(e)};
     if ((rc = generate_loop(o, d, tok, smp, ts, logits, pos, eng_step, &sc, g.lat, &g.n_lat, &n_sampled, &err)) != 0)
         goto out;
-    if (o->stats)
-        print_stats(o, e, &g, t_load, stderr);
+    if (o->stats) { /* the resident members hashed again: the text came from what was verified, or it is said */
+        pi2_err ce = {0};
+        bool changed = pi2_engine_recheck(e, &ce) != 0;
+        print_stats(o, e, &g, t_load, changed, stderr);
+        if (changed) {
+            err = ce;
+            rc = ce.code;
+            goto out;
+        }
+    }
     {
         double tot = 0;
         for (size_t i = 0; i < g.n_lat; i++)

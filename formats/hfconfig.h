@@ -155,7 +155,9 @@ typedef struct pi2_model_desc {
  * Keys not listed above are ignored (e.g. sliding_window: the reference does
  * not implement it, so Mistral results are exact only below the window). */
 
-/* Read config.json at `path` (a file, or a directory holding config.json). */
+/* Read config.json at `path` (a file, or a directory holding config.json).
+ * A pi2 container or a safetensors file given instead is PI2_EFORMAT
+ * saying what it is and that a model directory is expected. */
 int pi2_config_read(const char *path, pi2_model_desc *out, pi2_err *err);
 /* Parse JSON text; `name` is used in messages. */
 int pi2_config_parse(const char *json, size_t len, const char *name, pi2_model_desc *out, pi2_err *err);

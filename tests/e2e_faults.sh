@@ -226,6 +226,59 @@ else
     skp "writes to /dev/full: no /dev/full"
 fi
 
+# --- messages that say what the input is and what to do ---
+for f in "$T/b.pi2" "$T/tiny.pi2c"; do
+    expect_fast "convert a container" "$f: a pi2 container (a converted or bundled model), not a Hugging Face model directory" \
+        "$B/pi2-convert" "$f" -o "$T/fromctr.pi2c" -q
+    expect_fast "--reference a container" "$f: a pi2 container .*not a Hugging Face model directory" \
+        "$B/pi2-run" --reference "$f" -p hi
+done
+expect_fast "convert a safetensors file" "a safetensors file, not a Hugging Face model directory" \
+    "$B/pi2-convert" "$T/tiny/model.safetensors" -o "$T/fromst.pi2c" -q
+# a prompt longer than the context: the sums are right and the advice fits
+yes "hello" | head -n 100 | tr '\n' ' ' >"$T/p400.txt"
+yes "hello" | head -n 1200 | tr '\n' ' ' >"$T/p1200.txt"
+expect_error "prompt longer than the model" "^pi2-run: the prompt is [0-9]* tokens, more than the model's context of 512 positions: shorten it$" \
+    "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -f "$T/p1200.txt" -n 4
+expect_error "reference prompt longer than the model" "the prompt is [0-9]* tokens, more than the model's context of 512 positions" \
+    "$B/pi2-run" --reference "$T/tiny" -f "$T/p1200.txt" -n 4
+for how in engine reference; do
+    if [ $how = engine ]; then "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -f "$T/p400.txt" -n 400 >/dev/null 2>"$T/err"
+    else "$B/pi2-run" --reference "$T/tiny" -f "$T/p400.txt" -n 400 >/dev/null 2>"$T/err"; fi
+    # prompt + n = needed, held - prompt = the -n advised
+    sed -n 's/.*the prompt (\([0-9]*\) tokens) plus -n \([0-9]*\) needs \([0-9]*\) positions, the model'"'"'s context holds \([0-9]*\): use -n \([0-9]*\) or less$/\1 \2 \3 \4 \5/p' "$T/err" \
+        | awk 'NF == 5 && $1 + $2 == $3 && $4 - $1 == $5 { good = 1 } END { exit !good }' && ok \
+        || { bad "$how: a prompt plus -n past the model's positions"; cat "$T/err"; }
+done
+# with -n at that advice, the run goes
+n=$(sed -n 's/.*use -n \([0-9]*\) or less$/\1/p' "$T/err")
+"$B/pi2-run" --reference "$T/tiny" -f "$T/p400.txt" -n "${n:-1}" >/dev/null 2>"$T/err" && ok || { bad "-n as advised"; cat "$T/err"; }
+"$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -f "$T/p400.txt" -n 10 --ctx 64 >/dev/null 2>"$T/err"
+grep -q "plus -n 10 needs [0-9]* positions, the context holds 64: raise --ctx (the model holds 512)$" "$T/err" && ok \
+    || { bad "a prompt past --ctx"; cat "$T/err"; }
+# an I/O probe of a file too small for its reads
+for probe in "--io-probe" "probe io"; do
+    # shellcheck disable=SC2086
+    expect_fast "$probe of a small file" "k.pub: too small to probe (113 bytes).*at least 1 MB (1048576 bytes)" \
+        "$B/pi2-run" $probe "$T/k.pub"
+done
+# --reference refuses non-finite weights as the converter does: one line naming the tensor
+cp -r "$T/tiny" "$T/nan"
+hl=$(head -c 8 "$T/nan/model.safetensors" | od -An -tu4 -N4 | tr -d ' ')
+printf '\377\377\377\377' | dd of="$T/nan/model.safetensors" bs=1 seek=$((8 + hl + 20)) conv=notrunc status=none
+expect_fast "reference NaN weights" "model.safetensors: tensor 'model.embed_tokens.weight' holds a non-finite value (NaN or infinity) at element 5" \
+    "$B/pi2-run" --reference "$T/nan" -p hi -n 2
+expect_error "convert NaN weights" "model.embed_tokens.weight.*non-finite" "$B/pi2-convert" "$T/nan" -o "$T/nan.pi2c" -q --calib-tokens 64
+# -q: nothing but errors
+"$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi -q >"$T/out" 2>"$T/err" && [ -s "$T/out" ] && [ ! -s "$T/err" ] && ok \
+    || { bad "pi2-run plan -q printed on stderr"; cat "$T/err"; }
+"$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 40M -q >"$T/out" 2>"$T/err" && [ ! -s "$T/err" ] && ok \
+    || { bad "pi2-run plan --mem-limit -q printed on stderr"; cat "$T/err"; }
+"$B/pi2-convert" synth --preset tiny -o "$T/qsyn" -q >"$T/out" 2>&1 && [ ! -s "$T/out" ] && ok || { bad "synth -q printed"; cat "$T/out"; }
+"$B/pi2-convert" export "$T/tiny.pi2c" -o "$T/qexp" -q >"$T/out" 2>&1 && [ ! -s "$T/out" ] && ok || { bad "export -q printed"; cat "$T/out"; }
+"$B/pi2-convert" --help | grep -q "calib-tokens N .*default: 32768 below 100M parameters" && ok \
+    || bad "--calib-tokens does not document its default"
+
 # --- small things: --version, exit codes in --help, one-line flag errors, -q, prompts from stdin and files ---
 for tool in pi2-convert pi2-bundle pi2-run; do
     "$B/$tool" --version >"$T/out" 2>&1 && grep -q "^$tool (pi2) " "$T/out" && grep -q "kernels compiled in: scalar" "$T/out" \

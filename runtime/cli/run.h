@@ -39,6 +39,7 @@ typedef struct run_opts {
     bool no_read_ahead;
     bool profile_hw, no_plan;
     bool force; /* --force: replace an output file that exists */
+    bool quiet; /* -q: nothing on stderr but errors, --stats and --ids */
     const char *prompt_file; /* -f FILE: read into prompt by main */
     double profile_seconds, min_speed;
     uint64_t mem_limit;

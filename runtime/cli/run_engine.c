@@ -79,7 +79,7 @@ void learn(const run_opts *o, pi2_engine *e, double tok_s, size_t tokens)
         return;
     pi2_plan_cal_update(&o->st->cal, in.plan, tok_s, (double)in.reads / (double)tokens);
     pi2_err err = {0};
-    if (pi2_plan_cal_save(&o->st->cal, o->st->cal_path, &err) != 0)
+    if (pi2_plan_cal_save(&o->st->cal, o->st->cal_path, &err) != 0 && !o->quiet)
         fprintf(stderr, "pi2-run: could not save the model's calibration: %s\n", err.msg);
 }
 
@@ -186,7 +186,7 @@ int run_opts_engine(const run_opts *o, int ctx, run_engine_opts *r, pi2_err *err
         if (rc == 0 && r->hw && cal_path(o, o->st->cal_path, sizeof o->st->cal_path)) {
             pi2_err ce = {0};
             int cr = pi2_plan_cal_load(o->st->cal_path, &o->st->cal, &ce);
-            if (cr && cr != PI2_ENOTFOUND)
+            if (cr && cr != PI2_ENOTFOUND && !o->quiet)
                 fprintf(stderr, "pi2-run: %s (ignored; the next run rewrites it)\n", ce.msg);
             if (cr)
                 pi2_plan_cal_defaults(&o->st->cal);

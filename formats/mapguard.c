@@ -29,6 +29,7 @@ static struct guard_slot {
 
 static atomic_int installed;
 static struct sigaction prev_bus;
+static uintptr_t page_size; /* read at install: sysconf is not async-signal-safe */
 
 static struct guard_slot *slot_of(uintptr_t a)
 {
@@ -48,7 +49,7 @@ static void on_bus(int sig, siginfo_t *si, void *uc)
     uintptr_t a = (uintptr_t)si->si_addr;
     struct guard_slot *s = slot_of(a);
     if (s) {
-        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+        uintptr_t page = page_size;
         void *p = mmap((void *)(a & ~(page - 1)), page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
         if (p != MAP_FAILED) {
             atomic_store(&s->faulted, 1);
@@ -68,6 +69,8 @@ int pi2_map_guard_install(pi2_err *err)
 {
     if (atomic_exchange(&installed, 1))
         return 0;
+    long ps = sysconf(_SC_PAGESIZE);
+    page_size = ps > 0 ? (uintptr_t)ps : 4096;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_bus;

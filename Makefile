@@ -125,7 +125,7 @@ FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS   := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -I. $(WARN) -O1 -g -pthread -MMD -MP $(FUZZ_FLAGS)
-FUZZ_LIBSRC  := $(filter-out bundle/pi2-bundle.c,$(wildcard formats/*.c bundle/*.c predictor/*.c))
+FUZZ_LIBSRC  := $(LIB_SRC)
 FUZZ_LIBOBJ  := $(FUZZ_LIBSRC:%.c=$(FUZZ_BUILD)/obj/%.o)
 FUZZ_BIN     := $(FUZZ_TGT:%=$(FUZZ_BUILD)/fuzz_%)
 
@@ -152,7 +152,7 @@ fuzz: fuzz-build
 	    ASAN_OPTIONS=detect_leaks=1 $(FUZZ_BUILD)/fuzz_$$t $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t \
 	        -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 \
 	        -timeout=10 -print_final_stats=1 -artifact_prefix=tests/fuzz/crashes/$$t/ \
-	        $$(case $$t in hfconfig|tokenizer|manifest) echo -dict=tests/fuzz/json.dict;; esac) \
+	        $$(case $$t in hfconfig|tokenizer|manifest|plan|hwprof) echo -dict=tests/fuzz/json.dict;; esac) \
 	        $(FUZZ_ARGS) || exit 1; \
 	done
 
@@ -160,4 +160,5 @@ clean:
 	rm -rf build build-san build-tsan build-fuzz
 
 -include $(LIB_OBJ:.o=.d) $(VERSION_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TOOL_SRC:%.c=$(BUILD)/obj/%.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
--include $(wildcard $(BUILD)/obj/tests/fuzz/*.d $(FUZZ_BUILD)/obj/*/*.d $(FUZZ_BUILD)/obj/tests/fuzz/*.d)
+-include $(wildcard $(BUILD)/obj/tests/fuzz/*.d $(FUZZ_BUILD)/obj/*/*.d $(FUZZ_BUILD)/obj/*/*/*.d \
+    $(FUZZ_BUILD)/obj/tests/fuzz/*.d)

@@ -38,7 +38,7 @@ static void usage_synth(FILE *f)
 {
     fprintf(f,
             "usage: pi2-convert synth --preset NAME -o DIR [options]\n"
-            "       pi2-convert synth --family NAME -o DIR [--seed S]\n"
+            "       pi2-convert synth --family NAME -o DIR [--seed S] [-q]\n"
             "\n"
             "Write a Hugging Face model directory (config.json, tokenizer.json, safetensors,\n"
             "sharded with an index past --shard-size) whose FFNs have planted, predictable\n"
@@ -71,6 +71,7 @@ static void usage_synth(FILE *f)
             "  --seed S           seed (default 1); the same seed gives the same bytes\n"
             "  --shard-size SIZE  shard limit, e.g. 4G (default 4G)\n"
             "  -t, --threads N    generator threads (default: all cores)\n"
+            "  -q, --quiet        nothing on stdout or stderr but errors\n"
             "  -h, --help         this help\n"
             "\n"
             "exit status: 0 ok, 1 failure (the output exists, a failed write), 2 bad usage\n"
@@ -96,8 +97,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: pi2-convert MODEL_DIR -o OUT [options]\n"
             "       pi2-convert synth --preset NAME -o DIR [options]   (see pi2-convert synth --help)\n"
-            "       pi2-convert export CONVERTED -o DIR   (dequantize back to an F32 HF dir: the\n"
-            "                                              quantized reference for pi2-run --reference)\n"
+            "       pi2-convert export CONVERTED -o DIR [-q]   (dequantize back to an F32 HF dir: the\n"
+            "                                                   quantized reference for pi2-run --reference)\n"
             "\n"
             "Convert a Hugging Face model directory (config.json, tokenizer.json, safetensors)\n"
             "into a pi2 converted model: quantized weights (FFN scales stored apart from the\n"
@@ -121,7 +122,8 @@ static void usage(FILE *f)
             "                          (the published convention: the default for imported ones) or\n"
             "                          the normed FFN input (the default for trained ones)\n"
             "  --calib FILE            calibration text (default: text the model generates itself)\n"
-            "  --calib-tokens N        calibration tokens (default 4096)\n"
+            "  --calib-tokens N        calibration tokens (default: 32768 below 100M parameters,\n"
+            "                          4096 from 100M up: each costs a forward pass)\n"
             "  --recall R              target recall of trained predictors' thresholds (default 0.99);\n"
             "                          given, it also calibrates imported ones (else they keep the\n"
             "                          published threshold: a neuron fires when its score is > 0)\n"
@@ -250,7 +252,7 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total)
 }
 
 
-/* pi2-convert synth --family NAME -o DIR [--seed S] */
+/* pi2-convert synth --family NAME -o DIR [--seed S] [-q] */
 /* fam names one of the families pi2_family_write knows. */
 static bool family_known(const char *fam)
 {
@@ -264,17 +266,21 @@ static int synth_family(int argc, char **argv, const char *fam)
 {
     const char *out = NULL;
     long long seed = 1;
+    bool quiet = false;
     pi2_err err = {0};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--family") == 0 && i + 1 < argc) {
             i++;
+        } else if (strcmp(argv[i], "-q") == 0 || strcmp(argv[i], "--quiet") == 0) {
+            quiet = true;
         } else if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) && i + 1 < argc) {
             out = argv[++i];
         } else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
             if (pi2_parse_int("--seed", argv[++i], 0, INT64_MAX, &seed, &err))
                 return die("synth", &err, 2);
         } else {
-            fprintf(stderr, "pi2-convert synth: --family takes only -o DIR and --seed S; '%s' is not one\n", argv[i]);
+            fprintf(stderr, "pi2-convert synth: --family takes only -o DIR, --seed S and -q; '%s' is not one\n",
+                    argv[i]);
             return 2;
         }
     }
@@ -286,7 +292,8 @@ static int synth_family(int argc, char **argv, const char *fam)
         return die("synth", &err, 1);
     if (pi2_family_write(out, fam, (uint64_t)seed, 0, &err))
         return die("synth", &err, family_known(fam) ? 1 : 2); /* an unknown name: a usage error */
-    printf("wrote %s (a tiny %s replica)\n", out, fam);
+    if (!quiet)
+        printf("wrote %s (a tiny %s replica)\n", out, fam);
     return 0;
 }
 
@@ -304,7 +311,7 @@ static const struct option synth_opts[] = {
     {"rank", required_argument, 0, SY_RANK},     {"predictors", no_argument, 0, SY_PRED},
     {"tied", no_argument, 0, SY_TIED},           {"seed", required_argument, 0, SY_SEED},
     {"shard-size", required_argument, 0, SY_SHARD}, {"threads", required_argument, 0, SY_THREADS},
-    {"norm-spread", required_argument, 0, SY_NSPREAD},
+    {"norm-spread", required_argument, 0, SY_NSPREAD}, {"quiet", no_argument, 0, 'q'},
     {"act-param", required_argument, 0, SY_ACTP}, {"tokenizer-size", required_argument, 0, SY_TOKS},
     {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
 
@@ -430,10 +437,15 @@ static int cmd_synth(int argc, char **argv)
     int c;
     int rc = 0;
     pi2_model_desc *d = &o.desc;
-    while (rc == 0 && (c = getopt_long(argc, argv, ":o:t:h", synth_opts, NULL)) != -1) {
+    bool quiet = false;
+    while (rc == 0 && (c = getopt_long(argc, argv, ":o:t:hq", synth_opts, NULL)) != -1) {
         if (c == 'h') {
             usage_synth(stdout);
             return 0;
+        }
+        if (c == 'q') {
+            quiet = true;
+            continue;
         }
         if (c == '?' || c == ':')
             return pi2_cli_bad_option("pi2-convert synth", argv, c);
@@ -455,21 +467,23 @@ static int cmd_synth(int argc, char **argv)
     uint64_t total = pi2_synth_weight_bytes(&o);
     if (pi2_out_check(out, NULL, 0, PI2_OUT_DIR, total + (1u << 20), &err))
         return die("synth", &err, 1);
-    progress_state ps = {isatty(2), pi2_now(), 0};
+    progress_state ps = {isatty(2) && !quiet, pi2_now(), 0};
     char act_txt[48], vocab_txt[48];
     snprintf(act_txt, sizeof act_txt, d->act == PI2_ACT_FATRELU ? "%s, threshold %g" : "%s", pi2_act_name(d->act),
              (double)d->act_param);
     snprintf(vocab_txt, sizeof vocab_txt, o.n_tokens > 0 && o.n_tokens < d->vocab ? "%d (%d tokens)" : "%d",
              d->vocab, o.n_tokens);
-    printf("pi2-convert synth: %s, %s (%s), hidden %d, ffn %d, %d layers, %d experts, vocab %s, %s, %.2f GB\n",
+    if (!quiet)
+        printf("pi2-convert synth: %s, %s (%s), hidden %d, ffn %d, %d layers, %d experts, vocab %s, %s, %.2f GB\n",
             preset, pi2_arch_name(d->arch), act_txt, d->hidden, d->n_ff, d->n_layers, d->n_experts, vocab_txt,
             pi2_dtype_name(o.dtype), total / 1e9);
     fflush(stdout);
     if (pi2_synth_write(out, &o, on_progress, &ps, &err))
         return die(NULL, &err, 1);
     double el = pi2_now() - ps.t0;
-    printf("wrote %s: %.2f GB in %.1f s (%.0f MB/s), peak RSS %.0f MB\n", out, total / 1e9, el,
-           el > 0 ? total / el / 1e6 : 0.0, pi2_peak_rss() / 1048576.0);
+    if (!quiet)
+        printf("wrote %s: %.2f GB in %.1f s (%.0f MB/s), peak RSS %.0f MB\n", out, total / 1e9, el,
+               el > 0 ? total / el / 1e6 : 0.0, pi2_peak_rss() / 1048576.0);
     return 0;
 }
 
@@ -492,9 +506,12 @@ static int tool_main(int argc, char **argv)
         return cmd_synth(argc - 1, argv + 1);
     if (strcmp(argv[1], "export") == 0) {
         const char *in = NULL, *out = NULL;
+        bool quiet = false;
         for (int i = 2; i < argc; i++) {
             if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) && i + 1 < argc)
                 out = argv[++i];
+            else if (strcmp(argv[i], "-q") == 0 || strcmp(argv[i], "--quiet") == 0)
+                quiet = true;
             else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
                 usage(stdout);
                 return 0;
@@ -517,7 +534,8 @@ static int tool_main(int argc, char **argv)
             return die("export", &err, 1);
         if (pi2_convert_export(in, out, &err))
             return die(NULL, &err, 1);
-        printf("wrote %s\n", out);
+        if (!quiet)
+            printf("wrote %s\n", out);
         return 0;
     }
     return cmd_convert(argc, argv);

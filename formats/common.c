@@ -226,13 +226,16 @@ int pi2_map_open(pi2_map *m, const char *path, pi2_err *err)
         return pi2_err_errno(err, PI2_EIO, e, "%s: cannot map", path);
     m->data = p;
     m->size = (size_t)st.st_size;
+    pi2_map_guard_add(m);
     return 0;
 }
 
 void pi2_map_close(pi2_map *m)
 {
-    if (m && m->data)
+    if (m && m->data) {
+        pi2_map_guard_remove(m);
         munmap((void *)m->data, m->size);
+    }
     if (m) {
         m->data = NULL;
         m->size = 0;

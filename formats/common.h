@@ -103,6 +103,23 @@ typedef struct pi2_map {
 int pi2_map_open(pi2_map *m, const char *path, pi2_err *err);
 void pi2_map_close(pi2_map *m);
 
+/* The guard of mappings whose file shrinks under them (formats/mapguard.c).
+ * A file truncated while mapped makes every read of a page past its new
+ * end a SIGBUS, which ends the process without a word. Once a tool calls
+ * pi2_map_guard_install (once, early, in main: it sets the process's SIGBUS
+ * handler), such a read in a mapping of pi2_map_open reads a page of
+ * zeros instead and marks the mapping; the mapping's owner asks
+ * pi2_map_changed after each piece of work that read it and discards the
+ * result when true. Without the install, a SIGBUS ends the process as
+ * before. At most 64 mappings at once are guarded (more go unguarded).
+ * A SIGBUS outside the mappings goes to the handler installed before.
+ * PI2_EIO when the handler cannot be set. */
+int pi2_map_guard_install(pi2_err *err);
+bool pi2_map_changed(const pi2_map *m);
+/* pi2_map_open / pi2_map_close register and release the mapping. */
+void pi2_map_guard_add(const pi2_map *m);
+void pi2_map_guard_remove(const pi2_map *m);
+
 /* Read a whole (small) file into a NUL-terminated heap buffer of at most
  * `max_bytes`; caller frees *out. */
 int pi2_read_file(const char *path, size_t max_bytes, char **out, size_t *len, pi2_err *err);

@@ -742,6 +742,8 @@ const pi2_ctr_member *pi2_ctr_find(const pi2_ctr *c, const char *name)
 
 const char *pi2_ctr_path(const pi2_ctr *c) { return c->path; }
 
+bool pi2_ctr_changed(const pi2_ctr *c) { return pi2_map_changed(&c->map); }
+
 
 int pi2_ctr_verify_member(const pi2_ctr *c, const pi2_ctr_member *m, const uint8_t expected[PI2_SHA256_LEN],
                           pi2_err *err)

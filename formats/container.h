@@ -151,6 +151,9 @@ const pi2_ctr_member *pi2_ctr_at(const pi2_ctr *c, size_t i);
 const pi2_ctr_member *pi2_ctr_find(const pi2_ctr *c, const char *name);
 /* Path the container was opened from. */
 const char *pi2_ctr_path(const pi2_ctr *c);
+/* The file shrank under the mapping and a read past its new end was
+ * answered with zeros (pi2_map_changed, formats/common.h). */
+bool pi2_ctr_changed(const pi2_ctr *c);
 /* Hash the member's data and compare with expected: 0 if equal, PI2_ESIG
  * with a message naming the file and member (and both digests) if not. */
 int pi2_ctr_verify_member(const pi2_ctr *c, const pi2_ctr_member *m, const uint8_t expected[PI2_SHA256_LEN],

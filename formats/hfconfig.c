@@ -501,6 +501,24 @@ int pi2_config_parse(const char *json, size_t len, const char *name, pi2_model_d
     return rc;
 }
 
+/* What a file given where a Hugging Face model directory belongs is, when
+ * its first bytes tell: a pi2 container (a POSIX ustar header, as every
+ * converted or bundled model starts) or a safetensors file (an 8-byte
+ * header length, then '{'); NULL otherwise. */
+static const char *file_kind(const char *path)
+{
+    unsigned char h[512];
+    FILE *f = fopen(path, "rb");
+    size_t n = f ? fread(h, 1, sizeof h, f) : 0;
+    if (f)
+        fclose(f);
+    if (n == sizeof h && memcmp(h + 257, "ustar", 5) == 0)
+        return "a pi2 container (a converted or bundled model)";
+    if (n >= 9 && h[8] == '{' && h[0] != '{')
+        return "a safetensors file";
+    return NULL;
+}
+
 int pi2_config_path(const char *path, char *buf, size_t cap, const char **out, pi2_err *err)
 {
     if (!path)
@@ -517,6 +535,14 @@ int pi2_config_path(const char *path, char *buf, size_t cap, const char **out, p
 int pi2_config_read(const char *path, pi2_model_desc *out, pi2_err *err)
 {
     char buf[4096];
+    if (!path)
+        return pi2_err_set(err, PI2_EINVAL, "config: no path");
+    const char *kind = pi2_is_dir(path) ? NULL : file_kind(path);
+    if (kind)
+        return pi2_err_set(err, PI2_EFORMAT,
+                           "%s: %s, not a Hugging Face model directory; give the directory that holds config.json "
+                           "and the weights",
+                           path, kind);
     int rc = pi2_config_path(path, buf, sizeof buf, &path, err);
     if (rc)
         return rc;

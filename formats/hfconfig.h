@@ -159,7 +159,9 @@ typedef struct pi2_model_desc {
  * path/config.json in buf (cap bytes) when path is a directory.
  * PI2_EINVAL without a path, PI2_ERANGE when the joined path is too long. */
 int pi2_config_path(const char *path, char *buf, size_t cap, const char **out, pi2_err *err);
-/* Read config.json at `path` (a file, or a directory holding config.json). */
+/* Read config.json at `path` (a file, or a directory holding config.json).
+ * A pi2 container or a safetensors file given instead is PI2_EFORMAT
+ * saying what it is and that a model directory is expected. */
 int pi2_config_read(const char *path, pi2_model_desc *out, pi2_err *err);
 /* Parse JSON text; `name` is used in messages. */
 int pi2_config_parse(const char *json, size_t len, const char *name, pi2_model_desc *out, pi2_err *err);

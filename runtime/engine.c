@@ -658,7 +658,8 @@ int pi2_engine_prefill(pi2_engine *e, const int32_t *tokens, int n, int pos, flo
         return pi2_err_set(err, PI2_ERANGE, "%s: prefill of %d tokens", e->path, n);
     for (int i = 0; i < n; i += PI2_K_MAX_T) {
         int T = n - i < PI2_K_MAX_T ? n - i : PI2_K_MAX_T;
-        int rc = eng_forward(e, tokens + i, T, pos + i, false, i + T == n ? logits : NULL, err);
+        int rc = eng_step_checked(e, eng_forward(e, tokens + i, T, pos + i, false, i + T == n ? logits : NULL, err),
+                                  err);
         if (rc)
             return rc;
     }
@@ -667,5 +668,5 @@ int pi2_engine_prefill(pi2_engine *e, const int32_t *tokens, int n, int pos, flo
 
 int pi2_engine_decode(pi2_engine *e, int32_t token, int pos, float *logits, pi2_err *err)
 {
-    return eng_forward(e, &token, 1, pos, true, logits, err);
+    return eng_step_checked(e, eng_forward(e, &token, 1, pos, true, logits, err), err);
 }

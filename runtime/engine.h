@@ -54,6 +54,26 @@
  * decode results do not depend on the thread count. In memory the container is mapped
  * with huge pages where the kernel allows it (pi2_ctr_open_huge).
  *
+ * ---- Files that change (what is and is not covered) ----
+ * The container's bytes are checked once, at open (step 2). After that:
+ * - cut short (truncated) while in use: a tool that called
+ *   pi2_map_guard_install (pi2-run does) does not die of SIGBUS; the
+ *   step that read past the new end reads zeros there, and prefill or
+ *   decode returns PI2_EIO naming the file ("changed while in use"), its
+ *   logits to be discarded. Without the install, SIGBUS ends the process.
+ *   Offloading reads FFN rows with pread/io_uring: a short read is an
+ *   error of its own (runtime/offload/).
+ * - overwritten in place (same size): not seen while running. In memory,
+ *   the mapping shows the new bytes at once, so steps after the write
+ *   may use them; offloading reads new FFN bytes from the file (its
+ *   resident part is a copy made at open). pi2_engine_recheck hashes the
+ *   resident members in the file again and says which differs
+ *   (pi2-run --stats calls it after generating): a change there is
+ *   detected after the fact. FFN payloads are not hashed again: a change
+ *   to them goes unnoticed until the next open.
+ * - replaced by rename (how pi2's tools write): the engine keeps the file
+ *   it opened; nothing changes under it.
+ *
  * Errors: those of pi2_bundle_open / pi2_bundle_verify (PI2_ESIG for a bad
  * signature or digest, PI2_EFORMAT, ...), PI2_EUNSUPPORTED for a model
  * this engine cannot run, PI2_ERANGE for a bad token, position or option,
@@ -171,6 +191,13 @@ int pi2_engine_prefill(pi2_engine *e, const int32_t *tokens, int n, int pos, flo
 int pi2_engine_decode(pi2_engine *e, int32_t token, int pos, float *logits, pi2_err *err);
 
 void pi2_engine_stats_get(const pi2_engine *e, pi2_engine_stats *out);
+/* The resident members of the file hashed again against the digests
+ * verified at open ("Files that change" above): 0 when all match;
+ * PI2_ESIG "changed since verification: ..." naming the first that
+ * differs; PI2_EIO when the file was cut short under the mapping. Reads
+ * the resident bytes once more through the page cache (offloading: its
+ * pages dropped again after). */
+int pi2_engine_recheck(const pi2_engine *e, pi2_err *err);
 /* Resets the offloading counters too. */
 void pi2_engine_stats_reset(pi2_engine *e);
 

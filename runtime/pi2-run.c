@@ -83,7 +83,8 @@ static void usage(FILE *f)
     fprintf(f, /* in two parts: ISO C caps a string literal at 4095 bytes */
             "  --hw-probe         measure int8 dot peak and memory read bandwidth; print JSON\n"
             "  --io-probe FILE    measure direct-read throughput and latency on FILE (random\n"
-            "                     reads of 4K..256K at depths 1, 8, 32, and sequential); print JSON\n"
+            "                     reads of 4K..256K at depths 1, 8, 32, and sequential 1M ones: FILE\n"
+            "                     holds 1 MB at least); print JSON\n"
             "  --profile-hw       measure this machine for the planner, under a minute: pi2's kernels\n"
             "                     on 1..-t threads (default: all cores, at most 16) and direct reads of\n"
             "                     a scratch file in --device-path; save to --hw-profile, print JSON\n"
@@ -95,6 +96,8 @@ static void usage(FILE *f)
             "                     under a minute; small values for tests)\n"
             "  --force            --profile-hw: replace a --hw-profile FILE that is not a hardware\n"
             "                     profile (a profile is refreshed; the model is never overwritten)\n"
+            "  -q, --quiet        nothing on stderr but errors and what --stats or --ids ask for\n"
+            "                     (no plan summary, no --profile-hw progress, no warnings)\n"
             "  -h, --help         this help\n"
             "  --version          version, build and kernel paths\n"
             "\n"
@@ -186,7 +189,7 @@ static const struct option opts[] = {
     {"min-speed", required_argument, 0, O_MINSPEED},
     {"plan-only", no_argument, 0, O_PLAN},        {"help", no_argument, 0, 'h'},
     {"force", no_argument, 0, O_FORCE},           {"file", required_argument, 0, 'f'},
-    {"version", no_argument, 0, O_VERSION},
+    {"version", no_argument, 0, O_VERSION},       {"quiet", no_argument, 0, 'q'},
     {0, 0, 0, 0}};
 
 static int take_isa(const char *arg, pi2_err *err)
@@ -229,6 +232,7 @@ static int take_flag(int c, run_opts *o, pi2_err *err)
         break;
     case 'p': o->prompt = optarg; break;
     case 'f': o->prompt_file = optarg; break;
+    case 'q': o->quiet = true; break;
     case 'n': rc = pi2_parse_int("-n", optarg, 0, 1 << 24, &o->n_predict, err); break;
     case 't': rc = pi2_parse_int("-t", optarg, 1, 256, &v, err); o->threads = (int)v; break;
     case O_TEMP: rc = pi2_parse_double("--temp", optarg, 0, 1e4, &dv, err); o->so.temperature = (float)dv; break;
@@ -379,7 +383,7 @@ static int tool_main(int argc, char **argv)
         argv++, argc--;
     }
     opterr = 0; /* one line per error: ours */
-    while (rc == 0 && (c = getopt_long(argc, argv, ":p:f:n:t:m:c:h", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":p:f:n:t:m:c:hq", opts, NULL)) != -1) {
         if (c == 'h') {
             usage(stdout);
             return 0;
@@ -409,5 +413,8 @@ static int tool_main(int argc, char **argv)
 int main(int argc, char **argv)
 {
     pi2_tmp_cleanup_on_signals(); /* an interrupt leaves no temporary output behind */
+    pi2_err err = {0};
+    if (pi2_map_guard_install(&err) != 0) /* a model cut short under the run: one line, not a SIGBUS */
+        fprintf(stderr, "pi2-run: %s (a model cut short while in use ends the run without a message)\n", err.msg);
     return pi2_exit_stdout("pi2-run", tool_main(argc, argv));
 }

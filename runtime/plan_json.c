@@ -159,7 +159,10 @@ char *pi2_plan_json(const pi2_plan *p, const char *model)
     json_object_set_new(o, "gate_first", json_boolean(p->gate_first));
     json_object_set_new(o, "hot_groups", h);
     json_object_set_new(o, "gate_groups", g);
-    json_object_set_new(o, "predicted", pr);
+    if (r->decode_tok_s > 0) /* predicted with a hardware profile */
+        json_object_set_new(o, "predicted", pr);
+    else
+        json_decref(pr);
     char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
     json_decref(o);
     return s;
@@ -237,7 +240,7 @@ static int plan_predicted(const pi2_jr *r, json_t *o, struct pi2_plan_pred *pred
 static int plan_read(const pi2_jr *r, json_t *o, pi2_plan *out)
 {
     static const char *const keys[] = {"version",    "model",      "mem_limit",   "threads",   "io_depth", "gate_first",
-                                       "hot_groups", "gate_groups", "predicted", "source",    "memory"};
+                                       "hot_groups", "gate_groups", "predicted", "source",    "memory",   "note"};
     long long ver, ml;
     int th, dp;
     bool gf;

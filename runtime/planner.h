@@ -104,8 +104,9 @@
  *   "predicted": { "decode_tok_s", "decode_ms", "prefill_tok_s",
  *                  "compute_ms", "io_ms", "head_ms", "reads_per_token",
  *                  "mb_per_token", "hit_rate", "hot_mb", "offloaded" } }
- * pi2-run plan adds "source" and "memory" (the memory plan), which
- * load accepts and ignores. Load checks keys, types and ranges (hot_groups[i] <= groups, gate_groups
+ * "predicted" only when the plan was predicted with a hardware profile.
+ * pi2-run plan adds "source", "memory" (the memory plan) and, without a
+ * hardware profile, "note", which load accepts and ignores. Load checks keys, types and ranges (hot_groups[i] <= groups, gate_groups
  * in [hot_groups, groups]); the engine checks the plan fits the model and
  * the memory limit.
  */

@@ -160,6 +160,33 @@ static void rmsnorm(pi2_ref_state *s, float *out, const float *x, const pi2_st_t
 
 static bool is_float(pi2_dtype dt) { return dt == PI2_DT_F32 || dt == PI2_DT_F16 || dt == PI2_DT_BF16; }
 
+/* The index of t's first NaN or infinity (all exponent bits set, read
+ * as the file stores it), or nelem when every value is finite. */
+static size_t first_nonfinite(const pi2_st_tensor *t)
+{
+    const uint8_t *p = t->data;
+    if (t->dtype == PI2_DT_F32) {
+        for (size_t i = 0; i < t->nelem; i++) {
+            uint32_t u;
+            memcpy(&u, p + 4 * i, 4);
+            if ((u & 0x7f800000u) == 0x7f800000u)
+                return i;
+        }
+        return t->nelem;
+    }
+    uint16_t exp = t->dtype == PI2_DT_F16 ? 0x7c00 : 0x7f80; /* F16 or BF16 */
+    for (size_t i = 0; i < t->nelem; i++) {
+        uint16_t u;
+        memcpy(&u, p + 2 * i, 2);
+        if ((u & exp) == exp)
+            return i;
+    }
+    return t->nelem;
+}
+
+/* t, found as name: a float tensor of the shape given, every value finite
+ * (a NaN or infinity would run to NaN logits: refused as the converter
+ * refuses it). */
 static int check_tensor(const pi2_ref_model *m, const pi2_st_tensor *t, const char *name, int ndim, int64_t d0,
                         int64_t d1, pi2_err *err)
 {
@@ -171,7 +198,12 @@ static int check_tensor(const pi2_ref_model *m, const pi2_st_tensor *t, const ch
                            t->file ? t->file : m->dir, name, dn ? dn : "?");
     }
     int64_t shape[2] = { d0, d1 };
-    return pi2_st_expect_shape(t, ndim, shape, err);
+    int rc = pi2_st_expect_shape(t, ndim, shape, err);
+    size_t bad = rc ? 0 : first_nonfinite(t);
+    if (rc == 0 && bad < t->nelem)
+        rc = pi2_err_set(err, PI2_ERANGE, "%s: tensor '%s' holds a non-finite value (NaN or infinity) at element %zu",
+                         t->file ? t->file : m->dir, name, bad);
+    return rc;
 }
 
 /* Find tensor `t` (layer, expert) and check its shape (ndim 1: d0; 2: d0 x d1). */

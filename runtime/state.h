@@ -192,5 +192,8 @@ int eng_alloc_state(pi2_engine *e, pi2_err *err);
 /* Frees what eng_alloc_state allocated, and the per-thread attention
  * scores pi2_engine_set_ctx put beside it; any part may be NULL. */
 void eng_free_state(pi2_engine *e);
+/* rc of a step that read the mapping, or PI2_EIO naming the file when it
+ * shrank under the mapping meanwhile (runtime/engine_check.c). */
+int eng_step_checked(const pi2_engine *e, int rc, pi2_err *err);
 
 #endif

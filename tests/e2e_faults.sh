@@ -159,6 +159,56 @@ else
     skp "interrupted runs: env --default-signal (coreutils 8.31) missing"
 fi
 
+# --- the model changing under pi2-run: cut short (truncated) or overwritten in place while it
+# runs, in memory and offloaded. The run is stopped (SIGSTOP) once it prints, the file changed,
+# the run continued: a cut is one line naming the file, never a SIGBUS; an overwrite of a
+# resident member is named by --stats ("changed since verification"), exit 1 ---
+# under_run NAME HOW CMD...: run CMD (on $T/chg.pi2, a copy of $T/kill.pi2), change the file
+# by HOW (cut | overwrite) once it printed; its exit status into $rc, stderr in $T/err
+under_run() {
+    name=$1 how=$2; shift 2
+    cp "$T/kill.pi2" "$T/chg.pi2"
+    : >"$T/chg.out"
+    "$@" >"$T/chg.out" 2>"$T/err" &
+    pid=$!
+    i=0
+    while [ $i -lt 1000 ] && [ ! -s "$T/chg.out" ] && kill -0 $pid 2>/dev/null; do sleep 0.01; i=$((i + 1)); done
+    kill -STOP $pid 2>/dev/null
+    if ! kill -0 $pid 2>/dev/null || [ ! -s "$T/chg.out" ]; then
+        kill -CONT $pid 2>/dev/null; wait $pid; rc=255; return
+    fi
+    case $how in
+        cut) truncate -s 64K "$T/chg.pi2" ;;
+        overwrite) dd if=/dev/zero of="$T/chg.pi2" bs=1 seek="$(($(member_off "$T/chg.pi2" "$att") + 64))" count=256 \
+                       conv=notrunc 2>/dev/null ;;
+    esac
+    kill -CONT $pid
+    wait $pid; rc=$?
+}
+att=w/model.layers.0.self_attn.q_proj.weight.q
+[ -f "$T/kill.pi2" ] || skp "changes under a run: no model made to interrupt"
+mmin=$("$B/pi2-run" plan "$T/kill.pi2" --trust-unsigned -p hi -n 1000 2>/dev/null | jget minimum_bytes)
+for mode in memory offload; do
+    [ -f "$T/kill.pi2" ] || break
+    lim=""; [ $mode = offload ] && lim="--mem-limit $((${mmin:-0} + 4194304))"
+    # shellcheck disable=SC2086
+    under_run "$mode, cut" cut "$B/pi2-run" "$T/chg.pi2" --trust-unsigned -p hi -n 1000 --dense -t 1 $lim
+    if [ $rc -eq 255 ]; then skp "$mode run cut short: it finished before the change"
+    else
+        want="$T/chg.pi2"; [ $mode = memory ] && want="$T/chg.pi2: the file changed while in use (it was cut short)"
+        [ $rc -eq 1 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -qF "$want" "$T/err" && ok \
+            || { bad "$mode run on a file cut short: exit $rc"; cat "$T/err"; }
+    fi
+    # shellcheck disable=SC2086
+    under_run "$mode, overwrite" overwrite "$B/pi2-run" "$T/chg.pi2" --trust-unsigned -p hi -n 1000 --dense -t 1 --stats $lim
+    if [ $rc -eq 255 ]; then skp "$mode run overwritten: it finished before the change"
+    else
+        [ $rc -eq 1 ] && grep -q "unsigned (trusted on request), changed since verification" "$T/err" \
+            && tail -n 1 "$T/err" | grep -q "changed since verification: .*chg.pi2.*$att" && ok \
+            || { bad "$mode run on a file overwritten in place: exit $rc"; cat "$T/err"; }
+    fi
+done
+
 # --- every write checked: output that cannot be written is an error ---
 if [ -w /dev/full ]; then
     "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p "hello world" -n 12 >/dev/full 2>"$T/err"; rc=$?
@@ -175,6 +225,59 @@ if [ -w /dev/full ]; then
 else
     skp "writes to /dev/full: no /dev/full"
 fi
+
+# --- messages that say what the input is and what to do ---
+for f in "$T/b.pi2" "$T/tiny.pi2c"; do
+    expect_fast "convert a container" "$f: a pi2 container (a converted or bundled model), not a Hugging Face model directory" \
+        "$B/pi2-convert" "$f" -o "$T/fromctr.pi2c" -q
+    expect_fast "--reference a container" "$f: a pi2 container .*not a Hugging Face model directory" \
+        "$B/pi2-run" --reference "$f" -p hi
+done
+expect_fast "convert a safetensors file" "a safetensors file, not a Hugging Face model directory" \
+    "$B/pi2-convert" "$T/tiny/model.safetensors" -o "$T/fromst.pi2c" -q
+# a prompt longer than the context: the sums are right and the advice fits
+yes "hello" | head -n 100 | tr '\n' ' ' >"$T/p400.txt"
+yes "hello" | head -n 1200 | tr '\n' ' ' >"$T/p1200.txt"
+expect_error "prompt longer than the model" "^pi2-run: the prompt is [0-9]* tokens, more than the model's context of 512 positions: shorten it$" \
+    "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -f "$T/p1200.txt" -n 4
+expect_error "reference prompt longer than the model" "the prompt is [0-9]* tokens, more than the model's context of 512 positions" \
+    "$B/pi2-run" --reference "$T/tiny" -f "$T/p1200.txt" -n 4
+for how in engine reference; do
+    if [ $how = engine ]; then "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -f "$T/p400.txt" -n 400 >/dev/null 2>"$T/err"
+    else "$B/pi2-run" --reference "$T/tiny" -f "$T/p400.txt" -n 400 >/dev/null 2>"$T/err"; fi
+    # prompt + n = needed, held - prompt = the -n advised
+    sed -n 's/.*the prompt (\([0-9]*\) tokens) plus -n \([0-9]*\) needs \([0-9]*\) positions, the model'"'"'s context holds \([0-9]*\): use -n \([0-9]*\) or less$/\1 \2 \3 \4 \5/p' "$T/err" \
+        | awk 'NF == 5 && $1 + $2 == $3 && $4 - $1 == $5 { good = 1 } END { exit !good }' && ok \
+        || { bad "$how: a prompt plus -n past the model's positions"; cat "$T/err"; }
+done
+# with -n at that advice, the run goes
+n=$(sed -n 's/.*use -n \([0-9]*\) or less$/\1/p' "$T/err")
+"$B/pi2-run" --reference "$T/tiny" -f "$T/p400.txt" -n "${n:-1}" >/dev/null 2>"$T/err" && ok || { bad "-n as advised"; cat "$T/err"; }
+"$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -f "$T/p400.txt" -n 10 --ctx 64 >/dev/null 2>"$T/err"
+grep -q "plus -n 10 needs [0-9]* positions, the context holds 64: raise --ctx (the model holds 512)$" "$T/err" && ok \
+    || { bad "a prompt past --ctx"; cat "$T/err"; }
+# an I/O probe of a file too small for its reads
+for probe in "--io-probe" "probe io"; do
+    # shellcheck disable=SC2086
+    expect_fast "$probe of a small file" "k.pub: too small to probe (113 bytes).*at least 1 MB (1048576 bytes)" \
+        "$B/pi2-run" $probe "$T/k.pub"
+done
+# --reference refuses non-finite weights as the converter does: one line naming the tensor
+cp -r "$T/tiny" "$T/nan"
+hl=$(head -c 8 "$T/nan/model.safetensors" | od -An -tu4 -N4 | tr -d ' ')
+printf '\377\377\377\377' | dd of="$T/nan/model.safetensors" bs=1 seek=$((8 + hl + 20)) conv=notrunc status=none
+expect_fast "reference NaN weights" "model.safetensors: tensor 'model.embed_tokens.weight' holds a non-finite value (NaN or infinity) at element 5" \
+    "$B/pi2-run" --reference "$T/nan" -p hi -n 2
+expect_error "convert NaN weights" "model.embed_tokens.weight.*non-finite" "$B/pi2-convert" "$T/nan" -o "$T/nan.pi2c" -q --calib-tokens 64
+# -q: nothing but errors
+"$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi -q >"$T/out" 2>"$T/err" && [ -s "$T/out" ] && [ ! -s "$T/err" ] && ok \
+    || { bad "pi2-run plan -q printed on stderr"; cat "$T/err"; }
+"$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 40M -q >"$T/out" 2>"$T/err" && [ ! -s "$T/err" ] && ok \
+    || { bad "pi2-run plan --mem-limit -q printed on stderr"; cat "$T/err"; }
+"$B/pi2-convert" synth --preset tiny -o "$T/qsyn" -q >"$T/out" 2>&1 && [ ! -s "$T/out" ] && ok || { bad "synth -q printed"; cat "$T/out"; }
+"$B/pi2-convert" export "$T/tiny.pi2c" -o "$T/qexp" -q >"$T/out" 2>&1 && [ ! -s "$T/out" ] && ok || { bad "export -q printed"; cat "$T/out"; }
+"$B/pi2-convert" --help | grep -q "calib-tokens N .*default: 32768 below 100M parameters" && ok \
+    || bad "--calib-tokens does not document its default"
 
 # --- small things: --version, exit codes in --help, one-line flag errors, -q, prompts from stdin and files ---
 for tool in pi2-convert pi2-bundle pi2-run; do
@@ -198,15 +301,28 @@ expect_error "run -p and -f" "not both" "$B/pi2-run" "$T/b.pi2" -p hi -f "$T/pro
 expect_error "run -f missing" "$T/noprompt.txt" "$B/pi2-run" "$T/b.pi2" -f "$T/noprompt.txt"
 git -C "$(dirname "$0")/.." check-ignore -q key.pem 2>/dev/null && ok || skp "*.pem ignored: not a git checkout"
 
-# --- plans written by plan (--plan-only) are accepted by --plan, with and without a hardware profile ---
+# --- plans written by plan (--plan-only) are accepted by --plan, with and without a hardware
+# profile: the same text as the run that planned for itself; without a profile the plan is the
+# fixed split, unpredicted, and says so ---
 for hw in "$T/hw.json" "$T/no-hw-profile.json"; do
-    "$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" --hw-profile "$hw" -t 1 --mem-limit 40M >"$T/rt-plan.json" 2>"$T/err" \
-        && "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" --hw-profile "$hw" -t 1 --mem-limit 40M --plan "$T/rt-plan.json" \
-            -p hi -n 4 >/dev/null 2>>"$T/err"
-    rc=$?
-    if [ $rc -eq 0 ]; then ok
-    elif [ ! -e "$hw" ]; then
-        # known (issue 39, item 4): the planner's output is being changed in runtime/plan*.c
-        skp "plan round trip without a hardware profile: $(tail -n 1 "$T/err")"
-    else bad "plan round trip with $hw: exit $rc"; cat "$T/err"; fi
+    for how in "plan" "--plan-only"; do
+        args="$T/b.pi2 --pubkey $T/k.pub --hw-profile $hw -t 1 --mem-limit 40M"
+        rt="$B/pi2-run $args"
+        # shellcheck disable=SC2086
+        if [ "$how" = plan ]; then "$B/pi2-run" plan $args -p hi >"$T/rt-plan.json" 2>"$T/err"
+        else $rt --plan-only -p hi >"$T/rt-plan.json" 2>"$T/err"; fi
+        rc=$?
+        # shellcheck disable=SC2086
+        a=$($rt -p hi -n 6 2>>"$T/err") && b=$($rt --plan "$T/rt-plan.json" -p hi -n 6 --stats 2>"$T/stats") \
+            && [ $rc -eq 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] && grep -q "^plan: given" "$T/stats" && ok \
+            || { bad "plan round trip ($how) with $hw: '$a' vs '$b'"; cat "$T/err" "$T/stats" "$T/rt-plan.json"; }
+        if [ -e "$hw" ]; then
+            grep -q '"predicted":{"decode_tok_s":[0-9]' "$T/rt-plan.json" && ! grep -q '"note"' "$T/rt-plan.json" && ok \
+                || { bad "a plan made with a hardware profile is not predicted"; cat "$T/rt-plan.json"; }
+        else
+            grep -q '"hot_groups":\[[0-9,]*\],"gate_groups":\[[0-9,]*\],"source":"fixed split","note":"no hardware profile' \
+                "$T/rt-plan.json" && grep -q "^plan: given .* not predicted (no hardware profile" "$T/stats" && ok \
+                || { bad "a plan made without a hardware profile: the fixed split, not predicted"; cat "$T/rt-plan.json" "$T/stats"; }
+        fi
+    done
 done

@@ -261,6 +261,38 @@ static void test_tmp_sweep(void **state)
     pi2t_rmtree(dir);
 }
 
+/* A mapped file cut short: with the guard, reads past the new end give
+ * zeros and mark the mapping; reads before it keep the file's bytes. */
+static void test_map_guard(void **state)
+{
+    (void)state;
+    char dir[64], p[128];
+    pi2t_tmpdir(dir, sizeof dir);
+    snprintf(p, sizeof p, "%s/m.bin", dir);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), n = 4 * page;
+    uint8_t *buf = malloc(n);
+    assert_non_null(buf);
+    memset(buf, 7, n);
+    pi2t_write(p, buf, n);
+    free(buf);
+    assert_int_equal(pi2_map_guard_install(NULL), 0);
+    assert_int_equal(pi2_map_guard_install(NULL), 0); /* once is enough */
+    pi2_map m, m2;
+    assert_int_equal(pi2_map_open(&m, p, NULL), 0);
+    assert_int_equal(pi2_map_open(&m2, p, NULL), 0);
+    assert_int_equal(m.data[3 * page + 5], 7);
+    assert_false(pi2_map_changed(&m));
+    assert_int_equal(truncate(p, (off_t)page), 0);
+    volatile const uint8_t *d = m.data;
+    assert_int_equal(d[5], 7);
+    assert_int_equal(d[3 * page + 5], 0); /* past the end: zeros, no SIGBUS */
+    assert_true(pi2_map_changed(&m));
+    assert_false(pi2_map_changed(&m2)); /* marked per mapping */
+    pi2_map_close(&m);
+    pi2_map_close(&m2);
+    pi2t_rmtree(dir);
+}
+
 static void test_err_first_wins(void **state)
 {
     (void)state;
@@ -314,7 +346,7 @@ int main(void)
         cmocka_unit_test(test_f16_roundtrip), cmocka_unit_test(test_bf16), cmocka_unit_test(test_cursor),
         cmocka_unit_test(test_parse),         cmocka_unit_test(test_afile), cmocka_unit_test(test_afile_behind), cmocka_unit_test(test_err_first_wins),
         cmocka_unit_test(test_rng),           cmocka_unit_test(test_grow),
-        cmocka_unit_test(test_out_check),     cmocka_unit_test(test_tmp_sweep),
+        cmocka_unit_test(test_out_check),     cmocka_unit_test(test_tmp_sweep), cmocka_unit_test(test_map_guard),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }

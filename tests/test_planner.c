@@ -576,6 +576,21 @@ static void test_plan_json(void **state)
     assert_memory_equal(q.gate_groups, p.gate_groups, 4 * sizeof(uint32_t));
     assert_true(fabs(q.pred.decode_tok_s - 6.5) < 1e-9);
     pi2_plan_free(&q);
+    /* unpredicted (no hardware profile): no "predicted"; pi2-run plan's
+     * "source", "note" and "memory" are accepted and ignored */
+    p.pred.decode_tok_s = 0;
+    char *js = pi2_plan_json(&p, "m.pi2");
+    assert_non_null(js);
+    assert_null(strstr(js, "predicted"));
+    FILE *pf = fopen(path, "w");
+    fprintf(pf, "%.*s,\"source\":\"fixed split\",\"note\":\"no hardware profile\",\"memory\":{\"ctx\":8}}\n",
+            (int)strlen(js) - 1, js);
+    fclose(pf);
+    free(js);
+    assert_int_equal(pi2_plan_load(path, &q, &e), 0);
+    assert_true(q.n_ffn == 4 && q.pred.decode_tok_s == 0);
+    assert_memory_equal(q.gate_groups, p.gate_groups, 4 * sizeof(uint32_t));
+    pi2_plan_free(&q);
     pi2_plan_free(&p);
     static const struct {
         const char *text;

@@ -39,6 +39,7 @@ typedef struct run_opts {
     bool no_read_ahead;
     bool profile_hw, no_plan;
     bool force; /* --force: replace an output file that exists */
+    bool quiet; /* -q: nothing on stderr but errors, --stats and --ids */
     const char *prompt_file; /* -f FILE: read into prompt by main */
     double profile_seconds, min_speed;
     uint64_t mem_limit;
@@ -112,7 +113,9 @@ void run_ctx_hint(const run_opts *o, int rc, int ctx, pi2_err *err);
 void learn(const run_opts *o, pi2_engine *e, double tok_s, size_t tokens);
 uint64_t reads_so_far(const pi2_engine *e);
 void reads_pcts(double *v, size_t n, double out[3]);
-void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_load, FILE *f);
+/* changed: the resident members' digests differ from those verified at
+ * load (pi2_engine_recheck): said after the signature. */
+void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_load, bool changed, FILE *f);
 
 /* the subcommands */
 int run_generate(const run_opts *o);

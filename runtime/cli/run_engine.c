@@ -79,7 +79,7 @@ void learn(const run_opts *o, pi2_engine *e, double tok_s, size_t tokens)
         return;
     pi2_plan_cal_update(&o->st->cal, in.plan, tok_s, (double)in.reads / (double)tokens);
     pi2_err err = {0};
-    if (pi2_plan_cal_save(&o->st->cal, o->st->cal_path, &err) != 0)
+    if (pi2_plan_cal_save(&o->st->cal, o->st->cal_path, &err) != 0 && !o->quiet)
         fprintf(stderr, "pi2-run: could not save the model's calibration: %s\n", err.msg);
 }
 
@@ -186,7 +186,7 @@ int run_opts_engine(const run_opts *o, int ctx, run_engine_opts *r, pi2_err *err
         if (rc == 0 && r->hw && cal_path(o, o->st->cal_path, sizeof o->st->cal_path)) {
             pi2_err ce = {0};
             int cr = pi2_plan_cal_load(o->st->cal_path, &o->st->cal, &ce);
-            if (cr && cr != PI2_ENOTFOUND)
+            if (cr && cr != PI2_ENOTFOUND && !o->quiet)
                 fprintf(stderr, "pi2-run: %s (ignored; the next run rewrites it)\n", ce.msg);
             if (cr)
                 pi2_plan_cal_defaults(&o->st->cal);
@@ -252,7 +252,7 @@ void reads_pcts(double *v, size_t n, double out[3])
     out[2] = n ? v[n - 1] : 0.0;
 }
 
-void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_load, FILE *f)
+void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_load, bool changed, FILE *f)
 {
     pi2_engine_stats st;
     pi2_engine_stats_get(e, &st);
@@ -281,8 +281,9 @@ void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_
                     100.0 * (double)st.moe_guessed / (double)st.moe_guesses);
         fputc('\n', f);
     }
-    fprintf(f, "threads %d | kernels %s | peak RSS %.1f MB | %s\n", pi2_engine_threads(e),
-            pi2_k_isa_name(pi2_k_get_isa()), (double)pi2_peak_rss() / 1048576.0, pi2_engine_signature(e));
+    fprintf(f, "threads %d | kernels %s | peak RSS %.1f MB | %s%s\n", pi2_engine_threads(e),
+            pi2_k_isa_name(pi2_k_get_isa()), (double)pi2_peak_rss() / 1048576.0, pi2_engine_signature(e),
+            changed ? ", changed since verification" : "");
     pi2_engine_offload_info in;
     pi2_engine_offload_info_get(e, &in);
     if (!in.on) {
@@ -328,7 +329,11 @@ void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_
         fprintf(f, "offload: reads per token P50 %.0f, P90 %.0f, most %.0f (%zu tokens)\n", rp[0], rp[1], rp[2],
                 g->n_reads);
     }
-    if (in.plan)
+    if (in.plan && !(in.plan->pred.decode_tok_s > 0)) /* a given plan run without a hardware profile */
+        fprintf(f, "plan: %s | %d threads, I/O depth %d%s, gates kept for %.0f MB more | not predicted (%s)\n",
+                in.plan_source, in.threads, in.io_depth, in.gate_first ? ", gate-first" : "", in.gate_hot / 1048576.0,
+                o->st->hw_note[0] ? o->st->hw_note : "no hardware profile");
+    else if (in.plan)
         fprintf(f,
                 "plan: %s | %d threads, I/O depth %d%s, gates kept for %.0f MB more | predicted %.2f tok/s decode "
                 "(%.1f ms: compute %.1f, I/O %.1f, head %.1f), %.0f tok/s prefill, hit rate %.1f%% | cost model "

@@ -8,6 +8,27 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* The one line for a prompt of n_pre positions (BOS included) that, with
+ * -n, does not fit a context of ctx positions (the model holds max): what
+ * it needs, what there is, and the flag that helps. */
+static int too_long(const run_opts *o, size_t n_pre, int ctx, int max, pi2_err *err)
+{
+    long long need = (long long)n_pre + o->n_predict;
+    if ((long long)n_pre > max)
+        return pi2_err_set(err, PI2_ERANGE,
+                           "the prompt is %zu tokens, more than the model's context of %d positions: shorten it", n_pre,
+                           max);
+    if (ctx < max)
+        return pi2_err_set(err, PI2_ERANGE,
+                           "the prompt (%zu tokens) plus -n %lld needs %lld positions, the context holds %d: raise --ctx "
+                           "(the model holds %d)%s",
+                           n_pre, o->n_predict, need, ctx, max, need > max ? " and use a smaller -n" : "");
+    return pi2_err_set(err, PI2_ERANGE,
+                       "the prompt (%zu tokens) plus -n %lld needs %lld positions, the model's context holds %d: use -n %lld "
+                       "or less",
+                       n_pre, o->n_predict, need, max, max - (long long)n_pre);
+}
+
 /* ---------------- reference path ---------------- */
 
 /* Per-layer share of FFN neurons that fire, for --stats. */
@@ -96,9 +117,7 @@ int run_reference(const run_opts *o)
     int bos = d->bos_id >= 0 ? d->bos_id : pi2_tok_bos(tok);
     long long n_ctx = (long long)n_ids + (bos >= 0) + n_predict;
     if (n_ctx > pi2_desc_max_ctx(d)) {
-        rc = pi2_err_set(&err, PI2_ERANGE,
-                         "prompt (%zu tokens) plus -n %lld exceeds the model's %d positions; use a smaller -n", n_ids,
-                         n_predict, pi2_desc_max_ctx(d));
+        rc = too_long(o, n_ids + (bos >= 0), pi2_desc_max_ctx(d), pi2_desc_max_ctx(d), &err);
         goto out;
     }
     if ((rc = pi2_ref_state_create(&st, m, (int)(n_ctx > 0 ? n_ctx : 1), &err)) != 0 ||
@@ -244,9 +263,7 @@ static int prompt_ids(const run_opts *o, pi2_engine *e, int32_t **out, size_t *n
         }
     }
     if ((long long)n_pre + o->n_predict > pi2_engine_ctx(e)) {
-        rc = pi2_err_set(err, PI2_ERANGE, "prompt (%zu tokens) plus -n %lld exceeds the context of %d positions%s",
-                         n_pre, o->n_predict, pi2_engine_ctx(e),
-                         pi2_engine_ctx(e) < pi2_desc_max_ctx(d) ? "; raise --ctx" : "; use a smaller -n");
+        rc = too_long(o, n_pre, pi2_engine_ctx(e), pi2_desc_max_ctx(d), err);
         goto fail;
     }
     int32_t *all = realloc(ids, (n_pre + 1) * sizeof *all);
@@ -321,8 +338,16 @@ int run_generate(const run_opts *o)
     eng_step_ctx sc = {e, &g, reads_so_far(e)};
     if ((rc = generate_loop(o, d, tok, smp, ts, logits, pos, eng_step, &sc, g.lat, &g.n_lat, &n_sampled, &err)) != 0)
         goto out;
-    if (o->stats)
-        print_stats(o, e, &g, t_load, stderr);
+    if (o->stats) { /* the resident members hashed again: the text came from what was verified, or it is said */
+        pi2_err ce = {0};
+        bool changed = pi2_engine_recheck(e, &ce) != 0;
+        print_stats(o, e, &g, t_load, changed, stderr);
+        if (changed) {
+            err = ce;
+            rc = ce.code;
+            goto out;
+        }
+    }
     {
         double tot = 0;
         for (size_t i = 0; i < g.n_lat; i++)

@@ -182,25 +182,47 @@ static int plan_table(const run_opts *o, run_engine_opts *r, pi2_bundle *b, pi2_
     char line[640], ij[512];
     pi2_plan_items_text(&items, ctx, line, sizeof line);
     items_json(&items, ij, sizeof ij);
-    fprintf(stderr, "%s: runs in %.1f MB at the least (%s), at %d positions and %d threads\n", o->model,
+    FILE *info = o->quiet ? NULL : stderr; /* the text beside the JSON */
+    if (info)
+        fprintf(info, "%s: runs in %.1f MB at the least (%s), at %d positions and %d threads\n", o->model,
             (double)rows[0].limit / 1048576.0, line, ctx, threads);
-    fprintf(stderr, "  %10s  %13s  %s\n", "limit", "FFN bytes out", "decode");
+    if (info)
+        fprintf(info, "  %10s  %13s  %s\n", "limit", "FFN bytes out", "decode");
     printf("{\"model\":\"%s\",\"ctx\":%d,\"threads\":%d,\"minimum_bytes\":%llu,\"resident_items\":%s,\"limits\":[",
            o->model, ctx, threads, (unsigned long long)rows[0].limit, ij);
     for (int k = 0; k < n; k++) {
         char tok[48] = "null";
         if (rows[k].tok_s >= 0)
             snprintf(tok, sizeof tok, "%.3f", rows[k].tok_s);
-        fprintf(stderr, "  %7.1f MB  %12.0f%%  %s%s\n", (double)rows[k].limit / 1048576.0,
-                100.0 * rows[k].offloaded, rows[k].tok_s >= 0 ? tok : "-", rows[k].tok_s >= 0 ? " tok/s" : "");
+        if (info)
+            fprintf(info, "  %7.1f MB  %12.0f%%  %s%s\n", (double)rows[k].limit / 1048576.0,
+                    100.0 * rows[k].offloaded, rows[k].tok_s >= 0 ? tok : "-", rows[k].tok_s >= 0 ? " tok/s" : "");
         printf("%s{\"mem_limit\":%llu,\"offloaded\":%.4f,\"decode_tok_s\":%s,\"source\":\"%s\"}", k ? "," : "",
                (unsigned long long)rows[k].limit, rows[k].offloaded, tok, rows[k].source);
     }
     bool pred = rows[0].tok_s >= 0;
-    if (!pred)
-        fprintf(stderr, "no hardware profile: speed not predicted (%s)\n", o->st->hw_note);
+    if (!pred && info)
+        fprintf(info, "no hardware profile: speed not predicted (%s)\n", o->st->hw_note);
     printf("],\"note\":\"%s\"}\n", pred ? "" : "no hardware profile: speed not predicted");
     return 0;
+}
+
+/* s as the body of a JSON string into buf (cut to fit): quotes,
+ * backslashes and control characters escaped. */
+static const char *json_body(const char *s, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (; *s && n + 7 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            n += (size_t)snprintf(buf + n, cap - n, "\\%c", c);
+        else if (c < 0x20)
+            n += (size_t)snprintf(buf + n, cap - n, "\\u%04x", c);
+        else
+            buf[n++] = (char)c;
+    }
+    buf[n] = 0;
+    return buf;
 }
 
 /* pi2-run plan (--plan-only): the memory plan for --mem-limit, as one JSON line. */
@@ -236,9 +258,10 @@ int run_plan(const run_opts *o)
     char items[512], mem[2048], line[640];
     items_json(&m.items, items, sizeof items);
     pi2_plan_items_text(&m.items, ctx_run, line, sizeof line);
-    fprintf(stderr, "%s: %.0f MB at the least (%s); planned %.0f MB of %.0f MB, %.0f%% of FFN bytes out\n",
-            o->model, (double)m.minimum / 1048576.0 + 1, line, (double)m.planned / 1048576.0,
-            (double)m.mem_limit / 1048576.0, 100.0 * m.offloaded);
+    if (!o->quiet)
+        fprintf(stderr, "%s: %.0f MB at the least (%s); planned %.0f MB of %.0f MB, %.0f%% of FFN bytes out\n",
+                o->model, (double)m.minimum / 1048576.0 + 1, line, (double)m.planned / 1048576.0,
+                (double)m.mem_limit / 1048576.0, 100.0 * m.offloaded);
     snprintf(mem, sizeof mem,
              "{\"ctx\":%d,\"threads\":%d,\"mem_limit\":%llu,\"minimum_bytes\":%llu,"
              "\"planned_bytes\":%llu,\"resident_bytes\":%llu,\"kv_bytes\":%llu,\"buffer_bytes\":%llu,"
@@ -251,20 +274,22 @@ int run_plan(const run_opts *o)
              (unsigned long long)m.gate_hot, (unsigned long long)m.cache, m.slots[0] + m.slots[1],
              (unsigned long long)m.ffn_total, m.offloaded, io, m.plan.io_depth, (unsigned long long)m.files,
              (unsigned long long)m.open_peak, items);
-    if (m.predicted) { /* the plan, loadable with --plan, with the memory it makes */
-        char *pj = pi2_plan_json(&m.plan, o->model);
-        if (!pj) {
-            pi2_plan_memory_free(&m);
-            fprintf(stderr, "pi2-run: out of memory\n");
-            return 1;
-        }
-        size_t n = strlen(pj);
-        printf("%.*s,\"source\":\"%s\",\"memory\":%s}\n", (int)(n - 1), pj, m.source, mem);
-        free(pj);
-    } else {
-        printf("{\"model\":\"%s\",\"source\":\"%s\",\"note\":\"%s\",\"memory\":%s}\n", o->model, m.source,
-               o->st->hw_note, mem);
+    /* the plan, loadable with --plan, with the memory it makes; without a
+     * hardware profile the fixed split, unpredicted, with a note saying so */
+    char *pj = pi2_plan_json(&m.plan, o->model);
+    if (!pj) {
+        pi2_plan_memory_free(&m);
+        fprintf(stderr, "pi2-run: out of memory\n");
+        return 1;
     }
+    size_t n = strlen(pj);
+    char note[1024];
+    if (m.predicted)
+        printf("%.*s,\"source\":\"%s\",\"memory\":%s}\n", (int)(n - 1), pj, m.source, mem);
+    else
+        printf("%.*s,\"source\":\"%s\",\"note\":\"%s\",\"memory\":%s}\n", (int)(n - 1), pj, m.source,
+               json_body(o->st->hw_note, note, sizeof note), mem);
+    free(pj);
     pi2_plan_memory_free(&m);
     return 0;
 }

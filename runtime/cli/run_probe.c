@@ -19,9 +19,21 @@ typedef struct probe_job {
 
 static void *probe_thread(void *arg);
 
-/* Storage probe on a file (the filesystem that holds the model). */
+/* The largest read of the probe: its sequential pass (1 MiB at a time). */
+#define IO_PROBE_MIN ((uint64_t)1 << 20)
+
+/* Storage probe on a file (the filesystem that holds the model), of at
+ * least IO_PROBE_MIN bytes: refused before anything is printed. */
 int run_io_probe(const run_opts *o)
 {
+    struct stat st;
+    if (stat(o->io_probe, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size < IO_PROBE_MIN) {
+        fprintf(stderr,
+                "pi2-run: %s: too small to probe (%lld bytes): the probe reads up to 1 MB at a time; give a file "
+                "of at least 1 MB (1048576 bytes) on the storage to measure, such as the model\n",
+                o->io_probe, (long long)st.st_size);
+        return 1;
+    }
     pi2_io_opts io;
     pi2_io_defaults(&io);
     io.backend = (pi2_io_backend)o->io_backend;
@@ -172,7 +184,7 @@ int run_profile_hw(const run_opts *o, int nargs, char **args)
         slash[slash == dir] = 0; /* "/m.pi2" -> "/" */
     }
     pi2_hwprof_opts ho = {.threads = o->threads, .device_dir = dir, .point_seconds = o->profile_seconds,
-                          .log = isatty(2) ? stderr : NULL};
+                          .log = isatty(2) && !o->quiet ? stderr : NULL};
     pi2_err err = {0};
     char path[4096];
     char *text = NULL;
@@ -192,7 +204,8 @@ int run_profile_hw(const run_opts *o, int nargs, char **args)
         (rc = pi2_read_file(path, 1u << 20, &text, NULL, &err)) == 0) {
         fputs(text, stdout);
         fflush(stdout);
-        fprintf(stderr, "pi2-run: hardware profile (%.1f s) saved to %s\n", p->seconds, path);
+        if (!o->quiet)
+            fprintf(stderr, "pi2-run: hardware profile (%.1f s) saved to %s\n", p->seconds, path);
     }
     free(text);
     free(p);

@@ -14,7 +14,7 @@ make --no-print-directory all "$B/fuzz/gen-seeds" >/dev/null
 G=$B/fuzz/gen-seeds
 T=$(mktemp -d "${TMPDIR:-/tmp}/pi2corpus.XXXXXX")
 trap 'rm -rf "$T"' EXIT
-for t in safetensors hfconfig tokenizer manifest container torchzip; do
+for t in safetensors hfconfig tokenizer manifest container torchzip plan hwprof pem; do
     rm -rf "$C/$t"; mkdir -p "$C/$t"
 done
 
@@ -168,6 +168,30 @@ for proto in (2, 4):
         Pickler(f, protocol=proto).dump(sd)
 PY
 fi
+
+# --- plans (pi2-run plan: with a hardware profile, predicted; without, the
+# fixed split with its note), model calibrations, hardware profiles, keys ---
+"$B/pi2-bundle" keygen --private "$T/k.pem" --public "$T/k.pub" >/dev/null
+seed pem private "$T/k.pem"
+seed pem public "$T/k.pub"
+sed 's/PRIVATE KEY/PUBLIC KEY/' "$T/k.pem" >"$T/mixed.pem"
+seed pem private-labelled-public "$T/mixed.pem"
+head -c 60 "$T/k.pub" >"$C/pem/public-cut"
+mkdir -p "$T/hwdev"
+"$B/pi2-run" --profile-hw --device-path "$T/hwdev" --hw-profile "$T/hw.json" -t 2 --profile-seconds 0.01 \
+    >/dev/null 2>&1
+# the machine's names replaced: the seed says nothing of where it was made
+sed -e 's/"cpu": *"[^"]*"/"cpu": "cpu"/' -e 's/"device": *"[^"]*"/"device": "\/models"/' "$T/hw.json" >"$T/hw-seed.json"
+seed hwprof profile "$T/hw-seed.json"
+for hw in "$T/hw.json" "$T/none.json"; do
+    n=$(basename "$hw" .json)
+    "$B/pi2-run" plan "$T/tiny.pi2" --trust-unsigned --hw-profile "$hw" -t 1 --mem-limit 40M -p hi 2>/dev/null \
+        | sed "s|$T/||g" >"$T/plan-$n.json"
+    seed plan "plan-$n" "$T/plan-$n.json"
+done
+z='[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0],[0,0]'
+printf '{"version":6,"extra_reads":0.5,"runs":3,"reads_sums":[1,2],"compute_sums":[[3,3],%s],"io_sums":[%s,[0,0]]}\n' \
+    "${z#\[0,0\],}" "${z%,\[0,0\]}" >"$C/plan/calibration"
 
 du -sh "$C"
 for t in "$C"/*; do echo "$(basename "$t"): $(ls "$t" | wc -l) seeds"; done

@@ -263,7 +263,7 @@ static int decode_reply(pi2_session *s, const pi2_session_gen *g, pi2_session_re
             break;
         s->hist[s->n_hist++] = next;
     }
-    if (rc == 0) {
+    if (rc == 0 && !r.stopped) { /* what the stream still holds */
         const char *b;
         size_t len;
         if ((rc = pi2_tok_stream_flush(ts, &b, &len, err)) == 0)

@@ -25,6 +25,7 @@ static void usage(FILE *f)
             "       pi2-run probe io FILE\n"
             "       pi2-run probe profile [MODEL.pi2] [--device-path DIR] [--hw-profile FILE] [-t N]\n"
             "       pi2-run chat MODEL.pi2 [--system TEXT] [--chat-drop-oldest] [run options]\n"
+            "       pi2-run serve MODEL.pi2 [--host ADDR] [--port N] [--api-key KEY] [--max-queue N]\n"
             "(the older forms --bench, --ppl FILE, --plan-only, --hw-probe, --io-probe FILE and\n"
             "--profile-hw select the same subcommands)\n"
             "\n");
@@ -104,7 +105,12 @@ static void usage(FILE *f)
             "  --system TEXT      the system prompt\n"
             "  --chat-drop-oldest when the conversation outgrows the context, drop its oldest\n"
             "                     turns (default: say so and keep the conversation as it is)\n"
-            );
+            "serve: an OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions,\n"
+            "GET /v1/models, /health); requests run one at a time in arrival order.\n"
+            "  --host ADDR        address to listen on (default 127.0.0.1: this machine only)\n"
+            "  --port N           port (default 8080; 0: any free port, printed at start)\n"
+            "  --api-key KEY      require \"Authorization: Bearer KEY\"\n"
+            "  --max-queue N      requests waiting at most (default 16; more get 503)\n");
     fprintf(f,
             "\n"
             "exit status: 0 ok, 1 failure (bad input, refused container, failed write), 2 bad usage\n"
@@ -115,15 +121,15 @@ static void usage(FILE *f)
             "  pi2-run model.pi2 --pubkey pub.pem --mem-limit 3G -p \"Once upon a time\" --stats\n"
             "  pi2-run probe profile model.pi2 -t 2\n"
             "  pi2-run chat model.pi2 --pubkey pub.pem --system \"You are helpful.\" -n 256\n"
-
+            "  pi2-run serve model.pi2 --pubkey pub.pem --port 8080 --mem-limit 3G\n"
             "  pi2-run plan model.pi2 --pubkey pub.pem   # least memory; speeds up to all in memory\n"
             "  pi2-run plan model.pi2 --pubkey pub.pem --mem-limit 3G --min-speed 5 > plan.json\n"
             "  pi2-run --reference ../shared/models/tinystories-656k -p \"Once upon a time, there was a\" -n 48\n");
 }
 
 /* Subcommands, in the order of run_mode. */
-typedef enum { RUN_NONE, RUN_GENERATE, RUN_BENCH, RUN_PPL, RUN_PLAN, RUN_PROBE, RUN_CHAT } run_mode;
-static const char *const mode_names[] = {"generate", "bench", "ppl", "plan", "probe", "chat"};
+typedef enum { RUN_NONE, RUN_GENERATE, RUN_BENCH, RUN_PPL, RUN_PLAN, RUN_PROBE, RUN_CHAT, RUN_SERVE } run_mode;
+static const char *const mode_names[] = {"generate", "bench", "ppl", "plan", "probe", "chat", "serve"};
 
 /* Turn a subcommand and its positional arguments (argv[*optind..]) into the
  * options the older flag forms set: bench = --bench, ppl MODEL TEXT = --ppl
@@ -135,7 +141,8 @@ static int apply_mode(run_mode mode, run_opts *o, int *argc, char **argv, int *o
     switch (mode) {
     case RUN_NONE:
     case RUN_GENERATE: break;
-    case RUN_CHAT: break;
+    case RUN_CHAT:
+    case RUN_SERVE: break;
     case RUN_BENCH: o->bench = true; break;
     case RUN_PLAN: o->plan_only = true; break;
     case RUN_PPL:
@@ -345,8 +352,8 @@ static int dispatch(run_opts *o, run_mode mode, int argc, char **argv, int optin
         fprintf(stderr, "pi2-run: give either --plan FILE or --no-plan, not both\n");
         return 2;
     }
-    if (mode == RUN_CHAT)
-        return run_chat(o);
+    if (mode == RUN_CHAT || mode == RUN_SERVE)
+        return mode == RUN_CHAT ? run_chat(o) : run_serve(o);
     if (o->plan_only)
         return run_plan(o);
     if (o->bench && o->ppl) {

@@ -107,6 +107,9 @@ int run_hw_probe(const run_opts *o);
 int run_io_probe(const run_opts *o);
 int run_profile_hw(const run_opts *o, int nargs, char **args);
 int run_chat(const run_opts *o);
+/* The context chat and serve run with: --ctx, else up to 2048 positions
+ * (the model's at most) when the memory plan allows them. */
+void run_chat_ctx(const run_opts *o, pi2_engine *e);
 int run_serve(const run_opts *o);
 
 #endif

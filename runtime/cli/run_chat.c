@@ -15,9 +15,7 @@ static int emit_stdout(void *ctx, const char *text, size_t len)
     return fflush(stdout) != 0 || ferror(stdout) ? -1 : 0;
 }
 
-/* The context a conversation opens with: --ctx, else up to 2048 positions
- * (the model's at most) when the memory plan allows them. */
-static void chat_ctx(const run_opts *o, pi2_engine *e)
+void run_chat_ctx(const run_opts *o, pi2_engine *e)
 {
     if (o->ctx > 0)
         return;
@@ -96,7 +94,7 @@ int run_chat(const run_opts *o)
     bool tty = isatty(STDIN_FILENO) && isatty(STDERR_FILENO);
     if ((rc = open_engine(o, o->ctx, &e, &err)) != 0)
         goto out;
-    chat_ctx(o, e);
+    run_chat_ctx(o, e);
     if ((rc = pi2_session_create(&s, e, &err)) != 0 || (rc = chat_start(o, s, &err)) != 0)
         goto out;
     pi2_session_set_drop_oldest(s, o->chat_drop_oldest);

@@ -629,6 +629,9 @@ expect_error "plan corrupt hardware profile" "badhw.json" "$B/pi2-run" "$T/b.pi2
 # --- faults: outputs over inputs, interrupts, full disks, failed writes ---
 . "$(dirname "$0")/e2e_faults.sh"
 
+# --- chat and the server ---
+. "$(dirname "$0")/e2e_serve.sh"
+
 # --- golden: the real trained model ---
 M="$SHARED/models/tinystories-656k"
 if [ -d "$M" ]; then

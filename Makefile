@@ -27,7 +27,7 @@ ifdef TSAN
 CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer
 LDFLAGS += -fsanitize=thread
 endif
-LDLIBS  := -larchive -lcrypto -lopenblas -ljansson -luring -lm -lpthread
+LDLIBS  := -larchive -lcrypto -lopenblas -ljansson -luring -lmicrohttpd -lm -lpthread
 
 TOOLS     := pi2-convert pi2-bundle pi2-run
 TOOL_SRC  := convert/pi2-convert.c bundle/pi2-bundle.c runtime/pi2-run.c

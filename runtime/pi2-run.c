@@ -24,6 +24,8 @@ static void usage(FILE *f)
             "       pi2-run probe hw [-t N]\n"
             "       pi2-run probe io FILE\n"
             "       pi2-run probe profile [MODEL.pi2] [--device-path DIR] [--hw-profile FILE] [-t N]\n"
+            "       pi2-run chat MODEL.pi2 [--system TEXT] [--chat-drop-oldest] [run options]\n"
+            "       pi2-run serve MODEL.pi2 [--host ADDR] [--port N] [--api-key KEY] [--max-queue N]\n"
             "(the older forms --bench, --ppl FILE, --plan-only, --hw-probe, --io-probe FILE and\n"
             "--profile-hw select the same subcommands)\n"
             "\n");
@@ -99,7 +101,21 @@ static void usage(FILE *f)
             "  -q, --quiet        nothing on stderr but errors and what --stats or --ids ask for\n"
             "                     (no plan summary, no --profile-hw progress, no warnings)\n"
             "  -h, --help         this help\n"
-            "  --version          version, build and kernel paths\n"
+            "  --version          version, build and kernel paths\n");
+    fprintf(f,
+            "\n"
+            "chat: a conversation, from a terminal or one message per line of stdin; the reply\n"
+            "streams to stdout, then a newline. /reset, /quit, /help. -n is per reply.\n"
+            "  --system TEXT      the system prompt\n"
+            "  --chat-drop-oldest when the conversation outgrows the context, drop its oldest\n"
+            "                     turns (default: say so and keep the conversation as it is)\n"
+            "serve: an OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions,\n"
+            "GET /v1/models, /health); requests run one at a time in arrival order.\n"
+            "  --host ADDR        address to listen on (default 127.0.0.1: this machine only)\n"
+            "  --port N           port (default 8080; 0: any free port, printed at start)\n"
+            "  --api-key KEY      require \"Authorization: Bearer KEY\"\n"
+            "  --max-queue N      requests waiting at most (default 16; more get 503)\n");
+    fprintf(f,
             "\n"
             "exit status: 0 ok, 1 failure (bad input, refused container, failed write), 2 bad usage\n"
             "\n"
@@ -108,14 +124,16 @@ static void usage(FILE *f)
             "  pi2-run bench model.pi2 --pubkey pub.pem -t 2\n"
             "  pi2-run model.pi2 --pubkey pub.pem --mem-limit 3G -p \"Once upon a time\" --stats\n"
             "  pi2-run probe profile model.pi2 -t 2\n"
+            "  pi2-run chat model.pi2 --pubkey pub.pem --system \"You are helpful.\" -n 256\n"
+            "  pi2-run serve model.pi2 --pubkey pub.pem --port 8080 --mem-limit 3G\n"
             "  pi2-run plan model.pi2 --pubkey pub.pem   # least memory; speeds up to all in memory\n"
             "  pi2-run plan model.pi2 --pubkey pub.pem --mem-limit 3G --min-speed 5 > plan.json\n"
             "  pi2-run --reference ../shared/models/tinystories-656k -p \"Once upon a time, there was a\" -n 48\n");
 }
 
 /* Subcommands, in the order of run_mode. */
-typedef enum { RUN_NONE, RUN_GENERATE, RUN_BENCH, RUN_PPL, RUN_PLAN, RUN_PROBE } run_mode;
-static const char *const mode_names[] = {"generate", "bench", "ppl", "plan", "probe"};
+typedef enum { RUN_NONE, RUN_GENERATE, RUN_BENCH, RUN_PPL, RUN_PLAN, RUN_PROBE, RUN_CHAT, RUN_SERVE } run_mode;
+static const char *const mode_names[] = {"generate", "bench", "ppl", "plan", "probe", "chat", "serve"};
 
 /* Turn a subcommand and its positional arguments (argv[*optind..]) into the
  * options the older flag forms set: bench = --bench, ppl MODEL TEXT = --ppl
@@ -127,6 +145,8 @@ static int apply_mode(run_mode mode, run_opts *o, int *argc, char **argv, int *o
     switch (mode) {
     case RUN_NONE:
     case RUN_GENERATE: break;
+    case RUN_CHAT:
+    case RUN_SERVE: break;
     case RUN_BENCH: o->bench = true; break;
     case RUN_PLAN: o->plan_only = true; break;
     case RUN_PPL:
@@ -166,6 +186,25 @@ enum {
     O_NORA, O_FORCE, O_VERSION
 };
 
+/* chat and serve */
+enum { O_SYSTEM = 512, O_DROPOLD, O_HOST, O_PORT, O_APIKEY, O_MAXQ };
+
+static int take_chat_flag(int c, run_opts *o, pi2_err *err)
+{
+    long long v = 0;
+    int rc = 0;
+    switch (c) {
+    case O_SYSTEM: o->system = optarg; break;
+    case O_DROPOLD: o->chat_drop_oldest = true; break;
+    case O_HOST: o->host = optarg; break;
+    case O_PORT: rc = pi2_parse_int("--port", optarg, 0, 65535, &v, err); o->port = (int)v; break;
+    case O_APIKEY: o->api_key = optarg; break;
+    case O_MAXQ: rc = pi2_parse_int("--max-queue", optarg, 1, 4096, &v, err); o->max_queue = (int)v; break;
+    default: rc = pi2_err_set(err, PI2_EINVAL, "unknown option; see --help");
+    }
+    return rc;
+}
+
 static const struct option opts[] = {
     {"reference", required_argument, 0, O_REF},   {"prompt", required_argument, 0, 'p'},
     {"n-predict", required_argument, 0, 'n'},     {"threads", required_argument, 0, 't'},
@@ -190,6 +229,10 @@ static const struct option opts[] = {
     {"plan-only", no_argument, 0, O_PLAN},        {"help", no_argument, 0, 'h'},
     {"force", no_argument, 0, O_FORCE},           {"file", required_argument, 0, 'f'},
     {"version", no_argument, 0, O_VERSION},       {"quiet", no_argument, 0, 'q'},
+    /* chat and serve */
+    {"system", required_argument, 0, O_SYSTEM},   {"chat-drop-oldest", no_argument, 0, O_DROPOLD},
+    {"host", required_argument, 0, O_HOST},       {"port", required_argument, 0, O_PORT},
+    {"api-key", required_argument, 0, O_APIKEY},  {"max-queue", required_argument, 0, O_MAXQ},
     {0, 0, 0, 0}};
 
 static int take_isa(const char *arg, pi2_err *err)
@@ -278,7 +321,7 @@ static int take_flag(int c, run_opts *o, pi2_err *err)
     case O_NOPLAN: o->no_plan = true; break;
     case O_FORCE: o->force = true; break;
     case O_MINSPEED: rc = pi2_parse_double("--min-speed", optarg, 1e-6, 1e9, &o->min_speed, err); break;
-    default: rc = pi2_err_set(err, PI2_EINVAL, "unknown option; see --help");
+    default: rc = take_chat_flag(c, o, err);
     }
     return rc;
 }
@@ -325,6 +368,8 @@ static int dispatch(run_opts *o, run_mode mode, int argc, char **argv, int optin
         fprintf(stderr, "pi2-run: give either --plan FILE or --no-plan, not both\n");
         return 2;
     }
+    if (mode == RUN_CHAT || mode == RUN_SERVE)
+        return mode == RUN_CHAT ? run_chat(o) : run_serve(o);
     if (o->plan_only)
         return run_plan(o);
     if (o->bench && o->ppl) {
@@ -364,6 +409,7 @@ static int tool_main(int argc, char **argv)
 {
     run_opts o = {.prompt = "", .n_predict = 64, .verify_ffn = true, .bench_pp = 128, .bench_tg = 64,
                   .hot_share = 1.0, .io_depth = 64,
+                  .port = 8080, .max_queue = 16,
                   .ppl_tokens = 512, .so = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 1}};
     run_state st = {0};
     o.st = &st;

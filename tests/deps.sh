@@ -14,6 +14,8 @@ have_lib archive.h -larchive || need="$need libarchive-dev"
 have_lib openssl/evp.h -lcrypto || need="$need libssl-dev"
 have_lib cblas.h -lopenblas || need="$need libopenblas-dev"
 have_lib liburing.h -luring || need="$need liburing-dev"
+printf '#include <stdarg.h>\n#include <stdint.h>\n#include <sys/types.h>\n#include <sys/socket.h>\n#include <microhttpd.h>\nint main(void) { return MHD_is_feature_supported(MHD_FEATURE_THREADS) ? 0 : 1; }\n' \
+    | ${CC:-cc} -x c - -o /dev/null -lmicrohttpd >/dev/null 2>&1 || need="$need libmicrohttpd-dev"
 printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <stdint.h>\n#include <cmocka.h>\n' \
     | ${CC:-cc} -E -x c - >/dev/null 2>&1 || need="$need libcmocka-dev"
 command -v ${CC:-cc} >/dev/null 2>&1 || need="$need gcc"

@@ -658,6 +658,9 @@ expect_error "--reference with bench" "bench runs a bundled model" "$B/pi2-run" 
 # --- faults: outputs over inputs, interrupts, full disks, failed writes ---
 . "$(dirname "$0")/e2e_faults.sh"
 
+# --- chat and the server ---
+. "$(dirname "$0")/e2e_serve.sh"
+
 # --- golden: the real trained model ---
 M="$SHARED/models/tinystories-656k"
 if [ -d "$M" ]; then

@@ -47,6 +47,10 @@ typedef struct run_opts {
     int io_backend, io_depth;
     long long bench_pp, bench_tg, ppl_tokens;
     pi2_sample_opts so;
+    /* chat and serve (run_chat.c, run_serve.c) */
+    const char *system, *host, *api_key;
+    bool chat_drop_oldest;
+    int port, max_queue;
 } run_opts;
 
 /* One forward step of whichever model runs: token at pos -> logits. */
@@ -127,5 +131,10 @@ int run_plan(const run_opts *o);
 int run_hw_probe(const run_opts *o);
 int run_io_probe(const run_opts *o);
 int run_profile_hw(const run_opts *o, int nargs, char **args);
+int run_chat(const run_opts *o);
+/* The context chat and serve run with: --ctx, else up to 2048 positions
+ * (the model's at most) when the memory plan allows them. */
+void run_chat_ctx(const run_opts *o, pi2_engine *e);
+int run_serve(const run_opts *o);
 
 #endif

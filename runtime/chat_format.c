@@ -1,63 +1,68 @@
-/* Chat formatting (see chat_format.h): ChatML, the format of the published
- * instruct models' chat_template, until the container carries its own. */
+/* Chat formatting (see chat_format.h): a Jinja chat template rendered by
+ * formats/jinja.h, ChatML when none is given. */
 #include "runtime/chat_format.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* A growing string; an allocation failure sticks (checked once at the end). */
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s)
-{
-    size_t n = strlen(s);
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n + 1);
-    b->len += n;
-}
-
-int pi2_chat_format(const struct pi2_engine *e, const pi2_chat_msg *msgs, size_t n, bool add_generation_prompt,
+int pi2_chat_format(const pi2_chat_template *t, const pi2_chat_msg *msgs, size_t n, bool add_generation_prompt,
                     char **out, pi2_err *err)
 {
-    (void)e; /* every model is ChatML for now */
-    sbuf b = {0};
     *out = NULL;
-    sb_put(&b, "");
-    for (size_t i = 0; i < n; i++) {
-        if (!msgs[i].role || !*msgs[i].role || !msgs[i].content) {
-            free(b.p);
+    for (size_t i = 0; i < n; i++)
+        if (!msgs[i].role || !*msgs[i].role || !msgs[i].content)
             return pi2_err_set(err, PI2_EINVAL, "chat message %zu has no %s", i,
                                !msgs[i].role || !*msgs[i].role ? "role" : "content");
+    const char *text = t && t->text ? t->text : pi2_jinja_builtin("chatml");
+    pi2_chat_vars v = {.bos_token = t && t->bos ? t->bos : "", .eos_token = t && t->eos ? t->eos : "",
+                       .add_generation_prompt = add_generation_prompt};
+    size_t len;
+    int rc = pi2_jinja_render(text, strlen(text), msgs, n, &v, out, &len, err);
+    if (rc)
+        return rc;
+    size_t nb = strlen(v.bos_token);
+    if (nb > 0 && len >= nb && memcmp(*out, v.bos_token, nb) == 0) /* the encoder adds BOS */
+        memmove(*out, *out + nb, len - nb + 1);
+    return 0;
+}
+
+int pi2_chat_template_load(const char *spec, pi2_chat_template *t, pi2_chat_config *cc, pi2_err *err)
+{
+    memset(t, 0, sizeof *t);
+    memset(cc, 0, sizeof *cc);
+    if ((t->text = pi2_jinja_builtin(spec)) != NULL)
+        return 0;
+    char buf[4096];
+    const char *path = spec;
+    if (pi2_is_dir(spec)) {
+        if (!pi2_path_join(buf, sizeof buf, spec, "tokenizer_config.json"))
+            return pi2_err_set(err, PI2_ERANGE, "%s: path too long", spec);
+        path = buf;
+    }
+    char *data;
+    size_t len;
+    int rc = pi2_read_file(path, 4u << 20, &data, &len, err);
+    if (rc)
+        return rc;
+    size_t k = 0;
+    while (k < len && (data[k] == ' ' || data[k] == '\n' || data[k] == '\t' || data[k] == '\r'))
+        k++;
+    if (k < len && data[k] == '{' && (rc = pi2_jinja_config_parse(data, len, path, cc, err)) == 0) {
+        free(data);
+        if (!cc->chat_template) {
+            pi2_jinja_config_free(cc);
+            return pi2_err_set(err, PI2_ENOTFOUND, "%s: no chat_template in it", path);
         }
-        sb_put(&b, "<|im_start|>");
-        sb_put(&b, msgs[i].role);
-        sb_put(&b, "\n");
-        sb_put(&b, msgs[i].content);
-        sb_put(&b, "<|im_end|>\n");
+        t->text = cc->chat_template;
+        t->bos = cc->bos_token;
+        t->eos = cc->eos_token;
+        return 0;
     }
-    if (add_generation_prompt)
-        sb_put(&b, "<|im_start|>assistant\n");
-    if (b.oom) {
-        free(b.p);
-        return pi2_err_set(err, PI2_ENOMEM, "out of memory formatting the chat");
+    if (rc) { /* JSON, but not a tokenizer_config.json this reader takes */
+        free(data);
+        return rc;
     }
-    *out = b.p;
+    cc->chat_template = data; /* the template's own text */
+    t->text = data;
     return 0;
 }

@@ -107,6 +107,9 @@ static void usage(FILE *f)
             "chat: a conversation, from a terminal or one message per line of stdin; the reply\n"
             "streams to stdout, then a newline. /reset, /quit, /help. -n is per reply.\n"
             "  --system TEXT      the system prompt\n"
+            "  --chat-template T  chat and serve: the chat format, a Jinja chat template: a built-in\n"
+            "                     (chatml, llama2, mistral, vicuna), the model's tokenizer_config.json\n"
+            "                     (or the HF directory holding it), or a template file (default: chatml)\n"
             "  --chat-drop-oldest when the conversation outgrows the context, drop its oldest\n"
             "                     turns (default: say so and keep the conversation as it is)\n"
             "serve: an OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions,\n"
@@ -187,7 +190,7 @@ enum {
 };
 
 /* chat and serve */
-enum { O_SYSTEM = 512, O_DROPOLD, O_HOST, O_PORT, O_APIKEY, O_MAXQ };
+enum { O_SYSTEM = 512, O_DROPOLD, O_HOST, O_PORT, O_APIKEY, O_MAXQ, O_CHATTMPL };
 
 static int take_chat_flag(int c, run_opts *o, pi2_err *err)
 {
@@ -195,6 +198,7 @@ static int take_chat_flag(int c, run_opts *o, pi2_err *err)
     int rc = 0;
     switch (c) {
     case O_SYSTEM: o->system = optarg; break;
+    case O_CHATTMPL: o->chat_template = optarg; break;
     case O_DROPOLD: o->chat_drop_oldest = true; break;
     case O_HOST: o->host = optarg; break;
     case O_PORT: rc = pi2_parse_int("--port", optarg, 0, 65535, &v, err); o->port = (int)v; break;
@@ -231,6 +235,7 @@ static const struct option opts[] = {
     {"version", no_argument, 0, O_VERSION},       {"quiet", no_argument, 0, 'q'},
     /* chat and serve */
     {"system", required_argument, 0, O_SYSTEM},   {"chat-drop-oldest", no_argument, 0, O_DROPOLD},
+    {"chat-template", required_argument, 0, O_CHATTMPL},
     {"host", required_argument, 0, O_HOST},       {"port", required_argument, 0, O_PORT},
     {"api-key", required_argument, 0, O_APIKEY},  {"max-queue", required_argument, 0, O_MAXQ},
     {0, 0, 0, 0}};

@@ -20,6 +20,7 @@ struct pi2_session {
     owned_msg *msgs;
     size_t n_msgs, cap_msgs;
     bool drop_oldest;
+    const pi2_chat_template *tmpl; /* NULL: ChatML */
     char *reply; /* the last reply: len bytes, NUL-terminated */
     size_t len, cap;
 };
@@ -82,6 +83,8 @@ int pi2_session_add(pi2_session *s, const char *role, const char *content, pi2_e
     s->msgs[s->n_msgs++] = m;
     return 0;
 }
+
+void pi2_session_set_template(pi2_session *s, const pi2_chat_template *t) { s->tmpl = t; }
 
 /* Remove message i, keeping the order of the rest. */
 static void msg_remove(pi2_session *s, size_t i)
@@ -370,7 +373,7 @@ static int format_view(pi2_session *s, size_t drop, char **text, pi2_err *err)
     for (size_t i = 0; i < s->n_msgs; i++)
         if (i < ns || i >= ns + drop)
             v[nv++] = pi2_session_msg(s, i);
-    int rc = pi2_chat_format(s->e, v, nv, true, text, err);
+    int rc = pi2_chat_format(s->tmpl, v, nv, true, text, err);
     free(v);
     return rc;
 }

@@ -71,6 +71,8 @@ pi2_engine *pi2_session_engine(const pi2_session *s);
  * leading system ones (a user message with the reply that follows it)
  * until the prompt and room for a reply fit, rather than refuse it. */
 void pi2_session_set_drop_oldest(pi2_session *s, bool on);
+/* The chat format replies are prompted in (borrowed; NULL: ChatML). */
+void pi2_session_set_template(pi2_session *s, const pi2_chat_template *t);
 
 /* Append a message (copied). PI2_EINVAL without a role, PI2_ENOMEM. */
 int pi2_session_add(pi2_session *s, const char *role, const char *content, pi2_err *err);

@@ -20,6 +20,11 @@ printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include 
     | ${CC:-cc} -E -x c - >/dev/null 2>&1 || need="$need libcmocka-dev"
 command -v ${CC:-cc} >/dev/null 2>&1 || need="$need gcc"
 command -v make >/dev/null 2>&1 || need="$need make"
+# The tests' clients and oracles (never the tools'): curl and jq drive the
+# server, python3-jinja2 checks the chat-template renderer byte for byte.
+command -v curl >/dev/null 2>&1 || need="$need curl"
+command -v jq >/dev/null 2>&1 || need="$need jq"
+/usr/bin/python3 -c 'import jinja2' >/dev/null 2>&1 || need="$need python3-jinja2"
 # `sh tests/deps.sh fuzz` (make fuzz): clang with libFuzzer and its sanitizer runtimes.
 if [ "${1:-}" = fuzz ]; then
     command -v ${FUZZ_CC:-clang} >/dev/null 2>&1 || need="$need clang"

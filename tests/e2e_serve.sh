@@ -34,6 +34,15 @@ yes "tell me more" | head -n 12 | "$B/pi2-run" chat "$SM" --pubkey "$T/k.pub" --
     >"$T/out" 2>"$T/err"
 [ $? -eq 0 ] && grep -q "dropped to fit the context" "$T/err" && ! grep -q "pi2-run:" "$T/err" && ok \
     || { bad "chat --chat-drop-oldest"; cat "$T/err"; }
+# --chat-template: a built-in by name and the model's tokenizer_config.json; the
+# prompt shows in --stats' token count, and a name that is neither is one line
+printf 'hello there\n' | "$B/pi2-run" chat "$SM" --pubkey "$T/k.pub" --chat-template llama2 -n 4 --stats \
+    >"$T/out" 2>"$T/err" && grep -q '^\[prompt' "$T/err" && ok || { bad "chat --chat-template llama2"; cat "$T/err"; }
+printf '{"chat_template": "{%% for m in messages %%}{{ m.role }}: {{ m.content }}\\n{%% endfor %%}assistant:"}' \
+    >"$T/tokenizer_config.json"
+printf 'hello there\n' | "$B/pi2-run" chat "$SM" --pubkey "$T/k.pub" --chat-template "$T/tokenizer_config.json" -n 4 \
+    >"$T/out" 2>"$T/err" && ok || { bad "chat --chat-template tokenizer_config.json"; cat "$T/err"; }
+expect_error "chat --chat-template missing" "nosuch" "$B/pi2-run" chat "$SM" --pubkey "$T/k.pub" --chat-template "$T/nosuch"
 
 # --- serve ---
 if ! command -v curl >/dev/null 2>&1 || ! command -v jq >/dev/null 2>&1; then

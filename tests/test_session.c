@@ -98,6 +98,39 @@ static void test_chat_format_chatml(void **state)
     out = (char *)1;
     assert_int_equal(pi2_chat_format(NULL, bad, 2, true, &out, &e), PI2_EINVAL);
     assert_null(out);
+    /* a template that writes bos_token itself: the encoder adds BOS, so
+     * the rendered prompt starts after it */
+    pi2_chat_template l2 = {.text = pi2_jinja_builtin("llama2"), .bos = "<s>", .eos = "</s>"};
+    assert_int_equal(pi2_chat_format(&l2, m + 1, 1, true, &out, &e), 0);
+    assert_string_equal(out, "[INST] Hi [/INST]");
+    free(out);
+    /* the model's own, from its tokenizer_config.json (file or directory) */
+    char dir[] = "/tmp/pi2chatXXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"bos_token\": \"<s>\", \"eos_token\": {\"content\": \"</s>\"}, \"chat_template\": "
+          "\"{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ eos_token }}{% endfor %}\"}",
+          f);
+    fclose(f);
+    pi2_chat_template t;
+    pi2_chat_config cc;
+    assert_int_equal(pi2_chat_template_load(dir, &t, &cc, &e), 0);
+    assert_string_equal(t.eos, "</s>");
+    assert_int_equal(pi2_chat_format(&t, m, 2, false, &out, &e), 0);
+    assert_string_equal(out, "<system>Be brief.</s><user>Hi</s>");
+    free(out);
+    pi2_jinja_config_free(&cc);
+    assert_int_equal(pi2_chat_template_load("vicuna", &t, &cc, &e), 0);
+    assert_non_null(t.text);
+    pi2_err e2 = {0};
+    f = fopen(path, "w");
+    fputs("{\"bos_token\": \"<s>\"}", f);
+    fclose(f);
+    assert_int_equal(pi2_chat_template_load(path, &t, &cc, &e2), PI2_ENOTFOUND);
+    remove(path);
+    rmdir(dir);
     assert_non_null(strstr(e.msg, "message 1 has no role"));
 }
 
@@ -277,7 +310,7 @@ static void test_say_turns(void **state)
     pi2_chat_msg m[4];
     for (int i = 0; i < 4; i++)
         m[i] = pi2_session_msg(s, (size_t)i);
-    assert_int_equal(pi2_chat_format(e, m, 4, true, &text, &err), 0);
+    assert_int_equal(pi2_chat_format(NULL, m, 4, true, &text, &err), 0);
     assert_non_null(strstr(text, "<|im_start|>user\nhow are you<|im_end|>\n<|im_start|>assistant\n"));
     free(text);
     /* reset: the system prompt's tokens stay in the cache */

@@ -49,6 +49,7 @@ typedef struct run_opts {
     pi2_sample_opts so;
     /* chat and serve (run_chat.c, run_serve.c) */
     const char *system, *host, *api_key;
+    const char *chat_template; /* --chat-template: a built-in name or a file (chat_format.h) */
     bool chat_drop_oldest;
     int port, max_queue;
 } run_opts;

@@ -88,6 +88,8 @@ int run_chat(const run_opts *o)
     pi2_err err = {0};
     pi2_engine *e = NULL;
     pi2_session *s = NULL;
+    pi2_chat_template tmpl;
+    pi2_chat_config cc = {0};
     char *line = NULL;
     size_t cap = 0;
     int rc, status = 1;
@@ -95,7 +97,12 @@ int run_chat(const run_opts *o)
     if ((rc = open_engine(o, o->ctx, &e, &err)) != 0)
         goto out;
     run_chat_ctx(o, e);
-    if ((rc = pi2_session_create(&s, e, &err)) != 0 || (rc = chat_start(o, s, &err)) != 0)
+    if (o->chat_template && (rc = pi2_chat_template_load(o->chat_template, &tmpl, &cc, &err)) != 0)
+        goto out;
+    if ((rc = pi2_session_create(&s, e, &err)) != 0)
+        goto out;
+    pi2_session_set_template(s, o->chat_template ? &tmpl : NULL);
+    if ((rc = chat_start(o, s, &err)) != 0)
         goto out;
     pi2_session_set_drop_oldest(s, o->chat_drop_oldest);
     if (tty) {
@@ -128,6 +135,7 @@ out:
         fail(&err);
     free(line);
     pi2_session_free(s);
+    pi2_jinja_config_free(&cc);
     pi2_engine_close(e);
     return status;
 }

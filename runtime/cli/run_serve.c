@@ -36,6 +36,7 @@ typedef struct server {
     const run_opts *o;
     pi2_engine *e;
     pi2_session *s;
+    const pi2_chat_template *tmpl; /* NULL: ChatML */
     char model_id[256];
     long long created;
     pthread_mutex_t mu;
@@ -363,7 +364,7 @@ static enum MHD_Result queue_request(server *srv, struct MHD_Connection *c, conn
                  srv->model_id);
         return send_error(c, 404, msg, "invalid_request_error", "model", "model_not_found");
     }
-    int rc = chat ? pi2_chat_format(srv->e, j->req.msgs, j->req.n_msgs, true, &j->text, &err)
+    int rc = chat ? pi2_chat_format(srv->tmpl, j->req.msgs, j->req.n_msgs, true, &j->text, &err)
                   : ((j->text = pi2_strdup(j->req.prompt)) ? 0 : pi2_err_set(&err, PI2_ENOMEM, "out of memory"));
     int32_t *ids = NULL;
     size_t n = 0;
@@ -617,12 +618,21 @@ int run_serve(const run_opts *o)
     if ((rc = open_engine(o, o->ctx, &srv.e, &err)) != 0)
         goto out;
     run_chat_ctx(o, srv.e);
-    if ((rc = pi2_session_create(&srv.s, srv.e, &err)) != 0 || (rc = serve(&srv, &err)) != 0)
+    pi2_chat_template t;
+    pi2_chat_config cc = {0};
+    if (o->chat_template && (rc = pi2_chat_template_load(o->chat_template, &t, &cc, &err)) != 0)
+        goto out;
+    srv.tmpl = o->chat_template ? &t : NULL;
+    if ((rc = pi2_session_create(&srv.s, srv.e, &err)) != 0)
+        goto out;
+    pi2_session_set_template(srv.s, srv.tmpl);
+    if ((rc = serve(&srv, &err)) != 0)
         goto out;
     status = 0;
 out:
     if (rc)
         fail(&err);
+    pi2_jinja_config_free(&cc);
     pi2_session_free(srv.s);
     pi2_engine_close(srv.e);
     pthread_cond_destroy(&srv.work);

@@ -215,6 +215,7 @@ static int build_manifest(bctx *b, const char *signer, char **text, size_t *len,
     om->quant_ffn = im->quant_ffn;
     om->quant_other = im->quant_other;
     memcpy(om->tokenizer, im->tokenizer, sizeof om->tokenizer);
+    memcpy(om->chat_template, im->chat_template, sizeof om->chat_template);
     om->sparsity_mode = im->sparsity_mode;
     om->recall_target = im->recall_target;
     om->threshold_sparsity = im->threshold_sparsity;

@@ -166,6 +166,8 @@ int bw_plan(bctx *b, pi2_err *err)
     const pi2_manifest *m = b->in.mf;
     const pi2_model_desc *d = b->d;
     int rc = plan_copy(b, m->tokenizer, err);
+    if (rc == 0 && m->chat_template[0])
+        rc = plan_copy(b, m->chat_template, err);
     for (size_t i = 0; i < m->n_tensors && rc == 0; i++) {
         const pi2_mf_tensor *t = &m->tensors[i];
         bool ffn = t->role == PI2_T_GATE || t->role == PI2_T_UP || t->role == PI2_T_DOWN;

@@ -65,6 +65,7 @@ typedef struct pi2_conv {
     size_t n_tensors, cap_tensors;
     pi2_manifest *mf;
     pi2_tok *tok;
+    bool chat_template; /* the model's tokenizer_config.json is kept for its chat_template */
     int bos;
     /* calibration (convert_calib.c) */
     int32_t *calib;        /* [n_seq][len] tokens; the last n_held sequences are held out */

@@ -1,5 +1,6 @@
 /* pi2-convert: the stages in order (see convert.h). */
 #include "convert/conv.h"
+#include "formats/jinja.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -37,6 +38,8 @@ static int fill_manifest(pi2_conv *c, pi2_err *err)
     mf->quant_ffn = o->q_ffn;
     mf->quant_other = o->q_other;
     snprintf(mf->tokenizer, sizeof mf->tokenizer, "tokenizer.json");
+    if (c->chat_template)
+        snprintf(mf->chat_template, sizeof mf->chat_template, "tokenizer_config.json");
     bool moe = c->desc->n_experts > 0;
     for (size_t i = 0; i < c->n_tensors; i++) {
         const conv_tensor *t = &c->tensors[i];
@@ -100,6 +103,49 @@ static uint64_t estimate_out_bytes(const pi2_conv *c)
     return (uint64_t)(total * 1.05) + (1u << 20);
 }
 
+/* The model's tokenizer_config.json, kept as a member when it carries a
+ * chat_template (pi2-run chat and serve render it). A file that is missing,
+ * unreadable or without a template keeps nothing and says so; a template
+ * this renderer cannot run is kept, with the reason reported (the user can
+ * give another with pi2-run --chat-template). Only a failed write is an
+ * error. */
+static int keep_chat_template(pi2_conv *c, pi2_err *err)
+{
+    char path[4096];
+    char *text = NULL;
+    size_t len = 0;
+    pi2_err e = {0};
+    pi2_chat_config cc = {0};
+    if (!pi2_path_join(path, sizeof path, c->o->model_dir, "tokenizer_config.json") || access(path, F_OK) != 0)
+        return 0;
+    if (pi2_read_file(path, 16u << 20, &text, &len, &e) != 0 || pi2_jinja_config_parse(text, len, path, &cc, &e) != 0) {
+        conv_report(c, "chat template: none kept (%s)\n", e.msg);
+        free(text);
+        return 0;
+    }
+    int rc = 0;
+    if (!cc.chat_template) {
+        conv_report(c, "chat template: none in tokenizer_config.json (chat uses ChatML unless given one)\n");
+    } else {
+        const pi2_chat_msg m[] = {{"system", "s"}, {"user", "u"}, {"assistant", "a"}, {"user", "v"}};
+        const pi2_chat_vars v = {cc.bos_token ? cc.bos_token : "", cc.eos_token ? cc.eos_token : "", true};
+        char *out = NULL;
+        size_t n;
+        pi2_err re = {0};
+        if (pi2_jinja_render(cc.chat_template, strlen(cc.chat_template), m, 4, &v, &out, &n, &re) != 0 &&
+            pi2_jinja_render(cc.chat_template, strlen(cc.chat_template), m + 1, 3, &v, &out, &n, &re) != 0)
+            conv_report(c, "chat template: kept, but it does not render here: %s\n", re.msg);
+        else
+            conv_report(c, "chat template: kept (from tokenizer_config.json)\n");
+        free(out);
+        if ((rc = pi2_ctr_writer_add(c->w, "tokenizer_config.json", text, len, err)) == 0)
+            c->chat_template = true;
+    }
+    pi2_jinja_config_free(&cc);
+    free(text);
+    return rc;
+}
+
 /* The output rule (formats/common.h): not an input, not over an existing
  * file without --force, room for the estimate. */
 static int check_output(const pi2_conv *c, pi2_err *err)
@@ -157,7 +203,8 @@ int pi2_convert_run(const pi2_convert_opts *o, FILE *report, pi2_convert_need *n
     }
     if ((rc = pi2_ctr_writer_create(&c.w, o->out_path, err)) != 0)
         goto out;
-    if ((rc = pi2_ctr_writer_add(c.w, "tokenizer.json", tokjson, toklen, err)) != 0)
+    if ((rc = pi2_ctr_writer_add(c.w, "tokenizer.json", tokjson, toklen, err)) != 0 ||
+        (rc = keep_chat_template(&c, err)) != 0)
         goto out;
     char family[1024];
     describe_family(&c, family, sizeof family);

@@ -23,6 +23,9 @@
  *   "quant": { "ffn": "q4"|"q8", "other": "q8"|"q4", "group": 32,
  *              "scales": "f16" },      (fp16 scales stored apart from payloads)
  *   "tokenizer": member (tokenizer.json),
+ *   "chat_template": member (optional: the model's tokenizer_config.json,
+ *               kept when it carries a chat_template; formats/jinja.h
+ *               reads it),
  *   "tensors": [ { "name": HF name (1..127 printable ASCII),
  *                  "layer": int (-1 for embed, out_norm, lm_head),
  *                  "expert": int (-1 unless a MoE gate/up/down),
@@ -247,6 +250,7 @@ typedef struct pi2_manifest {
     pi2_qtype quant_ffn;   /* q4 or q8 */
     pi2_qtype quant_other; /* q8 or q4 */
     char tokenizer[PI2_CTR_NAME_MAX];
+    char chat_template[PI2_CTR_NAME_MAX]; /* "" when the model has none */
 
     pi2_mf_tensor *tensors;
     size_t n_tensors, cap_tensors;

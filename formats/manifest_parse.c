@@ -298,7 +298,7 @@ static int parse_quality(pctx *c, json_t *root)
 static int parse_root(pctx *c, json_t *root)
 {
     static const char *const keys[] = { "format",   "version",   "kind",    "created_by", "source",
-                                        "config",   "torch_dtype", "quant", "tokenizer",  "tensors",
+                                        "config",   "torch_dtype", "quant", "tokenizer",  "chat_template", "tensors",
                                         "sparsity", "profile",   "quality", "bundle",     "sections" };
     static const char *const kinds[] = { "converted", "bundled" };
     pi2_manifest *m = c->m;
@@ -324,6 +324,8 @@ static int parse_root(pctx *c, json_t *root)
         (rc = pi2_jr_text(&c->r, root, "", "source", m->source, sizeof m->source)) ||
         (rc = mf_parse_config(c, root)) || (rc = mf_parse_quant(c, root)) || (rc = mf_parse_sections(c, root)) ||
         (rc = mf_get_member(c, root, "", "tokenizer", false, true, m->tokenizer, NULL)) ||
+        (json_object_get(root, "chat_template") &&
+         (rc = mf_get_member(c, root, "", "chat_template", true, true, m->chat_template, NULL))) ||
         (rc = mf_parse_tensors(c, root)) || (rc = parse_sparsity(c, root)) || (rc = parse_profile(c, root)) ||
         (rc = parse_quality(c, root)))
         return rc;

@@ -310,6 +310,8 @@ static json_t *build(jb *b, const pi2_manifest *m, json_t *config, json_t *bundl
     put(b, root, "torch_dtype", json_string(m->torch_dtype));
     put(b, root, "quant", build_quant(b, m));
     put(b, root, "tokenizer", json_string(m->tokenizer));
+    if (m->chat_template[0])
+        put(b, root, "chat_template", json_string(m->chat_template));
     put(b, root, "tensors", build_tensors(b, m));
     put(b, root, "sparsity", build_sparsity(b, m));
     put(b, root, "profile", build_profile(b, m));

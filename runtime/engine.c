@@ -1,5 +1,6 @@
 /* pi2 engine: open a bundled container and build the model in place. */
 #include "runtime/state.h"
+#include "formats/jinja.h"
 #include "runtime/forward.h"
 #include "runtime/ffn.h"
 #include "runtime/ffn_source.h"
@@ -586,6 +587,22 @@ void pi2_engine_close(pi2_engine *e)
 
 const pi2_model_desc *pi2_engine_desc(const pi2_engine *e) { return &e->d; }
 const pi2_tok *pi2_engine_tokenizer(const pi2_engine *e) { return e->tok; }
+
+int pi2_engine_chat_config(const pi2_engine *e, pi2_chat_config *cc, pi2_err *err)
+{
+    memset(cc, 0, sizeof *cc);
+    if (!e->mf->chat_template[0])
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: the model keeps no chat template", e->path);
+    const pi2_ctr_member *m = pi2_ctr_find(pi2_bundle_container(e->b), e->mf->chat_template);
+    if (!m)
+        return pi2_err_set(err, PI2_ENOTFOUND, "%s: member %s is missing", e->path, e->mf->chat_template);
+    const uint8_t *p = eng_member(e, m->name, m->size, err);
+    if (!p)
+        return err->code;
+    char name[600];
+    snprintf(name, sizeof name, "%.400s:%.150s", e->path, m->name);
+    return pi2_jinja_config_parse((const char *)p, (size_t)m->size, name, cc, err);
+}
 int pi2_engine_ctx(const pi2_engine *e) { return e->ctx; }
 int pi2_engine_threads(const pi2_engine *e) { return e->threads; }
 const char *pi2_engine_sparsity(const pi2_engine *e) { return pi2_manifest_mode_name(e->mode); }

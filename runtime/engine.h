@@ -152,6 +152,12 @@ void pi2_engine_close(pi2_engine *e);
 
 const pi2_model_desc *pi2_engine_desc(const pi2_engine *e);
 const pi2_tok *pi2_engine_tokenizer(const pi2_engine *e);
+/* The model's chat template, when its container keeps one (the
+ * tokenizer_config.json the converter found), read into *cc (freed with
+ * pi2_jinja_config_free): 0; PI2_ENOTFOUND when the model has none; the
+ * reader's codes (formats/jinja.h) otherwise. */
+struct pi2_chat_config;
+int pi2_engine_chat_config(const pi2_engine *e, struct pi2_chat_config *cc, pi2_err *err);
 int pi2_engine_ctx(const pi2_engine *e);
 int pi2_engine_threads(const pi2_engine *e);
 /* "predictor", "threshold" or "none": what decode uses when not dense. */

@@ -543,6 +543,16 @@ for fam in turbosparse-mistral bamboo relullama; do
         && [ -n "$("$B/pi2-run" "$T/fam-$fam.pi2" --pubkey "$T/k.pub" -p "hello world" -n 8 2>"$T/err")" ] \
         && ok || { bad "family $fam: synth, convert, bundle, run"; cat "$T/out" "$T/err"; }
 done
+# the instruct model's chat template travels in the container: chat with the
+# bundle's own gives what the same template from the HF directory gives, and
+# another template gives another prompt
+F="$T/fam-turbosparse-mistral"
+tar tf "$F.pi2" 2>/dev/null | grep -q '^tokenizer_config.json$' && ok || bad "the bundle keeps no tokenizer_config.json"
+a=$(printf 'hello\n' | "$B/pi2-run" chat "$F.pi2" --pubkey "$T/k.pub" -n 4 --stats 2>&1)
+b=$(printf 'hello\n' | "$B/pi2-run" chat "$F.pi2" --pubkey "$T/k.pub" -n 4 --stats --chat-template "$F" 2>&1)
+c=$(printf 'hello\n' | "$B/pi2-run" chat "$F.pi2" --pubkey "$T/k.pub" -n 4 --stats --chat-template vicuna 2>&1)
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ] && ok \
+    || bad "chat: the bundle's template '$a', the directory's '$b', vicuna's '$c'"
 "$B/pi2-convert" synth --family nope -o "$T/fam-nope" >/dev/null 2>"$T/err"
 [ $? -eq 2 ] && grep -q "unknown family 'nope'" "$T/err" && [ ! -e "$T/fam-nope" ] && ok \
     || { bad "synth --family with an unknown name: not a usage error"; cat "$T/err"; }

@@ -11,6 +11,7 @@
 #define PI2_CLI_RUN_H
 
 #include "formats/tokenizer.h"
+#include "runtime/chat_format.h"
 #include "runtime/engine.h"
 #include "runtime/hwprof.h"
 #include "runtime/offload/io.h"
@@ -135,6 +136,11 @@ int run_profile_hw(const run_opts *o, int nargs, char **args);
 int run_chat(const run_opts *o);
 /* The context chat and serve run with: --ctx, else up to 2048 positions
  * (the model's at most) when the memory plan allows them. */
+/* The chat format of a chat or serve run into *t (its storage *cc, freed
+ * with pi2_jinja_config_free): --chat-template when given, else the
+ * model's own when its container keeps one, else ChatML (*use NULL). */
+int run_chat_template(const run_opts *o, const pi2_engine *e, pi2_chat_template *t, pi2_chat_config *cc,
+                      const pi2_chat_template **use, pi2_err *err);
 void run_chat_ctx(const run_opts *o, pi2_engine *e);
 int run_serve(const run_opts *o);
 

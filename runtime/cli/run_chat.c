@@ -83,6 +83,27 @@ static int chat_line(const run_opts *o, pi2_session *s, const char *line, bool t
     return 0;
 }
 
+int run_chat_template(const run_opts *o, const pi2_engine *e, pi2_chat_template *t, pi2_chat_config *cc,
+                      const pi2_chat_template **use, pi2_err *err)
+{
+    *use = NULL;
+    memset(cc, 0, sizeof *cc);
+    if (o->chat_template) {
+        int rc = pi2_chat_template_load(o->chat_template, t, cc, err);
+        *use = rc == 0 ? t : NULL;
+        return rc;
+    }
+    pi2_err e2 = {0};
+    int rc = pi2_engine_chat_config(e, cc, &e2);
+    if (rc == PI2_ENOTFOUND)
+        return 0; /* ChatML */
+    if (rc)
+        return pi2_err_set(err, rc, "%s", e2.msg);
+    *t = (pi2_chat_template){.text = cc->chat_template, .bos = cc->bos_token, .eos = cc->eos_token};
+    *use = t;
+    return 0;
+}
+
 int run_chat(const run_opts *o)
 {
     pi2_err err = {0};
@@ -97,11 +118,10 @@ int run_chat(const run_opts *o)
     if ((rc = open_engine(o, o->ctx, &e, &err)) != 0)
         goto out;
     run_chat_ctx(o, e);
-    if (o->chat_template && (rc = pi2_chat_template_load(o->chat_template, &tmpl, &cc, &err)) != 0)
+    const pi2_chat_template *use;
+    if ((rc = run_chat_template(o, e, &tmpl, &cc, &use, &err)) != 0 || (rc = pi2_session_create(&s, e, &err)) != 0)
         goto out;
-    if ((rc = pi2_session_create(&s, e, &err)) != 0)
-        goto out;
-    pi2_session_set_template(s, o->chat_template ? &tmpl : NULL);
+    pi2_session_set_template(s, use);
     if ((rc = chat_start(o, s, &err)) != 0)
         goto out;
     pi2_session_set_drop_oldest(s, o->chat_drop_oldest);

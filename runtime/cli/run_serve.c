@@ -611,6 +611,8 @@ int run_serve(const run_opts *o)
 {
     pi2_err err = {0};
     server srv = {.o = o, .max_queue = o->max_queue > 0 ? o->max_queue : 16, .created = (long long)time(NULL)};
+    pi2_chat_template t;
+    pi2_chat_config cc = {0};
     int rc, status = 1;
     pthread_mutex_init(&srv.mu, NULL);
     pthread_cond_init(&srv.work, NULL);
@@ -618,11 +620,8 @@ int run_serve(const run_opts *o)
     if ((rc = open_engine(o, o->ctx, &srv.e, &err)) != 0)
         goto out;
     run_chat_ctx(o, srv.e);
-    pi2_chat_template t;
-    pi2_chat_config cc = {0};
-    if (o->chat_template && (rc = pi2_chat_template_load(o->chat_template, &t, &cc, &err)) != 0)
+    if ((rc = run_chat_template(o, srv.e, &t, &cc, &srv.tmpl, &err)) != 0)
         goto out;
-    srv.tmpl = o->chat_template ? &t : NULL;
     if ((rc = pi2_session_create(&srv.s, srv.e, &err)) != 0)
         goto out;
     pi2_session_set_template(srv.s, srv.tmpl);

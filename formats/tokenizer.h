@@ -114,6 +114,12 @@ void pi2_tok_stream_free(pi2_tok_stream *s);
  * NUL-terminated). */
 int pi2_tok_stream_push(pi2_tok_stream *s, int32_t id, const char **bytes, size_t *len, pi2_err *err);
 int pi2_tok_stream_flush(pi2_tok_stream *s, const char **bytes, size_t *len, pi2_err *err);
+/* The stream continues a sequence whose first tokens were output another
+ * way (a prompt printed as given): what the decoder does only at a
+ * sequence's start (Strip's leading characters, Metaspace's first-token
+ * space, no joining space before the first token) is not done. Call it
+ * before the first push; nothing is held from the earlier tokens. */
+void pi2_tok_stream_continue(pi2_tok_stream *s);
 
 /* After a flush the stream starts over (ready for a new sequence). */
 

@@ -282,6 +282,17 @@ static void stream_reset(pi2_tok_stream *s)
     }
 }
 
+void pi2_tok_stream_continue(pi2_tok_stream *s)
+{
+    s->any = true;
+    for (int k = 0; k < s->t->n_dec; k++) {
+        if (s->t->dec[k].kind == OP_METASPACE && s->st[k].count == 0)
+            s->st[k].count = 1;
+        if (s->t->dec[k].kind == OP_STRIP)
+            s->st[k].start_left = 0;
+    }
+}
+
 int pi2_tok_stream_create(pi2_tok_stream **out, const pi2_tok *t, bool skip_special, pi2_err *err)
 {
     *out = NULL;

@@ -70,11 +70,6 @@ typedef struct gen_stats {
 /* run_common.c */
 int fail(const pi2_err *e); /* prints "pi2-run: MSG", returns 1 */
 int cmp_double(const void *a, const void *b);
-/* The prompt's ids pushed through the stream, their bytes dropped (the
- * prompt is printed as given): the generated text then decodes as the
- * continuation of the whole sequence, so a decoder's strip of the
- * sequence's leading space does not eat the first generated word's. */
-int stream_prime(pi2_tok_stream *ts, const int32_t *ids, size_t n, pi2_err *err);
 /* One warning line when the prompt's ids hold the tokenizer's unk token
  * (characters outside the vocabulary, which print as nothing). */
 void warn_unknown(const pi2_tok *tok, const int32_t *ids, size_t n);

@@ -15,18 +15,6 @@ int fail(const pi2_err *e)
     return 1;
 }
 
-int stream_prime(pi2_tok_stream *ts, const int32_t *ids, size_t n, pi2_err *err)
-{
-    const char *bytes;
-    size_t len;
-    for (size_t i = 0; i < n; i++) {
-        int rc = pi2_tok_stream_push(ts, ids[i], &bytes, &len, err);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
 void warn_unknown(const pi2_tok *tok, const int32_t *ids, size_t n)
 {
     int unk = pi2_tok_unk(tok);

@@ -122,9 +122,10 @@ int run_reference(const run_opts *o)
     }
     if ((rc = pi2_ref_state_create(&st, m, (int)(n_ctx > 0 ? n_ctx : 1), &err)) != 0 ||
         (rc = pi2_sampler_create(&smp, d->vocab, &o->so, &err)) != 0 ||
-        (rc = pi2_tok_stream_create(&ts, tok, true, &err)) != 0 ||
-        (rc = stream_prime(ts, ids, n_ids, &err)) != 0)
+        (rc = pi2_tok_stream_create(&ts, tok, true, &err)) != 0)
         goto out;
+    if (n_ids > 0) /* text after the prompt's: no leading strip */
+        pi2_tok_stream_continue(ts);
     logits = pi2_malloc_array((size_t)d->vocab, sizeof *logits);
     as.n_ff = d->n_ff;
     as.share = pi2_calloc_array((size_t)d->n_layers, sizeof *as.share);
@@ -307,9 +308,10 @@ int run_generate(const run_opts *o)
     if ((rc = prompt_ids(o, e, &ids, &n_pre, &err)) != 0)
         goto out;
     if ((rc = pi2_sampler_create(&smp, d->vocab, &o->so, &err)) != 0 ||
-        (rc = pi2_tok_stream_create(&ts, tok, true, &err)) != 0 ||
-        (rc = stream_prime(ts, ids, n_pre, &err)) != 0)
+        (rc = pi2_tok_stream_create(&ts, tok, true, &err)) != 0)
         goto out;
+    if (n_pre > (size_t)(d->bos_id >= 0 || pi2_tok_bos(tok) >= 0)) /* text after the prompt's: no leading strip */
+        pi2_tok_stream_continue(ts);
     logits = pi2_malloc_array((size_t)d->vocab, sizeof *logits);
     g.lat = pi2_malloc_array((size_t)o->n_predict + 1, sizeof *g.lat);
     bool ofl = o->mem_limit > 0;

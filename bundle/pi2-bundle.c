@@ -208,8 +208,10 @@ static int cmd_inspect(int argc, char **argv)
         return usage_error("inspect: --svg needs a file name");
     pi2_err err = { 0 };
     const char *inputs[] = { argv[optind] };
-    if (svg && pi2_out_check(svg, inputs, 1, force ? PI2_OUT_FORCE : 0, 0, &err))
+    if (svg && pi2_out_check(svg, inputs, 1, force ? PI2_OUT_FORCE : 0, 0, &err)) {
+        pi2_cli_force_hint(&err);
         return die(&err, 1);
+    }
     pi2_bundle_open_opts o = { .allow_unsigned = true, .skip_signature = true };
     pi2_bundle *b = NULL;
     int rc = pi2_bundle_open(&b, argv[optind], &o, &err);
@@ -235,7 +237,9 @@ static int bundle_out_check(const pi2_bundle_opts *o, const char *keypath, bool 
     const char *inputs[] = { o->in_path, keypath };
     struct stat st;
     uint64_t need = stat(o->in_path, &st) == 0 ? (uint64_t)st.st_size + (1u << 20) : 0;
-    return pi2_out_check(o->out_path, inputs, 2, force ? PI2_OUT_FORCE : 0, need, err);
+    int rc = pi2_out_check(o->out_path, inputs, 2, force ? PI2_OUT_FORCE : 0, need, err);
+    pi2_cli_force_hint(err);
+    return rc;
 }
 
 static int cmd_bundle(int argc, char **argv)

@@ -224,6 +224,7 @@ static int cmd_convert(int argc, char **argv)
     pi2_convert_need need;
     if (pi2_convert_run(&o, stdout, &need, &err)) {
         flag_hint(need, &err);
+        pi2_cli_force_hint(&err);
         return die(NULL, &err, 1);
     }
     printf("wrote %s in %.1f s, peak RSS %.0f MB\n", o.out_path, pi2_now() - t0, pi2_peak_rss() / 1048576.0);

@@ -26,6 +26,7 @@ const char *pi2_strerror(int code)
     case PI2_ESHAPE: return "shape mismatch";
     case PI2_ESIG: return "signature or digest mismatch";
     case PI2_ENOSPC: return "no space left on device";
+    case PI2_EEXIST: return "output exists";
     default: return "unknown error";
     }
 }

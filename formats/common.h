@@ -26,6 +26,7 @@ enum {
     PI2_ESHAPE = -8,       /* tensor shape does not match the model */
     PI2_ESIG = -9,         /* signature or digest does not verify */
     PI2_ENOSPC = -10,      /* disk full */
+    PI2_EEXIST = -11,      /* the output exists (a tool may offer to replace it) */
 };
 
 /* Message buffer filled by failing functions. `code` repeats the return value. */
@@ -207,6 +208,10 @@ int pi2_exit_stdout(const char *tool, int rc);
  * with ':') returned c, '?' or ':': print "TOOL: unknown option '--x'; see
  * --help" (or "option '-n' needs a value"), one line, no path. Returns 2. */
 int pi2_cli_bad_option(const char *tool, char **argv, int c);
+/* A tool that replaces an existing output on request: the refusal of
+ * pi2_out_check (PI2_EEXIST) gets " (--force replaces it)" appended; any
+ * other error is left as it is. */
+void pi2_cli_force_hint(pi2_err *e);
 
 /* Join dir and name into buf ("dir/name"); false if it does not fit. */
 bool pi2_path_join(char *buf, size_t cap, const char *dir, const char *name);

@@ -275,7 +275,7 @@ int pi2_out_check(const char *out, const char *const *inputs, size_t n_inputs, u
     if (exists && !S_ISREG(st.st_mode))
         return pi2_err_set(err, PI2_EINVAL, "%s is not a regular file: choose another output name", out);
     if (exists && !(flags & PI2_OUT_FORCE))
-        return pi2_err_set(err, PI2_EINVAL, "%s already exists: give --force to replace it, or choose another name", out);
+        return pi2_err_set(err, PI2_EEXIST, "%s already exists: choose another name", out);
     if (split_path(rout, dir, sizeof dir, base, sizeof base) && access(dir, W_OK) != 0)
         return pi2_err_errno(err, PI2_EIO, errno, "%s: cannot write to directory %s", out, dir);
     if ((rc = check_space(out, rout, need_bytes, err)) != 0)
@@ -309,4 +309,11 @@ int pi2_cli_bad_option(const char *tool, char **argv, int c)
     else
         fprintf(stderr, "%s: unknown option '%s'; see --help\n", tool, name);
     return 2;
+}
+
+void pi2_cli_force_hint(pi2_err *e)
+{
+    size_t n = strlen(e->msg);
+    if (e->code == PI2_EEXIST && n + 24 < sizeof e->msg)
+        snprintf(e->msg + n, sizeof e->msg - n, " (--force replaces it)");
 }

@@ -53,17 +53,17 @@ expect_fast "convert -o a missing directory" "$T/nodir" "$B/pi2-convert" "$T/tin
 
 # an existing output: refused without --force, replaced with it
 echo old >"$T/old.pi2c"
-expect_fast "convert over a file" "give --force" "$B/pi2-convert" "$T/tiny" -o "$T/old.pi2c" -q
+expect_fast "convert over a file" "already exists: choose another name (--force replaces it)" "$B/pi2-convert" "$T/tiny" -o "$T/old.pi2c" -q
 [ "$(cat "$T/old.pi2c")" = old ] && ok || bad "a refused convert changed the existing output"
 expect_ok "convert --force" "$B/pi2-convert" "$T/tiny" -o "$T/old.pi2c" -q --calib-tokens 256 --force
 tar tf "$T/old.pi2c" 2>/dev/null | grep -q manifest.json && ok || bad "convert --force did not replace the output"
 echo old >"$T/old.pi2"
-expect_fast "bundle over a file" "give --force" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/old.pi2" --unsigned -q
+expect_fast "bundle over a file" "already exists: choose another name (--force replaces it)" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/old.pi2" --unsigned -q
 [ "$(cat "$T/old.pi2")" = old ] && ok || bad "a refused bundle changed the existing output"
 expect_ok "bundle --force" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/old.pi2" --unsigned -q --force
 "$B/pi2-bundle" verify "$T/old.pi2" --allow-unsigned >/dev/null 2>&1 && ok || bad "bundle --force did not replace the output"
 echo old >"$T/old.svg"
-expect_fast "inspect --svg over a file" "give --force" "$B/pi2-bundle" inspect "$T/b.pi2" --svg "$T/old.svg"
+expect_fast "inspect --svg over a file" "already exists: choose another name (--force replaces it)" "$B/pi2-bundle" inspect "$T/b.pi2" --svg "$T/old.svg"
 expect_ok "inspect --svg --force" "$B/pi2-bundle" inspect "$T/b.pi2" --svg "$T/old.svg" --force
 head -c 4 "$T/old.svg" | grep -q "<svg" && ok || bad "inspect --svg --force did not replace the chart"
 

@@ -213,8 +213,10 @@ static void test_out_check(void **state)
     assert_int_equal(pi2_out_check(in, NULL, 0, 0, 0, &err), PI2_EINVAL);
     assert_non_null(strstr(err.msg, "is a directory"));
     pi2_err_clear(&err);
-    assert_int_equal(pi2_out_check(file, NULL, 0, 0, 0, &err), PI2_EINVAL);
-    assert_non_null(strstr(err.msg, "--force"));
+    assert_int_equal(pi2_out_check(file, NULL, 0, 0, 0, &err), PI2_EEXIST);
+    assert_null(strstr(err.msg, "--force")); /* the library names no flag */
+    pi2_cli_force_hint(&err);                 /* a tool that has one does */
+    assert_non_null(strstr(err.msg, "already exists: choose another name (--force replaces it)"));
     assert_int_equal(pi2_out_check(file, NULL, 0, PI2_OUT_FORCE, 0, NULL), 0);
     assert_int_equal(pi2_out_check(file, NULL, 0, PI2_OUT_DIR, 0, NULL), PI2_EINVAL);
     snprintf(p, sizeof p, "%s/new.bin", dir);

@@ -158,7 +158,9 @@ static int profile_out_check(const run_opts *o, const char *path, const char *mo
         *slash = 0;
     if (slash && !pi2_is_dir(dir))
         return 0; /* the cache's directory, created by the save: nothing there to overwrite */
-    return pi2_out_check(path, inputs, 1, replace ? PI2_OUT_FORCE : 0, 0, err);
+    int rc = pi2_out_check(path, inputs, 1, replace ? PI2_OUT_FORCE : 0, 0, err);
+    pi2_cli_force_hint(err);
+    return rc;
 }
 
 /* Hardware profile for the planner: measure, save where the planner looks

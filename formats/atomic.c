@@ -132,6 +132,19 @@ static void afile_free(pi2_afile *f)
     free(f);
 }
 
+void pi2_fsync_dir_of(const char *path)
+{
+    char *dup = pi2_strdup(path);
+    if (!dup)
+        return;
+    int dfd = open(dirname(dup), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    free(dup);
+}
+
 int pi2_afile_commit(pi2_afile *f, pi2_err *err)
 {
     int rc = 0;
@@ -153,15 +166,7 @@ int pi2_afile_commit(pi2_afile *f, pi2_err *err)
         return rc;
     }
     /* Make the rename durable. */
-    char *dup = pi2_strdup(f->path);
-    if (dup) {
-        int dfd = open(dirname(dup), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-        free(dup);
-    }
+    pi2_fsync_dir_of(f->path);
     afile_free(f);
     return 0;
 }

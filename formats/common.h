@@ -214,6 +214,11 @@ int pi2_cli_bad_option(const char *tool, char **argv, int c);
 void pi2_cli_force_hint(pi2_err *e);
 
 /* Join dir and name into buf ("dir/name"); false if it does not fit. */
+/* The value of hex digit ch (either case), or -1. */
+int pi2_hex_digit(char ch);
+/* fsync the directory holding path (a rename into it made durable);
+ * advisory: failures are ignored. */
+void pi2_fsync_dir_of(const char *path);
 bool pi2_path_join(char *buf, size_t cap, const char *dir, const char *name);
 bool pi2_is_dir(const char *path);
 

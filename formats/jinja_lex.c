@@ -93,16 +93,6 @@ static size_t after_block_end(const jx_ctx *c, size_t p, char sign)
     return p;
 }
 
-static int hexval(char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
 
 static void put_u8(jx_ctx *c, jx_buf *b, uint32_t cp, size_t pos)
 {
@@ -149,7 +139,7 @@ static size_t escape(jx_ctx *c, jx_buf *b, size_t p, size_t end)
     if (digits) {
         uint32_t cp = 0;
         for (int i = 1; i <= digits; i++) {
-            int h = p + (size_t)i < end ? hexval(c->src[p + (size_t)i]) : -1;
+            int h = p + (size_t)i < end ? pi2_hex_digit(c->src[p + (size_t)i]) : -1;
             if (h < 0)
                 jx_fail(c, p - 1, PI2_EFORMAT, "truncated \\%c escape in a string", ch);
             cp = cp * 16 + (uint32_t)h;

@@ -102,23 +102,13 @@ void pi2_sha256_hex(const uint8_t digest[PI2_SHA256_LEN], char out[PI2_SHA256_HE
     out[2 * PI2_SHA256_LEN] = 0;
 }
 
-static int hexval(char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
 
 int pi2_sha256_parse_hex(const char *hex, uint8_t out[PI2_SHA256_LEN], pi2_err *err)
 {
     uint8_t tmp[PI2_SHA256_LEN];
     for (int i = 0; i < PI2_SHA256_LEN; i++) {
-        int hi = hex ? hexval(hex[2 * i]) : -1;
-        int lo = hi >= 0 ? hexval(hex[2 * i + 1]) : -1;
+        int hi = hex ? pi2_hex_digit(hex[2 * i]) : -1;
+        int lo = hi >= 0 ? pi2_hex_digit(hex[2 * i + 1]) : -1;
         if (lo < 0)
             return pi2_err_set(err, PI2_EFORMAT, "sha256 '%.80s': expected 64 hex digits", hex ? hex : "");
         tmp[i] = (uint8_t)(hi << 4 | lo);
@@ -344,17 +334,8 @@ static int write_new_file(const char *path, const void *data, size_t n, mode_t m
     }
     unlink(tmp); /* the temp name (the key now lives under path, or nowhere) */
     free(tmp);
-    if (rc == 0) {
-        char *dup = pi2_strdup(path);
-        if (dup) {
-            int dfd = open(dirname(dup), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-            if (dfd >= 0) {
-                fsync(dfd);
-                close(dfd);
-            }
-            free(dup);
-        }
-    }
+    if (rc == 0)
+        pi2_fsync_dir_of(path);
     return rc;
 }
 

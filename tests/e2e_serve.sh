@@ -153,10 +153,25 @@ else
     expect_status "still serving" 200 POST /v1/completions '{"prompt":"hello world","max_tokens":8,"temperature":0}' -H "$A"
     { printf 'hello world'; jq -j '.choices[0].text' "$T/resp"; echo; } | cmp -s - "$T/cmpl.run" && ok \
         || bad "serve: greedy completion changed after bad requests"
-    # a bounded load: 40 requests, 4 at a time, all answered
-    seq 1 40 | xargs -P 4 -I{} curl -s -m 120 -o /dev/null -w '%{http_code}\n' -H "$A" \
+    # a bounded load: 200 requests, 4 at a time, all answered
+    seq 1 200 | xargs -P 4 -I{} curl -s -m 120 -o /dev/null -w '%{http_code}\n' -H "$A" \
         --data-binary '{"prompt":"load {}","max_tokens":4,"seed":{}}' "$URL/v1/completions" >"$T/codes"
-    [ "$(grep -c '^200$' "$T/codes")" -eq 40 ] && ok || { bad "serve: load: $(sort "$T/codes" | uniq -c | tr '\n' ' ')"; }
+    [ "$(grep -c '^200$' "$T/codes")" -eq 200 ] && ok || { bad "serve: load: $(sort "$T/codes" | uniq -c | tr '\n' ' ')"; }
+    # slow clients: half a request each, then silence; the others are served meanwhile
+    python3 -c '
+import socket, sys, time
+socks = []
+for i in range(3):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro")
+    socks.append(s)
+time.sleep(6)
+' "${URL##*:}" &
+    slow=$!
+    sleep 0.3
+    expect_status "served beside slow clients" 200 POST /v1/completions '{"prompt":"hi","max_tokens":4}' -H "$A"
+    kill "$slow" 2>/dev/null
+    wait "$slow" 2>/dev/null
     # the official client, when npm can install it
     if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
         && { [ -d "$B/npm/node_modules/openai" ] \

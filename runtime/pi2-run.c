@@ -26,8 +26,8 @@ static void usage(FILE *f)
             "       pi2-run probe profile [MODEL.pi2] [--device-path DIR] [--hw-profile FILE] [-t N]\n"
             "       pi2-run chat MODEL.pi2 [--system TEXT] [--chat-drop-oldest] [run options]\n"
             "       pi2-run serve MODEL.pi2 [--host ADDR] [--port N] [--api-key KEY] [--max-queue N]\n"
-            "(the older forms --bench, --ppl FILE, --plan-only, --hw-probe, --io-probe FILE and\n"
-            "--profile-hw select the same subcommands)\n"
+            "(the older forms --bench, --ppl FILE, --plan-only, --hw-probe, --io-probe FILE,\n"
+            "--profile-hw, --chat and --serve select the same subcommands)\n"
             "\n");
     fprintf(f,
             "Generate text with a bundled, signed model (pi2-bundle output). The container is\n"
@@ -191,7 +191,7 @@ enum {
 };
 
 /* chat and serve */
-enum { O_SYSTEM = 512, O_DROPOLD, O_HOST, O_PORT, O_APIKEY, O_MAXQ, O_CHATTMPL };
+enum { O_SYSTEM = 512, O_DROPOLD, O_HOST, O_PORT, O_APIKEY, O_MAXQ, O_CHATTMPL, O_CHAT, O_SERVE };
 
 static int take_chat_flag(int c, run_opts *o, pi2_err *err)
 {
@@ -199,6 +199,8 @@ static int take_chat_flag(int c, run_opts *o, pi2_err *err)
     int rc = 0;
     switch (c) {
     case O_SYSTEM: o->system = optarg; break;
+    case O_CHAT: o->chat = true; break;
+    case O_SERVE: o->serve = true; break;
     case O_CHATTMPL: o->chat_template = optarg; break;
     case O_DROPOLD: o->chat_drop_oldest = true; break;
     case O_HOST: o->host = optarg; break;
@@ -237,6 +239,7 @@ static const struct option opts[] = {
     /* chat and serve */
     {"system", required_argument, 0, O_SYSTEM},   {"chat-drop-oldest", no_argument, 0, O_DROPOLD},
     {"chat-template", required_argument, 0, O_CHATTMPL},
+    {"chat", no_argument, 0, O_CHAT},             {"serve", no_argument, 0, O_SERVE},
     {"host", required_argument, 0, O_HOST},       {"port", required_argument, 0, O_PORT},
     {"api-key", required_argument, 0, O_APIKEY},  {"max-queue", required_argument, 0, O_MAXQ},
     {0, 0, 0, 0}};
@@ -353,6 +356,16 @@ static int dispatch(run_opts *o, run_mode mode, int argc, char **argv, int optin
     }
     if (o->ref && o->model) {
         fprintf(stderr, "pi2-run: give either MODEL.pi2 or --reference HF_DIR, not both\n");
+        return 2;
+    }
+    bool chat = mode == RUN_CHAT || o->chat, serve = mode == RUN_SERVE || o->serve;
+    if ((chat && serve) || ((chat || serve) && (o->bench || o->ppl || o->plan_only))) {
+        fprintf(stderr, "pi2-run: chat, serve, bench, ppl and plan are separate runs; give one\n");
+        return 2;
+    }
+    mode = chat ? RUN_CHAT : serve ? RUN_SERVE : mode;
+    if (o->ref && (mode == RUN_CHAT || mode == RUN_SERVE)) {
+        fprintf(stderr, "pi2-run: chat and serve run a bundled model, not --reference\n");
         return 2;
     }
     if (o->ref && o->bench) {

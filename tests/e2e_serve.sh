@@ -34,6 +34,11 @@ yes "tell me more" | head -n 12 | "$B/pi2-run" chat "$SM" --pubkey "$T/k.pub" --
     >"$T/out" 2>"$T/err"
 [ $? -eq 0 ] && grep -q "dropped to fit the context" "$T/err" && ! grep -q "pi2-run:" "$T/err" && ok \
     || { bad "chat --chat-drop-oldest"; cat "$T/err"; }
+# the flag spellings select the same runs
+c=$(printf 'hello there\n' | "$B/pi2-run" "$SM" --chat --pubkey "$T/k.pub" --system "be brief" -n 8 2>"$T/err")
+[ -n "$c" ] && [ "$c" = "$(cat "$T/chat1.out")" ] && ok || { bad "--chat differs from chat: '$c'"; cat "$T/err"; }
+expect_error "--chat with --serve" "separate runs" "$B/pi2-run" "$SM" --chat --serve --pubkey "$T/k.pub"
+expect_error "chat with --reference" "bundled model" "$B/pi2-run" --reference "$T/tiny" --chat
 # --chat-template: a built-in by name and the model's tokenizer_config.json; the
 # prompt shows in --stats' token count, and a name that is neither is one line
 printf 'hello there\n' | "$B/pi2-run" chat "$SM" --pubkey "$T/k.pub" --chat-template llama2 -n 4 --stats \

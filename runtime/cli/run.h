@@ -52,6 +52,7 @@ typedef struct run_opts {
     const char *system, *host, *api_key;
     const char *chat_template; /* --chat-template: a built-in name or a file (chat_format.h) */
     bool chat_drop_oldest;
+    bool chat, serve; /* --chat, --serve: the chat and serve subcommands */
     int port, max_queue;
 } run_opts;
 

@@ -535,17 +535,17 @@ int pi2_config_path(const char *path, char *buf, size_t cap, const char **out, p
 int pi2_config_read(const char *path, pi2_model_desc *out, pi2_err *err)
 {
     char buf[4096];
-    if (!path)
-        return pi2_err_set(err, PI2_EINVAL, "config: no path");
-    const char *kind = pi2_is_dir(path) ? NULL : file_kind(path);
+    const char *file;
+    int rc = pi2_config_path(path, buf, sizeof buf, &file, err);
+    if (rc)
+        return rc;
+    const char *kind = file == path ? file_kind(path) : NULL; /* a file given, not a directory */
     if (kind)
         return pi2_err_set(err, PI2_EFORMAT,
                            "%s: %s, not a Hugging Face model directory; give the directory that holds config.json "
                            "and the weights",
                            path, kind);
-    int rc = pi2_config_path(path, buf, sizeof buf, &path, err);
-    if (rc)
-        return rc;
+    path = file;
     char *text;
     size_t len;
     rc = pi2_read_file(path, PI2_CFG_MAX_BYTES, &text, &len, err);

@@ -74,10 +74,14 @@ int pi2_jinja_config_parse(const char *json, size_t len, const char *file, pi2_c
 {
     memset(out, 0, sizeof *out);
     json_error_t je;
-    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
-    if (!root || !json_is_object(root)) {
+    /* Integers as reals: Llama-2-era files say "model_max_length":
+     * 1000000000000000019884624838656 (int(1e30)), past any C integer. */
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &je);
+    if (!root)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: not valid JSON (line %d: %s)", file, je.line, je.text);
+    if (!json_is_object(root)) {
         json_decref(root);
-        return pi2_err_set(err, PI2_EFORMAT, "%s: %s", file, root ? "not a JSON object" : "not valid JSON");
+        return pi2_err_set(err, PI2_EFORMAT, "%s: not a JSON object", file);
     }
     pi2_jr r = {file, err};
     int rc = read_template(&r, root, &out->chat_template);

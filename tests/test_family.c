@@ -9,6 +9,7 @@
 #include "convert/convert.h"
 #include "convert/family.h"
 #include "formats/hfconfig.h"
+#include "formats/jinja.h"
 #include "formats/manifest.h"
 #include "formats/safetensors.h"
 #include "formats/sign.h"
@@ -138,6 +139,17 @@ static void check_layout(const char *name, pi2_arch arch, pi2_act act, int vocab
     assert_non_null(emb);
     assert_int_equal(emb->shape[0], vocab);
     pi2_st_close(st);
+    /* the chat reader takes every family's tokenizer_config.json as written
+     * (ReluLLaMA's says model_max_length 1e30 as an integer) */
+    char tc[512];
+    snprintf(tc, sizeof tc, "%s/tokenizer_config.json", dir);
+    if (pi2t_exists(tc)) {
+        pi2_chat_config cc;
+        if (pi2_jinja_config_read(tc, &cc, &e))
+            fail_msg("%s", e.msg);
+        assert_non_null(cc.eos_token);
+        pi2_jinja_config_free(&cc);
+    }
     fprintf(stderr, "  %s: %s / %s, vocab %d, %zu predictor tensors in the checkpoint\n", name, pi2_arch_name(arch),
             pi2_act_name(act), vocab, preds);
 }

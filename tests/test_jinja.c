@@ -580,6 +580,10 @@ static void test_config(void **state)
     pi2_jinja_config_free(&cc);
     assert_int_equal(PARSE("{\"model_max_length\": 2048}"), 0);
     assert_null(cc.chat_template);
+    /* Llama-2-era files: int(1e30), past any C integer */
+    assert_int_equal(PARSE("{\"model_max_length\": 1000000000000000019884624838656, \"eos_token\": \"</s>\"}"), 0);
+    assert_string_equal(cc.eos_token, "</s>");
+    pi2_jinja_config_free(&cc);
     static const struct {
         const char *json;
         int code;

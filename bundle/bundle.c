@@ -194,8 +194,8 @@ static int setup_ffns(bctx *b, pi2_err *err)
     return 0;
 }
 
-/* The output manifest: the input's, with FFN payloads pointing at the ffn
- * members, the bundle object and the output's sections. */
+/* The output manifest: the input's, with FFN payloads and scales pointing
+ * at the ffn members, the bundle object and the output's sections. */
 static int build_manifest(bctx *b, const char *signer, char **text, size_t *len, pi2_err *err)
 {
     const pi2_manifest *im = b->in.mf;
@@ -226,8 +226,10 @@ static int build_manifest(bctx *b, const char *signer, char **text, size_t *len,
     om->ppl_q_sparse = im->ppl_q_sparse;
     for (size_t i = 0; i < im->n_tensors && rc == 0; i++) {
         pi2_mf_tensor t = im->tensors[i];
-        if (t.role == PI2_T_GATE || t.role == PI2_T_UP || t.role == PI2_T_DOWN)
+        if (t.role == PI2_T_GATE || t.role == PI2_T_UP || t.role == PI2_T_DOWN) { /* rows and scales in the slots */
             snprintf(t.payload, sizeof t.payload, "%s", b->ffn[bw_find_ffn(b, t.layer, t.expert)].lay.ffn);
+            snprintf(t.scales, sizeof t.scales, "%s", t.payload);
+        }
         rc = pi2_manifest_add_tensor(om, &t, err);
     }
     for (size_t i = 0; i < im->n_layers && rc == 0; i++)
@@ -342,7 +344,8 @@ int pi2_bundle_create(const pi2_bundle_opts *o, FILE *report, pi2_err *err)
                          pi2_q_type_name(b.in.mf->quant_ffn));
         goto out;
     }
-    b.row_bytes = pi2_q_payload_row_bytes(b.in.mf->quant_ffn, b.d->hidden);
+    b.row_bytes = pi2_bl_row_bytes(b.in.mf->quant_ffn, b.d->hidden);
+    b.pay_bytes = pi2_q_payload_row_bytes(b.in.mf->quant_ffn, b.d->hidden);
     if (o->key) {
         uint8_t raw[PI2_SIGN_PUBKEY_LEN], dg[PI2_SHA256_LEN];
         if ((rc = pi2_sign_key_raw_public(o->key, raw, err)))

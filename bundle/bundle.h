@@ -11,16 +11,15 @@
  *   tokenizer.json           copy of the converted model's tokenizer
  *   w/<hf name>.q, .s, .f32  every non-FFN tensor, byte for byte as converted
  *                            (embeddings, attention, norms, MoE router, head)
- *   w/<hf ffn name>.s        fp16 scales of gate, up and down [n_ff][hidden/32],
- *                            rows in bundled neuron order
  *   p/<l>.<e>.fc1, .fc2      predictors: fc1 as converted, fc2 [n_ff, rank]
  *                            rows in bundled neuron order
  *   profile/<l>.<e>.freq     activation frequencies, bundled order
  *   profile/<l>.<e>.bits     activation bits of sampled tokens, bit columns
  *                            in bundled order
  *   perm/<l>.<e>             uint32 [n_ff]: bundled neuron -> converted neuron
- *   ffn/<l>.<e>              the FFN payload: hot slots then cold slots of
- *                            row-column bundles (bundle/layout.h)
+ *   ffn/<l>.<e>              the FFN: hot slots then cold slots of
+ *                            row-column bundles, each row its payload then
+ *                            its fp16 scales (bundle/layout.h)
  *   manifest.json            the manifest (sections: every member above)
  *   manifest.sig             64-byte Ed25519 signature of the exact bytes of
  *                            manifest.json (formats/sign.h); absent when the
@@ -43,10 +42,11 @@
  * checks every member it reads against the SHA-256 in the converted
  * manifest. Orders each FFN's neurons (bundle/order.h, one thread per core),
  * then writes the members above in order, streaming: one loader thread
- * reads and checks up to 3 jobs (an FFN's three payload matrices, or an
+ * reads and checks up to 3 jobs (an FFN's three payload and three scale
+ * matrices, or an
  * 8 MiB chunk of a plain copy) ahead of the main thread, which lays out and
  * writes the current one, and holds at most 768 MiB ahead; so peak memory
- * is about 4 x (3 x n_ff x row bytes) plus the permutations (400 MB for a
+ * is about 4 x (3 x n_ff x row bytes) plus the permutations (450 MB for a
  * 7B shape), whatever the number of layers. Output goes to a temporary
  * file renamed into place only when complete (formats/container.h), so a
  * failure leaves nothing at out_path.
@@ -160,8 +160,9 @@ const pi2_bundle_layout *pi2_bundle_layout_get(const pi2_bundle *b);
 const pi2_ctr *pi2_bundle_container(const pi2_bundle *b);
 
 /* Bundled neuron i of an FFN: pointers into the mapping to its gate, up and
- * down payload rows (layout row_bytes each) and fp16 scale rows
- * (hidden/32 each), and its converted index. PI2_ERANGE for a bad index. */
+ * down payload rows and fp16 scale rows (hidden/32 each, right after each
+ * payload in the slot), and its converted index. PI2_ERANGE for a bad
+ * index. */
 typedef struct pi2_bundle_neuron {
     const uint8_t *payload[3];  /* gate, up, down */
     const uint16_t *scales[3];

@@ -48,7 +48,7 @@ typedef struct job {
     int ffn;            /* permutation to apply (J_ROWS, J_BITS, J_PERM, J_FFN) */
     char out[PI2_CTR_NAME_MAX];
     int nparts;
-    jpart part[3];
+    jpart part[6];      /* J_FFN: gate, up, down payloads, then their scales */
     uint64_t row_bytes; /* J_ROWS */
     uint8_t *buf;       /* filled by the loader */
 } job;
@@ -59,7 +59,8 @@ typedef struct bctx {
     const pi2_model_desc *d;
     ffn_state *ffn;
     size_t n_ffn;
-    uint64_t row_bytes;
+    uint64_t row_bytes; /* an FFN row in a slot: payload then scales */
+    uint64_t pay_bytes; /* its payload */
     uint32_t io_unit; /* the options' or, for 0, pi2_bl_auto_io_unit's */
     bool two_phase;
     job *jobs;

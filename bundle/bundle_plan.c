@@ -177,11 +177,9 @@ int bw_plan(bctx *b, pi2_err *err)
                 rc = plan_copy(b, t->scales, err);
             continue;
         }
-        int f = bw_find_ffn(b, t->layer, t->expert);
-        if (f < 0)
+        if (bw_find_ffn(b, t->layer, t->expert) < 0) /* its payload and scales go to the FFN's slots */
             return pi2_err_set(err, PI2_EFORMAT, "%s: %s: no FFN for layer %d expert %d", b->in.path, t->name,
                                t->layer, t->expert);
-        rc = plan_rows(b, J_ROWS, t->scales, f, (uint64_t)d->n_ff, pi2_q_scale_row_count(t->qtype, t->cols) * 2, err);
     }
     for (size_t i = 0; i < m->n_layers && rc == 0; i++) {
         const pi2_mf_layer *e = &m->layers[i];
@@ -232,15 +230,15 @@ int bw_plan(bctx *b, pi2_err *err)
     }
     for (size_t f = 0; f < b->n_ffn && rc == 0; f++) {
         ffn_state *s = &b->ffn[f];
-        job j = { .kind = J_FFN, .ffn = (int)f, .nparts = 3 };
+        job j = { .kind = J_FFN, .ffn = (int)f, .nparts = 6 };
         snprintf(j.out, sizeof j.out, "%s", s->lay.ffn);
-        for (int k = 0; k < 3 && rc == 0; k++) {
+        for (int k = 0; k < 6 && rc == 0; k++) {
             const pi2_ctr_section *sec;
-            rc = in_section(&b->in, s->t[k]->payload, &sec, err);
-            if (rc == 0 && sec->size != (uint64_t)d->n_ff * b->row_bytes)
+            uint64_t row = k < 3 ? b->pay_bytes : b->row_bytes - b->pay_bytes;
+            rc = in_section(&b->in, k < 3 ? s->t[k]->payload : s->t[k - 3]->scales, &sec, err);
+            if (rc == 0 && sec->size != (uint64_t)d->n_ff * row)
                 rc = pi2_err_set(err, PI2_ESHAPE, "%s: member %s holds %llu bytes, expected %llu", b->in.path,
-                                 sec->name, (unsigned long long)sec->size,
-                                 (unsigned long long)((uint64_t)d->n_ff * b->row_bytes));
+                                 sec->name, (unsigned long long)sec->size, (unsigned long long)((uint64_t)d->n_ff * row));
             if (rc == 0)
                 j.part[k] = (jpart){ sec, 0, sec->size };
         }

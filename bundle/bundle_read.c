@@ -19,7 +19,6 @@ struct pi2_bundle {
     pi2_bundle_sig sig;
     const pi2_ctr_member **ffn_m;  /* [n_ffn] */
     const pi2_ctr_member **perm_m; /* [n_ffn] */
-    const pi2_ctr_member **scale_m; /* [n_ffn][3] gate, up, down scales */
 };
 
 pi2_bundle_sig pi2_bundle_sig_status(const pi2_bundle *b) { return b->sig; }
@@ -33,7 +32,6 @@ void pi2_bundle_close(pi2_bundle *b)
         return;
     free(b->ffn_m);
     free(b->perm_m);
-    free(b->scale_m);
     pi2_bl_free(b->lay);
     pi2_manifest_free(b->mf);
     pi2_ctr_close(b->ctr);
@@ -159,24 +157,14 @@ static int check_ffns(pi2_bundle *b, pi2_err *err)
     size_t n = l->n_ffn;
     b->ffn_m = pi2_calloc_array(n ? n : 1, sizeof *b->ffn_m);
     b->perm_m = pi2_calloc_array(n ? n : 1, sizeof *b->perm_m);
-    b->scale_m = pi2_calloc_array(n ? 3 * n : 1, sizeof *b->scale_m);
-    if (!b->ffn_m || !b->perm_m || !b->scale_m)
+    if (!b->ffn_m || !b->perm_m)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory", b->path);
-    static const pi2_tname roles[3] = { PI2_T_GATE, PI2_T_UP, PI2_T_DOWN };
     for (size_t i = 0; i < n; i++) {
         const pi2_bl_ffn *f = &l->ffn[i];
         b->ffn_m[i] = pi2_ctr_find(b->ctr, f->ffn);
         b->perm_m[i] = pi2_ctr_find(b->ctr, f->perm);
-        for (int k = 0; k < 3; k++) {
-            const pi2_mf_tensor *t = pi2_manifest_find_tensor(b->mf, roles[k], f->layer, f->expert);
-            if (!t)
-                return pi2_err_set(err, PI2_EFORMAT, "%s: no %s tensor for layer %d expert %d", b->path,
-                                   pi2_manifest_role_name(roles[k]), f->layer, f->expert);
-            b->scale_m[3 * i + (size_t)k] = pi2_ctr_find(b->ctr, t->scales);
-        }
         const pi2_ctr_section *ps = pi2_manifest_find_section(b->mf, f->perm);
-        if (!b->ffn_m[i] || !b->perm_m[i] || !ps || !b->scale_m[3 * i] || !b->scale_m[3 * i + 1] ||
-            !b->scale_m[3 * i + 2])
+        if (!b->ffn_m[i] || !b->perm_m[i] || !ps)
             return pi2_err_set(err, PI2_EFORMAT, "%s: members of layer %d expert %d missing", b->path, f->layer,
                                f->expert);
         int rc = pi2_ctr_verify_member(b->ctr, b->perm_m[i], ps->sha256, err);
@@ -394,10 +382,10 @@ int pi2_bundle_get_neuron(const pi2_bundle *b, size_t ffn, uint32_t i, pi2_bundl
     const pi2_bl_ffn *f = &b->lay->ffn[ffn];
     uint64_t off[3];
     pi2_bl_neuron_offsets(f, b->lay->row_bytes, b->lay->two_phase, i, off);
-    size_t sc = (size_t)b->mf->config.hidden / 32;
+    uint64_t pb = pi2_q_payload_row_bytes(b->mf->quant_ffn, b->mf->config.hidden);
     for (int k = 0; k < 3; k++) {
         out->payload[k] = b->ffn_m[ffn]->data + off[k];
-        out->scales[k] = (const uint16_t *)(const void *)b->scale_m[3 * ffn + (size_t)k]->data + (size_t)i * sc;
+        out->scales[k] = (const uint16_t *)(const void *)(out->payload[k] + pb); /* even offset: aligned */
     }
     out->original = pi2_bundle_perm(b, ffn)[i];
     return 0;
@@ -593,8 +581,8 @@ int pi2_bundle_inspect(const pi2_bundle *b, FILE *out, pi2_err *err)
     }
     inspect_model(d, out);
     inspect_tokens(b, out);
-    fprintf(out, "quant:      ffn %s, other %s, groups of %d, fp16 scales (resident)\n", pi2_q_type_name(m->quant_ffn),
-            pi2_q_type_name(m->quant_other), PI2_Q_GROUP);
+    fprintf(out, "quant:      ffn %s, other %s, groups of %d, fp16 scales (the FFN's in its slots)\n",
+            pi2_q_type_name(m->quant_ffn), pi2_q_type_name(m->quant_other), PI2_Q_GROUP);
     inspect_layout(m, l, out);
     inspect_predictors(m, out);
     inspect_profile(m, out);

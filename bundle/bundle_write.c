@@ -206,8 +206,10 @@ static int write_ffn(bctx *b, const job *j, uint8_t *chunk, size_t chunk_cap, pi
 {
     const ffn_state *f = &b->ffn[j->ffn];
     const pi2_bl_ffn *L = &f->lay;
-    size_t R = (size_t)b->row_bytes, mat = (size_t)L->neurons * R;
-    const uint8_t *src[3] = { j->buf, j->buf + mat, j->buf + 2 * mat };
+    /* the job's buffer: gate, up, down payloads [n][P], then their scales [n][C] */
+    size_t R = (size_t)b->row_bytes, P = (size_t)b->pay_bytes, C = R - P, n = L->neurons;
+    const uint8_t *src[3] = { j->buf, j->buf + n * P, j->buf + 2 * n * P };
+    const uint8_t *ssrc[3] = { j->buf + 3 * n * P, j->buf + 3 * n * P + n * C, j->buf + 3 * n * P + 2 * n * C };
     uint64_t size = (uint64_t)L->groups * L->slot_bytes;
     size_t per_chunk = chunk_cap / L->slot_bytes;
     int rc = pi2_ctr_writer_begin(b->w, j->out, size, err);
@@ -221,8 +223,10 @@ static int write_ffn(bctx *b, const job *j, uint8_t *chunk, size_t chunk_cap, pi
             uint64_t off[3];
             pi2_bl_neuron_offsets(L, R, b->two_phase, i, off);
             size_t old = f->perm[i];
-            for (int m = 0; m < 3; m++)
-                memcpy(chunk + (off[m] - base), src[m] + old * R, R);
+            for (int m = 0; m < 3; m++) {
+                memcpy(chunk + (off[m] - base), src[m] + old * P, P);
+                memcpy(chunk + (off[m] - base) + P, ssrc[m] + old * C, C);
+            }
         }
         rc = write_data(b, chunk, bytes, err);
     }

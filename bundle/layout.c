@@ -23,6 +23,13 @@ static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 /* ---- geometry ---- */
 
+uint64_t pi2_bl_row_bytes(pi2_qtype q_ffn, int64_t hidden)
+{
+    if (q_ffn != PI2_QT_Q4 && q_ffn != PI2_QT_Q8)
+        return 0;
+    return pi2_q_payload_row_bytes(q_ffn, hidden) + 2 * pi2_q_scale_row_count(q_ffn, hidden);
+}
+
 int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, pi2_bl_ffn *out, pi2_err *err)
 {
     memset(out, 0, sizeof *out);
@@ -33,8 +40,8 @@ int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, 
     if (d->n_ff < 1 || d->n_ff > PI2_CFG_MAX_DIM || d->hidden < 1 || d->hidden > PI2_CFG_MAX_DIM)
         return pi2_err_set(err, PI2_ERANGE, "model dimensions out of range (hidden %d, n_ff %d)", d->hidden,
                            d->n_ff);
-    /* hidden, n_ff <= 2^20 and R <= hidden: every product below fits 64 bits */
-    uint64_t R = pi2_q_payload_row_bytes(q_ffn, d->hidden);
+    /* hidden, n_ff <= 2^20 and R <= 2 hidden: every product below fits 64 bits */
+    uint64_t R = pi2_bl_row_bytes(q_ffn, d->hidden);
     bool two = d->act == PI2_ACT_DRELU;
     uint64_t per = two ? 2 * R : 3 * R; /* the larger read of a neuron */
     uint64_t g = io_unit / per;
@@ -67,7 +74,7 @@ uint32_t pi2_bl_auto_io_unit(const pi2_model_desc *d, pi2_qtype q_ffn)
             return PI2_BL_IO_DEFAULT; /* the same call reports the problem to the caller */
         if ((uint64_t)f.group * f.bundle_bytes > u)
             continue; /* rows wider than u: a read would exceed it */
-        uint64_t used = (uint64_t)f.group * 3 * pi2_q_payload_row_bytes(q_ffn, d->hidden);
+        uint64_t used = (uint64_t)f.group * 3 * pi2_bl_row_bytes(q_ffn, d->hidden);
         double waste = 1.0 - (double)used / (double)f.slot_bytes;
         if (waste * PI2_BL_IO_AUTO_WASTE <= 1.0)
             return u;
@@ -474,8 +481,12 @@ static int check_tensors(lctx *c, const pi2_bundle_layout *l)
             if (strcmp(t->payload, f->ffn) != 0)
                 return fail(c, PI2_EFORMAT, w, "%s payload is \"%s\", not the FFN member \"%s\"", t->name,
                             t->payload, f->ffn);
+            if (strcmp(t->scales, f->ffn) != 0)
+                return fail(c, PI2_EFORMAT, w, "%s scales are \"%s\", not the FFN member \"%s\"", t->name,
+                            t->scales, f->ffn);
             if (t->rows != d->n_ff || t->cols != d->hidden || t->transposed != (t->role == PI2_T_DOWN))
                 return fail(c, PI2_ESHAPE, w, "%s is not stored as [n_ff, hidden] rows", t->name);
+            continue; /* the slots hold payload and scales */
         } else if (ps->size != pb) {
             return fail(c, PI2_ESHAPE, w, "member \"%s\" holds %llu bytes, expected %llu", ps->name,
                         (unsigned long long)ps->size, (unsigned long long)pb);
@@ -619,6 +630,9 @@ static int parse_root(lctx *c, json_t *root, pi2_bundle_layout *l)
     if ((rc = PI2_JR_KEYS(&c->r, root, "bundle", keys, false)) ||
         (rc = pi2_jr_int(&c->r, root, "bundle", "version", INT64_MIN, INT64_MAX, &v)))
         return rc;
+    if (v == 1)
+        return fail(c, PI2_EUNSUPPORTED, "version", "layout 1 (FFN scales resident) is no longer read (this build "
+                    "reads %d, scales inside the bundles): bundle the converted model again", PI2_BL_VERSION);
     if (v != PI2_BL_VERSION)
         return fail(c, PI2_EUNSUPPORTED, "version", "%lld is not supported (this build reads %d)", v, PI2_BL_VERSION);
     if ((rc = pi2_jr_u32(&c->r, root, "bundle", "io_unit", PI2_BL_IO_MIN, PI2_BL_IO_MAX, &l->io_unit)))
@@ -633,9 +647,9 @@ static int parse_root(lctx *c, json_t *root, pi2_bundle_layout *l)
         return rc;
     if (m->quant_ffn != PI2_QT_Q4 && m->quant_ffn != PI2_QT_Q8)
         return fail(c, PI2_EUNSUPPORTED, "row_bytes", "FFN quant %s cannot be bundled", pi2_q_type_name(m->quant_ffn));
-    uint64_t R = pi2_q_payload_row_bytes(m->quant_ffn, d->hidden);
+    uint64_t R = pi2_bl_row_bytes(m->quant_ffn, d->hidden);
     if (l->row_bytes != R)
-        return fail(c, PI2_ESHAPE, "row_bytes", "%llu, expected %llu (%s rows of %d values)",
+        return fail(c, PI2_ESHAPE, "row_bytes", "%llu, expected %llu (%s rows of %d values and their scales)",
                     (unsigned long long)l->row_bytes, (unsigned long long)R, pi2_q_type_name(m->quant_ffn), d->hidden);
     if ((rc = pi2_jr_bool(&c->r, root, "bundle", "two_phase", &l->two_phase)))
         return rc;

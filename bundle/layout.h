@@ -11,7 +11,7 @@
  * activation frequency; the hot prefix stays in that order, the cold rest is
  * cut into groups of neurons that fire together (bundle/order.h). Inside a
  * bundled container EVERY per-neuron array of that FFN is in bundled order:
- * gate, up and down payload rows, their fp16 scale rows, predictor fc2 rows,
+ * gate, up and down rows (payload and fp16 scales), predictor fc2 rows,
  * the profile's frequencies and activation bits. The permutation member
  * holds P:
  *
@@ -21,10 +21,14 @@
  *
  * ---- FFN payload member:  ffn/<layer>.<expert> ----
  *
- * R = payload bytes of one row = pi2_q_payload_row_bytes(quant.ffn, hidden)
- * (hidden/2 for q4, hidden for q8); the row bytes are exactly those of
- * formats/quant.h. The down matrix is stored transposed (row i = column i of
- * HF down), so neuron i is three rows: gate_i, up_i, down_i. A = 4096.
+ * R = bytes of one row = P + C (pi2_bl_row_bytes): its payload, P =
+ * pi2_q_payload_row_bytes(quant.ffn, hidden) (hidden/2 for q4, hidden for
+ * q8), then its fp16 scales, C = 2 * hidden/32 bytes; both exactly as
+ * formats/quant.h stores them (payload row, scale row). So a neuron's rows
+ * and their scales arrive in one read and the FFN's scales take no
+ * resident memory (version 1 kept them in resident members). The down
+ * matrix is stored transposed (row i = column i of HF down), so neuron i is
+ * three rows: gate_i, up_i, down_i. A = 4096.
  *
  * Neurons are packed in groups of g (per FFN, "group"); the member is
  * G = ceil(n_ff / g) slots of S bytes, slot k holding neurons k*g .. k*g+g-1.
@@ -55,8 +59,9 @@
  * g is the largest count whose every read fits in U:
  *     one-phase  g = floor(U / 3R)      two-phase  g = floor(U / 2R)
  * clamped to [1, n_ff]. With g = 1 a read may exceed U (rows wider than U).
- * Example, hidden 4096, q4 (R = 2048), U = 16 KiB: one-phase g = 2, S = 12 KiB;
- * two-phase g = 4, gate part 8 KiB, up+down part 16 KiB, S = 24 KiB.
+ * Example, hidden 4096, q4 (R = 2048 + 256), U = 16 KiB: one-phase g = 2,
+ * S = 16 KiB; two-phase g = 3, gate part 8 KiB, up+down part 16 KiB,
+ * S = 24 KiB.
  *
  * Regions of the member (offsets relative to the member's data; the file
  * offset is sections[ffn].offset + offset):
@@ -67,13 +72,13 @@
  *     cold  [H*S, G*S)        the remaining groups, read on a cache miss
  * Prefill streams the whole member [0, G*S) sequentially.
  *
- * ---- The manifest's "bundle" object (version 1), keys in this order ----
+ * ---- The manifest's "bundle" object (version 2), keys in this order ----
  *
  * {
- *   "version": 1,
+ *   "version": 2,                      (1: scales apart, resident; refused)
  *   "io_unit": U,
  *   "align": 4096,
- *   "row_bytes": R,
+ *   "row_bytes": R (payload and scales),
  *   "two_phase": bool                  (true exactly for act drelu),
  *   "hot_rule": { "min_freq": number in [0, 1] or null,
  *                 "share": number in [0, 1] or null }   (exactly one non-null),
@@ -98,14 +103,14 @@
  * same for groups cut in plain frequency order, for comparison.
  *
  * Checks (pi2_bundle_layout_parse, against the parsed manifest): exact keys,
- * integer types, version 1, U a power of two in range, align 4096, R as
+ * integer types, version 2, U a power of two in range, align 4096, R as
  * above, two_phase matching the activation, g in [1, n_ff] and the read rule
  * (g * 3R <= U, or g * 2R <= U, when g > 1), bundle_bytes, gate_part,
  * slot_bytes, groups, hot_neurons and both regions exactly as the formulas
  * give them; ffn and perm members listed in sections, distinct, of exactly
  * G*S and 4*n_ff bytes; resident exactly the other sections, in order;
- * every tensor's payload / scales member of the right size (gate, up, down
- * payload = that FFN's ffn member; their scales [n_ff][hidden/32] fp16),
+ * every tensor's payload / scales member of the right size (gate, up, down:
+ * payload and scales both that FFN's ffn member),
  * predictor fc1 [rank, hidden] / fc2 [n_ff, rank] f32 sizes.
  *
  * Errors: PI2_EFORMAT (not JSON, unknown / duplicate key, wrong type, bad
@@ -122,7 +127,7 @@
 #include "formats/container.h"
 #include "formats/manifest.h"
 
-#define PI2_BL_VERSION 1
+#define PI2_BL_VERSION 2
 #define PI2_BL_ALIGN 4096u
 #define PI2_BL_IO_MIN 4096u
 #define PI2_BL_IO_MAX (256u * 1024)
@@ -170,6 +175,10 @@ typedef struct pi2_bundle_layout {
     size_t n_ffn;
 } pi2_bundle_layout;
 
+/* Bytes of one FFN row in a slot: payload then fp16 scales (R above); 0
+ * for a quant other than q4 / q8. Scales of the row at p: p + payload. */
+uint64_t pi2_bl_row_bytes(pi2_qtype q_ffn, int64_t hidden);
+
 /* The geometry of one FFN for a model and an I/O unit: group, bundle bytes,
  * gate part, slot and group count (the formulas above), with hot_groups = 0.
  * PI2_EINVAL for a bad io_unit or a non-q4/q8 FFN quant, PI2_ERANGE if the
@@ -179,9 +188,10 @@ int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, 
  * power of two from PI2_BL_IO_AUTO_MIN up whose every read fits it and
  * whose slot is at most 1/PI2_BL_IO_AUTO_WASTE padding, i.e. the smallest
  * read that packs whole neurons without waste (else the least wasteful).
- * Examples, q4: hidden 4096 dReLU (R = 2 KiB, 6 KiB a neuron) -> 8 KiB,
- * g = 2, no padding; hidden 2048 ReGLU (3 KiB a neuron) -> 16 KiB, g = 5,
- * 1/16 padding (8 KiB would hold 2 neurons in 8, 1/4 padding). Bytes read
+ * Examples, q4: hidden 4096 dReLU (R = 2.25 KiB, 6.75 KiB a neuron) ->
+ * 32 KiB, g = 7, 1/64 padding (16 KiB: g = 3, 5/32 padding); hidden 2048
+ * ReGLU (3.375 KiB a neuron) -> 32 KiB, g = 9, 1/20 padding (16 KiB: g = 4,
+ * 5/32). Bytes read
  * on a miss scale with the unit while the count of reads hardly changes
  * (missed neurons seldom share a group), and padding costs both disk
  * bytes and cache memory. PI2_BL_IO_DEFAULT for dimensions
@@ -192,7 +202,7 @@ uint32_t pi2_bl_auto_io_unit(const pi2_model_desc *d, pi2_qtype q_ffn);
 void pi2_bl_set_hot(pi2_bl_ffn *f, uint32_t hot_groups);
 
 /* Offsets inside the ffn member of bundled neuron i's gate, up and down
- * rows (i < neurons; row length is row_bytes). */
+ * rows (i < neurons; row length is row_bytes, the scales at + payload). */
 void pi2_bl_neuron_offsets(const pi2_bl_ffn *f, uint64_t row_bytes, bool two_phase, uint32_t i, uint64_t off[3]);
 
 /* A zeroed layout (NaN rules). NULL if out of memory. */

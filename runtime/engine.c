@@ -120,8 +120,9 @@ static int ffn_payload(pi2_engine *e, const pi2_bl_ffn *bf, const uint8_t **base
     return 0;
 }
 
-/* The row tables of f's gate, up and down: each neuron's scale rows, and
- * (base non-NULL) its payload rows where the bundle's layout put them. */
+/* The row tables of f's gate, up and down; with base non-NULL, each
+ * neuron's payload and scale rows where the bundle's layout put them
+ * (offloading fills them as rows land: ofl_set_rows). */
 static int ffn_rows(pi2_engine *e, eng_ffn *f, const pi2_bl_ffn *bf, int layer, int mex, const uint8_t *base,
                     pi2_err *err)
 {
@@ -129,7 +130,6 @@ static int ffn_rows(pi2_engine *e, eng_ffn *f, const pi2_bl_ffn *bf, int layer, 
     static const pi2_tname roles[3] = {PI2_T_GATE, PI2_T_UP, PI2_T_DOWN};
     eng_mat *mats[3] = {&f->gate, &f->up, &f->down};
     uint64_t rb = e->bl->row_bytes;
-    size_t sc = (size_t)d->hidden / PI2_Q_GROUP;
     for (int k = 0; k < 3; k++) {
         const pi2_mf_tensor *t = pi2_manifest_find_tensor(e->mf, roles[k], layer, mex);
         if (!t)
@@ -138,26 +138,23 @@ static int ffn_rows(pi2_engine *e, eng_ffn *f, const pi2_bl_ffn *bf, int layer, 
         if (t->qtype != e->mf->quant_ffn || t->rows != bf->neurons || t->cols != d->hidden)
             return pi2_err_set(err, PI2_ESHAPE, "%s: tensor %s is not [%u, %d] %s", e->path, t->name, bf->neurons,
                                d->hidden, pi2_q_type_name(e->mf->quant_ffn));
-        const uint16_t *s =
-            (const uint16_t *)(const void *)eng_member(e, t->scales, (uint64_t)bf->neurons * sc * 2, err);
-        if (!s)
-            return err->code;
         eng_mat *m = mats[k];
         m->qt = t->qtype;
         m->rows = bf->neurons;
         m->cols = d->hidden;
-        m->row_bytes = rb + sc * 2;
+        m->row_bytes = rb; /* payload and scales (the layout's R) */
         if (alloc_rows(e, m, err))
             return err->code;
         for (uint32_t i = 0; i < bf->neurons; i++)
-            m->rs[i] = s + (size_t)i * sc;
+            m->rs[i] = NULL;
     }
     for (uint32_t i = 0; base && i < bf->neurons; i++) {
         uint64_t off[3];
         pi2_bl_neuron_offsets(bf, rb, e->bl->two_phase, i, off);
-        f->gate.rp[i] = base + off[0];
-        f->up.rp[i] = base + off[1];
-        f->down.rp[i] = base + off[2];
+        for (int k = 0; k < 3; k++) {
+            mats[k]->rp[i] = base + off[k];
+            mats[k]->rs[i] = eng_row_scales(mats[k], base + off[k]);
+        }
     }
     return 0;
 }

@@ -200,7 +200,7 @@ expect_error "run converted" "not a bundled model (kind converted); run pi2-bund
     "$B/pi2-run" "$T/tiny.pi2c" --pubkey "$T/k.pub" -p "hi" -n 1
 expect_error "plan converted" "not a bundled model (kind converted)" \
     "$B/pi2-run" "$T/tiny.pi2c" --pubkey "$T/k.pub" -p "hi" -n 1 --plan-only --mem-limit 1T
-for m in ffn/1.0 w/model.layers.0.mlp.up_proj.weight.s perm/0.0 p/1.0.fc2; do
+for m in ffn/1.0 w/model.layers.0.self_attn.o_proj.weight.s perm/0.0 p/1.0.fc2; do
     cp "$T/b.pi2" "$T/bt.pi2"
     off=$(member_off "$T/bt.pi2" "$m")
     if [ -z "$off" ]; then bad "tamper: no offset for $m"; continue; fi
@@ -269,8 +269,8 @@ flip_byte "$T/bt.pi2" $(($(member_off "$T/bt.pi2" ffn/1.0) + 100))
 expect_error "run tampered ffn" "ffn/1.0" "$B/pi2-run" "$T/bt.pi2" --pubkey "$T/k.pub" -p hi
 expect_ok "run tampered ffn unchecked" "$B/pi2-run" "$T/bt.pi2" --pubkey "$T/k.pub" --no-verify-ffn -p hi -n 2
 cp "$T/b.pi2" "$T/bt.pi2"
-flip_byte "$T/bt.pi2" $(($(member_off "$T/bt.pi2" w/model.layers.0.mlp.up_proj.weight.s) + 10))
-expect_error "run tampered scales" "up_proj" "$B/pi2-run" "$T/bt.pi2" --pubkey "$T/k.pub" --no-verify-ffn -p hi
+flip_byte "$T/bt.pi2" $(($(member_off "$T/bt.pi2" w/model.layers.0.self_attn.o_proj.weight.s) + 10))
+expect_error "run tampered scales" "o_proj" "$B/pi2-run" "$T/bt.pi2" --pubkey "$T/k.pub" --no-verify-ffn -p hi
 truncate -s 8192 "$T/bt.pi2"
 expect_error "run truncated" "bt.pi2" "$B/pi2-run" "$T/bt.pi2" --pubkey "$T/k.pub" -p hi
 expect_error "run too long" "context" "$B/pi2-run" "$T/b.pi2" --pubkey "$T/k.pub" -p hi -n 100000

@@ -275,44 +275,47 @@ static void test_geometry(void **state)
     (void)state;
     pi2_bl_ffn f;
     pi2_err e = { 0 };
-    /* 7B shape, q4: R = 2048 */
+    /* 7B shape, q4: R = 2048 payload + 256 scales */
     pi2_model_desc d = desc(4096, 14336, PI2_ACT_RELU);
+    assert_int_equal(pi2_bl_row_bytes(PI2_QT_Q4, 4096), 2304);
+    assert_int_equal(pi2_bl_row_bytes(PI2_QT_Q8, 4096), 4352);
+    assert_int_equal(pi2_bl_row_bytes(PI2_QT_F32, 4096), 0);
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 16384, &f, &e), 0);
     assert_int_equal(f.group, 2);
-    assert_int_equal(f.bundle_bytes, 6144);
+    assert_int_equal(f.bundle_bytes, 6912);
     assert_int_equal(f.gate_part, 0);
-    assert_int_equal(f.slot_bytes, 12288);
+    assert_int_equal(f.slot_bytes, 16384);
     assert_int_equal(f.groups, 7168);
     d.act = PI2_ACT_DRELU;
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 16384, &f, &e), 0);
-    assert_int_equal(f.group, 4);
-    assert_int_equal(f.bundle_bytes, 4096);
+    assert_int_equal(f.group, 3);
+    assert_int_equal(f.bundle_bytes, 4608);
     assert_int_equal(f.gate_part, 8192);
     assert_int_equal(f.slot_bytes, 24576);
-    assert_int_equal(f.groups, 3584);
+    assert_int_equal(f.groups, (14336 + 2) / 3);
     /* a row wider than the unit: one neuron per group, reads exceed it */
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q8, 4096, &f, &e), 0);
     assert_int_equal(f.group, 1);
-    assert_int_equal(f.gate_part, 4096);
-    assert_int_equal(f.slot_bytes, 4096 + 8192);
-    /* 256K, one-phase q8: R = 4096, g = 21, slot roundup(21 * 12288) */
+    assert_int_equal(f.gate_part, 8192);
+    assert_int_equal(f.slot_bytes, 8192 + 12288);
+    /* 256K, one-phase q8: R = 4352, g = 20, slot roundup(20 * 13056) */
     d.act = PI2_ACT_SILU;
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q8, 262144, &f, &e), 0);
-    assert_int_equal(f.group, 21);
-    assert_int_equal(f.slot_bytes, 258048);
-    assert_int_equal(f.groups, (14336 + 20) / 21);
+    assert_int_equal(f.group, 20);
+    assert_int_equal(f.slot_bytes, 262144);
+    assert_int_equal(f.groups, (14336 + 19) / 20);
     /* the group never exceeds the FFN */
     d = desc(64, 40, PI2_ACT_DRELU);
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 262144, &f, &e), 0);
     assert_int_equal(f.group, 40);
     assert_int_equal(f.groups, 1);
-    /* hot regions */
+    /* hot regions (R = 32 + 4) */
     d = desc(64, 256, PI2_ACT_RELU);
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 4096, &f, &e), 0);
-    assert_int_equal(f.group, 42);
+    assert_int_equal(f.group, 37);
     assert_int_equal(f.groups, 7);
     pi2_bl_set_hot(&f, 2);
-    assert_int_equal(f.hot_neurons, 84);
+    assert_int_equal(f.hot_neurons, 74);
     assert_int_equal(f.hot_size, 8192);
     assert_int_equal(f.cold_offset, 8192);
     assert_int_equal(f.cold_size, 5 * 4096);
@@ -320,19 +323,19 @@ static void test_geometry(void **state)
     assert_int_equal(f.hot_groups, 7);
     assert_int_equal(f.hot_neurons, 256);
     assert_int_equal(f.cold_size, 0);
-    /* offsets: one-phase neuron 43 = slot 1, position 1 */
+    /* offsets: one-phase neuron 43 = slot 1, position 6 */
     uint64_t off[3];
-    pi2_bl_neuron_offsets(&f, 32, false, 43, off);
-    assert_int_equal(off[0], 4096 + 96);
-    assert_int_equal(off[1], 4096 + 128);
-    assert_int_equal(off[2], 4096 + 160);
+    pi2_bl_neuron_offsets(&f, 36, false, 43, off);
+    assert_int_equal(off[0], 4096 + 6 * 108);
+    assert_int_equal(off[1], 4096 + 6 * 108 + 36);
+    assert_int_equal(off[2], 4096 + 6 * 108 + 72);
     d.act = PI2_ACT_DRELU;
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 4096, &f, &e), 0);
-    assert_int_equal(f.group, 64);
-    pi2_bl_neuron_offsets(&f, 32, true, 65, off); /* slot 1 (8192), position 1 */
-    assert_int_equal(off[0], 8192 + 32);
-    assert_int_equal(off[1], 8192 + 4096 + 64);
-    assert_int_equal(off[2], 8192 + 4096 + 96);
+    assert_int_equal(f.group, 56);
+    pi2_bl_neuron_offsets(&f, 36, true, 65, off); /* slot 1 (8192), position 9 */
+    assert_int_equal(off[0], 8192 + 9 * 36);
+    assert_int_equal(off[1], 8192 + 4096 + 9 * 72);
+    assert_int_equal(off[2], 8192 + 4096 + 9 * 72 + 36);
     /* bad units and quant */
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 2048, &f, &e), PI2_EINVAL);
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 12288, &f, &e), PI2_EINVAL);
@@ -347,7 +350,7 @@ static double slot_waste(const pi2_model_desc *d, pi2_qtype q, uint32_t u, bool 
     pi2_err e = { 0 };
     assert_int_equal(pi2_bl_geometry(d, q, u, &f, &e), 0);
     *fits = (uint64_t)f.group * f.bundle_bytes <= u;
-    return 1.0 - (double)f.group * 3.0 * (double)pi2_q_payload_row_bytes(q, d->hidden) / (double)f.slot_bytes;
+    return 1.0 - (double)f.group * 3.0 * (double)pi2_bl_row_bytes(q, d->hidden) / (double)f.slot_bytes;
 }
 
 static void test_auto_io_unit(void **state)
@@ -355,22 +358,23 @@ static void test_auto_io_unit(void **state)
     (void)state;
     pi2_bl_ffn f;
     pi2_err e = { 0 };
-    /* 7B shape, dReLU q4: 8K holds 2 neurons (gates 4K, up+down 8K), no padding */
+    /* 7B shape, dReLU q4 (R = 2304): 16K holds 3 neurons in 24K (5/32
+     * padding), 32K 7 (gates 16K, up+down 32K, 1/64 padding) */
     pi2_model_desc d = desc(4096, 14336, PI2_ACT_DRELU);
-    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 8192);
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 8192, &f, &e), 0);
-    assert_int_equal(f.group, 2);
-    assert_int_equal(f.slot_bytes, 12288);
-    /* ... q8 (R = 4096): one neuron in 8K, no padding */
-    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q8), 8192);
-    /* one-phase 6K neurons: 8K would be 1/4 padding, 16K holds 2 in 12K */
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 32768);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 32768, &f, &e), 0);
+    assert_int_equal(f.group, 7);
+    assert_int_equal(f.slot_bytes, 49152);
+    /* ... q8 (R = 4352): 32K holds 3 with 0.13 padding, 64K 7 */
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q8), 65536);
+    /* one-phase 6.75K neurons: 8K and 16K are 5/32 padding, 32K holds 4 in 28K */
     d.act = PI2_ACT_RELU;
-    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 16384);
-    /* 1B shape, ReGLU q4 (3K neurons): 16K holds 5 (1/16 padding) */
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 32768);
+    /* 1B shape, ReGLU q4 (3.375K neurons): 32K holds 9 (1/20 padding) */
     d = desc(2048, 5632, PI2_ACT_RELU);
-    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 16384);
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 16384, &f, &e), 0);
-    assert_int_equal(f.group, 5);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 32768);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 32768, &f, &e), 0);
+    assert_int_equal(f.group, 9);
     /* rows wider than every unit but the largest: the unit that fits */
     d = desc(65536, 64, PI2_ACT_SILU);
     assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q8), 262144);
@@ -612,7 +616,7 @@ static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint
     assert_int_equal(bm->kind, PI2_MF_BUNDLED);
     assert_int_equal(l->io_unit, io ? io : pi2_bl_auto_io_unit(d, bm->quant_ffn));
     assert_int_equal(l->two_phase, d->act == PI2_ACT_DRELU);
-    assert_int_equal(l->row_bytes, pi2_q_payload_row_bytes(bm->quant_ffn, d->hidden));
+    assert_int_equal(l->row_bytes, pi2_q_payload_row_bytes(bm->quant_ffn, d->hidden) + (size_t)d->hidden / 16);
     assert_int_equal(strlen(l->signer), sign ? 64 : 0);
     size_t E = pi2_desc_is_moe(d) ? (size_t)d->n_experts : 1;
     assert_int_equal(l->n_ffn, (size_t)d->n_layers * E);
@@ -653,9 +657,12 @@ static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint
         }
     }
 
-    /* FFNs: every neuron's three rows and scales through the permutation */
+    /* FFNs: every neuron's three rows and scales through the permutation,
+     * each row's scales right after its payload in the slot; no FFN scale
+     * member left in the container (nor in the resident region) */
     static const pi2_tname roles[3] = { PI2_T_GATE, PI2_T_UP, PI2_T_DOWN };
-    size_t R = (size_t)l->row_bytes, sc = (size_t)d->hidden / 32;
+    size_t R = pi2_q_payload_row_bytes(bm->quant_ffn, d->hidden), sc = (size_t)d->hidden / 32;
+    assert_int_equal(l->row_bytes, R + 2 * sc);
     float *x = malloc((size_t)d->hidden * sizeof *x), *y = malloc((size_t)d->hidden * sizeof *y);
     assert_non_null(x);
     assert_non_null(y);
@@ -669,7 +676,12 @@ static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint
             assert_non_null(ct);
             cp[r] = member(cc, ct->payload);
             cs[r] = member(cc, ct->scales);
-            assert_string_equal(pi2_manifest_find_tensor(bm, roles[r], f->layer, f->expert)->payload, f->ffn);
+            const pi2_mf_tensor *bt = pi2_manifest_find_tensor(bm, roles[r], f->layer, f->expert);
+            assert_string_equal(bt->payload, f->ffn);
+            assert_string_equal(bt->scales, f->ffn);
+            assert_null(pi2_ctr_find(bc, ct->scales));
+            for (size_t i = 0; i < l->n_resident; i++)
+                assert_string_not_equal(l->resident[i], ct->scales);
         }
         for (uint32_t i = 0; i < f->neurons; i++) {
             pi2_bundle_neuron nr;
@@ -680,6 +692,7 @@ static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint
                 const uint16_t *cscl = (const uint16_t *)(const void *)cs[r]->data + (size_t)perm[i] * sc;
                 assert_memory_equal(nr.payload[r], cpay, R);
                 assert_memory_equal(nr.scales[r], cscl, sc * 2);
+                assert_ptr_equal((const uint8_t *)nr.scales[r], nr.payload[r] + R);
                 pi2_q_dequantize_row(bm->quant_ffn, cscl, cpay, d->hidden, x);
                 pi2_q_dequantize_row(bm->quant_ffn, nr.scales[r], nr.payload[r], d->hidden, y);
                 assert_memory_equal(x, y, (size_t)d->hidden * sizeof *x);
@@ -1004,7 +1017,7 @@ static void test_verify_resident_only(void **state)
     pi2_ctr *c;
     pi2_err e = { 0 };
     assert_int_equal(pi2_ctr_open(&c, g_signed, &e), 0);
-    const char *names[2] = { "ffn/1.0", "w/model.layers.1.mlp.down_proj.weight.s" };
+    const char *names[2] = { "ffn/1.0", "w/model.layers.1.self_attn.o_proj.weight.s" };
     for (int k = 0; k < 2; k++) {
         const pi2_ctr_member *m = member(c, names[k]);
         pi2t_copy_file(g_signed, p);
@@ -1055,7 +1068,7 @@ static void test_verify_copy(void **state)
     assert_int_equal(pi2_bundle_verify_copy(b, copy, len, &e), 0);
     copy[ffn->offset + 7] ^= 0x10;
     assert_int_equal(pi2_bundle_verify_copy(b, copy, len, &e), 0);
-    const pi2_ctr_member *r = member(c, "w/model.layers.1.mlp.down_proj.weight.s");
+    const pi2_ctr_member *r = member(c, "w/model.layers.1.self_attn.o_proj.weight.s");
     copy[r->offset + r->size / 2] ^= 0x01;
     assert_int_equal(pi2_bundle_verify_copy(b, copy, len, &e), PI2_ESIG);
     assert_non_null(strstr(e.msg, r->name));
@@ -1252,7 +1265,7 @@ static int edit_layout(json_t *bl, int which)
     switch (which) {
     case 0: return json_object_set_new(bl, "extra", json_true());
     case 1: return json_object_del(bl, "io_unit");
-    case 2: return json_object_set_new(bl, "version", json_integer(2));
+    case 2: return json_object_set_new(bl, "version", json_integer(3));
     case 3: return json_object_set_new(bl, "io_unit", json_integer(2048));
     case 4: return json_object_set_new(bl, "io_unit", json_integer(12288));
     case 5: return IADD(bl, "row_bytes", 1);
@@ -1279,7 +1292,8 @@ static int edit_layout(json_t *bl, int which)
     case 22: return json_object_set_new(f0, "neurons", json_integer(255));
     case 23: return json_object_set_new(f0, "perm", json_string(json_string_value(json_object_get(f1, "perm"))));
     case 24: return json_object_set_new(bl, "align", json_integer(512));
-    case 25: return json_object_set_new(f0, "group", json_integer(65)); /* a read of 65 * 64 > 4096 */
+    case 25: return json_object_set_new(f0, "group", json_integer(65)); /* a read of 65 * 72 > 4096 */
+    case 26: return json_object_set_new(bl, "version", json_integer(1)); /* scales apart: older writers */
     }
 #undef IADD
     return -1;
@@ -1315,6 +1329,7 @@ static void test_layout_errors(void **state)
         { "shared perm", PI2_EFORMAT, "used by two entries" },
         { "align", PI2_EUNSUPPORTED, "align" },
         { "group read", PI2_ESHAPE, "exceeds io_unit" },
+        { "version 1", PI2_EUNSUPPORTED, "layout.pi2:manifest.json: bundle.version: layout 1 (FFN scales resident)" },
     };
     char p[160];
     snprintf(p, sizeof p, "%s/layout.pi2", g_dir);
@@ -1329,6 +1344,20 @@ static void test_layout_errors(void **state)
             fail_msg("case %zu (%s): got %d (%s), want %d with \"%s\"", i, cases[i].what, rc, e.msg, cases[i].code,
                      cases[i].needle);
     }
+    /* an FFN tensor whose scales are not its slots: refused by the layout */
+    json_t *j = manifest_json(g_signed), *ts = json_object_get(j, "tensors");
+    bool edited = false;
+    for (size_t i = 0; i < json_array_size(ts) && !edited; i++) {
+        json_t *t = json_array_get(ts, i);
+        if (strcmp(json_string_value(json_object_get(t, "role")), "up") == 0)
+            edited = json_object_set_new(t, "scales", json_string("perm/0.0")) == 0;
+    }
+    assert_true(edited);
+    rewrite_manifest(g_signed, p, j, g_key);
+    json_decref(j);
+    pi2_err e = { 0 };
+    assert_int_equal(open_verify(p, false, g_pubkey, &e), PI2_EFORMAT);
+    assert_non_null(strstr(e.msg, "scales are \"perm/0.0\", not the FFN member"));
 }
 
 /* Seeded mutations: random byte flips anywhere in a signed container, in tar

@@ -340,6 +340,48 @@ static void test_same_tokens_dense(void **state)
     same_tokens(K_SILU, true);
 }
 
+/* Prefill windows whose tiles do not end on a slot: an FFN of 12288
+ * neurons in groups of 56 (16 KiB unit) streams windows of 9472 neurons,
+ * and the slot astride two windows is read by both. In memory, generous
+ * and tiny: the same logits, bit for bit, prefill and sparse decode. */
+static void test_windows_astride(void **state)
+{
+    (void)state;
+    char src[160], path[1200];
+    pi2_err e = {0};
+    pi2_synth_opts so;
+    assert_int_equal(pi2_synth_preset("small", &so, &e), 0);
+    so.threads = 2;
+    so.desc.n_layers = 2;
+    so.desc.n_ff = 12288;
+    so.predictors = true;
+    snprintf(src, sizeof src, "%s/wide", g_dir);
+    if (pi2_synth_write(src, &so, NULL, NULL, &e) ||
+        pi2t_convert_bundle(src, g_dir, "wide", PI2_QT_Q4, 16384, g_key, path, sizeof path, &e))
+        fail_msg("wide model: %s", e.msg);
+    uint64_t minimum = minimum_of(path);
+    pi2_engine *mem = open_at(path, 0, 0.5, false);
+    int V = pi2_engine_desc(mem)->vocab;
+    size_t n = (size_t)(STEPS + 1) * (size_t)V;
+    float *lm = malloc(n * sizeof(float)), *lt = malloc(n * sizeof(float));
+    int32_t im[STEPS + 1], it[STEPS + 1];
+    assert_int_equal(run_greedy(mem, lm, im, &e), 0);
+    pi2_engine_close(mem);
+    for (int k = 0; k < 2; k++) {
+        pi2_engine *eng = open_at(path, k ? minimum + 4096 : 1ull << 40, k ? 0.0 : 0.5, false);
+        pi2_engine_stats_reset(eng);
+        assert_int_equal(run_greedy(eng, lt, it, &e), 0);
+        pi2_engine_offload_info in;
+        pi2_engine_offload_info_get(eng, &in);
+        assert_true(k ? in.offloaded > 0.99 : in.offloaded == 0.0);
+        pi2_engine_close(eng);
+        assert_memory_equal(lm, lt, n * sizeof(float));
+        assert_memory_equal(im, it, sizeof im);
+    }
+    free(lm);
+    free(lt);
+}
+
 /* Several caches between tiny and generous, and both readers: identical. */
 static void test_limits_and_readers(void **state)
 {
@@ -815,6 +857,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_same_tokens, clear_faults),
         cmocka_unit_test_teardown(test_same_tokens_dense, clear_faults),
+        cmocka_unit_test_teardown(test_windows_astride, clear_faults),
         cmocka_unit_test_teardown(test_limits_and_readers, clear_faults),
         cmocka_unit_test_teardown(test_plan, clear_faults),
         cmocka_unit_test_teardown(test_given_plans, clear_faults),

@@ -7,8 +7,9 @@
  * infeasible minimum speeds and limits; plan JSON round trip and hostile
  * plan files; the memory model made from a container alone gives the
  * numbers an opened engine runs with (the fixed split at several limits,
- * hot shares, depths; a given plan; the minimum). Engine runs of plans are
- * in test_offload. */
+ * hot shares, depths; a given plan; the minimum), and counts the FFN scales
+ * in the slots, not the resident part. Engine runs of plans are in
+ * test_offload. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -654,8 +655,9 @@ static void mem_opts(pi2_engine_opts *o, const char *path, const pi2_sign_key *p
     o->offload.mem_limit = limit;
 }
 
-/* The memory plan for o, from the container alone. */
-static int plan_of(const pi2_engine_opts *o, pi2_plan_memory *m, pi2_err *e)
+/* The memory plan for o, from the container alone; extra: bytes added to
+ * the resident part (0: the container's). */
+static int plan_of_extra(const pi2_engine_opts *o, uint64_t extra, pi2_plan_memory *m, pi2_err *e)
 {
     pi2_bundle *b = NULL;
     pi2_bundle_open_opts bo = {.pubkey = o->pubkey};
@@ -675,10 +677,58 @@ static int plan_of(const pi2_engine_opts *o, pi2_plan_memory *m, pi2_err *e)
                           .resident = pi2_plan_resident(mf, bl, (uint64_t)sysconf(_SC_PAGESIZE)), .ctx = MEM_CTX,
                           .threads = MEM_THREADS, .cores = (int)sysconf(_SC_NPROCESSORS_ONLN),
                           .files = pi2_plan_container_touched(c), .opts = &o->offload};
+    in.resident += extra;
     if ((rc = pi2_engine_buffer_sizes(mf, bl, MEM_THREADS, &in.bufs, e)) == 0)
         rc = pi2_plan_memory_make(&in, m, e);
     pi2_bundle_close(b);
     return rc;
+}
+
+static int plan_of(const pi2_engine_opts *o, pi2_plan_memory *m, pi2_err *e)
+{
+    return plan_of_extra(o, 0, m, e);
+}
+
+/* The FFN scales travel in the slots (bundle/layout.h): the plan counts
+ * them in the FFN bytes and not in the resident part, whose members name
+ * none of the converted model's scale members; so the minimum is below
+ * the one of the same model with its scales resident (as layout 1 kept
+ * them) by at least their bytes. */
+static void check_scales_in_slots(const char *conv, const char *path, const pi2_sign_key *pk)
+{
+    pi2_ctr *cc;
+    pi2_manifest *cm;
+    pi2t_open_manifest(conv, &cc, &cm);
+    pi2_bundle *b = NULL;
+    pi2_err e = {0};
+    pi2_bundle_open_opts bo = {.pubkey = pk};
+    assert_int_equal(pi2_bundle_open(&b, path, &bo, &e), 0);
+    const pi2_bundle_layout *bl = pi2_bundle_layout_get(b);
+    uint64_t scales = 0, payload = 0;
+    for (size_t i = 0; i < cm->n_tensors; i++) {
+        const pi2_mf_tensor *t = &cm->tensors[i];
+        if (t->role != PI2_T_GATE && t->role != PI2_T_UP && t->role != PI2_T_DOWN)
+            continue;
+        scales += pi2_ctr_find(cc, t->scales)->size;
+        payload += pi2_ctr_find(cc, t->payload)->size;
+        for (size_t r = 0; r < bl->n_resident; r++)
+            assert_string_not_equal(bl->resident[r], t->scales);
+        assert_null(pi2_ctr_find(pi2_bundle_container(b), t->scales));
+    }
+    assert_true(scales > 0 && scales * 8 == payload); /* q4: 2 bytes of scale a 32 values (16 bytes) */
+    pi2_engine_opts o;
+    pi2_plan_memory now, v1;
+    mem_opts(&o, path, pk, 1ull << 40);
+    assert_int_equal(plan_of(&o, &now, &e), 0);
+    assert_int_equal(plan_of_extra(&o, scales, &v1, &e), 0);
+    assert_true(now.ffn_total >= payload + scales);
+    assert_true(now.minimum + scales <= v1.minimum);
+    assert_true(now.resident + scales == v1.resident);
+    pi2_plan_memory_free(&now);
+    pi2_plan_memory_free(&v1);
+    pi2_bundle_close(b);
+    pi2_manifest_free(cm);
+    pi2_ctr_close(cc);
 }
 
 /* The engine opened with o runs the memory plan made from the container. */
@@ -742,6 +792,8 @@ static void test_memory_model(void **state)
             pi2t_convert_bundle(src, dir, k == 0 ? "drelu" : "moe", PI2_QT_Q4, 4096, key, path[k], sizeof path[k], &e))
             fail_msg("model %d: %s", k, e.msg);
     }
+    snprintf(src, sizeof src, "%s/drelu.pi2c", dir);
+    check_scales_in_slots(src, path[0], pk);
     pi2_hwprof hw;
     pi2t_fake_hw(&hw, MEM_THREADS);
     for (int k = 0; k < 2; k++) {

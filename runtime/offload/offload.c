@@ -246,17 +246,20 @@ void eng_ofl_buffers(const pi2_model_desc *d, const pi2_bundle_layout *bl, eng_o
     out->max_sel = (uint32_t)d->n_ff;
     out->max_ch = (out->max_sel + FFN_CHUNK - 1) / FFN_CHUNK;
     out->staging_bytes = S; /* a two-phase gate read may reach into the up+down part */
-    out->win_groups = (uint32_t)(OFL_WINDOW / S > 0 ? OFL_WINDOW / S : 1);
-    /* windows of whole prefill tiles (ENG_TILE neurons, a power of two):
-     * the prefill FFN then runs the same tiles on the same threads in the
-     * same order as in memory, and gives the same bits */
-    uint32_t gd = ENG_TILE; /* gcd(g, ENG_TILE) */
-    while (b0->group % gd != 0)
-        gd /= 2;
-    uint32_t whole = ENG_TILE / gd; /* slots per whole number of tiles */
-    out->win_groups = out->win_groups >= whole ? out->win_groups / whole * whole : whole;
-    if (out->win_groups > b0->groups)
-        out->win_groups = b0->groups;
+    /* windows of whole prefill tiles (ENG_TILE neurons), about OFL_WINDOW
+     * bytes: the prefill FFN then runs the same tiles on the same threads
+     * in the same order as in memory, and gives the same bits. A window
+     * reads the slots its neurons lie in; with a group that does not divide
+     * a window, the slot astride two windows is read by both (windows of
+     * whole slots and whole tiles would need lcm(g, ENG_TILE) neurons:
+     * 12 MiB each for g = 7 on a 7B shape) */
+    uint64_t g = b0->group, tiles = (uint64_t)OFL_WINDOW * g / ((uint64_t)ENG_TILE * S);
+    uint64_t wn = (tiles > 0 ? tiles : 1) * ENG_TILE;
+    if (wn > b0->neurons)
+        wn = b0->neurons;
+    uint64_t wg = wn % g == 0 ? wn / g : (wn + 2 * g - 2) / g; /* the most slots wn neurons lie in */
+    out->win_neurons = (uint32_t)wn;
+    out->win_groups = (uint32_t)(wg < b0->groups ? wg : b0->groups);
     out->wbuf_bytes = (uint64_t)out->win_groups * S;
     out->rq_cap = 2 * (size_t)out->max_sel + 4 * (size_t)(out->wbuf_bytes / OFL_SEQ_REQ + 1) * OFL_NWIN + 16;
     out->ready_cap = 2 * out->max_ch + 4;
@@ -345,6 +348,7 @@ static uint32_t ofl_take_buffers(pi2_engine *e, eng_ofl *x)
     eng_ofl_buffers(&e->d, e->bl, &bufs);
     x->max_ch = bufs.max_ch;
     x->staging_bytes = (size_t)bufs.staging_bytes;
+    x->win_neurons = bufs.win_neurons;
     x->win_groups = bufs.win_groups;
     x->wbuf_bytes = bufs.wbuf_bytes;
     x->rq_cap = bufs.rq_cap;

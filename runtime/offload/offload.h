@@ -74,7 +74,8 @@ struct pi2_plan_memory;
  * at I/O depth 0 and per read in flight (pi2_plan_bufs). */
 typedef struct eng_ofl_bufs {
     uint32_t max_sel, max_ch;  /* neurons and chunks a decode job can hold */
-    uint32_t win_groups;       /* slots per prefill window */
+    uint32_t win_neurons;      /* neurons per prefill window: whole prefill tiles, or the FFN */
+    uint32_t win_groups;       /* slots a prefill window reads at most */
     uint64_t staging_bytes;    /* per read in flight */
     uint64_t wbuf_bytes;       /* per prefill window */
     size_t rq_cap, ready_cap;  /* queued reads, ready chunks */

@@ -143,8 +143,10 @@ typedef struct eng_ofl {
     pi2_cpus cpus;
 
     /* prefill stream (under mu, but cursor). The window geometry stays
-     * with the memory plan: win_groups slots per window, wbuf_bytes each. */
-    uint32_t win_groups;    /* slots per window */
+     * with the memory plan: win_neurons neurons per window, in at most
+     * win_groups slots, wbuf_bytes. */
+    uint32_t win_neurons;
+    uint32_t win_groups;
     uint64_t wbuf_bytes;
     struct ofl_stream {
         ofl_win *win;           /* streamed windows, in consumption order */
@@ -205,7 +207,7 @@ static inline uint64_t part_unit(const eng_ofl *x, int part)
 }
 static inline uint64_t stride_of(uint64_t unit) { return unit % 4096 == 0 ? unit : (unit + 63) / 64 * 64; }
 
-/* Which row tables of a neuron ofl_set_rows writes. */
+/* Which row tables of a neuron ofl_set_rows writes (payload and scales). */
 enum { R_GATE = 1, R_UP = 2, R_DOWN = 4, R_ALL = 7 };
 /* The one writer of FFN f's row tables while offloading: for neuron i,
  * the tables named in `which` get gate, up, down (NULL: no row in
@@ -215,12 +217,18 @@ enum { R_GATE = 1, R_UP = 2, R_DOWN = 4, R_ALL = 7 };
 static inline void ofl_set_rows(const eng_ffn *f, uint32_t i, unsigned which, const uint8_t *gate,
                                 const uint8_t *up, const uint8_t *down)
 {
-    if (which & R_GATE)
+    if (which & R_GATE) {
         f->gate.rp[i] = gate;
-    if (which & R_UP)
+        f->gate.rs[i] = eng_row_scales(&f->gate, gate);
+    }
+    if (which & R_UP) {
         f->up.rp[i] = up;
-    if (which & R_DOWN)
+        f->up.rs[i] = eng_row_scales(&f->up, up);
+    }
+    if (which & R_DOWN) {
         f->down.rp[i] = down;
+        f->down.rs[i] = eng_row_scales(&f->down, down);
+    }
 }
 
 /* Neuron i's rows of part `part` in a cache slot's layout at buf (gate,

@@ -119,9 +119,9 @@ static int ffn_windows(pi2_engine *e, const eng_ffn *f, int T, pi2_err *err)
     if (x->st.cursor != x->st.first[fi])
         return pi2_err_set(err, PI2_EINVAL, "%s: prefill stream out of order (FFN %u)", e->path, fi);
     bool first = true;
-    for (uint32_t g0 = 0; g0 < b->groups; g0 += x->win_groups) {
-        uint32_t g1 = g0 + x->win_groups < b->groups ? g0 + x->win_groups : b->groups;
-        uint32_t n0 = g0 * b->group, n1 = g1 * b->group < b->neurons ? g1 * b->group : b->neurons;
+    for (uint32_t n0 = 0; n0 < b->neurons; n0 += x->win_neurons) {
+        uint32_t n1 = b->neurons - n0 > x->win_neurons ? n0 + x->win_neurons : b->neurons;
+        uint32_t g0 = n0 / b->group, g1 = (n1 + b->group - 1) / b->group; /* the slots it reads */
         bool hot = (uint64_t)g1 * b->slot_bytes <= x->hot_len[fi];
         uint32_t w = x->st.cursor;
         if (!hot) {
@@ -180,15 +180,16 @@ int ofl_stream_open(pi2_engine *e, eng_ofl *x, pi2_err *err)
     /* streamed prefill windows */
     uint32_t n_win = 0;
     for (uint32_t fi = 0; ok && fi < x->n_ffn; fi++)
-        n_win += (x->bl[fi]->groups + x->win_groups - 1) / x->win_groups;
+        n_win += (x->bl[fi]->neurons + x->win_neurons - 1) / x->win_neurons;
     ok = ok && (x->st.win = pi2_malloc_array(n_win ? n_win : 1, sizeof *x->st.win)) != NULL;
     if (!ok)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the offloading buffers", e->path);
     for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
         const pi2_bl_ffn *b = x->bl[fi];
         x->st.first[fi] = x->st.n;
-        for (uint32_t g0 = 0; g0 < b->groups; g0 += x->win_groups) {
-            uint32_t g1 = g0 + x->win_groups < b->groups ? g0 + x->win_groups : b->groups;
+        for (uint32_t n0 = 0; n0 < b->neurons; n0 += x->win_neurons) { /* as ffn_windows walks them */
+            uint32_t n1 = b->neurons - n0 > x->win_neurons ? n0 + x->win_neurons : b->neurons;
+            uint32_t g0 = n0 / b->group, g1 = (n1 + b->group - 1) / b->group;
             if ((uint64_t)g1 * b->slot_bytes <= x->hot_len[fi])
                 continue; /* in the hot segment */
             x->st.win[x->st.n++] = (ofl_win){fi, (uint64_t)g0 * b->slot_bytes, (uint64_t)(g1 - g0) * b->slot_bytes};

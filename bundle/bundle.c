@@ -168,6 +168,8 @@ static int setup_ffns(bctx *b, pi2_err *err)
     if (!(b->ffn = pi2_calloc_array(b->n_ffn, sizeof *b->ffn)))
         return pi2_err_set(err, PI2_ENOMEM, "out of memory");
     pi2_bl_ffn geo;
+    b->row_bytes = pi2_bl_row_bytes(m->quant_ffn, d->hidden);
+    b->pay_bytes = pi2_q_payload_row_bytes(m->quant_ffn, d->hidden);
     b->io_unit = b->o->io_unit ? b->o->io_unit : pi2_bl_auto_io_unit(d, m->quant_ffn);
     int rc = pi2_bl_geometry(d, m->quant_ffn, b->io_unit, &geo, err);
     if (rc)
@@ -192,6 +194,15 @@ static int setup_ffns(bctx *b, pi2_err *err)
                 return rc;
         }
     return 0;
+}
+
+/* An FFN tensor's rows and their scales are in its FFN's slots. */
+static void ffn_members(const bctx *b, pi2_mf_tensor *t)
+{
+    if (t->role != PI2_T_GATE && t->role != PI2_T_UP && t->role != PI2_T_DOWN)
+        return;
+    snprintf(t->payload, sizeof t->payload, "%s", b->ffn[bw_find_ffn(b, t->layer, t->expert)].lay.ffn);
+    snprintf(t->scales, sizeof t->scales, "%s", t->payload);
 }
 
 /* The output manifest: the input's, with FFN payloads and scales pointing
@@ -226,10 +237,7 @@ static int build_manifest(bctx *b, const char *signer, char **text, size_t *len,
     om->ppl_q_sparse = im->ppl_q_sparse;
     for (size_t i = 0; i < im->n_tensors && rc == 0; i++) {
         pi2_mf_tensor t = im->tensors[i];
-        if (t.role == PI2_T_GATE || t.role == PI2_T_UP || t.role == PI2_T_DOWN) { /* rows and scales in the slots */
-            snprintf(t.payload, sizeof t.payload, "%s", b->ffn[bw_find_ffn(b, t.layer, t.expert)].lay.ffn);
-            snprintf(t.scales, sizeof t.scales, "%s", t.payload);
-        }
+        ffn_members(b, &t);
         rc = pi2_manifest_add_tensor(om, &t, err);
     }
     for (size_t i = 0; i < im->n_layers && rc == 0; i++)
@@ -344,8 +352,6 @@ int pi2_bundle_create(const pi2_bundle_opts *o, FILE *report, pi2_err *err)
                          pi2_q_type_name(b.in.mf->quant_ffn));
         goto out;
     }
-    b.row_bytes = pi2_bl_row_bytes(b.in.mf->quant_ffn, b.d->hidden);
-    b.pay_bytes = pi2_q_payload_row_bytes(b.in.mf->quant_ffn, b.d->hidden);
     if (o->key) {
         uint8_t raw[PI2_SIGN_PUBKEY_LEN], dg[PI2_SHA256_LEN];
         if ((rc = pi2_sign_key_raw_public(o->key, raw, err)))

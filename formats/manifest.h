@@ -21,7 +21,7 @@
  *               back through pi2_config_parse (its rules and errors apply) },
  *   "torch_dtype": "float32" | "float16" | "bfloat16"  (of the source),
  *   "quant": { "ffn": "q4"|"q8", "other": "q8"|"q4", "group": 32,
- *              "scales": "f16" },      (fp16 scales stored apart from payloads)
+ *              "scales": "f16" },      (fp16 scales; where: see tensors)
  *   "tokenizer": member (tokenizer.json),
  *   "chat_template": member (optional: the model's tokenizer_config.json,
  *               kept when it carries a chat_template; formats/jinja.h
@@ -95,7 +95,9 @@
  *                For kind "converted" the payload member holds exactly
  *                rows * pi2_q_payload_row_bytes bytes and the scales member
  *                rows * pi2_q_scale_row_count * 2 bytes; for "bundled" the
- *                members must exist and the bundle object describes layout.
+ *                members must exist and the bundle object describes layout
+ *                (gate, up and down: payload and scales are both the FFN's
+ *                slot member, bundle/layout.h).
  *   per_layer    (sparsity and profile) layer in [0, n_layers), expert -1 on
  *                dense models and in [0, n_experts) on MoE ones, each
  *                (layer, expert) at most once (so at most n_layers *

@@ -6,8 +6,8 @@
  *
  * A row is cut into groups of PI2_Q_GROUP = 32 consecutive values along the
  * row (the input dimension), so cols must be a multiple of 32. The matrix is
- * two arrays, kept apart so the FFN scales can stay resident while only the
- * payloads live in flash:
+ * two arrays (a bundled model's FFN rows carry each payload row with its
+ * scale row instead, bundle/layout.h; the row bytes are the same):
  *
  *   scales   uint16 fp16 [rows][cols/32]          (one scale d per group)
  *   payload  uint8       [rows][cols/32][G]       (G = 16 for Q4, 32 for Q8)

@@ -672,10 +672,9 @@ static void test_given_plans(void **state)
 
 /* EIO on a decode read: the step fails with the file named; after the fault
  * clears, the same step gives the same logits as a run without faults. */
-static void test_eio_and_recovery(void **state)
+static void eio_and_recovery(kind k)
 {
-    (void)state;
-    const char *path = g_pi2[K_DRELU];
+    const char *path = g_pi2[k];
     uint64_t minimum = minimum_of(path);
     pi2_engine *eng = open_at(path, minimum + 4096, 0.0, false);
     int V = pi2_engine_desc(eng)->vocab;
@@ -698,7 +697,8 @@ static void test_eio_and_recovery(void **state)
     assert_non_null(strstr(fe.msg, path));
     assert_non_null(strstr(fe.msg, "Input/output error"));
     pi2_io_inject(PI2_IO_FAULT_NONE, 0, 0, 0);
-    assert_int_equal(pi2_engine_decode(eng, ids[1], PROMPT + 1, lg, &e), 0);
+    if (pi2_engine_decode(eng, ids[1], PROMPT + 1, lg, &e) != 0)
+        fail_msg("%s: the step after the fault: %s", kind_name[k], e.msg);
     assert_memory_equal(lg, ref + (size_t)2 * V, (size_t)V * sizeof(float));
     /* short reads are retried: same result */
     pi2_io_inject(PI2_IO_FAULT_SHORT, 0, 0, 1000000);
@@ -716,6 +716,15 @@ static void test_eio_and_recovery(void **state)
     pi2_engine_close(eng);
     free(ref);
     free(lg);
+}
+
+/* (K_PRED_Q8 at its least limit: the predictors' reads fail too, and the
+ * ring starts afresh after) */
+static void test_eio_and_recovery(void **state)
+{
+    (void)state;
+    eio_and_recovery(K_DRELU);
+    eio_and_recovery(K_PRED_Q8);
 }
 
 /* io_uring cannot be set up: the pread threads take over, same logits. */

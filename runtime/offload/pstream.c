@@ -284,15 +284,18 @@ static int ps_start(ofl_pstream *ps, int s, int l, pi2_err *err)
     return ps_submit(ps, err);
 }
 
-/* Reap landed reads until slot s (or, s < 0, every slot) is read. */
+/* Reap landed reads until slot s (or, s < 0, every slot) is read and
+ * has no read in flight (a slot is reused only then). A failed read
+ * empties its slot (read again when next needed) and is an error only
+ * for the slot waited for. */
 static int ps_wait(ofl_pstream *ps, int s, pi2_err *err)
 {
     int rc = 0;
     for (;;) {
         bool busy = false;
         for (int k = 0; k < ps->slots; k++)
-            busy |= (s < 0 || k == s) && ps->state[k] == PS_READING;
-        if (!busy || rc)
+            busy |= (s < 0 || k == s) && (ps->state[k] == PS_READING || ps->pending[k] > 0);
+        if (!busy)
             return rc;
         pi2_io_req *d[PS_DEPTH];
         pi2_err we = {0};
@@ -303,9 +306,10 @@ static int ps_wait(ofl_pstream *ps, int s, pi2_err *err)
             int k = (int)(uintptr_t)d[i]->user;
             ps->pending[k]--;
             if (d[i]->result < 0) {
-                ps->state[k] = PS_EMPTY; /* read again when next needed */
+                ps->state[k] = PS_EMPTY;
                 ps->layer[k] = -1;
-                if (rc == 0)
+                ps->next[k] = ps->n_req[k]; /* nothing more submitted for it */
+                if (rc == 0 && (s < 0 || k == s))
                     rc = pi2_err_set(err, we.code ? we.code : PI2_EIO, "%s", we.msg);
             } else {
                 ps->bytes += d[i]->len;
@@ -313,8 +317,10 @@ static int ps_wait(ofl_pstream *ps, int s, pi2_err *err)
             if (ps->state[k] == PS_READING && ps->pending[k] == 0 && ps->next[k] == ps->n_req[k])
                 ps->state[k] = PS_READY;
         }
-        if (rc == 0)
-            rc = ps_submit(ps, err);
+        int sub = ps_submit(ps, err);
+        rc = rc ? rc : sub;
+        if (sub)
+            return rc;
     }
 }
 
@@ -347,18 +353,27 @@ int ofl_ps_need(pi2_engine *e, int l, pi2_err *err)
     ofl_pstream *ps = e->ofl->ps;
     if (!ps)
         return 0;
-    int rc = ofl_ps_release(e, err), s;
-    if (rc == 0 && (s = ps_find(ps, l)) < 0) {
+    int rc = ofl_ps_release(e, err), s = rc == 0 ? ps_find(ps, l) : -1;
+    if (rc == 0 && s >= 0 && ps_wait(ps, s, err) != 0) {
+        /* its read failed (perhaps in flight from a step that failed):
+         * once more, afresh */
+        pi2_err_clear(err);
+        s = -1;
+    }
+    if (rc == 0 && s < 0) {
         /* not in the ring (the first token, a failed read): every read
          * landed, then l and the layers after it started afresh */
-        if ((rc = ps_wait(ps, -1, err)) != 0)
-            return rc;
+        pi2_err gone = {0};
+        ps_wait(ps, -1, &gone); /* failures there only empty their slots */
+        for (int k = 0; k < ps->slots && rc == 0; k++)
+            if (ps->pending[k] > 0) /* the reader failed as a whole */
+                rc = pi2_err_set(err, gone.code ? gone.code : PI2_EIO, "%s", gone.msg);
         for (int k = 0; k < ps->slots && rc == 0; k++)
             rc = ps_start(ps, k, (l + k) % ps->n_layers, err);
         s = 0;
+        if (rc == 0)
+            rc = ps_wait(ps, s, err);
     }
-    if (rc == 0)
-        rc = ps_wait(ps, s, err);
     if (rc)
         return rc;
     ps->state[s] = PS_INUSE;

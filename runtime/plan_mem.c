@@ -392,7 +392,7 @@ static void floor_costs(const pi2_plan_mem_in *in, const pi2_mprof *geo, bool st
     int n_caches = geo->two_phase ? 2 : 1;
     m->index = (uint64_t)n_caches * geo->n_ffn * (uint64_t)d->n_ff * 4;
     uint64_t mine = in->bufs.offload + (uint64_t)depth * in->bufs.per_depth;
-    m->resident = in->resident - m->pred_skipped;
+    m->resident = in->resident > m->pred_skipped ? in->resident - m->pred_skipped : 0;
     m->kv = (uint64_t)in->ctx * in->bufs.per_pos;
     m->buffers = in->bufs.engine + mine + m->index + m->pred_ring;
     m->files = in->files;

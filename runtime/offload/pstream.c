@@ -78,13 +78,16 @@ static int ps_table(pi2_engine *e, ofl_pstream *ps, pi2_err *err)
             used[b->layer] += page_up(m->s->size);
         }
     }
+    for (size_t i = 0; rc == 0 && i < (size_t)ps->n_layers * (size_t)ps->E * 4; i++)
+        if (!ps->mem[i].s) /* an FFN the layout lacks (open checks the layout after this) */
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: no predictor for layer %zu", e->path, i / 4 / (size_t)ps->E);
     for (int l = 0; rc == 0 && l < ps->n_layers; l++) {
         if (used[l] > ps->slot_bytes) /* the planner's sizes are these */
             rc = pi2_err_set(err, PI2_EFORMAT, "%s: predictors of layer %d exceed their ring slot", e->path, l);
         uint64_t n = 0;
         for (int x = 0; x < ps->E; x++)
             for (int k = 0; k < 4; k++)
-                n += (page_up(mem_at(ps, l, x, k)->s ? mem_at(ps, l, x, k)->s->size : 0) + PS_REQ - 1) / PS_REQ;
+                n += (page_up(mem_at(ps, l, x, k)->s->size) + PS_REQ - 1) / PS_REQ;
         ps->max_req = (int)n > ps->max_req ? (int)n : ps->max_req;
     }
     free(used);

@@ -153,6 +153,12 @@ int pi2_bundle_verify(const pi2_bundle *b, bool resident_only, uint64_t *done, p
  * resident member is hashed at its offset in copy. PI2_EFORMAT when one
  * lies past len. */
 int pi2_bundle_verify_copy(const pi2_bundle *b, const uint8_t *copy, uint64_t len, pi2_err *err);
+/* pi2_bundle_verify_copy with the sections named in skip[0 .. n_skip)
+ * left out: the caller hashes them apart against the same manifest (the
+ * offloading engine streams its predictors through a bounded buffer and
+ * keeps them out of the copy). */
+int pi2_bundle_verify_copy_except(const pi2_bundle *b, const uint8_t *copy, uint64_t len, const char *const *skip,
+                                  size_t n_skip, pi2_err *err);
 
 pi2_bundle_sig pi2_bundle_sig_status(const pi2_bundle *b);
 const pi2_manifest *pi2_bundle_manifest(const pi2_bundle *b);

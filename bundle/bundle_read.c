@@ -278,7 +278,17 @@ typedef struct vjob {
     bool drop;
     const uint8_t *copy;  /* hash here instead of the mapping: the file's [0, copy_len) */
     uint64_t copy_len;
+    const char *const *skip; /* sections the caller checks apart */
+    size_t n_skip;
 } vjob;
+
+static bool skipped(const vjob *v, const char *name)
+{
+    for (size_t i = 0; i < v->n_skip; i++)
+        if (strcmp(v->skip[i], name) == 0)
+            return true;
+    return false;
+}
 
 /* Section s checked against its bytes in v->copy. */
 static int verify_in_copy(const vjob *v, const pi2_ctr_section *s, pi2_err *e)
@@ -340,7 +350,7 @@ static int verify_run(vjob v, bool resident_only, uint64_t *done, pi2_err *err)
     for (size_t i = 0; i < m->n_sections; i++) {
         bool resident = r < b->lay->n_resident && strcmp(b->lay->resident[r], m->sections[i].name) == 0;
         r += resident;
-        if (resident || !resident_only)
+        if ((resident || !resident_only) && !skipped(&v, m->sections[i].name))
             v.idx[v.n++] = i;
     }
     v.first_bad = v.n;
@@ -372,6 +382,13 @@ int pi2_bundle_verify(const pi2_bundle *b, bool resident_only, uint64_t *done, p
 int pi2_bundle_verify_copy(const pi2_bundle *b, const uint8_t *copy, uint64_t len, pi2_err *err)
 {
     vjob v = { .b = b, .copy = copy, .copy_len = len };
+    return verify_run(v, true, NULL, err);
+}
+
+int pi2_bundle_verify_copy_except(const pi2_bundle *b, const uint8_t *copy, uint64_t len, const char *const *skip,
+                                  size_t n_skip, pi2_err *err)
+{
+    vjob v = { .b = b, .copy = copy, .copy_len = len, .skip = skip, .n_skip = n_skip };
     return verify_run(v, true, NULL, err);
 }
 

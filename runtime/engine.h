@@ -112,6 +112,10 @@ typedef struct pi2_offload_opts {
     bool fixed_split;
     double min_speed;           /* tok/s the plan must reach (0: none): PI2_ERANGE otherwise */
     int plan_prompt;            /* prompt tokens for the predicted prefill figure (0: 128) */
+    /* q8/q4 predictors: 0 streams them from the container a layer at a
+     * time (a ring of pi2_plan_pred_ring_slots layers) only when the limit
+     * cannot hold them resident, 1 always, -1 never (runtime/planner.h) */
+    int pred_stream;
 } pi2_offload_opts;
 
 typedef struct pi2_engine_opts {
@@ -249,6 +253,8 @@ typedef struct pi2_engine_offload_info {
     uint64_t prefetch_waits;   /* parts a step waited for while the read ahead was in flight */
     double io_wait_s;        /* compute threads idle waiting for reads (thread-seconds / threads) */
     uint64_t prefill_bytes_read;
+    bool pred_stream;        /* the predictors stream a layer at a time (planner.h) */
+    uint64_t pred_bytes_read; /* ... bytes of them read since the last stats reset */
 } pi2_engine_offload_info;
 void pi2_engine_offload_info_get(const pi2_engine *e, pi2_engine_offload_info *out);
 /* Measured footprint now: the process's anonymous resident memory plus the

@@ -139,7 +139,11 @@ static int mem_begin_pass(pi2_engine *e, bool decode, pi2_err *err)
     return 0;
 }
 
-static void mem_layer_ahead(pi2_engine *e, int l, const float *x) { (void)e, (void)l, (void)x; }
+static int mem_layer_ahead(pi2_engine *e, int l, const float *x, pi2_err *err)
+{
+    (void)e, (void)l, (void)x, (void)err;
+    return 0;
+}
 
 static int mem_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err)
 {

@@ -38,8 +38,9 @@ typedef struct ffn_source {
     /* A pass of the forward begins (decode: one token). */
     int (*begin_pass)(pi2_engine *e, bool decode, pi2_err *err);
     /* Decode, before layer l's attention, its residual x [hidden]: a
-     * chance to start fetching what layer l's FFN will likely need. */
-    void (*layer_ahead)(pi2_engine *e, int l, const float *x);
+     * chance to start fetching what layer l's FFN will likely need; layer
+     * l's predictors are ready when it returns 0. */
+    int (*layer_ahead)(pi2_engine *e, int l, const float *x, pi2_err *err);
     /* out [hidden] = FFN f of the token whose input is quantized in the
      * engine's activation buffers (accumulate: out += w * FFN), over the
      * neurons of `mode`: FFN_PRED the n_sel in e->sel, else every neuron. */

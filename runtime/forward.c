@@ -499,11 +499,14 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
     uint64_t bytes = 0;
     for (int l = 0; l < d->n_layers; l++) {
         const eng_layer *L = &e->layers[l];
-        if (decode) /* the FFN's source may start fetching while the attention computes */
-            e->ffn->layer_ahead(e, l, e->x);
         tok_job tj;
-        attention(e, l, T, pos, &tj);
-        if ((rc = ffn_block(e, l, T, pos, decode, err)) != 0) {
+        /* the FFN's source may start fetching while the attention computes */
+        rc = decode ? e->ffn->layer_ahead(e, l, e->x, err) : 0;
+        if (rc == 0) {
+            attention(e, l, T, pos, &tj);
+            rc = ffn_block(e, l, T, pos, decode, err);
+        }
+        if (rc != 0) {
             e->ffn->end_pass(e, decode);
             e->n_pos = pos; /* this step's cache entries are incomplete */
             e->moe_prev_pos = -1;

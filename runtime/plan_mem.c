@@ -2,6 +2,7 @@
 #include "runtime/planner.h"
 
 #include "runtime/engine.h"
+#include "runtime/hwprof.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -134,8 +135,13 @@ static void items_fill(const pi2_plan_mem_in *in, pi2_plan_memory *m)
             it->pred += pi2_plan_pred_bytes(&ml->predictor, mf->config.hidden, b->neurons, NULL);
     }
     uint64_t held = it->attn + it->embed_head + it->norms + (it->pred - copies);
+    if (m->pred_stream) { /* out of the resident part; their ring is */
+        held = it->attn + it->embed_head + it->norms;
+        it->pred = m->pred_ring;
+        it->pred_streamed = true;
+    }
     it->other = m->resident > held ? m->resident - held : 0;
-    it->buffers = m->buffers > copies ? m->buffers - copies : 0;
+    it->buffers = m->buffers > copies + m->pred_ring ? m->buffers - copies - m->pred_ring : 0;
     it->kv = m->kv;
     it->files = m->files;
     it->overhead = m->overhead;
@@ -157,7 +163,8 @@ size_t pi2_plan_items_text(const pi2_plan_items *it, int ctx, char *buf, size_t 
     const struct {
         const char *name;
         uint64_t b;
-    } row[] = {{"attention", it->attn},       {"embeddings+head", it->embed_head}, {"predictors", it->pred},
+    } row[] = {{"attention", it->attn},       {"embeddings+head", it->embed_head},
+               {"predictors", it->pred},
                {"norms", it->norms},          {"other resident", it->other},       {"buffers", it->buffers},
                {kv, it->kv},                  {"files' page cache", it->files},    {"overhead", it->overhead},
                {"smallest neuron cache", it->min_cache}};
@@ -168,7 +175,10 @@ size_t pi2_plan_items_text(const pi2_plan_items *it, int ctx, char *buf, size_t 
         if (row[i].b == 0)
             continue;
         char one[96];
-        mb_print(one, sizeof one, row[i].name, row[i].b);
+        int w1 = mb_print(one, sizeof one, row[i].name, row[i].b);
+        if (it->pred_streamed && strcmp(row[i].name, "predictors") == 0 && w1 > 0 &&
+            (size_t)w1 < sizeof one)
+            snprintf(one + w1, sizeof one - (size_t)w1, " (streamed ring)");
         int w = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, "%s%s", n ? ", " : "", one);
         n += w > 0 ? (size_t)w : 0;
     }
@@ -322,38 +332,86 @@ uint64_t pi2_plan_overhead(int threads, uint64_t sized)
            sized / PI2_PLAN_SLACK_SHARE;
 }
 
-/* The fixed costs, the smallest cache and the minimum into *m; PI2_ENOMEM
- * (one line naming each resident item) when the limit cannot hold them. */
-static int floor_make(const pi2_plan_mem_in *in, const pi2_mprof *geo, pi2_plan_memory *m, pi2_err *err)
+bool pi2_plan_pred_stream_sizes(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t *skipped,
+                                uint64_t *slot)
+{
+    *skipped = *slot = 0;
+    int L = mf->config.n_layers;
+    if (mf->sparsity_mode != PI2_MF_SPARSE_PREDICTOR || L <= pi2_plan_pred_ring_slots(L))
+        return false;
+    uint64_t *per = pi2_calloc_array((size_t)L, sizeof *per), all = 0;
+    bool ok = per != NULL && bl->n_ffn > 0;
+    for (size_t i = 0; ok && i < bl->n_ffn; i++) {
+        const pi2_bl_ffn *b = &bl->ffn[i];
+        const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
+        if (!ml || !ml->has_predictor || pi2_mf_pred_qtype(ml->predictor.dtype) == PI2_QT_F32 || b->layer < 0 ||
+            b->layer >= L) {
+            ok = false;
+            break;
+        }
+        const pi2_mf_predictor *p = &ml->predictor;
+        const char *names[4] = {p->fc1, p->fc2, p->fc1_scales, p->fc2_scales};
+        for (int k = 0; ok && k < 4; k++) {
+            const pi2_ctr_section *s = pi2_manifest_find_section(mf, names[k]);
+            if (!s || s->offset % 4096) {
+                ok = false;
+                break;
+            }
+            uint64_t n = (s->size + 4095) / 4096 * 4096;
+            per[b->layer] += n;
+            all += n;
+        }
+    }
+    for (int l = 0; ok && l < L; l++)
+        *slot = per[l] > *slot ? per[l] : *slot;
+    free(per);
+    if (!ok)
+        *slot = 0;
+    else
+        *skipped = all;
+    return ok;
+}
+
+int pi2_plan_pred_ring_slots(int n_layers) { return n_layers > 2 ? 2 : 1; }
+
+/* The fixed costs, the smallest cache and the minimum into *m, the
+ * predictors resident or (stream) streamed through their ring. */
+static void floor_costs(const pi2_plan_mem_in *in, const pi2_mprof *geo, bool stream, pi2_plan_memory *m)
 {
     const pi2_offload_opts *o = in->opts;
     const pi2_model_desc *d = &in->mf->config;
     int depth = o->io_depth > 0 ? o->io_depth : 64;
+    uint64_t skipped = 0, slot = 0;
     m->mem_limit = o->mem_limit;
     m->ring_depth = pi2_plan_ring_depth(o);
     m->ffn_total = geo->ffn_total;
+    m->pred_stream = stream && pi2_plan_pred_stream_sizes(in->mf, in->bl, &skipped, &slot);
+    m->pred_skipped = m->pred_stream ? skipped : 0;
+    m->pred_ring = m->pred_stream ? (uint64_t)pi2_plan_pred_ring_slots(d->n_layers) * slot : 0;
     /* cache indexes: 4 bytes per neuron per cache */
     int n_caches = geo->two_phase ? 2 : 1;
     m->index = (uint64_t)n_caches * geo->n_ffn * (uint64_t)d->n_ff * 4;
     uint64_t mine = in->bufs.offload + (uint64_t)depth * in->bufs.per_depth;
-    m->resident = in->resident;
+    m->resident = in->resident > m->pred_skipped ? in->resident - m->pred_skipped : 0;
     m->kv = (uint64_t)in->ctx * in->bufs.per_pos;
-    m->buffers = in->bufs.engine + mine + m->index;
+    m->buffers = in->bufs.engine + mine + m->index + m->pred_ring;
     m->files = in->files;
     uint64_t base = pi2_plan_overhead(in->threads, m->resident + m->kv + m->buffers);
     uint64_t fixed = m->resident + m->kv + m->buffers + m->files + base;
     /* the smallest cache: a chunk of neurons, or an eighth of an FFN, so a
      * layer's misses can be in flight together */
     m->min_slots = (uint64_t)d->n_ff / 8 > in->bufs.chunk ? (uint64_t)d->n_ff / 8 : in->bufs.chunk;
+    m->min_cache = 0;
     for (int k = 0; k < n_caches; k++)
         m->min_cache += m->min_slots * in->bufs.slot_bytes[k];
     /* open holds the whole resident region, f32/f16 predictors included,
      * before the KV cache and the caches; each predictor is given back as
      * its Q8 copy (smaller) is made, so at most one copy per thread is
-     * held beyond the region */
+     * held beyond the region. Streamed predictors are hashed in their
+     * ring, never held. */
     uint64_t largest, copies = pred_copies(in, &largest);
-    m->open_peak = pi2_plan_resident(in->mf, in->bl, 0) + (in->bufs.engine - copies) +
-                   (uint64_t)in->threads * largest + mine + m->files + base;
+    m->open_peak = pi2_plan_resident(in->mf, in->bl, 0) - m->pred_skipped + (in->bufs.engine - copies) +
+                   (uint64_t)in->threads * largest + mine + m->pred_ring + m->files + base;
     /* the kernel's share of what the run can use: the limit, or everything
      * in memory when the limit is larger */
     uint64_t most = fixed + m->ffn_total + m->min_cache;
@@ -361,12 +419,35 @@ static int floor_make(const pi2_plan_mem_in *in, const pi2_mprof *geo, pi2_plan_
     uint64_t need = fixed + m->min_cache > m->open_peak ? fixed + m->min_cache : m->open_peak;
     m->minimum = need * PI2_PLAN_KERNEL_SHARE / (PI2_PLAN_KERNEL_SHARE - 1) + 1;
     items_fill(in, m);
+}
+
+/* The fixed costs, the smallest cache and the minimum into *m; PI2_ENOMEM
+ * (one line naming each resident item) when the limit cannot hold them.
+ * Predictors stream (where they can) when asked, or when the limit is
+ * below the minimum that keeps them: a resident predictor byte serves
+ * every token, a neuron cache byte only the tokens its neuron fires for,
+ * so they stay resident while they fit. */
+static int floor_make(const pi2_plan_mem_in *in, const pi2_mprof *geo, pi2_plan_memory *m, pi2_err *err)
+{
+    const pi2_offload_opts *o = in->opts;
+    uint64_t skipped, slot;
+    bool can = o->pred_stream >= 0 && pi2_plan_pred_stream_sizes(in->mf, in->bl, &skipped, &slot);
+    floor_costs(in, geo, can, m);
+    m->least = m->minimum;
+    if (can && o->pred_stream == 0 && o->mem_limit >= m->minimum) {
+        uint64_t least = m->minimum;
+        floor_costs(in, geo, false, m);
+        if (o->mem_limit < m->minimum) /* only streaming fits */
+            floor_costs(in, geo, true, m);
+        m->least = least;
+    }
     if (o->mem_limit >= m->minimum)
         return 0;
     char items[640];
     pi2_plan_items_text(&m->items, in->ctx, items, sizeof items);
     char opening[160] = "";
-    if (m->open_peak > fixed + m->min_cache)
+    if (m->open_peak > m->resident + m->kv + m->buffers + m->files + m->min_cache +
+                           pi2_plan_overhead(in->threads, m->resident + m->kv + m->buffers))
         snprintf(opening, sizeof opening, "; opening holds the whole %.0f MB resident region while the predictors' "
                  "Q8 copies are made", mb(pi2_plan_resident(in->mf, in->bl, 0)));
     char limit[48];
@@ -419,6 +500,14 @@ int pi2_plan_memory_make(const pi2_plan_mem_in *in, pi2_plan_memory *out, pi2_er
         if (fixed + m->hot + m->min_cache > o->mem_limit)
             rc = pi2_err_set(err, PI2_ENOMEM, "%s: the plan needs %.0f MB, more than the memory limit of %.0f MB",
                              in->name, mb(fixed + m->hot + m->min_cache) + 1, mb(o->mem_limit));
+    }
+    if (rc == 0 && m->pred_stream && m->plan.pred.decode_ms > 0 && o->hw && o->hw->seq_bps > 0) {
+        /* each token reads every layer's predictors: counted whole, as if
+         * no compute hid them (the FFN's reads share the disk) */
+        struct pi2_plan_pred *r = &m->plan.pred;
+        r->decode_ms += (double)m->pred_skipped / o->hw->seq_bps * 1e3;
+        r->decode_tok_s = 1e3 / r->decode_ms;
+        r->mb_per_token += (double)m->pred_skipped / 1e6;
     }
     if (rc == 0) {
         m->fixed = fixed;

@@ -284,7 +284,14 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err);
  * the engine plans with it before it allocates anything, pi2-run plan
  * without opening an engine. Fixed costs:
  *   resident  the resident region less the f32 predictors given back once
- *             their Q8 copy is made (pi2_plan_resident);
+ *             their Q8 copy is made (pi2_plan_resident), and less the
+ *             q8/q4 predictors when they stream (pred_stream: their ring
+ *             of pi2_plan_pred_ring_slots layers counts with the buffers;
+ *             chosen when asked, or when the limit is below the minimum
+ *             that keeps them resident; `least` is the smallest limit
+ *             either way, the one pi2-run plan starts its table at; a
+ *             predicted plan's decode time then counts their reads, every
+ *             layer's each token, at the sequential rate, unhidden);
  *   kv        the KV cache for ctx positions, and each thread's attention
  *             scores;
  *   buffers   the engine's and the offloader's (pi2_engine_buffer_sizes:
@@ -357,7 +364,9 @@ typedef struct pi2_plan_items {
     uint64_t attn;       /* attention projections, all layers */
     uint64_t embed_head; /* embeddings and output head */
     uint64_t norms;
-    uint64_t pred;       /* predictors as decode runs them (pi2_plan_pred_bytes; Q8 copies included) */
+    uint64_t pred;       /* predictors as decode runs them (pi2_plan_pred_bytes; Q8 copies included),
+                            or (pred_streamed) the bytes of their ring */
+    bool pred_streamed;
     uint64_t other;      /* the rest of the resident region: profiles, router, tokenizer, manifest */
     uint64_t buffers;    /* the engine's and the offloader's, predictor copies left out */
     uint64_t kv, files, overhead, min_cache;
@@ -377,6 +386,11 @@ typedef struct pi2_plan_memory {
     uint64_t ffn_total;            /* FFN payload bytes */
     uint64_t index;                /* of buffers: the caches' indexes */
     uint64_t min_cache, minimum;
+    uint64_t least;                /* the smallest runnable limit with the predictors streamed where
+                                      they can be (the minimum when they cannot) */
+    bool pred_stream;              /* the predictors stream through a ring (counted in buffers) */
+    uint64_t pred_ring;            /* its bytes: pred_slots of pred_slot bytes */
+    uint64_t pred_skipped;         /* predictor bytes the resident part leaves out */
     pi2_plan_mem solver;           /* what the solver saw */
     int ring_depth;                /* reads the reader must hold (the plan may pick up to it) */
     pi2_plan plan;                 /* hot and gate groups per FFN, threads, I/O depth, gate-first */
@@ -396,6 +410,18 @@ typedef struct pi2_plan_memory {
  * gives back once quantized (predictor models). 0 for an inconsistent
  * manifest. */
 uint64_t pi2_plan_resident(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t page);
+/* Streaming predictors (q8/q4 ones, used in place): the resident read
+ * leaves out each predictor member's whole 4 KiB pages (*skipped bytes in
+ * all) and decode reads a layer's members (every expert's) into a ring
+ * slot of *slot bytes (the largest layer's, members page-rounded), the
+ * read of the next layer overlapping the current one. False (sizes 0)
+ * when they cannot stream: no predictors, f32/f16 ones (quantized at
+ * open), or no more layers than ring slots. */
+bool pi2_plan_pred_stream_sizes(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t *skipped,
+                                uint64_t *slot);
+/* Ring slots for a model of n_layers: 2 (one in use, the next being
+ * read), 1 on a model of two layers (read after its predictor ran). */
+int pi2_plan_pred_ring_slots(int n_layers);
 /* Page cache a run's open touches in the container outside the resident
  * region's direct read: each member's header page, the manifest and its
  * signature. */

@@ -39,8 +39,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-typedef enum kind { K_DRELU, K_RELU_Q8, K_SILU, K_MOE, K_COUNT } kind;
-static const char *const kind_name[K_COUNT] = {"drelu", "relu-q8", "silu", "moe"};
+/* K_PRED_Q8: dReLU with large q8 predictors (rank > hidden/4) and q4
+ * attention, embeddings and head: the kind whose predictors stream */
+typedef enum kind { K_DRELU, K_RELU_Q8, K_SILU, K_MOE, K_PRED_Q8, K_COUNT } kind;
+static const char *const kind_name[K_COUNT] = {"drelu", "relu-q8", "silu", "moe", "pred-q8"};
 
 static char g_dir[64];
 static char g_pi2[K_COUNT][128];
@@ -68,10 +70,17 @@ static int make_model(kind k, pi2_err *e)
         so.desc.n_experts_used = 2;
         so.desc.n_ff = 512;
     }
+    if (k == K_PRED_Q8)
+        so.plant_rank = so.desc.hidden / 8; /* predictor rank 2r + 1 > hidden / 4 */
     if (pi2_synth_write(src, &so, NULL, NULL, e))
         return -1;
     /* small I/O units: many reads per token on these small shapes */
     char out[1200];
+    if (k == K_PRED_Q8)
+        return pi2t_convert_bundle_q(src, g_dir, kind_name[k], PI2_QT_Q4, PI2_QT_Q4, PI2_QT_Q8, false, 4096, g_key,
+                                     out, sizeof out, e)
+                   ? -1
+                   : 0;
     return pi2t_convert_bundle(src, g_dir, kind_name[k], k == K_RELU_Q8 ? PI2_QT_Q8 : PI2_QT_Q4, 4096, g_key, out,
                                sizeof out, e)
                ? -1
@@ -382,6 +391,93 @@ static void test_windows_astride(void **state)
     free(lt);
 }
 
+/* Streamed predictors (q8, a ring of two layers of three) pick what
+ * resident ones pick: the same logits bit for bit at one limit, streamed
+ * or not, and at the least limit, which only streaming reaches; each
+ * decode step reads every layer's predictors once. */
+static void test_streamed_predictors(void **state)
+{
+    (void)state;
+    const char *path = g_pi2[K_PRED_Q8];
+    uint64_t least = minimum_of(path);
+    pi2_engine *mem = open_at(path, 0, 0.5, false);
+    int V = pi2_engine_desc(mem)->vocab;
+    size_t n = (size_t)(STEPS + 1) * (size_t)V;
+    float *lm = malloc(n * sizeof(float)), *lr = malloc(n * sizeof(float)), *ls = malloc(n * sizeof(float));
+    int32_t im[STEPS + 1], ir[STEPS + 1], is[STEPS + 1];
+    pi2_err e = {0};
+    assert_int_equal(run_greedy(mem, lm, im, &e), 0);
+    pi2_engine_close(mem);
+    uint64_t limits[2] = {least + (8u << 20), least + 4096};
+    for (int li = 0; li < 2; li++) {
+        for (int mode = -1; mode <= 1; mode += 2) {
+            if (li == 1 && mode < 0)
+                continue; /* the least limit holds them streamed only */
+            pi2_engine_opts o;
+            pi2_engine_defaults(&o);
+            o.path = path;
+            o.pubkey = g_pubkey;
+            o.threads = 2;
+            o.ctx = CTX;
+            o.offload.mem_limit = limits[li];
+            o.offload.hot_share = 0.0;
+            o.offload.pred_stream = mode;
+            pi2_engine *eng = NULL;
+            int rc = pi2_engine_open(&eng, &o, &e);
+            if (rc)
+                fail_msg("open at %llu, pred_stream %d: %s", (unsigned long long)limits[li], mode, e.msg);
+            pi2_engine_stats_reset(eng);
+            float *lg = mode < 0 ? lr : ls;
+            assert_int_equal(run_greedy(eng, lg, mode < 0 ? ir : is, &e), 0);
+            pi2_engine_offload_info in;
+            pi2_engine_offload_info_get(eng, &in);
+            assert_true(in.pred_stream == (mode > 0));
+            assert_true(in.planned <= limits[li]);
+            uint64_t per_token = pi2_engine_pred_bytes(eng); /* every layer's, page-rounded: at least */
+            if (mode > 0)
+                assert_true(in.pred_bytes_read >= (uint64_t)(STEPS - 1) * per_token &&
+                            in.pred_bytes_read <= (uint64_t)(STEPS + 2) * (per_token + (64u << 10)));
+            else
+                assert_int_equal(in.pred_bytes_read, 0);
+            pi2_engine_close(eng);
+        }
+        if (li == 0) {
+            assert_memory_equal(lr, ls, n * sizeof(float));
+            assert_memory_equal(ir, is, sizeof ir);
+        }
+        assert_memory_equal(lm, ls, n * sizeof(float)); /* sparse decode: as in memory, bit for bit */
+        assert_memory_equal(im, is, sizeof im);
+    }
+    /* kept resident, the least limit cannot run: refused at open */
+    {
+        pi2_engine_opts o;
+        pi2_engine_defaults(&o);
+        o.path = path;
+        o.pubkey = g_pubkey;
+        o.threads = 2;
+        o.ctx = CTX;
+        o.offload.mem_limit = least + 4096;
+        o.offload.pred_stream = -1;
+        pi2_engine *eng = NULL;
+        pi2_err er = {0};
+        assert_int_equal(pi2_engine_open(&eng, &o, &er), PI2_ENOMEM);
+        assert_null(eng);
+        assert_non_null(strstr(er.msg, "cannot hold the resident part"));
+        assert_non_null(strstr(er.msg, "predictors "));
+    }
+    /* where the limit holds them, they stay resident by default */
+    pi2_engine *gen = open_at(path, 1ull << 40, 0.5, false);
+    pi2_engine_offload_info in;
+    pi2_engine_offload_info_get(gen, &in);
+    assert_false(in.pred_stream);
+    pi2_engine_close(gen);
+    fprintf(stderr, "  pred-q8: least limit %.1f MB with the predictors streamed; same ids and logits as resident\n",
+            (double)least / 1048576.0);
+    free(lm);
+    free(lr);
+    free(ls);
+}
+
 /* Several caches between tiny and generous, and both readers: identical. */
 static void test_limits_and_readers(void **state)
 {
@@ -618,10 +714,9 @@ static void test_given_plans(void **state)
 
 /* EIO on a decode read: the step fails with the file named; after the fault
  * clears, the same step gives the same logits as a run without faults. */
-static void test_eio_and_recovery(void **state)
+static void eio_and_recovery(kind k)
 {
-    (void)state;
-    const char *path = g_pi2[K_DRELU];
+    const char *path = g_pi2[k];
     uint64_t minimum = minimum_of(path);
     pi2_engine *eng = open_at(path, minimum + 4096, 0.0, false);
     int V = pi2_engine_desc(eng)->vocab;
@@ -644,7 +739,8 @@ static void test_eio_and_recovery(void **state)
     assert_non_null(strstr(fe.msg, path));
     assert_non_null(strstr(fe.msg, "Input/output error"));
     pi2_io_inject(PI2_IO_FAULT_NONE, 0, 0, 0);
-    assert_int_equal(pi2_engine_decode(eng, ids[1], PROMPT + 1, lg, &e), 0);
+    if (pi2_engine_decode(eng, ids[1], PROMPT + 1, lg, &e) != 0)
+        fail_msg("%s: the step after the fault: %s", kind_name[k], e.msg);
     assert_memory_equal(lg, ref + (size_t)2 * V, (size_t)V * sizeof(float));
     /* short reads are retried: same result */
     pi2_io_inject(PI2_IO_FAULT_SHORT, 0, 0, 1000000);
@@ -662,6 +758,15 @@ static void test_eio_and_recovery(void **state)
     pi2_engine_close(eng);
     free(ref);
     free(lg);
+}
+
+/* (K_PRED_Q8 at its least limit: the predictors' reads fail too, and the
+ * ring starts afresh after) */
+static void test_eio_and_recovery(void **state)
+{
+    (void)state;
+    eio_and_recovery(K_DRELU);
+    eio_and_recovery(K_PRED_Q8);
 }
 
 /* io_uring cannot be set up: the pread threads take over, same logits. */
@@ -858,6 +963,7 @@ int main(void)
         cmocka_unit_test_teardown(test_same_tokens, clear_faults),
         cmocka_unit_test_teardown(test_same_tokens_dense, clear_faults),
         cmocka_unit_test_teardown(test_windows_astride, clear_faults),
+        cmocka_unit_test_teardown(test_streamed_predictors, clear_faults),
         cmocka_unit_test_teardown(test_limits_and_readers, clear_faults),
         cmocka_unit_test_teardown(test_plan, clear_faults),
         cmocka_unit_test_teardown(test_given_plans, clear_faults),

@@ -846,6 +846,46 @@ static void test_memory_model(void **state)
     pi2t_rmtree(dir);
 }
 
+/* Streamed predictors in the memory plan of model path (can: q8/q4 ones,
+ * which stream; f16 ones cannot): resident while the limit holds them;
+ * below that, out of the resident part, their ring counted in the buffers
+ * and listed as the predictors; the least limit (streamed) opens, as
+ * planned, and one byte less is refused. */
+static void pred_stream_plan(const char *path, const pi2_sign_key *pk, bool can)
+{
+    pi2_engine_opts o;
+    pi2_plan_memory big, at;
+    pi2_err e = {0};
+    mem_opts(&o, path, pk, 1ull << 40);
+    assert_int_equal(plan_of(&o, &big, &e), 0);
+    assert_false(big.pred_stream);
+    if (!can) {
+        assert_true(big.least == big.minimum);
+        pi2_plan_memory_free(&big);
+        return;
+    }
+    assert_true(big.least < big.minimum);
+    mem_opts(&o, path, pk, big.least);
+    assert_int_equal(plan_of(&o, &at, &e), 0);
+    assert_true(at.pred_stream && at.items.pred_streamed);
+    assert_true(at.minimum == big.least && at.least == big.least);
+    assert_true(at.pred_skipped > 0 && at.pred_ring > 0 && at.items.pred == at.pred_ring);
+    assert_true(at.resident == big.resident - at.pred_skipped);
+    assert_true(at.buffers == big.buffers + at.pred_ring);
+    assert_true(at.planned <= at.mem_limit);
+    agrees(&o);
+    pi2_plan_memory m2;
+    mem_opts(&o, path, pk, big.least - 1);
+    assert_int_equal(plan_of(&o, &m2, &e), PI2_ENOMEM);
+    assert_non_null(strstr(e.msg, "(streamed ring)"));
+    /* never streamed when asked not to: the resident minimum holds */
+    o.offload.mem_limit = big.least;
+    o.offload.pred_stream = -1;
+    assert_int_equal(plan_of(&o, &m2, &e), PI2_ENOMEM);
+    pi2_plan_memory_free(&big);
+    pi2_plan_memory_free(&at);
+}
+
 /* The planner counts the predictors as the engine holds them: the Q8 copy
  * of f16 predictors, q8/q4 members in place; and prices them at their type. */
 static void test_pred_bytes(void **state)
@@ -896,6 +936,7 @@ static void test_pred_bytes(void **state)
             pi2_bundle_close(b);
             pi2_engine_close(eng);
         }
+        pred_stream_plan(path, pk, qs[k] != PI2_QT_F32);
     }
     assert_true(bytes[0] == bytes[1] && bytes[2] < bytes[1]); /* f16 runs as its Q8 copy; q4 is smaller */
     pi2_sign_key_free(key);

@@ -252,6 +252,14 @@ void reads_pcts(double *v, size_t n, double out[3])
     out[2] = n ? v[n - 1] : 0.0;
 }
 
+/* Streamed predictors: their bytes read a decode token. */
+static void print_pred_stream(FILE *f, const pi2_engine_offload_info *in, double tok)
+{
+    if (in->pred_stream)
+        fprintf(f, "offload: predictors streamed a layer at a time: %.2f MB/token read\n",
+                (double)in->pred_bytes_read / tok / 1e6);
+}
+
 void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_load, bool changed, FILE *f)
 {
     pi2_engine_stats st;
@@ -323,6 +331,7 @@ void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_
             in.parts ? 100.0 * (double)in.parts_read / (double)in.parts : 0.0, (double)in.parts / tok,
             (double)in.bytes_read / tok / 1e6, (double)in.reads / tok, (double)in.parts_prefetched / tok,
             tsum > 0 ? 100.0 * in.io_wait_s / tsum : 0.0, prio, in.hot_locked ? " | hot segment locked" : "");
+    print_pred_stream(f, &in, tok);
     if (g->n_reads > 0) {
         double rp[3];
         reads_pcts(g->reads, g->n_reads, rp);

@@ -88,9 +88,11 @@ static int plan_memory(const run_opts *o, const pi2_engine_opts *eo, pi2_bundle 
 static void items_json(const pi2_plan_items *it, char *buf, size_t cap)
 {
     snprintf(buf, cap,
-             "{\"attention\":%llu,\"embeddings_head\":%llu,\"predictors\":%llu,\"norms\":%llu,\"other\":%llu,"
-             "\"buffers\":%llu,\"kv\":%llu,\"files\":%llu,\"overhead\":%llu,\"min_cache\":%llu}",
+             "{\"attention\":%llu,\"embeddings_head\":%llu,\"predictors\":%llu,\"predictors_streamed\":%s,"
+             "\"norms\":%llu,\"other\":%llu,\"buffers\":%llu,\"kv\":%llu,\"files\":%llu,\"overhead\":%llu,"
+             "\"min_cache\":%llu}",
              (unsigned long long)it->attn, (unsigned long long)it->embed_head, (unsigned long long)it->pred,
+             it->pred_streamed ? "true" : "false",
              (unsigned long long)it->norms, (unsigned long long)it->other, (unsigned long long)it->buffers,
              (unsigned long long)it->kv, (unsigned long long)it->files, (unsigned long long)it->overhead,
              (unsigned long long)it->min_cache);
@@ -141,7 +143,7 @@ static int table_rows(pi2_plan_mem_in *in, pi2_offload_opts *oo, const pi2_plan_
     const double kept[3] = {0.25, 0.5, 0.75};
     uint64_t all = most + most / (PI2_PLAN_KERNEL_SHARE - 1) + 1;
     int n = 0;
-    if (!row_at(in, oo, fl->minimum, 1 << 20, false, &rows[n], items))
+    if (!row_at(in, oo, fl->least, 1 << 20, false, &rows[n], items))
         return 0;
     n++;
     for (int k = 0; k < 3 && h > 0; k++) {

@@ -35,7 +35,7 @@ static int ofl_start_io(pi2_engine *e, eng_ofl *x, pi2_err *err);
 /* Read [off, off+len) into dst (4096-aligned, len a multiple of 4096), up to
  * OFL_SEQ_DEPTH reads of OFL_SEQ_REQ in flight. With sha non-NULL, dst is
  * NULL and the bytes are hashed in order through a ring of buffers. */
-static int seq_read(pi2_io *io, int depth, uint8_t *dst, uint64_t off, uint64_t len, pi2_sha256_ctx *sha,
+int ofl_seq_read(pi2_io *io, int depth, uint8_t *dst, uint64_t off, uint64_t len, pi2_sha256_ctx *sha,
                     pi2_err *err)
 {
     enum { Q = OFL_SEQ_DEPTH };
@@ -90,13 +90,13 @@ static int open_reader(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_
 {
     pi2_io_opts io;
     pi2_io_defaults(&io);
-    io.backend = (pi2_io_backend)o->offload.io_backend;
+    io.backend = x->io_backend = (pi2_io_backend)o->offload.io_backend;
     x->depth = o->offload.io_depth > 0 ? o->offload.io_depth : 64; /* the start-up reads' */
     io.depth = x->ring_depth = pi2_plan_ring_depth(&o->offload); /* what the plan may pick */
     int rc = pi2_io_open(&x->io, e->path, &io, err);
     if (rc && strstr(err->msg, "O_DIRECT")) { /* tmpfs and friends: documented fallback */
         pi2_err_clear(err);
-        io.buffered = true;
+        io.buffered = x->buffered = true;
         if ((rc = pi2_io_open(&x->io, e->path, &io, err)) == 0)
             snprintf(x->note, sizeof x->note, "no direct I/O on this filesystem: buffered reads (page cache not bounded)");
     }
@@ -134,15 +134,22 @@ int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
             return pi2_err_set(err, PI2_EFORMAT, "%s: resident member %s lies after the FFN region", e->path,
                                e->bl->resident[r]);
     }
+    if (e->pred_stream && (rc = ofl_ps_open(e, x, err)) != 0)
+        return rc;
     if (!(e->res = pi2_io_alloc_buf((size_t)end)))
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the resident region (%.1f MB)", e->path,
                            (double)end / 1e6);
     e->res_bytes = end;
-    pi2_io_prefault(&e->res, &end, 1, e->threads, NULL, NULL);
-    if ((rc = seq_read(x->io, x->depth, e->res, 0, end, NULL, err)) != 0)
-        return rc;
-    if ((rc = pi2_bundle_verify_copy(e->b, e->res, end, err)) != 0)
-        return rc;
+    if (x->ps) { /* the region less the predictors, hashed in their ring */
+        if ((rc = ofl_ps_load_resident(e, x, end, err)) != 0)
+            return rc;
+    } else {
+        pi2_io_prefault(&e->res, &end, 1, e->threads, NULL, NULL);
+        if ((rc = ofl_seq_read(x->io, x->depth, e->res, 0, end, NULL, err)) != 0)
+            return rc;
+        if ((rc = pi2_bundle_verify_copy(e->b, e->res, end, err)) != 0)
+            return rc;
+    }
     /* the container's pages the open touched (manifest, layout) are not
      * needed before the hot segment fills the budget */
     pi2_ctr_drop_pages(c);
@@ -180,7 +187,7 @@ static int load_gate_parts(pi2_engine *e, eng_ofl *x, bool lock, pi2_err *err)
         uint64_t H = x->hot_len[fi] / b->slot_bytes, G = H + x->ghot_len[fi] / b->gate_part;
         for (uint64_t k0 = H; k0 < G && rc == 0;) {
             uint64_t n = (G - k0) * x->S < wlen ? G - k0 : wlen / x->S;
-            if ((rc = seq_read(x->io, x->depth, win, x->file_off[fi] + k0 * x->S, n * x->S, NULL, err)) != 0)
+            if ((rc = ofl_seq_read(x->io, x->depth, win, x->file_off[fi] + k0 * x->S, n * x->S, NULL, err)) != 0)
                 break;
             for (uint64_t k = 0; k < n; k++)
                 memcpy(x->ghot[fi] + (k0 + k - H) * b->gate_part, win + k * x->S, (size_t)b->gate_part);
@@ -221,7 +228,7 @@ static void verify_ffn(void *arg)
         }
         if ((rc = pi2_sha256_init(&sha, err)) != 0)
             break;
-        rc = seq_read(x->io, x->depth, NULL, x->file_off[fi], s->size, sha, err);
+        rc = ofl_seq_read(x->io, x->depth, NULL, x->file_off[fi], s->size, sha, err);
         if (rc == 0)
             rc = pi2_sha256_final(sha, dg, err);
         pi2_sha256_free(sha);
@@ -276,6 +283,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_plan_memory *m, pi
 {
     eng_ofl *x = e->ofl;
     int rc;
+    ofl_ps_unbind_all(e, x); /* streamed predictors are bound as their layer is read */
     if ((rc = ofl_tables(e, o, x, err)) != 0 || (rc = ofl_bind_ffns(e, x, err)) != 0)
         return rc;
     uint32_t max_sel = ofl_take_buffers(e, x);
@@ -390,7 +398,7 @@ static void ofl_report_plan(const pi2_engine *e, eng_ofl *x, const pi2_plan_memo
     in->overhead = m->overhead;
     in->files = m->files;
     in->ffn_total = m->ffn_total;
-    in->minimum = m->minimum; /* its own kernel share included */
+    in->minimum = m->least; /* its own kernel share included; the predictors streamed where they can be */
     in->plan_source = m->source;
     in->plan = x->plan.n_ffn > 0 ? &x->plan : NULL;
     in->threads = e->threads;
@@ -430,7 +438,7 @@ static int ofl_load_hot(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, uin
             ofl_set_rows(f, i, R_ALL, NULL, NULL, NULL);
         if (x->hot_len[fi] == 0)
             continue;
-        if ((rc = seq_read(x->io, x->depth, x->hot[fi], x->file_off[fi], x->hot_len[fi], NULL, err)) != 0)
+        if ((rc = ofl_seq_read(x->io, x->depth, x->hot[fi], x->file_off[fi], x->hot_len[fi], NULL, err)) != 0)
             return rc;
         if (o->offload.lock_hot && mlock(x->hot[fi], (size_t)x->hot_len[fi]) != 0)
             in->hot_locked = false;
@@ -538,6 +546,7 @@ void eng_ofl_close(pi2_engine *e)
         pthread_cond_destroy(&x->cv_stream);
     }
     pi2_io_close(x->io); /* waits for reads in flight */
+    ofl_ps_free(x);
     for (uint32_t fi = 0; x->hot && fi < x->n_ffn; fi++) {
         if (x->hot[fi] && x->info.hot_locked)
             munlock(x->hot[fi], (size_t)x->hot_len[fi]);
@@ -598,6 +607,8 @@ void pi2_engine_offload_info_get(const pi2_engine *e, pi2_engine_offload_info *o
     out->prefetch_waits = x->cnt.pfwait;
     out->io_wait_s = x->cnt.wait;
     out->prefill_bytes_read = x->cnt.pre_bytes;
+    out->pred_stream = x->ps != NULL;
+    out->pred_bytes_read = ofl_ps_bytes(x) - x->ps_bytes0;
     if (x->th_started)
         pthread_mutex_unlock(&x->mu);
 }
@@ -612,6 +623,7 @@ void eng_ofl_stats_reset(pi2_engine *e)
     x->cnt.parts = x->cnt.hot = x->cnt.hit = x->cnt.read = x->cnt.reads = x->cnt.bytes = x->cnt.pre_bytes = 0;
     x->cnt.pf = x->cnt.pfwait = 0;
     x->cnt.wait = 0;
+    x->ps_bytes0 = ofl_ps_bytes(x);
     if (x->th_started)
         pthread_mutex_unlock(&x->mu);
 }

@@ -433,6 +433,10 @@ int ofl_flash_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, 
 {
     eng_ofl *x = e->ofl;
     int rc = pi2_io_check_size(x->io, err);
+    /* streamed predictors: this layer's have run (one FFN a layer), the
+     * next read can start */
+    if (rc == 0 && x->E == 1)
+        rc = ofl_ps_release(e, err);
     if (rc)
         return rc;
     if (mode != FFN_PRED) {

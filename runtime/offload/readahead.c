@@ -128,27 +128,30 @@ static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
 /* Decode, before layer l's attention: predict its FFN's neurons from the
  * residual xres (MoE: route it to guess the experts first, into
  * e->moe_guess[l]) and start reading the missing ones. */
-void ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres)
+int ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres, pi2_err *err)
 {
     eng_ofl *x = e->ofl;
     if (e->dense)
-        return;
+        return 0;
+    int rc = ofl_ps_need(e, l, err); /* streamed predictors: layer l's read */
+    if (rc)
+        return rc;
     const pi2_model_desc *d = &e->d;
     const eng_layer *L = &e->layers[l];
     if (!x->read_ahead)
-        return;
+        return 0;
     /* nothing to read when every neuron of the layer's FFNs is in memory:
      * the predictor (and router) would run for nothing */
     bool cold = false;
     for (uint32_t fi = (uint32_t)l * x->E; fi < (uint32_t)(l + 1) * x->E && !cold; fi++)
         cold = x->ghot_n[fi] < x->bl[fi]->neurons;
     if (!cold)
-        return;
+        return 0;
     pi2_op_rmsnorm(x->ra.in, xres, L->ffn_norm, d->hidden, d->rms_eps);
     if (!pi2_desc_is_moe(d)) {
         if (L->ffn[0].has_pred)
             prefetch_ffn(e, &L->ffn[0]);
-        return;
+        return 0;
     }
     /* MoE: the router on the same input guesses the experts; their
      * predictors pick the neurons (the guess's weights are not used) */
@@ -157,6 +160,7 @@ void ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres)
     for (int r = 0; r < k; r++)
         if (L->ffn[g[r]].has_pred)
             prefetch_ffn(e, &L->ffn[g[r]]);
+    return 0;
 }
 
 /* ---------------- the read-ahead's buffers ---------------- */

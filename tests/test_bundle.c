@@ -1079,7 +1079,7 @@ static void test_verify_copy(void **state)
     const char *skip[1] = { r->name };
     pi2_err e3 = { 0 };
     assert_int_equal(pi2_bundle_verify_copy_except(b, copy, len, skip, 1, &e3), 0);
-    const pi2_ctr_member *r2 = member(c, "w/model.layers.0.mlp.down_proj.weight.s");
+    const pi2_ctr_member *r2 = member(c, "w/model.layers.0.self_attn.q_proj.weight.s");
     copy[r2->offset] ^= 0x01;
     assert_int_equal(pi2_bundle_verify_copy_except(b, copy, len, skip, 1, &e3), PI2_ESIG);
     assert_non_null(strstr(e3.msg, r2->name));

@@ -184,20 +184,7 @@ int64_t pk_member(const pk *k, const char *a, const uint8_t *b, size_t blen)
     memcpy(q + k->plen + 1, a, alen);
     if (blen)
         memcpy(q + k->plen + 1 + alen, b, blen);
-    size_t qlen = k->plen + 1 + alen + blen;
-    size_t lo = 0, hi = k->nm;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        const zmem *z = &k->m[k->sorted[mid]];
-        int c = tz_name_cmp(z->name, z->nlen, (const uint8_t *)q, qlen);
-        if (c == 0)
-            return k->sorted[mid];
-        if (c < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return -1;
+    return tz_find(k->m, k->nm, k->sorted, (const uint8_t *)q, k->plen + 1 + alen + blen);
 }
 
 static int pk_global(pk *k, const uint8_t *mod, size_t ml, const uint8_t *name, size_t nl, pv *out)
@@ -804,4 +791,5 @@ void pk_free(pk *k)
     free(k->items);
     free(k->stors);
     free(k->tens);
+    free(k->pkl_copy);
 }

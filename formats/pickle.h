@@ -74,7 +74,9 @@ typedef struct pk {
     const char *path;
     shown pkl;          /* "A/data.pkl", for messages */
     const uint8_t *img; /* the whole file */
-    const uint8_t *p0;  /* data.pkl */
+    size_t img_len;
+    const uint8_t *p0;  /* data.pkl, as libarchive read it (pkl_copy) */
+    uint8_t *pkl_copy;
     size_t len;
     size_t at; /* offset of the opcode being run */
     pi2_err *err;

@@ -166,6 +166,10 @@ static int find_pickle(pk *k)
     if (k->m[mi].usize > PI2_TZ_MAX_PICKLE)
         return pi2_err_set(k->err, PI2_ERANGE, "%s: member '%s' is %llu bytes (limit %u)", k->path, k->pkl.s,
                            (unsigned long long)k->m[mi].usize, (unsigned)PI2_TZ_MAX_PICKLE);
+    if ((rc = tz_archive_read(k->img, k->img_len, k->path, k->m, k->nm, k->sorted, (size_t)mi, &k->pkl_copy,
+                              k->err)) != 0)
+        return rc;
+    k->p0 = k->pkl_copy;
     return 0;
 }
 
@@ -224,7 +228,7 @@ int pi2_tz_parse(const void *buf, size_t len, const char *path, pi2_st_tensor **
         path = "<buffer>";
     if (!tensors || !count || !names || (!buf && len))
         return pi2_err_set(err, PI2_EINVAL, "%s: pi2_tz_parse: NULL argument", path);
-    pk k = { .path = path, .img = buf, .err = err };
+    pk k = { .path = path, .img = buf, .img_len = len, .err = err };
     zmem *m = NULL;
     uint32_t *sorted = NULL;
     size_t nm;

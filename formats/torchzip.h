@@ -49,18 +49,18 @@
  *   FloatStorage F32, HalfStorage F16, BFloat16Storage BF16, CharStorage I8,
  *   ByteStorage U8, IntStorage I32, LongStorage I64.
  *
- * Why not libarchive (the project's archive library, in formats/container.c):
- * the reader needs the file offset of each member's data to point tensors
- * into the mapping, and a strict verdict on hostile input. libarchive reports
- * no data offsets; its streaming zip reader finds the end of a bit-3 stored
- * member by scanning the data for a descriptor (all 9 GB of a shard); its
- * seekable reader takes a member's name from the local header even when the
- * central directory names it otherwise (so pi2 and torch, which goes by the
- * central directory, could read the same bytes as different tensors), and
- * reports the compression method only inside its format name string. The zip
- * records above are fixed-size and simple to check completely through the
- * bounded cursor, as container.c does for ustar headers. Its writer cannot
- * emit torch's padding records either.
+ * The walker and libarchive (the project's archive library). The walker
+ * (zip.c) finds each member's data offset, so tensors point into the
+ * mapping, and gives a strict verdict on hostile input: libarchive reports
+ * no data offsets, its streaming zip reader finds the end of a bit-3 stored
+ * member by scanning the data for a descriptor (all 9 GB of a shard), and
+ * its seekable reader takes a member's name from the local header even when
+ * the central directory names it otherwise. Once the walker has accepted an
+ * image, libarchive's seekable reader reads the same bytes (zip_archive.c):
+ * it must list exactly the walker's members with their sizes, and data.pkl
+ * is taken from it, CRC-32 checked, and must equal the bytes at the walker's
+ * offset. Storages are skipped by seeking, not read. The writer is our own:
+ * libarchive cannot emit torch's padding records.
  *
  * Reader rules. Zip: an end record ending exactly at the end of the file
  * (comment included), single disk; a zip64 locator right before it, when
@@ -74,8 +74,9 @@
  * with the same flags, method, name and (unless bit 3; then 0 or the same)
  * CRC and sizes; the data inside the file and before the central directory;
  * no two members overlapping, no two with the same name; at most
- * PI2_TZ_MAX_MEMBERS members. CRCs are not checked (that would read every
- * byte of the file). Torch layer: one archive folder holding every member;
+ * PI2_TZ_MAX_MEMBERS members. data.pkl's CRC-32 is checked (by libarchive);
+ * the storages' are not (that would read every byte of the file). Torch
+ * layer: one archive folder holding every member;
  * A/data.pkl stored and at most PI2_TZ_MAX_PICKLE bytes; A/version (or
  * A/.data/version) stored, 1-20 decimal digits and an optional newline;
  * A/byteorder, if present, "little". Storages: the member A/data/<key>

@@ -74,6 +74,13 @@ bool tz_utf8_valid(const uint8_t *s, size_t n);
 int tz_name_cmp(const uint8_t *a, size_t al, const uint8_t *b, size_t bl);
 int tz_zip_walk(const uint8_t *buf, size_t len, const char *path, zmem **out, size_t *count, uint32_t **sorted,
                 pi2_err *err);
+/* Member index of a full name, by binary search over sorted; -1 if none. */
+int64_t tz_find(const zmem *m, size_t nm, const uint32_t *sorted, const uint8_t *name, size_t nlen);
+/* libarchive's reading of an image the walker accepted (zip_archive.c):
+ * the same members and sizes, and member pkl's bytes (CRC-checked) in a
+ * new buffer *pkl_out, which the caller frees. */
+int tz_archive_read(const uint8_t *img, size_t len, const char *path, const zmem *m, size_t nm, const uint32_t *sorted,
+                    size_t pkl, uint8_t **pkl_out, pi2_err *err);
 void zw_release(zw *z);
 int zw_begin(zw *z, const char *name, uint64_t size, pi2_err *err);
 int zw_data(zw *z, const void *p, size_t n, pi2_err *err);

@@ -272,13 +272,6 @@ PI2_T_AVX512 static inline k_short_pf short_pf_mode(const uint8_t *const *wp, in
 }
 
 /* The prefetches of the tile of `per` rows from r0 (tile i of `tiles`). */
-/* A prefetch the compiler keeps: GCC deletes a loop of _mm_prefetch alone
- * whose variables nothing reads after it (as it did k_pf_tile's here). */
-static inline void k_prefetch_t0(const void *p)
-{
-    __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p));
-}
-
 PI2_T_AVX512 static inline void short_pf_tile(k_short_pf m, const uint8_t *const *wp, int nrows, int64_t rb, int r0, int per,
                                  const uint8_t *pf, int64_t pf_len, int64_t tiles)
 {

@@ -279,6 +279,9 @@ typedef struct k_mm_ops {
     k_short_fn *t1short, *t1shortg; /* one token, rows of under 16 blocks (NULL: t1's tail); with GFNI */
 } k_mm_ops;
 
+/* AVX2, one token, rows of under 16 blocks (matmul_avx2.c). */
+k_short_fn pi2_ki_mm_short_q4_avx2, pi2_ki_mm_short_q8_avx2;
+
 /* The AVX-512 VNNI one-token kernels (matmul_avx512.c). */
 extern const k_mm_ops pi2_ki_mm_q4_vnni, pi2_ki_mm_q8_vnni;
 

@@ -272,8 +272,8 @@ PI2_T_AVX512 static inline k_short_pf short_pf_mode(const uint8_t *const *wp, in
 }
 
 /* The prefetches of the tile of `per` rows from r0 (tile i of `tiles`). */
-PI2_T_AVX512 static inline void short_pf_tile(k_short_pf m, const uint8_t *const *wp, int nrows, int64_t rb, int r0, int per,
-                                 const uint8_t *pf, int64_t pf_len, int64_t tiles)
+PI2_T_AVX512 static inline void short_pf_tile(k_short_pf m, const uint8_t *const *wp, int nrows, int64_t rb, int r0,
+                                              int per, const uint8_t *pf, int64_t pf_len, int64_t tiles)
 {
     if (m.lin) {
         for (int64_t l = 0; l < per * rb; l += 64)

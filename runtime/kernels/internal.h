@@ -184,6 +184,14 @@ PI2_T_AVX2 static inline __m256i ld_i8x8(const uint8_t *p)
     return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
 }
 
+/* A prefetch the compiler keeps: GCC deletes a loop of _mm_prefetch alone
+ * whose variables nothing reads after it (k_pf_tile's loop compiles to
+ * nothing in the short-row kernels). */
+static inline void k_prefetch_t0(const void *p)
+{
+    __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p));
+}
+
 /* Tile i of `tiles`' share [p0, p1) of a caller's prefetch range of len
  * bytes: whole lines, the last tile taking the rest. */
 static inline void k_pf_share(int64_t len, int64_t i, int64_t tiles, int64_t *p0, int64_t *p1)
@@ -270,6 +278,9 @@ typedef struct k_mm_ops {
     int64_t gb;   /* payload bytes per block */
     k_short_fn *t1short, *t1shortg; /* one token, rows of under 16 blocks (NULL: t1's tail); with GFNI */
 } k_mm_ops;
+
+/* AVX2, one token, rows of under 16 blocks (matmul_avx2.c). */
+k_short_fn pi2_ki_mm_short_q4_avx2, pi2_ki_mm_short_q8_avx2;
 
 /* The AVX-512 VNNI one-token kernels (matmul_avx512.c). */
 extern const k_mm_ops pi2_ki_mm_q4_vnni, pi2_ki_mm_q8_vnni;

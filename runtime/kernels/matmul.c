@@ -325,6 +325,136 @@ K_DEF_T1(mm_t1_q4_avx2, PI2_T_AVX2, q4_nibbles, _mm256_maddubs_epi16, _mm256_add
          PI2_Q4_GROUP_BYTES, 3)
 K_DEF_T1(mm_t1_q8_avx2, PI2_T_AVX2, ld256, prod_q8_avx2, _mm256_add_epi32, fin_id, PI2_Q8_GROUP_BYTES, 0)
 
+/* ---- AVX2 Q4, one token, on split activations ----
+ *
+ * t1 above takes a Q4 block's nibbles by a broadcast load, a shift and a
+ * mask, and folds products of 32-value blocks: ~0.45 instructions per
+ * weight byte, below the read bandwidth of one core (runtime/PERF.md).
+ * Here one 32-byte load is two blocks of a row: its low nibbles are the
+ * blocks' elements 0-15, its high nibbles 16-31, against activations
+ * split once per call as the AVX-512 kernels take them (k_split_a's
+ * layout: per 4 blocks their elements 0-15, then 16-31). A pair's two
+ * vpmaddubsw are added in int16 (4 products a lane), and 4 pairs fold
+ * (unpack + add, still int16: 16 products of at most 15 * 127) into one
+ * vector of the 8 blocks' dots in the order [0 2 4 6 | 1 3 5 7], which
+ * one vpmaddwd widens and one vpermd puts in block order. The float stage
+ * is t1's, so lane L of acc (hcc) is stripe L (L + 8) of the fixed order:
+ * the same bits as every other path. */
+#define K_Q4P_AVX2(x, alo, ahi)                                                                           \
+    _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256((x), m4), (alo)),                             \
+                     _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16((x), 4), m4), (ahi)))
+
+/* Row at wq (8 blocks, 128 bytes), split activations at sa: the 8 dots in
+ * block order, less the offsets corr. */
+#define K_T1S_DOTS(d, wq, sa)                                                                             \
+    do {                                                                                                  \
+        __m256i x0_ = K_Q4P_AVX2(ld256(wq), ld256(sa), ld256((sa) + 64));                                  \
+        __m256i x1_ = K_Q4P_AVX2(ld256((wq) + 32), ld256((sa) + 32), ld256((sa) + 96));                    \
+        __m256i x2_ = K_Q4P_AVX2(ld256((wq) + 64), ld256((sa) + 128), ld256((sa) + 192));                  \
+        __m256i x3_ = K_Q4P_AVX2(ld256((wq) + 96), ld256((sa) + 160), ld256((sa) + 224));                  \
+        __m256i u01_ = _mm256_add_epi16(_mm256_unpacklo_epi32(x0_, x1_), _mm256_unpackhi_epi32(x0_, x1_)); \
+        __m256i u23_ = _mm256_add_epi16(_mm256_unpacklo_epi32(x2_, x3_), _mm256_unpackhi_epi32(x2_, x3_)); \
+        __m256i v_ = _mm256_add_epi16(_mm256_unpacklo_epi64(u01_, u23_), _mm256_unpackhi_epi64(u01_, u23_)); \
+        d = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(_mm256_madd_epi16(v_, ones), ord), corr);        \
+    } while (0)
+
+#define K_T1S_ROW(acc, wq, sq, sa)                                                                        \
+    do {                                                                                                  \
+        __m256i d_;                                                                                       \
+        K_T1S_DOTS(d_, wq, sa);                                                                           \
+        __m256 s_ = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sq)));                \
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d_), _mm256_mul_ps(s_, asv), acc);                       \
+    } while (0)
+
+/* Blocks b .. b + 7 of the 4 rows (split activations at sa). */
+#define K_T1S_STEP(A0, A1, A2, A3, b, sa, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3)                        \
+    do {                                                                                                  \
+        __m256 asv = _mm256_loadu_ps(asb);                                                                \
+        __m256i corr = _mm256_slli_epi32(ld256(sb), 3);                                                   \
+        K_T1S_ROW(A0, w0, s0, sa);                                                                        \
+        K_T1S_ROW(A1, w1, s1, sa);                                                                        \
+        K_T1S_ROW(A2, w2, s2, sa);                                                                        \
+        K_T1S_ROW(A3, w3, s3, sa);                                                                        \
+    } while (0)
+#define K_T1S_STEP16(b, ...)                                                                              \
+    do {                                                                                                  \
+        if ((b) % 16 == 0)                                                                                \
+            K_T1S_STEP(acc0, acc1, acc2, acc3, b, __VA_ARGS__);                                           \
+        else                                                                                              \
+            K_T1S_STEP(hcc0, hcc1, hcc2, hcc3, b, __VA_ARGS__);                                           \
+    } while (0)
+
+/* t1 (k_t1_fn) on split activations a; the prefetches as t1's. */
+PI2_T_AVX2 static void mm_t1s_q4_avx2(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb,
+                                      const int8_t *a, const float *as, const int32_t *sums,
+                                      const uint8_t *const wn[4], const uint8_t *pf2, int64_t pf2_len, float res[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i ord = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    __m256 hcc0 = acc0, hcc1 = acc0, hcc2 = acc0, hcc3 = acc0;
+    float r0_ = 0.0f, r1_ = 0.0f, r2_ = 0.0f, r3_ = 0.0f; /* the chunks so far */
+    int64_t b = 0, rb_ = nb * PI2_Q4_GROUP_BYTES, po_ = 0, o2_ = 0, q2_ = k_pf_quota(pf2_len, nb / 8);
+    int pk_ = wn ? 0 : 4; /* NULL: no paced prefetch */
+    for (; b + 8 <= nb; b += 8) {
+        K_T1_CHUNK(b);
+        for (int64_t e_ = o2_ + q2_ < pf2_len ? o2_ + q2_ : pf2_len; o2_ < e_; o2_ += 64)
+            _mm_prefetch((const char *)(pf2 + o2_), _MM_HINT_T1);
+        for (int l_ = 0; l_ < 8 * PI2_Q4_GROUP_BYTES * 4 && pk_ < 4; l_ += 64) {
+            _mm_prefetch((const char *)(wn[pk_] + po_), _MM_HINT_T0);
+            po_ += 64;
+            if (po_ >= rb_) {
+                po_ = 0;
+                pk_++;
+            }
+        }
+        int64_t o = b * PI2_Q4_GROUP_BYTES;
+        K_T1S_STEP16(b, a + b * QG, as + b, sums + b, w[0] + o, w[1] + o, w[2] + o, w[3] + o, s[0] + b, s[1] + b,
+                     s[2] + b, s[3] + b);
+    }
+    if (b < nb) { /* 1..7 blocks left: zero-padded copies contribute 0 * 0 */
+        K_T1_CHUNK(b);
+        int64_t m = nb - b;
+        int8_t ta[8 * QG] = {0};
+        float tas[8] = {0};
+        int32_t tsum[8] = {0};
+        uint8_t tw[4][8 * PI2_Q4_GROUP_BYTES] = {{0}};
+        uint16_t tsc[4][8] = {{0}};
+        memcpy(ta, a + b * QG, (size_t)((m + 3) / 4 * 4) * QG); /* split per 4 blocks, zero-padded */
+        memcpy(tas, as + b, (size_t)m * sizeof(float));
+        memcpy(tsum, sums + b, (size_t)m * sizeof(int32_t));
+        for (int k = 0; k < 4; k++) {
+            memcpy(tw[k], w[k] + b * PI2_Q4_GROUP_BYTES, (size_t)m * PI2_Q4_GROUP_BYTES);
+            memcpy(tsc[k], s[k] + b, (size_t)m * sizeof(uint16_t));
+        }
+        K_T1S_STEP16(b, ta, tas, tsum, tw[0], tw[1], tw[2], tw[3], tsc[0], tsc[1], tsc[2], tsc[3]);
+    }
+    res[0] = r0_ + k_sum8(_mm256_add_ps(acc0, hcc0));
+    res[1] = r1_ + k_sum8(_mm256_add_ps(acc1, hcc1));
+    res[2] = r2_ + k_sum8(_mm256_add_ps(acc2, hcc2));
+    res[3] = r3_ + k_sum8(_mm256_add_ps(acc3, hcc3));
+}
+
+/* dst = a's n / 32 blocks split per 4 (the last group zero-padded): their
+ * elements 0-15, then 16-31; the layout of k_split_a (matmul_avx512.c). */
+PI2_T_AVX2 static void k_split_a_avx2(const int8_t *a, int64_t nb, int8_t *dst)
+{
+    for (int64_t b = 0; b < nb; b += 4) {
+        _Alignas(32) int8_t t[4 * QG] = {0};
+        const int8_t *src = a + b * QG;
+        if (b + 4 > nb) {
+            memcpy(t, src, (size_t)(nb - b) * QG);
+            src = t;
+        }
+        for (int j = 0; j < 2; j++) {
+            __m256i y0 = ld256(src + 2 * j * QG), y1 = ld256(src + (2 * j + 1) * QG);
+            _mm256_storeu_si256((__m256i *)(void *)(dst + b * QG + 32 * j), _mm256_permute2x128_si256(y0, y1, 0x20));
+            _mm256_storeu_si256((__m256i *)(void *)(dst + b * QG + 64 + 32 * j),
+                                _mm256_permute2x128_si256(y0, y1, 0x31));
+        }
+    }
+}
+
 enum { K_SPLIT_MAX = 8192 }; /* values of a split activation copy (stack) */
 
 /* dst[b * 32 ..] = the nibbles of Q4 block b of p, b < kb: a row tile is
@@ -378,6 +508,16 @@ static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_
         a = split;
         t1 = op->t1sg && pi2_ki_gfni() ? op->t1sg : op->t1s;
     }
+    /* A caller's range that starts right where the last row ends (the
+     * next unit of rows of one matrix; not a bundle's next chunk, which
+     * the down pass reads too) goes on with the tiles' own stream: the last
+     * tile prefetches its first rows as it would a next tile's, ascending,
+     * and the next call the rest. Spread over the tiles as T1 prefetches
+     * of a whole unit ahead, it slowed rows from memory by a fifth on Zen
+     * (runtime/PERF.md; likely as AMD cores fill L1 on every hint and the
+     * lines a unit ahead evict the tile's). */
+    int64_t rb = nb * op->gb;
+    bool cont = pf && pf == wp[nrows - 1] + rb;
     for (int r0 = 0; r0 < nrows; r0 += 4) {
         const uint8_t *w[4], *wn[4];
         const uint16_t *s[4];
@@ -387,9 +527,10 @@ static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_
         bool seq = true;
         for (int k = 0; k < 4; k++) {
             int r = r0 + k < nrows ? r0 + k : nrows - 1, rn = r0 + 4 + k < nrows ? r0 + 4 + k : nrows - 1;
+            int64_t past = r0 + 4 + k - nrows; /* rows into the caller's range */
             w[k] = wp[r];
             s[k] = ws[r];
-            wn[k] = wp[rn];
+            wn[k] = cont && past >= 0 && (past + 1) * rb <= pf_len ? pf + past * rb : wp[rn];
         }
         for (int r = r0; r + 1 < nrows && r < r0 + 7; r++) {
             uintptr_t gap = (uintptr_t)wp[r + 1] - (uintptr_t)wp[r]; /* wraps when descending */
@@ -404,10 +545,11 @@ static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_
             for (int k = 0; k < 4; k++)
                 _mm_prefetch((const char *)wn[k], _MM_HINT_T0);
         /* this tile's share of the caller's range */
-        int64_t p0, p1;
-        k_pf_share(pf_len, r0 / 4, tiles, &p0, &p1);
+        int64_t p0 = 0, p1 = 0;
+        if (!cont)
+            k_pf_share(pf_len, r0 / 4, tiles, &p0, &p1);
         float res[4];
-        t1(w, s, nb, a, as, sums, seq ? wn : NULL, pf ? pf + p0 : NULL, pf ? p1 - p0 : 0, res);
+        t1(w, s, nb, a, as, sums, seq ? wn : NULL, pf && !cont ? pf + p0 : NULL, p1 - p0, res);
         for (int k = 0; k < 4 && r0 + k < nrows; k++)
             out[r0 + k] = res[k];
     }
@@ -495,10 +637,12 @@ static void mm_simd(const k_mm_ops *op, int64_t n, int nrows, const uint8_t *con
                      t == grouped ? pf : NULL, t == grouped ? pf_len : 0);
 }
 
-static const k_mm_ops MM_Q4_AVX2 = {mm_t4_q4_avx2, mm_t4_q4raw_avx2, mm_t1_q4_avx2, NULL, NULL, NULL, 8,
-                                    PI2_Q4_GROUP_BYTES, NULL, NULL};
+static const k_mm_ops MM_Q4_AVX2 = {mm_t4_q4_avx2,           mm_t4_q4raw_avx2,  mm_t1_q4_avx2,
+                                    mm_t1s_q4_avx2,          NULL,              k_split_a_avx2,
+                                    8,                       PI2_Q4_GROUP_BYTES, pi2_ki_mm_short_q4_avx2,
+                                    NULL};
 static const k_mm_ops MM_Q8_AVX2 = {mm_t4_q8_avx2, NULL, mm_t1_q8_avx2, NULL, NULL, NULL, 0, PI2_Q8_GROUP_BYTES,
-                                    NULL, NULL};
+                                    pi2_ki_mm_short_q8_avx2, NULL};
 
 #endif /* PI2_K_X86 */
 

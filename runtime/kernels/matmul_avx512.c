@@ -250,6 +250,42 @@ PI2_T_AVX512 static void k_split_a(const int8_t *a, int64_t nb, int8_t *dst)
  * weights and scales masked to the row at the load: the same inputs to the
  * same arithmetic, so the same sums, without the per-tile copies. Q8 rows
  * of up to 8 blocks take the narrow steps below. */
+/* Short rows that lie end to end (a predictor's matrix) stream as one
+ * range: each tile prefetches its own bytes K_SHORT_AHEAD further on,
+ * ascending; the next tile's rows alone (2 KiB of Q8 rows of 128 values)
+ * were too close to cover the memory's latency (runtime/PERF.md). A
+ * caller's range that goes on from the last row is then that stream's
+ * continuation, not spread toward L2 over the tiles. Other rows take
+ * the first line of each next row and the spread range. */
+enum { K_SHORT_AHEAD = 4096 };
+typedef struct k_short_pf {
+    bool lin;  /* rows end to end */
+    bool cont; /* and the caller's range goes on from the last */
+} k_short_pf;
+
+PI2_T_AVX512 static inline k_short_pf short_pf_mode(const uint8_t *const *wp, int nrows, int64_t rb, const uint8_t *pf)
+{
+    k_short_pf m;
+    m.lin = wp[nrows - 1] == wp[0] + (int64_t)(nrows - 1) * rb;
+    m.cont = m.lin && pf && pf == wp[nrows - 1] + rb;
+    return m;
+}
+
+/* The prefetches of the tile of `per` rows from r0 (tile i of `tiles`). */
+PI2_T_AVX512 static inline void short_pf_tile(k_short_pf m, const uint8_t *const *wp, int nrows, int64_t rb, int r0,
+                                              int per, const uint8_t *pf, int64_t pf_len, int64_t tiles)
+{
+    if (m.lin) {
+        for (int64_t l = 0; l < per * rb; l += 64)
+            k_prefetch_t0(wp[r0] + K_SHORT_AHEAD + l);
+    } else {
+        for (int k = 0; k < per; k++)
+            _mm_prefetch((const char *)wp[r0 + per + k < nrows ? r0 + per + k : nrows - 1], _MM_HINT_T0);
+    }
+    if (!m.cont)
+        k_pf_tile(pf, pf_len, r0 / per, tiles);
+}
+
 #define K_DEF_T1W_SHORT(name, TGT, GB, ORD, SH, ACTS, ROW)                                                   \
     TGT static void name(int64_t nb, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,           \
                          const float *as, const int8_t *a, const int32_t *sums, float *out, const uint8_t *pf,  \
@@ -274,16 +310,16 @@ PI2_T_AVX512 static void k_split_a(const int8_t *a, int64_t nb, int8_t *dst)
         __m512 asv = _mm512_loadu_ps(tas);                                                                   \
         __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)tsum), SH);                        \
         int64_t tiles = (nrows + 3) / 4;                                                                     \
+        k_short_pf pm_ = short_pf_mode(wp, nrows, nb * (GB), pf);                                            \
         for (int r0 = 0; r0 < nrows; r0 += 4) {                                                              \
             const uint8_t *w[4];                                                                             \
             const uint16_t *s[4];                                                                            \
             for (int k = 0; k < 4; k++) {                                                                    \
-                int r = r0 + k < nrows ? r0 + k : nrows - 1, rn = r0 + 4 + k < nrows ? r0 + 4 + k : nrows - 1; \
+                int r = r0 + k < nrows ? r0 + k : nrows - 1;                                                 \
                 w[k] = wp[r];                                                                                \
                 s[k] = ws[r];                                                                                \
-                _mm_prefetch((const char *)wp[rn], _MM_HINT_T0);                                             \
             }                                                                                                \
-            k_pf_tile(pf, pf_len, r0 / 4, tiles);                                                            \
+            short_pf_tile(pm_, wp, nrows, nb * (GB), r0, 4, pf, pf_len, tiles);                              \
             __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                        \
             ROW(acc0, w[0], s[0]);                                                                           \
             ROW(acc1, w[1], s[1]);                                                                           \
@@ -354,6 +390,7 @@ narrow_q8(const int nbp, int64_t nb, int nrows, const uint8_t *const *wp, const 
     __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)tsum), 7);
     int per = 4 * rps; /* rows per tile */
     int64_t tiles = (nrows + per - 1) / per;
+    k_short_pf pm = short_pf_mode(wp, nrows, nb * PI2_Q8_GROUP_BYTES, pf);
     for (int r0 = 0; r0 < nrows; r0 += per) {
         const uint8_t *rp[4][8];
         __m256i sv[4];
@@ -364,13 +401,11 @@ narrow_q8(const int nbp, int64_t nb, int nrows, const uint8_t *const *wp, const 
                 for (int j = i * jp; j < (i + 1) * jp; j++)
                     rp[v][j] = wp[r];
                 q[i] = _mm_maskz_loadu_epi16(sm, (const void *)ws[r]);
-                int rn = r + per < nrows ? r + per : nrows - 1; /* the next tile's row */
-                _mm_prefetch((const char *)wp[rn], _MM_HINT_T0);
             }
             sv[v] = rps == 2 ? _mm256_set_m128i(q[1], q[0])
                              : _mm256_set_m128i(_mm_unpacklo_epi64(q[2], q[3]), _mm_unpacklo_epi64(q[0], q[1]));
         }
-        k_pf_tile(pf, pf_len, r0 / per, tiles);
+        short_pf_tile(pm, wp, nrows, nb * PI2_Q8_GROUP_BYTES, r0, per, pf, pf_len, tiles);
         __m512 acc[4];
         for (int v = 0; v < 4; v++) {
             acc[v] = _mm512_setzero_ps();

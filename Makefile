@@ -12,6 +12,8 @@
 #   make ARCH=aarch64            cross-build the same targets for arm64 Linux into build-arm64/
 #                                (aarch64-linux-gnu-gcc and the arm64 -dev packages; natively on
 #                                an arm64 machine plain `make` is enough)
+#   make test-arm64              that build's unit tests and an end-to-end run under qemu-aarch64
+#                                (baseline and extended CPU models), tokens checked against this build's
 
 CC      ?= cc
 AR      ?= ar
@@ -68,7 +70,7 @@ LIB       := $(BUILD)/libpi2.a
 FUZZ_TGT  := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_REPLAY := $(FUZZ_TGT:%=$(BUILD)/fuzz/replay-%)
 
-.PHONY: FORCE all build-all test unit san san-test tsan-test demo bench deps clean fuzz fuzz-build
+.PHONY: FORCE all build-all test test-arm64 unit san san-test tsan-test demo bench deps clean fuzz fuzz-build
 all: $(TOOLS:%=$(BUILD)/%)
 
 deps:
@@ -119,6 +121,10 @@ build-all: all $(TEST_BIN) $(FUZZ_REPLAY)
 test: deps
 	@$(MAKE) --no-print-directory all $(TEST_BIN) $(FUZZ_REPLAY)
 	@BUILD=$(BUILD) PI2_SHARED=$(SHARED) sh tests/run.sh $(TEST_BIN)
+
+# The arm64 cross build under qemu-aarch64 (tests/arm64.sh builds both).
+test-arm64: deps
+	@PI2_SHARED=$(SHARED) WERROR=$(WERROR) sh tests/arm64.sh
 
 unit: deps
 	@$(MAKE) --no-print-directory $(TEST_BIN)

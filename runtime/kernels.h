@@ -19,7 +19,7 @@
  * thresholds, the SiLU threshold, a ReLU gate's sign, MoE routing) and
  * everything that feeds them must not depend on the CPU, or a model says
  * different things on AVX2 and AVX-512 machines. So every path of a
- * kernel (scalar twin, AVX2, AVX-512 VNNI) computes the same float
+ * kernel (scalar twin, AVX2, AVX-512 VNNI, NEON) computes the same float
  * operations in the same order, and gives the same bits:
  *   - pi2_k_matmul: each block's int32 dot exactly, times the float
  *     d_b * as_b (one rounding); per (row, token) chunks of 64 blocks from
@@ -61,16 +61,20 @@
  * on deterministic IEEE instructions gives the same bits; so the
  * assumption is one glibc version and FMA + AVX2. A CPU without FMA, or
  * another libm or glibc version, may round one of them differently in
- * the last bit and so flip a neuron at a threshold. The decisions
- * themselves (compares, top-k) call no libm function.
+ * the last bit and so flip a neuron at a threshold. arm64 glibc runs
+ * the same generic routines with fused multiply-add (every ARMv8 core
+ * has it); that they round alike is assumed, not yet shown (make
+ * test-arm64's end-to-end run compares greedy tokens with the x86 build's).
+ * The decisions themselves (compares, top-k) call no libm function.
  *
  * ---- ISA ----
  * The path is the process's one ISA state, kept here (pi2_k_get_isa):
- * AVX-512 VNNI, AVX2, or scalar, the best this CPU runs unless
- * pi2_k_set_isa forced one (a tool's --isa flag, tests); the *_isa
- * variants force one per call (tests, probes). SIMD code is compiled with
- * target attributes, so the library builds with plain -O2 and runs on CPUs
- * without them.
+ * AVX-512 VNNI, AVX2, or scalar on x86-64; i8mm, dotprod, NEON or scalar
+ * on arm64; the best this CPU runs unless pi2_k_set_isa forced one (a
+ * tool's --isa flag, tests); the *_isa variants force one per call
+ * (tests, probes). SIMD code is compiled with target attributes, so the
+ * library builds with plain -O2 and runs on CPUs without them. The arm64
+ * paths keep the Numerics above: the same bits as the x86 ones.
  *
  * The code is in runtime/kernels/, a file per op family, each kernel's
  * scalar twin next to its SIMD paths (runtime/kernels/internal.h lists
@@ -90,13 +94,22 @@
 /* ---- instruction-set selection ---- */
 typedef enum pi2_isa {
     PI2_ISA_SCALAR = 0,
-    PI2_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
-    PI2_ISA_AVX512 = 2, /* AVX-512 F + BW + VL + VNNI */
+    PI2_ISA_AVX2 = 1,    /* x86-64: AVX2 + FMA + F16C */
+    PI2_ISA_AVX512 = 2,  /* x86-64: AVX-512 F + BW + VL + VNNI */
+    PI2_ISA_NEON = 3,    /* arm64: Advanced SIMD (every ARMv8-A core) */
+    PI2_ISA_DOTPROD = 4, /* arm64: NEON + the dot product (sdot/udot, ARMv8.2+) */
+    PI2_ISA_I8MM = 5,    /* arm64: dot product + int8 matrix multiply (smmla) */
 } pi2_isa;
+#define PI2_ISA_COUNT 6
 
-/* "scalar", "avx2", "avx512vnni"; "?" outside the enum. */
+/* "scalar", "avx2", "avx512vnni", "neon", "dotprod", "i8mm"; "?" outside
+ * the enum. */
 const char *pi2_k_isa_name(pi2_isa isa);
-/* Whether this CPU (and OS) can run the kernels of `isa` (cpuid once). */
+/* Whether this build has the kernels of `isa` (x86-64 builds the x86
+ * paths, arm64 the NEON ones; scalar everywhere). */
+bool pi2_k_isa_compiled(pi2_isa isa);
+/* Whether this CPU (and OS) can run the kernels of `isa` (cpuid or
+ * getauxval(AT_HWCAP, AT_HWCAP2), once). */
 bool pi2_k_isa_supported(pi2_isa isa);
 /* The best supported path. */
 pi2_isa pi2_k_isa_best(void);

@@ -72,7 +72,8 @@ static void usage(FILE *f)
             "  --no-plan          offload: the fixed split (--hot-share, --io-depth), not the planner's\n"
             "  --min-speed X      offload: refuse a --mem-limit whose best plan decodes below X tok/s\n"
             "  -c, --ctx N        KV cache positions (default: prompt + -n)\n"
-            "  --isa NAME         force the kernels: scalar, avx2, avx512vnni (default: best)\n"
+            "  --isa NAME         force the kernels: scalar, avx2, avx512vnni (x86-64), neon, dotprod,\n"
+            "                     i8mm (arm64) (default: best; --version lists this build's)\n"
             "  --stats            print speed, latency percentiles, sparsity and memory to stderr\n"
             "  --ids              print the prompt and generated token ids to stderr\n"
             "  --bench            fixed workload: prompt processing then generation; prints one\n"
@@ -246,12 +247,13 @@ static const struct option opts[] = {
 
 static int take_isa(const char *arg, pi2_err *err)
 {
-    pi2_isa isa = strcmp(arg, "scalar") == 0       ? PI2_ISA_SCALAR
-                  : strcmp(arg, "avx2") == 0       ? PI2_ISA_AVX2
-                  : strcmp(arg, "avx512vnni") == 0 ? PI2_ISA_AVX512
-                                                   : (pi2_isa)-1;
+    pi2_isa isa = (pi2_isa)-1;
+    for (int i = PI2_ISA_SCALAR; i < PI2_ISA_COUNT; i++)
+        if (strcmp(arg, pi2_k_isa_name((pi2_isa)i)) == 0)
+            isa = (pi2_isa)i;
     if ((int)isa < 0)
-        return pi2_err_set(err, PI2_EINVAL, "--isa: '%s' is not one of scalar, avx2, avx512vnni", arg);
+        return pi2_err_set(err, PI2_EINVAL,
+                           "--isa: '%s' is not one of scalar, avx2, avx512vnni (x86-64), neon, dotprod, i8mm (arm64)", arg);
     if (pi2_k_set_isa(isa) != 0)
         return pi2_err_set(err, PI2_EUNSUPPORTED, "--isa %s: this CPU does not support it", arg);
     return 0;

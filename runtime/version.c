@@ -13,12 +13,8 @@ void pi2_version_print(FILE *f, const char *tool)
 {
     fprintf(f, "%s (pi2) %s, built %s\n", tool, PI2_VERSION, PI2_BUILD_DATE);
     fprintf(f, "kernels compiled in:");
-    for (int i = PI2_ISA_SCALAR; i <= PI2_ISA_AVX512; i++) {
-#if !(defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)))
-        if (i != PI2_ISA_SCALAR)
-            continue; /* the SIMD paths are x86-64 (runtime/kernels/internal.h) */
-#endif
-        fprintf(f, " %s", pi2_k_isa_name((pi2_isa)i));
-    }
+    for (int i = PI2_ISA_SCALAR; i < PI2_ISA_COUNT; i++)
+        if (pi2_k_isa_compiled((pi2_isa)i))
+            fprintf(f, " %s", pi2_k_isa_name((pi2_isa)i));
     fprintf(f, "; this CPU runs %s\n", pi2_k_isa_name(pi2_k_isa_best()));
 }

@@ -95,9 +95,9 @@ static void greedy(const char *path, const int32_t *p, int np, bool prefill, run
 /* Every ISA of this CPU against the first (scalar). */
 static void across_isas(const char *name, const char *path, int vocab, bool prefill)
 {
-    pi2_isa isas[3];
+    pi2_isa isas[PI2_ISA_COUNT];
     int ni = 0;
-    for (int i = PI2_ISA_SCALAR; i <= PI2_ISA_AVX512; i++)
+    for (int i = PI2_ISA_SCALAR; i < PI2_ISA_COUNT; i++)
         if (pi2_k_isa_supported((pi2_isa)i))
             isas[ni++] = (pi2_isa)i;
     int bad = 0;
@@ -110,7 +110,7 @@ static void across_isas(const char *name, const char *path, int vocab, bool pref
             p[i] = 3 + (int32_t)((s >> 33) % (uint64_t)(vocab - 3));
         }
         int np = c == 0 ? 1 : c == 3 ? N_LONG : N_PROMPT - 4 * (c - 1); /* BOS alone, 12, 8, 150 tokens */
-        run r[3];
+        run r[PI2_ISA_COUNT];
         for (int k = 0; k < ni; k++) {
             assert_int_equal(pi2_k_set_isa(isas[k]), 0);
             greedy(path, p, np, prefill, &r[k]);

@@ -224,8 +224,9 @@ static void test_act_quantize(void **state)
         float *as = xmalloc((size_t)(T * nb), sizeof(float)), *as0 = xmalloc((size_t)nb, sizeof(float));
         int8_t *q = xmalloc((size_t)(T * n), 1), *q0 = xmalloc((size_t)n, 1);
         int32_t *sums = xmalloc((size_t)(T * nb), sizeof(int32_t));
-        /* every path (AVX2 takes the scalar one) gives pi2_q8act_quantize's bytes */
-        pi2_isa isa = (pi2_isa)(it % ((int)PI2_ISA_AVX512 + 1));
+        /* every path (AVX2 takes the scalar one; NEON, dotprod and i8mm the
+         * NEON one) gives pi2_q8act_quantize's bytes */
+        pi2_isa isa = (pi2_isa)(it % PI2_ISA_COUNT);
         pi2_k_act_quantize_isa(isa, x, ldx, T, n, as, q, sums);
         for (int t = 0; t < T; t++) {
             pi2_q8act_quantize(x + t * ldx, n, as0, q0);
@@ -399,6 +400,24 @@ static void test_matmul_avx512(void **state)
     matmul_suite(PI2_ISA_AVX512);
 }
 
+static void test_matmul_neon(void **state)
+{
+    (void)state;
+    matmul_suite(PI2_ISA_NEON);
+}
+
+static void test_matmul_dotprod(void **state)
+{
+    (void)state;
+    matmul_suite(PI2_ISA_DOTPROD);
+}
+
+static void test_matmul_i8mm(void **state)
+{
+    (void)state;
+    matmul_suite(PI2_ISA_I8MM);
+}
+
 /* The one ISA state: the best path until set, a forced path kept until
  * the next call, and errors leave it alone. */
 static void test_isa_state(void **state)
@@ -409,21 +428,31 @@ static void test_isa_state(void **state)
     assert_true(pi2_k_isa_supported(best));
     assert_int_equal(pi2_k_get_isa(), best);
     /* best is the highest supported */
-    for (int i = (int)best + 1; i <= (int)PI2_ISA_AVX512; i++)
+    for (int i = (int)best + 1; i < PI2_ISA_COUNT; i++)
         assert_false(pi2_k_isa_supported((pi2_isa)i));
     assert_false(pi2_k_isa_supported((pi2_isa)42));
-    print_message("kernels: isa best=%s; avx2 %s; avx512vnni %s\n", pi2_k_isa_name(best),
-                  pi2_k_isa_supported(PI2_ISA_AVX2) ? "supported" : "NOT supported",
-                  pi2_k_isa_supported(PI2_ISA_AVX512) ? "supported" : "NOT supported (its kernels cannot run here)");
+    print_message("kernels: isa best=%s; avx2 %s; avx512vnni %s; neon %s; dotprod %s; i8mm %s\n",
+                  pi2_k_isa_name(best), pi2_k_isa_supported(PI2_ISA_AVX2) ? "supported" : "NOT supported",
+                  pi2_k_isa_supported(PI2_ISA_AVX512) ? "supported" : "NOT supported (its kernels cannot run here)",
+                  pi2_k_isa_supported(PI2_ISA_NEON) ? "supported" : "NOT supported",
+                  pi2_k_isa_supported(PI2_ISA_DOTPROD) ? "supported" : "NOT supported",
+                  pi2_k_isa_supported(PI2_ISA_I8MM) ? "supported" : "NOT supported");
     assert_string_equal(pi2_k_isa_name(PI2_ISA_SCALAR), "scalar");
     assert_string_equal(pi2_k_isa_name(PI2_ISA_AVX2), "avx2");
     assert_string_equal(pi2_k_isa_name(PI2_ISA_AVX512), "avx512vnni");
+    assert_string_equal(pi2_k_isa_name(PI2_ISA_NEON), "neon");
+    assert_string_equal(pi2_k_isa_name(PI2_ISA_DOTPROD), "dotprod");
+    assert_string_equal(pi2_k_isa_name(PI2_ISA_I8MM), "i8mm");
+    /* a build has one family's paths; a CPU runs only what was built */
+    for (int i = 0; i < PI2_ISA_COUNT; i++)
+        assert_true(pi2_k_isa_compiled((pi2_isa)i) || !pi2_k_isa_supported((pi2_isa)i));
+    assert_false(pi2_k_isa_compiled(PI2_ISA_AVX2) && pi2_k_isa_compiled(PI2_ISA_NEON));
     assert_string_equal(pi2_k_isa_name((pi2_isa)9), "?");
     assert_int_equal(pi2_k_set_isa(PI2_ISA_SCALAR), 0);
     assert_int_equal(pi2_k_get_isa(), PI2_ISA_SCALAR);
     assert_int_equal(pi2_k_set_isa((pi2_isa)42), PI2_EINVAL);
     assert_int_equal(pi2_k_get_isa(), PI2_ISA_SCALAR);
-    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+    for (int i = 0; i < PI2_ISA_COUNT; i++) {
         if (!pi2_k_isa_supported((pi2_isa)i)) {
             assert_int_equal(pi2_k_set_isa((pi2_isa)i), PI2_EUNSUPPORTED);
             assert_int_equal(pi2_k_get_isa(), PI2_ISA_SCALAR); /* unchanged */
@@ -443,7 +472,7 @@ static void test_matmul_dispatch(void **state)
     wrows w = wrows_new(&r, PI2_QT_Q4, 320, 6, W_QUANTIZED);
     acts a = acts_new(&r, 5, 320, A_GAUSS);
     float got[30], ref[30];
-    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+    for (int i = 0; i < PI2_ISA_COUNT; i++) {
         pi2_isa isa = (pi2_isa)i;
         pi2_k_matmul_isa(isa, w.t, w.n, w.nrows, w.wp, w.ws, a.as, a.aq, a.sums, 5, ref, 6);
         if (pi2_k_isa_supported(isa)) {
@@ -610,7 +639,7 @@ static void test_matmul_pf(void **state)
         memset(buf, 7, bl);
         const void *pf[] = {NULL, buf, buf + 100, buf, w.wp[3]};
         int64_t len[] = {0, 40, 12345, (int64_t)bl, -64};
-        for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+        for (int i = 0; i < PI2_ISA_COUNT; i++) {
             if (!pi2_k_isa_supported((pi2_isa)i))
                 continue;
             assert_int_equal(pi2_k_set_isa((pi2_isa)i), 0);
@@ -658,7 +687,7 @@ static void test_down_rows_pf(void **state)
             memset(buf, 7, bl);
             const void *pf[] = {NULL, buf, buf + 100, buf, w.wp[3]};
             int64_t len[] = {0, 40, 12345, (int64_t)bl, 64 * 1024};
-            for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+            for (int i = 0; i < PI2_ISA_COUNT; i++) {
                 if (!pi2_k_isa_supported((pi2_isa)i))
                     continue;
                 assert_int_equal(pi2_k_set_isa((pi2_isa)i), 0);
@@ -934,6 +963,17 @@ static void test_down_avx512(void **state)
     down_suite(PI2_ISA_AVX512);
 }
 
+/* arm64: every NEON level (neon, dotprod, i8mm) takes the one NEON down path */
+static void test_down_neon(void **state)
+{
+    (void)state;
+    if (!isa_or_skip(PI2_ISA_NEON, "down"))
+        skip();
+    down_suite(PI2_ISA_NEON);
+    if (pi2_k_isa_supported(PI2_ISA_I8MM))
+        down_suite(PI2_ISA_I8MM);
+}
+
 /* ---- prefill down GEMM: the twin against double, SIMD bit-exact ---- */
 
 /* The twin against double dequantize-and-accumulate: per row, the
@@ -1016,6 +1056,14 @@ static void test_gemm_avx512(void **state)
     gemm_suite(PI2_ISA_AVX512);
 }
 
+static void test_gemm_neon(void **state)
+{
+    (void)state;
+    if (!isa_or_skip(PI2_ISA_NEON, "down gemm"))
+        skip();
+    gemm_suite(PI2_ISA_NEON);
+}
+
 /* ---- prefill gate/up superblock GEMM: the twin against double, SIMD bit-exact ---- */
 
 /* T tokens of n values for the superblock kernels: Gaussian, scales over
@@ -1041,7 +1089,9 @@ static void test_act_quantize_sb(void **state)
     (void)state;
     pi2_rng r;
     pi2_rng_seed(&r, 77);
-    bool simd = pi2_k_isa_supported(PI2_ISA_AVX512);
+    /* the vectorized path of this machine: AVX-512 or NEON */
+    pi2_isa sisa = pi2_k_isa_supported(PI2_ISA_AVX512) ? PI2_ISA_AVX512 : PI2_ISA_NEON;
+    bool simd = pi2_k_isa_supported(sisa);
     long checked = 0;
     for (int it = 0; it < 30; it++) {
         int T = (int)rand_int(&r, 1, 9);
@@ -1080,10 +1130,11 @@ static void test_act_quantize_sb(void **state)
             }
         }
         if (simd) {
-            pi2_k_act_quantize_sb_isa(PI2_ISA_AVX512, x, ldx, T, n, s2, q2, u2);
-            CHECK(memcmp(s1, s2, (size_t)(T * ns) * sizeof(float)) == 0, "n=%lld: AVX-512 scales differ", (long long)n);
-            CHECK(memcmp(q1, q2, (size_t)(T * n)) == 0, "n=%lld: AVX-512 q differ", (long long)n);
-            CHECK(memcmp(u1, u2, (size_t)(T * nb) * sizeof(int32_t)) == 0, "n=%lld: AVX-512 sums differ", (long long)n);
+            pi2_k_act_quantize_sb_isa(sisa, x, ldx, T, n, s2, q2, u2);
+            const char *nm = pi2_k_isa_name(sisa);
+            CHECK(memcmp(s1, s2, (size_t)(T * ns) * sizeof(float)) == 0, "n=%lld: %s scales differ", (long long)n, nm);
+            CHECK(memcmp(q1, q2, (size_t)(T * n)) == 0, "n=%lld: %s q differ", (long long)n, nm);
+            CHECK(memcmp(u1, u2, (size_t)(T * nb) * sizeof(int32_t)) == 0, "n=%lld: %s sums differ", (long long)n, nm);
         }
         checked += T * n;
         free(x);
@@ -1094,8 +1145,9 @@ static void test_act_quantize_sb(void **state)
         free(u1);
         free(u2);
     }
-    print_message("kernels: superblock activations: %ld values checked%s\n", checked,
-                  simd ? ", AVX-512 bit-identical" : " (no AVX-512 here: scalar only)");
+    print_message("kernels: superblock activations: %ld values checked%s%s\n", checked,
+                  simd ? ", bit-identical on " : " (no AVX-512 or NEON here: scalar only)",
+                  simd ? pi2_k_isa_name(sisa) : "");
 }
 
 /* The twin against double: per row and superblock, each block's factor
@@ -1136,7 +1188,7 @@ static void test_matmul_sb(void **state)
     (void)state;
     pi2_rng r;
     pi2_rng_seed(&r, 131);
-    bool simd = pi2_k_isa_supported(PI2_ISA_AVX2);
+    bool simd = pi2_k_isa_supported(PI2_ISA_AVX2) || pi2_k_isa_supported(PI2_ISA_NEON);
     static const int Ts[] = {1, 2, 3, 5, 8, 9, 16, 17, 33, PI2_K_MAX_T};
     long compared = 0;
     for (int it = 0; it < 30; it++) {
@@ -1156,7 +1208,7 @@ static void test_matmul_sb(void **state)
             o1[i] = o2[i] = -7.0f; /* overwritten (between rows: kept) */
         pi2_k_matmul_sb_isa(PI2_ISA_SCALAR, n, nrows, w.wp, w.ws, as, aq, su, T, o1, ldo);
         sb_check_double(&w, as, aq, T, o1, ldo);
-        for (int isa = PI2_ISA_AVX2; isa <= PI2_ISA_AVX512; isa++) {
+        for (int isa = PI2_ISA_AVX2; isa < PI2_ISA_COUNT; isa++) {
             if (!pi2_k_isa_supported((pi2_isa)isa))
                 continue;
             pi2_k_matmul_sb_isa((pi2_isa)isa, n, nrows, w.wp, w.ws, as, aq, su, T, o2, ldo);
@@ -1187,7 +1239,7 @@ static void test_dequant(void **state)
     pi2_rng r;
     pi2_rng_seed(&r, 61);
     int paths = 0;
-    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+    for (int i = 0; i < PI2_ISA_COUNT; i++) {
         pi2_isa isa = (pi2_isa)i;
         if (!isa_or_skip(isa, "dequant"))
             continue;
@@ -1251,7 +1303,7 @@ static void sgemv_suite(pi2_isa isa)
 static void test_sgemv(void **state)
 {
     (void)state;
-    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++)
+    for (int i = 0; i < PI2_ISA_COUNT; i++)
         if (isa_or_skip((pi2_isa)i, "sgemv"))
             sgemv_suite((pi2_isa)i);
 }
@@ -1295,7 +1347,7 @@ static void softmax_suite(pi2_isa isa)
 static void test_softmax(void **state)
 {
     (void)state;
-    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++)
+    for (int i = 0; i < PI2_ISA_COUNT; i++)
         if (isa_or_skip((pi2_isa)i, "softmax"))
             softmax_suite((pi2_isa)i);
 }
@@ -1340,7 +1392,7 @@ static void sgemv_t_suite(pi2_isa isa)
 static void test_sgemv_t(void **state)
 {
     (void)state;
-    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++)
+    for (int i = 0; i < PI2_ISA_COUNT; i++)
         if (isa_or_skip((pi2_isa)i, "sgemv_t"))
             sgemv_t_suite((pi2_isa)i);
 }
@@ -1353,7 +1405,7 @@ static void test_sgemv_t_group(void **state)
     (void)state;
     pi2_rng r;
     pi2_rng_seed(&r, 79);
-    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+    for (int i = 0; i < PI2_ISA_COUNT; i++) {
         if (!isa_or_skip((pi2_isa)i, "sgemv_t_group"))
             continue;
         for (int it = 0; it < 60; it++) {
@@ -1394,7 +1446,7 @@ static void test_f32_twins_bitwise(void **state)
     (void)state;
     pi2_rng r;
     pi2_rng_seed(&r, 83);
-    for (int i = PI2_ISA_AVX2; i <= (int)PI2_ISA_AVX512; i++) {
+    for (int i = PI2_ISA_AVX2; i < PI2_ISA_COUNT; i++) {
         pi2_isa isa = (pi2_isa)i;
         if (!isa_or_skip(isa, "f32 twins"))
             continue;
@@ -1439,7 +1491,7 @@ static void test_f32_twins_bitwise(void **state)
 static void test_probes(void **state)
 {
     (void)state;
-    for (int i = 0; i <= (int)PI2_ISA_AVX512; i++) {
+    for (int i = 0; i < PI2_ISA_COUNT; i++) {
         double p = pi2_k_probe_int8_peak((pi2_isa)i, 0.02);
         CHECK(p > 1e6 && isfinite(p), "int8 peak %s: %g MAC/s", pi2_k_isa_name((pi2_isa)i), p);
     }
@@ -1480,6 +1532,9 @@ int main(void)
         cmocka_unit_test(test_matmul_scalar_reference),
         cmocka_unit_test(test_matmul_avx2),
         cmocka_unit_test(test_matmul_avx512),
+        cmocka_unit_test(test_matmul_neon),
+        cmocka_unit_test(test_matmul_dotprod),
+        cmocka_unit_test(test_matmul_i8mm),
         cmocka_unit_test(test_matmul_dispatch),
         cmocka_unit_test(test_matmul_gfni),
         cmocka_unit_test(test_matmul_short),
@@ -1491,9 +1546,11 @@ int main(void)
         cmocka_unit_test(test_down_scalar),
         cmocka_unit_test(test_down_avx2),
         cmocka_unit_test(test_down_avx512),
+        cmocka_unit_test(test_down_neon),
         cmocka_unit_test(test_gemm_scalar),
         cmocka_unit_test(test_gemm_avx2),
         cmocka_unit_test(test_gemm_avx512),
+        cmocka_unit_test(test_gemm_neon),
         cmocka_unit_test(test_dequant),
         cmocka_unit_test(test_sgemv),
         cmocka_unit_test(test_sgemv_t),

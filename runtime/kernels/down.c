@@ -574,7 +574,7 @@ void pi2_k_axpy_rows_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
         case PI2_ISA_AVX2:
             axpy_simd(axpy_group_avx2, wt, n, nrows, coef, wp, ws, out);
             return;
-        case PI2_ISA_SCALAR:
+        default:
             break;
         }
     }
@@ -597,6 +597,10 @@ static void down_rows(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const flo
     assert((wt == PI2_QT_Q4 || wt == PI2_QT_Q8) && n % QG == 0 && nrows >= 0 && T >= 1 && T <= PI2_K_MAX_T);
     if (nrows == 0)
         return;
+#ifdef PI2_K_ARM64
+    if (pi2_ki_down_neon(isa, wt, n, nrows, coef, ldc, wp, ws, T, out, ldo))
+        return;
+#endif
 #ifdef PI2_K_X86
     switch (pi2_ki_isa_pick(isa)) {
     case PI2_ISA_AVX512:
@@ -615,7 +619,7 @@ static void down_rows(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const flo
         down_simd(wt == PI2_QT_Q4 ? down_tok_q4_avx2 : down_tok_q8_avx2,
                   wt == PI2_QT_Q4 ? down_one_q4_avx2 : down_one_q8_avx2, wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
         return;
-    case PI2_ISA_SCALAR:
+    default:
         break;
     }
 #else

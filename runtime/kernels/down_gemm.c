@@ -424,6 +424,10 @@ void pi2_k_down_gemm_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
     assert((wt == PI2_QT_Q4 || wt == PI2_QT_Q8) && n % QG == 0 && nrows >= 0 && T >= 1 && T <= PI2_K_MAX_T);
     if (nrows == 0)
         return;
+#ifdef PI2_K_ARM64
+    if (pi2_ki_down_gemm_neon(isa, wt, n, nrows, coef, ldc, wp, ws, T, out, ldo))
+        return;
+#endif
 #ifdef PI2_K_X86
     if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
         gemm_vnni(wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
@@ -433,7 +437,7 @@ void pi2_k_down_gemm_isa(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const 
         gemm_avx2(wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);
         return;
     }
-#else
+#elif !defined(PI2_K_ARM64)
     (void)isa;
 #endif
     gemm_scalar(wt, n, nrows, coef, ldc, wp, ws, T, out, ldo);

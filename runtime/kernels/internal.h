@@ -4,9 +4,9 @@
  *
  * Each kernel has a scalar twin (plain loops; for the quantized rows they
  * are formats/quant.c's own reference loops), kept in the file of its
- * family, and x86 SIMD variants compiled with target attributes and
- * picked per call from the one ISA state (isa.c: pi2_k_get_isa) or the
- * forced `isa`.
+ * family, and SIMD variants (x86-64 or arm64) compiled with target
+ * attributes and picked per call from the one ISA state (isa.c:
+ * pi2_k_get_isa) or the forced `isa`.
  *
  * ---- Forced ISA ----
  * The *_isa variants run the path asked for when this CPU supports it and
@@ -17,7 +17,8 @@
  * AVX2 4 x 4 tiles), panels.c (prefill panels, the superblock GEMM),
  * down.c and down_avx512.c (down projection by rows, and axpy),
  * down_gemm.c (prefill down projection on the panels), vec.c
- * (activation quantization, dequant, f32 GEMV, softmax), probe.c.
+ * (activation quantization, dequant, f32 GEMV, softmax), probe.c; on
+ * arm64 the *_neon.c files, which each entry point asks first.
  */
 #ifndef PI2_KERNELS_INTERNAL_H
 #define PI2_KERNELS_INTERNAL_H
@@ -32,6 +33,10 @@
 #define PI2_K_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
+#endif
+#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#define PI2_K_ARM64 1
+#include <arm_neon.h>
 #endif
 
 #define QG PI2_Q_GROUP
@@ -102,12 +107,38 @@ enum {
     K_DOWN512_MIN_T = 4  /* AVX-512 VNNI down: fewer tokens take the 256-bit path */
 };
 
-#ifdef PI2_K_X86
-
 /* ---- ISA state (isa.c) ---- */
 
 /* The path a forced call runs: `isa` if supported, else scalar. */
 pi2_isa pi2_ki_isa_pick(pi2_isa isa);
+
+#ifdef PI2_K_ARM64
+
+/* ---- the NEON paths (*_neon.c) ----
+ * Each returns false, computing nothing, when the picked path of `isa` is
+ * scalar (or the weights are not Q4/Q8); the family's entry point then
+ * runs its scalar twin. */
+bool pi2_ki_mm_neon(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
+                    const uint16_t *const *ws, const float *ascales, const int8_t *aq, int T, float *out,
+                    int64_t ldo);
+bool pi2_ki_down_neon(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
+                      const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo);
+bool pi2_ki_down_gemm_neon(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const float *coef, int64_t ldc,
+                           const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo);
+bool pi2_ki_matmul_sb_neon(pi2_isa isa, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                           const float *ascales, const int8_t *aq, int T, float *out, int64_t ldo);
+bool pi2_ki_act_quantize_sb_neon(pi2_isa isa, const float *x, int64_t ldx, int T, int64_t n, float *scales,
+                                 int8_t *q, int32_t *sums);
+/* pi2_k_sgemv (transposed: pi2_k_sgemv_t; x is then the coefficients) */
+bool pi2_ki_sgemv_neon(pi2_isa isa, bool transposed, const float *W, int64_t ldw, int64_t n, int nrows,
+                       const float *x, float *out);
+bool pi2_ki_act_quantize_neon(pi2_isa isa, const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
+                              int32_t *sums);
+
+#endif /* PI2_K_ARM64 */
+
+#ifdef PI2_K_X86
+
 /* Whether the AVX-512 Q4 one-token kernels take the high nibbles by GFNI. */
 bool pi2_ki_gfni(void);
 

@@ -1,10 +1,23 @@
 /* The one ISA state of the process: which instruction sets this CPU runs
- * (cpuid, once), the path the kernels take (pi2_k_set_isa / pi2_k_get_isa)
+ * (cpuid on x86-64, getauxval's hardware capabilities on arm64; once), the path the kernels take (pi2_k_set_isa / pi2_k_get_isa)
  * and whether the GFNI variants are on. Nothing else keeps one: every
  * kernel call reads it here or is given its `isa`. */
 #include "runtime/kernels/internal.h"
 
 #include <stdatomic.h>
+#ifdef PI2_K_ARM64
+#include <sys/auxv.h>
+/* The kernel's bits (arch/arm64/include/uapi/asm/hwcap.h), for older libc headers. */
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1UL << 1)
+#endif
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1UL << 13)
+#endif
+#endif
 
 /* Bit i set when pi2_isa i runs here; computed once (cpuid is slow in a VM
  * and the *_isa variants check on every call). Racing first calls store
@@ -35,6 +48,41 @@ static bool isa_detect(pi2_isa isa)
         return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 #endif
+#ifdef PI2_K_ARM64
+    /* each level includes the one below, so the best is the highest */
+    unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    bool neon = hw & HWCAP_ASIMD, dp = neon && (hw & HWCAP_ASIMDDP);
+    if (isa == PI2_ISA_NEON)
+        return neon;
+    if (isa == PI2_ISA_DOTPROD)
+        return dp;
+    if (isa == PI2_ISA_I8MM)
+        return dp && (hw2 & HWCAP2_I8MM);
+#endif
+    return false;
+}
+
+bool pi2_k_isa_compiled(pi2_isa isa)
+{
+    switch (isa) {
+    case PI2_ISA_SCALAR:
+        return true;
+    case PI2_ISA_AVX2:
+    case PI2_ISA_AVX512:
+#ifdef PI2_K_X86
+        return true;
+#else
+        return false;
+#endif
+    case PI2_ISA_NEON:
+    case PI2_ISA_DOTPROD:
+    case PI2_ISA_I8MM:
+#ifdef PI2_K_ARM64
+        return true;
+#else
+        return false;
+#endif
+    }
     return false;
 }
 
@@ -43,12 +91,12 @@ bool pi2_k_isa_supported(pi2_isa isa)
     int m = atomic_load_explicit(&g_isa_mask, memory_order_relaxed);
     if (m < 0) {
         m = 0;
-        for (int i = PI2_ISA_SCALAR; i <= PI2_ISA_AVX512; i++)
+        for (int i = PI2_ISA_SCALAR; i < PI2_ISA_COUNT; i++)
             if (isa_detect((pi2_isa)i))
                 m |= 1 << i;
         atomic_store_explicit(&g_isa_mask, m, memory_order_relaxed);
     }
-    return (unsigned)isa <= PI2_ISA_AVX512 && (m >> isa & 1);
+    return (unsigned)isa < PI2_ISA_COUNT && (m >> isa & 1);
 }
 
 const char *pi2_k_isa_name(pi2_isa isa)
@@ -60,16 +108,22 @@ const char *pi2_k_isa_name(pi2_isa isa)
         return "avx2";
     case PI2_ISA_AVX512:
         return "avx512vnni";
+    case PI2_ISA_NEON:
+        return "neon";
+    case PI2_ISA_DOTPROD:
+        return "dotprod";
+    case PI2_ISA_I8MM:
+        return "i8mm";
     }
     return "?";
 }
 
 pi2_isa pi2_k_isa_best(void)
 {
-    if (pi2_k_isa_supported(PI2_ISA_AVX512))
-        return PI2_ISA_AVX512;
-    if (pi2_k_isa_supported(PI2_ISA_AVX2))
-        return PI2_ISA_AVX2;
+    /* one family runs on a CPU: the highest supported */
+    for (int i = PI2_ISA_COUNT - 1; i > PI2_ISA_SCALAR; i--)
+        if (pi2_k_isa_supported((pi2_isa)i))
+            return (pi2_isa)i;
     return PI2_ISA_SCALAR;
 }
 
@@ -85,7 +139,7 @@ pi2_isa pi2_k_get_isa(void)
 
 int pi2_k_set_isa(pi2_isa isa)
 {
-    if (isa != PI2_ISA_SCALAR && isa != PI2_ISA_AVX2 && isa != PI2_ISA_AVX512)
+    if ((unsigned)isa >= PI2_ISA_COUNT)
         return PI2_EINVAL;
     if (!pi2_k_isa_supported(isa))
         return PI2_EUNSUPPORTED;
@@ -93,9 +147,9 @@ int pi2_k_set_isa(pi2_isa isa)
     return 0;
 }
 
-#ifdef PI2_K_X86
-
 pi2_isa pi2_ki_isa_pick(pi2_isa isa) { return pi2_k_isa_supported(isa) ? isa : PI2_ISA_SCALAR; }
+
+#ifdef PI2_K_X86
 
 static bool gfni_supported(void)
 {

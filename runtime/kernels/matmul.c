@@ -653,6 +653,10 @@ static void matmul(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_
     assert(n % QG == 0 && nrows >= 0 && T >= 1 && T <= PI2_K_MAX_T);
     if (nrows == 0)
         return;
+#ifdef PI2_K_ARM64
+    if (pi2_ki_mm_neon(isa, wt, n, nrows, wp, ws, ascales, aq, T, out, ldo))
+        return;
+#endif
 #ifdef PI2_K_X86
     const k_mm_ops *op = NULL;
     switch (pi2_ki_isa_pick(isa)) {
@@ -662,7 +666,7 @@ static void matmul(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_
     case PI2_ISA_AVX2:
         op = wt == PI2_QT_Q4 ? &MM_Q4_AVX2 : wt == PI2_QT_Q8 ? &MM_Q8_AVX2 : NULL;
         break;
-    case PI2_ISA_SCALAR:
+    default:
         break;
     }
     if (op == &pi2_ki_mm_q4_vnni || op == &pi2_ki_mm_q8_vnni) {

@@ -640,12 +640,16 @@ void pi2_k_act_quantize_sb_isa(pi2_isa isa, const float *x, int64_t ldx, int T, 
                                int32_t *sums)
 {
     assert(n % QG == 0 && T >= 0);
+#ifdef PI2_K_ARM64
+    if (pi2_ki_act_quantize_sb_neon(isa, x, ldx, T, n, scales, q, sums))
+        return;
+#endif
 #ifdef PI2_K_X86
     if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
         act_sb_avx512(x, ldx, T, n, scales, q, sums);
         return;
     }
-#else
+#elif !defined(PI2_K_ARM64)
     (void)isa;
 #endif
     act_sb_scalar(x, ldx, T, n, scales, q, sums);
@@ -662,6 +666,10 @@ void pi2_k_matmul_sb_isa(pi2_isa isa, int64_t n, int nrows, const uint8_t *const
     assert(n % QG == 0 && nrows >= 0 && T >= 1 && T <= PI2_K_MAX_T);
     if (nrows == 0)
         return;
+#ifdef PI2_K_ARM64
+    if (pi2_ki_matmul_sb_neon(isa, n, nrows, wp, ws, ascales, aq, T, out, ldo))
+        return;
+#endif
 #ifdef PI2_K_X86
     if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
         pi2_ki_mm_panels(PI2_QT_Q4, true, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
@@ -671,7 +679,7 @@ void pi2_k_matmul_sb_isa(pi2_isa isa, int64_t n, int nrows, const uint8_t *const
         pi2_ki_mm_panels_avx2(true, n, nrows, wp, ws, ascales, aq, asums, T, out, ldo);
         return;
     }
-#else
+#elif !defined(PI2_K_ARM64)
     (void)isa;
 #endif
     (void)asums;

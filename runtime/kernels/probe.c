@@ -134,7 +134,7 @@ double pi2_k_probe_int8_peak(pi2_isa isa, double seconds)
         return probe_avx512(seconds, &sink);
     case PI2_ISA_AVX2:
         return probe_avx2(seconds, &sink);
-    case PI2_ISA_SCALAR:
+    default:
         break;
     }
 #else

@@ -543,12 +543,16 @@ void pi2_k_act_quantize_isa(pi2_isa isa, const float *x, int64_t ldx, int T, int
                             int32_t *sums)
 {
     assert(n % QG == 0 && T >= 0);
+#ifdef PI2_K_ARM64
+    if (pi2_ki_act_quantize_neon(isa, x, ldx, T, n, scales, q, sums))
+        return;
+#endif
 #ifdef PI2_K_X86
     if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
         act_quantize_avx512(x, ldx, T, n, scales, q, sums);
         return;
     }
-#else
+#elif !defined(PI2_K_ARM64)
     (void)isa;
 #endif
     act_quantize_scalar(x, ldx, T, n, scales, q, sums);
@@ -571,7 +575,7 @@ void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const
         case PI2_ISA_AVX2:
             dequant_avx2(wt, n, nrows, wp, ws, dst);
             return;
-        case PI2_ISA_SCALAR:
+        default:
             break;
         }
     }
@@ -581,6 +585,10 @@ void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const
 
 void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
 {
+#ifdef PI2_K_ARM64
+    if (pi2_ki_sgemv_neon(isa, false, W, ldw, n, nrows, x, out))
+        return;
+#endif
 #ifdef PI2_K_X86
     switch (pi2_ki_isa_pick(isa)) {
     case PI2_ISA_AVX512:
@@ -589,10 +597,10 @@ void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nr
     case PI2_ISA_AVX2:
         sgemv_avx2(W, ldw, n, nrows, x, out);
         return;
-    case PI2_ISA_SCALAR:
+    default:
         break;
     }
-#else
+#elif !defined(PI2_K_ARM64)
     (void)isa;
 #endif
     sgemv_scalar(W, ldw, n, nrows, x, out);
@@ -624,6 +632,10 @@ void pi2_k_softmax(float *x, int64_t n) { pi2_k_softmax_isa(pi2_k_get_isa(), x, 
 
 void pi2_k_sgemv_t_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
 {
+#ifdef PI2_K_ARM64
+    if (pi2_ki_sgemv_neon(isa, true, W, ldw, n, nrows, c, out))
+        return;
+#endif
 #ifdef PI2_K_X86
     switch (pi2_ki_isa_pick(isa)) {
     case PI2_ISA_AVX512:
@@ -632,10 +644,10 @@ void pi2_k_sgemv_t_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int 
     case PI2_ISA_AVX2:
         sgemv_t_avx2(W, ldw, n, nrows, c, out);
         return;
-    case PI2_ISA_SCALAR:
+    default:
         break;
     }
-#else
+#elif !defined(PI2_K_ARM64)
     (void)isa;
 #endif
     sgemv_t_scalar(W, ldw, n, nrows, c, out);

@@ -1,0 +1,123 @@
+/* Vector ops on arm64, each bit-identical to its twin in vec.c.
+ *
+ * Activation quantization (pi2_k_act_quantize), as pi2_q8act_quantize
+ * (formats/quant.c): the same
+ * max of |x| (NaN or infinity anywhere makes the block NaN-scaled and
+ * zero), the same scalar 127 / amax and amax / 127, one multiply and a
+ * round-to-nearest-even convert per value (fcvtns: rintf in the default
+ * rounding mode), the same clamp to +-127. Decode quantizes each layer's
+ * input on one thread, so this serial step has to be short. Every NEON
+ * level (neon, dotprod, i8mm) takes it. */
+#include "runtime/kernels/internal.h"
+
+#ifdef PI2_K_ARM64
+
+/* One block of 32 values: scale, q and the sum of q. */
+static void act_block(const float *xb, float *scale, int8_t *qb, int32_t *sum)
+{
+    float32x4_t x[8], m = vdupq_n_f32(0.0f);
+    uint32x4_t fin = vdupq_n_u32(~0u);
+    for (int k = 0; k < 8; k++) {
+        x[k] = vld1q_f32(xb + 4 * k);
+        float32x4_t a = vabsq_f32(x[k]);
+        fin = vandq_u32(fin, vcleq_f32(a, vdupq_n_f32(FLT_MAX))); /* false for NaN and inf */
+        m = vmaxq_f32(m, a);
+    }
+    bool bad = vminvq_u32(fin) == 0;
+    float amax = bad ? 0.0f : vmaxvq_f32(m);
+    if (bad || amax < 0x1p-100f) {
+        *scale = bad ? NAN : 0.0f;
+        memset(qb, 0, QG);
+        *sum = 0;
+        return;
+    }
+    float id = 127.0f / amax;
+    *scale = amax / 127.0f;
+    int32x4_t lo = vdupq_n_s32(-127), hi = vdupq_n_s32(127), s = vdupq_n_s32(0);
+    int16x8_t h[4];
+    for (int k = 0; k < 8; k += 2) {
+        int32x4_t r0 = vminq_s32(vmaxq_s32(vcvtnq_s32_f32(vmulq_n_f32(x[k], id)), lo), hi);
+        int32x4_t r1 = vminq_s32(vmaxq_s32(vcvtnq_s32_f32(vmulq_n_f32(x[k + 1], id)), lo), hi);
+        s = vaddq_s32(s, vaddq_s32(r0, r1));
+        h[k / 2] = vcombine_s16(vmovn_s32(r0), vmovn_s32(r1));
+    }
+    vst1q_s8(qb, vcombine_s8(vmovn_s16(h[0]), vmovn_s16(h[1])));
+    vst1q_s8(qb + 16, vcombine_s8(vmovn_s16(h[2]), vmovn_s16(h[3])));
+    *sum = vaddvq_s32(s);
+}
+
+bool pi2_ki_act_quantize_neon(pi2_isa isa, const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
+                              int32_t *sums)
+{
+    pi2_isa p = pi2_ki_isa_pick(isa);
+    if (p != PI2_ISA_NEON && p != PI2_ISA_DOTPROD && p != PI2_ISA_I8MM)
+        return false;
+    int64_t nb = n / QG;
+    for (int t = 0; t < T; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t i = (int64_t)t * nb + b;
+            act_block(x + (int64_t)t * ldx + b * QG, scales + i, q + (int64_t)t * n + b * QG, sums + i);
+        }
+    return true;
+}
+
+/* ---- f32 GEMV (attention) ----
+ * pi2_k_sgemv: the 16 stripes of a row are 4 vectors (stripe j % 16 in
+ * vector j % 16 / 4), each column an fma in column order; vec.c's tree
+ * (x_4L + x_4L+2) + (x_4L+1 + x_4L+3) per vector, then (q_0 + q_1) +
+ * (q_2 + q_3); the last n % 16 columns a scalar fma chain added last.
+ * pi2_k_sgemv_t: 16 outputs in 4 vectors, one fma per row in row order. */
+
+static inline float sum4_pairs(float32x4_t v)
+{
+    return (vgetq_lane_f32(v, 0) + vgetq_lane_f32(v, 2)) + (vgetq_lane_f32(v, 1) + vgetq_lane_f32(v, 3));
+}
+
+static void sgemv_neon(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
+{
+    int64_t nfull = n & ~(int64_t)15;
+    for (int r = 0; r < nrows; r++) {
+        const float *w = W + (int64_t)r * ldw;
+        float32x4_t s[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+        for (int64_t j = 0; j < nfull; j += 16)
+            for (int k = 0; k < 4; k++)
+                s[k] = vfmaq_f32(s[k], vld1q_f32(w + j + 4 * k), vld1q_f32(x + j + 4 * k));
+        float tail = 0.0f;
+        for (int64_t j = nfull; j < n; j++)
+            tail = fmaf(w[j], x[j], tail);
+        out[r] = ((sum4_pairs(s[0]) + sum4_pairs(s[1])) + (sum4_pairs(s[2]) + sum4_pairs(s[3]))) + tail;
+    }
+}
+
+static void sgemv_t_neon(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+{
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        float32x4_t o[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+        for (int r = 0; r < nrows; r++) {
+            const float *w = W + (int64_t)r * ldw + j;
+            for (int k = 0; k < 4; k++)
+                o[k] = vfmaq_n_f32(o[k], vld1q_f32(w + 4 * k), c[r]);
+        }
+        for (int k = 0; k < 4; k++)
+            vst1q_f32(out + j + 4 * k, o[k]);
+    }
+    for (; j < n; j++) {
+        float o = 0.0f;
+        for (int r = 0; r < nrows; r++)
+            o = fmaf(c[r], W[(int64_t)r * ldw + j], o);
+        out[j] = o;
+    }
+}
+
+bool pi2_ki_sgemv_neon(pi2_isa isa, bool transposed, const float *W, int64_t ldw, int64_t n, int nrows,
+                       const float *x, float *out)
+{
+    pi2_isa p = pi2_ki_isa_pick(isa);
+    if (p != PI2_ISA_NEON && p != PI2_ISA_DOTPROD && p != PI2_ISA_I8MM)
+        return false;
+    (transposed ? sgemv_t_neon : sgemv_neon)(W, ldw, n, nrows, x, out);
+    return true;
+}
+
+#endif /* PI2_K_ARM64 */

@@ -723,7 +723,10 @@ static void test_big_sparse_shard(void **state)
     uint64_t before = vm_rss();
     pi2_st *st = pi2t_st_open_ok(path);
     uint64_t after = vm_rss();
-    assert_true(after < before + (32u << 20)); /* nothing of the 9 GiB was read */
+    if (getenv("PI2_EMULATED")) /* qemu-user's own code cache counts in the RSS */
+        fprintf(stderr, "skip: the RSS bound under emulation\n");
+    else
+        assert_true(after < before + (32u << 20)); /* nothing of the 9 GiB was read */
     const pi2_st_tensor *t = pi2_st_at(st, 0);
     assert_int_equal(t->nbytes, big);
     assert_int_equal(t->shape[0], size[0]);

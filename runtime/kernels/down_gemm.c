@@ -15,7 +15,7 @@ enum {
     K_GC = 16  /* groups per row chunk (512 rows): one float accumulation per chunk */
 };
 
-static void gemm_coefs(pi2_isa isa, const float *coef, int64_t ldc, int T, int r0, int R, int8_t *aq, float *as,
+void pi2_ki_gemm_coefs(pi2_isa isa, const float *coef, int64_t ldc, int T, int r0, int R, int8_t *aq, float *as,
                        int32_t *su)
 {
     int Rf = R / K_GR * K_GR, G = (R + K_GR - 1) / K_GR, Rp = G * K_GR;
@@ -48,7 +48,7 @@ static void gemm_scalar(pi2_qtype wt, int64_t n, int nrows, const float *coef, i
     int32_t su[PI2_K_MAX_T * K_GC];
     for (int r0 = 0; r0 < nrows; r0 += K_GC * K_GR) {
         int R = nrows - r0 < K_GC * K_GR ? nrows - r0 : K_GC * K_GR, G = (R + K_GR - 1) / K_GR, Rp = G * K_GR;
-        gemm_coefs(PI2_ISA_SCALAR, coef, ldc, T, r0, R, aq, as, su);
+        pi2_ki_gemm_coefs(PI2_ISA_SCALAR, coef, ldc, T, r0, R, aq, as, su);
         for (int64_t b = 0; b < nb; b++) {
             float D[K_GC];
             int8_t w2[K_GC * K_GR][QG]; /* requantized weights of the block */
@@ -242,7 +242,7 @@ PI2_T_AVX512 static void gemm_vnni(pi2_qtype wt, int64_t n, int nrows, const flo
     float dcol[16 * K_GC] = {0}; /* [output block in window][group] */
     for (int r0 = 0; r0 < nrows; r0 += K_GC * K_GR) {
         int R = nrows - r0 < K_GC * K_GR ? nrows - r0 : K_GC * K_GR, G = (R + K_GR - 1) / K_GR, Rp = G * K_GR;
-        gemm_coefs(PI2_ISA_AVX512, coef, ldc, T, r0, R, aq, as, su);
+        pi2_ki_gemm_coefs(PI2_ISA_AVX512, coef, ldc, T, r0, R, aq, as, su);
         for (int t = 0; t < T; t++)
             for (int g = 0; g < G; g++)
                 bias[t * K_PB + g] = -128 * su[t * G + g];
@@ -383,7 +383,7 @@ PI2_T_AVX2 static void gemm_avx2(pi2_qtype wt, int64_t n, int nrows, const float
     k_gpan2 P;
     for (int r0 = 0; r0 < nrows; r0 += K_GC * K_GR) {
         int R = nrows - r0 < K_GC * K_GR ? nrows - r0 : K_GC * K_GR, G = (R + K_GR - 1) / K_GR, Rp = G * K_GR;
-        gemm_coefs(PI2_ISA_AVX2, coef, ldc, T, r0, R, aq, as, su);
+        pi2_ki_gemm_coefs(PI2_ISA_AVX2, coef, ldc, T, r0, R, aq, as, su);
         for (int64_t i = 0; i < (int64_t)T * Rp; i += 16)
             _mm256_store_si256((__m256i *)(void *)(ca + i),
                                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(aq + i))));

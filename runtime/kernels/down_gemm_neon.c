@@ -19,27 +19,6 @@ enum {
     K_GC = 16  /* groups per row chunk */
 };
 
-/* The coefficients of rows r0 .. r0 + R, quantized per group as
- * down_gemm.c's gemm_coefs does (zeros past R). */
-static void coefs(pi2_isa isa, const float *coef, int64_t ldc, int T, int r0, int R, int8_t *aq, float *as,
-                  int32_t *su)
-{
-    int Rf = R / K_GR * K_GR, G = (R + K_GR - 1) / K_GR, Rp = G * K_GR;
-    if (Rf == R) {
-        pi2_k_act_quantize_isa(isa, coef + r0, ldc, T, R, as, aq, su);
-        return;
-    }
-    for (int t = 0; t < T; t++) {
-        const float *c = coef + t * ldc + r0;
-        if (Rf > 0)
-            pi2_k_act_quantize_isa(isa, c, ldc, 1, Rf, as + t * G, aq + t * Rp, su + t * G);
-        float tail[K_GR] = {0};
-        memcpy(tail, c + Rf, (size_t)(R - Rf) * sizeof(float));
-        pi2_k_act_quantize_isa(isa, tail, K_GR, 1, K_GR, as + t * G + Rf / K_GR, aq + t * Rp + Rf,
-                               su + t * G + Rf / K_GR);
-    }
-}
-
 /* 8 weights (int8) times f, rounded and clamped as the twin does. */
 static inline int8x8_t requant8(int8x8_t w, float f)
 {
@@ -130,7 +109,7 @@ bool pi2_ki_down_gemm_neon(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, cons
     int8_t w2[K_GC * K_GR][QG];
     for (int r0 = 0; r0 < nrows; r0 += K_GC * K_GR) {
         int R = nrows - r0 < K_GC * K_GR ? nrows - r0 : K_GC * K_GR, G = (R + K_GR - 1) / K_GR, Rp = G * K_GR;
-        coefs(p, coef, ldc, T, r0, R, aq, as, su);
+        pi2_ki_gemm_coefs(p, coef, ldc, T, r0, R, aq, as, su);
         for (int64_t b = 0; b < nb; b++) {
             requant_block(wt == PI2_QT_Q4, wp + r0, ws + r0, R, G, b, w2, D);
             for (int t = 0; t < T; t++) {

@@ -112,6 +112,13 @@ enum {
 /* The path a forced call runs: `isa` if supported, else scalar. */
 pi2_isa pi2_ki_isa_pick(pi2_isa isa);
 
+/* The prefill down GEMM's coefficients (down_gemm.c, every path): rows
+ * r0 .. r0 + R of T tokens quantized per group of 32 rows as activations
+ * are, into aq[t * Rp ..] (Rp = R rounded up to whole groups, zeros past
+ * R), as[t * G + g] and su[t * G + g]. */
+void pi2_ki_gemm_coefs(pi2_isa isa, const float *coef, int64_t ldc, int T, int r0, int R, int8_t *aq, float *as,
+                       int32_t *su);
+
 #ifdef PI2_K_ARM64
 
 /* ---- the NEON paths (*_neon.c) ----

@@ -8,7 +8,7 @@
  *
  * A predictor's second layer (rows of its rank, 3-4 blocks) ran through
  * t1's tail, which copies each tile's rows and scales into zeroed
- * buffers: 5-9 GB/s from memory on one thread. Here a row's blocks are
+ * buffers (slow from memory: runtime/PERF.md). Here a row's blocks are
  * read in place (the scales, activation scales and sums past the row by
  * masked loads, as zeros), their products summed by vphaddd into the 8
  * block dots of a half (blocks 8h .. 8h + 7), and the float stage is t1's

@@ -121,21 +121,29 @@ static int clear_faults(void **state)
     return 0;
 }
 
+/* The options every open here shares: path, the test key, 2 threads, CTX
+ * and mem_limit (0: all in memory). */
+static pi2_engine_opts base_opts(const char *path, uint64_t limit)
+{
+    pi2_engine_opts o;
+    pi2_engine_defaults(&o);
+    o.path = path;
+    o.pubkey = g_pubkey;
+    o.threads = 2;
+    o.ctx = CTX;
+    o.offload.mem_limit = limit;
+    return o;
+}
+
 /* Open path with mem_limit (0: all in memory); NULL with *rc and err on
  * failure. */
 static bool g_gate_first; /* open with gate_first */
 
 static pi2_engine *try_open(const char *path, uint64_t limit, double hot_share, bool dense, int *rc, pi2_err *err)
 {
-    pi2_engine_opts o;
-    pi2_engine_defaults(&o);
+    pi2_engine_opts o = base_opts(path, limit);
     o.offload.gate_first = g_gate_first;
-    o.path = path;
-    o.pubkey = g_pubkey;
-    o.threads = 2;
-    o.ctx = CTX;
     o.dense = dense;
-    o.offload.mem_limit = limit;
     o.offload.hot_share = hot_share;
     pi2_engine *eng = NULL;
     *rc = pi2_engine_open(&eng, &o, err);
@@ -413,13 +421,7 @@ static void test_streamed_predictors(void **state)
         for (int mode = -1; mode <= 1; mode += 2) {
             if (li == 1 && mode < 0)
                 continue; /* the least limit holds them streamed only */
-            pi2_engine_opts o;
-            pi2_engine_defaults(&o);
-            o.path = path;
-            o.pubkey = g_pubkey;
-            o.threads = 2;
-            o.ctx = CTX;
-            o.offload.mem_limit = limits[li];
+            pi2_engine_opts o = base_opts(path, limits[li]);
             o.offload.hot_share = 0.0;
             o.offload.pred_stream = mode;
             pi2_engine *eng = NULL;
@@ -450,13 +452,7 @@ static void test_streamed_predictors(void **state)
     }
     /* kept resident, the least limit cannot run: refused at open */
     {
-        pi2_engine_opts o;
-        pi2_engine_defaults(&o);
-        o.path = path;
-        o.pubkey = g_pubkey;
-        o.threads = 2;
-        o.ctx = CTX;
-        o.offload.mem_limit = least + 4096;
+        pi2_engine_opts o = base_opts(path, least + 4096);
         o.offload.pred_stream = -1;
         pi2_engine *eng = NULL;
         pi2_err er = {0};
@@ -489,13 +485,7 @@ static void test_limits_and_readers(void **state)
     double shares[4] = {0.0, 0.3, 0.7, 1.0};
     for (int i = 0; i < 4; i++)
         for (int be = 1; be <= 2; be++) {
-            pi2_engine_opts o;
-            pi2_engine_defaults(&o);
-            o.path = path;
-            o.pubkey = g_pubkey;
-            o.threads = 2;
-            o.ctx = CTX;
-            o.offload.mem_limit = minimum + (uint64_t)(i + 1) * (1u << 20) / 4;
+            pi2_engine_opts o = base_opts(path, minimum + (uint64_t)(i + 1) * (1u << 20) / 4);
             o.offload.hot_share = shares[i];
             o.offload.io_backend = be;
             o.offload.io_depth = i == 0 ? 1 : 64;
@@ -533,13 +523,7 @@ static void test_plan(void **state)
         uint64_t minimum = minimum_of(path), ffn = 0, last_hot = 0;
         double last_off = 2.0;
         for (int step = 0; step <= 10; step++) {
-            pi2_engine_opts o;
-            pi2_engine_defaults(&o);
-            o.path = path;
-            o.pubkey = g_pubkey;
-            o.threads = 2;
-            o.ctx = CTX;
-            o.offload.mem_limit = minimum + (step == 0 ? 0 : ffn * (uint64_t)step / 8 + 1);
+            pi2_engine_opts o = base_opts(path, minimum + (step == 0 ? 0 : ffn * (uint64_t)step / 8 + 1));
             pi2_engine *eng = NULL;
             pi2_err e = {0};
             if (pi2_engine_open(&eng, &o, &e))
@@ -568,13 +552,7 @@ static void test_plan(void **state)
 static pi2_engine *open_plan(const char *path, uint64_t limit, const pi2_plan *plan, const pi2_hwprof *hw, double min_speed,
                              int *rc, pi2_err *err)
 {
-    pi2_engine_opts o;
-    pi2_engine_defaults(&o);
-    o.path = path;
-    o.pubkey = g_pubkey;
-    o.threads = 2;
-    o.ctx = CTX;
-    o.offload.mem_limit = limit;
+    pi2_engine_opts o = base_opts(path, limit);
     o.offload.plan = plan;
     o.offload.hw = hw;
     o.offload.min_speed = min_speed;

@@ -16,6 +16,8 @@
 # speed next to each measured one. Last, the 50% point (the planner's
 # settings) and the fully-in-memory run alternate (ABBA) REPEAT times, so
 # that the ratio the 0.7x target is set on compares the same minutes.
+# A run the cap kills, or whose group peak passes its limit, fails the
+# benchmark (exit 1, after everything else has run).
 # Writes WORKDIR/offload-NAME.json and an SVG plot WORKDIR/offload-NAME.svg.
 # Usage: sh runtime/bench_offload.sh MODEL.pi2 PUBKEY WORKDIR [NAME]
 set -eu
@@ -79,6 +81,7 @@ limit_of() { echo "$minimum $ffn $1" | awk '{printf "%.0f", $1 + $2 * (100 - $3)
 
 capped=yes
 [ -w /sys/fs/cgroup/memory ] || capped=no
+bad="" # limits a run failed at (a cap killed it, or its peak passed the limit)
 rows=""
 cmp=""
 # one capped run: run LIMIT OUT ARGS...
@@ -89,11 +92,12 @@ run() {
     if [ "$capped" = yes ]; then
         sh tests/cgroup_run.sh "$limit" "$W/usage" "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" \
             --bench-tg "$TG" -t "${RUN_T:-$TH}" --mem-limit "$limit" --no-verify-ffn --hw-profile "$HWP" "$@" >"$out" 2>"$W/err" ||
-            return 1
+            { bad="$bad $limit"; return 1; }
         read -r peak fails <"$W/usage"
+        [ "$peak" -le "$limit" ] || { bad="$bad $limit"; return 1; }
     else
         "$B/pi2-run" "$M" --pubkey "$K" --bench --bench-pp "$PP" --bench-tg "$TG" -t "${RUN_T:-$TH}" --mem-limit "$limit" \
-            --no-verify-ffn --hw-profile "$HWP" "$@" >"$out" 2>"$W/err" || return 1
+            --no-verify-ffn --hw-profile "$HWP" "$@" >"$out" 2>"$W/err" || { bad="$bad $limit"; return 1; }
         peak=$(jget footprint_bytes <"$out")
     fi
 }
@@ -279,3 +283,7 @@ echo "$rows" | awk -v name="$NAME" -v base="$base_tg" '
         printf "</svg>\n"
     }' >"$W/offload-$NAME.svg"
 say "wrote $W/offload-$NAME.json and $W/offload-$NAME.svg"
+if [ -n "$bad" ]; then
+    say "FAIL: runs failed or passed their limit at (bytes):$bad"
+    exit 1
+fi

@@ -79,5 +79,21 @@ rm -rf "$W/synth-7b-2l" "$W/synth-7b-2l.pi2c"
 printf '{"gen_GBps": %s, "gen_vs_disk_write": %s, "gen_peak_rss_MB": %s, "quant_GBps": %s, "quant_vs_disk_read": %s, "convert_peak_rss_MB": %s}\n' \
     "$gen_rate" "$(echo "$gen_rate $wr" | awk '{printf "%.2f", $1/$2}')" "$gen_rss" "$qrate" \
     "$(echo "$qrate $rd" | awk '{printf "%.2f", $1/$2}')" "$crss" | tee "$W/results.json"
-rm -rf "$W/synth-7b" "$W/synth-7b-2l" "$W/synth-7b-2l.pi2c" # room for the MoE model
+rm -rf "$W/synth-7b" "$W/synth-7b-2l" "$W/synth-7b-2l.pi2c" # room for the next models
+
+# The memory limit's targets (runtime/bench_limit.sh) on the same shape with
+# predictors of published size (rank 1025, as TurboSparse-Mistral's) and the
+# most compact resident part: 4-bit attention, embeddings and head, 8-bit
+# predictors. 937 MB: llama.cpp's Q4_0 bytes of everything but the FFNs.
+say "== memory limit: 7B-shaped dReLU model, rank-1025 predictors, --other-quant q4 --pred-quant q8 (runtime/bench_limit.sh)"
+rm -rf "$W/synth-7b-r1k" "$W/synth-7b-r1k.pi2c" "$W/synth-7b-r1k.pi2"
+"$B/pi2-convert" synth --preset 7b --rank 512 --predictors -o "$W/synth-7b-r1k" -q
+"$B/pi2-convert" "$W/synth-7b-r1k" -o "$W/synth-7b-r1k.pi2c" --other-quant q4 --pred-quant q8 -q | grep -E "^quality|^wrote"
+rm -rf "$W/synth-7b-r1k"
+"$B/pi2-bundle" "$W/synth-7b-r1k.pi2c" -o "$W/synth-7b-r1k.pi2" --key "$W/bundle-bench.pem" -q
+rm -f "$W/synth-7b-r1k.pi2c"
+limit_ok=yes
+BUILD=$B sh runtime/bench_limit.sh "$W/synth-7b-r1k.pi2" "$W/bundle-bench.pub" "$W" 937000000 synth-7b-r1k || limit_ok=no
+rm -f "$W/synth-7b-r1k.pi2" # room for the MoE model
 moe
+[ "$limit_ok" = yes ] || { say "FAIL: the memory limit did not hold on the 7B-shaped model (above)"; exit 1; }

@@ -117,7 +117,9 @@ int conv_pred_import(pi2_conv *c, int layer, int expert, pi2_predictor **out, pi
 void conv_pred_close(pi2_conv *c);
 /* Keep p as FFN fi's stored predictor (fp16; PI2_ERANGE for a weight past
  * fp16, naming it); conv_pred_expand: a new f32 predictor from the stored
- * one (what the runtime reads), caller frees. */
+ * one, its rows quantized and read back as decode runs them (q4 when
+ * --pred-quant q4, else q8), so thresholds, reports, profiles and the
+ * quality figure are the runtime's; caller frees. */
 int conv_pred_store(pi2_conv *c, size_t fi, const pi2_predictor *p, pi2_err *err);
 int conv_pred_expand(const pi2_conv *c, size_t fi, pi2_predictor **out, pi2_err *err);
 /* The vector c's predictors read, of X (normed FFN input) and R (residual). */

@@ -336,11 +336,14 @@ static int predictors(pi2_conv *c, pi2_err *err)
             char ex[32] = "";
             if (d->n_experts > 0)
                 snprintf(ex, sizeof ex, " expert %d", e);
+            /* the rows decode runs (conv_pred_expand): q4 groups of 18 bytes or q8 ones of 34 */
+            bool q4 = o->q_pred == PI2_QT_Q4;
+            uint64_t groups = pi2_pred_bytes_q8(d->hidden, d->n_ff, c->preds[fi].rank) / 34;
             conv_report(c,
                         "  layer %2d%s: rank %4d  recall %.4f  precision %.3f  predicted active %.3f  true active "
-                        "%.3f  %.1f MB (q8)",
+                        "%.3f  %.1f MB (%s)",
                         l, ex, c->preds[fi].rank, r->recall, r->precision, r->pred_active_frac, r->true_active_frac,
-                        pi2_pred_bytes_q8(d->hidden, d->n_ff, c->preds[fi].rank) / 1e6);
+                        (double)(groups * (q4 ? 18 : 34)) / 1e6, q4 ? "q4" : "q8");
             if (!import)
                 conv_report(c, "  trained in %.1f s", r->seconds);
             conv_report(c, "\n");

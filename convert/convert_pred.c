@@ -313,12 +313,39 @@ int conv_pred_store(pi2_conv *c, size_t fi, const pi2_predictor *p, pi2_err *err
     return 0;
 }
 
+/* The rows of w [rows][cols] as the runtime runs them: each row padded
+ * with zeros to whole groups (as stored), quantized to qt and read back. */
+static int as_run(pi2_qtype qt, float *w, int64_t rows, int64_t cols, pi2_err *err)
+{
+    int64_t cp = (cols + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
+    float *row = pi2_calloc_array((size_t)cp, sizeof *row);
+    uint8_t *pay = malloc(pi2_q_payload_row_bytes(qt, cp));
+    uint16_t *sc = pi2_malloc_array(pi2_q_scale_row_count(qt, cp), sizeof *sc);
+    int rc = row && pay && sc ? 0 : pi2_err_set(err, PI2_ENOMEM, "out of memory for a predictor");
+    for (int64_t r = 0; rc == 0 && r < rows; r++) {
+        float *wr = w + (size_t)r * (size_t)cols;
+        memcpy(row, wr, (size_t)cols * sizeof *row);
+        if (pi2_q_quantize_row(qt, row, cp, sc, pay) != 0)
+            rc = pi2_err_set(err, PI2_ERANGE, "a predictor row cannot be quantized (non-finite value)");
+        else
+            pi2_q_dequantize_row(qt, sc, pay, cp, row);
+        memcpy(wr, row, (size_t)cols * sizeof *row);
+    }
+    free(row);
+    free(pay);
+    free(sc);
+    return rc;
+}
+
 int conv_pred_expand(const pi2_conv *c, size_t fi, pi2_predictor **out, pi2_err *err)
 {
     const pi2_model_desc *d = c->desc;
     const conv_pred *cp = &c->preds[fi];
     size_t n1 = (size_t)cp->rank * (size_t)d->hidden, n2 = (size_t)d->n_ff * (size_t)cp->rank;
     float *w1 = pi2_malloc_array(n1, sizeof(float)), *w2 = pi2_malloc_array(n2, sizeof(float));
+    /* the rows decode runs: q4 when stored so, else q8 (stored, or made
+     * from the f16 rows at open) */
+    pi2_qtype qt = c->o->q_pred == PI2_QT_Q4 ? PI2_QT_Q4 : PI2_QT_Q8;
     int rc;
     if (!w1 || !w2) {
         rc = pi2_err_set(err, PI2_ENOMEM, "out of memory for a predictor");
@@ -327,7 +354,11 @@ int conv_pred_expand(const pi2_conv *c, size_t fi, pi2_predictor **out, pi2_err 
             w1[i] = pi2_f16_to_f32(cp->fc1[i]);
         for (size_t i = 0; i < n2; i++)
             w2[i] = pi2_f16_to_f32(cp->fc2[i]);
-        rc = pi2_pred_create(out, d->hidden, d->n_ff, cp->rank, w1, w2, cp->threshold, err);
+        rc = as_run(qt, w1, cp->rank, d->hidden, err);
+        if (rc == 0)
+            rc = as_run(qt, w2, d->n_ff, cp->rank, err);
+        if (rc == 0)
+            rc = pi2_pred_create(out, d->hidden, d->n_ff, cp->rank, w1, w2, cp->threshold, err);
     }
     free(w1);
     free(w2);

@@ -83,7 +83,7 @@ tar tvf "$T/tiny.pi2c" 2>/dev/null | grep -q "manifest.json" && ok || bad "tar d
 # (the rows the engine made at open), in memory and offloaded; q4 runs ---
 for q in f16 q8 q4; do
     "$B/pi2-convert" "$T/tiny" -o "$T/pq-$q.pi2c" --train-predictors --calib-tokens 2048 --seed 1 --pred-quant $q \
-        -q >/dev/null 2>"$T/err" && "$B/pi2-bundle" "$T/pq-$q.pi2c" -o "$T/pq-$q.pi2" --unsigned >/dev/null 2>>"$T/err" \
+        -q >"$T/pq-$q.rep" 2>"$T/err" && "$B/pi2-bundle" "$T/pq-$q.pi2c" -o "$T/pq-$q.pi2" --unsigned >/dev/null 2>>"$T/err" \
         && "$B/pi2-run" "$T/pq-$q.pi2" --trust-unsigned -p "hello world" -n 24 >"$T/pq-$q.out" 2>>"$T/err" \
         && "$B/pi2-run" "$T/pq-$q.pi2" --trust-unsigned -p "hello world" -n 24 --mem-limit 40M >"$T/pq-$q.oout" \
         2>>"$T/err" && ok || { bad "convert, bundle and run with --pred-quant $q"; cat "$T/err"; }
@@ -91,6 +91,9 @@ done
 cmp -s "$T/pq-f16.out" "$T/pq-q8.out" && cmp -s "$T/pq-f16.out" "$T/pq-q8.oout" && ok \
     || bad "--pred-quant q8 generates other tokens than f16"
 "$B/pi2-bundle" inspect "$T/pq-q4.pi2" 2>&1 | grep -q "stored q4)" && ok || bad "inspect does not show q4 predictors"
+# the report measures the rows decode runs: q4 ones when stored so
+grep -q "MB (q4)" "$T/pq-q4.rep" && grep -q "MB (q8)" "$T/pq-q8.rep" && ok \
+    || { bad "the converter's report does not follow --pred-quant"; cat "$T/pq-q4.rep"; }
 # --- the same text on every instruction set this CPU has: a long prompt
 # (prefill: batches of tokens through the tiled Q4 FFN, in memory and
 # offloaded), then greedy decode with the predictors ---

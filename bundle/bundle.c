@@ -251,6 +251,7 @@ static int build_manifest(bctx *b, const char *signer, char **text, size_t *len,
 
     lay->io_unit = b->io_unit;
     lay->row_bytes = b->row_bytes;
+    lay->pay_bytes = b->pay_bytes;
     lay->two_phase = b->two_phase;
     lay->hot_min_freq = isnan(b->o->hot_share) ? b->o->hot_min_freq : NAN;
     lay->hot_share = b->o->hot_share;

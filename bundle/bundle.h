@@ -166,9 +166,9 @@ const pi2_bundle_layout *pi2_bundle_layout_get(const pi2_bundle *b);
 const pi2_ctr *pi2_bundle_container(const pi2_bundle *b);
 
 /* Bundled neuron i of an FFN: pointers into the mapping to its gate, up and
- * down payload rows and fp16 scale rows (hidden/32 each, right after each
- * payload in the slot), and its converted index. PI2_ERANGE for a bad
- * index. */
+ * down payload rows and fp16 scale rows (hidden/32 each, where
+ * bundle/layout.h puts them: after each payload one-phase, in the gate
+ * unit two-phase), and its converted index. PI2_ERANGE for a bad index. */
 typedef struct pi2_bundle_neuron {
     const uint8_t *payload[3];  /* gate, up, down */
     const uint16_t *scales[3];

@@ -397,12 +397,11 @@ int pi2_bundle_get_neuron(const pi2_bundle *b, size_t ffn, uint32_t i, pi2_bundl
     if (!b || ffn >= b->lay->n_ffn || i >= b->lay->ffn[ffn].neurons)
         return pi2_err_set(err, PI2_ERANGE, "bundle: neuron %u of FFN %zu out of range", i, ffn);
     const pi2_bl_ffn *f = &b->lay->ffn[ffn];
-    uint64_t off[3];
-    pi2_bl_neuron_offsets(f, b->lay->row_bytes, b->lay->two_phase, i, off);
-    uint64_t pb = pi2_q_payload_row_bytes(b->mf->quant_ffn, b->mf->config.hidden);
+    pi2_bl_rows at;
+    pi2_bl_neuron_rows(f, b->lay->row_bytes, b->lay->pay_bytes, b->lay->two_phase, i, &at);
     for (int k = 0; k < 3; k++) {
-        out->payload[k] = b->ffn_m[ffn]->data + off[k];
-        out->scales[k] = (const uint16_t *)(const void *)(out->payload[k] + pb); /* even offset: aligned */
+        out->payload[k] = b->ffn_m[ffn]->data + at.pay[k];
+        out->scales[k] = (const uint16_t *)(const void *)(b->ffn_m[ffn]->data + at.sc[k]); /* even offset: aligned */
     }
     out->original = pi2_bundle_perm(b, ffn)[i];
     return 0;
@@ -510,7 +509,9 @@ static void inspect_layout(const pi2_manifest *m, const pi2_bundle_layout *l, FI
             l->two_phase ? "two-phase (gates, then up+down)" : "one-phase (gate|up|down)", l->io_unit / 1024,
             f0->group, (unsigned long long)f0->slot_bytes);
     if (l->two_phase)
-        fprintf(out, " (gate part %llu)", (unsigned long long)f0->gate_part);
+        fprintf(out, " (gate part %llu: %llu a neuron, its gate row with the up and down scales; up+down %llu)",
+                (unsigned long long)f0->gate_part, (unsigned long long)f0->gate_bytes,
+                (unsigned long long)f0->bundle_bytes);
     fprintf(out, "\norder:      %s; hot %.1f%% of neurons (", pi2_bl_order_name(f0->order), nn > 0 ? 100 * hn / nn : 0.0);
     if (isnan(l->hot_share))
         fprintf(out, "frequency >= %g)", l->hot_min_freq);

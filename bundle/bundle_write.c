@@ -220,12 +220,12 @@ static int write_ffn(bctx *b, const job *j, uint8_t *chunk, size_t chunk_cap, pi
         uint64_t base = (uint64_t)k0 * L->slot_bytes;
         uint64_t i1 = (uint64_t)k1 * L->group < L->neurons ? (uint64_t)k1 * L->group : L->neurons;
         for (uint32_t i = k0 * L->group; i < i1; i++) {
-            uint64_t off[3];
-            pi2_bl_neuron_offsets(L, R, b->two_phase, i, off);
+            pi2_bl_rows at;
+            pi2_bl_neuron_rows(L, R, P, b->two_phase, i, &at);
             size_t old = f->perm[i];
             for (int m = 0; m < 3; m++) {
-                memcpy(chunk + (off[m] - base), src[m] + old * P, P);
-                memcpy(chunk + (off[m] - base) + P, ssrc[m] + old * C, C);
+                memcpy(chunk + (at.pay[m] - base), src[m] + old * P, P);
+                memcpy(chunk + (at.sc[m] - base), ssrc[m] + old * C, C);
             }
         }
         rc = write_data(b, chunk, bytes, err);

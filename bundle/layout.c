@@ -30,6 +30,17 @@ uint64_t pi2_bl_row_bytes(pi2_qtype q_ffn, int64_t hidden)
     return pi2_q_payload_row_bytes(q_ffn, hidden) + 2 * pi2_q_scale_row_count(q_ffn, hidden);
 }
 
+/* The per-neuron units of a layout (bundle/layout.h): one-phase, the
+ * bundle 3R and no gate unit; two-phase, the up+down bundle 2P and the gate
+ * unit R + 2C. *read is the larger read of a neuron (what g * read <= U
+ * bounds). */
+static void units(uint64_t R, uint64_t P, bool two, uint64_t *bundle, uint64_t *gate, uint64_t *read)
+{
+    *bundle = two ? 2 * P : 3 * R;
+    *gate = two ? R + 2 * (R - P) : 0;
+    *read = *bundle > *gate ? *bundle : *gate;
+}
+
 int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, pi2_bl_ffn *out, pi2_err *err)
 {
     memset(out, 0, sizeof *out);
@@ -41,19 +52,18 @@ int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, 
         return pi2_err_set(err, PI2_ERANGE, "model dimensions out of range (hidden %d, n_ff %d)", d->hidden,
                            d->n_ff);
     /* hidden, n_ff <= 2^20 and R <= 2 hidden: every product below fits 64 bits */
-    uint64_t R = pi2_bl_row_bytes(q_ffn, d->hidden);
+    uint64_t R = pi2_bl_row_bytes(q_ffn, d->hidden), P = pi2_q_payload_row_bytes(q_ffn, d->hidden), read;
     bool two = d->act == PI2_ACT_DRELU;
-    uint64_t per = two ? 2 * R : 3 * R; /* the larger read of a neuron */
-    uint64_t g = io_unit / per;
+    units(R, P, two, &out->bundle_bytes, &out->gate_bytes, &read);
+    uint64_t g = io_unit / read;
     if (g < 1)
         g = 1;
     if (g > (uint64_t)d->n_ff)
         g = (uint64_t)d->n_ff;
     out->neurons = (uint32_t)d->n_ff;
     out->group = (uint32_t)g;
-    out->bundle_bytes = per;
-    out->gate_part = two ? round_up(g * R, PI2_BL_ALIGN) : 0;
-    out->slot_bytes = out->gate_part + round_up(g * per, PI2_BL_ALIGN);
+    out->gate_part = round_up(g * out->gate_bytes, PI2_BL_ALIGN);
+    out->slot_bytes = out->gate_part + round_up(g * out->bundle_bytes, PI2_BL_ALIGN);
     out->groups = (uint32_t)((d->n_ff + g - 1) / g);
     if ((uint64_t)out->groups * out->slot_bytes > PI2_CTR_MAX_SIZE)
         return pi2_err_set(err, PI2_ERANGE, "an FFN of %u groups of %llu bytes exceeds the container's member limit",
@@ -72,8 +82,9 @@ uint32_t pi2_bl_auto_io_unit(const pi2_model_desc *d, pi2_qtype q_ffn)
         pi2_err e;
         if (pi2_bl_geometry(d, q_ffn, u, &f, &e))
             return PI2_BL_IO_DEFAULT; /* the same call reports the problem to the caller */
-        if ((uint64_t)f.group * f.bundle_bytes > u)
+        if ((uint64_t)f.group * f.bundle_bytes > u || (uint64_t)f.group * f.gate_bytes > u)
             continue; /* rows wider than u: a read would exceed it */
+        /* 3R a neuron either way (two-phase: R + 2C + 2P) */
         uint64_t used = (uint64_t)f.group * 3 * pi2_bl_row_bytes(q_ffn, d->hidden);
         double waste = 1.0 - (double)used / (double)f.slot_bytes;
         if (waste * PI2_BL_IO_AUTO_WASTE <= 1.0)
@@ -99,17 +110,17 @@ void pi2_bl_set_hot(pi2_bl_ffn *f, uint32_t hot_groups)
     f->cold_size = (uint64_t)(f->groups - hot_groups) * f->slot_bytes;
 }
 
-void pi2_bl_neuron_offsets(const pi2_bl_ffn *f, uint64_t row_bytes, bool two_phase, uint32_t i, uint64_t off[3])
+void pi2_bl_neuron_rows(const pi2_bl_ffn *f, uint64_t row_bytes, uint64_t pay_bytes, bool two_phase, uint32_t i,
+                        pi2_bl_rows *out)
 {
+    uint64_t R = row_bytes, P = pay_bytes, C = R - P;
     uint64_t k = i / f->group, j = i % f->group, base = k * f->slot_bytes;
     if (two_phase) {
-        off[0] = base + j * row_bytes;
-        off[1] = base + f->gate_part + j * 2 * row_bytes;
-        off[2] = off[1] + row_bytes;
+        uint64_t gate = base + j * (R + 2 * C), ud = base + f->gate_part + j * 2 * P;
+        *out = (pi2_bl_rows){ .pay = { gate, ud, ud + P }, .sc = { gate + P, gate + R, gate + R + C } };
     } else {
-        off[0] = base + j * 3 * row_bytes;
-        off[1] = off[0] + row_bytes;
-        off[2] = off[0] + 2 * row_bytes;
+        uint64_t n = base + j * 3 * R;
+        *out = (pi2_bl_rows){ .pay = { n, n + R, n + 2 * R }, .sc = { n + P, n + R + P, n + 2 * R + P } };
     }
 }
 
@@ -246,6 +257,7 @@ int pi2_bl_to_json(const pi2_bundle_layout *l, char **text, pi2_err *err)
             ok &= json_object_set_new(e, "neurons", ju(f->neurons)) == 0;
             ok &= json_object_set_new(e, "group", ju(f->group)) == 0;
             ok &= json_object_set_new(e, "bundle_bytes", ju(f->bundle_bytes)) == 0;
+            ok &= json_object_set_new(e, "gate_bytes", ju(f->gate_bytes)) == 0;
             ok &= json_object_set_new(e, "gate_part", ju(f->gate_part)) == 0;
             ok &= json_object_set_new(e, "slot_bytes", ju(f->slot_bytes)) == 0;
             ok &= json_object_set_new(e, "groups", ju(f->groups)) == 0;
@@ -362,21 +374,24 @@ static int check_ffn_geometry(lctx *c, const char *fw, const pi2_bundle_layout *
 {
     const pi2_model_desc *d = &c->mf->config;
     /* all values are < 2^20 * 2^21: no overflow */
-    uint64_t R = l->row_bytes, g = f->group;
-    uint64_t per = l->two_phase ? 2 * R : 3 * R;
-    uint64_t gate = l->two_phase ? round_up(g * R, PI2_BL_ALIGN) : 0;
+    uint64_t g = f->group, per, gb, read;
+    units(l->row_bytes, l->pay_bytes, l->two_phase, &per, &gb, &read);
+    uint64_t gate = round_up(g * gb, PI2_BL_ALIGN);
     uint64_t slot = gate + round_up(g * per, PI2_BL_ALIGN);
     uint64_t groups = (f->neurons + g - 1) / g;
     if (f->neurons != (uint32_t)d->n_ff)
         return fail(c, PI2_ESHAPE, fw, "neurons %u, but the model's FFN has %d", f->neurons, d->n_ff);
     if (g > f->neurons)
         return fail(c, PI2_ESHAPE, fw, "group %u is larger than the FFN (%u neurons)", f->group, f->neurons);
-    if (g > 1 && g * per > l->io_unit)
+    if (g > 1 && g * read > l->io_unit)
         return fail(c, PI2_ESHAPE, fw, "group %u: a read of %llu bytes exceeds io_unit %u", f->group,
-                     (unsigned long long)(g * per), l->io_unit);
+                     (unsigned long long)(g * read), l->io_unit);
     if (f->bundle_bytes != per)
         return fail(c, PI2_ESHAPE, fw, "bundle_bytes %llu, expected %llu", (unsigned long long)f->bundle_bytes,
                      (unsigned long long)per);
+    if (f->gate_bytes != gb)
+        return fail(c, PI2_ESHAPE, fw, "gate_bytes %llu, expected %llu%s", (unsigned long long)f->gate_bytes,
+                     (unsigned long long)gb, gb ? " (the gate row and the up and down scales)" : " (one-phase)");
     if (f->gate_part != gate)
         return fail(c, PI2_ESHAPE, fw, "gate_part %llu, expected %llu", (unsigned long long)f->gate_part,
                      (unsigned long long)gate);
@@ -415,7 +430,7 @@ static int check_ffn_geometry(lctx *c, const char *fw, const pi2_bundle_layout *
 static int parse_ffn(lctx *c, json_t *e, size_t idx, const pi2_bundle_layout *l, pi2_bl_ffn *f)
 {
     static const char *const keys[] = { "layer",     "expert",       "ffn",         "perm",  "order",
-                                        "neurons",   "group",        "bundle_bytes", "gate_part",
+                                        "neurons",   "group",        "bundle_bytes", "gate_bytes", "gate_part",
                                         "slot_bytes", "groups",      "hot_groups",  "hot_neurons",
                                         "hot",       "cold",         "read_efficiency", "read_efficiency_freq" };
     const pi2_model_desc *d = &c->mf->config;
@@ -444,6 +459,7 @@ static int parse_ffn(lctx *c, json_t *e, size_t idx, const pi2_bundle_layout *l,
     if ((rc = pi2_jr_u32(&c->r, e, w, "neurons", 1, PI2_CFG_MAX_DIM, &f->neurons)) ||
         (rc = pi2_jr_u32(&c->r, e, w, "group", 1, PI2_CFG_MAX_DIM, &f->group)) ||
         (rc = pi2_jr_u64(&c->r, e, w, "bundle_bytes", PI2_CTR_MAX_SIZE, &f->bundle_bytes)) ||
+        (rc = pi2_jr_u64(&c->r, e, w, "gate_bytes", PI2_CTR_MAX_SIZE, &f->gate_bytes)) ||
         (rc = pi2_jr_u64(&c->r, e, w, "gate_part", PI2_CTR_MAX_SIZE, &f->gate_part)) ||
         (rc = pi2_jr_u64(&c->r, e, w, "slot_bytes", PI2_CTR_MAX_SIZE, &f->slot_bytes)) ||
         (rc = pi2_jr_u32(&c->r, e, w, "groups", 1, PI2_CFG_MAX_DIM, &f->groups)) ||
@@ -630,9 +646,10 @@ static int parse_root(lctx *c, json_t *root, pi2_bundle_layout *l)
     if ((rc = PI2_JR_KEYS(&c->r, root, "bundle", keys, false)) ||
         (rc = pi2_jr_int(&c->r, root, "bundle", "version", INT64_MIN, INT64_MAX, &v)))
         return rc;
-    if (v == 1)
-        return fail(c, PI2_EUNSUPPORTED, "version", "layout 1 (FFN scales resident) is no longer read (this build "
-                    "reads %d, scales inside the bundles): bundle the converted model again", PI2_BL_VERSION);
+    if (v == 1 || v == 2)
+        return fail(c, PI2_EUNSUPPORTED, "version", "layout %lld (%s) is no longer read (this build reads %d, "
+                    "two-phase up and down scales in the gate part): bundle the converted model again", v,
+                    v == 1 ? "FFN scales resident" : "scales beside every row", PI2_BL_VERSION);
     if (v != PI2_BL_VERSION)
         return fail(c, PI2_EUNSUPPORTED, "version", "%lld is not supported (this build reads %d)", v, PI2_BL_VERSION);
     if ((rc = pi2_jr_u32(&c->r, root, "bundle", "io_unit", PI2_BL_IO_MIN, PI2_BL_IO_MAX, &l->io_unit)))
@@ -648,6 +665,7 @@ static int parse_root(lctx *c, json_t *root, pi2_bundle_layout *l)
     if (m->quant_ffn != PI2_QT_Q4 && m->quant_ffn != PI2_QT_Q8)
         return fail(c, PI2_EUNSUPPORTED, "row_bytes", "FFN quant %s cannot be bundled", pi2_q_type_name(m->quant_ffn));
     uint64_t R = pi2_bl_row_bytes(m->quant_ffn, d->hidden);
+    l->pay_bytes = pi2_q_payload_row_bytes(m->quant_ffn, d->hidden);
     if (l->row_bytes != R)
         return fail(c, PI2_ESHAPE, "row_bytes", "%llu, expected %llu (%s rows of %d values and their scales)",
                     (unsigned long long)l->row_bytes, (unsigned long long)R, pi2_q_type_name(m->quant_ffn), d->hidden);

@@ -11,7 +11,7 @@
  * activation frequency; the hot prefix stays in that order, the cold rest is
  * cut into groups of neurons that fire together (bundle/order.h). Inside a
  * bundled container EVERY per-neuron array of that FFN is in bundled order:
- * gate, up and down rows (payload and fp16 scales), predictor fc2 rows,
+ * gate, up and down rows (payloads and fp16 scales), predictor fc2 rows,
  * the profile's frequencies and activation bits. The permutation member
  * holds P:
  *
@@ -21,31 +21,42 @@
  *
  * ---- FFN payload member:  ffn/<layer>.<expert> ----
  *
- * R = bytes of one row = P + C (pi2_bl_row_bytes): its payload, P =
- * pi2_q_payload_row_bytes(quant.ffn, hidden) (hidden/2 for q4, hidden for
- * q8), then its fp16 scales, C = 2 * hidden/32 bytes; both exactly as
- * formats/quant.h stores them (payload row, scale row). So a neuron's rows
- * and their scales arrive in one read and the FFN's scales take no
- * resident memory (version 1 kept them in resident members). The down
- * matrix is stored transposed (row i = column i of HF down), so neuron i is
- * three rows: gate_i, up_i, down_i. A = 4096.
+ * P = bytes of one row's payload, pi2_q_payload_row_bytes(quant.ffn,
+ * hidden) (hidden/2 for q4, hidden for q8); C = bytes of its fp16 scales,
+ * 2 * hidden/32; R = P + C, a row with its scales (pi2_bl_row_bytes). Both
+ * exactly as formats/quant.h stores them (payload row, scale row). The
+ * scales live in the member, next to rows read with them, so the FFN's
+ * scales take no resident memory (version 1 kept them in resident
+ * members). The down matrix is stored transposed (row i = column i of HF
+ * down), so neuron i is three rows: gate_i, up_i, down_i. A = 4096.
  *
  * Neurons are packed in groups of g (per FFN, "group"); the member is
  * G = ceil(n_ff / g) slots of S bytes, slot k holding neurons k*g .. k*g+g-1.
  *
- *   one-phase (relu / ReGLU, silu / SwiGLU):
+ *   one-phase (relu / ReGLU, silu / SwiGLU): each row's scales right after
+ *   its payload (a row is R bytes):
  *     slot    = [gate_0 up_0 down_0] [gate_1 up_1 down_1] ... [.._{g-1}] pad
  *     bundle  = 3R bytes ("bundle_bytes"), S = roundup(g * 3R, A)
- *     neuron j of slot k:  gate at k*S + j*3R, up at +R, down at +2R
+ *     neuron j of slot k:  gate at k*S + j*3R, up at +R, down at +2R;
+ *                          each row's scales at its offset + P
  *
  *   two-phase (drelu: relu(x Wg) * relu(x Wu); read gates, then up/down of
- *   the neurons whose gate fired):
- *     slot    = [gate_0 gate_1 ... gate_{g-1}] pad  |  [up_0 down_0] ... [up_{g-1} down_{g-1}] pad
- *               <------------ gate part ----------->   <-------------- up+down part -------------->
- *     gate part  P_g = roundup(g * R, A) ("gate_part")
- *     bundle  = 2R bytes (up+down), S = P_g + roundup(g * 2R, A)
- *     neuron j of slot k:  gate at k*S + j*R, up at k*S + P_g + j*2R,
- *                          down at up + R
+ *   the neurons whose gate fired): the up+down part holds payloads only,
+ *   and every scale of a neuron rides with its gate row, which decode reads
+ *   first (and keeps in memory for the hot and gate-hot groups):
+ *     gate unit = [gate payload P][gate scales C][up scales C][down scales C]
+ *                 R + 2C bytes ("gate_bytes")
+ *     ud unit   = [up payload P][down payload P], 2P bytes ("bundle_bytes")
+ *     slot    = [gate unit_0 ... gate unit_{g-1}] pad | [ud unit_0 ... ud unit_{g-1}] pad
+ *               <------------ gate part ----------->   <--------- up+down part --------->
+ *     gate part  P_g = roundup(g * (R + 2C), A) ("gate_part")
+ *     S = P_g + roundup(g * 2P, A)
+ *     neuron j of slot k:  gate at u = k*S + j*(R + 2C), its scales at u + P,
+ *                          up scales at u + R, down scales at u + R + C;
+ *                          up at v = k*S + P_g + j*2P, down at v + P
+ *   (version 2 put each up and down row's scales after its payload, 2R
+ *   bytes a neuron in the up+down part: 4608 at hidden 4096 q4, so a cold
+ *   up+down read spanned more pages and groups packed worse)
  *
  * Every pad byte, and every byte of the missing neurons of a partial last
  * slot, is zero. Slots, gate parts and up+down parts start on A-aligned
@@ -57,11 +68,14 @@
  * below): a group is one read of a
  * slot (one-phase) or two reads, gate part then up+down part (two-phase);
  * g is the largest count whose every read fits in U:
- *     one-phase  g = floor(U / 3R)      two-phase  g = floor(U / 2R)
+ *     one-phase  g = floor(U / 3R)
+ *     two-phase  g = floor(U / max(2P, R + 2C)) = floor(U / 2P)
+ *                (R + 2C = P + 3C < 2P, as C <= P/8 for q4 and q8)
  * clamped to [1, n_ff]. With g = 1 a read may exceed U (rows wider than U).
- * Example, hidden 4096, q4 (R = 2048 + 256), U = 16 KiB: one-phase g = 2,
- * S = 16 KiB; two-phase g = 3, gate part 8 KiB, up+down part 16 KiB,
- * S = 24 KiB.
+ * Example, hidden 4096, q4 (P = 2048, C = 256, R = 2304), U = 16 KiB:
+ * one-phase g = 2, S = 16 KiB; two-phase g = 4, gate part 12 KiB
+ * (4 * 2816 = 11 KiB of units), up+down part 16 KiB (4 * 4096, no
+ * padding: each neuron's up+down is one page), S = 28 KiB.
  *
  * Regions of the member (offsets relative to the member's data; the file
  * offset is sections[ffn].offset + offset):
@@ -72,10 +86,12 @@
  *     cold  [H*S, G*S)        the remaining groups, read on a cache miss
  * Prefill streams the whole member [0, G*S) sequentially.
  *
- * ---- The manifest's "bundle" object (version 2), keys in this order ----
+ * ---- The manifest's "bundle" object (version 3), keys in this order ----
  *
  * {
- *   "version": 2,                      (1: scales apart, resident; refused)
+ *   "version": 3,                      (1: scales apart, resident; 2: up and
+ *                                       down scales beside their payloads in
+ *                                       the up+down part; both refused)
  *   "io_unit": U,
  *   "align": 4096,
  *   "row_bytes": R (payload and scales),
@@ -89,7 +105,8 @@
  *   "ffn": [ { "layer": int, "expert": int (-1 on dense models),
  *              "ffn": member, "perm": member,
  *              "order": "coactivation" | "frequency" | "identity",
- *              "neurons": n_ff, "group": g, "bundle_bytes": 3R or 2R,
+ *              "neurons": n_ff, "group": g, "bundle_bytes": 3R or 2P,
+ *              "gate_bytes": R + 2C (0 when one-phase),
  *              "gate_part": P_g (0 when one-phase), "slot_bytes": S,
  *              "groups": G, "hot_groups": H, "hot_neurons": int,
  *              "hot": [offset, size], "cold": [offset, size],
@@ -102,12 +119,21 @@
  * neurons fires (null without activation bits); read_efficiency_freq is the
  * same for groups cut in plain frequency order, for comparison.
  *
+ * Why versions 1 and 2 are refused rather than read: reading version 2
+ * would need a second rule for where up and down scales are in every path
+ * that points at rows (in memory, the neuron caches and their fill, the
+ * decode pipeline, prefill streaming, the planner's byte counts), for a
+ * file pi2-bundle remakes from the converted model. One layout in the
+ * runtime keeps those paths single; the refusal is one line that says to
+ * bundle again.
+ *
  * Checks (pi2_bundle_layout_parse, against the parsed manifest): exact keys,
- * integer types, version 2, U a power of two in range, align 4096, R as
+ * integer types, version 3, U a power of two in range, align 4096, R as
  * above, two_phase matching the activation, g in [1, n_ff] and the read rule
- * (g * 3R <= U, or g * 2R <= U, when g > 1), bundle_bytes, gate_part,
- * slot_bytes, groups, hot_neurons and both regions exactly as the formulas
- * give them; ffn and perm members listed in sections, distinct, of exactly
+ * (g * 3R <= U, or g * max(2P, R + 2C) <= U, when g > 1), bundle_bytes,
+ * gate_bytes (so a gate part too small for the scales is refused),
+ * gate_part, slot_bytes, groups, hot_neurons and both regions exactly as
+ * the formulas give them; ffn and perm members listed in sections, distinct, of exactly
  * G*S and 4*n_ff bytes; resident exactly the other sections, in order;
  * every tensor's payload / scales member of the right size (gate, up, down:
  * payload and scales both that FFN's ffn member),
@@ -127,7 +153,7 @@
 #include "formats/container.h"
 #include "formats/manifest.h"
 
-#define PI2_BL_VERSION 2
+#define PI2_BL_VERSION 3
 #define PI2_BL_ALIGN 4096u
 #define PI2_BL_IO_MIN 4096u
 #define PI2_BL_IO_MAX (256u * 1024)
@@ -151,7 +177,8 @@ typedef struct pi2_bl_ffn {
     pi2_bl_order order;
     uint32_t neurons;      /* n_ff */
     uint32_t group;        /* g */
-    uint64_t bundle_bytes; /* 3R one-phase, 2R (up+down) two-phase */
+    uint64_t bundle_bytes; /* 3R one-phase, 2P (up+down payloads) two-phase */
+    uint64_t gate_bytes;   /* R + 2C (gate row, up and down scales) two-phase; 0 one-phase */
     uint64_t gate_part;    /* P_g; 0 one-phase */
     uint64_t slot_bytes;   /* S */
     uint32_t groups;       /* G */
@@ -165,6 +192,7 @@ typedef struct pi2_bl_ffn {
 typedef struct pi2_bundle_layout {
     uint32_t io_unit;
     uint64_t row_bytes;
+    uint64_t pay_bytes; /* P: a row's payload (R - C); not in the JSON, set by the parser */
     bool two_phase;
     double hot_min_freq; /* NaN when the share rule is used */
     double hot_share;    /* NaN when the frequency rule is used */
@@ -175,8 +203,8 @@ typedef struct pi2_bundle_layout {
     size_t n_ffn;
 } pi2_bundle_layout;
 
-/* Bytes of one FFN row in a slot: payload then fp16 scales (R above); 0
- * for a quant other than q4 / q8. Scales of the row at p: p + payload. */
+/* Bytes of one FFN row with its scales: payload then fp16 scales (R
+ * above); 0 for a quant other than q4 / q8. */
 uint64_t pi2_bl_row_bytes(pi2_qtype q_ffn, int64_t hidden);
 
 /* The geometry of one FFN for a model and an I/O unit: group, bundle bytes,
@@ -189,7 +217,7 @@ int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, 
  * whose slot is at most 1/PI2_BL_IO_AUTO_WASTE padding, i.e. the smallest
  * read that packs whole neurons without waste (else the least wasteful).
  * Examples, q4: hidden 4096 dReLU (R = 2.25 KiB, 6.75 KiB a neuron) ->
- * 32 KiB, g = 7, 1/64 padding (16 KiB: g = 3, 5/32 padding); hidden 2048
+ * 16 KiB, g = 4, 1/28 padding (8 KiB: g = 2, 5/32 padding); hidden 2048
  * ReGLU (3.375 KiB a neuron) -> 32 KiB, g = 9, 1/20 padding (16 KiB: g = 4,
  * 5/32). Bytes read
  * on a miss scale with the unit while the count of reads hardly changes
@@ -201,9 +229,14 @@ uint32_t pi2_bl_auto_io_unit(const pi2_model_desc *d, pi2_qtype q_ffn);
  * regions from it. */
 void pi2_bl_set_hot(pi2_bl_ffn *f, uint32_t hot_groups);
 
-/* Offsets inside the ffn member of bundled neuron i's gate, up and down
- * rows (i < neurons; row length is row_bytes, the scales at + payload). */
-void pi2_bl_neuron_offsets(const pi2_bl_ffn *f, uint64_t row_bytes, bool two_phase, uint32_t i, uint64_t off[3]);
+/* Where bundled neuron i's rows are (i < neurons): offsets inside the ffn
+ * member of the payload and of the fp16 scales of its gate, up and down
+ * rows (index 0, 1, 2), per the layout above. row_bytes R, pay_bytes P. */
+typedef struct pi2_bl_rows {
+    uint64_t pay[3], sc[3];
+} pi2_bl_rows;
+void pi2_bl_neuron_rows(const pi2_bl_ffn *f, uint64_t row_bytes, uint64_t pay_bytes, bool two_phase, uint32_t i,
+                        pi2_bl_rows *out);
 
 /* A zeroed layout (NaN rules). NULL if out of memory. */
 pi2_bundle_layout *pi2_bl_new(void);

@@ -149,11 +149,11 @@ static int ffn_rows(pi2_engine *e, eng_ffn *f, const pi2_bl_ffn *bf, int layer, 
             m->rs[i] = NULL;
     }
     for (uint32_t i = 0; base && i < bf->neurons; i++) {
-        uint64_t off[3];
-        pi2_bl_neuron_offsets(bf, rb, e->bl->two_phase, i, off);
+        pi2_bl_rows at;
+        pi2_bl_neuron_rows(bf, rb, e->bl->pay_bytes, e->bl->two_phase, i, &at);
         for (int k = 0; k < 3; k++) {
-            mats[k]->rp[i] = base + off[k];
-            mats[k]->rs[i] = eng_row_scales(mats[k], base + off[k]);
+            mats[k]->rp[i] = base + at.pay[k];
+            mats[k]->rs[i] = (const uint16_t *)(const void *)(base + at.sc[k]); /* even offset: aligned */
         }
     }
     return 0;

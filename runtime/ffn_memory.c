@@ -40,7 +40,11 @@ static void chunk_ahead(const eng_ffn *f, int64_t c0, int64_t total, const uint8
     int64_t a0 = c0 + FFN_CHUNK, a1 = a0 + FFN_CHUNK < total ? a0 + FFN_CHUNK : total;
     if (a0 >= total)
         return;
-    const uint8_t *st = f->gate.rp[a0], *en = f->down.rp[a1 - 1] + f->down.row_bytes;
+    /* the last down row's payload or its scales, whichever ends later (two-phase: the scales are in the
+     * gate unit, before the payloads) */
+    const uint8_t *st = f->gate.rp[a0], *en = f->down.rp[a1 - 1] + pi2_q_payload_row_bytes(f->down.qt, f->down.cols);
+    const uint8_t *es = (const uint8_t *)(f->down.rs[a1 - 1] + pi2_q_scale_row_count(f->down.qt, f->down.cols));
+    en = es > en ? es : en;
     uint64_t most = 4 * (uint64_t)(a1 - a0) * (f->gate.row_bytes + f->up.row_bytes + f->down.row_bytes);
     if (f->up.rp[a0] > st && f->down.rp[a0] > st && en > st && (uint64_t)(en - st) <= most) {
         *p = st;

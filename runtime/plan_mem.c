@@ -200,7 +200,10 @@ static int geometry(pi2_mprof *mp, const pi2_plan_mem_in *in, pi2_err *err)
         if (i == 0) {
             mp->S = b->slot_bytes;
             mp->Pg = b->gate_part;
-        } else if (b->slot_bytes != mp->S || b->gate_part != mp->Pg || b->group != bl->ffn[0].group) {
+            mp->Gb = b->gate_bytes;
+            mp->Ub = b->bundle_bytes;
+        } else if (b->slot_bytes != mp->S || b->gate_part != mp->Pg || b->group != bl->ffn[0].group ||
+                   b->gate_bytes != mp->Gb || b->bundle_bytes != mp->Ub) {
             pi2_mprof_free(mp);
             return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: FFNs of different geometry", in->name);
         }

@@ -25,22 +25,23 @@ static uint64_t tensor_bytes(const pi2_mf_tensor *t)
 }
 
 /* Byte spans of a group's parts (offsets inside the slot) for neurons j0..j1
- * of the group (inclusive): gate, up+down, or whole neuron. */
+ * of the group (inclusive): gate units, up+down units, or whole neurons
+ * (bundle/layout.h). */
 static uint64_t span_bytes(const pi2_mprof *mp, int kind, uint32_t j0, uint32_t j1)
 {
     uint64_t a, b;
     if (kind == 0) { /* one-phase whole neurons */
-        a = j0 * 3 * mp->R;
-        b = (j1 + 1) * 3 * mp->R;
-    } else if (kind == 1) { /* gates */
-        a = j0 * mp->R;
-        b = (j1 + 1) * mp->R;
-    } else if (kind == 2) { /* up+down */
-        a = mp->Pg + j0 * 2 * mp->R;
-        b = mp->Pg + (j1 + 1) * 2 * mp->R;
+        a = j0 * mp->Ub;
+        b = (j1 + 1) * mp->Ub;
+    } else if (kind == 1) { /* gates (with the up and down scales) */
+        a = j0 * mp->Gb;
+        b = (j1 + 1) * mp->Gb;
+    } else if (kind == 2) { /* up+down payloads */
+        a = mp->Pg + j0 * mp->Ub;
+        b = mp->Pg + (j1 + 1) * mp->Ub;
     } else { /* gate of j0 through up+down of j1 */
-        a = j0 * mp->R;
-        b = mp->Pg + (j1 + 1) * 2 * mp->R;
+        a = j0 * mp->Gb;
+        b = mp->Pg + (j1 + 1) * mp->Ub;
     }
     return align_up(b, PI2_BL_ALIGN) - align_dn(a, PI2_BL_ALIGN);
 }
@@ -238,7 +239,10 @@ static int ffn_figures(pi2_mprof *mp, uint32_t fi, const pi2_bl_ffn *b, const pi
     if (fi == 0) {
         mp->S = b->slot_bytes;
         mp->Pg = b->gate_part;
-    } else if (b->slot_bytes != mp->S || b->gate_part != mp->Pg) {
+        mp->Gb = b->gate_bytes;
+        mp->Ub = b->bundle_bytes;
+    } else if (b->slot_bytes != mp->S || b->gate_part != mp->Pg || b->gate_bytes != mp->Gb ||
+               b->bundle_bytes != mp->Ub) {
         return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: FFNs of different geometry", name);
     }
     mp->ffn_total += (uint64_t)b->groups * b->slot_bytes;

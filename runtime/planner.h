@@ -170,7 +170,8 @@ typedef struct pi2_mprof {
     uint32_t n_ffn; /* n_layers * max(experts, 1) */
     bool two_phase;
     pi2_qtype q_ffn, q_other;
-    uint64_t R, S, Pg;
+    uint64_t R, S, Pg;    /* row bytes (payload and scales), slot bytes, gate part */
+    uint64_t Gb, Ub;      /* a neuron's gate unit (0 one-phase) and bundle (3R, or 2P up+down): bundle/layout.h */
     uint64_t attn_bytes;  /* per layer: q, k, v, o payload + scales */
     uint64_t head_bytes;  /* output head */
     uint64_t kv_per_pos;  /* KV bytes per position per layer (f32 k and v) */
@@ -312,7 +313,8 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err);
  * (pi2_plan_fixed at the options' hot_share, io_depth and gate_first;
  * predicted when a hardware profile is given). The cache gets what the
  * hot segment leaves: the smallest cache of each kind, the rest split
- * 1 : 2 between gates and up+down on two-phase layouts (R : 2R a neuron),
+ * 1 : 2 between gates and up+down on two-phase layouts (about R + 2C : 2R
+ * a neuron: a gate unit, an up+down entry with its scales),
  * never more slots than neurons. */
 /* The process beside its counted allocations: code and shared
  * libraries' pages and the C library's own state (PI2_PLAN_OVERHEAD),

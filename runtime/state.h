@@ -39,14 +39,6 @@ typedef struct eng_mat {
     uint64_t row_bytes;          /* payload + scale bytes of one row */
 } eng_mat;
 
-/* The scales of FFN row p of m (NULL for NULL): a bundle stores each
- * row's fp16 scales right after its payload (bundle/layout.h), so
- * wherever the row lands, in the mapping or a cache slot, they follow. */
-static inline const uint16_t *eng_row_scales(const eng_mat *m, const uint8_t *p)
-{
-    return p ? (const uint16_t *)(const void *)(p + (m->row_bytes - 2 * (uint64_t)(m->cols / PI2_Q_GROUP))) : NULL;
-}
-
 /* One FFN (layer, expert) in bundled neuron order. */
 typedef struct eng_ffn {
     int layer, expert;

@@ -181,8 +181,10 @@ expect_error "bundle bad flag" "--frobnicate" "$B/pi2-bundle" "$T/tiny.pi2c" -o 
 expect_error "bundle public key to sign" "k.pub" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pub"
 expect_error "bundle missing input" "$T/nope.pi2c" "$B/pi2-bundle" "$T/nope.pi2c" -o "$T/b.pi2" --key "$T/k.pem"
 [ -e "$T/b.pi2" ] && bad "failed bundle left $T/b.pi2" || ok
+# the tiny dReLU FFN (hidden 64, 256 neurons): 8K slots would be 5/32 padding, 16K holds all 256 in
+# one 28K slot (12K of gate units, 16K of up+down payloads), 1/28 padding
 expect_ok "bundle auto io unit" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit auto
-grep -q "io unit 8 KiB (auto)" "$T/out" && ok || { bad "bundle --io-unit auto: no automatic unit in the summary"; cat "$T/out"; }
+grep -q "io unit 16 KiB (auto)" "$T/out" && ok || { bad "bundle --io-unit auto: no automatic unit in the summary"; cat "$T/out"; }
 expect_ok "bundle" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit 4K --force
 grep -q "io unit 4 KiB (given)" "$T/out" && ok || bad "bundle --io-unit 4K: the summary does not show it"
 grep -q "signed with key" "$T/out" && ok || bad "bundle summary does not name the key"

@@ -286,18 +286,24 @@ static void test_geometry(void **state)
     assert_int_equal(f.gate_part, 0);
     assert_int_equal(f.slot_bytes, 16384);
     assert_int_equal(f.groups, 7168);
+    assert_int_equal(f.gate_bytes, 0);
+    /* two-phase: up+down payloads only (2P = 4096, one page a neuron), the
+     * gate unit with every scale (R + 2C = 2816): 4 neurons in 12K + 16K */
     d.act = PI2_ACT_DRELU;
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 16384, &f, &e), 0);
-    assert_int_equal(f.group, 3);
-    assert_int_equal(f.bundle_bytes, 4608);
-    assert_int_equal(f.gate_part, 8192);
-    assert_int_equal(f.slot_bytes, 24576);
-    assert_int_equal(f.groups, (14336 + 2) / 3);
-    /* a row wider than the unit: one neuron per group, reads exceed it */
+    assert_int_equal(f.group, 4);
+    assert_int_equal(f.bundle_bytes, 4096);
+    assert_int_equal(f.gate_bytes, 2816);
+    assert_int_equal(f.gate_part, 12288);
+    assert_int_equal(f.slot_bytes, 28672);
+    assert_int_equal(f.groups, 14336 / 4);
+    /* a row wider than the unit: one neuron per group, reads exceed it
+     * (q8: gate unit 4096 + 3 * 256, up+down 8192) */
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q8, 4096, &f, &e), 0);
     assert_int_equal(f.group, 1);
+    assert_int_equal(f.gate_bytes, 4864);
     assert_int_equal(f.gate_part, 8192);
-    assert_int_equal(f.slot_bytes, 8192 + 12288);
+    assert_int_equal(f.slot_bytes, 8192 + 8192);
     /* 256K, one-phase q8: R = 4352, g = 20, slot roundup(20 * 13056) */
     d.act = PI2_ACT_SILU;
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q8, 262144, &f, &e), 0);
@@ -323,19 +329,28 @@ static void test_geometry(void **state)
     assert_int_equal(f.hot_groups, 7);
     assert_int_equal(f.hot_neurons, 256);
     assert_int_equal(f.cold_size, 0);
-    /* offsets: one-phase neuron 43 = slot 1, position 6 */
-    uint64_t off[3];
-    pi2_bl_neuron_offsets(&f, 36, false, 43, off);
-    assert_int_equal(off[0], 4096 + 6 * 108);
-    assert_int_equal(off[1], 4096 + 6 * 108 + 36);
-    assert_int_equal(off[2], 4096 + 6 * 108 + 72);
+    /* offsets: one-phase neuron 43 = slot 1, position 6; each row's
+     * scales after its 32-byte payload */
+    pi2_bl_rows at;
+    pi2_bl_neuron_rows(&f, 36, 32, false, 43, &at);
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(at.pay[r], 4096 + 6 * 108 + 36 * r);
+        assert_int_equal(at.sc[r], 4096 + 6 * 108 + 36 * r + 32);
+    }
+    /* two-phase (P = 32, C = 4): gate units of 44, up+down units of 64 */
     d.act = PI2_ACT_DRELU;
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 4096, &f, &e), 0);
-    assert_int_equal(f.group, 56);
-    pi2_bl_neuron_offsets(&f, 36, true, 65, off); /* slot 1 (8192), position 9 */
-    assert_int_equal(off[0], 8192 + 9 * 36);
-    assert_int_equal(off[1], 8192 + 4096 + 9 * 72);
-    assert_int_equal(off[2], 8192 + 4096 + 9 * 72 + 36);
+    assert_int_equal(f.group, 64);
+    assert_int_equal(f.gate_bytes, 44);
+    assert_int_equal(f.bundle_bytes, 64);
+    assert_int_equal(f.slot_bytes, 8192);
+    pi2_bl_neuron_rows(&f, 36, 32, true, 73, &at); /* slot 1 (8192), position 9 */
+    assert_int_equal(at.pay[0], 8192 + 9 * 44);
+    assert_int_equal(at.sc[0], 8192 + 9 * 44 + 32);
+    assert_int_equal(at.sc[1], 8192 + 9 * 44 + 36);
+    assert_int_equal(at.sc[2], 8192 + 9 * 44 + 40);
+    assert_int_equal(at.pay[1], 8192 + 4096 + 9 * 64);
+    assert_int_equal(at.pay[2], 8192 + 4096 + 9 * 64 + 32);
     /* bad units and quant */
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 2048, &f, &e), PI2_EINVAL);
     assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 12288, &f, &e), PI2_EINVAL);
@@ -349,7 +364,7 @@ static double slot_waste(const pi2_model_desc *d, pi2_qtype q, uint32_t u, bool 
     pi2_bl_ffn f;
     pi2_err e = { 0 };
     assert_int_equal(pi2_bl_geometry(d, q, u, &f, &e), 0);
-    *fits = (uint64_t)f.group * f.bundle_bytes <= u;
+    *fits = (uint64_t)f.group * f.bundle_bytes <= u && (uint64_t)f.group * f.gate_bytes <= u;
     return 1.0 - (double)f.group * 3.0 * (double)pi2_bl_row_bytes(q, d->hidden) / (double)f.slot_bytes;
 }
 
@@ -358,15 +373,17 @@ static void test_auto_io_unit(void **state)
     (void)state;
     pi2_bl_ffn f;
     pi2_err e = { 0 };
-    /* 7B shape, dReLU q4 (R = 2304): 16K holds 3 neurons in 24K (5/32
-     * padding), 32K 7 (gates 16K, up+down 32K, 1/64 padding) */
+    /* 7B shape, dReLU q4 (R = 2304, up+down 4096, gate unit 2816): 8K
+     * holds 2 neurons in 16K (5/32 padding), 16K 4 (gates 12K, up+down
+     * 16K, 1/28 padding) */
     pi2_model_desc d = desc(4096, 14336, PI2_ACT_DRELU);
-    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 32768);
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 32768, &f, &e), 0);
-    assert_int_equal(f.group, 7);
-    assert_int_equal(f.slot_bytes, 49152);
-    /* ... q8 (R = 4352): 32K holds 3 with 0.13 padding, 64K 7 */
-    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q8), 65536);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 16384);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 16384, &f, &e), 0);
+    assert_int_equal(f.group, 4);
+    assert_int_equal(f.slot_bytes, 28672);
+    /* ... q8 (up+down 8192, gate unit 4864): 8K holds 1 (0.2 padding), 16K
+     * 2 in 12K + 16K (0.09) */
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q8), 16384);
     /* one-phase 6.75K neurons: 8K and 16K are 5/32 padding, 32K holds 4 in 28K */
     d.act = PI2_ACT_RELU;
     assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 32768);
@@ -561,33 +578,45 @@ static void test_order_twins(void **state)
  * the formulas, not through pi2_bl_neuron_offsets). */
 static void check_ffn_member(const pi2_bundle_layout *l, const pi2_bl_ffn *f, const pi2_ctr_member *m)
 {
-    uint64_t R = l->row_bytes, g = f->group;
+    uint64_t R = l->row_bytes, P = l->pay_bytes, C = R - P, g = f->group;
     uint8_t *covered = calloc((size_t)m->size, 1);
     assert_non_null(covered);
     assert_int_equal(m->size, (uint64_t)f->groups * f->slot_bytes);
     assert_int_equal(f->slot_bytes % 4096, 0);
     assert_int_equal(f->gate_part % 4096, 0);
     assert_int_equal(f->groups, (f->neurons + g - 1) / g);
+    assert_int_equal(f->bundle_bytes, l->two_phase ? 2 * P : 3 * R);
+    assert_int_equal(f->gate_bytes, l->two_phase ? R + 2 * C : 0);
     if (g > 1)
-        assert_true(g * (l->two_phase ? 2 * R : 3 * R) <= l->io_unit);
+        assert_true(g * (l->two_phase ? 2 * P : 3 * R) <= l->io_unit && g * f->gate_bytes <= l->io_unit);
     for (uint32_t i = 0; i < f->neurons; i++) {
-        uint64_t k = i / g, j = i % g, off[3], want[3];
-        pi2_bl_neuron_offsets(f, R, l->two_phase, i, off);
-        if (l->two_phase) {
-            want[0] = k * f->slot_bytes + j * R;
-            want[1] = k * f->slot_bytes + f->gate_part + 2 * j * R;
-            want[2] = want[1] + R;
+        uint64_t k = i / g, j = i % g, want[3], wsc[3];
+        pi2_bl_rows at;
+        pi2_bl_neuron_rows(f, R, P, l->two_phase, i, &at);
+        if (l->two_phase) { /* gate unit: gate payload, gate, up, down scales; up+down unit: payloads */
+            uint64_t u = k * f->slot_bytes + j * (R + 2 * C);
+            want[0] = u;
+            want[1] = k * f->slot_bytes + f->gate_part + 2 * j * P;
+            want[2] = want[1] + P;
+            wsc[0] = u + P;
+            wsc[1] = u + R;
+            wsc[2] = u + R + C;
+            assert_true(u + R + 2 * C <= k * f->slot_bytes + f->gate_part); /* the gate part holds the scales */
         } else {
             want[0] = k * f->slot_bytes + 3 * j * R;
             want[1] = want[0] + R;
             want[2] = want[0] + 2 * R;
+            for (int r = 0; r < 3; r++)
+                wsc[r] = want[r] + P;
         }
         for (int r = 0; r < 3; r++) {
-            assert_int_equal(off[r], want[r]);
-            assert_true(want[r] + R <= m->size);
-            for (uint64_t b = 0; b < R; b++) {
-                assert_int_equal(covered[want[r] + b], 0); /* rows never overlap */
-                covered[want[r] + b] = 1;
+            assert_int_equal(at.pay[r], want[r]);
+            assert_int_equal(at.sc[r], wsc[r]);
+            assert_true(want[r] + P <= m->size && wsc[r] + C <= m->size);
+            for (uint64_t b = 0; b < P + C; b++) {
+                uint64_t o = b < P ? want[r] + b : wsc[r] + b - P;
+                assert_int_equal(covered[o], 0); /* rows and scales never overlap */
+                covered[o] = 1;
             }
         }
     }
@@ -618,6 +647,12 @@ static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint
     assert_int_equal(l->two_phase, d->act == PI2_ACT_DRELU);
     assert_int_equal(l->row_bytes, pi2_q_payload_row_bytes(bm->quant_ffn, d->hidden) + (size_t)d->hidden / 16);
     assert_int_equal(strlen(l->signer), sign ? 64 : 0);
+    json_t *bj = json_loads(bm->bundle_json, 0, NULL); /* layout 3 as written */
+    assert_non_null(bj);
+    assert_int_equal(json_integer_value(json_object_get(bj, "version")), 3);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(json_object_get(bj, "ffn"), 0), "gate_bytes")),
+                     l->two_phase ? l->row_bytes + 2 * (l->row_bytes - l->pay_bytes) : 0);
+    json_decref(bj);
     size_t E = pi2_desc_is_moe(d) ? (size_t)d->n_experts : 1;
     assert_int_equal(l->n_ffn, (size_t)d->n_layers * E);
 
@@ -658,7 +693,8 @@ static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint
     }
 
     /* FFNs: every neuron's three rows and scales through the permutation,
-     * each row's scales right after its payload in the slot; no FFN scale
+     * each row's scales where the layout puts them (after its payload
+     * one-phase, in the gate unit two-phase); no FFN scale
      * member left in the container (nor in the resident region) */
     static const pi2_tname roles[3] = { PI2_T_GATE, PI2_T_UP, PI2_T_DOWN };
     size_t R = pi2_q_payload_row_bytes(bm->quant_ffn, d->hidden), sc = (size_t)d->hidden / 32;
@@ -692,7 +728,10 @@ static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint
                 const uint16_t *cscl = (const uint16_t *)(const void *)cs[r]->data + (size_t)perm[i] * sc;
                 assert_memory_equal(nr.payload[r], cpay, R);
                 assert_memory_equal(nr.scales[r], cscl, sc * 2);
-                assert_ptr_equal((const uint8_t *)nr.scales[r], nr.payload[r] + R);
+                if (l->two_phase) /* all three behind the gate payload */
+                    assert_ptr_equal((const uint8_t *)nr.scales[r], nr.payload[0] + R + (size_t)r * sc * 2);
+                else
+                    assert_ptr_equal((const uint8_t *)nr.scales[r], nr.payload[r] + R);
                 pi2_q_dequantize_row(bm->quant_ffn, cscl, cpay, d->hidden, x);
                 pi2_q_dequantize_row(bm->quant_ffn, nr.scales[r], nr.payload[r], d->hidden, y);
                 assert_memory_equal(x, y, (size_t)d->hidden * sizeof *x);
@@ -1276,7 +1315,7 @@ static int edit_layout(json_t *bl, int which)
     switch (which) {
     case 0: return json_object_set_new(bl, "extra", json_true());
     case 1: return json_object_del(bl, "io_unit");
-    case 2: return json_object_set_new(bl, "version", json_integer(3));
+    case 2: return json_object_set_new(bl, "version", json_integer(4));
     case 3: return json_object_set_new(bl, "io_unit", json_integer(2048));
     case 4: return json_object_set_new(bl, "io_unit", json_integer(12288));
     case 5: return IADD(bl, "row_bytes", 1);
@@ -1303,8 +1342,15 @@ static int edit_layout(json_t *bl, int which)
     case 22: return json_object_set_new(f0, "neurons", json_integer(255));
     case 23: return json_object_set_new(f0, "perm", json_string(json_string_value(json_object_get(f1, "perm"))));
     case 24: return json_object_set_new(bl, "align", json_integer(512));
-    case 25: return json_object_set_new(f0, "group", json_integer(65)); /* a read of 65 * 72 > 4096 */
+    case 25: return json_object_set_new(f0, "group", json_integer(65)); /* a read of 65 * 64 > 4096 */
     case 26: return json_object_set_new(bl, "version", json_integer(1)); /* scales apart: older writers */
+    case 27: return json_object_set_new(bl, "version", json_integer(2)); /* scales beside every row */
+    /* a gate unit too small for the up and down scales (version 2's R) */
+    case 28: return json_object_set_new(f0, "gate_bytes", json_integer(36));
+    case 29: return IADD(f0, "gate_part", -4096); /* no room for the gate units */
+    case 30: return json_object_set_new(f0, "bundle_bytes", json_integer(72)); /* version 2's 2R */
+    case 31: return json_object_del(f0, "gate_bytes");
+    case 32: return json_object_set_new(f1, "gate_bytes", json_integer(0)); /* one-phase's, on a dReLU model */
     }
 #undef IADD
     return -1;
@@ -1341,6 +1387,15 @@ static void test_layout_errors(void **state)
         { "align", PI2_EUNSUPPORTED, "align" },
         { "group read", PI2_ESHAPE, "exceeds io_unit" },
         { "version 1", PI2_EUNSUPPORTED, "layout.pi2:manifest.json: bundle.version: layout 1 (FFN scales resident)" },
+        { "version 2", PI2_EUNSUPPORTED, "bundle.version: layout 2 (scales beside every row) is no longer read "
+                                         "(this build reads 3, two-phase up and down scales in the gate part): "
+                                         "bundle the converted model again" },
+        { "gate unit", PI2_ESHAPE, "bundle.ffn[0]: gate_bytes 36, expected 44 (the gate row and the up and down "
+                                   "scales)" },
+        { "gate part", PI2_ESHAPE, "bundle.ffn[0]: gate_part 0, expected 4096" },
+        { "up+down", PI2_ESHAPE, "bundle.ffn[0]: bundle_bytes 72, expected 64" },
+        { "gate bytes key", PI2_ENOTFOUND, "gate_bytes: required" },
+        { "gate bytes 0", PI2_ESHAPE, "bundle.ffn[1]: gate_bytes 0, expected 44" },
     };
     char p[160];
     snprintf(p, sizeof p, "%s/layout.pi2", g_dir);
@@ -1452,9 +1507,9 @@ static void test_mutations(void **state)
             assert_non_null(j);
             json_t *ffn = json_object_get(j, "ffn");
             json_t *f = json_array_get(ffn, pi2_rng_u64(&rng) % json_array_size(ffn));
-            const char *keys[] = { "neurons", "group", "bundle_bytes", "gate_part", "slot_bytes", "groups",
-                                   "hot_groups", "hot_neurons", "layer", "expert" };
-            const char *k = keys[pi2_rng_u64(&rng) % 10];
+            const char *keys[] = { "neurons", "group", "bundle_bytes", "gate_bytes", "gate_part", "slot_bytes",
+                                   "groups", "hot_groups", "hot_neurons", "layer", "expert" };
+            const char *k = keys[pi2_rng_u64(&rng) % 11];
             long long deltas[] = { 1, -1, 4096, -4096, 1ll << 40, -(1ll << 40) };
             long long v = json_integer_value(json_object_get(f, k)) + deltas[pi2_rng_u64(&rng) % 6];
             json_object_set_new(f, k, json_integer(v));

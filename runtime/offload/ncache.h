@@ -5,8 +5,12 @@
  * Every FFN (layer, expert) has n neurons in bundled order. The cache holds
  * up to `slots` entries of `slot_bytes` each (one neuron's row bytes, or
  * one part of it in two-phase layouts: the caller decides what a key
- * means), in one aligned arena allocated at creation: the cache never
- * allocates afterwards, so its footprint is known up front.
+ * means and what an entry holds; the offloader's two-phase entries are a
+ * gate unit, and an up+down entry that carries the up and down scales it
+ * copies from the gate unit, since the member's up+down unit holds
+ * payloads only: runtime/offload/ofl_state.h), in one aligned arena
+ * allocated at creation: the cache never allocates afterwards, so its
+ * footprint is known up front.
  *
  * Two kinds of entries:
  *   pinned  the hot segment: loaded at start-up, never evicted;

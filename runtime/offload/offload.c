@@ -193,10 +193,11 @@ static int load_gate_parts(pi2_engine *e, eng_ofl *x, bool lock, pi2_err *err)
                 memcpy(x->ghot[fi] + (k0 + k - H) * b->gate_part, win + k * x->S, (size_t)b->gate_part);
             k0 += n;
         }
+        pi2_bl_rows at = {.pay = {0}, .sc = {x->P}}; /* a gate unit: the gate row first */
         for (uint32_t i = x->hot_n[fi]; rc == 0 && i < x->ghot_n[fi]; i++)
             ofl_set_rows(f, i, R_GATE,
-                         x->ghot[fi] + (uint64_t)(i / b->group - H) * b->gate_part + (uint64_t)(i % b->group) * x->R,
-                         NULL, NULL);
+                         x->ghot[fi] + (uint64_t)(i / b->group - H) * b->gate_part + (uint64_t)(i % b->group) * x->Gb,
+                         &at);
     }
     pi2_io_free_buf(win);
     return rc;
@@ -275,7 +276,7 @@ void eng_ofl_buffers(const pi2_model_desc *d, const pi2_bundle_layout *bl, eng_o
     out->bytes = OFL_NWIN * out->wbuf_bytes + max_ch * D * 4 + out->rq_cap * sizeof(ofl_rd) + max_sel * (4 * 4 + 1) +
                  max_sel * (OFL_PF_SETS * (5 * 4 + 1) + 4) + D * 4 + max_ch * (sizeof(ofl_chunk) + 5 * 4 + 10) +
                  (uint64_t)n_ffn * 64;
-    out->slot_bytes[0] = stride_of(bl->two_phase ? R : 3 * R) + 32;
+    out->slot_bytes[0] = stride_of(bl->two_phase ? b0->gate_bytes : 3 * R) + 32;
     out->slot_bytes[1] = stride_of(2 * R) + 32;
 }
 
@@ -312,6 +313,7 @@ static int ofl_tables(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, pi2_e
     x->spec = x->two_phase && !o->offload.gate_first;
     x->read_ahead = !o->offload.no_read_ahead;
     x->R = e->bl->row_bytes;
+    x->P = e->bl->pay_bytes;
     x->bl = pi2_calloc_array(x->n_ffn, sizeof *x->bl);
     x->file_off = pi2_calloc_array(x->n_ffn, sizeof *x->file_off);
     x->hot = pi2_calloc_array(x->n_ffn, sizeof *x->hot);
@@ -340,8 +342,9 @@ static int ofl_bind_ffns(pi2_engine *e, eng_ofl *x, pi2_err *err)
         if (fi == 0) {
             x->S = b->slot_bytes;
             x->Pg = b->gate_part;
+            x->Gb = b->gate_bytes;
             x->g = b->group;
-        } else if (b->slot_bytes != x->S || b->gate_part != x->Pg || b->group != x->g) {
+        } else if (b->slot_bytes != x->S || b->gate_part != x->Pg || b->group != x->g || b->gate_bytes != x->Gb) {
             return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: FFNs of different geometry", e->path);
         }
     }
@@ -435,7 +438,7 @@ static int ofl_load_hot(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, uin
     for (uint32_t fi = 0; fi < x->n_ffn; fi++) {
         const eng_ffn *f = ffn_at(e, x, fi);
         for (uint32_t i = 0; i < f->n_ff; i++)
-            ofl_set_rows(f, i, R_ALL, NULL, NULL, NULL);
+            ofl_set_rows(f, i, R_ALL, NULL, NULL);
         if (x->hot_len[fi] == 0)
             continue;
         if ((rc = ofl_seq_read(x->io, x->depth, x->hot[fi], x->file_off[fi], x->hot_len[fi], NULL, err)) != 0)
@@ -443,9 +446,9 @@ static int ofl_load_hot(pi2_engine *e, const pi2_engine_opts *o, eng_ofl *x, uin
         if (o->offload.lock_hot && mlock(x->hot[fi], (size_t)x->hot_len[fi]) != 0)
             in->hot_locked = false;
         for (uint32_t i = 0; i < x->hot_n[fi]; i++) {
-            uint64_t off[3];
-            pi2_bl_neuron_offsets(x->bl[fi], x->R, x->two_phase, i, off);
-            ofl_set_rows(f, i, R_ALL, x->hot[fi] + off[0], x->hot[fi] + off[1], x->hot[fi] + off[2]);
+            pi2_bl_rows at;
+            pi2_bl_neuron_rows(x->bl[fi], x->R, x->P, x->two_phase, i, &at);
+            ofl_set_rows(f, i, R_ALL, x->hot[fi], &at);
         }
     }
     return load_gate_parts(e, x, o->offload.lock_hot, err);

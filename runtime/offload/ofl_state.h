@@ -93,7 +93,8 @@ typedef struct eng_ofl {
     bool two_phase;
     bool spec;              /* two-phase: read up+down along with a missing gate */
     bool read_ahead;        /* decode: read ahead during attention */
-    uint64_t R, S, Pg;      /* row bytes, slot bytes, gate part */
+    uint64_t R, P, S, Pg;   /* row bytes (payload and scales), payload bytes, slot bytes, gate part */
+    uint64_t Gb;            /* two-phase: a neuron's gate unit, gate row and up and down scales (R + 2C) */
     uint32_t g;             /* neurons per group */
     pi2_ncache *cg, *cu;    /* one-phase: cg holds whole neurons; two-phase: gates, up+down */
 
@@ -206,47 +207,53 @@ static inline const eng_ffn *ffn_at(const pi2_engine *e, const eng_ofl *x, uint3
     return &e->layers[fi / x->E].ffn[fi % x->E];
 }
 
-/* Bytes of one cache slot of a part kind. */
+/* Bytes of one cache slot of a part kind: a whole neuron (three rows, each
+ * payload then scales), a gate unit as the member stores it (gate row, up
+ * and down scales), or an up+down entry (up row, down row, each payload
+ * then scales: the scales come from the gate unit, the member's up+down
+ * unit holding payloads only). */
 static inline uint64_t part_unit(const eng_ofl *x, int part)
 {
-    return part == P_FULL ? 3 * x->R : part == P_GATE ? x->R : 2 * x->R;
+    return part == P_FULL ? 3 * x->R : part == P_GATE ? x->Gb : 2 * x->R;
+}
+/* Bytes of one neuron's part in the member (bundle/layout.h). */
+static inline uint64_t file_unit(const eng_ofl *x, int part)
+{
+    return part == P_UD ? 2 * x->P : part_unit(x, part);
 }
 static inline uint64_t stride_of(uint64_t unit) { return unit % 4096 == 0 ? unit : (unit + 63) / 64 * 64; }
 
 /* Which row tables of a neuron ofl_set_rows writes (payload and scales). */
 enum { R_GATE = 1, R_UP = 2, R_DOWN = 4, R_ALL = 7 };
 /* The one writer of FFN f's row tables while offloading: for neuron i,
- * the tables named in `which` get gate, up, down (NULL: no row in
- * memory). The tables belong to the active source (runtime/ffn_source.h);
- * the offloader writes them here only, so where its rows point is decided
- * in one place. */
-static inline void ofl_set_rows(const eng_ffn *f, uint32_t i, unsigned which, const uint8_t *gate,
-                                const uint8_t *up, const uint8_t *down)
+ * the tables named in `which` (gate, up, down) get base + at->pay[k] and
+ * base + at->sc[k] (base NULL: no row in memory). The tables belong to the
+ * active source (runtime/ffn_source.h); the offloader writes them here
+ * only, so where its rows point is decided in one place. */
+static inline void ofl_set_rows(const eng_ffn *f, uint32_t i, unsigned which, const uint8_t *base,
+                                const pi2_bl_rows *at)
 {
-    if (which & R_GATE) {
-        f->gate.rp[i] = gate;
-        f->gate.rs[i] = eng_row_scales(&f->gate, gate);
-    }
-    if (which & R_UP) {
-        f->up.rp[i] = up;
-        f->up.rs[i] = eng_row_scales(&f->up, up);
-    }
-    if (which & R_DOWN) {
-        f->down.rp[i] = down;
-        f->down.rs[i] = eng_row_scales(&f->down, down);
-    }
+    const eng_mat *m[3] = {&f->gate, &f->up, &f->down};
+    for (int k = 0; k < 3; k++)
+        if (which & (1u << k)) {
+            m[k]->rp[i] = base ? base + at->pay[k] : NULL;
+            m[k]->rs[i] = base ? (const uint16_t *)(const void *)(base + at->sc[k]) : NULL;
+        }
 }
 
-/* Neuron i's rows of part `part` in a cache slot's layout at buf (gate,
- * up, down rows of R bytes, as far as the part holds them). */
-static inline void set_ptr(const eng_ffn *f, int part, uint32_t i, const uint8_t *buf, uint64_t R)
+/* Neuron i's rows of part `part` in a cache slot at buf (part_unit). */
+static inline void set_ptr(const eng_ofl *x, const eng_ffn *f, int part, uint32_t i, const uint8_t *buf)
 {
+    uint64_t R = x->R, P = x->P;
+    pi2_bl_rows at = {.pay = {0, R, 2 * R}, .sc = {P, R + P, 2 * R + P}};
     if (part == P_FULL)
-        ofl_set_rows(f, i, R_ALL, buf, buf + R, buf + 2 * R);
+        ofl_set_rows(f, i, R_ALL, buf, &at);
     else if (part == P_GATE)
-        ofl_set_rows(f, i, R_GATE, buf, NULL, NULL);
-    else
-        ofl_set_rows(f, i, R_UP | R_DOWN, NULL, buf, buf + R);
+        ofl_set_rows(f, i, R_GATE, buf, &at);
+    else {
+        at = (pi2_bl_rows){.pay = {0, 0, R}, .sc = {0, P, R + P}};
+        ofl_set_rows(f, i, R_UP | R_DOWN, buf, &at);
+    }
 }
 
 static inline uint64_t part_base(const eng_ofl *x, int part, uint32_t q)
@@ -279,6 +286,15 @@ int ofl_queue_reads(eng_ofl *x, const plist *l, uint8_t job, uint32_t fi, uint32
 void ofl_admit(eng_ofl *x);
 void ofl_decode_landed(eng_ofl *x, const ofl_rd *rd);
 void ofl_decode_copy(eng_ofl *x, const ofl_req *r);
+/* Outside mu: neuron i's part from a landed read (staging holds the
+ * member's bytes from offset span) into its cache slot buf; with ud, its
+ * up+down read along (F_SPEC) into the up+down slot ud. */
+void ofl_copy_part(const eng_ofl *x, int part, uint32_t i, const uint8_t *staging, uint64_t span, uint8_t *buf,
+                   uint8_t *ud);
+/* Into an up+down cache entry dst: the member's up+down unit ud (2P
+ * payload bytes) and the up and down scales sc (2C bytes, as the gate unit
+ * holds them at + R); either NULL: left as it is. */
+void ofl_fill_ud(const eng_ofl *x, uint8_t *dst, const uint8_t *ud, const uint8_t *sc);
 int ofl_flash_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate, float w,
                  pi2_err *err);
 

@@ -50,7 +50,7 @@ int ofl_queue_reads(eng_ofl *x, const plist *l, uint8_t job, uint32_t fi, uint32
                        uint32_t b)
 {
     uint8_t miss = part == P_UD ? F_UMISS : F_GMISS;
-    uint64_t unit = part_unit(x, part);
+    uint64_t unit = file_unit(x, part);
     const pi2_bl_ffn *bf = x->bl[fi];
     int n = 0;
     uint32_t idx = a;
@@ -74,7 +74,7 @@ int ofl_queue_reads(eng_ofl *x, const plist *l, uint8_t job, uint32_t fi, uint32
         uint32_t jl = l->sel[pl_k(l, last)] % bf->group, jf = i % bf->group;
         uint64_t s0 = part_base(x, part, q) + jf * unit, s1 = part_base(x, part, q) + (jl + 1) * unit;
         if (spec_last >= 0) /* through the up+down rows read along */
-            s1 = part_base(x, P_UD, q) + (uint64_t)(spec_last + 1) * part_unit(x, P_UD);
+            s1 = part_base(x, P_UD, q) + (uint64_t)(spec_last + 1) * file_unit(x, P_UD);
         s0 = s0 / PI2_IO_ALIGN * PI2_IO_ALIGN;
         s1 = (s1 + PI2_IO_ALIGN - 1) / PI2_IO_ALIGN * PI2_IO_ALIGN;
         ofl_rd rd = {.win = -1, .job = job, .fi = fi, .chunk = c, .part = (uint8_t)part, .a = idx, .b = last,
@@ -129,7 +129,7 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
         uint8_t *buf = pi2_ncache_hold(cache, x->job.fi, i, &slot[k]);
         if (buf) {
             x->job.flag[k] |= held;
-            set_ptr(x->job.f, part, i, buf, x->R);
+            set_ptr(x, x->job.f, part, i, buf);
             x->cnt.hit++;
         } else {
             x->job.flag[k] |= miss;
@@ -140,11 +140,14 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
         if (!(x->job.flag[k] & miss))
             continue;
         pi2_err er = {0};
-        if (!pi2_ncache_reserve(cache, x->job.fi, x->job.sel[k], false, &slot[k], &er)) {
+        uint8_t *buf = pi2_ncache_reserve(cache, x->job.fi, x->job.sel[k], false, &slot[k], &er);
+        if (!buf) {
             x->job.flag[k] &= (uint8_t)~miss;
             ofl_job_fail(x, &er);
             return true;
         }
+        if (ud) /* the scales ride in the gate unit, held (or in memory) until this admission */
+            ofl_fill_ud(x, buf, NULL, x->job.f->gate.rp[x->job.sel[k]] + x->R);
         x->cnt.read++;
     }
     if (part == P_GATE && x->spec) { /* read up+down along with each missing gate: one read, one round trip */
@@ -171,26 +174,6 @@ static bool admit_parts(eng_ofl *x, uint32_t c, int part, uint32_t a, uint32_t b
     return true;
 }
 
-/* Admit what the caches can take now: chunks waiting for up+down first,
- * then new chunks in order. */
-void ofl_admit(eng_ofl *x)
-{
-    while (!x->job.fail && x->job.ud_n > 0) {
-        uint32_t c = x->job.ud_wait[x->job.ud_head];
-        ofl_chunk *C = &x->job.ch[c];
-        if (!admit_parts(x, c, P_UD, C->k0, C->k0 + C->n_fired))
-            break;
-        x->job.ud_head = (x->job.ud_head + 1) % x->max_ch;
-        x->job.ud_n--;
-    }
-    while (!x->job.fail && x->job.next_admit < x->job.n_ch) {
-        ofl_chunk *C = &x->job.ch[x->job.next_admit];
-        if (!admit_parts(x, x->job.next_admit, x->two_phase ? P_GATE : P_FULL, C->k0, C->k1))
-            break;
-        x->job.next_admit++;
-    }
-}
-
 static void release_chunk(eng_ofl *x, uint32_t c, uint8_t which)
 {
     ofl_chunk *C = &x->job.ch[c];
@@ -206,6 +189,27 @@ static void release_chunk(eng_ofl *x, uint32_t c, uint8_t which)
     }
 }
 
+/* Admit what the caches can take now: chunks waiting for up+down first,
+ * then new chunks in order. */
+void ofl_admit(eng_ofl *x)
+{
+    while (!x->job.fail && x->job.ud_n > 0) {
+        uint32_t c = x->job.ud_wait[x->job.ud_head];
+        ofl_chunk *C = &x->job.ch[c];
+        if (!admit_parts(x, c, P_UD, C->k0, C->k0 + C->n_fired))
+            break;
+        release_chunk(x, c, F_GHELD); /* the up and down scales are copied from the gates */
+        x->job.ud_head = (x->job.ud_head + 1) % x->max_ch;
+        x->job.ud_n--;
+    }
+    while (!x->job.fail && x->job.next_admit < x->job.n_ch) {
+        ofl_chunk *C = &x->job.ch[x->job.next_admit];
+        if (!admit_parts(x, x->job.next_admit, x->two_phase ? P_GATE : P_FULL, C->k0, C->k1))
+            break;
+        x->job.next_admit++;
+    }
+}
+
 /* A compute thread finished a step of chunk c: M_UD (gates computed, some
  * fired) or M_DONE. */
 static void chunk_step_done(eng_ofl *x, uint8_t type, uint32_t c)
@@ -213,8 +217,7 @@ static void chunk_step_done(eng_ofl *x, uint8_t type, uint32_t c)
     x->job.running--;
     if (x->job.fail)
         return;
-    if (type == M_UD) {
-        release_chunk(x, c, F_GHELD);
+    if (type == M_UD) { /* the gates stay held until the up+down admission copies their scales */
         x->job.ch[c].state = CH_UD_WAIT;
         x->job.ud_wait[(x->job.ud_head + x->job.ud_n) % x->max_ch] = c;
         x->job.ud_n++;
@@ -250,7 +253,7 @@ void ofl_decode_landed(eng_ofl *x, const ofl_rd *rd)
             continue;
         pi2_ncache_commit_hold(cache, slot[k]);
         x->job.flag[k] = (uint8_t)((x->job.flag[k] & ~miss) | held);
-        set_ptr(x->job.f, part, x->job.sel[k], pi2_ncache_slot_buf(cache, slot[k]), x->R);
+        set_ptr(x, x->job.f, part, x->job.sel[k], pi2_ncache_slot_buf(cache, slot[k]));
         if (x->job.flag[k] & F_SPEC) { /* cached, not held: the up+down step holds it if the gate fires */
             pi2_ncache_commit(x->cu, x->job.uslot[k]);
             x->job.flag[k] &= (uint8_t)~F_SPEC;
@@ -263,6 +266,32 @@ void ofl_decode_landed(eng_ofl *x, const ofl_rd *rd)
         ofl_make_ready(x, rd->chunk);
 }
 
+void ofl_fill_ud(const eng_ofl *x, uint8_t *dst, const uint8_t *ud, const uint8_t *sc)
+{
+    size_t R = (size_t)x->R, P = (size_t)x->P, C = R - P;
+    if (ud) {
+        memcpy(dst, ud, P);
+        memcpy(dst + R, ud + P, P);
+    }
+    if (sc) {
+        memcpy(dst + P, sc, C);
+        memcpy(dst + R + P, sc + C, C);
+    }
+}
+
+void ofl_copy_part(const eng_ofl *x, int part, uint32_t i, const uint8_t *staging, uint64_t span, uint8_t *buf,
+                   uint8_t *ud)
+{
+    uint32_t q = i / x->g, j = i % x->g;
+    const uint8_t *at = staging + (part_base(x, part, q) + (uint64_t)j * file_unit(x, part) - span);
+    if (part == P_UD) /* payloads only: the admission put the scales in */
+        ofl_fill_ud(x, buf, at, NULL);
+    else
+        memcpy(buf, at, (size_t)part_unit(x, part));
+    if (ud) /* read along with the gate unit at `at`, which holds the scales */
+        ofl_fill_ud(x, ud, staging + (part_base(x, P_UD, q) + (uint64_t)j * file_unit(x, P_UD) - span), at + x->R);
+}
+
 /* Outside mu, in the I/O thread: copy a landed read's parts into their
  * reserved slots (only this read writes them). */
 void ofl_decode_copy(eng_ofl *x, const ofl_req *r)
@@ -272,19 +301,12 @@ void ofl_decode_copy(eng_ofl *x, const ofl_req *r)
     pi2_ncache *cache = cache_of(x, part);
     uint8_t miss = part == P_UD ? F_UMISS : F_GMISS;
     const uint32_t *slot = part == P_UD ? x->job.uslot : x->job.gslot;
-    uint64_t unit = part_unit(x, part);
-    uint32_t gsz = x->g;
     for (uint32_t idx = rd->a; idx <= rd->b; idx++) {
         uint32_t k = pos_at(x, part, idx);
         if (!(x->job.flag[k] & miss))
             continue;
-        uint32_t i = x->job.sel[k];
-        uint64_t at = part_base(x, part, i / gsz) + (uint64_t)(i % gsz) * unit - rd->span;
-        memcpy(pi2_ncache_slot_buf(cache, slot[k]), r->staging + at, (size_t)unit);
-        if (x->job.flag[k] & F_SPEC) {
-            at = part_base(x, P_UD, i / gsz) + (uint64_t)(i % gsz) * part_unit(x, P_UD) - rd->span;
-            memcpy(pi2_ncache_slot_buf(x->cu, x->job.uslot[k]), r->staging + at, (size_t)part_unit(x, P_UD));
-        }
+        uint8_t *ud = x->job.flag[k] & F_SPEC ? pi2_ncache_slot_buf(x->cu, x->job.uslot[k]) : NULL;
+        ofl_copy_part(x, part, x->job.sel[k], r->staging, rd->span, pi2_ncache_slot_buf(cache, slot[k]), ud);
     }
 }
 

@@ -130,11 +130,14 @@ static int ffn_windows(pi2_engine *e, const eng_ffn *f, int T, pi2_err *err)
                 return err->code;
             uint64_t base = (uint64_t)g0 * b->slot_bytes;
             for (uint32_t i = n0 > x->hot_n[fi] ? n0 : x->hot_n[fi]; i < n1; i++) {
-                uint64_t off[3];
-                pi2_bl_neuron_offsets(b, x->R, x->two_phase, i, off);
+                pi2_bl_rows at;
+                pi2_bl_neuron_rows(b, x->R, x->P, x->two_phase, i, &at);
+                for (int k = 0; k < 3; k++) { /* the window holds the whole slot, scales included */
+                    at.pay[k] -= base;
+                    at.sc[k] -= base;
+                }
                 bool gate = i >= x->ghot_n[fi]; /* hot gates keep their memory */
-                ofl_set_rows(f, i, gate ? R_ALL : R_UP | R_DOWN, gate ? buf + (off[0] - base) : NULL,
-                             buf + (off[1] - base), buf + (off[2] - base));
+                ofl_set_rows(f, i, gate ? R_ALL : R_UP | R_DOWN, buf, &at);
             }
         }
         if (T > 0 && n1 > n0) {

@@ -12,17 +12,11 @@ void ofl_pf_copy(eng_ofl *x, const ofl_req *r)
 {
     const ofl_rd *rd = &r->rd;
     const struct ofl_pf *P = &x->ra.set[rd->chunk];
-    int part = rd->part;
-    uint64_t unit = part_unit(x, part), uu = part_unit(x, P_UD);
     for (uint32_t idx = rd->a; idx <= rd->b; idx++) {
         if (!(P->flag[idx] & F_GMISS))
             continue;
-        uint32_t i = P->sel[idx], q = i / x->g, j = i % x->g;
-        memcpy(pi2_ncache_slot_buf(x->cg, P->gslot[idx]), r->staging + (part_base(x, part, q) + j * unit - rd->span),
-               (size_t)unit);
-        if (P->flag[idx] & F_SPEC)
-            memcpy(pi2_ncache_slot_buf(x->cu, P->uslot[idx]),
-                   r->staging + (part_base(x, P_UD, q) + j * uu - rd->span), (size_t)uu);
+        uint8_t *ud = P->flag[idx] & F_SPEC ? pi2_ncache_slot_buf(x->cu, P->uslot[idx]) : NULL;
+        ofl_copy_part(x, rd->part, P->sel[idx], r->staging, rd->span, pi2_ncache_slot_buf(x->cg, P->gslot[idx]), ud);
     }
 }
 
@@ -68,7 +62,7 @@ void ofl_pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
             continue;
         }
         x->job.flag[k] |= F_GHELD;
-        set_ptr(x->job.f, x->two_phase ? P_GATE : P_FULL, i, buf, x->R);
+        set_ptr(x, x->job.f, x->two_phase ? P_GATE : P_FULL, i, buf);
         uint32_t c = k / FFN_CHUNK;
         if (--x->job.ch[c].pending == 0)
             ofl_make_ready(x, c);

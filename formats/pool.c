@@ -16,12 +16,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define CPU_RELAX() _mm_pause()
-#else
-#define CPU_RELAX() ((void)0)
-#endif
 
 enum { SPIN_ROUNDS = 1 << 14 };
 
@@ -66,7 +60,7 @@ static unsigned wait_gen(pi2_pool *p, unsigned seen)
     for (int i = 0; i < SPIN_ROUNDS; i++) {
         if ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) != seen)
             return g;
-        CPU_RELAX();
+        pi2_cpu_relax();
     }
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add(&p->sleepers, 1);
@@ -180,7 +174,7 @@ static void run(pi2_pool *p, pi2_pool_fn fn, void *ctx, bool shared)
      * preempted worker (a busy or oversubscribed machine) can run. */
     for (long i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
         if (i < SPIN_ROUNDS)
-            CPU_RELAX();
+            pi2_cpu_relax();
         else
             sched_yield();
     }

@@ -63,6 +63,14 @@ bool pi2_thread_pin(pthread_t thread, const cpu_set_t *cpus);
 int pi2_thread_raise_priority(int levels);
 #define PI2_IO_THREAD_NICE 10 /* the levels the offloading reader (and the profile's) asks for */
 
+/* A spin-wait loop's pause (x86: pause; elsewhere nothing). */
+static inline void pi2_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 /* Static partition of [0, n) into nt nearly equal parts whose boundaries
  * are multiples of `grain` (>= 1) except the last: part tid is
  * [*begin, *end), possibly empty. */

@@ -286,39 +286,23 @@ static void attn_fn(void *ctx, int tid, int nt)
 
 enum { QKVA_MAX_KV = 64 }; /* KV heads the one-job path takes (more: the three jobs) */
 
-/* The rows of q, k and v taken KV head by KV head: group kh is q's rows of
- * its query heads, then k's and v's rows of kh ((group + 2) * hd rows), so
- * that the first groups are complete while the last rows compute, and
- * their attention can start without a barrier after the matmuls. Whoever
- * completes a group's rows applies its rotary; an attention unit waits
- * for its group alone. Each row and each unit computes what the three
- * jobs computed: the same bits. */
+/* The rows of k, v and q in that order (each matrix's in its own order, so
+ * that they stream as in three jobs): the groups of KV heads, each a KV
+ * head's key and value rows and its query heads' rows, then complete one
+ * after the other as the query rows do, and their attention can start
+ * without a barrier after the matmuls. Whoever completes a group's rows
+ * applies its rotary; an attention unit waits for its group alone. Each
+ * row and each unit computes what the three jobs computed: the same
+ * bits. */
 typedef struct qkva_job {
-    mm_job mm;                      /* t[0..2]: q, k, v (the new position's rows) */
+    mm_job mm;                      /* t[0..2]: k, v (the new position's rows), q */
     attn_job aj;
     int64_t hd, group, per;         /* head size, query heads per KV head, rows of a group */
-    int64_t rows, units2;           /* the groups' rows; attention units */
+    int64_t rows, units2;           /* k's, v's and q's rows; attention units */
     _Atomic int64_t done[QKVA_MAX_KV]; /* rows of each group computed */
     _Atomic bool ready[QKVA_MAX_KV];   /* each group's rows computed and rotated */
     _Atomic int64_t next2;             /* the next attention unit */
 } qkva_job;
-
-/* The piece of group rows from v on that lies in one matrix: task *k,
- * its rows [*r0, *r0 + *n). */
-static void qkva_piece(const qkva_job *j, int64_t v, int *k, int64_t *r0, int64_t *n)
-{
-    int64_t kh = v / j->per, r = v % j->per, q_rows = j->group * j->hd;
-    if (r < q_rows) {
-        *k = 0;
-        *r0 = kh * q_rows + r;
-        *n = q_rows - r;
-    } else {
-        *k = r < q_rows + j->hd ? 1 : 2;
-        r -= q_rows + (*k - 1) * j->hd;
-        *r0 = kh * j->hd + r;
-        *n = j->hd - r;
-    }
-}
 
 /* Group kh's rows all computed: its query heads and key rotated. */
 static void qkva_rotate(const qkva_job *j, int64_t kh)
@@ -326,26 +310,23 @@ static void qkva_rotate(const qkva_job *j, int64_t kh)
     const pi2_engine *e = j->aj.e;
     int hd = (int)j->hd;
     pi2_op_rope(e->q + kh * j->group * j->hd, (int)j->group, hd, e->rope_cs, e->rope_sn);
-    pi2_op_rope(j->mm.t[1].out + kh * j->hd, 1, hd, e->rope_cs, e->rope_sn);
+    pi2_op_rope(j->mm.t[0].out + kh * j->hd, 1, hd, e->rope_cs, e->rope_sn);
 }
 
-/* Group rows [b, en): computed, counted, and rotated when a group is done. */
-static void qkva_rows(qkva_job *j, int64_t b, int64_t en, const uint8_t *pf, int64_t pf_len)
+/* Rows [b, en) of k, v and q end to end computed: counted by group, and
+ * a group that is complete rotated and announced. */
+static void qkva_count(qkva_job *j, int64_t b, int64_t en)
 {
-    for (int64_t v = b; v < en;) {
-        int k;
-        int64_t r0, n;
-        qkva_piece(j, v, &k, &r0, &n);
-        n = n < en - v ? n : en - v;
-        mm_rows(&j->mm, &j->mm.t[k], r0, r0 + n, pf, pf_len);
-        pf = NULL;
-        pf_len = 0;
-        int64_t kh = v / j->per;
+    int64_t kvd = j->mm.t[0].m->rows;
+    while (b < en) {
+        int64_t r = b < 2 * kvd ? b % kvd : b - 2 * kvd, span = b < 2 * kvd ? j->hd : j->group * j->hd;
+        int64_t kh = r / span, n = span - r % span;
+        n = n < en - b ? n : en - b;
         if (atomic_fetch_add_explicit(&j->done[kh], n, memory_order_acq_rel) + n == j->per) {
             qkva_rotate(j, kh);
             atomic_store_explicit(&j->ready[kh], true, memory_order_release);
         }
-        v += n;
+        b += n;
     }
 }
 
@@ -357,26 +338,17 @@ static void qkva_fn(void *ctx, int tid, int nt)
         int64_t b = u * MM_UNIT, en = b + MM_UNIT < j->rows ? b + MM_UNIT : j->rows;
         const uint8_t *pf = NULL;
         int64_t pf_len = 0;
-        if (e->ahead && en < j->rows) { /* the next unit's first piece, when its rows lie together */
-            int k;
-            int64_t r0, n;
-            qkva_piece(j, en, &k, &r0, &n);
-            const eng_mat *m = j->mm.t[k].m;
-            n = n < MM_UNIT ? n : MM_UNIT;
-            if (m->qt != PI2_QT_F32 && m->rp[r0 + n - 1] > m->rp[r0] &&
-                (uint64_t)(m->rp[r0 + n - 1] - m->rp[r0]) <= (uint64_t)n * m->row_bytes) {
-                pf = m->rp[r0];
-                pf_len = (int64_t)(m->rp[r0 + n - 1] - m->rp[r0]) + (int64_t)m->row_bytes;
-            }
-        }
-        qkva_rows(j, b, en, pf, pf_len);
+        if (e->ahead)
+            unit_ahead(&j->mm, u + 1, &pf, &pf_len);
+        mm_range(&j->mm, b, en, pf, pf_len);
+        qkva_count(j, b, en);
     }
     /* every row is taken: the groups complete as the rows in flight do */
     float *S = e->tls[tid].scores;
     int64_t per_kv = j->units2 / (int64_t)e->d.n_kv_heads;
     for (int64_t u; (u = atomic_fetch_add_explicit(&j->next2, 1, memory_order_relaxed)) < j->units2;) {
-        while (!atomic_load_explicit(&j->ready[u / per_kv], memory_order_acquire))
-            pi2_cpu_relax();
+        for (long i = 0; !atomic_load_explicit(&j->ready[u / per_kv], memory_order_acquire);)
+            pi2_pool_spin(&i);
         attn_unit(&j->aj, u, S);
     }
 }
@@ -393,11 +365,11 @@ static bool qkv_attend_one(pi2_engine *e, int l, int pos, float *kc, float *vc)
     int64_t hd = d->head_dim, qd = d->n_heads * hd, kvd = d->n_kv_heads * hd;
     qkva_job j = {.mm = {.n = 3, .T = 1, .xf = e->xb, .ldx = d->hidden, .e = e}, .aj = {e, l, 1, pos}, .hd = hd,
                   .group = d->n_heads / d->n_kv_heads, .units2 = attn_units(d)};
-    j.mm.t[0] = (mm_task){&L->q, e->q, qd};
-    j.mm.t[1] = (mm_task){&L->k, kc, kvd};
-    j.mm.t[2] = (mm_task){&L->v, vc, kvd};
+    j.mm.t[0] = (mm_task){&L->k, kc, kvd};
+    j.mm.t[1] = (mm_task){&L->v, vc, kvd};
+    j.mm.t[2] = (mm_task){&L->q, e->q, qd};
     j.per = (j.group + 2) * hd;
-    j.rows = d->n_kv_heads * j.per;
+    j.rows = 2 * kvd + qd;
     for (int kh = 0; kh < d->n_kv_heads; kh++) {
         atomic_init(&j.done[kh], 0);
         atomic_init(&j.ready[kh], false);

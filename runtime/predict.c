@@ -88,8 +88,8 @@ static void pred_fn(void *ctx, int tid, int nt)
         }
     }
     /* every fc1 unit is taken: the last one is at most a unit away */
-    while (!atomic_load_explicit(&j->hidden, memory_order_acquire))
-        pi2_cpu_relax();
+    for (long i = 0; !atomic_load_explicit(&j->hidden, memory_order_acquire);)
+        pi2_pool_spin(&i);
     for (int64_t u; (u = atomic_fetch_add_explicit(&j->next2, 1, memory_order_relaxed)) < j->units2;)
         pred_fc2_unit(j, u);
 }

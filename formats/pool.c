@@ -16,14 +16,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define CPU_RELAX() _mm_pause()
-#else
-#define CPU_RELAX() ((void)0)
-#endif
-
-enum { SPIN_ROUNDS = 1 << 14 };
 
 struct pi2_pool {
     int n;
@@ -63,10 +55,10 @@ typedef struct worker_arg {
 static unsigned wait_gen(pi2_pool *p, unsigned seen)
 {
     unsigned g;
-    for (int i = 0; i < SPIN_ROUNDS; i++) {
+    for (long i = 0; i < PI2_SPIN_ROUNDS;) {
         if ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) != seen)
             return g;
-        CPU_RELAX();
+        pi2_pool_spin(&i);
     }
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add(&p->sleepers, 1);
@@ -176,14 +168,10 @@ static void run(pi2_pool *p, pi2_pool_fn fn, void *ctx, bool shared)
         for (int t = 1; t < p->n; t++)
             if (claim_job(p, t, g))
                 atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
-    /* Spin while the workers finish; past SPIN_ROUNDS, yield the CPU so a
+    /* Spin while the workers finish, then yield (pi2_pool_spin) so a
      * preempted worker (a busy or oversubscribed machine) can run. */
-    for (long i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
-        if (i < SPIN_ROUNDS)
-            CPU_RELAX();
-        else
-            sched_yield();
-    }
+    for (long i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0;)
+        pi2_pool_spin(&i);
 }
 
 void pi2_pool_run(pi2_pool *p, pi2_pool_fn fn, void *ctx) { run(p, fn, ctx, false); }

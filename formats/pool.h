@@ -63,6 +63,22 @@ bool pi2_thread_pin(pthread_t thread, const cpu_set_t *cpus);
 int pi2_thread_raise_priority(int levels);
 #define PI2_IO_THREAD_NICE 10 /* the levels the offloading reader (and the profile's) asks for */
 
+/* One round of a wait for another pool thread inside a job: a pause for
+ * the first PI2_SPIN_ROUNDS rounds (*round counts them), then the CPU
+ * yielded, so that a thread the scheduler took away (a busy machine) can
+ * run and finish what is waited for. */
+enum { PI2_SPIN_ROUNDS = 1 << 14 };
+static inline void pi2_pool_spin(long *round)
+{
+    if ((*round)++ < PI2_SPIN_ROUNDS) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    } else {
+        sched_yield();
+    }
+}
+
 /* Static partition of [0, n) into nt nearly equal parts whose boundaries
  * are multiples of `grain` (>= 1) except the last: part tid is
  * [*begin, *end), possibly empty. */

@@ -5,6 +5,7 @@
 #include "runtime/ffn_source.h"
 #include "runtime/units.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 static int mem_prefill(pi2_engine *e, const eng_ffn *f, int T, float *out, bool accumulate, float w, pi2_err *err)
@@ -23,6 +24,11 @@ typedef struct ffn_dec_job {
     int mode;        /* 0 dense, 1 predictor, 2 threshold */
     uint32_t n_sel;  /* predictor: e->sel[0..n_sel) */
     ffn_dec dec;     /* what its chunks share */
+    int64_t chunks;
+    _Atomic int64_t done; /* chunks computed */
+    float *out;           /* the sum of the chunks' outputs (accumulate: out += w * sum) */
+    float w;
+    bool accumulate;
 } ffn_dec_job;
 
 /* Dense decode: [*p, *p + *len) = the bytes of the neurons of the chunk
@@ -70,6 +76,16 @@ static void ffn_dec_chunk(const ffn_dec_job *j, eng_tls *s, int64_t c, int64_t t
     *n_down += (uint64_t)k.down;
 }
 
+/* The chunks' outputs added in chunk order, by whichever thread computed
+ * the last chunk: the sums are those of a reduce job of their own (and
+ * of any thread count), without one more round through the pool, which
+ * cost more than the adds (a predicted FFN has a few chunks). */
+static void ffn_dec_done(ffn_dec_job *j)
+{
+    if (atomic_fetch_add_explicit(&j->done, 1, memory_order_acq_rel) + 1 == j->chunks)
+        eng_sum_rows(j->out, j->e->dec_out, j->dec.D, NULL, j->chunks, 0, j->dec.D, j->accumulate, j->w);
+}
+
 /* The decode FFN's chunks, shared out as above: a static split also left
  * one thread idle for up to a quarter of the FFN time in memory, hot
  * neurons coming first and firing (cost up and down) far more often. Each
@@ -83,8 +99,10 @@ static void ffn_dec_fn(void *ctx, int tid, int nt)
     eng_tls *s = &e->tls[tid];
     int64_t total = j->mode == FFN_PRED ? j->n_sel : j->f->n_ff;
     uint64_t n_up = 0, n_down = 0;
-    for (int64_t c; (c = eng_share_next(e, tid, nt)) >= 0;)
+    for (int64_t c; (c = eng_share_next(e, tid, nt)) >= 0;) {
         ffn_dec_chunk(j, s, c, total, &n_up, &n_down);
+        ffn_dec_done(j);
+    }
     const eng_ffn *f = j->f;
     s->active = n_down;
     s->bytes = s->predicted * f->gate.row_bytes + n_up * f->up.row_bytes + n_down * f->down.row_bytes;
@@ -98,33 +116,20 @@ static void tls_counts_zero(pi2_engine *e)
         e->tls[t].predicted = e->tls[t].active = e->tls[t].bytes = 0;
 }
 
-typedef struct dec_reduce_job {
-    pi2_engine *e;
-    int64_t chunks;
-    float *out;
-    float w;
-    bool accumulate;
-} dec_reduce_job;
-
-static void dec_reduce_fn(void *ctx, int tid, int nt)
-{
-    dec_reduce_job *j = ctx;
-    int64_t D = j->e->d.hidden;
-    for (int64_t u; (u = eng_share_next(j->e, tid, nt)) >= 0;) {
-        int64_t b = u * ENG_SUM_UNIT, en = b + ENG_SUM_UNIT < D ? b + ENG_SUM_UNIT : D;
-        eng_sum_rows(j->out, j->e->dec_out, D, NULL, j->chunks, b, en, j->accumulate, j->w);
-    }
-}
-
-/* The memory source's decode: the chunks shared out, then reduced. */
+/* The memory source's decode: the chunks shared out and reduced. */
 static int mem_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, float *out, bool accumulate, float w,
                       pi2_err *err)
 {
     (void)err;
-    ffn_dec_job j = {.e = e, .f = f, .mode = mode, .n_sel = n_sel, .dec = ffn_dec_of(e, f, mode)};
-    int64_t total = j.mode == FFN_PRED ? j.n_sel : f->n_ff, chunks = (total + FFN_CHUNK - 1) / FFN_CHUNK;
+    int64_t total = mode == FFN_PRED ? n_sel : f->n_ff, chunks = (total + FFN_CHUNK - 1) / FFN_CHUNK;
+    ffn_dec_job j = {.e = e, .f = f, .mode = mode, .n_sel = n_sel, .dec = ffn_dec_of(e, f, mode), .chunks = chunks,
+                     .out = out, .w = w, .accumulate = accumulate};
+    atomic_init(&j.done, 0);
     tls_counts_zero(e);
-    eng_run_units(e, chunks, ffn_dec_fn, &j);
+    if (chunks == 0) /* out = 0 (accumulate: out += w * 0) */
+        eng_sum_rows(out, e->dec_out, e->d.hidden, NULL, 0, 0, e->d.hidden, accumulate, w);
+    else
+        eng_run_units(e, chunks, ffn_dec_fn, &j);
     e->st.ffn_evals++;
     e->st.neurons += f->n_ff;
     for (int t = 0; t < e->threads; t++) {
@@ -132,8 +137,6 @@ static int mem_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode,
         e->st.active += e->tls[t].active;
         e->st.weight_bytes += e->tls[t].bytes;
     }
-    dec_reduce_job r = {e, chunks, out, w, accumulate};
-    eng_run_units(e, (e->d.hidden + ENG_SUM_UNIT - 1) / ENG_SUM_UNIT, dec_reduce_fn, &r);
     return 0;
 }
 

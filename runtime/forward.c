@@ -8,6 +8,7 @@
 #include "runtime/units.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #define GRAIN 16 /* rows per partition unit */
@@ -281,6 +282,103 @@ static void attn_fn(void *ctx, int tid, int nt)
         attn_unit(j, u, S);
 }
 
+/* ---- one token's q, k, v, rotary and attention in one job ---- */
+
+enum { QKVA_MAX_KV = 64 }; /* KV heads the one-job path takes (more: the three jobs) */
+
+/* The rows of k, v and q in that order (each matrix's in its own order, so
+ * that they stream as in three jobs): the groups of KV heads, each a KV
+ * head's key and value rows and its query heads' rows, then complete one
+ * after the other as the query rows do, and their attention can start
+ * without a barrier after the matmuls. Whoever completes a group's rows
+ * applies its rotary; an attention unit waits for its group alone. Each
+ * row and each unit computes what the three jobs computed: the same
+ * bits. */
+typedef struct qkva_job {
+    mm_job mm;                      /* t[0..2]: k, v (the new position's rows), q */
+    attn_job aj;
+    int64_t hd, group, per;         /* head size, query heads per KV head, rows of a group */
+    int64_t rows, units2;           /* k's, v's and q's rows; attention units */
+    _Atomic int64_t done[QKVA_MAX_KV]; /* rows of each group computed */
+    _Atomic bool ready[QKVA_MAX_KV];   /* each group's rows computed and rotated */
+    _Atomic int64_t next2;             /* the next attention unit */
+} qkva_job;
+
+/* Group kh's rows all computed: its query heads and key rotated. */
+static void qkva_rotate(const qkva_job *j, int64_t kh)
+{
+    const pi2_engine *e = j->aj.e;
+    int hd = (int)j->hd;
+    pi2_op_rope(e->q + kh * j->group * j->hd, (int)j->group, hd, e->rope_cs, e->rope_sn);
+    pi2_op_rope(j->mm.t[0].out + kh * j->hd, 1, hd, e->rope_cs, e->rope_sn);
+}
+
+/* Rows [b, en) of k, v and q end to end computed: counted by group, and
+ * a group that is complete rotated and announced. */
+static void qkva_count(qkva_job *j, int64_t b, int64_t en)
+{
+    int64_t kvd = j->mm.t[0].m->rows;
+    while (b < en) {
+        int64_t r = b < 2 * kvd ? b % kvd : b - 2 * kvd, span = b < 2 * kvd ? j->hd : j->group * j->hd;
+        int64_t kh = r / span, n = span - r % span;
+        n = n < en - b ? n : en - b;
+        if (atomic_fetch_add_explicit(&j->done[kh], n, memory_order_acq_rel) + n == j->per) {
+            qkva_rotate(j, kh);
+            atomic_store_explicit(&j->ready[kh], true, memory_order_release);
+        }
+        b += n;
+    }
+}
+
+static void qkva_fn(void *ctx, int tid, int nt)
+{
+    qkva_job *j = ctx;
+    pi2_engine *e = j->aj.e;
+    for (int64_t u; (u = eng_share_next(e, tid, nt)) >= 0;) {
+        int64_t b = u * MM_UNIT, en = b + MM_UNIT < j->rows ? b + MM_UNIT : j->rows;
+        const uint8_t *pf = NULL;
+        int64_t pf_len = 0;
+        if (e->ahead)
+            unit_ahead(&j->mm, u + 1, &pf, &pf_len);
+        mm_range(&j->mm, b, en, pf, pf_len);
+        qkva_count(j, b, en);
+    }
+    /* every row is taken: the groups complete as the rows in flight do */
+    float *S = e->tls[tid].scores;
+    int64_t per_kv = j->units2 / (int64_t)e->d.n_kv_heads;
+    for (int64_t u; (u = atomic_fetch_add_explicit(&j->next2, 1, memory_order_relaxed)) < j->units2;) {
+        for (long i = 0; !atomic_load_explicit(&j->ready[u / per_kv], memory_order_acquire);)
+            pi2_pool_spin(&i);
+        attn_unit(&j->aj, u, S);
+    }
+}
+
+/* Layer l's q, k, v, rotary and attention for one token at pos (its
+ * normed input quantized); false when the model has more KV heads than
+ * the one-job path takes. */
+static bool qkv_attend_one(pi2_engine *e, int l, int pos, float *kc, float *vc)
+{
+    const pi2_model_desc *d = &e->d;
+    const eng_layer *L = &e->layers[l];
+    if (d->n_kv_heads > QKVA_MAX_KV)
+        return false;
+    int64_t hd = d->head_dim, qd = d->n_heads * hd, kvd = d->n_kv_heads * hd;
+    qkva_job j = {.mm = {.n = 3, .T = 1, .xf = e->xb, .ldx = d->hidden, .e = e}, .aj = {e, l, 1, pos}, .hd = hd,
+                  .group = d->n_heads / d->n_kv_heads, .units2 = attn_units(d)};
+    j.mm.t[0] = (mm_task){&L->k, kc, kvd};
+    j.mm.t[1] = (mm_task){&L->v, vc, kvd};
+    j.mm.t[2] = (mm_task){&L->q, e->q, qd};
+    j.per = (j.group + 2) * hd;
+    j.rows = 2 * kvd + qd;
+    for (int kh = 0; kh < d->n_kv_heads; kh++) {
+        atomic_init(&j.done[kh], 0);
+        atomic_init(&j.ready[kh], false);
+    }
+    atomic_init(&j.next2, 0);
+    eng_run_units(e, (j.rows + MM_UNIT - 1) / MM_UNIT, qkva_fn, &j);
+    return true;
+}
+
 /* ---- FFN: through its source (runtime/ffn_source.h) ---- */
 
 /* Decode FFN for the token whose normed input is x = e->xb (quantized in
@@ -459,15 +557,17 @@ static void attention(pi2_engine *e, int l, int T, int pos, tok_job *tj)
     float *vc = e->vc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
     *tj = (tok_job){.e = e, .kind = TOK_NORM_Q, .T = T, .w = L->attn_norm, .kc = kc, .qd = qd, .kvd = kvd, .hd = hd};
     run_tok(tj);
-    mm_job j = {.n = 3, .T = T, .xf = e->xb, .ldx = D, .e = e};
-    j.t[0] = (mm_task){&L->q, e->q, qd};
-    j.t[1] = (mm_task){&L->k, kc, kvd};
-    j.t[2] = (mm_task){&L->v, vc, kvd};
-    run_mm(e, &j);
-    tj->kind = TOK_ROPE;
-    run_tok(tj);
-    attn_job aj = {e, l, T, pos};
-    eng_run_units(e, attn_units(d), attn_fn, &aj);
+    if (T != 1 || !qkv_attend_one(e, l, pos, kc, vc)) {
+        mm_job j = {.n = 3, .T = T, .xf = e->xb, .ldx = D, .e = e};
+        j.t[0] = (mm_task){&L->q, e->q, qd};
+        j.t[1] = (mm_task){&L->k, kc, kvd};
+        j.t[2] = (mm_task){&L->v, vc, kvd};
+        run_mm(e, &j);
+        tj->kind = TOK_ROPE;
+        run_tok(tj);
+        attn_job aj = {e, l, T, pos};
+        eng_run_units(e, attn_units(d), attn_fn, &aj);
+    }
     tj->kind = TOK_QUANT;
     tj->src = e->att;
     tj->n = qd;

@@ -3,6 +3,7 @@
 #include "runtime/predict.h"
 #include "runtime/units.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 typedef struct pred_job {
@@ -10,6 +11,10 @@ typedef struct pred_job {
     const eng_ffn *f;
     uint32_t n0;     /* score neurons [n0, n_ff) only */
     uint32_t *sel;   /* where the picks go */
+    int64_t units1, units2;  /* fc1's units of 8 rows, fc2's of ENG_PRED_UNIT neurons */
+    _Atomic int64_t done1;   /* fc1 units computed */
+    _Atomic bool hidden;     /* fc1's output rectified and quantized: fc2 may start */
+    _Atomic int64_t next2;   /* fc2's next unit */
 } pred_job;
 
 /* Q8 rows [b, en) of a predictor matrix (rows of n values, n bytes each
@@ -40,11 +45,36 @@ static uint64_t q_row_bytes(pi2_qtype qt, int64_t n)
     return pi2_q_payload_row_bytes(qt, n) + 2 * pi2_q_scale_row_count(qt, n);
 }
 
-/* The predictor's two layers run as shared jobs (pi2_pool_run_shared):
- * fc1 in units of 8 rows, fc2 in units of ENG_PRED_UNIT neurons, each
- * unit's picks written at its own place in the output list and packed in
- * unit order after, so the list is in neuron order whoever ran what. */
-static void pred_fc1_fn(void *ctx, int tid, int nt)
+/* The predictor's two layers run as one shared job (pi2_pool_run_shared):
+ * fc1 in units of 8 rows (eng_share_next); whoever computes the last of
+ * them rectifies and quantizes the hidden vector; then fc2 in units of
+ * ENG_PRED_UNIT neurons, taken in turn once the hidden vector is ready,
+ * each unit's picks written at its own place in the output list and packed
+ * in unit order after, so the list is in neuron order whoever ran what.
+ * One job instead of two: a round through the pool cost more than the
+ * step between the layers. */
+static void pred_hidden(pi2_engine *e, const eng_ffn *f)
+{
+    for (int r = 0; r < f->rank_p; r++)
+        e->ph[r] = r < f->rank && e->ph[r] > 0.0f ? e->ph[r] : 0.0f;
+    pi2_k_act_quantize(e->ph, f->rank_p, 1, f->rank_p, e->phs, e->phq, e->phsum);
+}
+
+static void pred_fc2_unit(pred_job *j, int64_t u)
+{
+    const eng_ffn *f = j->f;
+    pi2_engine *e = j->e;
+    float *sc = e->scores_all, thr = f->threshold;
+    int64_t b = j->n0 + u * ENG_PRED_UNIT, en = b + ENG_PRED_UNIT < f->n_ff ? b + ENG_PRED_UNIT : f->n_ff;
+    pred_rows(f->pred_qt, f->q2, f->s2, f->rank_p, b, en, e->phs, e->phq, e->phsum, sc + b);
+    uint32_t n = 0, *list = j->sel + u * ENG_PRED_UNIT;
+    for (int64_t i = b; i < en; i++)
+        if (sc[i] >= thr)
+            list[n++] = (uint32_t)i;
+    e->pred_n[u] = n;
+}
+
+static void pred_fn(void *ctx, int tid, int nt)
 {
     pred_job *j = ctx;
     const eng_ffn *f = j->f;
@@ -52,37 +82,32 @@ static void pred_fc1_fn(void *ctx, int tid, int nt)
     for (int64_t u; (u = eng_share_next(e, tid, nt)) >= 0;) {
         int64_t b = u * 8, en = b + 8 < f->rank ? b + 8 : f->rank;
         pred_rows(f->pred_qt, f->q1, f->s1, e->d.hidden, b, en, e->pxs, e->pxq, e->pxsum, e->ph + b);
+        if (atomic_fetch_add_explicit(&j->done1, 1, memory_order_acq_rel) + 1 == j->units1) {
+            pred_hidden(e, f);
+            atomic_store_explicit(&j->hidden, true, memory_order_release);
+        }
     }
-}
-
-static void pred_fc2_fn(void *ctx, int tid, int nt)
-{
-    pred_job *j = ctx;
-    const eng_ffn *f = j->f;
-    pi2_engine *e = j->e;
-    float *sc = e->scores_all, thr = f->threshold;
-    for (int64_t u; (u = eng_share_next(e, tid, nt)) >= 0;) {
-        int64_t b = j->n0 + u * ENG_PRED_UNIT, en = b + ENG_PRED_UNIT < f->n_ff ? b + ENG_PRED_UNIT : f->n_ff;
-        pred_rows(f->pred_qt, f->q2, f->s2, f->rank_p, b, en, e->phs, e->phq, e->phsum, sc + b);
-        uint32_t n = 0, *list = j->sel + u * ENG_PRED_UNIT;
-        for (int64_t i = b; i < en; i++)
-            if (sc[i] >= thr)
-                list[n++] = (uint32_t)i;
-        e->pred_n[u] = n;
-    }
+    /* every fc1 unit is taken: the last one is at most a unit away */
+    for (long i = 0; !atomic_load_explicit(&j->hidden, memory_order_acquire);)
+        pi2_pool_spin(&i);
+    for (int64_t u; (u = atomic_fetch_add_explicit(&j->next2, 1, memory_order_relaxed)) < j->units2;)
+        pred_fc2_unit(j, u);
 }
 
 uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel)
 {
     pred_job j = {.e = e, .f = f, .n0 = n0 < f->n_ff ? n0 : f->n_ff, .sel = sel};
     int64_t D = e->d.hidden;
-    pi2_k_act_quantize(x, D, 1, D, e->pxs, e->pxq, e->pxsum);
-    eng_run_units(e, (f->rank + 7) / 8, pred_fc1_fn, &j);
-    for (int r = 0; r < f->rank_p; r++)
-        e->ph[r] = r < f->rank && e->ph[r] > 0.0f ? e->ph[r] : 0.0f;
-    pi2_k_act_quantize(e->ph, f->rank_p, 1, f->rank_p, e->phs, e->phq, e->phsum);
     int64_t units = (f->n_ff - j.n0 + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT;
-    eng_run_units(e, units, pred_fc2_fn, &j);
+    j.units1 = (f->rank + 7) / 8;
+    j.units2 = units;
+    atomic_init(&j.done1, 0);
+    atomic_init(&j.hidden, j.units1 == 0);
+    atomic_init(&j.next2, 0);
+    if (j.units1 == 0)
+        pred_hidden(e, f);
+    pi2_k_act_quantize(x, D, 1, D, e->pxs, e->pxq, e->pxsum);
+    eng_run_units(e, j.units1, pred_fn, &j);
     uint32_t n = 0;
     for (int64_t u = 0; u < units; u++) { /* pack the units' lists (each starts at or after its place) */
         memmove(sel + n, sel + u * ENG_PRED_UNIT, e->pred_n[u] * sizeof(uint32_t));

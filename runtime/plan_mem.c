@@ -180,14 +180,16 @@ size_t pi2_plan_items_text(const pi2_plan_items *it, int ctx, char *buf, size_t 
     if (cap)
         buf[0] = 0;
     for (size_t i = 0; i < sizeof row / sizeof *row; i++) {
-        if (row[i].b == 0)
+        bool attn = i == 0 && it->attn_streamed > 0; /* listed when streamed, held or not */
+        if (row[i].b == 0 && !attn)
             continue;
         char one[96];
         int w1 = mb_print(one, sizeof one, row[i].name, row[i].b);
         if (w1 > 0 && (size_t)w1 < sizeof one) {
             if (it->pred_streamed && strcmp(row[i].name, "predictors") == 0)
-                snprintf(one + w1, sizeof one - (size_t)w1, " (streamed ring)");
-            else if (it->attn_streamed > 0 && strcmp(row[i].name, "attention") == 0)
+                snprintf(one + w1, sizeof one - (size_t)w1, " (streamed ring%s)",
+                         it->attn_streamed > 0 ? ", with the attention" : "");
+            else if (attn)
                 snprintf(one + w1, sizeof one - (size_t)w1, " (%d layers streamed)", it->attn_streamed);
         }
         int w = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, "%s%s", n ? ", " : "", one);

@@ -113,7 +113,7 @@ typedef struct pi2_offload_opts {
     double min_speed;           /* tok/s the plan must reach (0: none): PI2_ERANGE otherwise */
     int plan_prompt;            /* prompt tokens for the predicted prefill figure (0: 128) */
     /* q8/q4 predictors: 0 streams them from the container a layer at a
-     * time (a ring of pi2_plan_pred_ring_slots layers) only when the limit
+     * time (a ring of pi2_plan_ring_slots layers) only when the limit
      * cannot hold them resident, 1 always, -1 never (runtime/planner.h) */
     int pred_stream;
     /* the attention projections (q, k, v, o) of the last N layers stream

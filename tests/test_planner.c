@@ -887,6 +887,22 @@ static void pred_stream_plan(const char *path, const pi2_sign_key *pk, bool can)
     pi2_plan_memory_free(&at);
 }
 
+/* A temp dir (dir, 64 bytes) with a key pair and, in src (160 bytes), a
+ * generated tiny model of `layers` layers with predictors. */
+static void tiny_pred_model(char *dir, char *src, int layers, pi2_sign_key **key, pi2_sign_key **pk)
+{
+    pi2_err e = {0};
+    pi2t_tmpdir(dir, 64);
+    assert_int_equal(pi2t_keypair(dir, "k", key, pk, &e), 0);
+    pi2_synth_opts so;
+    assert_int_equal(pi2_synth_preset("tiny", &so, &e), 0);
+    so.threads = 1;
+    so.predictors = true;
+    so.desc.n_layers = layers;
+    snprintf(src, 160, "%s/m", dir);
+    assert_int_equal(pi2_synth_write(src, &so, NULL, NULL, &e), 0);
+}
+
 /* The planner counts the predictors as the engine holds them: the Q8 copy
  * of f16 predictors, q8/q4 members in place; and prices them at their type. */
 static void test_pred_bytes(void **state)
@@ -895,15 +911,7 @@ static void test_pred_bytes(void **state)
     char dir[64], src[160], path[1200], name[16];
     pi2_err e = {0};
     pi2_sign_key *key = NULL, *pk = NULL;
-    pi2t_tmpdir(dir, sizeof dir);
-    assert_int_equal(pi2t_keypair(dir, "k", &key, &pk, &e), 0);
-    pi2_synth_opts so;
-    assert_int_equal(pi2_synth_preset("tiny", &so, &e), 0);
-    so.threads = 1;
-    so.predictors = true;
-    so.desc.n_layers = 2;
-    snprintf(src, sizeof src, "%s/m", dir);
-    assert_int_equal(pi2_synth_write(src, &so, NULL, NULL, &e), 0);
+    tiny_pred_model(dir, src, 2, &key, &pk);
     pi2_qtype qs[3] = {PI2_QT_F32, PI2_QT_Q8, PI2_QT_Q4};
     uint64_t bytes[3];
     for (int k = 0; k < 3; k++) {
@@ -1030,15 +1038,7 @@ static void test_attn_stream(void **state)
     char dir[64], src[160], path[1200], name[16];
     pi2_err e = {0};
     pi2_sign_key *key = NULL, *pk = NULL;
-    pi2t_tmpdir(dir, sizeof dir);
-    assert_int_equal(pi2t_keypair(dir, "k", &key, &pk, &e), 0);
-    pi2_synth_opts so;
-    assert_int_equal(pi2_synth_preset("tiny", &so, &e), 0);
-    so.threads = 1;
-    so.predictors = true;
-    so.desc.n_layers = 6;
-    snprintf(src, sizeof src, "%s/m", dir);
-    assert_int_equal(pi2_synth_write(src, &so, NULL, NULL, &e), 0);
+    tiny_pred_model(dir, src, 6, &key, &pk);
     pi2_qtype qs[2] = {PI2_QT_Q8, PI2_QT_F32};
     for (int k = 0; k < 2; k++) {
         snprintf(name, sizeof name, "a%d", k);

@@ -429,7 +429,11 @@ int ofl_ps_need(pi2_engine *e, int l, pi2_err *err)
     ofl_pstream *ps = e->ofl->ps;
     if (!ps || ps->idx[l] < 0)
         return 0;
-    int rc = ofl_ps_release(e, err), s = rc == 0 ? ps_find(ps, l) : -1;
+    int s = ps_find(ps, l);
+    if (s >= 0 && ps->state[s] == PS_INUSE) /* bound since the last pass (a prefill after a decode) */
+        return 0;
+    int rc = ofl_ps_release(e, err);
+    s = rc == 0 ? ps_find(ps, l) : -1;
     if (rc == 0 && s >= 0 && ps_wait(ps, s, err) != 0) {
         /* its read failed (perhaps in flight from a step that failed):
          * once more, afresh */

@@ -263,8 +263,9 @@ static int plan_memory(pi2_engine *e, const pi2_engine_opts *o, int ctx, const p
                           .cores = (int)sysconf(_SC_NPROCESSORS_ONLN),
                           .files = pi2_plan_container_touched(pi2_bundle_container(e->b)), .opts = &o->offload};
     int rc = pi2_plan_memory_make(&in, m, err);
-    if (rc == 0 && m->pred_stream != e->pred_stream) /* the floor's inputs are these: it cannot differ */
-        rc = pi2_err_set(err, PI2_EINVAL, "%s: the plan streams the predictors where the floor did not", e->path);
+    if (rc == 0 && (m->pred_stream != e->pred_stream || m->attn_stream != e->attn_stream))
+        /* the floor's inputs are these: it cannot differ */
+        rc = pi2_err_set(err, PI2_EINVAL, "%s: the plan streams other members than the floor did", e->path);
     if (rc == 0)
         e->threads = m->plan.threads;
     return rc;
@@ -293,6 +294,7 @@ static int plan_floor(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
                           .files = pi2_plan_container_touched(pi2_bundle_container(e->b)), .opts = &o->offload};
     rc = pi2_plan_memory_floor(&in, &m, err);
     e->pred_stream = rc == 0 && m.pred_stream; /* the resident read leaves them out */
+    e->attn_stream = rc == 0 ? m.attn_stream : 0;
     pi2_plan_memory_free(&m);
     return rc;
 }

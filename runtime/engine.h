@@ -113,9 +113,14 @@ typedef struct pi2_offload_opts {
     double min_speed;           /* tok/s the plan must reach (0: none): PI2_ERANGE otherwise */
     int plan_prompt;            /* prompt tokens for the predicted prefill figure (0: 128) */
     /* q8/q4 predictors: 0 streams them from the container a layer at a
-     * time (a ring of pi2_plan_pred_ring_slots layers) only when the limit
+     * time (a ring of pi2_plan_ring_slots layers) only when the limit
      * cannot hold them resident, 1 always, -1 never (runtime/planner.h) */
     int pred_stream;
+    /* the attention projections (q, k, v, o) of the last N layers stream
+     * through the same ring: 0 the least N the limit needs (0 when it
+     * holds them resident), N > 0 that many (at most the model's layers),
+     * -1 never */
+    int attn_stream;
 } pi2_offload_opts;
 
 typedef struct pi2_engine_opts {
@@ -254,7 +259,8 @@ typedef struct pi2_engine_offload_info {
     double io_wait_s;        /* compute threads idle waiting for reads (thread-seconds / threads) */
     uint64_t prefill_bytes_read;
     bool pred_stream;        /* the predictors stream a layer at a time (planner.h) */
-    uint64_t pred_bytes_read; /* ... bytes of them read since the last stats reset */
+    int attn_stream;         /* layers whose attention streams with them (the last ones) */
+    uint64_t pred_bytes_read; /* bytes the ring read (predictors, attention) since the last stats reset */
 } pi2_engine_offload_info;
 void pi2_engine_offload_info_get(const pi2_engine *e, pi2_engine_offload_info *out);
 /* Measured footprint now: the process's anonymous resident memory plus the

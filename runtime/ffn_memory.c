@@ -152,6 +152,12 @@ static int mem_layer_ahead(pi2_engine *e, int l, const float *x, pi2_err *err)
     return 0;
 }
 
+static int mem_layer_begin(pi2_engine *e, int l, bool decode, pi2_err *err)
+{
+    (void)e, (void)l, (void)decode, (void)err;
+    return 0;
+}
+
 static int mem_skip(pi2_engine *e, const eng_ffn *f, pi2_err *err)
 {
     (void)e, (void)f, (void)err;
@@ -162,6 +168,7 @@ static void mem_end_pass(pi2_engine *e, bool decode) { (void)e, (void)decode; }
 
 const ffn_source eng_ffn_memory = {
     .begin_pass = mem_begin_pass,
+    .layer_begin = mem_layer_begin,
     .layer_ahead = mem_layer_ahead,
     .decode = mem_decode,
     .prefill = mem_prefill,

@@ -8,7 +8,7 @@
  * calls them in this order for a pass:
  *
  *   begin_pass
- *   for each layer:  [decode] layer_ahead, attention,
+ *   for each layer:  layer_begin, [decode] layer_ahead, attention,
  *                    then each FFN of the layer in layer / expert order:
  *                    decode, prefill, or (prefill, an expert no token
  *                    chose) skip
@@ -37,6 +37,10 @@
 typedef struct ffn_source {
     /* A pass of the forward begins (decode: one token). */
     int (*begin_pass)(pi2_engine *e, bool decode, pi2_err *err);
+    /* Every pass, before layer l's attention: the weights the source
+     * streams that the layer runs are ready (flash: a streamed layer's
+     * attention, and decode's predictors) until the next layer_begin. */
+    int (*layer_begin)(pi2_engine *e, int l, bool decode, pi2_err *err);
     /* Decode, before layer l's attention, its residual x [hidden]: a
      * chance to start fetching what layer l's FFN will likely need; layer
      * l's predictors are ready when it returns 0. */

@@ -600,8 +600,11 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
     for (int l = 0; l < d->n_layers; l++) {
         const eng_layer *L = &e->layers[l];
         tok_job tj;
-        /* the FFN's source may start fetching while the attention computes */
-        rc = decode ? e->ffn->layer_ahead(e, l, e->x, err) : 0;
+        /* the layer's streamed weights ready; the FFN's source may start
+         * fetching while the attention computes */
+        rc = e->ffn->layer_begin(e, l, decode, err);
+        if (rc == 0 && decode)
+            rc = e->ffn->layer_ahead(e, l, e->x, err);
         if (rc == 0) {
             attention(e, l, T, pos, &tj);
             rc = ffn_block(e, l, T, pos, decode, err);

@@ -65,6 +65,9 @@ static void usage(FILE *f)
             "  --gate-first       offload, dReLU: read up/down rows only once the gate fired\n"
             "                     (default: in the same read as a missing gate)\n"
             "  --no-read-ahead    offload: do not read the next layer's likely neurons (MoE: experts) during attention\n"
+            "  --stream-attn N    offload: read the attention of the last N layers from the file each\n"
+            "                     token, a layer ahead, instead of keeping it; auto (default): the\n"
+            "                     fewest layers the limit needs; off: never\n"
             "  --plan-only        offload: print the plan for --mem-limit (JSON: hot and gate-only\n"
             "                     groups per FFN, threads, I/O depth, memory, predicted speeds) and stop;\n"
             "                     without --mem-limit, the least memory and a table of limits\n"
@@ -188,7 +191,7 @@ enum {
     O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS, O_DENSE, O_PUBKEY, O_TRUST, O_NOVERIFY,
     O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE, O_MEM, O_HOT, O_IO, O_IODEPTH, O_MLOCK,
     O_IOPROBE, O_PLAN, O_GATEFIRST, O_PROFHW, O_DEVPATH, O_HWPROF, O_PROFSEC, O_PLANFILE, O_NOPLAN, O_MINSPEED,
-    O_NORA, O_FORCE, O_VERSION
+    O_NORA, O_FORCE, O_VERSION, O_STREAMATTN
 };
 
 /* chat and serve */
@@ -230,6 +233,7 @@ static const struct option opts[] = {
     {"io", required_argument, 0, O_IO},           {"io-depth", required_argument, 0, O_IODEPTH},
     {"no-mlock", no_argument, 0, O_MLOCK},        {"gate-first", no_argument, 0, O_GATEFIRST},
     {"io-probe", required_argument, 0, O_IOPROBE}, {"no-read-ahead", no_argument, 0, O_NORA},
+    {"stream-attn", required_argument, 0, O_STREAMATTN},
     {"profile-hw", no_argument, 0, O_PROFHW},     {"device-path", required_argument, 0, O_DEVPATH},
     {"hw-profile", required_argument, 0, O_HWPROF}, {"profile-seconds", required_argument, 0, O_PROFSEC},
     {"plan", required_argument, 0, O_PLANFILE},   {"no-plan", no_argument, 0, O_NOPLAN},
@@ -268,6 +272,23 @@ static int take_io(const char *arg, int *backend, pi2_err *err)
             return 0;
         }
     return pi2_err_set(err, PI2_EINVAL, "--io: '%s' is not one of auto, uring, pread", arg);
+}
+
+/* --stream-attn N|auto|off into the engine's attn_stream (N, 0, -1). */
+static int take_stream_attn(const char *arg, int *out, pi2_err *err)
+{
+    long long v;
+    if (strcmp(arg, "auto") == 0 || strcmp(arg, "off") == 0) {
+        *out = arg[0] == 'a' ? 0 : -1;
+        return 0;
+    }
+    int rc = pi2_parse_int("--stream-attn", arg, 1, 1 << 20, &v, err);
+    if (rc) {
+        pi2_err_clear(err);
+        return pi2_err_set(err, PI2_EINVAL, "--stream-attn: '%s' is not a layer count, auto or off", arg);
+    }
+    *out = (int)v;
+    return 0;
 }
 
 /* One parsed option c (getopt_long's value; its argument in optarg) into o:
@@ -322,6 +343,7 @@ static int take_flag(int c, run_opts *o, pi2_err *err)
     case O_MLOCK: o->no_mlock = true; break;
     case O_GATEFIRST: o->gate_first = true; break;
     case O_NORA: o->no_read_ahead = true; break;
+    case O_STREAMATTN: return take_stream_attn(optarg, &o->stream_attn, err);
     case O_IOPROBE: o->io_probe = optarg; break;
     case O_PLAN: o->plan_only = true; break;
     case O_PROFHW: o->profile_hw = true; break;

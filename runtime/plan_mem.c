@@ -120,7 +120,10 @@ static void items_fill(const pi2_plan_mem_in *in, pi2_plan_memory *m)
         case PI2_T_Q:
         case PI2_T_K:
         case PI2_T_V:
-        case PI2_T_O: it->attn += tensor_bytes(t); break;
+        case PI2_T_O: /* the streamed layers' are in the ring */
+            if (!pi2_plan_stream_attn_layer(mf->config.n_layers, m->attn_stream, t->layer))
+                it->attn += tensor_bytes(t);
+            break;
         case PI2_T_OUT_NORM:
         case PI2_T_ATTN_NORM:
         case PI2_T_FFN_NORM: it->norms += tensor_bytes(t); break;
@@ -135,13 +138,18 @@ static void items_fill(const pi2_plan_mem_in *in, pi2_plan_memory *m)
             it->pred += pi2_plan_pred_bytes(&ml->predictor, mf->config.hidden, b->neurons, NULL);
     }
     uint64_t held = it->attn + it->embed_head + it->norms + (it->pred - copies);
-    if (m->pred_stream) { /* out of the resident part; their ring is */
+    /* streamed: out of the resident part; the ring is listed as the
+     * predictors when they stream, else as the attention */
+    if (m->pred_stream) {
         held = it->attn + it->embed_head + it->norms;
-        it->pred = m->pred_ring;
+        it->pred = m->ring;
         it->pred_streamed = true;
+    } else if (m->attn_stream > 0) {
+        it->attn += m->ring;
     }
+    it->attn_streamed = m->attn_stream;
     it->other = m->resident > held ? m->resident - held : 0;
-    it->buffers = m->buffers > copies + m->pred_ring ? m->buffers - copies - m->pred_ring : 0;
+    it->buffers = m->buffers > copies + m->ring ? m->buffers - copies - m->ring : 0;
     it->kv = m->kv;
     it->files = m->files;
     it->overhead = m->overhead;
@@ -172,13 +180,18 @@ size_t pi2_plan_items_text(const pi2_plan_items *it, int ctx, char *buf, size_t 
     if (cap)
         buf[0] = 0;
     for (size_t i = 0; i < sizeof row / sizeof *row; i++) {
-        if (row[i].b == 0)
+        bool attn = i == 0 && it->attn_streamed > 0; /* listed when streamed, held or not */
+        if (row[i].b == 0 && !attn)
             continue;
         char one[96];
         int w1 = mb_print(one, sizeof one, row[i].name, row[i].b);
-        if (it->pred_streamed && strcmp(row[i].name, "predictors") == 0 && w1 > 0 &&
-            (size_t)w1 < sizeof one)
-            snprintf(one + w1, sizeof one - (size_t)w1, " (streamed ring)");
+        if (w1 > 0 && (size_t)w1 < sizeof one) {
+            if (it->pred_streamed && strcmp(row[i].name, "predictors") == 0)
+                snprintf(one + w1, sizeof one - (size_t)w1, " (streamed ring%s)",
+                         it->attn_streamed > 0 ? ", with the attention" : "");
+            else if (attn)
+                snprintf(one + w1, sizeof one - (size_t)w1, " (%d layers streamed)", it->attn_streamed);
+        }
         int w = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, "%s%s", n ? ", " : "", one);
         n += w > 0 ? (size_t)w : 0;
     }
@@ -335,36 +348,58 @@ uint64_t pi2_plan_overhead(int threads, uint64_t sized)
            sized / PI2_PLAN_SLACK_SHARE;
 }
 
-bool pi2_plan_pred_stream_sizes(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t *skipped,
-                                uint64_t *slot)
+/* Member `name` (4 KiB aligned) added to its layer's bytes *per and to
+ * *all, page-rounded; false when missing or unaligned. */
+static bool stream_member(const pi2_manifest *mf, const char *name, uint64_t *per, uint64_t *all)
 {
-    *skipped = *slot = 0;
-    int L = mf->config.n_layers;
-    if (mf->sparsity_mode != PI2_MF_SPARSE_PREDICTOR || L <= pi2_plan_pred_ring_slots(L))
+    const pi2_ctr_section *s = name && name[0] ? pi2_manifest_find_section(mf, name) : NULL;
+    if (!s || s->offset % 4096)
         return false;
-    uint64_t *per = pi2_calloc_array((size_t)L, sizeof *per), all = 0;
-    bool ok = per != NULL && bl->n_ffn > 0;
-    for (size_t i = 0; ok && i < bl->n_ffn; i++) {
+    uint64_t n = (s->size + 4095) / 4096 * 4096;
+    *per += n;
+    *all += n;
+    return true;
+}
+
+/* Every layer's q8/q4 predictors (every expert's) into per[layer]. */
+static bool stream_preds(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t *per, uint64_t *all)
+{
+    int L = mf->config.n_layers;
+    if (mf->sparsity_mode != PI2_MF_SPARSE_PREDICTOR || L <= pi2_plan_ring_slots(L) || bl->n_ffn == 0)
+        return false;
+    for (size_t i = 0; i < bl->n_ffn; i++) {
         const pi2_bl_ffn *b = &bl->ffn[i];
         const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
         if (!ml || !ml->has_predictor || pi2_mf_pred_qtype(ml->predictor.dtype) == PI2_QT_F32 || b->layer < 0 ||
-            b->layer >= L) {
-            ok = false;
-            break;
-        }
+            b->layer >= L)
+            return false;
         const pi2_mf_predictor *p = &ml->predictor;
         const char *names[4] = {p->fc1, p->fc2, p->fc1_scales, p->fc2_scales};
-        for (int k = 0; ok && k < 4; k++) {
-            const pi2_ctr_section *s = pi2_manifest_find_section(mf, names[k]);
-            if (!s || s->offset % 4096) {
-                ok = false;
-                break;
-            }
-            uint64_t n = (s->size + 4095) / 4096 * 4096;
-            per[b->layer] += n;
-            all += n;
-        }
+        for (int k = 0; k < 4; k++)
+            if (!stream_member(mf, names[k], &per[b->layer], all))
+                return false;
     }
+    return true;
+}
+
+bool pi2_plan_stream_attn_layer(int n_layers, int attn, int l) { return l >= n_layers - attn && l < n_layers; }
+
+bool pi2_plan_stream_sizes(const pi2_manifest *mf, const pi2_bundle_layout *bl, bool pred, int attn,
+                           uint64_t *skipped, uint64_t *slot)
+{
+    *skipped = *slot = 0;
+    int L = mf->config.n_layers;
+    if ((!pred && attn <= 0) || attn < 0 || attn > L)
+        return false;
+    uint64_t *per = pi2_calloc_array((size_t)L, sizeof *per), all = 0;
+    bool ok = per != NULL && (!pred || stream_preds(mf, bl, per, &all));
+    static const pi2_tname roles[4] = {PI2_T_Q, PI2_T_K, PI2_T_V, PI2_T_O};
+    for (int l = L - attn; ok && l < L; l++)
+        for (int k = 0; ok && k < 4; k++) {
+            const pi2_mf_tensor *t = pi2_manifest_find_tensor(mf, roles[k], l, -1);
+            ok = t && stream_member(mf, t->payload, &per[l], &all) &&
+                 (t->qtype == PI2_QT_F32 || stream_member(mf, t->scales, &per[l], &all));
+        }
     for (int l = 0; ok && l < L; l++)
         *slot = per[l] > *slot ? per[l] : *slot;
     free(per);
@@ -375,11 +410,19 @@ bool pi2_plan_pred_stream_sizes(const pi2_manifest *mf, const pi2_bundle_layout 
     return ok;
 }
 
-int pi2_plan_pred_ring_slots(int n_layers) { return n_layers > 2 ? 2 : 1; }
+int pi2_plan_ring_slots(int n_layers) { return n_layers > 2 ? 2 : 1; }
 
-/* The fixed costs, the smallest cache and the minimum into *m, the
- * predictors resident or (stream) streamed through their ring. */
-static void floor_costs(const pi2_plan_mem_in *in, const pi2_mprof *geo, bool stream, pi2_plan_memory *m)
+/* What streams through the ring: the predictors (pred), and the
+ * attention of the last attn layers. */
+typedef struct stream_cfg {
+    bool pred;
+    int attn;
+} stream_cfg;
+
+/* The fixed costs, the smallest cache and the minimum into *m, with what
+ * c streams (where it can) left out of the resident part and its ring
+ * counted in the buffers. */
+static void floor_costs(const pi2_plan_mem_in *in, const pi2_mprof *geo, stream_cfg c, pi2_plan_memory *m)
 {
     const pi2_offload_opts *o = in->opts;
     const pi2_model_desc *d = &in->mf->config;
@@ -388,16 +431,18 @@ static void floor_costs(const pi2_plan_mem_in *in, const pi2_mprof *geo, bool st
     m->mem_limit = o->mem_limit;
     m->ring_depth = pi2_plan_ring_depth(o);
     m->ffn_total = geo->ffn_total;
-    m->pred_stream = stream && pi2_plan_pred_stream_sizes(in->mf, in->bl, &skipped, &slot);
-    m->pred_skipped = m->pred_stream ? skipped : 0;
-    m->pred_ring = m->pred_stream ? (uint64_t)pi2_plan_pred_ring_slots(d->n_layers) * slot : 0;
+    bool ok = pi2_plan_stream_sizes(in->mf, in->bl, c.pred, c.attn, &skipped, &slot);
+    m->pred_stream = ok && c.pred;
+    m->attn_stream = ok ? c.attn : 0;
+    m->stream_skipped = ok ? skipped : 0;
+    m->ring = ok ? (uint64_t)pi2_plan_ring_slots(c.pred ? d->n_layers : c.attn) * slot : 0;
     /* cache indexes: 4 bytes per neuron per cache */
     int n_caches = geo->two_phase ? 2 : 1;
     m->index = (uint64_t)n_caches * geo->n_ffn * (uint64_t)d->n_ff * 4;
     uint64_t mine = in->bufs.offload + (uint64_t)depth * in->bufs.per_depth;
-    m->resident = in->resident > m->pred_skipped ? in->resident - m->pred_skipped : 0;
+    m->resident = in->resident > m->stream_skipped ? in->resident - m->stream_skipped : 0;
     m->kv = (uint64_t)in->ctx * in->bufs.per_pos;
-    m->buffers = in->bufs.engine + mine + m->index + m->pred_ring;
+    m->buffers = in->bufs.engine + mine + m->index + m->ring;
     m->files = in->files;
     uint64_t base = pi2_plan_overhead(in->threads, m->resident + m->kv + m->buffers);
     uint64_t fixed = m->resident + m->kv + m->buffers + m->files + base;
@@ -410,11 +455,11 @@ static void floor_costs(const pi2_plan_mem_in *in, const pi2_mprof *geo, bool st
     /* open holds the whole resident region, f32/f16 predictors included,
      * before the KV cache and the caches; each predictor is given back as
      * its Q8 copy (smaller) is made, so at most one copy per thread is
-     * held beyond the region. Streamed predictors are hashed in their
-     * ring, never held. */
+     * held beyond the region. Streamed members are hashed in their ring,
+     * never held. */
     uint64_t largest, copies = pred_copies(in, &largest);
-    m->open_peak = pi2_plan_resident(in->mf, in->bl, 0) - m->pred_skipped + (in->bufs.engine - copies) +
-                   (uint64_t)in->threads * largest + mine + m->pred_ring + m->files + base;
+    m->open_peak = pi2_plan_resident(in->mf, in->bl, 0) - m->stream_skipped + (in->bufs.engine - copies) +
+                   (uint64_t)in->threads * largest + mine + m->ring + m->files + base;
     /* the kernel's share of what the run can use: the limit, or everything
      * in memory when the limit is larger */
     uint64_t most = fixed + m->ffn_total + m->min_cache;
@@ -424,26 +469,51 @@ static void floor_costs(const pi2_plan_mem_in *in, const pi2_mprof *geo, bool st
     items_fill(in, m);
 }
 
+/* The choices of what streams, from the most resident to the least, into
+ * cfg (at most n_layers + 2); returns their count. Predictors first (where
+ * they can stream and the options let them), then the attention of 1, 2,
+ * ... layers more (or the options' count alone). */
+static int stream_choices(const pi2_plan_mem_in *in, stream_cfg *cfg)
+{
+    const pi2_offload_opts *o = in->opts;
+    int L = in->mf->config.n_layers, n = 0;
+    uint64_t skipped, slot;
+    bool pred = o->pred_stream >= 0 && pi2_plan_stream_sizes(in->mf, in->bl, true, 0, &skipped, &slot);
+    bool attn = o->attn_stream >= 0 && L > 0 && pi2_plan_stream_sizes(in->mf, in->bl, false, 1, &skipped, &slot);
+    int a0 = attn && o->attn_stream > 0 ? (o->attn_stream < L ? o->attn_stream : L) : 0;
+    if (!pred || o->pred_stream == 0)
+        cfg[n++] = (stream_cfg){false, a0};
+    if (pred)
+        cfg[n++] = (stream_cfg){true, a0};
+    for (int a = 1; attn && o->attn_stream == 0 && a <= L; a++)
+        cfg[n++] = (stream_cfg){pred, a};
+    return n;
+}
+
 /* The fixed costs, the smallest cache and the minimum into *m; PI2_ENOMEM
  * (one line naming each resident item) when the limit cannot hold them.
- * Predictors stream (where they can) when asked, or when the limit is
- * below the minimum that keeps them: a resident predictor byte serves
- * every token, a neuron cache byte only the tokens its neuron fires for,
- * so they stay resident while they fit. */
+ * What streams is the first of stream_choices that fits: a resident byte
+ * serves every token, a neuron cache byte only the tokens its neuron fires
+ * for, so predictors and attention stay resident while they fit. `least`
+ * is the minimum of the last choice, the most streamed. */
 static int floor_make(const pi2_plan_mem_in *in, const pi2_mprof *geo, pi2_plan_memory *m, pi2_err *err)
 {
     const pi2_offload_opts *o = in->opts;
-    uint64_t skipped, slot;
-    bool can = o->pred_stream >= 0 && pi2_plan_pred_stream_sizes(in->mf, in->bl, &skipped, &slot);
-    floor_costs(in, geo, can, m);
-    m->least = m->minimum;
-    if (can && o->pred_stream == 0 && o->mem_limit >= m->minimum) {
-        uint64_t least = m->minimum;
-        floor_costs(in, geo, false, m);
-        if (o->mem_limit < m->minimum) /* only streaming fits */
-            floor_costs(in, geo, true, m);
-        m->least = least;
+    stream_cfg *cfg = pi2_malloc_array((size_t)in->mf->config.n_layers + 2, sizeof *cfg);
+    if (!cfg)
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    int n = stream_choices(in, cfg);
+    floor_costs(in, geo, cfg[n - 1], m);
+    uint64_t least = m->minimum;
+    for (int i = 0; i < n - 1 && o->mem_limit >= least; i++) {
+        floor_costs(in, geo, cfg[i], m);
+        if (o->mem_limit >= m->minimum)
+            break;
+        if (i == n - 2) /* only the last fits */
+            floor_costs(in, geo, cfg[n - 1], m);
     }
+    free(cfg);
+    m->least = least;
     if (o->mem_limit >= m->minimum)
         return 0;
     char items[640];
@@ -504,13 +574,13 @@ int pi2_plan_memory_make(const pi2_plan_mem_in *in, pi2_plan_memory *out, pi2_er
             rc = pi2_err_set(err, PI2_ENOMEM, "%s: the plan needs %.0f MB, more than the memory limit of %.0f MB",
                              in->name, mb(fixed + m->hot + m->min_cache) + 1, mb(o->mem_limit));
     }
-    if (rc == 0 && m->pred_stream && m->plan.pred.decode_ms > 0 && o->hw && o->hw->seq_bps > 0) {
-        /* each token reads every layer's predictors: counted whole, as if
-         * no compute hid them (the FFN's reads share the disk) */
+    if (rc == 0 && m->ring > 0 && m->plan.pred.decode_ms > 0 && o->hw && o->hw->seq_bps > 0) {
+        /* each token reads what streams, every layer's: counted whole, as
+         * if no compute hid it (the FFN's reads share the disk) */
         struct pi2_plan_pred *r = &m->plan.pred;
-        r->decode_ms += (double)m->pred_skipped / o->hw->seq_bps * 1e3;
+        r->decode_ms += (double)m->stream_skipped / o->hw->seq_bps * 1e3;
         r->decode_tok_s = 1e3 / r->decode_ms;
-        r->mb_per_token += (double)m->pred_skipped / 1e6;
+        r->mb_per_token += (double)m->stream_skipped / 1e6;
     }
     if (rc == 0) {
         m->fixed = fixed;

@@ -285,14 +285,19 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err);
  * the engine plans with it before it allocates anything, pi2-run plan
  * without opening an engine. Fixed costs:
  *   resident  the resident region less the f32 predictors given back once
- *             their Q8 copy is made (pi2_plan_resident), and less the
- *             q8/q4 predictors when they stream (pred_stream: their ring
- *             of pi2_plan_pred_ring_slots layers counts with the buffers;
- *             chosen when asked, or when the limit is below the minimum
- *             that keeps them resident; `least` is the smallest limit
- *             either way, the one pi2-run plan starts its table at; a
- *             predicted plan's decode time then counts their reads, every
- *             layer's each token, at the sequential rate, unhidden);
+ *             their Q8 copy is made (pi2_plan_resident), and less what
+ *             streams: the q8/q4 predictors (pred_stream) and the
+ *             attention projections of the last attn_stream layers, read
+ *             a layer at a time through one ring of pi2_plan_ring_slots
+ *             layers that counts with the buffers. Chosen as the options
+ *             say, else the first of: nothing, the predictors, then the
+ *             predictors and the attention of 1, 2, ... layers, that the
+ *             limit holds (a resident byte serves every token); `least`
+ *             is the smallest limit with everything that can stream
+ *             streamed, the one pi2-run plan starts its table at; a
+ *             predicted plan's decode time then counts the ring's reads,
+ *             every streamed layer's each token, at the sequential rate,
+ *             unhidden;
  *   kv        the KV cache for ctx positions, and each thread's attention
  *             scores;
  *   buffers   the engine's and the offloader's (pi2_engine_buffer_sizes:
@@ -363,12 +368,14 @@ typedef struct pi2_plan_mem_in {
 /* The resident part item by item: what pi2-run plan lists, and what the
  * message of a limit below the minimum names. */
 typedef struct pi2_plan_items {
-    uint64_t attn;       /* attention projections, all layers */
+    uint64_t attn;       /* attention projections of the layers that keep them resident */
     uint64_t embed_head; /* embeddings and output head */
     uint64_t norms;
     uint64_t pred;       /* predictors as decode runs them (pi2_plan_pred_bytes; Q8 copies included),
-                            or (pred_streamed) the bytes of their ring */
+                            or (pred_streamed) the bytes of the ring */
     bool pred_streamed;
+    int attn_streamed;   /* layers whose attention streams: out of attn, which holds the ring when the
+                            predictors do not stream */
     uint64_t other;      /* the rest of the resident region: profiles, router, tokenizer, manifest */
     uint64_t buffers;    /* the engine's and the offloader's, predictor copies left out */
     uint64_t kv, files, overhead, min_cache;
@@ -388,11 +395,12 @@ typedef struct pi2_plan_memory {
     uint64_t ffn_total;            /* FFN payload bytes */
     uint64_t index;                /* of buffers: the caches' indexes */
     uint64_t min_cache, minimum;
-    uint64_t least;                /* the smallest runnable limit with the predictors streamed where
-                                      they can be (the minimum when they cannot) */
-    bool pred_stream;              /* the predictors stream through a ring (counted in buffers) */
-    uint64_t pred_ring;            /* its bytes: pred_slots of pred_slot bytes */
-    uint64_t pred_skipped;         /* predictor bytes the resident part leaves out */
+    uint64_t least;                /* the smallest runnable limit with everything that can stream
+                                      streamed (the minimum when nothing can) */
+    bool pred_stream;              /* the predictors stream through the ring (counted in buffers) */
+    int attn_stream;               /* so does the attention of this many layers, the last ones */
+    uint64_t ring;                 /* its bytes: pi2_plan_ring_slots slots of the largest layer's */
+    uint64_t stream_skipped;       /* bytes the resident part leaves out for it */
     pi2_plan_mem solver;           /* what the solver saw */
     int ring_depth;                /* reads the reader must hold (the plan may pick up to it) */
     pi2_plan plan;                 /* hot and gate groups per FFN, threads, I/O depth, gate-first */
@@ -412,18 +420,24 @@ typedef struct pi2_plan_memory {
  * gives back once quantized (predictor models). 0 for an inconsistent
  * manifest. */
 uint64_t pi2_plan_resident(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t page);
-/* Streaming predictors (q8/q4 ones, used in place): the resident read
- * leaves out each predictor member's whole 4 KiB pages (*skipped bytes in
- * all) and decode reads a layer's members (every expert's) into a ring
+/* Streaming (q8/q4 predictors used in place; attention projections): the
+ * resident read leaves out the whole 4 KiB pages of each streamed member
+ * (*skipped bytes in all) and decode reads a layer's members into a ring
  * slot of *slot bytes (the largest layer's, members page-rounded), the
- * read of the next layer overlapping the current one. False (sizes 0)
- * when they cannot stream: no predictors, f32/f16 ones (quantized at
- * open), or no more layers than ring slots. */
-bool pi2_plan_pred_stream_sizes(const pi2_manifest *mf, const pi2_bundle_layout *bl, uint64_t *skipped,
-                                uint64_t *slot);
-/* Ring slots for a model of n_layers: 2 (one in use, the next being
- * read), 1 on a model of two layers (read after its predictor ran). */
-int pi2_plan_pred_ring_slots(int n_layers);
+ * read of the next streamed layer overlapping the current one. What
+ * streams: with pred, every layer's predictors (every expert's); the
+ * attention (q, k, v, o payloads and scales) of the last attn layers.
+ * False (sizes 0) when that cannot stream: nothing asked, attn out of
+ * [0, n_layers], no predictors or f32/f16 ones (quantized at open), no
+ * more layers than ring slots (predictors), a member missing or
+ * unaligned. */
+bool pi2_plan_stream_sizes(const pi2_manifest *mf, const pi2_bundle_layout *bl, bool pred, int attn,
+                           uint64_t *skipped, uint64_t *slot);
+/* Whether layer l's attention streams when the last attn of n_layers do. */
+bool pi2_plan_stream_attn_layer(int n_layers, int attn, int l);
+/* Ring slots for n streamed layers: 2 (one in use, the next being read),
+ * 1 for two layers or fewer (read after the layer ran). */
+int pi2_plan_ring_slots(int n);
 /* Page cache a run's open touches in the container outside the resident
  * region's direct read: each member's header page, the manifest and its
  * signature. */

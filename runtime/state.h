@@ -164,6 +164,7 @@ struct pi2_engine {
     uint64_t res_bytes;
     uint64_t res_released; /* bytes of it given back (the f32 predictors, once quantized) */
     bool pred_stream;    /* the plan streams the predictors: not in res, read per layer (offload/pstream.c) */
+    int attn_stream;     /* ... and the attention of the last attn_stream layers, likewise */
     uint64_t buf_bytes;  /* activation and thread buffers (KV cache excluded) */
     int plan_ctx;        /* KV positions the memory plan holds */
 };

@@ -330,7 +330,7 @@ for how in plan run; do
     if [ $how = plan ]; then "$B/pi2-run" plan "$T/b.pi2" --pubkey "$T/k.pub" -p hi --mem-limit 1M >/dev/null 2>"$T/err"
     else "$B/pi2-run" "$T/b.pi2" -n 2 --pubkey "$T/k.pub" -p hi --mem-limit 1M >/dev/null 2>"$T/err"; fi
     [ $? -eq 1 ] && [ "$(wc -l <"$T/err")" -eq 1 ] \
-        && grep -q "b.pi2: the memory limit of 1.0 MB cannot hold the resident part: it needs at least [0-9]* MB (attention [0-9.]* [KM]B, embeddings+head [0-9.]* [KM]B, predictors [0-9.]* [KM]B[^,]*, .*buffers .*KV cache at [0-9]* positions" "$T/err" \
+        && grep -q "b.pi2: the memory limit of 1.0 MB cannot hold the resident part: it needs at least [0-9]* MB (attention [0-9.]* [KM]B[^,]*, embeddings+head [0-9.]* [KM]B, predictors [0-9.]* [KM]B[^,]*, .*buffers .*KV cache at [0-9]* positions" "$T/err" \
         && ok || { bad "$how: one line naming each resident item below the minimum"; cat "$T/err"; }
 done
 # without --mem-limit: the least memory the model runs in and a table of limits up to all in
@@ -516,9 +516,11 @@ elif [ -w /sys/fs/cgroup/memory ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_
         "$B/pi2-run" plan "$T/lp-$q.pi2" --pubkey "$T/k.pub" -p "$long" -n 8 >"$T/plan.json" 2>/dev/null
         lmin=$(jget minimum_bytes <"$T/plan.json")
         cap=$((${lmin:-0} + 1048576))
-        # at the least limit the predictors stream a layer at a time (a ring of two of the four)
-        grep -q '"predictors_streamed":true' "$T/plan.json" && ok \
-            || { bad "large predictors at $q: not streamed at the least limit"; cat "$T/plan.json"; }
+        # at the least limit the predictors and every layer's attention stream a layer at a time
+        # (a ring of two of the four); the 1 MB above it buys back what it can hold (here some
+        # or all of the attention, a few hundred KB a layer)
+        grep -q '"predictors_streamed":true' "$T/plan.json" && grep -q '"attention_layers_streamed":4' "$T/plan.json" && ok \
+            || { bad "large predictors at $q: not streamed with the attention at the least limit"; cat "$T/plan.json"; }
         a=$("$B/pi2-run" "$T/lp-$q.pi2" --pubkey "$T/k.pub" -p "$long" -n 8 2>/dev/null)
         sh tests/cgroup_run.sh "$cap" "$T/usage" "$B/pi2-run" "$T/lp-$q.pi2" --pubkey "$T/k.pub" -p "$long" -n 8 \
             --mem-limit "$cap" --stats >"$T/out" 2>"$T/err"
@@ -526,13 +528,21 @@ elif [ -w /sys/fs/cgroup/memory ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_
         read -r peak fails <"$T/usage" 2>/dev/null || peak=0
         ptok=$(sed -n 's/.*prefill \([0-9]*\) tokens.*/\1/p' "$T/err")
         if [ "$rc" -eq 0 ] && [ -s "$T/out" ] && [ "$(cat "$T/out")" = "$a" ] && [ "${ptok:-0}" -ge 512 ] \
-            && grep -q "predictors streamed a layer at a time" "$T/err" \
+            && grep -q "predictors.* streamed a layer at a time" "$T/err" \
             && [ "${peak:-0}" -gt 0 ] && [ "$peak" -le "$cap" ]; then
             ok
-            echo "cgroup cap $((cap / 1048576)) MB (minimum + 1 MB), $q non-FFN and predictors (streamed): $ptok-token prompt, peak usage $((peak / 1048576)) MB, same text as in memory"
+            echo "cgroup cap $((cap / 1048576)) MB (minimum + 1 MB), $q non-FFN and predictors (streamed, with the attention): $ptok-token prompt, peak usage $((peak / 1048576)) MB, same text as in memory"
         else
             bad "large predictors at $q under their minimum + 1 MB ($cap bytes): exit $rc, peak ${peak:-?}, prompt ${ptok:-?}"; cat "$T/err"
         fi
+        # --stream-attn: a count forced where everything fits gives the same text; a bad one is one line
+        [ "$q" = q4 ] || continue
+        [ "$("$B/pi2-run" "$T/lp-$q.pi2" --pubkey "$T/k.pub" -p "$long" -n 8 --mem-limit 1T --stream-attn 3 --stats \
+            2>"$T/err")" = "$a" ] && grep -q "the attention of 3 layers streamed" "$T/err" && ok \
+            || { bad "--stream-attn 3: not the same text, or not streamed"; cat "$T/err"; }
+        "$B/pi2-run" "$T/lp-$q.pi2" --pubkey "$T/k.pub" -p x -n 1 --mem-limit 1T --stream-attn most >/dev/null 2>"$T/err"
+        [ $? -ne 0 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "stream-attn: 'most' is not a layer count" "$T/err" && ok \
+            || { bad "--stream-attn most: not refused in one line"; cat "$T/err"; }
     done
     rm -rf "$T/lp"
 else

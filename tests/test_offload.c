@@ -58,7 +58,7 @@ static int make_model(kind k, pi2_err *e)
     if (pi2_synth_preset("small", &so, e))
         return -1;
     so.threads = 2;
-    so.desc.n_layers = 3;
+    so.desc.n_layers = k == K_PRED_Q8 ? 5 : 3; /* a ring of two slots over five layers */
     so.predictors = k != K_SILU;
     if (k == K_SILU || k == K_RELU_Q8) {
         so.desc.arch = PI2_ARCH_LLAMA;
@@ -217,6 +217,26 @@ static void check_io_priority(const pi2_engine_offload_info *in)
 }
 
 /* The smallest limit a model opens with (from a generous open). */
+/* The least limit of path with the predictors and the attention streamed
+ * as pred_stream and attn_stream say (0: where they can, as by default;
+ * -1: never). */
+static uint64_t least_with(const char *path, int pred_stream, int attn_stream)
+{
+    pi2_engine_opts o = base_opts(path, 1ull << 40);
+    o.offload.hot_share = 0.5;
+    o.offload.pred_stream = pred_stream;
+    o.offload.attn_stream = attn_stream;
+    pi2_engine *eng = NULL;
+    pi2_err e = {0};
+    if (pi2_engine_open(&eng, &o, &e))
+        fail_msg("open %s: %s", path, e.msg);
+    pi2_engine_offload_info in;
+    pi2_engine_offload_info_get(eng, &in);
+    assert_true(in.on && in.attn_stream == 0 && !in.pred_stream); /* everything fits: nothing streams */
+    pi2_engine_close(eng);
+    return in.minimum;
+}
+
 static uint64_t minimum_of(const char *path)
 {
     pi2_engine *eng = open_at(path, 1ull << 40, 0.5, false);
@@ -399,15 +419,16 @@ static void test_windows_astride(void **state)
     free(lt);
 }
 
-/* Streamed predictors (q8, a ring of two layers of three) pick what
- * resident ones pick: the same logits bit for bit at one limit, streamed
- * or not, and at the least limit, which only streaming reaches; each
- * decode step reads every layer's predictors once. */
+/* Streamed predictors (q8, a ring of two layers of five; the attention
+ * kept resident) pick what resident ones pick: the same logits bit for bit
+ * at one limit, streamed or not, and at the least limit, which only
+ * streaming reaches; each decode step reads every layer's predictors
+ * once. */
 static void test_streamed_predictors(void **state)
 {
     (void)state;
     const char *path = g_pi2[K_PRED_Q8];
-    uint64_t least = minimum_of(path);
+    uint64_t least = least_with(path, 0, -1);
     pi2_engine *mem = open_at(path, 0, 0.5, false);
     int V = pi2_engine_desc(mem)->vocab;
     size_t n = (size_t)(STEPS + 1) * (size_t)V;
@@ -424,6 +445,7 @@ static void test_streamed_predictors(void **state)
             pi2_engine_opts o = base_opts(path, limits[li]);
             o.offload.hot_share = 0.0;
             o.offload.pred_stream = mode;
+            o.offload.attn_stream = -1;
             pi2_engine *eng = NULL;
             int rc = pi2_engine_open(&eng, &o, &e);
             if (rc)
@@ -454,6 +476,7 @@ static void test_streamed_predictors(void **state)
     {
         pi2_engine_opts o = base_opts(path, least + 4096);
         o.offload.pred_stream = -1;
+        o.offload.attn_stream = -1;
         pi2_engine *eng = NULL;
         pi2_err er = {0};
         assert_int_equal(pi2_engine_open(&eng, &o, &er), PI2_ENOMEM);
@@ -472,6 +495,158 @@ static void test_streamed_predictors(void **state)
     free(lm);
     free(lr);
     free(ls);
+}
+
+/* Bytes a pass reads through the ring of path when it streams the
+ * predictors (pred) and the attention of the last attn layers: every
+ * streamed member, page-rounded (the planner's count). */
+static uint64_t ring_pass_bytes(const char *path, bool pred, int attn)
+{
+    pi2_bundle *b = NULL;
+    pi2_bundle_open_opts bo = {.pubkey = g_pubkey};
+    pi2_err e = {0};
+    uint64_t skipped = 0, slot = 0;
+    assert_int_equal(pi2_bundle_open(&b, path, &bo, &e), 0);
+    assert_true(pi2_plan_stream_sizes(pi2_bundle_manifest(b), pi2_bundle_layout_get(b), pred, attn, &skipped, &slot));
+    pi2_bundle_close(b);
+    return skipped;
+}
+
+/* Streamed attention (the last N of five layers, with the predictors
+ * streamed in the same slots or resident) computes what resident
+ * attention does: prefill and sparse decode bit for bit as in memory,
+ * dense decode as the offloaded run that keeps it; each pass reads every
+ * streamed layer once (prefill: the attention alone). The least limit
+ * streams it all; the attention kept resident, that limit is refused. */
+static void test_streamed_attention(void **state)
+{
+    (void)state;
+    const char *path = g_pi2[K_PRED_Q8];
+    uint64_t least = minimum_of(path), kept = least_with(path, 0, -1);
+    assert_true(least < kept);
+    pi2_engine *mem = open_at(path, 0, 0.5, false);
+    int V = pi2_engine_desc(mem)->vocab, L = pi2_engine_desc(mem)->n_layers;
+    size_t n = (size_t)(STEPS + 1) * (size_t)V;
+    float *lm = malloc(n * sizeof(float)), *ls = malloc(n * sizeof(float)), *ld = malloc(n * sizeof(float));
+    int32_t im[STEPS + 1], is[STEPS + 1], id[STEPS + 1];
+    pi2_err e = {0};
+    assert_int_equal(run_greedy(mem, lm, im, &e), 0);
+    pi2_engine_close(mem);
+    const struct {
+        int pred, attn;
+        uint64_t limit;
+        bool dense;
+    } runs[] = {{-1, 2, 1ull << 40, false}, {-1, L, 1ull << 40, false}, {1, 1, 1ull << 40, false},
+                {1, 3, 1ull << 40, false},  {0, 0, least + 4096, false},  {-1, -1, 1ull << 40, true},
+                {-1, 3, 1ull << 40, true}};
+    for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) {
+        pi2_engine_opts o = base_opts(path, runs[r].limit);
+        o.offload.hot_share = 0.0;
+        o.offload.pred_stream = runs[r].pred;
+        o.offload.attn_stream = runs[r].attn;
+        o.dense = runs[r].dense;
+        pi2_engine *eng = NULL;
+        if (pi2_engine_open(&eng, &o, &e))
+            fail_msg("open (pred %d, attn %d): %s", runs[r].pred, runs[r].attn, e.msg);
+        pi2_engine_stats_reset(eng);
+        float *lg = runs[r].dense ? ld : ls;
+        int32_t *ids = runs[r].dense ? id : is;
+        if (runs[r].dense && runs[r].attn < 0) { /* the reference of the dense runs */
+            assert_int_equal(run_greedy(eng, lg, ids, &e), 0);
+            pi2_engine_close(eng);
+            continue;
+        }
+        float *lt = runs[r].dense ? ls : lg; /* a dense run after its reference: into ls */
+        int32_t it[STEPS + 1];
+        if (run_greedy(eng, lt, runs[r].dense ? it : ids, &e))
+            fail_msg("run (pred %d, attn %d): %s", runs[r].pred, runs[r].attn, e.msg);
+        pi2_engine_offload_info in;
+        pi2_engine_offload_info_get(eng, &in);
+        int attn = runs[r].attn > 0 ? runs[r].attn : L; /* the least limit streams every layer's */
+        assert_int_equal(in.attn_stream, attn);
+        assert_true(in.pred_stream == (runs[r].pred >= 0));
+        assert_true(in.planned <= runs[r].limit);
+        /* the prefill's pass reads the streamed attention, each decode
+         * step's every streamed layer; the ring holds two of them across
+         * steps at most */
+        uint64_t step = ring_pass_bytes(path, in.pred_stream, attn), pre = ring_pass_bytes(path, false, attn);
+        if (in.pred_bytes_read < pre + (uint64_t)STEPS * step - 2 * step ||
+            in.pred_bytes_read > pre + (uint64_t)STEPS * step + 2 * step)
+            fail_msg("pred %d, attn %d: the ring read %llu bytes, %llu a step", runs[r].pred, attn,
+                     (unsigned long long)in.pred_bytes_read, (unsigned long long)step);
+        pi2_engine_close(eng);
+        if (runs[r].dense) {
+            assert_memory_equal(ld, lt, n * sizeof(float));
+            assert_memory_equal(id, it, sizeof it);
+        } else { /* prefill and sparse decode: as in memory, bit for bit */
+            assert_memory_equal(lm, ls, n * sizeof(float));
+            assert_memory_equal(im, is, sizeof im);
+        }
+    }
+    /* the attention kept resident, the least limit cannot run */
+    pi2_engine_opts o = base_opts(path, least + 4096);
+    o.offload.attn_stream = -1;
+    pi2_engine *eng = NULL;
+    pi2_err er = {0};
+    assert_int_equal(pi2_engine_open(&eng, &o, &er), PI2_ENOMEM);
+    assert_non_null(strstr(er.msg, "attention "));
+    fprintf(stderr, "  pred-q8: least limit %.1f MB with the attention streamed (%.1f MB kept); same ids and logits\n",
+            (double)least / 1048576.0, (double)kept / 1048576.0);
+    free(lm);
+    free(ls);
+    free(ld);
+}
+
+/* A ring read that fails fails the step waiting for it (prefill, decode)
+ * and no other: the attention alone streams (every FFN hot, so the ring
+ * is the only reader), its reads fail, the step gives PI2_EIO naming the
+ * file; once they succeed again, the same step gives the same logits. */
+static void test_attention_ring_eio(void **state)
+{
+    (void)state;
+    const char *path = g_pi2[K_PRED_Q8];
+    pi2_engine_opts o = base_opts(path, 1ull << 40);
+    o.offload.attn_stream = 4;
+    pi2_engine *eng = NULL;
+    pi2_err e = {0};
+    assert_int_equal(pi2_engine_open(&eng, &o, &e), 0);
+    int V = pi2_engine_desc(eng)->vocab;
+    size_t n = (size_t)(STEPS + 1) * (size_t)V;
+    float *ref = malloc(n * sizeof(float)), *lg = malloc(n * sizeof(float));
+    int32_t ids[STEPS + 1], p[PROMPT];
+    assert_int_equal(run_greedy(eng, ref, ids, &e), 0);
+    p[0] = 1;
+    for (int i = 1; i < PROMPT; i++)
+        p[i] = 3 + (int32_t)((i * 7919) % (V - 3));
+    for (int at = 0; at < 2; at++) { /* the fault in the prefill, then in a decode step */
+        assert_int_equal(pi2_engine_prefill(eng, p, PROMPT, 0, lg, &e), 0);
+        pi2_io_inject(PI2_IO_FAULT_ERRNO, EIO, 0, 1000000);
+        pi2_err fe = {0};
+        int rc = at == 0 ? pi2_engine_prefill(eng, p, PROMPT, 0, lg, &fe)
+                         : pi2_engine_decode(eng, ids[0], PROMPT, lg, &fe);
+        assert_int_equal(rc, PI2_EIO);
+        assert_non_null(strstr(fe.msg, path));
+        pi2_io_inject(PI2_IO_FAULT_NONE, 0, 0, 0);
+        if (at == 0) {
+            assert_int_equal(pi2_engine_prefill(eng, p, PROMPT, 0, lg, &e), 0);
+            assert_memory_equal(lg, ref, (size_t)V * sizeof(float));
+        } else {
+            assert_int_equal(pi2_engine_decode(eng, ids[0], PROMPT, lg, &e), 0);
+            assert_memory_equal(lg, ref + V, (size_t)V * sizeof(float));
+        }
+    }
+    /* one read failing, in a layer read ahead: read again when needed, no
+     * step fails */
+    pi2_io_inject(PI2_IO_FAULT_ERRNO, EIO, 1, 1);
+    assert_int_equal(pi2_engine_decode(eng, ids[1], PROMPT + 1, lg, &e), 0);
+    assert_memory_equal(lg, ref + (size_t)2 * V, (size_t)V * sizeof(float));
+    pi2_io_inject(PI2_IO_FAULT_NONE, 0, 0, 0);
+    pi2_engine_offload_info in;
+    pi2_engine_offload_info_get(eng, &in);
+    assert_int_equal(in.bytes_read, 0); /* every FFN hot: the ring alone read */
+    pi2_engine_close(eng);
+    free(ref);
+    free(lg);
 }
 
 /* Several caches between tiny and generous, and both readers: identical. */
@@ -520,10 +695,16 @@ static void test_plan(void **state)
     (void)state;
     for (int k = 0; k < K_COUNT; k++) {
         const char *path = g_pi2[k];
-        uint64_t minimum = minimum_of(path), ffn = 0, last_hot = 0;
+        /* the least limit streams what it can; a larger one keeps it
+         * resident as soon as it fits (a resident byte serves every
+         * token), before the FFNs get more: so what is held in memory
+         * grows with the limit, the hot segment alone not always */
+        uint64_t minimum = minimum_of(path), ffn = 0, last_held = 0, kept = least_with(path, -1, -1);
+        int last_attn = INT_MAX;
         double last_off = 2.0;
         for (int step = 0; step <= 10; step++) {
-            pi2_engine_opts o = base_opts(path, minimum + (step == 0 ? 0 : ffn * (uint64_t)step / 8 + 1));
+            pi2_engine_opts o = base_opts(path, step < 10 ? minimum + (step == 0 ? 0 : ffn * (uint64_t)step / 8 + 1)
+                                                          : kept + ffn + ffn / 255 + 1);
             pi2_engine *eng = NULL;
             pi2_err e = {0};
             if (pi2_engine_open(&eng, &o, &e))
@@ -534,12 +715,13 @@ static void test_plan(void **state)
             ffn = in.ffn_total;
             assert_true(in.planned <= in.mem_limit);
             assert_true(in.resident + in.kv + in.buffers + in.files + in.overhead + in.hot + in.cache == in.planned);
-            assert_true(in.hot >= last_hot);
-            assert_true(in.offloaded <= last_off);
+            assert_true(in.resident + in.hot >= last_held);
+            assert_true(in.attn_stream <= last_attn);
             /* all of the FFN plus the overhead's share of the limit (1/256) */
-            if (o.offload.mem_limit >= minimum + ffn + ffn / 255 + 1)
-                assert_true(in.offloaded == 0.0 && in.hot == ffn);
-            last_hot = in.hot;
+            if (o.offload.mem_limit >= kept + ffn + ffn / 255 + 1)
+                assert_true(in.offloaded == 0.0 && in.hot == ffn && in.attn_stream == 0 && !in.pred_stream);
+            last_held = in.resident + in.hot;
+            last_attn = in.attn_stream;
             last_off = in.offloaded;
         }
         assert_true(last_off == 0.0);
@@ -942,6 +1124,8 @@ int main(void)
         cmocka_unit_test_teardown(test_same_tokens_dense, clear_faults),
         cmocka_unit_test_teardown(test_windows_astride, clear_faults),
         cmocka_unit_test_teardown(test_streamed_predictors, clear_faults),
+        cmocka_unit_test_teardown(test_streamed_attention, clear_faults),
+        cmocka_unit_test_teardown(test_attention_ring_eio, clear_faults),
         cmocka_unit_test_teardown(test_limits_and_readers, clear_faults),
         cmocka_unit_test_teardown(test_plan, clear_faults),
         cmocka_unit_test_teardown(test_given_plans, clear_faults),

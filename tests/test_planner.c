@@ -653,6 +653,7 @@ static void mem_opts(pi2_engine_opts *o, const char *path, const pi2_sign_key *p
     o->threads = MEM_THREADS;
     o->ctx = MEM_CTX;
     o->offload.mem_limit = limit;
+    o->offload.attn_stream = -1; /* the attention resident: test_attn_stream lets it stream */
 }
 
 /* The memory plan for o, from the container alone; extra: bytes added to
@@ -869,9 +870,9 @@ static void pred_stream_plan(const char *path, const pi2_sign_key *pk, bool can)
     assert_int_equal(plan_of(&o, &at, &e), 0);
     assert_true(at.pred_stream && at.items.pred_streamed);
     assert_true(at.minimum == big.least && at.least == big.least);
-    assert_true(at.pred_skipped > 0 && at.pred_ring > 0 && at.items.pred == at.pred_ring);
-    assert_true(at.resident == big.resident - at.pred_skipped);
-    assert_true(at.buffers == big.buffers + at.pred_ring);
+    assert_true(at.stream_skipped > 0 && at.ring > 0 && at.items.pred == at.ring);
+    assert_true(at.resident == big.resident - at.stream_skipped);
+    assert_true(at.buffers == big.buffers + at.ring);
     assert_true(at.planned <= at.mem_limit);
     agrees(&o);
     pi2_plan_memory m2;
@@ -886,6 +887,22 @@ static void pred_stream_plan(const char *path, const pi2_sign_key *pk, bool can)
     pi2_plan_memory_free(&at);
 }
 
+/* A temp dir (dir, 64 bytes) with a key pair and, in src (160 bytes), a
+ * generated tiny model of `layers` layers with predictors. */
+static void tiny_pred_model(char *dir, char *src, int layers, pi2_sign_key **key, pi2_sign_key **pk)
+{
+    pi2_err e = {0};
+    pi2t_tmpdir(dir, 64);
+    assert_int_equal(pi2t_keypair(dir, "k", key, pk, &e), 0);
+    pi2_synth_opts so;
+    assert_int_equal(pi2_synth_preset("tiny", &so, &e), 0);
+    so.threads = 1;
+    so.predictors = true;
+    so.desc.n_layers = layers;
+    snprintf(src, 160, "%s/m", dir);
+    assert_int_equal(pi2_synth_write(src, &so, NULL, NULL, &e), 0);
+}
+
 /* The planner counts the predictors as the engine holds them: the Q8 copy
  * of f16 predictors, q8/q4 members in place; and prices them at their type. */
 static void test_pred_bytes(void **state)
@@ -894,15 +911,7 @@ static void test_pred_bytes(void **state)
     char dir[64], src[160], path[1200], name[16];
     pi2_err e = {0};
     pi2_sign_key *key = NULL, *pk = NULL;
-    pi2t_tmpdir(dir, sizeof dir);
-    assert_int_equal(pi2t_keypair(dir, "k", &key, &pk, &e), 0);
-    pi2_synth_opts so;
-    assert_int_equal(pi2_synth_preset("tiny", &so, &e), 0);
-    so.threads = 1;
-    so.predictors = true;
-    so.desc.n_layers = 2;
-    snprintf(src, sizeof src, "%s/m", dir);
-    assert_int_equal(pi2_synth_write(src, &so, NULL, NULL, &e), 0);
+    tiny_pred_model(dir, src, 2, &key, &pk);
     pi2_qtype qs[3] = {PI2_QT_F32, PI2_QT_Q8, PI2_QT_Q4};
     uint64_t bytes[3];
     for (int k = 0; k < 3; k++) {
@@ -944,6 +953,104 @@ static void test_pred_bytes(void **state)
     pi2t_rmtree(dir);
 }
 
+/* Streamed attention in the memory plan of path (L layers; pred: its
+ * predictors stream too): kept resident while the limit holds it; below
+ * that, the least number of layers that fits streams (the last ones),
+ * counted as the ring in the buffers; the least limit streams every
+ * layer's and drops by the attention's bytes less the ring's growth. */
+static void attn_stream_plan(const char *path, const pi2_sign_key *pk, int L, bool pred)
+{
+    pi2_engine_opts o;
+    pi2_plan_memory big, kept, at, ak, m;
+    pi2_err e = {0};
+    mem_opts(&o, path, pk, 1ull << 40);
+    assert_int_equal(plan_of(&o, &kept, &e), 0); /* the attention resident: its least */
+    o.offload.attn_stream = 0;
+    assert_int_equal(plan_of(&o, &big, &e), 0);
+    assert_true(big.attn_stream == 0 && !big.pred_stream && big.ring == 0);
+    assert_true(big.least < kept.least);
+    mem_opts(&o, path, pk, kept.least);
+    assert_int_equal(plan_of(&o, &ak, &e), 0);
+    assert_true(ak.attn_stream == 0 && ak.pred_stream == pred);
+    o.offload.attn_stream = 0; /* the limit that keeps it resident: kept resident */
+    assert_int_equal(plan_of(&o, &m, &e), 0);
+    assert_true(m.attn_stream == 0 && m.minimum == kept.least);
+    pi2_plan_memory_free(&m);
+    /* one byte less: the least number of layers that fits streams */
+    o.offload.mem_limit = kept.least - 1;
+    assert_int_equal(plan_of(&o, &m, &e), 0);
+    int n = m.attn_stream;
+    assert_true(n > 0 && m.items.attn_streamed == n && m.planned <= m.mem_limit);
+    pi2_plan_memory_free(&m);
+    o.offload.attn_stream = n > 1 ? n - 1 : -1;
+    assert_int_equal(plan_of(&o, &m, &e), PI2_ENOMEM);
+    pi2_err_clear(&e);
+    /* each count forced: the automatic choice at its minimum streams no more */
+    for (int k = 1; k <= L; k++) {
+        mem_opts(&o, path, pk, 1ull << 40);
+        o.offload.attn_stream = k;
+        assert_int_equal(plan_of(&o, &m, &e), 0);
+        assert_true(m.attn_stream == k);
+        o.offload.mem_limit = m.minimum;
+        o.offload.attn_stream = 0;
+        pi2_plan_memory_free(&m);
+        assert_int_equal(plan_of(&o, &m, &e), 0);
+        assert_true(m.attn_stream <= k);
+        pi2_plan_memory_free(&m);
+    }
+    /* the least: every layer's streamed; it drops by the attention's bytes
+     * less the ring's growth, with the overhead's shares of them */
+    mem_opts(&o, path, pk, big.least);
+    o.offload.attn_stream = 0;
+    assert_int_equal(plan_of(&o, &at, &e), 0);
+    assert_true(at.attn_stream == L && at.items.attn_streamed == L && at.pred_stream == pred);
+    assert_true(at.minimum == big.least && at.least == big.least);
+    uint64_t saved = (at.stream_skipped - ak.stream_skipped) - (at.ring - ak.ring), drop = kept.least - big.least;
+    if (drop < saved || drop > saved + saved / 50 + 16)
+        fail_msg("least %llu, attention resident %llu: %llu less, the attention saves %llu",
+                 (unsigned long long)big.least, (unsigned long long)kept.least, (unsigned long long)drop,
+                 (unsigned long long)saved);
+    assert_true(at.buffers == ak.buffers + (at.ring - ak.ring));
+    char text[1024], want[64];
+    pi2_plan_items_text(&at.items, MEM_CTX, text, sizeof text);
+    snprintf(want, sizeof want, "(%d layers streamed)", L);
+    assert_non_null(strstr(text, want));
+    agrees(&o);
+    o.offload.mem_limit = big.least - 1;
+    pi2_err_clear(&e);
+    assert_int_equal(plan_of(&o, &m, &e), PI2_ENOMEM);
+    if (!strstr(e.msg, want))
+        fail_msg("%s", e.msg);
+    fprintf(stderr, "  %d layers%s: least %.2f MB, %.2f MB with the attention resident (%.2f MB saved)\n", L,
+            pred ? ", predictors streamed" : "", (double)big.least / 1048576.0, (double)kept.least / 1048576.0,
+            (double)saved / 1048576.0);
+    pi2_plan_memory_free(&big);
+    pi2_plan_memory_free(&kept);
+    pi2_plan_memory_free(&at);
+    pi2_plan_memory_free(&ak);
+}
+
+/* Streamed attention on a model of six layers: q8 predictors (streamed
+ * with it) and f16 ones (resident: the ring holds the attention alone). */
+static void test_attn_stream(void **state)
+{
+    (void)state;
+    char dir[64], src[160], path[1200], name[16];
+    pi2_err e = {0};
+    pi2_sign_key *key = NULL, *pk = NULL;
+    tiny_pred_model(dir, src, 6, &key, &pk);
+    pi2_qtype qs[2] = {PI2_QT_Q8, PI2_QT_F32};
+    for (int k = 0; k < 2; k++) {
+        snprintf(name, sizeof name, "a%d", k);
+        if (pi2t_convert_bundle_q(src, dir, name, PI2_QT_Q4, PI2_QT_Q8, qs[k], false, 4096, key, path, sizeof path, &e))
+            fail_msg("model %d: %s", k, e.msg);
+        attn_stream_plan(path, pk, 6, qs[k] == PI2_QT_Q8);
+    }
+    pi2_sign_key_free(key);
+    pi2_sign_key_free(pk);
+    pi2t_rmtree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -952,6 +1059,7 @@ int main(void)
         cmocka_unit_test(test_cost_model),       cmocka_unit_test(test_infeasible),
         cmocka_unit_test(test_calibration),      cmocka_unit_test(test_plan_json),
         cmocka_unit_test(test_memory_model),     cmocka_unit_test(test_pred_bytes),
+        cmocka_unit_test(test_attn_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -175,6 +175,7 @@ int run_opts_engine(const run_opts *o, int ctx, run_engine_opts *r, pi2_err *err
     eo->offload.lock_hot = !o->no_mlock;
     eo->offload.gate_first = o->gate_first;
     eo->offload.no_read_ahead = o->no_read_ahead;
+    eo->offload.attn_stream = o->stream_attn;
     if (o->mem_limit) {
         eo->offload.fixed_split = o->no_plan;
         eo->offload.min_speed = o->min_speed;
@@ -252,12 +253,17 @@ void reads_pcts(double *v, size_t n, double out[3])
     out[2] = n ? v[n - 1] : 0.0;
 }
 
-/* Streamed predictors: their bytes read a decode token. */
+/* The streamed ring (predictors, attention): its bytes read a token. */
 static void print_pred_stream(FILE *f, const pi2_engine_offload_info *in, double tok)
 {
-    if (in->pred_stream)
-        fprintf(f, "offload: predictors streamed a layer at a time: %.2f MB/token read\n",
-                (double)in->pred_bytes_read / tok / 1e6);
+    char what[96] = "predictors";
+    if (!in->pred_stream && in->attn_stream == 0)
+        return;
+    if (in->attn_stream > 0)
+        snprintf(what, sizeof what, "%sthe attention of %d layers", in->pred_stream ? "predictors and " : "",
+                 in->attn_stream);
+    fprintf(f, "offload: %s streamed a layer at a time: %.2f MB/token read\n", what,
+            (double)in->pred_bytes_read / tok / 1e6);
 }
 
 void print_stats(const run_opts *o, pi2_engine *e, const gen_stats *g, double t_load, bool changed, FILE *f)

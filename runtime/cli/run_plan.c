@@ -90,12 +90,12 @@ static void items_json(const pi2_plan_items *it, char *buf, size_t cap)
     snprintf(buf, cap,
              "{\"attention\":%llu,\"embeddings_head\":%llu,\"predictors\":%llu,\"predictors_streamed\":%s,"
              "\"norms\":%llu,\"other\":%llu,\"buffers\":%llu,\"kv\":%llu,\"files\":%llu,\"overhead\":%llu,"
-             "\"min_cache\":%llu}",
+             "\"min_cache\":%llu,\"attention_layers_streamed\":%d}",
              (unsigned long long)it->attn, (unsigned long long)it->embed_head, (unsigned long long)it->pred,
              it->pred_streamed ? "true" : "false",
              (unsigned long long)it->norms, (unsigned long long)it->other, (unsigned long long)it->buffers,
              (unsigned long long)it->kv, (unsigned long long)it->files, (unsigned long long)it->overhead,
-             (unsigned long long)it->min_cache);
+             (unsigned long long)it->min_cache, it->attn_streamed);
 }
 
 /* One limit of the table: the plan made there, as it runs. */

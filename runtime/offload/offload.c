@@ -134,13 +134,13 @@ int eng_ofl_load_resident(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
             return pi2_err_set(err, PI2_EFORMAT, "%s: resident member %s lies after the FFN region", e->path,
                                e->bl->resident[r]);
     }
-    if (e->pred_stream && (rc = ofl_ps_open(e, x, err)) != 0)
+    if ((e->pred_stream || e->attn_stream > 0) && (rc = ofl_ps_open(e, x, err)) != 0)
         return rc;
     if (!(e->res = pi2_io_alloc_buf((size_t)end)))
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the resident region (%.1f MB)", e->path,
                            (double)end / 1e6);
     e->res_bytes = end;
-    if (x->ps) { /* the region less the predictors, hashed in their ring */
+    if (x->ps) { /* the region less what streams, hashed in the ring */
         if ((rc = ofl_ps_load_resident(e, x, end, err)) != 0)
             return rc;
     } else {
@@ -284,7 +284,7 @@ int eng_ofl_open(pi2_engine *e, const pi2_engine_opts *o, pi2_plan_memory *m, pi
 {
     eng_ofl *x = e->ofl;
     int rc;
-    ofl_ps_unbind_all(e, x); /* streamed predictors are bound as their layer is read */
+    ofl_ps_unbind_all(e, x); /* streamed members are bound as their layer is read */
     if ((rc = ofl_tables(e, o, x, err)) != 0 || (rc = ofl_bind_ffns(e, x, err)) != 0)
         return rc;
     uint32_t max_sel = ofl_take_buffers(e, x);
@@ -581,6 +581,7 @@ void eng_ofl_close(pi2_engine *e)
 
 const ffn_source eng_ffn_flash = {
     .begin_pass = ofl_flash_begin_pass,
+    .layer_begin = ofl_flash_layer_begin,
     .layer_ahead = ofl_flash_layer_ahead,
     .decode = ofl_flash_decode,
     .prefill = ofl_flash_prefill,
@@ -610,7 +611,8 @@ void pi2_engine_offload_info_get(const pi2_engine *e, pi2_engine_offload_info *o
     out->prefetch_waits = x->cnt.pfwait;
     out->io_wait_s = x->cnt.wait;
     out->prefill_bytes_read = x->cnt.pre_bytes;
-    out->pred_stream = x->ps != NULL;
+    out->pred_stream = e->pred_stream;
+    out->attn_stream = e->attn_stream;
     out->pred_bytes_read = ofl_ps_bytes(x) - x->ps_bytes0;
     if (x->th_started)
         pthread_mutex_unlock(&x->mu);

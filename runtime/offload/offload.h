@@ -17,10 +17,11 @@
  *            much is needed; a context longer than the one planned is
  *            refused later with PI2_ERANGE. pi2_engine_offload_info_get
  *            reports the plan and the counters. When the plan streams the
- *            predictors (q8/q4 ones, only when the limit cannot hold them:
- *            runtime/planner.h), open reads the resident region without
- *            their pages and hashes them through their ring, and decode
- *            reads each layer's into the ring a layer ahead of use.
+ *            predictors (q8/q4 ones) or the attention of some layers (only
+ *            when the limit cannot hold them: runtime/planner.h), open
+ *            reads the resident region without their pages and hashes them
+ *            through their ring, and each pass reads a streamed layer's
+ *            into the ring a layer ahead of use (prefill: its attention).
  *   bits     decode and prefill give the same bits as the same model all
  *            in memory, whatever the limit, the plan, what is cached and
  *            when reads land: a decode FFN is cut into the memory source's
@@ -63,8 +64,9 @@
  *                      (on MoE its experts first) and start reading them
  *   prefill_stream.c   prefill: every FFN's windows streamed in order, a
  *                      few ahead, across layers
- *   pstream.c          streamed predictors: the resident read without
- *                      them, their check, the ring decode reads them into
+ *   pstream.c          the streamed ring (predictors, attention): the
+ *                      resident read without them, their check, the ring
+ *                      the passes read them into
  *   ncache.c / .h      the neuron cache (LRU of neuron parts, with holds)
  *   io.c / .h          the reader (io_uring, or pread threads)
  *   ofl_state.h        the state those files share (private)

@@ -308,6 +308,7 @@ bool ofl_ra_alloc(eng_ofl *x, uint32_t max_sel, uint64_t D);
 void ofl_ra_free(eng_ofl *x);
 void ofl_pf_copy(eng_ofl *x, const ofl_req *r);
 void ofl_pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er);
+int ofl_flash_layer_begin(pi2_engine *e, int l, bool decode, pi2_err *err);
 int ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres, pi2_err *err);
 
 /* offload.c: [off, off + len) read into dst (aligned) with up to depth
@@ -315,21 +316,25 @@ int ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres, pi2_err *err)
 int ofl_seq_read(pi2_io *io, int depth, uint8_t *dst, uint64_t off, uint64_t len, pi2_sha256_ctx *sha,
                  pi2_err *err);
 
-/* pstream.c: streamed predictors. open: the member table, the ring and
- * its reader (x->ps); load_resident: [0, end) of the file read into e->res
- * without the predictors' pages, checked, the predictors hashed in the
- * ring; unbind_all: every predictor row pointer cleared; need: layer l's
- * predictors read (or waited for) and bound, the layers done before it
- * released, each starting the read of the layer a ring ahead; release:
- * that alone (the predictors of the running layer have run). Compute
- * thread only. */
+/* pstream.c: the streamed ring (predictors, attention). open: the
+ * member table, the ring and its reader (x->ps); load_resident: [0, end)
+ * of the file read into e->res without the streamed members' pages,
+ * checked, the streamed members hashed in the ring; unbind_all: every
+ * streamed row pointer cleared; wants: whether layer l binds a slot
+ * before its attention (its attention streams, or preds, a sparse decode,
+ * and the predictors do); need: layer l's members read (or waited for)
+ * and bound, the layers done before it released, each starting the read
+ * of the streamed layer a ring ahead (nothing for a layer that streams
+ * nothing); release: that alone (the running layer's predictors have
+ * run). Compute thread only. */
 int ofl_ps_open(pi2_engine *e, eng_ofl *x, pi2_err *err);
 void ofl_ps_free(eng_ofl *x);
 int ofl_ps_load_resident(pi2_engine *e, eng_ofl *x, uint64_t end, pi2_err *err);
 void ofl_ps_unbind_all(pi2_engine *e, eng_ofl *x);
+bool ofl_ps_wants(const eng_ofl *x, int l, bool preds);
 int ofl_ps_need(pi2_engine *e, int l, pi2_err *err);
 int ofl_ps_release(pi2_engine *e, pi2_err *err);
-uint64_t ofl_ps_bytes(const eng_ofl *x); /* read while decoding, since open */
+uint64_t ofl_ps_bytes(const eng_ofl *x); /* read by passes, since open */
 
 /* Prefill stream (prefill_stream.c). ofl_stream_open makes its buffers
  * and windows (every FFN's, in order, but those in the hot segment). */

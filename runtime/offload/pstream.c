@@ -1,15 +1,19 @@
-/* pi2 offloading: streamed predictors (runtime/offload/offload.h).
+/* pi2 offloading: the streamed ring (runtime/offload/offload.h).
  *
  * When the memory plan streams the predictors (q8/q4 members, used as
- * stored: pi2_plan_pred_stream_sizes), open reads the resident region
- * without their pages and hashes each layer's members in a ring slot;
- * decode then reads a layer's members (every expert's) into a slot of the
- * ring with direct I/O ahead of use: the layer `slots` ahead is started as
- * soon as a layer's predictors have run, so the read overlaps the FFN and
- * the next layer's attention. Slots keep what they hold (the file does
- * not change), so a decode after a prefill or a dense step finds what the
- * ring had. The reader is this room's second one, used by the compute
- * thread alone (the I/O thread owns the first). */
+ * stored) or the attention projections of some layers
+ * (pi2_plan_stream_sizes), open reads the resident region without their
+ * pages and hashes each layer's members in a ring slot; a pass then reads
+ * a streamed layer's members (predictors of every expert, q, k, v, o
+ * payloads and scales) into a slot of the ring with direct I/O ahead of
+ * use: the streamed layer `slots` ahead is started as soon as a layer is
+ * done with its slot (its predictors have run), so the read overlaps the
+ * FFN and the next layer's attention. A layer's slot is bound before its
+ * attention when its attention streams (every pass: prefill, sparse and
+ * dense decode), else before its predictors (sparse decode). Slots keep
+ * what they hold (the file does not change), so a pass finds what the
+ * last one left. The reader is this room's second one, used by the
+ * compute thread alone (the I/O thread owns the first). */
 #include "runtime/offload/offload.h"
 #include "runtime/offload/ofl_state.h"
 
@@ -22,101 +26,134 @@
 #define PS_MAX_SLOTS 2
 
 enum { PS_EMPTY = 0, PS_READING, PS_READY, PS_INUSE };
+/* What a member is: a predictor's fc1, fc2, their scales; an attention
+ * matrix's payload or scales. */
+enum { PM_FC1 = 0, PM_FC2, PM_S1, PM_S2, PM_ATTN, PM_ATTN_S };
 
-/* One predictor member: where it lies and where a slot holds it. */
+/* One streamed member: where it lies and where a slot holds it. */
 typedef struct ps_mem {
     const pi2_ctr_section *s;
-    uint64_t at; /* offset in its layer's slot */
+    uint64_t at;  /* offset in its layer's slot */
+    uint8_t kind; /* PM_* */
+    uint8_t x;    /* its expert (predictors), or the matrix: 0..3 for q, k, v, o */
 } ps_mem;
 
 typedef struct ofl_pstream {
     pi2_io *io;
     int n_layers, E, slots;
+    bool pred;    /* the predictors stream */
+    int attn;     /* the attention of the last attn layers does */
     uint64_t slot_bytes;
-    ps_mem *mem; /* [n_layers][E][4]: fc1, fc2, fc1 scales, fc2 scales */
-    uint8_t *buf; /* [slots][slot_bytes] */
+    ps_mem *mem;  /* every streamed layer's members, layer by layer, each from a page boundary of its slot */
+    size_t n_mem;
+    size_t *first; /* [n_layers + 1]: layer l's are mem[first[l] .. first[l + 1]) */
+    int *order, n_order; /* the streamed layers, ascending: the ring's cycle */
+    int *idx;      /* [n_layers]: a layer's place in order, or -1 */
+    uint8_t *buf;  /* [slots][slot_bytes] */
     int layer[PS_MAX_SLOTS], state[PS_MAX_SLOTS];
     pi2_io_req *req; /* [slots][max_req] */
     int max_req, n_req[PS_MAX_SLOTS], next[PS_MAX_SLOTS], pending[PS_MAX_SLOTS];
-    uint64_t bytes; /* read while decoding */
+    uint64_t bytes; /* read while running */
 } ofl_pstream;
-
-static ps_mem *mem_at(const ofl_pstream *ps, int l, int x, int k)
-{
-    return &ps->mem[((size_t)l * (size_t)ps->E + (size_t)x) * 4 + (size_t)k];
-}
 
 static uint64_t page_up(uint64_t n) { return (n + PI2_IO_ALIGN - 1) / PI2_IO_ALIGN * PI2_IO_ALIGN; }
 
-/* The member table: each FFN's four members, laid out in its layer's slot
- * in (expert, member) order, each from a page boundary. */
-static int ps_table(pi2_engine *e, ofl_pstream *ps, pi2_err *err)
+/* Member `name` of layer l appended to the table at *used of its slot. */
+static int ps_add(pi2_engine *e, ofl_pstream *ps, const char *name, int kind, int x, uint64_t *used, pi2_err *err)
 {
-    const pi2_manifest *mf = e->mf;
-    uint64_t *used = pi2_calloc_array((size_t)ps->n_layers, sizeof *used);
-    if (!used)
-        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    ps_mem *m = &ps->mem[ps->n_mem];
+    if (!(m->s = name && name[0] ? pi2_manifest_find_section(e->mf, name) : NULL) || m->s->offset % PI2_IO_ALIGN)
+        return pi2_err_set(err, PI2_EFORMAT, "%s: streamed member %s is missing or unaligned", e->path,
+                           name ? name : "?");
+    m->kind = (uint8_t)kind;
+    m->x = (uint8_t)x;
+    m->at = *used;
+    *used += page_up(m->s->size);
+    ps->n_mem++;
+    return 0;
+}
+
+/* Layer l's members: its predictors (every expert's, when they stream),
+ * then its attention (when it streams), in one slot. */
+static int ps_layer(pi2_engine *e, ofl_pstream *ps, int l, pi2_err *err)
+{
+    static const pi2_tname roles[4] = {PI2_T_Q, PI2_T_K, PI2_T_V, PI2_T_O};
+    uint64_t used = 0;
     int rc = 0;
-    for (size_t i = 0; rc == 0 && i < e->bl->n_ffn; i++) {
-        const pi2_bl_ffn *b = &e->bl->ffn[i];
-        const pi2_mf_layer *ml = pi2_manifest_find_layer(mf, b->layer, b->expert);
-        int x = b->expert < 0 ? 0 : b->expert;
-        if (!ml || !ml->has_predictor || b->layer < 0 || b->layer >= ps->n_layers || x >= ps->E) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: no predictor for FFN %s", e->path, b->ffn);
-            break;
-        }
+    ps->first[l] = ps->n_mem;
+    for (int x = 0; ps->pred && rc == 0 && x < ps->E; x++) {
+        const pi2_mf_layer *ml = pi2_manifest_find_layer(e->mf, l, ps->E > 1 ? x : -1);
+        if (!ml || !ml->has_predictor)
+            return pi2_err_set(err, PI2_EFORMAT, "%s: no predictor for layer %d expert %d", e->path, l, x);
         const pi2_mf_predictor *p = &ml->predictor;
         const char *names[4] = {p->fc1, p->fc2, p->fc1_scales, p->fc2_scales};
-        for (int k = 0; k < 4; k++) {
-            ps_mem *m = mem_at(ps, b->layer, x, k);
-            if (!(m->s = pi2_manifest_find_section(mf, names[k])) || m->s->offset % PI2_IO_ALIGN) {
-                rc = pi2_err_set(err, PI2_EFORMAT, "%s: predictor member %s is missing or unaligned", e->path,
-                                 names[k]);
-                break;
-            }
-            m->at = used[b->layer];
-            used[b->layer] += page_up(m->s->size);
+        for (int k = 0; rc == 0 && k < 4; k++)
+            rc = ps_add(e, ps, names[k], PM_FC1 + k, x, &used, err);
+    }
+    for (int k = 0; rc == 0 && pi2_plan_stream_attn_layer(ps->n_layers, ps->attn, l) && k < 4; k++) {
+        const pi2_mf_tensor *t = pi2_manifest_find_tensor(e->mf, roles[k], l, -1);
+        if (!t)
+            return pi2_err_set(err, PI2_EFORMAT, "%s: no %s tensor for layer %d", e->path,
+                               pi2_manifest_role_name(roles[k]), l);
+        rc = ps_add(e, ps, t->payload, PM_ATTN, k, &used, err);
+        if (rc == 0 && t->qtype != PI2_QT_F32)
+            rc = ps_add(e, ps, t->scales, PM_ATTN_S, k, &used, err);
+    }
+    if (rc == 0 && used > ps->slot_bytes) /* the planner's sizes are these */
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: the streamed members of layer %d exceed their ring slot", e->path, l);
+    uint64_t n = 0;
+    for (size_t i = ps->first[l]; rc == 0 && i < ps->n_mem; i++)
+        n += (page_up(ps->mem[i].s->size) + PS_REQ - 1) / PS_REQ;
+    ps->max_req = (int)n > ps->max_req ? (int)n : ps->max_req;
+    return rc;
+}
+
+/* The member table and the ring's cycle. */
+static int ps_table(pi2_engine *e, ofl_pstream *ps, pi2_err *err)
+{
+    size_t L = (size_t)ps->n_layers;
+    if (!(ps->mem = pi2_calloc_array(L * ((size_t)ps->E * 4 + 8), sizeof *ps->mem)) ||
+        !(ps->first = pi2_calloc_array(L + 1, sizeof *ps->first)) ||
+        !(ps->order = pi2_calloc_array(L, sizeof *ps->order)) || !(ps->idx = pi2_calloc_array(L, sizeof *ps->idx)))
+        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
+    int rc = 0;
+    for (int l = 0; rc == 0 && l < ps->n_layers; l++) {
+        rc = ps_layer(e, ps, l, err);
+        ps->idx[l] = -1;
+        if (rc == 0 && ps->n_mem > ps->first[l]) {
+            ps->idx[l] = ps->n_order;
+            ps->order[ps->n_order++] = l;
         }
     }
-    for (size_t i = 0; rc == 0 && i < (size_t)ps->n_layers * (size_t)ps->E * 4; i++)
-        if (!ps->mem[i].s) /* an FFN the layout lacks (open checks the layout after this) */
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: no predictor for layer %zu", e->path, i / 4 / (size_t)ps->E);
-    for (int l = 0; rc == 0 && l < ps->n_layers; l++) {
-        if (used[l] > ps->slot_bytes) /* the planner's sizes are these */
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: predictors of layer %d exceed their ring slot", e->path, l);
-        uint64_t n = 0;
-        for (int x = 0; x < ps->E; x++)
-            for (int k = 0; k < 4; k++)
-                n += (page_up(mem_at(ps, l, x, k)->s->size) + PS_REQ - 1) / PS_REQ;
-        ps->max_req = (int)n > ps->max_req ? (int)n : ps->max_req;
-    }
-    free(used);
+    ps->first[L] = ps->n_mem;
+    if (rc == 0 && ps->n_order == 0)
+        rc = pi2_err_set(err, PI2_EFORMAT, "%s: nothing to stream", e->path);
     return rc;
 }
 
 int ofl_ps_open(pi2_engine *e, eng_ofl *x, pi2_err *err)
 {
     uint64_t skipped, slot;
-    if (!pi2_plan_pred_stream_sizes(e->mf, e->bl, &skipped, &slot))
-        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: the predictors cannot be streamed", e->path);
+    if (!pi2_plan_stream_sizes(e->mf, e->bl, e->pred_stream, e->attn_stream, &skipped, &slot))
+        return pi2_err_set(err, PI2_EUNSUPPORTED, "%s: the plan's members cannot be streamed", e->path);
     ofl_pstream *ps = calloc(1, sizeof *ps);
     if (!ps)
         return pi2_err_set(err, PI2_ENOMEM, "out of memory");
     x->ps = ps;
     ps->n_layers = e->mf->config.n_layers;
     ps->E = pi2_desc_is_moe(&e->mf->config) ? e->mf->config.n_experts : 1;
-    ps->slots = pi2_plan_pred_ring_slots(ps->n_layers);
+    ps->pred = e->pred_stream;
+    ps->attn = e->attn_stream;
     ps->slot_bytes = slot;
     for (int s = 0; s < PS_MAX_SLOTS; s++)
         ps->layer[s] = -1;
-    if (!(ps->mem = pi2_calloc_array((size_t)ps->n_layers * (size_t)ps->E * 4, sizeof *ps->mem)))
-        return pi2_err_set(err, PI2_ENOMEM, "out of memory");
     int rc = ps_table(e, ps, err);
     if (rc)
         return rc;
+    ps->slots = pi2_plan_ring_slots(ps->n_order); /* the planner's: n_layers with the predictors, else attn */
     if (!(ps->req = pi2_calloc_array((size_t)ps->slots * (size_t)ps->max_req, sizeof *ps->req)) ||
         !(ps->buf = pi2_io_alloc_buf((size_t)(ps->slots * slot))))
-        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the predictors' ring (%.1f MB)", e->path,
+        return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the streamed ring (%.1f MB)", e->path,
                            (double)(ps->slots * slot) / 1048576.0);
     pi2_io_opts io;
     pi2_io_defaults(&io);
@@ -135,6 +172,9 @@ void ofl_ps_free(eng_ofl *x)
     pi2_io_free_buf(ps->buf);
     free(ps->req);
     free(ps->mem);
+    free(ps->first);
+    free(ps->order);
+    free(ps->idx);
     free(ps);
     x->ps = NULL;
 }
@@ -148,14 +188,13 @@ static int cmp_off(const void *a, const void *b)
 }
 
 /* Each layer's members read into slot 0 and hashed there against the
- * signed manifest: every byte checked, none kept. */
+ * signed manifest: every byte checked, none kept beyond the ring. */
 static int ps_verify(pi2_engine *e, eng_ofl *x, pi2_err *err)
 {
     ofl_pstream *ps = x->ps;
     int rc = 0;
-    for (int l = 0; rc == 0 && l < ps->n_layers; l++)
-        for (int k = 0; rc == 0 && k < ps->E * 4; k++) {
-            const ps_mem *m = mem_at(ps, l, k / 4, k % 4);
+    for (size_t i = 0; rc == 0 && i < ps->n_mem; i++) {
+            const ps_mem *m = &ps->mem[i];
             uint8_t dg[PI2_SHA256_LEN];
             if ((rc = ofl_seq_read(x->io, x->depth, ps->buf + m->at, m->s->offset, page_up(m->s->size), NULL,
                                    err)) != 0 ||
@@ -166,9 +205,9 @@ static int ps_verify(pi2_engine *e, eng_ofl *x, pi2_err *err)
                                  "%s: member %s does not match its SHA-256 in the signed manifest (corrupt or "
                                  "altered file)",
                                  e->path, m->s->name);
-        }
-    if (rc == 0) { /* slot 0 holds the last layer */
-        ps->layer[0] = ps->n_layers - 1;
+    }
+    if (rc == 0) { /* slot 0 holds the last streamed layer */
+        ps->layer[0] = ps->order[ps->n_order - 1];
         ps->state[0] = PS_READY;
     }
     return rc;
@@ -177,7 +216,7 @@ static int ps_verify(pi2_engine *e, eng_ofl *x, pi2_err *err)
 int ofl_ps_load_resident(pi2_engine *e, eng_ofl *x, uint64_t end, pi2_err *err)
 {
     ofl_pstream *ps = x->ps;
-    size_t n = (size_t)ps->n_layers * (size_t)ps->E * 4, n_rng = 0;
+    size_t n = ps->n_mem, n_rng = 0;
     const pi2_ctr_section **hole = pi2_malloc_array(n, sizeof *hole);
     const char **names = pi2_malloc_array(n, sizeof *names);
     uint8_t **rb = pi2_malloc_array(n + 1, sizeof *rb);
@@ -198,7 +237,7 @@ int ofl_ps_load_resident(pi2_engine *e, eng_ofl *x, uint64_t end, pi2_err *err)
     for (size_t i = 0; i <= n; i++) {
         uint64_t a = i < n ? hole[i]->offset : end, b = i < n ? page_up(hole[i]->offset + hole[i]->size) : end;
         if (a > end || b > end || a < at) {
-            rc = pi2_err_set(err, PI2_EFORMAT, "%s: predictor member %s overlaps another or the FFN region", e->path,
+            rc = pi2_err_set(err, PI2_EFORMAT, "%s: streamed member %s overlaps another or the FFN region", e->path,
                              i < n ? hole[i]->name : "?");
             goto out;
         }
@@ -229,18 +268,43 @@ out:
     return rc;
 }
 
-/* ---- decode: the ring ---- */
+/* ---- a pass: the ring ---- */
 
-/* Layer l's predictor rows pointed at slot s (s < 0: at nothing). */
+/* Matrix mt's payload rows (or, scales, its scale rows) pointed at p, one
+ * after another as stored (p NULL: at nothing). */
+static void ps_bind_rows(eng_mat *mt, bool scales, const uint8_t *p)
+{
+    if (mt->qt == PI2_QT_F32) {
+        mt->f32 = (const float *)(const void *)p;
+        return;
+    }
+    size_t step = scales ? pi2_q_scale_row_count(mt->qt, mt->cols) * 2 : pi2_q_payload_row_bytes(mt->qt, mt->cols);
+    for (int64_t r = 0; r < mt->rows; r++) {
+        const uint8_t *q = p ? p + (size_t)r * step : NULL;
+        if (scales)
+            mt->rs[r] = (const uint16_t *)(const void *)q;
+        else
+            mt->rp[r] = q;
+    }
+}
+
+/* Layer l's streamed rows pointed at slot s (s < 0: at nothing). */
 static void ps_bind(pi2_engine *e, ofl_pstream *ps, int l, int s)
 {
     const uint8_t *base = s >= 0 ? ps->buf + (uint64_t)s * ps->slot_bytes : NULL;
-    for (int x = 0; x < ps->E; x++) {
-        eng_ffn *f = &e->layers[l].ffn[x];
-        f->q1 = base ? base + mem_at(ps, l, x, 0)->at : NULL;
-        f->q2 = base ? base + mem_at(ps, l, x, 1)->at : NULL;
-        f->s1 = base ? (const uint16_t *)(const void *)(base + mem_at(ps, l, x, 2)->at) : NULL;
-        f->s2 = base ? (const uint16_t *)(const void *)(base + mem_at(ps, l, x, 3)->at) : NULL;
+    eng_layer *L = &e->layers[l];
+    eng_mat *mats[4] = {&L->q, &L->k, &L->v, &L->o};
+    for (size_t i = ps->first[l]; i < ps->first[l + 1]; i++) {
+        const ps_mem *m = &ps->mem[i];
+        const uint8_t *p = base ? base + m->at : NULL;
+        eng_ffn *f = &L->ffn[m->x];
+        switch (m->kind) {
+        case PM_FC1: f->q1 = p; break;
+        case PM_FC2: f->q2 = p; break;
+        case PM_S1: f->s1 = (const uint16_t *)(const void *)p; break;
+        case PM_S2: f->s2 = (const uint16_t *)(const void *)p; break;
+        default: ps_bind_rows(mats[m->x], m->kind == PM_ATTN_S, p); break;
+        }
     }
 }
 
@@ -249,6 +313,15 @@ void ofl_ps_unbind_all(pi2_engine *e, eng_ofl *x)
     for (int l = 0; x->ps && l < x->ps->n_layers; l++)
         ps_bind(e, x->ps, l, -1);
 }
+
+bool ofl_ps_wants(const eng_ofl *x, int l, bool preds)
+{
+    const ofl_pstream *ps = x->ps;
+    return ps && ps->idx[l] >= 0 && ((preds && ps->pred) || pi2_plan_stream_attn_layer(ps->n_layers, ps->attn, l));
+}
+
+/* The streamed layer k places after l in the ring's cycle. */
+static int ps_after(const ofl_pstream *ps, int l, int k) { return ps->order[(ps->idx[l] + k) % ps->n_order]; }
 
 /* Submit what the reader has room for, slot by slot. */
 static int ps_submit(ofl_pstream *ps, pi2_err *err)
@@ -271,8 +344,8 @@ static int ps_start(ofl_pstream *ps, int s, int l, pi2_err *err)
     uint8_t *base = ps->buf + (uint64_t)s * ps->slot_bytes;
     pi2_io_req *req = ps->req + (size_t)s * (size_t)ps->max_req;
     int n = 0;
-    for (int k = 0; k < ps->E * 4; k++) {
-        const ps_mem *m = mem_at(ps, l, k / 4, k % 4);
+    for (size_t i = ps->first[l]; i < ps->first[l + 1]; i++) {
+        const ps_mem *m = &ps->mem[i];
         uint64_t len = page_up(m->s->size);
         for (uint64_t o = 0; o < len; o += PS_REQ)
             req[n++] = (pi2_io_req){.off = m->s->offset + o,
@@ -342,7 +415,7 @@ int ofl_ps_release(pi2_engine *e, pi2_err *err)
     for (int s = 0; ps && s < ps->slots && rc == 0; s++) {
         if (ps->state[s] != PS_INUSE)
             continue;
-        int l = ps->layer[s], next = (l + ps->slots) % ps->n_layers;
+        int l = ps->layer[s], next = ps_after(ps, l, ps->slots);
         ps_bind(e, ps, l, -1);
         ps->state[s] = PS_READY;
         if (ps_find(ps, next) < 0)
@@ -354,9 +427,13 @@ int ofl_ps_release(pi2_engine *e, pi2_err *err)
 int ofl_ps_need(pi2_engine *e, int l, pi2_err *err)
 {
     ofl_pstream *ps = e->ofl->ps;
-    if (!ps)
+    if (!ps || ps->idx[l] < 0)
         return 0;
-    int rc = ofl_ps_release(e, err), s = rc == 0 ? ps_find(ps, l) : -1;
+    int s = ps_find(ps, l);
+    if (s >= 0 && ps->state[s] == PS_INUSE) /* bound since the last pass (a prefill after a decode) */
+        return 0;
+    int rc = ofl_ps_release(e, err);
+    s = rc == 0 ? ps_find(ps, l) : -1;
     if (rc == 0 && s >= 0 && ps_wait(ps, s, err) != 0) {
         /* its read failed (perhaps in flight from a step that failed):
          * once more, afresh */
@@ -372,7 +449,7 @@ int ofl_ps_need(pi2_engine *e, int l, pi2_err *err)
             if (ps->pending[k] > 0) /* the reader failed as a whole */
                 rc = pi2_err_set(err, gone.code ? gone.code : PI2_EIO, "%s", gone.msg);
         for (int k = 0; k < ps->slots && rc == 0; k++)
-            rc = ps_start(ps, k, (l + k) % ps->n_layers, err);
+            rc = ps_start(ps, k, ps_after(ps, l, k), err);
         s = 0;
         if (rc == 0)
             rc = ps_wait(ps, s, err);

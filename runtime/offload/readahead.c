@@ -119,17 +119,22 @@ static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
     pthread_mutex_unlock(&x->mu);
 }
 
+/* Before layer l's attention, every pass: its slot of the streamed ring
+ * bound when its attention streams, or (a sparse decode) its predictors. */
+int ofl_flash_layer_begin(pi2_engine *e, int l, bool decode, pi2_err *err)
+{
+    return ofl_ps_wants(e->ofl, l, decode && !e->dense) ? ofl_ps_need(e, l, err) : 0;
+}
+
 /* Decode, before layer l's attention: predict its FFN's neurons from the
  * residual xres (MoE: route it to guess the experts first, into
  * e->moe_guess[l]) and start reading the missing ones. */
 int ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres, pi2_err *err)
 {
     eng_ofl *x = e->ofl;
-    if (e->dense)
+    (void)err; /* a read-ahead that cannot start is no error */
+    if (e->dense) /* the predictors (streamed: bound by ofl_flash_layer_begin) do not run */
         return 0;
-    int rc = ofl_ps_need(e, l, err); /* streamed predictors: layer l's read */
-    if (rc)
-        return rc;
     const pi2_model_desc *d = &e->d;
     const eng_layer *L = &e->layers[l];
     if (!x->read_ahead)

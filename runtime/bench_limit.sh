@@ -10,8 +10,11 @@
 #                    target: the Q4_0 bytes of everything but the FFNs
 #                    (NONFFN_Q40) + 300 MB
 #   sweep            decode at limits that leave 0/25/50/75/90% of the FFN
-#                    payload out of memory (above the least limit), and at
-#                    the least limit + 1 MB with a 512-token prompt
+#                    payload out of memory (above the least limit that keeps
+#                    every resident item resident), and at the least limit
+#                    (everything that can stream streamed) + 1 MB with a
+#                    512-token prompt; the planner's settings from this
+#                    machine's hardware profile (pi2-run probe profile)
 #   half-FFN limit   NONFFN_Q40 + half the FFN's Q4_0 bytes + 300 MB: decode
 #                    against the same model fully in memory, the two
 #                    alternating (ABBA) REPEAT times, and against the I/O
@@ -52,11 +55,18 @@ io_rate() {
         END { print best }'
 }
 
+# the planner's settings come from this machine's hardware profile, as a
+# user's do once they have run pi2-run probe profile
+HWP="$W/hw-profile.json"
+"$B/pi2-run" probe profile --device-path "$(dirname "$M")" --hw-profile "$HWP" -t "$TH" >/dev/null
 # least CTX: the smallest runnable limit at CTX positions (pi2-run plan without a limit)
 least_at() { "$B/pi2-run" plan "$M" --pubkey "$K" --ctx "$1" -t "$TH" 2>/dev/null | jget minimum_bytes; }
 least=$(least_at $((PP + TG)))
 least512=$(least_at $((512 + TG)))
-ffn=$("$B/pi2-run" plan "$M" --pubkey "$K" --mem-limit 1T --ctx $((PP + TG)) -t "$TH" 2>/dev/null | jget ffn_bytes)
+whole=$("$B/pi2-run" plan "$M" --pubkey "$K" --mem-limit 1T --ctx $((PP + TG)) -t "$TH" 2>/dev/null)
+ffn=$(echo "$whole" | jget ffn_bytes)
+# the sweep's 0%: the least that keeps every resident item resident (nothing streamed)
+base=$(echo "$whole" | jget minimum_bytes)
 target=$(echo "$NQ" | awk '{printf "%.0f", $1 + 300e6}')
 half=$(echo "$NQ $ffn" | awk '{printf "%.0f", $1 + $2 / 2 + 300e6}')
 say "least limit: $(mb "$least") MB at $((PP + TG)) positions, $(mb "$least512") MB at $((512 + TG))"
@@ -69,7 +79,7 @@ fails=""
 run() {
     limit=$1 out=$2
     shift 2
-    set -- "$B/pi2-run" bench "$M" --pubkey "$K" --bench-tg "$TG" -t "$TH" --mem-limit "$limit" "$@"
+    set -- "$B/pi2-run" bench "$M" --pubkey "$K" --bench-tg "$TG" -t "$TH" --mem-limit "$limit" --hw-profile "$HWP" "$@"
     if [ "$capped" = yes ]; then
         /usr/bin/time -f %M -o "$W/rss" sh tests/cgroup_run.sh "$limit" "$W/usage" "$@" >"$out" 2>"$W/err" || return 1
         read -r peak _ <"$W/usage"
@@ -103,7 +113,7 @@ points=""
 say "== sweep: each run under a cgroup cap of its limit (caps: $capped); peaks from the group and /usr/bin/time"
 printf '%-12s %9s %8s %9s %9s %9s %7s\n' "point" "limit MB" "tok/s" "MB read/t" "cg peak" "peak RSS" "peak"
 for pct in $POINTS; do
-    limit=$(echo "$least $ffn $pct" | awk '{printf "%.0f", $1 + $2 * (100 - $3) / 100 + 65536}')
+    limit=$(echo "$base $ffn $pct" | awk '{printf "%.0f", $1 + $2 * (100 - $3) / 100 + 65536}')
     if run "$limit" "$W/limit-$NAME-$pct.json" --bench-pp "$PP"; then
         row "$pct% out" "$limit" "$W/limit-$NAME-$pct.json"
     else

@@ -25,14 +25,6 @@ cd "$(dirname "$0")/.."
 B=${BUILD_ARM64:-build-arm64}
 H=${BUILD:-build}
 CPUS=${ARM64_CPUS:-max cortex-a53}
-# qemu's library root: the arm64 multiarch root (/) when libc6:arm64 is
-# there, as the arm64 -dev packages install it. Its ld.so must be the one
-# of the same glibc build as the libc.so.6 the binaries load from
-# /lib/aarch64-linux-gnu: the cross toolchain's copy under
-# /usr/aarch64-linux-gnu is another build (2.36-8 against 2.36-9+deb12u14
-# on Debian 12), and with it every pthread_create loops forever.
-SYSROOT=/usr/aarch64-linux-gnu
-[ -e /lib/ld-linux-aarch64.so.1 ] && SYSROOT=/
 export PI2_SHARED="${PI2_SHARED:-$(cd .. && pwd)/shared}"
 
 # ---- what it needs ----
@@ -73,6 +65,16 @@ if [ -n "$need" ]; then
         exit 1
     fi
 fi
+
+# qemu's library root: the arm64 multiarch root (/) when libc6:arm64 is
+# there, as the arm64 -dev packages install it (so this is decided after
+# they are). Its ld.so must be the one of the same glibc build as the
+# libc.so.6 the binaries load from /lib/aarch64-linux-gnu: the cross
+# toolchain's copy under /usr/aarch64-linux-gnu is another build (2.36-8
+# against 2.36-9+deb12u14 on Debian 12), and with it every pthread_create
+# loops forever.
+SYSROOT=/usr/aarch64-linux-gnu
+[ -e /lib/ld-linux-aarch64.so.1 ] && SYSROOT=/
 
 # ---- build: arm64 and native ----
 make --no-print-directory ARCH=aarch64 build-all ${WERROR:+WERROR=1} >/dev/null || {

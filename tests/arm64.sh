@@ -210,13 +210,8 @@ if ! command -v curl >/dev/null 2>&1 || ! command -v jq >/dev/null 2>&1; then
 else
     qemu-aarch64 -cpu max -L "$SYSROOT" "$B/pi2-run" serve "$T/tiny.pi2" --pubkey "$T/k.pub" --port 0 2>"$T/serve.err" &
     spid=$!
-    port=""
-    for _ in $(seq 1 1200); do
-        port=$(sed -n 's|.* on http://127.0.0.1:\([0-9]*\)/v1 .*|\1|p' "$T/serve.err" 2>/dev/null)
-        [ -n "$port" ] && break
-        kill -0 "$spid" 2>/dev/null || break
-        sleep 0.1
-    done
+    . tests/serve_port.sh
+    port=$(serve_port "$T/serve.err" "$spid" 1200)
     code=$(curl -s -m 300 -o "$T/resp" -w '%{http_code}' -H 'Content-Type: application/json' \
         --data-binary '{"prompt":"hello world","max_tokens":8,"temperature":0}' "http://127.0.0.1:${port:-1}/v1/completions")
     "$H/pi2-run" "$T/tiny.pi2" --pubkey "$T/k.pub" -p "hello world" -n 8 >"$T/cmpl.x86" 2>"$T/err"

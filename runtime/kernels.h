@@ -265,8 +265,10 @@ void pi2_k_matmul_sb(int64_t n, int nrows, const uint8_t *const *wp, const uint1
 void pi2_k_matmul_sb_isa(pi2_isa isa, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
                          const float *ascales, const int8_t *aq, const int32_t *asums, int T, float *out, int64_t ldo);
 
-/* dst[r * n + j] = dequant(row r)[j] for r < nrows: dequantize rows into
- * a float tile (prefill's down projection feeds it to sgemm). */
+/* dst[r * n + j] = dequant(row r)[j] for r < nrows (Q4, Q8 or f32 rows):
+ * rows as a float tile, the exact values q * d, the same bits on every
+ * path. No engine path takes it now (prefill's down projection is
+ * pi2_k_down_gemm and pi2_k_down_rows). */
 void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
                         float *dst);
 
@@ -275,9 +277,9 @@ void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const
 void pi2_k_sgemv(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out);
 void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out);
 
-/* x[0..n) = softmax(x) in place (n >= 1): exp(x - max) / sum. The AVX-512
- * path computes exp with a degree-6 polynomial (relative error below 2e-7);
- * the others call expf. */
+/* x[0..n) = softmax(x) in place (n >= 1): exp(x - max) / sum. Every path
+ * computes exp with the same degree-6 polynomial (relative error below
+ * 2e-7; no libm) and gives the same bits (Numerics above). */
 void pi2_k_softmax(float *x, int64_t n);
 void pi2_k_softmax_isa(pi2_isa isa, float *x, int64_t n);
 

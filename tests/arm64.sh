@@ -5,12 +5,14 @@
 #   1. the unit test binaries under two CPU models: `max` (NEON with the
 #      dot-product and i8mm extensions) and cortex-a53 (plain ARMv8.0 NEON),
 #      so both the extended and the baseline kernels run;
-#   2. a small end-to-end case with the arm64 tools: synth tiny -> convert
-#      (SiLU threshold mode: training predictors is minutes of float work
-#      under emulation) -> bundle -> pi2-run in memory and at the smallest limit `pi2-run
-#      plan` reports, under both CPU models, every --isa the model runs;
-#      the greedy tokens must be those of the native build on the same
-#      files (the same tokens on every CPU).
+#   2. a small end-to-end case with every arm64 tool: synth tiny ->
+#      convert (SiLU threshold mode: training predictors is minutes of
+#      float work under emulation) -> export (the native build's files) ->
+#      keygen, bundle signed, verify, inspect -> pi2-run in memory and at
+#      the smallest limit `pi2-run plan` reports, under both CPU models,
+#      every --isa the model runs; then pi2-run chat and serve (a curl
+#      completion). The greedy tokens must be those of the native build
+#      on the same files (the same tokens on every CPU).
 # Emulation is 5-10x slower than the machine, so the unit tests are a
 # chosen set (ARM64_TESTS below; what is left out and why is printed);
 # qemu proves correctness, not speed. Installs what it needs from Debian
@@ -25,14 +27,6 @@ cd "$(dirname "$0")/.."
 B=${BUILD_ARM64:-build-arm64}
 H=${BUILD:-build}
 CPUS=${ARM64_CPUS:-max cortex-a53}
-# qemu's library root: the arm64 multiarch root (/) when libc6:arm64 is
-# there, as the arm64 -dev packages install it. Its ld.so must be the one
-# of the same glibc build as the libc.so.6 the binaries load from
-# /lib/aarch64-linux-gnu: the cross toolchain's copy under
-# /usr/aarch64-linux-gnu is another build (2.36-8 against 2.36-9+deb12u14
-# on Debian 12), and with it every pthread_create loops forever.
-SYSROOT=/usr/aarch64-linux-gnu
-[ -e /lib/ld-linux-aarch64.so.1 ] && SYSROOT=/
 export PI2_SHARED="${PI2_SHARED:-$(cd .. && pwd)/shared}"
 
 # ---- what it needs ----
@@ -74,6 +68,16 @@ if [ -n "$need" ]; then
     fi
 fi
 
+# qemu's library root: the arm64 multiarch root (/) when libc6:arm64 is
+# there, as the arm64 -dev packages install it (so this is decided after
+# they are). Its ld.so must be the one of the same glibc build as the
+# libc.so.6 the binaries load from /lib/aarch64-linux-gnu: the cross
+# toolchain's copy under /usr/aarch64-linux-gnu is another build (2.36-8
+# against 2.36-9+deb12u14 on Debian 12), and with it every pthread_create
+# loops forever.
+SYSROOT=/usr/aarch64-linux-gnu
+[ -e /lib/ld-linux-aarch64.so.1 ] && SYSROOT=/
+
 # ---- build: arm64 and native ----
 make --no-print-directory ARCH=aarch64 build-all ${WERROR:+WERROR=1} >/dev/null || {
     echo "error: make ARCH=aarch64 build-all failed" >&2; exit 1; }
@@ -86,19 +90,21 @@ trap 'rm -rf "$T"' EXIT
 
 # The unit tests kept under emulation: qemu-user emulates floating point
 # in software, so float-heavy tests run 50-100x slower than on the
-# machine (integer code 5-10x). Kept: the kernels against their scalar
-# twins on every NEON level, quantization, the readers, I/O, sampling,
-# the session and the reference forward. Under the ARMv8.0 model only
+# machine (integer code 5-10x). Kept: the same tokens, selections and
+# logits on every NEON level as on scalar (test_isa, fewer steps under
+# PI2_EMULATED: about 150 s of CPU, the first to start), the kernels
+# against their scalar twins on every NEON level, quantization, the
+# readers, sampling, the session and the reference forward. Under the ARMv8.0 model only
 # those whose paths follow the CPU: the rest is the same code there.
-ARM64_TESTS=${ARM64_TESTS-test_kernels test_quant test_mathops test_moe test_ncache test_session test_sample
+ARM64_TESTS=${ARM64_TESTS-test_isa test_kernels test_quant test_mathops test_moe test_ncache test_session test_sample
     test_common test_reference test_hwprof test_hfconfig test_jsonread test_manifest test_safetensors test_torchzip
     test_tokenizer test_serve_json test_sign test_synth}
 ARM64_BASE_TESTS=${ARM64_BASE_TESTS-test_kernels test_quant test_mathops}
 # Left out, and why (they run natively in make test, and on an arm64
 # machine):
-LEFT_OUT="test_isa test_engine test_predictor test_bundle test_calib test_convert test_family test_offload
+LEFT_OUT="test_engine test_predictor test_bundle test_calib test_convert test_family test_offload
     test_planner: predictor training and whole golden models in float, over 15 minutes each under
-    emulation (the same-tokens rule test_isa checks is checked below on the tiny model, every --isa
+    emulation (the same-tokens rule is checked by test_isa and below on the tiny model, every --isa
     on both CPU models, against the native build); test_pool: timing-based thread tests;
     test_jinja: the python oracle; test_container: qemu-user does not emulate page-cache residency
     (mincore) or the huge-page flags of a mapping in /proc/self/smaps, which it checks; test_io: qemu-user
@@ -140,18 +146,26 @@ bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 q() { cpu=$1; shift; qemu-aarch64 -cpu "$cpu" -L "$SYSROOT" "$@"; }
 prompt="Once upon a time there was a little girl named Lily who lived in a small house near the woods with"
 prompt="$prompt her mother, her father and a big brown dog called Max."
-echo "arm64: end to end (synth tiny, convert, bundle, run)"
+echo "arm64: end to end (synth tiny, convert, export, keygen, bundle, verify, inspect, run, plan, chat, serve)"
 if q max "$B/pi2-convert" synth --preset tiny -o "$T/tiny" >/dev/null 2>"$T/err" \
-    && q max "$B/pi2-convert" "$T/tiny" -o "$T/tiny.pi2c" --calib-tokens 1024 -q >/dev/null 2>>"$T/err" \
-    && q max "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/tiny.pi2" --unsigned >/dev/null 2>>"$T/err"; then ok
-else bad "arm64 synth, convert, bundle"; cat "$T/err"; fi
-# the native build's tokens on the same files: what every run below must
-# give (the text and the generated ids)
+    && q max "$B/pi2-convert" "$T/tiny" -o "$T/tiny.pi2c" --calib-tokens 1024 -q >/dev/null 2>>"$T/err"; then ok
+else bad "arm64 synth, convert"; cat "$T/err"; fi
+# export dequantizes: the same files as the native build's export
+if q max "$B/pi2-convert" export "$T/tiny.pi2c" -o "$T/exp-arm" -q 2>"$T/err" \
+    && "$H/pi2-convert" export "$T/tiny.pi2c" -o "$T/exp-x86" -q 2>>"$T/err" && diff -r "$T/exp-arm" "$T/exp-x86" >&2
+then ok; else bad "pi2-convert export under qemu: not the native build's files"; cat "$T/err"; fi
+# a key made and the bundle signed on arm64, verified there and natively
+if q max "$B/pi2-bundle" keygen --private "$T/k.pem" --public "$T/k.pub" >/dev/null 2>"$T/err" \
+    && q max "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/tiny.pi2" --key "$T/k.pem" -q 2>>"$T/err" \
+    && q max "$B/pi2-bundle" verify "$T/tiny.pi2" --pubkey "$T/k.pub" 2>&1 | grep -q "signature ok" \
+    && q max "$B/pi2-bundle" inspect "$T/tiny.pi2" 2>>"$T/err" | grep -q "^signature: *signed" \
+    && "$H/pi2-bundle" verify "$T/tiny.pi2" --pubkey "$T/k.pub" >/dev/null 2>>"$T/err"; then ok
+else bad "arm64 keygen, bundle, verify, inspect (or the native verify)"; cat "$T/err"; fi
 ids() { sed -n 's/^generated ids://p' "$1"; }
-"$H/pi2-run" "$T/tiny.pi2" --trust-unsigned -p "$prompt" -n 24 --ids >"$T/native.out" 2>"$T/err" \
+"$H/pi2-run" "$T/tiny.pi2" --pubkey "$T/k.pub" -p "$prompt" -n 24 --ids >"$T/native.out" 2>"$T/err" \
     && ids "$T/err" >"$T/native.ids" && [ -s "$T/native.ids" ] \
     && ok || { bad "native pi2-run on the arm64-made bundle"; cat "$T/err"; }
-min=$(q max "$B/pi2-run" plan "$T/tiny.pi2" --trust-unsigned -p "$prompt" -n 24 2>/dev/null \
+min=$(q max "$B/pi2-run" plan "$T/tiny.pi2" --pubkey "$T/k.pub" -p "$prompt" -n 24 2>/dev/null \
     | sed -n 's/.*"minimum_bytes":\([0-9]*\).*/\1/p')
 [ -n "$min" ] && ok || bad "pi2-run plan under qemu reports no minimum"
 echo "arm64: smallest limit from pi2-run plan: ${min:-?} bytes"
@@ -161,7 +175,7 @@ for cpu in $CPUS; do
     for isa in $isas; do
         for run in "" "--mem-limit ${min:-1}"; do
             # shellcheck disable=SC2086
-            if ! q "$cpu" "$B/pi2-run" "$T/tiny.pi2" --trust-unsigned --isa "$isa" $run -p "$prompt" -n 24 --ids \
+            if ! q "$cpu" "$B/pi2-run" "$T/tiny.pi2" --pubkey "$T/k.pub" --isa "$isa" $run -p "$prompt" -n 24 --ids \
                 --stats >"$T/arm.out" 2>"$T/err"; then
                 if grep -q "does not support it" "$T/err"; then skip=$((skip + 1)); continue; fi
                 bad "-cpu $cpu --isa $isa $run: exit"; cat "$T/err"; continue
@@ -183,6 +197,38 @@ for cpu in $CPUS; do
         done
     done
 done
+# chat: a message on stdin, greedy: the native build's reply
+printf 'hello there\n' | q max "$B/pi2-run" chat "$T/tiny.pi2" --pubkey "$T/k.pub" -n 8 >"$T/chat.arm" 2>"$T/err" \
+    && printf 'hello there\n' | "$H/pi2-run" chat "$T/tiny.pi2" --pubkey "$T/k.pub" -n 8 >"$T/chat.x86" 2>>"$T/err" \
+    && [ -s "$T/chat.arm" ] && cmp -s "$T/chat.arm" "$T/chat.x86" && ok \
+    || { bad "pi2-run chat under qemu: not the native build's reply"; cat "$T/err" "$T/chat.arm" "$T/chat.x86"; }
+# serve: the server under qemu answers a greedy completion with the
+# native build's text (pi2-run prints the prompt, the text, a newline),
+# and stops cleanly on SIGTERM
+if ! command -v curl >/dev/null 2>&1 || ! command -v jq >/dev/null 2>&1; then
+    skip=$((skip + 1)); echo "arm64: serve skipped: curl and jq are needed"
+else
+    qemu-aarch64 -cpu max -L "$SYSROOT" "$B/pi2-run" serve "$T/tiny.pi2" --pubkey "$T/k.pub" --port 0 2>"$T/serve.err" &
+    spid=$!
+    . tests/serve_port.sh
+    port=$(serve_port "$T/serve.err" "$spid" 1200)
+    code=$(curl -s -m 300 -o "$T/resp" -w '%{http_code}' -H 'Content-Type: application/json' \
+        --data-binary '{"prompt":"hello world","max_tokens":8,"temperature":0}' "http://127.0.0.1:${port:-1}/v1/completions")
+    "$H/pi2-run" "$T/tiny.pi2" --pubkey "$T/k.pub" -p "hello world" -n 8 >"$T/cmpl.x86" 2>"$T/err"
+    [ "$code" = 200 ] && { printf 'hello world'; jq -j '.choices[0].text' "$T/resp"; echo; } | cmp -s - "$T/cmpl.x86" \
+        && ok || { bad "pi2-run serve under qemu: HTTP ${code:-none}, not the native build's completion"; \
+                   cat "$T/serve.err" "$T/resp" "$T/cmpl.x86"; echo; }
+    code=$(curl -s -m 60 -o "$T/resp" -w '%{http_code}' "http://127.0.0.1:${port:-1}/health")
+    [ "$code" = 200 ] && jq -e '.status == "ok"' "$T/resp" >/dev/null && ok || bad "pi2-run serve under qemu: /health"
+    kill -TERM "$spid" 2>/dev/null
+    (sleep 120; kill -KILL "$spid" 2>/dev/null) & # a server that ignores SIGTERM ends the wait too
+    wd=$!
+    wait "$spid"
+    rc=$?
+    kill "$wd" 2>/dev/null
+    [ "$rc" -eq 0 ] && grep -q "stopping" "$T/serve.err" && ok \
+        || { bad "pi2-run serve under qemu: no clean exit on SIGTERM"; cat "$T/serve.err"; }
+fi
 echo "arm64: took $(( $(date +%s) - s_all )) s"
 echo "arm64: $pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -4,6 +4,7 @@
 # openai npm client when it can be installed). Uses e2e.sh's ok/bad/skp.
 
 SM="$T/b.pi2"
+. "$(dirname "$0")/serve_port.sh"
 # --- chat: two turns, /reset, the first again ---
 printf 'hello there\n' | "$B/pi2-run" chat "$SM" --pubkey "$T/k.pub" --system "be brief" -n 8 >"$T/chat1.out" 2>"$T/err" \
     && [ -s "$T/chat1.out" ] && ok || { bad "chat: one turn"; cat "$T/err"; }
@@ -58,13 +59,7 @@ else
         rm -f "$T/serve.err" # not the last server's port
         "$B/pi2-run" serve "$SM" --pubkey "$T/k.pub" --port 0 "$@" 2>"$T/serve.err" &
         SPID=$!
-        port=""
-        for _ in $(seq 1 600); do
-            port=$(sed -n 's|.* on http://127.0.0.1:\([0-9]*\)/v1 .*|\1|p' "$T/serve.err" 2>/dev/null)
-            [ -n "$port" ] && break
-            kill -0 "$SPID" 2>/dev/null || break
-            sleep 0.1
-        done
+        port=$(serve_port "$T/serve.err" "$SPID" 600)
         URL="http://127.0.0.1:${port:-1}"
     }
     # stop_server NAME: SIGTERM, and a clean exit

@@ -9,6 +9,7 @@
 #include "formats/quant.h"
 #include "runtime/kernels.h"
 
+#include <float.h>
 #include <math.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -1435,6 +1436,24 @@ static void test_sgemv_t_group(void **state)
     }
 }
 
+/* Softmax input k of case it: spread out until exp underflows (past the
+ * clamp), typical, near-uniform; and in three cases of every 8 the edges:
+ * all equal; the max a tie of -0 and +0 (-0 first, which the twin keeps);
+ * most far below the clamp (-1e30, -FLT_MAX). */
+static float softmax_input(pi2_rng *r, int it, int64_t k)
+{
+    switch (it % 8) {
+    case 5:
+        return 3.25f;
+    case 6:
+        return k % 3 == 0 ? -0.0f : k % 3 == 1 ? 0.0f : (float)-fabs(pi2_rng_normal(r));
+    case 7:
+        return k % 5 == 2 ? (float)pi2_rng_normal(r) : k % 2 ? -1e30f : -FLT_MAX;
+    default:
+        return (float)((it % 3 == 0 ? 40.0 : it % 3 == 1 ? 4.0 : 0.01) * pi2_rng_normal(r));
+    }
+}
+
 /* ---- the f32 kernels that feed selections: bit-identical twins ----
  *
  * Attention's scores and weighted values, softmax and the MoE router run
@@ -1471,9 +1490,8 @@ static void test_f32_twins_bitwise(void **state)
             pi2_k_sgemv_t_isa(PI2_ISA_SCALAR, W, ldw, n, nrows, x, ref);
             CHECK(memcmp(got, ref, (size_t)n * sizeof(float)) == 0, "%s sgemv_t n=%lld rows %d: not the twin's bits",
                   pi2_k_isa_name(isa), (long long)n, nrows);
-            double spread = it % 3 == 0 ? 40.0 : it % 3 == 1 ? 4.0 : 0.01;
             for (int64_t k = 0; k < n; k++)
-                got[k] = ref[k] = (float)(spread * pi2_rng_normal(&r));
+                got[k] = ref[k] = softmax_input(&r, it, k);
             pi2_k_softmax_isa(isa, got, n);
             pi2_k_softmax_isa(PI2_ISA_SCALAR, ref, n);
             CHECK(memcmp(got, ref, (size_t)n * sizeof(float)) == 0, "%s softmax n=%lld: not the twin's bits",

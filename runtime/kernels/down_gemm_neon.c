@@ -51,14 +51,7 @@ static void requant_block(bool q4, const uint8_t *const *wp, const uint16_t *con
             int r = g * K_GR + k;
             const uint8_t *p = wp[r < R ? r : 0];
             int8x16_t lo, hi;
-            if (q4) {
-                uint8x16_t raw = vld1q_u8(p + b * PI2_Q4_GROUP_BYTES);
-                lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0f))), vdupq_n_s8(8));
-                hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), vdupq_n_s8(8));
-            } else {
-                lo = vld1q_s8((const int8_t *)p + b * QG);
-                hi = vld1q_s8((const int8_t *)p + b * QG + 16);
-            }
+            k_neon_wblk(p + b * (q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES), q4, &lo, &hi);
             float f = d[k] * inv;
             vst1_s8(w2[r], requant8(vget_low_s8(lo), f));
             vst1_s8(w2[r] + 8, requant8(vget_high_s8(lo), f));
@@ -100,7 +93,7 @@ bool pi2_ki_down_gemm_neon(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, cons
                            const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo)
 {
     pi2_isa p = pi2_ki_isa_pick(isa);
-    if ((p != PI2_ISA_NEON && p != PI2_ISA_DOTPROD && p != PI2_ISA_I8MM) || (wt != PI2_QT_Q4 && wt != PI2_QT_Q8))
+    if (!k_neon(p) || (wt != PI2_QT_Q4 && wt != PI2_QT_Q8))
         return false;
     int64_t nb = n / QG;
     int8_t aq[PI2_K_MAX_T * K_GC * K_GR];

@@ -15,20 +15,6 @@
 
 #ifdef PI2_K_ARM64
 
-/* Row block as 32 int8 weights (Q4: nibble - 8; byte j holds values j and
- * j + 16). */
-static inline void ld_wq(const uint8_t *p, bool q4, int8x16_t *lo, int8x16_t *hi)
-{
-    if (q4) {
-        uint8x16_t raw = vld1q_u8(p);
-        *lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0f))), vdupq_n_s8(8));
-        *hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), vdupq_n_s8(8));
-    } else {
-        *lo = vld1q_s8((const int8_t *)p);
-        *hi = vld1q_s8((const int8_t *)p + 16);
-    }
-}
-
 /* cq[0..m) for the products c[0..m) (m <= 16; the rest 0); returns the
  * scale s, or 0 when the group contributes nothing. */
 static float group_quant(const float c[K_DG], int8_t cq[K_DG])
@@ -56,10 +42,10 @@ static void group_sums(bool q4, const uint8_t *const *w, int m, int64_t off, con
 {
     for (int k = 0; k < m; k += 2) {
         int8x16_t lo0, hi0, lo1 = vdupq_n_s8(0), hi1 = vdupq_n_s8(0);
-        ld_wq(w[k] + off, q4, &lo0, &hi0);
+        k_neon_wblk(w[k] + off, q4, &lo0, &hi0);
         int8x8_t c0 = vdup_n_s8(cq[k]), c1 = vdup_n_s8(k + 1 < m ? cq[k + 1] : 0);
         if (k + 1 < m)
-            ld_wq(w[k + 1] + off, q4, &lo1, &hi1);
+            k_neon_wblk(w[k + 1] + off, q4, &lo1, &hi1);
         int16x8_t p0 = vmlal_s8(vmull_s8(vget_low_s8(lo0), c0), vget_low_s8(lo1), c1);
         int16x8_t p1 = vmlal_s8(vmull_s8(vget_high_s8(lo0), c0), vget_high_s8(lo1), c1);
         int16x8_t p2 = vmlal_s8(vmull_s8(vget_low_s8(hi0), c0), vget_low_s8(hi1), c1);
@@ -79,7 +65,7 @@ bool pi2_ki_down_neon(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const flo
                       const uint8_t *const *wp, const uint16_t *const *ws, int T, float *out, int64_t ldo)
 {
     pi2_isa p = pi2_ki_isa_pick(isa);
-    if ((p != PI2_ISA_NEON && p != PI2_ISA_DOTPROD && p != PI2_ISA_I8MM) || (wt != PI2_QT_Q4 && wt != PI2_QT_Q8))
+    if (!k_neon(p) || (wt != PI2_QT_Q4 && wt != PI2_QT_Q8))
         return false;
     bool q4 = wt == PI2_QT_Q4;
     int64_t nb = n / QG, gb = q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES;

@@ -121,6 +121,23 @@ void pi2_ki_gemm_coefs(pi2_isa isa, const float *coef, int64_t ldc, int T, int r
 
 #ifdef PI2_K_ARM64
 
+/* Whether a picked path (pi2_ki_isa_pick) is one of the NEON levels. */
+static inline bool k_neon(pi2_isa p) { return p == PI2_ISA_NEON || p == PI2_ISA_DOTPROD || p == PI2_ISA_I8MM; }
+
+/* A Q4 or Q8 weight block at p as 32 int8 (Q4: nibble - 8, byte j holding
+ * values j (low) and j + 16 (high)): lo = values 0..15, hi = 16..31. */
+static inline void k_neon_wblk(const uint8_t *p, bool q4, int8x16_t *lo, int8x16_t *hi)
+{
+    if (q4) {
+        uint8x16_t raw = vld1q_u8(p);
+        *lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0f))), vdupq_n_s8(8));
+        *hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), vdupq_n_s8(8));
+    } else {
+        *lo = vld1q_s8((const int8_t *)p);
+        *hi = vld1q_s8((const int8_t *)p + 16);
+    }
+}
+
 /* ---- the NEON paths (*_neon.c) ----
  * Each returns false, computing nothing, when the picked path of `isa` is
  * scalar (or the weights are not Q4/Q8); the family's entry point then
@@ -141,6 +158,9 @@ bool pi2_ki_sgemv_neon(pi2_isa isa, bool transposed, const float *W, int64_t ldw
                        const float *x, float *out);
 bool pi2_ki_act_quantize_neon(pi2_isa isa, const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
                               int32_t *sums);
+bool pi2_ki_softmax_neon(pi2_isa isa, float *x, int64_t n);
+bool pi2_ki_dequant_neon(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
+                         const uint16_t *const *ws, float *dst);
 
 #endif /* PI2_K_ARM64 */
 

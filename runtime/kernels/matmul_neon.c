@@ -41,15 +41,7 @@ typedef struct k_blk {
 static inline k_blk ld_w(const uint8_t *p, bool q4)
 {
     k_blk w;
-    if (q4) {
-        uint8x16_t raw = vld1q_u8(p);
-        int8x16_t eight = vdupq_n_s8(8);
-        w.lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0f))), eight);
-        w.hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), eight);
-    } else {
-        w.lo = vld1q_s8((const int8_t *)p);
-        w.hi = vld1q_s8((const int8_t *)p + 16);
-    }
+    k_neon_wblk(p, q4, &w.lo, &w.hi);
     return w;
 }
 
@@ -246,7 +238,7 @@ bool pi2_ki_mm_neon(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8
                     int64_t ldo)
 {
     pi2_isa p = pi2_ki_isa_pick(isa);
-    if ((p != PI2_ISA_NEON && p != PI2_ISA_DOTPROD && p != PI2_ISA_I8MM) || (wt != PI2_QT_Q4 && wt != PI2_QT_Q8))
+    if (!k_neon(p) || (wt != PI2_QT_Q4 && wt != PI2_QT_Q8))
         return false;
     bool q4 = wt == PI2_QT_Q4, dp = p != PI2_ISA_NEON;
     int64_t nb = n / QG;

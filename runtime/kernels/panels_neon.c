@@ -18,14 +18,6 @@
 #define K_T_DP __attribute__((target("arch=armv8.2-a+dotprod")))
 #define K_T_MM __attribute__((target("arch=armv8.2-a+dotprod+i8mm")))
 
-/* Q4 block as 32 int8 (nibble - 8): lo = values 0..15, hi = 16..31. */
-static inline void ld_q4(const uint8_t *p, int8x16_t *lo, int8x16_t *hi)
-{
-    uint8x16_t raw = vld1q_u8(p);
-    *lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0f))), vdupq_n_s8(8));
-    *hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), vdupq_n_s8(8));
-}
-
 static inline int32x4_t pdot_neon(int8x16_t wl, int8x16_t wh, const int8_t *a)
 {
     int8x16_t al = vld1q_s8(a), ah = vld1q_s8(a + 16);
@@ -73,7 +65,7 @@ static void chunk_factors(const uint16_t *h, int64_t kb, int32_t *k, float *D)
             int32x4_t S = vdupq_n_s32(0);                                                              \
             for (int64_t b = s0; b < min64(s0 + K_SB, kb); b++) {                                      \
                 int8x16_t wl, wh;                                                                      \
-                ld_q4(p + b * PI2_Q4_GROUP_BYTES, &wl, &wh);                                           \
+                k_neon_wblk(p + b * PI2_Q4_GROUP_BYTES, true, &wl, &wh);                               \
                 int32x4_t d = vpaddq_s32(vpaddq_s32(PDOT(wl, wh, a[0] + b * QG), PDOT(wl, wh, a[1] + b * QG)), \
                                          vpaddq_s32(PDOT(wl, wh, a[2] + b * QG), PDOT(wl, wh, a[3] + b * QG))); \
                 S = vmlaq_n_s32(S, d, k[b]);                                                           \
@@ -100,8 +92,8 @@ K_T_MM static float32x4_t sb_i8mm(const uint8_t *p0, const uint8_t *p1, int64_t 
         int32x4_t S = vdupq_n_s32(0);
         for (int64_t b = s0; b < min64(s0 + K_SB, kb); b++) {
             int8x16_t l0, h0, l1, h1;
-            ld_q4(p0 + b * PI2_Q4_GROUP_BYTES, &l0, &h0);
-            ld_q4(p1 + b * PI2_Q4_GROUP_BYTES, &l1, &h1);
+            k_neon_wblk(p0 + b * PI2_Q4_GROUP_BYTES, true, &l0, &h0);
+            k_neon_wblk(p1 + b * PI2_Q4_GROUP_BYTES, true, &l1, &h1);
             int8x16_t x0 = vld1q_s8(a0 + b * QG), y0 = vld1q_s8(a0 + b * QG + 16);
             int8x16_t x1 = vld1q_s8(a1 + b * QG), y1 = vld1q_s8(a1 + b * QG + 16);
             int32x4_t d = vmmlaq_s32(vdupq_n_s32(0), K_Z1(l0, l1), K_Z1(x0, x1));
@@ -179,7 +171,7 @@ bool pi2_ki_matmul_sb_neon(pi2_isa isa, int64_t n, int nrows, const uint8_t *con
                            const float *ascales, const int8_t *aq, int T, float *out, int64_t ldo)
 {
     pi2_isa p = pi2_ki_isa_pick(isa);
-    if (p != PI2_ISA_NEON && p != PI2_ISA_DOTPROD && p != PI2_ISA_I8MM)
+    if (!k_neon(p))
         return false;
     for (int64_t b0 = 0; b0 < n / QG; b0 += K_PB) {
         if (p == PI2_ISA_I8MM)
@@ -214,7 +206,7 @@ bool pi2_ki_act_quantize_sb_neon(pi2_isa isa, const float *x, int64_t ldx, int T
                                  int8_t *q, int32_t *sums)
 {
     pi2_isa p = pi2_ki_isa_pick(isa);
-    if (p != PI2_ISA_NEON && p != PI2_ISA_DOTPROD && p != PI2_ISA_I8MM)
+    if (!k_neon(p))
         return false;
     int64_t nb = n / QG, ns = (nb + K_SB - 1) / K_SB;
     for (int t = 0; t < T; t++) {

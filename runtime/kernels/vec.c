@@ -62,7 +62,8 @@ static void sgemv_scalar(const float *W, int64_t ldw, int64_t n, int nrows, cons
 /* exp(x) for softmax (x <= 0 after the max is subtracted): x = k ln2 + r,
  * |r| <= ln2 / 2, exp = 2^k * p(r), p the degree-6 Taylor polynomial
  * (relative error < 2e-7); x below -87.3 is taken as -87.3 (1.2e-38,
- * nothing next to the max's 1). Every path computes these operations. */
+ * nothing next to the max's 1). Every path (AVX2, AVX-512, NEON in
+ * vec_neon.c) computes these operations. */
 static inline float exp_fixed(float x)
 {
     x = fmaxf(x, -87.3f);
@@ -566,6 +567,10 @@ void pi2_k_act_quantize(const float *x, int64_t ldx, int T, int64_t n, float *sc
 void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
                         float *dst)
 {
+#ifdef PI2_K_ARM64
+    if (pi2_ki_dequant_neon(pi2_k_get_isa(), wt, n, nrows, wp, ws, dst))
+        return;
+#endif
 #ifdef PI2_K_X86
     if (wt == PI2_QT_Q4 || wt == PI2_QT_Q8) {
         switch (pi2_k_get_isa()) {
@@ -613,6 +618,10 @@ void pi2_k_sgemv(const float *W, int64_t ldw, int64_t n, int nrows, const float 
 
 void pi2_k_softmax_isa(pi2_isa isa, float *x, int64_t n)
 {
+#ifdef PI2_K_ARM64
+    if (pi2_ki_softmax_neon(isa, x, n))
+        return;
+#endif
 #ifdef PI2_K_X86
     if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
         softmax_avx512(x, n);
@@ -622,7 +631,7 @@ void pi2_k_softmax_isa(pi2_isa isa, float *x, int64_t n)
         softmax_avx2(x, n);
         return;
     }
-#else
+#elif !defined(PI2_K_ARM64)
     (void)isa;
 #endif
     softmax_scalar(x, n);

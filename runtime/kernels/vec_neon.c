@@ -1,4 +1,5 @@
-/* Vector ops on arm64, each bit-identical to its twin in vec.c.
+/* Vector ops on arm64, each bit-identical to its twin in vec.c: the
+ * activation quantizer, the f32 GEMV pair, softmax and dequantized rows.
  *
  * Activation quantization (pi2_k_act_quantize), as pi2_q8act_quantize
  * (formats/quant.c): the same
@@ -50,7 +51,7 @@ bool pi2_ki_act_quantize_neon(pi2_isa isa, const float *x, int64_t ldx, int T, i
                               int32_t *sums)
 {
     pi2_isa p = pi2_ki_isa_pick(isa);
-    if (p != PI2_ISA_NEON && p != PI2_ISA_DOTPROD && p != PI2_ISA_I8MM)
+    if (!k_neon(p))
         return false;
     int64_t nb = n / QG;
     for (int t = 0; t < T; t++)
@@ -114,9 +115,116 @@ bool pi2_ki_sgemv_neon(pi2_isa isa, bool transposed, const float *W, int64_t ldw
                        const float *x, float *out)
 {
     pi2_isa p = pi2_ki_isa_pick(isa);
-    if (p != PI2_ISA_NEON && p != PI2_ISA_DOTPROD && p != PI2_ISA_I8MM)
+    if (!k_neon(p))
         return false;
     (transposed ? sgemv_t_neon : sgemv_neon)(W, ldw, n, nrows, x, out);
+    return true;
+}
+
+/* ---- softmax ----
+ * vec.c's exp_fixed on 4 lanes, operation for operation: fmaxnm is fmaxf
+ * (a NaN becomes the clamp), frintn is rintf, fmls/fmla the twin's fmaf
+ * with -k and the polynomial's; 2^k from its exponent bits (k >= -126
+ * after the clamp: a normal float, so p * 2^k rounds once, as the twin's
+ * p * ldexpf(1, k)). The max is fmaxnm's, which ignores NaN as the twin's
+ * compare does; where the twin keeps -0 and this +0, x - max is the same
+ * but for a zero's sign, which exp_fixed maps to 1 either way. The sum:
+ * element i in stripe i % 16 (vector (i % 16) / 4, lane i % 4) from +0,
+ * the last n % 4 elements from a zero-padded copy (+0 changes no
+ * stripe), then k_tree16's tree; x * (1 / sum). */
+
+static inline float32x4_t exp_neon(float32x4_t x)
+{
+    x = vmaxnmq_f32(x, vdupq_n_f32(-87.3f));
+    float32x4_t k = vrndnq_f32(vmulq_n_f32(x, 1.44269504089f));
+    float32x4_t r = vfmsq_n_f32(x, k, 0.693145751953125f); /* ln2 high part (exact k * hi) */
+    r = vfmsq_n_f32(r, k, 1.42860682030941723e-06f);       /* ln2 low part */
+    float32x4_t p = vdupq_n_f32(1.0f / 720.0f);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 120.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 24.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 6.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(0.5f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23);
+    return vmulq_f32(p, vreinterpretq_f32_s32(e));
+}
+
+static void softmax_neon(float *x, int64_t n)
+{
+    float32x4_t mv = vdupq_n_f32(-INFINITY);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        mv = vmaxnmq_f32(mv, vld1q_f32(x + i));
+    float mx = vmaxnmvq_f32(mv);
+    for (; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    float32x4_t mxv = vdupq_n_f32(mx), s[4];
+    for (int k = 0; k < 4; k++)
+        s[k] = vdupq_n_f32(0.0f);
+    for (i = 0; i + 4 <= n; i += 4) {
+        float32x4_t v = exp_neon(vsubq_f32(vld1q_f32(x + i), mxv));
+        vst1q_f32(x + i, v);
+        s[i / 4 % 4] = vaddq_f32(s[i / 4 % 4], v);
+    }
+    if (i < n) {
+        float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int m = (int)(n - i);
+        memcpy(t, x + i, (size_t)m * sizeof(float));
+        vst1q_f32(t, exp_neon(vsubq_f32(vld1q_f32(t), mxv)));
+        memcpy(x + i, t, (size_t)m * sizeof(float));
+        for (int k = m; k < 4; k++)
+            t[k] = 0.0f;
+        s[i / 4 % 4] = vaddq_f32(s[i / 4 % 4], vld1q_f32(t));
+    }
+    /* k_tree16: y = x_j + x_j+8 is (s0 + s2 | s1 + s3), z_i = y_i + y_i+4 */
+    float32x4_t z = vaddq_f32(vaddq_f32(s[0], s[2]), vaddq_f32(s[1], s[3]));
+    float inv = 1.0f / sum4_pairs(z);
+    for (i = 0; i + 4 <= n; i += 4)
+        vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), inv));
+    for (; i < n; i++)
+        x[i] *= inv;
+}
+
+bool pi2_ki_softmax_neon(pi2_isa isa, float *x, int64_t n)
+{
+    pi2_isa p = pi2_ki_isa_pick(isa);
+    if (!k_neon(p))
+        return false;
+    softmax_neon(x, n);
+    return true;
+}
+
+/* ---- dequantized rows: (q - 8) * d and q * d are exact floats, so any
+ * order gives the twin's bits; the scale converts as the twin's does ---- */
+
+static void dequant_neon(bool q4, int64_t n, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                         float *dst)
+{
+    int64_t nb = n / QG, gb = q4 ? PI2_Q4_GROUP_BYTES : PI2_Q8_GROUP_BYTES;
+    for (int r = 0; r < nrows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            float *o = dst + (int64_t)r * n + b * QG;
+            float d = pi2_f16_to_f32(ws[r][b]);
+            int8x16_t h[2];
+            k_neon_wblk(wp[r] + b * gb, q4, &h[0], &h[1]);
+            for (int k = 0; k < 2; k++) {
+                int16x8_t lo = vmovl_s8(vget_low_s8(h[k])), hi = vmovl_high_s8(h[k]);
+                vst1q_f32(o + 16 * k, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), d));
+                vst1q_f32(o + 16 * k + 4, vmulq_n_f32(vcvtq_f32_s32(vmovl_high_s16(lo)), d));
+                vst1q_f32(o + 16 * k + 8, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), d));
+                vst1q_f32(o + 16 * k + 12, vmulq_n_f32(vcvtq_f32_s32(vmovl_high_s16(hi)), d));
+            }
+        }
+}
+
+bool pi2_ki_dequant_neon(pi2_isa isa, pi2_qtype wt, int64_t n, int nrows, const uint8_t *const *wp,
+                         const uint16_t *const *ws, float *dst)
+{
+    pi2_isa p = pi2_ki_isa_pick(isa);
+    if (!k_neon(p) || (wt != PI2_QT_Q4 && wt != PI2_QT_Q8))
+        return false;
+    dequant_neon(wt == PI2_QT_Q4, n, nrows, wp, ws, dst);
     return true;
 }
 

@@ -46,14 +46,7 @@ capped=yes
 [ -x /usr/bin/time ] || { echo "bench_limit: /usr/bin/time is missing (apt-get install time)" >&2; exit 1; }
 sync
 io=$("$B/pi2-run" probe io "$M" 2>/dev/null) || io="" # (a file under 1 MB cannot be probed)
-# random-read rate at depth 32 for the probed size nearest REQ (log scale)
-io_rate() {
-    echo "$io" | tr '{' '\n' | awk -v want="$1" -F'[:,]' '
-        /"depth":32/ { for (i = 1; i < NF; i++) { if ($i == "\"size\"") s = $(i+1); if ($i == "\"bytes_per_s\"") r = $(i+1) }
-                       d = log(s / want); if (d < 0) d = -d
-                       if (best == "" || d < bd) { best = r; bd = d } }
-        END { print best }'
-}
+. runtime/bench_io.sh # io_rate
 
 # the planner's settings come from this machine's hardware profile, as a
 # user's do once they have run pi2-run probe profile

@@ -46,15 +46,7 @@ bw=$(echo "$hw" | jget read_bytes_per_s)
 io=$("$B/pi2-run" --io-probe "$M")
 say "$hw"
 say "$io"
-# random-read throughput at depth 32 for a request size: the probed size
-# nearest to it on a log scale
-io_rate() {
-    echo "$io" | tr '{' '\n' | awk -v want="$1" -F'[:,]' '
-        /"depth":32/ { for (i = 1; i < NF; i++) { if ($i == "\"size\"") s = $(i+1); if ($i == "\"bytes_per_s\"") r = $(i+1) }
-                       d = log(s / want); if (d < 0) d = -d
-                       if (best == "" || d < bd) { best = r; bd = d } }
-        END { print best }'
-}
+. runtime/bench_io.sh # io_rate
 
 HWP="$W/hw-profile.json"
 say "== hardware profile for the planner (pi2-run --profile-hw, cached in $HWP)"

@@ -53,15 +53,7 @@ static void gemm_scalar(pi2_qtype wt, int64_t n, int nrows, const float *coef, i
             float D[K_GC];
             int8_t w2[K_GC * K_GR][QG]; /* requantized weights of the block */
             for (int g = 0; g < G; g++) {
-                float d[K_GR], m = 0.0f;
-                for (int k = 0; k < K_GR; k++) {
-                    int r = g * K_GR + k;
-                    d[k] = r < R ? pi2_f16_to_f32(ws[r0 + r][b]) : 0.0f;
-                    m = fmaxf(m, fabsf(d[k]));
-                }
-                bool ok = m >= K_DMIN;
-                float inv = ok ? 127.0f / (qmax * m) : 0.0f;
-                D[g] = ok ? qmax * m / 127.0f : 0.0f;
+                float d[K_GR], inv = k_gemm_wgroup(ws + r0 + g * K_GR, K_GR, R - g * K_GR, b, qmax, d, &D[g]);
                 for (int k = 0; k < K_GR; k++) {
                     int r = g * K_GR + k;
                     const uint8_t *p = wp[r0 + (r < R ? r : 0)];

@@ -118,6 +118,22 @@ pi2_isa pi2_ki_isa_pick(pi2_isa isa);
  * R), as[t * G + g] and su[t * G + g]. */
 void pi2_ki_gemm_coefs(pi2_isa isa, const float *coef, int64_t ldc, int T, int r0, int R, int8_t *aq, float *as,
                        int32_t *su);
+/* The down GEMM's weight group of n rows ws[0 .. n) (rows at or past R
+ * read as scale 0) in block b: each row's scale into d[0 .. n), the
+ * group's scale into *D, and the factor that requantizes a row's weights
+ * to it (d[k] * factor) returned; both 0 for a group whose largest scale
+ * is below K_DMIN. The scalar and NEON paths share it. */
+static inline float k_gemm_wgroup(const uint16_t *const *ws, int n, int R, int64_t b, float qmax, float *d, float *D)
+{
+    float m = 0.0f;
+    for (int k = 0; k < n; k++) {
+        d[k] = k < R ? pi2_f16_to_f32(ws[k][b]) : 0.0f;
+        m = fmaxf(m, fabsf(d[k]));
+    }
+    bool ok = m >= K_DMIN;
+    *D = ok ? qmax * m / 127.0f : 0.0f;
+    return ok ? 127.0f / (qmax * m) : 0.0f;
+}
 
 #ifdef PI2_K_ARM64
 

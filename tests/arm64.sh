@@ -34,24 +34,8 @@ need=""
 command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need="$need gcc-aarch64-linux-gnu"
 command -v qemu-aarch64 >/dev/null 2>&1 || need="$need qemu-user"
 # the arm64 -dev packages (multiarch): each must link with the cross compiler
-have_arm() {
-    printf '#include <%s>\nint main(void) { return 0; }\n' "$1" \
-        | aarch64-linux-gnu-gcc -x c - -o /dev/null "$2" >/dev/null 2>&1
-}
-if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1; then
-    have_arm jansson.h -ljansson || need="$need libjansson-dev:arm64"
-    have_arm archive.h -larchive || need="$need libarchive-dev:arm64"
-    have_arm openssl/evp.h -lcrypto || need="$need libssl-dev:arm64"
-    have_arm cblas.h -lopenblas || need="$need libopenblas-dev:arm64"
-    have_arm liburing.h -luring || need="$need liburing-dev:arm64"
-    printf '#include <stdarg.h>\n#include <stdint.h>\n#include <sys/types.h>\n#include <sys/socket.h>\n#include <microhttpd.h>\nint main(void) { return 0; }\n' \
-        | aarch64-linux-gnu-gcc -x c - -o /dev/null -lmicrohttpd >/dev/null 2>&1 || need="$need libmicrohttpd-dev:arm64"
-    printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <stdint.h>\n#include <cmocka.h>\nint main(void) { return 0; }\n' \
-        | aarch64-linux-gnu-gcc -x c - -o /dev/null -lcmocka >/dev/null 2>&1 || need="$need libcmocka-dev:arm64"
-else
-    need="$need libjansson-dev:arm64 libarchive-dev:arm64 libssl-dev:arm64 libopenblas-dev:arm64"
-    need="$need liburing-dev:arm64 libmicrohttpd-dev:arm64 libcmocka-dev:arm64"
-fi
+. tests/deps_libs.sh
+lib_needs aarch64-linux-gnu-gcc :arm64
 if [ -n "$need" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing:$need"

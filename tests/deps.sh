@@ -3,21 +3,8 @@
 # apt-get when running as root, else print the exact command and fail.
 set -u
 need=""
-# A header alone is not enough: another package may provide it (libblas-dev
-# also installs cblas.h), so each library must also link.
-have_lib() {
-    printf '#include <%s>\nint main(void) { return 0; }\n' "$1" \
-        | ${CC:-cc} -x c - -o /dev/null "$2" >/dev/null 2>&1
-}
-have_lib jansson.h -ljansson || need="$need libjansson-dev"
-have_lib archive.h -larchive || need="$need libarchive-dev"
-have_lib openssl/evp.h -lcrypto || need="$need libssl-dev"
-have_lib cblas.h -lopenblas || need="$need libopenblas-dev"
-have_lib liburing.h -luring || need="$need liburing-dev"
-printf '#include <stdarg.h>\n#include <stdint.h>\n#include <sys/types.h>\n#include <sys/socket.h>\n#include <microhttpd.h>\nint main(void) { return MHD_is_feature_supported(MHD_FEATURE_THREADS) ? 0 : 1; }\n' \
-    | ${CC:-cc} -x c - -o /dev/null -lmicrohttpd >/dev/null 2>&1 || need="$need libmicrohttpd-dev"
-printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <stdint.h>\n#include <cmocka.h>\n' \
-    | ${CC:-cc} -E -x c - >/dev/null 2>&1 || need="$need libcmocka-dev"
+. "$(dirname "$0")/deps_libs.sh"
+lib_needs "${CC:-cc}" ""
 command -v ${CC:-cc} >/dev/null 2>&1 || need="$need gcc"
 command -v make >/dev/null 2>&1 || need="$need make"
 # The tests' clients and oracles (never the tools'): curl and jq drive the

@@ -123,10 +123,11 @@ else
 fi
 
 say "== half-FFN limit ($(mb "$half") MB) vs fully in memory, alternating (ABBA) $REPEAT times"
+# the same model fully in memory, into $mo
+inmem() { "$B/pi2-run" bench "$M" --pubkey "$K" --bench-pp "$PP" --bench-tg "$TG" -t "$TH" >"$mo" 2>"$W/err"; }
 mt=0 ot=0 ok=yes
 for i in $(seq "$REPEAT"); do
     mo="$W/limit-$NAME-inmem.json.$i" oo="$W/limit-$NAME-half.json.$i"
-    inmem() { "$B/pi2-run" bench "$M" --pubkey "$K" --bench-pp "$PP" --bench-tg "$TG" -t "$TH" >"$mo" 2>"$W/err"; }
     if [ $((i % 2)) = 1 ]; then
         inmem && run "$half" "$oo" --bench-pp "$PP" || { ok=no; break; }
     else

@@ -297,13 +297,16 @@ static void ps_bind(pi2_engine *e, ofl_pstream *ps, int l, int s)
     for (size_t i = ps->first[l]; i < ps->first[l + 1]; i++) {
         const ps_mem *m = &ps->mem[i];
         const uint8_t *p = base ? base + m->at : NULL;
-        eng_ffn *f = &L->ffn[m->x];
+        if (m->kind >= PM_ATTN) { /* x is the matrix */
+            ps_bind_rows(mats[m->x], m->kind == PM_ATTN_S, p);
+            continue;
+        }
+        eng_ffn *f = &L->ffn[m->x]; /* x is the expert */
         switch (m->kind) {
         case PM_FC1: f->q1 = p; break;
         case PM_FC2: f->q2 = p; break;
         case PM_S1: f->s1 = (const uint16_t *)(const void *)p; break;
-        case PM_S2: f->s2 = (const uint16_t *)(const void *)p; break;
-        default: ps_bind_rows(mats[m->x], m->kind == PM_ATTN_S, p); break;
+        default: f->s2 = (const uint16_t *)(const void *)p; break;
         }
     }
 }

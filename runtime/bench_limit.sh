@@ -20,6 +20,14 @@
 #                    alternating (ABBA) REPEAT times, and against the I/O
 #                    floor (bytes read per token / this disk's random-read
 #                    rate at the run's mean request size, pi2-run probe io)
+#   in memory        this shape's decode fully in memory (the half-FFN
+#                    pairs' in-memory runs) against a Q4_0-class dense engine
+#                    at the memory's speed: 0.95 x the read bandwidth
+#                    pi2-run --hw-probe measures before and after those runs
+#                    (the better) / Q40_BYTES a token (4.03 GB, llama.cpp's
+#                    Q4_0 of the 7B shape; target 2x), with the bytes read a
+#                    token; and --dense decode against that bandwidth
+#                    (target 0.85)
 # Writes WORKDIR/limit-NAME.json.
 # Usage: sh runtime/bench_limit.sh MODEL.pi2 PUBKEY WORKDIR NONFFN_Q40_BYTES [NAME]
 set -eu
@@ -34,6 +42,7 @@ TG=${BENCH_TG:-64}
 PP=${BENCH_PP:-32}
 POINTS=${POINTS:-"0 25 50 75 90"}
 REPEAT=${REPEAT:-2}
+Q40=${Q40_BYTES:-4030000000}
 MB=1048576
 mkdir -p "$W"
 say() { printf '%s\n' "$*"; }
@@ -126,6 +135,7 @@ say "== half-FFN limit ($(mb "$half") MB) vs fully in memory, alternating (ABBA)
 # the same model fully in memory, into $mo
 inmem() { "$B/pi2-run" bench "$M" --pubkey "$K" --bench-pp "$PP" --bench-tg "$TG" -t "$TH" >"$mo" 2>"$W/err"; }
 mt=0 ot=0 ok=yes
+bw0=$("$B/pi2-run" --hw-probe -t "$TH" | jget read_bytes_per_s)
 for i in $(seq "$REPEAT"); do
     mo="$W/limit-$NAME-inmem.json.$i" oo="$W/limit-$NAME-half.json.$i"
     if [ $((i % 2)) = 1 ]; then
@@ -137,8 +147,17 @@ for i in $(seq "$REPEAT"); do
     mt=$(echo "$mt $(jget tg_tok_s <"$mo")" | awk '{print $1 + $2}')
     ot=$(echo "$ot $(jget tg_tok_s <"$oo")" | awk '{print $1 + $2}')
 done
-vs_mem=0 vs_floor=0
+vs_mem=0 vs_floor=0 vs_q40=0 dense_vs_bw=0
 if [ "$ok" = yes ]; then
+    mo="$W/limit-$NAME-dense.json"
+    "$B/pi2-run" bench "$M" --pubkey "$K" --bench-pp "$PP" --bench-tg 16 -t "$TH" --dense >"$mo" 2>"$W/err" || ok=no
+fi
+if [ "$ok" = yes ]; then
+    bw1=$("$B/pi2-run" --hw-probe -t "$TH" | jget read_bytes_per_s)
+    bw=$(echo "$bw0 $bw1" | awk '{print ($1 > $2 ? $1 : $2)}')
+    dt=$(jget tg_tok_s <"$mo")
+    db=$(echo "$(jget weight_bytes_per_token <"$mo") $(jget kv_bytes_per_token <"$mo")" | awk '{print $1 + $2}')
+    dense_vs_bw=$(echo "$dt $db $bw" | awk '{printf "%.2f", $1 * $2 / $3}')
     mt=$(echo "$mt $REPEAT" | awk '{printf "%.3f", $1 / $2}')
     ot=$(echo "$ot $REPEAT" | awk '{printf "%.3f", $1 / $2}')
     vs_mem=$(ratio "$ot" "$mt")
@@ -147,14 +166,22 @@ if [ "$ok" = yes ]; then
     # the I/O floor's speed: tokens per second if reading were all a token cost
     floor=$(echo "${rb:-0} ${rate:-0}" | awk '{ if ($1 > 0) printf "%.3f", $2 / $1; else print 0 }')
     vs_floor=$(ratio "$ot" "$floor")
+    q40_tg=$(echo "$bw $Q40" | awk '{printf "%.2f", 0.95 * $1 / $2}')
+    vs_q40=$(ratio "$mt" "$q40_tg")
+    sb=$(jget weight_bytes_per_token <"$W/limit-$NAME-inmem.json.1")
+    say "fully in memory: $mt tok/s, $(echo "$sb" | awk '{printf "%.0f", $1 / 1e6}') MB of weights a token" \
+        "= $vs_q40 x a Q4_0-class engine at the memory's speed: 0.95 x $(echo "$bw" | awk '{printf "%.2f", $1 / 1e9}')" \
+        "GB/s / $(echo "$Q40" | awk '{printf "%.2f", $1 / 1e9}') GB = $q40_tg tok/s   [target >= 2]"
+    say "--dense fully in memory: $dt tok/s, $(echo "$db" | awk '{printf "%.0f", $1 / 1e6}') MB a token" \
+        "= $dense_vs_bw x the memory's read bandwidth   [target >= 0.85]"
     say "decode at $(mb "$half") MB: $ot tok/s = $vs_mem x fully in memory ($mt tok/s)   [target >= 0.5]"
     say "  reads $(echo "${rb:-0}" | awk '{printf "%.1f", $1 / 1e6}') MB a token; I/O floor $floor tok/s: decode = $vs_floor x the floor"
 else
     say "half-FFN limit vs in memory: FAILED: $(tail -1 "$W/err")"
     fails="$fails half-FFN"
 fi
-printf '{"model":"%s","capped":"%s","least_bytes":%s,"least_target_bytes":%s,"ffn_bytes":%s,"half_limit":%s,"half_vs_in_memory":%s,"half_vs_io_floor":%s,"points":[%s]}\n' \
-    "$NAME" "$capped" "$least" "$target" "$ffn" "$half" "$vs_mem" "$vs_floor" "${points%,}" >"$W/limit-$NAME.json"
+printf '{"model":"%s","capped":"%s","least_bytes":%s,"least_target_bytes":%s,"ffn_bytes":%s,"half_limit":%s,"half_vs_in_memory":%s,"half_vs_io_floor":%s,"in_memory_vs_q4_0_at_0.95_bw":%s,"dense_vs_mem_bw":%s,"points":[%s]}\n' \
+    "$NAME" "$capped" "$least" "$target" "$ffn" "$half" "$vs_mem" "$vs_floor" "$vs_q40" "$dense_vs_bw" "${points%,}" >"$W/limit-$NAME.json"
 say "wrote $W/limit-$NAME.json"
 if [ -n "$fails" ]; then
     say "FAIL: the memory limit did not hold (or a run failed) at:$fails"

@@ -441,6 +441,80 @@ PI2_T_AVX512 static void mm_narrow8_q8_vnni(int64_t nb, int nrows, const uint8_t
     narrow_q8(8, nb, nrows, wp, ws, as, a, sums, out, pf, pf_len);
 }
 
+/* Q4 rows of at most 4 blocks (a predictor's second layer at rank <= 128):
+ * each row is one 64-byte load, 4 rows a step against the same 4 blocks
+ * of split activations; the fold leaves row i's blocks in lane i once
+ * K_ORD_Q4 transposes it (as the 16-block step leaves one row's blocks
+ * 0-3), and each lane sums by k_sum4, the subtree k_sum16 takes over a row
+ * padded with zero blocks: the same bits (test_matmul_short), a quarter of
+ * the work per row. */
+#define K_NARROW_Q4_V(x, HI)                                                                                 \
+    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512((x), m4), alo0), HI(x), ahi0)
+#define K_DEF_NARROW_Q4(name, TGT, HI)                                                                        \
+    TGT static void name(int64_t nb, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,           \
+                         const float *as, const int8_t *a, const int32_t *sums, float *out, const uint8_t *pf,  \
+                         int64_t pf_len)                                                                     \
+    {                                                                                                        \
+        const __m512i m4 = _mm512_set1_epi8(0x0f), ord = K_ORD_Q4;                                          \
+        _Alignas(64) int8_t ta[4 * QG] = {0};                                                                \
+        float tas[16];                                                                                       \
+        int32_t tsum[16];                                                                                    \
+        memcpy(ta, a, (size_t)nb * QG);                                                                      \
+        for (int p = 0; p < 16; p++) {                                                                       \
+            tas[p] = p % 4 < nb ? as[p % 4] : 0.0f;                                                          \
+            tsum[p] = p % 4 < nb ? sums[p % 4] : 0;                                                          \
+        }                                                                                                    \
+        _Alignas(64) int8_t sp_[4 * QG];                                                                     \
+        k_split_a(ta, 4, sp_);                                                                               \
+        K_T1W_AQ4S(0, sp_);                                                                                  \
+        const __mmask64 wm = nb >= 4 ? ~(__mmask64)0 : ((__mmask64)1 << (nb * PI2_Q4_GROUP_BYTES)) - 1;     \
+        const __mmask8 sm = (__mmask8)((1u << nb) - 1u);                                                     \
+        __m512 asv = _mm512_loadu_ps(tas);                                                                   \
+        __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)tsum), 3);                         \
+        int64_t tiles = (nrows + 15) / 16;                                                                   \
+        k_short_pf pm = short_pf_mode(wp, nrows, nb * PI2_Q4_GROUP_BYTES, pf);                               \
+        for (int r0 = 0; r0 < nrows; r0 += 16) {                                                             \
+            short_pf_tile(pm, wp, nrows, nb * PI2_Q4_GROUP_BYTES, r0, 16, pf, pf_len, tiles);                \
+            for (int v = 0; v < 4 && r0 + 4 * v < nrows; v++) {                                              \
+                __m512i x[4];                                                                                \
+                __m128i q[4];                                                                                \
+                for (int i = 0; i < 4; i++) {                                                                \
+                    int r = r0 + 4 * v + i < nrows ? r0 + 4 * v + i : nrows - 1;                             \
+                    x[i] = _mm512_maskz_loadu_epi8(wm, (const void *)wp[r]);                                 \
+                    q[i] = _mm_maskz_loadu_epi16(sm, (const void *)ws[r]);                                   \
+                }                                                                                            \
+                __m256i sv = _mm256_set_m128i(_mm_unpacklo_epi64(q[2], q[3]), _mm_unpacklo_epi64(q[0], q[1])); \
+                __m512i d = _mm512_permutexvar_epi32(                                                        \
+                    ord, K_FOLD4(K_NARROW_Q4_V(x[0], HI), K_NARROW_Q4_V(x[1], HI), K_NARROW_Q4_V(x[2], HI),   \
+                                 K_NARROW_Q4_V(x[3], HI)));                                                  \
+                __m512 acc = _mm512_setzero_ps();                                                            \
+                K_T1W_FIN_(acc, d, sv, K_LDS_READY);                                                         \
+                for (int i = 0; i < 4 && r0 + 4 * v + i < nrows; i++)                                        \
+                    out[r0 + 4 * v + i] = k_sum4(i == 0   ? _mm512_castps512_ps128(acc)                      \
+                                                 : i == 1 ? _mm512_extractf32x4_ps(acc, 1)                   \
+                                                 : i == 2 ? _mm512_extractf32x4_ps(acc, 2)                   \
+                                                          : _mm512_extractf32x4_ps(acc, 3));                 \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+K_DEF_NARROW_Q4(mm_narrow_q4_vnni, PI2_T_AVX512, K_HI_SHIFT)
+K_DEF_NARROW_Q4(mm_narrow_q4g_vnni, PI2_T_AVX512G, K_HI_GFNI)
+
+/* Q4 rows of fewer than 16 blocks: up to 4 narrow, else the masked step
+ * (with GFNI: the g twins). */
+static void mm_short_q4(int64_t nb, int nrows, const uint8_t *const *wp, const uint16_t *const *ws, const float *as,
+                        const int8_t *a, const int32_t *sums, float *out, const uint8_t *pf, int64_t pf_len)
+{
+    (nb <= 4 ? mm_narrow_q4_vnni : mm_short_q4_vnni)(nb, nrows, wp, ws, as, a, sums, out, pf, pf_len);
+}
+
+static void mm_short_q4g(int64_t nb, int nrows, const uint8_t *const *wp, const uint16_t *const *ws,
+                         const float *as, const int8_t *a, const int32_t *sums, float *out, const uint8_t *pf,
+                         int64_t pf_len)
+{
+    (nb <= 4 ? mm_narrow_q4g_vnni : mm_short_q4g_vnni)(nb, nrows, wp, ws, as, a, sums, out, pf, pf_len);
+}
+
 /* Q8 rows of fewer than 16 blocks: up to 4 or 8 narrow, else the masked step. */
 static void mm_short_q8(int64_t nb, int nrows, const uint8_t *const *wp, const uint16_t *const *ws, const float *as,
                         const int8_t *a, const int32_t *sums, float *out, const uint8_t *pf, int64_t pf_len)
@@ -453,7 +527,7 @@ static void mm_short_q8(int64_t nb, int nrows, const uint8_t *const *wp, const u
 /* VNNI: 4+ tokens take the 512-bit panels (mm_panels), fewer run one token
  * at a time, so no 4-token tiles */
 const k_mm_ops pi2_ki_mm_q4_vnni = {NULL, NULL, mm_t1w_q4_vnni, mm_t1w_q4s_vnni, mm_t1w_q4sg_vnni, k_split_a, 8,
-                                    PI2_Q4_GROUP_BYTES, mm_short_q4_vnni, mm_short_q4g_vnni};
+                                    PI2_Q4_GROUP_BYTES, mm_short_q4, mm_short_q4g};
 const k_mm_ops pi2_ki_mm_q8_vnni = {NULL, NULL, mm_t1w_q8_vnni, NULL, NULL, NULL, 128, PI2_Q8_GROUP_BYTES,
                                     mm_short_q8, NULL};
 

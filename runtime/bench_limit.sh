@@ -28,6 +28,9 @@
 #                    Q4_0 of the 7B shape; target 2x), with the bytes read a
 #                    token; and --dense decode against that bandwidth
 #                    (target 0.85)
+# HALF_MODEL (default MODEL.pi2): the same model converted otherwise (e.g.
+# --pred-quant q4), which the half-FFN pairs and the in-memory figures run
+# instead; the half-FFN limit is still MODEL's (the same FFN bytes).
 # Writes WORKDIR/limit-NAME.json.
 # Usage: sh runtime/bench_limit.sh MODEL.pi2 PUBKEY WORKDIR NONFFN_Q40_BYTES [NAME]
 set -eu
@@ -37,6 +40,8 @@ K=${2:?}
 W=${3:?}
 NQ=${4:?}
 NAME=${5:-$(basename "$M" .pi2)}
+HM=${HALF_MODEL:-$M}
+RM=$M # the model run() runs
 TH=${THREADS:-2}
 TG=${BENCH_TG:-64}
 PP=${BENCH_PP:-32}
@@ -81,7 +86,7 @@ fails=""
 run() {
     limit=$1 out=$2
     shift 2
-    set -- "$B/pi2-run" bench "$M" --pubkey "$K" --bench-tg "$TG" -t "$TH" --mem-limit "$limit" --hw-profile "$HWP" "$@"
+    set -- "$B/pi2-run" bench "$RM" --pubkey "$K" --bench-tg "$TG" -t "$TH" --mem-limit "$limit" --hw-profile "$HWP" "$@"
     if [ "$capped" = yes ]; then
         /usr/bin/time -f %M -o "$W/rss" sh tests/cgroup_run.sh "$limit" "$W/usage" "$@" >"$out" 2>"$W/err" || return 1
         read -r peak _ <"$W/usage"
@@ -131,9 +136,10 @@ else
     fails="$fails least"
 fi
 
-say "== half-FFN limit ($(mb "$half") MB) vs fully in memory, alternating (ABBA) $REPEAT times"
+say "== half-FFN limit ($(mb "$half") MB) vs fully in memory, alternating (ABBA) $REPEAT times ($(basename "$HM"))"
+RM=$HM
 # the same model fully in memory, into $mo
-inmem() { "$B/pi2-run" bench "$M" --pubkey "$K" --bench-pp "$PP" --bench-tg "$TG" -t "$TH" >"$mo" 2>"$W/err"; }
+inmem() { "$B/pi2-run" bench "$HM" --pubkey "$K" --bench-pp "$PP" --bench-tg "$TG" -t "$TH" >"$mo" 2>"$W/err"; }
 mt=0 ot=0 ok=yes
 bw0=$("$B/pi2-run" --hw-probe -t "$TH" | jget read_bytes_per_s)
 for i in $(seq "$REPEAT"); do
@@ -150,7 +156,7 @@ done
 vs_mem=0 vs_floor=0 vs_q40=0 dense_vs_bw=0
 if [ "$ok" = yes ]; then
     mo="$W/limit-$NAME-dense.json"
-    "$B/pi2-run" bench "$M" --pubkey "$K" --bench-pp "$PP" --bench-tg 16 -t "$TH" --dense >"$mo" 2>"$W/err" || ok=no
+    "$B/pi2-run" bench "$HM" --pubkey "$K" --bench-pp "$PP" --bench-tg 16 -t "$TH" --dense >"$mo" 2>"$W/err" || ok=no
 fi
 if [ "$ok" = yes ]; then
     bw1=$("$B/pi2-run" --hw-probe -t "$TH" | jget read_bytes_per_s)

@@ -224,6 +224,30 @@ typedef struct attn_job {
     int l, T, pos;
 } attn_job;
 
+/* The KV cache is head-major: [layer][KV head][position][head_dim], so the
+ * keys (values) an attention unit reads are one ascending stream, not rows
+ * a KV row apart (1 KiB at 4 KV heads of 64): one thread's attention over
+ * 144 positions 19 -> 15 us a layer of the 1B shape, over 1040 237 -> 163
+ * (runtime/PERF.md). Position pos of KV head kh of layer l in c. */
+static float *kv_at(const pi2_engine *e, float *c, int l, int64_t kh, int pos)
+{
+    int64_t hd = e->d.head_dim;
+    return c + (((size_t)l * (size_t)e->d.n_kv_heads + (size_t)kh) * (size_t)e->ctx + (size_t)pos) * (size_t)hd;
+}
+
+/* The new keys and values of T tokens, [T][kvd] each (rotated keys), into
+ * the cache at positions pos.. of layer l: KV heads [kh0, kh1). */
+static void kv_store(const pi2_engine *e, int l, int pos, int T, const float *kn, const float *vn, int64_t kh0,
+                     int64_t kh1)
+{
+    int64_t hd = e->d.head_dim, kvd = (int64_t)e->d.n_kv_heads * hd;
+    for (int64_t kh = kh0; kh < kh1; kh++)
+        for (int t = 0; t < T; t++) {
+            memcpy(kv_at(e, e->kc, l, kh, pos + t), kn + t * kvd + kh * hd, (size_t)hd * sizeof(float));
+            memcpy(kv_at(e, e->vc, l, kh, pos + t), vn + t * kvd + kh * hd, (size_t)hd * sizeof(float));
+        }
+}
+
 enum { ENG_HEAD_TOP = 64 };    /* logits that get the head's second term (run_head) */
 
 enum { ATTN_HEADS_UNIT = 4 }; /* heads of one KV head per unit, at most */
@@ -255,21 +279,20 @@ static void attn_unit(const attn_job *j, int64_t u, float *S)
     int64_t kh = u / per, h0 = kh * group + (u % per) * ATTN_HEADS_UNIT, kvd = (int64_t)d->n_kv_heads * hd;
     int G = (int)((kh + 1) * group - h0 < ATTN_HEADS_UNIT ? (kh + 1) * group - h0 : ATTN_HEADS_UNIT);
     int64_t qd = (int64_t)d->n_heads * hd;
-    const float *kc = e->kc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
-    const float *vc = e->vc + (size_t)j->l * (size_t)e->ctx * (size_t)kvd;
-    const float *K = kc + kh * hd, *V = vc + kh * hd;
+    (void)kvd;
+    const float *K = kv_at(e, e->kc, j->l, kh, 0), *V = kv_at(e, e->vc, j->l, kh, 0);
     float scale = 1.0f / sqrtf((float)hd);
     for (int t = 0; t < j->T; t++) {
         int vis = j->pos + t + 1;
         const float *Q = e->q + t * qd + h0 * hd;
         for (int g = 0; g < G; g++) {
             float *row = S + g * vis;
-            pi2_k_sgemv(K, kvd, hd, vis, Q + g * hd, row);
+            pi2_k_sgemv(K, hd, hd, vis, Q + g * hd, row);
             for (int s2 = 0; s2 < vis; s2++)
                 row[s2] *= scale;
             pi2_k_softmax(row, vis);
         }
-        pi2_k_sgemv_t_group(V, kvd, hd, vis, S, vis, G, e->att + t * qd + h0 * hd, hd);
+        pi2_k_sgemv_t_group(V, hd, hd, vis, S, vis, G, e->att + t * qd + h0 * hd, hd);
     }
 }
 
@@ -304,13 +327,15 @@ typedef struct qkva_job {
     _Atomic int64_t next2;             /* the next attention unit */
 } qkva_job;
 
-/* Group kh's rows all computed: its query heads and key rotated. */
+/* Group kh's rows all computed: its query heads and key rotated, its key
+ * and value into the cache. */
 static void qkva_rotate(const qkva_job *j, int64_t kh)
 {
     const pi2_engine *e = j->aj.e;
     int hd = (int)j->hd;
     pi2_op_rope(e->q + kh * j->group * j->hd, (int)j->group, hd, e->rope_cs, e->rope_sn);
     pi2_op_rope(j->mm.t[0].out + kh * j->hd, 1, hd, e->rope_cs, e->rope_sn);
+    kv_store(e, j->aj.l, j->aj.pos, 1, j->mm.t[0].out, j->mm.t[1].out, kh, kh + 1);
 }
 
 /* Rows [b, en) of k, v and q end to end computed: counted by group, and
@@ -545,16 +570,17 @@ static void embed_tokens(pi2_engine *e, const int32_t *tokens, int T, int pos)
     }
 }
 
-/* Layer l's attention block for T tokens at pos: norm, q/k/v (k and v
- * into the cache), rotary, attention, output projection, then the residual
+/* Layer l's attention block for T tokens at pos: norm, q/k/v, rotary (k
+ * and v into the cache), attention, output projection, then the residual
  * add and the FFN's norm. *tj is left for the residual add after the FFN. */
 static void attention(pi2_engine *e, int l, int T, int pos, tok_job *tj)
 {
     const pi2_model_desc *d = &e->d;
     const eng_layer *L = &e->layers[l];
     int64_t D = d->hidden, hd = d->head_dim, qd = d->n_heads * hd, kvd = d->n_kv_heads * hd;
-    float *kc = e->kc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
-    float *vc = e->vc + ((size_t)l * (size_t)e->ctx + (size_t)pos) * (size_t)kvd;
+    /* the new keys and values, [T][kvd] each after the queries, until they
+     * are rotated and stored (kv_store) */
+    float *kc = e->q + (size_t)T * (size_t)qd, *vc = kc + (size_t)T * (size_t)kvd;
     *tj = (tok_job){.e = e, .kind = TOK_NORM_Q, .T = T, .w = L->attn_norm, .kc = kc, .qd = qd, .kvd = kvd, .hd = hd};
     run_tok(tj);
     if (T != 1 || !qkv_attend_one(e, l, pos, kc, vc)) {
@@ -565,6 +591,7 @@ static void attention(pi2_engine *e, int l, int T, int pos, tok_job *tj)
         run_mm(e, &j);
         tj->kind = TOK_ROPE;
         run_tok(tj);
+        kv_store(e, l, pos, T, kc, vc, 0, d->n_kv_heads);
         attn_job aj = {e, l, T, pos};
         eng_run_units(e, attn_units(d), attn_fn, &aj);
     }

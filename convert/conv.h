@@ -47,6 +47,20 @@ typedef struct conv_pred {
     uint16_t *fc2; /* [n_ff, rank] */
 } conv_pred;
 
+/* Activation statistics of one matrix input (convert_imp.c). */
+typedef struct conv_imp_acc {
+    double *sum;   /* [cols] sum of squares over the rows seen */
+    int64_t cols;
+    uint64_t rows;
+} conv_imp_acc;
+
+/* Per layer: the Q/K/V input, then the O input; per FFN the GATE/UP
+ * input; last the head's. */
+typedef struct conv_imp {
+    conv_imp_acc *acc;
+    size_t n_acc;
+} conv_imp;
+
 typedef struct pi2_conv {
     const pi2_convert_opts *o;
     pi2_ref_model *m;
@@ -85,10 +99,15 @@ typedef struct pi2_conv {
     uint64_t quality_tokens;
     double ppl[3];         /* fp32, quantized dense, quantized sparse */
     pi2_convert_need need; /* what a failure needs from the options (pi2_convert_run) */
+    conv_imp *imp;         /* input statistics of the calibration run, or NULL */
 } pi2_conv;
 
-/* Stages 2-4 (convert_calib.c): calibration text, traces, predictors,
- * profile and sparsity members, quality; fills c->mf's sparsity/profile. */
+/* Stage 1 (convert_calib.c): the calibration run over the fp32 model
+ * (calibration text, activation traces, profile counts, SiLU thresholds,
+ * c->imp's input statistics), before the weights are quantized. */
+int conv_calib_run(pi2_conv *c, pi2_err *err);
+/* Stages 3-4 (convert_calib.c), after the weights: predictors, profile
+ * and sparsity members, quality; fills c->mf's sparsity/profile. */
 int conv_calibrate(pi2_conv *c, pi2_err *err);
 /* Read and tokenize the --calib text (if any) into c->calib_ids, checking
  * it is long enough: before the first long stage. */
@@ -128,7 +147,25 @@ static inline const float *conv_pred_in(const pi2_conv *c, const float *X, const
     return c->pred_input == PI2_PRED_IN_PRENORM ? R : X;
 }
 
-/* Stage 1 (convert_weights.c): every weight tensor, quantized, into c->w. */
+/* Importance of the input columns of the 4-bit matrices (convert_imp.c).
+ * conv_imp_alloc: zeroed statistics in c->imp (PI2_ENOMEM). conv_imp_add:
+ * n rows `in` [n, cols] that matrix t multiplied, added in (K, V and UP
+ * are skipped: Q's and GATE's rows are theirs). conv_imp_fill: out[cols] =
+ * each column's mean square plus a floor of 1% of their mean, the
+ * importance pi2_q_quantize_row_search weighs by; false (out untouched)
+ * when t has no statistics (EMBED, DOWN, ROUTER, none measured). */
+int conv_imp_alloc(pi2_conv *c, pi2_err *err);
+void conv_imp_add(pi2_conv *c, pi2_tname t, int layer, int expert, int n, const float *in, int64_t cols);
+bool conv_imp_fill(const pi2_conv *c, pi2_tname t, int layer, int expert, float *out, int64_t cols);
+void conv_imp_free(pi2_conv *c);
+
+/* How part t is stored (convert_weights.c): q_ffn for the FFN, f32 for
+ * norms and the router, the embedding's and head's own types (a tied
+ * head is the embedding), else q_other. */
+pi2_qtype conv_role_qt(const pi2_conv *c, pi2_tname t);
+
+/* Stage 2 (convert_weights.c): every weight tensor, quantized, into c->w
+ * (4-bit matrices with the searched scale, weighed by c->imp). */
 int conv_write_weights(pi2_conv *c, pi2_err *err);
 
 /* Append a converted tensor to c->tensors (convert_weights.c). */

@@ -54,8 +54,8 @@ typedef struct conv_imp_acc {
     uint64_t rows;
 } conv_imp_acc;
 
-/* Per layer: the Q/K/V input, then the O input; per FFN the GATE/UP
- * input; last the head's. */
+/* The Q/K/V input of each layer, then the O input of each; last the
+ * head's. */
 typedef struct conv_imp {
     conv_imp_acc *acc;
     size_t n_acc;
@@ -147,25 +147,35 @@ static inline const float *conv_pred_in(const pi2_conv *c, const float *X, const
     return c->pred_input == PI2_PRED_IN_PRENORM ? R : X;
 }
 
-/* Importance of the input columns of the 4-bit matrices (convert_imp.c).
- * conv_imp_alloc: zeroed statistics in c->imp (PI2_ENOMEM). conv_imp_add:
- * n rows `in` [n, cols] that matrix t multiplied, added in (K, V and UP
- * are skipped: Q's and GATE's rows are theirs). conv_imp_fill: out[cols] =
- * each column's mean square plus a floor of 1% of their mean, the
- * importance pi2_q_quantize_row_search weighs by; false (out untouched)
- * when t has no statistics (EMBED, DOWN, ROUTER, none measured). */
+/* Importance of the input columns of the attention and head matrices
+ * (convert_imp.c). conv_imp_alloc: zeroed statistics in c->imp
+ * (PI2_ENOMEM). conv_imp_add: n rows `in` [n, cols] that matrix t of
+ * `layer` multiplied, added in (K and V are skipped: Q's rows are theirs;
+ * parts without statistics are ignored). conv_imp_fill: out[cols] = each
+ * column's mean square plus a floor of 1% of their mean, the importance
+ * pi2_q_quantize_row_search weighs by; false (out untouched) when t has
+ * none (EMBED, a tied LM_HEAD, the FFN, ROUTER, nothing measured). */
 int conv_imp_alloc(pi2_conv *c, pi2_err *err);
-void conv_imp_add(pi2_conv *c, pi2_tname t, int layer, int expert, int n, const float *in, int64_t cols);
-bool conv_imp_fill(const pi2_conv *c, pi2_tname t, int layer, int expert, float *out, int64_t cols);
+void conv_imp_add(pi2_conv *c, pi2_tname t, int layer, int n, const float *in, int64_t cols);
+bool conv_imp_fill(const pi2_conv *c, pi2_tname t, int layer, float *out, int64_t cols);
 void conv_imp_free(pi2_conv *c);
 
 /* How part t is stored (convert_weights.c): q_ffn for the FFN, f32 for
  * norms and the router, the embedding's and head's own types (a tied
  * head is the embedding), else q_other. */
 pi2_qtype conv_role_qt(const pi2_conv *c, pi2_tname t);
+/* Whether part t's 4-bit rows take the searched scale
+ * (pi2_q_quantize_row_search): attention, embeddings and head; the FFN
+ * keeps the plain scale (about 30x faster to quantize, and measured no
+ * better in perplexity on the real small models: runtime/PERF.md). */
+static inline bool conv_role_search(pi2_tname t)
+{
+    return t != PI2_T_GATE && t != PI2_T_UP && t != PI2_T_DOWN;
+}
 
 /* Stage 2 (convert_weights.c): every weight tensor, quantized, into c->w
- * (4-bit matrices with the searched scale, weighed by c->imp). */
+ * (4-bit attention, embeddings and head with the searched scale, weighed
+ * by c->imp). */
 int conv_write_weights(pi2_conv *c, pi2_err *err);
 
 /* Append a converted tensor to c->tensors (convert_weights.c). */

@@ -1,7 +1,8 @@
 /* pi2-convert, stages 1, 3 and 4: calibration run (traces, activation
- * profile, input statistics), predictors (imported or trained, thresholds calibrated to a target
- * recall), SiLU threshold mode, and the quality report (perplexity of the
- * fp32 reference, quantized dense, quantized + predicted sparsity). */
+ * profile, input statistics), predictors (imported or trained, thresholds
+ * calibrated to a target recall), SiLU threshold mode, and the quality
+ * report (perplexity of the fp32 reference, quantized dense, quantized +
+ * predicted sparsity). */
 #include "convert/conv.h"
 
 #include "convert/calib.h"
@@ -165,7 +166,8 @@ static void on_input(void *ctx, pi2_tname t, int layer, int expert, int n, const
     int kept = 0;
     while (kept < n && (rows ? rows[kept] : kept) / tc->n_new < tc->keep_rows)
         kept++;
-    conv_imp_add(tc->c, t, layer, expert, kept, in, cols);
+    (void)expert;
+    conv_imp_add(tc->c, t, layer, kept, in, cols);
 }
 
 /* Self-generated calibration text, `batch` sequences per batched decode.
@@ -377,8 +379,9 @@ typedef struct q_ctx {
 } q_ctx;
 
 /* Quantize-dequantize rows in place, as the converted weights hold them
- * (imp: the columns' importance, or NULL). */
-static int qdq_rows(pi2_qtype qt, float *w, int64_t rows, int64_t cols, const float *imp, pi2_err *err)
+ * (search: the searched scale, weighed by imp when non-NULL). */
+static int qdq_rows(pi2_qtype qt, float *w, int64_t rows, int64_t cols, bool search, const float *imp,
+                    pi2_err *err)
 {
     if (qt == PI2_QT_F32 || cols % PI2_Q_GROUP != 0)
         return 0;
@@ -388,7 +391,8 @@ static int qdq_rows(pi2_qtype qt, float *w, int64_t rows, int64_t cols, const fl
     int rc = p && s ? 0 : pi2_err_set(err, PI2_ENOMEM, "out of memory measuring quantized quality");
     for (int64_t r = 0; rc == 0 && r < rows; r++) {
         float *row = w + (size_t)r * (size_t)cols;
-        if (pi2_q_quantize_row_search(qt, row, cols, imp, s, p) != 0)
+        int q = search ? pi2_q_quantize_row_search(qt, row, cols, imp, s, p) : pi2_q_quantize_row(qt, row, cols, s, p);
+        if (q != 0)
             rc = pi2_err_set(err, PI2_ERANGE, "cannot quantize a weight row (non-finite value or scale out of range)");
         else
             pi2_q_dequantize_row(qt, s, p, cols, row);
@@ -401,6 +405,7 @@ static int qdq_rows(pi2_qtype qt, float *w, int64_t rows, int64_t cols, const fl
 static void on_weight_q(void *ctx, pi2_tname t, int layer, int expert, float *w, int64_t rows, int64_t cols)
 {
     q_ctx *q = ctx;
+    (void)expert;
     if (q->rc)
         return;
     pi2_qtype qt = conv_role_qt(q->c, t);
@@ -415,16 +420,17 @@ static void on_weight_q(void *ctx, pi2_tname t, int layer, int expert, float *w,
         for (int64_t j = 0; j < cols && q->rc == 0; j++) {
             for (int64_t i = 0; i < rows; i++)
                 col[i] = w[(size_t)i * (size_t)cols + (size_t)j];
-            q->rc = qdq_rows(qt, col, 1, rows, NULL, q->err);
+            q->rc = qdq_rows(qt, col, 1, rows, false, NULL, q->err);
             for (int64_t i = 0; i < rows; i++)
                 w[(size_t)i * (size_t)cols + (size_t)j] = col[i];
         }
         free(col);
         return;
     }
-    float *imp = qt == PI2_QT_Q4 ? malloc((size_t)cols * sizeof *imp) : NULL;
-    bool weighted = imp && conv_imp_fill(q->c, t, layer, expert, imp, cols);
-    q->rc = qdq_rows(qt, w, rows, cols, weighted ? imp : NULL, q->err);
+    bool search = qt == PI2_QT_Q4 && conv_role_search(t);
+    float *imp = search ? malloc((size_t)cols * sizeof *imp) : NULL;
+    bool weighted = imp && conv_imp_fill(q->c, t, layer, imp, cols);
+    q->rc = qdq_rows(qt, w, rows, cols, search, weighted ? imp : NULL, q->err);
     free(imp);
 }
 

@@ -1,7 +1,8 @@
-/* pi2-convert: the importance of each input column of the matrices the
- * converter quantizes to 4 bits, measured in the calibration run: the mean
- * square of the activation the column multiplies (what the expected
- * squared error of the product weighs each weight's error by). */
+/* pi2-convert: the importance of each input column of the attention and
+ * head matrices, measured in the calibration run for their 4-bit
+ * quantizer: the mean square of the activation the column multiplies
+ * (what the expected squared error of the product weighs each weight's
+ * error by). */
 #include "convert/conv.h"
 
 #include <stdlib.h>
@@ -12,18 +13,16 @@
  * does not meet a weight quantized with no regard to its error. */
 #define IMP_FLOOR 0.01
 
-static size_t n_ffn(const pi2_model_desc *d) { return (size_t)d->n_layers * (d->n_experts > 0 ? d->n_experts : 1); }
-
-/* The accumulator of matrix t (layer, expert) and its length, or NULL
- * when t is not measured (Q, K and V share their input, and so do GATE and
- * UP; EMBED rows are looked up and DOWN's groups run along its output). */
-static conv_imp_acc *slot(const pi2_conv *c, pi2_tname t, int layer, int expert)
+/* The accumulator of matrix t's input, or NULL when t is not weighed (Q,
+ * K and V share theirs; EMBED rows are looked up, a tied head is the
+ * embedding table, stored once for both uses, and the FFN keeps the plain
+ * quantizer: conv_role_search). */
+static conv_imp_acc *slot(const pi2_conv *c, pi2_tname t, int layer)
 {
     const pi2_model_desc *d = c->desc;
     conv_imp *m = c->imp;
-    if (!m)
+    if (!m || (t == PI2_T_LM_HEAD && d->tie_embeddings))
         return NULL;
-    int E = d->n_experts > 0 ? d->n_experts : 1;
     switch (t) {
     case PI2_T_Q:
     case PI2_T_K:
@@ -31,9 +30,6 @@ static conv_imp_acc *slot(const pi2_conv *c, pi2_tname t, int layer, int expert)
         return &m->acc[layer];
     case PI2_T_O:
         return &m->acc[d->n_layers + layer];
-    case PI2_T_GATE:
-    case PI2_T_UP:
-        return &m->acc[2 * (size_t)d->n_layers + (size_t)layer * E + expert];
     case PI2_T_LM_HEAD:
         return &m->acc[m->n_acc - 1];
     default:
@@ -44,7 +40,7 @@ static conv_imp_acc *slot(const pi2_conv *c, pi2_tname t, int layer, int expert)
 int conv_imp_alloc(pi2_conv *c, pi2_err *err)
 {
     const pi2_model_desc *d = c->desc;
-    size_t L = (size_t)d->n_layers, n = 2 * L + n_ffn(d) + 1;
+    size_t L = (size_t)d->n_layers, n = 2 * L + 1;
     conv_imp *m = calloc(1, sizeof *m);
     if (m)
         m->acc = pi2_calloc_array(n, sizeof *m->acc);
@@ -63,11 +59,11 @@ int conv_imp_alloc(pi2_conv *c, pi2_err *err)
     return 0;
 }
 
-void conv_imp_add(pi2_conv *c, pi2_tname t, int layer, int expert, int n, const float *in, int64_t cols)
+void conv_imp_add(pi2_conv *c, pi2_tname t, int layer, int n, const float *in, int64_t cols)
 {
-    if (t == PI2_T_K || t == PI2_T_V || t == PI2_T_UP) /* the same rows as Q's and GATE's */
+    if (t == PI2_T_K || t == PI2_T_V) /* the same rows as Q's */
         return;
-    conv_imp_acc *a = slot(c, t, layer, expert);
+    conv_imp_acc *a = slot(c, t, layer);
     if (!a || a->cols != cols)
         return;
     for (int i = 0; i < n; i++) {
@@ -78,9 +74,9 @@ void conv_imp_add(pi2_conv *c, pi2_tname t, int layer, int expert, int n, const 
     a->rows += (uint64_t)n;
 }
 
-bool conv_imp_fill(const pi2_conv *c, pi2_tname t, int layer, int expert, float *out, int64_t cols)
+bool conv_imp_fill(const pi2_conv *c, pi2_tname t, int layer, float *out, int64_t cols)
 {
-    const conv_imp_acc *a = slot(c, t, layer, expert);
+    const conv_imp_acc *a = slot(c, t, layer);
     if (!a || a->rows == 0 || a->cols != cols)
         return false;
     double mean = 0;

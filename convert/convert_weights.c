@@ -1,7 +1,8 @@
 /* pi2-convert, stage 2: stream every weight tensor of the source model into
  * the container, quantized row by row (see convert.h for member names);
- * 4-bit rows with the searched scale (pi2_q_quantize_row_search), weighed
- * by the calibration run's input statistics where it has them. */
+ * 4-bit attention, embedding and head rows with the searched scale
+ * (pi2_q_quantize_row_search), weighed by the calibration run's input
+ * statistics where it has them. */
 #include "convert/conv.h"
 
 #include "formats/pool.h"
@@ -46,7 +47,8 @@ typedef struct qjob {
     uint8_t *payload;   /* for row r0 */
     float *scratch;     /* cols floats */
     float *tile;        /* transposed: [cols][TBLOCK] floats */
-    const float *imp;   /* Q4: the columns' importance (convert_imp.c), or NULL */
+    bool search;        /* pi2_q_quantize_row_search (conv_role_search) */
+    const float *imp;   /* its columns' importance (convert_imp.c), or NULL */
     int rc;
 } qjob;
 
@@ -72,9 +74,10 @@ static void qjob_run(qjob *j)
                     j->scratch[k] = j->tile[(size_t)k * TBLOCK + (size_t)i];
             else
                 row_f32(j->t, (size_t)r * (size_t)j->src_cols, j->cols, j->scratch);
-            j->rc = pi2_q_quantize_row_search(j->qt, j->scratch, j->cols, j->imp,
-                                       j->scales ? j->scales + (size_t)(r - j->r0) * sc : NULL,
-                                       j->payload + (size_t)(r - j->r0) * pb);
+            uint16_t *s = j->scales ? j->scales + (size_t)(r - j->r0) * sc : NULL;
+            uint8_t *p = j->payload + (size_t)(r - j->r0) * pb;
+            j->rc = j->search ? pi2_q_quantize_row_search(j->qt, j->scratch, j->cols, j->imp, s, p)
+                              : pi2_q_quantize_row(j->qt, j->scratch, j->cols, s, p);
         }
     }
 }
@@ -123,8 +126,9 @@ static int write_tensor(pi2_conv *c, const pi2_st_tensor *t, const char *hfname,
     if (transposed && chunk > 512)
         chunk = 512; /* columns: tiles of TBLOCK per thread */
     uint8_t *buf = pi2_malloc_array((size_t)chunk, pb);
-    float *imp = qt == PI2_QT_Q4 ? pi2_malloc_array((size_t)cols, sizeof *imp) : NULL;
-    bool weighted = imp && conv_imp_fill(c, role, layer, expert, imp, cols);
+    bool search = qt == PI2_QT_Q4 && conv_role_search(role);
+    float *imp = search ? pi2_malloc_array((size_t)cols, sizeof *imp) : NULL;
+    bool weighted = imp && conv_imp_fill(c, role, layer, imp, cols);
     int T = c->threads < QMAX_THREADS ? c->threads : QMAX_THREADS;
     float *scratch[QMAX_THREADS] = {0}, *tile[QMAX_THREADS] = {0};
     pi2_pool *pool = NULL; /* NULL: every job on the caller */
@@ -148,7 +152,7 @@ static int write_tensor(pi2_conv *c, const pi2_st_tensor *t, const char *hfname,
         for (int k = 0; k < n; k++) {
             int64_t a = r0 + (r1 - r0) * k / n, b = r0 + (r1 - r0) * (k + 1) / n;
             jobs[k] = (qjob){t, qt, transposed, cols, src_cols, a, b, sc ? scales + (size_t)a * sc : NULL,
-                             buf + (size_t)(a - r0) * pb, scratch[k], tile[k], weighted ? imp : NULL, 0};
+                             buf + (size_t)(a - r0) * pb, scratch[k], tile[k], search, weighted ? imp : NULL, 0};
         }
         qjobs q = { jobs, n };
         if (pool)

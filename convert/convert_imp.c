@@ -6,7 +6,6 @@
 #include "convert/conv.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 /* A share of the mean importance added to every column: a column the
  * calibration text hardly used still counts a little, so text unlike it

@@ -213,6 +213,15 @@ static int load_matrix(pi2_calib_state *s, pi2_tname t, int layer, int expert, f
     return 0;
 }
 
+/* The input hook, when set: matrix t of (layer, expert) multiplies the n
+ * rows `in` of `cols` values (batch rows `rows`, NULL: in order). */
+static void see_input(const pi2_calib_state *s, pi2_tname t, int layer, int expert, int n, const int32_t *rows,
+                      const float *in, int64_t cols)
+{
+    if (s->o.input)
+        s->o.input(s->o.input_ctx, t, layer, expert, n, rows, in, cols);
+}
+
 /* A norm weight (d) into s->norm. */
 static int load_norm(pi2_calib_state *s, pi2_tname t, int layer, pi2_err *err)
 {
@@ -471,12 +480,15 @@ static int attention(pi2_calib_state *s, int l, int n_new, pi2_err *err)
     int rc;
     if ((rc = load_matrix(s, PI2_T_Q, l, 0, &w, err)))
         return rc;
+    see_input(s, PI2_T_Q, l, 0, N, NULL, s->xb, D);
     gemm_nt(N, qd, D, 1.0f, s->xb, D, w, D, 0.0f, s->q, qd); /* (rows, heads*hd) */
     if ((rc = load_matrix(s, PI2_T_K, l, 0, &w, err)))
         return rc;
+    see_input(s, PI2_T_K, l, 0, N, NULL, s->xb, D);
     gemm_nt(N, kvd, D, 1.0f, s->xb, D, w, D, 0.0f, s->kn, kvd); /* (rows, kv*hd) */
     if ((rc = load_matrix(s, PI2_T_V, l, 0, &w, err)))
         return rc;
+    see_input(s, PI2_T_V, l, 0, N, NULL, s->xb, D);
     gemm_nt(N, kvd, D, 1.0f, s->xb, D, w, D, 0.0f, s->vn, kvd); /* (rows, kv*hd) */
 
     size_t seq_stride = (size_t)s->max_len * (size_t)kvd;
@@ -522,6 +534,7 @@ static int attention(pi2_calib_state *s, int l, int n_new, pi2_err *err)
     }
     if ((rc = load_matrix(s, PI2_T_O, l, 0, &w, err)))
         return rc;
+    see_input(s, PI2_T_O, l, 0, N, NULL, s->att, qd);
     gemm_nt(N, D, qd, 1.0f, s->att, qd, w, qd, 1.0f, s->x, D); /* x += att o^T */
     return 0;
 }
@@ -537,9 +550,11 @@ static int ffn_rows(pi2_calib_state *s, int l, int e, int n, const int32_t *rows
     int rc;
     if ((rc = load_matrix(s, PI2_T_GATE, l, e, &w, err)))
         return rc;
+    see_input(s, PI2_T_GATE, l, e, n, rows, X, D);
     gemm_nt(n, ff, D, 1.0f, X, D, w, D, 0.0f, s->g, ff); /* (n, ff) */
     if ((rc = load_matrix(s, PI2_T_UP, l, e, &w, err)))
         return rc;
+    see_input(s, PI2_T_UP, l, e, n, rows, X, D);
     gemm_nt(n, ff, D, 1.0f, X, D, w, D, 0.0f, s->u, ff); /* (n, ff) */
     act_job aj = { s->d->act, pi2_desc_gate_threshold(s->d), s->g, s->u, ff };
     par_for(s, n, 1 + (1 << 15) / ff, act_part, &aj);
@@ -547,6 +562,7 @@ static int ffn_rows(pi2_calib_state *s, int l, int e, int n, const int32_t *rows
         s->o.ffn(s->o.ffn_ctx, l, e, n, rows, X, R, s->g);
     if ((rc = load_matrix(s, PI2_T_DOWN, l, e, &w, err)))
         return rc;
+    see_input(s, PI2_T_DOWN, l, e, n, rows, s->g, ff);
     gemm_nt(n, D, ff, 1.0f, s->g, ff, w, ff, beta, out, D); /* (n, d) */
     return 0;
 }
@@ -620,6 +636,7 @@ static int head(pi2_calib_state *s, int n_new, float *logits, const int32_t *tok
             s->lse_s[r] = 0.0;
             s->tgt[r] = 0.0;
         }
+    see_input(s, PI2_T_LM_HEAD, 0, 0, rows, NULL, s->xb, D);
     int rc = 0;
     for (int c0 = 0; c0 < V && !rc; c0 += s->head_rows) {
         int nb = V - c0 < s->head_rows ? V - c0 : s->head_rows;

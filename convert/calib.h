@@ -79,12 +79,28 @@ typedef void (*pi2_calib_weight_fn)(void *ctx, pi2_tname t, int layer, int exper
 typedef void (*pi2_calib_ffn_fn)(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X,
                                  const float *R, float *A);
 
+/* Input hook: the rows `in` [n, cols] (read-only) that matrix t of
+ * (layer, expert) multiplies, once per matrix per forward call, just
+ * before the product: Q, K, V (the normed attention input), O (the
+ * attention output), GATE, UP (the normed FFN input), DOWN (the
+ * activations, after the FFN hook) and LM_HEAD (the final normed rows
+ * the head is applied to; `layer` 0); not EMBED or ROUTER. `rows` [n] is
+ * the batch row of each for GATE, UP and DOWN (as the FFN hook's), and
+ * NULL for the others, whose row i is batch row i; except that for LM_HEAD in a forward that
+ * outputs no logits (neither `logits` nor NLL), row i is sequence i's
+ * last new position. E.g. the mean square of each input column: the
+ * importance an activation-aware quantizer weighs a column's error by. */
+typedef void (*pi2_calib_input_fn)(void *ctx, pi2_tname t, int layer, int expert, int n, const int32_t *rows,
+                                   const float *in, int64_t cols);
+
 typedef struct pi2_calib_opts {
     int threads; /* OpenBLAS and conversion threads; <= 0: all online CPUs */
     pi2_calib_weight_fn weight;
     void *weight_ctx;
     pi2_calib_ffn_fn ffn;
     void *ffn_ctx;
+    pi2_calib_input_fn input;
+    void *input_ctx;
 } pi2_calib_opts;
 
 typedef struct pi2_calib_state pi2_calib_state;

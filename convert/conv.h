@@ -47,6 +47,20 @@ typedef struct conv_pred {
     uint16_t *fc2; /* [n_ff, rank] */
 } conv_pred;
 
+/* Activation statistics of one matrix input (convert_imp.c). */
+typedef struct conv_imp_acc {
+    double *sum;   /* [cols] sum of squares over the rows seen */
+    int64_t cols;
+    uint64_t rows;
+} conv_imp_acc;
+
+/* The Q/K/V input of each layer, then the O input of each; last the
+ * head's. */
+typedef struct conv_imp {
+    conv_imp_acc *acc;
+    size_t n_acc;
+} conv_imp;
+
 typedef struct pi2_conv {
     const pi2_convert_opts *o;
     pi2_ref_model *m;
@@ -85,10 +99,15 @@ typedef struct pi2_conv {
     uint64_t quality_tokens;
     double ppl[3];         /* fp32, quantized dense, quantized sparse */
     pi2_convert_need need; /* what a failure needs from the options (pi2_convert_run) */
+    conv_imp *imp;         /* input statistics of the calibration run, or NULL */
 } pi2_conv;
 
-/* Stages 2-4 (convert_calib.c): calibration text, traces, predictors,
- * profile and sparsity members, quality; fills c->mf's sparsity/profile. */
+/* Stage 1 (convert_calib.c): the calibration run over the fp32 model
+ * (calibration text, activation traces, profile counts, SiLU thresholds,
+ * c->imp's input statistics), before the weights are quantized. */
+int conv_calib_run(pi2_conv *c, pi2_err *err);
+/* Stages 3-4 (convert_calib.c), after the weights: predictors, profile
+ * and sparsity members, quality; fills c->mf's sparsity/profile. */
 int conv_calibrate(pi2_conv *c, pi2_err *err);
 /* Read and tokenize the --calib text (if any) into c->calib_ids, checking
  * it is long enough: before the first long stage. */
@@ -128,7 +147,36 @@ static inline const float *conv_pred_in(const pi2_conv *c, const float *X, const
     return c->pred_input == PI2_PRED_IN_PRENORM ? R : X;
 }
 
-/* Stage 1 (convert_weights.c): every weight tensor, quantized, into c->w. */
+/* Importance of the input columns of the attention and head matrices
+ * (convert_imp.c). conv_imp_alloc: zeroed statistics in c->imp
+ * (PI2_ENOMEM). conv_imp_add: n rows `in` [n, cols] that matrix t of
+ * `layer` multiplied, added in (K and V are skipped: Q's rows are theirs;
+ * parts without statistics are ignored). conv_imp_fill: out[cols] = each
+ * column's mean square plus a floor of 1% of their mean, the importance
+ * pi2_q_quantize_row_search weighs by; false (out untouched) when t has
+ * none (EMBED, a tied LM_HEAD, the FFN, ROUTER, nothing measured). */
+int conv_imp_alloc(pi2_conv *c, pi2_err *err);
+void conv_imp_add(pi2_conv *c, pi2_tname t, int layer, int n, const float *in, int64_t cols);
+bool conv_imp_fill(const pi2_conv *c, pi2_tname t, int layer, float *out, int64_t cols);
+void conv_imp_free(pi2_conv *c);
+
+/* How part t is stored (convert_weights.c): q_ffn for the FFN, f32 for
+ * norms and the router, the embedding's and head's own types (a tied
+ * head is the embedding), else q_other. */
+pi2_qtype conv_role_qt(const pi2_conv *c, pi2_tname t);
+/* Whether part t's 4-bit rows take the searched scale
+ * (pi2_q_quantize_row_search): attention, embeddings and head; the FFN
+ * keeps the plain scale, about 30x faster to quantize (its gain measured
+ * 0.2-1.2% perplexity on the real small models, runtime/PERF.md: not yet
+ * worth the converter's time on a 7B model). */
+static inline bool conv_role_search(pi2_tname t)
+{
+    return t != PI2_T_GATE && t != PI2_T_UP && t != PI2_T_DOWN;
+}
+
+/* Stage 2 (convert_weights.c): every weight tensor, quantized, into c->w
+ * (4-bit attention, embeddings and head with the searched scale, weighed
+ * by c->imp). */
 int conv_write_weights(pi2_conv *c, pi2_err *err);
 
 /* Append a converted tensor to c->tensors (convert_weights.c). */

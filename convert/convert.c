@@ -209,15 +209,20 @@ int pi2_convert_run(const pi2_convert_opts *o, FILE *report, pi2_convert_need *n
     char family[1024];
     describe_family(&c, family, sizeof family);
     conv_report(&c, "model: %s\n", family);
+    /* the calibration run first: its input statistics weigh the 4-bit
+     * quantizer (convert_imp.c) */
+    if ((rc = conv_calib_run(&c, err)) != 0)
+        goto out;
     conv_stage(&c, "quantizing %zu tensors (%.2f GB; ffn %s, other %s)", pi2_st_count(c.st), c.bytes_total / 1e9,
                pi2_q_type_name(o->q_ffn), pi2_q_type_name(o->q_other));
     double t_w = pi2_now();
     if ((rc = conv_write_weights(&c, err)) != 0)
         goto out;
     double t_q = pi2_now() - t_w;
-    conv_report(&c, "quantized %zu tensors (ffn %s, other %s): %.2f GB read in %.1f s (%.0f MB/s)\n", c.n_tensors,
-                pi2_q_type_name(o->q_ffn), pi2_q_type_name(o->q_other), c.bytes_read / 1e9, t_q,
-                t_q > 0 ? c.bytes_read / t_q / 1e6 : 0.0);
+    conv_report(&c, "quantized %zu tensors (ffn %s, attention %s, embeddings %s, head %s%s): %.2f GB read in %.1f s "
+                "(%.0f MB/s)\n", c.n_tensors, pi2_q_type_name(o->q_ffn), pi2_q_type_name(o->q_other),
+                pi2_q_type_name(conv_role_qt(&c, PI2_T_EMBED)), pi2_q_type_name(conv_role_qt(&c, PI2_T_LM_HEAD)),
+                c.desc->tie_embeddings ? ", tied" : "", c.bytes_read / 1e9, t_q, t_q > 0 ? c.bytes_read / t_q / 1e6 : 0.0);
     if ((rc = conv_calibrate(&c, err)) != 0)
         goto out;
     conv_stage(&c, "writing %s", o->out_path);

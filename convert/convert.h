@@ -33,6 +33,9 @@ typedef struct pi2_convert_opts {
     const char *out_path;
     pi2_qtype q_ffn;          /* PI2_QT_Q4 (default) or PI2_QT_Q8 */
     pi2_qtype q_other;        /* attention, embeddings, head: PI2_QT_Q8 (default) or PI2_QT_Q4 */
+    pi2_qtype q_embed;        /* the embedding table (and the head when tied): PI2_QT_Q8 or PI2_QT_Q4;
+                                 PI2_QT_F32 (0, the default) = as q_other */
+    pi2_qtype q_head;         /* an untied output head: likewise */
     pi2_qtype q_pred;         /* predictors: PI2_QT_F32 (0) stores f16 rows, PI2_QT_Q8 / PI2_QT_Q4 the
                                  quantized rows the runtime evaluates (formats/manifest.h) */
     bool train_predictors;    /* train when the checkpoint has none */

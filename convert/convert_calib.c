@@ -1,7 +1,8 @@
-/* pi2-convert, stages 2-4: calibration run (traces and activation profile),
- * predictors (imported or trained, thresholds calibrated to a target
- * recall), SiLU threshold mode, and the quality report (perplexity of the
- * fp32 reference, quantized dense, quantized + predicted sparsity). */
+/* pi2-convert, stages 1, 3 and 4: calibration run (traces, activation
+ * profile, input statistics), predictors (imported or trained, thresholds
+ * calibrated to a target recall), SiLU threshold mode, and the quality
+ * report (perplexity of the fp32 reference, quantized dense, quantized +
+ * predicted sparsity). */
 #include "convert/conv.h"
 
 #include "convert/calib.h"
@@ -156,6 +157,19 @@ static void on_ffn_trace(void *ctx, int layer, int expert, int n, const int32_t 
     }
 }
 
+/* Input statistics of the training rows (held-out sequences come last:
+ * rows ascend sequence-major). */
+static void on_input(void *ctx, pi2_tname t, int layer, int expert, int n, const int32_t *rows, const float *in,
+                     int64_t cols)
+{
+    trace_ctx *tc = ctx;
+    int kept = 0;
+    while (kept < n && (rows ? rows[kept] : kept) / tc->n_new < tc->keep_rows)
+        kept++;
+    (void)expert;
+    conv_imp_add(tc->c, t, layer, kept, in, cols);
+}
+
 /* Self-generated calibration text, `batch` sequences per batched decode.
  * The traces of the training sequences are recorded while they are
  * generated (the FFN callback sees every decode step), so no second pass. */
@@ -168,7 +182,8 @@ static int calib_generate(pi2_conv *c, int len, int n_seq, int n_held, int batch
     int32_t *out = pi2_malloc_array((size_t)batch * len, sizeof *out);
     pi2_calib_state *s = NULL;
     trace_ctx tc = {c, err, 0, INT32_MAX, 1};
-    pi2_calib_opts co = {.threads = c->threads, .ffn = on_ffn_trace, .ffn_ctx = &tc};
+    pi2_calib_opts co = {.threads = c->threads, .ffn = on_ffn_trace, .ffn_ctx = &tc, .input = on_input,
+                         .input_ctx = &tc};
     int rc = !c->calib || !prompt || !out ? pi2_err_set(err, PI2_ENOMEM, "out of memory for calibration tokens") : 0;
     for (int k = 0; rc == 0 && k < batch; k++)
         prompt[k] = c->bos;
@@ -217,7 +232,8 @@ static int collect_traces(pi2_conv *c, int len, pi2_err *err)
 {
     int rc = 0;
     trace_ctx tc = {c, err, 0, INT32_MAX, len};
-    pi2_calib_opts co = {.threads = c->threads, .ffn = on_ffn_trace, .ffn_ctx = &tc};
+    pi2_calib_opts co = {.threads = c->threads, .ffn = on_ffn_trace, .ffn_ctx = &tc, .input = on_input,
+                         .input_ctx = &tc};
     pi2_calib_state *s = NULL;
     rc = pi2_calib_state_create(&s, c->m, BATCH_SEQ, len, &co, err);
     int n_train = c->n_seq - c->n_held;
@@ -362,8 +378,10 @@ typedef struct q_ctx {
     int rc;
 } q_ctx;
 
-/* Quantize-dequantize rows in place, as the converted weights hold them. */
-static int qdq_rows(pi2_qtype qt, float *w, int64_t rows, int64_t cols, pi2_err *err)
+/* Quantize-dequantize rows in place, as the converted weights hold them
+ * (search: the searched scale, weighed by imp when non-NULL). */
+static int qdq_rows(pi2_qtype qt, float *w, int64_t rows, int64_t cols, bool search, const float *imp,
+                    pi2_err *err)
 {
     if (qt == PI2_QT_F32 || cols % PI2_Q_GROUP != 0)
         return 0;
@@ -373,7 +391,8 @@ static int qdq_rows(pi2_qtype qt, float *w, int64_t rows, int64_t cols, pi2_err 
     int rc = p && s ? 0 : pi2_err_set(err, PI2_ENOMEM, "out of memory measuring quantized quality");
     for (int64_t r = 0; rc == 0 && r < rows; r++) {
         float *row = w + (size_t)r * (size_t)cols;
-        if (pi2_q_quantize_row(qt, row, cols, s, p) != 0)
+        int q = search ? pi2_q_quantize_row_search(qt, row, cols, imp, s, p) : pi2_q_quantize_row(qt, row, cols, s, p);
+        if (q != 0)
             rc = pi2_err_set(err, PI2_ERANGE, "cannot quantize a weight row (non-finite value or scale out of range)");
         else
             pi2_q_dequantize_row(qt, s, p, cols, row);
@@ -386,13 +405,10 @@ static int qdq_rows(pi2_qtype qt, float *w, int64_t rows, int64_t cols, pi2_err 
 static void on_weight_q(void *ctx, pi2_tname t, int layer, int expert, float *w, int64_t rows, int64_t cols)
 {
     q_ctx *q = ctx;
-    (void)layer;
     (void)expert;
     if (q->rc)
         return;
-    pi2_qtype qt = t == PI2_T_GATE || t == PI2_T_UP || t == PI2_T_DOWN ? q->c->o->q_ffn
-                   : t == PI2_T_ROUTER                                ? PI2_QT_F32
-                                                                      : q->c->o->q_other;
+    pi2_qtype qt = conv_role_qt(q->c, t);
     if (t == PI2_T_DOWN) {
         /* stored transposed: groups run along the hidden dimension, i.e. down
          * the columns of this [d, n_ff] matrix */
@@ -404,14 +420,18 @@ static void on_weight_q(void *ctx, pi2_tname t, int layer, int expert, float *w,
         for (int64_t j = 0; j < cols && q->rc == 0; j++) {
             for (int64_t i = 0; i < rows; i++)
                 col[i] = w[(size_t)i * (size_t)cols + (size_t)j];
-            q->rc = qdq_rows(qt, col, 1, rows, q->err);
+            q->rc = qdq_rows(qt, col, 1, rows, false, NULL, q->err);
             for (int64_t i = 0; i < rows; i++)
                 w[(size_t)i * (size_t)cols + (size_t)j] = col[i];
         }
         free(col);
         return;
     }
-    q->rc = qdq_rows(qt, w, rows, cols, q->err);
+    bool search = qt == PI2_QT_Q4 && conv_role_search(t);
+    float *imp = search ? malloc((size_t)cols * sizeof *imp) : NULL;
+    bool weighted = imp && conv_imp_fill(q->c, t, layer, imp, cols);
+    q->rc = qdq_rows(qt, w, rows, cols, search, weighted ? imp : NULL, q->err);
+    free(imp);
 }
 
 static void on_ffn_sparse(void *ctx, int layer, int expert, int n, const int32_t *rows, const float *X,
@@ -684,7 +704,7 @@ static int write_sparsity(pi2_conv *c, pi2_err *err)
     return rc;
 }
 
-int conv_calibrate(pi2_conv *c, pi2_err *err)
+int conv_calib_run(pi2_conv *c, pi2_err *err)
 {
     const pi2_model_desc *d = c->desc;
     const pi2_convert_opts *o = c->o;
@@ -699,6 +719,8 @@ int conv_calibrate(pi2_conv *c, pi2_err *err)
                o->calib_path ? o->calib_path : "text the model generates");
     double t0 = pi2_now();
     int rc = traces_alloc(c, err);
+    if (rc == 0)
+        rc = conv_imp_alloc(c, err);
     if (rc)
         return rc;
     if (o->calib_path) {
@@ -714,6 +736,15 @@ int conv_calibrate(pi2_conv *c, pi2_err *err)
                 c->n_seq - c->n_held, len, o->calib_path ? o->calib_path : "self-generated", c->n_held);
     double t1 = pi2_now();
     conv_report(c, "calibration run: %.1f s\n", t1 - t0);
+    return 0;
+}
+
+int conv_calibrate(pi2_conv *c, pi2_err *err)
+{
+    const pi2_model_desc *d = c->desc;
+    const pi2_convert_opts *o = c->o;
+    int tokens, len, batch, rc;
+    calib_shape(c, &tokens, &len, &batch);
     if ((rc = predictors(c, err)) != 0)
         return rc;
     if (!c->preds)
@@ -771,4 +802,5 @@ void conv_calib_free(pi2_conv *c)
     free(c->silu_thr);
     free(c->silu_set);
     free(c->calib);
+    conv_imp_free(c);
 }

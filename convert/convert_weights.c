@@ -1,5 +1,8 @@
-/* pi2-convert, stage 1: stream every weight tensor of the source model into
- * the container, quantized row by row (see convert.h for member names). */
+/* pi2-convert, stage 2: stream every weight tensor of the source model into
+ * the container, quantized row by row (see convert.h for member names);
+ * 4-bit attention, embedding and head rows with the searched scale
+ * (pi2_q_quantize_row_search), weighed by the calibration run's input
+ * statistics where it has them. */
 #include "convert/conv.h"
 
 #include "formats/pool.h"
@@ -44,6 +47,8 @@ typedef struct qjob {
     uint8_t *payload;   /* for row r0 */
     float *scratch;     /* cols floats */
     float *tile;        /* transposed: [cols][TBLOCK] floats */
+    bool search;        /* pi2_q_quantize_row_search (conv_role_search) */
+    const float *imp;   /* its columns' importance (convert_imp.c), or NULL */
     int rc;
 } qjob;
 
@@ -69,9 +74,10 @@ static void qjob_run(qjob *j)
                     j->scratch[k] = j->tile[(size_t)k * TBLOCK + (size_t)i];
             else
                 row_f32(j->t, (size_t)r * (size_t)j->src_cols, j->cols, j->scratch);
-            j->rc = pi2_q_quantize_row(j->qt, j->scratch, j->cols,
-                                       j->scales ? j->scales + (size_t)(r - j->r0) * sc : NULL,
-                                       j->payload + (size_t)(r - j->r0) * pb);
+            uint16_t *s = j->scales ? j->scales + (size_t)(r - j->r0) * sc : NULL;
+            uint8_t *p = j->payload + (size_t)(r - j->r0) * pb;
+            j->rc = j->search ? pi2_q_quantize_row_search(j->qt, j->scratch, j->cols, j->imp, s, p)
+                              : pi2_q_quantize_row(j->qt, j->scratch, j->cols, s, p);
         }
     }
 }
@@ -120,6 +126,9 @@ static int write_tensor(pi2_conv *c, const pi2_st_tensor *t, const char *hfname,
     if (transposed && chunk > 512)
         chunk = 512; /* columns: tiles of TBLOCK per thread */
     uint8_t *buf = pi2_malloc_array((size_t)chunk, pb);
+    bool search = qt == PI2_QT_Q4 && conv_role_search(role);
+    float *imp = search ? pi2_malloc_array((size_t)cols, sizeof *imp) : NULL;
+    bool weighted = imp && conv_imp_fill(c, role, layer, imp, cols);
     int T = c->threads < QMAX_THREADS ? c->threads : QMAX_THREADS;
     float *scratch[QMAX_THREADS] = {0}, *tile[QMAX_THREADS] = {0};
     pi2_pool *pool = NULL; /* NULL: every job on the caller */
@@ -143,7 +152,7 @@ static int write_tensor(pi2_conv *c, const pi2_st_tensor *t, const char *hfname,
         for (int k = 0; k < n; k++) {
             int64_t a = r0 + (r1 - r0) * k / n, b = r0 + (r1 - r0) * (k + 1) / n;
             jobs[k] = (qjob){t, qt, transposed, cols, src_cols, a, b, sc ? scales + (size_t)a * sc : NULL,
-                             buf + (size_t)(a - r0) * pb, scratch[k], tile[k], 0};
+                             buf + (size_t)(a - r0) * pb, scratch[k], tile[k], search, weighted ? imp : NULL, 0};
         }
         qjobs q = { jobs, n };
         if (pool)
@@ -174,6 +183,7 @@ out:
         free(tile[k]);
     }
     free(buf);
+    free(imp);
     free(scales);
     return rc;
 }
@@ -195,12 +205,36 @@ static int one(pi2_conv *c, pi2_tname role, int layer, int expert, pi2_qtype qt,
     return write_tensor(c, t, name, role, layer, expert, qt, transposed, err);
 }
 
+pi2_qtype conv_role_qt(const pi2_conv *c, pi2_tname t)
+{
+    const pi2_convert_opts *o = c->o;
+    if (t == PI2_T_LM_HEAD && c->desc->tie_embeddings)
+        t = PI2_T_EMBED;
+    switch (t) {
+    case PI2_T_GATE:
+    case PI2_T_UP:
+    case PI2_T_DOWN:
+        return o->q_ffn;
+    case PI2_T_ATTN_NORM:
+    case PI2_T_FFN_NORM:
+    case PI2_T_OUT_NORM:
+    case PI2_T_ROUTER:
+        return PI2_QT_F32;
+    case PI2_T_EMBED:
+        return o->q_embed != PI2_QT_F32 ? o->q_embed : o->q_other;
+    case PI2_T_LM_HEAD:
+        return o->q_head != PI2_QT_F32 ? o->q_head : o->q_other;
+    default:
+        return o->q_other;
+    }
+}
+
 int conv_write_weights(pi2_conv *c, pi2_err *err)
 {
     const pi2_model_desc *d = c->desc;
     const pi2_convert_opts *o = c->o;
     int E = d->n_experts > 0 ? d->n_experts : 1;
-    int rc = one(c, PI2_T_EMBED, 0, 0, o->q_other, false, err);
+    int rc = one(c, PI2_T_EMBED, 0, 0, conv_role_qt(c, PI2_T_EMBED), false, err);
     for (int l = 0; rc == 0 && l < d->n_layers; l++) {
         rc = one(c, PI2_T_ATTN_NORM, l, 0, PI2_QT_F32, false, err);
         if (!rc) rc = one(c, PI2_T_Q, l, 0, o->q_other, false, err);
@@ -219,7 +253,7 @@ int conv_write_weights(pi2_conv *c, pi2_err *err)
     if (rc == 0)
         rc = one(c, PI2_T_OUT_NORM, 0, 0, PI2_QT_F32, false, err);
     if (rc == 0 && !d->tie_embeddings)
-        rc = one(c, PI2_T_LM_HEAD, 0, 0, o->q_other, false, err);
+        rc = one(c, PI2_T_LM_HEAD, 0, 0, conv_role_qt(c, PI2_T_LM_HEAD), false, err);
     return rc;
 }
 

@@ -174,20 +174,25 @@ static inline int32_t mul_round(float x, float inv, int *near)
     return v < 0.0f ? -r : r;
 }
 
-static void quantize_q4_group(const float *x, uint16_t *scale, uint8_t *qs)
+/* The plain Q4 scale of a group (quant.h): m / -8, fp16 toward zero. */
+static uint16_t q4_plain_scale(const float *x)
 {
     double d = (double)group_max(x) / -8.0;
     uint16_t h = f16_toward_zero(fabs(d));
-    if (h != 0 && d < 0)
-        h |= 0x8000;
-    *scale = h;
-    if (h == 0) {
-        memset(qs, 0x88, PI2_Q4_GROUP_BYTES); /* every q is 8 */
+    return h != 0 && d < 0 ? (uint16_t)(h | 0x8000) : h;
+}
+
+/* q[j] = clamp(round(x_j / D) + 8, 0, 15) for the stored scale h (all 8
+ * when D is zero), rounding exactly as quant.h states. */
+static void q4_levels(const float *x, uint16_t h, int32_t *q)
+{
+    if ((h & 0x7fff) == 0) {
+        for (int j = 0; j < PI2_Q_GROUP; j++)
+            q[j] = 8;
         return;
     }
     double dd = pi2_f16_to_f32(h);
     float inv = 1.0f / (float)dd;
-    int32_t q[PI2_Q_GROUP];
     int near = 0;
     for (int j = 0; j < PI2_Q_GROUP; j++) {
         int32_t t = mul_round(x[j], inv, &near) + 8;
@@ -199,8 +204,20 @@ static void quantize_q4_group(const float *x, uint16_t *scale, uint8_t *qs)
         t = t < 0 ? 0 : t;
         q[j] = t > 15 ? 15 : t;
     }
+}
+
+static void q4_pack(const int32_t *q, uint8_t *qs)
+{
     for (int j = 0; j < PI2_Q4_GROUP_BYTES; j++)
         qs[j] = (uint8_t)(q[j] | q[j + 16] << 4);
+}
+
+static void quantize_q4_group(const float *x, uint16_t *scale, uint8_t *qs)
+{
+    int32_t q[PI2_Q_GROUP];
+    *scale = q4_plain_scale(x);
+    q4_levels(x, *scale, q);
+    q4_pack(q, qs);
 }
 
 static void quantize_q8_group(const float *x, uint16_t *scale, uint8_t *qs)
@@ -230,16 +247,23 @@ static void quantize_q8_group(const float *x, uint16_t *scale, uint8_t *qs)
         qs[j] = (uint8_t)(int8_t)q[j];
 }
 
+/* 0, or PI2_ERANGE when a value of x is non-finite or past the type's
+ * scale limit (quant.h, Limits). */
+static int row_in_range(pi2_qtype t, const float *x, int64_t cols)
+{
+    double limit = t == PI2_QT_Q4 ? 8.0 * SCALE_LIMIT : t == PI2_QT_Q8 ? 127.0 * SCALE_LIMIT : INFINITY;
+    int bad = 0; /* branch-free: NaN fails the comparison too */
+    for (int64_t j = 0; j < cols; j++)
+        bad |= !(fabs((double)x[j]) < limit);
+    return bad ? PI2_ERANGE : 0;
+}
+
 int pi2_q_quantize_row(pi2_qtype t, const float *x, int64_t cols, uint16_t *scales, uint8_t *payload)
 {
     if (!qtype_valid(t))
         return PI2_EINVAL;
     /* Validate everything first so nothing is written on error. */
-    double limit = t == PI2_QT_Q4 ? 8.0 * SCALE_LIMIT : t == PI2_QT_Q8 ? 127.0 * SCALE_LIMIT : INFINITY;
-    int bad = 0; /* branch-free: NaN fails the comparison too */
-    for (int64_t j = 0; j < cols; j++)
-        bad |= !(fabs((double)x[j]) < limit);
-    if (bad)
+    if (row_in_range(t, x, cols))
         return PI2_ERANGE;
     int64_t ng = cols / PI2_Q_GROUP;
     switch (t) {
@@ -255,6 +279,134 @@ int pi2_q_quantize_row(pi2_qtype t, const float *x, int64_t cols, uint16_t *scal
             quantize_q4_group(x + g * PI2_Q_GROUP, &scales[g], payload + g * PI2_Q4_GROUP_BYTES);
         break;
     }
+    return 0;
+}
+
+/* ---- Q4 with a searched scale ----
+ *
+ * Why these candidates: the plain scale puts the largest magnitude m on
+ * level -8, which wastes resolution when an element of the other sign is
+ * about as large as m (it clamps at +7) or when the rest of the group sits
+ * between levels. Putting m on other levels (-6 .. -8, or the + side),
+ * then refitting the scale to the levels chosen (least squares), is the
+ * search ggml's k-quants and importance-weighted quantizers do. m itself
+ * is never clamped: scales that clip the group's largest weight to lower
+ * the squared error measured worse in perplexity on the real small models
+ * (runtime/PERF.md), whatever the error said: the largest weights matter
+ * beyond their squared error. */
+
+#define SEARCH_LO 6.0f   /* m on level -6 .. -8 and +6 .. +7.5 */
+#define SEARCH_HI 8.0f
+#define SEARCH_STEP 0.25f
+
+/* q[j] (0..15) nearest to x_j / D for a float D != 0, with the level
+ * clamped first so a tiny refitted D cannot overflow the conversion. */
+static void q4_levels_fast(const float *x, float D, int32_t *q)
+{
+    float inv = 1.0f / D;
+    for (int j = 0; j < PI2_Q_GROUP; j++) {
+        float v = x[j] * inv;
+        v = v < -9.0f ? -9.0f : v > 9.0f ? 9.0f : v;
+        int32_t t = (int32_t)(v + (v < 0.0f ? -0.5f : 0.5f)) + 8;
+        t = t < 0 ? 0 : t;
+        q[j] = t > 15 ? 15 : t;
+    }
+}
+
+/* sum_j w_j (x_j - (q_j - 8) D)^2 in double (w NULL: weights 1). */
+static double q4_sq_err(const float *x, const float *w, double D, const int32_t *q)
+{
+    double e = 0.0;
+    for (int j = 0; j < PI2_Q_GROUP; j++) {
+        double r = (double)x[j] - (double)(q[j] - 8) * D;
+        e += (w ? (double)w[j] : 1.0) * r * r;
+    }
+    return e;
+}
+
+/* The scale that minimises the weighted error for the levels q (least
+ * squares): d = sum w x l / sum w l^2 with l = q - 8; 0 when no level is
+ * used. */
+static double q4_refit(const float *x, const float *w, const int32_t *q)
+{
+    double sxl = 0.0, sll = 0.0;
+    for (int j = 0; j < PI2_Q_GROUP; j++) {
+        double wl = (w ? (double)w[j] : 1.0) * (double)(q[j] - 8);
+        sxl += wl * (double)x[j];
+        sll += wl * (double)(q[j] - 8);
+    }
+    return sll > 0.0 ? sxl / sll : 0.0;
+}
+
+/* Try scale d (rounded to the nearest fp16) for the group x whose
+ * largest magnitude is m: keep it in *best when m's level is not clamped
+ * and the error (fast levels) is below *best_e. Returns the refit of its
+ * levels, 0 when it was not tried. */
+static double q4_try(const float *x, const float *w, float m, double d, uint16_t *best, double *best_e)
+{
+    uint16_t h = pi2_f32_to_f16((float)d);
+    if ((h & 0x7fff) == 0 || (h & 0x7c00) == 0x7c00)
+        return 0.0; /* zero, or past fp16 */
+    float D = pi2_f16_to_f32(h);
+    int32_t q[PI2_Q_GROUP];
+    float lm = m / D; /* m's level: never clamped (see above) */
+    if (lm < -8.5f || lm > 7.5f)
+        return 0.0;
+    q4_levels_fast(x, D, q);
+    double e = q4_sq_err(x, w, D, q);
+    if (e < *best_e) {
+        *best_e = e;
+        *best = h;
+    }
+    return q4_refit(x, w, q);
+}
+
+/* One group: the plain scale, or a searched one whose exact levels err
+ * less (so never more than the plain quantizer). */
+static void quantize_q4_group_search(const float *x, const float *w, uint16_t *scale, uint8_t *qs)
+{
+    int32_t qp[PI2_Q_GROUP], qb[PI2_Q_GROUP];
+    uint16_t plain = q4_plain_scale(x), best = plain;
+    q4_levels(x, plain, qp);
+    double plain_e = q4_sq_err(x, w, pi2_f16_to_f32(plain), qp), best_e = plain_e;
+    float m = group_max(x);
+    for (float s = SEARCH_LO; m != 0.0f && plain_e > 0.0 && s <= SEARCH_HI; s += SEARCH_STEP) {
+        double r = q4_try(x, w, m, (double)m / -s, &best, &best_e); /* m on level -s */
+        if (r != 0.0)
+            q4_try(x, w, m, r, &best, &best_e);
+        if (s > 7.5f)
+            continue;
+        r = q4_try(x, w, m, (double)m / s, &best, &best_e); /* m on level +s */
+        if (r != 0.0)
+            q4_try(x, w, m, r, &best, &best_e);
+    }
+    if (best != plain) { /* the search's levels were approximate: compare exactly */
+        q4_levels(x, best, qb);
+        if (q4_sq_err(x, w, pi2_f16_to_f32(best), qb) < plain_e) {
+            *scale = best;
+            q4_pack(qb, qs);
+            return;
+        }
+    }
+    *scale = plain;
+    q4_pack(qp, qs);
+}
+
+int pi2_q_quantize_row_search(pi2_qtype t, const float *x, int64_t cols, const float *imp, uint16_t *scales,
+                              uint8_t *payload)
+{
+    if (t != PI2_QT_Q4)
+        return pi2_q_quantize_row(t, x, cols, scales, payload);
+    int bad = 0;
+    for (int64_t j = 0; imp && j < cols; j++)
+        bad |= !(imp[j] >= 0.0f && imp[j] <= FLT_MAX);
+    if (bad)
+        return PI2_EINVAL;
+    if (row_in_range(t, x, cols))
+        return PI2_ERANGE;
+    for (int64_t g = 0; g < cols / PI2_Q_GROUP; g++)
+        quantize_q4_group_search(x + g * PI2_Q_GROUP, imp ? imp + g * PI2_Q_GROUP : NULL, &scales[g],
+                                 payload + g * PI2_Q4_GROUP_BYTES);
     return 0;
 }
 

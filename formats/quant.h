@@ -123,6 +123,34 @@ size_t pi2_q_scale_row_count(pi2_qtype t, int64_t cols);
  * outside the enum; on error nothing is written. */
 int pi2_q_quantize_row(pi2_qtype t, const float *x, int64_t cols, uint16_t *scales, uint8_t *payload);
 
+/* Quantize one row like pi2_q_quantize_row, into the same layout (any
+ * reader, pi2_q_dequantize_row and the runtime's kernels read it), but for
+ * Q4 each group's scale is searched: the plain scale and candidates that
+ * put the group's largest magnitude m on other levels (-6 .. -8 and
+ * +6 .. +7.5 in quarter steps), each also refitted by least squares to the
+ * levels it chose, all rounded to the nearest fp16; candidates that would
+ * clamp m (its level x/D past -8.5 or 7.5) are skipped. The group keeps
+ * the scale whose levels (nearest, rounded as above) give the least
+ *     sum_j imp_j * (x_j - value_j)^2,
+ * imp NULL meaning imp_j = 1. imp[cols] (caller-owned) is the importance
+ * of each column, e.g. the mean square of the activation that column
+ * multiplies; values must be finite and >= 0.
+ * Guarantees, per group: that error is never above the plain quantizer's
+ * (ties keep the plain bytes, so an all-zero or exactly representable
+ * group is stored as pi2_q_quantize_row stores it); m comes back within
+ * about half a step (|D|/2 up to float rounding of the level test); the
+ * stored scale is a finite fp16 (possibly subnormal) and every level is
+ * 0..15; the output is a pure function of (x, imp), the same bytes on
+ * every platform. Not kept from pi2_q_quantize_row: the scale's sign and
+ * size rule, so pi2_q_error_bound's per-element bound (a searched scale
+ * may put m on the + side, clamping the other side sooner) and the
+ * re-quantizing round trip. Q8 and F32 rows are quantized by pi2_q_quantize_row (imp
+ * unused). Returns 0; PI2_EINVAL for a type outside the enum or a
+ * negative or non-finite imp value; PI2_ERANGE as pi2_q_quantize_row. On
+ * error nothing is written. */
+int pi2_q_quantize_row_search(pi2_qtype t, const float *x, int64_t cols, const float *imp, uint16_t *scales,
+                              uint8_t *payload);
+
 /* out[cols] = the values a quantized row stands for (exact in float). */
 void pi2_q_dequantize_row(pi2_qtype t, const uint16_t *scales, const uint8_t *payload, int64_t cols,
                           float *out);

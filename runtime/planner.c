@@ -183,6 +183,7 @@ static void model_figures(pi2_mprof *mp, const pi2_manifest *mf, const pi2_bundl
     if (!head)
         head = pi2_manifest_find_tensor(mf, PI2_T_EMBED, -1, -1);
     mp->head_bytes = tensor_bytes(head);
+    mp->q_head = head && head->qtype != PI2_QT_F32 ? head->qtype : mp->q_other;
 }
 
 /* Which activations FFN F's figures come from: the profile's sampled bits
@@ -605,7 +606,7 @@ void pi2_plan_predict(const pi2_mprof *mp, const pi2_hwprof *hw, pi2_plan *p, in
         bytes += w * (b1 + b2);
     }
     double kc = c.k;
-    double head_raw = (double)mp->head_bytes / gemv_rate(hc, mp->q_other), head = kc * head_raw;
+    double head_raw = (double)mp->head_bytes / gemv_rate(hc, mp->q_head), head = kc * head_raw;
     total += head;
     struct pi2_plan_pred *r = &p->pred;
     r->decode_ms = total * 1e3;

@@ -169,7 +169,7 @@ typedef struct pi2_mprof {
     int n_layers, experts, top_k, hidden, n_ff, ctx;
     uint32_t n_ffn; /* n_layers * max(experts, 1) */
     bool two_phase;
-    pi2_qtype q_ffn, q_other;
+    pi2_qtype q_ffn, q_other, q_head; /* q_head: the head's (or tied embedding's) own */
     uint64_t R, S, Pg;    /* row bytes (payload and scales), slot bytes, gate part */
     uint64_t Gb, Ub;      /* a neuron's gate unit (0 one-phase) and bundle (3R, or 2P up+down): bundle/layout.h */
     uint64_t attn_bytes;  /* per layer: q, k, v, o payload + scales */

@@ -298,6 +298,9 @@ typedef struct hook_rec {
     const pi2_ref_model *m;
     float eps;
     int calls;
+    int qd;              /* heads * head_dim: O's input */
+    int in_calls[PI2_T_ROUTER + 1]; /* input hook calls per part */
+    double err_in;       /* input hook's GATE/UP rows against X, DOWN's against A */
 } hook_rec;
 
 static size_t rec_idx(const hook_rec *h, int q, int p, int l, int e)
@@ -341,12 +344,32 @@ static void cal_hook(void *ctx, int layer, int expert, int n, const int32_t *row
     }
 }
 
+/* The input hook: every product's rows, the FFN's the same as the FFN
+ * hook's X and A (DOWN's after it). */
+static void in_hook(void *ctx, pi2_tname t, int layer, int expert, int n, const int32_t *rows, const float *in,
+                    int64_t cols)
+{
+    hook_rec *h = ctx;
+    h->in_calls[t]++;
+    bool ffn = t == PI2_T_GATE || t == PI2_T_UP || t == PI2_T_DOWN;
+    assert_true(ffn == (rows != NULL));
+    int w = t == PI2_T_DOWN ? h->ff : t == PI2_T_O ? h->qd : h->d;
+    assert_int_equal(cols, w);
+    for (int r = 0; ffn && r < n; r++) {
+        size_t i = rec_idx(h, rows[r] / h->n_new, h->base + rows[r] % h->n_new, layer, expert);
+        const float *want = (t == PI2_T_DOWN ? h->a : h->x) + i * (size_t)w;
+        for (int j = 0; j < w; j++)
+            h->err_in = fmax(h->err_in, fabs((double)in[(size_t)r * w + j] - want[j]));
+    }
+}
+
 static void check_hook(const char *dir, const char *name)
 {
     pi2_ref_model *m = open_ref(dir);
     const pi2_model_desc *d = pi2_ref_desc(m);
     hook_rec h = { .d = d->hidden, .ff = d->n_ff, .n_layers = d->n_layers,
-                   .n_exp = pi2_desc_is_moe(d) ? d->n_experts : 1, .m = m, .eps = d->rms_eps };
+                   .n_exp = pi2_desc_is_moe(d) ? d->n_experts : 1, .m = m, .eps = d->rms_eps,
+                   .qd = d->n_heads * d->head_dim };
     size_t n_slots = (size_t)HB * HL * h.n_layers * h.n_exp;
     h.x = calloc(n_slots * h.d, sizeof(float));
     h.a = calloc(n_slots * h.ff, sizeof(float));
@@ -356,7 +379,7 @@ static void check_hook(const char *dir, const char *name)
     int32_t *tok = rand_tokens(HB, HL, d->vocab, 7);
     float *ref = ref_logits(m, tok, HB, HL, ref_hook, &h, &h.seq, &h.pos);
 
-    pi2_calib_opts o = { .threads = 2, .ffn = cal_hook, .ffn_ctx = &h };
+    pi2_calib_opts o = { .threads = 2, .ffn = cal_hook, .ffn_ctx = &h, .input = in_hook, .input_ctx = &h };
     pi2_calib_state *s = make_state(m, HB, HL, &o);
     /* prefill of 6, then batched decode of the remaining 4 */
     int32_t col[HB * 6];
@@ -383,6 +406,17 @@ static void check_hook(const char *dir, const char *name)
         fail_msg("%s: hook X error %g, A error %g", name, h.err_x, h.err_a);
     if (!(h.err_r < 1e-4)) /* R is the residual the FFN's norm read (the PowerInfer predictors' input) */
         fail_msg("%s: hook R is not the pre-norm residual of X: error %g", name, h.err_r);
+    int fwds = 1 + HL - 6; /* input hook: once per product per forward; the FFN's as the FFN hook */
+    const pi2_tname per_layer[] = {PI2_T_Q, PI2_T_K, PI2_T_V, PI2_T_O};
+    for (size_t k = 0; k < 4; k++)
+        assert_int_equal(h.in_calls[per_layer[k]], fwds * h.n_layers);
+    assert_int_equal(h.in_calls[PI2_T_LM_HEAD], fwds);
+    assert_int_equal(h.in_calls[PI2_T_GATE], h.calls);
+    assert_int_equal(h.in_calls[PI2_T_UP], h.calls);
+    assert_int_equal(h.in_calls[PI2_T_DOWN], h.calls);
+    assert_int_equal(h.in_calls[PI2_T_EMBED] + h.in_calls[PI2_T_ROUTER], 0);
+    if (!(h.err_in < TOL))
+        fail_msg("%s: input hook rows differ from the FFN hook's by %g", name, h.err_in);
     print_message("%s: hook max error X %.3g, A %.3g, norm(R) vs X %.3g\n", name, h.err_x, h.err_a, h.err_r);
     pi2_calib_state_free(s);
     free(tok);

@@ -1,10 +1,11 @@
-/* quant: Q4/Q8 layout, round-trip bounds, idempotence, activation
- * quantization and the reference dot product (the SIMD kernels are tested
+/* quant: Q4/Q8 layout, round-trip bounds, idempotence, the searched Q4
+ * scale, activation quantization and the reference dot product (the SIMD kernels are tested
  * against it in test_kernels.c). */
 #include "tests/testutil.h"
 
 #include "formats/common.h"
 #include "formats/quant.h"
+#include "tests/testquant.h"
 
 #include <float.h>
 #include <math.h>
@@ -29,119 +30,6 @@ static double ulp16(uint16_t h)
 {
     int e = (h >> 10) & 0x1f;
     return e == 0 ? ldexp(1.0, -24) : ldexp(1.0, e - 25);
-}
-
-static int64_t rand_int(pi2_rng *r, int64_t lo, int64_t hi) /* [lo, hi] */
-{
-    return lo + (int64_t)(pi2_rng_u64(r) % (uint64_t)(hi - lo + 1));
-}
-
-/* A quantized row with its buffers, sized exactly so ASan sees overreads. */
-typedef struct qrow {
-    pi2_qtype t;
-    int64_t cols;
-    uint16_t *scales;
-    uint8_t *payload;
-} qrow;
-
-static qrow qrow_new(pi2_qtype t, int64_t cols)
-{
-    qrow q = {t, cols, NULL, NULL};
-    size_t ns = pi2_q_scale_row_count(t, cols), nb = pi2_q_payload_row_bytes(t, cols);
-    q.scales = pi2_malloc_array(ns ? ns : 1, sizeof(uint16_t));
-    q.payload = pi2_malloc_array(nb, 1);
-    assert_non_null(q.scales);
-    assert_non_null(q.payload);
-    return q;
-}
-
-static void qrow_free(qrow *q)
-{
-    free(q->scales);
-    free(q->payload);
-}
-
-/* ---- row generators ---- */
-
-enum {
-    D_GAUSS,
-    D_HEAVY,
-    D_ZERO,
-    D_SPIKE,
-    D_F16MAX,
-    D_LIMIT,
-    D_SUBNORMAL,
-    D_MIXED,
-    D_GRID,
-    D_TIES,
-    D_COUNT,
-};
-static const char *const DIST_NAMES[D_COUNT] = {"gauss", "heavy", "zero",  "spike", "f16max",
-                                                "limit", "subnormal", "mixed", "grid",  "ties"};
-
-static void gen_row(pi2_rng *r, int dist, pi2_qtype t, float *x, int64_t cols)
-{
-    double sigma = pow(10.0, -3.0 + 4.0 * pi2_rng_uniform(r));
-    for (int64_t j = 0; j < cols; j++) {
-        double v = 0;
-        switch (dist) {
-        case D_GAUSS:
-            v = sigma * pi2_rng_normal(r);
-            break;
-        case D_HEAVY: /* log-normal scale: most tiny, a few huge */
-            v = pi2_rng_normal(r) * exp(1.5 * pi2_rng_normal(r));
-            v = fmax(-1e5, fmin(1e5, v));
-            break;
-        case D_ZERO:
-            v = (j % 3 == 0) ? -0.0 : 0.0;
-            break;
-        case D_SPIKE:
-            v = 1e-3 * pi2_rng_normal(r);
-            break;
-        case D_F16MAX:
-            v = 65504.0 * (2.0 * pi2_rng_uniform(r) - 1.0);
-            break;
-        case D_LIMIT: { /* up to just below the largest accepted magnitude */
-            double lim = t == PI2_QT_Q4 ? 524288.0 - 0.0625 : 8323071.0;
-            v = lim * (2.0 * pi2_rng_uniform(r) - 1.0);
-            if (j % PI2_Q_GROUP == 7)
-                v = (pi2_rng_u64(r) & 1) ? lim : -lim;
-            if (j % PI2_Q_GROUP == 20) /* the far side of Q4's clamp */
-                v = -x[j - 13];
-            break;
-        }
-        case D_SUBNORMAL: /* scales that are fp16 subnormals or flush to zero */
-            v = ldexp(pi2_rng_normal(r), -14 - (int)((j / PI2_Q_GROUP * 7) % 24));
-            break;
-        case D_MIXED:
-            v = ldexp(pi2_rng_normal(r), (int)((j / PI2_Q_GROUP * 13) % 40) - 28);
-            break;
-        case D_GRID: /* exactly representable: q * 2^k */
-            v = ldexp((double)rand_int(r, -8, 7), (int)((j / PI2_Q_GROUP) % 9) - 4);
-            break;
-        case D_TIES: /* k + 1/2 steps of a power-of-two scale */
-            v = ldexp((double)(t == PI2_QT_Q4 ? rand_int(r, -8, 7) : rand_int(r, -15, 15)) + 0.5, -3);
-            if (j % PI2_Q_GROUP == 0)
-                v = t == PI2_QT_Q4 ? -1.0 : 127.0 / 8;
-            break;
-        }
-        x[j] = (float)v;
-    }
-    if (dist == D_SPIKE)
-        x[rand_int(r, 0, cols - 1)] = (float)((pi2_rng_u64(r) & 1 ? 1 : -1) * pow(10.0, 3.0 * pi2_rng_uniform(r)));
-}
-
-/* First element of largest magnitude in a group. */
-static double group_m(const float *x)
-{
-    double m = 0, a = 0;
-    for (int j = 0; j < PI2_Q_GROUP; j++) {
-        if (fabs((double)x[j]) > a) {
-            a = fabs((double)x[j]);
-            m = x[j];
-        }
-    }
-    return m;
 }
 
 /* Check the documented properties of one quantized row against its source:
@@ -697,6 +585,151 @@ static void test_rounding_exact(void **state)
     }
 }
 
+/* ---- the searched Q4 scale (pi2_q_quantize_row_search) ---- */
+
+/* Group g's sum of imp_j * (x_j - y_j)^2 (imp NULL: weights 1). */
+static double group_sq_err(const float *x, const float *y, const float *imp, int64_t g)
+{
+    double e = 0;
+    for (int64_t j = g * PI2_Q_GROUP; j < (g + 1) * PI2_Q_GROUP; j++)
+        e += (imp ? imp[j] : 1.0) * ((double)x[j] - y[j]) * ((double)x[j] - y[j]);
+    return e;
+}
+
+/* Quantize x both ways; check every group's (weighted) error is no worse,
+ * scales finite, the bytes the same on a second call; returns the total
+ * errors in *plain_e and *search_e. */
+static void check_search_row(const float *x, const float *imp, int64_t cols, const char *what, double *plain_e,
+                             double *search_e)
+{
+    qrow p = qrow_new(PI2_QT_Q4, cols), q = qrow_new(PI2_QT_Q4, cols), q2 = qrow_new(PI2_QT_Q4, cols);
+    float *yp = pi2_malloc_array((size_t)cols, sizeof(float)), *yq = pi2_malloc_array((size_t)cols, sizeof(float));
+    assert_true(yp && yq);
+    assert_int_equal(pi2_q_quantize_row(PI2_QT_Q4, x, cols, p.scales, p.payload), 0);
+    assert_int_equal(pi2_q_quantize_row_search(PI2_QT_Q4, x, cols, imp, q.scales, q.payload), 0);
+    assert_int_equal(pi2_q_quantize_row_search(PI2_QT_Q4, x, cols, imp, q2.scales, q2.payload), 0);
+    CHECK(memcmp(q.scales, q2.scales, (size_t)cols / 16) == 0 && memcmp(q.payload, q2.payload, (size_t)cols / 2) == 0,
+          "%s: not deterministic", what);
+    pi2_q_dequantize_row(PI2_QT_Q4, p.scales, p.payload, cols, yp);
+    pi2_q_dequantize_row(PI2_QT_Q4, q.scales, q.payload, cols, yq);
+    for (int64_t g = 0; g < cols / PI2_Q_GROUP; g++) {
+        double ep = group_sq_err(x, yp, imp, g), eq = group_sq_err(x, yq, imp, g);
+        CHECK(eq <= ep, "%s group %lld: searched error %a above plain %a", what, (long long)g, eq, ep);
+        CHECK((q.scales[g] & 0x7c00) != 0x7c00, "%s group %lld: scale not finite", what, (long long)g);
+        double m = group_m(x + g * PI2_Q_GROUP), mi = 0; /* m is never clamped */
+        for (int j = 0; j < PI2_Q_GROUP; j++)
+            if (x[g * PI2_Q_GROUP + j] == m)
+                mi = fabs(m - yq[g * PI2_Q_GROUP + j]);
+        CHECK(mi <= fabs(f16d(q.scales[g])) * (0.5 + 0x1p-10) || ep == eq, "%s group %lld: m clamped", what,
+              (long long)g);
+        if (ep == 0) /* nothing to gain: the plain bytes */
+            CHECK(q.scales[g] == p.scales[g] && !memcmp(q.payload + g * 16, p.payload + g * 16, 16),
+                  "%s group %lld: exact group changed", what, (long long)g);
+        *plain_e += ep;
+        *search_e += eq;
+    }
+    qrow_free(&p);
+    qrow_free(&q);
+    qrow_free(&q2);
+    free(yp);
+    free(yq);
+}
+
+/* Every row distribution, unweighted and with random importances (some
+ * zero): never worse per group, and clearly better on Gaussian rows. */
+static void test_search_never_worse(void **state)
+{
+    (void)state;
+    pi2_rng r;
+    pi2_rng_seed(&r, 0x5ca1e);
+    const int64_t shapes[] = {32, 96, 4096 + 32};
+    double gauss_plain = 0, gauss_search = 0;
+    for (int dist = 0; dist < D_COUNT; dist++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            for (int rep = 0; rep < 4; rep++) {
+                int64_t cols = shapes[si];
+                float *x = pi2_malloc_array((size_t)cols, sizeof(float));
+                float *imp = pi2_malloc_array((size_t)cols, sizeof(float));
+                assert_true(x && imp);
+                gen_row(&r, dist, PI2_QT_Q4, x, cols);
+                for (int64_t j = 0; j < cols; j++)
+                    imp[j] = j % 7 == 3 ? 0.0f : (float)exp(2.0 * pi2_rng_normal(&r));
+                char what[64];
+                snprintf(what, sizeof what, "%s/%lld/%s", DIST_NAMES[dist], (long long)cols, rep & 1 ? "imp" : "flat");
+                double ep = 0, eq = 0;
+                check_search_row(x, rep & 1 ? imp : NULL, cols, what, &ep, &eq);
+                if (dist == D_GAUSS && !(rep & 1)) {
+                    gauss_plain += ep;
+                    gauss_search += eq;
+                }
+                free(x);
+                free(imp);
+            }
+    CHECK(gauss_search < 0.92 * gauss_plain, "searched %g vs plain %g on Gaussian rows", gauss_search, gauss_plain);
+}
+
+/* Hand-made groups: all equal, one outlier among zeros, all zero,
+ * fp16-subnormal scales, m's opposite at the far side, a huge group. */
+static void test_search_adversarial(void **state)
+{
+    (void)state;
+    float x[8 * PI2_Q_GROUP] = {0};
+    for (int j = 0; j < 32; j++) {
+        x[j] = 0.3f;                                /* all equal */
+        x[32 + j] = j == 5 ? -7.0f : 0.0f;          /* one outlier, zeros */
+        x[96 + j] = ldexpf((float)(j % 5) - 2, -27); /* subnormal scale */
+        x[128 + j] = j == 0 ? 1.0f : j == 1 ? -1.0f : 0.01f * (float)(j - 16);
+        x[160 + j] = j == 9 ? 100.0f : 0.5f;         /* outlier over a flat group */
+        x[192 + j] = (j & 1 ? -1.0f : 1.0f) * 500000.0f;
+        x[224 + j] = ldexpf(1.0f, -30) * (float)(j % 3);
+    }
+    double ep = 0, eq = 0;
+    check_search_row(x, NULL, 8 * PI2_Q_GROUP, "adversarial", &ep, &eq);
+    float imp[8 * PI2_Q_GROUP];
+    for (int j = 0; j < 8 * PI2_Q_GROUP; j++)
+        imp[j] = j % 2 ? 0.0f : 1e30f;
+    check_search_row(x, imp, 8 * PI2_Q_GROUP, "adversarial/imp", &ep, &eq);
+    uint16_t s[8];
+    uint8_t p[128];
+    assert_int_equal(pi2_q_quantize_row_search(PI2_QT_Q4, x, 256, NULL, s, p), 0);
+    assert_int_equal(s[2], 0); /* the zero group as plain: +0 and every level 8 */
+    for (int j = 32; j < 48; j++)
+        assert_int_equal(p[j], 0x88);
+}
+
+/* Bad importances and values are refused with nothing written; Q8 rows
+ * are the plain quantizer's. */
+static void test_search_rejects(void **state)
+{
+    (void)state;
+    float x[64], imp[64];
+    for (int j = 0; j < 64; j++) {
+        x[j] = (float)j - 30.5f;
+        imp[j] = 1.0f;
+    }
+    uint16_t s[2], s2[2];
+    uint8_t p[64], p2[64];
+    const float bad[] = {-1.0f, NAN, INFINITY};
+    for (size_t b = 0; b < 3; b++) {
+        imp[17] = bad[b];
+        memset(s, 0xab, sizeof s);
+        memset(p, 0xab, sizeof p);
+        assert_int_equal(pi2_q_quantize_row_search(PI2_QT_Q4, x, 64, imp, s, p), PI2_EINVAL);
+        assert_int_equal(s[0], 0xabab);
+        assert_int_equal(p[0], 0xab);
+    }
+    imp[17] = 1.0f;
+    x[3] = NAN;
+    assert_int_equal(pi2_q_quantize_row_search(PI2_QT_Q4, x, 64, imp, s, p), PI2_ERANGE);
+    assert_int_equal(s[0], 0xabab);
+    x[3] = 2.0f;
+    assert_int_equal(pi2_q_quantize_row_search((pi2_qtype)7, x, 64, NULL, s, p), PI2_EINVAL);
+    assert_int_equal(pi2_q_quantize_row_search(PI2_QT_Q8, x, 64, imp, s, p), 0);
+    assert_int_equal(pi2_q_quantize_row(PI2_QT_Q8, x, 64, s2, p2), 0);
+    assert_memory_equal(s, s2, sizeof s);
+    assert_memory_equal(p, p2, sizeof p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -712,6 +745,9 @@ int main(void)
         cmocka_unit_test(test_dot_reference),
         cmocka_unit_test(test_rounding_exact),
         cmocka_unit_test(test_axpy),
+        cmocka_unit_test(test_search_never_worse),
+        cmocka_unit_test(test_search_adversarial),
+        cmocka_unit_test(test_search_rejects),
     };
     return cmocka_run_group_tests_name("quant", tests, NULL, NULL);
 }

@@ -226,9 +226,9 @@ typedef struct attn_job {
 
 /* The KV cache is head-major: [layer][KV head][position][head_dim], so the
  * keys (values) an attention unit reads are one ascending stream, not rows
- * a KV row apart (1 KiB at 4 KV heads of 64): one thread's attention over
- * 144 positions 19 -> 15 us a layer of the 1B shape, over 1040 237 -> 163
- * (runtime/PERF.md). Position pos of KV head kh of layer l in c. */
+ * a KV row apart, which the prefetchers followed worse (figures:
+ * runtime/PERF.md, "A head-major KV cache"). Position pos of KV head kh of
+ * layer l in c. */
 static float *kv_at(const pi2_engine *e, float *c, int l, int64_t kh, int pos)
 {
     int64_t hd = e->d.head_dim;
@@ -276,10 +276,9 @@ static void attn_unit(const attn_job *j, int64_t u, float *S)
     pi2_engine *e = j->e;
     const pi2_model_desc *d = &e->d;
     int hd = d->head_dim, group = d->n_heads / d->n_kv_heads, per = (group + ATTN_HEADS_UNIT - 1) / ATTN_HEADS_UNIT;
-    int64_t kh = u / per, h0 = kh * group + (u % per) * ATTN_HEADS_UNIT, kvd = (int64_t)d->n_kv_heads * hd;
+    int64_t kh = u / per, h0 = kh * group + (u % per) * ATTN_HEADS_UNIT;
     int G = (int)((kh + 1) * group - h0 < ATTN_HEADS_UNIT ? (kh + 1) * group - h0 : ATTN_HEADS_UNIT);
     int64_t qd = (int64_t)d->n_heads * hd;
-    (void)kvd;
     const float *K = kv_at(e, e->kc, j->l, kh, 0), *V = kv_at(e, e->vc, j->l, kh, 0);
     float scale = 1.0f / sqrtf((float)hd);
     for (int t = 0; t < j->T; t++) {

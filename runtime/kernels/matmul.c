@@ -539,9 +539,8 @@ static void mm_one_token(const k_mm_ops *op, int64_t nb, int nrows, const uint8_
         /* Gathered rows (the predicted neurons' gate and up rows) take the
          * paced prefetch of the next tile's rows too, and the first lines
          * of the rows and scales of the tile after it: each row starts its
-         * own stream, so its first miss is what the tile waits for. On Zen
-         * 5, 1 KiB rows one in ten: 10 -> 14 GB/s on one thread, 18 -> 21
-         * on two (runtime/PERF.md). */
+         * own stream, so its first miss is what the tile waits for
+         * (runtime/PERF.md, "Gathered rows"). */
         if (!seq)
             for (int k = 0; k < 4; k++) {
                 int r2 = r0 + 8 + k < nrows ? r0 + 8 + k : nrows - 1;

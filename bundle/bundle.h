@@ -148,6 +148,15 @@ void pi2_bundle_close(pi2_bundle *b);
  * the resident ones only, or all. 0, or PI2_ESIG naming the first bad
  * section. `done` (may be NULL) gets the number of bytes hashed. */
 int pi2_bundle_verify(const pi2_bundle *b, bool resident_only, uint64_t *done, pi2_err *err);
+/* The resident check of pi2_bundle_verify on the mapping again, within a
+ * bounded footprint (the offloading engine's check after generating): each
+ * member hashed PI2_BUNDLE_RECHECK_WINDOW bytes at a time, each window's
+ * pages dropped from the process and the page cache once hashed, on
+ * PI2_BUNDLE_VERIFY_THREADS threads, so at most that many windows are
+ * present at once (the planner counts them: pi2_plan_container_touched). */
+#define PI2_BUNDLE_RECHECK_WINDOW ((size_t)2 << 20)
+#define PI2_BUNDLE_VERIFY_THREADS 2
+int pi2_bundle_recheck(const pi2_bundle *b, pi2_err *err);
 /* The resident check of pi2_bundle_verify on a copy of the file's bytes
  * [0, len) read apart (the offloading engine's direct reads): each
  * resident member is hashed at its offset in copy. PI2_EFORMAT when one

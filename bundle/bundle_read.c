@@ -3,6 +3,7 @@
 #include "bundle/bundle.h"
 #include "formats/pool.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -280,6 +281,8 @@ typedef struct vjob {
     uint64_t copy_len;
     const char *const *skip; /* sections the caller checks apart */
     size_t n_skip;
+    size_t window; /* > 0: members hashed in windows of this many bytes, each dropped once hashed */
+    int fd;        /* the file, for dropping windows from the page cache (-1: none) */
 } vjob;
 
 static bool skipped(const vjob *v, const char *name)
@@ -323,7 +326,7 @@ static void verify_worker(void *arg, int tid, int nthreads)
         const pi2_ctr_member *m = v->copy ? NULL : pi2_ctr_find(v->b->ctr, s->name);
         pi2_err e = { 0 };
         int rc = v->copy ? verify_in_copy(v, s, &e)
-                 : m     ? pi2_ctr_verify_member(v->b->ctr, m, s->sha256, &e)
+                 : m     ? pi2_ctr_verify_member_dropping(v->b->ctr, m, s->sha256, v->fd, v->window, &e)
                          : pi2_err_set(&e, PI2_EFORMAT, "%s: section %s missing", v->b->path, s->name);
         if (m && v->drop)
             drop_pages(m);
@@ -357,7 +360,7 @@ static int verify_run(vjob v, bool resident_only, uint64_t *done, pi2_err *err)
     pthread_mutex_init(&v.mu, NULL);
     /* sections are taken from a shared counter: any thread may take any */
     pi2_pool *pool = NULL;
-    if (sysconf(_SC_NPROCESSORS_ONLN) > 1 && pi2_pool_create(&pool, 2, NULL) != 0)
+    if (sysconf(_SC_NPROCESSORS_ONLN) > 1 && pi2_pool_create(&pool, PI2_BUNDLE_VERIFY_THREADS, NULL) != 0)
         pool = NULL;
     if (pool)
         pi2_pool_run_shared(pool, verify_worker, &v);
@@ -375,8 +378,20 @@ static int verify_run(vjob v, bool resident_only, uint64_t *done, pi2_err *err)
 
 int pi2_bundle_verify(const pi2_bundle *b, bool resident_only, uint64_t *done, pi2_err *err)
 {
-    vjob v = { .b = b, .drop = !resident_only };
+    vjob v = { .b = b, .drop = !resident_only, .fd = -1 };
     return verify_run(v, resident_only, done, err);
+}
+
+int pi2_bundle_recheck(const pi2_bundle *b, pi2_err *err)
+{
+    /* the page cache of the file the mapping shows: by path (a file renamed
+     * over it since is another file, whose pages are left alone) */
+    int fd = open(pi2_ctr_path(b->ctr), O_RDONLY | O_CLOEXEC);
+    vjob v = { .b = b, .window = PI2_BUNDLE_RECHECK_WINDOW, .fd = fd };
+    int rc = verify_run(v, true, NULL, err);
+    if (fd >= 0)
+        close(fd);
+    return rc;
 }
 
 int pi2_bundle_verify_copy(const pi2_bundle *b, const uint8_t *copy, uint64_t len, pi2_err *err)

@@ -745,11 +745,41 @@ const char *pi2_ctr_path(const pi2_ctr *c) { return c->path; }
 bool pi2_ctr_changed(const pi2_ctr *c) { return pi2_map_changed(&c->map); }
 
 
-int pi2_ctr_verify_member(const pi2_ctr *c, const pi2_ctr_member *m, const uint8_t expected[PI2_SHA256_LEN],
-                          pi2_err *err)
+/* File window [off, off + n) of c out of this process and (fd >= 0) out of
+ * the page cache. */
+static void drop_window(const pi2_ctr *c, int fd, uint64_t off, uint64_t n)
+{
+    if (off >= c->map.size)
+        return;
+    if (n > c->map.size - off)
+        n = c->map.size - off;
+    madvise((void *)(uintptr_t)(c->map.data + off), (size_t)n, MADV_DONTNEED);
+    if (fd >= 0)
+        posix_fadvise(fd, (off_t)off, (off_t)n, POSIX_FADV_DONTNEED);
+}
+
+int pi2_ctr_verify_member_dropping(const pi2_ctr *c, const pi2_ctr_member *m, const uint8_t expected[PI2_SHA256_LEN],
+                                   int fd, size_t window, pi2_err *err)
 {
     uint8_t got[PI2_SHA256_LEN];
-    int rc = pi2_sha256(m->data, (size_t)m->size, got, err);
+    pi2_sha256_ctx *h;
+    int rc = pi2_sha256_init(&h, err);
+    /* windows at multiples of `window` in the file, dropped whole: the page
+     * cache keeps a file mapped with huge pages in 2 MiB folios, and drops
+     * none that a range only partly covers */
+    uint64_t at = 0;
+    while (rc == 0 && at < m->size) {
+        uint64_t w0 = window ? (m->offset + at) / window * window : m->offset, n = m->size - at;
+        if (window && w0 + window - (m->offset + at) < n)
+            n = w0 + window - (m->offset + at);
+        rc = pi2_sha256_update(h, m->data + at, (size_t)n, err);
+        if (window)
+            drop_window(c, fd, w0, window);
+        at += n;
+    }
+    if (rc == 0)
+        rc = pi2_sha256_final(h, got, err);
+    pi2_sha256_free(h);
     if (rc)
         return rc;
     if (memcmp(got, expected, PI2_SHA256_LEN) != 0) {
@@ -760,6 +790,12 @@ int pi2_ctr_verify_member(const pi2_ctr *c, const pi2_ctr_member *m, const uint8
                            m->name, he, hg);
     }
     return 0;
+}
+
+int pi2_ctr_verify_member(const pi2_ctr *c, const pi2_ctr_member *m, const uint8_t expected[PI2_SHA256_LEN],
+                          pi2_err *err)
+{
+    return pi2_ctr_verify_member_dropping(c, m, expected, -1, 0, err);
 }
 
 void pi2_ctr_close(pi2_ctr *c)

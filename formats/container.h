@@ -158,6 +158,14 @@ bool pi2_ctr_changed(const pi2_ctr *c);
  * with a message naming the file and member (and both digests) if not. */
 int pi2_ctr_verify_member(const pi2_ctr *c, const pi2_ctr_member *m, const uint8_t expected[PI2_SHA256_LEN],
                           pi2_err *err);
+/* The same, hashing the member a window at a time (file offsets
+ * [k window, (k + 1) window); window 0: all at once, nothing dropped) and
+ * dropping each window's pages once hashed: from this process, and from
+ * the page cache through fd (the container's file; -1: not). A member of
+ * any size then adds at most one window to the footprint. window: a
+ * multiple of the page size. */
+int pi2_ctr_verify_member_dropping(const pi2_ctr *c, const pi2_ctr_member *m, const uint8_t expected[PI2_SHA256_LEN],
+                                   int fd, size_t window, pi2_err *err);
 /* Unmap and free. NULL is a no-op. */
 void pi2_ctr_close(pi2_ctr *c);
 

@@ -210,8 +210,9 @@ void pi2_engine_stats_get(const pi2_engine *e, pi2_engine_stats *out);
  * verified at open ("Files that change" above): 0 when all match;
  * PI2_ESIG "changed since verification: ..." naming the first that
  * differs; PI2_EIO when the file was cut short under the mapping. Reads
- * the resident bytes once more through the page cache (offloading: its
- * pages dropped again after). */
+ * the resident bytes once more through the page cache (offloading: a
+ * window at a time, each dropped once hashed, within the memory plan:
+ * pi2_bundle_recheck). */
 int pi2_engine_recheck(const pi2_engine *e, pi2_err *err);
 /* Resets the offloading counters too. */
 void pi2_engine_stats_reset(pi2_engine *e);

@@ -20,8 +20,10 @@ int pi2_engine_recheck(const pi2_engine *e, pi2_err *err)
 {
     pi2_err inner = {0};
     const pi2_ctr *c = pi2_bundle_container(e->b);
-    int rc = pi2_bundle_verify(e->b, true, NULL, &inner);
-    if (e->ofl) /* offloading keeps its own copy: the pages just read go back, out of its memory limit */
+    /* offloading keeps its own copy and a memory limit: the file's pages go
+     * back window by window as they are hashed */
+    int rc = e->ofl ? pi2_bundle_recheck(e->b, &inner) : pi2_bundle_verify(e->b, true, NULL, &inner);
+    if (e->ofl) /* what the kernel read ahead past the last window too */
         pi2_ctr_drop_pages(c);
     if (pi2_ctr_changed(c))
         return shrank(e, err);

@@ -20,7 +20,9 @@ static uint64_t tensor_bytes(const pi2_mf_tensor *t)
 uint64_t pi2_plan_container_touched(const pi2_ctr *c)
 {
     const uint64_t page = 4096;
-    uint64_t n = page; /* the end of the archive */
+    /* the end of the archive, and the windows of the check after generating
+     * (pi2_bundle_recheck) */
+    uint64_t n = page + (uint64_t)PI2_BUNDLE_VERIFY_THREADS * PI2_BUNDLE_RECHECK_WINDOW;
     for (size_t i = 0; i < pi2_ctr_count(c); i++) {
         const pi2_ctr_member *m = pi2_ctr_at(c, i);
         n += 2 * page; /* its header's page, and a padding header's */

@@ -304,7 +304,8 @@ int pi2_plan_cal_load(const char *path, pi2_plan_cal *c, pi2_err *err);
  *             the same function sizes their allocations), with the read
  *             staging at the I/O depth, and the neuron caches' indexes;
  *   files     the page cache of what the run reads outside its direct
- *             reads (pi2_plan_container_touched);
+ *             reads, the check after generating's windows included
+ *             (pi2_plan_container_touched);
  *   overhead  pi2_plan_overhead, plus 1/PI2_PLAN_KERNEL_SHARE of what the
  *             run can use (the limit, or everything in memory when that
  *             is less): page tables and kernel memory charged with it.

@@ -483,11 +483,15 @@ elif [ -w /sys/fs/cgroup/memory ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_
         -n 24 --mem-limit "$limit" --stats >"$T/out" 2>"$T/err"
     rc=$?
     read -r peak fails <"$T/usage" 2>/dev/null || peak=0
-    if [ "$rc" -eq 0 ] && [ "$(cat "$T/out")" = "$a" ] && [ "${peak:-0}" -le "$cap" ]; then
+    # the process's own peak RSS within the limit too (the cap reclaims page cache and would hide
+    # it): --stats hashes the resident members again after generating, a window at a time
+    prss=$(sed -n 's/.*peak RSS \([0-9.]*\) MB.*/\1/p' "$T/err")
+    if [ "$rc" -eq 0 ] && [ "$(cat "$T/out")" = "$a" ] && [ "${peak:-0}" -le "$cap" ] \
+        && awk -v r="${prss:-x}" -v l="$limit" 'BEGIN { exit !(r + 0 > 0 && r * 1048576 <= l) }'; then
         ok
-        echo "cgroup cap $((cap / 1048576)) MB for a $((size / 1048576)) MB model: completed, peak usage $((peak / 1048576)) MB, same text as unbounded"
+        echo "cgroup cap $((cap / 1048576)) MB for a $((size / 1048576)) MB model: completed, peak usage $((peak / 1048576)) MB, peak RSS $prss MB, same text as unbounded"
     else
-        bad "run under a ${cap}-byte cgroup cap: exit $rc, peak ${peak:-?}"; cat "$T/err"
+        bad "run under a ${cap}-byte cgroup cap: exit $rc, peak ${peak:-?}, peak RSS ${prss:-?} MB of a $limit-byte limit"; cat "$T/err"
     fi
     # --stats: the reads per token spread, in order and some read
     sed -n 's/.*reads per token P50 \([0-9]*\), P90 \([0-9]*\), most \([0-9]*\) .*/\1 \2 \3/p' "$T/err" |
@@ -527,13 +531,17 @@ elif [ -w /sys/fs/cgroup/memory ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_
         rc=$?
         read -r peak fails <"$T/usage" 2>/dev/null || peak=0
         ptok=$(sed -n 's/.*prefill \([0-9]*\) tokens.*/\1/p' "$T/err")
+        # the process's own peak too (a cap reclaims page cache and hides it): --stats hashes the
+        # resident members again after generating, a window at a time
+        prss=$(sed -n 's/.*peak RSS \([0-9.]*\) MB.*/\1/p' "$T/err")
         if [ "$rc" -eq 0 ] && [ -s "$T/out" ] && [ "$(cat "$T/out")" = "$a" ] && [ "${ptok:-0}" -ge 512 ] \
             && grep -q "predictors.* streamed a layer at a time" "$T/err" \
-            && [ "${peak:-0}" -gt 0 ] && [ "$peak" -le "$cap" ]; then
+            && [ "${peak:-0}" -gt 0 ] && [ "$peak" -le "$cap" ] \
+            && awk -v r="${prss:-x}" -v c="$cap" 'BEGIN { exit !(r + 0 > 0 && r * 1048576 <= c) }'; then
             ok
-            echo "cgroup cap $((cap / 1048576)) MB (minimum + 1 MB), $q non-FFN and predictors (streamed, with the attention): $ptok-token prompt, peak usage $((peak / 1048576)) MB, same text as in memory"
+            echo "cgroup cap $((cap / 1048576)) MB (minimum + 1 MB), $q non-FFN and predictors (streamed, with the attention): $ptok-token prompt, peak usage $((peak / 1048576)) MB, peak RSS $prss MB, same text as in memory"
         else
-            bad "large predictors at $q under their minimum + 1 MB ($cap bytes): exit $rc, peak ${peak:-?}, prompt ${ptok:-?}"; cat "$T/err"
+            bad "large predictors at $q under their minimum + 1 MB ($cap bytes): exit $rc, peak ${peak:-?}, peak RSS ${prss:-?} MB, prompt ${ptok:-?}"; cat "$T/err"
         fi
         # --stream-attn: a count forced where everything fits gives the same text; a bad one is one line
         [ "$q" = q4 ] || continue

@@ -284,7 +284,7 @@ static int plan_floor(pi2_engine *e, const pi2_engine_opts *o, pi2_err *err)
 {
     pi2_plan_bufs bufs;
     pi2_plan_memory m;
-    int rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, &bufs, err);
+    int rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, e->kv_f16, &bufs, err);
     if (rc)
         return rc;
     pi2_plan_mem_in in = {.mf = e->mf, .bl = e->bl, .name = e->path,
@@ -516,6 +516,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     if (!e)
         return pi2_err_set(err, PI2_ENOMEM, "out of memory");
     snprintf(e->path, sizeof e->path, "%s", o->path);
+    e->kv_f16 = o->kv_f16;
     pi2_plan_memory mem = {0};
     pi2_plan_bufs bufs;
     int rc, ctx0;
@@ -526,7 +527,7 @@ int pi2_engine_open(pi2_engine **out, const pi2_engine_opts *o, pi2_err *err)
     /* offloading: the memory plan, made before anything else is allocated,
      * so the pool starts with the plan's threads */
     ctx0 = open_ctx(&e->d, o);
-    if ((rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, &bufs, err)) != 0 ||
+    if ((rc = pi2_engine_buffer_sizes(e->mf, e->bl, e->tls_n, e->kv_f16, &bufs, err)) != 0 ||
         (o->offload.mem_limit > 0 && (rc = plan_memory(e, o, ctx0, &bufs, &mem, err)) != 0))
         goto fail;
     if ((rc = pi2_pool_create(&e->pool, e->threads, err)) != 0 || (rc = eng_pred_quantize_all(e, err)) != 0 ||
@@ -643,19 +644,24 @@ int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err)
                            "made at open)",
                            e->path, ctx, e->plan_ctx);
     size_t kv = (size_t)d->n_layers * (size_t)ctx * (size_t)d->n_kv_heads * (size_t)d->head_dim;
-    float *kc = pi2_calloc_array(kv, sizeof(float)), *vc = pi2_calloc_array(kv, sizeof(float));
-    float **sc = calloc((size_t)e->tls_n, sizeof *sc);
-    bool ok = kc && vc && sc;
+    size_t es = e->kv_f16 ? sizeof(uint16_t) : sizeof(float), rows = e->kv_f16 ? 2 * (size_t)ctx * d->head_dim : 0;
+    void *kc = pi2_calloc_array(kv, es), *vc = pi2_calloc_array(kv, es);
+    float **sc = calloc((size_t)e->tls_n, sizeof *sc), **kr = calloc((size_t)e->tls_n, sizeof *kr);
+    bool ok = kc && vc && sc && kr;
     for (int t = 0; ok && t < e->tls_n; t++)
-        ok = (sc[t] = pi2_malloc_array((size_t)ctx * PI2_K_MAX_T, sizeof(float))) != NULL;
+        ok = (sc[t] = pi2_malloc_array((size_t)ctx * PI2_K_MAX_T, sizeof(float))) != NULL &&
+             (!rows || (kr[t] = pi2_malloc_array(rows, sizeof(float))) != NULL);
     if (!ok) {
-        for (int t = 0; sc && t < e->tls_n; t++)
+        for (int t = 0; sc && kr && t < e->tls_n; t++) {
             free(sc[t]);
+            free(kr[t]);
+        }
         free(sc);
+        free(kr);
         free(kc);
         free(vc);
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for a KV cache of %d positions (%.1f MB)", e->path,
-                           ctx, 2.0 * (double)kv * 4 / 1e6);
+                           ctx, 2.0 * (double)kv * (double)es / 1e6);
     }
     free(e->kc);
     free(e->vc);
@@ -664,8 +670,11 @@ int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err)
     for (int t = 0; t < e->tls_n; t++) {
         free(e->tls[t].scores);
         e->tls[t].scores = sc[t];
+        free(e->tls[t].kvrows);
+        e->tls[t].kvrows = kr[t];
     }
     free(sc);
+    free(kr);
     e->ctx = ctx;
     e->n_pos = 0;
     return 0;

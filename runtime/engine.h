@@ -132,6 +132,8 @@ typedef struct pi2_engine_opts {
     int ctx;                    /* KV cache positions (0: 512), at most the model's (see set_ctx) */
     bool preload;               /* touch every page at load (default true) */
     bool dense;                 /* start in dense mode */
+    bool kv_f16;                /* the KV cache in fp16: half the memory and the bytes attention
+                                   reads; the keys and values rounded to fp16 (default f32) */
     pi2_offload_opts offload; /* mem_limit 0: everything in memory */
 } pi2_engine_opts;
 
@@ -217,16 +219,16 @@ int pi2_engine_recheck(const pi2_engine *e, pi2_err *err);
 /* Resets the offloading counters too. */
 void pi2_engine_stats_reset(pi2_engine *e);
 
-/* What an engine opened on this model with `threads` threads holds
- * besides its weights (pi2_plan_bufs, runtime/planner.h): a function of the
- * model's shape alone, which the engine and the offloader size their
- * allocations with and the memory plan counts. PI2_ESHAPE for a layout
- * without FFNs. */
+/* What an engine opened on this model with `threads` threads (and an fp16
+ * KV cache or not) holds besides its weights (pi2_plan_bufs,
+ * runtime/planner.h): a function of the model's shape alone, which the
+ * engine and the offloader size their allocations with and the memory plan
+ * counts. PI2_ESHAPE for a layout without FFNs. */
 struct pi2_manifest;
 struct pi2_bundle_layout;
 struct pi2_plan_bufs;
 int pi2_engine_buffer_sizes(const struct pi2_manifest *mf, const struct pi2_bundle_layout *bl, int threads,
-                            struct pi2_plan_bufs *out, pi2_err *err);
+                            bool kv_f16, struct pi2_plan_bufs *out, pi2_err *err);
 
 /* Offloading plan and counters (runtime/offload/offload.h). */
 typedef struct pi2_engine_offload_info {

@@ -139,6 +139,7 @@ void eng_free_state(pi2_engine *e)
             free(s->list);
             free(s->list2);
             free(s->scores);
+            free(s->kvrows);
         }
     free(e->tls);
     free(e->x);
@@ -224,8 +225,8 @@ static uint64_t engine_buffers(const pi2_manifest *mf, const pi2_bundle_layout *
     return n;
 }
 
-int pi2_engine_buffer_sizes(const pi2_manifest *mf, const pi2_bundle_layout *bl, int threads, pi2_plan_bufs *out,
-                            pi2_err *err)
+int pi2_engine_buffer_sizes(const pi2_manifest *mf, const pi2_bundle_layout *bl, int threads, bool kv_f16,
+                            pi2_plan_bufs *out, pi2_err *err)
 {
     memset(out, 0, sizeof *out);
     if (bl->n_ffn == 0)
@@ -238,8 +239,12 @@ int pi2_engine_buffer_sizes(const pi2_manifest *mf, const pi2_bundle_layout *bl,
     out->per_depth = ob.per_depth;
     out->slot_bytes[0] = ob.slot_bytes[0];
     out->slot_bytes[1] = ob.slot_bytes[1];
-    out->per_pos = 2ull * (uint64_t)d->n_layers * (uint64_t)d->n_kv_heads * (uint64_t)d->head_dim * sizeof(float) +
-                   (uint64_t)threads * PI2_K_MAX_T * sizeof(float);
+    /* per position: the keys and values, each thread's scores, and (fp16)
+     * each thread's unit's keys and values as f32 (eng_tls.kvrows) */
+    out->kv_elem = kv_f16 ? sizeof(uint16_t) : sizeof(float);
+    out->per_pos = 2ull * (uint64_t)d->n_layers * (uint64_t)d->n_kv_heads * (uint64_t)d->head_dim * out->kv_elem +
+                   (uint64_t)threads * PI2_K_MAX_T * sizeof(float) +
+                   (kv_f16 ? (uint64_t)threads * 2 * (uint64_t)d->head_dim * sizeof(float) : 0);
     out->chunk = FFN_CHUNK;
     return 0;
 }

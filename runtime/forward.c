@@ -229,10 +229,24 @@ typedef struct attn_job {
  * a KV row apart, which the prefetchers followed worse (figures:
  * runtime/PERF.md, "A head-major KV cache"). Position pos of KV head kh of
  * layer l in c. */
-static float *kv_at(const pi2_engine *e, float *c, int l, int64_t kh, int pos)
+static void *kv_at(const pi2_engine *e, void *c, int l, int64_t kh, int pos)
 {
     int64_t hd = e->d.head_dim;
-    return c + (((size_t)l * (size_t)e->d.n_kv_heads + (size_t)kh) * (size_t)e->ctx + (size_t)pos) * (size_t)hd;
+    size_t i = (((size_t)l * (size_t)e->d.n_kv_heads + (size_t)kh) * (size_t)e->ctx + (size_t)pos) * (size_t)hd;
+    return e->kv_f16 ? (void *)((uint16_t *)c + i) : (void *)((float *)c + i);
+}
+
+/* One key or value row of hd into the cache at dst: as is, or rounded to
+ * fp16 (to nearest even: the same bits on every CPU). */
+static void kv_row_put(const pi2_engine *e, void *dst, const float *src, int64_t hd)
+{
+    if (!e->kv_f16) {
+        memcpy(dst, src, (size_t)hd * sizeof(float));
+        return;
+    }
+    uint16_t *h = dst;
+    for (int64_t i = 0; i < hd; i++)
+        h[i] = pi2_f32_to_f16(src[i]);
 }
 
 /* The new keys and values of T tokens, [T][kvd] each (rotated keys), into
@@ -243,8 +257,8 @@ static void kv_store(const pi2_engine *e, int l, int pos, int T, const float *kn
     int64_t hd = e->d.head_dim, kvd = (int64_t)e->d.n_kv_heads * hd;
     for (int64_t kh = kh0; kh < kh1; kh++)
         for (int t = 0; t < T; t++) {
-            memcpy(kv_at(e, e->kc, l, kh, pos + t), kn + t * kvd + kh * hd, (size_t)hd * sizeof(float));
-            memcpy(kv_at(e, e->vc, l, kh, pos + t), vn + t * kvd + kh * hd, (size_t)hd * sizeof(float));
+            kv_row_put(e, kv_at(e, e->kc, l, kh, pos + t), kn + t * kvd + kh * hd, hd);
+            kv_row_put(e, kv_at(e, e->vc, l, kh, pos + t), vn + t * kvd + kh * hd, hd);
         }
 }
 
@@ -271,7 +285,7 @@ static int64_t attn_units(const pi2_model_desc *d)
     return (int64_t)d->n_kv_heads * ((group + ATTN_HEADS_UNIT - 1) / ATTN_HEADS_UNIT);
 }
 
-static void attn_unit(const attn_job *j, int64_t u, float *S)
+static void attn_unit(const attn_job *j, int64_t u, float *S, float *rows)
 {
     pi2_engine *e = j->e;
     const pi2_model_desc *d = &e->d;
@@ -280,6 +294,13 @@ static void attn_unit(const attn_job *j, int64_t u, float *S)
     int G = (int)((kh + 1) * group - h0 < ATTN_HEADS_UNIT ? (kh + 1) * group - h0 : ATTN_HEADS_UNIT);
     int64_t qd = (int64_t)d->n_heads * hd;
     const float *K = kv_at(e, e->kc, j->l, kh, 0), *V = kv_at(e, e->vc, j->l, kh, 0);
+    if (e->kv_f16) { /* the unit's visible keys and values as f32, once for its tokens: then the f32 path */
+        int64_t n = (int64_t)(j->pos + j->T) * hd;
+        pi2_k_f16_to_f32(kv_at(e, e->kc, j->l, kh, 0), n, rows);
+        pi2_k_f16_to_f32(kv_at(e, e->vc, j->l, kh, 0), n, rows + (size_t)e->ctx * (size_t)hd);
+        K = rows;
+        V = rows + (size_t)e->ctx * (size_t)hd;
+    }
     float scale = 1.0f / sqrtf((float)hd);
     for (int t = 0; t < j->T; t++) {
         int vis = j->pos + t + 1;
@@ -301,7 +322,7 @@ static void attn_fn(void *ctx, int tid, int nt)
     const attn_job *j = ctx;
     float *S = j->e->tls[tid].scores; /* a unit's heads' scores, [G][vis] */
     for (int64_t u; (u = eng_share_next(j->e, tid, nt)) >= 0;)
-        attn_unit(j, u, S);
+        attn_unit(j, u, S, j->e->tls[tid].kvrows);
 }
 
 /* ---- one token's q, k, v, rotary and attention in one job ---- */
@@ -373,7 +394,7 @@ static void qkva_fn(void *ctx, int tid, int nt)
     for (int64_t u; (u = atomic_fetch_add_explicit(&j->next2, 1, memory_order_relaxed)) < j->units2;) {
         for (long i = 0; !atomic_load_explicit(&j->ready[u / per_kv], memory_order_acquire);)
             pi2_pool_spin(&i);
-        attn_unit(&j->aj, u, S);
+        attn_unit(&j->aj, u, S, e->tls[tid].kvrows);
     }
 }
 
@@ -646,7 +667,7 @@ int eng_forward(pi2_engine *e, const int32_t *tokens, int T, int pos, bool decod
         if (decode) {
             bytes += (uint64_t)L->q.rows * L->q.row_bytes + (uint64_t)L->k.rows * L->k.row_bytes +
                      (uint64_t)L->v.rows * L->v.row_bytes + (uint64_t)L->o.rows * L->o.row_bytes;
-            e->st.kv_bytes += 2ull * (uint64_t)(pos + 1) * (uint64_t)kvd * 4;
+            e->st.kv_bytes += 2ull * (uint64_t)(pos + 1) * (uint64_t)kvd * (e->kv_f16 ? 2u : 4u);
             if (pi2_desc_is_moe(d))
                 bytes += (uint64_t)d->n_experts * (uint64_t)D * 4;
         }

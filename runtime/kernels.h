@@ -277,6 +277,11 @@ void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const
 void pi2_k_sgemv(const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out);
 void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out);
 
+/* dst[0..n) = the fp16 values src[0..n) as f32: exact on every path
+ * (the fp16 KV cache's rows before the attention kernels above read them,
+ * so its sums are theirs, in their order, on every CPU). */
+void pi2_k_f16_to_f32(const uint16_t *src, int64_t n, float *dst);
+void pi2_k_f16_to_f32_isa(pi2_isa isa, const uint16_t *src, int64_t n, float *dst);
 /* x[0..n) = softmax(x) in place (n >= 1): exp(x - max) / sum. Every path
  * computes exp with the same degree-6 polynomial (relative error below
  * 2e-7; no libm) and gives the same bits (Numerics above). */

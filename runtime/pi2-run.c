@@ -75,6 +75,8 @@ static void usage(FILE *f)
             "  --no-plan          offload: the fixed split (--hot-share, --io-depth), not the planner's\n"
             "  --min-speed X      offload: refuse a --mem-limit whose best plan decodes below X tok/s\n"
             "  -c, --ctx N        KV cache positions (default: prompt + -n)\n"
+            "  --kv-type T        KV cache element type: f32 (default) or f16 (half the memory and\n"
+            "                     the bytes attention reads; keys and values rounded to fp16)\n"
             "  --isa NAME         force the kernels: scalar, avx2, avx512vnni (x86-64), neon, dotprod,\n"
             "                     i8mm (arm64) (default: best; --version lists this build's)\n"
             "  --stats            print speed, latency percentiles, sparsity and memory to stderr\n"
@@ -191,7 +193,7 @@ enum {
     O_REF = 256, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_STATS, O_IDS, O_DENSE, O_PUBKEY, O_TRUST, O_NOVERIFY,
     O_CTX, O_ISA, O_BENCH, O_BPP, O_BTG, O_PPL, O_PPLN, O_PROBE, O_MEM, O_HOT, O_IO, O_IODEPTH, O_MLOCK,
     O_IOPROBE, O_PLAN, O_GATEFIRST, O_PROFHW, O_DEVPATH, O_HWPROF, O_PROFSEC, O_PLANFILE, O_NOPLAN, O_MINSPEED,
-    O_NORA, O_FORCE, O_VERSION, O_STREAMATTN
+    O_NORA, O_FORCE, O_VERSION, O_STREAMATTN, O_KVTYPE
 };
 
 /* chat and serve */
@@ -233,7 +235,7 @@ static const struct option opts[] = {
     {"io", required_argument, 0, O_IO},           {"io-depth", required_argument, 0, O_IODEPTH},
     {"no-mlock", no_argument, 0, O_MLOCK},        {"gate-first", no_argument, 0, O_GATEFIRST},
     {"io-probe", required_argument, 0, O_IOPROBE}, {"no-read-ahead", no_argument, 0, O_NORA},
-    {"stream-attn", required_argument, 0, O_STREAMATTN},
+    {"stream-attn", required_argument, 0, O_STREAMATTN}, {"kv-type", required_argument, 0, O_KVTYPE},
     {"profile-hw", no_argument, 0, O_PROFHW},     {"device-path", required_argument, 0, O_DEVPATH},
     {"hw-profile", required_argument, 0, O_HWPROF}, {"profile-seconds", required_argument, 0, O_PROFSEC},
     {"plan", required_argument, 0, O_PLANFILE},   {"no-plan", no_argument, 0, O_NOPLAN},
@@ -344,6 +346,11 @@ static int take_flag(int c, run_opts *o, pi2_err *err)
     case O_GATEFIRST: o->gate_first = true; break;
     case O_NORA: o->no_read_ahead = true; break;
     case O_STREAMATTN: return take_stream_attn(optarg, &o->stream_attn, err);
+    case O_KVTYPE:
+        if (strcmp(optarg, "f16") != 0 && strcmp(optarg, "f32") != 0)
+            return pi2_err_set(err, PI2_EINVAL, "--kv-type: '%s' is not f16 or f32", optarg);
+        o->kv_f16 = strcmp(optarg, "f16") == 0;
+        break;
     case O_IOPROBE: o->io_probe = optarg; break;
     case O_PLAN: o->plan_only = true; break;
     case O_PROFHW: o->profile_hw = true; break;

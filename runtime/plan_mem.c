@@ -238,6 +238,8 @@ static int profile(pi2_mprof *mp, const pi2_plan_mem_in *in, pi2_err *err)
     if (rc)
         return rc;
     mp->ctx = o->plan_prompt > 0 ? o->plan_prompt + 32 : 160;
+    if (in->bufs.kv_elem) /* the KV bytes attention reads a position, at the cache's type */
+        mp->kv_per_pos = mp->kv_per_pos / sizeof(float) * in->bufs.kv_elem;
     if (o->cal)
         mp->cal = *o->cal;
     mp->cores = in->cores;

@@ -95,6 +95,7 @@ typedef struct eng_tls {
     uint64_t predicted, active, bytes;
     double wait;     /* offloading: seconds idle waiting for reads */
     float *scores;   /* attention scores [PI2_K_MAX_T][ctx] */
+    float *kvrows;   /* fp16 KV cache: a unit's keys then values as f32, [2][ctx][head_dim] */
 } eng_tls;
 
 struct pi2_engine {
@@ -125,7 +126,8 @@ struct pi2_engine {
 
     /* state */
     int n_pos;
-    float *kc, *vc; /* [layers][ctx][kv*hd] */
+    void *kc, *vc;  /* [layers][kv heads][ctx][hd], f32 or (kv_f16) fp16 */
+    bool kv_f16;
     /* activations, [PI2_K_MAX_T][...] */
     float *x, *xb, *xb2, *q, *att;
     float *aqs;   /* activation scales [T][max_in/32] */

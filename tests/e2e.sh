@@ -38,6 +38,7 @@ for tool in pi2-convert pi2-bundle pi2-run; do
     if [ "$rc" -ne 0 ] && [ "$rc" -lt 128 ]; then ok; else bad "$tool without arguments: exit $rc"; fi
 done
 expect_error "convert no output" "-o OUT is required" "$B/pi2-convert" "$T/nope"
+expect_error "run bad --kv-type" "kv-type: 'f8' is not f16 or f32" "$B/pi2-run" "$T/nope.pi2" --kv-type f8
 expect_error "convert missing dir" "$T/nope" "$B/pi2-convert" "$T/nope" -o "$T/out.pi2c"
 expect_error "convert bad quant" "--quant 'q3'" "$B/pi2-convert" "$T/nope" --quant q3 -o "$T/out.pi2c"
 expect_error "convert bad recall" "--recall" "$B/pi2-convert" "$T/nope" --recall 2 -o "$T/out.pi2c"

@@ -1353,6 +1353,46 @@ static void test_softmax(void **state)
             softmax_suite((pi2_isa)i);
 }
 
+/* ---- fp16 rows to f32 (the fp16 KV cache) ---- */
+
+/* Every one of the 65536 fp16 values, at every length's tail and offset:
+ * each ISA's conversion gives the scalar one's bits (NaNs: a NaN; a
+ * conversion may quiet them), and writes nothing past n. */
+static void test_f16_to_f32(void **state)
+{
+    (void)state;
+    enum { N = 65536 };
+    uint16_t *h = xmalloc(N + 64, sizeof(uint16_t));
+    float *ref = xmalloc(N, sizeof(float)), *out = xmalloc(N + 1, sizeof(float));
+    for (uint32_t i = 0; i < N; i++) {
+        h[i] = (uint16_t)i;
+        ref[i] = pi2_f16_to_f32((uint16_t)i);
+    }
+    CHECK(ref[0x3c00] == 1.0f && ref[0x0001] == 0x1p-24f && ref[0xfbff] == -65504.0f && isinf(ref[0x7c00]),
+          "scalar fp16 reference wrong");
+    for (int i = 0; i < PI2_ISA_COUNT; i++) {
+        pi2_isa isa = (pi2_isa)i;
+        if (!isa_or_skip(isa, "f16_to_f32"))
+            continue;
+        static const int64_t big[] = {100, 1031, 4096, N - 7, N};
+        for (int c = 0; c < 41 + (int)(sizeof big / sizeof big[0]); c++) {
+            int64_t n = c <= 40 ? c : big[c - 41], off = n + n % 7 <= N ? n % 7 : 0; /* unaligned starts too */
+            out[n] = 4321.0f;
+            pi2_k_f16_to_f32_isa(isa, h + off, n, out);
+            for (int64_t j = 0; j < n; j++) {
+                float r = ref[off + j];
+                CHECK(isnan(r) ? isnan(out[j]) : memcmp(&out[j], &r, sizeof r) == 0,
+                      "%s f16_to_f32 n=%lld: fp16 %#06x gave %a, scalar %a", pi2_k_isa_name(isa), (long long)n,
+                      (unsigned)h[off + j], (double)out[j], (double)r);
+            }
+            CHECK(out[n] == 4321.0f, "%s f16_to_f32 n=%lld wrote past the end", pi2_k_isa_name(isa), (long long)n);
+        }
+    }
+    free(h);
+    free(ref);
+    free(out);
+}
+
 /* ---- sgemv_t (rows weighted and added) against double ---- */
 
 static void sgemv_t_suite(pi2_isa isa)
@@ -1574,6 +1614,7 @@ int main(void)
         cmocka_unit_test(test_sgemv_t),
         cmocka_unit_test(test_sgemv_t_group),
         cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_f16_to_f32),
         cmocka_unit_test(test_f32_twins_bitwise),
         cmocka_unit_test(test_probes),
         cmocka_unit_test(test_probe_combine),

@@ -138,11 +138,13 @@ static pi2_engine_opts base_opts(const char *path, uint64_t limit)
 /* Open path with mem_limit (0: all in memory); NULL with *rc and err on
  * failure. */
 static bool g_gate_first; /* open with gate_first */
+static bool g_kv_f16;     /* open with an fp16 KV cache */
 
 static pi2_engine *try_open(const char *path, uint64_t limit, double hot_share, bool dense, int *rc, pi2_err *err)
 {
     pi2_engine_opts o = base_opts(path, limit);
     o.offload.gate_first = g_gate_first;
+    o.kv_f16 = g_kv_f16;
     o.dense = dense;
     o.offload.hot_share = hot_share;
     pi2_engine *eng = NULL;
@@ -375,6 +377,54 @@ static void test_same_tokens_dense(void **state)
     (void)state;
     same_tokens(K_DRELU, true);
     same_tokens(K_SILU, true);
+}
+
+/* An fp16 KV cache: in memory and at the tiny limit the same bits (its
+ * rows are rounded once, when stored, and read back exactly: every ISA's
+ * conversion is checked in test_kernels); against the f32 cache close, not
+ * equal (it is in use); its minimum limit lower by the KV bytes it saves. */
+static void test_kv_f16(void **state)
+{
+    (void)state;
+    const char *path = g_pi2[K_DRELU];
+    uint64_t min32 = minimum_of(path);
+    pi2_engine *mem = open_at(path, 0, 0.5, false);
+    int V = pi2_engine_desc(mem)->vocab;
+    size_t n = (size_t)(STEPS + 1) * (size_t)V;
+    float *lm = malloc(n * sizeof(float)), *lt = malloc(n * sizeof(float)), *l32 = malloc(n * sizeof(float));
+    int32_t im[STEPS + 1], it[STEPS + 1], i32[STEPS + 1];
+    pi2_err e = {0};
+    assert_int_equal(run_greedy(mem, l32, i32, &e), 0);
+    pi2_engine_close(mem);
+    g_kv_f16 = true;
+    uint64_t min16 = minimum_of(path);
+    mem = open_at(path, 0, 0.5, false);
+    assert_int_equal(run_greedy(mem, lm, im, &e), 0);
+    pi2_engine_close(mem);
+    pi2_engine *tiny = open_at(path, min16 + 4096, 0.0, false);
+    assert_int_equal(run_greedy(tiny, lt, it, &e), 0);
+    pi2_engine_close(tiny);
+    g_kv_f16 = false;
+    assert_memory_equal(lm, lt, n * sizeof(float));
+    assert_memory_equal(im, it, sizeof im);
+    double rel = rel_diff(lm, l32, n);
+    int agree = 0;
+    while (agree <= STEPS && im[agree] == i32[agree])
+        agree++;
+    fprintf(stderr, "  fp16 KV: minimum %.3f MB, %llu bytes below f32's; vs f32 rel %.1e, %d/%d ids\n", min16 / 1e6,
+            (unsigned long long)(min32 - min16), rel, agree, STEPS + 1);
+    assert_true(min16 < min32);
+    assert_true(rel > 0 && rel < 1e-2);
+    assert_true(agree >= 8);
+    free(lm);
+    free(lt);
+    free(l32);
+}
+
+static int clear_kv_f16(void **state)
+{
+    g_kv_f16 = false;
+    return clear_faults(state);
 }
 
 /* Prefill windows whose tiles do not end on a slot: an FFN of 12288
@@ -1120,6 +1170,7 @@ static void test_golden_tinystories_drelu(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_kv_f16, clear_kv_f16),
         cmocka_unit_test_teardown(test_same_tokens, clear_faults),
         cmocka_unit_test_teardown(test_same_tokens_dense, clear_faults),
         cmocka_unit_test_teardown(test_windows_astride, clear_faults),

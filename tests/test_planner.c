@@ -679,7 +679,7 @@ static int plan_of_extra(const pi2_engine_opts *o, uint64_t extra, pi2_plan_memo
                           .threads = MEM_THREADS, .cores = (int)sysconf(_SC_NPROCESSORS_ONLN),
                           .files = pi2_plan_container_touched(c), .opts = &o->offload};
     in.resident += extra;
-    if ((rc = pi2_engine_buffer_sizes(mf, bl, MEM_THREADS, &in.bufs, e)) == 0)
+    if ((rc = pi2_engine_buffer_sizes(mf, bl, MEM_THREADS, false, &in.bufs, e)) == 0)
         rc = pi2_plan_memory_make(&in, m, e);
     pi2_bundle_close(b);
     return rc;

@@ -47,6 +47,7 @@ typedef struct run_opts {
     double hot_share;
     int io_backend, io_depth;
     int stream_attn; /* --stream-attn: the engine's offload.attn_stream */
+    bool kv_f16;     /* --kv-type f16 */
     long long bench_pp, bench_tg, ppl_tokens;
     pi2_sample_opts so;
     /* chat and serve (run_chat.c, run_serve.c) */

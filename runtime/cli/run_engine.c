@@ -168,6 +168,7 @@ int run_opts_engine(const run_opts *o, int ctx, run_engine_opts *r, pi2_err *err
     eo->threads = o->threads;
     eo->ctx = ctx;
     eo->dense = o->dense;
+    eo->kv_f16 = o->kv_f16;
     eo->offload.mem_limit = o->mem_limit;
     eo->offload.hot_share = o->hot_share;
     eo->offload.io_backend = o->io_backend;

@@ -66,7 +66,7 @@ static int mem_in(const run_opts *o, const pi2_engine_opts *eo, pi2_bundle *b, p
                             .resident = pi2_plan_resident(mf, bl, (uint64_t)sysconf(_SC_PAGESIZE)), .ctx = *ctx,
                             .threads = *threads, .cores = (int)sysconf(_SC_NPROCESSORS_ONLN),
                             .files = pi2_plan_container_touched(c), .opts = &eo->offload};
-    return pi2_engine_buffer_sizes(mf, bl, *threads, &in->bufs, err);
+    return pi2_engine_buffer_sizes(mf, bl, *threads, eo->kv_f16, &in->bufs, err);
 }
 
 /* The memory plan for the run's options into *m: the limit checked

@@ -686,3 +686,54 @@ void pi2_k_sgemv_t(const float *W, int64_t ldw, int64_t n, int nrows, const floa
 {
     pi2_k_sgemv_t_isa(pi2_k_get_isa(), W, ldw, n, nrows, c, out);
 }
+
+/* ---- fp16 rows (an fp16 KV cache) ---- */
+
+#ifdef PI2_K_X86
+PI2_T_AVX2 static void f16_to_f32_avx2(const uint16_t *src, int64_t n, float *dst)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++)
+        dst[i] = pi2_f16_to_f32(src[i]);
+}
+
+PI2_T_AVX512 static void f16_to_f32_avx512(const uint16_t *src, int64_t n, float *dst)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+    for (; i < n; i++)
+        dst[i] = pi2_f16_to_f32(src[i]);
+}
+#endif
+
+void pi2_k_f16_to_f32_isa(pi2_isa isa, const uint16_t *src, int64_t n, float *dst)
+{
+#ifdef PI2_K_X86
+    switch (pi2_ki_isa_pick(isa)) {
+    case PI2_ISA_AVX512:
+        f16_to_f32_avx512(src, n, dst);
+        return;
+    case PI2_ISA_AVX2:
+        f16_to_f32_avx2(src, n, dst);
+        return;
+    default:
+        break;
+    }
+#elif defined(__aarch64__)
+    if (isa != PI2_ISA_SCALAR) { /* fcvtl: the same exact conversion, vectorised by the compiler */
+        const __fp16 *h = (const __fp16 *)(const void *)src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = (float)h[i];
+        return;
+    }
+#else
+    (void)isa;
+#endif
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = pi2_f16_to_f32(src[i]);
+}
+
+void pi2_k_f16_to_f32(const uint16_t *src, int64_t n, float *dst) { pi2_k_f16_to_f32_isa(pi2_k_get_isa(), src, n, dst); }

@@ -299,6 +299,13 @@ void pi2_k_sgemv_t_group(const float *W, int64_t ldw, int64_t n, int nrows, cons
                          float *out, int64_t ldo);
 void pi2_k_sgemv_t_group_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c,
                              int64_t ldc, int G, float *out, int64_t ldo);
+/* The same added to out, each column's chain continued in row order: a
+ * call over rows [0, a) then this over [a, b) give the bits of one call
+ * over [0, b) (the fp16 KV cache's values, converted a block at a time). */
+void pi2_k_sgemv_t_group_acc(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, int64_t ldc, int G,
+                             float *out, int64_t ldo);
+void pi2_k_sgemv_t_group_acc_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c,
+                                 int64_t ldc, int G, float *out, int64_t ldo);
 
 /* ---- probes (benchmarks and the planner's hardware profile) ---- */
 

@@ -84,6 +84,10 @@ typedef struct eng_layer {
 } eng_layer;
 
 /* Per-thread scratch. */
+/* fp16 KV cache rows converted to f32 at a time, per thread: 32 rows of a
+ * 128-float head are 16 KiB, in L1 while the unit's heads read them. */
+enum { ENG_KV_BLOCK = 32 };
+
 typedef struct eng_tls {
     float *part;     /* partial FFN output [PI2_K_MAX_T][ENG_PART_LD(hidden)] */
     float *g, *u;    /* [2 n_ff] (dense decode: gate and up side by side), [n_ff] gate / up results (decode) */
@@ -95,7 +99,7 @@ typedef struct eng_tls {
     uint64_t predicted, active, bytes;
     double wait;     /* offloading: seconds idle waiting for reads */
     float *scores;   /* attention scores [PI2_K_MAX_T][ctx] */
-    float *kvrows;   /* fp16 KV cache: a unit's keys then values as f32, [2][ctx][head_dim] */
+    float *kvrows;   /* fp16 KV cache: a block of keys or values as f32, [ENG_KV_BLOCK][head_dim] */
 } eng_tls;
 
 struct pi2_engine {

@@ -1468,6 +1468,33 @@ static void test_sgemv_t_group(void **state)
             CHECK(memcmp(got, ref, (size_t)(G * ldo) * sizeof(float)) == 0,
                   "%s sgemv_t_group n=%lld rows %d G=%d: differs from one call per vector",
                   pi2_k_isa_name((pi2_isa)i), (long long)n, nrows, G);
+            /* the rows in blocks, each block's sums added on (the fp16 KV cache's values): the same bits */
+            for (int64_t k = 0; k < G * ldo; k++)
+                got[k] = 777.0f;
+            int blk = 1 + it % 40;
+            for (int b0 = 0; b0 < nrows || (nrows == 0 && b0 == 0); b0 += blk) {
+                int nb = nrows - b0 < blk ? nrows - b0 : blk;
+                (b0 == 0 ? pi2_k_sgemv_t_group_isa : pi2_k_sgemv_t_group_acc_isa)(
+                    (pi2_isa)i, W + (int64_t)b0 * ldw, ldw, n, nb, c + b0, ldc, G, got, ldo);
+            }
+            CHECK(memcmp(got, ref, (size_t)(G * ldo) * sizeof(float)) == 0,
+                  "%s sgemv_t_group_acc n=%lld rows %d G=%d in blocks of %d: differs from one call",
+                  pi2_k_isa_name((pi2_isa)i), (long long)n, nrows, G, blk);
+            /* and sgemv's rows, each its own sum: a block at a time the same bits as all at once */
+            float *x = xmalloc((size_t)n, sizeof(float)), *s1 = xmalloc((size_t)nrows + 1, sizeof(float)),
+                  *s2 = xmalloc((size_t)nrows + 1, sizeof(float));
+            for (int64_t k = 0; k < n; k++)
+                x[k] = (float)pi2_rng_normal(&r);
+            pi2_k_sgemv_isa((pi2_isa)i, W, ldw, n, nrows, x, s1);
+            for (int b0 = 0; b0 < nrows; b0 += blk)
+                pi2_k_sgemv_isa((pi2_isa)i, W + (int64_t)b0 * ldw, ldw, n, nrows - b0 < blk ? nrows - b0 : blk, x,
+                                s2 + b0);
+            CHECK(nrows == 0 || memcmp(s1, s2, (size_t)nrows * sizeof(float)) == 0,
+                  "%s sgemv n=%lld rows %d in blocks of %d: differs from one call", pi2_k_isa_name((pi2_isa)i),
+                  (long long)n, nrows, blk);
+            free(x);
+            free(s1);
+            free(s2);
             free(W);
             free(c);
             free(got);

@@ -382,26 +382,28 @@ static void test_same_tokens_dense(void **state)
 /* An fp16 KV cache: in memory and at the tiny limit the same bits (its
  * rows are rounded once, when stored, and read back exactly: every ISA's
  * conversion is checked in test_kernels); against the f32 cache close, not
- * equal (it is in use); its minimum limit lower by the KV bytes it saves. */
+ * equal (it is in use); the plan counts the cache at 2 bytes an element and
+ * each thread's block of rows as f32. */
 static void test_kv_f16(void **state)
 {
     (void)state;
     const char *path = g_pi2[K_DRELU];
-    uint64_t min32 = minimum_of(path);
-    pi2_engine *mem = open_at(path, 0, 0.5, false);
-    int V = pi2_engine_desc(mem)->vocab;
+    pi2_engine *mem = open_at(path, 1ull << 40, 0.5, false);
+    pi2_engine_offload_info i32, i16;
+    pi2_engine_offload_info_get(mem, &i32);
+    int V = pi2_engine_desc(mem)->vocab, hd = pi2_engine_desc(mem)->head_dim;
     size_t n = (size_t)(STEPS + 1) * (size_t)V;
     float *lm = malloc(n * sizeof(float)), *lt = malloc(n * sizeof(float)), *l32 = malloc(n * sizeof(float));
-    int32_t im[STEPS + 1], it[STEPS + 1], i32[STEPS + 1];
+    int32_t im[STEPS + 1], it[STEPS + 1], ids32[STEPS + 1];
     pi2_err e = {0};
-    assert_int_equal(run_greedy(mem, l32, i32, &e), 0);
+    assert_int_equal(run_greedy(mem, l32, ids32, &e), 0);
     pi2_engine_close(mem);
     g_kv_f16 = true;
-    uint64_t min16 = minimum_of(path);
-    mem = open_at(path, 0, 0.5, false);
+    mem = open_at(path, 1ull << 40, 0.5, false);
+    pi2_engine_offload_info_get(mem, &i16);
     assert_int_equal(run_greedy(mem, lm, im, &e), 0);
     pi2_engine_close(mem);
-    pi2_engine *tiny = open_at(path, min16 + 4096, 0.0, false);
+    pi2_engine *tiny = open_at(path, i16.minimum + 4096, 0.0, false);
     assert_int_equal(run_greedy(tiny, lt, it, &e), 0);
     pi2_engine_close(tiny);
     g_kv_f16 = false;
@@ -409,11 +411,15 @@ static void test_kv_f16(void **state)
     assert_memory_equal(im, it, sizeof im);
     double rel = rel_diff(lm, l32, n);
     int agree = 0;
-    while (agree <= STEPS && im[agree] == i32[agree])
+    while (agree <= STEPS && im[agree] == ids32[agree])
         agree++;
-    fprintf(stderr, "  fp16 KV: minimum %.3f MB, %llu bytes below f32's; vs f32 rel %.1e, %d/%d ids\n", min16 / 1e6,
-            (unsigned long long)(min32 - min16), rel, agree, STEPS + 1);
-    assert_true(min16 < min32);
+    fprintf(stderr, "  fp16 KV: plan's KV %llu bytes (f32 %llu), buffers +%lld; vs f32 rel %.1e, %d/%d ids\n",
+            (unsigned long long)i16.kv, (unsigned long long)i32.kv, (long long)(i16.buffers - i32.buffers), rel,
+            agree, STEPS + 1);
+    /* the cache at 2 bytes an element, plus each thread's block of rows as f32 */
+    uint64_t scores = i32.kv - 2 * (i32.kv - i16.kv);
+    assert_true(i16.kv < i32.kv && scores < i16.kv);
+    assert_int_equal(i16.buffers - i32.buffers, 2 * (uint64_t)32 * (uint64_t)hd * sizeof(float));
     assert_true(rel > 0 && rel < 1e-2);
     assert_true(agree >= 8);
     free(lm);

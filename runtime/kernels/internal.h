@@ -169,8 +169,9 @@ bool pi2_ki_matmul_sb_neon(pi2_isa isa, int64_t n, int nrows, const uint8_t *con
                            const float *ascales, const int8_t *aq, int T, float *out, int64_t ldo);
 bool pi2_ki_act_quantize_sb_neon(pi2_isa isa, const float *x, int64_t ldx, int T, int64_t n, float *scales,
                                  int8_t *q, int32_t *sums);
-/* pi2_k_sgemv (transposed: pi2_k_sgemv_t; x is then the coefficients) */
-bool pi2_ki_sgemv_neon(pi2_isa isa, bool transposed, const float *W, int64_t ldw, int64_t n, int nrows,
+/* pi2_k_sgemv (transposed: pi2_k_sgemv_t; x is then the coefficients, and
+ * acc adds to out, continuing its chains) */
+bool pi2_ki_sgemv_neon(pi2_isa isa, bool transposed, bool acc, const float *W, int64_t ldw, int64_t n, int nrows,
                        const float *x, float *out);
 bool pi2_ki_act_quantize_neon(pi2_isa isa, const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
                               int32_t *sums);

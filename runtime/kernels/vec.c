@@ -94,9 +94,9 @@ static void softmax_scalar(float *x, int64_t n)
         x[i] *= inv;
 }
 
-static void sgemv_t_scalar(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+static void sgemv_t_scalar(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out, bool acc)
 {
-    for (int64_t j = 0; j < n; j++)
+    for (int64_t j = 0; j < n && !acc; j++)
         out[j] = 0.0f;
     for (int r = 0; r < nrows; r++) {
         const float *w = W + (int64_t)r * ldw;
@@ -433,11 +433,18 @@ PI2_T_AVX512 static void softmax_avx512(float *x, int64_t n)
 
 /* ---- sgemv_t: columns of up to 64 floats, rows in order ---- */
 
-PI2_T_AVX2 static void sgemv_t_avx2(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+PI2_T_AVX2 static void sgemv_t_avx2(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out,
+                                    bool acc)
 {
     int64_t j = 0;
     for (; j + 32 <= n; j += 32) {
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        if (acc) {
+            a0 = _mm256_loadu_ps(out + j);
+            a1 = _mm256_loadu_ps(out + j + 8);
+            a2 = _mm256_loadu_ps(out + j + 16);
+            a3 = _mm256_loadu_ps(out + j + 24);
+        }
         for (int r = 0; r < nrows; r++) {
             const float *w = W + (int64_t)r * ldw + j;
             __m256 cr = _mm256_set1_ps(c[r]);
@@ -452,24 +459,31 @@ PI2_T_AVX2 static void sgemv_t_avx2(const float *W, int64_t ldw, int64_t n, int 
         _mm256_storeu_ps(out + j + 24, a3);
     }
     for (; j + 8 <= n; j += 8) {
-        __m256 a = _mm256_setzero_ps();
+        __m256 a = acc ? _mm256_loadu_ps(out + j) : _mm256_setzero_ps();
         for (int r = 0; r < nrows; r++)
             a = _mm256_fmadd_ps(_mm256_set1_ps(c[r]), _mm256_loadu_ps(W + (int64_t)r * ldw + j), a);
         _mm256_storeu_ps(out + j, a);
     }
     for (; j < n; j++) {
-        float a = 0.0f;
+        float a = acc ? out[j] : 0.0f;
         for (int r = 0; r < nrows; r++)
             a = fmaf(c[r], W[(int64_t)r * ldw + j], a);
         out[j] = a;
     }
 }
 
-PI2_T_AVX512 static void sgemv_t_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+PI2_T_AVX512 static void sgemv_t_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out,
+                                        bool acc)
 {
     int64_t j = 0;
     for (; j + 64 <= n; j += 64) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        if (acc) {
+            a0 = _mm512_loadu_ps(out + j);
+            a1 = _mm512_loadu_ps(out + j + 16);
+            a2 = _mm512_loadu_ps(out + j + 32);
+            a3 = _mm512_loadu_ps(out + j + 48);
+        }
         for (int r = 0; r < nrows; r++) {
             const float *w = W + (int64_t)r * ldw + j;
             __m512 cr = _mm512_set1_ps(c[r]);
@@ -485,7 +499,7 @@ PI2_T_AVX512 static void sgemv_t_avx512(const float *W, int64_t ldw, int64_t n, 
     }
     for (; j < n; j += 16) { /* masked: lanes past n are neither read nor written */
         __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
-        __m512 a = _mm512_setzero_ps();
+        __m512 a = acc ? _mm512_maskz_loadu_ps(m, out + j) : _mm512_setzero_ps();
         for (int r = 0; r < nrows; r++)
             a = _mm512_fmadd_ps(_mm512_set1_ps(c[r]), _mm512_maskz_loadu_ps(m, W + (int64_t)r * ldw + j), a);
         _mm512_mask_storeu_ps(out + j, m, a);
@@ -498,14 +512,14 @@ PI2_T_AVX512 static void sgemv_t_avx512(const float *W, int64_t ldw, int64_t n, 
  * 4 x 4 independent chains also keep the FMA units busy, where one
  * vector's 4 wait on each other's latency. */
 PI2_T_AVX512 static void sgemv_t4_avx512(const float *W, int64_t ldw, int64_t n, int nrows, const float *c,
-                                         int64_t ldc, int G, float *out, int64_t ldo)
+                                         int64_t ldc, int G, float *out, int64_t ldo, bool acc)
 {
     int64_t j = 0;
     for (; j + 64 <= n; j += 64) {
         __m512 a[4][4];
         for (int g = 0; g < 4; g++)
             for (int q = 0; q < 4; q++)
-                a[g][q] = _mm512_setzero_ps();
+                a[g][q] = acc && g < G ? _mm512_loadu_ps(out + g * ldo + j + 16 * q) : _mm512_setzero_ps();
         for (int r = 0; r < nrows; r++) {
             const float *w = W + (int64_t)r * ldw + j;
             __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
@@ -528,6 +542,8 @@ PI2_T_AVX512 static void sgemv_t4_avx512(const float *W, int64_t ldw, int64_t n,
     for (; j < n; j += 16) { /* masked: lanes past n are neither read nor written */
         __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
         __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int g = 0; g < G && acc; g++)
+            a[g] = _mm512_maskz_loadu_ps(m, out + g * ldo + j);
         for (int r = 0; r < nrows; r++) {
             __m512 w = _mm512_maskz_loadu_ps(m, W + (int64_t)r * ldw + j);
             for (int g = 0; g < G; g++)
@@ -591,7 +607,7 @@ void pi2_k_dequant_rows(pi2_qtype wt, int64_t n, int nrows, const uint8_t *const
 void pi2_k_sgemv_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *x, float *out)
 {
 #ifdef PI2_K_ARM64
-    if (pi2_ki_sgemv_neon(isa, false, W, ldw, n, nrows, x, out))
+    if (pi2_ki_sgemv_neon(isa, false, false, W, ldw, n, nrows, x, out))
         return;
 #endif
 #ifdef PI2_K_X86
@@ -639,19 +655,21 @@ void pi2_k_softmax_isa(pi2_isa isa, float *x, int64_t n)
 
 void pi2_k_softmax(float *x, int64_t n) { pi2_k_softmax_isa(pi2_k_get_isa(), x, n); }
 
-void pi2_k_sgemv_t_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+/* sgemv_t on isa, into out or (acc) added to it, continuing its chains. */
+static void sgemv_t_on(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out,
+                       bool acc)
 {
 #ifdef PI2_K_ARM64
-    if (pi2_ki_sgemv_neon(isa, true, W, ldw, n, nrows, c, out))
+    if (pi2_ki_sgemv_neon(isa, true, acc, W, ldw, n, nrows, c, out))
         return;
 #endif
 #ifdef PI2_K_X86
     switch (pi2_ki_isa_pick(isa)) {
     case PI2_ISA_AVX512:
-        sgemv_t_avx512(W, ldw, n, nrows, c, out);
+        sgemv_t_avx512(W, ldw, n, nrows, c, out, acc);
         return;
     case PI2_ISA_AVX2:
-        sgemv_t_avx2(W, ldw, n, nrows, c, out);
+        sgemv_t_avx2(W, ldw, n, nrows, c, out, acc);
         return;
     default:
         break;
@@ -659,27 +677,50 @@ void pi2_k_sgemv_t_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int 
 #elif !defined(PI2_K_ARM64)
     (void)isa;
 #endif
-    sgemv_t_scalar(W, ldw, n, nrows, c, out);
+    sgemv_t_scalar(W, ldw, n, nrows, c, out, acc);
+}
+
+void pi2_k_sgemv_t_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+{
+    sgemv_t_on(isa, W, ldw, n, nrows, c, out, false);
+}
+
+static void sgemv_t_group_on(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c,
+                             int64_t ldc, int G, float *out, int64_t ldo, bool acc)
+{
+#ifdef PI2_K_X86
+    if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
+        for (int g0 = 0; g0 < G; g0 += 4)
+            sgemv_t4_avx512(W, ldw, n, nrows, c + g0 * ldc, ldc, G - g0 < 4 ? G - g0 : 4, out + g0 * ldo, ldo, acc);
+        return;
+    }
+#endif
+    for (int g = 0; g < G; g++)
+        sgemv_t_on(isa, W, ldw, n, nrows, c + g * ldc, out + g * ldo, acc);
 }
 
 void pi2_k_sgemv_t_group_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c,
                              int64_t ldc, int G, float *out, int64_t ldo)
 {
-#ifdef PI2_K_X86
-    if (pi2_ki_isa_pick(isa) == PI2_ISA_AVX512) {
-        for (int g0 = 0; g0 < G; g0 += 4)
-            sgemv_t4_avx512(W, ldw, n, nrows, c + g0 * ldc, ldc, G - g0 < 4 ? G - g0 : 4, out + g0 * ldo, ldo);
-        return;
-    }
-#endif
-    for (int g = 0; g < G; g++)
-        pi2_k_sgemv_t_isa(isa, W, ldw, n, nrows, c + g * ldc, out + g * ldo);
+    sgemv_t_group_on(isa, W, ldw, n, nrows, c, ldc, G, out, ldo, false);
 }
 
 void pi2_k_sgemv_t_group(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, int64_t ldc, int G,
                          float *out, int64_t ldo)
 {
     pi2_k_sgemv_t_group_isa(pi2_k_get_isa(), W, ldw, n, nrows, c, ldc, G, out, ldo);
+}
+
+void pi2_k_sgemv_t_group_acc_isa(pi2_isa isa, const float *W, int64_t ldw, int64_t n, int nrows, const float *c,
+                                 int64_t ldc, int G, float *out, int64_t ldo)
+{
+    sgemv_t_group_on(isa, W, ldw, n, nrows, c, ldc, G, out, ldo, true);
+}
+
+void pi2_k_sgemv_t_group_acc(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, int64_t ldc, int G,
+                             float *out, int64_t ldo)
+{
+    pi2_k_sgemv_t_group_acc_isa(pi2_k_get_isa(), W, ldw, n, nrows, c, ldc, G, out, ldo);
 }
 
 void pi2_k_sgemv_t(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)

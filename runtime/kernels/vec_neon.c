@@ -90,11 +90,13 @@ static void sgemv_neon(const float *W, int64_t ldw, int64_t n, int nrows, const 
     }
 }
 
-static void sgemv_t_neon(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out)
+static void sgemv_t_neon(const float *W, int64_t ldw, int64_t n, int nrows, const float *c, float *out, bool acc)
 {
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
         float32x4_t o[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+        for (int k = 0; k < 4 && acc; k++)
+            o[k] = vld1q_f32(out + j + 4 * k);
         for (int r = 0; r < nrows; r++) {
             const float *w = W + (int64_t)r * ldw + j;
             for (int k = 0; k < 4; k++)
@@ -104,20 +106,23 @@ static void sgemv_t_neon(const float *W, int64_t ldw, int64_t n, int nrows, cons
             vst1q_f32(out + j + 4 * k, o[k]);
     }
     for (; j < n; j++) {
-        float o = 0.0f;
+        float o = acc ? out[j] : 0.0f;
         for (int r = 0; r < nrows; r++)
             o = fmaf(c[r], W[(int64_t)r * ldw + j], o);
         out[j] = o;
     }
 }
 
-bool pi2_ki_sgemv_neon(pi2_isa isa, bool transposed, const float *W, int64_t ldw, int64_t n, int nrows,
+bool pi2_ki_sgemv_neon(pi2_isa isa, bool transposed, bool acc, const float *W, int64_t ldw, int64_t n, int nrows,
                        const float *x, float *out)
 {
     pi2_isa p = pi2_ki_isa_pick(isa);
     if (!k_neon(p))
         return false;
-    (transposed ? sgemv_t_neon : sgemv_neon)(W, ldw, n, nrows, x, out);
+    if (transposed)
+        sgemv_t_neon(W, ldw, n, nrows, x, out, acc);
+    else
+        sgemv_neon(W, ldw, n, nrows, x, out);
     return true;
 }
 

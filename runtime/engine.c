@@ -644,16 +644,21 @@ int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err)
                            "made at open)",
                            e->path, ctx, e->plan_ctx);
     size_t kv = (size_t)d->n_layers * (size_t)ctx * (size_t)d->n_kv_heads * (size_t)d->head_dim;
-    size_t es = e->kv_f16 ? sizeof(uint16_t) : sizeof(float);
+    /* fp16: each thread's unit's rows as f32 (a token's blocks of ENG_KV_BLOCK <= ctx rows fit too) */
+    size_t es = e->kv_f16 ? sizeof(uint16_t) : sizeof(float), rows = e->kv_f16 ? 2 * (size_t)ctx * d->head_dim : 0;
     void *kc = pi2_calloc_array(kv, es), *vc = pi2_calloc_array(kv, es);
-    float **sc = calloc((size_t)e->tls_n, sizeof *sc);
-    bool ok = kc && vc && sc;
+    float **sc = calloc((size_t)e->tls_n, sizeof *sc), **kr = calloc((size_t)e->tls_n, sizeof *kr);
+    bool ok = kc && vc && sc && kr;
     for (int t = 0; ok && t < e->tls_n; t++)
-        ok = (sc[t] = pi2_malloc_array((size_t)ctx * PI2_K_MAX_T, sizeof(float))) != NULL;
+        ok = (sc[t] = pi2_malloc_array((size_t)ctx * PI2_K_MAX_T, sizeof(float))) != NULL &&
+             (!rows || (kr[t] = pi2_malloc_array(rows, sizeof(float))) != NULL);
     if (!ok) {
-        for (int t = 0; sc && t < e->tls_n; t++)
+        for (int t = 0; sc && kr && t < e->tls_n; t++) {
             free(sc[t]);
+            free(kr[t]);
+        }
         free(sc);
+        free(kr);
         free(kc);
         free(vc);
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for a KV cache of %d positions (%.1f MB)", e->path,
@@ -666,8 +671,11 @@ int pi2_engine_set_ctx(pi2_engine *e, int ctx, pi2_err *err)
     for (int t = 0; t < e->tls_n; t++) {
         free(e->tls[t].scores);
         e->tls[t].scores = sc[t];
+        free(e->tls[t].kvrows);
+        e->tls[t].kvrows = kr[t];
     }
     free(sc);
+    free(kr);
     e->ctx = ctx;
     e->n_pos = 0;
     return 0;

@@ -114,9 +114,8 @@ int eng_alloc_state(pi2_engine *e, pi2_err *err)
         s->ut = eng_acc_alloc(e, T * ENG_TILE, sizeof(float));
         s->list = eng_acc_alloc(e, ff, sizeof(uint32_t));
         s->list2 = eng_acc_alloc(e, ff, sizeof(uint32_t));
-        s->kvrows = e->kv_f16 ? eng_acc_alloc(e, ENG_KV_BLOCK * (size_t)d->head_dim, sizeof(float)) : NULL;
         if (!s->part || !s->g || !s->u || !s->coef || !s->pp || !s->ps || !s->pp2 || !s->ps2 ||
-            !s->gt || !s->ut || !s->list || !s->list2 || (e->kv_f16 && !s->kvrows))
+            !s->gt || !s->ut || !s->list || !s->list2)
             return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for thread buffers", e->path);
     }
     return 0;
@@ -235,15 +234,17 @@ int pi2_engine_buffer_sizes(const pi2_manifest *mf, const pi2_bundle_layout *bl,
     const pi2_model_desc *d = &mf->config;
     eng_ofl_bufs ob;
     eng_ofl_buffers(d, bl, &ob);
-    out->engine = engine_buffers(mf, bl, threads) + /* and each thread's fp16 rows as f32 (eng_tls.kvrows) */
-                  (kv_f16 ? (uint64_t)threads * ENG_KV_BLOCK * (uint64_t)d->head_dim * sizeof(float) : 0);
+    out->engine = engine_buffers(mf, bl, threads);
     out->offload = ob.bytes;
     out->per_depth = ob.per_depth;
     out->slot_bytes[0] = ob.slot_bytes[0];
     out->slot_bytes[1] = ob.slot_bytes[1];
     out->kv_elem = kv_f16 ? sizeof(uint16_t) : sizeof(float);
+    /* per position: the keys and values, each thread's scores and (fp16)
+     * each thread's unit's keys and values as f32 (eng_tls.kvrows) */
     out->per_pos = 2ull * (uint64_t)d->n_layers * (uint64_t)d->n_kv_heads * (uint64_t)d->head_dim * out->kv_elem +
-                   (uint64_t)threads * PI2_K_MAX_T * sizeof(float);
+                   (uint64_t)threads * PI2_K_MAX_T * sizeof(float) +
+                   (kv_f16 ? (uint64_t)threads * 2 * (uint64_t)d->head_dim * sizeof(float) : 0);
     out->chunk = FFN_CHUNK;
     return 0;
 }

@@ -285,40 +285,36 @@ static int64_t attn_units(const pi2_model_desc *d)
     return (int64_t)d->n_kv_heads * ((group + ATTN_HEADS_UNIT - 1) / ATTN_HEADS_UNIT);
 }
 
-/* The fp16 cache's unit: attn_unit's sums, in its order, over rows
- * converted ENG_KV_BLOCK at a time into `rows` (they stay in L1 while every
- * head of the unit reads them): the keys' scores row by row, each row's
- * alone; the values' sums continued block after block
- * (pi2_k_sgemv_t_group_acc). The bits of converting all rows first. */
-static void attn_unit_f16(const attn_job *j, int64_t kh, int64_t h0, int G, float *S, float *rows)
+/* One token's unit over the fp16 cache: attn_unit's sums, in its order,
+ * over rows converted ENG_KV_BLOCK at a time into `rows` (they stay in L1
+ * while every head of the unit reads them): the keys' scores row by row,
+ * each row's alone; the values' sums continued block after block
+ * (pi2_k_sgemv_t_group_acc). The bits of converting all rows first, which
+ * a batch does (its tokens read the same rows: once per unit, not per
+ * token). */
+static void attn_one_f16(const attn_job *j, int64_t kh, int64_t h0, int G, float *S, float *rows)
 {
     pi2_engine *e = j->e;
-    const pi2_model_desc *d = &e->d;
-    int hd = d->head_dim;
-    int64_t qd = (int64_t)d->n_heads * hd;
+    int hd = e->d.head_dim, vis = j->pos + 1;
     const uint16_t *K = kv_at(e, e->kc, j->l, kh, 0), *V = kv_at(e, e->vc, j->l, kh, 0);
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int t = 0; t < j->T; t++) {
-        int vis = j->pos + t + 1;
-        const float *Q = e->q + t * qd + h0 * hd;
-        for (int b0 = 0; b0 < vis; b0 += ENG_KV_BLOCK) {
-            int nb = vis - b0 < ENG_KV_BLOCK ? vis - b0 : ENG_KV_BLOCK;
-            pi2_k_f16_to_f32(K + (size_t)b0 * (size_t)hd, (int64_t)nb * hd, rows);
-            for (int g = 0; g < G; g++)
-                pi2_k_sgemv(rows, hd, hd, nb, Q + g * hd, S + g * vis + b0);
-        }
-        for (int g = 0; g < G; g++) {
-            float *row = S + g * vis;
-            for (int s2 = 0; s2 < vis; s2++)
-                row[s2] *= scale;
-            pi2_k_softmax(row, vis);
-        }
-        float *out = e->att + t * qd + h0 * hd;
-        for (int b0 = 0; b0 < vis; b0 += ENG_KV_BLOCK) {
-            int nb = vis - b0 < ENG_KV_BLOCK ? vis - b0 : ENG_KV_BLOCK;
-            pi2_k_f16_to_f32(V + (size_t)b0 * (size_t)hd, (int64_t)nb * hd, rows);
-            (b0 == 0 ? pi2_k_sgemv_t_group : pi2_k_sgemv_t_group_acc)(rows, hd, hd, nb, S + b0, vis, G, out, hd);
-        }
+    const float *Q = e->q + h0 * hd;
+    float scale = 1.0f / sqrtf((float)hd), *out = e->att + h0 * hd;
+    for (int b0 = 0; b0 < vis; b0 += ENG_KV_BLOCK) {
+        int nb = vis - b0 < ENG_KV_BLOCK ? vis - b0 : ENG_KV_BLOCK;
+        pi2_k_f16_to_f32(K + (size_t)b0 * (size_t)hd, (int64_t)nb * hd, rows);
+        for (int g = 0; g < G; g++)
+            pi2_k_sgemv(rows, hd, hd, nb, Q + g * hd, S + g * vis + b0);
+    }
+    for (int g = 0; g < G; g++) {
+        float *row = S + g * vis;
+        for (int s2 = 0; s2 < vis; s2++)
+            row[s2] *= scale;
+        pi2_k_softmax(row, vis);
+    }
+    for (int b0 = 0; b0 < vis; b0 += ENG_KV_BLOCK) {
+        int nb = vis - b0 < ENG_KV_BLOCK ? vis - b0 : ENG_KV_BLOCK;
+        pi2_k_f16_to_f32(V + (size_t)b0 * (size_t)hd, (int64_t)nb * hd, rows);
+        (b0 == 0 ? pi2_k_sgemv_t_group : pi2_k_sgemv_t_group_acc)(rows, hd, hd, nb, S + b0, vis, G, out, hd);
     }
 }
 
@@ -329,12 +325,19 @@ static void attn_unit(const attn_job *j, int64_t u, float *S, float *rows)
     int hd = d->head_dim, group = d->n_heads / d->n_kv_heads, per = (group + ATTN_HEADS_UNIT - 1) / ATTN_HEADS_UNIT;
     int64_t kh = u / per, h0 = kh * group + (u % per) * ATTN_HEADS_UNIT;
     int G = (int)((kh + 1) * group - h0 < ATTN_HEADS_UNIT ? (kh + 1) * group - h0 : ATTN_HEADS_UNIT);
-    if (e->kv_f16) {
-        attn_unit_f16(j, kh, h0, G, S, rows);
+    if (e->kv_f16 && j->T == 1) {
+        attn_one_f16(j, kh, h0, G, S, rows);
         return;
     }
     int64_t qd = (int64_t)d->n_heads * hd;
     const float *K = kv_at(e, e->kc, j->l, kh, 0), *V = kv_at(e, e->vc, j->l, kh, 0);
+    if (e->kv_f16) { /* a batch: the unit's visible rows as f32 once, then the f32 path */
+        int64_t n = (int64_t)(j->pos + j->T) * hd;
+        pi2_k_f16_to_f32(kv_at(e, e->kc, j->l, kh, 0), n, rows);
+        pi2_k_f16_to_f32(kv_at(e, e->vc, j->l, kh, 0), n, rows + (size_t)e->ctx * (size_t)hd);
+        K = rows;
+        V = rows + (size_t)e->ctx * (size_t)hd;
+    }
     float scale = 1.0f / sqrtf((float)hd);
     for (int t = 0; t < j->T; t++) {
         int vis = j->pos + t + 1;

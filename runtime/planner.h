@@ -346,7 +346,8 @@ typedef struct pi2_plan_bufs {
     uint64_t per_depth;     /* ... plus this per read in flight */
     uint64_t slot_bytes[2]; /* a neuron cache slot with its record: gates (whole neurons on one-phase
                                layouts), up+down */
-    uint64_t per_pos;       /* bytes per KV position: the cache and each thread's attention scores */
+    uint64_t per_pos;       /* bytes per KV position: the cache, each thread's attention scores and
+                               (fp16 cache) its unit's rows as f32 */
     uint32_t kv_elem;       /* bytes of one cached key or value element: 4, or 2 (fp16) */
     uint32_t chunk;         /* neurons per decode chunk */
 } pi2_plan_bufs;

@@ -99,7 +99,8 @@ typedef struct eng_tls {
     uint64_t predicted, active, bytes;
     double wait;     /* offloading: seconds idle waiting for reads */
     float *scores;   /* attention scores [PI2_K_MAX_T][ctx] */
-    float *kvrows;   /* fp16 KV cache: a block of keys or values as f32, [ENG_KV_BLOCK][head_dim] */
+    float *kvrows;   /* fp16 KV cache: a unit's keys then values as f32, [2][ctx][head_dim]
+                        (one token: a block of ENG_KV_BLOCK rows at a time) */
 } eng_tls;
 
 struct pi2_engine {

@@ -391,7 +391,8 @@ static void test_kv_f16(void **state)
     pi2_engine *mem = open_at(path, 1ull << 40, 0.5, false);
     pi2_engine_offload_info i32, i16;
     pi2_engine_offload_info_get(mem, &i32);
-    int V = pi2_engine_desc(mem)->vocab, hd = pi2_engine_desc(mem)->head_dim;
+    const pi2_model_desc dm = *pi2_engine_desc(mem);
+    int V = dm.vocab, hd = dm.head_dim;
     size_t n = (size_t)(STEPS + 1) * (size_t)V;
     float *lm = malloc(n * sizeof(float)), *lt = malloc(n * sizeof(float)), *l32 = malloc(n * sizeof(float));
     int32_t im[STEPS + 1], it[STEPS + 1], ids32[STEPS + 1];
@@ -413,13 +414,15 @@ static void test_kv_f16(void **state)
     int agree = 0;
     while (agree <= STEPS && im[agree] == ids32[agree])
         agree++;
-    fprintf(stderr, "  fp16 KV: plan's KV %llu bytes (f32 %llu), buffers +%lld; vs f32 rel %.1e, %d/%d ids\n",
-            (unsigned long long)i16.kv, (unsigned long long)i32.kv, (long long)(i16.buffers - i32.buffers), rel,
-            agree, STEPS + 1);
-    /* the cache at 2 bytes an element, plus each thread's block of rows as f32 */
-    uint64_t scores = i32.kv - 2 * (i32.kv - i16.kv);
-    assert_true(i16.kv < i32.kv && scores < i16.kv);
-    assert_int_equal(i16.buffers - i32.buffers, 2 * (uint64_t)32 * (uint64_t)hd * sizeof(float));
+    fprintf(stderr, "  fp16 KV: the plan's KV cache, scores and rows %llu bytes (f32 %llu); vs f32 rel %.1e, %d/%d ids\n",
+            (unsigned long long)i16.kv, (unsigned long long)i32.kv, rel, agree, STEPS + 1);
+    /* the cache at 2 bytes an element (a quarter less with the scores and
+     * the rows below), plus each of the 2 threads' unit's keys and values
+     * as f32, per position */
+    uint64_t cache32 = 2ull * (uint64_t)dm.n_layers * (uint64_t)dm.n_kv_heads * (uint64_t)hd * 4 * CTX,
+             rows = 2ull * 2 * (uint64_t)hd * 4 * CTX;
+    assert_int_equal(i32.kv - i16.kv, cache32 / 2 - rows);
+    assert_int_equal(i16.buffers, i32.buffers);
     assert_true(rel > 0 && rel < 1e-2);
     assert_true(agree >= 8);
     free(lm);

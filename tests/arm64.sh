@@ -10,7 +10,8 @@
 #      float work under emulation) -> export (the native build's files) ->
 #      keygen, bundle signed, verify, inspect -> pi2-run in memory and at
 #      the smallest limit `pi2-run plan` reports, under both CPU models,
-#      every --isa the model runs; then pi2-run chat and serve (a curl
+#      every --isa the model runs, and with --kv-type f16 (scalar and
+#      NEON); then pi2-run chat and serve (a curl
 #      completion). The greedy tokens must be those of the native build
 #      on the same files (the same tokens on every CPU).
 # Emulation is 5-10x slower than the machine, so the unit tests are a
@@ -180,6 +181,15 @@ for cpu in $CPUS; do
             fi
         done
     done
+done
+# the fp16 KV cache: the native build's tokens too (rows rounded in C, converted exactly on every CPU)
+"$H/pi2-run" "$T/tiny.pi2" --pubkey "$T/k.pub" -p "$prompt" -n 24 --ids --kv-type f16 >"$T/native16.out" 2>"$T/err" \
+    && ids "$T/err" >"$T/native16.ids" && [ -s "$T/native16.ids" ] || bad "native pi2-run --kv-type f16"
+for isa in scalar neon; do
+    q max "$B/pi2-run" "$T/tiny.pi2" --pubkey "$T/k.pub" --isa "$isa" --kv-type f16 -p "$prompt" -n 24 --ids \
+        >"$T/arm16.out" 2>"$T/err" && ids "$T/err" >"$T/arm16.ids" \
+        && cmp -s "$T/native16.out" "$T/arm16.out" && cmp -s "$T/native16.ids" "$T/arm16.ids" && ok \
+        || { bad "--isa $isa --kv-type f16: other tokens than the native build"; cat "$T/err"; }
 done
 # chat: a message on stdin, greedy: the native build's reply
 printf 'hello there\n' | q max "$B/pi2-run" chat "$T/tiny.pi2" --pubkey "$T/k.pub" -n 8 >"$T/chat.arm" 2>"$T/err" \

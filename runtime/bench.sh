@@ -14,7 +14,9 @@
 #   --dense decode bytes/s       vs  the machine's memory read bandwidth
 #   prefill int8 MAC/s           vs  the machine's int8 dot-product peak
 # with the bytes read per token beside each decode figure, and the
-# perplexity of each mode against the default conversion's --dense path.
+# perplexity of each mode against the default conversion's --dense path;
+# then decode after a KV_PP-token prompt (default 2048) with the KV cache at
+# f32 and at fp16 (--kv-type f16), as a ratio.
 # Usage: sh runtime/bench.sh WORKDIR   (BUILD selects the binaries,
 # REPEAT the runs of each mode, default 3; ISA passes --isa to every run)
 set -eu
@@ -22,6 +24,7 @@ B=${BUILD:-build}
 W=${1:?usage: runtime/bench.sh WORKDIR}
 TH=${THREADS:-2}
 Q40=${Q4_0_BYTES:-600000000}
+KV_PP=${KV_PP:-2048}
 ISA_ARG=${ISA:+--isa $ISA}
 mkdir -p "$W"
 say() { printf '%s\n' "$*"; }
@@ -200,6 +203,24 @@ ppl_ref=""
 bench_model "default conversion: q8 attention, embeddings, head and predictors" "$M" "$W/runtime.json"
 bench_model "--other-quant q4 --pred-quant q4: q4 attention, embeddings, head and predictors" "$M4" \
     "$W/runtime-q4.json"
+# long context: the KV cache at f32 and at fp16 (--kv-type f16), alternated
+# REPEAT times, on the q4 conversion (KV the largest share of its bytes)
+say ""
+say "== long context, $KV_PP-token prompt then 64 generated: the KV cache at f32 and fp16 (--kv-type f16)"
+kv16=""
+kv32=""
+for i in $(seq "$REP"); do
+    for kv in f32 f16; do
+        o=$(run "$M4.pi2" --bench --bench-pp "$KV_PP" --bench-tg 64 --kv-type "$kv" 2>/dev/null) || o=""
+        t=$(echo "$o" | jget tg_tok_s)
+        [ "$kv" = f16 ] && kv16="$kv16 $t" || kv32="$kv32 $t"
+        kvb=$(echo "$o" | jget kv_bytes_per_token)
+        say "$kv: decode $t tok/s, KV read $(scaled "${kvb:-0}" 1e6 %.1f) MB a token"
+    done
+done
+t32=$(echo "$kv32" | tr ' ' '\n' | grep . | median)
+t16=$(echo "$kv16" | tr ' ' '\n' | grep . | median)
+say "fp16 KV decode = $(ratio "$t16" "$t32") x f32 (medians $t16 and $t32 tok/s)"
 say ""
 say "== offloading and the planner on the 1B-shaped model: predicted vs measured (runtime/bench_offload.sh)"
 POINTS="0 25 50 75" BUILD=$B THREADS=$TH sh runtime/bench_offload.sh "$M.pi2" "$W/bench.pub" "$W" rt-1b

@@ -767,15 +767,14 @@ int pi2_ctr_verify_member_dropping(const pi2_ctr *c, const pi2_ctr_member *m, co
     /* windows at multiples of `window` in the file, dropped whole: the page
      * cache keeps a file mapped with huge pages in 2 MiB folios, and drops
      * none that a range only partly covers */
-    uint64_t at = 0;
-    while (rc == 0 && at < m->size) {
-        uint64_t w0 = window ? (m->offset + at) / window * window : m->offset, n = m->size - at;
-        if (window && w0 + window - (m->offset + at) < n)
-            n = w0 + window - (m->offset + at);
+    for (uint64_t at = 0, n; rc == 0 && at < m->size; at += n) {
+        uint64_t off = m->offset + at;
+        n = m->size - at;
+        if (window && window - off % window < n)
+            n = window - off % window;
         rc = pi2_sha256_update(h, m->data + at, (size_t)n, err);
         if (window)
-            drop_window(c, fd, w0, window);
-        at += n;
+            drop_window(c, fd, off - off % window, window);
     }
     if (rc == 0)
         rc = pi2_sha256_final(h, got, err);

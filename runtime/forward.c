@@ -333,8 +333,8 @@ static void attn_unit(const attn_job *j, int64_t u, float *S, float *rows)
     const float *K = kv_at(e, e->kc, j->l, kh, 0), *V = kv_at(e, e->vc, j->l, kh, 0);
     if (e->kv_f16) { /* a batch: the unit's visible rows as f32 once, then the f32 path */
         int64_t n = (int64_t)(j->pos + j->T) * hd;
-        pi2_k_f16_to_f32(kv_at(e, e->kc, j->l, kh, 0), n, rows);
-        pi2_k_f16_to_f32(kv_at(e, e->vc, j->l, kh, 0), n, rows + (size_t)e->ctx * (size_t)hd);
+        pi2_k_f16_to_f32((const uint16_t *)(const void *)K, n, rows);
+        pi2_k_f16_to_f32((const uint16_t *)(const void *)V, n, rows + (size_t)e->ctx * (size_t)hd);
         K = rows;
         V = rows + (size_t)e->ctx * (size_t)hd;
     }

@@ -14,6 +14,12 @@ bad()  { fail=$((fail + 1)); echo "FAIL: $*"; }
 skp()  { skip=$((skip + 1)); echo "skip: $*"; }
 # jget KEY < json-line: the number after "KEY":
 jget() { sed -n "s/.*\"$1\":\([-0-9.e+]*\).*/\1/p"; }
+# rss_under ERRFILE BYTES: the "peak RSS N MB" --stats printed there (MiB) into
+# prss; true when it is there and at most BYTES
+rss_under() {
+    prss=$(sed -n 's/.*peak RSS \([0-9.]*\) MB.*/\1/p' "$1")
+    awk -v r="${prss:-x}" -v l="$2" 'BEGIN { exit !(r + 0 > 0 && r * 1048576 <= l) }'
+}
 
 # expect_error NAME PATTERN CMD...: non-zero exit below 128 (no crash), exactly
 # one line on stderr, matching PATTERN, and nothing on stdout.
@@ -486,9 +492,7 @@ elif [ -w /sys/fs/cgroup/memory ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_
     read -r peak fails <"$T/usage" 2>/dev/null || peak=0
     # the process's own peak RSS within the limit too (the cap reclaims page cache and would hide
     # it): --stats hashes the resident members again after generating, a window at a time
-    prss=$(sed -n 's/.*peak RSS \([0-9.]*\) MB.*/\1/p' "$T/err")
-    if [ "$rc" -eq 0 ] && [ "$(cat "$T/out")" = "$a" ] && [ "${peak:-0}" -le "$cap" ] \
-        && awk -v r="${prss:-x}" -v l="$limit" 'BEGIN { exit !(r + 0 > 0 && r * 1048576 <= l) }'; then
+    if [ "$rc" -eq 0 ] && [ "$(cat "$T/out")" = "$a" ] && [ "${peak:-0}" -le "$cap" ] && rss_under "$T/err" "$limit"; then
         ok
         echo "cgroup cap $((cap / 1048576)) MB for a $((size / 1048576)) MB model: completed, peak usage $((peak / 1048576)) MB, peak RSS $prss MB, same text as unbounded"
     else
@@ -534,11 +538,9 @@ elif [ -w /sys/fs/cgroup/memory ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_
         ptok=$(sed -n 's/.*prefill \([0-9]*\) tokens.*/\1/p' "$T/err")
         # the process's own peak too (a cap reclaims page cache and hides it): --stats hashes the
         # resident members again after generating, a window at a time
-        prss=$(sed -n 's/.*peak RSS \([0-9.]*\) MB.*/\1/p' "$T/err")
         if [ "$rc" -eq 0 ] && [ -s "$T/out" ] && [ "$(cat "$T/out")" = "$a" ] && [ "${ptok:-0}" -ge 512 ] \
             && grep -q "predictors.* streamed a layer at a time" "$T/err" \
-            && [ "${peak:-0}" -gt 0 ] && [ "$peak" -le "$cap" ] \
-            && awk -v r="${prss:-x}" -v c="$cap" 'BEGIN { exit !(r + 0 > 0 && r * 1048576 <= c) }'; then
+            && [ "${peak:-0}" -gt 0 ] && [ "$peak" -le "$cap" ] && rss_under "$T/err" "$cap"; then
             ok
             echo "cgroup cap $((cap / 1048576)) MB (minimum + 1 MB), $q non-FFN and predictors (streamed, with the attention): $ptok-token prompt, peak usage $((peak / 1048576)) MB, peak RSS $prss MB, same text as in memory"
         else

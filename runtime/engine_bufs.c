@@ -41,6 +41,44 @@ void *eng_acc_alloc(pi2_engine *e, size_t n, size_t size)
     return pi2_malloc_array(n, size);
 }
 
+/* A predictor's scratch (eng_pred_buf) for inputs of D values and hidden
+ * layers of up to mr (a multiple of PI2_Q_GROUP): its bytes, as
+ * pred_buf_alloc adds them. */
+static uint64_t pred_buf_bytes(uint64_t D, uint64_t mr, uint64_t ff)
+{
+    uint64_t G = PI2_Q_GROUP;
+    return mr * 4 + mr / G * 4 + mr + mr / G * 4 + D / G * 4 + D + D / G * 4 + ff * 4 +
+           (ff + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT * 4;
+}
+
+static bool pred_buf_alloc(pi2_engine *e, eng_pred_buf *b, size_t D, size_t mr)
+{
+    size_t G = PI2_Q_GROUP, ff = (size_t)e->d.n_ff;
+    b->h = eng_acc_alloc(e, mr, sizeof(float));
+    b->hs = eng_acc_alloc(e, mr / G, sizeof(float));
+    b->hq = eng_acc_alloc(e, mr, 1);
+    b->hsum = eng_acc_alloc(e, mr / G, sizeof(int32_t));
+    b->xs = eng_acc_alloc(e, D / G, sizeof(float));
+    b->xq = eng_acc_alloc(e, D, 1);
+    b->xsum = eng_acc_alloc(e, D / G, sizeof(int32_t));
+    b->scores = eng_acc_alloc(e, ff, sizeof(float));
+    b->n = eng_acc_alloc(e, (ff + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT, sizeof *b->n);
+    return b->h && b->hs && b->hq && b->hsum && b->xs && b->xq && b->xsum && b->scores && b->n;
+}
+
+static void pred_buf_free(eng_pred_buf *b)
+{
+    free(b->h);
+    free(b->hs);
+    free(b->hq);
+    free(b->hsum);
+    free(b->xs);
+    free(b->xq);
+    free(b->xsum);
+    free(b->scores);
+    free(b->n);
+}
+
 int eng_alloc_state(pi2_engine *e, pi2_err *err)
 {
     const pi2_model_desc *d = &e->d;
@@ -63,20 +101,14 @@ int eng_alloc_state(pi2_engine *e, pi2_err *err)
     e->aq = eng_acc_alloc(e, T * (size_t)e->max_in, 1);
     e->asum = eng_acc_alloc(e, T * (size_t)e->max_in / PI2_Q_GROUP, sizeof(int32_t));
     max_rank = (max_rank + PI2_Q_GROUP - 1) / PI2_Q_GROUP * PI2_Q_GROUP;
-    e->ph = eng_acc_alloc(e, (size_t)max_rank, sizeof(float));
-    e->phs = eng_acc_alloc(e, (size_t)max_rank / PI2_Q_GROUP, sizeof(float));
-    e->phq = eng_acc_alloc(e, (size_t)max_rank, 1);
-    e->phsum = eng_acc_alloc(e, (size_t)max_rank / PI2_Q_GROUP, sizeof(int32_t));
-    e->pxs = eng_acc_alloc(e, D / PI2_Q_GROUP, sizeof(float));
-    e->pxq = eng_acc_alloc(e, D, 1);
-    e->pxsum = eng_acc_alloc(e, D / PI2_Q_GROUP, sizeof(int32_t));
+    bool pb_ok = true;
+    for (int i = 0; i < 2; i++)
+        pb_ok = pred_buf_alloc(e, &e->pb[i], D, (size_t)max_rank) && pb_ok;
     e->router_logits = eng_acc_alloc(e, (size_t)(E > 0 ? E : 1) * T, sizeof(float));
     e->chosen = eng_acc_alloc(e, (size_t)(E > 0 ? E : 1) * T, sizeof(int));
     e->sel = eng_acc_alloc(e, (size_t)d->n_ff, sizeof(uint32_t));
-    e->scores_all = eng_acc_alloc(e, (size_t)d->n_ff, sizeof(float));
     e->dec_out = eng_acc_alloc(e, ((size_t)d->n_ff + FFN_CHUNK - 1) / FFN_CHUNK * D, sizeof(float));
     e->share_rng = eng_acc_alloc(e, (size_t)e->tls_n, sizeof *e->share_rng);
-    e->pred_n = eng_acc_alloc(e, ((size_t)d->n_ff + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT, sizeof *e->pred_n);
     e->moe_x = eng_acc_alloc(e, T * D, sizeof(float));
     e->moe_out = eng_acc_alloc(e, T * D, sizeof(float));
     e->moe_w = eng_acc_alloc(e, T, sizeof(float));
@@ -91,9 +123,7 @@ int eng_alloc_state(pi2_engine *e, pi2_err *err)
     e->tls = calloc((size_t)e->tls_n, sizeof *e->tls);
     e->buf_bytes += (uint64_t)e->tls_n * sizeof *e->tls;
     if (!e->x || !e->xb || !e->xb2 || !e->q || !e->att || !e->aqs || !e->aq || !e->asum ||
-        !e->ph || !e->phs || !e->phq || !e->phsum || !e->pxs || !e->pxq || !e->pxsum || !e->router_logits ||
-        !e->chosen || !e->sel || !e->scores_all || !e->dec_out || !e->share_rng ||
-        !e->pred_n || !e->moe_x || !e->moe_out || !e->moe_w || !e->moe_tok || !e->moe_wk || !e->moe_prev ||
+        !pb_ok || !e->router_logits || !e->chosen || !e->sel || !e->dec_out || !e->share_rng || !e->moe_x || !e->moe_out || !e->moe_w || !e->moe_tok || !e->moe_wk || !e->moe_prev ||
         !e->moe_guess || !e->rope_cs || !e->rope_sn || !e->tls)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the KV cache (%d positions) and buffers", e->path,
                            e->ctx);
@@ -150,20 +180,13 @@ void eng_free_state(pi2_engine *e)
     free(e->aqs);
     free(e->aq);
     free(e->asum);
-    free(e->ph);
-    free(e->phs);
-    free(e->phq);
-    free(e->phsum);
-    free(e->pxs);
-    free(e->pxq);
-    free(e->pxsum);
+    for (int i = 0; i < 2; i++)
+        pred_buf_free(&e->pb[i]);
     free(e->router_logits);
     free(e->chosen);
     free(e->sel);
-    free(e->scores_all);
     free(e->dec_out);
     free((void *)e->share_rng);
-    free(e->pred_n);
     free(e->moe_x);
     free(e->moe_out);
     free(e->moe_w);
@@ -214,9 +237,9 @@ static uint64_t engine_buffers(const pi2_manifest *mf, const pi2_bundle_layout *
     uint64_t G = PI2_Q_GROUP;
     n += T * D * f * 3 + T * mi * f + T * (qd + 2 * kvd) * f + T * qd * f; /* x, xb2, moe_x, xb, q, att */
     n += T * mi / G * f + T * mi + T * mi / G * 4;                           /* aqs, aq, asum */
-    n += mr * f + mr / G * f + mr + mr / G * 4 + D / G * f + D + D / G * 4;  /* predictor inputs */
-    n += E * T * f + E * T * sizeof(int) + ff * 4 + ff * f + (ff + FFN_CHUNK - 1) / FFN_CHUNK * D * f;
-    n += (uint64_t)tls * sizeof(uint64_t) + (ff + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT * 4;
+    n += 2 * pred_buf_bytes(D, mr, ff);
+    n += E * T * f + E * T * sizeof(int) + ff * 4 + (ff + FFN_CHUNK - 1) / FFN_CHUNK * D * f;
+    n += (uint64_t)tls * sizeof(uint64_t);
     n += T * D * f + T * f + T * sizeof(int) + T * E * f + 2 * (uint64_t)d->n_layers * K * sizeof(int);
     n += 2 * T * ((uint64_t)d->head_dim / 2) * f;
     n += (uint64_t)tls * sizeof(eng_tls);

@@ -7,8 +7,9 @@
 #include <string.h>
 
 typedef struct pred_job {
-    pi2_engine *e;
+    pi2_engine *e;   /* the pool's (NULL: one thread) */
     const eng_ffn *f;
+    const eng_pred_buf *b;
     uint32_t n0;     /* score neurons [n0, n_ff) only */
     uint32_t *sel;   /* where the picks go */
     int64_t units1, units2;  /* fc1's units of 8 rows, fc2's of ENG_PRED_UNIT neurons */
@@ -53,37 +54,43 @@ static uint64_t q_row_bytes(pi2_qtype qt, int64_t n)
  * in unit order after, so the list is in neuron order whoever ran what.
  * One job instead of two: a round through the pool cost more than the
  * step between the layers. */
-static void pred_hidden(pi2_engine *e, const eng_ffn *f)
+static void pred_hidden(const eng_ffn *f, const eng_pred_buf *b)
 {
     for (int r = 0; r < f->rank_p; r++)
-        e->ph[r] = r < f->rank && e->ph[r] > 0.0f ? e->ph[r] : 0.0f;
-    pi2_k_act_quantize(e->ph, f->rank_p, 1, f->rank_p, e->phs, e->phq, e->phsum);
+        b->h[r] = r < f->rank && b->h[r] > 0.0f ? b->h[r] : 0.0f;
+    pi2_k_act_quantize(b->h, f->rank_p, 1, f->rank_p, b->hs, b->hq, b->hsum);
 }
 
-static void pred_fc2_unit(pred_job *j, int64_t u)
+static void pred_fc1_unit(const pred_job *j, int64_t u, int64_t D)
 {
     const eng_ffn *f = j->f;
-    pi2_engine *e = j->e;
-    float *sc = e->scores_all, thr = f->threshold;
+    const eng_pred_buf *pb = j->b;
+    int64_t b = u * 8, en = b + 8 < f->rank ? b + 8 : f->rank;
+    pred_rows(f->pred_qt, f->q1, f->s1, D, b, en, pb->xs, pb->xq, pb->xsum, pb->h + b);
+}
+
+static void pred_fc2_unit(const pred_job *j, int64_t u)
+{
+    const eng_ffn *f = j->f;
+    const eng_pred_buf *pb = j->b;
+    float *sc = pb->scores, thr = f->threshold;
     int64_t b = j->n0 + u * ENG_PRED_UNIT, en = b + ENG_PRED_UNIT < f->n_ff ? b + ENG_PRED_UNIT : f->n_ff;
-    pred_rows(f->pred_qt, f->q2, f->s2, f->rank_p, b, en, e->phs, e->phq, e->phsum, sc + b);
+    pred_rows(f->pred_qt, f->q2, f->s2, f->rank_p, b, en, pb->hs, pb->hq, pb->hsum, sc + b);
     uint32_t n = 0, *list = j->sel + u * ENG_PRED_UNIT;
     for (int64_t i = b; i < en; i++)
         if (sc[i] >= thr)
             list[n++] = (uint32_t)i;
-    e->pred_n[u] = n;
+    pb->n[u] = n;
 }
 
 static void pred_fn(void *ctx, int tid, int nt)
 {
     pred_job *j = ctx;
-    const eng_ffn *f = j->f;
     pi2_engine *e = j->e;
     for (int64_t u; (u = eng_share_next(e, tid, nt)) >= 0;) {
-        int64_t b = u * 8, en = b + 8 < f->rank ? b + 8 : f->rank;
-        pred_rows(f->pred_qt, f->q1, f->s1, e->d.hidden, b, en, e->pxs, e->pxq, e->pxsum, e->ph + b);
+        pred_fc1_unit(j, u, e->d.hidden);
         if (atomic_fetch_add_explicit(&j->done1, 1, memory_order_acq_rel) + 1 == j->units1) {
-            pred_hidden(e, f);
+            pred_hidden(j->f, j->b);
             atomic_store_explicit(&j->hidden, true, memory_order_release);
         }
     }
@@ -94,31 +101,68 @@ static void pred_fn(void *ctx, int tid, int nt)
         pred_fc2_unit(j, u);
 }
 
+/* The job for FFN f on x, its input quantized into the job's scratch. */
+static void pred_start(pred_job *j, const pi2_engine *e, const eng_ffn *f, const float *x)
+{
+    int64_t D = e->d.hidden;
+    j->units1 = (f->rank + 7) / 8;
+    j->units2 = (f->n_ff - j->n0 + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT;
+    atomic_init(&j->done1, 0);
+    atomic_init(&j->hidden, j->units1 == 0);
+    atomic_init(&j->next2, 0);
+    if (j->units1 == 0)
+        pred_hidden(f, j->b);
+    pi2_k_act_quantize(x, D, 1, D, j->b->xs, j->b->xq, j->b->xsum);
+}
+
+/* Pack the units' lists (each starts at or after its place); their count. */
+static uint32_t pred_pack(const pred_job *j)
+{
+    uint32_t n = 0;
+    for (int64_t u = 0; u < j->units2; u++) {
+        memmove(j->sel + n, j->sel + u * ENG_PRED_UNIT, j->b->n[u] * sizeof(uint32_t));
+        n += j->b->n[u];
+    }
+    return n;
+}
+
+/* Bytes of the predictor rows a prediction from neuron n0 reads. */
+static uint64_t pred_read_bytes(const pi2_engine *e, const eng_ffn *f, uint32_t n0)
+{
+    return (uint64_t)f->rank * q_row_bytes(f->pred_qt, e->d.hidden) +
+           (uint64_t)(f->n_ff - n0) * q_row_bytes(f->pred_qt, f->rank_p);
+}
+
 uint32_t eng_predict_from(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0, uint32_t *sel)
 {
-    pred_job j = {.e = e, .f = f, .n0 = n0 < f->n_ff ? n0 : f->n_ff, .sel = sel};
-    int64_t D = e->d.hidden;
-    int64_t units = (f->n_ff - j.n0 + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT;
-    j.units1 = (f->rank + 7) / 8;
-    j.units2 = units;
-    atomic_init(&j.done1, 0);
-    atomic_init(&j.hidden, j.units1 == 0);
-    atomic_init(&j.next2, 0);
-    if (j.units1 == 0)
-        pred_hidden(e, f);
-    pi2_k_act_quantize(x, D, 1, D, e->pxs, e->pxq, e->pxsum);
+    pred_job j = {.e = e, .f = f, .b = &e->pb[0], .n0 = n0 < f->n_ff ? n0 : f->n_ff, .sel = sel};
+    pred_start(&j, e, f, x);
     eng_run_units(e, j.units1, pred_fn, &j);
-    uint32_t n = 0;
-    for (int64_t u = 0; u < units; u++) { /* pack the units' lists (each starts at or after its place) */
-        memmove(sel + n, sel + u * ENG_PRED_UNIT, e->pred_n[u] * sizeof(uint32_t));
-        n += e->pred_n[u];
-    }
-    e->st.weight_bytes +=
-        (uint64_t)f->rank * q_row_bytes(f->pred_qt, D) + (uint64_t)(f->n_ff - j.n0) * q_row_bytes(f->pred_qt, f->rank_p);
-    return n;
+    e->st.weight_bytes += pred_read_bytes(e, f, j.n0);
+    return pred_pack(&j);
 }
 
 uint32_t eng_predict(pi2_engine *e, const eng_ffn *f, const float *x, uint32_t *sel)
 {
     return eng_predict_from(e, f, x, 0, sel);
+}
+
+int64_t eng_pred_start_alone(const pi2_engine *e, const eng_ffn *f, const float *x, uint32_t n0,
+                             const eng_pred_buf *b, uint64_t *bytes)
+{
+    pred_job j = {.f = f, .b = b, .n0 = n0 < f->n_ff ? n0 : f->n_ff};
+    pred_start(&j, e, f, x);
+    for (int64_t u = 0; u < j.units1; u++)
+        pred_fc1_unit(&j, u, e->d.hidden);
+    if (j.units1 > 0)
+        pred_hidden(f, b);
+    *bytes += pred_read_bytes(e, f, j.n0);
+    return j.units2;
+}
+
+uint32_t eng_pred_unit_alone(const eng_ffn *f, uint32_t n0, int64_t u, uint32_t *sel, const eng_pred_buf *b)
+{
+    pred_job j = {.f = f, .b = b, .n0 = n0 < f->n_ff ? n0 : f->n_ff, .sel = sel - u * ENG_PRED_UNIT};
+    pred_fc2_unit(&j, u);
+    return b->n[u];
 }

@@ -83,6 +83,17 @@ typedef struct eng_layer {
     eng_ffn *ffn;        /* [max(experts, 1)] */
 } eng_layer;
 
+/* A predictor's scratch for one token (runtime/predict.c): its input
+ * quantized (x [hidden]), the hidden layer and it quantized ([max rank_p]),
+ * the scores [n_ff] and each fc2 unit's count of picks. */
+typedef struct eng_pred_buf {
+    float *xs, *h, *hs;
+    int8_t *xq, *hq;
+    int32_t *xsum, *hsum;
+    float *scores;
+    uint32_t *n; /* [ceil(n_ff / ENG_PRED_UNIT)] */
+} eng_pred_buf;
+
 /* Per-thread scratch. */
 /* fp16 KV cache rows converted to f32 at a time, per thread: 32 rows of a
  * 128-float head are 16 KiB, in L1 while the unit's heads read them. */
@@ -138,18 +149,15 @@ struct pi2_engine {
     float *aqs;   /* activation scales [T][max_in/32] */
     int8_t *aq;   /* [T][max_in] */
     int32_t *asum;
-    float *ph;    /* predictor hidden [max rank_p] */
-    float *pxs, *phs;      /* predictor inputs quantized: x [hidden], hidden [max rank_p] */
-    int8_t *pxq, *phq;
-    int32_t *pxsum, *phsum;
+    /* the predictor's scratch: [0] the decode step's, [1] the offloader's
+     * read-ahead, which guesses on its own thread while the step runs */
+    eng_pred_buf pb[2];
     float *router_logits;
     int *chosen;      /* [T][top-k] experts per token */
     uint32_t *sel;    /* [n_ff] predicted neurons, all threads */
-    float *scores_all; /* [n_ff] predictor scores */
     float *dec_out;    /* [ceil(n_ff / FFN_CHUNK)][hidden] each decode FFN chunk's own output */
     _Atomic uint64_t *share_rng; /* [tls_n] the units of the running shared job left to each thread:
                                     first << 32 | end (jobs run one at a time) */
-    uint32_t *pred_n;          /* [ceil(n_ff / ENG_PRED_UNIT)] picks of each predictor unit */
     float *moe_x, *moe_out, *moe_w; /* gathered tokens of one expert */
     int *moe_tok;
     float *moe_wk;    /* [T][top-k] routing weights */

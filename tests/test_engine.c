@@ -499,9 +499,32 @@ static void test_predict_q8(void **state)
     }
 }
 
+/* The read-ahead's guess, a unit at a time on one thread in its own
+ * scratch (the offloader's I/O thread): the pooled predictor's picks from
+ * n0 on, in order, and the same bytes counted. */
+static void check_alone(pi2_engine *eng, const eng_ffn *f, const float *x, uint32_t n0, const uint32_t *want,
+                        uint32_t n_want)
+{
+    uint32_t *sel = malloc(sizeof(uint32_t) * ((size_t)f->n_ff + ENG_PRED_UNIT)), k = 0;
+    uint64_t bytes = 0, before = eng->st.weight_bytes;
+    (void)eng_predict_from(eng, f, x, n0, sel);
+    uint64_t pooled = eng->st.weight_bytes - before;
+    int64_t units = eng_pred_start_alone(eng, f, x, n0, &eng->pb[1], &bytes);
+    assert_int_equal(bytes, pooled);
+    for (int64_t u = 0; u < units; u++) {
+        uint32_t m = eng_pred_unit_alone(f, n0, u, sel + k, &eng->pb[1]);
+        assert_int_equal(m, eng->pb[1].n[u]);
+        k += m;
+    }
+    assert_int_equal(k, n_want);
+    assert_memory_equal(sel, want, sizeof(uint32_t) * k);
+    free(sel);
+}
+
 /* Read-ahead scores only the neurons not held in memory: the picks from
  * neuron n0 on are exactly the full predictor's picks at or past n0, in
- * the same order, for every layer and cut, on 1 and 3 threads. */
+ * the same order, for every layer and cut, on 1 and 3 threads, and the
+ * same step by step on one thread (check_alone). */
 static void test_predict_from(void **state)
 {
     (void)state;
@@ -529,6 +552,7 @@ static void test_predict_from(void **state)
                         k++;
                     }
                 assert_int_equal(k, m);
+                check_alone(eng, f, x, cuts[c], part, m);
             }
             free(all);
             free(part);

@@ -54,14 +54,15 @@ static int submit_reads(eng_ofl *x, ofl_req **subs, int m, pi2_err *ser)
     return -1;
 }
 
-/* Outside mu: wait a little for reads to land and copy the decode and
+/* Outside mu: wait a little (unless !wait) for reads to land and copy the decode and
  * read-ahead parts into their reserved slots (only this read writes
  * them). The number landed, into done[]. */
-static int reap_reads(eng_ofl *x, pi2_io_req **done, pi2_err *er)
+static int reap_reads(eng_ofl *x, pi2_io_req **done, bool wait, pi2_err *er)
 {
     if (pi2_io_inflight(x->io) == 0)
         return 0;
-    int n = pi2_io_wait_timeout(x->io, 1, done, IO_BATCH, OFL_POLL_US, er);
+    int n = wait ? pi2_io_wait_timeout(x->io, 1, done, IO_BATCH, OFL_POLL_US, er)
+                 : pi2_io_wait(x->io, 0, done, IO_BATCH, er);
     if (n < 0)
         n = 0; /* the ring itself failed: the requests report it one by one */
     for (int i = 0; i < n; i++) {
@@ -115,17 +116,20 @@ void *ofl_io_main(void *arg)
     x->io_up = true;
     pthread_cond_broadcast(&x->cv_compute);
     for (;;) {
-        while (!x->stop && x->q.n == 0 && pi2_io_inflight(x->io) == 0 && !ofl_stream_wants(x))
+        while (!x->stop && x->q.n == 0 && pi2_io_inflight(x->io) == 0 && !ofl_stream_wants(x) && x->ra.want < 0)
             pthread_cond_wait(&x->cv_io, &x->mu);
         if (x->stop)
             break;
+        bool guessing = x->ra.want >= 0;
+        if (guessing) /* first: its reads are the next the decode wants */
+            ofl_ra_step(x);
         ofl_stream_fill(x);
         int m = take_reads(x, subs);
         pthread_mutex_unlock(&x->mu);
 
         pi2_err ser = {0}, er = {0};
         int bad = submit_reads(x, subs, m, &ser);
-        int n = reap_reads(x, done, &er);
+        int n = reap_reads(x, done, !guessing, &er);
 
         pthread_mutex_lock(&x->mu);
         for (int i = bad; i >= 0 && i < m; i++) { /* not submitted: fail as reads */

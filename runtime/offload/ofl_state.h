@@ -188,6 +188,11 @@ typedef struct eng_ofl {
         uint32_t sub;             /* reads of all sets */
         float *in;                /* normed residual [D] */
         uint32_t *list;           /* predictor output [n_ff] */
+        uint32_t room_g, room_u;  /* cache entries the running read-ahead may still reserve */
+        /* the guess the I/O thread makes (ofl_ra_step), a step a round */
+        int want;                 /* its layer (-1: none running) */
+        int64_t step, units;      /* next fc2 unit (-1: fc1 first), fc2's units */
+        uint64_t bytes;           /* predictor bytes its guesses read, not yet in the step's count */
     } ra;
 
     /* counters (under mu) */
@@ -310,6 +315,13 @@ void ofl_pf_copy(eng_ofl *x, const ofl_req *r);
 void ofl_pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er);
 int ofl_flash_layer_begin(pi2_engine *e, int l, bool decode, pi2_err *err);
 int ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres, pi2_err *err);
+/* I/O thread, under mu, a guess running (x->ra.want >= 0): its next step
+ * outside mu (fc1, or the next fc2 units), the picks' reads queued. The
+ * compute thread waits for the guess to end before the layer's FFN
+ * (ofl_ra_wait: the guess's list and scratch, and the layer's streamed
+ * predictors, free again; its predictor bytes join the step's). */
+void ofl_ra_step(eng_ofl *x);
+void ofl_ra_wait(pi2_engine *e);
 
 /* offload.c: [off, off + len) read into dst (aligned) with up to depth
  * sequential reads in flight; with sha, dst NULL, hashed in order. */

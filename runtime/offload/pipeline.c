@@ -454,6 +454,7 @@ int ofl_flash_decode(pi2_engine *e, const eng_ffn *f, uint32_t n_sel, int mode, 
                         float w, pi2_err *err)
 {
     eng_ofl *x = e->ofl;
+    ofl_ra_wait(e);
     int rc = pi2_io_check_size(x->io, err);
     /* streamed predictors: this layer's have run (one FFN a layer), the
      * next read can start */

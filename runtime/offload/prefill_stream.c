@@ -169,6 +169,8 @@ void ofl_flash_end_pass(pi2_engine *e, bool decode)
 {
     if (!decode)
         stream_end(e);
+    else /* a pass that failed before its FFN leaves no guess running */
+        ofl_ra_wait(e);
 }
 
 /* ---------------- the stream's buffers ---------------- */

@@ -77,45 +77,116 @@ void ofl_pf_landed(eng_ofl *x, const ofl_rd *rd, bool ok, const pi2_err *er)
         pthread_cond_broadcast(&x->cv_compute);
 }
 
-/* Read ahead the missing neurons FFN f's predictor picks on x->ra.in. */
-static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
+/* Under mu: a read-ahead for FFN fi begins in the next set of the ring
+ * (x->ra.cur), with room for half of what the caches can evict (the rest
+ * is left to the step itself). false (nothing begun) when that set is
+ * still reading from OFL_PF_SETS guesses back and the caller cannot wait
+ * (the I/O thread, which would land those reads). */
+static bool pf_begin(eng_ofl *x, uint32_t fi, bool may_wait)
 {
-    eng_ofl *x = e->ofl;
-    uint32_t fi = ffn_index(x, f), hot = x->ghot_n[fi];
-    uint32_t n = eng_predict_from(e, f, x->ra.in, hot, x->ra.list);
-    pthread_mutex_lock(&x->mu);
-    int set = x->ra.cur = (x->ra.cur + 1) % OFL_PF_SETS;
+    int set = (x->ra.cur + 1) % OFL_PF_SETS;
     struct ofl_pf *P = &x->ra.set[set];
-    while (P->sub > 0) /* the prefetch two layers back is still reading */
+    if (P->sub > 0 && !may_wait)
+        return false;
+    x->ra.cur = set;
+    while (P->sub > 0)
         pthread_cond_wait(&x->cv_compute, &x->mu);
     P->fi = fi;
-    /* leave at least half of what can be evicted to the step itself */
-    uint32_t room_g = pi2_ncache_evictable(x->cg) / 2, room_u = x->cu ? pi2_ncache_evictable(x->cu) / 2 : 0;
-    uint32_t m = 0;
-    for (uint32_t k = 0; k < n && m < room_g; k++) {
-        uint32_t i = x->ra.list[k];
+    P->n = 0;
+    x->ra.room_g = pi2_ncache_evictable(x->cg) / 2;
+    x->ra.room_u = x->cu ? pi2_ncache_evictable(x->cu) / 2 : 0;
+    return true;
+}
+
+/* Under mu: the missing ones of n more picks (neurons, ascending) join the
+ * running read-ahead, and their reads are queued. */
+static void pf_add(eng_ofl *x, const uint32_t *picks, uint32_t n)
+{
+    struct ofl_pf *P = &x->ra.set[x->ra.cur];
+    uint32_t fi = P->fi, hot = x->ghot_n[fi], m0 = P->n, m = m0;
+    for (uint32_t k = 0; k < n && m - m0 < x->ra.room_g; k++) {
+        uint32_t i = picks[k];
         if (i < hot || pi2_ncache_contains(x->cg, fi, i))
             continue;
         pi2_err er = {0};
         if (!pi2_ncache_reserve(x->cg, fi, i, false, &P->gslot[m], &er)) {
             if (er.code == PI2_EINVAL) /* in flight for the other prefetch */
                 continue;
+            x->ra.room_g = m - m0; /* the cache is full: no more for this one */
             break;
         }
         P->sel[m] = i;
         P->flag[m] = F_GMISS;
         P->pos[i] = m + 1;
-        if (x->spec && room_u > 0 && !pi2_ncache_contains(x->cu, fi, i) &&
+        if (x->spec && x->ra.room_u > 0 && !pi2_ncache_contains(x->cu, fi, i) &&
             pi2_ncache_reserve(x->cu, fi, i, false, &P->uslot[m], &er)) {
             P->flag[m] |= F_SPEC;
-            room_u--;
+            x->ra.room_u--;
         }
         m++;
     }
+    x->ra.room_g -= m - m0;
     P->n = m;
     plist l = {P->sel, NULL, P->flag};
-    if (m > 0 && ofl_queue_reads(x, &l, J_PF, fi, (uint32_t)set, x->two_phase ? P_GATE : P_FULL, 0, m) > 0)
+    if (m > m0 && ofl_queue_reads(x, &l, J_PF, fi, (uint32_t)x->ra.cur, x->two_phase ? P_GATE : P_FULL, m0, m) > 0)
         pthread_cond_signal(&x->cv_io);
+}
+
+/* On the compute threads (the pool's predictor): read ahead for FFN f. */
+static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
+{
+    eng_ofl *x = e->ofl;
+    uint32_t fi = ffn_index(x, f);
+    uint32_t n = eng_predict_from(e, f, x->ra.in, x->ghot_n[fi], x->ra.list);
+    pthread_mutex_lock(&x->mu);
+    if (pf_begin(x, fi, true))
+        pf_add(x, x->ra.list, n);
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* fc2 units the I/O thread scores between two rounds of submitting: the
+ * first reads leave after the first units, not after the whole guess */
+#define RA_UNITS_STEP 2
+
+void ofl_ra_step(eng_ofl *x)
+{
+    pi2_engine *e = x->e;
+    const eng_ffn *f = &e->layers[x->ra.want].ffn[0];
+    uint32_t fi = ffn_index(x, f), n0 = x->ghot_n[fi];
+    int64_t u = x->ra.step, u1 = u + RA_UNITS_STEP < x->ra.units ? u + RA_UNITS_STEP : x->ra.units;
+    if (u < 0 && !pf_begin(x, fi, false)) {
+        x->ra.want = -1;
+        pthread_cond_broadcast(&x->cv_compute);
+        return;
+    }
+    pthread_mutex_unlock(&x->mu);
+    if (u < 0) {
+        int64_t units = eng_pred_start_alone(e, f, x->ra.in, n0, &e->pb[1], &x->ra.bytes);
+        pthread_mutex_lock(&x->mu);
+        x->ra.units = units;
+        x->ra.step = 0;
+        return;
+    }
+    for (int64_t v = u; v < u1; v++)
+        eng_pred_unit_alone(f, n0, v, x->ra.list + v * ENG_PRED_UNIT, &e->pb[1]);
+    pthread_mutex_lock(&x->mu);
+    for (int64_t v = u; v < u1 && x->ra.room_g > 0; v++)
+        pf_add(x, x->ra.list + v * ENG_PRED_UNIT, e->pb[1].n[v]);
+    x->ra.step = u1;
+    if (u1 >= x->ra.units) {
+        x->ra.want = -1;
+        pthread_cond_broadcast(&x->cv_compute);
+    }
+}
+
+void ofl_ra_wait(pi2_engine *e)
+{
+    eng_ofl *x = e->ofl;
+    pthread_mutex_lock(&x->mu);
+    while (x->ra.want >= 0)
+        pthread_cond_wait(&x->cv_compute, &x->mu);
+    e->st.weight_bytes += x->ra.bytes;
+    x->ra.bytes = 0;
     pthread_mutex_unlock(&x->mu);
 }
 
@@ -148,12 +219,21 @@ int ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres, pi2_err *err)
         return 0;
     pi2_op_rmsnorm(x->ra.in, xres, L->ffn_norm, d->hidden, d->rms_eps);
     if (!pi2_desc_is_moe(d)) {
-        if (L->ffn[0].has_pred)
-            prefetch_ffn(e, &L->ffn[0]);
+        /* the guess runs on the I/O thread (ofl_ra_step) while this one
+         * computes the attention */
+        if (L->ffn[0].has_pred) {
+            pthread_mutex_lock(&x->mu);
+            x->ra.want = l;
+            x->ra.step = -1;
+            pthread_cond_signal(&x->cv_io);
+            pthread_mutex_unlock(&x->mu);
+        }
         return 0;
     }
-    /* MoE: the router on the same input guesses the experts; their
-     * predictors pick the neurons (the guess's weights are not used) */
+    /* MoE: the router on the same input guesses the experts (in the
+     * engine's router buffer, which the layer's own routing uses after the
+     * attention: on this thread); their predictors pick the neurons (the
+     * guess's weights are not used) */
     int k = d->n_experts_used, *g = e->moe_guess + (size_t)l * k;
     eng_route(e, L->router, x->ra.in, g, e->moe_wk);
     for (int r = 0; r < k; r++)
@@ -178,6 +258,7 @@ bool ofl_ra_alloc(eng_ofl *x, uint32_t max_sel, uint64_t D)
         P->wait = pi2_calloc_array(max_sel, sizeof *P->wait);
         ok = ok && P->sel && P->gslot && P->uslot && P->flag && P->pos && P->wait;
     }
+    x->ra.want = -1;
     x->ra.list = pi2_malloc_array(max_sel, sizeof *x->ra.list);
     x->ra.in = pi2_malloc_array((size_t)D, sizeof *x->ra.in);
     return ok && x->ra.list && x->ra.in;

@@ -219,9 +219,9 @@ int pi2_convert_run(const pi2_convert_opts *o, FILE *report, pi2_convert_need *n
     if ((rc = conv_write_weights(&c, err)) != 0)
         goto out;
     double t_q = pi2_now() - t_w;
-    conv_report(&c, "quantized %zu tensors (ffn %s, attention %s, embeddings %s, head %s%s): %.2f GB read in %.1f s "
-                "(%.0f MB/s)\n", c.n_tensors, pi2_q_type_name(o->q_ffn), pi2_q_type_name(o->q_other),
-                pi2_q_type_name(conv_role_qt(&c, PI2_T_EMBED)), pi2_q_type_name(conv_role_qt(&c, PI2_T_LM_HEAD)),
+    conv_report(&c, "quantized %zu tensors (ffn %s, attention %s, k, v and o %s, embeddings %s, head %s%s): %.2f GB read "
+                "in %.1f s (%.0f MB/s)\n", c.n_tensors, pi2_q_type_name(o->q_ffn), pi2_q_type_name(o->q_other),
+                pi2_q_type_name(conv_role_qt(&c, PI2_T_V)), pi2_q_type_name(conv_role_qt(&c, PI2_T_EMBED)), pi2_q_type_name(conv_role_qt(&c, PI2_T_LM_HEAD)),
                 c.desc->tie_embeddings ? ", tied" : "", c.bytes_read / 1e9, t_q, t_q > 0 ? c.bytes_read / t_q / 1e6 : 0.0);
     if ((rc = conv_calibrate(&c, err)) != 0)
         goto out;

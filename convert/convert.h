@@ -36,6 +36,8 @@ typedef struct pi2_convert_opts {
     pi2_qtype q_embed;        /* the embedding table (and the head when tied): PI2_QT_Q8 or PI2_QT_Q4;
                                  PI2_QT_F32 (0, the default) = as q_other */
     pi2_qtype q_head;         /* an untied output head: likewise */
+    pi2_qtype q_kvo;          /* the attention's k, v and o projections: likewise (4-bit k, v and o
+                                 cost most of 4-bit attention's quality; q the least) */
     pi2_qtype q_pred;         /* predictors: PI2_QT_F32 (0) stores f16 rows, PI2_QT_Q8 / PI2_QT_Q4 the
                                  quantized rows the runtime evaluates (formats/manifest.h) */
     bool train_predictors;    /* train when the checkpoint has none */

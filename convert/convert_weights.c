@@ -224,6 +224,10 @@ pi2_qtype conv_role_qt(const pi2_conv *c, pi2_tname t)
         return o->q_embed != PI2_QT_F32 ? o->q_embed : o->q_other;
     case PI2_T_LM_HEAD:
         return o->q_head != PI2_QT_F32 ? o->q_head : o->q_other;
+    case PI2_T_K:
+    case PI2_T_V:
+    case PI2_T_O:
+        return o->q_kvo != PI2_QT_F32 ? o->q_kvo : o->q_other;
     default:
         return o->q_other;
     }
@@ -237,10 +241,8 @@ int conv_write_weights(pi2_conv *c, pi2_err *err)
     int rc = one(c, PI2_T_EMBED, 0, 0, conv_role_qt(c, PI2_T_EMBED), false, err);
     for (int l = 0; rc == 0 && l < d->n_layers; l++) {
         rc = one(c, PI2_T_ATTN_NORM, l, 0, PI2_QT_F32, false, err);
-        if (!rc) rc = one(c, PI2_T_Q, l, 0, o->q_other, false, err);
-        if (!rc) rc = one(c, PI2_T_K, l, 0, o->q_other, false, err);
-        if (!rc) rc = one(c, PI2_T_V, l, 0, o->q_other, false, err);
-        if (!rc) rc = one(c, PI2_T_O, l, 0, o->q_other, false, err);
+        for (int r = PI2_T_Q; rc == 0 && r <= PI2_T_O; r++)
+            rc = one(c, (pi2_tname)r, l, 0, conv_role_qt(c, (pi2_tname)r), false, err);
         if (!rc) rc = one(c, PI2_T_FFN_NORM, l, 0, PI2_QT_F32, false, err);
         if (!rc && d->n_experts > 0)
             rc = one(c, PI2_T_ROUTER, l, 0, PI2_QT_F32, false, err);

@@ -112,6 +112,8 @@ static void usage(FILE *f)
             "  --embed-quant q8|q4     the embedding table alone (default: as --other-quant); a tied\n"
             "                          model's head is its embedding table, so this sets both\n"
             "  --head-quant q8|q4      an untied output head alone (default: as --other-quant)\n"
+            "  --kvo-quant q8|q4       the attention's key, value and output projections (default: as\n"
+            "                          --other-quant); q8 with --other-quant q4 keeps most of the quality\n"
             "  --pred-quant q8|q4|f16  predictors as stored (default q8): q8/q4 are the rows the runtime\n"
             "                          runs, used in place; f16 is quantized to q8 at open\n"
             "  --train-predictors      train predictors when the model comes with none\n"
@@ -146,13 +148,13 @@ static void usage(FILE *f)
 
 static int cmd_convert(int argc, char **argv)
 {
-    enum { O_QUANT = 256, O_OQUANT, O_EQUANT, O_HQUANT, O_PQUANT, O_TRAIN, O_PRED, O_CALIB, O_CTOK, O_RECALL, O_SPARSITY, O_THREADS, O_SEED, O_PERLAYER,
+    enum { O_QUANT = 256, O_OQUANT, O_EQUANT, O_HQUANT, O_KQUANT, O_PQUANT, O_TRAIN, O_PRED, O_CALIB, O_CTOK, O_RECALL, O_SPARSITY, O_THREADS, O_SEED, O_PERLAYER,
            O_PIN, O_FORCE };
     static const struct option opts[] = {
         {"output", required_argument, 0, 'o'},       {"per-layer", no_argument, 0, O_PERLAYER},       {"quant", required_argument, 0, O_QUANT},
         {"other-quant", required_argument, 0, O_OQUANT}, {"train-predictors", no_argument, 0, O_TRAIN},
         {"pred-quant", required_argument, 0, O_PQUANT}, {"embed-quant", required_argument, 0, O_EQUANT},
-        {"head-quant", required_argument, 0, O_HQUANT},
+        {"head-quant", required_argument, 0, O_HQUANT}, {"kvo-quant", required_argument, 0, O_KQUANT},
         {"predictors", required_argument, 0, O_PRED}, {"calib", required_argument, 0, O_CALIB},
         {"calib-tokens", required_argument, 0, O_CTOK}, {"recall", required_argument, 0, O_RECALL},
         {"sparsity", required_argument, 0, O_SPARSITY}, {"threads", required_argument, 0, O_THREADS},
@@ -180,12 +182,13 @@ static int cmd_convert(int argc, char **argv)
                 rc = pi2_err_set(&err, PI2_EINVAL, "--other-quant '%s': expected q8 or q4", optarg);
             break;
         case O_EQUANT:
-        case O_HQUANT: {
-            pi2_qtype *q = c == O_EQUANT ? &o.q_embed : &o.q_head;
+        case O_HQUANT:
+        case O_KQUANT: {
+            pi2_qtype *q = c == O_EQUANT ? &o.q_embed : c == O_HQUANT ? &o.q_head : &o.q_kvo;
             rc = pi2_q_type_parse(optarg, q, NULL);
             if (rc != 0 || *q == PI2_QT_F32)
                 rc = pi2_err_set(&err, PI2_EINVAL, "--%s-quant '%s': expected q8 or q4",
-                                 c == O_EQUANT ? "embed" : "head", optarg);
+                                 c == O_EQUANT ? "embed" : c == O_HQUANT ? "head" : "kvo", optarg);
             break;
         }
         case O_PQUANT:

@@ -441,7 +441,8 @@ static int tensor_shape(pctx *c, json_t *e, const char *w, pi2_mf_tensor *t)
     t->qtype = (pi2_qtype)qt;
     if (role_is_ffn(t->role) && t->qtype != m->quant_ffn)
         return fail(c, PI2_EFORMAT, w, "qtype", "%s, but quant.ffn is %s", qnames[qt], pi2_q_type_name(m->quant_ffn));
-    bool own = t->role == PI2_T_EMBED || t->role == PI2_T_LM_HEAD; /* may differ from quant.other */
+    bool own = t->role == PI2_T_EMBED || t->role == PI2_T_LM_HEAD || t->role == PI2_T_K || t->role == PI2_T_V ||
+               t->role == PI2_T_O; /* may differ from quant.other */
     if (!role_is_ffn(t->role) && !own && t->qtype != PI2_QT_F32 && t->qtype != m->quant_other)
         return fail(c, PI2_EFORMAT, w, "qtype", "%s, but quant.other is %s (or f32)", qnames[qt],
                     pi2_q_type_name(m->quant_other));

@@ -88,8 +88,8 @@
  *                layer in [0, n_layers) for per-layer roles; expert in
  *                [0, n_experts) for gate/up/down of a MoE model, else -1;
  *                router only on MoE models. qtype: gate/up/down use
- *                quant.ffn; embed and lm_head any of f32, q8, q4 (a
- *                conversion may keep them at q8 under quant.other q4);
+ *                quant.ffn; embed, lm_head, k, v, o any of f32, q8, q4
+ *                (a conversion may keep them at q8 under quant.other q4);
  *                every other role f32 or quant.other; cols must
  *                suit the qtype (multiple of 32 for q4/q8). "scales" is ""
  *                exactly for f32. Names unique, (role, layer, expert) unique,

@@ -101,6 +101,20 @@ cmp -s "$T/pq-f16.out" "$T/pq-q8.out" && cmp -s "$T/pq-f16.out" "$T/pq-q8.oout" 
 # the report measures the rows decode runs: q4 ones when stored so
 grep -q "MB (q4)" "$T/pq-q4.rep" && grep -q "MB (q8)" "$T/pq-q8.rep" && ok \
     || { bad "the converter's report does not follow --pred-quant"; cat "$T/pq-q4.rep"; }
+# --- 4-bit attention with k, v, o and the embedding at q8: matrices of two types in one layer run
+# the same text on the scalar and the best kernels, in memory and with each layer's attention
+# streamed (a ring slot holding members of both types) ---
+"$B/pi2-convert" "$T/tiny" -o "$T/vo.pi2c" --train-predictors --calib-tokens 2048 --seed 1 --other-quant q4 \
+    --embed-quant q8 --kvo-quant q8 -q >"$T/vo.rep" 2>"$T/err" && grep -q "attention q4, k, v and o q8" "$T/vo.rep" \
+    && "$B/pi2-bundle" "$T/vo.pi2c" -o "$T/vo.pi2" --unsigned >/dev/null 2>>"$T/err" && ok \
+    || { bad "convert and bundle with --kvo-quant q8"; cat "$T/vo.rep" "$T/err"; }
+vo=$("$B/pi2-run" "$T/vo.pi2" --trust-unsigned -p "hello world" -n 24 --ids 2>"$T/err")
+for run in "--isa scalar" "--mem-limit 1T --stream-attn 1"; do
+    # shellcheck disable=SC2086
+    [ -n "$vo" ] && [ "$("$B/pi2-run" "$T/vo.pi2" --trust-unsigned -p "hello world" -n 24 --ids $run 2>>"$T/err")" = "$vo" ] \
+        && ok || { bad "--kvo-quant q8 model: other tokens with $run"; cat "$T/err"; }
+done
+expect_error "convert bad kvo-quant" "--kvo-quant 'f32'" "$B/pi2-convert" "$T/tiny" --kvo-quant f32 -o "$T/x.pi2c"
 # --- the same text on every instruction set this CPU has: a long prompt
 # (prefill: batches of tokens through the tiled Q4 FFN, in memory and
 # offloaded), then greedy decode with the predictors ---

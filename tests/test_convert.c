@@ -444,13 +444,13 @@ static void check_export_close(const char *src_dir, const char *hf, double tol, 
     pi2_st_close(src);
 }
 
-/* q_embed: the embedding table's (and so the tied head's) own type, 0 =
- * as q_other. */
+/* q_embed: the embedding table's (and so the tied head's) own type, q_kvo
+ * the attention's k, v and o; 0 = as q_other. */
 static void golden_variant(const char *model, const char *tmp, json_t *cases, pi2_qtype q_ffn, pi2_qtype q_other,
-                           pi2_qtype q_embed, bool must_agree)
+                           pi2_qtype q_embed, pi2_qtype q_kvo, bool must_agree)
 {
     char out[256], hf[256];
-    const char *tag = q_embed ? "q4-embed-q8" : q_ffn == PI2_QT_Q8 ? "q8" : "q4";
+    const char *tag = q_kvo ? "q4-embed-kvo-q8" : q_embed ? "q4-embed-q8" : q_ffn == PI2_QT_Q8 ? "q8" : "q4";
     snprintf(out, sizeof out, "%s/%s.pi2", tmp, tag);
     snprintf(hf, sizeof hf, "%s/%s-hf", tmp, tag);
     pi2_convert_opts o;
@@ -458,6 +458,7 @@ static void golden_variant(const char *model, const char *tmp, json_t *cases, pi
     o.q_ffn = q_ffn;
     o.q_other = q_other;
     o.q_embed = q_embed;
+    o.q_kvo = q_kvo;
     convert_ok(&o, NULL);
 
     pi2_ctr *c = NULL;
@@ -469,8 +470,12 @@ static void golden_variant(const char *model, const char *tmp, json_t *cases, pi
         const pi2_mf_tensor *t = &mf->tensors[i];
         bool ffn = t->role == PI2_T_GATE || t->role == PI2_T_UP || t->role == PI2_T_DOWN;
         bool norm = t->role == PI2_T_ATTN_NORM || t->role == PI2_T_FFN_NORM || t->role == PI2_T_OUT_NORM;
-        bool embed = t->role == PI2_T_EMBED || t->role == PI2_T_LM_HEAD;
-        assert_int_equal(t->qtype, norm ? PI2_QT_F32 : ffn ? q_ffn : embed && q_embed ? q_embed : q_other);
+        bool embed = t->role == PI2_T_EMBED || t->role == PI2_T_LM_HEAD, kvo = t->role == PI2_T_K || t->role == PI2_T_V || t->role == PI2_T_O;
+        assert_int_equal(t->qtype, norm  ? PI2_QT_F32
+                                   : ffn ? q_ffn
+                                   : embed && q_embed ? q_embed
+                                   : kvo && q_kvo      ? q_kvo
+                                                      : q_other);
         assert_int_equal(t->transposed, t->role == PI2_T_DOWN);
     }
     pi2_manifest_free(mf);
@@ -511,11 +516,13 @@ static void test_golden_q8_q4(void **state)
     json_t *cases = json_object_get(exp, "cases");
     assert_true(json_is_array(cases) && json_array_size(cases) > 0);
     pi2t_tmpdir(tmp, sizeof tmp);
-    golden_variant(dir, tmp, cases, PI2_QT_Q8, PI2_QT_Q8, 0, true);
-    golden_variant(dir, tmp, cases, PI2_QT_Q4, PI2_QT_Q8, 0, false); /* report only */
+    golden_variant(dir, tmp, cases, PI2_QT_Q8, PI2_QT_Q8, 0, 0, true);
+    golden_variant(dir, tmp, cases, PI2_QT_Q4, PI2_QT_Q8, 0, 0, false); /* report only */
     /* 4-bit attention with the (tied) embedding kept at q8: a manifest
-     * whose embedding differs from quant.other, read back and exported */
-    golden_variant(dir, tmp, cases, PI2_QT_Q4, PI2_QT_Q4, PI2_QT_Q8, false);
+     * whose embedding differs from quant.other, read back and exported;
+     * then k, v and o at q8 too (q alone at 4 bits) */
+    golden_variant(dir, tmp, cases, PI2_QT_Q4, PI2_QT_Q4, PI2_QT_Q8, 0, false);
+    golden_variant(dir, tmp, cases, PI2_QT_Q4, PI2_QT_Q4, PI2_QT_Q8, PI2_QT_Q8, false);
     json_decref(exp);
     pi2t_rmtree(tmp);
 }

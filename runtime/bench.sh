@@ -1,9 +1,11 @@
 #!/bin/sh
 # Runtime benchmark (make bench): the generated 1B-shaped ReGLU model
 # (hidden 2048, ffn 5632, 22 layers, 4 kv heads, q4 FFN), all in memory, on
-# THREADS threads (default 2), in two conversions: the default (q8
-# attention, embeddings, head and predictors) and the fewer-bytes one
-# (--other-quant q4 --pred-quant q4). Every figure is printed with its
+# THREADS threads (default 2), in three conversions: the default (q8
+# attention, embeddings, head and predictors), the fewer-bytes one
+# (--other-quant q4 --pred-quant q4) and the one that keeps the default's
+# perplexity (the same with k, v, o, embeddings and head at q8: only q at
+# 4 bits). Every figure is printed with its
 # ratio to a limit measured in the same run by pi2-run --hw-probe:
 #   decode, predicted sparsity   vs  this runtime's own --dense decode, and vs
 #                                    a Q4_0-class dense engine at the memory's
@@ -40,6 +42,7 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] :
 
 M="$W/rt-1b"     # the converter's defaults
 M4="$W/rt-1b-q4" # --other-quant q4 --pred-quant q4
+MQ="$W/rt-1b-q4q" # the same, only q at 4 bits
 # convert_bundle SRC OUT [converter options]
 convert_bundle() {
     src=$1 out=$2
@@ -52,12 +55,14 @@ convert_bundle() {
     "$B/pi2-bundle" "$out.pi2c" -o "$out.pi2" --key "$W/bench.pem" | tail -2
     rm -rf "$out.pi2c"
 }
-if [ ! -f "$M.pi2" ] || [ ! -f "$M4.pi2" ]; then
+if [ ! -f "$M.pi2" ] || [ ! -f "$M4.pi2" ] || [ ! -f "$MQ.pi2" ]; then
     say "== generating the 1B-shaped ReGLU model with planted predictors, converting, bundling"
     rm -rf "$M-src"
     "$B/pi2-convert" synth --preset 1b --act relu --predictors -o "$M-src" | tail -1
     [ -f "$M.pi2" ] || convert_bundle "$M-src" "$M"
     [ -f "$M4.pi2" ] || convert_bundle "$M-src" "$M4" --other-quant q4 --pred-quant q4
+    [ -f "$MQ.pi2" ] || convert_bundle "$M-src" "$MQ" --other-quant q4 --pred-quant q4 --embed-quant q8 \
+        --head-quant q8 --kvo-quant q8
     rm -rf "$M-src"
 fi
 
@@ -203,6 +208,8 @@ ppl_ref=""
 bench_model "default conversion: q8 attention, embeddings, head and predictors" "$M" "$W/runtime.json"
 bench_model "--other-quant q4 --pred-quant q4: q4 attention, embeddings, head and predictors" "$M4" \
     "$W/runtime-q4.json"
+bench_model "the same with --embed-quant q8 --head-quant q8 --kvo-quant q8: only q at 4 bits" "$MQ" \
+    "$W/runtime-q4q.json"
 # long context: the KV cache at f32 and at fp16 (--kv-type f16), alternated
 # REPEAT times, on the q4 conversion (KV the largest share of its bytes)
 say ""

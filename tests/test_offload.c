@@ -121,15 +121,16 @@ static int clear_faults(void **state)
     return 0;
 }
 
-/* The options every open here shares: path, the test key, 2 threads, CTX
+/* The options every open here shares: path, the test key, g_threads, CTX
  * and mem_limit (0: all in memory). */
+static int g_threads = 2; /* compute threads */
 static pi2_engine_opts base_opts(const char *path, uint64_t limit)
 {
     pi2_engine_opts o;
     pi2_engine_defaults(&o);
     o.path = path;
     o.pubkey = g_pubkey;
-    o.threads = 2;
+    o.threads = g_threads;
     o.ctx = CTX;
     o.offload.mem_limit = limit;
     return o;
@@ -349,6 +350,23 @@ static void same_tokens(kind k, bool dense)
         pi2_engine_close(gf);
         g_gate_first = false;
         assert_memory_equal(lg, lt, n * sizeof(float));
+    }
+    if (!dense) { /* one compute thread: the I/O thread has a core of its own and makes the
+                   * read-ahead's guesses (runtime/offload/readahead.c); as in memory, bit for bit */
+        float *l1 = malloc(n * sizeof(float));
+        int32_t i1[STEPS + 1];
+        g_threads = 1;
+        pi2_engine *one = open_at(path, minimum + 4096, 0.0, false), *one_mem = open_at(path, 0, 0.5, false);
+        g_threads = 2;
+        pi2_engine_stats_reset(one);
+        assert_int_equal(run_greedy(one, lt, it, &e), 0);
+        assert_int_equal(run_greedy(one_mem, l1, i1, &e), 0);
+        pi2_engine_offload_info_get(one, &b);
+        pi2_engine_close(one);
+        pi2_engine_close(one_mem);
+        assert_memory_equal(l1, lt, n * sizeof(float));
+        assert_true(k == K_SILU || b.parts_prefetched > 0);
+        free(l1);
     }
     /* vs in memory: the prefill's logits bit for bit (its windows are
      * whole tiles, run by the same threads in the same order), and sparse

@@ -44,8 +44,9 @@
  *            compute threads are the engine's pool. It may be pinned to a
  *            CPU of its own and raise its priority as far as the process
  *            may; close joins it and gives the caller its CPU mask back.
- *            It also makes the read-ahead's guess (dense models), a few
- *            predictor units between two rounds of reads.
+ *            With a core of its own it also makes the read-ahead's guess
+ *            (dense models), a few predictor units between two rounds of
+ *            reads.
  *
  * Who owns what: the engine's FFN row tables belong to the active source
  * (runtime/ffn_source.h); while offloading, ofl_set_rows is their one
@@ -63,8 +64,9 @@
  *   iothread.c         the I/O thread: take queued reads, submit, reap,
  *                      copy into the reserved slots, hand each read over
  *   readahead.c        before a layer's attention: guess its FFN's neurons
- *                      (on the I/O thread; on MoE its experts first, on the
- *                      compute threads) and start reading them
+ *                      (on the I/O thread where it has a core; on MoE its
+ *                      experts first, on the compute threads) and start
+ *                      reading them
  *   prefill_stream.c   prefill: every FFN's windows streamed in order, a
  *                      few ahead, across layers
  *   pstream.c          the streamed ring (predictors, attention): the

@@ -132,7 +132,10 @@ static void pf_add(eng_ofl *x, const uint32_t *picks, uint32_t n)
         pthread_cond_signal(&x->cv_io);
 }
 
-/* On the compute threads (the pool's predictor): read ahead for FFN f. */
+/* On the compute threads (the pool's predictor): read ahead for FFN f
+ * (MoE, and plans whose compute threads take every core: there a guess on
+ * the I/O thread would take its core from them; 1B shape at half its FFN
+ * out, 2 threads: 68.6 against 70.7 tok/s). */
 static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
 {
     eng_ofl *x = e->ofl;
@@ -218,9 +221,14 @@ int ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres, pi2_err *err)
     if (!cold)
         return 0;
     pi2_op_rmsnorm(x->ra.in, xres, L->ffn_norm, d->hidden, d->rms_eps);
+    if (!pi2_desc_is_moe(d) && !x->pinned) { /* the compute threads have every core */
+        if (L->ffn[0].has_pred)
+            prefetch_ffn(e, &L->ffn[0]);
+        return 0;
+    }
     if (!pi2_desc_is_moe(d)) {
-        /* the guess runs on the I/O thread (ofl_ra_step) while this one
-         * computes the attention */
+        /* the I/O thread has a core of its own: the guess runs there
+         * (ofl_ra_step) while this one computes the attention */
         if (L->ffn[0].has_pred) {
             pthread_mutex_lock(&x->mu);
             x->ra.want = l;

@@ -148,7 +148,8 @@ static void usage(FILE *f)
 
 static int cmd_convert(int argc, char **argv)
 {
-    enum { O_QUANT = 256, O_OQUANT, O_EQUANT, O_HQUANT, O_KQUANT, O_PQUANT, O_TRAIN, O_PRED, O_CALIB, O_CTOK, O_RECALL, O_SPARSITY, O_THREADS, O_SEED, O_PERLAYER,
+    enum { O_QUANT = 256, O_OQUANT, O_EQUANT, O_HQUANT, O_KQUANT, O_PQUANT, O_TRAIN, O_PRED, O_CALIB, O_CTOK, O_RECALL,
+           O_SPARSITY, O_THREADS, O_SEED, O_PERLAYER,
            O_PIN, O_FORCE };
     static const struct option opts[] = {
         {"output", required_argument, 0, 'o'},       {"per-layer", no_argument, 0, O_PERLAYER},       {"quant", required_argument, 0, O_QUANT},

@@ -123,8 +123,9 @@ int eng_alloc_state(pi2_engine *e, pi2_err *err)
     e->tls = calloc((size_t)e->tls_n, sizeof *e->tls);
     e->buf_bytes += (uint64_t)e->tls_n * sizeof *e->tls;
     if (!e->x || !e->xb || !e->xb2 || !e->q || !e->att || !e->aqs || !e->aq || !e->asum ||
-        !pb_ok || !e->router_logits || !e->chosen || !e->sel || !e->dec_out || !e->share_rng || !e->moe_x || !e->moe_out || !e->moe_w || !e->moe_tok || !e->moe_wk || !e->moe_prev ||
-        !e->moe_guess || !e->rope_cs || !e->rope_sn || !e->tls)
+        !pb_ok || !e->router_logits || !e->chosen || !e->sel || !e->dec_out || !e->share_rng || !e->moe_x ||
+        !e->moe_out || !e->moe_w || !e->moe_tok || !e->moe_wk || !e->moe_prev || !e->moe_guess || !e->rope_cs ||
+        !e->rope_sn || !e->tls)
         return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for the KV cache (%d positions) and buffers", e->path,
                            e->ctx);
     for (size_t i = 0; i < (size_t)d->n_layers * K; i++)

@@ -69,14 +69,15 @@ static void pred_fc1_unit(const pred_job *j, int64_t u, int64_t D)
     pred_rows(f->pred_qt, f->q1, f->s1, D, b, en, pb->xs, pb->xq, pb->xsum, pb->h + b);
 }
 
-static void pred_fc2_unit(const pred_job *j, int64_t u)
+/* fc2's unit u; its picks into list, their count into the scratch's n[u]. */
+static void pred_fc2_unit(const pred_job *j, int64_t u, uint32_t *list)
 {
     const eng_ffn *f = j->f;
     const eng_pred_buf *pb = j->b;
     float *sc = pb->scores, thr = f->threshold;
     int64_t b = j->n0 + u * ENG_PRED_UNIT, en = b + ENG_PRED_UNIT < f->n_ff ? b + ENG_PRED_UNIT : f->n_ff;
     pred_rows(f->pred_qt, f->q2, f->s2, f->rank_p, b, en, pb->hs, pb->hq, pb->hsum, sc + b);
-    uint32_t n = 0, *list = j->sel + u * ENG_PRED_UNIT;
+    uint32_t n = 0;
     for (int64_t i = b; i < en; i++)
         if (sc[i] >= thr)
             list[n++] = (uint32_t)i;
@@ -98,7 +99,7 @@ static void pred_fn(void *ctx, int tid, int nt)
     for (long i = 0; !atomic_load_explicit(&j->hidden, memory_order_acquire);)
         pi2_pool_spin(&i);
     for (int64_t u; (u = atomic_fetch_add_explicit(&j->next2, 1, memory_order_relaxed)) < j->units2;)
-        pred_fc2_unit(j, u);
+        pred_fc2_unit(j, u, j->sel + u * ENG_PRED_UNIT);
 }
 
 /* The job for FFN f on x, its input quantized into the job's scratch. */
@@ -162,7 +163,7 @@ int64_t eng_pred_start_alone(const pi2_engine *e, const eng_ffn *f, const float 
 
 uint32_t eng_pred_unit_alone(const eng_ffn *f, uint32_t n0, int64_t u, uint32_t *sel, const eng_pred_buf *b)
 {
-    pred_job j = {.f = f, .b = b, .n0 = n0 < f->n_ff ? n0 : f->n_ff, .sel = sel - u * ENG_PRED_UNIT};
-    pred_fc2_unit(&j, u);
+    pred_job j = {.f = f, .b = b, .n0 = n0 < f->n_ff ? n0 : f->n_ff};
+    pred_fc2_unit(&j, u, sel);
     return b->n[u];
 }

@@ -470,7 +470,8 @@ static void golden_variant(const char *model, const char *tmp, json_t *cases, pi
         const pi2_mf_tensor *t = &mf->tensors[i];
         bool ffn = t->role == PI2_T_GATE || t->role == PI2_T_UP || t->role == PI2_T_DOWN;
         bool norm = t->role == PI2_T_ATTN_NORM || t->role == PI2_T_FFN_NORM || t->role == PI2_T_OUT_NORM;
-        bool embed = t->role == PI2_T_EMBED || t->role == PI2_T_LM_HEAD, kvo = t->role == PI2_T_K || t->role == PI2_T_V || t->role == PI2_T_O;
+        bool embed = t->role == PI2_T_EMBED || t->role == PI2_T_LM_HEAD;
+        bool kvo = t->role == PI2_T_K || t->role == PI2_T_V || t->role == PI2_T_O;
         assert_int_equal(t->qtype, norm  ? PI2_QT_F32
                                    : ffn ? q_ffn
                                    : embed && q_embed ? q_embed

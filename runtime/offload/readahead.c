@@ -103,8 +103,8 @@ static bool pf_begin(eng_ofl *x, uint32_t fi, bool may_wait)
 static void pf_add(eng_ofl *x, const uint32_t *picks, uint32_t n)
 {
     struct ofl_pf *P = &x->ra.set[x->ra.cur];
-    uint32_t fi = P->fi, hot = x->ghot_n[fi], m0 = P->n, m = m0;
-    for (uint32_t k = 0; k < n && m - m0 < x->ra.room_g; k++) {
+    uint32_t fi = P->fi, hot = x->ghot_n[fi], m0 = P->n, m = m0, room = x->ra.room_g;
+    for (uint32_t k = 0; k < n && m - m0 < room; k++) {
         uint32_t i = picks[k];
         if (i < hot || pi2_ncache_contains(x->cg, fi, i))
             continue;
@@ -112,7 +112,7 @@ static void pf_add(eng_ofl *x, const uint32_t *picks, uint32_t n)
         if (!pi2_ncache_reserve(x->cg, fi, i, false, &P->gslot[m], &er)) {
             if (er.code == PI2_EINVAL) /* in flight for the other prefetch */
                 continue;
-            x->ra.room_g = m - m0; /* the cache is full: no more for this one */
+            room = m - m0; /* the cache is full: no more for this read-ahead */
             break;
         }
         P->sel[m] = i;
@@ -125,7 +125,7 @@ static void pf_add(eng_ofl *x, const uint32_t *picks, uint32_t n)
         }
         m++;
     }
-    x->ra.room_g -= m - m0;
+    x->ra.room_g = room - (m - m0);
     P->n = m;
     plist l = {P->sel, NULL, P->flag};
     if (m > m0 && ofl_queue_reads(x, &l, J_PF, fi, (uint32_t)x->ra.cur, x->two_phase ? P_GATE : P_FULL, m0, m) > 0)
@@ -134,8 +134,7 @@ static void pf_add(eng_ofl *x, const uint32_t *picks, uint32_t n)
 
 /* On the compute threads (the pool's predictor): read ahead for FFN f
  * (MoE, and plans whose compute threads take every core: there a guess on
- * the I/O thread would take its core from them; 1B shape at half its FFN
- * out, 2 threads: 68.6 against 70.7 tok/s). */
+ * the I/O thread would take a core from them; runtime/PERF.md). */
 static void prefetch_ffn(pi2_engine *e, const eng_ffn *f)
 {
     eng_ofl *x = e->ofl;
@@ -164,8 +163,10 @@ void ofl_ra_step(eng_ofl *x)
     }
     pthread_mutex_unlock(&x->mu);
     if (u < 0) {
-        int64_t units = eng_pred_start_alone(e, f, x->ra.in, n0, &e->pb[1], &x->ra.bytes);
+        uint64_t bytes = 0;
+        int64_t units = eng_pred_start_alone(e, f, x->ra.in, n0, &e->pb[1], &bytes);
         pthread_mutex_lock(&x->mu);
+        x->ra.bytes += bytes;
         x->ra.units = units;
         x->ra.step = 0;
         return;
@@ -221,21 +222,20 @@ int ofl_flash_layer_ahead(pi2_engine *e, int l, const float *xres, pi2_err *err)
     if (!cold)
         return 0;
     pi2_op_rmsnorm(x->ra.in, xres, L->ffn_norm, d->hidden, d->rms_eps);
-    if (!pi2_desc_is_moe(d) && !x->pinned) { /* the compute threads have every core */
-        if (L->ffn[0].has_pred)
-            prefetch_ffn(e, &L->ffn[0]);
-        return 0;
-    }
     if (!pi2_desc_is_moe(d)) {
+        if (!L->ffn[0].has_pred)
+            return 0;
+        if (!x->pinned) { /* the compute threads have every core */
+            prefetch_ffn(e, &L->ffn[0]);
+            return 0;
+        }
         /* the I/O thread has a core of its own: the guess runs there
          * (ofl_ra_step) while this one computes the attention */
-        if (L->ffn[0].has_pred) {
-            pthread_mutex_lock(&x->mu);
-            x->ra.want = l;
-            x->ra.step = -1;
-            pthread_cond_signal(&x->cv_io);
-            pthread_mutex_unlock(&x->mu);
-        }
+        pthread_mutex_lock(&x->mu);
+        x->ra.want = l;
+        x->ra.step = -1;
+        pthread_cond_signal(&x->cv_io);
+        pthread_mutex_unlock(&x->mu);
         return 0;
     }
     /* MoE: the router on the same input guesses the experts (in the

@@ -170,8 +170,8 @@ static int setup_ffns(bctx *b, pi2_err *err)
     pi2_bl_ffn geo;
     b->row_bytes = pi2_bl_row_bytes(m->quant_ffn, d->hidden);
     b->pay_bytes = pi2_q_payload_row_bytes(m->quant_ffn, d->hidden);
-    b->io_unit = b->o->io_unit ? b->o->io_unit : pi2_bl_auto_io_unit(d, m->quant_ffn);
-    int rc = pi2_bl_geometry(d, m->quant_ffn, b->io_unit, &geo, err);
+    b->io_unit = b->o->io_unit ? b->o->io_unit : pi2_bl_auto_io_unit(d, m->quant_ffn, b->two_phase);
+    int rc = pi2_bl_geometry(d, m->quant_ffn, b->io_unit, b->two_phase, &geo, err);
     if (rc)
         return rc;
     static const pi2_tname roles[3] = { PI2_T_GATE, PI2_T_UP, PI2_T_DOWN };
@@ -347,7 +347,12 @@ int pi2_bundle_create(const pi2_bundle_opts *o, FILE *report, pi2_err *err)
     if (rc)
         goto out;
     b.d = &b.in.mf->config;
-    b.two_phase = b.d->act == PI2_ACT_DRELU;
+    b.two_phase = pi2_bl_two_phase(o->phases, b.d->act);
+    if (o->phases == PI2_BL_TWO_PHASE && !b.two_phase) {
+        rc = pi2_err_set(err, PI2_EINVAL, "%s: a two-phase layout is for drelu only (activation %s)", o->in_path,
+                         pi2_act_name(b.d->act));
+        goto out;
+    }
     if (b.in.mf->quant_ffn != PI2_QT_Q4 && b.in.mf->quant_ffn != PI2_QT_Q8) {
         rc = pi2_err_set(err, PI2_EUNSUPPORTED, "%s: FFN quant %s cannot be bundled", o->in_path,
                          pi2_q_type_name(b.in.mf->quant_ffn));

@@ -19,6 +19,11 @@ const char *pi2_bl_order_name(pi2_bl_order o)
     return (unsigned)o < 3 ? order_names[o] : "?";
 }
 
+bool pi2_bl_two_phase(pi2_bl_phases p, pi2_act act)
+{
+    return act == PI2_ACT_DRELU && p == PI2_BL_TWO_PHASE;
+}
+
 static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 /* ---- geometry ---- */
@@ -41,9 +46,13 @@ static void units(uint64_t R, uint64_t P, bool two, uint64_t *bundle, uint64_t *
     *read = *bundle > *gate ? *bundle : *gate;
 }
 
-int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, pi2_bl_ffn *out, pi2_err *err)
+int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, bool two_phase, pi2_bl_ffn *out,
+                    pi2_err *err)
 {
     memset(out, 0, sizeof *out);
+    if (two_phase && d->act != PI2_ACT_DRELU)
+        return pi2_err_set(err, PI2_EINVAL, "a two-phase layout is for drelu only (activation %s)",
+                           pi2_act_name(d->act));
     if (io_unit < PI2_BL_IO_MIN || io_unit > PI2_BL_IO_MAX || (io_unit & (io_unit - 1)) != 0)
         return pi2_err_set(err, PI2_EINVAL, "I/O unit %u is not a power of two in [4K, 256K]", io_unit);
     if (q_ffn != PI2_QT_Q4 && q_ffn != PI2_QT_Q8)
@@ -53,8 +62,7 @@ int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, 
                            d->n_ff);
     /* hidden, n_ff <= 2^20 and R <= 2 hidden: every product below fits 64 bits */
     uint64_t R = pi2_bl_row_bytes(q_ffn, d->hidden), P = pi2_q_payload_row_bytes(q_ffn, d->hidden), read;
-    bool two = d->act == PI2_ACT_DRELU;
-    units(R, P, two, &out->bundle_bytes, &out->gate_bytes, &read);
+    units(R, P, two_phase, &out->bundle_bytes, &out->gate_bytes, &read);
     uint64_t g = io_unit / read;
     if (g < 1)
         g = 1;
@@ -73,14 +81,14 @@ int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, 
     return 0;
 }
 
-uint32_t pi2_bl_auto_io_unit(const pi2_model_desc *d, pi2_qtype q_ffn)
+uint32_t pi2_bl_auto_io_unit(const pi2_model_desc *d, pi2_qtype q_ffn, bool two_phase)
 {
     uint32_t best = PI2_BL_IO_DEFAULT;
     double best_waste = INFINITY;
     for (uint32_t u = PI2_BL_IO_AUTO_MIN; u <= PI2_BL_IO_MAX; u *= 2) {
         pi2_bl_ffn f;
         pi2_err e;
-        if (pi2_bl_geometry(d, q_ffn, u, &f, &e))
+        if (pi2_bl_geometry(d, q_ffn, u, two_phase, &f, &e))
             return PI2_BL_IO_DEFAULT; /* the same call reports the problem to the caller */
         if ((uint64_t)f.group * f.bundle_bytes > u || (uint64_t)f.group * f.gate_bytes > u)
             continue; /* rows wider than u: a read would exceed it */
@@ -671,9 +679,9 @@ static int parse_root(lctx *c, json_t *root, pi2_bundle_layout *l)
                     (unsigned long long)l->row_bytes, (unsigned long long)R, pi2_q_type_name(m->quant_ffn), d->hidden);
     if ((rc = pi2_jr_bool(&c->r, root, "bundle", "two_phase", &l->two_phase)))
         return rc;
-    if (l->two_phase != (d->act == PI2_ACT_DRELU))
-        return fail(c, PI2_EFORMAT, "two_phase", "%s for activation %s (two-phase is for drelu only)",
-                    l->two_phase ? "true" : "false", pi2_act_name(d->act));
+    if (l->two_phase && d->act != PI2_ACT_DRELU)
+        return fail(c, PI2_EFORMAT, "two_phase", "true for activation %s (two-phase is for drelu only)",
+                    pi2_act_name(d->act));
     json_t *hr;
     if ((rc = pi2_jr_obj(&c->r, root, "bundle", "hot_rule", false, &hr)) ||
         (rc = PI2_JR_KEYS(&c->r, hr, "bundle.hot_rule", hkeys, false)) ||

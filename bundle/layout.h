@@ -95,7 +95,8 @@
  *   "io_unit": U,
  *   "align": 4096,
  *   "row_bytes": R (payload and scales),
- *   "two_phase": bool                  (true exactly for act drelu),
+ *   "two_phase": bool                  (true only for act drelu; drelu may
+ *                                       be either, pi2-bundle --layout),
  *   "hot_rule": { "min_freq": number in [0, 1] or null,
  *                 "share": number in [0, 1] or null }   (exactly one non-null),
  *   "signer": "" (unsigned) or 64 lowercase hex digits: the raw Ed25519
@@ -129,7 +130,7 @@
  *
  * Checks (pi2_bundle_layout_parse, against the parsed manifest): exact keys,
  * integer types, version 3, U a power of two in range, align 4096, R as
- * above, two_phase matching the activation, g in [1, n_ff] and the read rule
+ * above, two_phase only for drelu, g in [1, n_ff] and the read rule
  * (g * 3R <= U, or g * max(2P, R + 2C) <= U, when g > 1), bundle_bytes,
  * gate_bytes (so a gate part too small for the scales is refused),
  * gate_part, slot_bytes, groups, hot_neurons and both regions exactly as
@@ -167,6 +168,20 @@ typedef enum pi2_bl_order {
     PI2_BL_ORDER_FREQUENCY = 1,   /* hot to cold, no activation bits to group by */
     PI2_BL_ORDER_COACTIVATION = 2 /* hot to cold, cold neurons grouped by co-activation */
 } pi2_bl_order;
+
+/* Which layout pi2-bundle writes (--layout). Two-phase suits plans that
+ * read a cold group's gates and then the fired neurons' up+down; one-phase
+ * keeps a neuron's three rows together, one read of 3R a neuron, for plans
+ * that read the predicted neurons whole. */
+typedef enum pi2_bl_phases {
+    PI2_BL_AUTO = 0,      /* one-phase (runtime/PERF.md: faster at every limit measured) */
+    PI2_BL_ONE_PHASE = 1, /* any activation */
+    PI2_BL_TWO_PHASE = 2  /* drelu only */
+} pi2_bl_phases;
+
+/* Whether `p` gives a two-phase layout for activation `act` (false for
+ * PI2_BL_TWO_PHASE with an activation other than drelu: the caller refuses). */
+bool pi2_bl_two_phase(pi2_bl_phases p, pi2_act act);
 
 /* One FFN (layer, expert). */
 typedef struct pi2_bl_ffn {
@@ -211,7 +226,8 @@ uint64_t pi2_bl_row_bytes(pi2_qtype q_ffn, int64_t hidden);
  * gate part, slot and group count (the formulas above), with hot_groups = 0.
  * PI2_EINVAL for a bad io_unit or a non-q4/q8 FFN quant, PI2_ERANGE if the
  * member would exceed PI2_CTR_MAX_SIZE. */
-int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, pi2_bl_ffn *out, pi2_err *err);
+int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, bool two_phase, pi2_bl_ffn *out,
+                    pi2_err *err);
 /* The I/O unit pi2-bundle uses unless told (--io-unit auto): the smallest
  * power of two from PI2_BL_IO_AUTO_MIN up whose every read fits it and
  * whose slot is at most 1/PI2_BL_IO_AUTO_WASTE padding, i.e. the smallest
@@ -224,7 +240,7 @@ int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, 
  * (missed neurons seldom share a group), and padding costs both disk
  * bytes and cache memory. PI2_BL_IO_DEFAULT for dimensions
  * pi2_bl_geometry refuses. */
-uint32_t pi2_bl_auto_io_unit(const pi2_model_desc *d, pi2_qtype q_ffn);
+uint32_t pi2_bl_auto_io_unit(const pi2_model_desc *d, pi2_qtype q_ffn, bool two_phase);
 /* Set hot_groups = H (clamped to groups) and derive hot_neurons and both
  * regions from it. */
 void pi2_bl_set_hot(pi2_bl_ffn *f, uint32_t hot_groups);

@@ -57,6 +57,11 @@ static void usage(FILE *f)
             "  --io-unit SIZE|auto  largest read of a neuron group: 4K..256K, a power of two\n"
             "                       (default auto: the smallest from 8K that packs whole\n"
             "                       neurons with at most 1/8 padding)\n"
+            "  --layout L           FFN layout: two-phase (dReLU only: a group's gates with all\n"
+            "                       their scales, then up+down; suits small limits that keep\n"
+            "                       gates in memory), one-phase (each neuron's gate, up and down\n"
+            "                       together: one read a neuron), or auto (default: two-phase\n"
+            "                       for dReLU)\n"
             "  --hot-share F        hot neurons: this share of each FFN (0..1) ...\n"
             "  --hot-freq F         ... or those firing on at least this share of tokens\n"
             "                       (default 0.5)\n"
@@ -243,15 +248,26 @@ static int bundle_out_check(const pi2_bundle_opts *o, const char *keypath, bool 
     return rc;
 }
 
+static int parse_layout(const char *s, pi2_bl_phases *out, pi2_err *err)
+{
+    static const char *const names[] = { "auto", "one-phase", "two-phase" };
+    for (int k = 0; k < 3; k++)
+        if (strcmp(s, names[k]) == 0) {
+            *out = (pi2_bl_phases)k;
+            return 0;
+        }
+    return pi2_err_set(err, PI2_EINVAL, "--layout '%s': expected auto, one-phase or two-phase", s);
+}
+
 static int cmd_bundle(int argc, char **argv)
 {
-    enum { O_KEY = 256, O_UNSIGNED, O_IO, O_SHARE, O_FREQ, O_THREADS, O_FORCE };
+    enum { O_KEY = 256, O_UNSIGNED, O_IO, O_LAYOUT, O_SHARE, O_FREQ, O_THREADS, O_FORCE };
     static const struct option opts[] = {
         { "output", required_argument, 0, 'o' },     { "key", required_argument, 0, O_KEY },
         { "unsigned", no_argument, 0, O_UNSIGNED },   { "io-unit", required_argument, 0, O_IO },
         { "hot-share", required_argument, 0, O_SHARE }, { "hot-freq", required_argument, 0, O_FREQ },
         { "threads", required_argument, 0, O_THREADS }, { "quiet", no_argument, 0, 'q' },
-        { "force", no_argument, 0, O_FORCE },
+        { "force", no_argument, 0, O_FORCE },         { "layout", required_argument, 0, O_LAYOUT },
         { "help", no_argument, 0, 'h' },            { 0, 0, 0, 0 }
     };
     pi2_bundle_opts o;
@@ -280,6 +296,7 @@ static int cmd_bundle(int argc, char **argv)
                                  optarg);
             o.io_unit = (uint32_t)sz;
             break;
+        case O_LAYOUT: rc = parse_layout(optarg, &o.phases, &err); break;
         case O_SHARE:
             rc = pi2_parse_double("--hot-share", optarg, 0, 1, &dv, &err);
             o.hot_share = dv;

@@ -202,17 +202,21 @@ expect_error "bundle bad flag" "--frobnicate" "$B/pi2-bundle" "$T/tiny.pi2c" -o 
 expect_error "bundle public key to sign" "k.pub" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pub"
 expect_error "bundle missing input" "$T/nope.pi2c" "$B/pi2-bundle" "$T/nope.pi2c" -o "$T/b.pi2" --key "$T/k.pem"
 [ -e "$T/b.pi2" ] && bad "failed bundle left $T/b.pi2" || ok
-# the tiny dReLU FFN (hidden 64, 256 neurons): 8K slots would be 5/32 padding, 16K holds all 256 in
-# one 28K slot (12K of gate units, 16K of up+down payloads), 1/28 padding
-expect_ok "bundle auto io unit" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit auto
-grep -q "io unit 16 KiB (auto)" "$T/out" && ok || { bad "bundle --io-unit auto: no automatic unit in the summary"; cat "$T/out"; }
+expect_error "bundle bad layout" "--layout 'three-phase'" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --layout three-phase
+# the tiny dReLU FFN (hidden 64, 256 neurons), two-phase: 8K slots would be 5/32 padding, 16K holds
+# all 256 in one 28K slot (12K of gate units, 16K of up+down payloads), 1/28 padding; one-phase
+# (the default): 75 neurons of 108 bytes fill 8K slots but 92 bytes
+expect_ok "bundle auto io unit" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit auto --layout two-phase
+grep -q "layout: two-phase (gate part, then up+down), io unit 16 KiB (auto)" "$T/out" && ok || { bad "bundle --io-unit auto: no automatic unit in the summary"; cat "$T/out"; }
+expect_ok "bundle one-phase" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --force
+grep -q "layout: one-phase (gate|up|down), io unit 8 KiB (auto), group 75" "$T/out" && ok || { bad "bundle: not one-phase by default"; cat "$T/out"; }
 expect_ok "bundle" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit 4K --force
 grep -q "io unit 4 KiB (given)" "$T/out" && ok || bad "bundle --io-unit 4K: the summary does not show it"
 grep -q "signed with key" "$T/out" && ok || bad "bundle summary does not name the key"
 tar tvf "$T/b.pi2" 2>/dev/null | grep -q " ffn/0.0$" && ok || bad "tar does not list ffn/0.0"
 expect_ok "bundle verify" "$B/pi2-bundle" verify "$T/b.pi2" --pubkey "$T/k.pub"
 grep -q "signature ok" "$T/out" && ok || bad "verify does not say signature ok"
-"$B/pi2-bundle" inspect "$T/b.pi2" >"$T/out" 2>"$T/err" && grep -q "^layout: *two-phase" "$T/out" \
+"$B/pi2-bundle" inspect "$T/b.pi2" >"$T/out" 2>"$T/err" && grep -q "^layout: *one-phase" "$T/out" \
     && grep -q "^signature: *signed" "$T/out" && grep -q "^verify: *pi2-bundle verify .* --pubkey" "$T/out" \
     && ok || { bad "bundle inspect"; cat "$T/out" "$T/err"; }
 expect_ok "bundle inspect --svg" "$B/pi2-bundle" inspect "$T/b.pi2" --svg "$T/b.svg"

@@ -73,10 +73,12 @@ static int make_converted(model_kind k, const char *out)
     return 0;
 }
 
-static int do_bundle(const char *in, const char *out, const pi2_sign_key *key, uint32_t io, pi2_err *e)
+static int do_bundle(const char *in, const char *out, const pi2_sign_key *key, uint32_t io, pi2_bl_phases ph,
+                     pi2_err *e)
 {
     pi2_bundle_opts o;
     pi2_bundle_defaults(&o);
+    o.phases = ph;
     o.in_path = in;
     o.out_path = out;
     o.key = key;
@@ -104,7 +106,8 @@ static int group_setup(void **state)
         return -1;
     if (pi2t_keypair(g_dir, "k", &g_key, &g_pubkey, &e) || pi2t_keypair(g_dir, "k2", &g_key2, NULL, &e))
         return fprintf(stderr, "keys: %s\n", e.msg), -1;
-    if (do_bundle(g_drelu, g_signed, g_key, 4096, &e) || do_bundle(g_drelu, g_unsigned, NULL, 4096, &e))
+    if (do_bundle(g_drelu, g_signed, g_key, 4096, PI2_BL_TWO_PHASE, &e) ||
+        do_bundle(g_drelu, g_unsigned, NULL, 4096, PI2_BL_TWO_PHASE, &e))
         return fprintf(stderr, "bundle: %s\n", e.msg), -1;
     fprintf(stderr, "  [fixtures in %.1f s]\n", pi2_now() - t0);
     return 0;
@@ -280,7 +283,7 @@ static void test_geometry(void **state)
     assert_int_equal(pi2_bl_row_bytes(PI2_QT_Q4, 4096), 2304);
     assert_int_equal(pi2_bl_row_bytes(PI2_QT_Q8, 4096), 4352);
     assert_int_equal(pi2_bl_row_bytes(PI2_QT_F32, 4096), 0);
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 16384, &f, &e), 0);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 16384, d.act == PI2_ACT_DRELU, &f, &e), 0);
     assert_int_equal(f.group, 2);
     assert_int_equal(f.bundle_bytes, 6912);
     assert_int_equal(f.gate_part, 0);
@@ -290,7 +293,7 @@ static void test_geometry(void **state)
     /* two-phase: up+down payloads only (2P = 4096, one page a neuron), the
      * gate unit with every scale (R + 2C = 2816): 4 neurons in 12K + 16K */
     d.act = PI2_ACT_DRELU;
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 16384, &f, &e), 0);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 16384, d.act == PI2_ACT_DRELU, &f, &e), 0);
     assert_int_equal(f.group, 4);
     assert_int_equal(f.bundle_bytes, 4096);
     assert_int_equal(f.gate_bytes, 2816);
@@ -299,25 +302,25 @@ static void test_geometry(void **state)
     assert_int_equal(f.groups, 14336 / 4);
     /* a row wider than the unit: one neuron per group, reads exceed it
      * (q8: gate unit 4096 + 3 * 256, up+down 8192) */
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q8, 4096, &f, &e), 0);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q8, 4096, d.act == PI2_ACT_DRELU, &f, &e), 0);
     assert_int_equal(f.group, 1);
     assert_int_equal(f.gate_bytes, 4864);
     assert_int_equal(f.gate_part, 8192);
     assert_int_equal(f.slot_bytes, 8192 + 8192);
     /* 256K, one-phase q8: R = 4352, g = 20, slot roundup(20 * 13056) */
     d.act = PI2_ACT_SILU;
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q8, 262144, &f, &e), 0);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q8, 262144, d.act == PI2_ACT_DRELU, &f, &e), 0);
     assert_int_equal(f.group, 20);
     assert_int_equal(f.slot_bytes, 262144);
     assert_int_equal(f.groups, (14336 + 19) / 20);
     /* the group never exceeds the FFN */
     d = desc(64, 40, PI2_ACT_DRELU);
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 262144, &f, &e), 0);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 262144, d.act == PI2_ACT_DRELU, &f, &e), 0);
     assert_int_equal(f.group, 40);
     assert_int_equal(f.groups, 1);
     /* hot regions (R = 32 + 4) */
     d = desc(64, 256, PI2_ACT_RELU);
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 4096, &f, &e), 0);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 4096, d.act == PI2_ACT_DRELU, &f, &e), 0);
     assert_int_equal(f.group, 37);
     assert_int_equal(f.groups, 7);
     pi2_bl_set_hot(&f, 2);
@@ -339,7 +342,7 @@ static void test_geometry(void **state)
     }
     /* two-phase (P = 32, C = 4): gate units of 44, up+down units of 64 */
     d.act = PI2_ACT_DRELU;
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 4096, &f, &e), 0);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 4096, d.act == PI2_ACT_DRELU, &f, &e), 0);
     assert_int_equal(f.group, 64);
     assert_int_equal(f.gate_bytes, 44);
     assert_int_equal(f.bundle_bytes, 64);
@@ -352,10 +355,10 @@ static void test_geometry(void **state)
     assert_int_equal(at.pay[1], 8192 + 4096 + 9 * 64);
     assert_int_equal(at.pay[2], 8192 + 4096 + 9 * 64 + 32);
     /* bad units and quant */
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 2048, &f, &e), PI2_EINVAL);
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 12288, &f, &e), PI2_EINVAL);
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 524288, &f, &e), PI2_EINVAL);
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_F32, 4096, &f, &e), PI2_EINVAL);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 2048, d.act == PI2_ACT_DRELU, &f, &e), PI2_EINVAL);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 12288, d.act == PI2_ACT_DRELU, &f, &e), PI2_EINVAL);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 524288, d.act == PI2_ACT_DRELU, &f, &e), PI2_EINVAL);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_F32, 4096, d.act == PI2_ACT_DRELU, &f, &e), PI2_EINVAL);
 }
 
 /* Padding of a slot: the share of its bytes that hold no neuron. */
@@ -363,7 +366,7 @@ static double slot_waste(const pi2_model_desc *d, pi2_qtype q, uint32_t u, bool 
 {
     pi2_bl_ffn f;
     pi2_err e = { 0 };
-    assert_int_equal(pi2_bl_geometry(d, q, u, &f, &e), 0);
+    assert_int_equal(pi2_bl_geometry(d, q, u, d->act == PI2_ACT_DRELU, &f, &e), 0);
     *fits = (uint64_t)f.group * f.bundle_bytes <= u && (uint64_t)f.group * f.gate_bytes <= u;
     return 1.0 - (double)f.group * 3.0 * (double)pi2_bl_row_bytes(q, d->hidden) / (double)f.slot_bytes;
 }
@@ -377,28 +380,28 @@ static void test_auto_io_unit(void **state)
      * holds 2 neurons in 16K (5/32 padding), 16K 4 (gates 12K, up+down
      * 16K, 1/28 padding) */
     pi2_model_desc d = desc(4096, 14336, PI2_ACT_DRELU);
-    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 16384);
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 16384, &f, &e), 0);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4, d.act == PI2_ACT_DRELU), 16384);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 16384, d.act == PI2_ACT_DRELU, &f, &e), 0);
     assert_int_equal(f.group, 4);
     assert_int_equal(f.slot_bytes, 28672);
     /* ... q8 (up+down 8192, gate unit 4864): 8K holds 1 (0.2 padding), 16K
      * 2 in 12K + 16K (0.09) */
-    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q8), 16384);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q8, d.act == PI2_ACT_DRELU), 16384);
     /* one-phase 6.75K neurons: 8K and 16K are 5/32 padding, 32K holds 4 in 28K */
     d.act = PI2_ACT_RELU;
-    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 32768);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4, d.act == PI2_ACT_DRELU), 32768);
     /* 1B shape, ReGLU q4 (3.375K neurons): 32K holds 9 (1/20 padding) */
     d = desc(2048, 5632, PI2_ACT_RELU);
-    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), 32768);
-    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 32768, &f, &e), 0);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4, d.act == PI2_ACT_DRELU), 32768);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 32768, d.act == PI2_ACT_DRELU, &f, &e), 0);
     assert_int_equal(f.group, 9);
     /* rows wider than every unit but the largest: the unit that fits */
     d = desc(65536, 64, PI2_ACT_SILU);
-    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q8), 262144);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q8, d.act == PI2_ACT_DRELU), 262144);
     /* dimensions the geometry refuses: the fixed default (the geometry reports) */
     d = desc(0, 64, PI2_ACT_SILU);
-    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4), PI2_BL_IO_DEFAULT);
-    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_F32), PI2_BL_IO_DEFAULT);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4, d.act == PI2_ACT_DRELU), PI2_BL_IO_DEFAULT);
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_F32, d.act == PI2_ACT_DRELU), PI2_BL_IO_DEFAULT);
 
     /* against the rule, on random shapes: the smallest unit from 8K whose
      * reads fit and whose slot is at most 1/8 padding, else the least padded */
@@ -425,7 +428,7 @@ static void test_auto_io_unit(void **state)
                 want = u;
             }
         }
-        uint32_t got = pi2_bl_auto_io_unit(&d, q);
+        uint32_t got = pi2_bl_auto_io_unit(&d, q, d.act == PI2_ACT_DRELU);
         if (got != want)
             fail_msg("hidden %d n_ff %d act %d %s: auto %u, rule %u", d.hidden, d.n_ff, (int)d.act,
                      pi2_q_type_name(q), got, want);
@@ -626,8 +629,9 @@ static void check_ffn_member(const pi2_bundle_layout *l, const pi2_bl_ffn *f, co
     free(covered);
 }
 
-/* io 0: the unit pi2_bl_auto_io_unit picks for the model */
-static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint32_t io)
+/* io 0: the unit pi2_bl_auto_io_unit picks for the model; two: the
+ * layout bundled (two-phase or one-phase) */
+static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint32_t io, bool two)
 {
     pi2_ctr *cc;
     pi2_manifest *cm;
@@ -643,8 +647,8 @@ static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint
     const pi2_ctr *bc = pi2_bundle_container(b);
     const pi2_model_desc *d = &bm->config;
     assert_int_equal(bm->kind, PI2_MF_BUNDLED);
-    assert_int_equal(l->io_unit, io ? io : pi2_bl_auto_io_unit(d, bm->quant_ffn));
-    assert_int_equal(l->two_phase, d->act == PI2_ACT_DRELU);
+    assert_int_equal(l->io_unit, io ? io : pi2_bl_auto_io_unit(d, bm->quant_ffn, l->two_phase));
+    assert_int_equal(l->two_phase, two);
     assert_int_equal(l->row_bytes, pi2_q_payload_row_bytes(bm->quant_ffn, d->hidden) + (size_t)d->hidden / 16);
     assert_int_equal(strlen(l->signer), sign ? 64 : 0);
     json_t *bj = json_loads(bm->bundle_json, 0, NULL); /* layout 3 as written */
@@ -794,35 +798,45 @@ static void check_roundtrip(const char *conv, const char *bpath, bool sign, uint
 static void test_roundtrip_drelu(void **state)
 {
     (void)state;
-    check_roundtrip(g_drelu, g_signed, true, 4096);
-    check_roundtrip(g_drelu, g_unsigned, false, 4096);
-    /* the automatic unit, 16K (a tiny FFN is then a single group) and the largest */
+    check_roundtrip(g_drelu, g_signed, true, 4096, true);
+    check_roundtrip(g_drelu, g_unsigned, false, 4096, true);
+    /* the automatic unit, 16K (a tiny FFN is then a single group) and the
+     * largest, two-phase; the default layout (one-phase) at 4K and auto */
+    static const struct { uint32_t io; pi2_bl_phases ph; } runs[] = {
+        { 0, PI2_BL_TWO_PHASE }, { PI2_BL_IO_DEFAULT, PI2_BL_TWO_PHASE }, { PI2_BL_IO_MAX, PI2_BL_TWO_PHASE },
+        { 4096, PI2_BL_AUTO },   { 0, PI2_BL_ONE_PHASE },
+    };
     char p[160];
     pi2_err e = { 0 };
     snprintf(p, sizeof p, "%s/drelu16.pi2", g_dir);
-    if (do_bundle(g_drelu, p, g_key, 0, &e))
-        fail_msg("%s", e.msg);
-    check_roundtrip(g_drelu, p, true, 0);
-    if (do_bundle(g_drelu, p, g_key, PI2_BL_IO_DEFAULT, &e))
-        fail_msg("%s", e.msg);
-    check_roundtrip(g_drelu, p, true, PI2_BL_IO_DEFAULT);
-    if (do_bundle(g_drelu, p, g_key, PI2_BL_IO_MAX, &e))
-        fail_msg("%s", e.msg);
-    check_roundtrip(g_drelu, p, true, PI2_BL_IO_MAX);
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        unlink(p);
+        if (do_bundle(g_drelu, p, g_key, runs[k].io, runs[k].ph, &e))
+            fail_msg("%s", e.msg);
+        check_roundtrip(g_drelu, p, true, runs[k].io, runs[k].ph == PI2_BL_TWO_PHASE);
+    }
 }
 
+/* SwiGLU, ReGLU q8 and MoE at the default layout (one-phase); MoE two-phase
+ * too; a two-phase layout asked of a SwiGLU model is refused */
 static void test_roundtrip_silu_q8_moe(void **state)
 {
     (void)state;
-    const char *in[3] = { g_silu, g_q8, g_moe };
-    for (int k = 0; k < 3; k++) {
+    const char *in[4] = { g_silu, g_q8, g_moe, g_moe };
+    for (int k = 0; k < 4; k++) {
         char p[160];
         pi2_err e = { 0 };
         snprintf(p, sizeof p, "%s/rt%d.pi2", g_dir, k);
-        if (do_bundle(in[k], p, g_key, 4096, &e))
+        if (do_bundle(in[k], p, g_key, 4096, k == 3 ? PI2_BL_TWO_PHASE : PI2_BL_AUTO, &e))
             fail_msg("%s: %s", in[k], e.msg);
-        check_roundtrip(in[k], p, true, 4096);
+        check_roundtrip(in[k], p, true, 4096, k == 3);
     }
+    char p[160];
+    pi2_err e = { 0 };
+    snprintf(p, sizeof p, "%s/rt-silu2.pi2", g_dir);
+    assert_int_equal(do_bundle(g_silu, p, g_key, 4096, PI2_BL_TWO_PHASE, &e), PI2_EINVAL);
+    assert_non_null(strstr(e.msg, "two-phase layout is for drelu only (activation silu)"));
+    assert_int_equal(access(p, F_OK), -1);
 }
 
 /* --hot-share: each FFN's hot prefix is ceil(share * n) rounded up to whole
@@ -1366,7 +1380,7 @@ static void test_layout_errors(void **state)
         { "io unit range", PI2_ERANGE, "io_unit" },
         { "io unit power", PI2_ERANGE, "power of two" },
         { "row bytes", PI2_ESHAPE, "row_bytes" },
-        { "two phase", PI2_EFORMAT, "two_phase" },
+        { "two phase", PI2_ESHAPE, "a read of 6912 bytes exceeds io_unit 4096" },
         { "hot rule", PI2_EFORMAT, "exactly one" },
         { "signer", PI2_EFORMAT, "signer" },
         { "ffn count", PI2_ESHAPE, "one per layer" },
@@ -1410,6 +1424,18 @@ static void test_layout_errors(void **state)
             fail_msg("case %zu (%s): got %d (%s), want %d with \"%s\"", i, cases[i].what, rc, e.msg, cases[i].code,
                      cases[i].needle);
     }
+    /* two-phase claimed by a SwiGLU model's bundle */
+    char silu[160];
+    pi2_err se = { 0 };
+    snprintf(silu, sizeof silu, "%s/layout-silu.pi2", g_dir);
+    if (do_bundle(g_silu, silu, g_key, 4096, PI2_BL_AUTO, &se))
+        fail_msg("%s", se.msg);
+    json_t *js = manifest_json(silu);
+    json_object_set_new(json_object_get(js, "bundle"), "two_phase", json_true());
+    rewrite_manifest(silu, p, js, g_key);
+    json_decref(js);
+    assert_int_equal(open_verify(p, false, g_pubkey, &se), PI2_EFORMAT);
+    assert_non_null(strstr(se.msg, "two_phase: true for activation silu (two-phase is for drelu only)"));
     /* an FFN tensor whose scales are not its slots: refused by the layout */
     json_t *j = manifest_json(g_signed), *ts = json_object_get(j, "tensors");
     bool edited = false;
@@ -1609,6 +1635,7 @@ static void test_disk_full(void **state)
         o.out_path = out;
         o.key = g_key;
         o.io_unit = 4096;
+        o.phases = PI2_BL_TWO_PHASE; /* g_signed's layout, so its size */
         pi2_afile_fail_after((int64_t)at[i]);
         expect_create_error(&o, PI2_ENOSPC, NULL);
         pi2_afile_fail_after(-1);

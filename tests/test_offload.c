@@ -1,5 +1,5 @@
 /* Flash offloading (runtime/offload/offload.h): generated models of every
- * FFN kind (dReLU two-phase, ReGLU q8 and SwiGLU one-phase, MoE) run with a
+ * FFN kind (dReLU two-phase and one-phase, ReGLU q8 and SwiGLU one-phase, MoE) run with a
  * generous and a tiny memory limit must give bit-identical logits and the
  * same tokens, bit-identical to the all-in-memory engine too (--dense
  * decode: close); faults (EIO, short reads,
@@ -74,15 +74,15 @@ static int make_model(kind k, pi2_err *e)
         so.plant_rank = so.desc.hidden / 8; /* predictor rank 2r + 1 > hidden / 4 */
     if (pi2_synth_write(src, &so, NULL, NULL, e))
         return -1;
-    /* small I/O units: many reads per token on these small shapes */
+    /* small I/O units: many reads per token on these small shapes; dReLU
+     * and MoE two-phase, the dReLU kind with q8 predictors at the default
+     * layout (one-phase) */
     char out[1200];
-    if (k == K_PRED_Q8)
-        return pi2t_convert_bundle_q(src, g_dir, kind_name[k], PI2_QT_Q4, PI2_QT_Q4, PI2_QT_Q8, false, 4096, g_key,
-                                     out, sizeof out, e)
-                   ? -1
-                   : 0;
-    return pi2t_convert_bundle(src, g_dir, kind_name[k], k == K_RELU_Q8 ? PI2_QT_Q8 : PI2_QT_Q4, 4096, g_key, out,
-                               sizeof out, e)
+    bool q8p = k == K_PRED_Q8;
+    pi2_bl_phases ph = k == K_DRELU || k == K_MOE ? PI2_BL_TWO_PHASE : PI2_BL_AUTO;
+    return pi2t_convert_bundle_lay(src, g_dir, kind_name[k], k == K_RELU_Q8 ? PI2_QT_Q8 : PI2_QT_Q4,
+                                   q8p ? PI2_QT_Q4 : PI2_QT_Q8, q8p ? PI2_QT_Q8 : PI2_QT_F32, false, 4096, ph, g_key,
+                                   out, sizeof out, e)
                ? -1
                : 0;
 }
@@ -395,6 +395,61 @@ static void test_same_tokens_dense(void **state)
     (void)state;
     same_tokens(K_DRELU, true);
     same_tokens(K_SILU, true);
+}
+
+/* The same converted dReLU model bundled one-phase (each neuron's gate, up
+ * and down together): at the tiny limit, where gate-first is refused for
+ * want of a gate part and every read is of whole neurons, its logits are
+ * its in-memory logits bit for bit; against the two-phase bundle, close and
+ * the same ids (the group size differs, so the neuron order and with it
+ * the down projection's 32-neuron quantization blocks do too). */
+static void test_layouts_agree(void **state)
+{
+    (void)state;
+    char conv[160], one[160];
+    snprintf(conv, sizeof conv, "%s/%s.pi2c", g_dir, kind_name[K_DRELU]);
+    snprintf(one, sizeof one, "%s/drelu-one.pi2", g_dir);
+    pi2_bundle_opts bo;
+    pi2_bundle_defaults(&bo);
+    bo.in_path = conv;
+    bo.out_path = one;
+    bo.key = g_key;
+    bo.io_unit = 4096;
+    bo.quiet = true;
+    pi2_err e = {0};
+    if (pi2_bundle_create(&bo, NULL, &e))
+        fail_msg("%s", e.msg);
+    pi2_engine *two = open_at(g_pi2[K_DRELU], 0, 0.5, false);
+    int V = pi2_engine_desc(two)->vocab;
+    size_t n = (size_t)(STEPS + 1) * (size_t)V;
+    float *l[3] = {malloc(n * sizeof(float)), malloc(n * sizeof(float)), malloc(n * sizeof(float))};
+    int32_t ids[3][STEPS + 1];
+    assert_int_equal(run_greedy(two, l[2], ids[2], &e), 0);
+    pi2_engine_close(two);
+    uint64_t limits[2] = {0, minimum_of(one) + 4096};
+    for (int k = 0; k < 2; k++) {
+        g_gate_first = true;
+        pi2_engine *eng = open_at(one, limits[k], 0.0, false);
+        g_gate_first = false;
+        pi2_engine_stats_reset(eng);
+        assert_int_equal(run_greedy(eng, l[k], ids[k], &e), 0);
+        pi2_engine_offload_info b;
+        pi2_engine_offload_info_get(eng, &b);
+        pi2_engine_close(eng);
+        assert_false(b.gate_first);
+        assert_true(k == 0 || (b.offloaded > 0.99 && b.parts_read > 0 && b.gate_hot == 0));
+    }
+    assert_memory_equal(l[1], l[0], n * sizeof(float));
+    int agree = 0;
+    while (agree <= STEPS && ids[0][agree] == ids[2][agree])
+        agree++;
+    double rel = rel_diff(l[0], l[2], n);
+    fprintf(stderr, "  drelu one-phase: tiny limit = in memory bit for bit; vs two-phase rel %.1e, %d/%d ids\n", rel,
+            agree, STEPS + 1);
+    assert_true(rel < 2e-2);
+    assert_true(agree >= 8);
+    for (int k = 0; k < 3; k++)
+        free(l[k]);
 }
 
 /* An fp16 KV cache: in memory and at the tiny limit the same bits (its
@@ -1200,6 +1255,7 @@ int main(void)
         cmocka_unit_test_teardown(test_kv_f16, clear_kv_f16),
         cmocka_unit_test_teardown(test_same_tokens, clear_faults),
         cmocka_unit_test_teardown(test_same_tokens_dense, clear_faults),
+        cmocka_unit_test_teardown(test_layouts_agree, clear_faults),
         cmocka_unit_test_teardown(test_windows_astride, clear_faults),
         cmocka_unit_test_teardown(test_streamed_predictors, clear_faults),
         cmocka_unit_test_teardown(test_streamed_attention, clear_faults),

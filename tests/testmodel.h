@@ -32,12 +32,14 @@ static inline int pi2t_keypair(const char *dir, const char *stem, pi2_sign_key *
 /* model_dir -> <tmp>/<name>.pi2c -> <tmp>/<name>.pi2 (path into out): FFN
  * rows at q_ffn, the others at q_other, predictors stored at q_pred
  * (PI2_QT_F32: f16 rows), trained by the converter when train (and the
- * checkpoint has none); the given I/O unit (0: default); signed with key.
+ * checkpoint has none); the given I/O unit (0: default) and FFN layout;
+ * signed with key.
  * One BLAS thread: ThreadSanitizer cannot see OpenBLAS's synchronisation.
  * 0, or the converter's or bundler's error in *e. */
-static inline int pi2t_convert_bundle_q(const char *model_dir, const char *tmp, const char *name, pi2_qtype q_ffn,
-                                        pi2_qtype q_other, pi2_qtype q_pred, bool train, uint32_t io_unit,
-                                        const pi2_sign_key *key, char *out, size_t out_cap, pi2_err *e)
+static inline int pi2t_convert_bundle_lay(const char *model_dir, const char *tmp, const char *name, pi2_qtype q_ffn,
+                                          pi2_qtype q_other, pi2_qtype q_pred, bool train, uint32_t io_unit,
+                                          pi2_bl_phases phases, const pi2_sign_key *key, char *out, size_t out_cap,
+                                          pi2_err *e)
 {
     char conv[1200];
     snprintf(conv, sizeof conv, "%s/%s.pi2c", tmp, name);
@@ -61,9 +63,19 @@ static inline int pi2t_convert_bundle_q(const char *model_dir, const char *tmp, 
     bo.out_path = out;
     bo.key = key;
     bo.quiet = true;
+    bo.phases = phases;
     if (io_unit)
         bo.io_unit = io_unit;
     return pi2_bundle_create(&bo, NULL, e);
+}
+
+/* The same at the default FFN layout. */
+static inline int pi2t_convert_bundle_q(const char *model_dir, const char *tmp, const char *name, pi2_qtype q_ffn,
+                                        pi2_qtype q_other, pi2_qtype q_pred, bool train, uint32_t io_unit,
+                                        const pi2_sign_key *key, char *out, size_t out_cap, pi2_err *e)
+{
+    return pi2t_convert_bundle_lay(model_dir, tmp, name, q_ffn, q_other, q_pred, train, io_unit, PI2_BL_AUTO, key, out,
+                                   out_cap, e);
 }
 
 /* The same with q8 attention, f16 predictors and no training. */

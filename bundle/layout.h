@@ -33,7 +33,8 @@
  * Neurons are packed in groups of g (per FFN, "group"); the member is
  * G = ceil(n_ff / g) slots of S bytes, slot k holding neurons k*g .. k*g+g-1.
  *
- *   one-phase (relu / ReGLU, silu / SwiGLU): each row's scales right after
+ *   one-phase (relu / ReGLU, silu / SwiGLU, and drelu unless bundled
+ *   two-phase): each row's scales right after
  *   its payload (a row is R bytes):
  *     slot    = [gate_0 up_0 down_0] [gate_1 up_1 down_1] ... [.._{g-1}] pad
  *     bundle  = 3R bytes ("bundle_bytes"), S = roundup(g * 3R, A)
@@ -232,8 +233,9 @@ int pi2_bl_geometry(const pi2_model_desc *d, pi2_qtype q_ffn, uint32_t io_unit, 
  * power of two from PI2_BL_IO_AUTO_MIN up whose every read fits it and
  * whose slot is at most 1/PI2_BL_IO_AUTO_WASTE padding, i.e. the smallest
  * read that packs whole neurons without waste (else the least wasteful).
- * Examples, q4: hidden 4096 dReLU (R = 2.25 KiB, 6.75 KiB a neuron) ->
- * 16 KiB, g = 4, 1/28 padding (8 KiB: g = 2, 5/32 padding); hidden 2048
+ * Examples, q4: hidden 4096 (R = 2.25 KiB, 6.75 KiB a neuron), one-phase
+ * -> 32 KiB, g = 4, 1/28 padding (8 KiB: g = 1, 5/32 padding), two-phase
+ * -> 16 KiB, g = 4, 1/28 padding (8 KiB: g = 2, 5/32 padding); hidden 2048
  * ReGLU (3.375 KiB a neuron) -> 32 KiB, g = 9, 1/20 padding (16 KiB: g = 4,
  * 5/32). Bytes read
  * on a miss scale with the unit while the count of reads hardly changes

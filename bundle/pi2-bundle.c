@@ -44,10 +44,9 @@ static void usage(FILE *f)
             "Lay a converted model (pi2-convert output) out for flash: order each FFN's neurons\n"
             "hot to cold by profiled activation frequency, group cold neurons that fire together,\n"
             "store each neuron's gate row, up row and down column, each with its scales, as one\n"
-            "bundle (dReLU: gates of a group with all their scales first, then up+down payloads),\n"
-            "pack groups into aligned I/O\n"
-            "units, keep embeddings, attention, norms and predictors in a resident region, and sign the\n"
-            "manifest with Ed25519. The output appears only when complete.\n"
+            "bundle, pack groups into aligned I/O units, keep embeddings, attention, norms and\n"
+            "predictors in a resident region, and sign the manifest with Ed25519. The output\n"
+            "appears only when complete.\n"
             "\n"
             "bundle:\n"
             "  -o, --output FILE    model.pi2 to write (never the input)\n"
@@ -57,11 +56,10 @@ static void usage(FILE *f)
             "  --io-unit SIZE|auto  largest read of a neuron group: 4K..256K, a power of two\n"
             "                       (default auto: the smallest from 8K that packs whole\n"
             "                       neurons with at most 1/8 padding)\n"
-            "  --layout L           FFN layout: two-phase (dReLU only: a group's gates with all\n"
-            "                       their scales, then up+down; suits small limits that keep\n"
-            "                       gates in memory), one-phase (each neuron's gate, up and down\n"
-            "                       together: one read a neuron), or auto (default: two-phase\n"
-            "                       for dReLU)\n"
+            "  --layout L           FFN layout: one-phase (default; each neuron's gate, up and\n"
+            "                       down together: one read a neuron) or two-phase (dReLU only:\n"
+            "                       a group's gates with all their scales, then up+down, for\n"
+            "                       plans that read gates first and up+down of the fired)\n"
             "  --hot-share F        hot neurons: this share of each FFN (0..1) ...\n"
             "  --hot-freq F         ... or those firing on at least this share of tokens\n"
             "                       (default 0.5)\n"
@@ -250,7 +248,7 @@ static int bundle_out_check(const pi2_bundle_opts *o, const char *keypath, bool 
 
 static int parse_layout(const char *s, pi2_bl_phases *out, pi2_err *err)
 {
-    static const char *const names[] = { "auto", "one-phase", "two-phase" };
+    static const char *const names[] = { "auto", "one-phase", "two-phase" }; /* auto: the default, one-phase */
     for (int k = 0; k < 3; k++)
         if (strcmp(s, names[k]) == 0) {
             *out = (pi2_bl_phases)k;

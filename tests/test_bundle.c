@@ -387,9 +387,14 @@ static void test_auto_io_unit(void **state)
     /* ... q8 (up+down 8192, gate unit 4864): 8K holds 1 (0.2 padding), 16K
      * 2 in 12K + 16K (0.09) */
     assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q8, d.act == PI2_ACT_DRELU), 16384);
-    /* one-phase 6.75K neurons: 8K and 16K are 5/32 padding, 32K holds 4 in 28K */
+    /* one-phase 6.75K neurons (dReLU's default layout too): 8K and 16K are
+     * 5/32 padding, 32K holds 4 in 28K */
+    assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4, false), 32768);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 32768, false, &f, &e), 0);
+    assert_true(f.group == 4 && f.slot_bytes == 28672 && f.gate_part == 0 && f.bundle_bytes == 3 * 2304);
     d.act = PI2_ACT_RELU;
     assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4, d.act == PI2_ACT_DRELU), 32768);
+    assert_int_equal(pi2_bl_geometry(&d, PI2_QT_Q4, 32768, true, &f, &e), PI2_EINVAL); /* two-phase: drelu only */
     /* 1B shape, ReGLU q4 (3.375K neurons): 32K holds 9 (1/20 padding) */
     d = desc(2048, 5632, PI2_ACT_RELU);
     assert_int_equal(pi2_bl_auto_io_unit(&d, PI2_QT_Q4, d.act == PI2_ACT_DRELU), 32768);

@@ -409,15 +409,8 @@ static void test_layouts_agree(void **state)
     char conv[160], one[160];
     snprintf(conv, sizeof conv, "%s/%s.pi2c", g_dir, kind_name[K_DRELU]);
     snprintf(one, sizeof one, "%s/drelu-one.pi2", g_dir);
-    pi2_bundle_opts bo;
-    pi2_bundle_defaults(&bo);
-    bo.in_path = conv;
-    bo.out_path = one;
-    bo.key = g_key;
-    bo.io_unit = 4096;
-    bo.quiet = true;
     pi2_err e = {0};
-    if (pi2_bundle_create(&bo, NULL, &e))
+    if (pi2t_bundle(conv, one, 4096, PI2_BL_AUTO, g_key, &e))
         fail_msg("%s", e.msg);
     pi2_engine *two = open_at(g_pi2[K_DRELU], 0, 0.5, false);
     int V = pi2_engine_desc(two)->vocab;

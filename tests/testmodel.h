@@ -29,6 +29,22 @@ static inline int pi2t_keypair(const char *dir, const char *stem, pi2_sign_key *
     return rc;
 }
 
+/* Bundle the converted model conv into out at the given I/O unit (0:
+ * default) and FFN layout, signed with key, quietly. */
+static inline int pi2t_bundle(const char *conv, const char *out, uint32_t io_unit, pi2_bl_phases phases,
+                              const pi2_sign_key *key, pi2_err *e)
+{
+    pi2_bundle_opts bo;
+    pi2_bundle_defaults(&bo);
+    bo.in_path = conv;
+    bo.out_path = out;
+    bo.key = key;
+    bo.quiet = true;
+    bo.phases = phases;
+    bo.io_unit = io_unit;
+    return pi2_bundle_create(&bo, NULL, e);
+}
+
 /* model_dir -> <tmp>/<name>.pi2c -> <tmp>/<name>.pi2 (path into out): FFN
  * rows at q_ffn, the others at q_other, predictors stored at q_pred
  * (PI2_QT_F32: f16 rows), trained by the converter when train (and the
@@ -57,16 +73,7 @@ static inline int pi2t_convert_bundle_lay(const char *model_dir, const char *tmp
     co.q_pred = q_pred;
     if (pi2_convert(&co, NULL, e))
         return e->code;
-    pi2_bundle_opts bo;
-    pi2_bundle_defaults(&bo);
-    bo.in_path = conv;
-    bo.out_path = out;
-    bo.key = key;
-    bo.quiet = true;
-    bo.phases = phases;
-    if (io_unit)
-        bo.io_unit = io_unit;
-    return pi2_bundle_create(&bo, NULL, e);
+    return pi2t_bundle(conv, out, io_unit, phases, key, e);
 }
 
 /* The same at the default FFN layout. */

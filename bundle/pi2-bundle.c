@@ -248,13 +248,11 @@ static int bundle_out_check(const pi2_bundle_opts *o, const char *keypath, bool 
 
 static int parse_layout(const char *s, pi2_bl_phases *out, pi2_err *err)
 {
-    static const char *const names[] = { "auto", "one-phase", "two-phase" }; /* auto: the default, one-phase */
-    for (int k = 0; k < 3; k++)
-        if (strcmp(s, names[k]) == 0) {
-            *out = (pi2_bl_phases)k;
-            return 0;
-        }
-    return pi2_err_set(err, PI2_EINVAL, "--layout '%s': expected auto, one-phase or two-phase", s);
+    if (strcmp(s, "one-phase") == 0 || strcmp(s, "two-phase") == 0) {
+        *out = s[0] == 'o' ? PI2_BL_ONE_PHASE : PI2_BL_TWO_PHASE;
+        return 0;
+    }
+    return pi2_err_set(err, PI2_EINVAL, "--layout '%s': expected one-phase or two-phase", s);
 }
 
 static int cmd_bundle(int argc, char **argv)

@@ -210,6 +210,8 @@ expect_ok "bundle auto io unit" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --k
 grep -q "layout: two-phase (gate part, then up+down), io unit 16 KiB (auto)" "$T/out" && ok || { bad "bundle --io-unit auto: no automatic unit in the summary"; cat "$T/out"; }
 expect_ok "bundle one-phase" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --force
 grep -q "layout: one-phase (gate|up|down), io unit 8 KiB (auto), group 75" "$T/out" && ok || { bad "bundle: not one-phase by default"; cat "$T/out"; }
+expect_ok "bundle --layout one-phase" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --force --layout one-phase
+grep -q "layout: one-phase (gate|up|down)" "$T/out" && ok || { bad "bundle --layout one-phase: not one-phase"; cat "$T/out"; }
 expect_ok "bundle" "$B/pi2-bundle" "$T/tiny.pi2c" -o "$T/b.pi2" --key "$T/k.pem" --io-unit 4K --force
 grep -q "io unit 4 KiB (given)" "$T/out" && ok || bad "bundle --io-unit 4K: the summary does not show it"
 grep -q "signed with key" "$T/out" && ok || bad "bundle summary does not name the key"

@@ -347,8 +347,8 @@ int pi2_bundle_create(const pi2_bundle_opts *o, FILE *report, pi2_err *err)
     if (rc)
         goto out;
     b.d = &b.in.mf->config;
-    b.two_phase = pi2_bl_two_phase(o->phases, b.d->act);
-    if (o->phases == PI2_BL_TWO_PHASE && !b.two_phase) {
+    b.two_phase = o->two_phase;
+    if (b.two_phase && b.d->act != PI2_ACT_DRELU) {
         rc = pi2_err_set(err, PI2_EINVAL, "%s: a two-phase layout is for drelu only (activation %s)", o->in_path,
                          pi2_act_name(b.d->act));
         goto out;

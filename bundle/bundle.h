@@ -98,7 +98,9 @@ typedef struct pi2_bundle_opts {
     const pi2_sign_key *key;   /* private key to sign with, or NULL ... */
     bool allow_unsigned;       /* ... only together with this */
     uint32_t io_unit;          /* bytes, power of two in [4K, 256K]; 0 (default): pi2_bl_auto_io_unit */
-    pi2_bl_phases phases;      /* FFN layout (bundle/layout.h); PI2_BL_AUTO (default): one-phase */
+    bool two_phase;            /* FFN layout (bundle/layout.h), drelu only: a group's gates, then up+down,
+                                * for plans that read gates first; false (default): one-phase, one read
+                                * a neuron, faster at every limit measured (runtime/PERF.md) */
     double hot_min_freq;       /* hot: neurons firing on at least this share of tokens (default 0.5) ... */
     double hot_share;          /* ... or this share of each FFN's neurons (NaN: use hot_min_freq) */
     int threads;               /* ordering threads; 0 = all cores */

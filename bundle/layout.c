@@ -19,11 +19,6 @@ const char *pi2_bl_order_name(pi2_bl_order o)
     return (unsigned)o < 3 ? order_names[o] : "?";
 }
 
-bool pi2_bl_two_phase(pi2_bl_phases p, pi2_act act)
-{
-    return act == PI2_ACT_DRELU && p == PI2_BL_TWO_PHASE;
-}
-
 static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 /* ---- geometry ---- */

@@ -170,20 +170,6 @@ typedef enum pi2_bl_order {
     PI2_BL_ORDER_COACTIVATION = 2 /* hot to cold, cold neurons grouped by co-activation */
 } pi2_bl_order;
 
-/* Which layout pi2-bundle writes (--layout). Two-phase suits plans that
- * read a cold group's gates and then the fired neurons' up+down; one-phase
- * keeps a neuron's three rows together, one read of 3R a neuron, for plans
- * that read the predicted neurons whole. */
-typedef enum pi2_bl_phases {
-    PI2_BL_AUTO = 0,      /* one-phase (runtime/PERF.md: faster at every limit measured) */
-    PI2_BL_ONE_PHASE = 1, /* any activation */
-    PI2_BL_TWO_PHASE = 2  /* drelu only */
-} pi2_bl_phases;
-
-/* Whether `p` gives a two-phase layout for activation `act` (false for
- * PI2_BL_TWO_PHASE with an activation other than drelu: the caller refuses). */
-bool pi2_bl_two_phase(pi2_bl_phases p, pi2_act act);
-
 /* One FFN (layer, expert). */
 typedef struct pi2_bl_ffn {
     int layer;

@@ -246,10 +246,10 @@ static int bundle_out_check(const pi2_bundle_opts *o, const char *keypath, bool 
     return rc;
 }
 
-static int parse_layout(const char *s, pi2_bl_phases *out, pi2_err *err)
+static int parse_layout(const char *s, bool *two_phase, pi2_err *err)
 {
     if (strcmp(s, "one-phase") == 0 || strcmp(s, "two-phase") == 0) {
-        *out = s[0] == 'o' ? PI2_BL_ONE_PHASE : PI2_BL_TWO_PHASE;
+        *two_phase = s[0] == 't';
         return 0;
     }
     return pi2_err_set(err, PI2_EINVAL, "--layout '%s': expected one-phase or two-phase", s);
@@ -292,7 +292,7 @@ static int cmd_bundle(int argc, char **argv)
                                  optarg);
             o.io_unit = (uint32_t)sz;
             break;
-        case O_LAYOUT: rc = parse_layout(optarg, &o.phases, &err); break;
+        case O_LAYOUT: rc = parse_layout(optarg, &o.two_phase, &err); break;
         case O_SHARE:
             rc = pi2_parse_double("--hot-share", optarg, 0, 1, &dv, &err);
             o.hot_share = dv;

@@ -73,21 +73,6 @@ static int make_converted(model_kind k, const char *out)
     return 0;
 }
 
-static int do_bundle(const char *in, const char *out, const pi2_sign_key *key, uint32_t io, pi2_bl_phases ph,
-                     pi2_err *e)
-{
-    pi2_bundle_opts o;
-    pi2_bundle_defaults(&o);
-    o.phases = ph;
-    o.in_path = in;
-    o.out_path = out;
-    o.key = key;
-    o.allow_unsigned = key == NULL;
-    o.io_unit = io;
-    o.quiet = true;
-    return pi2_bundle_create(&o, NULL, e);
-}
-
 static int group_setup(void **state)
 {
     (void)state;
@@ -106,8 +91,8 @@ static int group_setup(void **state)
         return -1;
     if (pi2t_keypair(g_dir, "k", &g_key, &g_pubkey, &e) || pi2t_keypair(g_dir, "k2", &g_key2, NULL, &e))
         return fprintf(stderr, "keys: %s\n", e.msg), -1;
-    if (do_bundle(g_drelu, g_signed, g_key, 4096, PI2_BL_TWO_PHASE, &e) ||
-        do_bundle(g_drelu, g_unsigned, NULL, 4096, PI2_BL_TWO_PHASE, &e))
+    if (pi2t_bundle(g_drelu, g_signed, 4096, true, g_key, &e) ||
+        pi2t_bundle(g_drelu, g_unsigned, 4096, true, NULL, &e))
         return fprintf(stderr, "bundle: %s\n", e.msg), -1;
     fprintf(stderr, "  [fixtures in %.1f s]\n", pi2_now() - t0);
     return 0;
@@ -807,18 +792,18 @@ static void test_roundtrip_drelu(void **state)
     check_roundtrip(g_drelu, g_unsigned, false, 4096, true);
     /* the automatic unit, 16K (a tiny FFN is then a single group) and the
      * largest, two-phase; the default layout (one-phase) at 4K and auto */
-    static const struct { uint32_t io; pi2_bl_phases ph; } runs[] = {
-        { 0, PI2_BL_TWO_PHASE }, { PI2_BL_IO_DEFAULT, PI2_BL_TWO_PHASE }, { PI2_BL_IO_MAX, PI2_BL_TWO_PHASE },
-        { 4096, PI2_BL_AUTO },   { 0, PI2_BL_ONE_PHASE },
+    static const struct { uint32_t io; bool two; } runs[] = {
+        { 0, true }, { PI2_BL_IO_DEFAULT, true }, { PI2_BL_IO_MAX, true },
+        { 4096, false },   { 0, false },
     };
     char p[160];
     pi2_err e = { 0 };
     snprintf(p, sizeof p, "%s/drelu16.pi2", g_dir);
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
         unlink(p);
-        if (do_bundle(g_drelu, p, g_key, runs[k].io, runs[k].ph, &e))
+        if (pi2t_bundle(g_drelu, p, runs[k].io, runs[k].two, g_key, &e))
             fail_msg("%s", e.msg);
-        check_roundtrip(g_drelu, p, true, runs[k].io, runs[k].ph == PI2_BL_TWO_PHASE);
+        check_roundtrip(g_drelu, p, true, runs[k].io, runs[k].two);
     }
 }
 
@@ -832,14 +817,14 @@ static void test_roundtrip_silu_q8_moe(void **state)
         char p[160];
         pi2_err e = { 0 };
         snprintf(p, sizeof p, "%s/rt%d.pi2", g_dir, k);
-        if (do_bundle(in[k], p, g_key, 4096, k == 3 ? PI2_BL_TWO_PHASE : PI2_BL_AUTO, &e))
+        if (pi2t_bundle(in[k], p, 4096, k == 3, g_key, &e))
             fail_msg("%s: %s", in[k], e.msg);
         check_roundtrip(in[k], p, true, 4096, k == 3);
     }
     char p[160];
     pi2_err e = { 0 };
     snprintf(p, sizeof p, "%s/rt-silu2.pi2", g_dir);
-    assert_int_equal(do_bundle(g_silu, p, g_key, 4096, PI2_BL_TWO_PHASE, &e), PI2_EINVAL);
+    assert_int_equal(pi2t_bundle(g_silu, p, 4096, true, g_key, &e), PI2_EINVAL);
     assert_non_null(strstr(e.msg, "two-phase layout is for drelu only (activation silu)"));
     assert_int_equal(access(p, F_OK), -1);
 }
@@ -1433,7 +1418,7 @@ static void test_layout_errors(void **state)
     char silu[160];
     pi2_err se = { 0 };
     snprintf(silu, sizeof silu, "%s/layout-silu.pi2", g_dir);
-    if (do_bundle(g_silu, silu, g_key, 4096, PI2_BL_AUTO, &se))
+    if (pi2t_bundle(g_silu, silu, 4096, false, g_key, &se))
         fail_msg("%s", se.msg);
     json_t *js = manifest_json(silu);
     json_object_set_new(json_object_get(js, "bundle"), "two_phase", json_true());
@@ -1640,7 +1625,7 @@ static void test_disk_full(void **state)
         o.out_path = out;
         o.key = g_key;
         o.io_unit = 4096;
-        o.phases = PI2_BL_TWO_PHASE; /* g_signed's layout, so its size */
+        o.two_phase = true; /* g_signed's layout, so its size */
         pi2_afile_fail_after((int64_t)at[i]);
         expect_create_error(&o, PI2_ENOSPC, NULL);
         pi2_afile_fail_after(-1);

@@ -79,9 +79,9 @@ static int make_model(kind k, pi2_err *e)
      * layout (one-phase) */
     char out[1200];
     bool q8p = k == K_PRED_Q8;
-    pi2_bl_phases ph = k == K_DRELU || k == K_MOE ? PI2_BL_TWO_PHASE : PI2_BL_AUTO;
+    bool two = k == K_DRELU || k == K_MOE;
     return pi2t_convert_bundle_lay(src, g_dir, kind_name[k], k == K_RELU_Q8 ? PI2_QT_Q8 : PI2_QT_Q4,
-                                   q8p ? PI2_QT_Q4 : PI2_QT_Q8, q8p ? PI2_QT_Q8 : PI2_QT_F32, false, 4096, ph, g_key,
+                                   q8p ? PI2_QT_Q4 : PI2_QT_Q8, q8p ? PI2_QT_Q8 : PI2_QT_F32, false, 4096, two, g_key,
                                    out, sizeof out, e)
                ? -1
                : 0;
@@ -410,7 +410,7 @@ static void test_layouts_agree(void **state)
     snprintf(conv, sizeof conv, "%s/%s.pi2c", g_dir, kind_name[K_DRELU]);
     snprintf(one, sizeof one, "%s/drelu-one.pi2", g_dir);
     pi2_err e = {0};
-    if (pi2t_bundle(conv, one, 4096, PI2_BL_AUTO, g_key, &e))
+    if (pi2t_bundle(conv, one, 4096, false, g_key, &e))
         fail_msg("%s", e.msg);
     pi2_engine *two = open_at(g_pi2[K_DRELU], 0, 0.5, false);
     int V = pi2_engine_desc(two)->vocab;

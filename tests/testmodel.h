@@ -30,8 +30,8 @@ static inline int pi2t_keypair(const char *dir, const char *stem, pi2_sign_key *
 }
 
 /* Bundle the converted model conv into out at the given I/O unit (0:
- * default) and FFN layout, signed with key, quietly. */
-static inline int pi2t_bundle(const char *conv, const char *out, uint32_t io_unit, pi2_bl_phases phases,
+ * default) and FFN layout, signed with key (NULL: unsigned), quietly. */
+static inline int pi2t_bundle(const char *conv, const char *out, uint32_t io_unit, bool two_phase,
                               const pi2_sign_key *key, pi2_err *e)
 {
     pi2_bundle_opts bo;
@@ -39,8 +39,9 @@ static inline int pi2t_bundle(const char *conv, const char *out, uint32_t io_uni
     bo.in_path = conv;
     bo.out_path = out;
     bo.key = key;
+    bo.allow_unsigned = key == NULL;
     bo.quiet = true;
-    bo.phases = phases;
+    bo.two_phase = two_phase;
     bo.io_unit = io_unit;
     return pi2_bundle_create(&bo, NULL, e);
 }
@@ -54,7 +55,7 @@ static inline int pi2t_bundle(const char *conv, const char *out, uint32_t io_uni
  * 0, or the converter's or bundler's error in *e. */
 static inline int pi2t_convert_bundle_lay(const char *model_dir, const char *tmp, const char *name, pi2_qtype q_ffn,
                                           pi2_qtype q_other, pi2_qtype q_pred, bool train, uint32_t io_unit,
-                                          pi2_bl_phases phases, const pi2_sign_key *key, char *out, size_t out_cap,
+                                          bool two_phase, const pi2_sign_key *key, char *out, size_t out_cap,
                                           pi2_err *e)
 {
     char conv[1200];
@@ -73,7 +74,7 @@ static inline int pi2t_convert_bundle_lay(const char *model_dir, const char *tmp
     co.q_pred = q_pred;
     if (pi2_convert(&co, NULL, e))
         return e->code;
-    return pi2t_bundle(conv, out, io_unit, phases, key, e);
+    return pi2t_bundle(conv, out, io_unit, two_phase, key, e);
 }
 
 /* The same at the default FFN layout. */
@@ -81,7 +82,7 @@ static inline int pi2t_convert_bundle_q(const char *model_dir, const char *tmp, 
                                         pi2_qtype q_other, pi2_qtype q_pred, bool train, uint32_t io_unit,
                                         const pi2_sign_key *key, char *out, size_t out_cap, pi2_err *e)
 {
-    return pi2t_convert_bundle_lay(model_dir, tmp, name, q_ffn, q_other, q_pred, train, io_unit, PI2_BL_AUTO, key, out,
+    return pi2t_convert_bundle_lay(model_dir, tmp, name, q_ffn, q_other, q_pred, train, io_unit, false, key, out,
                                    out_cap, e);
 }
 

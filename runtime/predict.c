@@ -12,7 +12,7 @@ typedef struct pred_job {
     const eng_pred_buf *b;
     uint32_t n0;     /* score neurons [n0, n_ff) only */
     uint32_t *sel;   /* where the picks go */
-    int64_t units1, units2;  /* fc1's units of 8 rows, fc2's of ENG_PRED_UNIT neurons */
+    int64_t units1, units2;  /* fc1's units (fc1_unit rows), fc2's of ENG_PRED_UNIT neurons */
     _Atomic int64_t done1;   /* fc1 units computed */
     _Atomic bool hidden;     /* fc1's output rectified and quantized: fc2 may start */
     _Atomic int64_t next2;   /* fc2's next unit */
@@ -47,8 +47,8 @@ static uint64_t q_row_bytes(pi2_qtype qt, int64_t n)
 }
 
 /* The predictor's two layers run as one shared job (pi2_pool_run_shared):
- * fc1 in units of 8 rows (eng_share_next); whoever computes the last of
- * them rectifies and quantizes the hidden vector; then fc2 in units of
+ * fc1 in units of fc1_unit rows (eng_share_next); whoever computes the
+ * last of them rectifies and quantizes the hidden vector; then fc2 in units of
  * ENG_PRED_UNIT neurons, taken in turn once the hidden vector is ready,
  * each unit's picks written at its own place in the output list and packed
  * in unit order after, so the list is in neuron order whoever ran what.
@@ -61,11 +61,22 @@ static void pred_hidden(const eng_ffn *f, const eng_pred_buf *b)
     pi2_k_act_quantize(b->h, f->rank_p, 1, f->rank_p, b->hs, b->hq, b->hsum);
 }
 
+/* Rows of an fc1 unit: 8 at small ranks, so that every thread gets some;
+ * a sixteenth of the rank, up to 64, at large ones, where each call's own
+ * costs (the activations split for its rows, its first rows' misses)
+ * weighed on units of 8 (runtime/PERF.md). Each row's result is its own:
+ * the unit changes no bit. */
+static int64_t fc1_unit(const eng_ffn *f)
+{
+    int64_t n = f->rank / 16 / 8 * 8;
+    return n < 8 ? 8 : n > 64 ? 64 : n;
+}
+
 static void pred_fc1_unit(const pred_job *j, int64_t u, int64_t D)
 {
     const eng_ffn *f = j->f;
     const eng_pred_buf *pb = j->b;
-    int64_t b = u * 8, en = b + 8 < f->rank ? b + 8 : f->rank;
+    int64_t n = fc1_unit(f), b = u * n, en = b + n < f->rank ? b + n : f->rank;
     pred_rows(f->pred_qt, f->q1, f->s1, D, b, en, pb->xs, pb->xq, pb->xsum, pb->h + b);
 }
 
@@ -106,7 +117,7 @@ static void pred_fn(void *ctx, int tid, int nt)
 static void pred_start(pred_job *j, const pi2_engine *e, const eng_ffn *f, const float *x)
 {
     int64_t D = e->d.hidden;
-    j->units1 = (f->rank + 7) / 8;
+    j->units1 = (f->rank + fc1_unit(f) - 1) / fc1_unit(f);
     j->units2 = (f->n_ff - j->n0 + ENG_PRED_UNIT - 1) / ENG_PRED_UNIT;
     atomic_init(&j->done1, 0);
     atomic_init(&j->hidden, j->units1 == 0);

@@ -28,6 +28,13 @@
  * run once more from zero-padded copies (split activations: their whole
  * last group of 4 blocks); prefetching as in the 256-bit t1. */
 
+/* The mask of a 64-byte load of which `left` bytes are wanted (none, all
+ * or the first `left`). */
+PI2_T_AVX512 static inline __mmask64 k_mask64(int64_t left)
+{
+    return left <= 0 ? 0 : left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;
+}
+
 /* Lane L of result dword i = the sum of v_i's 4 dwords of lane L. */
 #define K_FOLD4(v0, v1, v2, v3)                                                                              \
     _mm512_add_epi32(                                                                                        \
@@ -43,15 +50,22 @@
         __m512 sv_ = _mm512_cvtph_ps(LDS(s));                                                                \
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32((d), corr)), _mm512_mul_ps(sv_, asv), acc); \
     } while (0)
-#define K_T1W_FIN(acc, d, s) K_T1W_FIN_(acc, d, s, K_LDS_ALL)
 
 /* A row's 64-byte piece j at p and its 16 fp16 scales at s: whole, or
  * (rows of fewer than 16 blocks) masked to the row by wm_[j] and sm_,
- * the bytes past it read as zero and never touched. */
+ * the bytes past it read as zero and never touched. A step's activations
+ * (64-byte piece j at p: K_LDA), their 16 scales (K_LDF) and sums (K_LDI)
+ * likewise: a row's tail masks them by am_[j] and sm_. */
 #define K_LD_ALL(p, j) _mm512_loadu_si512((const void *)((p) + 64 * (j)))
 #define K_LD_MASK(p, j) _mm512_maskz_loadu_epi8(wm_[j], (const void *)((p) + 64 * (j)))
 #define K_LDS_ALL(s) _mm256_loadu_si256((const __m256i *)(const void *)(s))
 #define K_LDS_MASK(s) _mm256_maskz_loadu_epi16(sm_, (const void *)(s))
+#define K_LDA_ALL(p, j) _mm512_loadu_si512((const void *)((p) + 64 * (j)))
+#define K_LDA_MASK(p, j) _mm512_maskz_loadu_epi8(am_[j], (const void *)((p) + 64 * (j)))
+#define K_LDF_ALL(p) _mm512_loadu_ps(p)
+#define K_LDF_MASK(p) _mm512_maskz_loadu_ps(sm_, p)
+#define K_LDI_ALL(p) _mm512_loadu_si512((const void *)(p))
+#define K_LDI_MASK(p) _mm512_maskz_loadu_epi32(sm_, (const void *)(p))
 
 /* The high nibbles of x's bytes: a shift and a mask, or (GFNI) one
  * affine map of each byte whose matrix moves bits 4-7 to 0-3. */
@@ -70,7 +84,6 @@
         __m512i d_ = _mm512_permutexvar_epi32(ord, K_FOLD4(v0_, v1_, v2_, v3_));                             \
         K_T1W_FIN_(acc, d_, sq, LDS);                                                                        \
     } while (0)
-#define K_T1W_Q4_ROW(acc, wq, sq, HI) K_T1W_Q4_ROW_(acc, wq, sq, HI, K_LD_ALL, K_LDS_ALL)
 
 /* Q8 row at wq (16 blocks): after the two folds and the lane-pair add,
  * lane L dword i = block 2i + (L & 1) + 8 * (L >> 1). */
@@ -86,64 +99,53 @@
                                       _mm512_shuffle_i32x4(p_, q_, _MM_SHUFFLE(3, 1, 3, 1)));                 \
         K_T1W_FIN_(acc, _mm512_permutexvar_epi32(ord, h_), sq, LDS);                                         \
     } while (0)
-#define K_T1W_Q8_ROW(acc, wq, sq) K_T1W_Q8_ROW_(acc, wq, sq, K_LD_ALL, K_LDS_ALL)
 
-/* The 16-block step of 4 rows: activations at ab, scales asb, sums sb. */
-#define K_T1W_AQ4(i, ab)                                                                                     \
+/* The 16-block step of 4 rows: activations at ab, scales asb, sums sb,
+ * every load of the set M (ALL: whole; MASK: a row's tail, see K_LD_ALL). */
+#define K_T1W_AQ4(i, ab, M)                                                                                  \
     __m512i alo##i, ahi##i;                                                                                  \
     do {                                                                                                     \
-        __m512i y0_ = _mm512_loadu_si512((const void *)((ab) + 128 * (i)));                                  \
-        __m512i y1_ = _mm512_loadu_si512((const void *)((ab) + 128 * (i) + 64));                             \
+        __m512i y0_ = K_LDA_##M(ab, 2 * (i)), y1_ = K_LDA_##M(ab, 2 * (i) + 1);                              \
         alo##i = _mm512_permutex2var_epi64(y0_, ilo, y1_);                                                   \
         ahi##i = _mm512_permutex2var_epi64(y0_, ihi, y1_);                                                   \
     } while (0)
 
 /* Activations split beforehand (k_split_a): per 4 blocks their elements
  * 0-15, then 16-31. */
-#define K_T1W_AQ4S(i, ab)                                                                                    \
-    __m512i alo##i = _mm512_loadu_si512((const void *)((ab) + 128 * (i)));                                    \
-    __m512i ahi##i = _mm512_loadu_si512((const void *)((ab) + 128 * (i) + 64))
+#define K_T1W_AQ4S(i, ab, M) __m512i alo##i = K_LDA_##M(ab, 2 * (i)), ahi##i = K_LDA_##M(ab, 2 * (i) + 1)
 
 /* The Q4 step, its activations gathered by AQ and high nibbles taken by HI. */
-#define K_T1W_STEP_Q4_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, AQ, HI)                                  \
+#define K_T1W_STEP_Q4_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, AQ, HI, M)                               \
     do {                                                                                                     \
-        AQ(0, ab);                                                                                           \
-        AQ(1, ab);                                                                                           \
-        AQ(2, ab);                                                                                           \
-        AQ(3, ab);                                                                                           \
-        __m512 asv = _mm512_loadu_ps((asb));                                                                 \
-        __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(sb)), 3);                         \
-        K_T1W_Q4_ROW(acc0, w0, s0, HI);                                                                      \
-        K_T1W_Q4_ROW(acc1, w1, s1, HI);                                                                      \
-        K_T1W_Q4_ROW(acc2, w2, s2, HI);                                                                      \
-        K_T1W_Q4_ROW(acc3, w3, s3, HI);                                                                      \
+        AQ(0, ab, M);                                                                                        \
+        AQ(1, ab, M);                                                                                        \
+        AQ(2, ab, M);                                                                                        \
+        AQ(3, ab, M);                                                                                        \
+        __m512 asv = K_LDF_##M(asb);                                                                         \
+        __m512i corr = _mm512_slli_epi32(K_LDI_##M(sb), 3);                                                  \
+        K_T1W_Q4_ROW_(acc0, w0, s0, HI, K_LD_##M, K_LDS_##M);                                                \
+        K_T1W_Q4_ROW_(acc1, w1, s1, HI, K_LD_##M, K_LDS_##M);                                                \
+        K_T1W_Q4_ROW_(acc2, w2, s2, HI, K_LD_##M, K_LDS_##M);                                                \
+        K_T1W_Q4_ROW_(acc3, w3, s3, HI, K_LD_##M, K_LDS_##M);                                                \
     } while (0)
-#define K_T1W_STEP_Q4(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3) \
-    K_T1W_STEP_Q4_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, K_T1W_AQ4, K_HI_SHIFT)
-#define K_T1W_STEP_Q4S(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3) \
-    K_T1W_STEP_Q4_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, K_T1W_AQ4S, K_HI_SHIFT)
-#define K_T1W_STEP_Q4SG(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3) \
-    K_T1W_STEP_Q4_(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3, K_T1W_AQ4S, K_HI_GFNI)
+#define K_T1W_STEP_Q4(M, ...) K_T1W_STEP_Q4_(__VA_ARGS__, K_T1W_AQ4, K_HI_SHIFT, M)
+#define K_T1W_STEP_Q4S(M, ...) K_T1W_STEP_Q4_(__VA_ARGS__, K_T1W_AQ4S, K_HI_SHIFT, M)
+#define K_T1W_STEP_Q4SG(M, ...) K_T1W_STEP_Q4_(__VA_ARGS__, K_T1W_AQ4S, K_HI_GFNI, M)
 
 /* The Q8 step's 8 activation vectors (16 blocks at ab). */
-#define K_T1W_AQ8(ab)                                                                                        \
-    __m512i av0 = _mm512_loadu_si512((const void *)(ab)), av1 = _mm512_loadu_si512((const void *)((ab) + 64)); \
-    __m512i av2 = _mm512_loadu_si512((const void *)((ab) + 128));                                            \
-    __m512i av3 = _mm512_loadu_si512((const void *)((ab) + 192));                                            \
-    __m512i av4 = _mm512_loadu_si512((const void *)((ab) + 256));                                            \
-    __m512i av5 = _mm512_loadu_si512((const void *)((ab) + 320));                                            \
-    __m512i av6 = _mm512_loadu_si512((const void *)((ab) + 384));                                            \
-    __m512i av7 = _mm512_loadu_si512((const void *)((ab) + 448))
+#define K_T1W_AQ8(ab, M)                                                                                     \
+    __m512i av0 = K_LDA_##M(ab, 0), av1 = K_LDA_##M(ab, 1), av2 = K_LDA_##M(ab, 2), av3 = K_LDA_##M(ab, 3);  \
+    __m512i av4 = K_LDA_##M(ab, 4), av5 = K_LDA_##M(ab, 5), av6 = K_LDA_##M(ab, 6), av7 = K_LDA_##M(ab, 7)
 
-#define K_T1W_STEP_Q8(ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3)                                           \
+#define K_T1W_STEP_Q8(M, ab, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3)                                        \
     do {                                                                                                     \
-        K_T1W_AQ8(ab);                                                                                       \
-        __m512 asv = _mm512_loadu_ps((asb));                                                                 \
-        __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(sb)), 7);                         \
-        K_T1W_Q8_ROW(acc0, w0, s0);                                                                          \
-        K_T1W_Q8_ROW(acc1, w1, s1);                                                                          \
-        K_T1W_Q8_ROW(acc2, w2, s2);                                                                          \
-        K_T1W_Q8_ROW(acc3, w3, s3);                                                                          \
+        K_T1W_AQ8(ab, M);                                                                                    \
+        __m512 asv = K_LDF_##M(asb);                                                                         \
+        __m512i corr = _mm512_slli_epi32(K_LDI_##M(sb), 7);                                                  \
+        K_T1W_Q8_ROW_(acc0, w0, s0, K_LD_##M, K_LDS_##M);                                                    \
+        K_T1W_Q8_ROW_(acc1, w1, s1, K_LD_##M, K_LDS_##M);                                                    \
+        K_T1W_Q8_ROW_(acc2, w2, s2, K_LD_##M, K_LDS_##M);                                                    \
+        K_T1W_Q8_ROW_(acc3, w3, s3, K_LD_##M, K_LDS_##M);                                                    \
     } while (0)
 
 #define K_T1W_CHUNK(b)                                                                                       \
@@ -183,25 +185,21 @@
                     pk_++;                                                                                   \
                 }                                                                                            \
             }                                                                                                \
-            STEP(a + b * QG, as + b, sums + b, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),             \
+            STEP(ALL, a + b * QG, as + b, sums + b, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),        \
                  w[3] + b * (GB), s[0] + b, s[1] + b, s[2] + b, s[3] + b);                                   \
         }                                                                                                    \
-        if (b < nb) { /* 1..15 blocks left: zero-padded copies contribute 0 * 0 */                           \
+        if (b < nb) { /* 1..15 blocks left: loads masked to them (the bytes of a step over zero-padded \
+                         copies, which contribute 0 * 0, without the copies) */                              \
             K_T1W_CHUNK(b);                                                                                  \
-            int64_t m = nb - b;                                                                              \
-            int8_t ta[16 * QG] = {0};                                                                        \
-            float tas[16] = {0};                                                                             \
-            int32_t tsum[16] = {0};                                                                          \
-            uint8_t tw[4][16 * (GB)] = {{0}};                                                                \
-            uint16_t tsc[4][16] = {{0}};                                                                     \
-            memcpy(ta, a + b * QG, (size_t)((m + (AR) - 1) / (AR) * (AR)) * QG);                             \
-            memcpy(tas, as + b, (size_t)m * sizeof(float));                                                  \
-            memcpy(tsum, sums + b, (size_t)m * sizeof(int32_t));                                             \
-            for (int k = 0; k < 4; k++) {                                                                    \
-                memcpy(tw[k], w[k] + b * (GB), (size_t)m * (GB));                                            \
-                memcpy(tsc[k], s[k] + b, (size_t)m * sizeof(uint16_t));                                      \
+            int64_t m = nb - b, la_ = (m + (AR) - 1) / (AR) * (AR) * QG, lw_ = m * (GB);                     \
+            __mmask64 am_[8], wm_[8];                                                                        \
+            for (int j = 0; j < 8; j++) {                                                                    \
+                am_[j] = k_mask64(la_ - 64 * j);                                                             \
+                wm_[j] = k_mask64(lw_ - 64 * j);                                                             \
             }                                                                                                \
-            STEP(ta, tas, tsum, tw[0], tw[1], tw[2], tw[3], tsc[0], tsc[1], tsc[2], tsc[3]);                 \
+            __mmask16 sm_ = (__mmask16)((1u << m) - 1u);                                                     \
+            STEP(MASK, a + b * QG, as + b, sums + b, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),       \
+                 w[3] + b * (GB), s[0] + b, s[1] + b, s[2] + b, s[3] + b);                                   \
         }                                                                                                    \
         res[0] = r0_ + k_sum16(acc0);                                                                        \
         res[1] = r1_ + k_sum16(acc1);                                                                        \
@@ -210,7 +208,7 @@
     }
 
 /* ORD[p] = the fold position of block p: Q4 4 * (p % 4) + p / 4; Q8 see
- * K_T1W_Q8_ROW. */
+ * K_T1W_Q8_ROW_. */
 #define K_ORD_Q4 _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15)
 K_DEF_T1W(mm_t1w_q4_vnni, PI2_T_AVX512, K_T1W_STEP_Q4, PI2_Q4_GROUP_BYTES, K_ORD_Q4, 1)
 K_DEF_T1W(mm_t1w_q4s_vnni, PI2_T_AVX512, K_T1W_STEP_Q4S, PI2_Q4_GROUP_BYTES, K_ORD_Q4, 4)
@@ -302,8 +300,7 @@ PI2_T_AVX512 static inline void short_pf_tile(k_short_pf m, const uint8_t *const
         memcpy(tsum, sums, (size_t)nb * sizeof(int32_t));                                                    \
         __mmask64 wm_[8];                                                                                    \
         for (int j = 0; j < 8; j++) {                                                                        \
-            int64_t left = nb * (GB) - 64 * j;                                                               \
-            wm_[j] = left <= 0 ? 0 : left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;                \
+            wm_[j] = k_mask64(nb * (GB) - 64 * j);                                                           \
         }                                                                                                    \
         __mmask16 sm_ = (__mmask16)((1u << nb) - 1u);                                                        \
         ACTS(ta);                                                                                            \
@@ -333,14 +330,14 @@ PI2_T_AVX512 static inline void short_pf_tile(k_short_pf m, const uint8_t *const
 
 /* the activation vectors of the one step: Q8 as they are, Q4 split per 4
  * blocks as k_split_a leaves them */
-#define K_SHORT_ACTS_Q8(ta) K_T1W_AQ8(ta)
+#define K_SHORT_ACTS_Q8(ta) K_T1W_AQ8(ta, ALL)
 #define K_SHORT_ACTS_Q4(ta)                                                                                  \
     _Alignas(64) int8_t sp_[16 * QG];                                                                        \
     k_split_a((ta), 16, sp_);                                                                                \
-    K_T1W_AQ4S(0, sp_);                                                                                      \
-    K_T1W_AQ4S(1, sp_);                                                                                      \
-    K_T1W_AQ4S(2, sp_);                                                                                      \
-    K_T1W_AQ4S(3, sp_)
+    K_T1W_AQ4S(0, sp_, ALL);                                                                                 \
+    K_T1W_AQ4S(1, sp_, ALL);                                                                                 \
+    K_T1W_AQ4S(2, sp_, ALL);                                                                                 \
+    K_T1W_AQ4S(3, sp_, ALL)
 #define K_SHORT_ROW_Q8(acc, wq, sq) K_T1W_Q8_ROW_(acc, wq, sq, K_LD_MASK, K_LDS_MASK)
 #define K_SHORT_ROW_Q4(acc, wq, sq) K_T1W_Q4_ROW_(acc, wq, sq, K_HI_SHIFT, K_LD_MASK, K_LDS_MASK)
 #define K_SHORT_ROW_Q4G(acc, wq, sq) K_T1W_Q4_ROW_(acc, wq, sq, K_HI_GFNI, K_LD_MASK, K_LDS_MASK)
@@ -378,8 +375,7 @@ narrow_q8(const int nbp, int64_t nb, int nrows, const uint8_t *const *wp, const 
     }
     __mmask64 wm_[8];
     for (int j = 0; j < 8; j++) {
-        int64_t left = nb * PI2_Q8_GROUP_BYTES - 64 * (j % jp);
-        wm_[j] = left <= 0 ? 0 : left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;
+        wm_[j] = k_mask64(nb * PI2_Q8_GROUP_BYTES - 64 * (j % jp));
     }
     const __mmask8 sm = (__mmask8)((1u << nb) - 1u);
     __m512i av0 = _mm512_load_si512((const void *)ta), av1 = _mm512_load_si512((const void *)(ta + 64 * (1 % jp)));
@@ -466,7 +462,7 @@ PI2_T_AVX512 static void mm_narrow8_q8_vnni(int64_t nb, int nrows, const uint8_t
         }                                                                                                    \
         _Alignas(64) int8_t sp_[4 * QG];                                                                     \
         k_split_a(ta, 4, sp_);                                                                               \
-        K_T1W_AQ4S(0, sp_);                                                                                  \
+        K_T1W_AQ4S(0, sp_, ALL);                                                                             \
         const __mmask64 wm = nb >= 4 ? ~(__mmask64)0 : ((__mmask64)1 << (nb * PI2_Q4_GROUP_BYTES)) - 1;     \
         const __mmask8 sm = (__mmask8)((1u << nb) - 1u);                                                     \
         __m512 asv = _mm512_loadu_ps(tas);                                                                   \

@@ -225,7 +225,7 @@ static void test_act_quantize(void **state)
         float *as = xmalloc((size_t)(T * nb), sizeof(float)), *as0 = xmalloc((size_t)nb, sizeof(float));
         int8_t *q = xmalloc((size_t)(T * n), 1), *q0 = xmalloc((size_t)n, 1);
         int32_t *sums = xmalloc((size_t)(T * nb), sizeof(int32_t));
-        /* every path (AVX2 takes the scalar one; NEON, dotprod and i8mm the
+        /* every path (AVX2's own, AVX-512's; NEON, dotprod and i8mm the
          * NEON one) gives pi2_q8act_quantize's bytes */
         pi2_isa isa = (pi2_isa)(it % PI2_ISA_COUNT);
         pi2_k_act_quantize_isa(isa, x, ldx, T, n, as, q, sums);

@@ -345,43 +345,51 @@ K_DEF_T1(mm_t1_q8_avx2, PI2_T_AVX2, ld256, prod_q8_avx2, _mm256_add_epi32, fin_i
                      _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16((x), 4), m4), (ahi)))
 
 /* Row at wq (8 blocks, 128 bytes), split activations at sa: the 8 dots in
- * block order, less the offsets corr. */
-#define K_T1S_DOTS(d, wq, sa)                                                                             \
+ * block order, less the offsets corr. The loads: K_T1S_LD_ALL, or (a
+ * row's last 1..7 blocks) K_T1S_LD_MASK: the row's weights masked to its
+ * m_ blocks by wm_, the activations' second group of 4 blocks only when
+ * there is one (k_split_a zero-pads the last); the rest read as zero, the
+ * bytes of a step over zero-padded copies. */
+#define K_T1S_LDW_ALL(p, j) ld256((p) + 32 * (j))
+#define K_T1S_LDA_ALL(p, o) ld256((p) + (o))
+#define K_T1S_LDW_MASK(p, j) _mm256_maskload_epi32((const int *)(const void *)((p) + 32 * (j)), wm_[j])
+#define K_T1S_LDA_MASK(p, o) ((o) < 128 || m_ > 4 ? ld256((p) + (o)) : _mm256_setzero_si256())
+#define K_T1S_DOTS(d, wq, sa, M)                                                                          \
     do {                                                                                                  \
-        __m256i x0_ = K_Q4P_AVX2(ld256(wq), ld256(sa), ld256((sa) + 64));                                  \
-        __m256i x1_ = K_Q4P_AVX2(ld256((wq) + 32), ld256((sa) + 32), ld256((sa) + 96));                    \
-        __m256i x2_ = K_Q4P_AVX2(ld256((wq) + 64), ld256((sa) + 128), ld256((sa) + 192));                  \
-        __m256i x3_ = K_Q4P_AVX2(ld256((wq) + 96), ld256((sa) + 160), ld256((sa) + 224));                  \
+        __m256i x0_ = K_Q4P_AVX2(K_T1S_LDW_##M(wq, 0), K_T1S_LDA_##M(sa, 0), K_T1S_LDA_##M(sa, 64));       \
+        __m256i x1_ = K_Q4P_AVX2(K_T1S_LDW_##M(wq, 1), K_T1S_LDA_##M(sa, 32), K_T1S_LDA_##M(sa, 96));      \
+        __m256i x2_ = K_Q4P_AVX2(K_T1S_LDW_##M(wq, 2), K_T1S_LDA_##M(sa, 128), K_T1S_LDA_##M(sa, 192));    \
+        __m256i x3_ = K_Q4P_AVX2(K_T1S_LDW_##M(wq, 3), K_T1S_LDA_##M(sa, 160), K_T1S_LDA_##M(sa, 224));    \
         __m256i u01_ = _mm256_add_epi16(_mm256_unpacklo_epi32(x0_, x1_), _mm256_unpackhi_epi32(x0_, x1_)); \
         __m256i u23_ = _mm256_add_epi16(_mm256_unpacklo_epi32(x2_, x3_), _mm256_unpackhi_epi32(x2_, x3_)); \
         __m256i v_ = _mm256_add_epi16(_mm256_unpacklo_epi64(u01_, u23_), _mm256_unpackhi_epi64(u01_, u23_)); \
         d = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(_mm256_madd_epi16(v_, ones), ord), corr);        \
     } while (0)
 
-#define K_T1S_ROW(acc, wq, sq, sa)                                                                        \
+#define K_T1S_ROW(acc, wq, sq, sa, M)                                                                     \
     do {                                                                                                  \
         __m256i d_;                                                                                       \
-        K_T1S_DOTS(d_, wq, sa);                                                                           \
+        K_T1S_DOTS(d_, wq, sa, M);                                                                        \
         __m256 s_ = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sq)));                \
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d_), _mm256_mul_ps(s_, asv), acc);                       \
     } while (0)
 
 /* Blocks b .. b + 7 of the 4 rows (split activations at sa). */
-#define K_T1S_STEP(A0, A1, A2, A3, b, sa, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3)                        \
+#define K_T1S_STEP(A0, A1, A2, A3, M, sa, asb, sb, w0, w1, w2, w3, s0, s1, s2, s3)                        \
     do {                                                                                                  \
         __m256 asv = _mm256_loadu_ps(asb);                                                                \
         __m256i corr = _mm256_slli_epi32(ld256(sb), 3);                                                   \
-        K_T1S_ROW(A0, w0, s0, sa);                                                                        \
-        K_T1S_ROW(A1, w1, s1, sa);                                                                        \
-        K_T1S_ROW(A2, w2, s2, sa);                                                                        \
-        K_T1S_ROW(A3, w3, s3, sa);                                                                        \
+        K_T1S_ROW(A0, w0, s0, sa, M);                                                                     \
+        K_T1S_ROW(A1, w1, s1, sa, M);                                                                     \
+        K_T1S_ROW(A2, w2, s2, sa, M);                                                                     \
+        K_T1S_ROW(A3, w3, s3, sa, M);                                                                     \
     } while (0)
 #define K_T1S_STEP16(b, ...)                                                                              \
     do {                                                                                                  \
         if ((b) % 16 == 0)                                                                                \
-            K_T1S_STEP(acc0, acc1, acc2, acc3, b, __VA_ARGS__);                                           \
+            K_T1S_STEP(acc0, acc1, acc2, acc3, __VA_ARGS__);                                              \
         else                                                                                              \
-            K_T1S_STEP(hcc0, hcc1, hcc2, hcc3, b, __VA_ARGS__);                                           \
+            K_T1S_STEP(hcc0, hcc1, hcc2, hcc3, __VA_ARGS__);                                              \
     } while (0)
 
 /* t1 (k_t1_fn) on split activations a; the prefetches as t1's. */
@@ -409,25 +417,29 @@ PI2_T_AVX2 static void mm_t1s_q4_avx2(const uint8_t *const w[4], const uint16_t 
             }
         }
         int64_t o = b * PI2_Q4_GROUP_BYTES;
-        K_T1S_STEP16(b, a + b * QG, as + b, sums + b, w[0] + o, w[1] + o, w[2] + o, w[3] + o, s[0] + b, s[1] + b,
-                     s[2] + b, s[3] + b);
+        K_T1S_STEP16(b, ALL, a + b * QG, as + b, sums + b, w[0] + o, w[1] + o, w[2] + o, w[3] + o, s[0] + b,
+                     s[1] + b, s[2] + b, s[3] + b);
     }
-    if (b < nb) { /* 1..7 blocks left: zero-padded copies contribute 0 * 0 */
+    if (b < nb) { /* 1..7 blocks left: the weights' loads masked to them, zeros past them contribute 0 * 0 */
         K_T1_CHUNK(b);
-        int64_t m = nb - b;
-        int8_t ta[8 * QG] = {0};
+        int m_ = (int)(nb - b);
         float tas[8] = {0};
         int32_t tsum[8] = {0};
-        uint8_t tw[4][8 * PI2_Q4_GROUP_BYTES] = {{0}};
         uint16_t tsc[4][8] = {{0}};
-        memcpy(ta, a + b * QG, (size_t)((m + 3) / 4 * 4) * QG); /* split per 4 blocks, zero-padded */
-        memcpy(tas, as + b, (size_t)m * sizeof(float));
-        memcpy(tsum, sums + b, (size_t)m * sizeof(int32_t));
-        for (int k = 0; k < 4; k++) {
-            memcpy(tw[k], w[k] + b * PI2_Q4_GROUP_BYTES, (size_t)m * PI2_Q4_GROUP_BYTES);
-            memcpy(tsc[k], s[k] + b, (size_t)m * sizeof(uint16_t));
+        for (int j = 0; j < m_; j++) {
+            tas[j] = as[b + j];
+            tsum[j] = sums[b + j];
+            for (int k = 0; k < 4; k++)
+                tsc[k][j] = s[k][b + j];
         }
-        K_T1S_STEP16(b, ta, tas, tsum, tw[0], tw[1], tw[2], tw[3], tsc[0], tsc[1], tsc[2], tsc[3]);
+        __m256i wm_[4];
+        for (int j = 0; j < 4; j++) { /* dwords of the 32-byte piece j within the m_ * 16 bytes */
+            int left = (m_ * PI2_Q4_GROUP_BYTES - 32 * j) / 4;
+            wm_[j] = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        }
+        int64_t o = b * PI2_Q4_GROUP_BYTES;
+        K_T1S_STEP16(b, MASK, a + b * QG, tas, tsum, w[0] + o, w[1] + o, w[2] + o, w[3] + o, tsc[0], tsc[1], tsc[2],
+                     tsc[3]);
     }
     res[0] = r0_ + k_sum8(_mm256_add_ps(acc0, hcc0));
     res[1] = r1_ + k_sum8(_mm256_add_ps(acc1, hcc1));

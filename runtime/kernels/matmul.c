@@ -345,9 +345,9 @@ K_DEF_T1(mm_t1_q8_avx2, PI2_T_AVX2, ld256, prod_q8_avx2, _mm256_add_epi32, fin_i
                      _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16((x), 4), m4), (ahi)))
 
 /* Row at wq (8 blocks, 128 bytes), split activations at sa: the 8 dots in
- * block order, less the offsets corr. The loads: K_T1S_LD_ALL, or (a
- * row's last 1..7 blocks) K_T1S_LD_MASK: the row's weights masked to its
- * m_ blocks by wm_, the activations' second group of 4 blocks only when
+ * block order, less the offsets corr. The loads are the set M: ALL, or
+ * MASK for a row's last 1..7 blocks: the row's weights masked to its m_
+ * blocks by wm_, the activations' second group of 4 blocks only when
  * there is one (k_split_a zero-pads the last); the rest read as zero, the
  * bytes of a step over zero-padded copies. */
 #define K_T1S_LDW_ALL(p, j) ld256((p) + 32 * (j))

@@ -155,8 +155,8 @@ PI2_T_AVX512 static void act_quantize_avx512(const float *x, int64_t ldx, int T,
  * order), the same scalar 127 / amax and amax / 127, one multiply and a
  * round-to-nearest-even convert per value, the same clamp; so
  * bit-identical. Decode quantizes every matmul's input on the calling
- * thread between the pool's jobs, where the scalar loop cost an AVX2
- * machine a few per cent of a token (runtime/PERF.md). */
+ * thread between the pool's jobs, where the other thread waits for it
+ * (runtime/PERF.md). */
 PI2_T_AVX2 static void act_quantize_avx2(const float *x, int64_t ldx, int T, int64_t n, float *scales, int8_t *q,
                                          int32_t *sums)
 {

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+
 typedef struct pred_job {
     pi2_engine *e;   /* the pool's (NULL: one thread) */
     const eng_ffn *f;
@@ -80,19 +81,39 @@ static void pred_fc1_unit(const pred_job *j, int64_t u, int64_t D)
     pred_rows(f->pred_qt, f->q1, f->s1, D, b, en, pb->xs, pb->xq, pb->xsum, pb->h + b);
 }
 
-/* fc2's unit u; its picks into list, their count into the scratch's n[u]. */
-static void pred_fc2_unit(const pred_job *j, int64_t u, uint32_t *list)
+/* fc2's units [u0, u1), their rows in one pass (one stream through the
+ * matrix); unit u's picks at list + (u - u0) ENG_PRED_UNIT, their count
+ * in the scratch's n[u]. */
+static int64_t unit_row(const pred_job *j, int64_t u)
+{
+    int64_t r = j->n0 + u * ENG_PRED_UNIT;
+    return r < j->f->n_ff ? r : j->f->n_ff;
+}
+
+static void pred_fc2_units(const pred_job *j, int64_t u0, int64_t u1, uint32_t *list)
 {
     const eng_ffn *f = j->f;
     const eng_pred_buf *pb = j->b;
     float *sc = pb->scores, thr = f->threshold;
-    int64_t b = j->n0 + u * ENG_PRED_UNIT, en = b + ENG_PRED_UNIT < f->n_ff ? b + ENG_PRED_UNIT : f->n_ff;
-    pred_rows(f->pred_qt, f->q2, f->s2, f->rank_p, b, en, pb->hs, pb->hq, pb->hsum, sc + b);
-    uint32_t n = 0;
-    for (int64_t i = b; i < en; i++)
-        if (sc[i] >= thr)
-            list[n++] = (uint32_t)i;
-    pb->n[u] = n;
+    int64_t b = unit_row(j, u0);
+    pred_rows(f->pred_qt, f->q2, f->s2, f->rank_p, b, unit_row(j, u1), pb->hs, pb->hq, pb->hsum, sc + b);
+    for (int64_t u = u0; u < u1; u++) {
+        uint32_t n = 0, *l = list + (u - u0) * ENG_PRED_UNIT;
+        for (int64_t i = unit_row(j, u); i < unit_row(j, u + 1); i++)
+            if (sc[i] >= thr)
+                l[n++] = (uint32_t)i;
+        pb->n[u] = n;
+    }
+}
+
+/* Units of fc2 a thread takes at once: about two takes a thread. Each
+ * take starts a stream of its own (the next rows were the other
+ * thread's), which weighed on the 1B shape's short rows at one unit a
+ * take (runtime/PERF.md). */
+static int64_t fc2_take(const pred_job *j, int nt)
+{
+    int64_t k = j->units2 / (2 * (int64_t)nt);
+    return k < 1 ? 1 : k;
 }
 
 static void pred_fn(void *ctx, int tid, int nt)
@@ -109,8 +130,9 @@ static void pred_fn(void *ctx, int tid, int nt)
     /* every fc1 unit is taken: the last one is at most a unit away */
     for (long i = 0; !atomic_load_explicit(&j->hidden, memory_order_acquire);)
         pi2_pool_spin(&i);
-    for (int64_t u; (u = atomic_fetch_add_explicit(&j->next2, 1, memory_order_relaxed)) < j->units2;)
-        pred_fc2_unit(j, u, j->sel + u * ENG_PRED_UNIT);
+    int64_t k = fc2_take(j, nt);
+    for (int64_t u; (u = atomic_fetch_add_explicit(&j->next2, k, memory_order_relaxed)) < j->units2;)
+        pred_fc2_units(j, u, u + k < j->units2 ? u + k : j->units2, j->sel + u * ENG_PRED_UNIT);
 }
 
 /* The job for FFN f on x, its input quantized into the job's scratch. */
@@ -175,6 +197,6 @@ int64_t eng_pred_start_alone(const pi2_engine *e, const eng_ffn *f, const float 
 uint32_t eng_pred_unit_alone(const eng_ffn *f, uint32_t n0, int64_t u, uint32_t *sel, const eng_pred_buf *b)
 {
     pred_job j = {.f = f, .b = b, .n0 = n0 < f->n_ff ? n0 : f->n_ff};
-    pred_fc2_unit(&j, u, sel);
+    pred_fc2_units(&j, u, u + 1, sel);
     return b->n[u];
 }

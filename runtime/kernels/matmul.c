@@ -199,16 +199,30 @@ PI2_T_AVX2 static inline __m256i fin_id(__m256i x) { return x; }
         _mm_storeu_ps(res + 12, acc3);                                                                           \
     }
 
-/* Rows x, y of t1 against 4 blocks (activations at ab): folds into vx, vy. */
-#define K_T1_QUAD(vx, vy, wx, wy, ab, LOADW, PROD, ADDP, GB)                                            \
+/* Rows x, y of t1 against 4 blocks (activations at ab, the step's blocks
+ * q .. q + 3): folds into vx, vy. A block past the row's last (a tail,
+ * m_ blocks: K_T1_HAS(q + i) false) is loaded as zeros, the bytes of a
+ * zero-padded copy, which contribute 0 * 0. */
+#define K_T1_ALL(i) 1
+#define K_T1_TAIL(i) ((i) < m_)
+#define K_T1_LD(HAS, i, ld) ((HAS(i)) ? (ld) : _mm256_setzero_si256())
+#define K_T1_QUAD(vx, vy, wx, wy, ab, LOADW, PROD, ADDP, GB, HAS, q)                                     \
     do {                                                                                               \
-        __m256i a0_ = ld256((ab)), a1_ = ld256((ab) + QG), a2_ = ld256((ab) + 2 * QG), a3_ = ld256((ab) + 3 * QG); \
-        __m256i px0_ = PROD(LOADW((wx)), a0_), py0_ = PROD(LOADW((wy)), a0_);                          \
-        __m256i px1_ = PROD(LOADW((wx) + (GB)), a1_), py1_ = PROD(LOADW((wy) + (GB)), a1_);            \
+        __m256i a0_ = K_T1_LD(HAS, (q), ld256((ab))), a1_ = K_T1_LD(HAS, (q) + 1, ld256((ab) + QG));    \
+        __m256i a2_ = K_T1_LD(HAS, (q) + 2, ld256((ab) + 2 * QG));                                     \
+        __m256i a3_ = K_T1_LD(HAS, (q) + 3, ld256((ab) + 3 * QG));                                     \
+        __m256i wx0_ = K_T1_LD(HAS, (q), LOADW((wx))), wy0_ = K_T1_LD(HAS, (q), LOADW((wy)));          \
+        __m256i wx1_ = K_T1_LD(HAS, (q) + 1, LOADW((wx) + (GB))), wy1_ = K_T1_LD(HAS, (q) + 1, LOADW((wy) + (GB))); \
+        __m256i wx2_ = K_T1_LD(HAS, (q) + 2, LOADW((wx) + 2 * (GB)));                                  \
+        __m256i wy2_ = K_T1_LD(HAS, (q) + 2, LOADW((wy) + 2 * (GB)));                                  \
+        __m256i wx3_ = K_T1_LD(HAS, (q) + 3, LOADW((wx) + 3 * (GB)));                                  \
+        __m256i wy3_ = K_T1_LD(HAS, (q) + 3, LOADW((wy) + 3 * (GB)));                                  \
+        __m256i px0_ = PROD(wx0_, a0_), py0_ = PROD(wy0_, a0_);                                        \
+        __m256i px1_ = PROD(wx1_, a1_), py1_ = PROD(wy1_, a1_);                                        \
         __m256i sx01_ = ADDP(_mm256_unpacklo_epi32(px0_, px1_), _mm256_unpackhi_epi32(px0_, px1_));    \
         __m256i sy01_ = ADDP(_mm256_unpacklo_epi32(py0_, py1_), _mm256_unpackhi_epi32(py0_, py1_));    \
-        __m256i px2_ = PROD(LOADW((wx) + 2 * (GB)), a2_), py2_ = PROD(LOADW((wy) + 2 * (GB)), a2_);    \
-        __m256i px3_ = PROD(LOADW((wx) + 3 * (GB)), a3_), py3_ = PROD(LOADW((wy) + 3 * (GB)), a3_);    \
+        __m256i px2_ = PROD(wx2_, a2_), py2_ = PROD(wy2_, a2_);                                        \
+        __m256i px3_ = PROD(wx3_, a3_), py3_ = PROD(wy3_, a3_);                                        \
         __m256i sx23_ = ADDP(_mm256_unpacklo_epi32(px2_, px3_), _mm256_unpackhi_epi32(px2_, px3_));    \
         __m256i sy23_ = ADDP(_mm256_unpacklo_epi32(py2_, py3_), _mm256_unpackhi_epi32(py2_, py3_));    \
         vx = ADDP(_mm256_unpacklo_epi64(sx01_, sx23_), _mm256_unpackhi_epi64(sx01_, sx23_));           \
@@ -217,11 +231,11 @@ PI2_T_AVX2 static inline __m256i fin_id(__m256i x) { return x; }
 
 /* Rows x, y of t1 against 8 blocks: weights at wx, wy, fp16 scales at sx,
  * sy; activations at ab, their scales asv and offsets corr (registers). */
-#define K_T1_ROWS(accx, accy, wx, wy, sx, sy, ab, LOADW, PROD, ADDP, FIN, GB, CSH)                     \
+#define K_T1_ROWS(accx, accy, wx, wy, sx, sy, ab, LOADW, PROD, ADDP, FIN, GB, CSH, HAS)                \
     do {                                                                                               \
         __m256i xa_, ya_, xb_, yb_;                                                                    \
-        K_T1_QUAD(xa_, ya_, (wx), (wy), (ab), LOADW, PROD, ADDP, GB);                                  \
-        K_T1_QUAD(xb_, yb_, (wx) + 4 * (GB), (wy) + 4 * (GB), (ab) + 4 * QG, LOADW, PROD, ADDP, GB);   \
+        K_T1_QUAD(xa_, ya_, (wx), (wy), (ab), LOADW, PROD, ADDP, GB, HAS, 0);                          \
+        K_T1_QUAD(xb_, yb_, (wx) + 4 * (GB), (wy) + 4 * (GB), (ab) + 4 * QG, LOADW, PROD, ADDP, GB, HAS, 4); \
         __m256i dx_ = FIN(K_PAIR(xa_, xb_, ADDP)), dy_ = FIN(K_PAIR(ya_, yb_, ADDP));                  \
         if ((CSH) > 0) {                                                                               \
             dx_ = _mm256_sub_epi32(dx_, corr);                                                         \
@@ -236,12 +250,12 @@ PI2_T_AVX2 static inline __m256i fin_id(__m256i x) { return x; }
 /* The 8-block step for all 4 rows: activations at ab, scales at asb, sums
  * at sb; rows wq_k, scales sq_k. */
 #define K_T1_STEP_(A0, A1, A2, A3, ab, asb, sb, wq0, wq1, wq2, wq3, sq0, sq1, sq2, sq3, LOADW, PROD, ADDP, FIN, GB, \
-                   CSH)                                                                                        \
+                   CSH, HAS)                                                                                   \
     do {                                                                                                       \
         __m256 asv = _mm256_loadu_ps((asb));                                                                   \
         __m256i corr = _mm256_slli_epi32(ld256((sb)), (CSH));                                                  \
-        K_T1_ROWS(A0, A1, wq0, wq1, sq0, sq1, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                            \
-        K_T1_ROWS(A2, A3, wq2, wq3, sq2, sq3, ab, LOADW, PROD, ADDP, FIN, GB, CSH);                            \
+        K_T1_ROWS(A0, A1, wq0, wq1, sq0, sq1, ab, LOADW, PROD, ADDP, FIN, GB, CSH, HAS);                       \
+        K_T1_ROWS(A2, A3, wq2, wq3, sq2, sq3, ab, LOADW, PROD, ADDP, FIN, GB, CSH, HAS);                       \
     } while (0)
 /* Blocks b .. b + 7 are stripes 0-7 (acc) or 8-15 (hcc) of the fixed
  * order (internal.h, K_MC), as b % 16 is 0 or 8. */
@@ -264,6 +278,19 @@ PI2_T_AVX2 static inline __m256i fin_id(__m256i x) { return x; }
             acc0 = acc1 = acc2 = acc3 = hcc0 = hcc1 = hcc2 = hcc3 = _mm256_setzero_ps();                       \
         }                                                                                                      \
     } while (0)
+
+/* A tail's m (< 8) activation scales, sums and the 4 rows' weight scales
+ * from block b on, into zeroed 8-entry copies (the loads of a step take 8). */
+static inline void k_tail_scales(int m, const float *as, const int32_t *sums, const uint16_t *const s[4], int64_t b,
+                                 float tas[8], int32_t tsum[8], uint16_t tsc[4][8])
+{
+    for (int j = 0; j < m; j++) {
+        tas[j] = as[j];
+        tsum[j] = sums[j];
+        for (int k = 0; k < 4; k++)
+            tsc[k][j] = s[k][b + j];
+    }
+}
 
 #define K_DEF_T1(name, TGT, LOADW, PROD, ADDP, FIN, GB, CSH)                                                      \
     TGT static void name(const uint8_t *const w[4], const uint16_t *const s[4], int64_t nb, const int8_t *a,     \
@@ -288,25 +315,18 @@ PI2_T_AVX2 static inline __m256i fin_id(__m256i x) { return x; }
                 }                                                                                                \
             }                                                                                                    \
             K_T1_STEP(b, a + b * QG, as + b, sums + b, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),         \
-                      w[3] + b * (GB), s[0] + b, s[1] + b, s[2] + b, s[3] + b, LOADW, PROD, ADDP, FIN, GB, CSH);  \
+                      w[3] + b * (GB), s[0] + b, s[1] + b, s[2] + b, s[3] + b, LOADW, PROD, ADDP, FIN, GB, CSH,   \
+                      K_T1_ALL);                                                                                 \
         }                                                                                                        \
-        if (b < nb) { /* 1..7 blocks left: zero-padded copies contribute 0 * 0 */                                \
+        if (b < nb) { /* 1..7 blocks left: read in place, zeros past them (K_T1_QUAD) */                         \
             K_T1_CHUNK(b);                                                                                       \
-            int64_t m = nb - b;                                                                                  \
-            int8_t ta[8 * QG] = {0};                                                                             \
+            int m_ = (int)(nb - b);                                                                              \
             float tas[8] = {0};                                                                                  \
             int32_t tsum[8] = {0};                                                                               \
-            uint8_t tw[4][8 * (GB)] = {{0}};                                                                     \
             uint16_t tsc[4][8] = {{0}};                                                                          \
-            memcpy(ta, a + b * QG, (size_t)m * QG);                                                              \
-            memcpy(tas, as + b, (size_t)m * sizeof(float));                                                      \
-            memcpy(tsum, sums + b, (size_t)m * sizeof(int32_t));                                                 \
-            for (int k = 0; k < 4; k++) {                                                                        \
-                memcpy(tw[k], w[k] + b * (GB), (size_t)m * (GB));                                                \
-                memcpy(tsc[k], s[k] + b, (size_t)m * sizeof(uint16_t));                                          \
-            }                                                                                                    \
-            K_T1_STEP(b, ta, tas, tsum, tw[0], tw[1], tw[2], tw[3], tsc[0], tsc[1], tsc[2], tsc[3], LOADW, PROD, \
-                      ADDP, FIN, GB, CSH);                                                                       \
+            k_tail_scales(m_, as + b, sums + b, s, b, tas, tsum, tsc);                                           \
+            K_T1_STEP(b, a + b * QG, tas, tsum, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),                \
+                      w[3] + b * (GB), tsc[0], tsc[1], tsc[2], tsc[3], LOADW, PROD, ADDP, FIN, GB, CSH, K_T1_TAIL); \
         }                                                                                                        \
         res[0] = r0_ + k_sum8(_mm256_add_ps(acc0, hcc0));                                                        \
         res[1] = r1_ + k_sum8(_mm256_add_ps(acc1, hcc1));                                                        \
@@ -426,12 +446,7 @@ PI2_T_AVX2 static void mm_t1s_q4_avx2(const uint8_t *const w[4], const uint16_t 
         float tas[8] = {0};
         int32_t tsum[8] = {0};
         uint16_t tsc[4][8] = {{0}};
-        for (int j = 0; j < m_; j++) {
-            tas[j] = as[b + j];
-            tsum[j] = sums[b + j];
-            for (int k = 0; k < 4; k++)
-                tsc[k][j] = s[k][b + j];
-        }
+        k_tail_scales(m_, as + b, sums + b, s, b, tas, tsum, tsc);
         __m256i wm_[4];
         for (int j = 0; j < 4; j++) { /* dwords of the 32-byte piece j within the m_ * 16 bytes */
             int left = (m_ * PI2_Q4_GROUP_BYTES - 32 * j) / 4;

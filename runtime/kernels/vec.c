@@ -108,6 +108,22 @@ static void sgemv_t_scalar(const float *W, int64_t ldw, int64_t n, int nrows, co
 
 #ifdef PI2_K_X86
 
+/* A block's scale from its largest magnitude amax, as pi2_q8act_quantize
+ * takes it (bad: a NaN or inf in the block): false, the block zeroed with
+ * scale NaN or 0, when there is nothing to quantize; else *id = 127 / amax. */
+static inline bool act_block_scale(bool bad, float amax, float *scale, int8_t *qb, int32_t *sum, float *id)
+{
+    if (bad || amax < 0x1p-100f) {
+        *scale = bad ? NAN : 0.0f;
+        memset(qb, 0, QG);
+        *sum = 0;
+        return false;
+    }
+    *id = 127.0f / amax;
+    *scale = amax / 127.0f;
+    return true;
+}
+
 /* ---- activations on AVX-512 ----
  *
  * pi2_q8act_quantize's operations per block, 16 lanes at a time: the same
@@ -132,14 +148,9 @@ PI2_T_AVX512 static void act_quantize_avx512(const float *x, int64_t ldx, int T,
             bool bad = (__mmask16)(_mm512_cmp_ps_mask(a0, fmax, _CMP_LE_OQ) & _mm512_cmp_ps_mask(a1, fmax, _CMP_LE_OQ)) !=
                        (__mmask16)0xffff; /* NaN or inf */
             float amax = bad ? 0.0f : _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
-            if (bad || amax < 0x1p-100f) {
-                scales[i] = bad ? NAN : 0.0f;
-                memset(qb, 0, QG);
-                sums[i] = 0;
+            float id;
+            if (!act_block_scale(bad, amax, scales + i, qb, sums + i, &id))
                 continue;
-            }
-            float id = 127.0f / amax;
-            scales[i] = amax / 127.0f;
             __m512 iv = _mm512_set1_ps(id);
             __m512i r0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x0, iv)), lo), hi);
             __m512i r1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x1, iv)), lo), hi);
@@ -180,14 +191,9 @@ PI2_T_AVX2 static void act_quantize_avx2(const float *x, int64_t ldx, int T, int
             __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
             h = _mm_max_ps(h, _mm_movehl_ps(h, h));
             float amax = bad ? 0.0f : _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-            if (bad || amax < 0x1p-100f) {
-                scales[i] = bad ? NAN : 0.0f;
-                memset(qb, 0, QG);
-                sums[i] = 0;
+            float id;
+            if (!act_block_scale(bad, amax, scales + i, qb, sums + i, &id))
                 continue;
-            }
-            float id = 127.0f / amax;
-            scales[i] = amax / 127.0f;
             __m256 iv = _mm256_set1_ps(id);
             __m256i r[4];
             for (int k = 0; k < 4; k++)

@@ -6,7 +6,6 @@
 #include <stdatomic.h>
 #include <string.h>
 
-
 typedef struct pred_job {
     pi2_engine *e;   /* the pool's (NULL: one thread) */
     const eng_ffn *f;
@@ -49,10 +48,11 @@ static uint64_t q_row_bytes(pi2_qtype qt, int64_t n)
 
 /* The predictor's two layers run as one shared job (pi2_pool_run_shared):
  * fc1 in units of fc1_unit rows (eng_share_next); whoever computes the
- * last of them rectifies and quantizes the hidden vector; then fc2 in units of
- * ENG_PRED_UNIT neurons, taken in turn once the hidden vector is ready,
- * each unit's picks written at its own place in the output list and packed
- * in unit order after, so the list is in neuron order whoever ran what.
+ * last of them rectifies and quantizes the hidden vector; then fc2 in
+ * units of ENG_PRED_UNIT neurons, taken a few at a time (fc2_take) once
+ * the hidden vector is ready, each unit's picks written at its own place
+ * in the output list and packed in unit order after, so the list is in
+ * neuron order whoever ran what.
  * One job instead of two: a round through the pool cost more than the
  * step between the layers. */
 static void pred_hidden(const eng_ffn *f, const eng_pred_buf *b)

@@ -126,7 +126,8 @@ PI2_T_AVX2 static inline __m256i fin_id(__m256i x) { return x; }
  *     offsets for pair p. An odd last block pairs with zeros.
  *     res[k * 4 + j] = the chunk's dot of row k with token j.
  * t1: 4 rows x 1 token, 8 blocks per step (lanes are blocks b..b+7); the
- *     last nb % 8 blocks run once more from zero-padded copies.
+ *     last nb % 8 blocks run once more, read in place with zeros past
+ *     them (the bytes of zero-padded copies).
  *     res[k] = the dot of row k. Each step also prefetches the next 4*8
  *     blocks' worth of lines of rows wn[0..4), wn[0] first to its end,
  *     then wn[1], ... (see mm_one_token), and into L2 an equal share per

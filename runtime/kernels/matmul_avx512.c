@@ -24,9 +24,10 @@
  * 0.1) instructions per byte. Lane L of a row's accumulator is stripe L
  * of the fixed order (internal.h, K_MC): the FMAs run in block order, a
  * chunk's 16 lanes sum by k_sum16 and the chunks add up in order, the bits
- * of every other path. The last nb % 16 blocks
- * run once more from zero-padded copies (split activations: their whole
- * last group of 4 blocks); prefetching as in the 256-bit t1. */
+ * of every other path. The last nb % 16 blocks run once more, every
+ * load masked to them (the bytes of zero-padded copies; split
+ * activations: their whole last group of 4 blocks); prefetching as in the
+ * 256-bit t1. */
 
 /* The mask of a 64-byte load of which `left` bytes are wanted (none, all
  * or the first `left`). */

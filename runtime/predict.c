@@ -81,15 +81,16 @@ static void pred_fc1_unit(const pred_job *j, int64_t u, int64_t D)
     pred_rows(f->pred_qt, f->q1, f->s1, D, b, en, pb->xs, pb->xq, pb->xsum, pb->h + b);
 }
 
-/* fc2's units [u0, u1), their rows in one pass (one stream through the
- * matrix); unit u's picks at list + (u - u0) ENG_PRED_UNIT, their count
- * in the scratch's n[u]. */
+/* The first neuron of fc2's unit u (n_ff past the last). */
 static int64_t unit_row(const pred_job *j, int64_t u)
 {
     int64_t r = j->n0 + u * ENG_PRED_UNIT;
     return r < j->f->n_ff ? r : j->f->n_ff;
 }
 
+/* fc2's units [u0, u1), their rows in one pass (one stream through the
+ * matrix); unit u's picks at list + (u - u0) ENG_PRED_UNIT, their count
+ * in the scratch's n[u]. */
 static void pred_fc2_units(const pred_job *j, int64_t u0, int64_t u1, uint32_t *list)
 {
     const eng_ffn *f = j->f;

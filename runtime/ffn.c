@@ -149,14 +149,117 @@ void eng_sum_rows(float *out, const float *base, int64_t stride, const uint32_t 
     }
 }
 
-/* ---- FFN: reduce per-thread partial outputs ---- */
+/* ---- FFN prefill: dense, T tokens, tiles of neurons ----
+ *
+ * Tile k = neurons [k ENG_TILE, (k + 1) ENG_TILE). The tiles run in waves
+ * of one a thread: each thread computes its tile's gate, up and
+ * activations into its own buffer, then every thread adds the wave's
+ * tiles' down products, in tile order, into its own slice of the output
+ * columns of one sum (tls[0].part). So every output value is the sum of
+ * the tiles in tile order whatever the thread count (the down kernels'
+ * sums are per 32-value output block: a slice of the columns gives those
+ * columns' bits), and a range cut at tile boundaries (the offloading
+ * prefill's windows) adds the same tiles in the same order. */
 
+typedef struct ffn_pre_job {
+    pi2_engine *e;
+    const eng_ffn *f;
+    int T;
+    int64_t n0, n1; /* neurons */
+    int64_t tk0;    /* the wave's first tile */
+} ffn_pre_job;
+
+/* Tile tk's neurons [*c, *c + return) within the range (0: none). */
+static int pre_tile(const ffn_pre_job *j, int64_t tk, int64_t *c)
+{
+    *c = tk * ENG_TILE > j->n0 ? tk * ENG_TILE : j->n0;
+    int64_t en = (tk + 1) * ENG_TILE < j->n1 ? (tk + 1) * ENG_TILE : j->n1;
+    return en > *c ? (int)(en - *c) : 0;
+}
+
+/* Phase 1: thread tid's tile of the wave, gate and up, then activations
+ * into its gt. */
+static void pre_gate_up_fn(void *ctx, int tid, int nt)
+{
+    (void)nt;
+    const ffn_pre_job *j = ctx;
+    pi2_engine *e = j->e;
+    const eng_ffn *f = j->f;
+    eng_tls *s = &e->tls[tid];
+    int64_t c, D = e->d.hidden;
+    int nc = pre_tile(j, j->tk0 + tid, &c), T = j->T;
+    if (nc == 0)
+        return;
+    if (ffn_sb(f)) {
+        pi2_k_matmul_sb(D, nc, f->gate.rp + c, f->gate.rs + c, e->aqs, e->aq, e->asum, T, s->gt, ENG_TILE);
+        pi2_k_matmul_sb(D, nc, f->up.rp + c, f->up.rs + c, e->aqs, e->aq, e->asum, T, s->ut, ENG_TILE);
+    } else {
+        pi2_k_matmul(f->gate.qt, D, nc, f->gate.rp + c, f->gate.rs + c, e->aqs, e->aq, e->asum, T, s->gt, ENG_TILE);
+        pi2_k_matmul(f->up.qt, D, nc, f->up.rp + c, f->up.rs + c, e->aqs, e->aq, e->asum, T, s->ut, ENG_TILE);
+    }
+    for (int t = 0; t < T; t++)
+        pi2_op_act_rows(e->d.act, s->gt + t * ENG_TILE, s->ut + t * ENG_TILE, nc, e->d.act_param);
+}
+
+/* Phase 2: the wave's tiles' down products, in tile order, into thread
+ * tid's slice of the output columns. Q4 rows take the requantized GEMM
+ * (faster than the per-block int8 down of decode on AVX-512 VNNI,
+ * runtime/PERF.md; its weight rounding is 1/31.75 of a Q4 step), on every
+ * ISA so that every path gives the same bits. Q8 rows keep
+ * pi2_k_down_rows (the same bits on every path too): requantizing them
+ * costs a whole Q8 step, which moved the tinystories golden tokens. */
+static void pre_down_fn(void *ctx, int tid, int nt)
+{
+    const ffn_pre_job *j = ctx;
+    pi2_engine *e = j->e;
+    const eng_ffn *f = j->f;
+    eng_tls *s = &e->tls[tid];
+    int64_t D = e->d.hidden, b0, b1, ld = ENG_PART_LD(D);
+    pi2_pool_split(D / PI2_Q_GROUP, 1, tid, nt, &b0, &b1);
+    if (b1 <= b0)
+        return;
+    size_t pb = pi2_q_payload_row_bytes(f->down.qt, PI2_Q_GROUP);
+    for (int k = 0; k < nt; k++) {
+        int64_t c;
+        int nc = pre_tile(j, j->tk0 + k, &c);
+        for (int r = 0; r < nc; r++) {
+            s->pp2[r] = f->down.rp[c + r] + (size_t)b0 * pb;
+            s->ps2[r] = f->down.rs[c + r] + b0;
+        }
+        const float *gt = e->tls[k].gt;
+        float *out = e->tls[0].part + b0 * PI2_Q_GROUP;
+        int64_t n = (b1 - b0) * PI2_Q_GROUP;
+        if (nc > 0 && f->down.qt == PI2_QT_Q4)
+            pi2_k_down_gemm(f->down.qt, n, nc, gt, ENG_TILE, s->pp2, s->ps2, j->T, out, ld);
+        else if (nc > 0)
+            pi2_k_down_rows(f->down.qt, n, nc, gt, ENG_TILE, s->pp2, s->ps2, j->T, out, ld);
+    }
+}
+
+/* Dense prefill FFN of T tokens whose normed input is quantized in the
+ * engine's activation buffers: neurons [n0, n1) added into the sum
+ * (first: the sum zeroed first), two pool runs a wave. */
+void eng_ffn_prefill_range(pi2_engine *e, const eng_ffn *f, int T, uint32_t n0, uint32_t n1, bool first)
+{
+    int64_t D = e->d.hidden;
+    int nt = pi2_pool_size(e->pool);
+    if (first)
+        memset(e->tls[0].part, 0, (size_t)T * (size_t)ENG_PART_LD(D) * sizeof(float));
+    ffn_pre_job j = {e, f, T, n0, n1, 0};
+    for (j.tk0 = n0 / ENG_TILE; j.tk0 * ENG_TILE < (int64_t)n1; j.tk0 += nt) {
+        pi2_pool_run(e->pool, pre_gate_up_fn, &j);
+        pi2_pool_run(e->pool, pre_down_fn, &j);
+    }
+}
+
+/* out [T][D] = the sum (accumulate: out += w * the sum), on the calling
+ * thread's share of the rows like every pool job. */
 typedef struct reduce_job {
     pi2_engine *e;
     int T;
     int64_t D;
     float *out; /* [T][D] */
-    float w;    /* out += w * sum (accumulate) or out = sum (w == 0 means assign) */
+    float w;
     bool accumulate;
 } reduce_job;
 
@@ -165,97 +268,17 @@ static void reduce_fn(void *ctx, int tid, int nt)
     reduce_job *j = ctx;
     int64_t D = j->D, n = (int64_t)j->T * D, b, en;
     pi2_pool_split(n, 64, tid, nt, &b, &en);
-    int threads = j->e->threads;
-    float w = j->w;
-    for (int64_t i = b; i < en;) { /* row pieces: the parts' rows are ENG_PART_LD(D) apart */
-        int64_t c = i % D, m = en - i < D - c ? en - i : D - c, p = i / D * ENG_PART_LD(D) + c;
-        float *restrict o = j->out + i; /* the parts are other buffers */
-        int64_t k = 0;
-        for (; k + 8 <= m; k += 8) { /* runs of a constant 8: vector adds */
-            float s[8] = {0};
-            for (int t = 0; t < threads; t++) {
-                const float *q = j->e->tls[t].part + p + k;
-                for (int u = 0; u < 8; u++)
-                    s[u] += q[u];
-            }
-            if (j->accumulate)
-                for (int u = 0; u < 8; u++)
-                    o[k + u] += w * s[u];
-            else
-                for (int u = 0; u < 8; u++)
-                    o[k + u] = s[u];
-        }
-        for (; k < m; k++) {
-            float s = 0.0f;
-            for (int t = 0; t < threads; t++)
-                s += j->e->tls[t].part[p + k];
-            o[k] = j->accumulate ? o[k] + w * s : s;
+    const float *sum = j->e->tls[0].part;
+    for (int64_t i = b; i < en;) { /* row pieces: the sum's rows are ENG_PART_LD(D) apart */
+        int64_t c = i % D, m = en - i < D - c ? en - i : D - c;
+        const float *q = sum + i / D * ENG_PART_LD(D) + c;
+        float *o = j->out + i;
+        for (int64_t k = 0; k < m; k++) {
+            float v = 0.0f + q[k]; /* -0 as +0: the bits of a sum from zero */
+            o[k] = j->accumulate ? o[k] + j->w * v : v;
         }
         i += m;
     }
-}
-
-/* ---- FFN prefill: dense, T tokens, tiles of neurons ---- */
-
-typedef struct ffn_pre_job {
-    pi2_engine *e;
-    const eng_ffn *f;
-    int T;
-    int64_t n0, n1; /* neurons */
-    bool first;     /* zero the partial outputs first */
-} ffn_pre_job;
-
-static void ffn_pre_fn(void *ctx, int tid, int nt)
-{
-    ffn_pre_job *j = ctx;
-    pi2_engine *e = j->e;
-    const eng_ffn *f = j->f;
-    eng_tls *s = &e->tls[tid];
-    int T = j->T;
-    int64_t D = e->d.hidden;
-    if (j->first)
-        memset(s->part, 0, (size_t)T * (size_t)ENG_PART_LD(D) * sizeof(float));
-    /* the down projection: Q4 rows take the requantized GEMM (faster than
-     * the per-block int8 down of decode on AVX-512 VNNI, runtime/PERF.md;
-     * its weight rounding is 1/31.75 of a Q4 step), on every ISA so that
-     * every path gives the same bits. Q8 rows keep pi2_k_down_rows (the
-     * same bits on every path too): requantizing them costs a whole Q8
-     * step, which moved the tinystories golden tokens. */
-    bool gemm = f->down.qt == PI2_QT_Q4, sb = ffn_sb(f);
-    /* tile k = neurons [k * ENG_TILE, (k + 1) * ENG_TILE) (within the
-     * range) runs on thread k % nt: a range cut at tile boundaries (the
-     * offloading prefill's windows) gives each thread the same tiles in
-     * the same order as one whole range, so the same partial sums */
-    for (int64_t tk = j->n0 / ENG_TILE; tk * ENG_TILE < j->n1; tk++) {
-        if (tk % nt != tid)
-            continue;
-        int64_t c = tk * ENG_TILE > j->n0 ? tk * ENG_TILE : j->n0;
-        int64_t en = (tk + 1) * ENG_TILE < j->n1 ? (tk + 1) * ENG_TILE : j->n1;
-        int nc = (int)(en - c);
-        if (sb) {
-            pi2_k_matmul_sb(D, nc, f->gate.rp + c, f->gate.rs + c, e->aqs, e->aq, e->asum, T, s->gt, ENG_TILE);
-            pi2_k_matmul_sb(D, nc, f->up.rp + c, f->up.rs + c, e->aqs, e->aq, e->asum, T, s->ut, ENG_TILE);
-        } else {
-            pi2_k_matmul(f->gate.qt, D, nc, f->gate.rp + c, f->gate.rs + c, e->aqs, e->aq, e->asum, T, s->gt,
-                         ENG_TILE);
-            pi2_k_matmul(f->up.qt, D, nc, f->up.rp + c, f->up.rs + c, e->aqs, e->aq, e->asum, T, s->ut, ENG_TILE);
-        }
-        for (int t = 0; t < T; t++)
-            pi2_op_act_rows(e->d.act, s->gt + t * ENG_TILE, s->ut + t * ENG_TILE, nc, e->d.act_param);
-        int64_t ld = ENG_PART_LD(D);
-        if (gemm)
-            pi2_k_down_gemm(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, ld);
-        else
-            pi2_k_down_rows(f->down.qt, D, nc, s->gt, ENG_TILE, f->down.rp + c, f->down.rs + c, T, s->part, ld);
-    }
-}
-
-/* Dense prefill FFN of T tokens whose normed input is quantized in the
- * engine's activation buffers; out [T][D] = FFN (accumulate: out += w *). */
-void eng_ffn_prefill_range(pi2_engine *e, const eng_ffn *f, int T, uint32_t n0, uint32_t n1, bool first)
-{
-    ffn_pre_job j = {e, f, T, n0, n1, first};
-    pi2_pool_run(e->pool, ffn_pre_fn, &j);
 }
 
 void eng_ffn_reduce(pi2_engine *e, int T, float *out, bool accumulate, float w)

@@ -88,10 +88,11 @@ void eng_sum_rows(float *out, const float *base, int64_t stride, const uint32_t 
 void eng_down_rows(pi2_qtype qt, int64_t D, int a, const float *coef, const uint8_t *const *wp,
                    const uint16_t *const *ws, float *out, const uint8_t *pf, int64_t pf_len);
 /* Dense prefill of neurons [n0, n1) for T tokens whose input is quantized
- * in the activation buffers, added to each thread's partial output (zeroed
- * first when `first`). */
+ * in the activation buffers, added to the prefill FFN's sum (tls[0].part;
+ * zeroed first when `first`) tile after tile in order, the same bits on
+ * any thread count. */
 void eng_ffn_prefill_range(pi2_engine *e, const eng_ffn *f, int T, uint32_t n0, uint32_t n1, bool first);
-/* out [T][D] = sum of the threads' partial outputs (accumulate: out += w *). */
+/* out [T][D] = that sum (accumulate: out += w * the sum). */
 void eng_ffn_reduce(pi2_engine *e, int T, float *out, bool accumulate, float w);
 
 #endif

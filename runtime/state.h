@@ -17,7 +17,7 @@
 #include <string.h>
 
 #define ENG_TILE 256 /* prefill FFN tile (neurons): gate, up, then their down rows */
-/* Row stride (floats) of the partial FFN outputs: one cache line past the
+/* Row stride (floats) of the prefill FFN's sum: one cache line past the
  * hidden size, so the down GEMM's per-token stores to one column strip do
  * not all fall in the same cache sets (a multiple of 4 KiB would). */
 #define ENG_PART_LD(D) ((D) + 16)
@@ -100,7 +100,7 @@ typedef struct eng_pred_buf {
 enum { ENG_KV_BLOCK = 32 };
 
 typedef struct eng_tls {
-    float *part;     /* partial FFN output [PI2_K_MAX_T][ENG_PART_LD(hidden)] */
+    float *part;     /* thread 0's: the prefill FFN's sum [PI2_K_MAX_T][ENG_PART_LD(hidden)] (ffn.c) */
     float *g, *u;    /* [2 n_ff] (dense decode: gate and up side by side), [n_ff] gate / up results (decode) */
     float *coef;     /* [n_ff] */
     const uint8_t **pp, **pp2; /* [2 n_ff], [n_ff] row pointer scratch */

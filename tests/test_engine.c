@@ -661,12 +661,13 @@ static void test_threads_and_isa(void **state)
         run_logits(g_pi2[k], 2, false, c, 48, 24);
         pi2_k_set_isa(pi2_k_isa_best());
         double r1 = max_diff(a, b, V) / max_abs(a, V), r2 = max_diff(a, c, V) / max_abs(a, V);
-        fprintf(stderr, "  %s: 1 vs 3 threads rel %.2e, %s vs scalar rel %.2e\n", kind_name[k], r1,
+        fprintf(stderr, "  %s: 1 vs 3 threads rel %.2e, %s vs scalar on 2 threads rel %.2e\n", kind_name[k], r1,
                 pi2_k_isa_name(pi2_k_isa_best()), r2);
-        assert_true(r1 < 1e-4); /* prefill: each thread adds up its own FFN tiles (runtime/ffn.c), so the
-                                 * last bits can follow the thread count (as they do for the drelu model's
-                                 * 8 tiles) */
-        assert_true(r2 < 2e-2); /* kernel float order differs: see test_prefill_vs_decode */
+        /* prefill and decode: the prefill FFN adds its tiles in tile order
+         * on any thread count (runtime/ffn.c; the drelu model has 8), and
+         * every kernel path gives the same bits */
+        assert_memory_equal(a, b, (size_t)V * sizeof(float));
+        assert_memory_equal(a, c, (size_t)V * sizeof(float));
         /* decode alone: each FFN chunk's output is summed in chunk order,
          * whichever thread ran it, so the thread count changes no bit */
         for (int dense = 0; dense < 2; dense++) {

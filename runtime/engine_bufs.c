@@ -133,7 +133,7 @@ int eng_alloc_state(pi2_engine *e, pi2_err *err)
     for (int t = 0; t < e->tls_n; t++) {
         eng_tls *s = &e->tls[t];
         size_t ff = (size_t)d->n_ff;
-        s->part = eng_acc_alloc(e, T * ENG_PART_LD(D), sizeof(float));
+        s->part = t == 0 ? eng_acc_alloc(e, T * ENG_PART_LD(D), sizeof(float)) : NULL; /* the prefill FFN's sum */
         s->g = eng_acc_alloc(e, 2 * ff, sizeof(float)); /* dense decode: gate and up results side by side */
         s->u = eng_acc_alloc(e, ff, sizeof(float));
         s->coef = eng_acc_alloc(e, ff, sizeof(float));
@@ -145,7 +145,7 @@ int eng_alloc_state(pi2_engine *e, pi2_err *err)
         s->ut = eng_acc_alloc(e, T * ENG_TILE, sizeof(float));
         s->list = eng_acc_alloc(e, ff, sizeof(uint32_t));
         s->list2 = eng_acc_alloc(e, ff, sizeof(uint32_t));
-        if (!s->part || !s->g || !s->u || !s->coef || !s->pp || !s->ps || !s->pp2 || !s->ps2 ||
+        if ((t == 0 && !s->part) || !s->g || !s->u || !s->coef || !s->pp || !s->ps || !s->pp2 || !s->ps2 ||
             !s->gt || !s->ut || !s->list || !s->list2)
             return pi2_err_set(err, PI2_ENOMEM, "%s: out of memory for thread buffers", e->path);
     }
@@ -244,8 +244,9 @@ static uint64_t engine_buffers(const pi2_manifest *mf, const pi2_bundle_layout *
     n += T * D * f + T * f + T * sizeof(int) + T * E * f + 2 * (uint64_t)d->n_layers * K * sizeof(int);
     n += 2 * T * ((uint64_t)d->head_dim / 2) * f;
     n += (uint64_t)tls * sizeof(eng_tls);
-    n += (uint64_t)tls * (T * ENG_PART_LD(D) * f + 2 * ff * f + 2 * ff * f + 4 * ff * sizeof(void *) +
-                          2 * ff * sizeof(void *) + 2 * T * ENG_TILE * f + 2 * ff * 4);
+    n += T * ENG_PART_LD(D) * f; /* thread 0's: the prefill FFN's sum */
+    n += (uint64_t)tls * (2 * ff * f + 2 * ff * f + 4 * ff * sizeof(void *) + 2 * ff * sizeof(void *) +
+                          2 * T * ENG_TILE * f + 2 * ff * 4);
     return n;
 }
 

@@ -252,8 +252,8 @@ void eng_ffn_prefill_range(pi2_engine *e, const eng_ffn *f, int T, uint32_t n0, 
     }
 }
 
-/* out [T][D] = the sum (accumulate: out += w * the sum), on the calling
- * thread's share of the rows like every pool job. */
+/* eng_ffn_reduce's job: out [T][D] = the sum (accumulate: out += w * the
+ * sum), its values shared out between the threads. */
 typedef struct reduce_job {
     pi2_engine *e;
     int T;

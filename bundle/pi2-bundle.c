@@ -249,7 +249,7 @@ static int bundle_out_check(const pi2_bundle_opts *o, const char *keypath, bool 
 static int parse_layout(const char *s, bool *two_phase, pi2_err *err)
 {
     if (strcmp(s, "one-phase") == 0 || strcmp(s, "two-phase") == 0) {
-        *two_phase = s[0] == 't';
+        *two_phase = strcmp(s, "two-phase") == 0;
         return 0;
     }
     return pi2_err_set(err, PI2_EINVAL, "--layout '%s': expected one-phase or two-phase", s);

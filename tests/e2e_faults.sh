@@ -121,9 +121,9 @@ interrupt() {
 if env --default-signal=INT true 2>/dev/null; then
     cp "$T/tiny.pi2c" "$T/kill.pi2c"
     conv="$B/pi2-convert $T/tiny -o $T/kill.pi2c -q --force --calib-tokens 8192"
-    # shellcheck disable=SC2086
     # "at once" last: a run that finishes first clears the temporaries an
     # earlier kill -9 left, so the checks below follow the last run's rc
+    # shellcheck disable=SC2086
     for sig in INT TERM 9; do
         interrupt "convert, SIG$sig after 0.5 s" "$T/kill.pi2c" $sig 0.5 $conv
         interrupt "convert, SIG$sig at once" "$T/kill.pi2c" $sig 0 $conv

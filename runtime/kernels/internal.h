@@ -16,8 +16,8 @@
  * Families: matmul.c and matmul_avx512.c (one-token matmul and the
  * AVX2 4 x 4 tiles), panels.c (prefill panels, the superblock GEMM),
  * down.c and down_avx512.c (down projection by rows, and axpy),
- * down_gemm.c (prefill down projection on the panels), vec.c
- * (activation quantization, dequant, f32 GEMV, softmax), probe.c; on
+ * down_gemm.c (prefill down projection on the panels), act.c
+ * (activation quantization), vec.c (dequant, f32 GEMV, softmax), probe.c; on
  * arm64 the *_neon.c files, which each entry point asks first.
  */
 #ifndef PI2_KERNELS_INTERNAL_H

@@ -286,8 +286,8 @@ static inline void k_tail_scales(int m, const float *as, const int32_t *sums, co
                                  float tas[8], int32_t tsum[8], uint16_t tsc[4][8])
 {
     for (int j = 0; j < m; j++) {
-        tas[j] = as[j];
-        tsum[j] = sums[j];
+        tas[j] = as[b + j];
+        tsum[j] = sums[b + j];
         for (int k = 0; k < 4; k++)
             tsc[k][j] = s[k][b + j];
     }
@@ -325,7 +325,7 @@ static inline void k_tail_scales(int m, const float *as, const int32_t *sums, co
             float tas[8] = {0};                                                                                  \
             int32_t tsum[8] = {0};                                                                               \
             uint16_t tsc[4][8] = {{0}};                                                                          \
-            k_tail_scales(m_, as + b, sums + b, s, b, tas, tsum, tsc);                                           \
+            k_tail_scales(m_, as, sums, s, b, tas, tsum, tsc);                                           \
             K_T1_STEP(b, a + b * QG, tas, tsum, w[0] + b * (GB), w[1] + b * (GB), w[2] + b * (GB),                \
                       w[3] + b * (GB), tsc[0], tsc[1], tsc[2], tsc[3], LOADW, PROD, ADDP, FIN, GB, CSH, K_T1_TAIL); \
         }                                                                                                        \
@@ -447,7 +447,7 @@ PI2_T_AVX2 static void mm_t1s_q4_avx2(const uint8_t *const w[4], const uint16_t 
         float tas[8] = {0};
         int32_t tsum[8] = {0};
         uint16_t tsc[4][8] = {{0}};
-        k_tail_scales(m_, as + b, sums + b, s, b, tas, tsum, tsc);
+        k_tail_scales(m_, as, sums, s, b, tas, tsum, tsc);
         __m256i wm_[4];
         for (int j = 0; j < 4; j++) { /* dwords of the 32-byte piece j within the m_ * 16 bytes */
             int left = (m_ * PI2_Q4_GROUP_BYTES - 32 * j) / 4;
